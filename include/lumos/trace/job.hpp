@@ -1,0 +1,218 @@
+#pragma once
+// A job: one trace per rank, loaded in parallel.
+
+#include <lumos/core/error.hpp>
+#include <lumos/trace/reader.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace lumos::trace {
+
+/// All ranks of one job, sorted by rank.
+struct job {
+  std::vector<rank_trace> ranks;
+
+  [[nodiscard]] const rank_trace* find(int rank) const noexcept {
+    for (const auto& r : ranks) {
+      if (r.rank == rank) return &r;
+    }
+    return nullptr;
+  }
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    std::size_t total = 0;
+    for (const auto& r : ranks) total += r.memory_bytes();
+    return total;
+  }
+};
+
+struct load_options {
+  /// Loader threads; 0 = one per hardware thread (never more than files).
+  unsigned threads = 0;
+  /// Window per reader; 0 = automatic: small enough that all readers together hold less than
+  /// the uncompressed size of the largest file, capped at 4 MiB.
+  std::size_t window_bytes = 0;
+  /// Called after each file is read (from a loader thread, serialised), e.g. for progress.
+  std::function<void(const rank_trace&, std::size_t done, std::size_t total)> on_loaded;
+};
+
+/// True for names a trace file may have: *.json or *.json.gz.
+[[nodiscard]] inline bool is_trace_file_name(const std::filesystem::path& p) {
+  const std::string name = p.filename().string();
+  auto ends_with = [&](std::string_view s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends_with(".json") || ends_with(".json.gz");
+}
+
+/// Files of a job from a list of files and directories. A directory contributes its *.json and
+/// *.json.gz files (not recursively), sorted by name. Errors: missing path, empty directory.
+[[nodiscard]] inline std::vector<std::filesystem::path> expand_inputs(
+    const std::vector<std::filesystem::path>& inputs) {
+  namespace fs = std::filesystem;
+  if (inputs.empty()) throw error("no trace files given");
+  std::vector<fs::path> files;
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    const auto status = fs::status(in, ec);
+    if (ec || !fs::exists(status)) fail({in.string()}, "no such file or directory");
+    if (fs::is_directory(status)) {
+      std::vector<fs::path> found;
+      for (const auto& entry : fs::directory_iterator(in, ec)) {
+        if (entry.is_regular_file() && is_trace_file_name(entry.path())) found.push_back(entry.path());
+      }
+      if (ec) fail({in.string()}, "cannot list directory: " + ec.message());
+      if (found.empty()) fail({in.string()}, "directory holds no .json or .json.gz trace files");
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.push_back(in);
+    }
+  }
+  return files;
+}
+
+/// Rank written in a file name: "rank-3", "rank_3", "rank3", "worker3", or a trailing "_3"/"-3"
+/// before the extension ("megatron_kineto_3.json.gz"). Empty when none.
+[[nodiscard]] inline std::optional<int> rank_from_file_name(const std::filesystem::path& p) {
+  std::string name = p.filename().string();
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  auto digits_at = [&](std::size_t i) -> std::optional<int> {
+    if (i < name.size() && (name[i] == '-' || name[i] == '_')) ++i;
+    if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return std::nullopt;
+    long v = 0;
+    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) && v < 1'000'000) {
+      v = v * 10 + (name[i++] - '0');
+    }
+    return static_cast<int>(v);
+  };
+  for (std::string_view word : {"rank", "worker"}) {
+    for (std::size_t at = name.find(word); at != std::string::npos; at = name.find(word, at + 1)) {
+      if (auto r = digits_at(at + word.size())) return r;
+    }
+  }
+  for (std::string_view ext : {".json.gz", ".json", ".pt.trace"}) {
+    if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0) {
+      name.resize(name.size() - ext.size());
+    }
+  }
+  std::size_t i = name.size();
+  while (i > 0 && std::isdigit(static_cast<unsigned char>(name[i - 1]))) --i;
+  if (i == name.size() || i == 0 || (name[i - 1] != '_' && name[i - 1] != '-')) return std::nullopt;
+  if (name.size() - i > 6) return std::nullopt;
+  return std::stoi(name.substr(i));
+}
+
+namespace detail {
+
+// Uncompressed size of a file: its size, or for gzip the ISIZE trailer (exact below 4 GiB).
+[[nodiscard]] inline std::uint64_t uncompressed_size_hint(const std::filesystem::path& p) {
+  std::error_code ec;
+  const std::uint64_t size = std::filesystem::file_size(p, ec);
+  if (ec) return 0;
+  std::FILE* f = std::fopen(p.string().c_str(), "rb");
+  if (f == nullptr) return size;
+  unsigned char head[2] = {0, 0};
+  unsigned char tail[4] = {0, 0, 0, 0};
+  std::uint64_t result = size;
+  if (std::fread(head, 1, 2, f) == 2 && head[0] == 0x1f && head[1] == 0x8b && size >= 18 &&
+      std::fseek(f, -4, SEEK_END) == 0 && std::fread(tail, 1, 4, f) == 4) {
+    result = std::uint64_t{tail[0]} | std::uint64_t{tail[1]} << 8 | std::uint64_t{tail[2]} << 16 |
+             std::uint64_t{tail[3]} << 24;
+    result = std::max(result, size);
+  }
+  std::fclose(f);
+  return result;
+}
+
+}  // namespace detail
+
+/// Loads every rank of a job. Ranks come from distributedInfo.rank, else from the file name,
+/// else from the position in the (expanded) input list; two files with one rank are an error.
+/// Files are read in parallel; the result does not depend on the thread count.
+[[nodiscard]] inline job load_job(const std::vector<std::filesystem::path>& inputs, const load_options& options = {}) {
+  const std::vector<std::filesystem::path> files = expand_inputs(inputs);
+  unsigned threads = options.threads != 0 ? options.threads : std::max(1U, std::thread::hardware_concurrency());
+  threads = std::min<unsigned>(threads, static_cast<unsigned>(files.size()));
+
+  read_options read;
+  if (options.window_bytes != 0) {
+    read.window_bytes = options.window_bytes;
+  } else {
+    std::uint64_t largest = 0;
+    for (const auto& f : files) largest = std::max(largest, detail::uncompressed_size_hint(f));
+    // A reader holds its window plus simdjson's index of one batch (~7x the window in all).
+    const std::uint64_t share = largest / (8ULL * threads);
+    read.window_bytes = static_cast<std::size_t>(std::clamp<std::uint64_t>(share, 64 * 1024, 4 << 20));
+  }
+
+  std::vector<std::optional<rank_trace>> loaded(files.size());
+  std::vector<std::exception_ptr> errors(files.size());
+  std::atomic<std::size_t> next{0};
+  std::mutex progress;
+  std::size_t done = 0;
+  auto work = [&] {
+    while (true) {
+      const std::size_t i = next.fetch_add(1);
+      if (i >= files.size()) return;
+      try {
+        loaded[i] = read_trace(files[i], read);
+        if (options.on_loaded) {
+          std::lock_guard lock(progress);
+          options.on_loaded(*loaded[i], ++done, files.size());
+        }
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  if (threads <= 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work);
+    for (auto& t : pool) t.join();
+  }
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);  // the first failing file in input order, whatever the timing
+  }
+
+  job result;
+  result.ranks.reserve(files.size());
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    rank_trace& t = *loaded[i];
+    if (t.distributed_rank) {
+      t.rank = *t.distributed_rank;
+      t.origin = rank_origin::distributed_info;
+    } else if (auto r = rank_from_file_name(files[i])) {
+      t.rank = *r;
+      t.origin = rank_origin::file_name;
+    } else {
+      t.rank = static_cast<int>(i);
+      t.origin = rank_origin::order;
+    }
+    result.ranks.push_back(std::move(t));
+  }
+  std::stable_sort(result.ranks.begin(), result.ranks.end(),
+                   [](const rank_trace& a, const rank_trace& b) { return a.rank < b.rank; });
+  for (std::size_t i = 1; i < result.ranks.size(); ++i) {
+    if (result.ranks[i].rank == result.ranks[i - 1].rank) {
+      throw error("duplicate rank " + std::to_string(result.ranks[i].rank) + ": " +
+                  result.ranks[i - 1].file + " (" + std::string(to_string(result.ranks[i - 1].origin)) +
+                  ") and " + result.ranks[i].file + " (" + std::string(to_string(result.ranks[i].origin)) + ")");
+    }
+  }
+  return result;
+}
+
+}  // namespace lumos::trace

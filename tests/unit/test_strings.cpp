@@ -1,0 +1,30 @@
+#include <lumos/core/strings.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+TEST_CASE("interning gives dense stable ids and stable views", "[strings]") {
+  lumos::string_table t;
+  const auto a = t.intern("aten::mm");
+  const auto b = t.intern("cudaLaunchKernel");
+  CHECK(a == 0);
+  CHECK(b == 1);
+  CHECK(t.intern("aten::mm") == a);
+  CHECK(t.find("cudaLaunchKernel") == b);
+  CHECK(t.find("missing") == lumos::no_string);
+  CHECK(t.intern("") == 2);
+  CHECK(t[2].empty());
+
+  const std::string_view first = t[a];
+  std::vector<std::string> many;
+  for (int i = 0; i < 100000; ++i) many.push_back("kernel_" + std::to_string(i));
+  for (const auto& s : many) t.intern(s);
+  CHECK(first == "aten::mm");  // views survive growth
+  CHECK(first.data() == t[a].data());
+  for (std::size_t i = 0; i < many.size(); i += 997) CHECK(t[t.find(many[i])] == many[i]);
+  CHECK(t.size() == many.size() + 3);
+  const std::string big(300000, 'x');  // larger than a storage chunk
+  CHECK(t[t.intern(big)] == big);
+}
