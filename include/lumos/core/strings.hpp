@@ -2,6 +2,7 @@
 // string_table — interns strings to dense 32-bit ids.
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string_view>
@@ -18,22 +19,24 @@ inline constexpr string_id no_string = ~string_id{0};
 /// Lookup is one hash plus, usually, one comparison (open addressing, linear probing, load ≤ 1/2).
 class string_table {
  public:
-  string_table() { rehash(64); }
+  string_table() { rehash(16); }
 
   /// Id of `s`, adding it if new. Amortised O(|s|).
   string_id intern(std::string_view s) {
     const std::uint64_t h = hash(s);
+    const auto tag = static_cast<std::uint32_t>(h >> 32);
     std::size_t slot = static_cast<std::size_t>(h) & mask_;
     while (true) {
-      const string_id id = slots_[slot];
-      if (id == no_string) break;
-      if (hashes_[id] == h && views_[id] == s) return id;
+      const std::uint64_t entry = slots_[slot];
+      if (entry == empty) break;
+      const auto id = static_cast<string_id>(entry);
+      if (static_cast<std::uint32_t>(entry >> 32) == tag && views_[id] == s) return id;
       slot = (slot + 1) & mask_;
     }
     const auto id = static_cast<string_id>(views_.size());
     views_.push_back(store(s));
     hashes_.push_back(h);
-    slots_[slot] = id;
+    slots_[slot] = std::uint64_t{tag} << 32 | id;
     if (views_.size() * 2 > slots_.size()) rehash(slots_.size() * 2);
     return id;
   }
@@ -41,11 +44,13 @@ class string_table {
   /// Id of `s` if already interned, else `no_string`.
   [[nodiscard]] string_id find(std::string_view s) const noexcept {
     const std::uint64_t h = hash(s);
+    const auto tag = static_cast<std::uint32_t>(h >> 32);
     std::size_t slot = static_cast<std::size_t>(h) & mask_;
     while (true) {
-      const string_id id = slots_[slot];
-      if (id == no_string) return no_string;
-      if (hashes_[id] == h && views_[id] == s) return id;
+      const std::uint64_t entry = slots_[slot];
+      if (entry == empty) return no_string;
+      const auto id = static_cast<string_id>(entry);
+      if (static_cast<std::uint32_t>(entry >> 32) == tag && views_[id] == s) return id;
       slot = (slot + 1) & mask_;
     }
   }
@@ -55,7 +60,7 @@ class string_table {
   /// Bytes held by the table (text, index and hash arrays).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return text_bytes_ + views_.capacity() * sizeof(std::string_view) +
-           hashes_.capacity() * sizeof(std::uint64_t) + slots_.capacity() * sizeof(string_id);
+           hashes_.capacity() * sizeof(std::uint64_t) + slots_.capacity() * sizeof(std::uint64_t);
   }
 
   /// 64-bit hash of a byte string (FNV-1a over 8-byte words, then a final mix): fast for the
@@ -85,7 +90,9 @@ class string_table {
   std::string_view store(std::string_view s) {
     if (s.empty()) return {};
     if (chunk_left_ < s.size()) {
-      const std::size_t size = s.size() > chunk_size / 4 ? s.size() : chunk_size;
+      // Chunks grow from 1 KiB to 64 KiB, so small tables stay small.
+      next_chunk_ = std::min(next_chunk_ * 2, chunk_size);
+      const std::size_t size = s.size() > next_chunk_ / 4 ? s.size() : next_chunk_;
       chunks_.push_back(std::make_unique<char[]>(size));
       chunk_pos_ = chunks_.back().get();
       chunk_left_ = size;
@@ -99,19 +106,24 @@ class string_table {
   }
 
   void rehash(std::size_t n) {
-    slots_.assign(n, no_string);
+    slots_.assign(n, empty);
     mask_ = n - 1;
     for (string_id id = 0; id < views_.size(); ++id) {
       std::size_t slot = static_cast<std::size_t>(hashes_[id]) & mask_;
-      while (slots_[slot] != no_string) slot = (slot + 1) & mask_;
-      slots_[slot] = id;
+      while (slots_[slot] != empty) slot = (slot + 1) & mask_;
+      slots_[slot] = (hashes_[id] >> 32) << 32 | id;
     }
   }
 
+  // A slot holds the upper 32 bits of the hash and the id, so most probes settle without
+  // touching the string; `empty` cannot be a real entry (ids are < 2^32 - 1).
+  static constexpr std::uint64_t empty = ~std::uint64_t{0};
+
   static constexpr std::size_t chunk_size = 64 * 1024;
+  std::size_t next_chunk_ = 512;
   std::vector<std::string_view> views_;
   std::vector<std::uint64_t> hashes_;
-  std::vector<string_id> slots_;
+  std::vector<std::uint64_t> slots_;
   std::size_t mask_ = 0;
   std::vector<std::unique_ptr<char[]>> chunks_;
   char* chunk_pos_ = nullptr;

@@ -29,6 +29,32 @@ struct parsed_ns {
 /// Results whose magnitude exceeds `max_input_ns` are `out_of_range` (e.g. "1e300").
 /// Complexity: linear in the text length. Never reads outside `text`.
 [[nodiscard]] constexpr parsed_ns parse_microseconds(std::string_view text) noexcept {
+  // Fast path for what Kineto writes: up to 16 integer digits, then optionally '.' and 1 to 3
+  // decimals. Anything else (sign, exponent, more digits) takes the general path below.
+  if (!text.empty() && text.size() <= 20 && text[0] >= '0' && text[0] <= '9') {
+    std::uint64_t whole = 0;
+    std::size_t k = 0;
+    while (k < text.size() && k < 16 && text[k] >= '0' && text[k] <= '9') whole = whole * 10 + static_cast<std::uint64_t>(text[k++] - '0');
+    // 16 digits times 1000 fits in 64 bits unsigned; the range check is the general path's.
+    auto result = [](std::uint64_t ns) -> parsed_ns {
+      if (ns > static_cast<std::uint64_t>(max_input_ns)) return {0, number_error::out_of_range};
+      return {static_cast<time_ns>(ns), number_error::none};
+    };
+    if (k == text.size()) return result(whole * 1000);
+    if (text[k] == '.' && text.size() - k - 1 >= 1 && text.size() - k - 1 <= 3) {
+      std::uint64_t frac = 0;
+      std::size_t digits = 0;
+      bool ok = true;
+      for (std::size_t j = k + 1; j < text.size(); ++j, ++digits) {
+        ok = ok && text[j] >= '0' && text[j] <= '9';
+        frac = frac * 10 + static_cast<std::uint64_t>(text[j] - '0');
+      }
+      if (ok) {
+        for (; digits < 3; ++digits) frac *= 10;
+        return result(whole * 1000 + frac);
+      }
+    }
+  }
   std::size_t i = 0;
   const std::size_t n = text.size();
   bool negative = false;

@@ -1,6 +1,7 @@
 #pragma once
 // The event model of one rank's Kineto trace: compact events, interned names, args side table.
 
+#include <lumos/core/allocator.hpp>
 #include <lumos/core/strings.hpp>
 #include <lumos/core/time.hpp>
 
@@ -95,14 +96,14 @@ struct event {
 };
 static_assert(sizeof(event) == 56, "keep events compact: they dominate the memory of a job");
 
-/// Args the graph and the what-ifs need, stored sparsely per event. String-valued keys hold a
+/// Args the graph and the what-ifs need, stored sparsely per event (others, e.g. "Input type" or
+/// "Concrete Inputs", are skipped: nothing downstream reads them). String-valued keys hold a
 /// `string_id`; keys whose JSON value is an array or object (Input Dims, grid) hold the interned
 /// raw JSON text of the value.
 enum class arg_key : std::uint8_t {
   sequence_number,       ///< "Sequence number" (autograd)
   fwd_thread_id,         ///< "Fwd thread id"
   input_dims,            ///< "Input Dims" (string: raw JSON)
-  input_type,            ///< "Input type" (string: raw JSON)
   bytes,                 ///< "bytes" (memcpy / memset)
   graph_id,              ///< "graph id" (CUDA graphs)
   graph_node_id,         ///< "graph node id"
@@ -133,7 +134,6 @@ inline constexpr std::size_t arg_key_count = static_cast<std::size_t>(arg_key::c
 [[nodiscard]] constexpr bool is_string_arg(arg_key k) noexcept {
   switch (k) {
     case arg_key::input_dims:
-    case arg_key::input_type:
     case arg_key::grid:
     case arg_key::block:
     case arg_key::collective_name:
@@ -152,7 +152,7 @@ inline constexpr std::size_t arg_key_count = static_cast<std::size_t>(arg_key::c
 /// The JSON key of an arg.
 [[nodiscard]] constexpr std::string_view json_key(arg_key k) noexcept {
   constexpr std::array<std::string_view, arg_key_count> keys = {
-      "Sequence number", "Fwd thread id", "Input Dims", "Input type", "bytes", "graph id",
+      "Sequence number", "Fwd thread id", "Input Dims", "bytes", "graph id",
       "graph node id", "grid", "block", "Collective name", "dtype", "In msg nelems",
       "Out msg nelems", "In split size", "Out split size", "Group size", "Process Group Name",
       "Process Group Description", "Process Group Ranks", "Rank", "Seq", "Global rank start",
@@ -221,9 +221,9 @@ struct rank_trace {
   std::uint64_t metadata_entries = 0;
   std::uint64_t skipped_entries = 0;  ///< entries of unknown phase: counted, not stored
   std::uint64_t ignored_args = 0;     ///< known args with an unexpected type: counted, dropped
-  std::vector<event> events;         ///< in file order
-  std::vector<arg_key> arg_keys;     ///< args side table (CSR by event::args_begin)
-  std::vector<std::int64_t> arg_values;
+  large_vector<event> events;         ///< in file order
+  large_vector<arg_key> arg_keys;     ///< args side table (CSR by event::args_begin)
+  large_vector<std::int64_t> arg_values;
   std::vector<lane> lanes;
   std::vector<std::uint64_t> category_counts;  ///< by `cat` string id; 0 for other strings
   string_table strings;

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -32,7 +33,9 @@ namespace lumos::trace {
 struct read_options {
   /// Bytes of decompressed text held at once. A reader needs about 7× this (the text plus
   /// simdjson's index of one batch); the window grows only for a single event larger than it.
-  std::size_t window_bytes = std::size_t{4} << 20;
+  std::size_t window_bytes = std::size_t{1} << 20;
+  /// Expected uncompressed size, used to reserve the event store once (0 = unknown).
+  std::uint64_t size_hint = 0;
 };
 
 namespace detail {
@@ -89,25 +92,62 @@ inline constexpr std::array<key_entry, 9> event_keys = {{{"ph", k_ph},
 
 inline constexpr std::size_t max_key_length = 40;
 
-// Keys bucketed by length, so a lookup compares against at most a handful of candidates.
+// The first 8 bytes of a key as a little-endian word, zero-filled beyond its length.
+[[nodiscard]] constexpr std::uint64_t prefix_word(std::string_view k) noexcept {
+  std::uint64_t w = 0;
+  for (std::size_t i = 0; i < 8 && i < k.size(); ++i) w |= std::uint64_t{static_cast<unsigned char>(k[i])} << (8 * i);
+  return w;
+}
+
+// Lowest byte equal to `c` in `x` (bit 7 of that byte set; higher bits may be false positives).
+[[nodiscard]] constexpr std::uint64_t bytes_equal(std::uint64_t x, char c) noexcept {
+  const std::uint64_t v = x ^ (0x0101010101010101ULL * static_cast<unsigned char>(c));
+  return (v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL;
+}
+
+// A field key as written, found by its closing quote 8 bytes at a time. Keys we know contain no
+// escapes; a key with a backslash or longer than any known key is unknown (empty view). Reads
+// whole words past the key: the batch is followed by at least `padding` readable bytes.
+[[nodiscard]] inline std::string_view raw_key(const char* k) noexcept {
+  for (std::size_t off = 0; off <= max_key_length; off += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, k + off, 8);
+    const std::uint64_t quote = bytes_equal(w, '"');
+    const std::uint64_t slash = bytes_equal(w, '\\');
+    if ((quote | slash) == 0) continue;
+    const int q = quote != 0 ? __builtin_ctzll(quote) : 64;
+    const int b = slash != 0 ? __builtin_ctzll(slash) : 64;
+    if (b < q) return {};
+    return {k, off + static_cast<std::size_t>(q / 8)};
+  }
+  return {};
+}
+
+// Keys bucketed by length and compared as words, so a lookup costs a few integer compares.
 template <std::size_t N>
 struct key_index {
   std::array<std::array<std::int8_t, 8>, max_key_length + 1> by_length{};
   std::array<std::uint8_t, max_key_length + 1> count{};
   std::array<key_entry, N> entries{};
+  std::array<std::uint64_t, N> words{};
 
   constexpr explicit key_index(const std::array<key_entry, N>& e) : entries(e) {
     for (std::size_t i = 0; i < N; ++i) {
       const std::size_t len = e[i].text.size();
       by_length[len][count[len]++] = static_cast<std::int8_t>(i);
+      words[i] = prefix_word(e[i].text);
     }
   }
   [[nodiscard]] int find(std::string_view key) const noexcept {
-    if (key.size() > max_key_length) return k_unknown;
     const std::size_t len = key.size();
+    if (len == 0 || len > max_key_length || count[len] == 0) return k_unknown;
+    std::uint64_t w;
+    std::memcpy(&w, key.data(), 8);  // padded input: see raw_key
+    if (len < 8) w &= (std::uint64_t{1} << (8 * len)) - 1;
     for (std::size_t j = 0; j < count[len]; ++j) {
-      const key_entry& k = entries[static_cast<std::size_t>(by_length[len][j])];
-      if (std::memcmp(k.text.data(), key.data(), len) == 0) return k.code;
+      const auto i = static_cast<std::size_t>(by_length[len][j]);
+      if (words[i] != w) continue;
+      if (len <= 8 || std::memcmp(entries[i].text.data() + 8, key.data() + 8, len - 8) == 0) return entries[i].code;
     }
     return k_unknown;
   }
@@ -116,9 +156,7 @@ struct key_index {
 inline constexpr key_index<args_keys.size()> args_index{args_keys};
 inline constexpr key_index<event_keys.size()> event_index{event_keys};
 
-// The key of a field as written, without unescaping. Keys we know contain no escapes; a key
-// with a backslash or longer than any known key is reported as unknown (an empty view).
-// Reads at most max_key_length bytes after the key start, all inside the key's own string.
+// Metadata (top-level) keys are matched on unescaped text; they are small and rare.
 [[nodiscard]] inline std::string_view raw_key(const ondemand::raw_json_string& key) noexcept {
   const char* k = key.raw();
   for (std::size_t n = 0; n <= max_key_length; ++n) {
@@ -126,6 +164,26 @@ inline constexpr key_index<event_keys.size()> event_index{event_keys};
     if (k[n] == '\\') return {};
   }
   return {};
+}
+
+// First '"' or '\\' at or after `p`; the string is known to close before `end`, and the input is
+// padded, so 16-byte loads past the closing quote are safe.
+[[nodiscard]] inline const char* find_quote_or_escape(const char* p, const char* end) noexcept {
+#if defined(__SSE2__)
+  const __m128i quote = _mm_set1_epi8('"');
+  const __m128i slash = _mm_set1_epi8('\\');
+  for (; p < end; p += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const int m = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, slash)));
+    if (m != 0) return p + __builtin_ctz(static_cast<unsigned>(m));
+  }
+  return end;
+#else
+  for (; p < end; ++p) {
+    if (*p == '"' || *p == '\\') return p;
+  }
+  return end;
+#endif
 }
 
 [[nodiscard]] inline std::string_view trim_right(std::string_view s) noexcept {
@@ -206,14 +264,41 @@ struct value_skipper {
 
 }  // namespace detail
 
+/// The reusable memory of a reader (text window, simdjson parser, scan offsets). Reading many
+/// files with one workspace per thread avoids re-allocating (and re-faulting) it per file.
+class reader_workspace {
+ public:
+  reader_workspace() = default;
+
+ private:
+  friend class kineto_reader;
+  void reserve(std::size_t capacity) {
+    if (capacity_ >= capacity && buffer_) return;
+    buffer_ = std::make_unique<char[]>(capacity + detail::padding);
+    capacity_ = capacity;
+  }
+  std::unique_ptr<char[]> buffer_;
+  std::size_t capacity_ = 0;
+  simdjson::ondemand::parser parser_;
+  std::vector<std::uint32_t> starts_, ends_;
+  std::string scratch_;
+};
+
 /// Reads one Kineto trace from a byte source. Use `read_trace` / `read_trace_bytes`.
 class kineto_reader {
  public:
-  kineto_reader(lumos::detail::byte_source& source, const read_options& options)
-      : source_(source), name_(source.name()) {
-    capacity_ = std::clamp<std::size_t>(options.window_bytes, 4096, detail::max_window);
-    buffer_ = std::make_unique<char[]>(capacity_ + detail::padding);
+  kineto_reader(lumos::detail::byte_source& source, const read_options& options, reader_workspace& workspace)
+      : source_(source),
+        name_(source.name()),
+        buffer_(workspace.buffer_),
+        capacity_(workspace.capacity_),
+        starts_(workspace.starts_),
+        ends_(workspace.ends_),
+        parser_(workspace.parser_),
+        scratch_(workspace.scratch_) {
+    workspace.reserve(std::clamp<std::size_t>(options.window_bytes, 4096, detail::max_window));
     out_.file = name_;
+    size_hint_ = options.size_hint;
   }
 
   /// Reads the whole trace. Throws lumos::error on malformed input.
@@ -497,6 +582,7 @@ class kineto_reader {
       }
       if (r.array_end != nullptr) {
         const auto close = static_cast<std::size_t>(r.array_end - buffer_.get());
+        if (buffer_[close] != ']') fail_at(offset_of(close), "expected an event object or ']'", current_event());
         check_gap(pos_ + (first ? 1 : 0), close, false, "an event object or ']'");
         pos_ = close + 1;
         in_events_ = false;
@@ -529,6 +615,7 @@ class kineto_reader {
     } guard{base, open, close, saved_open, saved_close};
 
     const std::size_t length = close + 1 - open;
+    batch_end_ = base + close + 1;
     od::document doc;
     od::array array;
     if (parser_.iterate(simdjson::padded_string_view(base + open, length, length + detail::padding))
@@ -536,9 +623,11 @@ class kineto_reader {
         doc.get_array().get(array) != simdjson::SUCCESS) {
       locate_batch_error();
     }
+    if (!reserved_) reserve_from_first_batch(length);
     std::size_t k = 0;
     for (auto element : array) {
       batch_index_ = k;
+      event_index_ = out_.entries;
       od::object obj;
       if (element.get_object().get(obj) != simdjson::SUCCESS) {
         event_fail("expected an event object");
@@ -547,6 +636,19 @@ class kineto_reader {
       ++k;
     }
     if (k != starts_.size()) locate_batch_error();
+  }
+
+  // Sizes the event store once, from the bytes per event of the first batch and the expected
+  // file size: no repeated growth (each a copy and fresh page faults), little overshoot.
+  void reserve_from_first_batch(std::size_t batch_bytes) {
+    reserved_ = true;
+    if (size_hint_ == 0 || starts_.empty()) return;
+    const double bytes_per_event = static_cast<double>(batch_bytes) / static_cast<double>(starts_.size());
+    const double expected = static_cast<double>(size_hint_) / bytes_per_event * 1.05 + 64;
+    const auto events = static_cast<std::size_t>(std::min(expected, 2.0e9));
+    out_.events.reserve(events);
+    out_.arg_keys.reserve(events);
+    out_.arg_values.reserve(events);
   }
 
   // A batch failed as a whole (e.g. invalid UTF-8): find the first event that fails on its own.
@@ -577,8 +679,9 @@ class kineto_reader {
     fail_at(offset_of(starts_.front()), "malformed JSON in traceEvents", current_event());
   }
 
+  // The event being parsed is element `batch_index_` of the batch and entry `event_index_`.
   [[noreturn]] void event_fail(std::string_view what) const {
-    fail_at(offset_of(starts_[batch_index_]), what, static_cast<std::int64_t>(out_.entries));
+    fail_at(offset_of(starts_[batch_index_]), what, static_cast<std::int64_t>(event_index_));
   }
 
   [[noreturn]] void type_fail(std::string_view field, std::string_view expected,
@@ -588,7 +691,7 @@ class kineto_reader {
     event_fail("expected " + std::string(expected) + " for \"" + std::string(field) + "\", got " + got);
   }
 
-  time_ns read_time(simdjson::ondemand::value v, std::string_view field) {
+  time_ns read_time(simdjson::ondemand::value& v, std::string_view field) {
     const std::string_view token = detail::trim_right(v.raw_json_token());
     if (token.empty() || !(token[0] == '-' || (token[0] >= '0' && token[0] <= '9'))) {
       type_fail(field, "a number of microseconds", v);
@@ -601,20 +704,23 @@ class kineto_reader {
     return p.value;
   }
 
-  std::int64_t read_int(simdjson::ondemand::value v, std::string_view field) {
+  // Integers from the raw token (one pass, no type dispatch); anything else is a type error.
+  std::int64_t read_int(simdjson::ondemand::value& v, std::string_view field) {
+    const std::string_view token = detail::trim_right(v.raw_json_token());
     std::int64_t x = 0;
-    if (v.get_int64().get(x) != simdjson::SUCCESS) type_fail(field, "an integer", v);
+    const auto [p, ec] = std::from_chars(token.data(), token.data() + token.size(), x);
+    if (ec != std::errc{} || p != token.data() + token.size() || token.empty()) {
+      if (ec == std::errc::result_out_of_range) event_fail("integer out of range for \"" + std::string(field) + "\"");
+      type_fail(field, "an integer", v);
+    }
     return x;
   }
 
   // pid / tid: an integer, or a string (Kineto writes "Spans", "Traces" rows).
-  void read_id(simdjson::ondemand::value v, std::string_view field, std::int64_t& number, string_id& text) {
-    simdjson::ondemand::json_type t{};
-    if (v.type().get(t) != simdjson::SUCCESS) event_fail("malformed value");
-    if (t == simdjson::ondemand::json_type::string) {
-      std::string_view s;
-      if (v.get_string().get(s) != simdjson::SUCCESS) event_fail("malformed string");
-      text = out_.strings.intern(s);
+  void read_id(simdjson::ondemand::value& v, std::string_view field, std::int64_t& number, string_id& text) {
+    const std::string_view token = v.raw_json_token();
+    if (!token.empty() && token[0] == '"') {
+      text = out_.strings.intern(read_string(v, field));
       number = 0;
       return;
     }
@@ -622,14 +728,90 @@ class kineto_reader {
     text = no_string;
   }
 
-  std::string_view read_string(simdjson::ondemand::value v, std::string_view field) {
-    std::string_view s;
-    if (v.get_string().get(s) != simdjson::SUCCESS) type_fail(field, "a string", v);
-    return s;
+  // A string value as a view: straight into the input when it has no escapes (the common
+  // case), else unescaped into the workspace's scratch buffer. Valid until the next call.
+  std::string_view read_string(simdjson::ondemand::value& v, std::string_view field) {
+    simdjson::ondemand::raw_json_string raw;
+    if (v.get_raw_json_string().get(raw) != simdjson::SUCCESS) type_fail(field, "a string", v);
+    const char* const begin = raw.raw();
+    const char* const stop = detail::find_quote_or_escape(begin, batch_end_);
+    if (stop == batch_end_) event_fail("unterminated string");
+    if (*stop == '"') return {begin, static_cast<std::size_t>(stop - begin)};
+    return unescape(begin, batch_end_);
+  }
+
+  // JSON string unescaping (RFC 8259), writing UTF-8; the input was UTF-8-validated by simdjson.
+  std::string_view unescape(const char* p, const char* end) {
+    scratch_.clear();
+    auto hex4 = [&](const char* q) -> std::uint32_t {
+      if (end - q < 4) event_fail("malformed \\u escape in a string");
+      std::uint32_t v = 0;
+      for (int i = 0; i < 4; ++i) {
+        const char c = q[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= static_cast<std::uint32_t>(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= static_cast<std::uint32_t>(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= static_cast<std::uint32_t>(c - 'A' + 10);
+        else event_fail("malformed \\u escape in a string");
+      }
+      return v;
+    };
+    while (p < end) {
+      const char c = *p++;
+      if (c == '"') return scratch_;
+      if (c != '\\') {
+        scratch_ += c;
+        continue;
+      }
+      if (p >= end) break;
+      const char e = *p++;
+      switch (e) {
+        case '"': scratch_ += '"'; break;
+        case '\\': scratch_ += '\\'; break;
+        case '/': scratch_ += '/'; break;
+        case 'b': scratch_ += '\b'; break;
+        case 'f': scratch_ += '\f'; break;
+        case 'n': scratch_ += '\n'; break;
+        case 'r': scratch_ += '\r'; break;
+        case 't': scratch_ += '\t'; break;
+        case 'u': {
+          std::uint32_t cp = hex4(p);
+          p += 4;
+          if (cp >= 0xD800 && cp < 0xDC00) {  // a surrogate pair
+            if (end - p < 6 || p[0] != '\\' || p[1] != 'u') event_fail("unpaired surrogate in a string");
+            const std::uint32_t low = hex4(p + 2);
+            if (low < 0xDC00 || low >= 0xE000) event_fail("unpaired surrogate in a string");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+            p += 6;
+          } else if (cp >= 0xDC00 && cp < 0xE000) {
+            event_fail("unpaired surrogate in a string");
+          }
+          if (cp < 0x80) {
+            scratch_ += static_cast<char>(cp);
+          } else if (cp < 0x800) {
+            scratch_ += static_cast<char>(0xC0 | (cp >> 6));
+            scratch_ += static_cast<char>(0x80 | (cp & 0x3F));
+          } else if (cp < 0x10000) {
+            scratch_ += static_cast<char>(0xE0 | (cp >> 12));
+            scratch_ += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            scratch_ += static_cast<char>(0x80 | (cp & 0x3F));
+          } else {
+            scratch_ += static_cast<char>(0xF0 | (cp >> 18));
+            scratch_ += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+            scratch_ += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            scratch_ += static_cast<char>(0x80 | (cp & 0x3F));
+          }
+          break;
+        }
+        default:
+          event_fail("malformed escape in a string");
+      }
+    }
+    event_fail("unterminated string");
   }
 
   // A string-valued arg: strings are interned as is; arrays, objects and numbers by their JSON.
-  string_id read_text_arg(simdjson::ondemand::value v) {
+  string_id read_text_arg(simdjson::ondemand::value& v) {
     namespace od = simdjson::ondemand;
     od::json_type t{};
     if (v.type().get(t) != simdjson::SUCCESS) event_fail("malformed value in \"args\"");
@@ -637,7 +819,7 @@ class kineto_reader {
     simdjson::error_code err = simdjson::SUCCESS;
     switch (t) {
       case od::json_type::string:
-        err = v.get_string().get(s);
+        s = read_string(v, "args");
         break;
       case od::json_type::array: {
         od::array a;
@@ -669,16 +851,16 @@ class kineto_reader {
     char ph = 0;
   };
 
-  void parse_args(simdjson::ondemand::value v, event& e, pending& p) {
+  void parse_args(simdjson::ondemand::value& v, event& e, pending& p) {
     namespace od = simdjson::ondemand;
     od::object obj;
     if (v.get_object().get(obj) != simdjson::SUCCESS) type_fail("args", "an object", v);
     for (auto f : obj) {
-      od::field field;
-      if (std::move(f).get(field) != simdjson::SUCCESS) event_fail("malformed \"args\"");
-      const int code = detail::args_index.find(detail::raw_key(field.key()));
+      if (f.error() != simdjson::SUCCESS) event_fail("malformed \"args\"");
+      od::field& field = f.value_unsafe();
+      const int code = detail::args_index.find(detail::raw_key(field.key().raw()));
       if (code == detail::k_unknown) continue;
-      od::value value = field.value();
+      od::value& value = field.value();
       switch (code) {
         case detail::k_correlation:
           e.correlation = read_int(value, "args.correlation");
@@ -695,9 +877,10 @@ class kineto_reader {
           p.has_device = true;
           break;
         case detail::k_meta_name: {
-          std::string_view s;
-          if (value.get_string().get(s) == simdjson::SUCCESS) {
-            p.meta_name = s;
+          const std::string_view token = value.raw_json_token();
+          if (!token.empty() && token[0] == '"') {
+            meta_name_ = read_string(value, "args.name");  // copied: scratch is reused
+            p.meta_name = meta_name_;
             p.has_meta_name = true;
           }
           break;
@@ -707,8 +890,10 @@ class kineto_reader {
           if (is_string_arg(key)) {
             push_arg(key, read_text_arg(value));
           } else {
+            const std::string_view token = detail::trim_right(value.raw_json_token());
             std::int64_t x = 0;
-            if (value.get_int64().get(x) == simdjson::SUCCESS) {
+            const auto [end, ec] = std::from_chars(token.data(), token.data() + token.size(), x);
+            if (ec == std::errc{} && end == token.data() + token.size() && !token.empty()) {
               push_arg(key, x);
             } else {
               ++out_.ignored_args;  // e.g. a float or a string where an integer is usual
@@ -737,24 +922,35 @@ class kineto_reader {
     pending p;
     e.args_begin = static_cast<std::uint32_t>(out_.arg_keys.size());
     for (auto f : obj) {
-      od::field field;
-      if (std::move(f).get(field) != simdjson::SUCCESS) event_fail("malformed event");
-      const int code = detail::event_index.find(detail::raw_key(field.key()));
+      if (f.error() != simdjson::SUCCESS) event_fail("malformed event");
+      od::field& field = f.value_unsafe();
+      const int code = detail::event_index.find(detail::raw_key(field.key().raw()));
       if (code == detail::k_unknown) continue;
-      od::value value = field.value();
+      od::value& value = field.value();
       switch (code) {
         case detail::k_ph: {
-          const std::string_view s = read_string(value, "ph");
-          p.ph = s.size() == 1 ? s[0] : '?';
+          // Phases are one letter: look at the raw token before paying for a string read.
+          const std::string_view token = value.raw_json_token();
+          if (token.size() >= 3 && token[0] == '"' && token[2] == '"') {
+            p.ph = token[1];
+          } else {
+            const std::string_view s = read_string(value, "ph");
+            p.ph = s.size() == 1 ? s[0] : '?';
+          }
           p.has_ph = true;
           break;
         }
         case detail::k_cat: {
-          const std::string_view s = read_string(value, "cat");
-          if (s != last_cat_text_ || last_cat_ == no_string) {
-            last_cat_ = out_.strings.intern(s);
-            last_cat_text_ = out_.strings[last_cat_];
+          // Consecutive events mostly share a category: compare the raw bytes first.
+          const std::string_view token = value.raw_json_token();
+          if (last_cat_ != no_string && token.size() > last_cat_text_.size() + 1 && token[0] == '"' &&
+              token[last_cat_text_.size() + 1] == '"' &&
+              std::memcmp(token.data() + 1, last_cat_text_.data(), last_cat_text_.size()) == 0) {
+            e.cat_name = last_cat_;
+            break;
           }
+          last_cat_ = out_.strings.intern(read_string(value, "cat"));
+          last_cat_text_ = out_.strings[last_cat_];
           e.cat_name = last_cat_;
           break;
         }
@@ -782,8 +978,10 @@ class kineto_reader {
           parse_args(value, e, p);
           break;
         case detail::k_id: {
+          const std::string_view token = detail::trim_right(value.raw_json_token());
           std::int64_t id = 0;
-          if (value.get_int64().get(id) == simdjson::SUCCESS) e.correlation = id;
+          const auto [end, ec] = std::from_chars(token.data(), token.data() + token.size(), id);
+          if (ec == std::errc{} && end == token.data() + token.size()) e.correlation = id;
           break;
         }
         default:
@@ -903,9 +1101,14 @@ class kineto_reader {
       }
     }
     out_.category_counts.resize(out_.strings.size(), 0);
-    out_.events.shrink_to_fit();
-    out_.arg_keys.shrink_to_fit();
-    out_.arg_values.shrink_to_fit();
+    // Give back a reservation that overshot by more than 1/16 (one copy of the store, a few
+    // percent of the read), so that the store's footprint is what it holds.
+    auto trim = [](auto& v) {
+      if (v.capacity() > v.size() + v.size() / 16 + 64) v.shrink_to_fit();
+    };
+    trim(out_.events);
+    trim(out_.arg_keys);
+    trim(out_.arg_values);
   }
 
   struct process_name_entry {
@@ -916,18 +1119,25 @@ class kineto_reader {
 
   lumos::detail::byte_source& source_;
   std::string name_;
-  std::unique_ptr<char[]> buffer_;
-  std::size_t capacity_ = 0;
+  std::unique_ptr<char[]>& buffer_;  // the workspace's, which may grow while reading
+  std::size_t& capacity_;
+  std::vector<std::uint32_t>& starts_;
+  std::vector<std::uint32_t>& ends_;
+  simdjson::ondemand::parser& parser_;
+  std::string& scratch_;
   std::size_t pos_ = 0;
   std::size_t hi_ = 0;
   std::uint64_t base_offset_ = 0;
   bool eof_ = false;
   bool in_events_ = false;
-  std::vector<std::uint32_t> starts_, ends_;
   std::size_t batch_index_ = 0;
-  simdjson::ondemand::parser parser_;
+  const char* batch_end_ = nullptr;
+  std::uint64_t size_hint_ = 0;
+  bool reserved_ = false;
+  std::uint64_t event_index_ = 0;
   rank_trace out_;
   std::vector<std::uint8_t> cat_kind_;
+  std::string meta_name_;
   string_id last_cat_ = no_string;
   std::string_view last_cat_text_;
   std::unordered_map<lane_key, std::uint32_t, lane_hash> lane_ids_;
@@ -937,12 +1147,39 @@ class kineto_reader {
   std::vector<process_name_entry> process_names_;
 };
 
-/// Reads one trace file (.json or .json.gz, recognised by content). The rank is set from
-/// distributedInfo.rank when present (the job loader decides otherwise).
-[[nodiscard]] inline rank_trace read_trace(const std::filesystem::path& file, const read_options& options = {}) {
-  lumos::detail::byte_source source(file.string());
-  kineto_reader reader(source, options);
-  rank_trace t = reader.read();
+namespace detail {
+
+// Uncompressed size of gzip bytes from the ISIZE trailer (exact below 4 GiB), else the size.
+[[nodiscard]] inline std::uint64_t gzip_size_hint(std::string_view bytes) noexcept {
+  if (bytes.size() < 18 || static_cast<unsigned char>(bytes[0]) != 0x1f || static_cast<unsigned char>(bytes[1]) != 0x8b) {
+    return bytes.size();
+  }
+  const auto* t = reinterpret_cast<const unsigned char*>(bytes.data() + bytes.size() - 4);
+  const std::uint64_t isize = std::uint64_t{t[0]} | std::uint64_t{t[1]} << 8 | std::uint64_t{t[2]} << 16 | std::uint64_t{t[3]} << 24;
+  return std::max<std::uint64_t>(isize, bytes.size());
+}
+
+// Uncompressed size of a file: its size, or for gzip the ISIZE trailer (exact below 4 GiB).
+[[nodiscard]] inline std::uint64_t uncompressed_size_hint(const std::filesystem::path& p) {
+  std::error_code ec;
+  const std::uint64_t size = std::filesystem::file_size(p, ec);
+  if (ec) return 0;
+  std::FILE* f = std::fopen(p.string().c_str(), "rb");
+  if (f == nullptr) return size;
+  unsigned char head[2] = {0, 0};
+  unsigned char tail[4] = {0, 0, 0, 0};
+  std::uint64_t result = size;
+  if (std::fread(head, 1, 2, f) == 2 && head[0] == 0x1f && head[1] == 0x8b && size >= 18 &&
+      std::fseek(f, -4, SEEK_END) == 0 && std::fread(tail, 1, 4, f) == 4) {
+    result = std::uint64_t{tail[0]} | std::uint64_t{tail[1]} << 8 | std::uint64_t{tail[2]} << 16 |
+             std::uint64_t{tail[3]} << 24;
+    result = std::max(result, size);
+  }
+  std::fclose(f);
+  return result;
+}
+
+inline rank_trace finish_rank(rank_trace t) {
   if (t.distributed_rank) {
     t.rank = *t.distributed_rank;
     t.origin = rank_origin::distributed_info;
@@ -950,17 +1187,28 @@ class kineto_reader {
   return t;
 }
 
+}  // namespace detail
+
+/// Reads one trace file (.json or .json.gz, recognised by content). The rank is set from
+/// distributedInfo.rank when present (the job loader decides otherwise). Pass a workspace to
+/// reuse buffers across files.
+[[nodiscard]] inline rank_trace read_trace(const std::filesystem::path& file, read_options options = {},
+                                           reader_workspace* workspace = nullptr) {
+  if (options.size_hint == 0) options.size_hint = detail::uncompressed_size_hint(file);
+  lumos::detail::byte_source source(file.string());
+  reader_workspace local;
+  kineto_reader reader(source, options, workspace != nullptr ? *workspace : local);
+  return detail::finish_rank(reader.read());
+}
+
 /// Reads a trace held in memory (JSON text or gzip bytes); `name` is used in error messages.
 [[nodiscard]] inline rank_trace read_trace_bytes(std::string_view bytes, std::string name = "<memory>",
-                                                 const read_options& options = {}) {
+                                                 read_options options = {}, reader_workspace* workspace = nullptr) {
+  if (options.size_hint == 0) options.size_hint = detail::gzip_size_hint(bytes);
   lumos::detail::byte_source source(bytes, std::move(name));
-  kineto_reader reader(source, options);
-  rank_trace t = reader.read();
-  if (t.distributed_rank) {
-    t.rank = *t.distributed_rank;
-    t.origin = rank_origin::distributed_info;
-  }
-  return t;
+  reader_workspace local;
+  kineto_reader reader(source, options, workspace != nullptr ? *workspace : local);
+  return detail::finish_rank(reader.read());
 }
 
 }  // namespace lumos::trace

@@ -1,0 +1,60 @@
+#pragma once
+// large_allocator — std::allocator for the big flat arrays (event stores, compiled graphs):
+// large blocks are 2 MiB aligned and marked for transparent huge pages, so that filling them
+// takes ~500x fewer page faults and walking them far fewer TLB misses.
+
+#include <cstddef>
+#include <new>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace lumos {
+
+/// Stateless allocator: blocks of at least `huge_threshold` bytes come from the aligned
+/// global operator new with `MADV_HUGEPAGE` (Linux; a no-op elsewhere), smaller ones from the
+/// plain operator new. Interchangeable instances (always equal), so containers move freely.
+template <class T>
+struct large_allocator {
+  using value_type = T;
+  static constexpr std::size_t huge_page = std::size_t{2} << 20;
+  static constexpr std::size_t huge_threshold = std::size_t{4} << 20;
+
+  large_allocator() noexcept = default;
+  template <class U>
+  large_allocator(const large_allocator<U>&) noexcept {}  // NOLINT: rebinding is implicit
+
+  [[nodiscard]] T* allocate(std::size_t n) {
+    if (n > static_cast<std::size_t>(-1) / sizeof(T)) throw std::bad_array_new_length();
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes < huge_threshold) return static_cast<T*>(::operator new(bytes));
+    void* p = ::operator new(bytes, std::align_val_t{huge_page});
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    // Advice only: failure (THP disabled) leaves ordinary pages, which is still correct.
+    (void)::madvise(p, bytes / huge_page * huge_page, MADV_HUGEPAGE);
+#endif
+    return static_cast<T*>(p);
+  }
+
+  void deallocate(T* p, std::size_t n) noexcept {
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes < huge_threshold) {
+      ::operator delete(p);
+    } else {
+      ::operator delete(p, std::align_val_t{huge_page});
+    }
+  }
+
+  template <class U>
+  bool operator==(const large_allocator<U>&) const noexcept {
+    return true;
+  }
+};
+
+/// A vector for big flat arrays.
+template <class T>
+using large_vector = std::vector<T, large_allocator<T>>;
+
+}  // namespace lumos

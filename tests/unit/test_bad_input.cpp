@@ -1,0 +1,145 @@
+// Bad input: a clear lumos::error naming the file and the position; never a crash or a hang.
+#include "test_support.hpp"
+
+#include <lumos/trace/job.hpp>
+#include <lumos/trace/reader.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <random>
+
+using lumos::trace::read_trace_bytes;
+
+namespace {
+
+const std::string valid = lumos_test::read_file(lumos_test::data_dir() / "traps" / "collectives.json");
+
+std::string error_of(const std::string& bytes, const std::string& name = "bad.json", std::size_t window = 4096) {
+  try {
+    (void)read_trace_bytes(bytes, name, {window});
+  } catch (const lumos::error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+std::string with_event(const std::string& event) {
+  return R"({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "ok", "pid": 1, "tid": 1, "ts": 1, "dur": 1}, )" + event +
+         "]}";
+}
+
+}  // namespace
+
+TEST_CASE("every truncation of a valid trace is an error, never a crash", "[bad-input]") {
+  REQUIRE(error_of(valid).empty());
+  for (std::size_t n = 0; n < valid.size(); ++n) {
+    const std::string prefix = valid.substr(0, n);
+    // Only whitespace may be cut off the end of a valid file.
+    if (valid.find_first_not_of(" \n\r\t", n) == std::string::npos) continue;
+    const std::string msg = error_of(prefix, "cut.json");
+    INFO("prefix length " << n);
+    REQUIRE_FALSE(msg.empty());
+    REQUIRE(msg.rfind("cut.json:", 0) == 0);
+  }
+}
+
+TEST_CASE("truncated and corrupt gzip streams are errors", "[bad-input]") {
+  const std::string gz = lumos_test::gzip(valid);
+  for (std::size_t n = 0; n + 1 < gz.size(); n += 7) {
+    INFO("gzip prefix " << n);
+    REQUIRE_FALSE(error_of(gz.substr(0, n), "cut.json.gz").empty());
+  }
+  std::mt19937 rng(7);
+  int errors = 0;
+  for (int round = 0; round < 300; ++round) {
+    std::string bad = gz;
+    bad[10 + rng() % (bad.size() - 10)] ^= static_cast<char>(1 + rng() % 255);
+    errors += !error_of(bad, "flip.json.gz").empty();  // must not crash; CRC catches nearly all
+  }
+  CHECK(errors > 290);
+  CHECK(error_of(gz + "garbage", "tail.json.gz").find("after the end of the gzip stream") != std::string::npos);
+  CHECK(error_of(gz + std::string(16, '\0'), "zeros.json.gz").empty());  // zero padding is tolerated
+}
+
+TEST_CASE("non-JSON, empty and structurally wrong files are errors with a position", "[bad-input]") {
+  CHECK(error_of("", "empty.json") == "empty.json: byte 0: empty file; expected a Kineto trace (a JSON object)");
+  CHECK(error_of("   \n ", "ws.json").find("empty file") != std::string::npos);
+  CHECK(error_of("hello", "h.json") == "h.json: byte 0: expected a JSON object at the top level");
+  CHECK(error_of("[1, 2]", "a.json").find("expected a JSON object") != std::string::npos);
+  CHECK(error_of("{}", "o.json").find("missing \"traceEvents\"") != std::string::npos);
+  CHECK(error_of(R"({"traceEvents": {}})", "t.json") == "t.json: byte 16: expected an array for \"traceEvents\"");
+  CHECK(error_of(R"({"traceEvents": []} x)", "t.json").find("unexpected data after the top-level object") != std::string::npos);
+  CHECK(error_of(R"({"traceEvents": [] "x": 1})", "t.json").find("expected ',' or '}'") != std::string::npos);
+  CHECK(error_of(R"({"traceEvents": [], "traceEvents": []})", "t.json").find("duplicate") != std::string::npos);
+  CHECK(error_of(R"({"traceEvents": [{"ph": "i", "ts": 1, "pid": 1, "tid": 1} {"ph": "i"}]})", "t.json").find("event #") !=
+        std::string::npos);
+  CHECK(error_of(R"({"traceEvents": [{"ph": "i", "ts": 1, "pid": 1, "tid": 1},]})", "t.json").find("expected an event object or ']'") !=
+        std::string::npos);
+  CHECK(error_of(R"({"traceEvents": [1, 2]})", "t.json").find("expected") != std::string::npos);
+  CHECK_FALSE(error_of(R"({"traceEvents": [{"ph": "i", "ts": 1, "pid": 1, "tid": 1}, 5]})", "t.json").empty());
+  CHECK_FALSE(error_of(R"({"traceEvents": [], "distributedInfo": {"rank": "zero"}})", "t.json").empty());
+  CHECK_FALSE(error_of(R"({"traceEvents": [], "baseTimeNanoseconds": -5})", "t.json").empty());
+  CHECK_FALSE(error_of(std::string(R"({"traceEvents": [{"ph": "X", "name": "bad \xff\xfe utf8", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]})"),
+                       "utf.json")
+                  .empty());
+  CHECK_FALSE(error_of(R"({"traceEvents": [{"ph": "X", "args": )" + std::string(5000, '[') + "]}").empty());
+}
+
+TEST_CASE("wrong types, missing fields and absurd values name the event and what was expected", "[bad-input]") {
+  const auto msg = error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": "123", "dur": 1})"));
+  CHECK(msg.find("bad.json: byte ") == 0);
+  CHECK(msg.find("event #1: expected a number of microseconds for \"ts\", got string") != std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": {}})")).find("for \"dur\", got object") !=
+        std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": 5, "pid": 1, "tid": 1, "ts": 1, "dur": 1})")).find("expected a string for \"name\"") !=
+        std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1.5, "tid": 1, "ts": 1, "dur": 1})")).find("expected an integer for \"pid\"") !=
+        std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": []})")).find("expected an object for \"args\"") !=
+        std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": {"correlation": "7"}})"))
+            .find("expected an integer for \"args.correlation\", got string") != std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1})")).find("event #1: missing \"dur\"") != std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "dur": 1})")).find("missing \"ts\"") != std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "pid": 1, "tid": 1, "ts": 1, "dur": 1})")).find("missing \"name\"") != std::string::npos);
+  CHECK(error_of(with_event(R"({"name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": 1})")).find("missing \"ph\"") != std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "tid": 1, "ts": 1, "dur": 1})")).find("missing \"pid\"") != std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": -2})")).find("negative duration") !=
+        std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1e300, "dur": 1})")).find("absurd value for \"ts\"") !=
+        std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": 1e300})")).find("absurd value for \"dur\"") !=
+        std::string::npos);
+  CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 99999999999999999999, "tid": 1, "ts": 1, "dur": 1})")).find("pid") !=
+        std::string::npos);
+}
+
+TEST_CASE("job-level errors: missing paths, empty directories, duplicate ranks", "[bad-input][job]") {
+  using lumos::trace::load_job;
+  lumos_test::temp_dir dir;
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const lumos::error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(message([&] { (void)load_job({dir.path()}); }).find("directory holds no .json or .json.gz trace files") != std::string::npos);
+  CHECK(message([&] { (void)load_job({dir.path() / "nope.json"}); }).find("no such file or directory") != std::string::npos);
+  CHECK(message([&] { (void)load_job({}); }) == "no trace files given");
+  const std::string rank3 = R"({"distributedInfo": {"rank": 3}, "traceEvents": []})";
+  const auto a = dir.write("a.json", rank3);
+  const auto b = dir.write("b.json", rank3);
+  const auto dup = message([&] { (void)load_job({a, b}); });
+  CHECK(dup.find("duplicate rank 3") != std::string::npos);
+  CHECK(dup.find("a.json") != std::string::npos);
+  CHECK(dup.find("b.json") != std::string::npos);
+  // A bad file among good ones: the error names the bad file, whatever the thread count.
+  const auto bad = dir.write("c_rank4.json", R"({"traceEvents": [{"ph": "X"}]})");
+  for (unsigned threads : {1U, 4U}) {
+    lumos::trace::load_options o;
+    o.threads = threads;
+    CHECK(message([&] { (void)load_job({a, bad}, o); }).find(bad.string() + ": byte") == 0);
+  }
+}

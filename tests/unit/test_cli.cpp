@@ -1,0 +1,97 @@
+// The lumos executable: output shape, exit codes, one-line errors.
+#include "test_support.hpp"
+
+#include <catch2/catch.hpp>
+#include <simdjson.h>
+
+#include <array>
+#include <cstdio>
+#include <sys/wait.h>
+
+namespace {
+
+struct result {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+result run(const std::string& args) {
+  lumos_test::temp_dir dir;
+  const auto err_file = dir.path() / "stderr";
+  const std::string cmd = std::string(LUMOS_CLI_PATH) + " " + args + " 2>" + err_file.string();
+  result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = lumos_test::read_file(err_file);
+  return r;
+}
+
+std::string data(const std::string& name) { return (lumos_test::data_dir() / name).string(); }
+
+}  // namespace
+
+TEST_CASE("inspect --json prints the documented object", "[cli]") {
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  const result r = run("inspect --json " + example);
+  REQUIRE(r.code == 0);
+  CHECK(r.err.empty());
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(r.out);
+  simdjson::dom::array ranks = doc["ranks"];
+  REQUIRE(ranks.size() == 2);
+  std::int64_t rank = -1;
+  for (simdjson::dom::element rk : ranks) {
+    CHECK(int64_t(rk["rank"]) == ++rank);
+    for (const char* field : {"file", "device"}) CHECK(rk[field].is_string());
+    for (const char* field : {"events", "gpu_ops", "comm_ops", "streams", "threads", "world_size"}) CHECK(rk[field].is_int64());
+    CHECK(int64_t(rk["by_category"]["kernel"]) == 11);
+    CHECK(int64_t(rk["comm_ops"]) == 1);
+    CHECK(int64_t(rk["world_size"]) == 2);
+    simdjson::dom::array steps = rk["steps"];
+    REQUIRE(steps.size() == 1);
+    CHECK(std::string_view(steps.at(0)["name"]) == "ProfilerStep#1");
+    CHECK(int64_t(steps.at(0)["dur_ns"]) > 0);
+    CHECK(steps.at(0)["start_ns"].is_int64());
+  }
+}
+
+TEST_CASE("inspect prints a readable summary and never echoes metadata", "[cli]") {
+  const result r = run("inspect " + data("traps/secret_metadata.json"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("rank 3") != std::string::npos);
+  CHECK(r.out.find("hf_SECRET") == std::string::npos);
+  CHECK(run("inspect --json " + data("traps/secret_metadata.json")).out.find("hf_SECRET") == std::string::npos);
+}
+
+TEST_CASE("bad input: one line on stderr and exit code 2", "[cli]") {
+  lumos_test::temp_dir dir;
+  const auto bad = dir.write("bad.json", R"({"traceEvents": [{"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": "1", "dur": 1}]})");
+  const result r = run("inspect " + bad.string());
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err.find(bad.string() + ": byte 17, event #0: expected a number of microseconds for \"ts\", got string") != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(run("inspect " + (dir.path() / "missing.json").string()).code == 2);
+  CHECK(run("inspect " + dir.path().string() + "/empty_dir_does_not_exist").code == 2);
+  const auto empty = dir.write("empty.json.gz", "");
+  CHECK(run("inspect " + empty.string()).code == 2);
+}
+
+TEST_CASE("usage errors exit with 2 and say what is wrong", "[cli]") {
+  CHECK(run("").code == 2);
+  const result unknown = run("frobnicate");
+  CHECK(unknown.code == 2);
+  CHECK(unknown.err.find("unknown command 'frobnicate'") != std::string::npos);
+  const result no_path = run("inspect");
+  CHECK(no_path.code == 2);
+  CHECK(no_path.err.find("needs at least one PATH") != std::string::npos);
+  CHECK(run("inspect --bogus x").code == 2);
+  CHECK(run("--help").code == 0);
+  CHECK(run("inspect --help").code == 0);
+}

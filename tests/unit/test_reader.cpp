@@ -1,0 +1,258 @@
+// Reader behaviour on hand-made traces: one per trap listed in design/KINETO.md.
+#include "test_support.hpp"
+
+#include <lumos/trace/job.hpp>
+#include <lumos/trace/reader.hpp>
+#include <lumos/trace/summary.hpp>
+
+#include <catch2/catch.hpp>
+
+using namespace lumos::trace;
+using lumos_test::data_dir;
+
+namespace {
+
+rank_trace read_trap(const std::string& name, std::size_t window = 0) {
+  read_options o;
+  if (window != 0) o.window_bytes = window;
+  return read_trace(data_dir() / "traps" / name, o);
+}
+
+const event& find(const rank_trace& t, std::string_view name) {
+  for (const auto& e : t.events) {
+    if (t.name(e) == name) return e;
+  }
+  FAIL("no event named " << name);
+  return t.events.front();
+}
+
+std::size_t index_of(const rank_trace& t, std::string_view name) {
+  return static_cast<std::size_t>(&find(t, name) - t.events.data());
+}
+
+}  // namespace
+
+TEST_CASE("relative timestamps keep their base, even when it follows traceEvents", "[reader]") {
+  const auto t = read_trap("relative_time_base_after.json");
+  CHECK(t.base_ns == 1751410836000000000LL);
+  const auto& step = find(t, "ProfilerStep#7");
+  CHECK(step.ts == 1000500);
+  CHECK(step.dur == 250250);
+  CHECK(step.cat == category::user_annotation);
+  const auto& mm = find(t, "aten::mm");
+  CHECK(mm.ts == 1001001);
+  CHECK(mm.dur == 20999);
+  const auto i = index_of(t, "aten::mm");
+  CHECK(t.arg_text(i, arg_key::input_dims) == "[[128, 64], [64, 32]]");
+  CHECK(t.arg(i, arg_key::sequence_number) == 5);
+  CHECK(t.arg(i, arg_key::fwd_thread_id) == 0);
+  const auto& k = find(t, "gemm_kernel");
+  CHECK(k.correlation == 77);
+  CHECK(k.external_id == 2);
+  CHECK(k.stream == 7);
+  CHECK(k.device == 0);
+  CHECK(t.arg_text(index_of(t, "gemm_kernel"), arg_key::grid) == "[4, 1, 1]");
+  const auto steps = profiler_steps(t);
+  REQUIRE(steps.size() == 1);
+  CHECK(steps[0].number == 7);
+}
+
+TEST_CASE("absolute 16-digit timestamps with decimals are exact", "[reader]") {
+  const auto t = read_trap("absolute_time.json");
+  CHECK(t.base_ns == 0);
+  CHECK(find(t, "ProfilerStep#2").ts == 1706850122846038123LL);
+  CHECK(find(t, "ProfilerStep#2").dur == 603240001LL);
+  CHECK(find(t, "aten::add").ts == 1706850122846039999LL);
+}
+
+TEST_CASE("kernels launched before the window are kept without a launch", "[reader]") {
+  const auto t = read_trap("launched_before_window.json");
+  CHECK(find(t, "early_kernel").correlation == 5);
+  for (const auto& e : t.events) {
+    if (e.cat == category::cuda_runtime) CHECK(e.correlation != 5);
+  }
+  CHECK(summarize(t).gpu_ops == 2);
+}
+
+TEST_CASE("one CUDA graph launch correlates with many kernels", "[reader]") {
+  const auto t = read_trap("cuda_graph.json");
+  int kernels = 0;
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    if (t.events[i].cat != category::kernel) continue;
+    ++kernels;
+    CHECK(t.events[i].correlation == 42);
+    CHECK(t.arg(i, arg_key::graph_id) == 1);
+    CHECK(t.arg(i, arg_key::graph_node_id) >= 100);
+  }
+  CHECK(kernels == 3);
+}
+
+TEST_CASE("a stream wait without a recorded cudaEventRecord still reads", "[reader]") {
+  const auto t = read_trap("wait_without_record.json");
+  CHECK(find(t, "cudaStreamWaitEvent").correlation == 2);
+  CHECK(summarize(t).streams == 2);
+}
+
+TEST_CASE("polling loops are ordinary runtime calls", "[reader]") {
+  const auto t = read_trap("polling_loop.json");
+  int polls = 0;
+  for (const auto& e : t.events) polls += t.name(e) == "cudaEventQuery";
+  CHECK(polls == 4);
+}
+
+TEST_CASE("traces without ProfilerStep have no steps", "[reader]") {
+  CHECK(profiler_steps(read_trap("no_profiler_step.json")).empty());
+}
+
+TEST_CASE("sync rows take their stream from args, not tid", "[reader]") {
+  const auto t = read_trap("sync_rows_offset_tid.json");
+  const auto i = index_of(t, "Stream Wait Event");
+  CHECK(t.events[i].cat == category::cuda_sync);
+  CHECK(t.events[i].stream == 24);
+  CHECK(t.arg(i, arg_key::wait_on_stream) == 20);
+  CHECK(t.arg(i, arg_key::wait_on_event_record_correlation) == 31);
+  CHECK(t.arg(i, arg_key::wait_on_event_id) == 9);
+  const auto& rec = t.events[index_of(t, "cudaEventRecord") + 0];
+  CHECK(rec.cat == category::cuda_runtime);
+  bool saw_cuda_event = false;
+  for (std::size_t j = 0; j < t.events.size(); ++j) {
+    if (t.events[j].cat == category::cuda_event) {
+      saw_cuda_event = true;
+      CHECK(t.arg(j, arg_key::event_id) == 9);
+      CHECK(t.events[j].stream == 20);
+    }
+  }
+  CHECK(saw_cuda_event);
+}
+
+TEST_CASE("string pids, unknown categories and phases are counted, not errors", "[reader]") {
+  const auto t = read_trap("string_ids_and_unknowns.json");
+  CHECK(t.entries == 12);
+  CHECK(t.metadata_entries == 2);
+  CHECK(t.skipped_entries == 1);  // the "B" event
+  const auto s = summarize(t);
+  auto count = [&](std::string_view cat) {
+    for (const auto& [c, n] : s.by_category) {
+      if (c == cat) return n;
+    }
+    return std::uint64_t{0};
+  };
+  CHECK(count("some_future_category") == 1);
+  CHECK(count("ac2g") == 2);
+  CHECK(count("Trace") == 1);
+  CHECK(count("cpu_op") == 3);  // includes the skipped "B" event: counts are per entry
+  CHECK(find(t, "mystery").cat == category::other);
+  const auto& span = find(t, "PyTorch Profiler (0)");
+  CHECK(t.str(t.lanes[span.lane].pid_text) == "Spans");
+  const auto& flow = find(t, "ac2g");
+  CHECK(flow.ph == phase::flow_start);
+  CHECK(flow.correlation == 77);
+  CHECK(find(t, "child ends 1 ns after its parent").end() == find(t, "parent").end() + 1);
+  const auto i = index_of(t, "float_arg");
+  CHECK_FALSE(t.arg(i, arg_key::bytes).has_value());           // 1.5 is not an integer: dropped,
+  CHECK_FALSE(t.arg(i, arg_key::sequence_number).has_value());  // and so is "12",
+  CHECK(t.ignored_args == 2);                                   // but counted
+  const auto& mystery = find(t, "mystery");
+  CHECK(t.str(t.lanes[mystery.lane].thread_name) == "main thread");
+  CHECK(t.str(t.lanes[mystery.lane].process_name) == "python");
+}
+
+TEST_CASE("collective args, process groups and device properties are read", "[reader]") {
+  const auto t = read_trap("collectives.json");
+  REQUIRE(t.process_groups.size() == 2);
+  CHECK(t.process_groups[0].ranks == std::vector<int>{0, 1});
+  CHECK(t.process_groups[1].description == "tp");
+  CHECK(t.world_size == 2);
+  CHECK(t.rank == 0);
+  REQUIRE(t.devices.size() == 1);
+  CHECK(t.devices[0].num_sms == 132);
+  const auto i = index_of(t, "record_param_comms");
+  CHECK(t.arg_text(i, arg_key::collective_name) == "allreduce");
+  CHECK(t.arg(i, arg_key::in_msg_nelems) == 1048576);
+  CHECK(t.arg_text(i, arg_key::process_group_ranks) == "[0, 1]");
+  CHECK(t.arg(i, arg_key::collective_seq) == 17);
+  CHECK(t.arg(i, arg_key::collective_rank) == 0);
+  const auto s = summarize(t);
+  CHECK(s.gpu_ops == 3);
+  CHECK(s.comm_ops == 2);  // NCCL and symmetric-memory all-reduce; not the memcpy
+  CHECK(s.device == "NVIDIA H100 80GB HBM3");
+  CHECK(t.arg(index_of(t, "Memcpy DtoD (Device -> Device)"), arg_key::bytes) == 4096);
+}
+
+TEST_CASE("the result does not depend on the window size, the format or the thread count", "[reader]") {
+  // A trace with many events, some larger than the smallest window.
+  std::string text = R"({"schemaVersion": 1, "traceEvents": [)";
+  for (int i = 0; i < 3000; ++i) {
+    if (i > 0) text += ",\n";
+    text += R"({"ph": "X", "cat": "cpu_op", "name": "op_)" + std::to_string(i % 17) + R"(", "pid": 1, "tid": )" +
+            std::to_string(i % 3) + R"(, "ts": )" + std::to_string(1000 + i) + "." + std::to_string(i % 1000) +
+            R"(, "dur": 1.5, "args": {"External id": )" + std::to_string(i) + R"(, "Input Dims": [[)" +
+            std::string(i % 97 == 0 ? 6000 : 3, '1') + "]]}}";
+  }
+  text += R"(], "distributedInfo": {"rank": 1, "world_size": 2}, "baseTimeNanoseconds": 5})";
+  auto fingerprint = [](const rank_trace& t) {
+    std::vector<std::tuple<long, long, std::string, long, std::string>> v;
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
+      const auto& e = t.events[i];
+      v.emplace_back(e.ts, e.dur, std::string(t.name(e)), e.external_id, std::string(t.arg_text(i, arg_key::input_dims)));
+    }
+    return v;
+  };
+  const auto reference = read_trace_bytes(text, "ref", {std::size_t{64} << 20});
+  REQUIRE(reference.events.size() == 3000);
+  CHECK(reference.base_ns == 5);
+  CHECK(reference.rank == 1);
+  for (std::size_t window : {std::size_t{4096}, std::size_t{5000}, std::size_t{65536}}) {
+    INFO("window " << window);
+    CHECK(fingerprint(read_trace_bytes(text, "w", {window})) == fingerprint(reference));
+    CHECK(fingerprint(read_trace_bytes(lumos_test::gzip(text), "gz", {window})) == fingerprint(reference));
+  }
+  // Two concatenated gzip members read as one stream, like gzip -d.
+  const std::string half = text.substr(0, text.size() / 2);
+  CHECK(fingerprint(read_trace_bytes(lumos_test::gzip(half) + lumos_test::gzip(text.substr(half.size())), "multi")) ==
+        fingerprint(reference));
+  // No newlines at all (minified JSON) reads the same.
+  std::string minified = text;
+  std::replace(minified.begin(), minified.end(), '\n', ' ');
+  CHECK(fingerprint(read_trace_bytes(minified, "min", {4096})) == fingerprint(reference));
+}
+
+TEST_CASE("a job is a directory or a list of files; ranks come from distributedInfo, name or order", "[reader][job]") {
+  lumos_test::temp_dir dir;
+  const std::string no_info = R"({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]})";
+  const std::string with_info = R"({"distributedInfo": {"rank": 5}, "traceEvents": []})";
+  dir.write("trace_rank-2.json", no_info);
+  dir.write("worker7_step_12.1694128201556.pt.trace.json.gz", lumos_test::gzip(no_info));
+  dir.write("zzz.json", with_info);
+  dir.write("notes.txt", "not a trace");
+  for (unsigned threads : {1U, 3U}) {
+    load_options opt;
+    opt.threads = threads;
+    const job j = load_job({dir.path()}, opt);
+    REQUIRE(j.ranks.size() == 3);
+    CHECK(j.ranks[0].rank == 2);
+    CHECK(j.ranks[0].origin == rank_origin::file_name);
+    CHECK(j.ranks[1].rank == 5);
+    CHECK(j.ranks[1].origin == rank_origin::distributed_info);
+    CHECK(j.ranks[2].rank == 7);
+  }
+  CHECK(rank_from_file_name("megatron_kineto_3.json.gz") == 3);
+  CHECK(rank_from_file_name("rank12.json") == 12);
+  CHECK(rank_from_file_name("Rank_4_trace.json") == 4);
+  CHECK(rank_from_file_name("worker1_step_12.1694128201556.pt.trace.json.gz") == 1);
+  CHECK_FALSE(rank_from_file_name("trace.json").has_value());
+  CHECK_FALSE(rank_from_file_name("h100_model__1016001.json.gz").has_value());
+  // Files without any rank information take their position in the list.
+  const auto a = dir.write("a.json", no_info);
+  const auto b = dir.write("b.json", no_info);
+  const job j = load_job({a, b});
+  CHECK(j.ranks[0].rank == 0);
+  CHECK(j.ranks[1].rank == 1);
+  CHECK(j.ranks[1].origin == rank_origin::order);
+}
+
+TEST_CASE("events are stored compactly", "[reader]") {
+  const auto t = read_trap("relative_time_base_after.json");
+  CHECK(sizeof(event) <= 96);
+  CHECK(t.memory_bytes() > 0);
+}

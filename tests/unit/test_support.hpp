@@ -1,0 +1,114 @@
+#pragma once
+// Helpers shared by the test executables: temp files, gzip, locating the shared traces.
+
+#include <zlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace lumos_test {
+
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline void write_file(const std::filesystem::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + p.string());
+}
+
+/// gzip-compresses `text` (one member), with zlib.
+inline std::string gzip(const std::string& text, int level = 6) {
+  z_stream z{};
+  if (deflateInit2(&z, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) throw std::runtime_error("deflateInit2");
+  std::string out(deflateBound(&z, text.size()) + 64, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  if (deflate(&z, Z_FINISH) != Z_STREAM_END) throw std::runtime_error("deflate");
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+/// Decompresses gzip bytes with zlib (an independent path from the reader's inflater).
+inline std::string gunzip(const std::string& bytes) {
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 32) != Z_OK) throw std::runtime_error("inflateInit2");
+  std::string out;
+  std::vector<char> buf(1 << 20);
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+  z.avail_in = static_cast<uInt>(bytes.size());
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    z.next_out = reinterpret_cast<Bytef*>(buf.data());
+    z.avail_out = static_cast<uInt>(buf.size());
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) throw std::runtime_error("inflate failed");
+    out.append(buf.data(), buf.size() - z.avail_out);
+  }
+  inflateEnd(&z);
+  return out;
+}
+
+/// A fresh directory under the system temp dir, removed on destruction.
+class temp_dir {
+ public:
+  temp_dir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() / ("lumos-test-" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path write(const std::string& name, const std::string& bytes) const {
+    const auto p = path_ / name;
+    write_file(p, bytes);
+    return p;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::filesystem::path data_dir() { return LUMOS_TEST_DATA_DIR; }
+
+/// The shared real traces: $LUMOS_TRACE_DIR, else the configured default (../shared/traces).
+/// Empty when absent; `require_traces()` decides whether that is a skip or a failure.
+inline std::filesystem::path trace_dir() {
+  const char* env = std::getenv("LUMOS_TRACE_DIR");
+  std::filesystem::path p = env != nullptr && *env != '\0' ? env : LUMOS_DEFAULT_TRACE_DIR;
+  return std::filesystem::is_directory(p) ? p : std::filesystem::path{};
+}
+
+inline bool running_in_ci() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && std::string(ci) == "true";
+}
+
+}  // namespace lumos_test
+
+/// In a test case: returns early (with a message) when the shared traces are missing, or
+/// fails when CI=true. Expands to `const auto traces = ...`.
+#define LUMOS_REQUIRE_TRACES(traces)                                                       \
+  const std::filesystem::path traces = lumos_test::trace_dir();                            \
+  if (traces.empty()) {                                                                     \
+    if (lumos_test::running_in_ci()) FAIL("shared traces not found (set LUMOS_TRACE_DIR)");  \
+    WARN("shared traces not found: set LUMOS_TRACE_DIR; skipping");                         \
+    return;                                                                                 \
+  }
