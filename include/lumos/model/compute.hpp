@@ -1,0 +1,494 @@
+#pragma once
+// Compute cost models: per-operator FLOPs, HBM bytes and durations of a transformer layer, the
+// embedding, the logits/loss head and the optimizer step on one tensor-parallel rank.
+
+#include <lumos/core/error.hpp>
+#include <lumos/core/time.hpp>
+#include <lumos/model/flops.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/parallel.hpp>
+#include <lumos/model/transformer.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace lumos::model {
+
+/// Which peak and which efficiency pair (`compute_efficiency`) time an op.
+enum class op_class : std::uint8_t { gemm, attention, elementwise, norm, optimizer };
+
+/// Lower-case name of `c`, e.g. "gemm".
+[[nodiscard]] constexpr std::string_view to_string(op_class c) noexcept {
+  switch (c) {
+    case op_class::gemm: return "gemm";
+    case op_class::attention: return "attention";
+    case op_class::elementwise: return "elementwise";
+    case op_class::norm: return "norm";
+    case op_class::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+/// Pass an op belongs to. Backward is split as zero-bubble schedules need it: `backward_input`
+/// (B: gradients w.r.t. activations, everything the previous layer waits for, including any
+/// recomputed forward work) and `backward_weight` (W: weight gradients, which nothing in the
+/// backward pass waits for).
+enum class op_phase : std::uint8_t { forward, backward_input, backward_weight, optimizer };
+
+/// snake_case name of `p`, e.g. "backward_input".
+[[nodiscard]] constexpr std::string_view to_string(op_phase p) noexcept {
+  switch (p) {
+    case op_phase::forward: return "forward";
+    case op_phase::backward_input: return "backward_input";
+    case op_phase::backward_weight: return "backward_weight";
+    case op_phase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+/// C[m x n] = A[m x k] * B[k x n].
+struct gemm_shape {
+  std::int64_t m = 0;
+  std::int64_t n = 0;
+  std::int64_t k = 0;
+};
+
+/// One operator (one kernel, or one fused group of kernels) on one GPU.
+struct op_cost {
+  std::string_view name;  ///< static text; the same name appears in each phase of an op
+  op_class kind = op_class::elementwise;
+  op_phase phase = op_phase::forward;
+  bool recompute = false;    ///< forward work re-executed in backward (activation recompute)
+  double flops = 0;          ///< FLOPs executed on this GPU
+  double model_flops = 0;    ///< FLOPs the MFU convention counts (flops.hpp); 0 for recompute
+  double bytes = 0;          ///< HBM bytes read + written
+  gemm_shape shape;          ///< GEMMs only
+  bool memory_bound = false; ///< the memory term of the roofline was the larger one
+  time_ns duration = 0;      ///< roofline time + the hardware's per-kernel overhead
+};
+
+/// Ops in execution order, with totals. A builder emits one task per op; for schedules that
+/// split backward, take the ops of each phase in the order they appear.
+struct op_list {
+  std::vector<op_cost> ops;
+
+  [[nodiscard]] time_ns duration() const noexcept {
+    time_ns t = 0;
+    for (const auto& o : ops) t += o.duration;
+    return t;
+  }
+  [[nodiscard]] time_ns duration(op_phase p) const noexcept {
+    time_ns t = 0;
+    for (const auto& o : ops) t += o.phase == p ? o.duration : 0;
+    return t;
+  }
+  [[nodiscard]] double flops(op_phase p) const noexcept {
+    double f = 0;
+    for (const auto& o : ops) f += o.phase == p ? o.flops : 0.0;
+    return f;
+  }
+  [[nodiscard]] double model_flops() const noexcept {
+    double f = 0;
+    for (const auto& o : ops) f += o.model_flops;
+    return f;
+  }
+  [[nodiscard]] double bytes(op_phase p) const noexcept {
+    double b = 0;
+    for (const auto& o : ops) b += o.phase == p ? o.bytes : 0.0;
+    return b;
+  }
+  /// The ops of one phase, in order.
+  [[nodiscard]] std::vector<op_cost> of(op_phase p) const {
+    std::vector<op_cost> out;
+    for (const auto& o : ops) {
+      if (o.phase == p) out.push_back(o);
+    }
+    return out;
+  }
+  /// First op with this name and phase (and recompute flag), or nullptr.
+  [[nodiscard]] const op_cost* find(std::string_view name, op_phase p,
+                                    bool recompute = false) const noexcept {
+    for (const auto& o : ops) {
+      if (o.name == name && o.phase == p && o.recompute == recompute) return &o;
+    }
+    return nullptr;
+  }
+};
+
+/// A compute cost model gives the ops of one micro-batch on one tensor-parallel rank:
+/// `layer` — one transformer layer, forward then backward (B and W ops interleaved as
+/// Megatron runs them); `embedding` — first stage's input embedding, forward and backward;
+/// `head` — last stage's final norm, logits GEMM and loss, forward and backward;
+/// `optimizer(…, stage)` — the per-iteration optimizer step of one GPU of that stage.
+/// Results depend only on the arguments; invalid configurations throw `lumos::error`.
+template <class Model>
+concept ComputeModel = requires(const Model& c, const transformer& m, const parallel_config& p,
+                                const hardware& hw, int stage) {
+  { c.layer(m, p, hw) } -> std::same_as<op_list>;
+  { c.embedding(m, p, hw) } -> std::same_as<op_list>;
+  { c.head(m, p, hw) } -> std::same_as<op_list>;
+  { c.optimizer(m, p, hw, stage) } -> std::same_as<op_list>;
+};
+
+/// Roofline compute model:
+///   duration = max(flops / (peak * eff.compute), bytes / (hbm_bw * eff.memory))
+///              + hardware.kernel_launch_overhead
+/// with peak = the tensor-core peak of the training precision for GEMMs (fp8 GEMMs at the fp8
+/// peak), the bf16/fp16 peak for attention (fp8 training keeps attention in bf16), and the
+/// FP32 CUDA-core peak for elementwise, norm and optimizer ops; efficiencies per op class come
+/// from `hardware::efficiency`.
+///
+/// Shapes, with T = b*s tokens of the micro-batch, t = tp, q = heads*head_dim,
+/// kv = kv_heads*head_dim, f = ffn, and Tn = T/t under sequence parallelism (else T, i.e.
+/// every TP rank redoes the norm/residual/dropout work):
+///  - qkv_proj     GEMM T x (q + 2kv)/t x h   (GQA: K and V are kv wide)
+///  - attention    FlashAttention core: dense FLOPs 4 T s q / t (QK^T and PV); executed
+///                 FLOPs = dense * attention_causal_factor; backward executes
+///                 attention_backward_factor x the forward (FA2 recomputes QK^T: 5 matmuls
+///                 against 2); bytes read Q, K, V and write O plus fp32 log-sum-exp — never
+///                 the s x s score matrix
+///  - attn_out_proj GEMM T x h x q/t; mlp GEMMs T x f/t x h and T x h x f/t (GELU: fc1, fc2;
+///                 SwiGLU: gate, up, down)
+///  - input_norm / post_attn_norm over Tn x h; attn_residual / mlp_residual: bias + dropout +
+///                 residual add (one fused kernel; without dropout a plain add) over Tn x h;
+///                 mlp_act: GELU or SiLU(gate)*up over T x f/t
+///  - backward: each GEMM gives a dgrad (B) of the same FLOPs and a wgrad (W) that
+///                 accumulates into an fp32 main gradient (Megatron's gradient-accumulation
+///                 fusion: 8 bytes per weight element read + written); norms and activations
+///                 read their saved input and the incoming gradient and write one gradient
+/// GEMM bytes: A and B operands at `operand_bytes(dtype)`, outputs at 2 bytes.
+/// Recompute: selective re-runs the attention forward right before its backward; full re-runs
+/// the whole layer forward at the start of the layer's backward (both phase backward_input,
+/// `recompute = true`, model_flops 0).
+/// Model FLOPs of all ops of one iteration add up to `model_flops()` of flops.hpp exactly.
+/// Communication is not in these lists: the TP collectives of a layer come from
+/// `tensor_parallel_layer_collectives` (comm.hpp), in the order documented there.
+/// SwiGLU is three GEMMs (gate, up, down) as in the reference Llama code; Megatron fuses gate
+/// and up into one GEMM of width 2f (same FLOPs and bytes, one kernel overhead less).
+/// Not modelled: wave quantisation, GEMM shape efficiency, L2 reuse, overlap with
+/// communication kernels (SM contention), CPU launch gaps. Complexity: O(1) per call (a few
+/// dozen ops).
+struct roofline {
+  /// Executed fraction of dense attention FLOPs with a causal mask: FlashAttention skips
+  /// fully masked tiles, so about half (slightly more, the diagonal tiles run in full).
+  double attention_causal_factor = 0.5;
+  /// Executed backward/forward FLOPs ratio of the attention core (FlashAttention-2: 2.5).
+  double attention_backward_factor = 2.5;
+  /// Bytes per parameter of reading gradients for the global gradient norm (bf16 grads).
+  double grad_norm_bytes_per_param = 2;
+  /// Bytes per parameter of a mixed-precision Adam step: read fp32 master, m, v and the bf16
+  /// gradient (14), write master, m, v and the bf16 parameter copy (14).
+  double optimizer_bytes_per_param = 28;
+  /// FLOPs per parameter of the Adam update (moments, bias correction, sqrt, divide, weight
+  /// decay); irrelevant in practice, the step is memory-bound.
+  double optimizer_flops_per_param = 16;
+
+  /// Roofline time of one op in whole ns, overhead included. Throws `lumos::error` for a
+  /// missing peak (fp8 on A100) or a non-positive bandwidth/efficiency.
+  [[nodiscard]] time_ns op_time(op_class c, double flops, double bytes, precision dtype,
+                                const hardware& hw) const {
+    return time_op(c, flops, bytes, dtype, hw).duration;
+  }
+
+  [[nodiscard]] op_list layer(const transformer& m, const parallel_config& par,
+                              const hardware& hw) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    b.layer_forward(op_phase::forward, false);
+    b.layer_backward();
+    return std::move(b.out);
+  }
+
+  [[nodiscard]] op_list embedding(const transformer& m, const parallel_config& par,
+                                  const hardware& hw) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    b.embedding();
+    return std::move(b.out);
+  }
+
+  [[nodiscard]] op_list head(const transformer& m, const parallel_config& par,
+                             const hardware& hw) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    b.head();
+    return std::move(b.out);
+  }
+
+  /// Gradient-norm reduction and Adam step over the parameters this GPU updates: its stage's
+  /// parameters (`stage_parameters_per_rank`), divided by dp under ZeRO stage >= 1.
+  [[nodiscard]] op_list optimizer(const transformer& m, const parallel_config& par,
+                                  const hardware& hw, int stage) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    double params = static_cast<double>(stage_parameters_per_rank(m, par, stage));
+    if (par.zero_stage >= 1) params /= par.dp;
+    b.vector_op("grad_norm", op_class::norm, op_phase::optimizer, 2.0 * params,
+                grad_norm_bytes_per_param * params);
+    b.vector_op("optimizer_step", op_class::optimizer, op_phase::optimizer,
+                optimizer_flops_per_param * params, optimizer_bytes_per_param * params);
+    return std::move(b.out);
+  }
+
+ private:
+  struct timed {
+    time_ns duration;
+    bool memory_bound;
+  };
+
+  [[nodiscard]] timed time_op(op_class c, double flops, double bytes, precision dtype,
+                              const hardware& hw) const {
+    const compute_efficiency& e = hw.efficiency;
+    const efficiency_pair eff = c == op_class::gemm        ? e.gemm
+                                : c == op_class::attention ? e.attention
+                                : c == op_class::norm      ? e.norm
+                                : c == op_class::optimizer ? e.optimizer
+                                                           : e.elementwise;
+    double peak = 0;
+    if (c == op_class::gemm) {
+      peak = hw.peak_flops(dtype);
+    } else if (c == op_class::attention) {
+      peak = hw.peak_flops(dtype == precision::fp8 ? precision::bf16 : dtype);
+    } else {
+      peak = hw.gpu.fp32_flops;
+    }
+    const double compute_rate = peak * eff.compute;
+    const double memory_rate = hw.gpu.hbm_bandwidth * eff.memory;
+    if (!(compute_rate > 0) || !(memory_rate > 0)) {
+      throw error("hardware '" + hw.name + "': " + std::string(to_string(c)) +
+                  " ops need a positive peak, HBM bandwidth and efficiencies");
+    }
+    const double compute_ns = flops / compute_rate * 1e9;
+    const double memory_ns = bytes / memory_rate * 1e9;
+    return {detail::round_ns(std::max(compute_ns, memory_ns)) + hw.kernel_launch_overhead,
+            memory_ns > compute_ns};
+  }
+
+  // Emits ops with the shapes of one configuration. Doubles throughout: the counts exceed
+  // int64 only in products we never form, and the roofline works in doubles anyway.
+  struct builder {
+    const roofline& rl;
+    const transformer& m;
+    const parallel_config& par;
+    const hardware& hw;
+    op_list out;
+    double t, b, s, T, Tn, h, q, kv, f, heads, V, e, eo, norm_flops;
+
+    builder(const roofline& r, const transformer& model, const parallel_config& p,
+            const hardware& h_w)
+        : rl(r), m(model), par(p), hw(h_w) {
+      t = p.tp;
+      b = static_cast<double>(p.micro_batch);
+      s = static_cast<double>(model.seq);
+      T = b * s;
+      Tn = p.sequence_parallel() ? T / t : T;
+      h = static_cast<double>(model.hidden);
+      q = static_cast<double>(model.q_width()) / t;
+      kv = static_cast<double>(model.kv_width()) / t;
+      f = static_cast<double>(model.ffn) / t;
+      heads = static_cast<double>(model.heads) / t;
+      V = static_cast<double>(model.vocab) / t;
+      e = activation_bytes(p.dtype);
+      eo = operand_bytes(p.dtype);
+      // LayerNorm: mean, variance, normalise, scale and shift (~8 per element); RMSNorm:
+      // square-sum, normalise, scale (~4).
+      norm_flops = model.norm == norm_kind::layernorm ? 8.0 : 4.0;
+    }
+
+    void push(op_cost op) {
+      const timed tm = rl.time_op(op.kind, op.flops, op.bytes, par.dtype, hw);
+      op.duration = tm.duration;
+      op.memory_bound = tm.memory_bound;
+      out.ops.push_back(op);
+    }
+
+    void vector_op(std::string_view name, op_class c, op_phase ph, double flops, double bytes,
+                   bool recompute = false) {
+      op_cost op;
+      op.name = name;
+      op.kind = c;
+      op.phase = ph;
+      op.recompute = recompute;
+      op.flops = flops;
+      op.bytes = bytes;
+      push(op);
+    }
+
+    // C[M x N] = A[M x K] B[K x N]; `c_bytes` per output element (8 for an fp32 accumulate).
+    void gemm(std::string_view name, op_phase ph, double M, double N, double K, double c_bytes,
+              bool recompute) {
+      op_cost op;
+      op.name = name;
+      op.kind = op_class::gemm;
+      op.phase = ph;
+      op.recompute = recompute;
+      op.flops = 2.0 * M * N * K;
+      op.model_flops = recompute ? 0.0 : op.flops;
+      op.bytes = (M * K + K * N) * eo + M * N * c_bytes;
+      op.shape = {static_cast<std::int64_t>(M), static_cast<std::int64_t>(N),
+                  static_cast<std::int64_t>(K)};
+      push(op);
+    }
+
+    // Linear layer Y[T x out] = X[T x in] W[in x out] over `tokens` rows.
+    void linear_forward(std::string_view name, op_phase ph, double tokens, double in, double o,
+                        bool recompute) {
+      gemm(name, ph, tokens, o, in, e, recompute);
+    }
+    void linear_backward(std::string_view name, double tokens, double in, double o) {
+      gemm(name, op_phase::backward_input, tokens, in, o, e, false);  // dX = dY W^T
+      gemm(name, op_phase::backward_weight, in, o, tokens, 8.0, false);  // dW += X^T dY
+    }
+
+    [[nodiscard]] double attention_dense_flops() const { return 4.0 * T * s * q; }
+
+    void attention_forward(op_phase ph, bool recompute) {
+      op_cost op;
+      op.name = "attention";
+      op.kind = op_class::attention;
+      op.phase = ph;
+      op.recompute = recompute;
+      op.flops = attention_dense_flops() * rl.attention_causal_factor;
+      op.model_flops = recompute ? 0.0 : attention_dense_flops();
+      op.bytes = e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
+      push(op);
+    }
+
+    void attention_backward() {
+      op_cost op;
+      op.name = "attention";
+      op.kind = op_class::attention;
+      op.phase = op_phase::backward_input;
+      op.flops =
+          attention_dense_flops() * rl.attention_causal_factor * rl.attention_backward_factor;
+      op.model_flops = 2.0 * attention_dense_flops();
+      // Read Q, K, V, O, dO and the fp32 log-sum-exp; write dQ, dK, dV (and the fp32
+      // row-sum of dO*O that FlashAttention-2 precomputes).
+      op.bytes = e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
+      push(op);
+    }
+
+    void norm_forward(std::string_view name, op_phase ph, bool recompute) {
+      vector_op(name, op_class::norm, ph, norm_flops * Tn * h, 2.0 * e * Tn * h, recompute);
+    }
+    void norm_backward(std::string_view name) {
+      // Read the saved input, the incoming gradient and the residual branch's gradient
+      // (the residual fork's accumulation is fused here); write the input gradient.
+      vector_op(name, op_class::norm, op_phase::backward_input, 2.0 * norm_flops * Tn * h,
+                4.0 * e * Tn * h);
+    }
+
+    void residual_forward(std::string_view name, op_phase ph, bool recompute) {
+      if (m.dropout) {
+        // bias + dropout + residual add: read branch and residual, write sum and 1-byte mask
+        vector_op(name, op_class::elementwise, ph, 4.0 * Tn * h, 3.0 * e * Tn * h + Tn * h,
+                  recompute);
+      } else {
+        vector_op(name, op_class::elementwise, ph, Tn * h, 3.0 * e * Tn * h, recompute);
+      }
+    }
+    void residual_backward(std::string_view name) {
+      // Without dropout the gradient passes both branches unchanged: no kernel.
+      if (m.dropout) {
+        vector_op(name, op_class::elementwise, op_phase::backward_input, 2.0 * Tn * h,
+                  2.0 * e * Tn * h + Tn * h);
+      }
+    }
+
+    void layer_forward(op_phase ph, bool recompute) {
+      norm_forward("input_norm", ph, recompute);
+      linear_forward("qkv_proj", ph, T, h, q + 2.0 * kv, recompute);
+      attention_forward(ph, recompute);
+      linear_forward("attn_out_proj", ph, T, q, h, recompute);
+      residual_forward("attn_residual", ph, recompute);
+      norm_forward("post_attn_norm", ph, recompute);
+      if (m.mlp == mlp_kind::gelu) {
+        linear_forward("mlp_fc1", ph, T, h, f, recompute);
+        vector_op("mlp_act", op_class::elementwise, ph, 8.0 * T * f, 2.0 * e * T * f, recompute);
+        linear_forward("mlp_fc2", ph, T, f, h, recompute);
+      } else {
+        linear_forward("mlp_gate", ph, T, h, f, recompute);
+        linear_forward("mlp_up", ph, T, h, f, recompute);
+        vector_op("mlp_act", op_class::elementwise, ph, 6.0 * T * f, 3.0 * e * T * f, recompute);
+        linear_forward("mlp_down", ph, T, f, h, recompute);
+      }
+      residual_forward("mlp_residual", ph, recompute);
+    }
+
+    void layer_backward() {
+      if (par.recompute == recompute_kind::full) layer_forward(op_phase::backward_input, true);
+      residual_backward("mlp_residual");
+      if (m.mlp == mlp_kind::gelu) {
+        linear_backward("mlp_fc2", T, f, h);
+        vector_op("mlp_act", op_class::elementwise, op_phase::backward_input, 12.0 * T * f,
+                  3.0 * e * T * f);
+        linear_backward("mlp_fc1", T, h, f);
+      } else {
+        linear_backward("mlp_down", T, f, h);
+        // read gate, up and the gradient; write the gate and up gradients
+        vector_op("mlp_act", op_class::elementwise, op_phase::backward_input, 10.0 * T * f,
+                  5.0 * e * T * f);
+        linear_backward("mlp_up", T, h, f);
+        linear_backward("mlp_gate", T, h, f);
+      }
+      norm_backward("post_attn_norm");
+      residual_backward("attn_residual");
+      linear_backward("attn_out_proj", T, q, h);
+      if (par.recompute == recompute_kind::selective) {
+        attention_forward(op_phase::backward_input, true);
+      }
+      attention_backward();
+      linear_backward("qkv_proj", T, h, q + 2.0 * kv);
+      norm_backward("input_norm");
+    }
+
+    void embedding() {
+      const double tok_bytes = 8.0;  // int64 token ids
+      // Vocabulary-parallel lookup: this rank gathers the rows it owns (about T/t of them)
+      // and writes a full T x h output with zeros elsewhere; the TP all-reduce (or
+      // reduce-scatter under sp) that combines the shards is communication.
+      vector_op("word_embedding", op_class::elementwise, op_phase::forward, 0.0,
+                tok_bytes * T + e * T * h / t + e * T * h);
+      if (m.position == position_kind::learned) {
+        vector_op("position_embedding", op_class::elementwise, op_phase::forward, Tn * h,
+                  3.0 * e * Tn * h);
+      }
+      if (m.dropout) {
+        vector_op("embedding_dropout", op_class::elementwise, op_phase::forward, 2.0 * Tn * h,
+                  2.0 * e * Tn * h + Tn * h);
+        vector_op("embedding_dropout", op_class::elementwise, op_phase::backward_input,
+                  2.0 * Tn * h, 2.0 * e * Tn * h + Tn * h);
+      }
+      if (m.position == position_kind::learned) {
+        // sum the gradient over the batch into the fp32 position-embedding gradient
+        vector_op("position_embedding", op_class::elementwise, op_phase::backward_weight,
+                  Tn * h, e * Tn * h + 8.0 * s * h);
+      }
+      // scatter-add of the (all-gathered) gradient into the rows this rank owns
+      vector_op("word_embedding", op_class::elementwise, op_phase::backward_weight, T * h / t,
+                tok_bytes * T + e * T * h + 8.0 * T * h / t);
+    }
+
+    void head() {
+      norm_forward("final_norm", op_phase::forward, false);
+      linear_forward("logits", op_phase::forward, T, h, V, false);
+      // Vocabulary-parallel cross-entropy (Megatron): read bf16 logits, write fp32
+      // exp-logits kept for backward, reread them for the sum; max and sum all-reduces over
+      // TP are communication.
+      vector_op("cross_entropy", op_class::norm, op_phase::forward, 5.0 * T * V,
+                T * V * (e + 4.0 + 4.0));
+      vector_op("cross_entropy", op_class::norm, op_phase::backward_input, 2.0 * T * V,
+                T * V * (4.0 + e));
+      linear_backward("logits", T, h, V);
+      norm_backward("final_norm");
+    }
+  };
+};
+static_assert(ComputeModel<roofline>);
+
+}  // namespace lumos::model

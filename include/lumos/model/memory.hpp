@@ -1,0 +1,166 @@
+#pragma once
+// Per-GPU memory: model states under ZeRO and activations after Korthikanti et al. 2022.
+
+#include <lumos/core/error.hpp>
+#include <lumos/model/flops.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/parallel.hpp>
+#include <lumos/model/transformer.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace lumos::model {
+
+/// Bytes of model state per parameter. Defaults: mixed-precision Adam as in the ZeRO paper
+/// (Rajbhandari et al. 2020): bf16/fp16 parameter 2, gradient 2, optimizer 12 (fp32 master
+/// copy + two fp32 moments). Megatron with bf16 keeps fp32 main gradients: set grad = 4.
+struct state_bytes {
+  double param = 2;
+  double grad = 2;
+  double optimizer = 12;
+};
+
+/// Inputs of `memory_per_gpu` beyond the configuration.
+struct memory_options {
+  /// Micro-batches whose activations the stage holds at its peak, in units of the stage's
+  /// whole layer set. The schedule decides it: 1F1B holds min(pp - stage, m) on `stage`
+  /// (stage 0: pp); interleaved 1F1B on stage 0 holds pp * (1 + (pp - 1) / (pp * vp))
+  /// (Korthikanti et al. 2022, pipeline-parallelism analysis); GPipe holds all m.
+  double in_flight_microbatches = 1;
+  /// FlashAttention keeps no s x s matrices: drops the 5as/h term (its fp32 log-sum-exp,
+  /// 4 a s b bytes per layer, is neglected). Korthikanti's equations are the `false` case.
+  bool flash_attention = true;
+  state_bytes per_param;
+};
+
+/// One GPU's memory at its activation peak, in bytes (doubles: interleaving factors and ZeRO
+/// divisions need not be integers). Not included: CUDA context and library workspaces,
+/// allocator fragmentation, communication buffers, fp8 weight caches.
+struct memory_breakdown {
+  std::int64_t parameter_count = 0;  ///< this GPU's parameters before ZeRO sharding
+  double parameters = 0;
+  double gradients = 0;
+  double optimizer_states = 0;
+  double activations = 0;  ///< transformer layers: per-layer bytes x layers x in-flight
+  /// Embedding dropout mask (stage 0); final-norm input, logits-GEMM input and fp32 logits
+  /// of the loss (last stage); times the in-flight count.
+  double io_activations = 0;
+  /// Transient of recomputation: one layer's full activations while its forward is rerun
+  /// (full), or one layer's attention-core activations (selective, 0 with FlashAttention).
+  double recompute_working = 0;
+
+  [[nodiscard]] constexpr double model_states() const noexcept {
+    return parameters + gradients + optimizer_states;
+  }
+  [[nodiscard]] constexpr double total() const noexcept {
+    return model_states() + activations + io_activations + recompute_working;
+  }
+  /// Whether `total()` fits in the GPU's HBM (no allowance for the exclusions above).
+  [[nodiscard]] constexpr bool fits(const hardware& hw) const noexcept {
+    return total() <= static_cast<double>(hw.gpu.hbm_capacity);
+  }
+};
+
+namespace detail {
+/// The three groups of Korthikanti et al.'s per-layer activation count, in bytes for one
+/// micro-batch of b sequences, before any parallelism, generalised to GQA and SwiGLU (for GPT
+/// shapes replicated = 10 sbh, sharded = 24 sbh, core = 5 a s^2 b):
+///  - replicated: inputs of the two norms (2 x 2sbh), inputs of the QKV and first MLP GEMMs
+///    (2 x 2sbh), two dropout masks (2 x sbh): kept whole on every TP rank unless sp;
+///  - sharded: Q (2 sbq), K and V (2 x 2 sb kv), attention output (2 sbq), MLP — GELU: GELU
+///    input and second GEMM input (2 x 2 sbf); SwiGLU: gate, up and down inputs (3 x 2 sbf);
+///  - core: softmax output (2 a s^2 b), with dropout also its mask (a s^2 b) and output
+///    (2 a s^2 b).
+struct layer_activation_terms {
+  double replicated;
+  double sharded;
+  double core;
+};
+
+[[nodiscard]] constexpr layer_activation_terms layer_activations(const transformer& m,
+                                                                 std::int64_t micro_batch) {
+  const double sb = static_cast<double>(m.seq) * static_cast<double>(micro_batch);
+  const double h = static_cast<double>(m.hidden), q = static_cast<double>(m.q_width()),
+               kv = static_cast<double>(m.kv_width()), f = static_cast<double>(m.ffn),
+               a = static_cast<double>(m.heads), s = static_cast<double>(m.seq);
+  layer_activation_terms r{};
+  r.replicated = 4.0 * sb * h + 4.0 * sb * h + (m.dropout ? 2.0 * sb * h : 0.0);
+  r.sharded = 2.0 * sb * q + 4.0 * sb * kv + 2.0 * sb * q +
+              (m.mlp == mlp_kind::gelu ? 4.0 * sb * f : 6.0 * sb * f);
+  r.core = (m.dropout ? 5.0 : 2.0) * a * s * sb;
+  return r;
+}
+}  // namespace detail
+
+/// Activation bytes one layer keeps for backward, per micro-batch of `par.micro_batch`
+/// sequences, on one TP rank (Korthikanti et al. 2022, Table 2, for GPT shapes):
+///   none:      sbh (10 + 24/t + 5as/(ht))   — with sp: sbh/t (34 + 5as/h)
+///   selective: sbh (10 + 24/t)              — with sp: 34 sbh / t
+///   full:      2 sbh (the layer input)      — with sp: 2 sbh / t (Megatron checkpoints the
+///                                             sequence-sharded input)
+/// FlashAttention removes the 5as/h term (with or without recomputation).
+[[nodiscard]] constexpr double layer_activation_bytes(const transformer& m,
+                                                      const parallel_config& par,
+                                                      bool flash_attention) {
+  const double t = par.tp;
+  const double rep_div = par.sequence_parallel() ? t : 1.0;
+  if (par.recompute == recompute_kind::full) {
+    return 2.0 * static_cast<double>(m.seq) * static_cast<double>(par.micro_batch) *
+           static_cast<double>(m.hidden) / rep_div;
+  }
+  const detail::layer_activation_terms a = detail::layer_activations(m, par.micro_batch);
+  const bool keep_core = !flash_attention && par.recompute == recompute_kind::none;
+  return a.replicated / rep_div + a.sharded / t + (keep_core ? a.core / t : 0.0);
+}
+
+/// Memory of one GPU of pipeline stage `stage`. Model states: `stage_parameters_per_rank`
+/// parameters, with optimizer states divided by dp from ZeRO stage 1, gradients from stage 2,
+/// parameters at stage 3. Activations: `layer_activation_bytes` x layers of the stage x
+/// `opt.in_flight_microbatches`, plus the io and recomputation terms of `memory_breakdown`.
+/// Throws `lumos::error` for an invalid configuration, stage or in-flight count. O(1).
+[[nodiscard]] inline memory_breakdown memory_per_gpu(const transformer& m,
+                                                     const parallel_config& par, int stage,
+                                                     const memory_options& opt = {}) {
+  par.validate(m);
+  if (!(opt.in_flight_microbatches >= 0)) {
+    throw error("in_flight_microbatches must be >= 0, got " +
+                std::to_string(opt.in_flight_microbatches));
+  }
+  memory_breakdown r;
+  r.parameter_count = stage_parameters_per_rank(m, par, stage);
+  const double n = static_cast<double>(r.parameter_count);
+  const double dp = par.dp;
+  r.parameters = opt.per_param.param * n / (par.zero_stage >= 3 ? dp : 1.0);
+  r.gradients = opt.per_param.grad * n / (par.zero_stage >= 2 ? dp : 1.0);
+  r.optimizer_states = opt.per_param.optimizer * n / (par.zero_stage >= 1 ? dp : 1.0);
+
+  const double inflight = opt.in_flight_microbatches;
+  r.activations = layer_activation_bytes(m, par, opt.flash_attention) *
+                  static_cast<double>(par.layers_per_stage(m)) * inflight;
+
+  const double sbh = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch) *
+                     static_cast<double>(m.hidden);
+  const double rep_div = par.sequence_parallel() ? par.tp : 1.0;
+  double io = 0;
+  if (stage == 0 && m.dropout) io += sbh / rep_div;  // embedding dropout mask
+  if (stage == par.pp - 1) {
+    // final-norm input and logits-GEMM input (Megatron saves the sequence shard under sp),
+    // and the fp32 logits the vocabulary-parallel cross-entropy keeps
+    io += 2.0 * sbh / rep_div + 2.0 * sbh / rep_div +
+          4.0 * static_cast<double>(m.seq) * static_cast<double>(par.micro_batch) *
+              static_cast<double>(m.vocab) / par.tp;
+  }
+  r.io_activations = io * inflight;
+
+  if (par.recompute == recompute_kind::full) {
+    parallel_config none = par;
+    none.recompute = recompute_kind::none;
+    r.recompute_working = layer_activation_bytes(m, none, opt.flash_attention);
+  } else if (par.recompute == recompute_kind::selective && !opt.flash_attention) {
+    r.recompute_working = detail::layer_activations(m, par.micro_batch).core / par.tp;
+  }
+  return r;
+}
+
+}  // namespace lumos::model

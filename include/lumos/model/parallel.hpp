@@ -1,0 +1,139 @@
+#pragma once
+// Parallel and training configuration: how one iteration is split over GPUs.
+
+#include <lumos/core/error.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/transformer.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace lumos::model {
+
+/// Activation recomputation (Korthikanti et al. 2022): none; selective = the attention core
+/// (softmax/score work) is recomputed in backward; full = each layer's forward is rerun in
+/// backward from its stored input.
+enum class recompute_kind : std::uint8_t { none, selective, full };
+
+/// Lower-case name of `r` ("none", "selective", "full").
+[[nodiscard]] constexpr std::string_view to_string(recompute_kind r) noexcept {
+  switch (r) {
+    case recompute_kind::none: return "none";
+    case recompute_kind::selective: return "selective";
+    case recompute_kind::full: return "full";
+  }
+  return "?";
+}
+
+/// Megatron-style 3D parallelism plus the training options the cost models need.
+/// Rank layout: tp innermost (consecutive ranks, inside a node), then dp, then pp — the
+/// placement helpers of comm.hpp take this as the default. `world_size() == tp * pp * dp`.
+/// Each iteration runs `micro_batches()` micro-batches of `micro_batch` sequences on every
+/// pipeline; `global_batch` counts sequences over all data-parallel replicas.
+/// The pipeline schedule is not interpreted here: `schedule` is an opaque name for pipeline/.
+struct parallel_config {
+  int tp = 1;  ///< tensor-parallel size
+  int pp = 1;  ///< pipeline-parallel size (stages)
+  int dp = 1;  ///< data-parallel size
+  int vp = 1;  ///< virtual pipeline chunks per stage (interleaved schedule); 1 = none
+  bool sp = false;  ///< sequence parallelism (Korthikanti et al.); no effect when tp == 1
+  std::int64_t micro_batch = 1;   ///< sequences per micro-batch (b)
+  std::int64_t global_batch = 1;  ///< sequences per iteration over all replicas (B)
+  recompute_kind recompute = recompute_kind::none;
+  precision dtype = precision::bf16;
+  int zero_stage = 0;    ///< 0: none, 1: optimizer states, 2: + gradients, 3: + parameters
+  std::string schedule;  ///< opaque, for pipeline/ (e.g. "1f1b"); empty = caller's default
+
+  [[nodiscard]] constexpr std::int64_t world_size() const noexcept {
+    return std::int64_t{tp} * pp * dp;
+  }
+  /// Whether sequence parallelism actually shards anything (sp with tp > 1).
+  [[nodiscard]] constexpr bool sequence_parallel() const noexcept { return sp && tp > 1; }
+
+  /// Micro-batches per iteration per pipeline: global_batch / (micro_batch * dp). Throws
+  /// `lumos::error` when that is not a positive integer.
+  [[nodiscard]] std::int64_t micro_batches() const {
+    if (micro_batch <= 0 || dp <= 0 || global_batch <= 0) {
+      throw error("micro_batch (" + std::to_string(micro_batch) + "), dp (" +
+                  std::to_string(dp) + ") and global_batch (" + std::to_string(global_batch) +
+                  ") must be positive");
+    }
+    const std::int64_t per_step = micro_batch * dp;
+    if (global_batch % per_step != 0) {
+      throw error("global_batch (" + std::to_string(global_batch) +
+                  ") must be divisible by micro_batch * dp (" + std::to_string(micro_batch) +
+                  " * " + std::to_string(dp) + " = " + std::to_string(per_step) +
+                  "): set global_batch to a multiple of " + std::to_string(per_step) +
+                  " or change micro_batch or dp");
+    }
+    return global_batch / per_step;
+  }
+
+  /// Transformer layers held by one pipeline stage (all its virtual chunks together).
+  [[nodiscard]] constexpr std::int64_t layers_per_stage(const transformer& m) const noexcept {
+    return m.layers / pp;
+  }
+  /// Transformer layers in one virtual chunk (== layers_per_stage when vp == 1).
+  [[nodiscard]] constexpr std::int64_t layers_per_chunk(const transformer& m) const noexcept {
+    return m.layers / (std::int64_t{pp} * vp);
+  }
+
+  /// Checks the configuration against the model. Throws `lumos::error` whose message names
+  /// the failing rule and what to change. Does not check the hardware (see the overload).
+  void validate(const transformer& m) const {
+    m.validate();
+    auto at_least_one = [](int v, const char* field) {
+      if (v < 1) {
+        throw error(std::string(field) + " must be at least 1, got " + std::to_string(v));
+      }
+    };
+    at_least_one(tp, "tp");
+    at_least_one(pp, "pp");
+    at_least_one(dp, "dp");
+    at_least_one(vp, "vp");
+    (void)micro_batches();
+    if (zero_stage < 0 || zero_stage > 3) {
+      throw error("zero_stage must be 0, 1, 2 or 3, got " + std::to_string(zero_stage));
+    }
+    const std::string t = std::to_string(tp);
+    auto divisible_by_tp = [&](std::int64_t v, const char* field, const char* advice) {
+      if (v % tp != 0) {
+        throw error("model '" + m.name + "': " + field + " (" + std::to_string(v) +
+                    ") is not divisible by tp (" + t + "): " + advice);
+      }
+    };
+    divisible_by_tp(m.heads, "heads", "choose tp that divides the number of attention heads");
+    // Megatron shards whole query groups: each TP rank needs its own KV heads.
+    divisible_by_tp(m.kv_heads, "kv_heads",
+                    "Megatron shards whole KV groups, so tp must divide kv_heads (use tp <= "
+                    "kv_heads)");
+    divisible_by_tp(m.ffn, "ffn", "choose tp that divides the MLP width");
+    divisible_by_tp(m.vocab, "vocab",
+                    "pad the vocabulary to a multiple of tp (Megatron pads to 128 * tp)");
+    if (sequence_parallel() && m.seq % tp != 0) {
+      throw error("model '" + m.name + "': seq (" + std::to_string(m.seq) +
+                  ") is not divisible by tp (" + t +
+                  ") as sequence parallelism requires: change seq or tp, or turn sp off");
+    }
+    if (vp > 1 && pp == 1) {
+      throw error("vp = " + std::to_string(vp) +
+                  " virtual chunks need pipeline parallelism: set pp > 1 or vp = 1");
+    }
+    const std::int64_t chunks = std::int64_t{pp} * vp;
+    if (m.layers % chunks != 0) {
+      throw error("model '" + m.name + "': layers (" + std::to_string(m.layers) +
+                  ") must be divisible by pp * vp (" + std::to_string(pp) + " * " +
+                  std::to_string(vp) + " = " + std::to_string(chunks) +
+                  "): choose pp and vp whose product divides the layer count");
+    }
+  }
+
+  /// As `validate(m)`, and also that the hardware supports `dtype` (fp8 needs Hopper).
+  void validate(const transformer& m, const hardware& hw) const {
+    validate(m);
+    (void)hw.peak_flops(dtype);
+  }
+};
+
+}  // namespace lumos::model
