@@ -2,7 +2,9 @@
 
 #include "cli.hpp"
 #include "inspect.hpp"
+#include "replay.hpp"
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -10,32 +12,47 @@
 
 namespace {
 
-constexpr std::string_view usage =
-    "usage: lumos COMMAND [ARGS]\n"
-    "commands:\n"
-    "  inspect PATH... [--json]   summarise Kineto traces (one file per rank)\n"
-    "run 'lumos COMMAND --help' for a command's options\n";
+struct command {
+  std::string_view name;
+  std::string_view summary;
+  std::string_view usage;
+  int (*run)(lumos::cli::args&);
+};
+
+// One line per subcommand.
+const std::array commands = {
+    command{"inspect", "summarise Kineto traces (one file per rank)", lumos::cli::inspect_usage, lumos::cli::run_inspect},
+    command{"replay", "rebuild the execution graph of a job and replay it", lumos::cli::replay_usage, lumos::cli::run_replay},
+};
+
+void print_usage(std::FILE* to) {
+  std::fputs("usage: lumos COMMAND [ARGS]\ncommands:\n", to);
+  for (const auto& c : commands) std::fprintf(to, "  %-10s %s\n", std::string(c.name).c_str(), std::string(c.summary).c_str());
+  std::fputs("run 'lumos COMMAND --help' for a command's options\n", to);
+}
 
 int dispatch(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    std::fputs(usage.data(), argc < 2 ? stderr : stdout);
+    print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  const std::string_view command = argv[1];
-  lumos::cli::args a(argc, argv, 2);
-  if (command == "inspect") {
-    if (a.flag("--help")) {
-      std::fputs(lumos::cli::inspect_usage.data(), stdout);
+  const std::string_view name = argv[1];
+  for (const auto& c : commands) {
+    if (c.name != name) continue;
+    lumos::cli::args a(argc, argv, 2);
+    if (a.flag("--help") || a.flag("-h")) {
+      std::fputs(c.usage.data(), stdout);
       return 0;
     }
     try {
-      return lumos::cli::run_inspect(a);
+      return c.run(a);
     } catch (const lumos::cli::usage_error& e) {
-      std::fprintf(stderr, "lumos inspect: %s\n%s", e.what(), lumos::cli::inspect_usage.data());
+      std::fprintf(stderr, "lumos %s: %s\n%s", argv[1], e.what(), c.usage.data());
       return 2;
     }
   }
-  std::fprintf(stderr, "lumos: unknown command '%s'\n%s", argv[1], usage.data());
+  std::fprintf(stderr, "lumos: unknown command '%s'\n", argv[1]);
+  print_usage(stderr);
   return 2;
 }
 

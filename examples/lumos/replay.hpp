@@ -1,0 +1,234 @@
+#pragma once
+// lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F] [--json]
+//              [--trace-out FILE] [--critical-path]
+
+#include "cli.hpp"
+
+#include <lumos/core/json_writer.hpp>
+#include <lumos/report/critical_path.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/report/trace_writer.hpp>
+#include <lumos/trace/job.hpp>
+
+#include <cstdio>
+#include <string>
+
+namespace lumos::cli {
+
+inline constexpr std::string_view replay_usage =
+    "usage: lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
+    "                    [--json] [--trace-out FILE] [--critical-path]\n"
+    "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
+    "  --step N            replay ProfilerStep#N (default: the last one every rank has)\n"
+    "  --scale KIND=F      multiply GPU compute, communication transfer or CPU busy time by F\n"
+    "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
+    "  --critical-path     print the critical path of the slowest rank's iteration\n";
+
+inline graph::scales parse_scales(const std::vector<std::string>& items) {
+  graph::scales s;
+  for (const auto& item : items) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) throw usage_error("--scale expects KIND=F, e.g. compute=2 (got '" + item + "')");
+    const std::string kind = item.substr(0, eq);
+    const double f = parse_number<double>(std::string_view(item).substr(eq + 1), "--scale " + kind);
+    if (!(f > 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a positive factor (got " + item.substr(eq + 1) + ")");
+    if (kind == "compute") s.compute = f;
+    else if (kind == "comm") s.comm = f;
+    else if (kind == "cpu") s.cpu = f;
+    else throw usage_error("--scale: unknown kind '" + kind + "' (compute, comm or cpu)");
+  }
+  return s;
+}
+
+inline void breakdown_json(json_writer& w, const report::breakdown& b) {
+  w.begin_object();
+  w.field("exposed_compute_ns", b.exposed_compute).field("overlapped_ns", b.overlapped);
+  w.field("exposed_comm_ns", b.exposed_comm).field("other_ns", b.other);
+  w.end_object();
+}
+
+inline void critical_path_json(json_writer& w, const graph::task_graph& g, const report::critical_path& p) {
+  w.begin_object().field("begin_ns", p.begin).field("end_ns", p.end);
+  w.key("attribution").begin_object();
+  for (std::size_t c = 0; c < report::path_category_count; ++c) {
+    w.field(std::string(report::to_string(static_cast<report::path_category>(c))) + "_ns", p.total[c]);
+  }
+  w.end_object();
+  w.key("segments").begin_array();
+  for (const auto& s : p.segments) {
+    w.begin_object().field("task", g.task_name(s.task)).field("processor", g.processors[g.processor[s.task]].name);
+    w.field("category", report::to_string(s.category)).field("begin_ns", s.begin).field("end_ns", s.end).end_object();
+  }
+  w.end_array().end_object();
+}
+
+inline std::string percent(time_ns part, time_ns whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%5.1f%%", whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0);
+  return buf;
+}
+
+inline std::string ms(time_ns t) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(t) / 1e6);
+  return buf;
+}
+
+inline int run_replay(args& a) {
+  report::replay_options opt;
+  if (const auto step = a.option("--step")) opt.step = parse_number<int>(*step, "--step");
+  opt.scales = parse_scales(a.options("--scale"));
+  const bool json = a.flag("--json");
+  const bool critical = a.flag("--critical-path");
+  const auto trace_out = a.option("--trace-out");
+  const auto inputs = a.positionals();
+  if (inputs.empty()) throw usage_error("replay needs at least one PATH");
+  trace::load_options load;
+  if (stderr_is_terminal()) {
+    load.on_loaded = [](const trace::rank_trace&, std::size_t done, std::size_t total) {
+      if (total > 1) std::fprintf(stderr, "\rlumos: read %zu/%zu files\x1b[K%s", done, total, done == total ? "\n" : "");
+    };
+  }
+  const trace::job job = trace::load_job(paths(inputs), load);
+  const report::replay_session s = report::replay_job(job, opt);
+  const auto& st = s.built.stats;
+
+  // The slowest rank's critical path, when asked.
+  std::size_t slowest = 0;
+  for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+    if (s.ranks[i].simulated_ns > s.ranks[slowest].simulated_ns) slowest = i;
+  }
+  report::critical_path path;
+  if (critical && !s.ranks.empty()) {
+    path = report::iteration_critical_path(s.built.graph, s.compiled, s.timeline, s.plans[slowest], s.ranks[slowest].simulated);
+  }
+  std::vector<std::filesystem::path> written;
+  if (trace_out) {
+    report::simulated_job sj;
+    sj.graph = &s.built.graph;
+    sj.simulated = s.simulated_times();
+    sj.origin = s.built.origin;
+    sj.source = &job;
+    sj.maps = &s.built.ranks;
+    sj.plans = &s.plans;
+    std::vector<int> ranks;
+    for (const auto& r : job.ranks) ranks.push_back(r.rank);
+    written = report::write_kineto(sj, ranks, *trace_out);
+  }
+
+  std::string out;
+  if (json) {
+    json_writer w(out);
+    w.begin_object();
+    w.key("job").begin_object().field("measured_ns", s.measured_ns).field("simulated_ns", s.simulated_ns).field("error", s.error).end_object();
+    w.key("scales").begin_object().field("compute", opt.scales.compute).field("comm", opt.scales.comm).field("cpu", opt.scales.cpu).end_object();
+    w.key("ranks").begin_array();
+    for (const auto& r : s.ranks) {
+      w.begin_object().field("rank", r.rank).field("file", r.file).field("step", r.step);
+      w.field("measured_ns", r.measured_ns).field("simulated_ns", r.simulated_ns).field("error", r.error);
+      w.key("breakdown");
+      breakdown_json(w, r.simulated.split);
+      w.key("breakdown_measured");
+      breakdown_json(w, r.measured.split);
+      w.field("sm_utilization", r.simulated.sm.mean).field("sm_utilization_measured", r.measured.sm.mean);
+      w.key("sm_utilization_series").begin_array();
+      for (const double v : r.simulated.sm.series) w.value(v);
+      w.end_array();
+      w.end_object();
+    }
+    w.end_array();
+    w.key("graph").begin_object().field("tasks", s.built.graph.task_count()).field("edges", s.built.graph.edge_count());
+    w.field("processors", s.built.graph.processors.size()).end_object();
+    w.key("dependencies").begin_object();
+    w.field("launch", st.launch_edges).field("ops_without_launch", st.ops_without_launch).field("cuda_graph_ops", st.graph_launch_ops);
+    w.field("cross_stream_exact", st.cross_stream_exact).field("cross_stream_inferred", st.cross_stream_inferred);
+    w.field("cross_stream_unresolved", st.cross_stream_unresolved).field("blocking_calls", st.blocking_calls);
+    w.field("thread_handoffs", st.handoffs).field("stream_overlaps", st.stream_overlaps).end_object();
+    w.key("collectives").begin_object().field("matched", st.collectives_matched).field("participants", st.collective_participants);
+    w.field("unmatched_ops", st.collectives_unmatched).field("matching", st.collective_matching).end_object();
+    if (critical) {
+      w.key("critical_path");
+      critical_path_json(w, s.built.graph, path);
+      w.field("critical_path_rank", s.ranks[slowest].rank);
+    }
+    if (trace_out) {
+      w.key("trace_out").begin_array();
+      for (const auto& f : written) w.value(f.string());
+      w.end_array();
+    }
+    w.end_object();
+    out += '\n';
+  } else {
+    char line[512];
+    std::snprintf(line, sizeof line, "lumos replay: %zu rank%s, scales compute=%g comm=%g cpu=%g\n", job.ranks.size(),
+                  job.ranks.size() == 1 ? "" : "s", opt.scales.compute, opt.scales.comm, opt.scales.cpu);
+    out += line;
+    std::snprintf(line, sizeof line, "graph: %zu tasks, %zu edges, %zu processors (%zu threads, %zu streams)\n",
+                  s.built.graph.task_count(), s.built.graph.edge_count(), s.built.graph.processors.size(), st.threads, st.streams);
+    out += line;
+    std::snprintf(line, sizeof line,
+                  "dependencies: %zu launches (%zu ops launched before the window), %zu cross-stream (%zu exact, %zu inferred, %zu "
+                  "unresolved), %zu blocking calls, %zu thread hand-offs\n",
+                  st.launch_edges, st.ops_without_launch, st.cross_stream_exact + st.cross_stream_inferred, st.cross_stream_exact,
+                  st.cross_stream_inferred, st.cross_stream_unresolved, st.blocking_calls, st.handoffs);
+    out += line;
+    if (st.collectives_matched > 0) {
+      std::snprintf(line, sizeof line, "collectives: %zu joined across ranks (%zu participants), matched by %s\n", st.collectives_matched,
+                    st.collective_participants, st.collective_matching.c_str());
+      out += line;
+    }
+    if (st.collectives_unmatched > 0) {
+      std::snprintf(line, sizeof line,
+                    "note: %zu communication ops have no partner rank in this job (partners absent): their observed durations are kept\n",
+                    st.collectives_unmatched);
+      out += line;
+    }
+    out += "\n rank  step              measured     simulated    error  | simulated: exposed-compute  overlapped  exposed-comm   other   SM util\n";
+    for (const auto& r : s.ranks) {
+      const auto& b = r.simulated.split;
+      const time_ns w = r.simulated.window.length();
+      std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %6.2f%%  |  %10s %s %10s %s %10s %s %10s %s  %5.1f%%\n", r.rank,
+                    r.step.c_str(), ms(r.measured_ns).c_str(), ms(r.simulated_ns).c_str(), 100.0 * r.error,
+                    ms(b.exposed_compute).c_str(), percent(b.exposed_compute, w).c_str(), ms(b.overlapped).c_str(),
+                    percent(b.overlapped, w).c_str(), ms(b.exposed_comm).c_str(), percent(b.exposed_comm, w).c_str(),
+                    ms(b.other).c_str(), percent(b.other, w).c_str(), 100.0 * r.simulated.sm.mean);
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %6.2f%%   (iteration time of a job: its slowest rank)\n", "",
+                  ms(s.measured_ns).c_str(), ms(s.simulated_ns).c_str(), 100.0 * s.error);
+    out += line;
+    if (critical && !s.ranks.empty()) {
+      const time_ns total = path.end - path.begin;
+      std::snprintf(line, sizeof line, "\ncritical path of rank %d (%s, %s):\n", s.ranks[slowest].rank, s.ranks[slowest].step.c_str(),
+                    ms(total).c_str());
+      out += line;
+      for (std::size_t c = 0; c < report::path_category_count; ++c) {
+        std::snprintf(line, sizeof line, "  %-12s %12s %s\n", std::string(report::to_string(static_cast<report::path_category>(c))).c_str(),
+                      ms(path.total[c]).c_str(), percent(path.total[c], total).c_str());
+        out += line;
+      }
+      // The longest segments, in time order.
+      std::vector<std::size_t> idx(path.segments.size());
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::stable_sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) {
+        return path.segments[x].end - path.segments[x].begin > path.segments[y].end - path.segments[y].begin;
+      });
+      idx.resize(std::min<std::size_t>(idx.size(), 10));
+      std::sort(idx.begin(), idx.end());
+      out += "  longest segments:\n";
+      for (const auto i : idx) {
+        const auto& seg = path.segments[i];
+        std::snprintf(line, sizeof line, "    %10s  %-11s %s: %.80s\n", ms(seg.end - seg.begin).c_str(),
+                      std::string(report::to_string(seg.category)).c_str(),
+                      s.built.graph.processors[s.built.graph.processor[seg.task]].name.c_str(),
+                      std::string(s.built.graph.task_name(seg.task)).c_str());
+        out += line;
+      }
+    }
+    for (const auto& f : written) out += "wrote " + f.string() + "\n";
+  }
+  write_stdout(out);
+  return 0;
+}
+
+}  // namespace lumos::cli

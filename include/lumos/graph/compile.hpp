@@ -1,0 +1,242 @@
+#pragma once
+// compile() — turns a task_graph into the flat, topologically ordered DAG the replay walks.
+
+#include <lumos/core/allocator.hpp>
+#include <lumos/core/error.hpp>
+#include <lumos/core/time.hpp>
+#include <lumos/graph/task_graph.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lumos::graph {
+
+/// Duration multipliers of FIDELITY.md item 6: `compute` for GPU compute ops, `comm` for
+/// transfer times, `cpu` for CPU busy time. Gaps (idle) and latencies (edge delays) are never
+/// scaled.
+struct scales {
+  double compute = 1.0;
+  double comm = 1.0;
+  double cpu = 1.0;
+};
+
+/// One predecessor of a task in the compiled graph: `time` indexes the replay's interleaved
+/// time array — 2·position for the predecessor's start, 2·position + 1 for its finish — so the
+/// loop reads either without a branch; `delay` is added to that time. 8 bytes.
+struct pred_ref {
+  std::uint32_t time;
+  std::int32_t delay;
+};
+static_assert(sizeof(pred_ref) == 8);
+
+/// Per-task durations for the compiled graph: `duration(g, t, s)` is the own time of task t
+/// under scales s. The default applies the scales to the task_graph's durations; what-if models
+/// (e.g. an alpha-beta model for collectives) substitute their own.
+template <class D>
+concept DurationModel = requires(const D& d, const task_graph& g, task_id t, const scales& s) {
+  { d.duration(g, t, s) } -> std::convertible_to<time_ns>;
+};
+
+[[nodiscard]] inline time_ns scale_time(time_ns t, double factor) noexcept {
+  if (factor == 1.0) return t;
+  return static_cast<time_ns>(std::llround(static_cast<double>(t) * factor));
+}
+
+/// The default duration model: observed (or planned) durations times the scale of their kind.
+struct scaled_durations {
+  [[nodiscard]] time_ns duration(const task_graph& g, task_id t, const scales& s) const noexcept {
+    const time_ns d = g.duration[t];
+    switch (g.kind[t]) {
+      case task_kind::cpu:
+      case task_kind::cpu_blocking:
+        return scale_time(d, s.cpu);
+      case task_kind::gpu_compute:
+        return scale_time(d, s.compute);
+      case task_kind::gpu_comm:
+      case task_kind::comm_complete:
+        return scale_time(d, s.comm);
+      case task_kind::comm_arrive:
+      case task_kind::join:
+        return d;
+    }
+    return d;
+  }
+};
+static_assert(DurationModel<scaled_durations>);
+
+/// The flat DAG: tasks in a topological order (every predecessor and every earlier task of the
+/// same processor comes first), structure of arrays, CSR predecessors with 32-bit indices.
+/// The last `finish_count[i]` predecessors of position i are finish edges.
+/// Memory: 41 bytes per task plus 8 per edge.
+struct compiled_graph {
+  std::uint32_t processor_count = 0;
+  large_vector<processor_id> processor;    ///< per position
+  large_vector<time_ns> gap;               ///< idle time after the processor's previous task
+  large_vector<time_ns> post;              ///< CPU busy time right before the task, scaled
+  large_vector<time_ns> duration;          ///< own time, scaled
+  large_vector<std::uint32_t> pred_begin;  ///< size + 1 entries
+  large_vector<std::uint8_t> finish_count;
+  large_vector<pred_ref> preds;
+  large_vector<task_id> task;              ///< position → task id in the task_graph
+  large_vector<std::uint32_t> position;    ///< task id → position
+
+  [[nodiscard]] std::size_t size() const noexcept { return processor.size(); }
+  [[nodiscard]] std::size_t edge_count() const noexcept { return preds.size(); }
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return processor.capacity() * sizeof(processor_id) + gap.capacity() * sizeof(time_ns) + post.capacity() * sizeof(time_ns) +
+           duration.capacity() * sizeof(time_ns) + pred_begin.capacity() * sizeof(std::uint32_t) +
+           finish_count.capacity() + preds.capacity() * sizeof(pred_ref) + task.capacity() * sizeof(task_id) +
+           position.capacity() * sizeof(std::uint32_t);
+  }
+};
+
+namespace detail {
+
+// Names the tasks of one cycle among the tasks Kahn's algorithm could not order.
+[[noreturn]] inline void report_cycle(const task_graph& g, const std::vector<std::uint32_t>& indegree,
+                                      const large_vector<std::uint32_t>& in_begin,
+                                      const large_vector<task_id>& in_from,
+                                      const std::vector<task_id>& previous_on_processor) {
+  const std::size_t n = g.task_count();
+  task_id t = 0;
+  while (t < n && indegree[t] == 0) ++t;
+  // Walk to unordered predecessors until a task repeats: that walk ends on a cycle.
+  std::vector<std::uint32_t> seen(n, 0);
+  std::vector<task_id> walk;
+  std::uint32_t step = 1;
+  while (seen[t] == 0) {
+    seen[t] = step++;
+    walk.push_back(t);
+    task_id next = no_task;
+    const task_id prev = previous_on_processor[t];
+    if (prev != no_task && indegree[prev] != 0) next = prev;
+    for (std::uint32_t e = in_begin[t]; next == no_task && e < in_begin[t + 1]; ++e) {
+      if (indegree[in_from[e]] != 0) next = in_from[e];
+    }
+    if (next == no_task) break;  // cannot happen: an unordered task has an unordered predecessor
+    t = next;
+  }
+  // `walk` followed predecessors, so the cycle in execution order is walk reversed, from its
+  // last task back to the repeated task `t`.
+  std::string msg = "the execution graph has a cycle: ";
+  for (auto it = walk.rbegin(); it != walk.rend(); ++it) {
+    msg += g.describe(*it);
+    msg += " -> ";
+    if (*it == t) break;
+  }
+  msg += g.describe(walk.back());
+  throw error(msg);
+}
+
+}  // namespace detail
+
+/// Orders and flattens `g`, applying `durations` (scales by default). Deterministic: ties are
+/// broken by the order tasks and edges were added. O(tasks + edges). A cycle (e.g. a wait on
+/// an event recorded later on the same thread) is a lumos::error naming the tasks on it.
+template <DurationModel Durations = scaled_durations>
+[[nodiscard]] compiled_graph compile(const task_graph& g, const scales& s = {}, const Durations& durations = {}) {
+  const std::size_t n = g.task_count();
+  if (n >= (std::size_t{1} << 31)) throw error("task_graph: more than 2^31 tasks cannot be compiled");
+  for (const edge& e : g.edges) {
+    if (e.from >= n || e.to >= n) throw error("task_graph: an edge refers to a task that does not exist");
+  }
+
+  // Predecessor lists by target (CSR), start edges before finish edges, in insertion order.
+  large_vector<std::uint32_t> in_begin(n + 1, 0);
+  for (const edge& e : g.edges) ++in_begin[e.to + 1];
+  for (std::size_t i = 0; i < n; ++i) in_begin[i + 1] += in_begin[i];
+  large_vector<task_id> in_from(g.edges.size());
+  large_vector<std::int32_t> in_delay(g.edges.size());
+  large_vector<std::uint8_t> in_start(g.edges.size());
+  std::vector<std::uint8_t> finishes(n, 0);
+  {
+    large_vector<std::uint32_t> fill(in_begin.begin(), in_begin.end() - 1);
+    for (int pass = 0; pass < 2; ++pass) {  // start edges first, then finish edges
+      for (const edge& e : g.edges) {
+        if (e.finish != (pass == 1)) continue;
+        if (e.finish) {
+          if (finishes[e.to] == 255) throw error("task_graph: more than 255 finish edges into " + g.describe(e.to));
+          ++finishes[e.to];
+        }
+        in_from[fill[e.to]] = e.from;
+        in_start[fill[e.to]] = e.from_start ? 1 : 0;
+        in_delay[fill[e.to]++] = e.delay;
+      }
+    }
+  }
+
+  // Successors (CSR by source) for Kahn's algorithm; processor order adds one implicit edge.
+  std::vector<task_id> previous_on_processor(n, no_task);
+  std::vector<task_id> next_on_processor(n, no_task);
+  {
+    std::vector<task_id> last(g.processors.size(), no_task);
+    for (task_id t = 0; t < n; ++t) {
+      const processor_id p = g.processor[t];
+      if (last[p] != no_task) {
+        previous_on_processor[t] = last[p];
+        next_on_processor[last[p]] = t;
+      }
+      last[p] = t;
+    }
+  }
+  large_vector<std::uint32_t> out_begin(n + 1, 0);
+  for (const edge& e : g.edges) ++out_begin[e.from + 1];
+  for (std::size_t i = 0; i < n; ++i) out_begin[i + 1] += out_begin[i];
+  large_vector<task_id> out_to(g.edges.size());
+  {
+    large_vector<std::uint32_t> fill(out_begin.begin(), out_begin.end() - 1);
+    for (const edge& e : g.edges) out_to[fill[e.from]++] = e.to;
+  }
+  std::vector<std::uint32_t> indegree(n, 0);
+  for (task_id t = 0; t < n; ++t) indegree[t] = (in_begin[t + 1] - in_begin[t]) + (previous_on_processor[t] != no_task);
+
+  compiled_graph c;
+  c.processor_count = static_cast<std::uint32_t>(g.processors.size());
+  c.task.reserve(n);
+  std::vector<task_id> queue;
+  queue.reserve(n);
+  for (task_id t = 0; t < n; ++t) {
+    if (indegree[t] == 0) queue.push_back(t);
+  }
+  for (std::size_t head = 0; head < queue.size(); ++head) {
+    const task_id t = queue[head];
+    c.task.push_back(t);
+    auto release = [&](task_id u) {
+      if (--indegree[u] == 0) queue.push_back(u);
+    };
+    if (next_on_processor[t] != no_task) release(next_on_processor[t]);
+    for (std::uint32_t e = out_begin[t]; e < out_begin[t + 1]; ++e) release(out_to[e]);
+  }
+  if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, in_from, previous_on_processor);
+
+  c.position.resize(n);
+  for (std::uint32_t i = 0; i < n; ++i) c.position[c.task[i]] = i;
+  c.processor.resize(n);
+  c.gap.resize(n);
+  c.post.resize(n);
+  c.duration.resize(n);
+  c.finish_count.resize(n);
+  c.pred_begin.resize(n + 1);
+  c.preds.resize(g.edges.size());
+  std::uint32_t out = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const task_id t = c.task[i];
+    c.processor[i] = g.processor[t];
+    c.gap[i] = g.idle_gap[t];
+    c.post[i] = scale_time(g.busy_gap[t], s.cpu);
+    c.duration[i] = durations.duration(g, t, s);
+    c.finish_count[i] = finishes[t];
+    c.pred_begin[i] = out;
+    for (std::uint32_t e = in_begin[t]; e < in_begin[t + 1]; ++e) {
+      c.preds[out++] = {2 * c.position[in_from[e]] + (in_start[e] ? 0U : 1U), in_delay[e]};
+    }
+  }
+  c.pred_begin[n] = out;
+  return c;
+}
+
+}  // namespace lumos::graph

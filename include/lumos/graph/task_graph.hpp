@@ -1,0 +1,200 @@
+#pragma once
+// task_graph — the mutable execution graph every path builds (a replayed trace, a rewritten
+// trace, a job made from a model description). `compile()` turns it into the flat DAG that the
+// replay engine walks.
+
+#include <lumos/core/allocator.hpp>
+#include <lumos/core/error.hpp>
+#include <lumos/core/strings.hpp>
+#include <lumos/core/time.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lumos::graph {
+
+/// Dense task index (32 bits: a graph holds up to 4·10⁹ tasks).
+using task_id = std::uint32_t;
+/// Dense processor index.
+using processor_id = std::uint32_t;
+inline constexpr task_id no_task = ~task_id{0};
+
+/// What a processor is. A processor runs its tasks one at a time, in the order they were added.
+enum class processor_kind : std::uint8_t {
+  cpu_thread,  ///< (rank, pid, tid)
+  gpu_stream,  ///< (rank, device, stream)
+  barrier,     ///< a virtual processor that joins the participants of collectives
+};
+
+struct processor_info {
+  processor_kind kind = processor_kind::cpu_thread;
+  int rank = 0;
+  std::int64_t owner = 0;  ///< pid for threads, device for streams, group for barriers
+  std::int64_t index = 0;  ///< tid for threads, stream for streams
+  std::string name;        ///< e.g. "rank 0 stream 7", or the thread name of the trace
+};
+
+/// What a task stands for; decides which scale applies and how time is attributed.
+enum class task_kind : std::uint8_t {
+  cpu,         ///< CPU work or a runtime call (busy time; `cpu=F` scales it)
+  cpu_blocking,///< a runtime call that waits for the GPU (sync, blocking copy, successful poll)
+  gpu_compute, ///< a kernel, memcpy or memset that is not communication (`compute=F`)
+  gpu_comm,    ///< a communication kernel with no matched partners (`comm=F`)
+  comm_arrive, ///< a participant reaching a collective (zero length)
+  comm_complete,///< the transfer of a matched collective on one participant (`comm=F`)
+  join,        ///< a zero-length barrier of a matched collective
+};
+
+[[nodiscard]] constexpr std::string_view to_string(task_kind k) noexcept {
+  switch (k) {
+    case task_kind::cpu: return "cpu";
+    case task_kind::cpu_blocking: return "cpu_blocking";
+    case task_kind::gpu_compute: return "gpu_compute";
+    case task_kind::gpu_comm: return "gpu_comm";
+    case task_kind::comm_arrive: return "comm_arrive";
+    case task_kind::comm_complete: return "comm_complete";
+    case task_kind::join: return "join";
+  }
+  return "?";
+}
+
+[[nodiscard]] constexpr bool is_gpu(task_kind k) noexcept {
+  return k == task_kind::gpu_compute || k == task_kind::gpu_comm || k == task_kind::comm_arrive ||
+         k == task_kind::comm_complete;
+}
+
+/// Why an edge exists. Kept for reports (critical-path attribution) and tests; the replay loop
+/// only sees (predecessor, delay, start/finish).
+enum class edge_kind : std::uint8_t {
+  thread_handoff,  ///< CPU → CPU across threads (gap-based)
+  launch,          ///< CPU runtime call → the GPU op(s) it launched
+  cross_stream,    ///< cudaEventRecord → cudaStreamWaitEvent pairing
+  sync,            ///< GPU op → the CPU call that waited for it (a finish edge)
+  collective,      ///< arrive → join → complete across ranks
+  dependency,      ///< any other data/control dependency (model-built jobs)
+};
+
+[[nodiscard]] constexpr std::string_view to_string(edge_kind k) noexcept {
+  switch (k) {
+    case edge_kind::thread_handoff: return "thread_handoff";
+    case edge_kind::launch: return "launch";
+    case edge_kind::cross_stream: return "cross_stream";
+    case edge_kind::sync: return "sync";
+    case edge_kind::collective: return "collective";
+    case edge_kind::dependency: return "dependency";
+  }
+  return "?";
+}
+
+/// `to` cannot start (start edge) or finish (finish edge) before `from` finishes — or, for an
+/// edge `from_start`, starts — plus `delay`. Launch edges count from the launching call's start
+/// (FIDELITY.md item 4); every other kind from the predecessor's finish.
+struct edge {
+  task_id from = no_task;
+  task_id to = no_task;
+  std::int32_t delay = 0;  ///< ns, saturated to ±2.1 s
+  edge_kind kind = edge_kind::dependency;
+  bool finish = false;
+  bool from_start = false;
+};
+
+/// Saturating conversion of a delay to the 32 bits an edge stores.
+[[nodiscard]] constexpr std::int32_t clamp_delay(time_ns d) noexcept {
+  if (d > std::numeric_limits<std::int32_t>::max()) return std::numeric_limits<std::int32_t>::max();
+  if (d < std::numeric_limits<std::int32_t>::min()) return std::numeric_limits<std::int32_t>::min();
+  return static_cast<std::int32_t>(d);
+}
+
+/// One collective (or point-to-point transfer) of the job: its participants' arrive/complete
+/// task pairs, and what is known about it. Built by the trace builder when it matches
+/// communication kernels across ranks, and by model-driven builders; used by reports and by
+/// the trace writer (which emits one communication kernel per participant with these args).
+struct collective_instance {
+  std::string kind;              ///< "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "send_recv", ...
+  std::string group;             ///< process group name ("0", "tp.3", ...)
+  std::vector<int> group_ranks;  ///< global ranks of the group, when known
+  std::int64_t bytes = 0;        ///< message size in bytes (0 when unknown)
+  std::int64_t sequence = 0;     ///< position among the group's collectives
+  std::vector<task_id> arrive;   ///< per participant present in the graph
+  std::vector<task_id> complete; ///< same order as `arrive`
+  task_id join = no_task;        ///< the barrier task, when the participants are joined
+  std::string match;             ///< how participants were matched (reported to the user)
+};
+
+/// The mutable execution graph. Tasks are added per processor in execution order; edges in any
+/// order. Durations and gaps are the unscaled, observed (or modelled) values:
+///   start  = max(end of the previous task on the processor + idle_gap,
+///                max over start edges (pred end, or pred start, + delay)) + busy_gap·cpu_scale
+///   finish = max(start + duration·scale(kind), max over finish edges (pred end + delay))
+/// (busy time is the CPU work right before a task: it follows whatever the thread waited for).
+/// The first task of a processor measures its gaps from time 0 (the job's origin).
+/// Metadata (`name`, `rank`, `source`, observed times) is for reports; the replay ignores it.
+struct task_graph {
+  std::vector<processor_info> processors;
+
+  // One entry per task (structure of arrays).
+  large_vector<processor_id> processor;
+  large_vector<task_kind> kind;
+  large_vector<time_ns> duration;   ///< own time (transfer time for comm_complete)
+  large_vector<time_ns> idle_gap;   ///< fixed time before the task on its processor
+  large_vector<time_ns> busy_gap;   ///< CPU busy time before the task (scaled by cpu)
+  large_vector<string_id> name;     ///< into `strings`
+  large_vector<std::int32_t> rank;
+  large_vector<std::uint32_t> source;  ///< event index in the rank's trace, or ~0
+  large_vector<time_ns> observed_start;  ///< measured start (job time), or the model's plan
+  large_vector<time_ns> observed_end;
+
+  large_vector<edge> edges;
+  std::vector<collective_instance> collectives;
+  string_table strings;
+
+  [[nodiscard]] std::size_t task_count() const noexcept { return processor.size(); }
+  [[nodiscard]] std::size_t edge_count() const noexcept { return edges.size(); }
+
+  processor_id add_processor(processor_info info) {
+    processors.push_back(std::move(info));
+    return static_cast<processor_id>(processors.size() - 1);
+  }
+
+  /// Appends a task to processor `p` (after every task already on `p`).
+  task_id add_task(processor_id p, task_kind k, time_ns duration_ns, time_ns idle, time_ns busy = 0,
+                   std::string_view task_name = {}, int task_rank = 0, std::uint32_t source_event = ~0U,
+                   time_ns obs_start = 0, time_ns obs_end = 0) {
+    if (p >= processors.size()) throw error("task_graph: processor " + std::to_string(p) + " does not exist");
+    if (processor.size() >= no_task) throw error("task_graph: more than 4294967294 tasks");
+    processor.push_back(p);
+    kind.push_back(k);
+    duration.push_back(duration_ns);
+    idle_gap.push_back(idle);
+    busy_gap.push_back(busy);
+    name.push_back(strings.intern(task_name));
+    rank.push_back(task_rank);
+    source.push_back(source_event);
+    observed_start.push_back(obs_start);
+    observed_end.push_back(obs_end);
+    return static_cast<task_id>(processor.size() - 1);
+  }
+
+  void add_edge(task_id from, task_id to, time_ns delay, edge_kind k, bool finish = false, bool from_start = false) {
+    edges.push_back({from, to, clamp_delay(delay), k, finish, from_start});
+  }
+
+  [[nodiscard]] std::string_view task_name(task_id t) const noexcept { return strings[name[t]]; }
+
+  /// "rank R <processor name>: <task name> (task T)", for messages.
+  [[nodiscard]] std::string describe(task_id t) const {
+    return processors[processor[t]].name + ": " + std::string(task_name(t)) + " (task " + std::to_string(t) + ")";
+  }
+
+  /// Bytes held (for reports and tests).
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    const std::size_t per_task = sizeof(processor_id) + sizeof(task_kind) + 4 * sizeof(time_ns) + sizeof(string_id) +
+                                 sizeof(std::int32_t) + sizeof(std::uint32_t) + 2 * sizeof(time_ns);
+    return processor.capacity() * per_task + edges.capacity() * sizeof(edge) + strings.memory_bytes();
+  }
+};
+
+}  // namespace lumos::graph

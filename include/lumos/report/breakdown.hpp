@@ -1,0 +1,127 @@
+#pragma once
+// The 4-way breakdown and SM utilisation of FIDELITY.md, computed the same way for measured and
+// simulated timelines: from the GPU op intervals of one rank inside its iteration window.
+
+#include <lumos/core/time.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace lumos::report {
+
+/// A half-open time interval [begin, end), ns.
+struct interval {
+  time_ns begin = 0;
+  time_ns end = 0;
+  [[nodiscard]] constexpr time_ns length() const noexcept { return end > begin ? end - begin : 0; }
+};
+
+/// Time of the window in each state. The four add up to the window length.
+struct breakdown {
+  time_ns exposed_compute = 0;  ///< a compute op active, no communication
+  time_ns overlapped = 0;       ///< both active
+  time_ns exposed_comm = 0;     ///< communication active, no compute
+  time_ns other = 0;            ///< nothing active (idle)
+  [[nodiscard]] constexpr time_ns total() const noexcept { return exposed_compute + overlapped + exposed_comm + other; }
+};
+
+namespace detail {
+
+// Clips to the window, sorts and merges: the union of `v` inside `w` as disjoint intervals.
+inline std::vector<interval> merged(std::vector<interval> v, interval w) {
+  for (auto& i : v) {
+    i.begin = std::max(i.begin, w.begin);
+    i.end = std::min(i.end, w.end);
+  }
+  std::erase_if(v, [](const interval& i) { return i.end <= i.begin; });
+  std::sort(v.begin(), v.end(), [](const interval& a, const interval& b) { return a.begin < b.begin; });
+  std::vector<interval> out;
+  for (const auto& i : v) {
+    if (!out.empty() && i.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, i.end);
+    } else {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
+inline time_ns total_length(const std::vector<interval>& v) {
+  time_ns t = 0;
+  for (const auto& i : v) t += i.length();
+  return t;
+}
+
+// Length of the intersection of two sorted disjoint interval lists (two-pointer sweep).
+inline time_ns overlap(const std::vector<interval>& a, const std::vector<interval>& b) {
+  time_ns t = 0;
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const time_ns lo = std::max(a[i].begin, b[j].begin);
+    const time_ns hi = std::min(a[i].end, b[j].end);
+    if (hi > lo) t += hi - lo;
+    if (a[i].end < b[j].end) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return t;
+}
+
+}  // namespace detail
+
+/// Breakdown of `window` given the intervals of compute ops and of communication ops (any
+/// order, may overlap each other or the window's edges). O(n log n).
+[[nodiscard]] inline breakdown compute_breakdown(std::vector<interval> compute, std::vector<interval> comm,
+                                                 interval window) {
+  const auto c = detail::merged(std::move(compute), window);
+  const auto m = detail::merged(std::move(comm), window);
+  const time_ns both = detail::overlap(c, m);
+  breakdown b;
+  b.overlapped = both;
+  b.exposed_compute = detail::total_length(c) - both;
+  b.exposed_comm = detail::total_length(m) - both;
+  b.other = window.length() - b.exposed_compute - b.exposed_comm - both;
+  return b;
+}
+
+/// SM utilisation as Lumos defines it: for each bucket (1 ms by default) of the window, the
+/// fraction of it during which at least one GPU op is active; `mean` is the fraction of the
+/// whole window.
+struct utilization {
+  time_ns bucket = 1'000'000;
+  std::vector<double> series;
+  double mean = 0.0;
+};
+
+[[nodiscard]] inline utilization sm_utilization(std::vector<interval> ops, interval window,
+                                               time_ns bucket = 1'000'000) {
+  utilization u;
+  u.bucket = bucket;
+  const auto busy = detail::merged(std::move(ops), window);
+  const time_ns length = window.length();
+  if (length <= 0 || bucket <= 0) return u;
+  u.mean = static_cast<double>(detail::total_length(busy)) / static_cast<double>(length);
+  const auto buckets = static_cast<std::size_t>((length + bucket - 1) / bucket);
+  std::vector<time_ns> active(buckets, 0);
+  for (const auto& i : busy) {
+    for (time_ns t = i.begin; t < i.end;) {
+      const auto k = static_cast<std::size_t>((t - window.begin) / bucket);
+      const time_ns bucket_end = window.begin + static_cast<time_ns>(k + 1) * bucket;
+      const time_ns stop = std::min(i.end, bucket_end);
+      active[k] += stop - t;
+      t = stop;
+    }
+  }
+  u.series.resize(buckets);
+  for (std::size_t k = 0; k < buckets; ++k) {
+    const time_ns bucket_begin = window.begin + static_cast<time_ns>(k) * bucket;
+    const time_ns size = std::min(bucket, window.end - bucket_begin);
+    u.series[k] = static_cast<double>(active[k]) / static_cast<double>(size);
+  }
+  return u;
+}
+
+}  // namespace lumos::report

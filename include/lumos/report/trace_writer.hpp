@@ -1,0 +1,348 @@
+#pragma once
+// Writes a simulated job as Kineto-style JSON, one file per rank, that Perfetto opens and that
+// `lumos inspect` / `lumos replay` read back. Replaying a written trace reproduces the replay
+// that wrote it (tests/graph/test_trace_roundtrip.cpp).
+//
+// Tasks that came from a trace keep their original names, categories and args; CPU events that
+// are not tasks (operators, annotations) are placed by a piecewise-linear map of their thread's
+// time from the measured to the simulated timeline. Tasks built from a model (no source event)
+// are written as runtime calls and kernels, with correlation ids from their launch edges and
+// collective args from their `collective_instance`.
+
+#include <lumos/core/error.hpp>
+#include <lumos/core/json_writer.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/report/iteration.hpp>
+#include <lumos/trace/event.hpp>
+#include <lumos/trace/job.hpp>
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lumos::report {
+
+/// The data a writer needs about one simulated job.
+struct simulated_job {
+  const graph::task_graph* graph = nullptr;
+  task_times simulated;                          ///< the replay's times
+  time_ns origin = 0;                            ///< absolute ns of job time 0
+  const trace::job* source = nullptr;            ///< the traces the graph came from, if any
+  const std::vector<graph::rank_map>* maps = nullptr;  ///< event ↔ task maps (with `source`)
+  const std::vector<iteration_plan>* plans = nullptr;  ///< iteration windows to write as ProfilerStep
+  std::vector<window_result> windows;            ///< simulated window of each plan
+  int world_size = 0;
+  std::string device_name;                       ///< for deviceProperties of model-built jobs
+};
+
+namespace detail {
+
+// Piecewise-linear time map of one thread: measured → simulated, through its tasks' ends.
+class time_warp {
+ public:
+  void add(time_ns measured, time_ns simulated) { points_.push_back({measured, simulated}); }
+  void finish() {
+    std::stable_sort(points_.begin(), points_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
+  [[nodiscard]] time_ns operator()(time_ns x) const {
+    if (points_.empty()) return x;
+    auto it = std::upper_bound(points_.begin(), points_.end(), x, [](time_ns v, const auto& p) { return v < p.first; });
+    if (it == points_.begin()) return x + (points_.front().second - points_.front().first);
+    if (it == points_.end()) return x + (points_.back().second - points_.back().first);
+    const auto& [m0, s0] = *(it - 1);
+    const auto& [m1, s1] = *it;
+    if (m1 == m0) return s0;
+    const long double f = static_cast<long double>(x - m0) / static_cast<long double>(m1 - m0);
+    return s0 + static_cast<time_ns>(f * static_cast<long double>(s1 - s0));
+  }
+
+ private:
+  std::vector<std::pair<time_ns, time_ns>> points_;
+};
+
+inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, std::size_t i) {
+  const trace::event& e = r.events[i];
+  if (e.external_id >= 0) w.field("External id", e.external_id);
+  if (e.correlation >= 0 && e.ph == trace::phase::complete) w.field("correlation", e.correlation);
+  if (e.stream >= 0) w.field("stream", e.stream);
+  if (e.device >= 0) w.field("device", static_cast<int>(e.device));
+  const auto [b, en] = r.arg_range(i);
+  for (std::uint32_t a = b; a < en; ++a) {
+    const trace::arg_key k = r.arg_keys[a];
+    w.key(trace::json_key(k));
+    if (!trace::is_string_arg(k)) {
+      w.value(r.arg_values[a]);
+    } else if (k == trace::arg_key::input_dims || k == trace::arg_key::grid || k == trace::arg_key::block) {
+      w.raw(r.str(static_cast<string_id>(r.arg_values[a])));  // stored as raw JSON
+    } else {
+      w.value(r.str(static_cast<string_id>(r.arg_values[a])));
+    }
+  }
+}
+
+inline void write_file(const std::filesystem::path& path, const std::string& text) {
+  const std::string name = path.filename().string();
+  const bool gz = name.size() > 3 && name.compare(name.size() - 3, 3, ".gz") == 0;
+  if (gz) {
+    gzFile f = gzopen(path.string().c_str(), "wb6");
+    if (f == nullptr) throw error(path.string() + ": cannot write");
+    const bool ok = gzwrite(f, text.data(), static_cast<unsigned>(text.size())) == static_cast<int>(text.size());
+    if (gzclose(f) != Z_OK || !ok) throw error(path.string() + ": write failed");
+    return;
+  }
+  std::FILE* f = std::fopen(path.string().c_str(), "wb");
+  if (f == nullptr) throw error(path.string() + ": cannot write");
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) throw error(path.string() + ": write failed");
+}
+
+}  // namespace detail
+
+/// Serialises rank `rank_index` (an index into the job's ranks for trace-built jobs, or a rank
+/// number for model-built ones) of a simulated job as a Kineto trace.
+[[nodiscard]] inline std::string kineto_json(const simulated_job& job, int rank) {
+  const graph::task_graph& g = *job.graph;
+  std::string out;
+  out.reserve(1 << 20);
+  json_writer w(out);
+  const trace::rank_trace* src = nullptr;
+  const graph::rank_map* map = nullptr;
+  std::size_t plan_index = 0;
+  if (job.source != nullptr) {
+    for (std::size_t i = 0; i < job.source->ranks.size(); ++i) {
+      if (job.source->ranks[i].rank == rank) {
+        src = &job.source->ranks[i];
+        map = &(*job.maps)[i];
+        plan_index = i;
+      }
+    }
+  } else if (job.plans != nullptr) {
+    for (std::size_t i = 0; i < job.plans->size(); ++i) {
+      if ((*job.plans)[i].rank == rank) plan_index = i;
+    }
+  }
+  auto us = [&](time_ns job_time) { return job_time + job.origin; };
+
+  w.begin_object();
+  w.field("schemaVersion", 1);
+  w.key("deviceProperties").begin_array();
+  if (src != nullptr) {
+    for (const auto& d : src->devices) {
+      w.begin_object().field("id", d.id).field("name", d.name).field("totalGlobalMem", d.total_memory);
+      w.field("computeMajor", d.compute_major).field("computeMinor", d.compute_minor).field("numSms", d.num_sms).end_object();
+    }
+  } else if (!job.device_name.empty()) {
+    w.begin_object().field("id", 0).field("name", job.device_name).end_object();
+  }
+  w.end_array();
+  w.key("distributedInfo").begin_object().field("backend", src != nullptr && !src->backend.empty() ? src->backend : "nccl");
+  w.field("rank", rank);
+  if (src != nullptr && src->world_size) {
+    w.field("world_size", *src->world_size);
+  } else if (job.world_size > 0) {
+    w.field("world_size", job.world_size);
+  }
+  w.end_object();
+  w.field("traceName", "simulated by lumos");
+  w.key("traceEvents").begin_array();
+
+  // Processor rows: process and thread names.
+  std::map<std::pair<std::int64_t, std::int64_t>, std::string> rows;
+  for (const auto& p : g.processors) {
+    if (p.rank != rank || p.kind == graph::processor_kind::barrier) continue;
+    const std::int64_t pid = p.owner;
+    const std::int64_t tid = p.index;
+    rows[{pid, tid}] = p.name;
+  }
+  for (const auto& [key, name] : rows) {
+    w.begin_object().field("name", "thread_name").field("ph", "M").field("pid", key.first).field("tid", key.second);
+    w.key("args").begin_object().field("name", name).end_object().end_object();
+  }
+
+  // Tasks of this rank; trace-built ones through their source events.
+  std::vector<graph::task_id> tasks;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.rank[t] == rank && g.kind[t] != graph::task_kind::join) tasks.push_back(t);
+  }
+  std::map<std::uint32_t, detail::time_warp> warps;  // by lane (trace-built)
+  std::vector<std::uint8_t> written(src != nullptr ? src->events.size() : 0, 0);
+  std::int64_t next_corr = 1;
+  std::map<graph::task_id, std::int64_t> corr_of;  // model-built: launch task → correlation
+  for (const auto& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch && g.rank[e.from] == rank && !corr_of.count(e.from) && g.source[e.from] == ~0U) {
+      corr_of[e.from] = next_corr++;
+    }
+  }
+  std::map<graph::task_id, std::int64_t> launch_corr;  // GPU task → its launch's correlation
+  for (const auto& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch && corr_of.count(e.from)) launch_corr[e.to] = corr_of[e.from];
+  }
+  std::map<graph::task_id, const graph::collective_instance*> instance_of;
+  for (const auto& ci : g.collectives) {
+    for (const auto c : ci.complete) instance_of[c] = &ci;
+  }
+
+  for (const graph::task_id t : tasks) {
+    const auto kind = g.kind[t];
+    const time_ns s = job.simulated.begin_of(t), f = job.simulated.end_of(t);
+    const std::uint32_t ev = g.source[t];
+    if (src != nullptr && ev != ~0U) {
+      const trace::event& e = src->events[ev];
+      if (trace::is_cpu_side(e.cat)) warps[e.lane].add(g.observed_start[t], s), warps[e.lane].add(g.observed_end[t], f);
+      if (kind == graph::task_kind::comm_arrive) continue;  // written with its complete
+      time_ns begin = s;
+      if (kind == graph::task_kind::comm_complete) begin = job.simulated.begin_of(map->arrive_of_event[ev]);
+      if (written[ev]) {
+        continue;  // the wait half of a split call: the issue half wrote the whole call
+      }
+      time_ns end = f;
+      if (trace::is_cpu_side(e.cat) && map->task_of_event[ev] != t) end = job.simulated.end_of(map->task_of_event[ev]);
+      written[ev] = 1;
+      const trace::lane& lane = src->lanes[e.lane];
+      w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
+      w.field("pid", lane.pid_text != no_string ? 0 : lane.pid).field("tid", lane.tid_text != no_string ? 0 : lane.tid);
+      w.key("ts").microseconds(us(begin)).key("dur").microseconds(end - begin);
+      w.key("args").begin_object();
+      detail::write_args_from_trace(w, *src, ev);
+      w.end_object().end_object();
+      continue;
+    }
+    if (src != nullptr) continue;  // trace-built helpers without an event ("thread end")
+    // Model-built task.
+    const auto& p = g.processors[g.processor[t]];
+    if (kind == graph::task_kind::comm_arrive) continue;
+    time_ns begin = s;
+    const graph::collective_instance* ci = nullptr;
+    if (kind == graph::task_kind::comm_complete) {
+      ci = instance_of.count(t) ? instance_of[t] : nullptr;
+      if (ci != nullptr) {
+        for (std::size_t k = 0; k < ci->complete.size(); ++k) {
+          if (ci->complete[k] == t) begin = job.simulated.begin_of(ci->arrive[k]);
+        }
+      }
+    }
+    const bool gpu = p.kind == graph::processor_kind::gpu_stream;
+    w.begin_object().field("ph", "X").field("cat", gpu ? "kernel" : "cuda_runtime").field("name", g.task_name(t));
+    w.field("pid", p.owner).field("tid", p.index);
+    w.key("ts").microseconds(us(begin)).key("dur").microseconds(f - begin);
+    w.key("args").begin_object();
+    if (gpu) {
+      w.field("device", p.owner).field("stream", p.index);
+      if (launch_corr.count(t)) w.field("correlation", launch_corr[t]);
+      if (ci != nullptr) {
+        w.field("Collective name", ci->kind).field("Process Group Name", ci->group);
+        if (ci->bytes > 0) w.field("In msg nelems", ci->bytes).field("Out msg nelems", ci->bytes);
+        if (!ci->group_ranks.empty()) {
+          std::string ranks = "[";
+          for (std::size_t k = 0; k < ci->group_ranks.size(); ++k) ranks += (k ? ", " : "") + std::to_string(ci->group_ranks[k]);
+          w.field("Process Group Ranks", ranks + "]").field("Group size", ci->group_ranks.size());
+        }
+      }
+    } else if (corr_of.count(t)) {
+      w.field("correlation", corr_of[t]);
+    }
+    w.end_object().end_object();
+  }
+
+  // Trace-built: the CPU events that are not tasks, warped onto the simulated timeline.
+  if (src != nullptr) {
+    for (auto& [lane, warp] : warps) warp.finish();
+    const iteration_plan* plan = job.plans != nullptr ? &(*job.plans)[plan_index] : nullptr;
+    for (std::size_t i = 0; i < src->events.size(); ++i) {
+      const trace::event& e = src->events[i];
+      if (written[i] || e.ph != trace::phase::complete || !trace::is_cpu_side(e.cat)) continue;
+      if (trace::is_gpu_op(e.cat)) continue;
+      const auto it = warps.find(e.lane);
+      const time_ns b0 = e.ts + map->offset, e0 = e.end() + map->offset;
+      time_ns b = it != warps.end() ? it->second(b0) : b0;
+      time_ns en = it != warps.end() ? it->second(e0) : e0;
+      const bool step = plan != nullptr && plan->annotated && src->name(e) == plan->step && e.cat == trace::category::user_annotation;
+      if (step) {  // exactly the simulated window's annotation
+        b = job.simulated.begin_of(plan->first_cpu) - plan->lead;
+        en = job.simulated.end_of(plan->last_cpu) + plan->tail;
+      }
+      en = std::max(en, b);
+      const trace::lane& lane = src->lanes[e.lane];
+      w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
+      w.field("pid", lane.pid_text != no_string ? 0 : lane.pid).field("tid", lane.tid_text != no_string ? 0 : lane.tid);
+      w.key("ts").microseconds(us(b)).key("dur").microseconds(en - b);
+      w.key("args").begin_object();
+      detail::write_args_from_trace(w, *src, i);
+      w.end_object().end_object();
+    }
+    // GPU-side sync records, at their runtime call's simulated start (they carry the exact
+    // record/wait pairing, which a re-read needs).
+    std::map<std::int64_t, graph::task_id> call_of_correlation;
+    for (const graph::task_id t : tasks) {
+      const std::uint32_t ev = g.source[t];
+      if (ev != ~0U && (src->events[ev].cat == trace::category::cuda_runtime || src->events[ev].cat == trace::category::cuda_driver)) {
+        call_of_correlation.try_emplace(src->events[ev].correlation, t);
+      }
+    }
+    for (std::size_t i = 0; i < src->events.size(); ++i) {
+      const trace::event& e = src->events[i];
+      if (e.ph != trace::phase::complete || (e.cat != trace::category::cuda_sync && e.cat != trace::category::cuda_event)) continue;
+      const auto call = call_of_correlation.find(e.correlation);
+      const time_ns at = call != call_of_correlation.end() ? job.simulated.begin_of(call->second) : e.ts + map->offset;
+      const trace::lane& lane = src->lanes[e.lane];
+      w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
+      w.field("pid", lane.pid).field("tid", lane.tid);
+      w.key("ts").microseconds(us(at)).key("dur").microseconds(e.dur);
+      w.key("args").begin_object();
+      detail::write_args_from_trace(w, *src, i);
+      w.end_object().end_object();
+    }
+  } else if (job.plans != nullptr && plan_index < job.windows.size()) {
+    // Model-built: one ProfilerStep over the rank's simulated window, on its first CPU thread.
+    const auto& win = job.windows[plan_index].window;
+    std::int64_t pid = 0, tid = 0;
+    for (const auto& p : g.processors) {
+      if (p.rank == rank && p.kind == graph::processor_kind::cpu_thread) {
+        pid = p.owner;
+        tid = p.index;
+        break;
+      }
+    }
+    w.begin_object().field("ph", "X").field("cat", "user_annotation").field("name", "ProfilerStep#1");
+    w.field("pid", pid).field("tid", tid).key("ts").microseconds(us(win.begin)).key("dur").microseconds(win.length());
+    w.key("args").begin_object().end_object().end_object();
+  }
+  w.end_array();
+  w.end_object();
+  out += '\n';
+  return out;
+}
+
+/// Writes every rank of `job` to `path`: a directory (one `rank{R}.json` per rank, or
+/// `.json.gz` when `gzip`), or — for a single-rank job — a file named `*.json` / `*.json.gz`.
+inline std::vector<std::filesystem::path> write_kineto(const simulated_job& job, const std::vector<int>& ranks,
+                                                       const std::filesystem::path& path, bool gzip = false) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  const std::string name = path.filename().string();
+  const bool is_file = ranks.size() == 1 && trace::is_trace_file_name(path);
+  if (is_file) {
+    if (path.has_parent_path()) fs::create_directories(path.parent_path());
+    detail::write_file(path, kineto_json(job, ranks.front()));
+    files.push_back(path);
+    return files;
+  }
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) throw error(path.string() + ": cannot create directory: " + ec.message());
+  for (const int r : ranks) {
+    const fs::path file = path / ("rank" + std::to_string(r) + (gzip ? ".json.gz" : ".json"));
+    detail::write_file(file, kineto_json(job, r));
+    files.push_back(file);
+  }
+  return files;
+}
+
+}  // namespace lumos::report

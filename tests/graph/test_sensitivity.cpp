@@ -1,0 +1,138 @@
+// Small traces written by the project where each dependency kind matters; the predicted
+// iteration under compute=2, comm=2 and cpu=2 is derived by hand in the comments (all times in
+// µs). The replay contract is design/FIDELITY.md: starts are max(processor free + idle gap,
+// predecessors) + busy CPU time; a GPU op waits for its launch call's start plus the launch
+// latency; stream order keeps the measured gap only when it bound the op; blocking calls end at
+// max(start, awaited end) + r; collectives end at the last arrival plus the shortest transfer.
+#include "../unit/test_support.hpp"
+
+#include <lumos/report/replay_report.hpp>
+#include <lumos/trace/job.hpp>
+
+#include <catch2/catch.hpp>
+
+using namespace lumos;
+
+namespace {
+
+trace::job load(const std::string& name) { return trace::load_job({lumos_test::data_dir() / "sensitivity" / name}); }
+
+// Simulated iteration time of the slowest rank, in µs.
+double predict(const trace::job& job, graph::scales s, graph::build_options b = {}) {
+  report::replay_options o;
+  o.scales = s;
+  o.build = b;
+  return static_cast<double>(report::replay_job(job, o).simulated_ns) / 1000.0;
+}
+
+constexpr graph::scales unchanged{};
+constexpr graph::scales compute2{.compute = 2.0, .comm = 1.0, .cpu = 1.0};
+constexpr graph::scales comm2{.compute = 1.0, .comm = 2.0, .cpu = 1.0};
+constexpr graph::scales cpu2{.compute = 1.0, .comm = 1.0, .cpu = 2.0};
+
+}  // namespace
+
+TEST_CASE("launch latency, stream order, CPU busy time and a blocking sync", "[sensitivity]") {
+  // CPU: op1 [0,20] ⊃ L1 [5,10]; op2 [30,50] ⊃ L2 [35,40]; op3 [60,80] ⊃ L3 [65,70];
+  // cudaStreamSynchronize [90,316]. GPU stream 7: K1 [12,112] (launch-bound, latency 7),
+  // K2 [113,213] and K3 [214,314] (stream-bound, gap 1). The sync waits for K3, r = 2.
+  // Window: ProfilerStep [0,320]; lead 5 before L1, tail 4 after the sync. Measured 320.
+  const auto job = load("launch_stream_sync.json");
+  CHECK(predict(job, unchanged) == 320.0);
+  // compute=2: K1 [12,212], K2 [213,413], K3 [414,614]; sync ends 616; window end 620.
+  CHECK(predict(job, compute2) == 620.0);
+  // cpu=2: busy doubles (5, 15, 15, 10) and calls take 10: L1 [10,20], L2 [60,70], L3 [110,120],
+  // sync starts 150 (own time 4). K1 [17,117] (L1 start + 7), K2 [118,218], K3 [219,319]; the
+  // sync ends at 319 + 2 = 321; window [10 − 5, 321 + 4] = 320: the GPU still sets the pace.
+  CHECK(predict(job, cpu2) == 320.0);
+  CHECK(predict(job, comm2) == 320.0);
+  // compute=0.5: K1 [12,62]; K2 max(62 + 1, L2 35 + 7) = 63 → [63,113]; K3 [114,164]; sync
+  // ends 166; window end 170.
+  CHECK(predict(job, {.compute = 0.5, .comm = 1.0, .cpu = 1.0}) == 170.0);
+}
+
+TEST_CASE("short launch-bound kernels: the CPU sets the pace", "[sensitivity]") {
+  // CPU: op_i [20i, 20i+15] ⊃ L_i [20i+5, 20i+10]; sync [80,84] waits for K3 (r = 2).
+  // K_i [20i+12, 20i+22], each launch-bound (latency 7). Window [0,100]: lead 5, tail 16.
+  const auto job = load("cpu_bound.json");
+  CHECK(predict(job, unchanged) == 100.0);
+  // cpu=2: L0 [10,20], L1 max(20+5)+20 = 45 → [45,55], L2 [80,90], L3 [115,125], sync starts
+  // 125 + 5 + 10 = 140, ends 144 (K3 [122,132] + 2 = 134 is earlier). Window [5, 160] = 155.
+  CHECK(predict(job, cpu2) == 155.0);
+  // compute=2: K0 [12,32], K1 [32,52], K2 [52,72], K3 [72,92]; sync ends 94; window end 110.
+  CHECK(predict(job, compute2) == 110.0);
+}
+
+TEST_CASE("a cross-stream record/wait makes the compute stream wait for communication", "[sensitivity]") {
+  // Calls: L0 [5,10] → K0 s7 [12,112]; record [15,17]; wait [20,22]; L1 [25,30] → NCCL s20
+  // [113,263] (waits for K0); record [35,37]; L2 [40,45] → K2 s7 [113,213]; wait [50,52];
+  // L3 [55,60] → K3 s7 [264,314] (waits for the NCCL kernel); sync [70,316] waits for K3.
+  // No cuda_sync rows: the pairing is inferred from launch order. The NCCL kernel has no
+  // partner rank here, so it keeps its duration (scaled by comm). Window [0,320].
+  const auto job = load("cross_stream.json");
+  CHECK(predict(job, unchanged) == 320.0);
+  // comm=2: NCCL [113,413]; K3 waits for it: [414,464]; sync ends 466; window end 470.
+  CHECK(predict(job, comm2) == 470.0);
+  // compute=2: K0 [12,212]; NCCL [213,363]; K2 [213,413]; K3 max(413, 363 + 1) → [413,513];
+  // sync ends 515; window end 519.
+  CHECK(predict(job, compute2) == 519.0);
+  // cpu=2 (no operators, so no busy time; calls take twice as long): the GPU sets the pace.
+  CHECK(predict(job, cpu2) == 320.0);
+  // Without the cross-stream rule K3 would not wait for the slower transfer: it keeps its
+  // measured gap after K2 ([264,314]); only the NCCL kernel itself ([113,413]) stretches the
+  // window, to 413 instead of 470.
+  graph::build_options no_cross_stream;
+  no_cross_stream.cross_stream = false;
+  CHECK(predict(job, unchanged, no_cross_stream) == 320.0);
+  CHECK(predict(job, comm2, no_cross_stream) == 413.0);
+}
+
+TEST_CASE("a backward thread that starts after the forward thread hands off", "[sensitivity]") {
+  // Thread 1: forward0 [0,20] ⊃ L0 [5,10]; forward1 [20,40] ⊃ L1 [25,30]; device sync [300,314].
+  // Thread 2: backward0 [200,220] ⊃ L2 [205,210]; backward1 [220,240] ⊃ L3 [225,230].
+  // Stream 7: F0 [12,62], F1 [62,112], B0 [212,262], B1 [262,312]; the sync waits for B1.
+  // Hand-offs: L2 follows L1 (thread 2 starts after 200 µs idle) with delay 200 − 30 = 170; the
+  // sync follows thread 2's end (240) with delay 290 − 240 = 50. Window [0,320]: lead 5, tail 6.
+  const auto job = load("handoff.json");
+  CHECK(predict(job, unchanged) == 320.0);
+  // cpu=2: L0 [10,20], L1 [50,60]; L2 max(60 + 170) + 10 = 240, L3 [280,290], thread 2 ends
+  // 310; the sync starts max(60, 310 + 50) + 20 = 380 and ends 384. GPU: F0 [17,67],
+  // F1 [67,117], B0 [247,297], B1 [297,347]. Window [5, 390] = 385.
+  CHECK(predict(job, cpu2) == 385.0);
+  // compute=2: F0 [12,112], F1 [112,212], B0 [212,312], B1 [312,412]; the sync ends 414;
+  // window end 420.
+  CHECK(predict(job, compute2) == 420.0);
+  // Without hand-offs thread 2 would keep its own 200 µs gap: L2 = 200 + 10 = 210, and so on.
+  graph::build_options no_handoff;
+  no_handoff.handoff_threshold = std::numeric_limits<time_ns>::max();
+  CHECK(predict(job, unchanged, no_handoff) == 320.0);
+  CHECK(predict(job, cpu2, no_handoff) != 385.0);
+}
+
+TEST_CASE("an all-reduce joins two ranks: it ends at the last arrival plus the transfer", "[sensitivity]") {
+  // Rank r: L0 [5,10] → gemm s7 [12, 12 + C_r] (C_0 = 100, C_1 = 150); record/wait; L1 [25,30]
+  // → NCCL s20: rank 0 [113,213] (waits 50 for rank 1), rank 1 [163,213]; sync [40,215].
+  // Matched by process group "0" + sequence; transfer = min(100, 50) = 50. Window [0,220].
+  const auto job = trace::load_job({lumos_test::data_dir() / "sensitivity" / "allreduce_2ranks"});
+  const auto replay = report::replay_job(job);
+  REQUIRE(replay.built.stats.collectives_matched == 1);
+  for (const auto& r : replay.ranks) CHECK(r.simulated_ns == 220'000);
+  // compute=2: gemms end 212 and 312; the join is at 313; both end 363; syncs end 365; 370.
+  CHECK(predict(job, compute2) == 370.0);
+  // comm=2: transfer 100; both end 263; syncs end 265; 270.
+  CHECK(predict(job, comm2) == 270.0);
+  // cpu=2: calls take longer but the arrivals stay at 113 and 163: 220.
+  CHECK(predict(job, cpu2) == 220.0);
+  // Without the join, rank 0's kernel would keep its own 100 µs (which included waiting):
+  // under compute=2 it starts at 213 and ends at 313, not 363.
+  graph::build_options no_join;
+  no_join.match_collectives = false;
+  const auto unjoined = [&] {
+    report::replay_options o;
+    o.scales = compute2;
+    o.build = no_join;
+    return report::replay_job(job, o);
+  }();
+  CHECK(unjoined.ranks[0].simulated_ns == 320'000);
+  CHECK(unjoined.ranks[1].simulated_ns == 370'000);
+}
