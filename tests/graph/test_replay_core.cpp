@@ -108,7 +108,7 @@ TEST_CASE("the compiled order is topological and deterministic; memory per task 
   const compiled_graph b = compile(g);
   CHECK(std::equal(a.task.begin(), a.task.end(), b.task.begin(), b.task.end()));
   for (std::uint32_t i = 0; i < a.size(); ++i) {
-    for (std::uint32_t j = a.pred_begin[i]; j < a.pred_begin[i + 1]; ++j) REQUIRE(a.preds[j].time / 2 < i);
+    for (std::uint32_t j = a.pred_begin(i); j < a.pred_end(i); ++j) REQUIRE(a.preds[j].time / 2 < i);
   }
   CHECK(a.memory_bytes() <= 64 * a.size() + 8 * a.edge_count() + 4096);
   const auto ta = sim::replay(a);

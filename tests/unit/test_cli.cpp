@@ -95,3 +95,65 @@ TEST_CASE("usage errors exit with 2 and say what is wrong", "[cli]") {
   CHECK(run("--help").code == 0);
   CHECK(run("inspect --help").code == 0);
 }
+
+TEST_CASE("replay --json prints the documented object", "[cli][replay]") {
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  lumos_test::temp_dir dir;
+  const auto out = dir.path() / "simulated";
+  const result r = run("replay " + example + " --json --scale compute=2 --critical-path --trace-out " + out.string());
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(r.out);
+  const auto job = doc["job"];
+  CHECK(int64_t(job["measured_ns"]) > 0);
+  CHECK(int64_t(job["simulated_ns"]) > int64_t(job["measured_ns"]));
+  CHECK(job["error"].is_double());
+  simdjson::dom::array ranks = doc["ranks"];
+  REQUIRE(ranks.size() == 2);
+  for (simdjson::dom::element rk : ranks) {
+    CHECK(std::string_view(rk["step"]) == "ProfilerStep#1");
+    for (const char* b : {"breakdown", "breakdown_measured"}) {
+      const auto bd = rk[b];
+      const std::int64_t sum = int64_t(bd["exposed_compute_ns"]) + int64_t(bd["overlapped_ns"]) + int64_t(bd["exposed_comm_ns"]) +
+                               int64_t(bd["other_ns"]);
+      CHECK(sum == int64_t(std::string_view(b) == "breakdown" ? rk["simulated_ns"] : rk["measured_ns"]));
+    }
+    const double sm = rk["sm_utilization"];
+    CHECK((sm > 0.0 && sm <= 1.0));
+  }
+  CHECK(int64_t(doc["graph"]["tasks"]) > 0);
+  CHECK(int64_t(doc["graph"]["edges"]) > 0);
+  CHECK(int64_t(doc["graph"]["processors"]) > 0);
+  CHECK(int64_t(doc["collectives"]["matched"]) == 1);
+  CHECK(int64_t(doc["critical_path"]["attribution"]["gpu_compute_ns"]) > 0);
+  CHECK(std::filesystem::exists(out / "rank0.json"));
+  CHECK(std::filesystem::exists(out / "rank1.json"));
+  // The written what-if reads back as a job whose measured time is the prediction.
+  const result again = run("replay " + out.string() + " --json");
+  REQUIRE(again.code == 0);
+  simdjson::dom::parser parser2;
+  CHECK(int64_t(parser2.parse(again.out)["job"]["measured_ns"]) == int64_t(job["simulated_ns"]));
+}
+
+TEST_CASE("replay prints a table per rank and the job line", "[cli][replay]") {
+  const result r = run("replay " + std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job --critical-path");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("ProfilerStep#1") != std::string::npos);
+  CHECK(r.out.find("  job ") != std::string::npos);
+  CHECK(r.out.find("critical path of rank") != std::string::npos);
+}
+
+TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  for (const char* bad : {"--scale compute", "--scale gpu=2", "--scale compute=-1", "--scale compute=abc", "--step x"}) {
+    INFO(bad);
+    const result r = run("replay " + example + " " + bad);
+    CHECK(r.code == 2);
+    CHECK(!r.err.empty());
+  }
+  const result missing = run("replay " + example + " --step 9");
+  CHECK(missing.code == 2);
+  CHECK(missing.err.find("no ProfilerStep#9") != std::string::npos);
+  CHECK(run("replay").code == 2);
+  CHECK(run("replay " + data("traps/polling_loop.json") + " --json").code == 0);  // no ProfilerStep: the trace window
+}

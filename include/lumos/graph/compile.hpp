@@ -68,29 +68,48 @@ struct scaled_durations {
 };
 static_assert(DurationModel<scaled_durations>);
 
+/// What the replay loop reads for one task, packed into 24 bytes so that the loop walks one
+/// stream of records (plus the predecessors and the times it writes). A task's busy CPU
+/// prelude (`post`) is folded into its gap and its start-edge delays:
+/// max(free + gap, pred + delay) + post = max(free + gap + post, pred + delay + post).
+struct task_record {
+  time_ns gap;               ///< idle time after the processor's previous task, plus `post`
+  time_ns duration;          ///< own time, scaled
+  std::uint32_t processor_and_finishes;  ///< processor (low 24 bits), finish edges (high 8)
+  std::uint32_t pred_end;    ///< one past the task's last predecessor; the first is the
+                             ///< previous record's `pred_end` (0 for the first task)
+
+  static constexpr std::uint32_t processor_bits = 24;
+  [[nodiscard]] constexpr std::uint32_t processor() const noexcept { return processor_and_finishes & ((1U << processor_bits) - 1); }
+  [[nodiscard]] constexpr std::uint32_t finishes() const noexcept { return processor_and_finishes >> processor_bits; }
+};
+static_assert(sizeof(task_record) == 24);
+
 /// The flat DAG: tasks in a topological order (every predecessor and every earlier task of the
-/// same processor comes first), structure of arrays, CSR predecessors with 32-bit indices.
-/// The last `finish_count[i]` predecessors of position i are finish edges.
-/// Memory: 41 bytes per task plus 8 per edge.
+/// same processor comes first). Hot data the loop reads is one array of 32-byte records; the
+/// predecessors are CSR (the last `finishes()` of a task's range are finish edges) with 32-bit
+/// indices; the maps between positions and task ids are separate, cold arrays.
+/// Memory: 40 bytes per task plus 8 per edge.
 struct compiled_graph {
   std::uint32_t processor_count = 0;
-  large_vector<processor_id> processor;    ///< per position
-  large_vector<time_ns> gap;               ///< idle time after the processor's previous task
-  large_vector<time_ns> post;              ///< CPU busy time right before the task, scaled
-  large_vector<time_ns> duration;          ///< own time, scaled
-  large_vector<std::uint32_t> pred_begin;  ///< size + 1 entries
-  large_vector<std::uint8_t> finish_count;
+  large_vector<task_record> tasks;      ///< per position
   large_vector<pred_ref> preds;
-  large_vector<task_id> task;              ///< position → task id in the task_graph
-  large_vector<std::uint32_t> position;    ///< task id → position
+  large_vector<time_ns> busy;           ///< the busy prelude folded into each record (reports)
+  large_vector<task_id> task;           ///< position → task id in the task_graph
+  large_vector<std::uint32_t> position; ///< task id → position
 
-  [[nodiscard]] std::size_t size() const noexcept { return processor.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return tasks.size(); }
   [[nodiscard]] std::size_t edge_count() const noexcept { return preds.size(); }
+  [[nodiscard]] std::uint32_t processor(std::uint32_t i) const noexcept { return tasks[i].processor(); }
+  [[nodiscard]] time_ns gap(std::uint32_t i) const noexcept { return tasks[i].gap - busy[i]; }
+  [[nodiscard]] time_ns post(std::uint32_t i) const noexcept { return busy[i]; }
+  [[nodiscard]] time_ns duration(std::uint32_t i) const noexcept { return tasks[i].duration; }
+  [[nodiscard]] std::uint32_t pred_begin(std::uint32_t i) const noexcept { return i == 0 ? 0 : tasks[i - 1].pred_end; }
+  [[nodiscard]] std::uint32_t pred_end(std::uint32_t i) const noexcept { return tasks[i].pred_end; }
+  [[nodiscard]] std::uint32_t finish_count(std::uint32_t i) const noexcept { return tasks[i].finishes(); }
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return processor.capacity() * sizeof(processor_id) + gap.capacity() * sizeof(time_ns) + post.capacity() * sizeof(time_ns) +
-           duration.capacity() * sizeof(time_ns) + pred_begin.capacity() * sizeof(std::uint32_t) +
-           finish_count.capacity() + preds.capacity() * sizeof(pred_ref) + task.capacity() * sizeof(task_id) +
-           position.capacity() * sizeof(std::uint32_t);
+    return tasks.capacity() * sizeof(task_record) + preds.capacity() * sizeof(pred_ref) + busy.capacity() * sizeof(time_ns) +
+           task.capacity() * sizeof(task_id) + position.capacity() * sizeof(std::uint32_t);
   }
 };
 
@@ -215,27 +234,26 @@ template <DurationModel Durations = scaled_durations>
 
   c.position.resize(n);
   for (std::uint32_t i = 0; i < n; ++i) c.position[c.task[i]] = i;
-  c.processor.resize(n);
-  c.gap.resize(n);
-  c.post.resize(n);
-  c.duration.resize(n);
-  c.finish_count.resize(n);
-  c.pred_begin.resize(n + 1);
+  if (g.processors.size() >= (std::size_t{1} << task_record::processor_bits)) {
+    throw error("task_graph: more than 16777215 processors cannot be compiled");
+  }
+  c.tasks.resize(n);
+  c.busy.resize(n);
   c.preds.resize(g.edges.size());
   std::uint32_t out = 0;
   for (std::uint32_t i = 0; i < n; ++i) {
     const task_id t = c.task[i];
-    c.processor[i] = g.processor[t];
-    c.gap[i] = g.idle_gap[t];
-    c.post[i] = scale_time(g.busy_gap[t], s.cpu);
-    c.duration[i] = durations.duration(g, t, s);
-    c.finish_count[i] = finishes[t];
-    c.pred_begin[i] = out;
+    const time_ns busy = scale_time(g.busy_gap[t], s.cpu);
+    const std::uint32_t first_finish = in_begin[t + 1] - finishes[t];
     for (std::uint32_t e = in_begin[t]; e < in_begin[t + 1]; ++e) {
-      c.preds[out++] = {2 * c.position[in_from[e]] + (in_start[e] ? 0U : 1U), in_delay[e]};
+      // Start edges carry the busy prelude (see task_record); finish edges do not.
+      const time_ns delay = e < first_finish ? in_delay[e] + busy : in_delay[e];
+      c.preds[out++] = {2 * c.position[in_from[e]] + (in_start[e] ? 0U : 1U), clamp_delay(delay)};
     }
+    c.busy[i] = busy;
+    c.tasks[i] = {g.idle_gap[t] + busy, durations.duration(g, t, s),
+                  g.processor[t] | (static_cast<std::uint32_t>(finishes[t]) << task_record::processor_bits), out};
   }
-  c.pred_begin[n] = out;
   return c;
 }
 

@@ -29,6 +29,9 @@ struct build_options {
   /// A CPU task that follows at least this much idle time on its thread waits for the latest
   /// task of another thread of its rank that ended before it (autograd and worker hand-offs).
   time_ns handoff_threshold = 100'000;
+  /// A launch call longer than this blocked (launches take microseconds; this one waited, e.g.
+  /// on lazy module loading): its op counts its latency from the call's end, not its start.
+  time_ns blocked_launch = 1'000'000;
   /// Launch latency used when a stream has no launch-bound op to learn it from.
   time_ns default_launch_latency = 5'000;
   /// An op counts as launch-bound in the measurement when nothing on its stream or its
@@ -692,7 +695,7 @@ class trace_graph_builder {
         if (const auto it = producers.find(o); it != producers.end()) {
           for (const event_index pr : it->second) dep_bound = dep_bound || st - t.events[pr].end() <= options_.bound_tolerance;
         }
-        if (!dep_bound) lat.push_back(st - t.events[l].ts);
+        if (!dep_bound) lat.push_back(st - launch_anchor(t.events[l], st));
       }
       all.insert(all.end(), lat.begin(), lat.end());
       typical[key] = detail::median(lat, -1);
@@ -718,12 +721,16 @@ class trace_graph_builder {
         }
         const event_index l = launch_of(o);
         task_id launch_task = no_task;
-        time_ns l_start = 0, latency = 0;
+        time_ns latency = 0;
+        bool from_call_start = true;
         if (l != no_event) {
           launch_task = launch_task_for(r, l);
-          l_start = g.observed_start[launch_task];
-          latency = start - l_start;
-          const time_ns c = l_start + std::min(lat_typ, latency);
+          // Latency counts from the call's start (FIDELITY.md item 4), or from its end when the
+          // call blocked (e.g. lazy module loading) and the op could only start after it returned.
+          from_call_start = !blocked_launch(g.observed_start[launch_task], g.observed_end[launch_task], start);
+          const time_ns anchor = from_call_start ? g.observed_start[launch_task] : g.observed_end[launch_task];
+          latency = start - anchor;
+          const time_ns c = anchor + std::min(lat_typ, latency);
           if (c > best) {
             best = c;
             binding = launch;
@@ -761,7 +768,7 @@ class trace_graph_builder {
         }
         if (launch_task != no_task) {
           const time_ns lat = binding == launch ? latency : std::min(lat_typ, latency);
-          g.add_edge(launch_task, first, lat, edge_kind::launch, false, true);
+          g.add_edge(launch_task, first, lat, edge_kind::launch, false, from_call_start);
           ++out_.stats.launch_edges;
         }
         for (const auto& [pr, pe] : deps) {
@@ -773,6 +780,16 @@ class trace_graph_builder {
   }
 
   [[nodiscard]] task_id task_of(std::size_t r, event_index o) const { return ranks_[r].task_of_event[o]; }
+
+  // A launch call that lasted longer than `blocked_launch`: its op was enqueued near its end.
+  [[nodiscard]] bool blocked_launch(time_ns call_start, time_ns call_end, time_ns /*op_start*/) const noexcept {
+    return call_end - call_start > options_.blocked_launch;
+  }
+
+  // The point of a launch call an op's latency is measured from (rank-local time).
+  [[nodiscard]] time_ns launch_anchor(const trace::event& call, time_ns op_start) const noexcept {
+    return blocked_launch(call.ts, call.end(), op_start) ? call.end() : call.ts;
+  }
 
   [[nodiscard]] task_id launch_task_for(std::size_t r, event_index call) const {
     const auto it = launch_task_.find({r, job_.ranks[r].events[call].correlation});

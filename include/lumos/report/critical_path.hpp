@@ -110,7 +110,7 @@ namespace detail {
     const time_ns s = start_of(cur), f = end_of(cur);
     if (at_finish) {
       if (f <= stop_at) break;
-      const time_ns own = c.duration[c.position[cur]];
+      const time_ns own = c.duration(c.position[cur]);
       graph::task_id waited = graph::no_task;
       if (f > s + own) {  // a finish edge (a wait for the GPU) fixed the finish
         for (std::uint32_t k = in_begin[cur]; k < in_begin[cur + 1]; ++k) {
@@ -133,7 +133,7 @@ namespace detail {
     if (s <= stop_at) break;
     // The start: busy CPU time right before it, then a start edge or the processor (its
     // previous task plus the idle gap).
-    const time_ns busy = c.post[c.position[cur]];
+    const time_ns busy = c.post(c.position[cur]);
     const time_ns ready = s - busy;
     add(cur, path_category::cpu, ready, s);
     graph::task_id next = graph::no_task;

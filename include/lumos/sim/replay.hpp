@@ -1,9 +1,10 @@
 #pragma once
 // The replay engine: one pass over a compiled graph in topological order.
 //
-//   start[i]  = max(processor free + gap[i], max over start preds (time[pred] + delay)) + post[i]
+//   start[i]  = max(processor free + gap[i], max over start preds (time[pred] + delay)) + busy[i]
 //   end[i]    = max(start[i] + duration[i], max over finish preds (time[pred] + delay))
-// where time[pred] is the predecessor's finish, or its start for launch edges.
+// where time[pred] is the predecessor's finish, or its start for launch edges (the busy
+// prelude is folded into the gap and the start-edge delays when the graph is compiled).
 //
 // Processor model and observers are template parameters; observers are called inline and
 // cost nothing when absent. The loop touches only the compiled graph's flat arrays.
@@ -35,12 +36,16 @@ concept ProcessorModel = requires(P& m, const P& cm, std::size_t n, graph::proce
 /// Every processor runs one task at a time, in graph order (CPU threads, CUDA streams).
 class in_order_processors {
  public:
-  void reset(std::size_t n) { free_.assign(n, 0); }
-  [[nodiscard]] time_ns available(graph::processor_id p) const noexcept { return free_[p]; }
-  void occupy(graph::processor_id p, time_ns end) noexcept { free_[p] = end; }
+  void reset(std::size_t n) {
+    free_.assign(n, 0);
+    data_ = free_.data();
+  }
+  [[nodiscard]] time_ns available(graph::processor_id p) const noexcept { return data_[p]; }
+  void occupy(graph::processor_id p, time_ns end) noexcept { data_[p] = end; }
 
  private:
   std::vector<time_ns> free_;
+  time_ns* data_ = nullptr;  // the loop reads it without going through the vector
 };
 static_assert(ProcessorModel<in_order_processors>);
 
@@ -91,32 +96,35 @@ class basic_replay {
     processors_.reset(g.processor_count);
     times_.resize(2 * n);
     (observers.begin(n), ...);
-    const graph::processor_id* const proc = g.processor.data();
-    const time_ns* const gap = g.gap.data();
-    const time_ns* const post = g.post.data();
-    const time_ns* const dur = g.duration.data();
-    const std::uint32_t* const begin = g.pred_begin.data();
-    const std::uint8_t* const finishes = g.finish_count.data();
+    const graph::task_record* const rec = g.tasks.data();
     const graph::pred_ref* const preds = g.preds.data();
     time_ns* const times = times_.data();
-    time_ns makespan = 0;
+    std::uint32_t b = 0;
     for (std::uint32_t i = 0; i < n; ++i) {
-      const graph::processor_id p = proc[i];
-      const std::uint32_t b = begin[i];
-      const std::uint32_t e = begin[i + 1];
-      const std::uint32_t f = e - finishes[i];
-      time_ns s = processors_.available(p) + gap[i];
-      for (std::uint32_t j = b; j < f; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
-      s += post[i];
-      time_ns t = s + dur[i];
-      for (std::uint32_t j = f; j < e; ++j) t = std::max(t, times[preds[j].time] + preds[j].delay);
+      const graph::task_record r = rec[i];
+      const std::uint32_t p = r.processor();
+      const std::uint32_t e = r.pred_end;
+      time_ns s = processors_.available(p) + r.gap;
+      time_ns t;
+      if (r.finishes() == 0) {  // the common case: start edges only
+        for (std::uint32_t j = b; j < e; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
+        t = s + r.duration;
+      } else {
+        const std::uint32_t f = e - r.finishes();
+        for (std::uint32_t j = b; j < f; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
+        t = s + r.duration;
+        for (std::uint32_t j = f; j < e; ++j) t = std::max(t, times[preds[j].time] + preds[j].delay);
+      }
       times[2 * i] = s;
       times[2 * i + 1] = t;
       processors_.occupy(p, t);
-      makespan = std::max(makespan, t);
       (observers.task(i, s, t), ...);
+      b = e;
     }
     (observers.end(), ...);
+    // The latest finish is the latest time a processor became free.
+    time_ns makespan = 0;
+    for (std::uint32_t p = 0; p < g.processor_count; ++p) makespan = std::max(makespan, processors_.available(p));
     return makespan;
   }
 

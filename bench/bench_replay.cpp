@@ -1,0 +1,190 @@
+// Replay throughput in tasks per second.
+//   BM_replay/<graph>            the replay engine (start and finish of every task recorded)
+//   BM_replay_reference/<graph>  a bare loop over the same arrays: start = max(processor free,
+//                                predecessors' finish) + duration, nothing else
+//   BM_breakdown/<graph>, BM_critical_path/<graph>   the report post-passes, separately
+//   BM_build/<trace>             trace -> task_graph (events per second), BM_compile/<graph>
+// Graphs: the largest real ones (the 8-rank Megatron job, the largest shared H100 trace) and
+// generated ones of 10^6 and 10^7 tasks shaped like a training job (per rank a launching CPU
+// thread and three streams; launch edges, stream order, cross-stream waits, collectives).
+#include "bench_support.hpp"
+
+#include <lumos/graph/compile.hpp>
+#include <lumos/graph/trace_builder.hpp>
+#include <lumos/report/critical_path.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/sim/replay.hpp>
+#include <lumos/trace/job.hpp>
+
+#include <random>
+
+namespace {
+
+using namespace lumos;
+
+struct bench_graph {
+  std::string name;
+  graph::task_graph tasks;
+  graph::compiled_graph compiled;
+  // The reference loop's own arrays: processor, duration, CSR begin, predecessor positions.
+  std::vector<std::uint32_t> reference_processor, reference_begin, reference_preds;
+  std::vector<time_ns> reference_duration;
+};
+
+// A generated job: `ranks` ranks, each a CPU thread launching kernels round-robin on 3 streams;
+// every 8th op on stream 2 waits for stream 0 (a cross-stream edge); every 64th op is a
+// collective joined across all ranks.
+graph::task_graph generate(std::size_t tasks, int ranks) {
+  graph::task_graph g;
+  std::mt19937_64 rng(42);
+  struct rank_procs {
+    graph::processor_id cpu, stream[3];
+    graph::task_id last[3] = {graph::no_task, graph::no_task, graph::no_task};
+  };
+  std::vector<rank_procs> rp(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    auto& x = rp[static_cast<std::size_t>(r)];
+    x.cpu = g.add_processor({graph::processor_kind::cpu_thread, r, r, 0, "cpu"});
+    for (int s = 0; s < 3; ++s) x.stream[s] = g.add_processor({graph::processor_kind::gpu_stream, r, r, s, "stream"});
+  }
+  const std::size_t per_rank_ops = tasks / (2 * static_cast<std::size_t>(ranks));
+  for (std::size_t k = 0; k < per_rank_ops; ++k) {
+    const bool collective = k % 64 == 63;
+    std::vector<graph::task_id> arrivals;
+    for (int r = 0; r < ranks; ++r) {
+      auto& x = rp[static_cast<std::size_t>(r)];
+      const int s = static_cast<int>(k % 3);
+      const graph::task_id launch = g.add_task(x.cpu, graph::task_kind::cpu, 4000 + static_cast<time_ns>(rng() % 2000), 500, 1000);
+      const graph::task_id op = g.add_task(x.stream[s], graph::task_kind::gpu_compute, 5000 + static_cast<time_ns>(rng() % 50000), 0);
+      g.add_edge(launch, op, 5000, graph::edge_kind::launch, false, true);
+      if (s == 2 && k % 8 == 2 && x.last[0] != graph::no_task) g.add_edge(x.last[0], op, 0, graph::edge_kind::cross_stream);
+      x.last[s] = op;
+      if (collective) arrivals.push_back(op);
+    }
+    if (collective && ranks > 1) {
+      const auto barrier = g.add_processor({graph::processor_kind::barrier, -1, 0, 0, "join"});
+      const graph::task_id join = g.add_task(barrier, graph::task_kind::join, 0, 0);
+      for (const auto a : arrivals) g.add_edge(a, join, 0, graph::edge_kind::collective);
+    }
+  }
+  return g;
+}
+
+void finish(bench_graph& b) {
+  b.compiled = graph::compile(b.tasks);
+  const auto& c = b.compiled;
+  b.reference_preds.resize(c.preds.size());
+  for (std::size_t j = 0; j < c.preds.size(); ++j) b.reference_preds[j] = c.preds[j].time >> 1;
+  for (std::uint32_t i = 0; i < c.size(); ++i) {
+    b.reference_processor.push_back(c.processor(i));
+    b.reference_duration.push_back(c.duration(i));
+    b.reference_begin.push_back(c.pred_begin(i));
+  }
+  b.reference_begin.push_back(static_cast<std::uint32_t>(c.preds.size()));
+}
+
+void BM_replay(benchmark::State& state, const bench_graph* b) {
+  sim::replay_engine engine;
+  for (auto _ : state) benchmark::DoNotOptimize(engine.run(b->compiled));
+  state.counters["tasks_per_second"] = benchmark::Counter(static_cast<double>(state.iterations() * b->compiled.size()), benchmark::Counter::kIsRate);
+}
+
+void BM_replay_reference(benchmark::State& state, const bench_graph* b) {
+  const auto& c = b->compiled;
+  const std::size_t n = c.size();
+  std::vector<time_ns> free(c.processor_count);
+  large_vector<time_ns> finish(n);
+  for (auto _ : state) {
+    std::fill(free.begin(), free.end(), 0);
+    const auto* proc = b->reference_processor.data();
+    const auto* dur = b->reference_duration.data();
+    const auto* begin = b->reference_begin.data();
+    const auto* preds = b->reference_preds.data();
+    time_ns* fin = finish.data();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      time_ns s = free[proc[i]];
+      for (std::uint32_t j = begin[i]; j < begin[i + 1]; ++j) s = std::max(s, fin[preds[j]]);
+      const time_ns f = s + dur[i];
+      fin[i] = f;
+      free[proc[i]] = f;
+    }
+    benchmark::DoNotOptimize(fin[n - 1]);
+  }
+  state.counters["tasks_per_second"] = benchmark::Counter(static_cast<double>(state.iterations() * n), benchmark::Counter::kIsRate);
+}
+
+void BM_compile(benchmark::State& state, const bench_graph* b) {
+  for (auto _ : state) benchmark::DoNotOptimize(graph::compile(b->tasks).size());
+  state.counters["tasks_per_second"] = benchmark::Counter(static_cast<double>(state.iterations() * b->tasks.task_count()), benchmark::Counter::kIsRate);
+}
+
+void BM_breakdown(benchmark::State& state, const report::replay_session* s) {
+  const auto times = s->simulated_times();
+  for (auto _ : state) {
+    for (const auto& p : s->plans) benchmark::DoNotOptimize(report::evaluate(p, times).split.total());
+  }
+  state.counters["tasks_per_second"] = benchmark::Counter(static_cast<double>(state.iterations() * s->compiled.size()), benchmark::Counter::kIsRate);
+}
+
+void BM_critical_path(benchmark::State& state, const report::replay_session* s) {
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        report::iteration_critical_path(s->built.graph, s->compiled, s->timeline, s->plans[0], s->ranks[0].simulated).segments.size());
+  }
+  state.counters["tasks_per_second"] = benchmark::Counter(static_cast<double>(state.iterations() * s->compiled.size()), benchmark::Counter::kIsRate);
+}
+
+void BM_build(benchmark::State& state, const trace::job* job) {
+  std::size_t events = 0;
+  for (const auto& r : job->ranks) events += r.events.size();
+  for (auto _ : state) benchmark::DoNotOptimize(graph::build_graph(*job).graph.task_count());
+  state.counters["events_per_second"] = benchmark::Counter(static_cast<double>(state.iterations() * events), benchmark::Counter::kIsRate);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  lumos_bench::ratio_reporter reporter;
+  static std::vector<std::unique_ptr<bench_graph>> graphs;
+  static std::vector<std::unique_ptr<trace::job>> jobs;
+  static std::vector<std::unique_ptr<report::replay_session>> sessions;
+  const auto dir = lumos_bench::trace_dir();
+  const std::vector<std::pair<std::string, std::filesystem::path>> real = {
+      {"megatron_8rank_a100", dir / "astra-sim_megatron-gpt-tp8_8xA100"},
+      {"owlv2_h100", dir / "tracelens_H100_B200/h100_google_owlv2-large-patch14-ensemble__1016001.json.gz"},
+      {"df_index_resolver_v100", dir / "hta_testdata/df_index_resolver/df_index_resolver.json.gz"},
+  };
+  for (const auto& [name, path] : real) {
+    if (!std::filesystem::exists(path)) {
+      std::fprintf(stderr, "bench_replay: %s not found (set LUMOS_TRACE_DIR); skipped\n", path.string().c_str());
+      continue;
+    }
+    auto* job = jobs.emplace_back(std::make_unique<trace::job>(trace::load_job({path}))).get();
+    auto* b = graphs.emplace_back(std::make_unique<bench_graph>()).get();
+    b->name = name;
+    b->tasks = graph::build_graph(*job).graph;
+    finish(*b);
+    sessions.push_back(std::make_unique<report::replay_session>(report::replay_job(*job)));
+    benchmark::RegisterBenchmark(("BM_build/" + name).c_str(), BM_build, job)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_breakdown/" + name).c_str(), BM_breakdown, sessions.back().get())->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("BM_critical_path/" + name).c_str(), BM_critical_path, sessions.back().get())->Unit(benchmark::kMicrosecond);
+  }
+  for (const auto& [name, size] : {std::pair<std::string, std::size_t>{"generated_1e6", 1'000'000}, {"generated_1e7", 10'000'000}}) {
+    auto* b = graphs.emplace_back(std::make_unique<bench_graph>()).get();
+    b->name = name;
+    b->tasks = generate(size, 8);
+    finish(*b);
+  }
+  for (const auto& b : graphs) {
+    benchmark::RegisterBenchmark(("BM_replay_reference/" + b->name).c_str(), BM_replay_reference, b.get())->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("BM_replay/" + b->name).c_str(), BM_replay, b.get())->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("BM_compile/" + b->name).c_str(), BM_compile, b.get())->Unit(benchmark::kMillisecond);
+    reporter.compare("BM_replay/" + b->name, "BM_replay_reference/" + b->name, "tasks_per_second");
+    std::fprintf(stderr, "graph %s: %zu tasks, %zu edges, compiled %.1f bytes/task + 8/edge\n", b->name.c_str(), b->compiled.size(),
+                 b->compiled.edge_count(),
+                 static_cast<double>(b->compiled.memory_bytes() - 8 * b->compiled.edge_count()) / static_cast<double>(b->compiled.size()));
+  }
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+}

@@ -1,0 +1,117 @@
+// Replay on the shared real traces: accuracy targets, identity, and the trace-writer round trip.
+#include "../unit/test_support.hpp"
+
+#include <lumos/report/replay_report.hpp>
+#include <lumos/report/trace_writer.hpp>
+#include <lumos/trace/job.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+namespace fs = std::filesystem;
+using namespace lumos;
+
+namespace {
+
+// The jobs of the shared traces: each multi-rank set as one job, every other file on its own.
+std::vector<std::vector<fs::path>> shared_jobs(const fs::path& root) {
+  std::vector<std::vector<fs::path>> jobs;
+  jobs.push_back({root / "astra-sim_megatron-gpt-tp8_8xA100"});
+  jobs.push_back({root / "param_dlrm_8xV100"});
+  std::vector<fs::path> singles;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    const auto s = e.path().string();
+    if (!e.is_regular_file() || !trace::is_trace_file_name(e.path()) || s.find("execution_traces") != std::string::npos ||
+        s.find("astra-sim_megatron") != std::string::npos || s.find("param_dlrm") != std::string::npos) {
+      continue;
+    }
+    singles.push_back(e.path());
+  }
+  std::sort(singles.begin(), singles.end());
+  for (const auto& f : singles) jobs.push_back({f});
+  return jobs;
+}
+
+}  // namespace
+
+TEST_CASE("replay error over every shared trace: mean <= 2 %, worst <= 5 %", "[traces][replay]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  double total = 0.0, worst = 0.0;
+  std::size_t count = 0;
+  for (const auto& inputs : shared_jobs(traces)) {
+    INFO(inputs.front().string());
+    const auto job = trace::load_job(inputs);
+    const auto s = report::replay_job(job);
+    REQUIRE(s.measured_ns > 0);
+    total += s.error;
+    worst = std::max(worst, s.error);
+    ++count;
+    for (const auto& r : s.ranks) {
+      CHECK(r.simulated.split.total() == r.simulated_ns);  // the breakdown adds up to the window
+      CHECK(r.measured.split.total() == r.measured_ns);
+    }
+  }
+  REQUIRE(count >= 17);  // the 2 multi-rank sets and the 15 single-rank files
+  CHECK(total / static_cast<double>(count) <= 0.02);
+  CHECK(worst <= 0.05);
+}
+
+TEST_CASE("identity: replaying a single-rank trace unchanged reproduces its GPU op starts", "[traces][replay]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  for (const auto& inputs : shared_jobs(traces)) {
+    const auto job = trace::load_job(inputs);
+    if (job.ranks.size() != 1) continue;
+    INFO(inputs.front().string());
+    const auto s = report::replay_job(job);
+    const auto& g = s.built.graph;
+    std::size_t ops = 0, within = 0;
+    for (graph::task_id t = 0; t < g.task_count(); ++t) {
+      const auto k = g.kind[t];
+      if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm) continue;
+      ++ops;
+      within += std::llabs(s.timeline.start[s.compiled.position[t]] - g.observed_start[t]) <= 1000;
+    }
+    REQUIRE(ops > 0);
+    CHECK(static_cast<double>(within) >= 0.99 * static_cast<double>(ops));
+  }
+}
+
+TEST_CASE("a written simulated trace replays to the replay that wrote it", "[replay][roundtrip]") {
+  lumos_test::temp_dir dir;
+  std::vector<std::vector<fs::path>> jobs = {{fs::path(LUMOS_SOURCE_DIR) / "examples/data/tiny_job"},
+                                            {lumos_test::data_dir() / "sensitivity" / "handoff.json"},
+                                            {lumos_test::data_dir() / "sensitivity" / "allreduce_2ranks"}};
+  if (const auto traces = lumos_test::trace_dir(); !traces.empty()) {
+    jobs.push_back({traces / "param_dlrm_8xV100"});
+    jobs.push_back({traces / "hta_testdata/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz"});
+  }
+  int n = 0;
+  for (const auto& inputs : jobs) {
+    for (const graph::scales scale : {graph::scales{}, graph::scales{.compute = 2.0, .comm = 0.5, .cpu = 1.5}}) {
+      INFO(inputs.front().string() << " compute=" << scale.compute);
+      const auto job = trace::load_job(inputs);
+      report::replay_options o;
+      o.scales = scale;
+      const auto first = report::replay_job(job, o);
+      report::simulated_job sj;
+      sj.graph = &first.built.graph;
+      sj.simulated = first.simulated_times();
+      sj.origin = first.built.origin;
+      sj.source = &job;
+      sj.maps = &first.built.ranks;
+      sj.plans = &first.plans;
+      std::vector<int> ranks;
+      for (const auto& r : job.ranks) ranks.push_back(r.rank);
+      const auto out = dir.path() / ("job" + std::to_string(n++));
+      const auto files = report::write_kineto(sj, ranks, out, n % 2 == 0);
+      REQUIRE(files.size() == job.ranks.size());
+      const auto again = report::replay_job(trace::load_job({out}));
+      REQUIRE(again.ranks.size() == first.ranks.size());
+      for (std::size_t i = 0; i < first.ranks.size(); ++i) {
+        CHECK(again.ranks[i].measured_ns == first.ranks[i].simulated_ns);
+        CHECK(again.ranks[i].simulated_ns == first.ranks[i].simulated_ns);
+      }
+    }
+  }
+}
