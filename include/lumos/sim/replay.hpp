@@ -24,6 +24,18 @@ namespace lumos::sim {
 
 using graph::compiled_graph;
 
+/// What the engine reads from a graph: tasks in topological order as contiguous
+/// `graph::task_record`s, CSR predecessors as contiguous `graph::pred_ref`s, and the number of
+/// processors. `graph::compiled_graph` models it; any flat graph with this layout can be replayed.
+template <class G>
+concept GraphLike = requires(const G& g) {
+  { g.size() } -> std::convertible_to<std::size_t>;
+  { g.processor_count } -> std::convertible_to<std::uint32_t>;
+  { g.tasks.data() } -> std::convertible_to<const graph::task_record*>;
+  { g.preds.data() } -> std::convertible_to<const graph::pred_ref*>;
+};
+static_assert(GraphLike<compiled_graph>);
+
 /// How a processor bounds the start of its next task. `available(p)` is the earliest time the
 /// next task of p may start, before its gap; `occupy(p, end)` records that p is busy until end.
 template <class P>
@@ -90,8 +102,8 @@ template <ProcessorModel Processors = in_order_processors>
 class basic_replay {
  public:
   /// Replays `g`, calling every observer; returns the makespan (latest finish).
-  template <ReplayObserver... Observers>
-  time_ns run(const compiled_graph& g, Observers&... observers) {
+  template <GraphLike Graph, ReplayObserver... Observers>
+  time_ns run(const Graph& g, Observers&... observers) {
     const std::size_t n = g.size();
     processors_.reset(g.processor_count);
     times_.resize(2 * n);
@@ -141,7 +153,8 @@ class basic_replay {
 using replay_engine = basic_replay<>;
 
 /// Convenience: replays `g` and returns every task's start and finish.
-[[nodiscard]] inline record_timeline replay(const compiled_graph& g) {
+template <GraphLike Graph>
+[[nodiscard]] record_timeline replay(const Graph& g) {
   replay_engine engine;
   record_timeline timeline;
   engine.run(g, timeline);
