@@ -2,6 +2,8 @@
 
 #include "cli.hpp"
 #include "inspect.hpp"
+#include "predict.hpp"
+#include "schedule.hpp"
 #include "replay.hpp"
 
 #include <array>
@@ -23,6 +25,8 @@ struct command {
 const std::array commands = {
     command{"inspect", "summarise Kineto traces (one file per rank)", lumos::cli::inspect_usage, lumos::cli::run_inspect},
     command{"replay", "rebuild the execution graph of a job and replay it", lumos::cli::replay_usage, lumos::cli::run_replay},
+    command{"schedule", "print a pipeline schedule's op order; simulate it with --costs", lumos::cli::schedule_usage, lumos::cli::run_schedule},
+    command{"predict", "model one training iteration from a model description: time, MFU, bubble, memory", lumos::cli::predict_usage, lumos::cli::run_predict},
 };
 
 void print_usage(std::FILE* to) {

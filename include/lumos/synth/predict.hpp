@@ -1,0 +1,251 @@
+#pragma once
+// predict — build the iteration of a model-driven job, replay it with the engine that replays
+// traces, and report what a performance engineer asks first: iteration time, throughput,
+// FLOP/s and MFU/HFU, the pipeline bubble, the 4-way breakdown and per-GPU memory.
+
+#include <lumos/core/error.hpp>
+#include <lumos/core/time.hpp>
+#include <lumos/graph/compile.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/compute.hpp>
+#include <lumos/model/flops.hpp>
+#include <lumos/model/memory.hpp>
+#include <lumos/pipeline/schedule.hpp>
+#include <lumos/report/breakdown.hpp>
+#include <lumos/sim/replay.hpp>
+#include <lumos/synth/program.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace lumos::synth {
+
+/// Options of `predict`. The program defaults to the `pass` granularity without collective
+/// records (the fast path: same timeline as `kernel` whenever the launch thread runs ahead).
+struct predict_options {
+  program_options program = [] {
+    program_options o;
+    o.detail = granularity::pass;
+    o.record_collectives = false;
+    return o;
+  }();
+  /// Bytes of model state per parameter: bf16 weights (2), fp32 main gradients (4, as Megatron
+  /// keeps them with bf16), Adam's fp32 master copy and two moments (12).
+  model::state_bytes state{2, 4, 12};
+  /// FlashAttention keeps no s×s attention matrices (see model/memory.hpp).
+  bool flash_attention = true;
+};
+
+/// The schedule-dependent activation peak of stage `stage`: the largest number of micro-batches
+/// whose activations the stage holds at once, in units of the stage's whole layer set. Walking
+/// the stage's order, a forward adds 1/v, the op that frees the micro-batch's activations (B, or
+/// W for schedules that split the backward: the weight gradient still reads the GEMM inputs)
+/// subtracts 1/v. O(ops of the stage).
+[[nodiscard]] inline double in_flight_microbatches(const std::vector<pipeline::op>& order, std::int32_t chunks,
+                                                   bool splits_backward) {
+  const pipeline::op_kind release = splits_backward ? pipeline::op_kind::weight : pipeline::op_kind::backward;
+  std::int64_t held = 0, peak = 0;
+  for (const pipeline::op& o : order) {
+    if (o.kind == pipeline::op_kind::forward) {
+      peak = std::max(peak, ++held);
+    } else if (o.kind == release) {
+      --held;
+    }
+  }
+  return static_cast<double>(peak) / static_cast<double>(chunks);
+}
+
+/// Per-stage figures of a prediction.
+struct stage_prediction {
+  int stage = 0;
+  int rank = 0;                  ///< the representative rank (tp 0, dp 0)
+  time_ns pipeline_busy_ns = 0;  ///< compute-stream busy time during the pipeline phase
+  time_ns pipeline_end_ns = 0;   ///< end of its last pipeline op
+  double in_flight_microbatches = 0;
+  model::memory_breakdown memory;
+};
+
+/// What `predict` reports. Times in ns; FLOP/s per GPU in TFLOP/s (10¹² FLOP/s).
+struct prediction {
+  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  pipeline::schedule_shape shape{};  ///< p stages, m micro-batches per pipeline, v chunks
+  std::int64_t gpus = 1;
+  bool unfolded = false;
+  granularity detail = granularity::pass;
+
+  time_ns iteration_ns = 0;  ///< latest finish of any task (every rank starts at 0)
+  double tokens_per_s = 0;
+  /// FLOPs of one iteration: model FLOPs by Megatron's convention
+  /// 72·B·s·l·h²·(1 + s/6h + V/12lh) (exact for GPT shapes; `model::model_flops` generalises it
+  /// to GQA/SwiGLU), hardware FLOPs adding the forward work recomputation reruns.
+  double model_flops = 0;
+  double hardware_flops = 0;
+  double peak_flops_per_gpu = 0;  ///< dense tensor-core peak of the training precision
+  double model_tflops_per_gpu = 0;
+  double hardware_tflops_per_gpu = 0;
+  double mfu = 0;
+  double hfu = 0;
+
+  /// Pipeline bubble: 1 − mean over stages of (compute-stream busy time during the pipeline
+  /// phase) / pipeline_ns, where the pipeline phase runs from 0 to the end of the last forward/
+  /// backward op of any stage and "busy" counts passes and their TP collectives on each stage's
+  /// representative rank. With free communication and equal stages it is the schedule's
+  /// (makespan − m·(F+B+W)) / makespan; p2p transfers and waits count as bubble.
+  double bubble_fraction = 0;
+  time_ns pipeline_ns = 0;
+
+  /// 4-way breakdown (FIDELITY.md) of `breakdown_rank`'s GPU timeline over its iteration window
+  /// [0, end of its last GPU op]. Communication intervals are transfers (the complete tasks),
+  /// not the time a collective waits for its peers, which counts as other (idle).
+  report::breakdown breakdown;
+  /// The same with communication kernels as a trace of the job shows them: active from the
+  /// participant's arrival to the end of the transfer (FIDELITY.md's definition applied to
+  /// `lumos synth` traces). Pipeline waits in early-posted receives count as communication here.
+  report::breakdown breakdown_with_waits;
+  int breakdown_rank = 0;
+  time_ns breakdown_window_ns = 0;
+  double sm_utilization = 0;  ///< mean of Lumos's 1 ms-bucket series, same rank and window
+
+  /// Memory of the GPU with the largest total (its stage in `memory_stage`).
+  model::memory_breakdown memory;
+  int memory_stage = 0;
+  double in_flight_microbatches = 0;
+  model::state_bytes state{};
+
+  std::vector<stage_prediction> stages;
+
+  std::size_t tasks = 0;
+  std::size_t edges = 0;
+  std::size_t processors = 0;
+  std::size_t simulated_ranks = 0;
+};
+
+namespace detail {
+
+// GPU op intervals of `rank`: compute ops, communication transfers (complete tasks), and
+// communication kernels as a trace shows them (from the participant's arrive to its complete).
+template <class Engine>
+void gpu_intervals(const graph::task_graph& g, const graph::compiled_graph& c, const Engine& t, int rank, std::vector<report::interval>& compute, std::vector<report::interval>& transfer,
+                          std::vector<report::interval>& kernel) {
+  const std::size_t n = g.task_count();
+  for (graph::task_id id = 0; id < n; ++id) {
+    if (g.rank[id] != rank) continue;
+    const graph::task_kind k = g.kind[id];
+    if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm && k != graph::task_kind::comm_complete) {
+      continue;
+    }
+    const std::uint32_t i = c.position[id];
+    const report::interval iv{t.start(i), t.finish(i)};
+    if (k == graph::task_kind::gpu_compute) {
+      if (iv.end > iv.begin) compute.push_back(iv);
+      continue;
+    }
+    if (iv.end > iv.begin) transfer.push_back(iv);
+    // The builder adds each complete right after its arrive on the same stream.
+    report::interval whole = iv;
+    if (id > 0 && g.kind[id - 1] == graph::task_kind::comm_arrive && g.processor[id - 1] == g.processor[id]) {
+      whole.begin = t.start(c.position[id - 1]);
+    }
+    if (whole.end > whole.begin) kernel.push_back(whole);
+  }
+}
+
+}  // namespace detail
+
+/// Builds `j`'s iteration (`build_program`), compiles and replays it, and derives the figures
+/// of `prediction`. Throws `lumos::error` for invalid configurations (one-line reasons).
+/// Cost: linear in the tasks built; the folded `pass` program of GPT-3 175B on 1024 GPUs has
+/// ~10⁵ tasks.
+template <model::ComputeModel Compute = model::roofline, model::CommModel Comm = model::ring_alpha_beta>
+[[nodiscard]] prediction predict(const job& j, const predict_options& opt = {}, const Compute& compute = {},
+                                 const Comm& comm = {}) {
+  const program prog = build_program(j, opt.program, compute, comm);
+  const graph::compiled_graph c = graph::compile(prog.graph);
+  sim::replay_engine engine;  // keeps every start and finish: no timeline observer needed
+  const time_ns makespan = engine.run(c);
+
+  const model::transformer& m = j.model;
+  const model::parallel_config& par = j.parallel;
+  const model::hardware& hw = j.hardware;
+
+  prediction out;
+  out.schedule = prog.schedule;
+  out.shape = prog.shape;
+  out.gpus = par.world_size();
+  out.unfolded = prog.unfolded;
+  out.detail = prog.detail;
+  out.iteration_ns = makespan;
+  out.tokens_per_s = model::tokens_per_second(m, par.global_batch, makespan);
+  out.model_flops = model::model_flops(m, par.global_batch);
+  out.hardware_flops = model::hardware_flops(m, par.global_batch, par.recompute);
+  out.peak_flops_per_gpu = hw.peak_flops(par.dtype);
+  out.model_tflops_per_gpu = model::tflops_per_gpu(out.model_flops, makespan, out.gpus);
+  out.hardware_tflops_per_gpu = model::tflops_per_gpu(out.hardware_flops, makespan, out.gpus);
+  out.mfu = model::utilisation(out.model_flops, makespan, out.gpus, out.peak_flops_per_gpu);
+  out.hfu = model::utilisation(out.hardware_flops, makespan, out.gpus, out.peak_flops_per_gpu);
+
+  // Pipeline phase and bubble, per stage's representative rank.
+  const bool split = splits_backward(prog.schedule);
+  double busy_sum = 0;
+  for (int s = 0; s < par.pp; ++s) {
+    const simulated_rank& r = prog.representative(s);
+    stage_prediction sp;
+    sp.stage = s;
+    sp.rank = r.rank;
+    if (r.pipeline_first != graph::no_task && r.pipeline_last != graph::no_task) {
+      for (graph::task_id t = r.pipeline_first; t <= r.pipeline_last; ++t) {
+        if (prog.graph.processor[t] != r.compute) continue;
+        const std::uint32_t i = c.position[t];
+        sp.pipeline_busy_ns += engine.finish(i) - engine.start(i);
+      }
+      sp.pipeline_end_ns = engine.finish(c.position[r.pipeline_last]);
+    }
+    out.pipeline_ns = std::max(out.pipeline_ns, sp.pipeline_end_ns);
+    busy_sum += static_cast<double>(sp.pipeline_busy_ns);
+    sp.in_flight_microbatches =
+        in_flight_microbatches(prog.orders[static_cast<std::size_t>(s)], prog.shape.chunks, split);
+    model::memory_options mo;
+    mo.in_flight_microbatches = sp.in_flight_microbatches;
+    mo.flash_attention = opt.flash_attention;
+    mo.per_param = opt.state;
+    sp.memory = model::memory_per_gpu(m, par, s, mo);
+    out.stages.push_back(sp);
+  }
+  if (out.pipeline_ns > 0) {
+    out.bubble_fraction = 1.0 - busy_sum / static_cast<double>(par.pp) / static_cast<double>(out.pipeline_ns);
+  }
+  std::size_t worst = 0;
+  for (std::size_t s = 1; s < out.stages.size(); ++s) {
+    if (out.stages[s].memory.total() > out.stages[worst].memory.total()) worst = s;
+  }
+  out.memory = out.stages[worst].memory;
+  out.memory_stage = out.stages[worst].stage;
+  out.in_flight_microbatches = out.stages[worst].in_flight_microbatches;
+  out.state = opt.state;
+
+  // Breakdown and SM utilisation of rank 0.
+  out.breakdown_rank = 0;
+  std::vector<report::interval> compute_iv, transfer_iv, kernel_iv;
+  detail::gpu_intervals(prog.graph, c, engine, out.breakdown_rank, compute_iv, transfer_iv, kernel_iv);
+  time_ns window_end = 0;
+  for (const auto& iv : compute_iv) window_end = std::max(window_end, iv.end);
+  for (const auto& iv : kernel_iv) window_end = std::max(window_end, iv.end);
+  out.breakdown_window_ns = window_end;
+  const report::interval window{0, window_end};
+  std::vector<report::interval> all = compute_iv;
+  all.insert(all.end(), transfer_iv.begin(), transfer_iv.end());
+  out.sm_utilization = report::sm_utilization(std::move(all), window).mean;
+  out.breakdown_with_waits = report::compute_breakdown(compute_iv, std::move(kernel_iv), window);
+  out.breakdown = report::compute_breakdown(std::move(compute_iv), std::move(transfer_iv), window);
+
+  out.tasks = prog.graph.task_count();
+  out.edges = prog.graph.edge_count();
+  out.processors = prog.graph.processors.size();
+  out.simulated_ranks = prog.ranks.size();
+  return out;
+}
+
+}  // namespace lumos::synth

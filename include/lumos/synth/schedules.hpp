@@ -1,0 +1,81 @@
+#pragma once
+// Runtime dispatch from a `schedule_kind` to the static schedule policy types. The one place in
+// synth/ that uses Boost.Hana: a five-element tuple of types, walked once per dispatch.
+
+#include <lumos/core/error.hpp>
+#include <lumos/pipeline/gpipe.hpp>
+#include <lumos/pipeline/interleaved_one_f_one_b.hpp>
+#include <lumos/pipeline/one_f_one_b.hpp>
+#include <lumos/pipeline/schedule.hpp>
+#include <lumos/pipeline/zero_bubble.hpp>
+
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/tuple.hpp>
+#include <boost/hana/type.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace lumos::synth {
+
+/// The schedule policies lumos ships, one per `pipeline::schedule_kind`, as a Hana tuple of
+/// types (a small heterogeneous list: STYLE.md).
+inline constexpr auto schedule_types =
+    boost::hana::tuple_t<pipeline::gpipe, pipeline::one_f_one_b, pipeline::interleaved_one_f_one_b,
+                         pipeline::zero_bubble_h1, pipeline::zero_bubble_h2>;
+
+/// Calls `f(std::type_identity<S>{})` for the policy `S` whose `S::kind == kind` and returns
+/// its result; `S` satisfies `pipeline::PipelineSchedule`. `f` must return the same non-void
+/// type for every policy. Callers see `std::type_identity`, never a Hana type. O(1): five
+/// comparisons. Throws `lumos::error` for a kind with no policy (cannot happen for the enum's
+/// values).
+template <class F>
+auto visit_schedule(pipeline::schedule_kind kind, F&& f) {
+  using result = std::invoke_result_t<F&, std::type_identity<pipeline::one_f_one_b>>;
+  static_assert(!std::is_void_v<result>, "visit_schedule: the visitor must return a value");
+  std::optional<result> out;
+  boost::hana::for_each(schedule_types, [&](auto t) {
+    using S = typename decltype(t)::type;
+    static_assert(pipeline::PipelineSchedule<S>);
+    if (S::kind == kind && !out) out.emplace(f(std::type_identity<S>{}));
+  });
+  if (!out) throw error("no pipeline schedule policy for kind " + std::to_string(static_cast<int>(kind)));
+  return std::move(*out);
+}
+
+/// `parse_schedule_kind` that also accepts "interleaved" for "interleaved-1f1b" (the CLI's
+/// short name). Throws `lumos::error` listing the names otherwise.
+[[nodiscard]] inline pipeline::schedule_kind parse_schedule_name(std::string_view name) {
+  if (name == "interleaved") return pipeline::schedule_kind::interleaved_one_f_one_b;
+  try {
+    return pipeline::parse_schedule_kind(name);
+  } catch (const error&) {
+    throw error("unknown pipeline schedule '" + std::string(name) +
+                "' (expected gpipe, 1f1b, interleaved, zb-h1 or zb-h2)");
+  }
+}
+
+/// Whether the schedule splits the backward into B and W (the zero-bubble schedules).
+[[nodiscard]] inline bool splits_backward(pipeline::schedule_kind kind) {
+  return visit_schedule(kind, [](auto t) { return decltype(t)::type::splits_backward; });
+}
+
+/// Validates `shape` for `kind` (throws `lumos::error` with the schedule's one-line reason).
+inline void validate_schedule(pipeline::schedule_kind kind, const pipeline::schedule_shape& shape) {
+  (void)visit_schedule(kind, [&](auto t) {
+    decltype(t)::type::validate(shape);
+    return true;
+  });
+}
+
+/// The orders of all stages of `kind` on `shape` (`result[r]` is stage r's). Validates first.
+[[nodiscard]] inline std::vector<std::vector<pipeline::op>> stage_orders(pipeline::schedule_kind kind,
+                                                                         const pipeline::schedule_shape& shape) {
+  return visit_schedule(kind, [&](auto t) { return pipeline::all_stage_ops<typename decltype(t)::type>(shape); });
+}
+
+}  // namespace lumos::synth

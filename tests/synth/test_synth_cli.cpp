@@ -1,0 +1,182 @@
+// `lumos schedule` and `lumos predict`: output format, JSON fields, exit codes.
+#ifdef LUMOS_CLI_PATH
+
+#include <catch2/catch.hpp>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+struct result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+result run(const std::string& args) {
+  char err_path[] = "/tmp/lumos_synth_cli_XXXXXX";
+  const int fd = ::mkstemp(err_path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  const std::string cmd = std::string(LUMOS_CLI_PATH) + " " + args + " 2>" + err_path;
+  result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::remove(err_path);
+  return r;
+}
+
+std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+TEST_CASE("lumos schedule prints one line per stage", "[cli][synth]") {
+  const result r = run("schedule --kind 1f1b --stages 4 --microbatches 8");
+  REQUIRE(r.code == 0);
+  CHECK(r.err.empty());
+  CHECK(r.out ==
+        "stage 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7\n"
+        "stage 1: F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7\n"
+        "stage 2: F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7\n"
+        "stage 3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7\n");
+  const result z = run("schedule --kind zb-h1 --stages 2 --microbatches 2");
+  REQUIRE(z.code == 0);
+  CHECK(z.out == "stage 0: F0 F1 B0 W0 B1 W1\nstage 1: F0 B0 F1 B1 W0 W1\n");
+  const result i = run("schedule --kind interleaved --stages 2 --microbatches 2 --chunks 2");
+  REQUIRE(i.code == 0);
+  CHECK(i.out.find("stage 0: F0.0 F1.0 F0.1 F1.1") == 0);
+}
+
+TEST_CASE("lumos schedule --costs simulates through the replay engine", "[cli][synth]") {
+  const result r = run("schedule --kind 1f1b --stages 4 --microbatches 8 --costs F=1,B=2");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("makespan: 33\n") != std::string::npos);  // (8 + 3)(1 + 2)
+  CHECK(r.out.find("bubble fraction: 0.2727") != std::string::npos);
+
+  const result j = run("schedule --kind interleaved --stages 4 --microbatches 8 --chunks 2 --costs F=1,B=2,W=0 --json");
+  REQUIRE(j.code == 0);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(j.out);
+  simdjson::dom::array stages = doc["stages"];
+  REQUIRE(stages.size() == 4);
+  simdjson::dom::array first = stages.at(0);
+  CHECK(first.size() == 32);
+  CHECK(std::string_view(first.at(0)) == "F0.0");
+  CHECK(double(doc["makespan"]) == 28.5);  // 8·3 + 3·3/2
+  CHECK(double(doc["bubble_fraction"]) == Approx(4.5 / 28.5));
+
+  const result noc = run("schedule --kind gpipe --stages 2 --microbatches 2 --json");
+  REQUIRE(noc.code == 0);
+  CHECK(noc.out == "{\"stages\":[[\"F0\",\"F1\",\"B0\",\"B1\"],[\"F0\",\"F1\",\"B0\",\"B1\"]]}\n");
+}
+
+TEST_CASE("lumos schedule: bad flags and values exit 2", "[cli][synth]") {
+  for (const char* args : {"schedule --kind pipedream --stages 2 --microbatches 2",
+                           "schedule --kind 1f1b --stages 0 --microbatches 2",
+                           "schedule --kind interleaved --stages 4 --microbatches 6",
+                           "schedule --kind 1f1b --stages 2 --microbatches 2 --costs F=1",
+                           "schedule --kind 1f1b --stages x --microbatches 2",
+                           "schedule --kind 1f1b --stages 2"}) {
+    INFO(args);
+    const result r = run(args);
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err.find("lumos") == 0);
+  }
+  const result unknown = run("schedule --kind 1f1b --stages 2 --microbatches 2 --bogus");
+  CHECK(unknown.code == 2);
+  CHECK(unknown.err.find("unknown option --bogus") != std::string::npos);
+}
+
+TEST_CASE("lumos predict --json prints the documented fields", "[cli][synth]") {
+  const result r = run(
+      "predict --model gpt3-15b --tp 2 --pp 2 --dp 2 --seq 1024 --micro-batch 1 --global-batch 16 "
+      "--recompute selective --sp on --json");
+  REQUIRE(r.code == 0);
+  CHECK(r.err.empty());
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(r.out);
+  CHECK(int64_t(doc["iteration_ns"]) > 0);
+  for (const char* f : {"tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction"}) {
+    INFO(f);
+    CHECK(double(doc[f]) > 0.0);
+  }
+  CHECK(double(doc["mfu"]) < 1.0);
+  simdjson::dom::object b = doc["breakdown"];
+  int64_t sum = 0;
+  for (const char* f : {"exposed_compute_ns", "overlapped_ns", "exposed_comm_ns", "other_ns"}) sum += int64_t(b[f]);
+  CHECK(sum == int64_t(b["window_ns"]));
+  simdjson::dom::object mem = doc["memory_bytes_per_gpu"];
+  double parts = 0;
+  for (const char* f : {"parameters", "gradients", "optimizer", "activations"}) {
+    INFO(f);
+    CHECK(double(mem[f]) > 0.0);
+    parts += double(mem[f]);
+  }
+  CHECK(double(mem["total"]) == Approx(parts));
+  CHECK(std::string_view(doc["job"]["schedule"]) == "1f1b");
+  CHECK(int64_t(doc["job"]["micro_batches_per_pipeline"]) == 8);
+  CHECK(std::string_view(doc["flops_convention"]).find("72*B*s*l*h^2") != std::string_view::npos);
+}
+
+TEST_CASE("lumos predict prints a readable summary with units and conventions", "[cli][synth]") {
+  const result r = run("predict --model gpt3-15b --tp 2 --pp 2 --dp 2 --seq 1024 --global-batch 16");
+  REQUIRE(r.code == 0);
+  for (const char* s : {"iteration", " s (", "tokens/s", "TFLOP/s per GPU", "MFU", "72*B*s*l*h^2", "pipeline bubble",
+                        "breakdown     rank 0", "memory/GPU", "GiB", "ZeRO-1"}) {
+    INFO(s);
+    CHECK(r.out.find(s) != std::string::npos);
+  }
+}
+
+TEST_CASE("lumos predict --unfold agrees with the folded run", "[cli][synth]") {
+  const std::string args = "predict --model gpt3-15b --tp 2 --pp 2 --dp 2 --seq 1024 --global-batch 16 --json";
+  simdjson::dom::parser p1, p2;
+  const result a = run(args);
+  const result b = run(args + " --unfold");
+  REQUIRE(a.code == 0);
+  REQUIRE(b.code == 0);
+  const auto fa = int64_t(p1.parse(a.out)["iteration_ns"]);
+  const auto fb = int64_t(p2.parse(b.out)["iteration_ns"]);
+  CHECK(std::abs(static_cast<double>(fa - fb)) <= 0.001 * static_cast<double>(fb));
+}
+
+TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cli][synth]") {
+  for (const char* args : {"predict --tp 5",                                   // heads % tp
+                           "predict --pp 5",                                   // layers % pp
+                           "predict --dp 3 --global-batch 16",                 // global batch
+                           "predict --tp 0", "predict --tp x", "predict --sp maybe", "predict --recompute some",
+                           "predict --precision fp4", "predict --gpu tpu", "predict --model gpt5",
+                           "predict --schedule pipedream", "predict --gpu a100-sxm-80gb --precision fp8",
+                           "predict --vp 2"}) {
+    INFO(args);
+    const result r = run(args);
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(lines(r.err) == 1);
+    CHECK(r.err.find("lumos") == 0);
+  }
+  const result heads = run("predict --tp 5");
+  CHECK(heads.err.find("heads (96) is not divisible by tp (5)") != std::string::npos);
+  const result unknown = run("predict --bogus 3");
+  CHECK(unknown.code == 2);
+  CHECK(unknown.err.find("unknown option --bogus") != std::string::npos);
+}
+
+#endif  // LUMOS_CLI_PATH
