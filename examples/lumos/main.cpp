@@ -4,6 +4,7 @@
 #include "inspect.hpp"
 #include "predict.hpp"
 #include "schedule.hpp"
+#include "synth.hpp"
 #include "replay.hpp"
 
 #include <array>
@@ -27,6 +28,7 @@ const std::array commands = {
     command{"replay", "rebuild the execution graph of a job and replay it", lumos::cli::replay_usage, lumos::cli::run_replay},
     command{"schedule", "print a pipeline schedule's op order; simulate it with --costs", lumos::cli::schedule_usage, lumos::cli::run_schedule},
     command{"predict", "model one training iteration from a model description: time, MFU, bubble, memory", lumos::cli::predict_usage, lumos::cli::run_predict},
+    command{"synth", "write a modelled iteration as Kineto traces (one per distinct rank)", lumos::cli::synth_usage, lumos::cli::run_synth},
 };
 
 void print_usage(std::FILE* to) {

@@ -157,3 +157,26 @@ TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
   CHECK(run("replay").code == 2);
   CHECK(run("replay " + data("traps/polling_loop.json") + " --json").code == 0);  // no ProfilerStep: the trace window
 }
+
+TEST_CASE("synth writes traces that inspect and replay read", "[cli][synth]") {
+  lumos_test::temp_dir dir;
+  const auto out = dir.path() / "job";
+  const std::string model = "--model gpt3-15b --layers 4 --tp 2 --pp 2 --dp 2 --global-batch 8";
+  const result r = run("synth " + model + " --out " + out.string() + " --gzip --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  const auto doc = parser.parse(r.out);
+  CHECK(int64_t(doc["ranks"]) == 2);
+  CHECK(std::filesystem::exists(out / "rank0.json.gz"));
+  CHECK(std::filesystem::exists(out / "rank4.json.gz"));
+  const result inspected = run("inspect --json " + out.string());
+  REQUIRE(inspected.code == 0);
+  simdjson::dom::parser p2;
+  CHECK(int64_t(p2.parse(inspected.out)["ranks"].at(1)["world_size"]) == 8);
+  const result replayed = run("replay --json " + out.string());
+  REQUIRE(replayed.code == 0);
+  simdjson::dom::parser p3;
+  CHECK(int64_t(p3.parse(replayed.out)["job"]["simulated_ns"]) == int64_t(doc["iteration_ns"]));
+  CHECK(run("synth " + model).code == 2);                                       // no --out
+  CHECK(run("synth --tp 3 --out " + (dir.path() / "x").string()).code == 2);     // heads % tp
+}

@@ -188,6 +188,39 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
   for (const auto& ci : g.collectives) {
     for (const auto c : ci.complete) instance_of[c] = &ci;
   }
+  // Model-built: a dependency between two streams of this rank is written as PyTorch shows it:
+  // a cudaEventRecord just inside the producer's launch call, a cudaStreamWaitEvent just before
+  // the consumer's launch, and a cuda_sync "Stream Wait Event" row that pairs them exactly.
+  struct stream_wait {
+    graph::task_id producer, consumer;
+    std::int64_t record_corr, wait_corr;
+  };
+  std::map<graph::task_id, graph::task_id> launch_of;  // GPU task → its launch call
+  for (const auto& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch && g.rank[e.to] == rank) launch_of[e.to] = e.from;
+  }
+  std::multimap<graph::task_id, stream_wait> records_after, waits_before;  // keyed by launch call
+  if (src == nullptr) {
+    for (const auto& e : g.edges) {
+      if ((e.kind != graph::edge_kind::dependency && e.kind != graph::edge_kind::cross_stream) || e.finish) continue;
+      if (g.rank[e.from] != rank || g.rank[e.to] != rank || g.processor[e.from] == g.processor[e.to]) continue;
+      if (g.processors[g.processor[e.from]].kind != graph::processor_kind::gpu_stream ||
+          g.processors[g.processor[e.to]].kind != graph::processor_kind::gpu_stream) {
+        continue;
+      }
+      const auto la = launch_of.find(e.from), lb = launch_of.find(e.to);
+      if (la == launch_of.end() || lb == launch_of.end() || la->second == lb->second) continue;
+      const stream_wait sw{e.from, e.to, next_corr, next_corr + 1};
+      next_corr += 2;
+      records_after.insert({la->second, sw});
+      waits_before.insert({lb->second, sw});
+    }
+  }
+  auto write_runtime = [&](std::string_view name, const graph::processor_info& p, time_ns at, std::int64_t corr) {
+    w.begin_object().field("ph", "X").field("cat", "cuda_runtime").field("name", name).field("pid", p.owner).field("tid", p.index);
+    w.key("ts").microseconds(us(at)).key("dur").microseconds(0);
+    w.key("args").begin_object().field("correlation", corr).end_object().end_object();
+  };
 
   for (const graph::task_id t : tasks) {
     const auto kind = g.kind[t];
@@ -229,13 +262,31 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
       }
     }
     const bool gpu = p.kind == graph::processor_kind::gpu_stream;
+    for (auto [it, stop] = waits_before.equal_range(t); it != stop; ++it) {
+      const stream_wait& sw = it->second;
+      const auto& consumer = g.processors[g.processor[sw.consumer]];
+      const auto& producer = g.processors[g.processor[sw.producer]];
+      write_runtime("cudaStreamWaitEvent", p, s - 1, sw.wait_corr);
+      w.begin_object().field("ph", "X").field("cat", "cuda_sync").field("name", "Stream Wait Event");
+      w.field("pid", consumer.owner).field("tid", consumer.index).key("ts").microseconds(us(s - 1)).key("dur").microseconds(0);
+      w.key("args").begin_object().field("cuda_sync_kind", "Stream Wait Event").field("stream", consumer.index);
+      w.field("wait_on_stream", producer.index).field("wait_on_cuda_event_record_corr_id", sw.record_corr);
+      w.field("correlation", sw.wait_corr).field("device", consumer.owner).end_object().end_object();
+    }
     w.begin_object().field("ph", "X").field("cat", gpu ? "kernel" : "cuda_runtime").field("name", g.task_name(t));
     w.field("pid", p.owner).field("tid", p.index);
     w.key("ts").microseconds(us(begin)).key("dur").microseconds(f - begin);
     w.key("args").begin_object();
     if (gpu) {
       w.field("device", p.owner).field("stream", p.index);
-      if (launch_corr.count(t)) w.field("correlation", launch_corr[t]);
+      // A collective kernel is written once, for its complete; its launch went to its arrive.
+      graph::task_id launched = t;
+      if (ci != nullptr) {
+        for (std::size_t k = 0; k < ci->complete.size(); ++k) {
+          if (ci->complete[k] == t) launched = ci->arrive[k];
+        }
+      }
+      if (launch_corr.count(launched)) w.field("correlation", launch_corr[launched]);
       if (ci != nullptr) {
         w.field("Collective name", ci->kind).field("Process Group Name", ci->group);
         if (ci->bytes > 0) w.field("In msg nelems", ci->bytes).field("Out msg nelems", ci->bytes);
@@ -249,6 +300,9 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
       w.field("correlation", corr_of[t]);
     }
     w.end_object().end_object();
+    for (auto [it, stop] = records_after.equal_range(t); it != stop; ++it) {
+      write_runtime("cudaEventRecord", p, std::max(s, f - 1), it->second.record_corr);
+    }
   }
 
   // Trace-built: the CPU events that are not tasks, warped onto the simulated timeline.
@@ -299,9 +353,18 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
       detail::write_args_from_trace(w, *src, i);
       w.end_object().end_object();
     }
-  } else if (job.plans != nullptr && plan_index < job.windows.size()) {
-    // Model-built: one ProfilerStep over the rank's simulated window, on its first CPU thread.
-    const auto& win = job.windows[plan_index].window;
+  } else {
+    // Model-built: one ProfilerStep over the rank's simulated span, on its first CPU thread.
+    interval win{std::numeric_limits<time_ns>::max(), std::numeric_limits<time_ns>::min()};
+    if (job.plans != nullptr && plan_index < job.windows.size()) {
+      win = job.windows[plan_index].window;
+    } else {
+      for (const graph::task_id t : tasks) {
+        win.begin = std::min(win.begin, job.simulated.begin_of(t));
+        win.end = std::max(win.end, job.simulated.end_of(t));
+      }
+      if (tasks.empty()) win = {0, 0};
+    }
     std::int64_t pid = 0, tid = 0;
     for (const auto& p : g.processors) {
       if (p.rank == rank && p.kind == graph::processor_kind::cpu_thread) {
