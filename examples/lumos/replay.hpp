@@ -103,18 +103,7 @@ inline int run_replay(args& a) {
     path = report::iteration_critical_path(s.built.graph, s.compiled, s.timeline, s.plans[slowest], s.ranks[slowest].simulated);
   }
   std::vector<std::filesystem::path> written;
-  if (trace_out) {
-    report::simulated_job sj;
-    sj.graph = &s.built.graph;
-    sj.simulated = s.simulated_times();
-    sj.origin = s.built.origin;
-    sj.source = &job;
-    sj.maps = &s.built.ranks;
-    sj.plans = &s.plans;
-    std::vector<int> ranks;
-    for (const auto& r : job.ranks) ranks.push_back(r.rank);
-    written = report::write_kineto(sj, ranks, *trace_out);
-  }
+  if (trace_out) written = report::write_kineto(report::simulated_from(s, job), report::rank_numbers(job), *trace_out);
 
   std::string out;
   if (json) {

@@ -94,17 +94,8 @@ TEST_CASE("a written simulated trace replays to the replay that wrote it", "[rep
       report::replay_options o;
       o.scales = scale;
       const auto first = report::replay_job(job, o);
-      report::simulated_job sj;
-      sj.graph = &first.built.graph;
-      sj.simulated = first.simulated_times();
-      sj.origin = first.built.origin;
-      sj.source = &job;
-      sj.maps = &first.built.ranks;
-      sj.plans = &first.plans;
-      std::vector<int> ranks;
-      for (const auto& r : job.ranks) ranks.push_back(r.rank);
       const auto out = dir.path() / ("job" + std::to_string(n++));
-      const auto files = report::write_kineto(sj, ranks, out, n % 2 == 0);
+      const auto files = report::write_kineto(report::simulated_from(first, job), report::rank_numbers(job), out, n % 2 == 0);
       REQUIRE(files.size() == job.ranks.size());
       const auto again = report::replay_job(trace::load_job({out}));
       REQUIRE(again.ranks.size() == first.ranks.size());

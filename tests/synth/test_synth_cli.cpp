@@ -1,46 +1,21 @@
 // `lumos schedule` and `lumos predict`: output format, JSON fields, exit codes.
 #ifdef LUMOS_CLI_PATH
 
+#include "../unit/test_support.hpp"
+
 #include <catch2/catch.hpp>
 #include <simdjson.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace {
 
-struct result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
+using result = lumos_test::cli_result;
 
-result run(const std::string& args) {
-  char err_path[] = "/tmp/lumos_synth_cli_XXXXXX";
-  const int fd = ::mkstemp(err_path);
-  REQUIRE(fd >= 0);
-  ::close(fd);
-  const std::string cmd = std::string(LUMOS_CLI_PATH) + " " + args + " 2>" + err_path;
-  result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  std::remove(err_path);
-  return r;
-}
+result run(const std::string& args) { return lumos_test::run_cli(args); }
 
 std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
 

@@ -4,33 +4,12 @@
 #include <catch2/catch.hpp>
 #include <simdjson.h>
 
-#include <array>
-#include <cstdio>
-#include <sys/wait.h>
 
 namespace {
 
-struct result {
-  int code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using result = lumos_test::cli_result;
 
-result run(const std::string& args) {
-  lumos_test::temp_dir dir;
-  const auto err_file = dir.path() / "stderr";
-  const std::string cmd = std::string(LUMOS_CLI_PATH) + " " + args + " 2>" + err_file.string();
-  result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = lumos_test::read_file(err_file);
-  return r;
-}
+result run(const std::string& args) { return lumos_test::run_cli(args); }
 
 std::string data(const std::string& name) { return (lumos_test::data_dir() / name).string(); }
 

@@ -1,7 +1,10 @@
 #pragma once
 // Helpers shared by the test executables: temp files, gzip, locating the shared traces.
 
+#include <sys/wait.h>
 #include <zlib.h>
+
+#include <cstdio>
 
 #include <cstdlib>
 #include <filesystem>
@@ -100,6 +103,32 @@ inline bool running_in_ci() {
   const char* ci = std::getenv("CI");
   return ci != nullptr && std::string(ci) == "true";
 }
+
+#ifdef LUMOS_CLI_PATH
+/// What the lumos executable did: its exit code, stdout and stderr.
+struct cli_result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+/// Runs `lumos ARGS` (through the shell) and collects its output.
+inline cli_result run_cli(const std::string& args) {
+  temp_dir dir;
+  const auto err_file = dir.path() / "stderr";
+  const std::string cmd = std::string(LUMOS_CLI_PATH) + " " + args + " 2>" + err_file.string();
+  cli_result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed");
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_file(err_file);
+  return r;
+}
+#endif
 
 }  // namespace lumos_test
 

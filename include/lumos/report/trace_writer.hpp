@@ -13,6 +13,7 @@
 #include <lumos/core/json_writer.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/report/iteration.hpp>
+#include <lumos/report/replay_report.hpp>
 #include <lumos/trace/event.hpp>
 #include <lumos/trace/job.hpp>
 
@@ -105,6 +106,25 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
 
 }  // namespace detail
 
+/// The simulated job of a trace replay, ready to write.
+[[nodiscard]] inline simulated_job simulated_from(const replay_session& s, const trace::job& job) {
+  simulated_job sj;
+  sj.graph = &s.built.graph;
+  sj.simulated = s.simulated_times();
+  sj.origin = s.built.origin;
+  sj.source = &job;
+  sj.maps = &s.built.ranks;
+  sj.plans = &s.plans;
+  return sj;
+}
+
+/// Every rank number of a job, in order.
+[[nodiscard]] inline std::vector<int> rank_numbers(const trace::job& job) {
+  std::vector<int> ranks;
+  for (const auto& r : job.ranks) ranks.push_back(r.rank);
+  return ranks;
+}
+
 /// Serialises rank `rank_index` (an index into the job's ranks for trace-built jobs, or a rank
 /// number for model-built ones) of a simulated job as a Kineto trace.
 [[nodiscard]] inline std::string kineto_json(const simulated_job& job, int rank) {
@@ -171,6 +191,17 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
   for (graph::task_id t = 0; t < g.task_count(); ++t) {
     if (g.rank[t] == rank && g.kind[t] != graph::task_kind::join) tasks.push_back(t);
   }
+  // A source event (trace-built jobs) at new times, with its category, name, row and args.
+  auto write_source_event = [&](std::size_t i, time_ns begin, time_ns end) {
+    const trace::event& e = src->events[i];
+    const trace::lane& lane = src->lanes[e.lane];
+    w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
+    w.field("pid", lane.pid_text != no_string ? 0 : lane.pid).field("tid", lane.tid_text != no_string ? 0 : lane.tid);
+    w.key("ts").microseconds(us(begin)).key("dur").microseconds(end - begin);
+    w.key("args").begin_object();
+    detail::write_args_from_trace(w, *src, i);
+    w.end_object().end_object();
+  };
   std::map<std::uint32_t, detail::time_warp> warps;  // by lane (trace-built)
   std::vector<std::uint8_t> written(src != nullptr ? src->events.size() : 0, 0);
   std::int64_t next_corr = 1;
@@ -238,13 +269,7 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
       time_ns end = f;
       if (trace::is_cpu_side(e.cat) && map->task_of_event[ev] != t) end = job.simulated.end_of(map->task_of_event[ev]);
       written[ev] = 1;
-      const trace::lane& lane = src->lanes[e.lane];
-      w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
-      w.field("pid", lane.pid_text != no_string ? 0 : lane.pid).field("tid", lane.tid_text != no_string ? 0 : lane.tid);
-      w.key("ts").microseconds(us(begin)).key("dur").microseconds(end - begin);
-      w.key("args").begin_object();
-      detail::write_args_from_trace(w, *src, ev);
-      w.end_object().end_object();
+      write_source_event(ev, begin, end);
       continue;
     }
     if (src != nullptr) continue;  // trace-built helpers without an event ("thread end")
@@ -322,14 +347,7 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
         b = job.simulated.begin_of(plan->first_cpu) - plan->lead;
         en = job.simulated.end_of(plan->last_cpu) + plan->tail;
       }
-      en = std::max(en, b);
-      const trace::lane& lane = src->lanes[e.lane];
-      w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
-      w.field("pid", lane.pid_text != no_string ? 0 : lane.pid).field("tid", lane.tid_text != no_string ? 0 : lane.tid);
-      w.key("ts").microseconds(us(b)).key("dur").microseconds(en - b);
-      w.key("args").begin_object();
-      detail::write_args_from_trace(w, *src, i);
-      w.end_object().end_object();
+      write_source_event(i, b, std::max(en, b));
     }
     // GPU-side sync records, at their runtime call's simulated start (they carry the exact
     // record/wait pairing, which a re-read needs).
@@ -345,13 +363,7 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
       if (e.ph != trace::phase::complete || (e.cat != trace::category::cuda_sync && e.cat != trace::category::cuda_event)) continue;
       const auto call = call_of_correlation.find(e.correlation);
       const time_ns at = call != call_of_correlation.end() ? job.simulated.begin_of(call->second) : e.ts + map->offset;
-      const trace::lane& lane = src->lanes[e.lane];
-      w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
-      w.field("pid", lane.pid).field("tid", lane.tid);
-      w.key("ts").microseconds(us(at)).key("dur").microseconds(e.dur);
-      w.key("args").begin_object();
-      detail::write_args_from_trace(w, *src, i);
-      w.end_object().end_object();
+      write_source_event(i, at, at + e.dur);
     }
   } else {
     // Model-built: one ProfilerStep over the rank's simulated span, on its first CPU thread.
