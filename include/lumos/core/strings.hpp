@@ -78,7 +78,7 @@ class string_table {
       n -= 8;
     }
     std::uint64_t tail = 0;
-    std::memcpy(&tail, p, n);
+    if (n != 0) std::memcpy(&tail, p, n);  // an empty view may have a null data pointer
     h = (h ^ tail) * 0x100000001b3ULL;
     h ^= h >> 32;
     h *= 0xd6e8feb86659fd93ULL;
