@@ -77,8 +77,24 @@ class string_table {
       p += 8;
       n -= 8;
     }
+    // The last bytes without a variable-length copy: the final 8 bytes (overlapping the words
+    // above), two overlapping 4-byte loads, or three single bytes. An empty view may have a
+    // null data pointer and is not read.
     std::uint64_t tail = 0;
-    if (n != 0) std::memcpy(&tail, p, n);  // an empty view may have a null data pointer
+    const std::size_t size = s.size();
+    if (size >= 8) {
+      std::memcpy(&tail, s.data() + size - 8, 8);
+    } else if (size >= 4) {
+      std::uint32_t lo, hi;
+      std::memcpy(&lo, s.data(), 4);
+      std::memcpy(&hi, s.data() + size - 4, 4);
+      tail = std::uint64_t{lo} | std::uint64_t{hi} << 32;
+    } else if (size > 0) {
+      tail = std::uint64_t{static_cast<unsigned char>(s[0])} | std::uint64_t{static_cast<unsigned char>(s[size / 2])} << 8 |
+             std::uint64_t{static_cast<unsigned char>(s[size - 1])} << 16;
+    }
+    (void)p;
+    (void)n;
     h = (h ^ tail) * 0x100000001b3ULL;
     h ^= h >> 32;
     h *= 0xd6e8feb86659fd93ULL;

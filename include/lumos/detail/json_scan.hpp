@@ -166,6 +166,13 @@ template <class Classify, class PrefixXor>
     in_string_carry = static_cast<std::uint64_t>(static_cast<std::int64_t>(in_string) >> 63);
     const std::uint64_t opens = m.open & ~in_string & valid;
     const std::uint64_t closes = m.close & ~in_string & valid;
+    // Inside an element, a block with fewer closing braces than the depth cannot end it (nor
+    // the array): only the depth changes. Most blocks of an event take this path.
+    const int close_count = __builtin_popcountll(closes);
+    if (depth > close_count) {
+      depth += __builtin_popcountll(opens) - close_count;
+      continue;
+    }
     const std::uint64_t square_closes = m.square_close & ~in_string & valid;
     // Bits [gap, next open) are outside every object: a ']' or '}' there ends the array.
     int gap = depth == 0 ? 0 : 64;
@@ -247,6 +254,26 @@ struct prefix_xor_clmul {
                                                       std::vector<std::uint32_t>& ends) {
   return scan_loop(classify_avx2{}, prefix_xor_clmul{}, base, begin, end, starts, ends);
 }
+// AVX-512BW: one 64-byte load, each class a mask compare.
+struct classify_avx512 {
+  [[gnu::target("avx512f,avx512bw")]] block_masks operator()(const char* p) const noexcept {
+    const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(p));
+    block_masks m{};
+    m.quote = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('"'));
+    m.backslash = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('\\'));
+    m.open = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('{'));
+    m.close = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('}'));
+    m.square_close = _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8(']'));
+    return m;
+  }
+};
+
+[[gnu::target("avx512f,avx512bw,pclmul")]] inline scan_result scan_avx512(const char* base, const char* begin, const char* end,
+                                                                        std::vector<std::uint32_t>& starts,
+                                                                        std::vector<std::uint32_t>& ends) {
+  return scan_loop(classify_avx512{}, prefix_xor_clmul{}, base, begin, end, starts, ends);
+}
+
 #endif
 
 struct prefix_xor_shifts {
@@ -268,7 +295,9 @@ inline scan_result scan_elements(const char* base, const char* begin, const char
                                  std::vector<std::uint32_t>& starts,
                                  std::vector<std::uint32_t>& ends) {
 #if defined(LUMOS_SCAN_AVX2)
+  static const bool avx512 = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("pclmul");
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("pclmul");
+  if (avx512) return scan::scan_avx512(base, begin, end, starts, ends);
   if (avx2) return scan::scan_avx2(base, begin, end, starts, ends);
 #endif
   return scan::scan_sse2(base, begin, end, starts, ends);

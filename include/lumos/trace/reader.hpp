@@ -126,28 +126,39 @@ inline constexpr std::size_t max_key_length = 40;
 // Keys bucketed by length and compared as words, so a lookup costs a few integer compares.
 template <std::size_t N>
 struct key_index {
+  static constexpr std::size_t words_per_key = (max_key_length + 7) / 8;
   std::array<std::array<std::int8_t, 8>, max_key_length + 1> by_length{};
   std::array<std::uint8_t, max_key_length + 1> count{};
   std::array<key_entry, N> entries{};
-  std::array<std::uint64_t, N> words{};
+  std::array<std::array<std::uint64_t, words_per_key>, N> words{};  // zero-padded key text
 
   constexpr explicit key_index(const std::array<key_entry, N>& e) : entries(e) {
     for (std::size_t i = 0; i < N; ++i) {
       const std::size_t len = e[i].text.size();
       by_length[len][count[len]++] = static_cast<std::int8_t>(i);
-      words[i] = prefix_word(e[i].text);
+      for (std::size_t w = 0; w * 8 < len; ++w) words[i][w] = prefix_word(e[i].text.substr(w * 8));
     }
   }
+  // Compares whole words, the last one masked to the key's length: no call, no byte loop.
   [[nodiscard]] int find(std::string_view key) const noexcept {
     const std::size_t len = key.size();
     if (len == 0 || len > max_key_length || count[len] == 0) return k_unknown;
-    std::uint64_t w;
-    std::memcpy(&w, key.data(), 8);  // padded input: see raw_key
-    if (len < 8) w &= (std::uint64_t{1} << (8 * len)) - 1;
+    const std::size_t last = (len - 1) / 8;
+    const std::uint64_t last_mask = len % 8 == 0 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * (len % 8))) - 1;
+    std::uint64_t first;
+    std::memcpy(&first, key.data(), 8);  // padded input: see raw_key
+    if (last == 0) first &= last_mask;
     for (std::size_t j = 0; j < count[len]; ++j) {
       const auto i = static_cast<std::size_t>(by_length[len][j]);
-      if (words[i] != w) continue;
-      if (len <= 8 || std::memcmp(entries[i].text.data() + 8, key.data() + 8, len - 8) == 0) return entries[i].code;
+      if (words[i][0] != first) continue;
+      bool equal = true;
+      for (std::size_t w = 1; w <= last && equal; ++w) {
+        std::uint64_t x;
+        std::memcpy(&x, key.data() + 8 * w, 8);
+        if (w == last) x &= last_mask;
+        equal = words[i][w] == x;
+      }
+      if (equal) return entries[i].code;
     }
     return k_unknown;
   }
