@@ -93,8 +93,6 @@ class string_table {
       tail = std::uint64_t{static_cast<unsigned char>(s[0])} | std::uint64_t{static_cast<unsigned char>(s[size / 2])} << 8 |
              std::uint64_t{static_cast<unsigned char>(s[size - 1])} << 16;
     }
-    (void)p;
-    (void)n;
     h = (h ^ tail) * 0x100000001b3ULL;
     h ^= h >> 32;
     h *= 0xd6e8feb86659fd93ULL;

@@ -695,7 +695,7 @@ class trace_graph_builder {
         if (const auto it = producers.find(o); it != producers.end()) {
           for (const event_index pr : it->second) dep_bound = dep_bound || st - t.events[pr].end() <= options_.bound_tolerance;
         }
-        if (!dep_bound) lat.push_back(st - launch_anchor(t.events[l], st));
+        if (!dep_bound) lat.push_back(st - launch_anchor(t.events[l]));
       }
       all.insert(all.end(), lat.begin(), lat.end());
       typical[key] = detail::median(lat, -1);
@@ -727,7 +727,7 @@ class trace_graph_builder {
           launch_task = launch_task_for(r, l);
           // Latency counts from the call's start (FIDELITY.md item 4), or from its end when the
           // call blocked (e.g. lazy module loading) and the op could only start after it returned.
-          from_call_start = !blocked_launch(g.observed_start[launch_task], g.observed_end[launch_task], start);
+          from_call_start = !blocked_launch(g.observed_start[launch_task], g.observed_end[launch_task]);
           const time_ns anchor = from_call_start ? g.observed_start[launch_task] : g.observed_end[launch_task];
           latency = start - anchor;
           const time_ns c = anchor + std::min(lat_typ, latency);
@@ -782,13 +782,13 @@ class trace_graph_builder {
   [[nodiscard]] task_id task_of(std::size_t r, event_index o) const { return ranks_[r].task_of_event[o]; }
 
   // A launch call that lasted longer than `blocked_launch`: its op was enqueued near its end.
-  [[nodiscard]] bool blocked_launch(time_ns call_start, time_ns call_end, time_ns /*op_start*/) const noexcept {
+  [[nodiscard]] bool blocked_launch(time_ns call_start, time_ns call_end) const noexcept {
     return call_end - call_start > options_.blocked_launch;
   }
 
   // The point of a launch call an op's latency is measured from (rank-local time).
-  [[nodiscard]] time_ns launch_anchor(const trace::event& call, time_ns op_start) const noexcept {
-    return blocked_launch(call.ts, call.end(), op_start) ? call.end() : call.ts;
+  [[nodiscard]] time_ns launch_anchor(const trace::event& call) const noexcept {
+    return blocked_launch(call.ts, call.end()) ? call.end() : call.ts;
   }
 
   [[nodiscard]] task_id launch_task_for(std::size_t r, event_index call) const {
