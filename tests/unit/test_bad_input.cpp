@@ -143,3 +143,33 @@ TEST_CASE("job-level errors: missing paths, empty directories, duplicate ranks",
     CHECK(message([&] { (void)load_job({a, bad}, o); }).find(bad.string() + ": byte") == 0);
   }
 }
+
+TEST_CASE("mismatched brackets inside an event are errors, whatever the window", "[bad-input]") {
+  // simdjson counts '[' and '{' alike, the element scan counts braces only: a '{' closed by ']'
+  // makes them disagree on where events end, which must be an error and never an out-of-bounds
+  // read (found by the fuzzer).
+  for (std::size_t window : {64U, 4096U}) {
+    INFO("window " << window);
+    CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": {"t": {"f", "f"]}}, )"
+                              R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": 1})"),
+                   "bad.json", window)
+              .rfind("bad.json: byte ", 0) == 0);
+    CHECK(error_of(with_event(R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": {"t": ["f", "f"}}}, )"
+                              R"({"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1, "dur": 1})"),
+                   "bad.json", window)
+              .rfind("bad.json: byte ", 0) == 0);
+  }
+}
+
+TEST_CASE("inputs the fuzzer once crashed on are errors", "[bad-input][fuzz]") {
+  std::size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(lumos_test::data_dir() / "fuzz-regressions")) {
+    const std::string name = entry.path().filename().string();
+    INFO(name);
+    for (std::size_t window : {std::size_t{64}, std::size_t{4096}, std::size_t{1} << 20}) {
+      CHECK(error_of(lumos_test::read_file(entry.path()), name, window).rfind(name + ": byte ", 0) == 0);
+    }
+    ++n;
+  }
+  CHECK(n > 0);
+}

@@ -637,6 +637,9 @@ class kineto_reader {
     if (!reserved_) reserve_from_first_batch(length);
     std::size_t k = 0;
     for (auto element : array) {
+      // simdjson does not check that brackets match ('{"a", "b"]'), so it may see more elements
+      // than the scan did: the batch is malformed, and starts_[k] must not be read past its end.
+      if (k >= starts_.size()) locate_batch_error();
       batch_index_ = k;
       event_index_ = out_.entries;
       od::object obj;
