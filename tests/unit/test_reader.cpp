@@ -207,6 +207,14 @@ TEST_CASE("the result does not depend on the window size, the format or the thre
     CHECK(fingerprint(read_trace_bytes(text, "w", {window})) == fingerprint(reference));
     CHECK(fingerprint(read_trace_bytes(lumos_test::gzip(text), "gz", {window})) == fingerprint(reference));
   }
+  // Nor on how events are batched: one event per batch, a few, most of a window.
+  for (std::size_t batch : {std::size_t{1}, std::size_t{300}, std::size_t{3000}, std::size_t{60000}}) {
+    INFO("batch " << batch);
+    lumos::trace::read_options o;
+    o.window_bytes = 65536;
+    o.batch_bytes = batch;
+    CHECK(fingerprint(read_trace_bytes(text, "b", o)) == fingerprint(reference));
+  }
   // Two concatenated gzip members read as one stream, like gzip -d.
   const std::string half = text.substr(0, text.size() / 2);
   CHECK(fingerprint(read_trace_bytes(lumos_test::gzip(half) + lumos_test::gzip(text.substr(half.size())), "multi")) ==

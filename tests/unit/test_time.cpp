@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <charconv>
 #include <random>
 #include <string>
 
@@ -66,3 +67,35 @@ TEST_CASE("writing microseconds is the exact inverse of parsing", "[time]") {
 }
 
 static_assert(parse_microseconds("1.5").value == 1500, "usable at compile time");
+
+TEST_CASE("integer text converts as std::from_chars does when it consumes the whole text", "[time]") {
+  using lumos::parse_integer;
+  auto agrees = [](const std::string& text) {
+    std::int64_t expected = 0;
+    const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), expected);
+    const auto got = parse_integer(text);
+    INFO("\"" << text << "\"");
+    if (ec == std::errc{} && p == text.data() + text.size()) {
+      REQUIRE(got.error == number_error::none);
+      REQUIRE(got.value == expected);
+    } else {
+      REQUIRE(got.error != number_error::none);
+    }
+  };
+  for (const char* t : {"0", "-0", "7", "-7", "007", "-007", "", "-", "+1", " 1", "1 ", "1.0", "1e3", "12a", "--1",
+                        "9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
+                        "00000000000000000000009223372036854775807", "99999999999999999999", "18446744073709551616"}) {
+    agrees(t);
+  }
+  CHECK(parse_integer("9223372036854775808").error == number_error::out_of_range);
+  CHECK(parse_integer("12a").error == number_error::syntax);
+  std::mt19937_64 rng(11);
+  const std::string alphabet = "0123456789-";
+  for (int round = 0; round < 20000; ++round) {
+    std::string text;
+    const auto length = rng() % 22;
+    for (std::uint64_t k = 0; k < length; ++k) text += alphabet[rng() % (round % 2 == 0 ? 10 : alphabet.size())];
+    agrees(text);
+  }
+  for (int round = 0; round < 20000; ++round) agrees(std::to_string(static_cast<std::int64_t>(rng())));
+}
