@@ -128,8 +128,8 @@ struct load_options {
   } else {
     std::uint64_t largest = 0;
     for (const auto& f : files) largest = std::max(largest, detail::uncompressed_size_hint(f));
-    // A reader holds its window plus simdjson's index of one batch (~7x the window in all).
-    // Throughput does not depend on the window above ~64 KiB (bench_reader), so keep it small.
+    // Each thread's reader holds its window (plus the index of one batch): throughput does not
+    // depend on the window above ~64 KiB (bench_reader), so keep it small when memory is shared.
     const std::uint64_t share = largest / (8ULL * threads);
     read.window_bytes = static_cast<std::size_t>(std::clamp<std::uint64_t>(share, 64 * 1024, 1 << 20));
   }

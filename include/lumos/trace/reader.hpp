@@ -31,8 +31,8 @@ namespace lumos::trace {
 
 /// Options for reading one trace file.
 struct read_options {
-  /// Bytes of decompressed text held at once. A reader needs about 7× this (the text plus
-  /// simdjson's index of one batch); the window grows only for a single event larger than it.
+  /// Bytes of decompressed text held at once; the window grows only for a single event larger
+  /// than it. A reader also holds simdjson's index of one batch (see `batch_bytes`).
   std::size_t window_bytes = std::size_t{1} << 20;
   /// Expected uncompressed size, used to reserve the event store once (0 = unknown).
   std::uint64_t size_hint = 0;
