@@ -30,7 +30,7 @@ struct parsed_int {
 
 /// The text of a base-10 integer ("-12", "007") as `std::int64_t`, accepting exactly what
 /// `std::from_chars` accepts and consumes whole: an optional '-', then digits, nothing else.
-/// Kineto's ids and counts are short, so one unrolled pass beats the general routine.
+/// Kineto's ids and counts are short: one plain loop beats the general routine (bench_reader).
 [[nodiscard]] constexpr parsed_int parse_integer(std::string_view text) noexcept {
   std::size_t i = 0;
   const bool negative = !text.empty() && text[0] == '-';
