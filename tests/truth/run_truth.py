@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Checks `lumos replay --scale` against an independent ground truth.
+
+For every generated job (jobs.py) the reference executor (executor.py) runs the program once as
+recorded and once per what-if with scaled durations. The base run is written as Kineto traces
+(writer.py) in two variants, with and without cuda_sync rows. lumos replays each base trace with
+the what-if's --scale flags; its predicted iteration time (job and per rank) must be within 2 % of
+the executor's re-execution. Separately, lumos's measured iteration on the base trace must equal
+the executor's own metric on the base run: that checks the traces and the metric, not the
+predictor.
+
+Usage: run_truth.py --lumos PATH --out DIR [--table FILE.md] [--report-only] [--jobs NAME,...]
+Exit status: 0 when every case is within 2 % and every measured value matches (or --report-only),
+1 otherwise. A replay that lumos refuses (non-zero exit) counts as a missed case."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jobs  # noqa: E402
+from executor import Scales, execute, iteration_ns  # noqa: E402
+from writer import write_rank  # noqa: E402
+
+TARGET = 0.02
+VARIANTS = ("sync", "nosync")
+CASES = [Scales(), Scales(compute=0.5), Scales(compute=2), Scales(comm=0.5), Scales(comm=2),
+         Scales(cpu=0.5), Scales(cpu=2), Scales(compute=0.5, cpu=2), Scales(compute=2, comm=0.5, cpu=0.5)]
+
+
+def sources_digest() -> str:
+    """Hash of the generator sources: the cached traces are rewritten when any of them changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in ("program.py", "executor.py", "writer.py", "jobs.py"):
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def write_job(job, base, out: str, digest: str) -> dict:
+    """Writes both variants of `job` under out/<job>/<variant>/ unless already there; returns the dirs."""
+    dirs = {}
+    for variant in VARIANTS:
+        d = os.path.join(out, job.name, variant)
+        dirs[variant] = d
+        stamp = os.path.join(d, ".digest")
+        if os.path.exists(stamp) and open(stamp).read() == digest:
+            continue
+        os.makedirs(d, exist_ok=True)
+        for name in os.listdir(d):
+            os.remove(os.path.join(d, name))
+        for r in range(len(job.ranks)):
+            write_rank(base, r, variant, os.path.join(d, f"rank{r}.json.gz"))
+        with open(stamp, "w") as f:
+            f.write(digest)
+    return dirs
+
+
+def run_lumos(lumos: str, directory: str, step: int, scales: Scales) -> dict | str:
+    """lumos's JSON report, or its error message when it exits non-zero."""
+    cmd = [lumos, "replay", directory, "--step", str(step), *scales.cli_args(), "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        message = p.stderr.strip() or f"exit status {p.returncode}"
+        return message if len(message) <= 200 else message[:200] + "..."
+    return json.loads(p.stdout)
+
+
+def error(value: float, truth: float) -> float:
+    return abs(value - truth) / truth if truth else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lumos", required=True, help="path to the lumos CLI")
+    ap.add_argument("--out", required=True, help="directory for the generated traces (cached)")
+    ap.add_argument("--table", help="also write the results as a Markdown table")
+    ap.add_argument("--report-only", action="store_true", help="exit 0 even when cases miss the target")
+    ap.add_argument("--jobs", help="comma-separated job names (default: all)")
+    a = ap.parse_args()
+
+    wanted = set(a.jobs.split(",")) if a.jobs else None
+    digest = sources_digest()
+    work = []   # (job, variant, dir, scales, truth job ns, truth per-rank ns, base job ns, base per-rank)
+    for make in jobs.ALL:
+        job = make()
+        if wanted and job.name not in wanted:
+            continue
+        base = execute(job)
+        base_job, base_ranks = iteration_ns(base, job.step)
+        dirs = write_job(job, base, a.out, digest)
+        truths = {s: iteration_ns(execute(job, s), job.step) for s in CASES}
+        for variant in VARIANTS:
+            for s in CASES:
+                work.append((job, variant, dirs[variant], s, *truths[s], base_job, base_ranks))
+
+    def replay(item):
+        job, variant, d, s = item[:4]
+        return run_lumos(a.lumos, d, job.step, s)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        results = list(pool.map(replay, work))
+
+    rows, measured_bad, failures = [], [], {}
+    print(f"{'job':<14} {'variant':<7} {'scales':<28} {'truth ms':>10} {'lumos ms':>10} {'error':>8} {'worst rank':>10}")
+    for (job, variant, d, s, truth, truth_ranks, base_job, base_ranks), res in zip(work, results):
+        if isinstance(res, str):
+            failures.setdefault((job.name, variant), res)
+            rows.append((job.name, variant, s.label(), truth, None, float("inf"), float("inf")))
+            print(f"{job.name:<14} {variant:<7} {s.label():<28} {truth / 1e6:>10.3f} {'failed':>10}  MISS")
+            continue
+        sim = res["job"]["simulated_ns"]
+        err = error(sim, truth)
+        rank_errs = [error(r["simulated_ns"], truth_ranks[r["rank"]]) for r in res["ranks"]]
+        worst = max([err] + rank_errs)
+        rows.append((job.name, variant, s.label(), truth, sim, err, max(rank_errs)))
+        print(f"{job.name:<14} {variant:<7} {s.label():<28} {truth / 1e6:>10.3f} {sim / 1e6:>10.3f} "
+              f"{100 * err:>7.2f}% {100 * max(rank_errs):>9.2f}%" + ("" if worst <= TARGET else "  MISS"))
+        if s == Scales():
+            if res["job"]["measured_ns"] != base_job:
+                measured_bad.append((job.name, variant, "job", base_job, res["job"]["measured_ns"]))
+            for r in res["ranks"]:
+                if r["measured_ns"] != base_ranks[r["rank"]]:
+                    measured_bad.append((job.name, variant, f"rank {r['rank']}", base_ranks[r["rank"]], r["measured_ns"]))
+
+    errs = [max(r[5], r[6]) for r in rows if r[4] is not None]
+    within = sum(e <= TARGET for e in errs)
+    print(f"\nsummary: {len(rows)} cases, {within} within {100 * TARGET:g} %, {len(rows) - len(errs)} failed; "
+          f"over the {len(errs)} replayed: mean error {100 * sum(errs) / max(len(errs), 1):.2f} %, "
+          f"worst {100 * max(errs, default=0):.2f} % (job or rank, whichever is worse)")
+    for (name, variant), message in failures.items():
+        print(f"lumos failed on {name} {variant}: {message}")
+    if measured_bad:
+        print(f"measured mismatches ({len(measured_bad)}): lumos's measured_ns on the base trace vs the executor's metric")
+        for name, variant, who, mine, theirs in measured_bad:
+            print(f"  {name} {variant} {who}: executor {mine} ns, lumos {theirs} ns ({theirs - mine:+d} ns)")
+    else:
+        print("measured: lumos's measured_ns equals the executor's base iteration on every trace")
+
+    if a.table:
+        with open(a.table, "w") as f:
+            f.write("| job | variant | scales | truth ms | lumos ms | job error | worst rank error |\n")
+            f.write("|---|---|---|---:|---:|---:|---:|\n")
+            for name, variant, label, truth, sim, err, rerr in rows:
+                if sim is None:
+                    f.write(f"| {name} | {variant} | {label} | {truth / 1e6:.3f} | failed | | |\n")
+                else:
+                    f.write(f"| {name} | {variant} | {label} | {truth / 1e6:.3f} | {sim / 1e6:.3f} | "
+                            f"{100 * err:.2f} % | {100 * rerr:.2f} % |\n")
+            f.write(f"\n{len(rows)} cases, {within} within {100 * TARGET:g} %, {len(rows) - len(errs)} failed.\n")
+
+    ok = within == len(rows) and not measured_bad
+    return 0 if ok or a.report_only else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
