@@ -344,3 +344,28 @@ def iteration_ns(execution: Execution, step: int) -> tuple:
         begin, end = step_windows(run)[step]
         per_rank.append(end - begin)
     return max(per_rank), per_rank
+
+
+def check(execution: Execution) -> None:
+    """Invariants any CUDA execution satisfies; raises AssertionError naming the first broken one.
+    A guard against executor bugs (the truth is only as good as this model)."""
+    for r, run in enumerate(execution.ranks):
+        streams: dict = {}
+        for op in run.gpu:
+            assert op.start is not None and op.end is not None and op.end >= op.start, f"rank {r}: {op.work.name} unresolved"
+            assert op.start >= op.launch.start + op.latency, f"rank {r}: {op.work.name} starts before its launch"
+            streams.setdefault(op.work.stream, []).append(op)
+        for s, ops in streams.items():
+            for a, b in zip(ops, ops[1:]):
+                assert b.start >= a.end, f"rank {r} stream {s}: {b.work.name} overlaps {a.work.name}"
+        threads: dict = {}
+        for ev in run.cpu:
+            threads.setdefault(ev.thread, []).append(ev)
+        for t, evs in threads.items():
+            calls = [e for e in evs if e.cat == "cuda_runtime"]
+            for a, b in zip(calls, calls[1:]):
+                assert b.start >= a.end, f"rank {r} thread {t}: {b.name} overlaps {a.name}"
+            for e in evs:
+                if e.cat != "cuda_runtime":
+                    inside = [c for c in calls if e.start <= c.start < e.end]
+                    assert all(c.end <= e.end for c in inside), f"rank {r}: {e.name} ends inside a runtime call"

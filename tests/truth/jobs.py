@@ -113,7 +113,8 @@ def side_stream() -> Job:
     b.add(Idle(50_000))
     _steps(b, step)
     return Job("side_stream", [Rank([b.actions])], step=3, relative_time=True,
-               description="H2D prefetch and D2H offload on a side stream with event record/wait")
+               description="H2D prefetch and D2H offload on a side stream with event record/wait",
+               variants=("sync", "nosync", "norecord"))
 
 
 def polling() -> Job:

@@ -172,6 +172,7 @@ class Job:
     step: int                  # the ProfilerStep the what-ifs are evaluated on
     relative_time: bool = True  # write baseTimeNanoseconds + relative ts (else absolute µs)
     description: str = ""
+    variants: tuple = ("sync", "nosync")  # trace variants written (writer.py)
 
 
 class ThreadBuilder:

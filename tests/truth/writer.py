@@ -11,6 +11,8 @@ Variants:
   Event", "Stream Sync", "Event Sync" — also one per cudaEventQuery, as CUPTI reports them —
   and "Context Sync"), each spanning its runtime call.
 - `nosync`: without them (most real traces).
+- `norecord`: as `nosync`, and without the cudaEventRecord calls, which some PyTorch versions do
+  not report although their cudaStreamWaitEvent calls are there.
 
 Timestamps are µs with exactly three decimals, printed from integer ns (never through a float,
 which cannot hold 16-digit absolute µs with ns precision)."""
@@ -43,7 +45,7 @@ def _us(match: re.Match) -> str:
 
 
 def trace_document(execution: Execution, rank: int, variant: str) -> str:
-    """The JSON text of rank `rank`'s trace in `variant` ("sync" or "nosync")."""
+    """The JSON text of rank `rank`'s trace in `variant` ("sync", "nosync" or "norecord")."""
     job, run = execution.job, execution.ranks[rank]
     offset = RELATIVE_OFFSET_NS if job.relative_time else ABSOLUTE_OFFSET_NS
     pid = 20_000 + 17 * rank
@@ -66,6 +68,8 @@ def trace_document(execution: Execution, rank: int, variant: str) -> str:
                 "args": {"name": f"stream {s}"}} for s in streams]
 
     for ev in run.cpu:
+        if variant == "norecord" and ev.name == "cudaEventRecord":
+            continue
         args = {}
         if ev.external_id is not None:
             args["External id"] = ev.external_id
