@@ -49,6 +49,25 @@ def gpu_bound() -> Job:
                description="GPU-bound steps, launch queue, device sync per step")
 
 
+def spill() -> Job:
+    """(a') GPU-bound steps with no sync inside them: each step's GPU work runs on past the next
+    step's annotation start, so the metric's begin_N = max(a0, end_{N-1}) clause matters and the
+    launch queue carries over step boundaries. One cudaDeviceSynchronize after the last step."""
+    b = ThreadBuilder("spill")
+
+    def step(b, n):
+        b.add(Idle(b.draw(100_000, 200_000)))
+        for layer in range(30):
+            b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", COMPUTE,
+                        b.draw(100_000, 250_000), b.draw(15_000, 25_000))
+            b.add(Idle(b.draw(2_000, 4_000)))
+
+    _steps(b, step)
+    b.add(DeviceSync())
+    return Job("spill", [Rank([b.actions])], step=3, relative_time=False,
+               description="GPU-bound steps without syncs: GPU work spills into the next step")
+
+
 def cpu_bound() -> Job:
     """(b) Tiny kernels under heavy per-op Python time, plus a data-loading idle gap: the GPU
     idles between kernels; `loss.item()` ends the step."""
@@ -294,4 +313,4 @@ def pipeline() -> Job:
                description="2-stage 1F1B, 4 micro-batches, p2p SendRecv, CUDA-graph forward")
 
 
-ALL = [gpu_bound, cpu_bound, side_stream, polling, item_sync, data_parallel, pipeline]
+ALL = [gpu_bound, spill, cpu_bound, side_stream, polling, item_sync, data_parallel, pipeline]
