@@ -16,8 +16,8 @@
 namespace lumos::graph {
 
 /// Duration multipliers of FIDELITY.md item 6: `compute` for GPU compute ops, `comm` for
-/// transfer times, `cpu` for CPU busy time. Gaps (idle) and latencies (edge delays) are never
-/// scaled.
+/// transfer times, `cpu` for CPU busy time. Gaps (idle), latencies (edge delays) and the tails
+/// of blocking calls are overheads and never scaled (item 8).
 struct scales {
   double compute = 1.0;
   double comm = 1.0;
@@ -52,8 +52,9 @@ struct scaled_durations {
     const time_ns d = g.duration[t];
     switch (g.kind[t]) {
       case task_kind::cpu:
-      case task_kind::cpu_blocking:
         return scale_time(d, s.cpu);
+      case task_kind::cpu_blocking:  // the return after a wait: an overhead (FIDELITY.md item 8)
+        return d;
       case task_kind::gpu_compute:
         return scale_time(d, s.compute);
       case task_kind::gpu_comm:

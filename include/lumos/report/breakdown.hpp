@@ -23,6 +23,9 @@ struct breakdown {
   time_ns overlapped = 0;       ///< both active
   time_ns exposed_comm = 0;     ///< communication active, no compute
   time_ns other = 0;            ///< nothing active (idle)
+  /// The part of `exposed_comm` in which communication ops only wait for their peers (from a
+  /// participant's arrival to the start of the transfer): a wait, not communication time.
+  time_ns exposed_comm_wait = 0;
   [[nodiscard]] constexpr time_ns total() const noexcept { return exposed_compute + overlapped + exposed_comm + other; }
 };
 
@@ -84,6 +87,22 @@ inline time_ns overlap(const std::vector<interval>& a, const std::vector<interva
   b.exposed_compute = detail::total_length(c) - both;
   b.exposed_comm = detail::total_length(m) - both;
   b.other = window.length() - b.exposed_compute - b.exposed_comm - both;
+  return b;
+}
+
+/// As above, with the peer-wait part of each communication op (`waits`, a sub-interval of
+/// its op): `exposed_comm_wait` is the time in which some op waits and no compute op and no
+/// transfer is active.
+[[nodiscard]] inline breakdown compute_breakdown(std::vector<interval> compute, std::vector<interval> comm,
+                                                 std::vector<interval> waits, interval window) {
+  std::vector<interval> transfers;  // comm minus waits, per op: [wait end, op end)
+  transfers.reserve(comm.size());
+  for (std::size_t i = 0; i < comm.size() && i < waits.size(); ++i) transfers.push_back({waits[i].end, comm[i].end});
+  std::vector<interval> busy = compute;
+  busy.insert(busy.end(), transfers.begin(), transfers.end());
+  breakdown b = compute_breakdown(std::move(compute), std::move(comm), window);
+  const auto w = detail::merged(std::move(waits), window);
+  b.exposed_comm_wait = detail::total_length(w) - detail::overlap(w, detail::merged(std::move(busy), window));
   return b;
 }
 

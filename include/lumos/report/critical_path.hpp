@@ -16,12 +16,15 @@
 namespace lumos::report {
 
 /// Where critical-path time goes.
-enum class path_category : std::uint8_t { cpu, launch, gpu_compute, gpu_comm, sync_wait, idle };
-inline constexpr std::size_t path_category_count = 6;
+/// `sync_wait`: a GPU op or a thread held by another stream or thread beyond a typical gap;
+/// `peer_wait`: a communication op waiting for partners absent from the job (kept as measured);
+/// `launch` and `idle` (CPU idle, stream gaps, sync tails) are overheads a what-if keeps.
+enum class path_category : std::uint8_t { cpu, launch, gpu_compute, gpu_comm, sync_wait, peer_wait, idle };
+inline constexpr std::size_t path_category_count = 7;
 
 [[nodiscard]] constexpr std::string_view to_string(path_category c) noexcept {
-  constexpr std::array<std::string_view, path_category_count> names = {"cpu", "launch", "gpu_compute", "gpu_comm",
-                                                                       "sync_wait", "idle"};
+  constexpr std::array<std::string_view, path_category_count> names = {"cpu",       "launch",    "gpu_compute", "gpu_comm",
+                                                                       "sync_wait", "peer_wait", "idle"};
   return names[static_cast<std::size_t>(c)];
 }
 
@@ -44,7 +47,7 @@ namespace detail {
 [[nodiscard]] inline path_category own_category(graph::task_kind k) noexcept {
   switch (k) {
     case graph::task_kind::cpu: return path_category::cpu;
-    case graph::task_kind::cpu_blocking: return path_category::sync_wait;
+    case graph::task_kind::cpu_blocking: return path_category::idle;  // the return of a sync: an overhead
     case graph::task_kind::gpu_compute: return path_category::gpu_compute;
     case graph::task_kind::gpu_comm:
     case graph::task_kind::comm_complete: return path_category::gpu_comm;
@@ -58,9 +61,9 @@ namespace detail {
   switch (k) {
     case graph::edge_kind::launch: return path_category::launch;
     case graph::edge_kind::thread_handoff: return path_category::idle;
+    case graph::edge_kind::collective: return path_category::peer_wait;
     case graph::edge_kind::cross_stream:
     case graph::edge_kind::sync:
-    case graph::edge_kind::collective:
     case graph::edge_kind::dependency: return path_category::sync_wait;
   }
   return path_category::idle;
@@ -122,7 +125,7 @@ namespace detail {
         }
       }
       if (waited != graph::no_task) {
-        add(cur, path_category::cpu, end_of(waited), f);  // the call's own time after the wait
+        add(cur, path_category::idle, end_of(waited), f);  // the call's return after the wait (its tail)
         cur = waited;
         continue;
       }
@@ -169,7 +172,7 @@ namespace detail {
                                                            const window_result& simulated) {
   const task_times times{&t.start, &t.finish, &c};
   graph::task_id last = plan.last_cpu;
-  time_ns last_end = last != graph::no_task ? times.end_of(last) + plan.tail : std::numeric_limits<time_ns>::min();
+  time_ns last_end = last != graph::no_task ? times.end_of(last) + plan.tail_idle + plan.tail_busy : std::numeric_limits<time_ns>::min();
   for (const auto id : plan.gpu) {
     if (times.end_of(id) > last_end) {
       last_end = times.end_of(id);

@@ -29,22 +29,46 @@ struct task_times {
   [[nodiscard]] time_ns end_of(graph::task_id t) const noexcept {
     return (*finish)[positions ? positions->position[t] : t];
   }
+  /// Own duration of a task on this timeline (a communication op's transfer): the compiled
+  /// (scaled) one for a replay, the graph's for the measurement; 0 when unknown.
+  const large_vector<time_ns>* durations = nullptr;  ///< by task id, for the measurement
+  [[nodiscard]] time_ns duration_of(graph::task_id t) const noexcept {
+    if (positions != nullptr) return positions->duration(positions->position[t]);
+    return durations != nullptr ? (*durations)[t] : 0;
+  }
 };
 
 [[nodiscard]] inline task_times observed_times(const graph::task_graph& g) {
-  return {&g.observed_start, &g.observed_end, nullptr};
+  return {&g.observed_start, &g.observed_end, nullptr, &g.duration};
 }
+
+/// Where one profiler step ends on a timeline: the later of its annotation's end (the end of its
+/// last CPU task plus the observed tail) and the end of the last GPU op launched inside it.
+struct step_end {
+  std::string name;                 ///< "ProfilerStep#N"
+  graph::task_id last_cpu = graph::no_task;
+  time_ns tail_idle = 0;            ///< last task end → annotation end, not covered by operators
+  time_ns tail_busy = 0;            ///< the part of it covered by operators (scaled by `cpu`)
+  std::vector<graph::task_id> gpu;  ///< GPU ops launched inside the annotation
+};
 
 /// Which tasks make up one rank's iteration, chosen once from the measured timeline and then
 /// evaluated on any timeline (so measured and simulated windows use the same definition).
+/// Window of step N (FIDELITY.md "Iteration window", made to count each instant once): it ends
+/// at `step_end` of N and begins at the later of N's annotation start and the end of step N-1
+/// when the trace has it, so GPU work of step N-1 that spills into N's annotation counts
+/// once, in N-1.
 struct iteration_plan {
   int rank = 0;
   std::string step;                 ///< "ProfilerStep#N", or "trace window"
   bool annotated = false;
   graph::task_id first_cpu = graph::no_task;  ///< first CPU task inside the annotation
   graph::task_id last_cpu = graph::no_task;   ///< last CPU task inside it
-  time_ns lead = 0;                 ///< annotation start → first task start (observed)
-  time_ns tail = 0;                 ///< last task end → annotation end (observed)
+  time_ns lead_idle = 0;            ///< annotation start → first task start (observed), idle part
+  time_ns lead_busy = 0;            ///< the part covered by operators (scaled by `cpu`)
+  time_ns tail_idle = 0;            ///< last task end → annotation end (observed), idle part
+  time_ns tail_busy = 0;
+  std::optional<step_end> previous; ///< step N-1 on this rank, when the trace has it
   std::vector<graph::task_id> cpu;  ///< every CPU task of the rank inside the window (whole-trace: all)
   std::vector<graph::task_id> gpu;  ///< GPU ops launched inside the annotation (whole trace: all)
   std::vector<std::pair<graph::task_id, graph::task_id>> comm;  ///< (arrive or op, complete or op)
@@ -58,12 +82,27 @@ struct window_result {
   utilization sm;
 };
 
-[[nodiscard]] inline window_result evaluate(const iteration_plan& p, const task_times& t) {
+[[nodiscard]] inline time_ns scaled_part(time_ns t, double factor) {
+  return factor == 1.0 ? t : static_cast<time_ns>(std::llround(static_cast<double>(t) * factor));
+}
+
+/// The end of a step on timeline `t` (see `step_end`); `cpu` scales the busy part of the tail.
+[[nodiscard]] inline time_ns evaluate_end(const step_end& e, const task_times& t, double cpu = 1.0) {
+  time_ns end = std::numeric_limits<time_ns>::min();
+  if (e.last_cpu != graph::no_task) end = t.end_of(e.last_cpu) + e.tail_idle + scaled_part(e.tail_busy, cpu);
+  for (const auto id : e.gpu) end = std::max(end, t.end_of(id));
+  return end;
+}
+
+/// Evaluates plan `p` on timeline `t`; `cpu` is the scale the timeline was replayed with (the
+/// busy parts of the annotation's lead and tail follow it as the CPU tasks do).
+[[nodiscard]] inline window_result evaluate(const iteration_plan& p, const task_times& t, double cpu = 1.0) {
   window_result r;
   time_ns begin = std::numeric_limits<time_ns>::max(), end = std::numeric_limits<time_ns>::min();
   if (p.annotated) {
-    begin = t.begin_of(p.first_cpu) - p.lead;
-    end = t.end_of(p.last_cpu) + p.tail;
+    begin = t.begin_of(p.first_cpu) - p.lead_idle - scaled_part(p.lead_busy, cpu);
+    end = t.end_of(p.last_cpu) + p.tail_idle + scaled_part(p.tail_busy, cpu);
+    if (p.previous) begin = std::max(begin, evaluate_end(*p.previous, t, cpu));
   } else {
     for (const auto id : p.cpu) {
       begin = std::min(begin, t.begin_of(id));
@@ -74,13 +113,18 @@ struct window_result {
   for (const auto id : p.gpu) end = std::max(end, t.end_of(id));
   if (begin > end) begin = end = 0;
   r.window = {begin, end};
-  std::vector<interval> compute, comm, all;
+  std::vector<interval> compute, comm, waits, all;
   compute.reserve(p.compute.size());
   for (const auto id : p.compute) compute.push_back({t.begin_of(id), t.end_of(id)});
-  for (const auto& [a, c] : p.comm) comm.push_back({t.begin_of(a), t.end_of(c)});
+  for (const auto& [a, c] : p.comm) {
+    comm.push_back({t.begin_of(a), t.end_of(c)});
+    // The transfer is the op's own duration at the end of its occupancy; before it, it waits.
+    const time_ns transfer = t.duration_of(c);
+    waits.push_back({t.begin_of(a), std::max(t.begin_of(a), t.end_of(c) - transfer)});
+  }
   all = compute;
   all.insert(all.end(), comm.begin(), comm.end());
-  r.split = compute_breakdown(std::move(compute), std::move(comm), r.window);
+  r.split = compute_breakdown(std::move(compute), std::move(comm), std::move(waits), r.window);
   r.sm = sm_utilization(std::move(all), r.window);
   return r;
 }
@@ -122,6 +166,19 @@ struct window_result {
     if (k == graph::task_kind::cpu || k == graph::task_kind::cpu_blocking) cpu_of[i].push_back(t);
     else if (k != graph::task_kind::join) gpu_of[i].push_back(t);
   }
+  // A GPU op's first task: the arrive of a communication op that has one, else the op itself;
+  // no_task for arrives (they are taken with their op).
+  auto first_of = [&](graph::task_id t) -> graph::task_id {
+    const auto k = g.kind[t];
+    if (k == graph::task_kind::comm_arrive) return graph::no_task;
+    const auto src = g.source[t];
+    const int rk = g.rank[t];
+    if ((k == graph::task_kind::comm_complete || k == graph::task_kind::gpu_comm) && src != ~0U) {
+      const auto& map = b.ranks[static_cast<std::size_t>(rank_index_of[static_cast<std::size_t>(rk)])];
+      if (src < map.arrive_of_event.size() && map.arrive_of_event[src] != graph::no_task) return map.arrive_of_event[src];
+    }
+    return t;
+  };
   // When each GPU op was launched: the observed start of its launching call.
   std::vector<time_ns> launch_time(g.task_count(), std::numeric_limits<time_ns>::min());
   for (const auto& e : g.edges) {
@@ -132,69 +189,114 @@ struct window_result {
     const graph::rank_map& map = b.ranks[i];
     iteration_plan& p = plans[i];
     p.rank = r.rank;
-    const trace::profiler_step* annotation = nullptr;
     const auto steps = trace::profiler_steps(r);
     if (step && !steps.empty()) {
       const bool found = std::any_of(steps.begin(), steps.end(), [&](const auto& s) { return s.number == *step; });
       if (!found) throw error(r.file + ": no ProfilerStep#" + std::to_string(*step) + " (the trace has " +
                               steps.front().name + " to " + steps.back().name + ")");
     }
-    for (const auto& s : steps) {
-      if (chosen && s.number == *chosen) annotation = &s;
+    std::size_t chosen_index = steps.size();
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      if (chosen && steps[k].number == *chosen) chosen_index = k;
     }
-    time_ns a_begin = 0, a_end = 0;
-    std::uint32_t lane = 0;
-    if (annotation != nullptr) {
-      p.step = annotation->name;
-      a_begin = annotation->start + map.offset;
-      a_end = annotation->start + annotation->dur + map.offset;
-      lane = r.events[annotation->event].lane;
-    } else {
-      p.step = "trace window";
-    }
-    // CPU tasks inside the annotation; the first and last on the annotation's own thread.
-    for (const auto t : cpu_of[i]) {
-      if (annotation == nullptr) {
-        p.cpu.push_back(t);
-        continue;
+    const trace::profiler_step* annotation = chosen_index < steps.size() ? &steps[chosen_index] : nullptr;
+    p.step = annotation != nullptr ? annotation->name : "trace window";
+
+    // Operator time on the annotation's thread between two instants (job time): the busy part
+    // of a lead or tail, which `cpu=F` scales like every other busy time.
+    auto busy_on_lane = [&](std::uint32_t lane, time_ns from, time_ns to) {
+      std::vector<std::pair<time_ns, time_ns>> spans;
+      for (const auto& e : r.events) {
+        if (e.ph != trace::phase::complete || e.cat != trace::category::cpu_op || e.lane != lane) continue;
+        const time_ns sb = std::max(from, e.ts + map.offset), se = std::min(to, e.end() + map.offset);
+        if (se > sb) spans.push_back({sb, se});
       }
-      if (g.observed_start[t] < a_begin || g.observed_end[t] > a_end) continue;
-      p.cpu.push_back(t);
-      const auto src = g.source[t];
-      const bool on_lane = src != ~0U ? r.events[src].lane == lane : false;
-      if (!on_lane) continue;
-      if (p.first_cpu == graph::no_task || g.observed_start[t] < g.observed_start[p.first_cpu]) p.first_cpu = t;
-      if (p.last_cpu == graph::no_task || g.observed_end[t] >= g.observed_end[p.last_cpu]) p.last_cpu = t;
-    }
-    if (annotation != nullptr && p.first_cpu == graph::no_task) {
-      // No runtime call on the annotation's thread: use every CPU task inside it.
-      for (const auto t : p.cpu) {
-        if (p.first_cpu == graph::no_task || g.observed_start[t] < g.observed_start[p.first_cpu]) p.first_cpu = t;
-        if (p.last_cpu == graph::no_task || g.observed_end[t] >= g.observed_end[p.last_cpu]) p.last_cpu = t;
+      std::sort(spans.begin(), spans.end());
+      time_ns total = 0, reach = from;
+      for (const auto& [sb, se] : spans) {
+        if (se <= reach) continue;
+        total += se - std::max(sb, reach);
+        reach = se;
       }
-    }
-    p.annotated = annotation != nullptr && p.first_cpu != graph::no_task;
+      return total;
+    };
+    // The tasks of one annotation: CPU tasks inside it (first and last on its own thread) and
+    // the GPU ops launched inside it.
+    struct step_tasks {
+      graph::task_id first_cpu = graph::no_task, last_cpu = graph::no_task;
+      std::vector<graph::task_id> cpu, gpu;
+    };
+    auto tasks_of = [&](const trace::profiler_step& a) {
+      step_tasks st;
+      const time_ns a_begin = a.start + map.offset, a_end = a.start + a.dur + map.offset;
+      const std::uint32_t lane = r.events[a.event].lane;
+      for (const auto t : cpu_of[i]) {
+        if (g.observed_start[t] < a_begin || g.observed_end[t] > a_end) continue;
+        st.cpu.push_back(t);
+        const auto src = g.source[t];
+        const bool on_lane = src != ~0U ? r.events[src].lane == lane : false;
+        if (!on_lane) continue;
+        if (st.first_cpu == graph::no_task || g.observed_start[t] < g.observed_start[st.first_cpu]) st.first_cpu = t;
+        if (st.last_cpu == graph::no_task || g.observed_end[t] >= g.observed_end[st.last_cpu]) st.last_cpu = t;
+      }
+      if (st.first_cpu == graph::no_task) {
+        // No runtime call on the annotation's thread: use every CPU task inside it.
+        for (const auto t : st.cpu) {
+          if (st.first_cpu == graph::no_task || g.observed_start[t] < g.observed_start[st.first_cpu]) st.first_cpu = t;
+          if (st.last_cpu == graph::no_task || g.observed_end[t] >= g.observed_end[st.last_cpu]) st.last_cpu = t;
+        }
+      }
+      for (const auto t : gpu_of[i]) {
+        const graph::task_id first = first_of(t);
+        if (first == graph::no_task) continue;
+        const time_ns enqueue = launch_time[first] != std::numeric_limits<time_ns>::min() ? launch_time[first] : g.observed_start[first];
+        if (enqueue < a_begin || enqueue > a_end) continue;
+        st.gpu.push_back(t);
+      }
+      return st;
+    };
+
+    step_tasks st;
+    if (annotation != nullptr) st = tasks_of(*annotation);
+    p.annotated = annotation != nullptr && st.first_cpu != graph::no_task;
     if (p.annotated) {
-      p.lead = g.observed_start[p.first_cpu] - a_begin;
-      p.tail = a_end - g.observed_end[p.last_cpu];
+      const time_ns a_begin = annotation->start + map.offset, a_end = annotation->start + annotation->dur + map.offset;
+      const std::uint32_t lane = r.events[annotation->event].lane;
+      p.first_cpu = st.first_cpu;
+      p.last_cpu = st.last_cpu;
+      p.cpu = std::move(st.cpu);
+      p.lead_busy = busy_on_lane(lane, a_begin, g.observed_start[p.first_cpu]);
+      p.lead_idle = g.observed_start[p.first_cpu] - a_begin - p.lead_busy;
+      p.tail_busy = busy_on_lane(lane, g.observed_end[p.last_cpu], a_end);
+      p.tail_idle = a_end - g.observed_end[p.last_cpu] - p.tail_busy;
+      if (chosen_index > 0) {
+        const trace::profiler_step& before = steps[chosen_index - 1];
+        step_tasks prev = tasks_of(before);
+        if (prev.last_cpu != graph::no_task) {
+          step_end e;
+          e.name = before.name;
+          e.last_cpu = prev.last_cpu;
+          const time_ns b_end = before.start + before.dur + map.offset;
+          e.tail_busy = busy_on_lane(r.events[before.event].lane, g.observed_end[prev.last_cpu], b_end);
+          e.tail_idle = b_end - g.observed_end[prev.last_cpu] - e.tail_busy;
+          e.gpu = std::move(prev.gpu);
+          p.previous = std::move(e);
+        }
+      }
+    } else {
+      p.cpu = cpu_of[i];
     }
-    // GPU ops launched inside the annotation: their launch (or, without one, their start) is in it.
-    for (const auto t : gpu_of[i]) {
-      const auto k = g.kind[t];
-      if (k == graph::task_kind::comm_arrive) continue;  // taken with its complete
-      const auto src = g.source[t];
-      const graph::task_id arrive = (k == graph::task_kind::comm_complete && src != ~0U) ? map.arrive_of_event[src] : graph::no_task;
-      const graph::task_id first = arrive != graph::no_task ? arrive : t;
-      const time_ns enqueue = launch_time[first] != std::numeric_limits<time_ns>::min() ? launch_time[first] : g.observed_start[first];
-      if (p.annotated && (enqueue < a_begin || enqueue > a_end)) continue;
+    const std::vector<graph::task_id>& gpu = p.annotated ? st.gpu : gpu_of[i];
+    for (const auto t : gpu) {
+      const graph::task_id first = first_of(t);
+      if (first == graph::no_task) continue;
       p.gpu.push_back(t);
+      const auto k = g.kind[t];
       if (k == graph::task_kind::gpu_compute) {
         p.compute.push_back(t);
-      } else if (k == graph::task_kind::comm_complete) {
-        p.comm.push_back({first, t});
-        if (arrive != graph::no_task) p.gpu.push_back(arrive);
       } else {
-        p.comm.push_back({t, t});
+        p.comm.push_back({first, t});
+        if (first != t) p.gpu.push_back(first);
       }
     }
   }

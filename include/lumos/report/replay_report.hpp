@@ -45,6 +45,7 @@ struct replay_session {
   time_ns simulated_ns = 0;
   double error = 0.0;
   time_ns makespan = 0;
+  graph::scales scales;      ///< the scales the replay ran with
 
   [[nodiscard]] task_times simulated_times() const { return {&timeline.start, &timeline.finish, &compiled}; }
 };
@@ -56,6 +57,7 @@ struct replay_session {
 /// Builds, compiles and replays `job` with `options`, and evaluates every rank's iteration.
 [[nodiscard]] inline replay_session replay_job(const trace::job& job, const replay_options& options = {}) {
   replay_session s;
+  s.scales = options.scales;
   s.built = graph::build_graph(job, options.build);
   s.compiled = graph::compile(s.built.graph, options.scales);
   sim::replay_engine engine;
@@ -69,7 +71,7 @@ struct replay_session {
     r.file = job.ranks[i].file;
     r.step = s.plans[i].step;
     r.measured = evaluate(s.plans[i], measured);
-    r.simulated = evaluate(s.plans[i], simulated);
+    r.simulated = evaluate(s.plans[i], simulated, options.scales.cpu);
     r.measured_ns = r.measured.window.length();
     r.simulated_ns = r.simulated.window.length();
     r.error = relative_error(r.simulated_ns, r.measured_ns);

@@ -41,6 +41,7 @@ struct simulated_job {
   std::vector<window_result> windows;            ///< simulated window of each plan
   int world_size = 0;
   std::string device_name;                       ///< for deviceProperties of model-built jobs
+  double cpu_scale = 1.0;                        ///< the replay's `cpu` scale (busy lead and tail of a step)
 };
 
 namespace detail {
@@ -115,6 +116,7 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
   sj.source = &job;
   sj.maps = &s.built.ranks;
   sj.plans = &s.plans;
+  sj.cpu_scale = s.scales.cpu;
   return sj;
 }
 
@@ -262,7 +264,9 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
       if (trace::is_cpu_side(e.cat)) warps[e.lane].add(g.observed_start[t], s), warps[e.lane].add(g.observed_end[t], f);
       if (kind == graph::task_kind::comm_arrive) continue;  // written with its complete
       time_ns begin = s;
-      if (kind == graph::task_kind::comm_complete) begin = job.simulated.begin_of(map->arrive_of_event[ev]);
+      if ((kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm) && map->arrive_of_event[ev] != graph::no_task) {
+        begin = job.simulated.begin_of(map->arrive_of_event[ev]);  // the op occupies its stream from its arrival
+      }
       if (written[ev]) {
         continue;  // the wait half of a split call: the issue half wrote the whole call
       }
@@ -344,8 +348,14 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
       time_ns en = it != warps.end() ? it->second(e0) : e0;
       const bool step = plan != nullptr && plan->annotated && src->name(e) == plan->step && e.cat == trace::category::user_annotation;
       if (step) {  // exactly the simulated window's annotation
-        b = job.simulated.begin_of(plan->first_cpu) - plan->lead;
-        en = job.simulated.end_of(plan->last_cpu) + plan->tail;
+        b = job.simulated.begin_of(plan->first_cpu) - plan->lead_idle - scaled_part(plan->lead_busy, job.cpu_scale);
+        en = job.simulated.end_of(plan->last_cpu) + plan->tail_idle + scaled_part(plan->tail_busy, job.cpu_scale);
+      }
+      const bool previous = plan != nullptr && plan->annotated && plan->previous && plan->previous->last_cpu != graph::no_task &&
+                            src->name(e) == plan->previous->name && e.cat == trace::category::user_annotation;
+      if (previous) {  // the previous step ends exactly where the window's begin saw it end
+        en = job.simulated.end_of(plan->previous->last_cpu) + plan->previous->tail_idle +
+             scaled_part(plan->previous->tail_busy, job.cpu_scale);
       }
       write_source_event(i, b, std::max(en, b));
     }
