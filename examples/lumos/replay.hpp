@@ -1,11 +1,12 @@
 #pragma once
-// lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F] [--json]
-//              [--trace-out FILE] [--critical-path]
+// lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]
+//              [--scale op:TEXT=F]... [--json] [--explain] [--trace-out FILE] [--critical-path]
 
 #include "cli.hpp"
 
 #include <lumos/core/json_writer.hpp>
 #include <lumos/report/critical_path.hpp>
+#include <lumos/report/frozen.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/trace_writer.hpp>
 #include <lumos/trace/job.hpp>
@@ -17,34 +18,67 @@ namespace lumos::cli {
 
 inline constexpr std::string_view replay_usage =
     "usage: lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
-    "                    [--json] [--trace-out FILE] [--critical-path]\n"
+    "                    [--scale op:TEXT=F]... [--json] [--explain] [--trace-out FILE] [--critical-path]\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
     "  --step N            replay ProfilerStep#N (default: the last one every rank has)\n"
-    "  --scale KIND=F      multiply GPU compute, communication transfer or CPU busy time by F\n"
+    "  --scale KIND=F      multiply GPU compute, communication transfer or CPU busy time by F > 0\n"
+    "  --scale op:TEXT=F   multiply by F >= 0 the time of every CPU op whose name contains TEXT (with\n"
+    "                      everything nested in it and the GPU ops it launched) and of every GPU op\n"
+    "                      whose name contains TEXT; 0 removes it. Repeatable; composes with the kinds\n"
+    "  --explain           show what the replay keeps fixed (overheads by kind, the largest ones)\n"
     "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
     "  --critical-path     print the critical path of the slowest rank's iteration\n";
 
-inline graph::scales parse_scales(const std::vector<std::string>& items) {
-  graph::scales s;
+/// `--scale` items: the kind scales and the selective (op:TEXT=F) ones.
+struct what_if {
+  graph::scales scales;
+  std::vector<graph::op_scale> ops;
+};
+
+inline what_if parse_scales(const std::vector<std::string>& items) {
+  what_if w;
   for (const auto& item : items) {
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) throw usage_error("--scale expects KIND=F, e.g. compute=2 (got '" + item + "')");
+    // The factor follows the last '=': op patterns may contain '=' themselves.
+    const auto eq = item.rfind('=');
+    if (eq == std::string::npos) throw usage_error("--scale expects KIND=F or op:TEXT=F, e.g. compute=2 (got '" + item + "')");
     const std::string kind = item.substr(0, eq);
     const double f = parse_number<double>(std::string_view(item).substr(eq + 1), "--scale " + kind);
+    if (kind.starts_with("op:")) {
+      if (kind.size() == 3) throw usage_error("--scale op:TEXT=F needs a non-empty TEXT (got '" + item + "')");
+      if (!(f >= 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a factor >= 0 (got " + item.substr(eq + 1) + ")");
+      w.ops.push_back({kind.substr(3), f});
+      continue;
+    }
     if (!(f > 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a positive factor (got " + item.substr(eq + 1) + ")");
-    if (kind == "compute") s.compute = f;
-    else if (kind == "comm") s.comm = f;
-    else if (kind == "cpu") s.cpu = f;
-    else throw usage_error("--scale: unknown kind '" + kind + "' (compute, comm or cpu)");
+    if (kind == "compute") w.scales.compute = f;
+    else if (kind == "comm") w.scales.comm = f;
+    else if (kind == "cpu") w.scales.cpu = f;
+    else throw usage_error("--scale: unknown kind '" + kind + "' (compute, comm, cpu or op:TEXT)");
   }
-  return s;
+  return w;
 }
 
 inline void breakdown_json(json_writer& w, const report::breakdown& b) {
   w.begin_object();
   w.field("exposed_compute_ns", b.exposed_compute).field("overlapped_ns", b.overlapped);
   w.field("exposed_comm_ns", b.exposed_comm).field("other_ns", b.other);
+  w.field("exposed_comm_wait_ns", b.exposed_comm_wait);
   w.end_object();
+}
+
+inline void frozen_json(json_writer& w, const graph::task_graph& g, const report::frozen_report& f) {
+  w.begin_object().field("total_ns", f.total());
+  w.key("by_kind").begin_object();
+  for (std::size_t k = 0; k < graph::overhead_kind_count; ++k) {
+    w.field(std::string(graph::to_string(static_cast<graph::overhead_kind>(k))) + "_ns", f.by_kind[k]);
+  }
+  w.end_object();
+  w.key("largest").begin_array();
+  for (const auto& d : f.largest) {
+    w.begin_object().field("kind", graph::to_string(d.kind)).field("amount_ns", d.amount).field("task", g.task_name(d.task));
+    w.field("processor", g.processors[g.processor[d.task]].name).field("observed_start_ns", g.observed_start[d.task]).end_object();
+  }
+  w.end_array().end_object();
 }
 
 inline void critical_path_json(json_writer& w, const graph::task_graph& g, const report::critical_path& p) {
@@ -74,11 +108,50 @@ inline std::string ms(time_ns t) {
   return buf;
 }
 
+/// `--explain`: the overheads each stream learnt, and per rank what the replay keeps fixed.
+inline std::string explain_text(const report::replay_session& s, const std::vector<report::frozen_report>& frozen) {
+  std::string out;
+  char line[512];
+  out += "\nwhat a what-if keeps fixed (overheads; waits are recomputed):\n";
+  out += "  per stream: idle-GPU launch latency (median / p95, samples), inter-kernel gap of queued ops (median / p95, samples)\n";
+  for (const auto& oh : s.built.stats.overheads) {
+    std::snprintf(line, sizeof line, "    rank %d stream %d: launch %.1f / %.1f us (%zu), gap %.1f / %.1f us (%zu)\n", oh.rank, oh.stream,
+                  static_cast<double>(oh.launch_latency) / 1e3, static_cast<double>(oh.launch_high) / 1e3, oh.launch_samples,
+                  static_cast<double>(oh.gap) / 1e3, static_cast<double>(oh.gap_high) / 1e3, oh.gap_samples);
+    out += line;
+  }
+  const graph::task_graph& g = s.built.graph;
+  for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+    const auto& f = frozen[i];
+    const time_ns window = s.ranks[i].measured_ns;
+    std::snprintf(line, sizeof line, "  rank %d (%s, measured %s): kept overheads in the window, summed by kind (they overlap):\n",
+                  s.ranks[i].rank, s.ranks[i].step.c_str(), ms(window).c_str());
+    out += line;
+    for (std::size_t k = 0; k < graph::overhead_kind_count; ++k) {
+      if (f.by_kind[k] == 0) continue;
+      std::snprintf(line, sizeof line, "    %-15s %12s %s of the window\n",
+                    std::string(graph::to_string(static_cast<graph::overhead_kind>(k))).c_str(), ms(f.by_kind[k]).c_str(),
+                    percent(f.by_kind[k], window).c_str());
+      out += line;
+    }
+    if (!f.largest.empty()) out += "    largest:\n";
+    for (const auto& d : f.largest) {
+      std::snprintf(line, sizeof line, "      %10s  %-15s %s: %.70s\n", ms(d.amount).c_str(), std::string(graph::to_string(d.kind)).c_str(),
+                    g.processors[g.processor[d.task]].name.c_str(), std::string(g.task_name(d.task)).c_str());
+      out += line;
+    }
+  }
+  return out;
+}
+
 inline int run_replay(args& a) {
   report::replay_options opt;
   if (const auto step = a.option("--step")) opt.step = parse_number<int>(*step, "--step");
-  opt.scales = parse_scales(a.options("--scale"));
+  const what_if scaled = parse_scales(a.options("--scale"));
+  opt.scales = scaled.scales;
+  opt.build.op_scales = scaled.ops;
   const bool json = a.flag("--json");
+  const bool explain = a.flag("--explain");
   const bool critical = a.flag("--critical-path");
   const auto trace_out = a.option("--trace-out");
   const auto inputs = a.positionals();
@@ -102,6 +175,9 @@ inline int run_replay(args& a) {
   if (critical && !s.ranks.empty()) {
     path = report::iteration_critical_path(s.built.graph, s.compiled, s.timeline, s.plans[slowest], s.ranks[slowest].simulated);
   }
+  std::vector<report::interval> windows;
+  for (const auto& r : s.ranks) windows.push_back(r.measured.window);
+  const std::vector<report::frozen_report> frozen = report::frozen_overheads(s.built, s.plans, windows);
   std::vector<std::filesystem::path> written;
   if (trace_out) written = report::write_kineto(report::simulated_from(s, job), report::rank_numbers(job), *trace_out);
 
@@ -110,9 +186,13 @@ inline int run_replay(args& a) {
     json_writer w(out);
     w.begin_object();
     w.key("job").begin_object().field("measured_ns", s.measured_ns).field("simulated_ns", s.simulated_ns).field("error", s.error).end_object();
-    w.key("scales").begin_object().field("compute", opt.scales.compute).field("comm", opt.scales.comm).field("cpu", opt.scales.cpu).end_object();
+    w.key("scales").begin_object().field("compute", opt.scales.compute).field("comm", opt.scales.comm).field("cpu", opt.scales.cpu);
+    w.key("ops").begin_array();
+    for (const auto& o : opt.build.op_scales) w.begin_object().field("text", o.text).field("factor", o.factor).end_object();
+    w.end_array().end_object();
     w.key("ranks").begin_array();
-    for (const auto& r : s.ranks) {
+    for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+      const auto& r = s.ranks[i];
       w.begin_object().field("rank", r.rank).field("file", r.file).field("step", r.step);
       w.field("measured_ns", r.measured_ns).field("simulated_ns", r.simulated_ns).field("error", r.error);
       w.key("breakdown");
@@ -123,6 +203,8 @@ inline int run_replay(args& a) {
       w.key("sm_utilization_series").begin_array();
       for (const double v : r.simulated.sm.series) w.value(v);
       w.end_array();
+      w.key("frozen");
+      frozen_json(w, s.built.graph, frozen[i]);
       w.end_object();
     }
     w.end_array();
@@ -131,10 +213,24 @@ inline int run_replay(args& a) {
     w.key("dependencies").begin_object();
     w.field("launch", st.launch_edges).field("ops_without_launch", st.ops_without_launch).field("cuda_graph_ops", st.graph_launch_ops);
     w.field("cross_stream_exact", st.cross_stream_exact).field("cross_stream_inferred", st.cross_stream_inferred);
+    w.field("cross_stream_implicit", st.cross_stream_implicit);
     w.field("cross_stream_unresolved", st.cross_stream_unresolved).field("blocking_calls", st.blocking_calls);
+    w.field("poll_waits", st.poll_waits);
     w.field("thread_handoffs", st.handoffs).field("stream_overlaps", st.stream_overlaps).end_object();
+    w.key("gpu_ops_bound_by").begin_object().field("stream", st.ops_queued).field("launch", st.ops_launch_bound);
+    w.field("dependency", st.ops_dependency_bound).field("unexplained", st.ops_unexplained).end_object();
+    w.key("overheads").begin_array();
+    for (const auto& oh : st.overheads) {
+      w.begin_object().field("rank", oh.rank).field("device", oh.device).field("stream", oh.stream);
+      w.field("launch_latency_ns", oh.launch_latency).field("launch_latency_p95_ns", oh.launch_high).field("launch_samples", oh.launch_samples);
+      w.field("gap_ns", oh.gap).field("gap_p95_ns", oh.gap_high).field("gap_samples", oh.gap_samples).end_object();
+    }
+    w.end_array();
     w.key("collectives").begin_object().field("matched", st.collectives_matched).field("participants", st.collective_participants);
-    w.field("unmatched_ops", st.collectives_unmatched).field("matching", st.collective_matching).end_object();
+    w.field("unmatched_ops", st.collectives_unmatched).field("matching", st.collective_matching);
+    w.key("unmatched_transfer").begin_object().field("same_op_other_step", st.unmatched_transfer_same_op);
+    w.field("same_size_and_group", st.unmatched_transfer_same_size).field("kept_whole", st.unmatched_kept_whole).end_object();
+    w.end_object();
     if (critical) {
       w.key("critical_path");
       critical_path_json(w, s.built.graph, path);
@@ -168,8 +264,27 @@ inline int run_replay(args& a) {
     }
     if (st.collectives_unmatched > 0) {
       std::snprintf(line, sizeof line,
-                    "note: %zu communication ops have no partner rank in this job (partners absent): their observed durations are kept\n",
-                    st.collectives_unmatched);
+                    "note: %zu communication ops have no partner rank in this job (partners absent): transfer (scaled by comm) from "
+                    "the same op in another step for %zu, from ops of the same size and group for %zu, the whole duration for %zu; "
+                    "the rest is peer wait, kept\n",
+                    st.collectives_unmatched, st.unmatched_transfer_same_op, st.unmatched_transfer_same_size, st.unmatched_kept_whole);
+      out += line;
+    }
+    std::snprintf(line, sizeof line,
+                  "GPU ops bound by: stream %zu (queued), launch %zu, cross-stream %zu (%zu waits found from timing alone), "
+                  "unexplained delay kept %zu; %zu poll loops folded into their wait\n",
+                  st.ops_queued, st.ops_launch_bound, st.ops_dependency_bound, st.cross_stream_implicit, st.ops_unexplained,
+                  st.poll_waits);
+    out += line;
+    if (!opt.build.op_scales.empty()) {
+      std::string ops;
+      for (const auto& o : opt.build.op_scales) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "=%g", o.factor);
+        ops += (ops.empty() ? "'" : ", '") + o.text + "'" + buf;
+      }
+      std::snprintf(line, sizeof line, "selective what-if %s: %zu GPU ops and %zu threads touched\n", ops.c_str(), st.op_scaled_gpu,
+                    st.op_scaled_cpu);
       out += line;
     }
     out += "\n rank  step              measured     simulated    error  | simulated: exposed-compute  overlapped  exposed-comm   other   SM util\n";
@@ -196,14 +311,13 @@ inline int run_replay(args& a) {
                       ms(path.total[c]).c_str(), percent(path.total[c], total).c_str());
         out += line;
       }
-      // The longest segments, in time order.
+      // The longest segments, longest first.
       std::vector<std::size_t> idx(path.segments.size());
       for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
       std::stable_sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) {
         return path.segments[x].end - path.segments[x].begin > path.segments[y].end - path.segments[y].begin;
       });
       idx.resize(std::min<std::size_t>(idx.size(), 10));
-      std::sort(idx.begin(), idx.end());
       out += "  longest segments:\n";
       for (const auto i : idx) {
         const auto& seg = path.segments[i];
@@ -214,6 +328,7 @@ inline int run_replay(args& a) {
         out += line;
       }
     }
+    if (explain) out += explain_text(s, frozen);
     for (const auto& f : written) out += "wrote " + f.string() + "\n";
   }
   write_stdout(out);
