@@ -18,7 +18,8 @@ namespace lumos::cli {
 
 inline constexpr std::string_view replay_usage =
     "usage: lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
-    "                    [--scale op:TEXT=F]... [--json] [--explain] [--trace-out FILE] [--critical-path]\n"
+    "                    [--scale op:TEXT=F]... [--json] [--explain] [--durations-from-step M]\n"
+    "                    [--trace-out FILE] [--critical-path]\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
     "  --step N            replay ProfilerStep#N (default: the last one every rank has)\n"
     "  --scale KIND=F      multiply GPU compute, communication transfer or CPU busy time by F > 0\n"
@@ -26,6 +27,8 @@ inline constexpr std::string_view replay_usage =
     "                      everything nested in it and the GPU ops it launched) and of every GPU op\n"
     "                      whose name contains TEXT; 0 removes it. Repeatable; composes with the kinds\n"
     "  --explain           show what the replay keeps fixed (overheads by kind, the largest ones)\n"
+    "  --durations-from-step M  leave-one-step-out: replay the step with the measured op durations\n"
+    "                      of ProfilerStep#M, predicting step M (compared with its measurement)\n"
     "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
     "  --critical-path     print the critical path of the slowest rank's iteration\n";
 
@@ -150,6 +153,7 @@ inline int run_replay(args& a) {
   const what_if scaled = parse_scales(a.options("--scale"));
   opt.scales = scaled.scales;
   opt.build.op_scales = scaled.ops;
+  if (const auto from = a.option("--durations-from-step")) opt.durations_from_step = parse_number<int>(*from, "--durations-from-step");
   const bool json = a.flag("--json");
   const bool explain = a.flag("--explain");
   const bool critical = a.flag("--critical-path");
@@ -231,6 +235,20 @@ inline int run_replay(args& a) {
     w.key("unmatched_transfer").begin_object().field("same_op_other_step", st.unmatched_transfer_same_op);
     w.field("same_size_and_group", st.unmatched_transfer_same_size).field("kept_whole", st.unmatched_kept_whole).end_object();
     w.end_object();
+    if (!s.held_out.empty()) {
+      w.key("held_out").begin_array();
+      for (std::size_t i = 0; i < s.held_out.size(); ++i) {
+        const auto& h = s.held_out[i];
+        w.begin_object().field("rank", s.ranks[i].rank).field("structure_step", s.ranks[i].step).field("durations_step", h.from_step);
+        w.field("measured_ns", h.measured_ns).field("predicted_ns", h.predicted_ns);
+        w.field("error", report::relative_error(h.predicted_ns, h.measured_ns));
+        w.field("baseline_same_step_ns", h.same_step_ns).field("baseline_same_step_error", report::relative_error(h.same_step_ns, h.measured_ns));
+        w.field("baseline_gpu_busy_ns", h.gpu_busy_ratio_ns).field("baseline_gpu_busy_error", report::relative_error(h.gpu_busy_ratio_ns, h.measured_ns));
+        w.field("tasks_matched", h.tasks.matched).field("tasks_unmatched", h.tasks.unmatched).field("tasks_source", h.tasks.source);
+        w.field("comparable", h.tasks.comparable()).end_object();
+      }
+      w.end_array();
+    }
     if (critical) {
       w.key("critical_path");
       critical_path_json(w, s.built.graph, path);
@@ -327,6 +345,17 @@ inline int run_replay(args& a) {
                       std::string(s.built.graph.task_name(seg.task)).c_str());
         out += line;
       }
+    }
+    for (std::size_t i = 0; i < s.held_out.size(); ++i) {
+      const auto& h = s.held_out[i];
+      std::snprintf(line, sizeof line,
+                    "held out: rank %d, %s with the durations of %s predicts %s; measured %s (error %.2f%%; baselines: same "
+                    "step %.2f%%, scaled by GPU busy time %.2f%%); %zu tasks matched, %zu kept%s\n",
+                    s.ranks[i].rank, s.ranks[i].step.c_str(), h.from_step.c_str(), ms(h.predicted_ns).c_str(), ms(h.measured_ns).c_str(),
+                    100.0 * report::relative_error(h.predicted_ns, h.measured_ns), 100.0 * report::relative_error(h.same_step_ns, h.measured_ns),
+                    100.0 * report::relative_error(h.gpu_busy_ratio_ns, h.measured_ns), h.tasks.matched, h.tasks.unmatched,
+                    h.tasks.comparable() ? "" : " (the two steps ran different ops: not comparable)");
+      out += line;
     }
     if (explain) out += explain_text(s, frozen);
     for (const auto& f : written) out += "wrote " + f.string() + "\n";

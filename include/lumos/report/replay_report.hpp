@@ -4,6 +4,7 @@
 
 #include <lumos/graph/compile.hpp>
 #include <lumos/graph/trace_builder.hpp>
+#include <lumos/report/held_out.hpp>
 #include <lumos/report/iteration.hpp>
 #include <lumos/sim/replay.hpp>
 #include <lumos/trace/job.hpp>
@@ -19,6 +20,19 @@ struct replay_options {
   std::optional<int> step;       ///< ProfilerStep number; default: the last one every rank has
   graph::scales scales;          ///< what-if multipliers (FIDELITY.md item 6)
   graph::build_options build;
+  /// Leave-one-step-out: replay the step with the measured op durations of this other step
+  /// (report/held_out.hpp); the simulated iteration then predicts that step.
+  std::optional<int> durations_from_step;
+};
+
+/// One rank's leave-one-step-out result (`replay_options::durations_from_step`).
+struct held_out_rank {
+  std::string from_step;          ///< the step whose durations were used, and which is predicted
+  time_ns measured_ns = 0;        ///< that step's measured iteration
+  time_ns predicted_ns = 0;       ///< the replay of the chosen step with its durations
+  time_ns same_step_ns = 0;       ///< baseline 1: the chosen step's measured iteration
+  time_ns gpu_busy_ratio_ns = 0;  ///< baseline 2: the same, times the ratio of GPU busy time
+  substitution tasks;
 };
 
 struct rank_replay {
@@ -46,6 +60,7 @@ struct replay_session {
   double error = 0.0;
   time_ns makespan = 0;
   graph::scales scales;      ///< the scales the replay ran with
+  std::vector<held_out_rank> held_out;  ///< per rank, with `durations_from_step`
 
   [[nodiscard]] task_times simulated_times() const { return {&timeline.start, &timeline.finish, &compiled}; }
 };
@@ -59,10 +74,31 @@ struct replay_session {
   replay_session s;
   s.scales = options.scales;
   s.built = graph::build_graph(job, options.build);
+  s.plans = plan_iterations(job, s.built, options.step);
+  std::vector<iteration_plan> sources;
+  std::vector<time_ns> same_step;
+  if (options.durations_from_step) {
+    sources = plan_iterations(job, s.built, options.durations_from_step);
+    const task_times measured = observed_times(s.built.graph);
+    for (std::size_t i = 0; i < job.ranks.size(); ++i) {
+      held_out_rank h;
+      h.from_step = sources[i].step;
+      h.measured_ns = evaluate(sources[i], measured).window.length();
+      h.same_step_ns = evaluate(s.plans[i], measured).window.length();
+      const time_ns busy_into = measured_gpu_busy(s.built.graph, s.plans[i]);
+      const time_ns busy_from = measured_gpu_busy(s.built.graph, sources[i]);
+      h.gpu_busy_ratio_ns = busy_into > 0 ? static_cast<time_ns>(std::llround(static_cast<double>(h.same_step_ns) *
+                                                                              static_cast<double>(busy_from) /
+                                                                              static_cast<double>(busy_into)))
+                                          : h.same_step_ns;
+      s.held_out.push_back(std::move(h));
+    }
+    // Durations change after the measured values above were taken from the observed times.
+    for (std::size_t i = 0; i < job.ranks.size(); ++i) s.held_out[i].tasks = substitute_durations(s.built.graph, s.plans[i], sources[i]);
+  }
   s.compiled = graph::compile(s.built.graph, options.scales);
   sim::replay_engine engine;
   s.makespan = engine.run(s.compiled, s.timeline);
-  s.plans = plan_iterations(job, s.built, options.step);
   const task_times measured = observed_times(s.built.graph);
   const task_times simulated = s.simulated_times();
   for (std::size_t i = 0; i < job.ranks.size(); ++i) {
@@ -75,6 +111,7 @@ struct replay_session {
     r.measured_ns = r.measured.window.length();
     r.simulated_ns = r.simulated.window.length();
     r.error = relative_error(r.simulated_ns, r.measured_ns);
+    if (options.durations_from_step) s.held_out[i].predicted_ns = r.simulated_ns;
     s.measured_ns = std::max(s.measured_ns, r.measured_ns);
     s.simulated_ns = std::max(s.simulated_ns, r.simulated_ns);
     s.ranks.push_back(std::move(r));
