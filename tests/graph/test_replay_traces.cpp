@@ -106,3 +106,84 @@ TEST_CASE("a written simulated trace replays to the replay that wrote it", "[rep
     }
   }
 }
+
+TEST_CASE("monotonicity: scaling compute, comm or cpu down never lengthens a rank's iteration, up never shortens it",
+          "[traces][replay][property]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  for (const auto& inputs : shared_jobs(traces)) {
+    const auto job = trace::load_job(inputs);
+    const auto base = report::replay_job(job);
+    for (const char* kind : {"compute", "comm", "cpu"}) {
+      for (const double f : {0.5, 2.0}) {
+        INFO(inputs.front().string() << " " << kind << "=" << f);
+        report::replay_options o;
+        if (std::string_view(kind) == "compute") o.scales.compute = f;
+        if (std::string_view(kind) == "comm") o.scales.comm = f;
+        if (std::string_view(kind) == "cpu") o.scales.cpu = f;
+        const auto s = report::replay_job(job, o);
+        for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+          if (f < 1) CHECK(s.ranks[i].simulated_ns <= base.ranks[i].simulated_ns);
+          if (f > 1) CHECK(s.ranks[i].simulated_ns >= base.ranks[i].simulated_ns);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("selective what-if: op:TEXT=1 is the identity, =0 removes the time and keeps what it hid", "[traces][replay][op-scale]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  const auto job = trace::load_job({traces / "hta_testdata/trace_diff/control/control.json.gz"});
+  const auto base = report::replay_job(job);
+  report::replay_options same;
+  same.build.op_scales = {{"DataLoader", 1.0}, {"ncclKernel", 1.0}};
+  CHECK(report::replay_job(job, same).simulated_ns == base.simulated_ns);
+  // Removing every GPU kernel's time must shorten the step, but not to nothing: the CPU,
+  // launches and kept overheads remain and now set the pace.
+  report::replay_options no_kernels;
+  no_kernels.build.op_scales = {{"kernel", 0.0}};
+  const auto fast = report::replay_job(job, no_kernels);
+  CHECK(fast.built.stats.op_scaled_gpu > 0);
+  CHECK(fast.simulated_ns < base.simulated_ns);
+  CHECK(fast.simulated_ns > 0);
+  // op scales compose with the kind scales: halving every kernel named like a GEMM twice over
+  // (op=0.5 and compute=0.5) gives at most what halving it once gives.
+  report::replay_options once, twice;
+  once.build.op_scales = {{"gemm", 0.5}};
+  twice.build.op_scales = {{"gemm", 0.5}};
+  twice.scales.compute = 0.5;
+  CHECK(report::replay_job(job, twice).simulated_ns <= report::replay_job(job, once).simulated_ns);
+}
+
+TEST_CASE("leave-one-step-out: a step's graph with another step's durations predicts that step better than both baselines",
+          "[traces][replay][held-out]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  for (const char* rel : {"hta_testdata/df_index_resolver/df_index_resolver.json.gz", "hta_testdata/trace_diff/control/control.json.gz"}) {
+    const auto job = trace::load_job({traces / rel});
+    const auto steps = trace::profiler_steps(job.ranks.front());
+    REQUIRE(steps.size() >= 3);
+    double lumos_error = 0, same_error = 0, busy_error = 0;
+    int pairs = 0;
+    for (std::size_t n = 1; n < steps.size(); ++n) {  // the first step may be cut by the window
+      for (std::size_t m = 1; m < steps.size(); ++m) {
+        if (m == n) continue;
+        INFO(rel << " step " << steps[n].number << " with durations of " << steps[m].number);
+        report::replay_options o;
+        o.step = steps[n].number;
+        o.durations_from_step = steps[m].number;
+        const auto s = report::replay_job(job, o);
+        REQUIRE(s.held_out.size() == 1);
+        const auto& h = s.held_out.front();
+        CHECK(h.tasks.matched > 10 * h.tasks.unmatched);
+        if (!h.tasks.comparable()) continue;  // the steps ran different ops (e.g. the first profiled step)
+        lumos_error += report::relative_error(h.predicted_ns, h.measured_ns);
+        same_error += report::relative_error(h.same_step_ns, h.measured_ns);
+        busy_error += report::relative_error(h.gpu_busy_ratio_ns, h.measured_ns);
+        ++pairs;
+      }
+    }
+    REQUIRE(pairs >= 6);
+    INFO(rel << ": mean error " << lumos_error / pairs << ", baselines " << same_error / pairs << " and " << busy_error / pairs);
+    CHECK(lumos_error < same_error);
+    CHECK(lumos_error < busy_error);
+  }
+}
