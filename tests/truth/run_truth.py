@@ -89,6 +89,7 @@ def main() -> int:
     ap.add_argument("--lumos", required=True, help="path to the lumos CLI")
     ap.add_argument("--out", required=True, help="directory for the generated traces (cached)")
     ap.add_argument("--table", help="also write the results as a Markdown table")
+    ap.add_argument("--json", help="also write the results as JSON (for scripts/replay_tables.py)")
     ap.add_argument("--report-only", action="store_true", help="exit 0 even when cases miss the target")
     ap.add_argument("--jobs", help="comma-separated job names (default: all)")
     a = ap.parse_args()
@@ -151,6 +152,28 @@ def main() -> int:
     else:
         print("measured: lumos's measured_ns equals the executor's base iteration on every trace")
 
+    # Property (FIDELITY.md item 9): lumos's own predictions are monotone in each scale. The
+    # truth need not be (a faster CPU can shift a poll by one period), so this checks lumos only.
+    by_case = {(name, variant, label): sim for name, variant, label, truth, sim, err, rerr in rows if sim is not None}
+    monotone_bad = []
+    for (name, variant, label), sim in by_case.items():
+        base = by_case.get((name, variant, "identity"))
+        if base is None or "+" in label or label == "identity":
+            continue
+        factor = float(label.split("=")[1])
+        if (factor < 1 and sim > base) or (factor > 1 and sim < base):
+            monotone_bad.append((name, variant, label, base, sim))
+    for name, variant, label, base, sim in monotone_bad:
+        print(f"not monotone: {name} {variant} {label}: identity {base} ns, scaled {sim} ns")
+    if not monotone_bad:
+        print("monotone: every single-kind scale below 1 shortens (or keeps) and above 1 lengthens (or keeps) lumos's iteration")
+
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([{"job": name, "variant": variant, "scales": label, "truth_ns": truth, "lumos_ns": sim,
+                        "error": err if sim is not None else None, "worst_rank_error": rerr if sim is not None else None}
+                       for name, variant, label, truth, sim, err, rerr in rows], f, indent=1)
+
     if a.table:
         with open(a.table, "w") as f:
             f.write("| job | variant | scales | truth ms | lumos ms | job error | worst rank error |\n")
@@ -163,7 +186,7 @@ def main() -> int:
                             f"{100 * err:.2f} % | {100 * rerr:.2f} % |\n")
             f.write(f"\n{len(rows)} cases, {within} within {100 * TARGET:g} %, {len(rows) - len(errs)} failed.\n")
 
-    ok = within == len(rows) and not measured_bad
+    ok = within == len(rows) and not measured_bad and not monotone_bad
     return 0 if ok or a.report_only else 1
 
 
