@@ -173,3 +173,80 @@ TEST_CASE("inputs the fuzzer once crashed on are errors", "[bad-input][fuzz]") {
   }
   CHECK(n > 0);
 }
+
+namespace {
+
+std::string load_error(const std::vector<std::filesystem::path>& files, unsigned threads = 1) {
+  lumos::trace::load_options o;
+  o.threads = threads;
+  try {
+    (void)lumos::trace::load_job(files, o);
+  } catch (const lumos::error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+std::string with_info(const std::string& info) {
+  return R"({"distributedInfo": )" + info +
+         R"(, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]})";
+}
+
+}  // namespace
+
+TEST_CASE("absurd ranks and world sizes are errors naming the file and the value", "[bad-input][job][rank]") {
+  lumos_test::temp_dir dir;
+  const std::string big = std::to_string(lumos::trace::max_world_size);
+  struct bad_case {
+    std::string info;
+    std::string expected;
+  };
+  const std::vector<bad_case> cases = {
+      {R"({"rank": 2000000000})", "distributedInfo.rank 2000000000 is out of range"},
+      {R"({"rank": -5, "world_size": 8})", "distributedInfo.rank -5 is out of range"},
+      {R"({"rank": 0, "world_size": 1099511627776})", "distributedInfo.world_size 1099511627776 is out of range"},
+      {R"({"rank": 0, "world_size": 0})", "distributedInfo.world_size 0 is out of range"},
+      {R"({"rank": 0, "world_size": -2})", "distributedInfo.world_size -2 is out of range"},
+      {R"({"rank": 4, "world_size": 4})", "distributedInfo.rank 4 is not below world_size 4"},
+      {R"({"world_size": 2, "rank": 3})", "distributedInfo.rank 3 is not below world_size 2"},  // either order
+      {R"({"rank": )" + big + "}", "distributedInfo.rank " + big + " is out of range"},
+      {R"({"rank": 99999999999999999999})", "an integer for distributedInfo.rank"},
+  };
+  int k = 0;
+  for (const auto& c : cases) {
+    INFO(c.info);
+    const auto file = dir.write("t" + std::to_string(k++) + ".json", with_info(c.info));
+    const std::string msg = load_error({file});
+    CHECK(msg.rfind(file.string() + ": byte ", 0) == 0);
+    CHECK(msg.find(c.expected) != std::string::npos);
+    // The same for a single file read on its own.
+    CHECK(error_of(with_info(c.info)).find(c.expected) != std::string::npos);
+  }
+  // The largest accepted values read.
+  const auto edge = dir.write("edge.json", with_info(R"({"rank": )" + std::to_string(lumos::trace::max_world_size - 1) +
+                                                     R"(, "world_size": )" + big + "}"));
+  CHECK(load_error({edge}).empty());
+}
+
+TEST_CASE("ranks from file names or order must fit the bound and the declared world size", "[bad-input][job][rank]") {
+  lumos_test::temp_dir dir;
+  const std::string plain = R"({"traceEvents": []})";
+  // A name that says "rank" with a number no job has: an error, not a truncated or huge rank.
+  const auto huge = dir.write("rank2000000000.json", plain);
+  const std::string msg = load_error({huge});
+  CHECK(msg.rfind(huge.string() + ":", 0) == 0);
+  CHECK(msg.find("rank 2000000000 in the file name is out of range") != std::string::npos);
+  const auto long_digits = dir.write("worker123456789012345678901234567890.json", plain);
+  CHECK(load_error({long_digits}).find("in the file name is out of range") != std::string::npos);
+  // world_size without a rank: the rank from the name must be below it.
+  const auto named = dir.write("trace_rank5.json", with_info(R"({"world_size": 4})"));
+  const std::string named_msg = load_error({named});
+  CHECK(named_msg.rfind(named.string() + ":", 0) == 0);
+  CHECK(named_msg.find("rank 5 (from the file name) is not below distributedInfo.world_size 4") != std::string::npos);
+  // ... and so must a rank from the position in the list.
+  const auto a = dir.write("a.json", with_info(R"({"world_size": 1})"));
+  const auto b = dir.write("b.json", with_info(R"({"world_size": 1})"));
+  CHECK(load_error({a, b}).find("rank 1 (from the order given) is not below distributedInfo.world_size 1") != std::string::npos);
+  const auto fits = dir.write("trace_rank3.json", with_info(R"({"world_size": 4})"));
+  CHECK(load_error({fits}).empty());
+}

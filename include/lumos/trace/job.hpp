@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -83,16 +84,23 @@ struct load_options {
 }
 
 /// Rank written in a file name: "rank-3", "rank_3", "rank3", "worker3", or a trailing "_3"/"-3"
-/// before the extension ("megatron_kineto_3.json.gz"). Empty when none.
+/// of at most six digits before the extension ("megatron_kineto_3.json.gz"). Empty when none.
+/// Throws lumos::error when "rank"/"worker" is followed by a number of max_world_size or more:
+/// such a name says it holds a rank, and no rank can be that large.
 [[nodiscard]] inline std::optional<int> rank_from_file_name(const std::filesystem::path& p) {
   std::string name = p.filename().string();
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   auto digits_at = [&](std::size_t i) -> std::optional<int> {
     if (i < name.size() && (name[i] == '-' || name[i] == '_')) ++i;
     if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return std::nullopt;
-    long v = 0;
-    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) && v < 1'000'000) {
-      v = v * 10 + (name[i++] - '0');
+    const std::size_t first = i;
+    std::int64_t v = 0;
+    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) {
+      v = std::min<std::int64_t>(v * 10 + (name[i++] - '0'), max_world_size);  // saturates: no overflow
+    }
+    if (v >= max_world_size) {
+      fail({p.string()}, "rank " + name.substr(first, i - first) + " in the file name is out of range (0 to " +
+                             std::to_string(max_world_size - 1) + ")");
     }
     return static_cast<int>(v);
   };
@@ -166,6 +174,10 @@ struct load_options {
     if (e) std::rethrow_exception(e);  // the first failing file in input order, whatever the timing
   }
 
+  if (files.size() > static_cast<std::size_t>(max_world_size)) {
+    throw error(std::to_string(files.size()) + " trace files: more ranks than lumos accepts (" +
+                std::to_string(max_world_size) + ")");
+  }
   job result;
   result.ranks.reserve(files.size());
   for (std::size_t i = 0; i < files.size(); ++i) {
@@ -179,6 +191,12 @@ struct load_options {
     } else {
       t.rank = static_cast<int>(i);
       t.origin = rank_origin::order;
+    }
+    // The reader checked distributedInfo.rank against world_size; a rank from the name or the
+    // order must fit the world size the file declares too.
+    if (t.world_size && t.rank >= *t.world_size) {
+      fail({t.file}, "rank " + std::to_string(t.rank) + " (from the " + std::string(to_string(t.origin)) +
+                         ") is not below distributedInfo.world_size " + std::to_string(*t.world_size));
     }
     result.ranks.push_back(std::move(t));
   }

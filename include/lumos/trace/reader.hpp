@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -503,19 +504,21 @@ class kineto_reader {
     try {
       if (key == "distributedInfo") {
         od::object obj = need(doc.get_object(), at, "an object for \"distributedInfo\"");
+        std::optional<std::int64_t> rank, world;
         for (auto f : obj) {
           od::field field = need(std::move(f), at, "a field in \"distributedInfo\"");
           const std::string_view k = detail::raw_key(field.key());
           if (k == "rank") {
-            out_.distributed_rank = static_cast<int>(need(field.value().get_int64(), at, "an integer for distributedInfo.rank"));
+            rank = need(field.value().get_int64(), at, "an integer for distributedInfo.rank");
           } else if (k == "world_size") {
-            out_.world_size = static_cast<int>(need(field.value().get_int64(), at, "an integer for distributedInfo.world_size"));
+            world = need(field.value().get_int64(), at, "an integer for distributedInfo.world_size");
           } else if (k == "backend") {
             out_.backend = std::string(need(field.value().get_string(), at, "a string for distributedInfo.backend"));
           } else if (k == "pg_config") {
             parse_process_groups(field.value(), at);
           }
         }
+        check_distributed_info(rank, world, at);
       } else {  // deviceProperties
         od::array arr = need(doc.get_array(), at, "an array for \"deviceProperties\"");
         for (auto d : arr) {
@@ -537,6 +540,24 @@ class kineto_reader {
     } catch (const simdjson::simdjson_error& e) {
       fail_at(at, std::string("malformed \"") + key + "\": " + e.what());
     }
+  }
+
+  // The rank and world size index per-rank tables downstream: reject what no job can have
+  // (checked after the whole object, since "rank" may come before or after "world_size").
+  void check_distributed_info(std::optional<std::int64_t> rank, std::optional<std::int64_t> world, std::uint64_t at) {
+    if (world && (*world < 1 || *world > max_world_size)) {
+      fail_at(at, "distributedInfo.world_size " + std::to_string(*world) + " is out of range (1 to " +
+                      std::to_string(max_world_size) + ")");
+    }
+    if (rank && (*rank < 0 || *rank >= max_world_size)) {
+      fail_at(at, "distributedInfo.rank " + std::to_string(*rank) + " is out of range (0 to " +
+                      std::to_string(max_world_size - 1) + ")");
+    }
+    if (rank && world && *rank >= *world) {
+      fail_at(at, "distributedInfo.rank " + std::to_string(*rank) + " is not below world_size " + std::to_string(*world));
+    }
+    if (rank) out_.distributed_rank = static_cast<int>(*rank);
+    if (world) out_.world_size = static_cast<int>(*world);
   }
 
   void parse_process_groups(simdjson::ondemand::value v, std::uint64_t at) {
