@@ -250,3 +250,34 @@ TEST_CASE("ranks from file names or order must fit the bound and the declared wo
   const auto fits = dir.write("trace_rank3.json", with_info(R"({"world_size": 4})"));
   CHECK(load_error({fits}).empty());
 }
+
+TEST_CASE("a corrupt file among several: the first in input order is reported, for any thread count", "[bad-input][job][threads]") {
+  lumos_test::temp_dir dir;
+  std::vector<std::filesystem::path> files;
+  for (int r = 0; r < 8; ++r) {
+    const std::string name = "rank" + std::to_string(r) + ".json";
+    // Ranks 2 and 5 are corrupt in different ways; rank 2 comes first in the list.
+    const std::string text = r == 2   ? R"({"traceEvents": [{"ph": "X", "name": "k", "pid": 1, "tid": 1, "ts": 1}]})"
+                             : r == 5 ? R"({"traceEvents": [)"
+                                      : with_info(R"({"rank": )" + std::to_string(r) + "}");
+    files.push_back(dir.write(name, text));
+  }
+  for (unsigned threads : {1U, 2U, 3U, 8U, 16U}) {
+    INFO("threads " << threads);
+    for (int round = 0; round < 5; ++round) {  // timing varies between rounds; the answer must not
+      const std::string msg = load_error(files, threads);
+      CHECK(msg.rfind(files[2].string() + ": byte ", 0) == 0);
+      CHECK(msg.find("missing \"dur\"") != std::string::npos);
+    }
+  }
+  // An exception from the progress callback (on a loader thread) is rethrown, not std::terminate.
+  for (unsigned threads : {1U, 4U}) {
+    lumos::trace::load_options o;
+    o.threads = threads;
+    o.on_loaded = [](const lumos::trace::rank_trace& t, std::size_t, std::size_t) {
+      if (t.rank == 3) throw lumos::error("stop at rank 3");
+    };
+    std::vector<std::filesystem::path> good = {files[0], files[1], files[3], files[4]};
+    CHECK_THROWS_WITH(lumos::trace::load_job(good, o), "stop at rank 3");
+  }
+}
