@@ -128,6 +128,10 @@ struct load_options {
 /// Files are read in parallel; the result does not depend on the thread count.
 [[nodiscard]] inline job load_job(const std::vector<std::filesystem::path>& inputs, const load_options& options = {}) {
   const std::vector<std::filesystem::path> files = expand_inputs(inputs);
+  if (files.size() > static_cast<std::size_t>(max_world_size)) {
+    throw error(std::to_string(files.size()) + " trace files: more ranks than lumos accepts (" +
+                std::to_string(max_world_size) + ")");
+  }
   unsigned threads = options.threads != 0 ? options.threads : std::max(1U, std::thread::hardware_concurrency());
   threads = std::min<unsigned>(threads, static_cast<unsigned>(files.size()));
 
@@ -189,10 +193,6 @@ struct load_options {
     if (e) std::rethrow_exception(e);  // the first failing file in input order, whatever the timing
   }
 
-  if (files.size() > static_cast<std::size_t>(max_world_size)) {
-    throw error(std::to_string(files.size()) + " trace files: more ranks than lumos accepts (" +
-                std::to_string(max_world_size) + ")");
-  }
   job result;
   result.ranks.reserve(files.size());
   for (std::size_t i = 0; i < files.size(); ++i) {
