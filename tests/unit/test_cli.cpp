@@ -79,7 +79,7 @@ TEST_CASE("usage errors exit with 2 and say what is wrong", "[cli]") {
   CHECK(run("help inspect replay").code == 2);
 }
 
-TEST_CASE("--version prints the CMake project version", "[cli]") {
+TEST_CASE("lumos --version prints the CMake project version", "[cli]") {
   // The version is written once, in the top-level project() call; read it from there.
   const std::string cmake = lumos_test::read_file(std::filesystem::path(LUMOS_SOURCE_DIR) / "CMakeLists.txt");
   const auto at = cmake.find("project(lumos VERSION ");
