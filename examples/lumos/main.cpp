@@ -31,20 +31,56 @@ const std::array commands = {
     command{"synth", "write a modelled iteration as Kineto traces (one per distinct rank)", lumos::cli::synth_usage, lumos::cli::run_synth},
 };
 
+#ifndef LUMOS_VERSION
+#error "LUMOS_VERSION (the CMake project version) must be defined by the build"
+#endif
+
 void print_usage(std::FILE* to) {
-  std::fputs("usage: lumos COMMAND [ARGS]\ncommands:\n", to);
+  std::fputs("usage: lumos COMMAND [ARGS]\n       lumos help [COMMAND] | --help | --version\ncommands:\n", to);
   for (const auto& c : commands) std::fprintf(to, "  %-10s %s\n", std::string(c.name).c_str(), std::string(c.summary).c_str());
-  std::fputs("run 'lumos COMMAND --help' for a command's options\n", to);
+  std::fputs("run 'lumos help COMMAND' or 'lumos COMMAND --help' for a command's options\n", to);
+}
+
+const command* find_command(std::string_view name) {
+  for (const auto& c : commands) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+int unknown_command(std::string_view name) {
+  std::fprintf(stderr, "lumos: unknown command '%.*s'\n", static_cast<int>(name.size()), name.data());
+  print_usage(stderr);
+  return 2;
 }
 
 int dispatch(int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    print_usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
   }
   const std::string_view name = argv[1];
-  for (const auto& c : commands) {
-    if (c.name != name) continue;
+  if (name == "--help" || name == "-h" || (name == "help" && argc == 2)) {
+    print_usage(stdout);
+    return 0;
+  }
+  if (name == "--version" || name == "-V") {
+    std::fputs("lumos " LUMOS_VERSION "\n", stdout);
+    return 0;
+  }
+  if (name == "help") {
+    if (argc > 3) {
+      std::fputs("lumos help: expected at most one COMMAND\n", stderr);
+      print_usage(stderr);
+      return 2;
+    }
+    const command* c = find_command(argv[2]);
+    if (c == nullptr) return unknown_command(argv[2]);
+    std::fputs(c->usage.data(), stdout);
+    return 0;
+  }
+  if (const command* found = find_command(name)) {
+    const command& c = *found;
     lumos::cli::args a(argc, argv, 2);
     if (a.flag("--help") || a.flag("-h")) {
       std::fputs(c.usage.data(), stdout);
@@ -57,9 +93,7 @@ int dispatch(int argc, char** argv) {
       return 2;
     }
   }
-  std::fprintf(stderr, "lumos: unknown command '%s'\n", argv[1]);
-  print_usage(stderr);
-  return 2;
+  return unknown_command(name);
 }
 
 }  // namespace

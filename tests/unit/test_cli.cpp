@@ -73,6 +73,71 @@ TEST_CASE("usage errors exit with 2 and say what is wrong", "[cli]") {
   CHECK(run("inspect --bogus x").code == 2);
   CHECK(run("--help").code == 0);
   CHECK(run("inspect --help").code == 0);
+  const result help_unknown = run("help frobnicate");
+  CHECK(help_unknown.code == 2);
+  CHECK(help_unknown.err.find("unknown command 'frobnicate'") != std::string::npos);
+  CHECK(run("help inspect replay").code == 2);
+}
+
+TEST_CASE("lumos --version prints the CMake project version", "[cli]") {
+  // The version is written once, in the top-level project() call; read it from there.
+  const std::string cmake = lumos_test::read_file(std::filesystem::path(LUMOS_SOURCE_DIR) / "CMakeLists.txt");
+  const auto at = cmake.find("project(lumos VERSION ");
+  REQUIRE(at != std::string::npos);
+  const auto begin = at + std::string_view("project(lumos VERSION ").size();
+  const std::string version = cmake.substr(begin, cmake.find_first_of(" )\n", begin) - begin);
+  REQUIRE_FALSE(version.empty());
+  for (const char* flag : {"--version", "-V"}) {
+    const result r = run(flag);
+    CHECK(r.code == 0);
+    CHECK(r.out == "lumos " + version + "\n");
+    CHECK(r.err.empty());
+  }
+}
+
+TEST_CASE("every command answers --help, -h and 'lumos help COMMAND' with its usage on stdout", "[cli]") {
+  const result general = run("--help");
+  REQUIRE(general.code == 0);
+  CHECK(run("help").out == general.out);
+  CHECK(run("-h").out == general.out);
+  // The commands are the ones the general usage lists: "  NAME   summary" lines.
+  std::vector<std::string> names;
+  std::size_t pos = general.out.find("commands:\n");
+  REQUIRE(pos != std::string::npos);
+  for (pos = general.out.find('\n', pos) + 1; pos < general.out.size() && general.out.compare(pos, 2, "  ") == 0;
+       pos = general.out.find('\n', pos) + 1) {
+    const auto begin = pos + 2;
+    names.push_back(general.out.substr(begin, general.out.find(' ', begin) - begin));
+  }
+  CHECK(names.size() == 5);
+  for (const auto& name : names) {
+    INFO(name);
+    const result help = run("help " + name);
+    CHECK(help.code == 0);
+    CHECK(help.err.empty());
+    CHECK(help.out.rfind("usage: lumos " + name, 0) == 0);
+    for (const std::string& form : {name + " --help", name + " -h", name + " --json --help"}) {
+      INFO(form);
+      const result r = run(form);
+      CHECK(r.code == 0);
+      CHECK(r.out == help.out);
+    }
+  }
+}
+
+TEST_CASE("an absurd rank is a one-line error and exit 2, at once", "[cli][rank]") {
+  lumos_test::temp_dir dir;
+  const auto file = dir.write("huge_rank.json", R"({"distributedInfo": {"rank": 2000000000, "world_size": 1}, "traceEvents": [)"
+                                                R"({"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1, "dur": 10}]})");
+  for (const char* command : {"inspect", "replay"}) {
+    INFO(command);
+    const result r = run(std::string(command) + " " + file.string());
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err.rfind("lumos: " + file.string() + ": byte ", 0) == 0);
+    CHECK(r.err.find("2000000000") != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
 }
 
 TEST_CASE("replay --json prints the documented object", "[cli][replay]") {

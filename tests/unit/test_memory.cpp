@@ -3,8 +3,10 @@
 // through operator new (simdjson, the reader, the event store); zlib/ISA-L state is allocated
 // through the reader too. Not built under sanitizers, which replace the allocator.
 #include "test_support.hpp"
+#include "../fuzz/fuzz_options.hpp"
 
 #include <lumos/trace/job.hpp>
+#include <lumos/trace/reader.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -120,4 +122,46 @@ TEST_CASE("peak memory while loading stays under 1.5x the largest file plus the 
     WARN("threads " << threads << ": peak heap " << used / 1e6 << " MB = event store " << store / 1e6 << " MB + "
                     << (used - store) / 1e6 << " MB working set; largest file " << largest / 1e6 << " MB");
   }
+}
+
+TEST_CASE("a gzip trailer that claims gigabytes reserves no more than the bytes can inflate to", "[memory][bad-input]") {
+  // The fuzz regression: 8 KB of gzip (2.3 MB of text) whose ISIZE trailer claims ~4 GB. The
+  // trailer is checked only at the end of the stream, long after the event store was reserved
+  // from the first batch, unless the whole text fits in one window.
+  const auto file = lumos_test::data_dir() / "fuzz-regressions" / "gzip-trailer-claims-4gb.json.gz";
+  const std::string bytes = lumos_test::read_file(file);
+  REQUIRE(bytes.size() >= 18);
+  const auto* t = reinterpret_cast<const unsigned char*>(bytes.data() + bytes.size() - 4);
+  const std::uint64_t claimed = std::uint64_t{t[0]} | std::uint64_t{t[1]} << 8 | std::uint64_t{t[2]} << 16 | std::uint64_t{t[3]} << 24;
+  REQUIRE(claimed > (std::uint64_t{1} << 30));  // the input still makes the claim the test is about
+  // What the reader may hold: its window and batch index (1 MiB each at most), an event store
+  // for what the bytes can inflate to (8 MB of text; at least 32 bytes per event), the events
+  // read before the checksum fails. 64 MiB is far above that, far below the trailer's claim.
+  constexpr std::int64_t limit = std::int64_t{64} << 20;
+  auto peak_of = [&](auto&& read) {
+    const auto before = live.load();
+    peak.store(before);
+    std::string msg;
+    try {
+      read();
+    } catch (const lumos::error& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("gzip checksum mismatch") != std::string::npos);
+    return peak.load() - before;
+  };
+  // The windows the fuzzer uses (the one it found this with first), and the defaults.
+  std::vector<lumos::trace::read_options> options = {lumos_fuzz::read_options_for(bytes), {}};
+  for (std::size_t window : lumos_fuzz::windows) options.push_back({window});
+  for (const auto& o : options) {
+    INFO("window " << o.window_bytes << ", batch " << o.batch_bytes);
+    const auto from_file = peak_of([&] { (void)lumos::trace::read_trace(file, o); });
+    const auto from_memory = peak_of([&] { (void)lumos::trace::read_trace_bytes(bytes, "mem.json.gz", o); });
+    INFO("peak heap: file " << from_file << " B, memory " << from_memory << " B");
+    CHECK(from_file < limit);
+    CHECK(from_memory < limit);
+  }
+  const auto from_job = peak_of([&] { (void)lumos::trace::load_job({file}); });
+  INFO("peak heap: job " << from_job << " B");
+  CHECK(from_job < limit);
 }

@@ -67,10 +67,17 @@ TEST_CASE("absolute 16-digit timestamps with decimals are exact", "[reader]") {
 
 TEST_CASE("kernels launched before the window are kept without a launch", "[reader]") {
   const auto t = read_trap("launched_before_window.json");
-  CHECK(find(t, "early_kernel").correlation == 5);
-  for (const auto& e : t.events) {
-    if (e.cat == category::cuda_runtime) CHECK(e.correlation != 5);
-  }
+  auto launches_of = [&](std::int64_t correlation) {
+    int n = 0;
+    for (const auto& e : t.events) n += e.cat == category::cuda_runtime && e.correlation == correlation;
+    return n;
+  };
+  const auto& early = find(t, "early_kernel");
+  CHECK(early.cat == category::kernel);
+  CHECK(early.correlation == 5);
+  CHECK(launches_of(early.correlation) == 0);  // kept, though nothing in the trace launched it
+  const auto& late = find(t, "late_kernel");
+  CHECK(launches_of(late.correlation) == 1);  // while the kernel after it has its launch
   CHECK(summarize(t).gpu_ops == 2);
 }
 
@@ -85,19 +92,45 @@ TEST_CASE("one CUDA graph launch correlates with many kernels", "[reader]") {
     CHECK(t.arg(i, arg_key::graph_node_id) >= 100);
   }
   CHECK(kernels == 3);
+  // One launch call for all of them: the correlation is shared, not a one-to-one pairing.
+  int launches = 0;
+  for (const auto& e : t.events) {
+    if (e.cat == category::cuda_runtime && e.correlation == 42) {
+      ++launches;
+      CHECK(t.name(e) == "cudaGraphLaunch");
+    }
+  }
+  CHECK(launches == 1);
 }
 
 TEST_CASE("a stream wait without a recorded cudaEventRecord still reads", "[reader]") {
   const auto t = read_trap("wait_without_record.json");
-  CHECK(find(t, "cudaStreamWaitEvent").correlation == 2);
+  for (const auto& e : t.events) CHECK(t.name(e) != "cudaEventRecord");  // the trap's premise
+  const auto& wait = find(t, "cudaStreamWaitEvent");
+  CHECK(wait.cat == category::cuda_runtime);
+  CHECK(wait.correlation == 2);
+  // The producer and the consumer are on two streams, the consumer launched after the wait.
+  CHECK(find(t, "producer").stream == 7);
+  CHECK(find(t, "consumer").stream == 13);
+  CHECK(find(t, "consumer").correlation == 3);
   CHECK(summarize(t).streams == 2);
 }
 
 TEST_CASE("polling loops are ordinary runtime calls", "[reader]") {
+  // (Which poll waited for the kernel is a graph rule, tested with the graph builder.)
   const auto t = read_trap("polling_loop.json");
+  const auto& kernel = find(t, "long_kernel");
   int polls = 0;
-  for (const auto& e : t.events) polls += t.name(e) == "cudaEventQuery";
+  int after_kernel = 0;
+  for (const auto& e : t.events) {
+    if (t.name(e) != "cudaEventQuery") continue;
+    ++polls;
+    CHECK(e.cat == category::cuda_runtime);  // no special category or phase: plain calls
+    CHECK(e.correlation != kernel.correlation);
+    after_kernel += e.end() > kernel.end();
+  }
   CHECK(polls == 4);
+  CHECK(after_kernel == 1);  // only the last poll ends after the kernel: it is the one that succeeds
 }
 
 TEST_CASE("traces without ProfilerStep have no steps", "[reader]") {
@@ -109,6 +142,7 @@ TEST_CASE("sync rows take their stream from args, not tid", "[reader]") {
   const auto i = index_of(t, "Stream Wait Event");
   CHECK(t.events[i].cat == category::cuda_sync);
   CHECK(t.events[i].stream == 24);
+  CHECK(t.lanes[t.events[i].lane].tid != 24);  // the trap: the row's tid is not its stream
   CHECK(t.arg(i, arg_key::wait_on_stream) == 20);
   CHECK(t.arg(i, arg_key::wait_on_event_record_correlation) == 31);
   CHECK(t.arg(i, arg_key::wait_on_event_id) == 9);
@@ -259,8 +293,27 @@ TEST_CASE("a job is a directory or a list of files; ranks come from distributedI
   CHECK(j.ranks[1].origin == rank_origin::order);
 }
 
-TEST_CASE("events are stored compactly", "[reader]") {
-  const auto t = read_trap("relative_time_base_after.json");
-  CHECK(sizeof(event) <= 96);
-  CHECK(t.memory_bytes() > 0);
+TEST_CASE("events are stored compactly: at most 96 bytes per entry, little spare capacity", "[reader]") {
+  // sizeof(event) is a static_assert in event.hpp; what matters is the whole store per event:
+  // events, args, lanes and strings, as reserved from the size hint and trimmed at the end.
+  std::string text = R"({"traceEvents": [)";
+  constexpr int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    if (i > 0) text += ",\n";
+    text += R"({"ph": "X", "cat": "kernel", "name": "gemm_)" + std::to_string(i % 50) + R"(", "pid": 0, "tid": 7, "ts": )" +
+            std::to_string(1000 + 2 * i) + R"(, "dur": 1, "args": {"device": 0, "stream": 7, "correlation": )" +
+            std::to_string(i) + "}}";
+  }
+  text += "]}";
+  for (const std::string& bytes : {text, lumos_test::gzip(text)}) {
+    const auto t = read_trace_bytes(bytes, "compact");
+    REQUIRE(t.events.size() == static_cast<std::size_t>(n));
+    INFO("capacity " << t.events.capacity() << ", memory " << t.memory_bytes() << " B");
+    // Spare capacity (a reservation that overshot, or vector growth) is at most 10 %.
+    CHECK(t.events.capacity() >= t.events.size());
+    CHECK(t.events.capacity() <= t.events.size() + t.events.size() / 10 + 64);
+    // The docs promise at most 96 bytes per traceEvents entry, names and args included.
+    CHECK(t.memory_bytes() <= 96 * t.entries);
+    CHECK(t.memory_bytes() >= t.events.size() * sizeof(event));
+  }
 }

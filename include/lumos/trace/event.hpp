@@ -190,6 +190,11 @@ struct process_group_info {
   std::vector<int> ranks;
 };
 
+/// The largest world size lumos accepts (2^24 ranks, the same bound `synth` enforces, so every
+/// job it writes reads back). Rank numbers index per-rank tables, so an unchecked rank of 2e9
+/// from a corrupt file would cost gigabytes; real jobs are far below this.
+inline constexpr int max_world_size = 1 << 24;
+
 /// How a rank number was determined.
 enum class rank_origin : std::uint8_t { distributed_info, file_name, order };
 

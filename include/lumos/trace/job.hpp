@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,16 +85,23 @@ struct load_options {
 }
 
 /// Rank written in a file name: "rank-3", "rank_3", "rank3", "worker3", or a trailing "_3"/"-3"
-/// before the extension ("megatron_kineto_3.json.gz"). Empty when none.
+/// of at most six digits before the extension ("megatron_kineto_3.json.gz"). Empty when none.
+/// Throws lumos::error when "rank"/"worker" is followed by a number of max_world_size or more:
+/// such a name says it holds a rank, and no rank can be that large.
 [[nodiscard]] inline std::optional<int> rank_from_file_name(const std::filesystem::path& p) {
   std::string name = p.filename().string();
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   auto digits_at = [&](std::size_t i) -> std::optional<int> {
     if (i < name.size() && (name[i] == '-' || name[i] == '_')) ++i;
     if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return std::nullopt;
-    long v = 0;
-    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) && v < 1'000'000) {
-      v = v * 10 + (name[i++] - '0');
+    const std::size_t first = i;
+    std::int64_t v = 0;
+    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) {
+      v = std::min<std::int64_t>(v * 10 + (name[i++] - '0'), max_world_size);  // saturates: no overflow
+    }
+    if (v >= max_world_size) {
+      fail({p.string()}, "rank " + name.substr(first, i - first) + " in the file name is out of range (0 to " +
+                             std::to_string(max_world_size - 1) + ")");
     }
     return static_cast<int>(v);
   };
@@ -119,6 +128,10 @@ struct load_options {
 /// Files are read in parallel; the result does not depend on the thread count.
 [[nodiscard]] inline job load_job(const std::vector<std::filesystem::path>& inputs, const load_options& options = {}) {
   const std::vector<std::filesystem::path> files = expand_inputs(inputs);
+  if (files.size() > static_cast<std::size_t>(max_world_size)) {
+    throw error(std::to_string(files.size()) + " trace files: more ranks than lumos accepts (" +
+                std::to_string(max_world_size) + ")");
+  }
   unsigned threads = options.threads != 0 ? options.threads : std::max(1U, std::thread::hardware_concurrency());
   threads = std::min<unsigned>(threads, static_cast<unsigned>(files.size()));
 
@@ -137,30 +150,44 @@ struct load_options {
   std::vector<std::optional<rank_trace>> loaded(files.size());
   std::vector<std::exception_ptr> errors(files.size());
   std::atomic<std::size_t> next{0};
+  // Lowest index of a file that failed so far. Files after it need not be read: the error
+  // reported is the first in input order, and every file before it is still read (indices are
+  // handed out in increasing order), so the answer does not depend on timing.
+  std::atomic<std::size_t> first_failed{files.size()};
   std::mutex progress;
   std::size_t done = 0;
-  auto work = [&] {
-    reader_workspace workspace;  // reused for every file this thread reads
+  // Never lets an exception escape (a thread that throws would call std::terminate): each one is
+  // kept with the file it belongs to and rethrown below, after every thread has been joined.
+  auto work = [&]() noexcept {
+    std::optional<reader_workspace> workspace;  // reused for every file this thread reads
     while (true) {
       const std::size_t i = next.fetch_add(1);
-      if (i >= files.size()) return;
+      if (i >= files.size() || i > first_failed.load()) return;
       try {
-        loaded[i] = read_trace(files[i], read, &workspace);
+        if (!workspace) workspace.emplace();
+        loaded[i] = read_trace(files[i], read, &*workspace);
         if (options.on_loaded) {
           std::lock_guard lock(progress);
           options.on_loaded(*loaded[i], ++done, files.size());
         }
       } catch (...) {
         errors[i] = std::current_exception();
+        std::size_t seen = first_failed.load();
+        while (i < seen && !first_failed.compare_exchange_weak(seen, i)) {
+        }
       }
     }
   };
-  if (threads <= 1) {
+  {
+    // The calling thread works too; jthreads join when the pool goes out of scope, whatever
+    // happens. If the system refuses a thread, the ones running (and this one) read its share.
+    std::vector<std::jthread> pool;
+    try {
+      pool.reserve(threads - 1);
+      for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+    } catch (const std::exception&) {
+    }
     work();
-  } else {
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work);
-    for (auto& t : pool) t.join();
   }
   for (const auto& e : errors) {
     if (e) std::rethrow_exception(e);  // the first failing file in input order, whatever the timing
@@ -179,6 +206,12 @@ struct load_options {
     } else {
       t.rank = static_cast<int>(i);
       t.origin = rank_origin::order;
+    }
+    // The reader checked distributedInfo.rank against world_size; a rank from the name or the
+    // order must fit the world size the file declares too.
+    if (t.world_size && t.rank >= *t.world_size) {
+      fail({t.file}, "rank " + std::to_string(t.rank) + " (from the " + std::string(to_string(t.origin)) +
+                         ") is not below distributedInfo.world_size " + std::to_string(*t.world_size));
     }
     result.ranks.push_back(std::move(t));
   }

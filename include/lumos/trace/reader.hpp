@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -503,19 +504,21 @@ class kineto_reader {
     try {
       if (key == "distributedInfo") {
         od::object obj = need(doc.get_object(), at, "an object for \"distributedInfo\"");
+        std::optional<std::int64_t> rank, world;
         for (auto f : obj) {
           od::field field = need(std::move(f), at, "a field in \"distributedInfo\"");
           const std::string_view k = detail::raw_key(field.key());
           if (k == "rank") {
-            out_.distributed_rank = static_cast<int>(need(field.value().get_int64(), at, "an integer for distributedInfo.rank"));
+            rank = need(field.value().get_int64(), at, "an integer for distributedInfo.rank");
           } else if (k == "world_size") {
-            out_.world_size = static_cast<int>(need(field.value().get_int64(), at, "an integer for distributedInfo.world_size"));
+            world = need(field.value().get_int64(), at, "an integer for distributedInfo.world_size");
           } else if (k == "backend") {
             out_.backend = std::string(need(field.value().get_string(), at, "a string for distributedInfo.backend"));
           } else if (k == "pg_config") {
             parse_process_groups(field.value(), at);
           }
         }
+        check_distributed_info(rank, world, at);
       } else {  // deviceProperties
         od::array arr = need(doc.get_array(), at, "an array for \"deviceProperties\"");
         for (auto d : arr) {
@@ -537,6 +540,24 @@ class kineto_reader {
     } catch (const simdjson::simdjson_error& e) {
       fail_at(at, std::string("malformed \"") + key + "\": " + e.what());
     }
+  }
+
+  // The rank and world size index per-rank tables downstream: reject what no job can have
+  // (checked after the whole object, since "rank" may come before or after "world_size").
+  void check_distributed_info(std::optional<std::int64_t> rank, std::optional<std::int64_t> world, std::uint64_t at) {
+    if (world && (*world < 1 || *world > max_world_size)) {
+      fail_at(at, "distributedInfo.world_size " + std::to_string(*world) + " is out of range (1 to " +
+                      std::to_string(max_world_size) + ")");
+    }
+    if (rank && (*rank < 0 || *rank >= max_world_size)) {
+      fail_at(at, "distributedInfo.rank " + std::to_string(*rank) + " is out of range (0 to " +
+                      std::to_string(max_world_size - 1) + ")");
+    }
+    if (rank && world && *rank >= *world) {
+      fail_at(at, "distributedInfo.rank " + std::to_string(*rank) + " is not below world_size " + std::to_string(*world));
+    }
+    if (rank) out_.distributed_rank = static_cast<int>(*rank);
+    if (world) out_.world_size = static_cast<int>(*world);
   }
 
   void parse_process_groups(simdjson::ondemand::value v, std::uint64_t at) {
@@ -668,7 +689,11 @@ class kineto_reader {
   void reserve_from_first_batch(std::size_t first_batch_bytes) {
     reserved_ = true;
     if (size_hint_ == 0 || starts_.empty()) return;
-    const double bytes_per_event = static_cast<double>(first_batch_bytes) / static_cast<double>(starts_.size());
+    // Floored: a first batch of tiny or skipped entries ("{}") must not make a reservation of
+    // dozens of bytes per input byte. No event the reader stores is shorter than this.
+    constexpr double min_bytes_per_event = 32;
+    const double bytes_per_event =
+        std::max(min_bytes_per_event, static_cast<double>(first_batch_bytes) / static_cast<double>(starts_.size()));
     const double expected = static_cast<double>(size_hint_) / bytes_per_event * 1.05 + 64;
     const auto events = static_cast<std::size_t>(std::min(expected, 2.0e9));
     out_.events.reserve(events);
@@ -1172,17 +1197,30 @@ class kineto_reader {
 
 namespace detail {
 
-// Uncompressed size of gzip bytes from the ISIZE trailer (exact below 4 GiB), else the size.
+// Deflate's best case: a 258-byte match coded in 2 bits of a dynamic block, about 1032:1.
+inline constexpr std::uint64_t max_deflate_ratio = 1032;
+
+// The ISIZE trailer of a gzip stream of `compressed` bytes, as a size hint. The trailer is not
+// checked until the stream's end, so a corrupt one may claim 4 GiB for a few KiB of input: no
+// stream can inflate beyond max_deflate_ratio times its size (plus the header), so neither can
+// the hint, which bounds what the reader reserves from it.
+[[nodiscard]] constexpr std::uint64_t plausible_gzip_size(std::uint64_t isize, std::uint64_t compressed) noexcept {
+  return std::clamp<std::uint64_t>(isize, compressed, compressed * max_deflate_ratio);
+}
+
+// Uncompressed size of gzip bytes from the ISIZE trailer (exact below 4 GiB, bounded by what
+// the bytes can inflate to), else the size.
 [[nodiscard]] inline std::uint64_t gzip_size_hint(std::string_view bytes) noexcept {
   if (bytes.size() < 18 || static_cast<unsigned char>(bytes[0]) != 0x1f || static_cast<unsigned char>(bytes[1]) != 0x8b) {
     return bytes.size();
   }
   const auto* t = reinterpret_cast<const unsigned char*>(bytes.data() + bytes.size() - 4);
   const std::uint64_t isize = std::uint64_t{t[0]} | std::uint64_t{t[1]} << 8 | std::uint64_t{t[2]} << 16 | std::uint64_t{t[3]} << 24;
-  return std::max<std::uint64_t>(isize, bytes.size());
+  return plausible_gzip_size(isize, bytes.size());
 }
 
-// Uncompressed size of a file: its size, or for gzip the ISIZE trailer (exact below 4 GiB).
+// Uncompressed size of a file: its size, or for gzip the ISIZE trailer (exact below 4 GiB,
+// bounded as in gzip_size_hint).
 [[nodiscard]] inline std::uint64_t uncompressed_size_hint(const std::filesystem::path& p) {
   std::error_code ec;
   const std::uint64_t size = std::filesystem::file_size(p, ec);
@@ -1196,7 +1234,7 @@ namespace detail {
       std::fseek(f, -4, SEEK_END) == 0 && std::fread(tail, 1, 4, f) == 4) {
     result = std::uint64_t{tail[0]} | std::uint64_t{tail[1]} << 8 | std::uint64_t{tail[2]} << 16 |
              std::uint64_t{tail[3]} << 24;
-    result = std::max(result, size);
+    result = plausible_gzip_size(result, size);
   }
   std::fclose(f);
   return result;
