@@ -187,9 +187,52 @@ TEST_CASE("replay prints a table per rank and the job line", "[cli][replay]") {
   CHECK(r.out.find("critical path of rank") != std::string::npos);
 }
 
+TEST_CASE("replay --explain and the frozen section say what a what-if keeps fixed", "[cli][replay]") {
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  const result text = run("replay " + example + " --explain");
+  REQUIRE(text.code == 0);
+  CHECK(text.out.find("what a what-if keeps fixed") != std::string::npos);
+  CHECK(text.out.find("launch") != std::string::npos);
+  const result r = run("replay " + example + " --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(r.out);
+  for (simdjson::dom::element rk : simdjson::dom::array(doc["ranks"])) {
+    const auto frozen = rk["frozen"];
+    std::int64_t sum = 0;
+    for (const char* kind : {"launch_latency_ns", "stream_gap_ns", "cpu_idle_ns", "sync_tail_ns", "peer_wait_ns", "unexplained_ns"}) {
+      CHECK(int64_t(frozen["by_kind"][kind]) >= 0);
+      sum += int64_t(frozen["by_kind"][kind]);
+    }
+    CHECK(sum == int64_t(frozen["total_ns"]));
+    CHECK(sum > 0);  // every trace keeps some overhead: at least the launch latencies
+    for (simdjson::dom::element d : simdjson::dom::array(frozen["largest"])) CHECK(int64_t(d["amount_ns"]) > 0);
+  }
+  // Each stream reports the overheads it learnt.
+  CHECK(simdjson::dom::array(doc["overheads"]).size() >= 2);
+  const auto bound = doc["gpu_ops_bound_by"];
+  CHECK(int64_t(bound["stream"]) + int64_t(bound["launch"]) + int64_t(bound["dependency"]) > 0);
+}
+
+TEST_CASE("replay --scale op:TEXT=F: 1 is the identity, 0 removes the named kernels' time", "[cli][replay]") {
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  simdjson::dom::parser p1, p2, p3;
+  const result base = run("replay " + example + " --json");
+  const result same = run("replay " + example + " --json --scale op:gemm=1");
+  const result gone = run("replay " + example + " --json --scale op:gemm=0 --scale cpu=1");
+  REQUIRE((base.code == 0 && same.code == 0 && gone.code == 0));
+  const std::int64_t b = p1.parse(base.out)["job"]["simulated_ns"];
+  CHECK(int64_t(p2.parse(same.out)["job"]["simulated_ns"]) == b);
+  simdjson::dom::element g = p3.parse(gone.out);
+  CHECK(int64_t(g["job"]["simulated_ns"]) < b);
+  CHECK(std::string_view(g["scales"]["ops"].at(0)["text"]) == "gemm");
+  CHECK(run("replay " + example + " --scale 'op:gemm=0'").out.find("selective what-if 'gemm'=0") != std::string::npos);
+}
+
 TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
-  for (const char* bad : {"--scale compute", "--scale gpu=2", "--scale compute=-1", "--scale compute=abc", "--step x"}) {
+  for (const char* bad : {"--scale compute", "--scale gpu=2", "--scale compute=-1", "--scale compute=abc", "--step x", "--scale op:=2",
+                          "--scale op:gemm=-1", "--scale op:gemm=x", "--durations-from-step x"}) {
     INFO(bad);
     const result r = run("replay " + example + " " + bad);
     CHECK(r.code == 2);
