@@ -172,9 +172,12 @@ namespace detail {
                                                            const window_result& simulated) {
   const task_times times{&t.start, &t.finish, &c};
   graph::task_id last = plan.last_cpu;
-  time_ns last_end = last != graph::no_task ? times.end_of(last) + plan.tail_idle + plan.tail_busy : std::numeric_limits<time_ns>::min();
+  const time_ns cpu_end = last != graph::no_task ? times.end_of(last) + plan.tail_idle + plan.tail_busy : std::numeric_limits<time_ns>::min();
+  time_ns last_end = cpu_end;
+  // A GPU op that ends with the annotation is what the annotation waited for: the walk starts
+  // from it (an annotation written to end with the step's last kernel ends exactly there).
   for (const auto id : plan.gpu) {
-    if (times.end_of(id) > last_end) {
+    if (times.end_of(id) > last_end || (times.end_of(id) == last_end && last == plan.last_cpu)) {
       last_end = times.end_of(id);
       last = id;
     }
@@ -187,7 +190,16 @@ namespace detail {
       }
     }
   }
-  return trace_critical_path(g, c, t, last, simulated.window.begin);
+  critical_path path = trace_critical_path(g, c, t, last, simulated.window.begin);
+  if (last == plan.last_cpu && last != graph::no_task && cpu_end > path.end) {
+    // The annotation's tail after its last task (CPU work or idle the trace did not break down).
+    const time_ns from = std::max(path.end, simulated.window.begin);
+    path.segments.push_back({last, plan.tail_busy > plan.tail_idle ? path_category::cpu : path_category::idle, from, cpu_end});
+    path.total[static_cast<std::size_t>(path.segments.back().category)] += cpu_end - from;
+    if (path.segments.size() == 1) path.begin = from;
+    path.end = cpu_end;
+  }
+  return path;
 }
 
 }  // namespace lumos::report
