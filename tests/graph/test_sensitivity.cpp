@@ -146,3 +146,78 @@ TEST_CASE("an all-reduce joins two ranks: it ends at the last arrival plus the t
   CHECK(unjoined.ranks[0].simulated_ns == 320'000);
   CHECK(unjoined.ranks[1].simulated_ns == 370'000);
 }
+
+TEST_CASE("an event-query poll is one wait: it ends when the kernel does, however many queries ran", "[sensitivity]") {
+  // CPU: op0 [0,10] ⊃ L0 [2,7] → K0 s7 [10,110] (latency 8); six cudaEventQuery calls at 20,
+  // 40, ..., 115 — the last, at 115, succeeds: the run [20,116] waits for K0, r = 116 − 110 = 6.
+  // op1 [120,130] ⊃ L1 [122,127] → K1 [130,230] (latency 8); cudaStreamSynchronize [140,232]
+  // waits for K1 (r = 2). Window [0,235]: lead 2 (busy), tail 3 (idle). Both kernels were
+  // launched onto an idle stream: latency 8, no queued kernel (gap 2).
+  const auto job = load("polling.json");
+  CHECK(predict(job, unchanged) == 235.0);
+  // compute=0.5: K0 [10,60]; the poll ends max(20 + 6, 60 + 6) = 66 (five fewer queries would
+  // have run); L1 = 66 + 4 idle + 2 busy = 72, K1 [80,130]; the sync starts 77 + 10 + 3 = 90,
+  // ends 132; window end 135.
+  CHECK(predict(job, {.compute = 0.5, .comm = 1.0, .cpu = 1.0}) == 135.0);
+  // compute=2: K0 [10,210]; poll ends 216; L1 [222,227]; K1 [230,430]; sync ends 432; 435.
+  CHECK(predict(job, compute2) == 435.0);
+  // cpu=2: L0 [4,14] (lead 2 → 4); K0 [12,112]; the poll starts 14 + 10 + 6 = 30, ends 118;
+  // L1 [126,136]; K1 [134,234]; the sync starts 152, ends 236; window [0, 239].
+  CHECK(predict(job, cpu2) == 239.0);
+}
+
+TEST_CASE("a synchronous copy queued behind a kernel waits for it: the wait moves with the GPU", "[sensitivity]") {
+  // CPU: op0 [0,10] ⊃ L0 [2,7] → K0 s7 [10,110] (latency 8); aten::item [12,125] ⊃ cudaMemcpy
+  // [14,115] whose own copy runs [111,112] on s7 (queued behind K0: gap 1; the stream's gap is 1,
+  // its idle-launch latency 8). The call issues the copy in [14,22] (a launch latency) and waits
+  // until 112, returning 3 later. op2 [120,130] ⊃ L2 [122,127] → K2 [130,180];
+  // cudaStreamSynchronize [140,182] (r = 2). Window [0,185]: lead 2 (busy), tail 3.
+  const auto job = load("sync_copy.json");
+  CHECK(predict(job, unchanged) == 185.0);
+  // compute=0.5: K0 [10,60]; copy [61,61.5]; the call returns 64.5; L2 [71.5,76.5] (7 busy);
+  // K2 [79.5,104.5]; the sync starts 89.5, ends 106.5; window end 109.5.
+  CHECK(predict(job, {.compute = 0.5, .comm = 1.0, .cpu = 1.0}) == 109.5);
+  // cpu=2: L0 [4,14]; K0 [12,112]; issue [26,42] (2 idle + 10 busy, 16 own); copy [113,114];
+  // returns 117; L2 [131,141]; K2 [139,189]; the sync starts 157, ends 191; window [0,194].
+  CHECK(predict(job, cpu2) == 194.0);
+}
+
+TEST_CASE("a CUDA graph launch: its kernels follow each other, not the launch", "[sensitivity]") {
+  // CPU: op0 [0,10] ⊃ cudaGraphLaunch [2,8] → G1 [12,52], G2 [53,93], G3 [94,134] on s7 (one
+  // correlation; latency 10, gap 1); cudaStreamSynchronize [20,136] waits for G3 (r = 2).
+  // Window [0,140]: lead 2 (busy), tail 4.
+  const auto job = load("cuda_graph.json");
+  CHECK(predict(job, unchanged) == 140.0);
+  // compute=0.5: G1 [12,32], G2 [33,53], G3 [54,74]; sync ends 76; window end 80.
+  CHECK(predict(job, {.compute = 0.5, .comm = 1.0, .cpu = 1.0}) == 80.0);
+  // compute=2: G1 [12,92], G2 [93,173], G3 [174,254]; sync ends 256; window end 260.
+  CHECK(predict(job, compute2) == 260.0);
+}
+
+TEST_CASE("cross-stream pairing: exact from cuda_sync rows, found from timing without them", "[sensitivity]") {
+  // CPU: L0 [2,7] → A s7 [10,110]; L1 [9,12] → B s20 [20,40]; L5 [14,17] → D s30 [22,82];
+  // cudaEventRecord [20,22] records on s7 (after A); cudaStreamWaitEvent [25,27] makes s20 wait;
+  // L6 [30,35] → C s20 [111,131]; cudaDeviceSynchronize [40,133] (r = 2). Window [0,135].
+  // With the cuda_sync row the pair A → C is exact. Without it the record's stream is inferred
+  // from the last launch (D, on s30), which cannot explain C's start; the delay beyond the
+  // stream's typical gap finds A, which ended 1 before C started.
+  const auto exact = load("pairing_exact.json");
+  const auto inferred = load("pairing_inferred.json");
+  const auto e = report::replay_job(exact);
+  const auto i = report::replay_job(inferred);
+  CHECK(e.built.stats.cross_stream_exact == 1);
+  CHECK(e.built.stats.cross_stream_implicit == 0);
+  CHECK(i.built.stats.cross_stream_inferred == 1);
+  CHECK(i.built.stats.cross_stream_implicit == 1);
+  CHECK(predict(exact, unchanged) == 135.0);
+  CHECK(predict(inferred, unchanged) == 135.0);
+  // compute=2: A [10,210]; C waits for it: [211,251]; the sync ends 253; window end 255.
+  CHECK(predict(exact, compute2) == 255.0);
+  CHECK(predict(inferred, compute2) == 255.0);
+  // Without pairing and without the timing rule, C keeps its measured 71 µs gap after B:
+  // [131,171]; the sync ends 212; 214.
+  graph::build_options blind;
+  blind.cross_stream = false;
+  blind.implicit_waits = false;
+  CHECK(predict(inferred, compute2, blind) == 214.0);
+}
