@@ -6,6 +6,7 @@
 #include "schedule.hpp"
 #include "synth.hpp"
 #include "replay.hpp"
+#include "whatif.hpp"
 
 #include <array>
 #include <cstdio>
@@ -29,6 +30,7 @@ const std::array commands = {
     command{"schedule", "print a pipeline schedule's op order; simulate it with --costs", lumos::cli::schedule_usage, lumos::cli::run_schedule},
     command{"predict", "model one training iteration from a model description: time, MFU, bubble, memory", lumos::cli::predict_usage, lumos::cli::run_predict},
     command{"synth", "write a modelled iteration as Kineto traces (one per distinct rank)", lumos::cli::synth_usage, lumos::cli::run_synth},
+    command{"whatif", "rewrite a traced job for another configuration (GPU, scales) and replay it", lumos::cli::whatif_usage, lumos::cli::run_whatif},
 };
 
 #ifndef LUMOS_VERSION

@@ -168,14 +168,14 @@ struct window_result {
   }
   // A GPU op's first task: the arrive of a communication op that has one, else the op itself;
   // no_task for arrives (they are taken with their op).
+  // A communication op's arrive is the task right before it on its stream (builders add the
+  // pair together; graph rewrites copy it together).
   auto first_of = [&](graph::task_id t) -> graph::task_id {
     const auto k = g.kind[t];
     if (k == graph::task_kind::comm_arrive) return graph::no_task;
-    const auto src = g.source[t];
-    const int rk = g.rank[t];
-    if ((k == graph::task_kind::comm_complete || k == graph::task_kind::gpu_comm) && src != ~0U) {
-      const auto& map = b.ranks[static_cast<std::size_t>(rank_index_of[static_cast<std::size_t>(rk)])];
-      if (src < map.arrive_of_event.size() && map.arrive_of_event[src] != graph::no_task) return map.arrive_of_event[src];
+    if ((k == graph::task_kind::comm_complete || k == graph::task_kind::gpu_comm) && t > 0 &&
+        g.kind[t - 1] == graph::task_kind::comm_arrive && g.processor[t - 1] == g.processor[t] && g.source[t - 1] == g.source[t]) {
+      return t - 1;
     }
     return t;
   };

@@ -69,11 +69,20 @@ struct replay_session {
   return measured > 0 ? std::fabs(static_cast<double>(simulated - measured)) / static_cast<double>(measured) : 0.0;
 }
 
+/// Leaves the built graph as it is (the plain replay).
+struct no_rewrite {
+  void operator()(graph::built_job&) const noexcept {}
+};
+
 /// Builds, compiles and replays `job` with `options`, and evaluates every rank's iteration.
-[[nodiscard]] inline replay_session replay_job(const trace::job& job, const replay_options& options = {}) {
+/// `rewrite(built_job&)` runs once the graph is built, before iterations are planned: a
+/// what-if that edits the graph (durations, or its tasks, keeping `built_job::ranks` in step).
+template <class Rewrite = no_rewrite>
+[[nodiscard]] replay_session replay_job(const trace::job& job, const replay_options& options = {}, Rewrite&& rewrite = {}) {
   replay_session s;
   s.scales = options.scales;
   s.built = graph::build_graph(job, options.build);
+  rewrite(s.built);
   s.plans = plan_iterations(job, s.built, options.step);
   std::vector<iteration_plan> sources;
   std::vector<time_ns> same_step;

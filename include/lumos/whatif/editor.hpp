@@ -1,0 +1,137 @@
+#pragma once
+// Structural rewrites of an execution graph: a group of tasks (one layer of one micro-batch, say:
+// its CPU ops, its kernels on every stream, the joins of its collectives) repeated n times in
+// place, or removed (n = 0). The rewritten graph is a new `task_graph`; every edge keeps its
+// kind and delay, so the measured overheads of the group travel with each copy.
+
+#include <lumos/core/error.hpp>
+#include <lumos/graph/task_graph.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lumos::whatif {
+
+/// A group of tasks to repeat `count` times where it stands (0 removes it). On every processor
+/// the group's tasks must be contiguous (no other task between them), so that the copies can
+/// follow each other there.
+struct repeat_group {
+  std::vector<graph::task_id> tasks;
+  std::size_t count = 1;
+};
+
+/// The rewritten graph and where each original task went.
+struct edited_graph {
+  graph::task_graph graph;
+  /// Per original task: its copies in the new graph, in order (empty: removed).
+  std::vector<std::vector<graph::task_id>> copies;
+  std::size_t added = 0, removed = 0;  ///< tasks
+  std::size_t edges_dropped = 0;       ///< edges into or out of removed tasks
+  [[nodiscard]] graph::task_id first(graph::task_id t) const noexcept {
+    return copies[t].empty() ? graph::no_task : copies[t].front();
+  }
+};
+
+/// Rewrites `g` with `groups` (disjoint). Edges between two tasks of one group are repeated
+/// in every copy; an edge leaving a group leaves its last copy; an edge entering a group enters
+/// its first copy; edges of removed tasks are dropped (their processors still order what
+/// remains). Copies keep the observed times, names and sources of their originals (reports
+/// count them inside the same step). O(tasks + edges). Throws `lumos::error` when groups
+/// overlap or a group is not contiguous on a processor.
+[[nodiscard]] inline edited_graph repeat_groups(const graph::task_graph& g, const std::vector<repeat_group>& groups) {
+  const std::size_t n = g.task_count();
+  constexpr std::uint32_t none = ~std::uint32_t{0};
+  std::vector<std::uint32_t> group_of(n, none);
+  for (std::uint32_t k = 0; k < groups.size(); ++k) {
+    for (const graph::task_id t : groups[k].tasks) {
+      if (t >= n) throw error("whatif: a group refers to task " + std::to_string(t) + ", which does not exist");
+      if (group_of[t] != none) throw error("whatif: " + g.describe(t) + " belongs to two groups");
+      group_of[t] = k;
+    }
+  }
+  // Tasks of each processor in order; a group's run on a processor must be contiguous.
+  std::vector<std::vector<graph::task_id>> on(g.processors.size());
+  for (graph::task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
+  for (const auto& tasks : on) {
+    std::vector<bool> closed(groups.size(), false);
+    std::uint32_t current = none;
+    for (const graph::task_id t : tasks) {
+      const std::uint32_t k = group_of[t];
+      if (k != current && current != none) closed[current] = true;
+      if (k != none && k != current && closed[k]) {
+        throw error("whatif: the tasks of a group are not contiguous on " + g.processors[g.processor[t]].name + " (at " +
+                    g.describe(t) + ")");
+      }
+      current = k;
+    }
+  }
+
+  edited_graph out;
+  out.copies.resize(n);
+  graph::task_graph& ng = out.graph;
+  ng.processors = g.processors;
+  ng.collectives = {};
+  auto copy_task = [&](graph::task_id t) {
+    const graph::task_id id = ng.add_task(g.processor[t], g.kind[t], g.duration[t], g.idle_gap[t], g.busy_gap[t], g.task_name(t),
+                                          g.rank[t], g.source[t], g.observed_start[t], g.observed_end[t]);
+    out.copies[t].push_back(id);
+  };
+  // Emit processor by processor; a group's run is emitted `count` times in a row. Task ids are
+  // per-processor ordered in the new graph as in the old one, which is all `compile` needs.
+  for (const auto& tasks : on) {
+    for (std::size_t i = 0; i < tasks.size();) {
+      const std::uint32_t k = group_of[tasks[i]];
+      std::size_t j = i + 1;
+      while (j < tasks.size() && k != none && group_of[tasks[j]] == k) ++j;
+      if (k == none) {
+        copy_task(tasks[i]);
+      } else {
+        for (std::size_t c = 0; c < groups[k].count; ++c) {
+          for (std::size_t x = i; x < j; ++x) copy_task(tasks[x]);
+        }
+        if (groups[k].count == 0) out.removed += j - i;
+        out.added += (j - i) * (groups[k].count > 0 ? groups[k].count - 1 : 0);
+      }
+      i = k == none ? i + 1 : j;
+    }
+  }
+  for (const graph::edge& e : g.edges) {
+    const auto& from = out.copies[e.from];
+    const auto& to = out.copies[e.to];
+    if (from.empty() || to.empty()) {
+      ++out.edges_dropped;
+      continue;
+    }
+    if (group_of[e.from] != none && group_of[e.from] == group_of[e.to]) {
+      for (std::size_t c = 0; c < from.size() && c < to.size(); ++c) ng.add_edge(from[c], to[c], e.delay, e.kind, e.finish, e.from_start);
+    } else {
+      ng.add_edge(from.back(), to.front(), e.delay, e.kind, e.finish, e.from_start);
+    }
+  }
+  // Collectives: each copy of a participant's tasks is one more instance of the collective.
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (ci.join == graph::no_task || out.copies[ci.join].empty()) continue;
+    const std::size_t copies = out.copies[ci.join].size();
+    for (std::size_t c = 0; c < copies; ++c) {
+      graph::collective_instance nc = ci;
+      nc.join = out.copies[ci.join][c];
+      nc.arrive.clear();
+      nc.complete.clear();
+      for (std::size_t m = 0; m < ci.arrive.size(); ++m) {
+        const auto& a = out.copies[ci.arrive[m]];
+        const auto& x = out.copies[ci.complete[m]];
+        if (c < a.size() && c < x.size()) {
+          nc.arrive.push_back(a[c]);
+          nc.complete.push_back(x[c]);
+        }
+      }
+      ng.collectives.push_back(std::move(nc));
+    }
+  }
+  return out;
+}
+
+}  // namespace lumos::whatif

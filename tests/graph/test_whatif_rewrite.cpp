@@ -1,0 +1,119 @@
+// Graph rewrites of the trace-driven what-if (include/lumos/whatif/): repeating and removing task
+// groups, the GPU change, and the whatif driver's identity on the trace's own configuration.
+#include "../unit/test_support.hpp"
+
+#include <lumos/graph/compile.hpp>
+#include <lumos/sim/replay.hpp>
+#include <lumos/trace/job.hpp>
+#include <lumos/whatif/whatif.hpp>
+
+#include <catch2/catch.hpp>
+
+using namespace lumos;
+using namespace lumos::graph;
+
+namespace {
+
+// A CPU thread launching A, B, C onto one stream: L_x [10k, 10k + 5], each op 100 long.
+struct three_launches {
+  task_graph g;
+  processor_id cpu = g.add_processor({processor_kind::cpu_thread, 0, 1, 1, "cpu"});
+  processor_id gpu = g.add_processor({processor_kind::gpu_stream, 0, 0, 7, "stream 7"});
+  task_id la = g.add_task(cpu, task_kind::cpu, 5, 0, 0, "launch A");
+  task_id lb = g.add_task(cpu, task_kind::cpu, 5, 5, 0, "launch B");
+  task_id lc = g.add_task(cpu, task_kind::cpu, 5, 5, 0, "launch C");
+  task_id a = g.add_task(gpu, task_kind::gpu_compute, 100, 0, 0, "ampere_bf16_s16816gemm_bf16_128x128");
+  task_id b = g.add_task(gpu, task_kind::gpu_compute, 100, 0, 0, "vectorized_elementwise_kernel");
+  task_id c = g.add_task(gpu, task_kind::gpu_compute, 100, 0, 0, "C");
+  three_launches() {
+    g.add_edge(la, a, 5, edge_kind::launch, false, true);
+    g.add_edge(lb, b, 5, edge_kind::launch, false, true);
+    g.add_edge(lc, c, 5, edge_kind::launch, false, true);
+  }
+};
+
+time_ns makespan(const task_graph& g) {
+  const compiled_graph c = compile(g);
+  sim::replay_engine e;
+  sim::makespan_only m;
+  return e.run(c, m);
+}
+
+}  // namespace
+
+TEST_CASE("repeat_groups: a group repeated in place keeps its edges in every copy", "[whatif][rewrite]") {
+  three_launches x;
+  // Unchanged: A [5,105], B [105,205] (launched at 10 + 5 = 15: queued), C [205,305].
+  CHECK(makespan(x.g) == 305);
+  // B with its launch, three times: the copies follow each other on both processors; each copy
+  // of B waits for its own launch copy. A [5,105], B1..B3 [105,405], C [405,505].
+  const whatif::edited_graph e = whatif::repeat_groups(x.g, {{{x.lb, x.b}, 3}});
+  CHECK(e.graph.task_count() == 10);
+  CHECK(e.added == 4);
+  CHECK(e.copies[x.b].size() == 3);
+  CHECK(e.copies[x.lb].size() == 3);
+  std::size_t launch_edges = 0;
+  for (const auto& ed : e.graph.edges) launch_edges += ed.kind == edge_kind::launch;
+  CHECK(launch_edges == 5);
+  CHECK(makespan(e.graph) == 505);
+  // Removed: C follows A (its launch at 10 + 5 + 5 = 20 → 25; stream free at 105).
+  const whatif::edited_graph r = whatif::repeat_groups(x.g, {{{x.lb, x.b}, 0}});
+  CHECK(r.graph.task_count() == 4);
+  CHECK(r.removed == 2);
+  CHECK(r.edges_dropped == 1);
+  CHECK(makespan(r.graph) == 205);
+  // Identity: every group once.
+  CHECK(makespan(whatif::repeat_groups(x.g, {{{x.la, x.a}, 1}, {{x.lb, x.b}, 1}}).graph) == 305);
+}
+
+TEST_CASE("repeat_groups rejects overlapping and scattered groups", "[whatif][rewrite]") {
+  three_launches x;
+  CHECK_THROWS_WITH(whatif::repeat_groups(x.g, {{{x.a}, 2}, {{x.a}, 2}}), Catch::Contains("belongs to two groups"));
+  CHECK_THROWS_WITH(whatif::repeat_groups(x.g, {{{x.a, x.c}, 2}}), Catch::Contains("not contiguous"));
+  CHECK_THROWS_WITH(whatif::repeat_groups(x.g, {{{99}, 2}}), Catch::Contains("does not exist"));
+}
+
+TEST_CASE("GPU change: compute-bound by the peak ratio, memory-bound by bandwidth, a fixed part kept", "[whatif][gpu]") {
+  using whatif::op_bound;
+  CHECK(whatif::classify(task_kind::gpu_compute, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == op_bound::compute);
+  CHECK(whatif::classify(task_kind::gpu_compute, "volta_sgemm_128x64_nn") == op_bound::compute);
+  CHECK(whatif::classify(task_kind::gpu_compute, "flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>") == op_bound::compute);
+  CHECK(whatif::classify(task_kind::gpu_compute, "void at::native::vectorized_elementwise_kernel<4>") == op_bound::memory);
+  CHECK(whatif::classify(task_kind::gpu_compute, "Memcpy HtoD (Pageable -> Device)") == op_bound::host_copy);
+  CHECK(whatif::classify(task_kind::gpu_compute, "Memcpy DtoD (Device -> Device)") == op_bound::memory);
+  CHECK(whatif::classify(task_kind::comm_complete, "ncclDevKernel_AllReduce_Sum_f16_RING_LL") == op_bound::communication);
+  CHECK(whatif::preset_of_device("NVIDIA A100-SXM4-80GB") == "a100-sxm-80gb");
+  CHECK(whatif::preset_of_device("NVIDIA H100 80GB HBM3") == "h100-sxm");
+  CHECK(whatif::preset_of_device("Tesla V100-SXM2-32GB").empty());
+
+  three_launches x;
+  whatif::gpu_ratios r;
+  r.compute = 0.25;
+  r.memory = 0.5;
+  r.fixed = 4;
+  const auto st = whatif::change_gpu(x.g, r);
+  CHECK(st.compute == 1);
+  CHECK(st.memory == 2);
+  CHECK(x.g.duration[x.a] == 4 + 24);  // (100 − 4) · 0.25
+  CHECK(x.g.duration[x.b] == 4 + 48);
+  const auto a100 = model::hardware_preset("a100-sxm-80gb");
+  const auto h100 = model::hardware_preset("h100-sxm");
+  const auto up = whatif::ratios(a100, h100);
+  CHECK(up.compute == Approx(a100.gpu.bf16_flops / h100.gpu.bf16_flops));
+  CHECK(up.memory == Approx(a100.gpu.hbm_bandwidth / h100.gpu.hbm_bandwidth));
+}
+
+TEST_CASE("whatif to the traces' own GPU reproduces their replay; a faster GPU never slows the job", "[whatif][gpu]") {
+  const auto job = trace::load_job({std::filesystem::path(LUMOS_SOURCE_DIR) / "examples/data/tiny_job"});
+  whatif::whatif_options same;
+  same.gpu = "h100-sxm";  // the example job's deviceProperties name an H100
+  const auto r = whatif::run_whatif(job, same);
+  CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
+  for (std::size_t i = 0; i < r.baseline.ranks.size(); ++i) CHECK(r.predicted.ranks[i].simulated_ns == r.baseline.ranks[i].simulated_ns);
+  whatif::whatif_options faster = same;
+  faster.gpu = "h200-sxm";
+  CHECK(whatif::run_whatif(job, faster).predicted.simulated_ns <= r.baseline.simulated_ns);
+  whatif::whatif_options slower = same;
+  slower.gpu = "a100-sxm-80gb";
+  CHECK(whatif::run_whatif(job, slower).predicted.simulated_ns > r.baseline.simulated_ns);
+}
