@@ -1,10 +1,12 @@
 #pragma once
 // lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--step N] [--scale ...]... [--json]
+//              [--trace-out DIR]
 
 #include "cli.hpp"
 #include "replay.hpp"
 
 #include <lumos/core/json_writer.hpp>
+#include <lumos/report/trace_writer.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
@@ -15,7 +17,7 @@ namespace lumos::cli {
 
 inline constexpr std::string_view whatif_usage =
     "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--step N] [--scale KIND=F]...\n"
-    "                    [--scale op:TEXT=F]... [--json]\n"
+    "                    [--scale op:TEXT=F]... [--json] [--trace-out DIR]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
@@ -24,7 +26,9 @@ inline constexpr std::string_view whatif_usage =
     "                      NVLink bandwidth; CPU time and launch overheads stay\n"
     "  --from-gpu PRESET   the traces' GPU, when their deviceProperties name none of the presets\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
-    "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...]}\n";
+    "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...]}\n"
+    "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
+    "                      `lumos replay` reads back and replays to the same prediction\n";
 
 inline void session_json(json_writer& w, const report::replay_session& s) {
   w.begin_object().field("iteration_ns", s.simulated_ns).field("measured_ns", s.measured_ns);
@@ -56,6 +60,7 @@ inline int run_whatif(args& a) {
     }
   }
   const bool json = a.flag("--json");
+  const auto trace_out = a.option("--trace-out");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
   if (o.gpu.empty() && o.groups.empty() && scaled.ops.empty() && scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 &&
@@ -64,6 +69,8 @@ inline int run_whatif(args& a) {
   }
   const trace::job job = trace::load_job(paths(inputs));
   const whatif::whatif_result r = whatif::run_whatif(job, o);
+  std::vector<std::filesystem::path> written;
+  if (trace_out) written = report::write_kineto(report::simulated_from(r.predicted, job), report::rank_numbers(job), *trace_out);
 
   std::string out;
   if (json) {
@@ -76,7 +83,13 @@ inline int run_whatif(args& a) {
     w.field("speedup", r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
     w.key("changes").begin_array();
     for (const auto& c : r.changes) w.value(c);
-    w.end_array().end_object();
+    w.end_array();
+    if (trace_out) {
+      w.key("trace_out").begin_array();
+      for (const auto& f : written) w.value(f.string());
+      w.end_array();
+    }
+    w.end_object();
     out += '\n';
   } else {
     char line[512];
@@ -98,6 +111,7 @@ inline int run_whatif(args& a) {
                   ms(r.predicted.simulated_ns).c_str(),
                   r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
     out += line;
+    for (const auto& f : written) out += "wrote " + f.string() + "\n";
   }
   write_stdout(out);
   return 0;
