@@ -29,6 +29,7 @@ const std::array commands = {
     command{"schedule", "print a pipeline schedule's op order; simulate it with --costs", lumos::cli::schedule_usage, lumos::cli::run_schedule},
     command{"predict", "model one training iteration from a model description: time, MFU, bubble, memory", lumos::cli::predict_usage, lumos::cli::run_predict},
     command{"synth", "write a modelled iteration as Kineto traces (one per distinct rank)", lumos::cli::synth_usage, lumos::cli::run_synth},
+    command{"calibrate", "fit a cost profile (GEMM, bandwidth, CPU, NCCL) from traces: predict --profile", lumos::cli::calibrate_usage, lumos::cli::run_calibrate},
 };
 
 void print_usage(std::FILE* to) {
