@@ -31,6 +31,7 @@ const std::array commands = {
     command{"predict", "model one training iteration from a model description: time, MFU, bubble, memory", lumos::cli::predict_usage, lumos::cli::run_predict},
     command{"synth", "write a modelled iteration as Kineto traces (one per distinct rank)", lumos::cli::synth_usage, lumos::cli::run_synth},
     command{"whatif", "rewrite a traced job for another configuration (GPU, scales) and replay it", lumos::cli::whatif_usage, lumos::cli::run_whatif},
+    command{"calibrate", "fit a cost profile (GEMM, bandwidth, CPU, NCCL) from traces: predict --profile", lumos::cli::calibrate_usage, lumos::cli::run_calibrate},
 };
 
 #ifndef LUMOS_VERSION

@@ -5,15 +5,22 @@
 
 #include <lumos/core/json_writer.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/nccl.hpp>
 #include <lumos/model/parallel.hpp>
+#include <lumos/model/profile.hpp>
 #include <lumos/model/transformer.hpp>
 #include <lumos/synth/predict.hpp>
 #include <lumos/synth/schedules.hpp>
+
+#include "calibrate.hpp"  // so that main.cpp registers `calibrate` with one line of its table
 
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace lumos::cli {
@@ -23,7 +30,8 @@ inline constexpr std::string_view predict_usage =
     "                     [--kv-heads N] [--seq N] [--vocab N] [--tp N] [--pp N] [--dp N] [--vp N]\n"
     "                     [--sp {on,off}] [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
     "                     [--recompute {none,selective,full}] [--gpu PRESET]\n"
-    "                     [--precision {bf16,fp16,fp8}] [--json] [--unfold]\n"
+    "                     [--precision {bf16,fp16,fp8}] [--profile FILE] [--attention {flash,unfused}]\n"
+    "                     [--cost-model {kernel,roofline}] [--forward-only] [--json] [--unfold]\n"
     "  Builds one training iteration from the model description and simulates it with the replay\n"
     "  engine; prints iteration time, throughput, TFLOP/s and MFU/HFU, pipeline bubble, the 4-way\n"
     "  breakdown of rank 0 and per-GPU memory.\n"
@@ -38,6 +46,13 @@ inline constexpr std::string_view predict_usage =
     "  --schedule  gpipe, 1f1b, interleaved, zb-h1, zb-h2 (default interleaved when vp > 1, else 1f1b)\n"
     "  --recompute activation recomputation (default none)\n"
     "  --gpu       a100-sxm-80gb, h100-sxm (default), h200-sxm; --precision default bf16\n"
+    "  --profile   cost profile JSON (lumos calibrate -o FILE); default: the preset of --gpu (its\n"
+    "              'hardware' field picks the GPU when --gpu is not given)\n"
+    "  --attention override the profile's attention path (flash, or Megatron's unfused softmax)\n"
+    "  --cost-model kernel (default: per-kernel GPU times, CPU dispatch, NCCL protocols from the\n"
+    "              profile) or roofline (pass-level roofline with one efficiency per op class)\n"
+    "  --forward-only  forward passes only (no backward, gradient reduction or optimizer), e.g. to\n"
+    "              compare with a forward-only profiling step\n"
     "  --unfold    simulate every rank (default: one rank per pipeline stage, identical ranks folded)\n"
     "  Fixed: Megatron's distributed optimizer (ZeRO-1) with fp32 main gradients, gradient\n"
     "  reduction in buckets overlapped with the backward, FlashAttention.\n";
@@ -90,12 +105,34 @@ inline std::string pct(double f) {
 struct predict_request {
   synth::job job;
   bool unfold = false;
+  bool roofline = false;
+  bool forward_only = false;
+  model::cost_profile profile;
 };
+
+/// Reads a profile file (`lumos calibrate -o`), on top of the preset it names or `fallback`.
+inline model::cost_profile read_profile_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw lumos::error("cannot read profile '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  // The preset of the profile's hardware gives every value the file leaves out.
+  model::cost_profile base = model::a100_profile();
+  if (const auto at = text.find("\"hardware\""); at != std::string::npos) {
+    for (auto n : model::profile_preset_names) {
+      const auto v = text.find('"' + std::string(n) + '"', at);
+      if (v != std::string::npos && v < text.find(',', at)) base = model::profile_preset(n);
+    }
+  }
+  return model::profile_from_json(text, base, path);
+}
 
 inline predict_request parse_predict(args& a) {
   predict_request req;
   synth::job& j = req.job;
   j.model = model::model_preset(a.option("--model").value_or("gpt3-175b"));
+  const model::transformer preset = j.model;
   model::transformer& m = j.model;
   const bool mha = m.kv_heads == m.heads;
   const bool ffn_4h = m.ffn == 4 * m.hidden;
@@ -114,6 +151,11 @@ inline predict_request parse_predict(args& a) {
   }
   m.seq = detail::positive_int(a, "--seq", m.seq);
   m.vocab = detail::positive_int(a, "--vocab", m.vocab);
+  // A shape that is not the preset's is not the preset: say so instead of its name.
+  if (m.layers != preset.layers || m.hidden != preset.hidden || m.ffn != preset.ffn || m.heads != preset.heads ||
+      m.kv_heads != preset.kv_heads || m.seq != preset.seq || m.vocab != preset.vocab) {
+    m.name = "custom";
+  }
 
   model::parallel_config& p = j.parallel;
   p.tp = detail::positive_small(a, "--tp", 1);
@@ -150,12 +192,47 @@ inline predict_request parse_predict(args& a) {
   }
   p.zero_stage = 1;
   if (const auto s = a.option("--schedule")) j.schedule = synth::parse_schedule_name(*s);
-  j.hardware = model::hardware_preset(a.option("--gpu").value_or("h100-sxm"));
+  const auto gpu = a.option("--gpu");
+  if (const auto file = a.option("--profile")) {
+    req.profile = read_profile_file(*file);
+    j.hardware = model::hardware_preset(gpu.value_or(req.profile.hardware));
+  } else {
+    j.hardware = model::hardware_preset(gpu.value_or("h100-sxm"));
+    req.profile = model::profile_preset(j.hardware.name);
+  }
+  if (const auto att = a.option("--attention")) {
+    if (*att != "flash" && *att != "unfused") throw lumos::error("--attention must be flash or unfused, got '" + *att + "'");
+    req.profile.attention = *att == "flash" ? model::attention_impl::flash : model::attention_impl::unfused;
+  }
+  if (const auto cm = a.option("--cost-model")) {
+    if (*cm != "kernel" && *cm != "roofline") throw lumos::error("--cost-model must be kernel or roofline, got '" + *cm + "'");
+    req.roofline = *cm == "roofline";
+  }
   req.unfold = a.flag("--unfold");
+  req.forward_only = a.flag("--forward-only");
   return req;
 }
 
-inline void predict_json(const synth::job& j, const synth::prediction& r, double wall_ms, std::string& out) {
+/// The host-side options of the program builder that a profile fixes (collective enqueue time,
+/// the p2p and fp16 loss-scale host syncs).
+inline void apply_profile(const predict_request& req, synth::program_options& o) {
+  o.forward_only = req.forward_only;
+  if (req.roofline) return;
+  o.collective_cpu = static_cast<time_ns>(req.profile.cpu_collective_ns);
+  o.launch_cost = static_cast<time_ns>(req.profile.cpu_launch_ns);
+  o.p2p_host_sync = req.profile.cpu_p2p_sync > 0;
+  o.loss_scale_host_sync = req.profile.cpu_loss_scale_sync > 0 && req.job.parallel.dtype == model::precision::fp16;
+}
+
+/// `predict` with the cost model the request asks for.
+inline synth::prediction run_model(const predict_request& req, synth::predict_options opt) {
+  apply_profile(req, opt.program);
+  if (req.roofline) return synth::predict(req.job, opt);
+  return synth::predict(req.job, opt, model::kernel_level{req.profile}, model::nccl_model{req.profile});
+}
+
+inline void predict_json(const synth::job& j, const synth::prediction& r, double wall_ms, std::string& out,
+                         const std::string& profile_name = "") {
   const auto& m = j.model;
   const auto& p = j.parallel;
   json_writer w(out);
@@ -164,6 +241,7 @@ inline void predict_json(const synth::job& j, const synth::prediction& r, double
   w.field("model", m.name).field("layers", m.layers).field("hidden", m.hidden).field("ffn", m.ffn);
   w.field("heads", m.heads).field("kv_heads", m.kv_heads).field("seq", m.seq).field("vocab", m.vocab);
   w.field("gpu", j.hardware.name).field("precision", model::to_string(p.dtype)).field("gpus", r.gpus);
+  w.field("profile", profile_name);
   w.field("tp", p.tp).field("pp", p.pp).field("dp", p.dp).field("vp", p.vp).field("sp", p.sp);
   w.field("micro_batch", p.micro_batch).field("global_batch", p.global_batch);
   w.field("micro_batches_per_pipeline", static_cast<std::int64_t>(r.shape.micro_batches));
@@ -284,11 +362,11 @@ inline int run_predict(args& a) {
   synth::predict_options opt;
   opt.program.unfold = req.unfold;
   const auto t0 = std::chrono::steady_clock::now();
-  const synth::prediction r = synth::predict(req.job, opt);
+  const synth::prediction r = run_model(req, opt);
   const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::string out;
   if (json) {
-    predict_json(req.job, r, wall_ms, out);
+    predict_json(req.job, r, wall_ms, out, req.roofline ? std::string("roofline") : req.profile.name);
   } else {
     predict_text(req.job, r, wall_ms, out);
   }

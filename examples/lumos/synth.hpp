@@ -35,7 +35,10 @@ inline int run_synth(args& a) {
   opt.unfold = req.unfold;
   opt.detail = synth::granularity::kernel;
   opt.record_collectives = true;
-  const synth::program prog = synth::build_program(req.job, opt);
+  apply_profile(req, opt);
+  const synth::program prog = req.roofline ? synth::build_program(req.job, opt)
+                                           : synth::build_program(req.job, opt, model::kernel_level{req.profile},
+                                                                  model::nccl_model{req.profile});
   const graph::compiled_graph compiled = graph::compile(prog.graph);
   sim::replay_engine engine;
   sim::record_timeline timeline;

@@ -3,6 +3,9 @@
 
 #include <lumos/graph/compile.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/model/profile.hpp>
 #include <lumos/model/transformer.hpp>
 #include <lumos/sim/replay.hpp>
 #include <lumos/synth/predict.hpp>
@@ -468,4 +471,115 @@ TEST_CASE("with free communication the program's pipeline phase is the schedule,
       }
     }
   }
+}
+
+// ---- kernel-level cost model (model/kernel_costs.hpp, nccl.hpp, profile.hpp) ----
+
+namespace {
+ls::job small_a100() {  // 12 layers, hidden 1024, TP2 x PP2, 16 micro-batches of 1: launch/CPU bound
+  ls::job j;
+  j.model = lm::gpt3_with_layers("small", 12);
+  j.model.hidden = 1024;
+  j.model.ffn = 4096;
+  j.model.heads = 16;
+  j.model.kv_heads = 16;
+  j.hardware = lm::a100_sxm_80gb();
+  j.parallel.tp = 2;
+  j.parallel.pp = 2;
+  j.parallel.micro_batch = 1;
+  j.parallel.global_batch = 16;
+  j.parallel.dtype = lm::precision::fp16;
+  j.parallel.recompute = lm::recompute_kind::full;
+  j.parallel.zero_stage = 1;
+  return j;
+}
+
+lumos::time_ns iteration(const ls::job& j, const lm::cost_profile& pr, ls::granularity g, bool syncs) {
+  ls::predict_options o;
+  o.program.detail = g;
+  o.program.collective_cpu = static_cast<lumos::time_ns>(pr.cpu_collective_ns);
+  o.program.launch_cost = static_cast<lumos::time_ns>(pr.cpu_launch_ns);
+  o.program.p2p_host_sync = syncs;
+  o.program.loss_scale_host_sync = syncs;
+  return ls::predict(j, o, lm::kernel_level{pr}, lm::nccl_model{pr}).iteration_ns;
+}
+}  // namespace
+
+TEST_CASE("kernel-level model: the pass fold equals the per-kernel graph, CPU-bound or not", "[synth][kernel_level]") {
+  const lm::cost_profile pr = lm::a100_profile();
+  for (const bool syncs : {false, true}) {
+    const ls::job j = small_a100();
+    const auto pass = iteration(j, pr, ls::granularity::pass, syncs);
+    const auto kernel = iteration(j, pr, ls::granularity::kernel, syncs);
+    CHECK(std::abs(static_cast<double>(pass - kernel)) <= 0.01 * static_cast<double>(kernel));
+  }
+  ls::job big = small_a100();
+  big.model = lm::gpt3_with_layers("gpt3-16l", 16);
+  big.parallel.tp = 8;
+  big.parallel.pp = 4;
+  big.parallel.dp = 2;
+  big.parallel.vp = 2;
+  big.parallel.global_batch = 32;
+  const auto pass = iteration(big, pr, ls::granularity::pass, true);
+  const auto kernel = iteration(big, pr, ls::granularity::kernel, true);
+  CHECK(std::abs(static_cast<double>(pass - kernel)) <= 0.01 * static_cast<double>(kernel));
+}
+
+TEST_CASE("kernel-level model: small models become host-bound by simulation, large ones do not", "[synth][kernel_level]") {
+  lm::cost_profile slow = lm::a100_profile();
+  slow.cpu_forward_op_ns *= 4;
+  slow.cpu_backward_op_ns *= 4;
+  const lm::cost_profile base = lm::a100_profile();
+  const ls::job small = small_a100();
+  const double s0 = static_cast<double>(iteration(small, base, ls::granularity::pass, true));
+  const double s1 = static_cast<double>(iteration(small, slow, ls::granularity::pass, true));
+  CHECK(s1 > 1.3 * s0);  // the host is on the critical path
+  ls::job big = small_a100();
+  big.model = lm::gpt3_with_layers("gpt3-8l", 8);
+  big.parallel.tp = 8;
+  big.parallel.pp = 1;
+  big.parallel.micro_batch = 2;
+  big.parallel.global_batch = 8;
+  const double b0 = static_cast<double>(iteration(big, base, ls::granularity::pass, true));
+  const double b1 = static_cast<double>(iteration(big, slow, ls::granularity::pass, true));
+  CHECK(b1 < 1.03 * b0);  // the GPU is: dispatch hides behind it
+  // And the kernel model is slower than the roofline exactly where the roofline ignores the host.
+  ls::predict_options o;
+  const double roof = static_cast<double>(ls::predict(small, o).iteration_ns);
+  CHECK(s0 > 1.3 * roof);
+}
+
+TEST_CASE("kernel-level model: GEMM efficiency falls for small and skinny shapes", "[model][kernel_level]") {
+  const lm::cost_profile p = lm::a100_profile();
+  const double big = lm::gemm_efficiency(p, 8192, 8192, 8192);
+  CHECK(big <= p.gemm_max);
+  CHECK(big > 0.9 * p.gemm_max);
+  CHECK(lm::gemm_efficiency(p, 2048, 2048, 64) < 0.5 * big);
+  CHECK(lm::gemm_efficiency(p, 8192, 4096, 512) < lm::gemm_efficiency(p, 8192, 4096, 4096));
+}
+
+TEST_CASE("NCCL model: latency-bound small messages, busbw-bound large ones, NIC slower than NVLink", "[model][nccl]") {
+  const lm::nccl_model m{lm::a100_profile()};
+  const lm::hardware hw = lm::a100_sxm_80gb();
+  const auto small = m.collective_time({lm::collective::all_reduce, 1024, {8, 8}}, hw);
+  const auto large = m.collective_time({lm::collective::all_reduce, std::int64_t{1} << 30, {8, 8}}, hw);
+  CHECK(small > 5000);
+  CHECK(small < 30000);
+  // 1 GiB on 8 A100 at 232.5 GB/s busbw: 2 * 7/8 * 2^30 / 232.5e9 = 8.08 ms plus the Simple
+  // latency 8.4 + 14 * 3.4 us (PUBLISHED.md 6.2: 8.2 ms at 230 GB/s)
+  CHECK(std::abs(static_cast<double>(large) - (8.082e6 + 56e3)) < 0.01e6);
+  const auto inter = m.collective_time({lm::collective::all_reduce, std::int64_t{1} << 30, {16, 1}}, hw);
+  CHECK(inter > 5 * large);
+}
+
+TEST_CASE("cost profile JSON round-trips exactly and rejects bad input", "[model][profile]") {
+  lm::cost_profile p = lm::h200_profile();
+  p.gemm_max = 0.123456789012345678;
+  const std::string text = lm::to_json(p);
+  const lm::cost_profile q = lm::profile_from_json(text, lm::a100_profile());
+  CHECK(lm::to_json(q) == text);
+  CHECK(q.attention == lm::attention_impl::flash);
+  CHECK_THROWS_AS(lm::profile_from_json("{\"gemm.max_efficiency\": 2}", p), lumos::error);
+  CHECK_THROWS_AS(lm::profile_from_json("{\"nope\": 1}", p), lumos::error);
+  CHECK_THROWS_AS(lm::profile_from_json("{\"gemm.half_dim\": }", p), lumos::error);
 }

@@ -70,6 +70,10 @@ struct op_cost {
   gemm_shape shape;          ///< GEMMs only
   bool memory_bound = false; ///< the memory term of the roofline was the larger one
   time_ns duration = 0;      ///< roofline time + the hardware's per-kernel overhead
+  /// Host time the launching thread spends before this op's kernels are queued (framework
+  /// dispatch + launches); -1 = the program builder's default (its launch cost per kernel).
+  time_ns cpu = -1;
+  std::int32_t kernels = 1;  ///< kernels this op launches
 };
 
 /// Ops in execution order, with totals. A builder emits one task per op; for schedules that

@@ -129,8 +129,19 @@ struct program_options {
   bool overlap_grad_reduce = true;
   /// Parameters per gradient bucket; 0 = Megatron's max(40e6, 1e6·dp).
   std::int64_t bucket_params = 0;
-  /// CPU time of one kernel launch; negative = the hardware's `kernel_launch_overhead`.
+  /// CPU time of one kernel launch; negative = the hardware's `kernel_launch_overhead`. Ops of
+  /// the compute model that state their own host time (`model::op_cost::cpu` >= 0) use that.
   time_ns launch_cost = -1;
+  /// Host time to enqueue one collective or p2p transfer; negative = `launch_cost`.
+  time_ns collective_cpu = -1;
+  /// The launching thread waits for the device after posting each pipeline receive (Megatron-LM's
+  /// torch.cuda.synchronize() after batch_isend_irecv), so its lead over the GPU is lost there.
+  bool p2p_host_sync = false;
+  /// fp16: the launching thread reads the found-inf flag back before the optimizer step.
+  bool loss_scale_host_sync = false;
+  /// Only the forward passes (an inference or forward-only profiling step): no backward, no
+  /// gradient reduction, no optimizer.
+  bool forward_only = false;
   /// Bytes per gradient element reduced over data parallelism (fp32 main gradients).
   double grad_reduce_bytes = 4;
   /// Bytes per parameter element all-gathered under ZeRO (bf16/fp16 model weights).
@@ -218,6 +229,7 @@ enum class pass_kind : std::uint8_t { forward, input_grad, weight_grad, backward
 struct item {
   bool comm = false;
   time_ns duration = 0;
+  time_ns cpu = 0;  ///< host time before it is queued (dispatch + launch)
   string_id name = 0;
   std::int32_t kernels = 1;
   model::collective kind = model::collective::all_reduce;
@@ -232,22 +244,34 @@ struct segment {
 };
 
 /// Totals of a run of items, for the `pass` granularity.
+/// `cpu` and `lead` make a run of items exact as one task when the launching thread starts the
+/// run at time c and the stream is free at g: item i is queued at c + C_i (C_i: host time up to
+/// and including item i) and the kernel-level stream finishes at
+///   max(g + G, c + max_i (C_i + G_i..n)) = max(g + G, c + lead + G),  lead = max_i (C_i - G_<i),
+/// with G the run's GPU time and G_<i the GPU time before item i (max-plus algebra: per-item
+/// launch edges and a FIFO stream). So the folded task gets a launch edge of `lead`.
 struct totals {
   time_ns compute = 0;
   std::int32_t compute_kernels = 0;
   time_ns comm = 0;
   std::int32_t comm_kernels = 0;
   std::int64_t comm_bytes = 0;
+  time_ns cpu = 0;
+  time_ns lead = std::numeric_limits<time_ns>::min();
 
   void add(const std::vector<item>& items, std::int64_t times = 1) {
-    for (const item& i : items) {
-      if (i.comm) {
-        comm += i.duration * times;
-        comm_kernels += static_cast<std::int32_t>(i.kernels * times);
-        comm_bytes += i.bytes * times;
-      } else {
-        compute += i.duration * times;
-        compute_kernels += static_cast<std::int32_t>(i.kernels * times);
+    for (std::int64_t r = 0; r < times; ++r) {
+      for (const item& i : items) {
+        cpu += i.cpu;
+        lead = std::max(lead, cpu - compute - comm);
+        if (i.comm) {
+          comm += i.duration;
+          comm_kernels += i.kernels;
+          comm_bytes += i.bytes;
+        } else {
+          compute += i.duration;
+          compute_kernels += i.kernels;
+        }
       }
     }
   }
@@ -310,6 +334,7 @@ class program_builder {
     dp_ = par_.dp;
     world_ = static_cast<int>(par_.world_size());
     launch_cost_ = opt_.launch_cost >= 0 ? opt_.launch_cost : hw_.kernel_launch_overhead;
+    collective_cpu_ = opt_.collective_cpu >= 0 ? opt_.collective_cpu : launch_cost_;
     bucket_params_ = opt_.bucket_params > 0 ? opt_.bucket_params : std::max<std::int64_t>(40'000'000, 1'000'000LL * dp_);
     layers_per_chunk_ = static_cast<int>(par_.layers_per_chunk(m_));
     if (par_.zero_stage == 3 && dp_ > 1) zero3_ = true;
@@ -323,6 +348,11 @@ class program_builder {
     out.detail = opt_.detail;
     out.world_size = world_;
     out.orders = stage_orders(kind_, shape_);
+    if (opt_.forward_only) {
+      for (auto& o : out.orders) {
+        std::erase_if(o, [](const pipeline::op& x) { return x.kind != pipeline::op_kind::forward; });
+      }
+    }
     orders_ = &out.orders;
     g_ = &out.graph;
 
@@ -355,13 +385,14 @@ class program_builder {
   int tp_ = 1, pp_ = 1, dp_ = 1, world_ = 1;
   int layers_per_chunk_ = 1;
   time_ns launch_cost_ = 0;
+  time_ns collective_cpu_ = 0;
   std::int64_t bucket_params_ = 0;
   const std::vector<std::vector<pipeline::op>>* orders_ = nullptr;
   graph::task_graph* g_ = nullptr;
 
   // ---- names ----
   string_id n_launch_ = 0, n_join_ = 0, n_send_fwd_ = 0, n_recv_fwd_ = 0, n_send_bwd_ = 0, n_recv_bwd_ = 0;
-  string_id n_grad_ar_ = 0, n_grad_rs_ = 0, n_param_ag_ = 0, n_embd_ar_ = 0, n_norm_ar_ = 0;
+  string_id n_grad_ar_ = 0, n_grad_rs_ = 0, n_param_ag_ = 0, n_embd_ar_ = 0, n_norm_ar_ = 0, n_host_sync_ = 0;
   std::array<string_id, 4> n_pass_compute_{}, n_pass_comm_{};
 
   // ---- pass templates ----
@@ -397,7 +428,12 @@ class program_builder {
     std::vector<graph::task_id> pending;  ///< start edges into the next compute-stream task
     graph::task_id last_compute = graph::no_task;
     graph::task_id last_dp = graph::no_task;
-    std::vector<std::pair<graph::task_id, std::int32_t>> launches;  ///< batched (pass granularity)
+    struct pending_launch {
+      graph::task_id gpu;
+      time_ns cpu;   ///< host time of its dispatch
+      time_ns lead;  ///< launch edge, relative to the start of its dispatch
+    };
+    std::vector<pending_launch> launches;  ///< batched (pass granularity)
   };
 
   // ===================================================================================== names
@@ -416,6 +452,7 @@ class program_builder {
     n_param_ag_ = intern("param_all_gather");
     n_embd_ar_ = intern("embedding_grad_all_reduce");
     n_norm_ar_ = intern("grad_norm_all_reduce");
+    n_host_sync_ = intern("host_sync");
     constexpr std::array<std::string_view, 4> pass_names = {"forward", "backward_input", "backward_weight", "backward"};
     for (std::size_t i = 0; i < 4; ++i) {
       n_pass_compute_[i] = intern(std::string(pass_names[i]) + " compute");
@@ -448,6 +485,8 @@ class program_builder {
     item i;
     i.comm = false;
     i.duration = o.duration;
+    i.kernels = o.kernels;
+    i.cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
     i.name = intern(name);
     return i;
   }
@@ -459,6 +498,7 @@ class program_builder {
     i.kind = c;
     i.bytes = bytes;
     i.duration = comm_.collective_time({c, bytes, tp_placement_}, hw_);
+    i.cpu = collective_cpu_;
     return i;
   }
 
@@ -805,28 +845,37 @@ class program_builder {
   // granularity: one CPU task per GPU task, right away. At `pass`: batched, one CPU task per
   // pipeline op (see `flush_launches`). Launch edges count from the call's start, as the trace
   // builder's do: the GPU task may start once its (first) kernel's launch has run.
-  void launched(rank_state& rs, graph::task_id gpu_task, std::int32_t kernels) {
+  void launched(rank_state& rs, graph::task_id gpu_task, time_ns cpu, time_ns lead) {
     if (opt_.detail == granularity::pass) {
-      rs.launches.emplace_back(gpu_task, kernels);
+      rs.launches.push_back({gpu_task, cpu, lead});
       return;
     }
-    const graph::task_id l = add(rs.info.cpu, graph::task_kind::cpu, launch_cost_ * kernels, n_launch_, rs.info.rank);
-    g_->add_edge(l, gpu_task, launch_cost_, graph::edge_kind::launch, false, true);
+    const graph::task_id l = add(rs.info.cpu, graph::task_kind::cpu, cpu, n_launch_, rs.info.rank);
+    g_->add_edge(l, gpu_task, lead, graph::edge_kind::launch, false, true);
   }
 
-  // One CPU task for the batched launches, as long as all of them; each GPU task may start once
-  // its first kernel is launched — the timing one launch per kernel gives.
+  // One CPU task for the batched launches, as long as all of them; each GPU task's launch edge is
+  // the host time before its run plus the run's lead — the timing one launch per kernel gives.
   void flush_launches(rank_state& rs) {
     if (rs.launches.empty()) return;
-    std::int64_t total = 0;
-    for (const auto& l : rs.launches) total += l.second;
-    const graph::task_id cpu = add(rs.info.cpu, graph::task_kind::cpu, launch_cost_ * total, n_launch_, rs.info.rank);
-    std::int64_t before = 0;
-    for (const auto& [gpu, kernels] : rs.launches) {
-      g_->add_edge(cpu, gpu, launch_cost_ * (before + 1), graph::edge_kind::launch, false, true);
-      before += kernels;
+    time_ns total = 0;
+    for (const auto& l : rs.launches) total += l.cpu;
+    const graph::task_id cpu = add(rs.info.cpu, graph::task_kind::cpu, total, n_launch_, rs.info.rank);
+    time_ns before = 0;
+    for (const auto& l : rs.launches) {
+      g_->add_edge(cpu, l.gpu, before + l.lead, graph::edge_kind::launch, false, true);
+      before += l.cpu;
     }
     rs.launches.clear();
+  }
+
+  // The launching thread blocks until `gpu_task` has finished (a device-to-host read or a
+  // synchronize): a zero-length CPU task with a sync edge, after the launches queued so far.
+  void host_wait(rank_state& rs, graph::task_id gpu_task) {
+    if (gpu_task == graph::no_task) return;
+    flush_launches(rs);
+    const graph::task_id w = add(rs.info.cpu, graph::task_kind::cpu, 0, n_host_sync_, rs.info.rank);
+    g_->add_edge(gpu_task, w, 0, graph::edge_kind::sync);
   }
 
   struct collective_tasks {
@@ -837,7 +886,7 @@ class program_builder {
   // One participant's share of a collective of group `gs` (its `seq`-th), on `stream_id`.
   collective_tasks collective(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::int64_t& seq,
                               std::string_view kind, std::int64_t bytes, time_ns duration, string_id name,
-                              std::int32_t kernels = 1) {
+                              std::int32_t kernels = 1, time_ns cpu = -1, time_ns lead = -1) {
     collective_tasks c;
     if (stream_id == rs.info.compute) {
       c.arrive = on_compute(rs, graph::task_kind::comm_arrive, 0, name);
@@ -846,7 +895,8 @@ class program_builder {
     }
     // The complete right after its arrive (task ids: arrive + 1), which reports rely on.
     c.complete = add(stream_id, graph::task_kind::comm_complete, duration, name, rs.info.rank);
-    launched(rs, c.arrive, kernels);
+    if (cpu < 0) cpu = collective_cpu_ * kernels;
+    launched(rs, c.arrive, cpu, lead < 0 ? cpu : lead);
     const auto k = static_cast<std::size_t>(seq++);
     graph::task_id join = graph::no_task;
     if (gs.participants > 1) {
@@ -885,33 +935,43 @@ class program_builder {
 
   // ---- compute-stream items ----
 
-  void emit_compute(rank_state& rs, time_ns d, std::int32_t kernels, string_id name) {
+  // `cpu`: host time of its dispatch; `lead`: its launch edge from the dispatch's start.
+  void emit_compute(rank_state& rs, time_ns d, time_ns cpu, time_ns lead, string_id name) {
     const graph::task_id t = on_compute(rs, graph::task_kind::gpu_compute, d, name);
-    launched(rs, t, kernels);
+    launched(rs, t, cpu, lead);
     rs.last_compute = t;
   }
 
   void emit_tp_collective(rank_state& rs, std::string_view kind, std::int64_t bytes, time_ns d, string_id name,
-                          std::int32_t kernels) {
+                          std::int32_t kernels, time_ns cpu, time_ns lead) {
     group_state& gs = group(group_type::tp, rs.info.stage, rs.info.dp_index);
-    const collective_tasks c = collective(rs, rs.info.compute, gs, rs.seq_tp, kind, bytes, d, name, kernels);
+    const collective_tasks c = collective(rs, rs.info.compute, gs, rs.seq_tp, kind, bytes, d, name, kernels, cpu, lead);
     rs.last_compute = c.complete;
   }
 
   void emit_items(rank_state& rs, const std::vector<item>& items) {
     for (const item& i : items) {
       if (i.comm) {
-        emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1);
+        emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu);
       } else {
-        emit_compute(rs, i.duration, i.kernels, i.name);
+        emit_compute(rs, i.duration, i.cpu, i.cpu, i.name);
       }
     }
   }
 
+  // A run of items as (at most) one compute task then one coalesced TP collective: the host time
+  // goes with the first of them, whose launch edge is the run's `lead` (see `totals`); the
+  // second is queued behind it on the same stream.
   void emit_totals(rank_state& rs, const totals& t, pass_kind pk) {
     const auto k = static_cast<std::size_t>(pk);
-    if (t.compute_kernels > 0) emit_compute(rs, t.compute, t.compute_kernels, n_pass_compute_[k]);
-    if (t.comm_kernels > 0) emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels);
+    if (t.compute_kernels > 0) {
+      emit_compute(rs, t.compute, t.cpu, t.lead, n_pass_compute_[k]);
+      if (t.comm_kernels > 0) {
+        emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels, 0, 0);
+      }
+    } else if (t.comm_kernels > 0) {
+      emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels, t.cpu, t.lead);
+    }
   }
 
   // The segments of a chunk pass in execution order.
@@ -1076,6 +1136,11 @@ class program_builder {
             collective(rs, fwd ? r.recv_prev : r.recv_next, gs, fwd ? rs.seq_act_in : rs.seq_grad_in, "send_recv",
                        p2p_bytes_, p2p_duration(fwd ? sender : s, col), fwd ? n_recv_fwd_ : n_recv_bwd_);
         rs.pending.push_back(c.complete);
+        if (opt_.p2p_host_sync) {
+          // torch.cuda.synchronize(): the device drains (the previous pass, the transfer).
+          host_wait(rs, c.complete);
+          if (rs.last_compute != graph::no_task) host_wait(rs, rs.last_compute);
+        }
       }
       if (zero3_ && needs_params(o) && prefetched.complete != graph::no_task) {
         rs.pending.push_back(prefetched.complete);
@@ -1122,6 +1187,11 @@ class program_builder {
       }
     }
     // Tied embeddings across stages: the first and last stage add their gradients.
+    if (opt_.forward_only) {
+      flush_launches(rs);
+      out.ranks.push_back(r);
+      return;
+    }
     if (m_.tied_embeddings && pp_ > 1 && (s == 0 || s == pp_ - 1)) {
       group_state& gs = group(group_type::embd, col, 0);
       const auto bytes = static_cast<std::int64_t>(static_cast<double>(m_.vocab * m_.hidden / tp_) * opt_.grad_reduce_bytes);
@@ -1136,8 +1206,19 @@ class program_builder {
     const model::op_list& opt_ops = optimizer_[static_cast<std::size_t>(s)];
     graph::task_id step = graph::no_task;
     for (const model::op_cost& o : opt_ops.ops) {
-      emit_compute(rs, o.duration, 1, intern(o.name));
+      const time_ns cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
+      emit_compute(rs, o.duration, cpu, cpu, intern(o.name));
       step = rs.last_compute;
+      if (o.name == "loss_scale_found_inf") {
+        // found_inf is all-reduced over the model-parallel group, then read by the host.
+        group_state& gs = group(group_type::norm, r.dp_index, 0);
+        if (gs.ranks.size() > 1) {
+          const time_ns d = comm_.collective_time({model::collective::all_reduce, 4, gs.placement}, hw_);
+          const collective_tasks c = collective(rs, r.compute, gs, rs.seq_norm, "allreduce", 4, d, n_norm_ar_);
+          rs.last_compute = c.complete;
+        }
+        if (opt_.loss_scale_host_sync) host_wait(rs, rs.last_compute);
+      }
       if (o.name == "grad_norm") {
         group_state& gs = group(group_type::norm, r.dp_index, 0);
         if (gs.ranks.size() > 1) {

@@ -1,0 +1,86 @@
+#pragma once
+// lumos calibrate TRACE_DIR|FILE... -o profile.json [--json]
+
+#include "cli.hpp"
+
+#include <lumos/model/calibrate.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/trace/job.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace lumos::cli {
+
+inline constexpr std::string_view calibrate_usage =
+    "usage: lumos calibrate TRACE_DIR|FILE... -o profile.json [--rank N]\n"
+    "  Fits the kernel-level cost profile from Kineto traces of one run (one file per rank):\n"
+    "  GEMM efficiency from kernels with their Input Dims (record_shapes), memory-bound bandwidth\n"
+    "  per kernel class, the minimum kernel time, launch and per-op CPU times, and NCCL latency and\n"
+    "  bandwidth from the shortest participant of each collective. Parameters the traces do not\n"
+    "  show keep the preset of the traced GPU. Prints the fit; 'lumos predict --profile FILE' uses it.\n"
+    "  --rank N   use only rank N's file (e.g. to predict the other ranks from one)\n";
+
+inline int run_calibrate(args& a) {
+  const auto out_path = a.option("-o");
+  const auto only = a.option("--rank");
+  const auto inputs = a.positionals();
+  if (inputs.empty()) throw usage_error("calibrate needs at least one trace directory or file");
+  if (!out_path) throw usage_error("calibrate needs -o profile.json");
+  std::vector<std::filesystem::path> paths(inputs.begin(), inputs.end());
+  trace::job job = trace::load_job(paths);
+  std::string source;
+  for (const auto& p : inputs) source += (source.empty() ? "" : " ") + std::filesystem::path(p).filename().string();
+  if (only) {
+    int r = -1;
+    const auto [end, ec] = std::from_chars(only->data(), only->data() + only->size(), r);
+    if (ec != std::errc{} || end != only->data() + only->size() || r < 0) {
+      throw lumos::error("--rank must be a non-negative integer, got '" + *only + "'");
+    }
+    std::vector<trace::rank_trace> kept;
+    for (auto& t : job.ranks) {
+      if (t.rank == r) kept.push_back(std::move(t));
+    }
+    if (kept.empty()) throw lumos::error("--rank " + *only + ": no such rank in the traces");
+    job.ranks = std::move(kept);
+    source += " rank " + *only;
+  }
+  const model::calibration c = model::calibrate(job.ranks, source);
+  std::ofstream f(*out_path, std::ios::binary);
+  if (!f) throw lumos::error("cannot write '" + *out_path + "'");
+  f << model::to_json(c.profile);
+  if (!f) throw lumos::error("cannot write '" + *out_path + "'");
+
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "lumos calibrate: %zu rank%s (%s), %zu kernels -> %s\n", c.ranks, c.ranks == 1 ? "" : "s",
+                c.gpu_name.c_str(), c.kernels, out_path->c_str());
+  out += line;
+  const double peak = model::hardware_preset(c.profile.hardware).gpu.fp16_flops;
+  std::snprintf(line, sizeof line, "  GEMM efficiency = %.3f x prod d/(d + %.1f), RMS log error %.3f over %zu shapes:\n",
+                c.profile.gemm_max, c.profile.gemm_half_dim, c.gemm_rms_log_error, c.gemms.size());
+  out += line;
+  for (const auto& g : c.gemms) {
+    std::snprintf(line, sizeof line, "    %4.0f x %6.0f x %6.0f x %6.0f  %9.1f us  measured %.3f  fitted %.3f\n", g.batch, g.m,
+                  g.n, g.k, g.ns / 1e3, g.efficiency(peak), model::gemm_efficiency(c.profile, g.m, g.n, g.k));
+    out += line;
+  }
+  for (const auto& [cls, f2] : c.memory_fractions) {
+    std::snprintf(line, sizeof line, "  %-12s %.3f of HBM peak\n", cls.c_str(), f2);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  min kernel %.1f us; launch %.1f us; forward op dispatch %.1f us (profiler overhead included)\n",
+                c.profile.min_kernel_ns / 1e3, c.launch_ns / 1e3, c.forward_op_ns / 1e3);
+  out += line;
+  std::snprintf(line, sizeof line, "  NCCL: %zu collectives; intra busbw %.1f GB/s, LL fraction %.3f, LL base %.1f us\n",
+                c.collectives.size(), c.profile.intra.busbw / 1e9, c.profile.intra.ll_fraction, c.profile.intra.ll_base_ns / 1e3);
+  out += line;
+  write_stdout(out);
+  return 0;
+}
+
+}  // namespace lumos::cli

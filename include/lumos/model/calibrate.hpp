@@ -1,0 +1,374 @@
+#pragma once
+// Calibration: fit a `cost_profile` from the kernels, CPU ops and NCCL kernels of real traces
+// (`lumos calibrate`). Reads events only (trace/event.hpp); no JSON parsing here.
+
+#include <lumos/core/error.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/trace/event.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace lumos::model {
+
+/// One GEMM measured in a trace: (batch of) M x N x K and its kernel time.
+struct gemm_sample {
+  double batch = 1, m = 0, n = 0, k = 0;
+  double ns = 0;
+  [[nodiscard]] double efficiency(double peak) const { return 2.0 * batch * m * n * k / (ns * 1e-9) / peak; }
+};
+
+/// One collective's transfer: kind, bytes (nccl-tests convention), group size and the shortest
+/// participant's kernel time (the others include waiting for their peers).
+struct collective_sample {
+  collective kind = collective::all_reduce;
+  double bytes = 0;
+  std::int64_t group = 1;
+  double ns = 0;
+  bool ll = false;  ///< LL protocol kernel
+};
+
+/// What calibration measured, with the fitted profile.
+struct calibration {
+  cost_profile profile;
+  std::vector<gemm_sample> gemms;  ///< one per distinct shape, median time
+  std::vector<collective_sample> collectives;
+  std::map<std::string, double> memory_fractions;  ///< class -> median fraction of HBM peak
+  double launch_ns = 0;
+  double forward_op_ns = 0;
+  std::size_t kernels = 0;
+  std::size_t ranks = 0;
+  std::string gpu_name;
+  double gemm_rms_log_error = 0;  ///< of the fitted efficiency curve over `gemms`
+};
+
+namespace detail {
+
+// Parses "[[a, b], [c], []]" into lists of integers (dims of each input).
+[[nodiscard]] inline std::vector<std::vector<double>> parse_dims(std::string_view s) {
+  std::vector<std::vector<double>> out;
+  int depth = 0;
+  double cur = 0;
+  bool in_num = false;
+  for (const char c : s) {
+    if (c == '[') {
+      ++depth;
+      if (depth == 2) out.emplace_back();
+    } else if (c >= '0' && c <= '9') {
+      cur = cur * 10 + (c - '0');
+      in_num = true;
+    } else {
+      if (in_num && depth >= 2 && !out.empty()) out.back().push_back(cur);
+      cur = 0;
+      in_num = false;
+      if (c == ']') --depth;
+    }
+  }
+  return out;
+}
+
+[[nodiscard]] inline double elements(const std::vector<double>& d) {
+  if (d.empty()) return 0;
+  double n = 1;
+  for (const double x : d) n *= x;
+  return n;
+}
+
+[[nodiscard]] inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+[[nodiscard]] inline bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// GEMM shape from an aten op name and its Input Dims; false when it is not a GEMM we know.
+[[nodiscard]] inline bool gemm_of(std::string_view op, const std::vector<std::vector<double>>& d, gemm_sample& g) {
+  auto two = [&](std::size_t a, std::size_t b) { return d.size() > b && d[a].size() == 2 && d[b].size() == 2; };
+  auto three = [&](std::size_t a, std::size_t b) { return d.size() > b && d[a].size() == 3 && d[b].size() == 3; };
+  if (op == "aten::mm" && two(0, 1)) {
+    g = {1, d[0][0], d[1][1], d[0][1], 0};
+  } else if (op == "aten::addmm" && two(1, 2)) {
+    g = {1, d[1][0], d[2][1], d[1][1], 0};
+  } else if (op == "aten::bmm" && three(0, 1)) {
+    g = {d[0][0], d[0][1], d[1][2], d[0][2], 0};
+  } else if (op == "aten::baddbmm" && three(1, 2)) {
+    g = {d[1][0], d[1][1], d[2][2], d[1][2], 0};
+  } else {
+    return false;
+  }
+  return g.m > 0 && g.n > 0 && g.k > 0;
+}
+
+}  // namespace detail
+
+/// Least-squares fit (in log efficiency) of `gemm_max` and `gemm_half_dim` to `samples`,
+/// half_dim on a fixed log grid from 1 to 4096 (deterministic). Returns the RMS log error.
+inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cost_profile& p) {
+  if (samples.empty()) return 0;
+  double best = 1e300;
+  for (int i = 0; i <= 480; ++i) {
+    const double h = std::pow(2.0, i / 40.0);
+    double sum = 0;
+    for (const auto& g : samples) sum += std::log(g.efficiency(peak)) - std::log(g.m / (g.m + h) * g.n / (g.n + h) * g.k / (g.k + h));
+    const double log_max = sum / static_cast<double>(samples.size());
+    double err = 0;
+    for (const auto& g : samples) {
+      const double r = std::log(g.efficiency(peak)) - log_max - std::log(g.m / (g.m + h) * g.n / (g.n + h) * g.k / (g.k + h));
+      err += r * r;
+    }
+    if (err < best) {
+      best = err;
+      p.gemm_half_dim = h;
+      p.gemm_max = std::min(1.0, std::exp(log_max));
+    }
+  }
+  return std::sqrt(best / static_cast<double>(samples.size()));
+}
+
+/// Calibrates on `ranks` (one or more ranks of one run, e.g. `trace::load_job(...).ranks`). The base profile is the preset of the GPU
+/// the traces name (deviceProperties: A100, H100, H200; else `fallback`); fitted values replace
+/// it where the traces carry the evidence, each with its provenance:
+///  - GEMM efficiency: every kernel launched inside aten::mm/addmm/bmm/baddbmm with Input Dims,
+///    median time per shape, fitted by `fit_gemm` against the 16-bit dense peak;
+///  - memory-bound bandwidth: kernels of other ops with Input Dims lasting >= 20 us, bytes =
+///    2 B x (all inputs + the largest input as output), median fraction per class (norm,
+///    softmax, elementwise);
+///  - minimum kernel time: 1st percentile of kernel durations (at least 1 us);
+///  - host: median launch call (cudaLaunchKernel, cuLaunchKernel, cudaLaunchKernelExC); forward
+///    op dispatch = top-level CPU op time / kernels launched - one launch (what the traced host
+///    really spent per kernel, profiler overhead included; backward ops keep the preset when the
+///    traces have none);
+///  - NCCL: the i-th NCCL kernel of every rank is one collective (ranks of one group issue them
+///    in the same order); its transfer is the shortest participant; size from the enclosing
+///    record_param_comms Input Dims (2 or 4 B by the kernel's dtype). The smallest message
+///    gives the latency, messages >= 1 MiB the bandwidth (LL kernels: the LL fraction).
+/// Throws `lumos::error` when no rank has kernels.
+[[nodiscard]] inline calibration calibrate(const std::vector<trace::rank_trace>& ranks, const std::string& source,
+                                           const cost_profile& fallback = a100_profile()) {
+  calibration out;
+  out.ranks = ranks.size();
+  for (const auto& r : ranks) {
+    if (!r.devices.empty()) {
+      out.gpu_name = r.devices.front().name;
+      break;
+    }
+  }
+  cost_profile p = fallback;
+  if (detail::contains(out.gpu_name, "A100")) p = a100_profile();
+  if (detail::contains(out.gpu_name, "H100")) p = h100_profile();
+  if (detail::contains(out.gpu_name, "H200")) p = h200_profile();
+  const hardware hw = hardware_preset(p.hardware);
+  const double peak = hw.gpu.fp16_flops;
+
+  std::map<std::string, std::vector<double>> gemm_times;  // "b m n k" -> times
+  std::map<std::string, gemm_sample> gemm_shapes;
+  std::map<std::string, std::vector<double>> mem_fracs;
+  std::vector<double> kernel_durs, launches;
+  double host_busy = 0;  // top-level CPU op time, all ranks
+  std::vector<std::vector<collective_sample>> per_rank_comm;
+
+  for (const trace::rank_trace& r : ranks) {
+    const auto& ev = r.events;
+    // CPU ops by lane, sorted by start, for the innermost-enclosing lookup.
+    std::unordered_map<std::int64_t, std::size_t> runtime_of;  // correlation -> event
+    std::vector<std::size_t> ops;
+    for (std::size_t i = 0; i < ev.size(); ++i) {
+      const auto& e = ev[i];
+      if (e.ph != trace::phase::complete) continue;
+      if ((e.cat == trace::category::cuda_runtime || e.cat == trace::category::cuda_driver) && e.correlation >= 0) {
+        runtime_of[e.correlation] = i;
+        const auto n = r.name(e);
+        if (n == "cudaLaunchKernel" || n == "cuLaunchKernel" || n == "cudaLaunchKernelExC") {
+          launches.push_back(static_cast<double>(e.dur));
+        }
+      }
+      if (e.cat == trace::category::cpu_op) ops.push_back(i);
+    }
+    std::sort(ops.begin(), ops.end(), [&](std::size_t a, std::size_t b) {
+      return ev[a].ts != ev[b].ts ? ev[a].ts < ev[b].ts : ev[a].dur > ev[b].dur;
+    });
+    std::vector<time_ns> op_start;
+    op_start.reserve(ops.size());
+    for (const std::size_t i : ops) op_start.push_back(ev[i].ts);
+    auto innermost = [&](const trace::event& call) -> std::ptrdiff_t {
+      auto it = std::upper_bound(op_start.begin(), op_start.end(), call.ts);
+      std::ptrdiff_t best = -1;
+      std::size_t scanned = 0;
+      while (it != op_start.begin() && scanned < 256) {
+        --it;
+        ++scanned;
+        const std::size_t i = ops[static_cast<std::size_t>(it - op_start.begin())];
+        if (ev[i].lane == call.lane && ev[i].ts <= call.ts && call.ts <= ev[i].end()) {
+          if (best < 0 || ev[i].ts >= ev[static_cast<std::size_t>(best)].ts) best = static_cast<std::ptrdiff_t>(i);
+          if (ev[i].ts < call.ts) break;
+        }
+      }
+      return best;
+    };
+    // Top-level CPU ops (not inside another op of the same lane) that launch kernels.
+    {
+      std::vector<std::size_t> by_lane = ops;
+      std::stable_sort(by_lane.begin(), by_lane.end(), [&](std::size_t a, std::size_t b) { return ev[a].lane < ev[b].lane; });
+      time_ns end = -1;
+      std::uint32_t lane = ~0U;
+      for (const std::size_t i : by_lane) {
+        if (ev[i].lane != lane) {
+          lane = ev[i].lane;
+          end = -1;
+        }
+        if (ev[i].ts >= end) {
+          end = ev[i].end();
+          const auto n = r.name(ev[i]);
+          if (!detail::contains(n, "ProfilerStep") && !detail::contains(n, "record_param_comms")) {
+            host_busy += static_cast<double>(ev[i].dur);
+          }
+        }
+      }
+    }
+    std::vector<collective_sample> comm;
+    for (std::size_t i = 0; i < ev.size(); ++i) {
+      const auto& e = ev[i];
+      if (e.cat != trace::category::kernel || e.ph != trace::phase::complete || e.dur <= 0) continue;
+      ++out.kernels;
+      kernel_durs.push_back(static_cast<double>(e.dur));
+      const auto kname = r.name(e);
+      const auto rt = runtime_of.find(e.correlation);
+      std::ptrdiff_t op = -1;
+      if (rt != runtime_of.end()) op = innermost(ev[rt->second]);
+      const std::string_view op_name = op >= 0 ? r.name(ev[static_cast<std::size_t>(op)]) : std::string_view{};
+      const auto dims = op >= 0 ? detail::parse_dims(r.arg_text(static_cast<std::size_t>(op), trace::arg_key::input_dims))
+                                : std::vector<std::vector<double>>{};
+      if (kname.substr(0, 4) == "nccl") {
+        collective_sample c;
+        c.kind = detail::contains(kname, "AllGather")       ? collective::all_gather
+                 : detail::contains(kname, "ReduceScatter") ? collective::reduce_scatter
+                                                            : collective::all_reduce;
+        const double elem = detail::contains(kname, "f32") || detail::contains(kname, "float") ? 4.0 : 2.0;
+        c.bytes = dims.empty() ? 0.0 : detail::elements(dims.front()) * elem;
+        c.group = r.world_size.value_or(static_cast<int>(ranks.size()));
+        c.ns = static_cast<double>(e.dur);
+        c.ll = detail::contains(kname, "_LL") && !detail::contains(kname, "LL128");
+        comm.push_back(c);
+        continue;
+      }
+      gemm_sample g;
+      if (detail::gemm_of(op_name, dims, g)) {
+        char key[128];
+        std::snprintf(key, sizeof key, "%.0f %.0f %.0f %.0f", g.batch, g.m, g.n, g.k);
+        gemm_times[key].push_back(static_cast<double>(e.dur));
+        gemm_shapes[key] = g;
+        continue;
+      }
+      if (dims.empty() || e.dur < 20000) continue;
+      double in = 0, largest = 0;
+      for (const auto& d : dims) {
+        in += detail::elements(d);
+        largest = std::max(largest, detail::elements(d));
+      }
+      const double bytes = 2.0 * (in + largest);
+      const double frac = bytes / (static_cast<double>(e.dur) * 1e-9) / hw.gpu.hbm_bandwidth;
+      const std::string cls = detail::contains(op_name, "Norm") || detail::contains(op_name, "norm") ? "norm"
+                              : detail::contains(op_name, "oftmax")                                  ? "softmax"
+                                                                                                      : "elementwise";
+      if (frac > 0 && frac <= 1.0) mem_fracs[cls].push_back(frac);
+    }
+    per_rank_comm.push_back(std::move(comm));
+  }
+  if (out.kernels == 0) throw error("calibrate: no GPU kernels in " + source);
+
+  const std::string from = "calibrated from " + source + " (" + out.gpu_name + ", " + std::to_string(out.ranks) + " ranks): ";
+  for (const auto& [key, times] : gemm_times) {
+    gemm_sample g = gemm_shapes[key];
+    g.ns = detail::median(times);
+    out.gemms.push_back(g);
+  }
+  if (!out.gemms.empty()) {
+    out.gemm_rms_log_error = fit_gemm(out.gemms, peak, p);
+    p.provenance["gemm.max_efficiency"] = from + std::to_string(out.gemms.size()) + " GEMM shapes, log least squares";
+    p.provenance["gemm.half_dim"] = p.provenance["gemm.max_efficiency"];
+  }
+  for (const auto& [cls, v] : mem_fracs) {
+    const double f = detail::median(v);
+    out.memory_fractions[cls] = f;
+    const std::string key = "memory." + cls + "_bw_fraction";
+    if (cls == "norm") p.norm_bw = f;
+    if (cls == "softmax") p.softmax_bw = f;
+    if (cls == "elementwise") p.elementwise_bw = f;
+    p.provenance[key] = from + "median of " + std::to_string(v.size()) + " kernels >= 20 us";
+  }
+  if (!kernel_durs.empty()) {
+    std::sort(kernel_durs.begin(), kernel_durs.end());
+    p.min_kernel_ns = std::max(1000.0, kernel_durs[kernel_durs.size() / 100]);
+    p.provenance["kernel.min_ns"] = from + "1st percentile of " + std::to_string(kernel_durs.size()) + " kernels";
+  }
+  if (!launches.empty()) {
+    out.launch_ns = detail::median(launches);
+    p.cpu_launch_ns = out.launch_ns;
+    p.provenance["cpu.launch_ns"] = from + "median of " + std::to_string(launches.size()) + " launch calls (profiler overhead included)";
+  }
+  if (host_busy > 0) {
+    // All host time of the traced ops, spread over the kernels they launched: the glue ops
+    // without kernels are folded in, so the layer glue term is dropped.
+    out.forward_op_ns = std::max(0.0, host_busy / static_cast<double>(out.kernels) - out.launch_ns);
+    p.cpu_forward_op_ns = out.forward_op_ns;
+    p.cpu_collective_ns = out.forward_op_ns + out.launch_ns;
+    p.cpu_layer_glue_ns = 0;
+    const std::string what = from + "top-level CPU op time / kernels launched, minus one launch (kernel-less ops included; profiler overhead included)";
+    p.provenance["cpu.forward_op_ns"] = what;
+    p.provenance["cpu.collective_ns"] = what;
+    p.provenance["cpu.layer_glue_ns"] = from + "0: folded into cpu.forward_op_ns";
+  }
+  // Collectives: the i-th of every rank is one instance; the shortest participant is the transfer.
+  std::size_t n = per_rank_comm.empty() ? 0 : per_rank_comm.front().size();
+  for (const auto& c : per_rank_comm) n = std::min(n, c.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    collective_sample s = per_rank_comm.front()[i];
+    for (const auto& c : per_rank_comm) s.ns = std::min(s.ns, c[i].ns);
+    if (s.bytes > 0) out.collectives.push_back(s);
+  }
+  if (!out.collectives.empty() && out.ranks > 1) {
+    const auto smallest = std::min_element(out.collectives.begin(), out.collectives.end(),
+                                           [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
+    const double lat = smallest->ns;
+    std::vector<double> bw;
+    bool ll = false;
+    for (const auto& c : out.collectives) {
+      if (c.bytes < 1048576.0 || c.ns <= lat) continue;
+      bw.push_back(bus_factor(c.kind, c.group) * c.bytes / ((c.ns - lat) * 1e-9));
+      ll = ll || c.ll;
+    }
+    const double steps = static_cast<double>(ring_steps(smallest->kind, smallest->group));
+    if (smallest->ll) {
+      p.intra.ll_base_ns = std::max(0.0, lat - steps * p.intra.ll_step_ns);
+      p.provenance["nccl.intra.ll_base_ns"] = from + "shortest participant of the smallest collective minus the steps";
+    }
+    if (!bw.empty()) {
+      const double b = detail::median(bw);
+      if (ll) {
+        p.intra.ll_fraction = std::min(1.0, b / p.intra.busbw);
+        p.provenance["nccl.intra.ll_fraction"] = from + "LL all-reduce busbw " + std::to_string(b / 1e9) + " GB/s (shortest participant, " +
+                                                 std::to_string(bw.size()) + " messages >= 1 MiB) / preset busbw";
+      } else {
+        p.intra.busbw = b;
+        p.provenance["nccl.intra.busbw"] = from + "busbw of " + std::to_string(bw.size()) + " messages >= 1 MiB (shortest participant)";
+      }
+    }
+  }
+  p.name = "calibrated";
+  validate(p);
+  out.profile = p;
+  return out;
+}
+
+}  // namespace lumos::model

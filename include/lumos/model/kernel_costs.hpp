@@ -1,0 +1,347 @@
+#pragma once
+// Kernel-level compute model: the kernels Megatron-LM / PyTorch launch for one transformer
+// layer, the embedding, the head and the optimizer, each with its shape, FLOPs, bytes, GPU time
+// from a `cost_profile` (shape-dependent GEMM efficiency, achievable bandwidth, a minimum kernel
+// time) and the host time the launching thread spends before it (framework dispatch + launch).
+
+#include <lumos/core/error.hpp>
+#include <lumos/core/time.hpp>
+#include <lumos/model/compute.hpp>
+#include <lumos/model/flops.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/parallel.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/model/transformer.hpp>
+
+#include <algorithm>
+#include <string_view>
+#include <utility>
+
+namespace lumos::model {
+
+/// GEMM efficiency of C[M x N] = A[M x K] B[K x N] under `p`: gemm_max times, per dimension,
+/// d / (d + gemm_half_dim) (a tile that is mostly padding, or a K too short to amortise the
+/// epilogue, wastes the tensor cores). In (0, gemm_max].
+[[nodiscard]] constexpr double gemm_efficiency(const cost_profile& p, double M, double N, double K) noexcept {
+  const double h = p.gemm_half_dim;
+  return p.gemm_max * (M / (M + h)) * (N / (N + h)) * (K / (K + h));
+}
+
+/// The kernel-level `ComputeModel`. Ops keep the names the program builder hooks collectives
+/// to (qkv_proj, attn_out_proj, mlp_fc1/fc2 or mlp_gate/up/down, word_embedding, logits,
+/// cross_entropy) and add the kernels Megatron launches around them:
+///  - per layer forward: input LayerNorm; QKV GEMM and its bias add; attention — FlashAttention
+///    (one kernel) or unfused (batched GEMM QK^T, fused scale-mask-softmax, attention dropout,
+///    batched GEMM PV, the context permute copy); output projection; bias-dropout-add; second
+///    LayerNorm; fc1 GEMM, fused bias-GeLU (SwiGLU: gate, up, SiLU*up); fc2 GEMM; bias-dropout-add;
+///  - backward: each GEMM as dgrad (B) and wgrad (W, fp32 main-gradient accumulation) plus the
+///    bias-gradient reduction; LayerNorm input and weight gradients; softmax, dropout and
+///    batched-GEMM gradients; the residual and activation backward kernels;
+///  - embedding gather and its scatter-add gradient; head: final LayerNorm, logits GEMM,
+///    vocabulary-parallel cross-entropy (max, sub, exp, sum, div, target gather);
+///  - optimizer: fp16 loss-scale unscale and found-inf check, gradient L2 norm, clip scale,
+///    multi-tensor Adam, copy of the fp32 master weights into the 16-bit model weights.
+/// GPU time: GEMMs max(flops / (peak * gemm_efficiency), bytes / HBM); FlashAttention at the
+/// profile's forward/backward fractions of the 16-bit peak on the causal (half) FLOPs;
+/// memory-bound kernels bytes / (HBM * class fraction); every kernel at least min_kernel_ns.
+/// Host time (`op_cost::cpu`): forward kernels cpu_forward_op_ns + launch, backward kernels
+/// cpu_backward_op_ns + launch, and once per layer forward (and its recomputation) the layer's
+/// kernel-less glue ops. Model FLOPs add up to `model_flops()` as in `roofline`.
+/// O(1) per call (about 60 ops per layer).
+struct kernel_level {
+  cost_profile profile = h100_profile();
+  double optimizer_bytes_per_param = 28;  ///< as `roofline`
+  double attention_causal_factor = 0.5;   ///< FlashAttention skips masked tiles
+
+  [[nodiscard]] op_list layer(const transformer& m, const parallel_config& par, const hardware& hw) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    b.layer_forward(op_phase::forward, false);
+    b.layer_backward();
+    return std::move(b.out);
+  }
+  [[nodiscard]] op_list embedding(const transformer& m, const parallel_config& par, const hardware& hw) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    b.embedding();
+    return std::move(b.out);
+  }
+  [[nodiscard]] op_list head(const transformer& m, const parallel_config& par, const hardware& hw) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    b.head();
+    return std::move(b.out);
+  }
+  [[nodiscard]] op_list optimizer(const transformer& m, const parallel_config& par, const hardware& hw,
+                                  int stage) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    double params = static_cast<double>(stage_parameters_per_rank(m, par, stage));
+    if (par.zero_stage >= 1) params /= par.dp;
+    const op_phase o = op_phase::optimizer;
+    if (par.dtype == precision::fp16) {
+      // Megatron's fp16 optimizer: unscale the fp32 main gradients and look for inf/nan
+      // (multi_tensor_scale reads and writes 4 B per parameter), then the found-inf reduction.
+      b.vector("loss_scale_unscale", op_class::optimizer, o, params, 8.0 * params, false);
+      b.vector("loss_scale_found_inf", op_class::elementwise, o, 0, 4.0, false);
+    }
+    b.vector("grad_norm", op_class::norm, op_phase::optimizer, 2.0 * params, 4.0 * params, false);
+    b.vector("grad_clip", op_class::optimizer, o, params, 8.0 * params, false);
+    b.vector("optimizer_step", op_class::optimizer, o, 16.0 * params, optimizer_bytes_per_param * params, false);
+    return std::move(b.out);
+  }
+
+ private:
+  struct builder {
+    const kernel_level& k;
+    const cost_profile& pr;
+    const transformer& m;
+    const parallel_config& par;
+    const hardware& hw;
+    op_list out;
+    double t, b, s, T, Tn, h, q, kv, f, heads, hd, V, e, eo, peak16, peak;
+    bool first_of_layer = false;
+
+    builder(const kernel_level& kl, const transformer& model, const parallel_config& p, const hardware& h_w)
+        : k(kl), pr(kl.profile), m(model), par(p), hw(h_w) {
+      t = p.tp;
+      b = static_cast<double>(p.micro_batch);
+      s = static_cast<double>(model.seq);
+      T = b * s;
+      Tn = p.sequence_parallel() ? T / t : T;
+      h = static_cast<double>(model.hidden);
+      q = static_cast<double>(model.q_width()) / t;
+      kv = static_cast<double>(model.kv_width()) / t;
+      f = static_cast<double>(model.ffn) / t;
+      heads = static_cast<double>(model.heads) / t;
+      hd = static_cast<double>(model.head_dim());
+      V = static_cast<double>(model.vocab) / t;
+      e = activation_bytes(p.dtype);
+      eo = operand_bytes(p.dtype);
+      peak = hw.peak_flops(p.dtype);
+      peak16 = hw.peak_flops(p.dtype == precision::fp8 ? precision::bf16 : p.dtype);
+      validate(pr);
+    }
+
+    [[nodiscard]] double bw_of(op_class c, bool softmax) const {
+      const double frac = softmax                    ? pr.softmax_bw
+                          : c == op_class::norm      ? pr.norm_bw
+                          : c == op_class::optimizer ? pr.optimizer_bw
+                                                     : pr.elementwise_bw;
+      return hw.gpu.hbm_bandwidth * frac;
+    }
+
+    void push(op_cost op, double gpu_ns) {
+      op.duration = detail::round_ns(std::max(gpu_ns, pr.min_kernel_ns));
+      const bool fwd = op.phase == op_phase::forward || op.recompute || op.phase == op_phase::optimizer;
+      double cpu = pr.cpu_launch_ns + (fwd ? pr.cpu_forward_op_ns : pr.cpu_backward_op_ns);
+      if (first_of_layer) {
+        cpu += pr.cpu_layer_glue_ns;
+        first_of_layer = false;
+      }
+      op.cpu = detail::round_ns(cpu);
+      op.kernels = 1;
+      out.ops.push_back(op);
+    }
+
+    void vector(std::string_view name, op_class c, op_phase ph, double flops, double bytes, bool recompute,
+                bool softmax = false) {
+      op_cost op;
+      op.name = name;
+      op.kind = c;
+      op.phase = ph;
+      op.recompute = recompute;
+      op.flops = flops;
+      op.bytes = bytes;
+      const double mem = bytes / bw_of(c, softmax) * 1e9;
+      const double cmp = hw.gpu.fp32_flops > 0 ? flops / hw.gpu.fp32_flops * 1e9 : 0.0;
+      op.memory_bound = mem >= cmp;
+      push(op, std::max(mem, cmp));
+    }
+
+    // `batch` GEMMs C[M x N] = A[M x K] B[K x N]; `c_bytes` per output element.
+    void gemm(std::string_view name, op_phase ph, double M, double N, double K, double c_bytes, bool recompute,
+              double batch = 1, bool model = true, op_class c = op_class::gemm) {
+      op_cost op;
+      op.name = name;
+      op.kind = c;
+      op.phase = ph;
+      op.recompute = recompute;
+      op.flops = 2.0 * M * N * K * batch;
+      op.model_flops = recompute || !model ? 0.0 : op.flops;
+      op.bytes = ((M * K + K * N) * eo + M * N * c_bytes) * batch;
+      op.shape = {static_cast<std::int64_t>(M), static_cast<std::int64_t>(N), static_cast<std::int64_t>(K)};
+      const double rate = (c == op_class::gemm ? peak : peak16) * gemm_efficiency(pr, M, N, K);
+      const double cmp = op.flops / rate * 1e9;
+      const double mem = op.bytes / bw_of(op_class::elementwise, false) * 1e9;
+      op.memory_bound = mem > cmp;
+      push(op, std::max(cmp, mem));
+    }
+
+    void linear_forward(std::string_view name, std::string_view bias, op_phase ph, double in, double o, bool rc,
+                        bool with_bias) {
+      gemm(name, ph, T, o, in, e, rc);
+      if (with_bias && m.linear_bias) vector(bias, op_class::elementwise, ph, T * o, 2.0 * e * T * o, rc);
+    }
+    void linear_backward(std::string_view name, std::string_view bias, double in, double o) {
+      gemm(name, op_phase::backward_input, T, in, o, e, false);       // dX = dY W^T
+      gemm(name, op_phase::backward_weight, in, o, T, 8.0, false);    // dW += X^T dY (fp32)
+      if (m.linear_bias) vector(bias, op_class::elementwise, op_phase::backward_weight, T * o, e * T * o, false);
+    }
+
+    void norm_forward(std::string_view name, op_phase ph, bool rc) {
+      vector(name, op_class::norm, ph, 8.0 * Tn * h, 2.0 * e * Tn * h, rc);
+    }
+    void norm_backward(std::string_view name, std::string_view wname) {
+      vector(name, op_class::norm, op_phase::backward_input, 16.0 * Tn * h, 4.0 * e * Tn * h, false);
+      // gamma/beta gradients: partial sums over rows, then the final reduction
+      vector(wname, op_class::norm, op_phase::backward_weight, 4.0 * Tn * h, 2.0 * e * Tn * h, false);
+    }
+    void residual_forward(std::string_view name, op_phase ph, bool rc) {
+      if (m.dropout) {
+        vector(name, op_class::elementwise, ph, 4.0 * Tn * h, 3.0 * e * Tn * h + Tn * h, rc);
+      } else {
+        vector(name, op_class::elementwise, ph, Tn * h, 3.0 * e * Tn * h, rc);
+      }
+    }
+    void residual_backward(std::string_view name) {
+      if (m.dropout) {
+        vector(name, op_class::elementwise, op_phase::backward_input, 2.0 * Tn * h, 2.0 * e * Tn * h + Tn * h, false);
+      }
+    }
+
+    [[nodiscard]] double attention_dense_flops() const { return 4.0 * T * s * q; }
+
+    void attention_forward(op_phase ph, bool rc) {
+      if (pr.attention == attention_impl::flash) {
+        op_cost op;
+        op.name = "attention";
+        op.kind = op_class::attention;
+        op.phase = ph;
+        op.recompute = rc;
+        op.flops = attention_dense_flops() * k.attention_causal_factor;
+        op.model_flops = rc ? 0.0 : attention_dense_flops();
+        op.bytes = e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
+        push(op, op.flops / (peak16 * pr.flash_forward) * 1e9);
+        return;
+      }
+      const double batch = b * heads;
+      const double scores = batch * s * s;
+      // QK^T over every head: batched GEMM [s x hd] x [hd x s] (baddbmm in Megatron); the
+      // model FLOPs of the attention core (4 T s q) are counted on the two batched GEMMs.
+      gemm("attention", ph, s, s, hd, e, rc, batch, true, op_class::attention);
+      vector("attention_softmax", op_class::norm, ph, 5.0 * scores, 2.0 * e * scores, rc, true);
+      if (m.dropout) vector("attention_dropout", op_class::elementwise, ph, 2.0 * scores, 2.0 * e * scores + scores, rc);
+      gemm("attention_pv", ph, s, hd, s, e, rc, batch, true, op_class::attention);
+      vector("attention_context_copy", op_class::elementwise, ph, 0, 2.0 * e * T * q, rc);
+    }
+
+    void attention_backward() {
+      if (pr.attention == attention_impl::flash) {
+        op_cost op;
+        op.name = "attention";
+        op.kind = op_class::attention;
+        op.phase = op_phase::backward_input;
+        op.flops = attention_dense_flops() * k.attention_causal_factor * 2.5;
+        op.model_flops = 2.0 * attention_dense_flops();
+        op.bytes = e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
+        push(op, op.flops / (peak16 * pr.flash_backward) * 1e9);
+        return;
+      }
+      const double batch = b * heads;
+      const double scores = batch * s * s;
+      const op_phase B = op_phase::backward_input;
+      vector("attention_context_copy", op_class::elementwise, B, 0, 2.0 * e * T * q, false);
+      // d(PV): dP = dO V^T [s x s, K = hd] and dV = P^T dO [s x hd, K = s]
+      gemm("attention_pv", B, s, s, hd, e, false, batch, true, op_class::attention);
+      gemm("attention_pv", B, s, hd, s, e, false, batch, false, op_class::attention);
+      if (m.dropout) vector("attention_dropout", op_class::elementwise, B, 2.0 * scores, 2.0 * e * scores + scores, false);
+      vector("attention_softmax", op_class::norm, B, 4.0 * scores, 3.0 * e * scores, false, true);
+      // d(QK^T): dQ = dS K [s x hd, K = s], dK = dS^T Q [s x hd, K = s]
+      gemm("attention", B, s, hd, s, e, false, batch, true, op_class::attention);
+      gemm("attention", B, s, hd, s, e, false, batch, false, op_class::attention);
+    }
+
+    void layer_forward(op_phase ph, bool rc) {
+      first_of_layer = true;
+      norm_forward("input_norm", ph, rc);
+      linear_forward("qkv_proj", "qkv_bias", ph, h, q + 2.0 * kv, rc, true);
+      attention_forward(ph, rc);
+      linear_forward("attn_out_proj", "", ph, q, h, rc, false);  // bias fused into the residual
+      residual_forward("attn_residual", ph, rc);
+      norm_forward("post_attn_norm", ph, rc);
+      if (m.mlp == mlp_kind::gelu) {
+        linear_forward("mlp_fc1", "", ph, h, f, rc, false);  // bias fused into bias-GeLU
+        vector("mlp_act", op_class::elementwise, ph, 8.0 * T * f, 2.0 * e * T * f, rc);
+        linear_forward("mlp_fc2", "", ph, f, h, rc, false);
+      } else {
+        linear_forward("mlp_gate", "", ph, h, f, rc, false);
+        linear_forward("mlp_up", "", ph, h, f, rc, false);
+        vector("mlp_act", op_class::elementwise, ph, 6.0 * T * f, 3.0 * e * T * f, rc);
+        linear_forward("mlp_down", "", ph, f, h, rc, false);
+      }
+      residual_forward("mlp_residual", ph, rc);
+    }
+
+    void layer_backward() {
+      if (par.recompute == recompute_kind::full) layer_forward(op_phase::backward_input, true);
+      residual_backward("mlp_residual");
+      if (m.mlp == mlp_kind::gelu) {
+        linear_backward("mlp_fc2", "mlp_fc2_bias_grad", f, h);
+        vector("mlp_act", op_class::elementwise, op_phase::backward_input, 12.0 * T * f, 3.0 * e * T * f, false);
+        linear_backward("mlp_fc1", "mlp_fc1_bias_grad", h, f);
+      } else {
+        linear_backward("mlp_down", "mlp_down_bias_grad", f, h);
+        vector("mlp_act", op_class::elementwise, op_phase::backward_input, 10.0 * T * f, 5.0 * e * T * f, false);
+        linear_backward("mlp_up", "mlp_up_bias_grad", h, f);
+        linear_backward("mlp_gate", "mlp_gate_bias_grad", h, f);
+      }
+      norm_backward("post_attn_norm", "post_attn_norm_weight_grad");
+      residual_backward("attn_residual");
+      linear_backward("attn_out_proj", "attn_out_proj_bias_grad", q, h);
+      if (par.recompute == recompute_kind::selective) attention_forward(op_phase::backward_input, true);
+      attention_backward();
+      linear_backward("qkv_proj", "qkv_bias_grad", h, q + 2.0 * kv);
+      norm_backward("input_norm", "input_norm_weight_grad");
+    }
+
+    void embedding() {
+      const double tok = 8.0;
+      vector("word_embedding", op_class::elementwise, op_phase::forward, 0.0, tok * T + e * T * h / t + e * T * h, false);
+      if (m.position == position_kind::learned) {
+        vector("position_embedding", op_class::elementwise, op_phase::forward, Tn * h, 3.0 * e * Tn * h, false);
+      }
+      if (m.dropout) {
+        vector("embedding_dropout", op_class::elementwise, op_phase::forward, 2.0 * Tn * h, 2.0 * e * Tn * h + Tn * h, false);
+        vector("embedding_dropout", op_class::elementwise, op_phase::backward_input, 2.0 * Tn * h,
+               2.0 * e * Tn * h + Tn * h, false);
+      }
+      if (m.position == position_kind::learned) {
+        vector("position_embedding", op_class::elementwise, op_phase::backward_weight, Tn * h, e * Tn * h + 8.0 * s * h,
+               false);
+      }
+      vector("word_embedding", op_class::elementwise, op_phase::backward_weight, T * h / t,
+             tok * T + e * T * h + 8.0 * T * h / t, false);
+    }
+
+    void head() {
+      norm_forward("final_norm", op_phase::forward, false);
+      gemm("logits", op_phase::forward, T, V, h, e, false);
+      // Megatron's vocabulary-parallel cross-entropy, as the trace shows it: max over the
+      // shard, subtract, exp, sum, divide, gather of the target logit (fp32 working copies).
+      const double TV = T * V;
+      vector("cross_entropy", op_class::norm, op_phase::forward, TV, (e + 4.0) * TV, false);
+      vector("cross_entropy_sub", op_class::elementwise, op_phase::forward, TV, 8.0 * TV, false);
+      vector("cross_entropy_exp", op_class::elementwise, op_phase::forward, 4.0 * TV, 8.0 * TV, false);
+      vector("cross_entropy_sum", op_class::norm, op_phase::forward, TV, 4.0 * TV, false);
+      vector("cross_entropy_div", op_class::elementwise, op_phase::forward, TV, 8.0 * TV, false);
+      vector("cross_entropy_bwd", op_class::elementwise, op_phase::backward_input, 2.0 * TV, (4.0 + e) * TV, false);
+      gemm("logits", op_phase::backward_input, T, h, V, e, false);
+      gemm("logits", op_phase::backward_weight, h, V, T, 8.0, false);
+      norm_backward("final_norm", "final_norm_weight_grad");
+    }
+  };
+};
+static_assert(ComputeModel<kernel_level>);
+
+}  // namespace lumos::model
