@@ -2,7 +2,10 @@
 // H100s: TP8 PP8 DP16, interleaved 1F1B with v = 4, selective recomputation, micro-batch 1,
 // global batch 1536 (96 micro-batches per pipeline), ZeRO-1.
 //   BM_predict/<job>           build (folded: one rank per stage, `pass` granularity), compile,
-//                              replay, metrics — one configuration, what a sweep pays per point
+//                              replay, metrics — one configuration, what a sweep pays per point;
+//                              the roofline cost model
+//   BM_predict_kernel_model/<job>  the same with the kernel-level cost model and the hardware's
+//                              profile preset (`lumos predict`'s default)
 //   BM_predict_cold/<job>      the same with every call's memory fresh from the kernel (glibc
 //                              trimmed before each call): the page-fault cost a short-lived
 //                              process pays
@@ -20,6 +23,9 @@
 
 #include <lumos/pipeline/interleaved_one_f_one_b.hpp>
 #include <lumos/pipeline/timeline.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/model/profile.hpp>
 #include <lumos/synth/predict.hpp>
 
 #include <malloc.h>
@@ -70,6 +76,25 @@ void BM_predict(benchmark::State& state, lumos::synth::job j, lumos::synth::gran
       state.ResumeTiming();
     }
     p = lumos::synth::predict(j, o);
+    benchmark::DoNotOptimize(p.iteration_ns);
+  }
+  report(state, p);
+}
+
+// The kernel-level cost model with the hardware's profile preset (what `lumos predict` uses by
+// default since the model issue); BM_predict above is the roofline model, its baseline.
+void BM_predict_kernel_model(benchmark::State& state, lumos::synth::job j) {
+  lumos::synth::predict_options o;
+  o.program.detail = lumos::synth::granularity::pass;
+  const lumos::model::cost_profile profile = lumos::model::profile_preset(j.hardware.name);
+  // The host-side options the profile fixes, as `lumos predict` sets them.
+  o.program.collective_cpu = static_cast<lumos::time_ns>(profile.cpu_collective_ns);
+  o.program.launch_cost = static_cast<lumos::time_ns>(profile.cpu_launch_ns);
+  o.program.p2p_host_sync = profile.cpu_p2p_sync > 0;
+  o.program.loss_scale_host_sync = profile.cpu_loss_scale_sync > 0 && j.parallel.dtype == lumos::model::precision::fp16;
+  lumos::synth::prediction p;
+  for (auto _ : state) {
+    p = lumos::synth::predict(j, o, lumos::model::kernel_level{profile}, lumos::model::nccl_model{profile});
     benchmark::DoNotOptimize(p.iteration_ns);
   }
   report(state, p);
@@ -127,6 +152,8 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark(("BM_replay/" + name).c_str(), BM_replay, job)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark(("BM_predict/" + name).c_str(), BM_predict, job, granularity::pass, false)
       ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(("BM_predict_kernel_model/" + name).c_str(), BM_predict_kernel_model, job)
+      ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark(("BM_predict_cold/" + name).c_str(), BM_predict, job, granularity::pass, true)
       ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark(("BM_predict_kernel/" + name).c_str(), BM_predict, job, granularity::kernel, false)
@@ -136,6 +163,7 @@ int main(int argc, char** argv) {
       ->Iterations(2);
   reporter.compare("BM_predict/" + name, "BM_timeline/" + name, "configs_per_s");
   reporter.compare("BM_predict/" + name, "BM_replay/" + name, "configs_per_s");
+  reporter.compare("BM_predict_kernel_model/" + name, "BM_predict/" + name, "configs_per_s");
   reporter.compare("BM_predict_cold/" + name, "BM_predict/" + name, "configs_per_s");
   reporter.compare("BM_predict_kernel/" + name, "BM_predict/" + name, "configs_per_s");
   reporter.compare("BM_predict_unfold/" + name + "/iterations:2", "BM_predict/" + name, "configs_per_s");
