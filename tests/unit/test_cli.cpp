@@ -233,6 +233,31 @@ TEST_CASE("replay --scale op:TEXT=F: 1 is the identity, 0 removes the named kern
   CHECK(run("replay " + example + " --scale 'op:gemm=0'").out.find("selective what-if 'gemm'=0") != std::string::npos);
 }
 
+TEST_CASE("whatif --json: baseline, prediction and changes; --trace-out replays to the prediction", "[cli][whatif]") {
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  lumos_test::temp_dir dir;
+  const auto out = dir.path() / "on-a100";
+  const result r = run("whatif " + example + " --gpu a100-sxm-80gb --json --trace-out " + out.string());
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(r.out);
+  const std::int64_t baseline = doc["baseline"]["iteration_ns"];
+  const std::int64_t predicted = doc["predicted"]["iteration_ns"];
+  CHECK(predicted > baseline);  // the example was recorded on an H100
+  CHECK(simdjson::dom::array(doc["changes"]).size() >= 2);
+  CHECK(simdjson::dom::array(doc["predicted"]["ranks"]).size() == 2);
+  const result again = run("replay " + out.string() + " --json");
+  REQUIRE(again.code == 0);
+  simdjson::dom::parser parser2;
+  CHECK(int64_t(parser2.parse(again.out)["job"]["simulated_ns"]) == predicted);
+  // Errors: no change asked for, an unknown preset, a GPU without a preset.
+  CHECK(run("whatif " + example).code == 2);
+  CHECK(run("whatif " + example + " --gpu tpu-v5").code == 2);
+  const result unknown = run("whatif " + data("sensitivity/cpu_bound.json") + " --gpu h100-sxm");
+  CHECK(unknown.code == 2);
+  CHECK(unknown.err.find("--from-gpu") != std::string::npos);
+}
+
 TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
   for (const char* bad : {"--scale compute", "--scale gpu=2", "--scale compute=-1", "--scale compute=abc", "--step x", "--scale op:=2",
