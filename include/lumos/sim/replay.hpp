@@ -17,6 +17,7 @@
 #include <concepts>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -48,16 +49,12 @@ concept ProcessorModel = requires(P& m, const P& cm, std::size_t n, graph::proce
 /// Every processor runs one task at a time, in graph order (CPU threads, CUDA streams).
 class in_order_processors {
  public:
-  void reset(std::size_t n) {
-    free_.assign(n, 0);
-    data_ = free_.data();
-  }
-  [[nodiscard]] time_ns available(graph::processor_id p) const noexcept { return data_[p]; }
-  void occupy(graph::processor_id p, time_ns end) noexcept { data_[p] = end; }
+  void reset(std::size_t n) { free_.assign(n, 0); }
+  [[nodiscard]] time_ns available(graph::processor_id p) const noexcept { return free_[p]; }
+  void occupy(graph::processor_id p, time_ns end) noexcept { free_[p] = end; }
 
  private:
-  std::vector<time_ns> free_;
-  time_ns* data_ = nullptr;  // the loop reads it without going through the vector
+  std::vector<time_ns> free_;  // copies and moves own their data (no pointer into it is kept)
 };
 static_assert(ProcessorModel<in_order_processors>);
 
@@ -101,9 +98,11 @@ static_assert(ReplayObserver<makespan_only>);
 template <ProcessorModel Processors = in_order_processors>
 class basic_replay {
  public:
-  /// Replays `g`, calling every observer; returns the makespan (latest finish).
-  template <GraphLike Graph, ReplayObserver... Observers>
-  time_ns run(const Graph& g, Observers&... observers) {
+  /// Replays `g`, calling every observer; returns the makespan (latest finish). Observers are
+  /// taken by forwarding reference: lvalues report back, temporaries are allowed.
+  template <GraphLike Graph, class... Observers>
+    requires(ReplayObserver<std::remove_cvref_t<Observers>> && ...)
+  [[nodiscard("the makespan; use the observers for per-task times")]] time_ns run(const Graph& g, Observers&&... observers) {
     const std::size_t n = g.size();
     processors_.reset(g.processor_count);
     times_.resize(2 * n);
@@ -117,16 +116,11 @@ class basic_replay {
       const std::uint32_t p = r.processor();
       const std::uint32_t e = r.pred_end;
       time_ns s = processors_.available(p) + r.gap;
-      time_ns t;
-      if (r.finishes() == 0) {  // the common case: start edges only
-        for (std::uint32_t j = b; j < e; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
-        t = s + r.duration;
-      } else {
-        const std::uint32_t f = e - r.finishes();
-        for (std::uint32_t j = b; j < f; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
-        t = s + r.duration;
-        for (std::uint32_t j = f; j < e; ++j) t = std::max(t, times[preds[j].time] + preds[j].delay);
-      }
+      // Start edges come first in a task's range, finish edges (syncs) last.
+      const std::uint32_t f = e - r.finishes();
+      for (std::uint32_t j = b; j < f; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
+      time_ns t = s + r.duration;
+      for (std::uint32_t j = f; j < e; ++j) t = std::max(t, times[preds[j].time] + preds[j].delay);
       times[2 * i] = s;
       times[2 * i + 1] = t;
       processors_.occupy(p, t);
@@ -157,7 +151,7 @@ template <GraphLike Graph>
 [[nodiscard]] record_timeline replay(const Graph& g) {
   replay_engine engine;
   record_timeline timeline;
-  engine.run(g, timeline);
+  (void)engine.run(g, timeline);  // the timeline has the times; the makespan is its latest finish
   return timeline;
 }
 
