@@ -18,7 +18,7 @@ namespace lumos::cli {
 
 inline constexpr std::string_view replay_usage =
     "usage: lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
-    "                    [--scale op:TEXT=F]... [--json] [--explain] [--durations-from-step M]\n"
+    "                    [--scale op:TEXT=F]... [--json] [--explain] [--strict] [--durations-from-step M]\n"
     "                    [--trace-out FILE] [--critical-path]\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
     "  --step N            replay ProfilerStep#N (default: the last one every rank has)\n"
@@ -27,6 +27,8 @@ inline constexpr std::string_view replay_usage =
     "                      everything nested in it and the GPU ops it launched) and of every GPU op\n"
     "                      whose name contains TEXT; 0 removes it. Repeatable; composes with the kinds\n"
     "  --explain           show what the replay keeps fixed (overheads by kind, the largest ones)\n"
+    "  --strict            timestamps no execution can produce (an op before its launch, a long stream\n"
+    "                      overlap, a collective ending before a partner starts) are errors\n"
     "  --durations-from-step M  leave-one-step-out: replay the step with the measured op durations\n"
     "                      of ProfilerStep#M, predicting step M (compared with its measurement)\n"
     "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
@@ -154,6 +156,7 @@ inline int run_replay(args& a) {
   opt.scales = scaled.scales;
   opt.build.op_scales = scaled.ops;
   if (const auto from = a.option("--durations-from-step")) opt.durations_from_step = parse_number<int>(*from, "--durations-from-step");
+  opt.build.strict = a.flag("--strict");
   const bool json = a.flag("--json");
   const bool explain = a.flag("--explain");
   const bool critical = a.flag("--critical-path");
@@ -221,6 +224,8 @@ inline int run_replay(args& a) {
     w.field("cross_stream_unresolved", st.cross_stream_unresolved).field("blocking_calls", st.blocking_calls);
     w.field("poll_waits", st.poll_waits);
     w.field("thread_handoffs", st.handoffs).field("stream_overlaps", st.stream_overlaps).end_object();
+    w.key("causality").begin_object().field("violations", st.causality_violations).field("worst_ns", st.worst_violation);
+    w.field("worst", st.worst_violation_text).end_object();
     w.key("gpu_ops_bound_by").begin_object().field("stream", st.ops_queued).field("launch", st.ops_launch_bound);
     w.field("dependency", st.ops_dependency_bound).field("unexplained", st.ops_unexplained).end_object();
     w.key("overheads").begin_array();
@@ -294,6 +299,10 @@ inline int run_replay(args& a) {
                   st.ops_queued, st.ops_launch_bound, st.ops_dependency_bound, st.cross_stream_implicit, st.ops_unexplained,
                   st.poll_waits);
     out += line;
+    if (st.causality_violations > 0) {
+      out += "warning: " + std::to_string(st.causality_violations) + " causality violation" + (st.causality_violations == 1 ? "" : "s") +
+             " in the traces (timestamps no execution can produce; --strict makes them errors); the worst: " + st.worst_violation_text + "\n";
+    }
     if (!opt.build.op_scales.empty()) {
       std::string ops;
       for (const auto& o : opt.build.op_scales) {

@@ -258,6 +258,25 @@ TEST_CASE("whatif --json: baseline, prediction and changes; --trace-out replays 
   CHECK(unknown.err.find("--from-gpu") != std::string::npos);
 }
 
+TEST_CASE("a kernel that starts before its launch is a causality violation: a warning, an error with --strict", "[cli][replay]") {
+  lumos_test::temp_dir dir;
+  const auto bad = dir.write("before_launch.json", R"({"traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 200},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 50, "dur": 5, "args": {"correlation": 1}},
+    {"ph": "X", "cat": "kernel", "name": "early", "pid": 0, "tid": 7, "ts": 20, "dur": 10,
+     "args": {"device": 0, "stream": 7, "correlation": 1}}]})");
+  const result warn = run("replay " + bad.string());
+  CHECK(warn.code == 0);
+  CHECK(warn.out.find("1 causality violation") != std::string::npos);
+  CHECK(warn.out.find("starts 30000 ns before its launch call") != std::string::npos);
+  const result strict = run("replay --strict " + bad.string());
+  CHECK(strict.code == 2);
+  CHECK(strict.err.find("causality violation") != std::string::npos);
+  CHECK(std::count(strict.err.begin(), strict.err.end(), '\n') == 1);
+  // The real traces of the examples have none.
+  CHECK(run("replay --strict " + std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job").code == 0);
+}
+
 TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
   for (const char* bad : {"--scale compute", "--scale gpu=2", "--scale compute=-1", "--scale compute=abc", "--step x", "--scale op:=2",

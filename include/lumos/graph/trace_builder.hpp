@@ -65,6 +65,11 @@ struct build_options {
   bool implicit_waits = true;
   /// Selective what-ifs, applied when the graph is built.
   std::vector<op_scale> op_scales;
+  /// A stream overlap (an op starting before its predecessor ended) longer than this breaks
+  /// causality; shorter ones are programmatic dependent launch (Hopper/Blackwell) or rounding.
+  time_ns overlap_tolerance = 5'000;
+  /// Causality violations are errors (`lumos replay --strict`) instead of a diagnostic.
+  bool strict = false;
 };
 
 /// A delay kept from the trace that a what-if does not move (FIDELITY.md item 8), by kind.
@@ -124,6 +129,13 @@ struct build_stats {
   std::size_t unmatched_kept_whole = 0;  ///< no second observation: the whole duration is transfer
   std::string collective_matching;       ///< how instances were matched
   std::size_t stream_overlaps = 0;       ///< ops that started before their stream predecessor ended
+  /// Timestamps no execution can produce (a clock anomaly or a corrupted trace): an op that
+  /// starts before its launch call, a stream overlap longer than `overlap_tolerance`, a
+  /// collective participant that ends before another one starts. Counted, the worst described;
+  /// `build_options::strict` makes them errors.
+  std::size_t causality_violations = 0;
+  time_ns worst_violation = 0;           ///< by how much the worst one breaks its rule
+  std::string worst_violation_text;
   std::size_t ops_queued = 0;            ///< GPU ops whose stream bound them (launch queue)
   std::size_t ops_launch_bound = 0;      ///< GPU ops whose launch bound them (idle stream)
   std::size_t ops_dependency_bound = 0;  ///< GPU ops a cross-stream producer bound
@@ -276,6 +288,10 @@ class trace_graph_builder {
     if (options_.match_collectives) match_collectives();
     for (std::size_t r = 0; r < job_.ranks.size(); ++r) build_rank(r);
     finish_collectives();
+    if (options_.strict && out_.stats.causality_violations > 0) {
+      throw error(std::to_string(out_.stats.causality_violations) + " causality violation" +
+                  (out_.stats.causality_violations == 1 ? "" : "s") + " (--strict); the worst: " + out_.stats.worst_violation_text);
+    }
     out_.ranks.resize(job_.ranks.size());
     for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
       out_.ranks[r].rank = job_.ranks[r].rank;
@@ -1082,6 +1098,10 @@ class trace_graph_builder {
         const event_index l = launch_of(o);
         const time_ns anchor = s.anchor[o];
         if (anchor != no_anchor) consider(launch, anchor + oh.launch_latency);
+        if (l != no_event && start < start_of(r, l)) {
+          violation(start_of(r, l) - start, where(r, o) + " starts " + std::to_string(start_of(r, l) - start) +
+                                                " ns before its launch call (" + std::string(t.name(t.events[l])) + ")");
+        }
         // A delay beyond what its kind allows: look for the op that held this one back.
         const time_ns allowed = binding == launch ? oh.launch_high - oh.launch_latency : oh.gap_high - oh.gap;
         if (binding != none && start - expected > allowed && options_.implicit_waits) {
@@ -1123,6 +1143,10 @@ class trace_graph_builder {
         } else {
           const time_ns slack = start - prev_end;
           if (slack < 0) ++out_.stats.stream_overlaps;
+          if (-slack > options_.overlap_tolerance) {
+            violation(-slack, where(r, o) + " starts " + std::to_string(-slack) + " ns before the op before it on stream " +
+                                  std::to_string(key.stream) + " ends");
+          }
           g.idle_gap[first] = binding == stream ? slack : std::min(oh.gap, slack);
           if (binding == stream) keep(overhead_kind::stream_gap, slack);
         }
@@ -1150,6 +1174,20 @@ class trace_graph_builder {
   }
 
   [[nodiscard]] task_id task_of(std::size_t r, event_index o) const { return ranks_[r].task_of_event[o]; }
+
+  void violation(time_ns amount, std::string text) {
+    auto& st = out_.stats;
+    ++st.causality_violations;
+    if (amount > st.worst_violation || st.worst_violation_text.empty()) {
+      st.worst_violation = amount;
+      st.worst_violation_text = std::move(text);
+    }
+  }
+
+  [[nodiscard]] std::string where(std::size_t r, event_index i) const {
+    const trace::rank_trace& t = job_.ranks[r];
+    return t.file + ": event #" + std::to_string(i) + " '" + std::string(t.name(t.events[i])) + "'";
+  }
 
   [[nodiscard]] task_id launch_task_for(std::size_t r, event_index call) const {
     const auto it = launch_task_.find({r, job_.ranks[r].events[call].correlation});
@@ -1228,9 +1266,17 @@ class trace_graph_builder {
         plan.info.complete.push_back(c);
         ++out_.stats.collective_participants;
       }
-      // The join happens when the last participant arrives.
+      // The join happens when the last participant arrives; no participant can end before it.
       time_ns last = std::numeric_limits<time_ns>::min();
       for (const task_id a : plan.info.arrive) last = std::max(last, g.observed_start[a]);
+      for (const participant& m : plan.members) {
+        const task_id c = ranks_[m.rank_index].task_of_event[m.op];
+        if (g.observed_end[c] < last) {
+          violation(last - g.observed_end[c], where(m.rank_index, m.op) + " (" + plan.info.kind + " #" + std::to_string(plan.info.sequence) +
+                                                  " of group " + plan.info.group + ") ends " + std::to_string(last - g.observed_end[c]) +
+                                                  " ns before the last participant arrives (clock skew between hosts?)");
+        }
+      }
       g.observed_start[join] = g.observed_end[join] = last;
       g.collectives.push_back(std::move(plan.info));
       ++out_.stats.collectives_matched;
