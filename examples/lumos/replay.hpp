@@ -18,7 +18,8 @@ namespace lumos::cli {
 
 inline constexpr std::string_view replay_usage =
     "usage: lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
-    "                    [--scale op:TEXT=F]... [--json] [--explain] [--strict] [--durations-from-step M]\n"
+    "                    [--scale op:TEXT=F]... [--json] [--explain] [--strict] [--align-clocks]\n"
+    "                    [--durations-from-step M]\n"
     "                    [--trace-out FILE] [--critical-path]\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
     "  --step N            replay ProfilerStep#N (default: the last one every rank has)\n"
@@ -29,6 +30,7 @@ inline constexpr std::string_view replay_usage =
     "  --explain           show what the replay keeps fixed (overheads by kind, the largest ones)\n"
     "  --strict            timestamps no execution can produce (an op before its launch, a long stream\n"
     "                      overlap, a collective ending before a partner starts) are errors\n"
+    "  --align-clocks      shift each rank's clock by the offset its collectives imply (skew between hosts)\n"
     "  --durations-from-step M  leave-one-step-out: replay the step with the measured op durations\n"
     "                      of ProfilerStep#M, predicting step M (compared with its measurement)\n"
     "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
@@ -157,6 +159,7 @@ inline int run_replay(args& a) {
   opt.build.op_scales = scaled.ops;
   if (const auto from = a.option("--durations-from-step")) opt.durations_from_step = parse_number<int>(*from, "--durations-from-step");
   opt.build.strict = a.flag("--strict");
+  opt.build.align_clocks = a.flag("--align-clocks");
   const bool json = a.flag("--json");
   const bool explain = a.flag("--explain");
   const bool critical = a.flag("--critical-path");
@@ -226,6 +229,10 @@ inline int run_replay(args& a) {
     w.field("thread_handoffs", st.handoffs).field("stream_overlaps", st.stream_overlaps).end_object();
     w.key("causality").begin_object().field("violations", st.causality_violations).field("worst_ns", st.worst_violation);
     w.field("worst", st.worst_violation_text).end_object();
+    w.key("clocks").begin_object().field("consistent", st.clock_offsets_consistent).field("aligned", st.clocks_aligned);
+    w.key("offsets_ns").begin_array();
+    for (const time_ns d : st.clock_offsets) w.value(d);
+    w.end_array().end_object();
     w.key("gpu_ops_bound_by").begin_object().field("stream", st.ops_queued).field("launch", st.ops_launch_bound);
     w.field("dependency", st.ops_dependency_bound).field("unexplained", st.ops_unexplained).end_object();
     w.key("overheads").begin_array();
@@ -299,6 +306,22 @@ inline int run_replay(args& a) {
                   st.ops_queued, st.ops_launch_bound, st.ops_dependency_bound, st.cross_stream_implicit, st.ops_unexplained,
                   st.poll_waits);
     out += line;
+    if (!st.clock_offsets_consistent) {
+      out += "clocks: the matched collectives admit no clock offsets (collectives matched wrongly?); none applied\n";
+    } else {
+      std::string skewed;
+      for (std::size_t i = 0; i < st.clock_offsets.size(); ++i) {
+        if (st.clock_offsets[i] == 0) continue;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%srank %d %+.1f us", skewed.empty() ? "" : ", ", job.ranks[i].rank,
+                      static_cast<double>(st.clock_offsets[i]) / 1e3);
+        skewed += buf;
+      }
+      if (!skewed.empty()) {
+        out += std::string("clocks: the collectives imply skew between hosts: ") + skewed +
+               (st.clocks_aligned ? " (applied: --align-clocks)\n" : " (--align-clocks applies it)\n");
+      }
+    }
     if (st.causality_violations > 0) {
       out += "warning: " + std::to_string(st.causality_violations) + " causality violation" + (st.causality_violations == 1 ? "" : "s") +
              " in the traces (timestamps no execution can produce; --strict makes them errors); the worst: " + st.worst_violation_text + "\n";

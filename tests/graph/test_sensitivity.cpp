@@ -221,3 +221,31 @@ TEST_CASE("cross-stream pairing: exact from cuda_sync rows, found from timing wi
   blind.implicit_waits = false;
   CHECK(predict(inferred, compute2, blind) == 214.0);
 }
+
+TEST_CASE("clock skew: the joins of collectives imply each rank's offset; --align-clocks applies it", "[sensitivity][clocks]") {
+  // The all-reduce job above with rank 1's clock 100 µs ahead: its kernel "starts" at 263, after
+  // rank 0's ended (213). The smallest shift that makes the join causal is −50 µs on rank 1.
+  auto job = trace::load_job({lumos_test::data_dir() / "sensitivity" / "allreduce_2ranks"});
+  const auto aligned_before = graph::build_graph(job);
+  CHECK(aligned_before.stats.causality_violations == 0);
+  CHECK(aligned_before.stats.clock_offsets == std::vector<time_ns>{0, 0});
+  for (auto& r : job.ranks) {
+    if (r.rank == 1) r.base_ns += 100'000;
+  }
+  const auto skewed = graph::build_graph(job);
+  REQUIRE(skewed.stats.clock_offsets_consistent);
+  CHECK(skewed.stats.causality_violations == 1);
+  CHECK(skewed.stats.worst_violation == 50'000);
+  const std::size_t one = job.ranks[0].rank == 1 ? 0 : 1;
+  CHECK(skewed.stats.clock_offsets[one] == -50'000);
+  CHECK(skewed.stats.clock_offsets[1 - one] == 0);
+  graph::build_options align;
+  align.align_clocks = true;
+  const auto fixed = graph::build_graph(job, align);
+  CHECK(fixed.stats.clocks_aligned);
+  CHECK(fixed.stats.causality_violations == 0);
+  // The estimate is the smallest shift that makes the joins causal, a bound on the skew (the
+  // true one here is −100 µs): aligned, rank 1 arrives exactly when rank 0's kernel ends.
+  CHECK(fixed.graph.observed_start[fixed.graph.collectives.front().join] ==
+        fixed.graph.observed_end[fixed.graph.collectives.front().complete[job.ranks[0].rank == 1 ? 1 : 0]]);
+}

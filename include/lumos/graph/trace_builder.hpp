@@ -70,6 +70,8 @@ struct build_options {
   time_ns overlap_tolerance = 5'000;
   /// Causality violations are errors (`lumos replay --strict`) instead of a diagnostic.
   bool strict = false;
+  /// Shift each rank's clock by the offset its collectives imply (`lumos replay --align-clocks`).
+  bool align_clocks = false;
 };
 
 /// A delay kept from the trace that a what-if does not move (FIDELITY.md item 8), by kind.
@@ -133,6 +135,12 @@ struct build_stats {
   /// starts before its launch call, a stream overlap longer than `overlap_tolerance`, a
   /// collective participant that ends before another one starts. Counted, the worst described;
   /// `build_options::strict` makes them errors.
+  /// Per rank (job order): the smallest shift (≤ 0 ns) of its clock under which no participant
+  /// of a matched collective ends before another one arrives — the last arrival cannot follow
+  /// the earliest completion. All zero when the clocks agree (ranks of one host share a clock).
+  std::vector<time_ns> clock_offsets;
+  bool clock_offsets_consistent = true;  ///< false: no shifts satisfy every join (mismatched collectives?)
+  bool clocks_aligned = false;           ///< the offsets were applied
   std::size_t causality_violations = 0;
   time_ns worst_violation = 0;           ///< by how much the worst one breaks its rule
   std::string worst_violation_text;
@@ -286,6 +294,7 @@ class trace_graph_builder {
     ranks_.resize(job_.ranks.size());
     for (std::size_t r = 0; r < job_.ranks.size(); ++r) index_rank(r);
     if (options_.match_collectives) match_collectives();
+    estimate_clock_offsets();
     for (std::size_t r = 0; r < job_.ranks.size(); ++r) build_rank(r);
     finish_collectives();
     if (options_.strict && out_.stats.causality_violations > 0) {
@@ -326,7 +335,7 @@ class trace_graph_builder {
     std::vector<task_id> task_of_event;
     std::vector<task_id> arrive_of_event;
     std::vector<time_ns> enqueue;        // per GPU op: start of its launch call (or its own start)
-    std::vector<time_ns> anchor;         // per GPU op: where its launch latency counts from (job time)
+    std::vector<time_ns> anchor;         // per GPU op: where its launch latency counts from (rank-local ts)
     std::vector<double> gpu_factor;      // per GPU op: product of the op_scales that apply to it
     std::vector<detail::time_warp> warps;        // per CPU lane slot: op_scales over the thread's time
     std::map<stream_key, stream_overheads> overheads;
@@ -400,10 +409,9 @@ class trace_graph_builder {
         // kernel launch blocked (lazy module loading) and the op could only start after it.
         const trace::event& call = t.events[it->second];
         const bool blocked = call.dur > options_.blocked_launch && detail::is_kernel_launch(t.name(call));
-        s.anchor[o] = job_time(r, blocked ? call.end() : call.ts);
+        s.anchor[o] = blocked ? call.end() : call.ts;  // rank-local: the offset is final only at build time
       }
     }
-    apply_op_scales(r);
   }
 
   // Per-thread multipliers and per-op factors of the selective what-ifs (`op_scales`).
@@ -540,6 +548,39 @@ class trace_graph_builder {
                                                      : "no communication ops";
   }
 
+  // Clock skew between hosts (docs/replay.md): difference constraints d_i − d_j ≤ end_j − start_i
+  // for every pair of participants of every matched collective, solved by Bellman-Ford-style
+  // relaxation from 0 — the largest solution ≤ 0, so ranks whose joins are already causal keep
+  // their clocks. A relaxation still changing after as many passes as ranks means the
+  // constraints have no solution (a negative cycle: collectives matched wrongly).
+  void estimate_clock_offsets() {
+    const std::size_t n = job_.ranks.size();
+    std::vector<time_ns> d(n, 0);
+    bool changed = true;
+    std::size_t pass = 0;
+    for (; changed && pass <= n; ++pass) {
+      changed = false;
+      for (const instance_plan& plan : plans_) {
+        time_ns earliest_end = std::numeric_limits<time_ns>::max();
+        for (const participant& m : plan.members) earliest_end = std::min(earliest_end, d[m.rank_index] + end_of(m.rank_index, m.op));
+        for (const participant& m : plan.members) {
+          const time_ns bound = earliest_end - start_of(m.rank_index, m.op);
+          if (bound < d[m.rank_index]) {
+            d[m.rank_index] = bound;
+            changed = true;
+          }
+        }
+      }
+    }
+    auto& st = out_.stats;
+    st.clock_offsets_consistent = !changed;
+    st.clock_offsets = st.clock_offsets_consistent ? d : std::vector<time_ns>(n, 0);
+    if (options_.align_clocks && st.clock_offsets_consistent) {
+      for (std::size_t r = 0; r < n; ++r) ranks_[r].offset += d[r];
+      st.clocks_aligned = true;
+    }
+  }
+
   // ---- building one rank -----------------------------------------------------------------
 
   struct cpu_task_info {
@@ -557,8 +598,10 @@ class trace_graph_builder {
     task_graph& g = out_.graph;
     const int rank = t.rank;
 
-    // 1. What the trace says before any task exists: the GPU ops each blocking call waited
-    //    for, the cross-stream producers of each op, and the overheads of each stream.
+    // 1. What the trace says before any task exists: the selective what-ifs over its time, the
+    //    GPU ops each blocking call waited for, the cross-stream producers of each op, and the
+    //    overheads of each stream.
+    apply_op_scales(r);
     poll_runs_.clear();
     const awaited_map awaited = find_blocking_calls(r);
     const producer_map producers = options_.cross_stream ? find_cross_stream(r) : producer_map{};
@@ -647,8 +690,8 @@ class trace_graph_builder {
     for (const auto& [key, ops] : s.streams) {
       for (std::size_t k = 0; k < ops.size(); ++k) {
         const event_index o = ops[k];
-        const time_ns a = s.anchor[o];
-        if (a == no_anchor) continue;
+        if (s.anchor[o] == no_anchor) continue;
+        const time_ns a = job_time(r, s.anchor[o]);
         // Only the first op of a multi-op launch (CUDA graph) says something about latency.
         if (k > 0 && t.events[ops[k - 1]].correlation == t.events[o].correlation) continue;
         const time_ns prev_end = k > 0 ? end_of(r, ops[k - 1]) : std::numeric_limits<time_ns>::min();
@@ -663,8 +706,7 @@ class trace_graph_builder {
       for (std::size_t k = 1; k < ops.size(); ++k) {
         const event_index o = ops[k];
         const time_ns prev_end = end_of(r, ops[k - 1]);
-        const time_ns a = s.anchor[o];
-        const bool queued = (a == no_anchor || a + latency <= prev_end) && producers_end(o) <= prev_end;
+        const bool queued = (s.anchor[o] == no_anchor || job_time(r, s.anchor[o]) + latency <= prev_end) && producers_end(o) <= prev_end;
         if (queued) gaps[key].push_back(std::max<time_ns>(0, start_of(r, o) - prev_end));
       }
       all_gaps.insert(all_gaps.end(), gaps[key].begin(), gaps[key].end());
@@ -1096,7 +1138,7 @@ class trace_graph_builder {
           }
         }
         const event_index l = launch_of(o);
-        const time_ns anchor = s.anchor[o];
+        const time_ns anchor = s.anchor[o] == no_anchor ? no_anchor : job_time(r, s.anchor[o]);
         if (anchor != no_anchor) consider(launch, anchor + oh.launch_latency);
         if (l != no_event && start < start_of(r, l)) {
           violation(start_of(r, l) - start, where(r, o) + " starts " + std::to_string(start_of(r, l) - start) +
