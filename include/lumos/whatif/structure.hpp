@@ -723,6 +723,7 @@ struct rank_work {
       auto& rs = out.ranks[index_of_rank[order[s]]];
       rs.stage.value = static_cast<int>(s);
       rs.stage.source = "position in the chain of point-to-point partners " + detail::join_ints(order) +
+                        (order.size() > 2 && partners[order.front()].count(order.back()) ? " (a ring)" : "") +
                         " (stage 0 computes a forward before its first transfer)";
     }
   }
@@ -756,8 +757,8 @@ struct rank_work {
     for (const auto& p : pipelines) lengths.insert(p.size());
     if (lengths.size() == 1) {
       par.pp.value = static_cast<int>(*lengths.begin());
-      par.pp.source = std::to_string(pipelines.size()) + " chain(s) of point-to-point partners of " +
-                      std::to_string(*lengths.begin()) + " ranks";
+      par.pp.source = std::to_string(pipelines.size()) + (topology_ring ? " ring(s)" : " chain(s)") +
+                      " of point-to-point partners of " + std::to_string(*lengths.begin()) + " ranks";
     } else {
       par.pp.source = "chains of point-to-point partners have different lengths";
     }
@@ -879,13 +880,22 @@ struct rank_work {
                               std::to_string(n) + " forward passes per stage (ZB schedules are not recognised: their W passes "
                               "are not separable from B without annotations)";
       } else {
+        // Candidates that agree on the shape still give the micro-batches and chunks.
+        const bool same_shape = std::all_of(found.begin(), found.end(), [&](const candidate& c) { return c.shape == found.front().shape; });
+        if (same_shape) {
+          par.chunks.value = found.front().shape.chunks;
+          par.chunks.source = "every schedule that matches the order has " + std::to_string(found.front().shape.chunks) + " chunk(s)";
+          par.micro_batches.value = found.front().shape.micro_batches;
+          par.micro_batches.source = std::to_string(forwards) + " forward passes per stage / " +
+                                     std::to_string(found.front().shape.chunks) + " chunk(s)";
+        }
         std::string names;
         for (const auto& c : found) {
           names += (names.empty() ? "" : ", ") + std::string(pipeline::schedule_name(c.kind)) + " (v " +
                    std::to_string(c.shape.chunks) + ")";
         }
         par.schedule.source = observed + ": ambiguous, the same order as " + names;
-        out.notes.push_back("schedule ambiguous between " + names + ": pass --schedule (and --vp)");
+        if (!(p == 1 && forwards == 1)) out.notes.push_back("schedule ambiguous between " + names + ": pass --schedule (and --vp)");
       }
     }
   }
