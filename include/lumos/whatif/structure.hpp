@@ -739,7 +739,9 @@ struct rank_work {
 
   // ---- parallel layout --------------------------------------------------------------------
   auto& par = out.parallel;
-  par.world.flag = "--world", par.tp.flag = "--tp", par.pp.flag = "--pp", par.dp.flag = "--dp", par.ep.flag = "--ep";
+  // Flags name options `lumos inspect --structure` (and `lumos whatif`) accept; facts no option
+  // supplies (world, EP, micro-batch count) have none.
+  par.tp.flag = "--tp", par.pp.flag = "--pp", par.dp.flag = "--dp";
   for (const auto& r : job.ranks) {
     if (r.world_size && !par.world.known()) {
       par.world.value = *r.world_size;
@@ -770,7 +772,7 @@ struct rank_work {
   }
 
   // ---- schedule: per-stage order of forward/backward passes against the policies -----------
-  par.schedule.flag = "--schedule", par.chunks.flag = "--vp", par.micro_batches.flag = "--micro-batches";
+  par.schedule.flag = "--schedule", par.chunks.flag = "--vp";
   {
     // Reference rank per stage (the first pipeline; other pipelines are checked too).
     std::vector<std::vector<std::size_t>> stage_ranks;
@@ -1072,7 +1074,10 @@ struct rank_work {
                       std::to_string(*par.pp.value) + "); no gradient reduction in the trace";
     }
   }
-  if (!par.dp.known() && par.dp.source.empty()) par.dp.source = "no gradient reduction and TP × PP does not give it";
+  if (!par.dp.known() && par.dp.source.empty()) {
+    par.dp.source = grad_ops.empty() ? "no gradient reduction, and world / (TP × PP) is not known"
+                                     : "gradients are reduced, but the group's size is not recorded and its peers are absent";
+  }
 
   // ---- gradient reduction ----------------------------------------------------------------
   {
