@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Writes small hand-made Kineto traces of pipeline-parallel transformer training, one directory
+per configuration, one .json.gz per rank, for the structure-discovery tests (tests/whatif).
+
+Each trace is built from a known construction, which the tests assert:
+  - p stages (one rank each, TP = DP = 1), m micro-batches, v model chunks per stage;
+  - the per-stage order of Megatron's GPipe / 1F1B / interleaved 1F1B (formulas below, the same
+    as include/lumos/pipeline/*);
+  - `layers_per_chunk` transformer layers in each chunk, hidden 1024, FFN 4096, 16 heads of 64,
+    sequence 512, micro-batch size 2, bf16;
+  - activations and gradients sent point to point between neighbouring virtual stages (the last
+    stage wraps to the first for interleaved), one NCCL SendRecv kernel on each side carrying the
+    collective args; forward on the main thread, backward under autograd ops on a second thread,
+    then an optimizer step;
+  - `annotate`: each forward layer inside a `TransformerLayer` record_function scope (else layers
+    are only recoverable from the repeating kernel sequence).
+
+Run from anywhere: python3 tests/data/whatif/make_pipeline_traces.py  (deterministic output).
+"""
+import gzip
+import json
+import os
+
+HIDDEN, FFN, HEADS, HEAD_DIM, SEQ, MBS = 1024, 4096, 16, 64, 512, 2
+TOKENS = SEQ * MBS
+
+CONFIGS = {
+    # name: (schedule, p, m, v, layers_per_chunk, annotate)
+    "pp2_1f1b": ("1f1b", 2, 4, 1, 2, True),
+    "pp4_1f1b": ("1f1b", 4, 8, 1, 2, False),
+    "pp4_gpipe": ("gpipe", 4, 4, 1, 2, False),
+    "pp2_interleaved": ("interleaved", 2, 4, 2, 2, False),
+    "pp4_interleaved": ("interleaved", 4, 8, 2, 2, False),
+}
+
+
+def stage_ops(kind, p, m, v, r):
+    """Ops ('F'|'B', micro_batch, chunk) of stage r: Megatron's orders (see pipeline/*.hpp)."""
+    if kind == "gpipe":
+        return [("F", k, 0) for k in range(m)] + [("B", k, 0) for k in range(m)]
+    if kind == "1f1b":
+        w = min(p - r - 1, m)
+        fw = [("F", k, 0) for k in range(m)]
+        bw = [("B", k, 0) for k in range(m)]
+    else:
+        total = m * v
+
+        def fwd(k):
+            g = k % (p * v)
+            return ("F", (k // (p * v)) * p + k % p, g // p)
+
+        fw = [fwd(k) for k in range(total)]
+        bw = [("B", f[1], v - 1 - f[2]) for f in fw]
+        w = total if m == p else min(2 * (p - r - 1) + (v - 1) * p, total)
+        m = total
+    ops = fw[:w]
+    for i in range(m - w):
+        ops += [fw[w + i], bw[i]]
+    ops += bw[m - w:]
+    return ops
+
+
+FWD_LAYER = [  # (kernel, cpu op, Input Dims)
+    ("void layer_norm_fwd<__nv_bfloat16>", "aten::native_layer_norm", [[MBS, SEQ, HIDDEN]]),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_qkv", "aten::mm", [[TOKENS, HIDDEN], [HIDDEN, 3 * HIDDEN]]),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_score", "aten::baddbmm",
+     [[MBS * HEADS, SEQ, SEQ], [MBS * HEADS, SEQ, HEAD_DIM], [MBS * HEADS, HEAD_DIM, SEQ], [], []]),
+    ("void softmax_warp_forward<__nv_bfloat16>", "aten::_softmax", [[MBS, HEADS, SEQ, SEQ], [], []]),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_ctx", "aten::bmm", [[MBS * HEADS, SEQ, SEQ], [MBS * HEADS, SEQ, HEAD_DIM]]),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_proj", "aten::mm", [[TOKENS, HIDDEN], [HIDDEN, HIDDEN]]),
+    ("void layer_norm_fwd<__nv_bfloat16>", "aten::native_layer_norm", [[MBS, SEQ, HIDDEN]]),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_fc1", "aten::mm", [[TOKENS, HIDDEN], [HIDDEN, FFN]]),
+    ("void gelu_kernel<__nv_bfloat16>", "aten::gelu", [[MBS, SEQ, FFN]]),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_fc2", "aten::mm", [[TOKENS, FFN], [FFN, HIDDEN]]),
+]
+BWD_LAYER = [
+    ("sm90_xmma_gemm_bf16_dgrad_fc2", "MmBackward0"),
+    ("sm90_xmma_gemm_bf16_wgrad_fc2", "MmBackward0"),
+    ("void gelu_backward_kernel<__nv_bfloat16>", "GeluBackward0"),
+    ("sm90_xmma_gemm_bf16_dgrad_fc1", "MmBackward0"),
+    ("void layer_norm_bwd<__nv_bfloat16>", "NativeLayerNormBackward0"),
+    ("void softmax_warp_backward<__nv_bfloat16>", "SoftmaxBackward0"),
+    ("sm90_xmma_gemm_bf16_dgrad_qkv", "MmBackward0"),
+    ("void layer_norm_bwd<__nv_bfloat16>", "NativeLayerNormBackward0"),
+]
+
+
+class Rank:
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+        self.events = []
+        self.t = 1000.0  # µs; CPU cursor
+        self.corr = 1
+        self.ext = 1
+        self.stream_free = {7: 0.0, 21: 0.0}
+        self.pid = 100 + rank
+        self.main, self.autograd = 1, 2
+
+    def x(self, cat, name, pid, tid, ts, dur, args=None):
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
+                            "ts": round(ts, 3), "dur": round(dur, 3), "args": args or {}})
+
+    def launch(self, kernel, tid, stream=7, dur=8.0, at=None, kargs=None):
+        """cudaLaunchKernel at the cursor (2 µs); the kernel runs on `stream`."""
+        c = self.corr
+        self.corr += 1
+        call = self.t
+        self.x("cuda_runtime", "cudaLaunchKernel", self.pid, tid, call, 2.0, {"correlation": c, "cbid": 211})
+        start = max(call + 3.0, self.stream_free[stream], at if at is not None else 0.0)
+        args = {"device": 0, "stream": stream, "correlation": c, "External id": self.ext}
+        args.update(kargs or {})
+        self.x("kernel", kernel, 0, stream, start, dur, args)
+        self.stream_free[stream] = start + dur
+        self.t = call + 4.0
+        return start + dur
+
+    def cpu_op(self, name, tid, dims, body):
+        begin = self.t
+        self.t += 1.0
+        self.ext += 1
+        body()
+        self.t += 1.0
+        args = {"External id": self.ext}
+        if dims is not None:
+            args["Input Dims"] = dims
+        self.x("cpu_op", name, self.pid, tid, begin, self.t - begin, args)
+
+
+def p2p_args(kind, tag, src, dst):
+    """Args of a send/recv kernel. One group per direction and tensor kind, so that the k-th op of
+    a rank in a group pairs with the k-th of its peer (docs/whatif.md)."""
+    return {"Collective name": kind, "Process Group Name": f"p2p_{tag}_{src}to{dst}",
+            "Process Group Description": "pipeline p2p", "Process Group Ranks": f"[{min(src, dst)}, {max(src, dst)}]",
+            "Group size": 2, "In msg nelems": TOKENS * HIDDEN, "dtype": "BFloat16"}
+
+
+def build(name, kind, p, m, v, lpc, annotate):
+    ranks = [Rank(r, p) for r in range(p)]
+    orders = [stage_ops(kind, p, m, v, r) for r in range(p)]
+    pos = [0] * p
+    sent = {}  # (what, micro_batch, to virtual stage) -> kernel ready time
+    V = p * v
+    steps = [r.t for r in ranks]
+
+    def forward_layer(rk, tid):
+        for kernel, op, dims in FWD_LAYER:
+            rk.cpu_op(op, tid, dims, lambda: rk.launch(kernel, tid))
+
+    def run(r, op):
+        rk = ranks[r]
+        k, mb, c = op
+        vs = c * p + r
+        group_tag = {"F": "act", "B": "grad"}[k]
+        # receive what this pass consumes
+        src_vs = vs - 1 if k == "F" else vs + 1
+        if 0 <= src_vs < V:
+            key = (group_tag, mb, vs)
+            if key not in sent:
+                return False
+            src = src_vs % p
+            args = p2p_args("recv", group_tag, src, r)
+            end = rk.launch("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", rk.main, 21, 6.0,
+                            at=sent[key], kargs=args)
+            rk.t = max(rk.t, end + 1.0)  # the pass waits for its input
+        if k == "F":
+            if vs == 0:
+                rk.cpu_op("aten::embedding", rk.main, [[50304, HIDDEN], [MBS, SEQ]],
+                          lambda: rk.launch("void indexSelectLargeIndex<__nv_bfloat16>", rk.main))
+            for layer in range(lpc):
+                if annotate:
+                    begin = rk.t
+                    rk.t += 1.0
+                    forward_layer(rk, rk.main)
+                    rk.t += 1.0
+                    rk.x("user_annotation", "megatron.core.transformer.TransformerLayer", rk.pid, rk.main, begin, rk.t - begin)
+                else:
+                    forward_layer(rk, rk.main)
+            if vs == V - 1:
+                rk.cpu_op("aten::cross_entropy_loss", rk.main, [[TOKENS, 50304], [TOKENS]],
+                          lambda: rk.launch("void cross_entropy_fwd<__nv_bfloat16>", rk.main))
+        else:
+            rk.t += 5.0  # backward() hands off to the autograd thread
+            if vs == V - 1:
+                rk.cpu_op("autograd::engine::evaluate_function: NllLossBackward0", rk.autograd, None,
+                          lambda: rk.launch("void cross_entropy_bwd<__nv_bfloat16>", rk.autograd))
+            for layer in range(lpc):
+                for kernel, op in BWD_LAYER:
+                    rk.cpu_op("autograd::engine::evaluate_function: " + op, rk.autograd, None,
+                              lambda kernel=kernel: rk.launch(kernel, rk.autograd))
+            if vs == 0:
+                rk.cpu_op("autograd::engine::evaluate_function: EmbeddingBackward0", rk.autograd, None,
+                          lambda: rk.launch("void embedding_backward_kernel<__nv_bfloat16>", rk.autograd))
+            rk.t += 2.0
+        # send what this pass produces
+        dst_vs = vs + 1 if k == "F" else vs - 1
+        if 0 <= dst_vs < V:
+            dst = dst_vs % p
+            args = p2p_args("send", group_tag, r, dst)
+            sent[(group_tag, mb, dst_vs)] = rk.t
+            rk.launch("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", rk.main, 21, 6.0, kargs=args)
+        return True
+
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while pos[r] < len(orders[r]) and run(r, orders[r][pos[r]]):
+                pos[r] += 1
+                progress = True
+    assert all(pos[r] == len(orders[r]) for r in range(p)), f"{name}: schedule deadlocked"
+    # The optimizer step and the iteration's annotation.
+    for rk in ranks:
+        begin = rk.t
+        rk.t += 1.0
+        for _ in range(3):
+            rk.cpu_op("aten::_foreach_add_", rk.main, None,
+                      lambda rk=rk: rk.launch("void multi_tensor_apply_kernel<AdamFunctor<__nv_bfloat16>>", rk.main))
+        rk.t += 1.0
+        rk.x("user_annotation", "Optimizer.step#AdamW.step", rk.pid, rk.main, begin, rk.t - begin)
+        rk.t += 5.0
+        rk.x("user_annotation", "ProfilerStep#1", rk.pid, rk.main, steps[rk.rank] - 1.0, rk.t - steps[rk.rank] + 1.0)
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    os.makedirs(out, exist_ok=True)
+    for rk in ranks:
+        rk.events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        doc = {"schemaVersion": 1,
+               "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132, "totalGlobalMem": 85045870592,
+                                     "computeMajor": 9, "computeMinor": 0}],
+               "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": p},
+               "traceEvents": rk.events,
+               "traceName": f"{name} rank {rk.rank} (lumos tests/data/whatif/make_pipeline_traces.py)"}
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        with open(os.path.join(out, f"rank{rk.rank}.json.gz"), "wb") as f:
+            with gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as z:
+                z.write(data)
+
+
+if __name__ == "__main__":
+    for name, (kind, p, m, v, lpc, annotate) in CONFIGS.items():
+        build(name, kind, p, m, v, lpc, annotate)

@@ -1,0 +1,275 @@
+// Structure discovery: the facts recovered from traces of known construction — the hand-made
+// pipeline traces of tests/data/whatif (make_pipeline_traces.py says how each was built) and the
+// shared real traces (their README says what they contain).
+#include "../unit/test_support.hpp"
+
+#include <lumos/pipeline/gpipe.hpp>
+#include <lumos/pipeline/interleaved_one_f_one_b.hpp>
+#include <lumos/pipeline/one_f_one_b.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <set>
+
+namespace fs = std::filesystem;
+using namespace lumos;
+
+namespace {
+
+struct discovered {
+  trace::job job;
+  graph::built_job built;
+  whatif::job_structure st;
+};
+
+discovered discover(const fs::path& path, const whatif::structure_options& o = {}) {
+  discovered d{trace::load_job({path}), {}, {}};
+  d.built = graph::build_graph(d.job);
+  d.st = whatif::discover_structure(d.job, d.built, o);
+  return d;
+}
+
+const whatif::process_group* group_with(const whatif::job_structure& st, whatif::group_role role) {
+  for (const auto& g : st.groups) {
+    for (const auto& r : g.roles) {
+      if (r.value == role) return &g;
+    }
+  }
+  return nullptr;
+}
+
+// Every layer task group holds tasks of its own rank, and no task is in two groups.
+void check_groups(const discovered& d, std::size_t expected) {
+  CHECK(d.st.layer_groups.size() == expected);
+  std::set<graph::task_id> seen;
+  for (const auto& lg : d.st.layer_groups) {
+    CHECK_FALSE(lg.tasks.empty());
+    for (const auto t : lg.tasks) {
+      REQUIRE(t < d.built.graph.task_count());
+      CHECK(d.built.graph.rank[t] == lg.rank);
+      CHECK(seen.insert(t).second);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("periodicity finds the repeated block and its count", "[whatif][structure]") {
+  // prologue 9 8, five copies of 1 2 3 4 5, epilogue 7
+  std::vector<std::uint32_t> seq = {9, 8};
+  for (int i = 0; i < 5; ++i) seq.insert(seq.end(), {1, 2, 3, 4, 5});
+  seq.push_back(7);
+  const auto run = whatif::detail::find_period(seq, 2, 64);
+  CHECK(run.period == 5);
+  CHECK(run.repetitions == 5);
+  CHECK(run.start == 2);
+  CHECK_FALSE(whatif::detail::find_period(seq, 2, 64, 4).found());  // no block repeats exactly 4 times
+  CHECK_FALSE(whatif::detail::find_period(std::vector<std::uint32_t>{1, 2, 3, 4}, 2, 2).found());
+}
+
+TEST_CASE("GEMM shapes of a Megatron layer give hidden, FFN, heads, sequence", "[whatif][structure]") {
+  using whatif::detail::gemm_of;
+  using whatif::detail::parse_dims;
+  CHECK(parse_dims("[[8192, 4096], [4096, 1536]]") == std::vector<std::vector<std::int64_t>>{{8192, 4096}, {4096, 1536}});
+  // TP 8 of hidden 4096, FFN 16384, 64 heads of 64, s 2048, b 4 (shapes of the shared Megatron trace).
+  std::vector<whatif::detail::gemm_shape> g;
+  for (const auto& [name, dims] : std::vector<std::pair<std::string, std::string>>{
+           {"aten::mm", "[[8192, 4096], [4096, 1536]]"},
+           {"aten::baddbmm", "[[32, 2048, 2048], [32, 2048, 64], [32, 64, 2048], [], []]"},
+           {"aten::bmm", "[[32, 2048, 2048], [32, 2048, 64]]"},
+           {"aten::mm", "[[8192, 512], [512, 4096]]"},
+           {"aten::mm", "[[8192, 4096], [4096, 2048]]"},
+           {"aten::mm", "[[8192, 2048], [2048, 4096]]"}}) {
+    const auto s = gemm_of(name, parse_dims(dims));
+    REQUIRE(s);
+    g.push_back(*s);
+  }
+  const auto l = whatif::detail::read_layer(g);
+  CHECK(l.tokens == 8192);
+  CHECK(l.hidden == 4096);
+  CHECK(l.ffn_local == 2048);
+  CHECK(l.attn_local == 512);
+  CHECK(l.qkv_local == 1536);
+  CHECK(l.seq == 2048);
+  CHECK(l.head_dim == 64);
+  CHECK(l.micro_batch == 4);
+  CHECK(l.heads_local == 8);
+  CHECK_FALSE(l.gated);
+}
+
+TEST_CASE("hand-made pipeline traces: stages, schedule, micro-batches, layers, shapes", "[whatif][structure]") {
+  struct known {
+    const char* dir;
+    pipeline::schedule_kind schedule;
+    int p, m, v, layers_per_chunk;
+    const char* method;
+  };
+  using pipeline::schedule_kind;
+  // The construction of each directory (make_pipeline_traces.py, CONFIGS).
+  const std::vector<known> cases = {
+      {"pp2_1f1b", schedule_kind::one_f_one_b, 2, 4, 1, 2, "module annotations"},
+      {"pp4_1f1b", schedule_kind::one_f_one_b, 4, 8, 1, 2, "kernel periodicity"},
+      {"pp4_gpipe", schedule_kind::gpipe, 4, 4, 1, 2, "kernel periodicity"},
+      {"pp2_interleaved", schedule_kind::interleaved_one_f_one_b, 2, 4, 2, 2, "kernel periodicity"},
+      {"pp4_interleaved", schedule_kind::interleaved_one_f_one_b, 4, 8, 2, 2, "kernel periodicity"},
+  };
+  for (const auto& k : cases) {
+    INFO(k.dir);
+    const auto d = discover(lumos_test::data_dir() / "whatif" / k.dir);
+    const auto& par = d.st.parallel;
+    CHECK(par.world.value == k.p);
+    CHECK(par.pp.value == k.p);
+    CHECK(par.tp.value == 1);
+    CHECK(par.dp.value == 1);
+    CHECK(par.ep.value == 1);
+    REQUIRE(par.schedule.known());
+    CHECK(*par.schedule.value == k.schedule);
+    CHECK(par.chunks.value == k.v);
+    CHECK(par.micro_batches.value == k.m);
+    CHECK(d.st.layers_method.value == std::string(k.method));
+    CHECK(d.st.model.layers.value == k.p * k.v * k.layers_per_chunk);
+    CHECK(d.st.model.hidden.value == 1024);
+    CHECK(d.st.model.ffn.value == 4096);
+    CHECK(d.st.model.heads.value == 16);
+    CHECK(d.st.model.head_dim.value == 64);
+    CHECK(d.st.model.seq.value == 512);
+    CHECK(d.st.model.micro_batch_size.value == 2);
+    CHECK(d.st.model.dtype.value == std::string("bf16"));
+    const pipeline::schedule_shape shape{k.p, k.m, k.v};
+    for (const auto& r : d.st.ranks) {
+      INFO("rank " << r.rank);
+      CHECK(r.stage.value == r.rank);  // the generator puts stage s on rank s
+      CHECK(r.layers_per_pass.value == k.layers_per_chunk);
+      std::vector<pipeline::op> want;
+      switch (k.schedule) {
+        case schedule_kind::gpipe: want = pipeline::gpipe::stage_ops(shape, r.rank); break;
+        case schedule_kind::one_f_one_b: want = pipeline::one_f_one_b::stage_ops(shape, r.rank); break;
+        default: want = pipeline::interleaved_one_f_one_b::stage_ops(shape, r.rank); break;
+      }
+      REQUIRE(r.passes.size() == want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        CHECK(r.passes[i].op == want[i]);
+        CHECK(r.passes[i].layers.value == k.layers_per_chunk);  // backward passes too
+      }
+      std::set<int> partners(r.p2p_partners.begin(), r.p2p_partners.end());
+      std::set<int> expected;
+      if (r.rank > 0 || k.v > 1) expected.insert((r.rank + k.p - 1) % k.p);
+      if (r.rank < k.p - 1 || k.v > 1) expected.insert((r.rank + 1) % k.p);
+      CHECK(partners == expected);
+      const auto phases = r.phases;
+      REQUIRE(phases.size() == 3);
+      CHECK(phases[2].kind == whatif::phase_kind::optimizer);
+      CHECK(phases[2].gpu_ops == 3);
+    }
+    // One group per layer of every pass of every rank (2 passes per micro-batch and chunk).
+    check_groups(d, static_cast<std::size_t>(k.p * 2 * k.m * k.v * k.layers_per_chunk));
+  }
+}
+
+TEST_CASE("an order several schedules share, or none gives, is reported, not guessed", "[whatif][structure]") {
+  // --schedule that does not match the trace: no candidate is left.
+  whatif::structure_options o;
+  o.schedule = pipeline::schedule_kind::gpipe;
+  const auto d = discover(lumos_test::data_dir() / "whatif" / "pp4_1f1b", o);
+  // the user said GPipe: the fact is theirs, and the source says the trace did not show it
+  REQUIRE(d.st.parallel.schedule.known());
+  CHECK(d.st.parallel.schedule.source.find("given (--schedule)") != std::string::npos);
+  CHECK(d.st.parallel.schedule.source.find("matches no") != std::string::npos);
+  // User layers that differ from the trace's: used, with a note.
+  whatif::structure_options o2;
+  o2.layers = 12;
+  const auto d2 = discover(lumos_test::data_dir() / "whatif" / "pp2_1f1b", o2);
+  CHECK(d2.st.model.layers.value == 12);
+  REQUIRE_FALSE(d2.st.notes.empty());
+  CHECK(d2.st.notes.back().find("--layers 12 overrides the trace's 4") != std::string::npos);
+}
+
+TEST_CASE("Megatron GPT TP8: 40 layers, hidden 4096, seq 2048, micro-batch 4, fp16, TP 8, forward only",
+          "[whatif][structure][traces]") {
+  const auto traces = lumos_test::trace_dir();
+  if (traces.empty()) {
+    WARN("shared traces not found: skipped");
+    return;
+  }
+  const auto d = discover(traces / "astra-sim_megatron-gpt-tp8_8xA100");
+  const auto& st = d.st;
+  CHECK(st.parallel.world.value == 8);
+  CHECK(st.parallel.tp.value == 8);
+  CHECK(st.parallel.pp.value == 1);
+  CHECK(st.parallel.dp.value == 1);
+  CHECK_FALSE(st.parallel.schedule.known());  // forward only
+  CHECK(st.parallel.schedule.source.find("forward only") != std::string::npos);
+  CHECK(st.model.layers.value == 40);
+  CHECK(st.layers_method.value == std::string("kernel periodicity"));
+  CHECK(st.model.hidden.value == 4096);
+  CHECK(st.model.seq.value == 2048);
+  CHECK(st.model.micro_batch_size.value == 4);
+  CHECK(st.model.dtype.value == std::string("fp16"));
+  // README: per-rank MLP 4096 → 2048 under TP 8.
+  CHECK(st.model.ffn.value == 2048 * 8);
+  CHECK(st.model.heads.value.has_value());
+  const auto* tp = group_with(st, whatif::group_role::tp);
+  REQUIRE(tp != nullptr);
+  CHECK(tp->size.value == 8);
+  for (const auto& r : st.ranks) {
+    REQUIRE(r.passes.size() == 1);
+    CHECK(r.passes[0].op.kind == pipeline::op_kind::forward);
+    CHECK(r.iteration.value == std::string("ProfilerStep#3"));
+    for (const auto& p : r.phases) CHECK(p.kind == whatif::phase_kind::forward);
+  }
+  check_groups(d, 8 * 40);
+  CHECK_FALSE(st.gradients.method.known());
+}
+
+TEST_CASE("DLRM 8xV100: DP 8 with all-reduce buckets, all-to-all, no transformer layers", "[whatif][structure][traces]") {
+  const auto traces = lumos_test::trace_dir();
+  if (traces.empty()) {
+    WARN("shared traces not found: skipped");
+    return;
+  }
+  const auto d = discover(traces / "param_dlrm_8xV100");
+  const auto& st = d.st;
+  CHECK(st.parallel.world.value == 8);
+  CHECK(st.parallel.dp.value == 8);
+  CHECK(st.parallel.tp.value == 1);
+  CHECK(st.parallel.pp.value == 1);
+  CHECK(st.parallel.ep.value == 8);
+  CHECK_FALSE(st.model.layers.known());
+  CHECK(st.model.layers.flag == "--layers");
+  CHECK_FALSE(st.model.hidden.known());
+  CHECK(st.layer_groups.empty());
+  // README: 3 AllReduce kernels per rank, from DDP's gradient buckets; sizes not recorded.
+  CHECK(st.gradients.method.value == std::string("all-reduce"));
+  CHECK(st.gradients.buckets.value == 3);
+  CHECK_FALSE(st.gradients.bucket_elements.known());
+  for (const auto& r : st.ranks) {
+    REQUIRE(r.phases.size() == 3);  // forward, backward, optimizer (Adagrad)
+    CHECK(r.phases[2].source.find("Optimizer.step#Adagrad.step") != std::string::npos);
+    CHECK(r.layers_per_pass.value == 0);
+  }
+  // The user can still say how many layers there are; no task groups appear from nowhere.
+  whatif::structure_options o;
+  o.layers = 4;
+  const auto with = whatif::discover_structure(d.job, d.built, o);
+  CHECK(with.model.layers.value == 4);
+  CHECK(with.model.layers.source == "given (--layers)");
+  CHECK(with.layer_groups.empty());
+}
+
+TEST_CASE("single-rank HTA DDP trace: the data-parallel group from its collective args", "[whatif][structure][traces]") {
+  const auto traces = lumos_test::trace_dir();
+  if (traces.empty()) {
+    WARN("shared traces not found: skipped");
+    return;
+  }
+  const auto d = discover(traces / "hta_testdata/nccl_parser_config/nccl_data.json.gz");
+  const auto* dp = group_with(d.st, whatif::group_role::dp);
+  REQUIRE(dp != nullptr);
+  CHECK(dp->name == "0");
+  CHECK(dp->size.value == 2);  // Group size arg; pg_config says [0, 1]
+  CHECK(d.st.parallel.dp.value == 2);
+  CHECK(d.st.gradients.method.value == std::string("all-reduce"));
+  CHECK(d.st.gradients.bucket_elements.known());  // In msg nelems on the kernels
+  CHECK(d.st.ranks[0].iteration.value == std::string("ProfilerStep#6"));
+}
