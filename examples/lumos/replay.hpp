@@ -243,7 +243,7 @@ inline int run_replay(args& a) {
     }
     w.end_array();
     w.key("collectives").begin_object().field("matched", st.collectives_matched).field("participants", st.collective_participants);
-    w.field("unmatched_ops", st.collectives_unmatched).field("matching", st.collective_matching);
+    w.field("unmatched_ops", st.collectives_unmatched).field("p2p_eager", st.p2p_eager).field("matching", st.collective_matching);
     w.key("unmatched_transfer").begin_object().field("same_op_other_step", st.unmatched_transfer_same_op);
     w.field("same_size_and_group", st.unmatched_transfer_same_size).field("kept_whole", st.unmatched_kept_whole).end_object();
     w.end_object();

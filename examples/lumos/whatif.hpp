@@ -16,7 +16,7 @@
 namespace lumos::cli {
 
 inline constexpr std::string_view whatif_usage =
-    "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--step N] [--scale KIND=F]...\n"
+    "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--step N] [--scale KIND=F]...\n"
     "                    [--scale op:TEXT=F]... [--json] [--trace-out DIR]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
@@ -25,6 +25,8 @@ inline constexpr std::string_view whatif_usage =
     "                      the tensor-core peak ratio, memory-bound ones by HBM bandwidth, transfers by\n"
     "                      NVLink bandwidth; CPU time and launch overheads stay\n"
     "  --from-gpu PRESET   the traces' GPU, when their deviceProperties name none of the presets\n"
+    "  --layers N          N transformer layers: each layer's launches and kernels (found by `lumos inspect\n"
+    "                      --structure`) repeated or removed in place, with its collectives\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
     "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...]}\n"
     "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
@@ -49,6 +51,10 @@ inline int run_whatif(args& a) {
   o.replay.scales = scaled.scales;
   o.replay.build.op_scales = scaled.ops;
   if (const auto gpu = a.option("--gpu")) o.gpu = *gpu;
+  if (const auto layers = a.option("--layers")) {
+    o.layers = parse_number<int>(*layers, "--layers");
+    if (*o.layers <= 0) throw usage_error("--layers must be a positive number of layers (got " + *layers + ")");
+  }
   if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
   for (const auto* preset : {&o.gpu, &o.from_gpu}) {
     if (!preset->empty()) {
@@ -63,9 +69,9 @@ inline int run_whatif(args& a) {
   const auto trace_out = a.option("--trace-out");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
-  if (o.gpu.empty() && o.groups.empty() && scaled.ops.empty() && scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 &&
+  if (o.gpu.empty() && !o.layers && o.groups.empty() && scaled.ops.empty() && scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 &&
       scaled.scales.cpu == 1.0) {
-    throw usage_error("whatif needs a change: --gpu PRESET, or --scale");
+    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, or --scale");
   }
   const trace::job job = trace::load_job(paths(inputs));
   const whatif::whatif_result r = whatif::run_whatif(job, o);

@@ -126,6 +126,7 @@ struct build_stats {
   std::size_t collectives_matched = 0;   ///< instances joined across ranks
   std::size_t collective_participants = 0;
   std::size_t collectives_unmatched = 0; ///< communication ops whose partners are absent
+  std::size_t p2p_eager = 0;             ///< matched p2p transfers whose sender ended before the receiver began
   std::size_t unmatched_transfer_same_op = 0;  ///< transfer: shortest instance of the same op in another step
   std::size_t unmatched_transfer_same_size = 0;///< transfer: shortest op of the same kind, size and group
   std::size_t unmatched_kept_whole = 0;  ///< no second observation: the whole duration is transfer
@@ -1286,6 +1287,32 @@ class trace_graph_builder {
   void finish_collectives() {
     task_graph& g = out_.graph;
     for (instance_plan& plan : plans_) {
+      // A point-to-point transfer whose sender finished before its receiver started was sent
+      // eagerly (NCCL buffers small messages): the receiver waits for the sender, the sender for
+      // nobody. Joining them would make the traced order a deadlock (two ranks that each send
+      // before they receive on one stream), so only the receiver depends on the sender.
+      if (plan.info.kind == "sendrecv" && plan.members.size() == 2) {
+        const participant& x = plan.members[0];
+        const participant& y = plan.members[1];
+        const bool x_first = end_of(x.rank_index, x.op) <= start_of(y.rank_index, y.op);
+        const bool y_first = end_of(y.rank_index, y.op) <= start_of(x.rank_index, x.op);
+        if (x_first || y_first) {
+          const participant& sender = x_first ? x : y;
+          const participant& receiver = x_first ? y : x;
+          for (const participant& m : plan.members) {
+            plan.info.arrive.push_back(ranks_[m.rank_index].arrive_of_event[m.op]);
+            plan.info.complete.push_back(ranks_[m.rank_index].task_of_event[m.op]);
+            ++out_.stats.collective_participants;
+          }
+          g.add_edge(ranks_[sender.rank_index].task_of_event[sender.op], ranks_[receiver.rank_index].task_of_event[receiver.op], 0,
+                     edge_kind::collective);
+          plan.info.match += " (eager: the receiver waits for the sender)";
+          g.collectives.push_back(std::move(plan.info));
+          ++out_.stats.collectives_matched;
+          ++out_.stats.p2p_eager;
+          continue;
+        }
+      }
       // Each join gets a processor of its own: joins must not be ordered among themselves (the
       // participants' streams already order a group's collectives).
       const processor_id barrier = g.add_processor(

@@ -113,11 +113,13 @@ struct edited_graph {
   }
   // Collectives: each copy of a participant's tasks is one more instance of the collective.
   for (const graph::collective_instance& ci : g.collectives) {
-    if (ci.join == graph::no_task || out.copies[ci.join].empty()) continue;
-    const std::size_t copies = out.copies[ci.join].size();
+    // Eager point-to-point transfers have no join: count the copies of their first participant.
+    const graph::task_id anchor = ci.join != graph::no_task ? ci.join : (ci.complete.empty() ? graph::no_task : ci.complete.front());
+    if (anchor == graph::no_task || out.copies[anchor].empty()) continue;
+    const std::size_t copies = out.copies[anchor].size();
     for (std::size_t c = 0; c < copies; ++c) {
       graph::collective_instance nc = ci;
-      nc.join = out.copies[ci.join][c];
+      nc.join = ci.join != graph::no_task ? out.copies[ci.join][c] : graph::no_task;
       nc.arrive.clear();
       nc.complete.clear();
       for (std::size_t m = 0; m < ci.arrive.size(); ++m) {

@@ -34,7 +34,7 @@ enum class op_bound : std::uint8_t { compute, memory, host_copy, communication }
 }
 
 namespace detail {
-[[nodiscard]] inline std::string lower(std::string_view s) {
+[[nodiscard]] inline std::string lower_ascii(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
@@ -48,7 +48,7 @@ namespace detail {
 /// else (elementwise, reductions, norms, optimizers, device copies and sets) by HBM bandwidth.
 [[nodiscard]] inline op_bound classify(graph::task_kind kind, std::string_view name) {
   if (kind == graph::task_kind::gpu_comm || kind == graph::task_kind::comm_complete) return op_bound::communication;
-  const std::string n = detail::lower(name);
+  const std::string n = detail::lower_ascii(name);
   if (n.starts_with("memcpy")) {
     const bool host = n.find("htod") != std::string::npos || n.find("dtoh") != std::string::npos ||
                       n.find("pageable") != std::string::npos || n.find("pinned") != std::string::npos;
@@ -64,7 +64,7 @@ namespace detail {
 
 /// The hardware preset of a trace's GPU, from its `deviceProperties` name; empty when unknown.
 [[nodiscard]] inline std::string preset_of_device(std::string_view device) {
-  const std::string n = detail::lower(device);
+  const std::string n = detail::lower_ascii(device);
   if (n.find("a100") != std::string::npos) return "a100-sxm-80gb";
   if (n.find("h100") != std::string::npos) return "h100-sxm";
   if (n.find("h200") != std::string::npos) return "h200-sxm";

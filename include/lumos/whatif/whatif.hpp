@@ -7,6 +7,8 @@
 #include <lumos/report/replay_report.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/layers.hpp>
+#include <lumos/whatif/structure.hpp>
 
 #include <cstdio>
 #include <optional>
@@ -20,8 +22,11 @@ struct whatif_options {
   report::replay_options replay;  ///< step and scales, applied to the baseline and the prediction
   std::string gpu;                ///< target hardware preset
   std::string from_gpu;           ///< source preset, when the traces' device name has none
-  /// Structural rewrites: groups of tasks repeated or removed (from structure discovery, e.g. the
-  /// task groups of each transformer layer), with a sentence for the report.
+  /// Transformer layers of the target (the traces' layers from structure discovery).
+  std::optional<int> layers;
+  structure_options structure;  ///< facts the user supplies about the traces (`--structure-*`)
+  /// Further structural rewrites given in code: groups of tasks repeated or removed, with a
+  /// sentence for the report.
   std::vector<repeat_group> groups;
   std::string groups_change;
 };
@@ -66,8 +71,16 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
   }
   if (!o.groups.empty()) out.changes.push_back(o.groups_change);
   out.predicted = report::replay_job(job, o.replay, [&](graph::built_job& b) {
-    if (!o.groups.empty()) {
-      edited_graph e = repeat_groups(b.graph, o.groups);
+    std::vector<repeat_group> groups = o.groups;
+    if (o.layers) {
+      structure_options so = o.structure;
+      so.step = o.replay.step;
+      const layer_rewrite lr = layers_to(b, discover_structure(job, b, so), *o.layers);
+      groups.insert(groups.end(), lr.groups.begin(), lr.groups.end());
+      out.changes.push_back(lr.change);
+    }
+    if (!groups.empty()) {
+      edited_graph e = repeat_groups(b.graph, groups);
       if (e.edges_dropped > 0) {
         out.changes.push_back(std::to_string(e.edges_dropped) + " edges of removed tasks dropped (their processors still order the rest)");
       }
