@@ -114,68 +114,100 @@ inline constexpr std::array<const char*, lane_class_count> class_names = {"cpu",
 inline constexpr std::array<const char*, lane_class_count> class_labels = {"CPU", "CPU waiting for the GPU", "GPU compute",
                                                                           "memcpy / memset", "communication", "communication waiting for peers"};
 
-// One merged rectangle of a lane under construction.
-struct pending_rect {
-  double x0 = 0, x1 = -1;
-  std::size_t count = 0;
-  graph::task_id first = graph::no_task;
-  time_ns begin = 0, end = 0;
-};
-
-/// Writes the rectangles of one lane, merging ops of one class closer than `merge_px`.
+/// Writes the rectangles of one lane. Ops at least `min_px` wide are drawn one by one (with a
+/// tooltip); narrower ones are binned per pixel and each run of pixels with the same dominant
+/// class (by time) becomes one rectangle, so that a lane costs at most about its width in
+/// rectangles whatever the number of ops, and a dense mix of, say, compute and tensor-parallel
+/// collectives shows the class that holds most of each pixel.
 class lane_painter {
  public:
-  lane_painter(std::string& out, const graph::task_graph& g, double y, double h, double merge_px)
-      : out_(out), g_(g), y_(y), h_(h), merge_px_(merge_px) {}
+  lane_painter(std::string& out, const graph::task_graph& g, double y, double h, double width, double min_px = 2.0)
+      : out_(out), g_(g), y_(y), h_(h), min_px_(min_px), bins_(static_cast<std::size_t>(std::ceil(std::max(width, 1.0))) + 1) {}
 
   void add(lane_class c, graph::task_id t, double x0, double x1, time_ns begin, time_ns end) {
-    pending_rect& p = pending_[static_cast<std::size_t>(c)];
-    // Merge swarms of short ops; an op (or run) wide enough to see stays its own rectangle.
-    if (p.count > 0 && x0 <= p.x1 + merge_px_ && (x1 - x0 < 2 * merge_px_ || p.x1 - p.x0 < 2 * merge_px_)) {
-      p.x1 = std::max(p.x1, x1);
-      p.end = std::max(p.end, end);
-      ++p.count;
+    if (x1 - x0 >= min_px_) {
+      big_.push_back({c, t, x0, x1, begin, end});
       return;
     }
-    flush(c);
-    p = {x0, x1, 1, t, begin, end};
+    const auto first = static_cast<std::size_t>(std::max(0.0, std::floor(x0)));
+    const auto last = std::min(bins_.size() - 1, static_cast<std::size_t>(std::max(0.0, std::floor(x1))));
+    ++bins_[first].count;
+    if (bins_[first].task == graph::no_task) bins_[first].task = t;
+    for (std::size_t b = first; b <= last; ++b) {
+      // At least a sliver per touched pixel, so that zero-length ops still show.
+      const double cover = std::min(x1, static_cast<double>(b + 1)) - std::max(x0, static_cast<double>(b));
+      bins_[b].time[static_cast<std::size_t>(c)] += std::max(cover, 0.05);
+    }
   }
 
   void finish() {
-    for (std::size_t c = 0; c < lane_class_count; ++c) flush(static_cast<lane_class>(c));
+    std::size_t b = 0;
+    while (b < bins_.size()) {
+      const int c = dominant(b);
+      if (c < 0) {
+        ++b;
+        continue;
+      }
+      std::size_t e = b, count = 0;
+      graph::task_id first = graph::no_task;
+      while (e < bins_.size() && dominant(e) == c) {
+        count += bins_[e].count;
+        if (first == graph::no_task) first = bins_[e].task;
+        ++e;
+      }
+      const double w = static_cast<double>(e - b);
+      put(out_, "<rect class=\"%s\" x=\"%zu\" y=\"%.1f\" width=\"%.0f\" height=\"%.1f\">", class_names[static_cast<std::size_t>(c)], b, y_, w,
+          h_);
+      if (w >= 3 && first != graph::no_task) {
+        out_ += "<title>";
+        put(out_, "%zu short ops; first: ", count);
+        escape(out_, g_.task_name(first), 100);
+        out_ += "</title>";
+      }
+      out_ += "</rect>";
+      ++rects_;
+      b = e;
+    }
+    for (const auto& r : big_) {
+      put(out_, "<rect class=\"%s%s\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\"><title>", class_names[static_cast<std::size_t>(r.c)],
+          r.x1 - r.x0 >= 4 ? " sep" : "", r.x0, y_, r.x1 - r.x0, h_);
+      escape(out_, g_.task_name(r.t), 120);
+      out_ += " — " + ms(r.end - r.begin) + "</title></rect>";
+      ++rects_;
+    }
   }
 
   [[nodiscard]] std::size_t rects() const noexcept { return rects_; }
 
  private:
-  void flush(lane_class c) {
-    pending_rect& p = pending_[static_cast<std::size_t>(c)];
-    if (p.count == 0) return;
-    const double w = std::max(p.x1 - p.x0, 0.6);  // a visible sliver for the shortest ops
-    ++rects_;
-    put(out_, "<rect class=\"%s%s\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\">", class_names[static_cast<std::size_t>(c)],
-        w >= 4 ? " sep" : "", p.x0, y_, w, h_);
-    // Tooltips only where they can be hovered: they are most of the bytes of a dense lane.
-    if (w >= 3) {
-      out_ += "<title>";
-      if (p.count == 1) {
-        escape(out_, g_.task_name(p.first), 120);
-        out_ += " — " + ms(p.end - p.begin);
-      } else {
-        put(out_, "%zu ops over ", p.count);
-        out_ += ms(p.end - p.begin) + "; first: ";
-        escape(out_, g_.task_name(p.first), 100);
+  struct bin {
+    std::array<double, lane_class_count> time{};
+    std::size_t count = 0;
+    graph::task_id task = graph::no_task;
+  };
+  struct op {
+    lane_class c;
+    graph::task_id t;
+    double x0, x1;
+    time_ns begin, end;
+  };
+  [[nodiscard]] int dominant(std::size_t b) const {
+    int best = -1;
+    double most = 0;
+    for (std::size_t c = 0; c < lane_class_count; ++c) {
+      if (bins_[b].time[c] > most) {
+        most = bins_[b].time[c];
+        best = static_cast<int>(c);
       }
-      out_ += "</title>";
     }
-    out_ += "</rect>";
-    p.count = 0;
+    return best;
   }
 
   std::string& out_;
   const graph::task_graph& g_;
-  double y_, h_, merge_px_;
-  std::array<pending_rect, lane_class_count> pending_{};
+  double y_, h_, min_px_;
+  std::vector<bin> bins_;
+  std::vector<op> big_;
   std::size_t rects_ = 0;
 };
 
@@ -288,10 +320,14 @@ struct pipeline_block {
   std::array<int, 3> counts{};
   std::size_t cut = 0;
   bool open = false;
+  bool open_backward = false;
   pipeline_block cur;
   auto close = [&] {
     if (!open) return;
-    const std::size_t k = static_cast<std::size_t>(std::max_element(weight.begin(), weight.end()) - weight.begin());
+    // A weight-gradient block holds nothing but weight-gradient ops (zero-bubble's W passes);
+    // in schedules that do not split the backward, those ops are part of a B block.
+    std::size_t k = weight[1] + weight[2] > weight[0] ? 1 : 0;
+    if (weight[2] > 0 && weight[0] == 0 && weight[1] == 0) k = 2;
     cur.kind = "FBW"[k];
     cur.index = counts[k]++;
     blocks.push_back(cur);
@@ -304,7 +340,6 @@ struct pipeline_block {
       ++cut;
       crossed = true;
     }
-    if (crossed) close();
     const std::string_view n = g.task_name(id);
     std::size_t k = 0;
     if (n.find("wgrad") != std::string_view::npos) {
@@ -314,11 +349,15 @@ struct pipeline_block {
                (launcher[id] != ~graph::processor_id{0} && main_thread != ~graph::processor_id{0} && launcher[id] != main_thread)) {
       k = 1;
     }
+    // A new block at each pipeline transfer and where the pass turns from forward to backward
+    // (receives are posted early, so transfers alone do not separate a 1F1B pair).
+    if (crossed || (open && (k != 0) != open_backward)) close();
     const time_ns b = std::max(begin, w.begin), e = std::min(t.end_of(id), w.end);
     if (!open) {
       cur = {};
       cur.begin = b;
       open = true;
+      open_backward = k != 0;
     }
     cur.end = std::max(cur.end, e);
     weight[k] += e - b;
@@ -604,7 +643,7 @@ struct pipeline_block {
       put(out, "<text x=\"0\" y=\"%.1f\">%s<title>%s</title></text>", y + 15, h::esc(name, 24).c_str(), h::esc(info.name).c_str());
       put(out, "<rect class=\"lane\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/>", label_px, y + 1, width, lane_h - 2);
       out += "<g transform=\"translate(" + std::to_string(static_cast<int>(label_px)) + ",0)\">";
-      h::lane_painter paint(out, g, y + 2, lane_h - 8, 1.0);
+      h::lane_painter paint(out, g, y + 2, lane_h - 8, width);
       for (const auto t : on_processor[lanes[k].p]) {
         const time_ns b = sim.begin_of(t), e = sim.end_of(t);
         if (e < w.begin || b > w.end) continue;
