@@ -23,6 +23,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 from . import _lumos
 from ._lumos import LumosError
 
+LumosError.__module__ = "lumos"  # shown as lumos.LumosError in tracebacks
+
 __all__ = [
     "LumosError",
     "Job",
