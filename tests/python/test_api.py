@@ -222,3 +222,13 @@ def test_pandas_frames(example_job):
     assert df.loc[1, "simulated_ns"] == r.rank(1).simulated_ns
     tl = r.timeline(0).to_pandas()
     assert len(tl) == len(r.timeline(0)) and "processor_name" in tl
+
+
+def test_the_example_notebook_runs(tmp_path):
+    np = pytest.importorskip("numpy")  # noqa: F841
+    import os
+    import sys
+    script = Path(os.environ.get("LUMOS_SOURCE_DIR", Path(__file__).resolve().parents[2])) / "examples" / "python" / "replay_notebook.py"
+    out = subprocess.run([sys.executable, str(script), "--report", str(tmp_path / "r.html")], capture_output=True, text=True,
+                         check=True).stdout
+    assert "critical path of rank" in out and (tmp_path / "r.html").is_file()
