@@ -6,6 +6,7 @@
 #include "schedule.hpp"
 #include "synth.hpp"
 #include "replay.hpp"
+#include "report.hpp"
 #include "whatif.hpp"
 
 #include <array>
@@ -29,6 +30,7 @@ const std::array commands = {
     command{"replay", "rebuild the execution graph of a job and replay it", lumos::cli::replay_usage, lumos::cli::run_replay},
     command{"schedule", "print a pipeline schedule's op order; simulate it with --costs", lumos::cli::schedule_usage, lumos::cli::run_schedule},
     command{"predict", "model one training iteration from a model description: time, MFU, bubble, memory", lumos::cli::predict_usage, lumos::cli::run_predict},
+    command{"report", "replay a job and write a self-contained HTML report (bars, timelines, critical path)", lumos::cli::report_usage, lumos::cli::run_report},
     command{"synth", "write a modelled iteration as Kineto traces (one per distinct rank)", lumos::cli::synth_usage, lumos::cli::run_synth},
     command{"whatif", "rewrite a traced job for another configuration (GPU, scales) and replay it", lumos::cli::whatif_usage, lumos::cli::run_whatif},
     command{"calibrate", "fit a cost profile (GEMM, bandwidth, CPU, NCCL) from traces: predict --profile", lumos::cli::calibrate_usage, lumos::cli::run_calibrate},

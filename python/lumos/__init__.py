@@ -1,0 +1,343 @@
+"""lumos: replay and predict distributed LLM training from PyTorch profiler (Kineto) traces.
+
+    import lumos
+    job = lumos.load_job("traces/")                 # one Kineto trace per rank
+    r = lumos.replay(job)                           # measured vs simulated iteration per rank
+    r.ranks[0].simulated_ns, r.breakdowns()         # plain attributes, NumPy arrays
+    lumos.replay(job, scale={"compute": 0.5})       # what-if: GPU compute twice as fast
+    r.report("report.html")                         # the `lumos report` page
+    lumos.predict(model="gpt3-175b", tp=8, pp=8, dp=8).iteration_ns
+
+Every result has ``to_dict()`` (the numbers ``lumos ... --json`` prints, exactly) and, where a
+table fits, ``to_pandas()`` (when pandas is installed). Input errors raise ``lumos.LumosError``
+with the library's message (file, position, reason). Loading, replay and prediction run with
+the GIL released.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+from . import _lumos
+from ._lumos import LumosError
+
+LumosError.__module__ = "lumos"  # shown as lumos.LumosError in tracebacks
+
+__all__ = [
+    "LumosError",
+    "Job",
+    "RankReplay",
+    "Replay",
+    "Timeline",
+    "Prediction",
+    "load_job",
+    "replay",
+    "predict",
+    "BREAKDOWN_COLUMNS",
+]
+
+__version__ = "0.1.0"
+
+#: Columns of :meth:`Replay.breakdowns` (ns).
+BREAKDOWN_COLUMNS = ("exposed_compute_ns", "overlapped_ns", "exposed_comm_ns", "other_ns", "exposed_comm_wait_ns")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError as e:  # the arrays need NumPy; everything else works without it
+        raise ImportError("lumos: this result is a NumPy array; install numpy (Debian: python3-numpy)") from e
+    return numpy
+
+
+def _pandas():
+    try:
+        import pandas
+    except ImportError as e:
+        raise ImportError("lumos: to_pandas() needs pandas (Debian: python3-pandas)") from e
+    return pandas
+
+
+class Job:
+    """A job: one loaded trace per rank, sorted by rank. Made by :func:`load_job`."""
+
+    def __init__(self, native: "_lumos.Job", paths: Sequence[str]):
+        self._native = native
+        self.paths: List[str] = list(paths)
+
+    @property
+    def ranks(self) -> List[int]:
+        """Rank numbers, ascending."""
+        return list(self._native.ranks)
+
+    @property
+    def files(self) -> List[str]:
+        """The file of each rank, in rank order."""
+        return list(self._native.files)
+
+    def __len__(self) -> int:
+        return len(self._native)
+
+    def inspect(self) -> Dict[str, Any]:
+        """What ``lumos inspect --json`` prints: per rank its file, event counts by category,
+        GPU and communication ops, streams, threads, device, world size and profiler steps."""
+        return json.loads(self._native.inspect_json())
+
+    def __repr__(self) -> str:
+        return f"lumos.Job({len(self)} ranks from {self.paths!r})"
+
+
+def load_job(paths: Union[PathLike, Iterable[PathLike]], threads: int = 0) -> Job:
+    """Loads a job: trace files (``.json``/``.json.gz``) or directories of them, one file per
+    rank. ``threads=0`` reads with one thread per core. Raises :class:`LumosError`."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    items = [os.fspath(p) for p in paths]
+    return Job(_lumos.load_job(items, threads), items)
+
+
+class _Plain:
+    """A plain result object: attributes from a dict, ``to_dict()`` back."""
+
+    _fields: Sequence[str] = ()
+
+    def __init__(self, data: Mapping[str, Any]):
+        self._data = dict(data)
+        for k, v in self._data.items():
+            setattr(self, k, v)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return json.loads(json.dumps(self._data))  # a deep copy the caller may change
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={self._data[k]!r}" for k in self._fields if k in self._data)
+        return f"{type(self).__name__}({shown})"
+
+
+class RankReplay(_Plain):
+    """One rank of a replay: ``rank``, ``file``, ``step``, ``measured_ns``, ``simulated_ns``,
+    ``error``, ``breakdown`` and ``breakdown_measured`` (dicts of ns), ``sm_utilization``,
+    ``sm_utilization_measured``."""
+
+    _fields = ("rank", "step", "measured_ns", "simulated_ns", "error")
+    rank: int
+    file: str
+    step: str
+    measured_ns: int
+    simulated_ns: int
+    error: float
+    breakdown: Dict[str, int]
+    breakdown_measured: Dict[str, int]
+    sm_utilization: float
+    sm_utilization_measured: float
+
+
+class Timeline:
+    """Every task of one rank on the simulated and measured timelines, as NumPy columns
+    (job time, ns; ``origin_ns + start_ns`` is the absolute time ``Replay.write_trace`` writes).
+
+    Columns: ``task``, ``processor`` (index into ``processors``), ``kind`` (index into
+    ``kind_names``), ``start_ns``, ``end_ns``, ``duration_ns`` (own, scaled), ``measured_start_ns``,
+    ``measured_end_ns``; ``name`` is a list of str."""
+
+    COLUMNS = ("task", "processor", "kind", "start_ns", "end_ns", "duration_ns", "measured_start_ns", "measured_end_ns")
+
+    def __init__(self, data: Dict[str, Any]):
+        np = _numpy()
+        self.rank: int = data["rank"]
+        self.origin_ns: int = data["origin_ns"]
+        self.window_ns = tuple(data["window_ns"])
+        self.measured_window_ns = tuple(data["measured_window_ns"])
+        self.kind_names: List[str] = list(data["kind_names"])
+        self.processors: List[Dict[str, Any]] = list(data["processors"])
+        self.name: List[str] = list(data["name"])
+        for c in self.COLUMNS:
+            setattr(self, c, np.asarray(data[c]))
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {c: getattr(self, c).tolist() for c in self.COLUMNS}
+        d.update(rank=self.rank, origin_ns=self.origin_ns, window_ns=list(self.window_ns), name=list(self.name),
+                 kind_names=list(self.kind_names), processors=[dict(p) for p in self.processors])
+        return d
+
+    def to_pandas(self):
+        """One row per task, with the processor's and the kind's names."""
+        pd = _pandas()
+        df = pd.DataFrame({c: getattr(self, c) for c in self.COLUMNS})
+        df.insert(1, "name", self.name)
+        df["kind"] = pd.Categorical.from_codes(df["kind"], categories=self.kind_names)
+        df["processor_name"] = [self.processors[p]["name"] for p in self.processor]
+        return df
+
+    def __repr__(self) -> str:
+        return f"lumos.Timeline(rank {self.rank}, {len(self)} tasks)"
+
+
+class Replay(_Plain):
+    """A replay (``lumos replay``): ``measured_ns``, ``simulated_ns``, ``error`` of the job (its
+    slowest rank), ``ranks`` (:class:`RankReplay`), ``scales``, ``graph``, ``dependencies``,
+    ``collectives``."""
+
+    _fields = ("measured_ns", "simulated_ns", "error")
+
+    def __init__(self, native: "_lumos.Replay", job: Job):
+        data = json.loads(native.summary_json())
+        super().__init__(data)
+        self._native = native
+        self.job_info = data["job"]
+        self.measured_ns: int = data["job"]["measured_ns"]
+        self.simulated_ns: int = data["job"]["simulated_ns"]
+        self.error: float = data["job"]["error"]
+        self.ranks: List[RankReplay] = [RankReplay(r) for r in data["ranks"]]
+        self._job = job
+
+    def rank(self, rank: int) -> RankReplay:
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        raise KeyError(f"no rank {rank} in this job")
+
+    def breakdowns(self, simulated: bool = True):
+        """(n_ranks, 5) int64 NumPy array, rows in rank order, columns ``BREAKDOWN_COLUMNS``."""
+        _numpy()
+        return self._native.breakdowns(simulated)
+
+    def timeline(self, rank: int) -> Timeline:
+        """Every task of ``rank`` with its simulated and measured times."""
+        _numpy()
+        return Timeline(self._native.timeline(rank))
+
+    def sm_utilization_series(self, rank: int, simulated: bool = True):
+        """Lumos's SM utilisation per 1 ms bucket of the rank's window (NumPy float64)."""
+        _numpy()
+        return self._native.sm_utilization_series(rank, simulated)
+
+    def critical_path(self, rank: Optional[int] = None) -> Dict[str, Any]:
+        """The critical path of ``rank``'s iteration (default: the slowest rank), as
+        ``lumos replay --critical-path --json`` prints it, plus task ids and names."""
+        return json.loads(self._native.critical_path_json(rank))
+
+    def frozen(self) -> List[Dict[str, Any]]:
+        """Per rank, the overheads a what-if keeps (``lumos replay --explain``)."""
+        return json.loads(self._native.frozen_json())
+
+    def html(self, title: Optional[str] = None) -> str:
+        """The ``lumos report`` page of this replay (with the baseline beside a what-if)."""
+        return self._native.html(title or "lumos report", self._job.paths)
+
+    def report(self, path: PathLike, title: Optional[str] = None) -> str:
+        """Writes :meth:`html` to ``path``; returns the path."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html(title))
+        return os.fspath(path)
+
+    def write_trace(self, path: PathLike, gzip: bool = False) -> List[str]:
+        """Writes the simulated job as Kineto JSON (``lumos replay --trace-out``)."""
+        return [os.fspath(p) for p in self._native.write_trace(os.fspath(path), gzip)]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return super().to_dict()
+
+    def to_pandas(self):
+        """One row per rank: iteration times, error, breakdown (simulated) and SM utilisation."""
+        pd = _pandas()
+        rows = []
+        for r in self.ranks:
+            row = {"rank": r.rank, "step": r.step, "measured_ns": r.measured_ns, "simulated_ns": r.simulated_ns, "error": r.error}
+            row.update(r.breakdown)
+            row["sm_utilization"] = r.sm_utilization
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("rank")
+
+    def __repr__(self) -> str:
+        return (f"lumos.Replay({len(self.ranks)} ranks, measured {self.measured_ns / 1e6:.3f} ms, "
+                f"simulated {self.simulated_ns / 1e6:.3f} ms, error {100 * self.error:.2f}%)")
+
+
+_SCALE_KINDS = ("compute", "comm", "cpu")
+
+
+def replay(job: Union[Job, PathLike, Iterable[PathLike]], scale: Optional[Mapping[str, float]] = None,
+           step: Optional[int] = None, baseline: bool = False) -> Replay:
+    """Builds the job's execution graph, replays it and evaluates every rank's iteration.
+
+    ``scale`` is a what-if, as ``lumos replay --scale``: ``{"compute": 0.5}`` (GPU compute),
+    ``"comm"`` (communication transfers), ``"cpu"`` (CPU busy time), and ``"op:TEXT"`` for every
+    op whose name contains TEXT (0 removes it). ``step`` picks ProfilerStep#N (default: the last
+    one every rank has). ``baseline=True`` also replays the unscaled job, shown beside the
+    what-if in :meth:`Replay.html`."""
+    if not isinstance(job, Job):
+        job = load_job(job)
+    kinds = {k: 1.0 for k in _SCALE_KINDS}
+    ops = []
+    for key, factor in (scale or {}).items():
+        factor = float(factor)
+        if key.startswith("op:"):
+            if len(key) == 3:
+                raise LumosError("scale op:TEXT needs a non-empty TEXT")
+            if not (factor >= 0) or factor > 1e6:
+                raise LumosError(f"scale {key} must be a factor >= 0 (got {factor:g})")
+            ops.append((key[3:], factor))
+        elif key in kinds:
+            if not (factor > 0) or factor > 1e6:
+                raise LumosError(f"scale {key} must be a positive factor (got {factor:g})")
+            kinds[key] = factor
+        else:
+            raise LumosError(f"scale: unknown kind '{key}' (compute, comm, cpu or op:TEXT)")
+    native = _lumos.replay(job._native, kinds["compute"], kinds["comm"], kinds["cpu"], ops, step, baseline)
+    return Replay(native, job)
+
+
+class Prediction(_Plain):
+    """What ``lumos predict --json`` prints: ``iteration_ns``, ``tokens_per_s``, ``mfu``, ``hfu``,
+    ``bubble_fraction``, ``breakdown``, ``memory_bytes_per_gpu``, ``stages``, ``job``, ``graph``..."""
+
+    _fields = ("iteration_ns", "tokens_per_s", "mfu", "bubble_fraction")
+    iteration_ns: int
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+
+    def to_pandas(self):
+        """One row per pipeline stage."""
+        return _pandas().DataFrame(self._data["stages"]).set_index("stage")
+
+
+# keyword → `lumos predict` flag; booleans become on/off or a bare switch.
+_PREDICT_FLAGS = {
+    "model": "--model", "layers": "--layers", "hidden": "--hidden", "ffn": "--ffn", "heads": "--heads",
+    "kv_heads": "--kv-heads", "seq": "--seq", "vocab": "--vocab", "tp": "--tp", "pp": "--pp", "dp": "--dp",
+    "vp": "--vp", "sp": "--sp", "micro_batch": "--micro-batch", "global_batch": "--global-batch",
+    "schedule": "--schedule", "recompute": "--recompute", "gpu": "--gpu", "precision": "--precision",
+    "unfold": "--unfold",
+}
+
+
+def predict(**config: Any) -> Prediction:
+    """Models one training iteration from a model description, as ``lumos predict`` does:
+    ``lumos.predict(model="gpt3-175b", tp=8, pp=8, dp=16, vp=4, recompute="selective")``.
+    Keywords are the command's flags with ``_`` for ``-``; ``sp`` and ``unfold`` take booleans.
+    Raises :class:`LumosError` with the command's message for invalid values."""
+    flags: List[str] = []
+    for key, value in config.items():
+        if key not in _PREDICT_FLAGS:
+            raise TypeError(f"predict() got an unexpected keyword argument '{key}' (known: {', '.join(_PREDICT_FLAGS)})")
+        if value is None:
+            continue
+        flag = _PREDICT_FLAGS[key]
+        if key == "unfold":
+            if value:
+                flags.append(flag)
+            continue
+        if key == "sp" and isinstance(value, bool):
+            value = "on" if value else "off"
+        flags += [flag, str(value)]
+    return Prediction(json.loads(_lumos.predict_json(flags)))

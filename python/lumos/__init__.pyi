@@ -1,0 +1,106 @@
+# Type stubs of the lumos Python package (see __init__.py for the documentation).
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+PathLike = Union[str, os.PathLike[str]]
+
+__version__: str
+BREAKDOWN_COLUMNS: Tuple[str, str, str, str, str]
+
+class LumosError(RuntimeError): ...
+
+class Job:
+    paths: List[str]
+    @property
+    def ranks(self) -> List[int]: ...
+    @property
+    def files(self) -> List[str]: ...
+    def __len__(self) -> int: ...
+    def inspect(self) -> Dict[str, Any]: ...
+
+def load_job(paths: Union[PathLike, Iterable[PathLike]], threads: int = ...) -> Job: ...
+
+class RankReplay:
+    rank: int
+    file: str
+    step: str
+    measured_ns: int
+    simulated_ns: int
+    error: float
+    breakdown: Dict[str, int]
+    breakdown_measured: Dict[str, int]
+    sm_utilization: float
+    sm_utilization_measured: float
+    def to_dict(self) -> Dict[str, Any]: ...
+
+class Timeline:
+    COLUMNS: Tuple[str, ...]
+    rank: int
+    origin_ns: int
+    window_ns: Tuple[int, int]
+    measured_window_ns: Tuple[int, int]
+    kind_names: List[str]
+    processors: List[Dict[str, Any]]
+    name: List[str]
+    task: npt.NDArray[np.uint32]
+    processor: npt.NDArray[np.uint32]
+    kind: npt.NDArray[np.uint8]
+    start_ns: npt.NDArray[np.int64]
+    end_ns: npt.NDArray[np.int64]
+    duration_ns: npt.NDArray[np.int64]
+    measured_start_ns: npt.NDArray[np.int64]
+    measured_end_ns: npt.NDArray[np.int64]
+    def __len__(self) -> int: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+    def to_pandas(self) -> Any: ...
+
+class Replay:
+    measured_ns: int
+    simulated_ns: int
+    error: float
+    ranks: List[RankReplay]
+    scales: Dict[str, Any]
+    graph: Dict[str, int]
+    dependencies: Dict[str, int]
+    collectives: Dict[str, Any]
+    def rank(self, rank: int) -> RankReplay: ...
+    def breakdowns(self, simulated: bool = ...) -> npt.NDArray[np.int64]: ...
+    def timeline(self, rank: int) -> Timeline: ...
+    def sm_utilization_series(self, rank: int, simulated: bool = ...) -> npt.NDArray[np.float64]: ...
+    def critical_path(self, rank: Optional[int] = ...) -> Dict[str, Any]: ...
+    def frozen(self) -> List[Dict[str, Any]]: ...
+    def html(self, title: Optional[str] = ...) -> str: ...
+    def report(self, path: PathLike, title: Optional[str] = ...) -> str: ...
+    def write_trace(self, path: PathLike, gzip: bool = ...) -> List[str]: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+    def to_pandas(self) -> Any: ...
+
+def replay(job: Union[Job, PathLike, Iterable[PathLike]], scale: Optional[Mapping[str, float]] = ...,
+           step: Optional[int] = ..., baseline: bool = ...) -> Replay: ...
+
+class Prediction:
+    iteration_ns: int
+    tokens_per_s: float
+    tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    pipeline_ns: int
+    sm_utilization: float
+    breakdown: Dict[str, int]
+    memory_bytes_per_gpu: Dict[str, Any]
+    stages: List[Dict[str, Any]]
+    job: Dict[str, Any]
+    graph: Dict[str, Any]
+    def to_dict(self) -> Dict[str, Any]: ...
+    def to_pandas(self) -> Any: ...
+
+def predict(*, model: str = ..., layers: int = ..., hidden: int = ..., ffn: int = ..., heads: int = ...,
+            kv_heads: int = ..., seq: int = ..., vocab: int = ..., tp: int = ..., pp: int = ..., dp: int = ...,
+            vp: int = ..., sp: Union[bool, str] = ..., micro_batch: int = ..., global_batch: int = ...,
+            schedule: str = ..., recompute: str = ..., gpu: str = ..., precision: str = ...,
+            unfold: bool = ...) -> Prediction: ...

@@ -1,0 +1,347 @@
+// lumos._lumos — the C++ side of the Python package: thin bindings over the library, no second
+// engine. The Python layer (python/lumos/__init__.py) turns what these return into plain objects.
+//
+// Results cross the boundary as JSON text written with the CLI's writer (so `to_dict()` holds the
+// numbers `lumos ... --json` prints, bit for bit: integers as integers, doubles in shortest
+// round-trip form) and as NumPy arrays for the per-task and per-rank tables. `inspect` and
+// `predict` reuse the CLI's own parsing and JSON code (examples/lumos/*.hpp) for the same reason:
+// one definition of every flag, default, message and field.
+
+#include "inspect.hpp"
+#include "predict.hpp"
+
+#include <lumos/core/json_writer.hpp>
+#include <lumos/report/critical_path.hpp>
+#include <lumos/report/frozen.hpp>
+#include <lumos/report/html.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/report/trace_writer.hpp>
+#include <lumos/synth/predict.hpp>
+#include <lumos/trace/job.hpp>
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace {
+
+using lumos::time_ns;
+
+/// A loaded job, shared by the replays made from it (the trace writer and the report read it).
+struct py_job {
+  std::shared_ptr<const lumos::trace::job> job;
+};
+
+/// One replay and the job it came from.
+struct py_replay {
+  std::shared_ptr<const lumos::trace::job> job;
+  std::shared_ptr<const lumos::report::replay_session> session;
+  std::vector<lumos::graph::op_scale> ops;
+  std::shared_ptr<const lumos::report::replay_session> baseline;  ///< the unscaled replay of a what-if, when made
+};
+
+void breakdown_json(lumos::json_writer& w, const lumos::report::breakdown& b) {
+  w.begin_object();
+  w.field("exposed_compute_ns", b.exposed_compute).field("overlapped_ns", b.overlapped);
+  w.field("exposed_comm_ns", b.exposed_comm).field("other_ns", b.other);
+  w.field("exposed_comm_wait_ns", b.exposed_comm_wait);
+  w.end_object();
+}
+
+/// The replay as `lumos replay --json` prints it (its per-rank, job, graph, dependency and
+/// collective sections; `frozen` and `critical_path` have their own calls).
+std::string replay_json(const py_replay& r) {
+  const auto& s = *r.session;
+  const auto& st = s.built.stats;
+  std::string out;
+  lumos::json_writer w(out);
+  w.begin_object();
+  w.key("job").begin_object().field("measured_ns", s.measured_ns).field("simulated_ns", s.simulated_ns).field("error", s.error).end_object();
+  w.key("scales").begin_object().field("compute", s.scales.compute).field("comm", s.scales.comm).field("cpu", s.scales.cpu);
+  w.key("ops").begin_array();
+  for (const auto& o : r.ops) w.begin_object().field("text", o.text).field("factor", o.factor).end_object();
+  w.end_array().end_object();
+  w.key("ranks").begin_array();
+  for (const auto& rk : s.ranks) {
+    w.begin_object().field("rank", rk.rank).field("file", rk.file).field("step", rk.step);
+    w.field("measured_ns", rk.measured_ns).field("simulated_ns", rk.simulated_ns).field("error", rk.error);
+    w.key("breakdown");
+    breakdown_json(w, rk.simulated.split);
+    w.key("breakdown_measured");
+    breakdown_json(w, rk.measured.split);
+    w.field("sm_utilization", rk.simulated.sm.mean).field("sm_utilization_measured", rk.measured.sm.mean);
+    w.end_object();
+  }
+  w.end_array();
+  w.key("graph").begin_object().field("tasks", s.built.graph.task_count()).field("edges", s.built.graph.edge_count());
+  w.field("processors", s.built.graph.processors.size()).end_object();
+  w.key("dependencies").begin_object();
+  w.field("launch", st.launch_edges).field("ops_without_launch", st.ops_without_launch).field("cuda_graph_ops", st.graph_launch_ops);
+  w.field("cross_stream_exact", st.cross_stream_exact).field("cross_stream_inferred", st.cross_stream_inferred);
+  w.field("cross_stream_implicit", st.cross_stream_implicit);
+  w.field("cross_stream_unresolved", st.cross_stream_unresolved).field("blocking_calls", st.blocking_calls);
+  w.field("poll_waits", st.poll_waits);
+  w.field("thread_handoffs", st.handoffs).field("stream_overlaps", st.stream_overlaps).end_object();
+  w.key("collectives").begin_object().field("matched", st.collectives_matched).field("participants", st.collective_participants);
+  w.field("unmatched_ops", st.collectives_unmatched).field("matching", st.collective_matching).end_object();
+  w.end_object();
+  return out;
+}
+
+std::size_t rank_index(const lumos::report::replay_session& s, int rank) {
+  for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+    if (s.ranks[i].rank == rank) return i;
+  }
+  throw lumos::error("no rank " + std::to_string(rank) + " in this job");
+}
+
+template <class T>
+py::array_t<T> to_array(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+/// Every task of one rank (joins excluded) on the simulated and the measured timeline, as
+/// columns. Times are job time in ns; `origin_ns` + a time is the absolute trace time that
+/// `write_trace` writes.
+py::dict timeline(const py_replay& r, int rank) {
+  const auto& s = *r.session;
+  const auto& g = s.built.graph;
+  (void)rank_index(s, rank);
+  const auto sim = s.simulated_times();
+  std::vector<std::uint32_t> task, processor;
+  std::vector<std::uint8_t> kind;
+  std::vector<time_ns> start, end, measured_start, measured_end, duration;
+  py::list names;
+  for (lumos::graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.rank[t] != rank || g.kind[t] == lumos::graph::task_kind::join) continue;
+    task.push_back(t);
+    processor.push_back(g.processor[t]);
+    kind.push_back(static_cast<std::uint8_t>(g.kind[t]));
+    start.push_back(sim.begin_of(t));
+    end.push_back(sim.end_of(t));
+    duration.push_back(s.compiled.duration(s.compiled.position[t]));
+    measured_start.push_back(g.observed_start[t]);
+    measured_end.push_back(g.observed_end[t]);
+    names.append(py::str(std::string(g.task_name(t))));
+  }
+  py::list kinds;
+  for (int k = 0; k <= static_cast<int>(lumos::graph::task_kind::join); ++k) {
+    kinds.append(std::string(lumos::graph::to_string(static_cast<lumos::graph::task_kind>(k))));
+  }
+  py::list processors;
+  for (const auto& p : g.processors) {
+    const char* pk = p.kind == lumos::graph::processor_kind::cpu_thread ? "cpu_thread"
+                     : p.kind == lumos::graph::processor_kind::gpu_stream ? "gpu_stream"
+                                                                           : "barrier";
+    processors.append(py::dict("name"_a = p.name, "kind"_a = pk, "rank"_a = p.rank, "owner"_a = p.owner, "index"_a = p.index));
+  }
+  const auto& rr = s.ranks[rank_index(s, rank)];
+  return py::dict("rank"_a = rank, "task"_a = to_array(task), "processor"_a = to_array(processor), "kind"_a = to_array(kind),
+                  "start_ns"_a = to_array(start), "end_ns"_a = to_array(end), "duration_ns"_a = to_array(duration),
+                  "measured_start_ns"_a = to_array(measured_start), "measured_end_ns"_a = to_array(measured_end), "name"_a = names,
+                  "kind_names"_a = kinds, "processors"_a = processors, "origin_ns"_a = s.built.origin,
+                  "window_ns"_a = py::make_tuple(rr.simulated.window.begin, rr.simulated.window.end),
+                  "measured_window_ns"_a = py::make_tuple(rr.measured.window.begin, rr.measured.window.end));
+}
+
+/// Per-rank breakdowns as an (n_ranks, 5) int64 array: exposed compute, overlapped, exposed
+/// communication, other, exposed communication wait (ns), rows in rank order.
+py::array_t<std::int64_t> breakdowns(const py_replay& r, bool simulated) {
+  const auto& s = *r.session;
+  py::array_t<std::int64_t> a({static_cast<py::ssize_t>(s.ranks.size()), py::ssize_t{5}});
+  auto m = a.mutable_unchecked<2>();
+  for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+    const auto& b = simulated ? s.ranks[i].simulated.split : s.ranks[i].measured.split;
+    const auto row = static_cast<py::ssize_t>(i);
+    m(row, 0) = b.exposed_compute;
+    m(row, 1) = b.overlapped;
+    m(row, 2) = b.exposed_comm;
+    m(row, 3) = b.other;
+    m(row, 4) = b.exposed_comm_wait;
+  }
+  return a;
+}
+
+/// The critical path of rank `rank` (default: the slowest), as `--critical-path --json` prints it.
+std::string critical_path_json(const py_replay& r, std::optional<int> rank) {
+  const auto& s = *r.session;
+  if (s.ranks.empty()) return "null";
+  std::size_t i = 0;
+  if (rank) {
+    i = rank_index(s, *rank);
+  } else {
+    for (std::size_t k = 0; k < s.ranks.size(); ++k) {
+      if (s.ranks[k].simulated_ns > s.ranks[i].simulated_ns) i = k;
+    }
+  }
+  const auto& g = s.built.graph;
+  lumos::report::critical_path p;
+  {
+    py::gil_scoped_release release;
+    p = lumos::report::iteration_critical_path(g, s.compiled, s.timeline, s.plans[i], s.ranks[i].simulated);
+  }
+  std::string out;
+  lumos::json_writer w(out);
+  w.begin_object().field("rank", s.ranks[i].rank).field("begin_ns", p.begin).field("end_ns", p.end);
+  w.key("attribution").begin_object();
+  for (std::size_t c = 0; c < lumos::report::path_category_count; ++c) {
+    w.field(std::string(lumos::report::to_string(static_cast<lumos::report::path_category>(c))) + "_ns", p.total[c]);
+  }
+  w.end_object();
+  w.key("segments").begin_array();
+  for (const auto& seg : p.segments) {
+    w.begin_object().field("task", seg.task).field("name", g.task_name(seg.task)).field("processor", g.processors[g.processor[seg.task]].name);
+    w.field("category", lumos::report::to_string(seg.category)).field("begin_ns", seg.begin).field("end_ns", seg.end).end_object();
+  }
+  w.end_array().end_object();
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_lumos, m) {
+  m.doc() = "lumos: replay and predict distributed LLM training from Kineto traces (C++ core)";
+  // Every input error of the library is a lumos::error whose message names the file, the
+  // position and the reason; Python sees the same text.
+  static py::exception<lumos::error> lumos_error(m, "LumosError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const lumos::error& e) {
+      PyErr_SetString(lumos_error.ptr(), e.what());
+    }
+  });
+
+  py::class_<py_job>(m, "Job")
+      .def_property_readonly("ranks", [](const py_job& j) {
+        std::vector<int> r;
+        for (const auto& t : j.job->ranks) r.push_back(t.rank);
+        return r;
+      })
+      .def_property_readonly("files", [](const py_job& j) {
+        std::vector<std::string> f;
+        for (const auto& t : j.job->ranks) f.push_back(t.file);
+        return f;
+      })
+      .def("inspect_json", [](const py_job& j) {
+        std::string out;
+        lumos::cli::inspect_json(*j.job, out);
+        return out;
+      })
+      .def("__len__", [](const py_job& j) { return j.job->ranks.size(); });
+
+  m.def(
+      "load_job",
+      [](const std::vector<std::filesystem::path>& paths, unsigned threads) {
+        lumos::trace::load_options opt;
+        opt.threads = threads;
+        py::gil_scoped_release release;  // reading and parsing never touch Python objects
+        return py_job{std::make_shared<const lumos::trace::job>(lumos::trace::load_job(paths, opt))};
+      },
+      "paths"_a, "threads"_a = 0U);
+
+  py::class_<py_replay>(m, "Replay")
+      .def("summary_json", &replay_json)
+      .def("timeline", &timeline, "rank"_a)
+      .def("breakdowns", &breakdowns, "simulated"_a = true)
+      .def("critical_path_json", &critical_path_json, "rank"_a = py::none())
+      .def("sm_utilization_series", [](const py_replay& r, int rank, bool simulated) {
+        const auto& rr = r.session->ranks[rank_index(*r.session, rank)];
+        return to_array(simulated ? rr.simulated.sm.series : rr.measured.sm.series);
+      }, "rank"_a, "simulated"_a = true)
+      .def("frozen_json", [](const py_replay& r) {
+        const auto& s = *r.session;
+        std::vector<lumos::report::interval> windows;
+        for (const auto& rk : s.ranks) windows.push_back(rk.measured.window);
+        const auto frozen = lumos::report::frozen_overheads(s.built, s.plans, windows);
+        const auto& g = s.built.graph;
+        std::string out;
+        lumos::json_writer w(out);
+        w.begin_array();
+        for (std::size_t i = 0; i < frozen.size(); ++i) {
+          const auto& f = frozen[i];
+          w.begin_object().field("rank", s.ranks[i].rank).field("total_ns", f.total());
+          w.key("by_kind").begin_object();
+          for (std::size_t k = 0; k < lumos::graph::overhead_kind_count; ++k) {
+            w.field(std::string(lumos::graph::to_string(static_cast<lumos::graph::overhead_kind>(k))) + "_ns", f.by_kind[k]);
+          }
+          w.end_object().key("largest").begin_array();
+          for (const auto& d : f.largest) {
+            w.begin_object().field("kind", lumos::graph::to_string(d.kind)).field("amount_ns", d.amount).field("task", g.task_name(d.task));
+            w.field("processor", g.processors[g.processor[d.task]].name).field("observed_start_ns", g.observed_start[d.task]).end_object();
+          }
+          w.end_array().end_object();
+        }
+        w.end_array();
+        return out;
+      })
+      .def("html", [](const py_replay& r, const std::string& title, const std::vector<std::string>& inputs) {
+        lumos::report::html_options opt;
+        opt.title = title;
+        opt.inputs = inputs;
+        py::gil_scoped_release release;
+        return lumos::report::html_report(*r.job, *r.session, opt, r.baseline.get());
+      }, "title"_a, "inputs"_a = std::vector<std::string>{})
+      .def("write_trace", [](const py_replay& r, const std::filesystem::path& path, bool gzip) {
+        py::gil_scoped_release release;
+        return lumos::report::write_kineto(lumos::report::simulated_from(*r.session, *r.job), lumos::report::rank_numbers(*r.job), path, gzip);
+      }, "path"_a, "gzip"_a = false);
+
+  m.def(
+      "replay",
+      [](const py_job& j, double compute, double comm, double cpu, const std::vector<std::pair<std::string, double>>& ops,
+         std::optional<int> step, bool with_baseline) {
+        lumos::report::replay_options opt;
+        opt.step = step;
+        opt.scales = {compute, comm, cpu};
+        for (const auto& [text, factor] : ops) opt.build.op_scales.push_back({text, factor});
+        py_replay r{j.job, nullptr, opt.build.op_scales, nullptr};
+        py::gil_scoped_release release;  // graph build, compile and replay are pure C++
+        r.session = std::make_shared<const lumos::report::replay_session>(lumos::report::replay_job(*j.job, opt));
+        if (with_baseline) {
+          lumos::report::replay_options base = opt;
+          base.scales = {};
+          base.build.op_scales.clear();
+          r.baseline = std::make_shared<const lumos::report::replay_session>(lumos::report::replay_job(*j.job, base));
+        }
+        return r;
+      },
+      "job"_a, "compute"_a = 1.0, "comm"_a = 1.0, "cpu"_a = 1.0, "ops"_a = std::vector<std::pair<std::string, double>>{},
+      "step"_a = py::none(), "with_baseline"_a = false);
+
+  m.def(
+      "predict_json",
+      [](const std::vector<std::string>& flags) {
+        // The CLI's own parser: same defaults, same checks, same messages as `lumos predict`.
+        std::vector<std::string> argv_text{"lumos", "predict"};
+        argv_text.insert(argv_text.end(), flags.begin(), flags.end());
+        std::vector<char*> argv;
+        for (auto& a : argv_text) argv.push_back(a.data());
+        lumos::cli::args a(static_cast<int>(argv.size()), argv.data(), 2);
+        lumos::cli::predict_request req = lumos::cli::parse_predict(a);
+        if (const auto rest = a.positionals(); !rest.empty()) throw lumos::error("unexpected argument '" + rest.front() + "'");
+        lumos::synth::predict_options opt;
+        opt.program.unfold = req.unfold;
+        std::string out;
+        {
+          py::gil_scoped_release release;
+          const auto t0 = std::chrono::steady_clock::now();
+          const lumos::synth::prediction p = lumos::synth::predict(req.job, opt);
+          const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          lumos::cli::predict_json(req.job, p, wall_ms, out);
+        }
+        return out;
+      },
+      "flags"_a);
+}

@@ -1,0 +1,234 @@
+"""The lumos Python package against the lumos CLI: same numbers, same messages."""
+import json
+import subprocess
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+import lumos
+
+RANK_FIELDS = ("rank", "file", "step", "measured_ns", "simulated_ns", "error", "breakdown", "breakdown_measured",
+               "sm_utilization", "sm_utilization_measured")
+
+
+def assert_same_replay(py, cli_json):
+    """Every number the CLI prints is the one Python holds (== on ints and on doubles)."""
+    d = py.to_dict()
+    assert d["job"] == cli_json["job"]
+    assert (py.measured_ns, py.simulated_ns, py.error) == (cli_json["job"]["measured_ns"], cli_json["job"]["simulated_ns"],
+                                                           cli_json["job"]["error"])
+    assert d["scales"] == cli_json["scales"]
+    assert len(d["ranks"]) == len(cli_json["ranks"])
+    for mine, theirs in zip(d["ranks"], cli_json["ranks"]):
+        for field in RANK_FIELDS:
+            assert mine[field] == theirs[field], field
+    for section in ("graph", "dependencies"):
+        assert d[section] == cli_json[section]
+    for key in ("matched", "participants", "unmatched_ops", "matching"):
+        assert d["collectives"][key] == cli_json["collectives"][key]
+
+
+def test_replay_matches_cli_on_the_example_job(example_job, cli):
+    job = lumos.load_job(example_job)
+    assert job.ranks == [0, 1]
+    r = lumos.replay(job)
+    assert_same_replay(r, cli("replay", example_job, "--json"))
+    assert [x.rank for x in r.ranks] == [0, 1]
+
+
+def test_replay_matches_cli_on_a_shared_trace(megatron, cli):
+    job = lumos.load_job([megatron])
+    assert len(job) == 8
+    assert_same_replay(lumos.replay(job), cli("replay", megatron, "--json"))
+    what_if = lumos.replay(job, scale={"compute": 0.5, "op:gemm": 0.8})
+    assert_same_replay(what_if, cli("replay", megatron, "--scale", "compute=0.5", "--scale", "op:gemm=0.8", "--json"))
+    assert what_if.simulated_ns != lumos.replay(job).simulated_ns
+
+
+def test_step_and_critical_path_match_cli(megatron, cli):
+    job = lumos.load_job(megatron)
+    steps = [s["name"] for s in job.inspect()["ranks"][0]["steps"]]
+    first = int(steps[0].split("#")[1])
+    r = lumos.replay(job, step=first)
+    theirs = cli("replay", megatron, "--step", first, "--critical-path", "--json")
+    assert_same_replay(r, theirs)
+    path = r.critical_path()
+    assert path["rank"] == theirs["critical_path_rank"]
+    for key in ("begin_ns", "end_ns", "attribution"):
+        assert path[key] == theirs["critical_path"][key]
+    assert [(s["category"], s["begin_ns"], s["end_ns"], s["processor"]) for s in path["segments"]] == \
+           [(s["category"], s["begin_ns"], s["end_ns"], s["processor"]) for s in theirs["critical_path"]["segments"]]
+
+
+def test_inspect_matches_cli(example_job, cli):
+    assert lumos.load_job(str(example_job)).inspect() == cli("inspect", example_job, "--json")
+
+
+def test_breakdowns_are_numpy_rows_of_the_per_rank_breakdown(example_job):
+    np = pytest.importorskip("numpy")
+    r = lumos.replay(example_job)
+    for simulated, key in ((True, "breakdown"), (False, "breakdown_measured")):
+        a = r.breakdowns(simulated)
+        assert isinstance(a, np.ndarray) and a.dtype == np.int64 and a.shape == (len(r.ranks), 5)
+        for row, rank in zip(a, r.ranks):
+            assert row.tolist() == [getattr(rank, key)[c] for c in lumos.BREAKDOWN_COLUMNS]
+    # The four parts add up to each rank's simulated window.
+    a = r.breakdowns()
+    assert a[:, :4].sum(axis=1).tolist() == [x.simulated_ns for x in r.ranks]
+
+
+def kineto_gpu_ops(path):
+    """(absolute ns, duration ns, name) of every GPU op in a Kineto file, read exactly."""
+    data = json.loads(Path(path).read_text(), parse_float=Decimal)
+    ops = []
+    for e in data["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            ops.append((int(e["ts"] * 1000), int(e["dur"] * 1000), e["name"]))
+    return sorted(ops)
+
+
+def test_numpy_timeline_matches_the_trace_writer(example_job, tmp_path, cli):
+    np = pytest.importorskip("numpy")
+    r = lumos.replay(example_job)
+    files = r.write_trace(tmp_path / "py")
+    assert len(files) == 2
+    # The Python writer is the CLI's writer: byte-identical files.
+    cli("replay", example_job, "--trace-out", tmp_path / "cli", "--json")
+    for f in files:
+        assert Path(f).read_bytes() == (tmp_path / "cli" / Path(f).name).read_bytes()
+    for rank in r.ranks:
+        t = r.timeline(rank.rank)
+        assert isinstance(t.start_ns, np.ndarray) and t.start_ns.dtype == np.int64
+        compute = t.kind == t.kind_names.index("gpu_compute")
+        mine = sorted((int(t.origin_ns + b), int(e - b), n)
+                      for b, e, n, keep in zip(t.start_ns, t.end_ns, t.name, compute) if keep)
+        written = [op for op in kineto_gpu_ops(tmp_path / "py" / f"rank{rank.rank}.json") if "nccl" not in op[2]]
+        assert mine == written and len(mine) > 5
+        assert len(t.to_dict()["start_ns"]) == len(t)
+
+
+def test_timeline_on_a_shared_trace_is_consistent(megatron):
+    np = pytest.importorskip("numpy")
+    r = lumos.replay(megatron)
+    t = r.timeline(3)
+    assert (t.end_ns >= t.start_ns).all()
+    assert len(t) > 1000
+    lo, hi = t.window_ns
+    assert hi - lo == r.rank(3).simulated_ns
+    # An unchanged replay reproduces the measured GPU timeline within the replay's error bound.
+    gpu = np.isin(t.kind, [t.kind_names.index("gpu_compute")])
+    assert np.abs((t.end_ns - t.start_ns)[gpu] - (t.measured_end_ns - t.measured_start_ns)[gpu]).max() == 0
+
+
+def cli_error(*args):
+    exe = __import__("os").environ.get("LUMOS_CLI")
+    if not exe:
+        return None
+    p = subprocess.run([exe, *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == 2
+    return p.stderr.strip().removeprefix("lumos: ")
+
+
+def test_errors_are_exceptions_with_the_cli_message(tmp_path):
+    bad = tmp_path / "rank0.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1')
+    with pytest.raises(lumos.LumosError) as e:
+        lumos.load_job(bad)
+    assert str(bad) in str(e.value)
+    expected = cli_error("inspect", bad)
+    if expected is not None:
+        assert str(e.value) == expected
+    with pytest.raises(lumos.LumosError, match="no such file or directory"):
+        lumos.load_job(tmp_path / "missing")
+    assert issubclass(lumos.LumosError, RuntimeError)
+
+
+def test_bad_scales_and_steps(example_job):
+    job = lumos.load_job(example_job)
+    with pytest.raises(lumos.LumosError, match="positive factor"):
+        lumos.replay(job, scale={"compute": 0})
+    with pytest.raises(lumos.LumosError, match="unknown kind"):
+        lumos.replay(job, scale={"gpu": 2})
+    with pytest.raises(lumos.LumosError, match="no ProfilerStep#99"):
+        lumos.replay(job, step=99)
+
+
+PREDICT = dict(model="gpt3-15b", tp=2, pp=2, dp=2, vp=2, micro_batch=1, recompute="selective", sp=True)
+
+
+def test_predict_matches_cli(cli):
+    p = lumos.predict(**PREDICT)
+    theirs = cli("predict", "--model", "gpt3-15b", "--tp", 2, "--pp", 2, "--dp", 2, "--vp", 2, "--micro-batch", 1,
+                 "--recompute", "selective", "--sp", "on", "--json")
+    mine = p.to_dict()
+    mine["graph"].pop("wall_ms")
+    theirs["graph"].pop("wall_ms")
+    assert mine == theirs
+    assert p.iteration_ns == theirs["iteration_ns"] and p.mfu == theirs["mfu"]
+
+
+def test_predict_errors():
+    with pytest.raises(lumos.LumosError) as e:
+        lumos.predict(model="gpt3-15b", tp=0)
+    expected = cli_error("predict", "--model", "gpt3-15b", "--tp", 0)
+    assert str(e.value) == (expected if expected is not None else "--tp must be a positive integer, got '0'")
+    with pytest.raises(lumos.LumosError, match="unknown"):
+        lumos.predict(model="gpt-99")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        lumos.predict(tensor_parallel=8)
+
+
+def test_the_gil_is_released_while_replaying(megatron):
+    job = lumos.load_job(megatron)
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+
+    worker = threading.Thread(target=count)
+    worker.start()
+    try:
+        time.sleep(0.05)
+        start = time.perf_counter()
+        before = ticks
+        lumos.replay(job)
+        lumos.replay(job)
+        during = ticks - before
+        elapsed = time.perf_counter() - start
+    finally:
+        stop.set()
+        worker.join()
+    # Holding the GIL for the whole call would leave the counter where it was.
+    assert during > 1000, (during, elapsed)
+
+
+def test_reports_from_python(example_job, tmp_path):
+    r = lumos.replay(example_job, scale={"comm": 2}, baseline=True)
+    page = Path(r.report(tmp_path / "r.html", title="example <job>")).read_text()
+    assert page.startswith("<!DOCTYPE html>") and "example &lt;job&gt;" in page
+    assert 'id="card-baseline"' in page and "<script" not in page
+
+
+def test_pandas_frames(example_job):
+    pytest.importorskip("pandas")
+    r = lumos.replay(example_job)
+    df = r.to_pandas()
+    assert df.loc[1, "simulated_ns"] == r.rank(1).simulated_ns
+    tl = r.timeline(0).to_pandas()
+    assert len(tl) == len(r.timeline(0)) and "processor_name" in tl
+
+
+def test_the_example_notebook_runs(tmp_path):
+    np = pytest.importorskip("numpy")  # noqa: F841
+    import os
+    import sys
+    script = Path(os.environ.get("LUMOS_SOURCE_DIR", Path(__file__).resolve().parents[2])) / "examples" / "python" / "replay_notebook.py"
+    out = subprocess.run([sys.executable, str(script), "--report", str(tmp_path / "r.html")], capture_output=True, text=True,
+                         check=True).stdout
+    assert "critical path of rank" in out and (tmp_path / "r.html").is_file()
