@@ -117,3 +117,51 @@ TEST_CASE("whatif to the traces' own GPU reproduces their replay; a faster GPU n
   slower.gpu = "a100-sxm-80gb";
   CHECK(whatif::run_whatif(job, slower).predicted.simulated_ns > r.baseline.simulated_ns);
 }
+
+TEST_CASE("whatif --layers on hand-made pipeline jobs: the traces' own count is the identity, twice the layers about twice the work",
+          "[whatif][layers]") {
+  const auto dir = lumos_test::data_dir() / "whatif";
+  for (const char* name : {"pp2_1f1b", "pp4_gpipe", "pp2_interleaved"}) {
+    INFO(name);
+    const auto job = trace::load_job({dir / name});
+    const auto built = graph::build_graph(job);
+    const auto st = whatif::discover_structure(job, built);
+    REQUIRE(st.model.layers.known());
+    const int layers = *st.model.layers.value;
+    whatif::whatif_options same;
+    same.layers = layers;
+    const auto r = whatif::run_whatif(job, same);
+    CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
+    whatif::whatif_options twice;
+    twice.layers = 2 * layers;
+    const auto d = whatif::run_whatif(job, twice);
+    // More layers cannot make the step shorter; the step holds work besides the layers
+    // (optimizer, p2p, launches), so it grows by less than 2x, and by more than 1x.
+    CHECK(d.predicted.simulated_ns > r.baseline.simulated_ns);
+    CHECK(d.predicted.simulated_ns < 2 * r.baseline.simulated_ns + r.baseline.simulated_ns / 10);
+    // Removing layers: half of them.
+    whatif::whatif_options half;
+    half.layers = layers / 2;
+    CHECK(whatif::run_whatif(job, half).predicted.simulated_ns < r.baseline.simulated_ns);
+  }
+}
+
+TEST_CASE("whatif --layers on the Megatron TP8 trace: identity at 40, the TP all-reduces of every copy joined", "[whatif][layers][traces]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  const auto job = trace::load_job({traces / "astra-sim_megatron-gpt-tp8_8xA100"});
+  whatif::whatif_options same;
+  same.layers = 40;
+  const auto r = whatif::run_whatif(job, same);
+  for (std::size_t i = 0; i < r.baseline.ranks.size(); ++i) CHECK(r.predicted.ranks[i].simulated_ns == r.baseline.ranks[i].simulated_ns);
+  whatif::whatif_options twice;
+  twice.layers = 80;
+  const auto d = whatif::run_whatif(job, twice);
+  // Every layer holds two TP all-reduces per rank: 80 more joined collectives.
+  CHECK(d.predicted.built.graph.collectives.size() == r.baseline.built.graph.collectives.size() + 80);
+  CHECK(d.predicted.simulated_ns > r.baseline.simulated_ns * 3 / 2);
+  CHECK(d.predicted.simulated_ns < r.baseline.simulated_ns * 2);
+  // A count that does not divide over the layers of each chunk the same way is an error.
+  whatif::whatif_options odd;
+  odd.layers = 0;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, odd), Catch::Contains("positive"));
+}
