@@ -337,9 +337,10 @@ PYBIND11_MODULE(_lumos, m) {
         {
           py::gil_scoped_release release;
           const auto t0 = std::chrono::steady_clock::now();
-          const lumos::synth::prediction p = lumos::synth::predict(req.job, opt);
+          // The cost model the request asks for, as `lumos predict` runs it (run_model).
+          const lumos::synth::prediction p = lumos::cli::run_model(req, opt);
           const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          lumos::cli::predict_json(req.job, p, wall_ms, out);
+          lumos::cli::predict_json(req.job, p, wall_ms, out, req.roofline ? std::string("roofline") : req.profile.name);
         }
         return out;
       },
