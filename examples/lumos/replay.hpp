@@ -7,6 +7,7 @@
 #include <lumos/core/json_writer.hpp>
 #include <lumos/report/critical_path.hpp>
 #include <lumos/report/frozen.hpp>
+#include <lumos/report/html.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/trace_writer.hpp>
 #include <lumos/trace/job.hpp>
@@ -20,7 +21,7 @@ inline constexpr std::string_view replay_usage =
     "usage: lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
     "                    [--scale op:TEXT=F]... [--json] [--explain] [--strict] [--align-clocks]\n"
     "                    [--durations-from-step M]\n"
-    "                    [--trace-out FILE] [--critical-path]\n"
+    "                    [--trace-out FILE] [--critical-path] [--report FILE]\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
     "  --step N            replay ProfilerStep#N (default: the last one every rank has)\n"
     "  --scale KIND=F      multiply GPU compute, communication transfer or CPU busy time by F > 0\n"
@@ -34,7 +35,8 @@ inline constexpr std::string_view replay_usage =
     "  --durations-from-step M  leave-one-step-out: replay the step with the measured op durations\n"
     "                      of ProfilerStep#M, predicting step M (compared with its measurement)\n"
     "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
-    "  --critical-path     print the critical path of the slowest rank's iteration\n";
+    "  --critical-path     print the critical path of the slowest rank's iteration\n"
+    "  --report FILE       also write the self-contained HTML report of the replay (`lumos report`)\n";
 
 /// `--scale` items: the kind scales and the selective (op:TEXT=F) ones.
 struct what_if {
@@ -164,6 +166,7 @@ inline int run_replay(args& a) {
   const bool explain = a.flag("--explain");
   const bool critical = a.flag("--critical-path");
   const auto trace_out = a.option("--trace-out");
+  const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("replay needs at least one PATH");
   trace::load_options load;
@@ -190,6 +193,12 @@ inline int run_replay(args& a) {
   const std::vector<report::frozen_report> frozen = report::frozen_overheads(s.built, s.plans, windows);
   std::vector<std::filesystem::path> written;
   if (trace_out) written = report::write_kineto(report::simulated_from(s, job), report::rank_numbers(job), *trace_out);
+  if (html) {
+    report::html_options ho;
+    ho.inputs = inputs;
+    report::detail::write_file(*html, report::html_report(job, s, ho));
+    written.emplace_back(*html);
+  }
 
   std::string out;
   if (json) {

@@ -6,6 +6,7 @@
 #include "replay.hpp"
 
 #include <lumos/core/json_writer.hpp>
+#include <lumos/report/html.hpp>
 #include <lumos/report/trace_writer.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
@@ -17,7 +18,7 @@ namespace lumos::cli {
 
 inline constexpr std::string_view whatif_usage =
     "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--step N] [--scale KIND=F]...\n"
-    "                    [--scale op:TEXT=F]... [--json] [--trace-out DIR]\n"
+    "                    [--scale op:TEXT=F]... [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
@@ -30,7 +31,8 @@ inline constexpr std::string_view whatif_usage =
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
     "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...]}\n"
     "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
-    "                      `lumos replay` reads back and replays to the same prediction\n";
+    "                      `lumos replay` reads back and replays to the same prediction\n"
+    "  --report FILE       the HTML report of the prediction, with the baseline beside it\n";
 
 inline void session_json(json_writer& w, const report::replay_session& s) {
   w.begin_object().field("iteration_ns", s.simulated_ns).field("measured_ns", s.measured_ns);
@@ -67,6 +69,7 @@ inline int run_whatif(args& a) {
   }
   const bool json = a.flag("--json");
   const auto trace_out = a.option("--trace-out");
+  const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
   if (o.gpu.empty() && !o.layers && o.groups.empty() && scaled.ops.empty() && scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 &&
@@ -77,6 +80,13 @@ inline int run_whatif(args& a) {
   const whatif::whatif_result r = whatif::run_whatif(job, o);
   std::vector<std::filesystem::path> written;
   if (trace_out) written = report::write_kineto(report::simulated_from(r.predicted, job), report::rank_numbers(job), *trace_out);
+  if (html) {
+    report::html_options ho;
+    ho.title = "lumos whatif";
+    ho.inputs = inputs;
+    report::detail::write_file(*html, report::html_report(job, r.predicted, ho, &r.baseline));
+    written.emplace_back(*html);
+  }
 
   std::string out;
   if (json) {

@@ -400,7 +400,9 @@ struct pipeline_block {
   };
   card(h::ms(s.measured_ns), "measured iteration (slowest rank)", "card-measured");
   card(h::ms(s.simulated_ns), "simulated iteration (slowest rank)", "card-simulated");
-  card(h::pct(s.error), "replay error |sim − meas| / meas", "card-error");
+  // Against a baseline the simulated iteration is a prediction, not a replay: its distance to
+  // the measurement is the what-if's effect, shown as the change, not as an error.
+  if (baseline == nullptr) card(h::pct(s.error), "replay error |sim − meas| / meas", "card-error");
   if (baseline != nullptr) {
     card(h::ms(baseline->simulated_ns), "baseline (unscaled) replay", "card-baseline");
     const double change = baseline->simulated_ns > 0
