@@ -4,6 +4,7 @@
 #include "inspect.hpp"
 #include "predict.hpp"
 #include "schedule.hpp"
+#include "sweep.hpp"
 #include "synth.hpp"
 #include "replay.hpp"
 #include "whatif.hpp"
@@ -31,6 +32,7 @@ const std::array commands = {
     command{"predict", "model one training iteration from a model description: time, MFU, bubble, memory", lumos::cli::predict_usage, lumos::cli::run_predict},
     command{"synth", "write a modelled iteration as Kineto traces (one per distinct rank)", lumos::cli::synth_usage, lumos::cli::run_synth},
     command{"whatif", "rewrite a traced job for another configuration (GPU, scales) and replay it", lumos::cli::whatif_usage, lumos::cli::run_whatif},
+    command{"sweep", "predict every configuration of a space on all cores (and MPI ranks); rank them", lumos::cli::sweep_usage, lumos::cli::run_sweep},
     command{"calibrate", "fit a cost profile (GEMM, bandwidth, CPU, NCCL) from traces: predict --profile", lumos::cli::calibrate_usage, lumos::cli::run_calibrate},
 };
 
