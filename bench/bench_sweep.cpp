@@ -8,6 +8,8 @@
 //                               program, compiled graph and engine per call: the old way)
 //   BM_replay_each/<space>      the replay loop alone over the same configurations' compiled
 //                               graphs (the floor a build-per-configuration sweep cannot beat)
+//   BM_phase/<space>/N         validate (0), build (1), compile (2), replay (3) of the headline
+//                              configuration TP8 PP8 DP16 v4 with a warm workspace
 //   BM_sweep_threads/<space>/T  a 10,000-configuration space (Llama-3 8B on 64 GPUs) with
 //                               sweep::run on T threads: the scaling of the thread pool
 // Counters: configs_per_s, allocs_per_eval (heap allocations per evaluation with a warm
@@ -160,6 +162,29 @@ void BM_replay_each(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(graphs.size()), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One phase of an evaluation of the headline configuration (TP8 PP8 DP16, interleaved v = 4,
+// selective recomputation, micro-batch 1) with a warm workspace: 0 validate, 1 build the
+// program, 2 compile it, 3 replay it.
+void BM_phase(benchmark::State& state) {
+  const auto& ev = gpt3_evaluator();
+  const sw::configuration c{.tp = 8, .pp = 8, .dp = 16, .vp = 4, .micro_batch = 1,
+                            .schedule = ls::policy_of<lp::interleaved_one_f_one_b>(),
+                            .recompute = lm::recompute_kind::selective};
+  sw::workspace w;
+  (void)ev.evaluate(c, w);
+  const ls::job j = ev.job_of(c);
+  const auto& o = ev.fixed().options.program;
+  for (auto _ : state) {
+    switch (state.range(0)) {
+      case 0: benchmark::DoNotOptimize(ev.validate(c, w).memory_bytes); break;
+      case 1: ls::build_program_into(w.program, j, o, ev.compute_model(), ev.comm_model()); break;
+      case 2: sw::detail::compile_into(w.program.graph, w.compiled, w.scratch); break;
+      default: benchmark::DoNotOptimize(w.engine.run(w.compiled)); break;
+    }
+  }
+  state.counters["tasks"] = static_cast<double>(w.program.graph.task_count());
+}
+
 // About 10,000 configurations of Llama-3 8B on 64 GPUs.
 void BM_sweep_threads(benchmark::State& state) {
   static const auto ev = [] {
@@ -213,6 +238,10 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark(("BM_sweep_predicted/" + name).c_str(), BM_sweep, true)->Unit(benchmark::kMillisecond)->MinTime(2);
   benchmark::RegisterBenchmark(("BM_predict_each/" + name).c_str(), BM_predict_each)->Unit(benchmark::kMillisecond)->MinTime(2);
   benchmark::RegisterBenchmark(("BM_replay_each/" + name).c_str(), BM_replay_each)->Unit(benchmark::kMillisecond)->MinTime(2);
+  benchmark::RegisterBenchmark(("BM_phase/" + name).c_str(), BM_phase)
+      ->ArgName("validate_build_compile_replay")
+      ->DenseRange(0, 3)
+      ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("BM_sweep_threads/llama3-8b-64gpu", BM_sweep_threads)
       ->Arg(1)
       ->Arg(2)

@@ -150,8 +150,8 @@ struct program_options {
   /// predict do not).
   bool record_collectives = true;
   /// Give processors and tasks their descriptive names. Reports and trace writers need them;
-  /// a sweep does not, and building them is most of the builder's small allocations. Without
-  /// names every task and processor is unnamed; the timeline is the same.
+  /// a sweep does not, and skips the string building (one std::string per processor and per
+  /// op template). Without names every task and processor is unnamed; the timeline is the same.
   bool names = true;
 };
 
