@@ -5,6 +5,7 @@ packages=(
   build-essential cmake ninja-build clang libclang-rt-14-dev
   libboost-dev librange-v3-dev libsimdjson-dev zlib1g-dev libisal-dev
   catch2 libbenchmark-dev python3
+  libopenmpi-dev openmpi-bin  # optional: `lumos sweep` across processes (LUMOS_WITH_MPI)
 )
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi

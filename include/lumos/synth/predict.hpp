@@ -188,7 +188,7 @@ template <model::ComputeModel Compute = model::roofline, model::CommModel Comm =
   out.hfu = model::utilisation(out.hardware_flops, makespan, out.gpus, out.peak_flops_per_gpu);
 
   // Pipeline phase and bubble, per stage's representative rank.
-  const bool split = splits_backward(prog.schedule);
+  const bool split = prog.split_backward;
   double busy_sum = 0;
   for (int s = 0; s < par.pp; ++s) {
     const simulated_rank& r = prog.representative(s);

@@ -149,6 +149,10 @@ struct program_options {
   /// Record a `graph::collective_instance` per collective (trace writers need them; replay and
   /// predict do not).
   bool record_collectives = true;
+  /// Give processors and tasks their descriptive names. Reports and trace writers need them;
+  /// a sweep does not, and skips the string building (one std::string per processor and per
+  /// op template). Without names every task and processor is unnamed; the timeline is the same.
+  bool names = true;
 };
 
 /// A model-driven job: model, parallel configuration, machine and pipeline schedule.
@@ -158,6 +162,9 @@ struct job {
   model::hardware hardware;
   /// Empty: `parallel.schedule` if set, else interleaved 1F1B when vp > 1 and 1F1B otherwise.
   std::optional<pipeline::schedule_kind> schedule;
+  /// Any `pipeline::PipelineSchedule` type (`policy_of<S>()`), a user's included; when set it
+  /// takes precedence over `schedule` and `parallel.schedule`.
+  std::optional<schedule_policy> policy;
 };
 
 /// The schedule `j` runs (see `job::schedule`). Throws `lumos::error` for an unknown name.
@@ -165,6 +172,12 @@ struct job {
   if (j.schedule) return *j.schedule;
   if (!j.parallel.schedule.empty()) return parse_schedule_name(j.parallel.schedule);
   return j.parallel.vp > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b : pipeline::schedule_kind::one_f_one_b;
+}
+
+/// The schedule policy `j` runs: `j.policy` if set, else the shipped one of `resolve_schedule`.
+[[nodiscard]] inline schedule_policy resolve_policy(const job& j) {
+  if (j.policy) return *j.policy;
+  return policy_of(resolve_schedule(j));
 }
 
 inline constexpr graph::processor_id no_processor = ~graph::processor_id{0};
@@ -198,6 +211,8 @@ struct program {
   bool unfolded = false;
   granularity detail = granularity::kernel;
   std::int64_t world_size = 1;
+  /// The schedule's backward is split into B and W (its policy's `splits_backward`).
+  bool split_backward = false;
 
   /// The simulated rank with tp_index 0 and dp_index 0 of `stage` (present in both modes).
   [[nodiscard]] const simulated_rank& representative(int stage) const {
@@ -315,17 +330,19 @@ class program_builder {
  public:
   program_builder(const job& j, const program_options& opt, const Compute& compute, const Comm& comm)
       : m_(j.model), par_(j.parallel), hw_(j.hardware), opt_(opt), compute_(compute), comm_(comm) {
-    kind_ = resolve_schedule(j);
+    policy_ = resolve_policy(j);
+    kind_ = policy_.kind;
     par_.validate(m_, hw_);
-    if (par_.vp > 1 && kind_ != pipeline::schedule_kind::interleaved_one_f_one_b) {
+    if (par_.vp > 1 && !policy_.supports_chunks) {
       throw error("vp = " + std::to_string(par_.vp) + " model chunks need the interleaved schedule, not " +
-                  std::string(pipeline::schedule_title(kind_)) + " (set the schedule to interleaved or vp = 1)");
+                  (j.policy ? std::string(policy_.name) : std::string(pipeline::schedule_title(kind_))) +
+                  " (set the schedule to interleaved or vp = 1)");
     }
     const std::int64_t micro = par_.micro_batches();
     if (micro > std::numeric_limits<std::int32_t>::max()) throw error("too many micro-batches: " + std::to_string(micro));
     shape_ = {par_.pp, static_cast<std::int32_t>(micro), par_.vp};
-    validate_schedule(kind_, shape_);
-    split_ = splits_backward(kind_);
+    policy_.validate(shape_);
+    split_ = policy_.splits_backward;
     if (par_.world_size() > (1 << 24)) {
       throw error("world size " + std::to_string(par_.world_size()) + " is beyond what lumos models (2^24 ranks)");
     }
@@ -342,12 +359,20 @@ class program_builder {
 
   program build() {
     program out;
+    build(out);
+    return out;
+  }
+
+  /// Builds into `out`, reusing the capacity of its graph arrays (a sweep's workspace).
+  void build(program& out) {
+    clear(out);
     out.schedule = kind_;
+    out.split_backward = split_;
     out.shape = shape_;
     out.unfolded = opt_.unfold;
     out.detail = opt_.detail;
     out.world_size = world_;
-    out.orders = stage_orders(kind_, shape_);
+    out.orders = policy_.orders(shape_);
     if (opt_.forward_only) {
       for (auto& o : out.orders) {
         std::erase_if(o, [](const pipeline::op& x) { return x.kind != pipeline::op_kind::forward; });
@@ -367,7 +392,27 @@ class program_builder {
     } else {
       for (int s = 0; s < pp_; ++s) emit_rank(out, s * tp_ * dp_);
     }
-    return out;
+  }
+
+  // Empties `out` and keeps the capacity of its arrays. The string table is kept too: the names
+  // a builder interns are a small fixed set, so a reused table stops growing (ids may differ from
+  // a fresh build's; the names they stand for do not).
+  static void clear(program& out) {
+    graph::task_graph& g = out.graph;
+    g.processors.clear();
+    g.processor.clear();
+    g.kind.clear();
+    g.duration.clear();
+    g.idle_gap.clear();
+    g.busy_gap.clear();
+    g.name.clear();
+    g.rank.clear();
+    g.source.clear();
+    g.observed_start.clear();
+    g.observed_end.clear();
+    g.edges.clear();
+    g.collectives.clear();
+    out.ranks.clear();
   }
 
  private:
@@ -378,6 +423,7 @@ class program_builder {
   program_options opt_;
   const Compute& compute_;
   const Comm& comm_;
+  schedule_policy policy_{};
   pipeline::schedule_kind kind_{};
   pipeline::schedule_shape shape_{};
   bool split_ = false;
@@ -391,6 +437,7 @@ class program_builder {
   graph::task_graph* g_ = nullptr;
 
   // ---- names ----
+  string_id n_unnamed_ = 0;
   string_id n_launch_ = 0, n_join_ = 0, n_send_fwd_ = 0, n_recv_fwd_ = 0, n_send_bwd_ = 0, n_recv_bwd_ = 0;
   string_id n_grad_ar_ = 0, n_grad_rs_ = 0, n_param_ag_ = 0, n_embd_ar_ = 0, n_norm_ar_ = 0, n_host_sync_ = 0;
   std::array<string_id, 4> n_pass_compute_{}, n_pass_comm_{};
@@ -441,6 +488,7 @@ class program_builder {
   string_id intern(std::string_view s) { return g_->strings.intern(s); }
 
   void intern_names() {
+    n_unnamed_ = intern("");
     n_launch_ = intern("cudaLaunchKernel");
     n_join_ = intern("join");
     n_send_fwd_ = intern("send_forward");
@@ -454,6 +502,11 @@ class program_builder {
     n_norm_ar_ = intern("grad_norm_all_reduce");
     n_host_sync_ = intern("host_sync");
     constexpr std::array<std::string_view, 4> pass_names = {"forward", "backward_input", "backward_weight", "backward"};
+    if (!opt_.names) {
+      n_pass_compute_.fill(n_unnamed_);
+      n_pass_comm_.fill(n_unnamed_);
+      return;
+    }
     for (std::size_t i = 0; i < 4; ++i) {
       n_pass_compute_[i] = intern(std::string(pass_names[i]) + " compute");
       n_pass_comm_[i] = intern(std::string(pass_names[i]) + " tp collectives");
@@ -474,6 +527,14 @@ class program_builder {
   }
 
   item compute_item(const model::op_cost& o) {
+    if (!opt_.names) {
+      item i;
+      i.duration = o.duration;
+      i.kernels = o.kernels;
+      i.cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
+      i.name = n_unnamed_;
+      return i;
+    }
     std::string name(o.name);
     if (o.recompute) {
       name += "_recompute";
@@ -494,7 +555,7 @@ class program_builder {
   item comm_item(std::string_view name, model::collective c, std::int64_t bytes) {
     item i;
     i.comm = true;
-    i.name = intern(name);
+    i.name = opt_.names ? intern(name) : n_unnamed_;
     i.kind = c;
     i.bytes = bytes;
     i.duration = comm_.collective_time({c, bytes, tp_placement_}, hw_);
@@ -827,6 +888,7 @@ class program_builder {
   }
 
   graph::processor_id stream(const simulated_rank& r, std::int64_t index, std::string_view what) {
+    if (!opt_.names) return g_->add_processor({graph::processor_kind::gpu_stream, r.rank, r.rank % hw_.gpus_per_node, index, {}});
     return g_->add_processor({graph::processor_kind::gpu_stream, r.rank, r.rank % hw_.gpus_per_node, index,
                               "rank " + std::to_string(r.rank) + " stream " + std::to_string(index) + " (" +
                                   std::string(what) + ")"});
@@ -903,7 +965,8 @@ class program_builder {
       if (gs.joins.size() <= k) {
         if (gs.barrier == no_processor) {
           gs.barrier = g_->add_processor({graph::processor_kind::barrier, gs.ranks.front(),
-                                          static_cast<std::int64_t>(&gs - groups_.data()), 0, "group " + gs.name});
+                                          static_cast<std::int64_t>(&gs - groups_.data()), 0,
+                                          opt_.names ? "group " + gs.name : std::string()});
         }
         gs.joins.push_back(add(gs.barrier, graph::task_kind::join, 0, n_join_, gs.ranks.front()));
       }
@@ -1089,7 +1152,7 @@ class program_builder {
     // pid = tid = 10000 + rank: the main thread of a process, distinct from the device numbers
     // that GPU rows use as pid in a Kineto trace.
     r.cpu = g_->add_processor({graph::processor_kind::cpu_thread, rank, 10000 + rank, 10000 + rank,
-                               "rank " + std::to_string(rank) + " launch thread"});
+                               opt_.names ? "rank " + std::to_string(rank) + " launch thread" : std::string()});
     r.compute = stream(r, 7, "compute");
     if (dp_ > 1 || (m_.tied_embeddings && pp_ > 1 && (s == 0 || s == pp_ - 1))) (void)dp_stream(rs);
     if (pp_ > 1) {
@@ -1260,6 +1323,16 @@ template <model::ComputeModel Compute = model::roofline, model::CommModel Comm =
                                     const Comm& comm = {}) {
   detail::program_builder<Compute, Comm> b(j, opt, compute, comm);
   return b.build();
+}
+
+/// `build_program` into `out`, whose graph arrays keep their capacity: in a loop over
+/// configurations (a sweep workspace) the large arrays are allocated once. `out` is overwritten
+/// (its string table is kept, see `program_builder::clear`). Same graph as `build_program`.
+template <model::ComputeModel Compute = model::roofline, model::CommModel Comm = model::ring_alpha_beta>
+void build_program_into(program& out, const job& j, const program_options& opt = {}, const Compute& compute = {},
+                        const Comm& comm = {}) {
+  detail::program_builder<Compute, Comm> b(j, opt, compute, comm);
+  b.build(out);
 }
 
 }  // namespace lumos::synth

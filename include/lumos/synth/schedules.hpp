@@ -47,6 +47,56 @@ auto visit_schedule(pipeline::schedule_kind kind, F&& f) {
   return std::move(*out);
 }
 
+/// A pipeline schedule as a runtime value: what the program builder needs from a static policy
+/// type `S` (its flags, its shape check and its stage orders), taken once by `policy_of<S>()`.
+/// It lets a job or a sweep carry any `pipeline::PipelineSchedule` type — including a user's,
+/// which need not be one of the shipped `schedule_kind`s — without making every builder a
+/// template over the schedule. Plain data (function pointers to `S`'s static members): trivially
+/// copyable, comparable, shareable between threads.
+struct schedule_policy {
+  pipeline::schedule_kind kind = pipeline::schedule_kind::one_f_one_b;  ///< `S::kind` (for reports)
+  bool splits_backward = false;
+  bool supports_chunks = false;
+  std::string_view name;  ///< `S::name` when `S` has one, else `schedule_name(kind)`
+  void (*validate)(const pipeline::schedule_shape&) = nullptr;
+  std::vector<std::vector<pipeline::op>> (*orders)(const pipeline::schedule_shape&) = nullptr;
+
+  friend bool operator==(const schedule_policy&, const schedule_policy&) = default;
+};
+
+namespace detail {
+template <class S>
+concept named_schedule = requires {
+  { S::name } -> std::convertible_to<std::string_view>;
+};
+template <pipeline::PipelineSchedule S>
+void validate_policy(const pipeline::schedule_shape& shape) {
+  S::validate(shape);
+}
+}  // namespace detail
+
+/// The runtime descriptor of schedule policy `S`. Constant time; no allocation.
+template <pipeline::PipelineSchedule S>
+[[nodiscard]] constexpr schedule_policy policy_of() noexcept {
+  schedule_policy p;
+  p.kind = S::kind;
+  p.splits_backward = S::splits_backward;
+  p.supports_chunks = S::supports_chunks;
+  if constexpr (detail::named_schedule<S>) {
+    p.name = S::name;
+  } else {
+    p.name = pipeline::schedule_name(S::kind);
+  }
+  p.validate = &detail::validate_policy<S>;
+  p.orders = &pipeline::all_stage_ops<S>;
+  return p;
+}
+
+/// The descriptor of the shipped policy for `kind`.
+[[nodiscard]] inline schedule_policy policy_of(pipeline::schedule_kind kind) {
+  return visit_schedule(kind, [](auto t) { return policy_of<typename decltype(t)::type>(); });
+}
+
 /// `parse_schedule_kind` that also accepts "interleaved" for "interleaved-1f1b" (the CLI's
 /// short name). Throws `lumos::error` listing the names otherwise.
 [[nodiscard]] inline pipeline::schedule_kind parse_schedule_name(std::string_view name) {

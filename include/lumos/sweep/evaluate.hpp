@@ -1,0 +1,489 @@
+#pragma once
+// The sweep API: one configuration of a fixed problem (model, GPU, global batch) checked without
+// simulation (`validate`) or predicted (`evaluate`), never throwing, with a per-thread
+// `workspace` that keeps every large buffer between evaluations.
+//
+// Thread-safety (taskflow's split between a shared description and a per-thread executor): an
+// `evaluator` is immutable after construction (model, hardware, cost models, options) and may be
+// shared by any number of threads; a `workspace` belongs to one thread at a time. `evaluate(c, w)`
+// is const on the evaluator and touches only `w`. The cost models are called through const
+// references and keep no state (model/*: no mutable members, no statics).
+//
+// What one evaluation does: `validate` (constant-time divisibility rules, then the schedule's
+// shape check and the memory of every stage from the schedule's stage orders), then the folded
+// `pass`-granularity program of synth::predict built into the workspace's graph, compiled into its
+// compiled graph, replayed by its engine, and the figures of synth::predict derived from the
+// replay (same numbers, bit for bit: tests/sweep).
+
+#include <lumos/core/time.hpp>
+#include <lumos/graph/compile.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/compute.hpp>
+#include <lumos/model/flops.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/memory.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/model/parallel.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/model/transformer.hpp>
+#include <lumos/pipeline/one_f_one_b.hpp>
+#include <lumos/pipeline/schedule.hpp>
+#include <lumos/report/breakdown.hpp>
+#include <lumos/sim/replay.hpp>
+#include <lumos/sweep/detail/breakdown.hpp>
+#include <lumos/sweep/detail/compile_into.hpp>
+#include <lumos/synth/predict.hpp>
+#include <lumos/synth/program.hpp>
+#include <lumos/synth/schedules.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <limits>
+#include <new>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace lumos::sweep {
+
+/// What a sweep varies: the parallel layout, the micro-batch, the pipeline schedule (any
+/// `pipeline::PipelineSchedule`, as `synth::policy_of<S>()`), recomputation and sequence
+/// parallelism. Plain data.
+struct configuration {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int vp = 1;
+  std::int64_t micro_batch = 1;
+  synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();
+  model::recompute_kind recompute = model::recompute_kind::none;
+  bool sp = false;
+
+  [[nodiscard]] constexpr std::int64_t gpus() const noexcept { return std::int64_t{tp} * pp * dp; }
+  friend bool operator==(const configuration&, const configuration&) = default;
+};
+
+/// What a sweep keeps fixed. `memory_margin` is the fraction of HBM kept free for what the
+/// memory model leaves out (CUDA context and library workspaces, NCCL buffers, allocator
+/// fragmentation: see model::memory_breakdown): a configuration fits when its largest per-GPU
+/// total is at most (1 − margin) × the GPU's HBM. 0.10 by default, about 8 GB on an 80 GB GPU.
+struct problem {
+  model::transformer model = model::gpt3_175b();
+  model::hardware hardware = model::h100_sxm();
+  std::int64_t global_batch = 1536;
+  std::int64_t gpus = 0;  ///< 0: any; otherwise tp·pp·dp must equal it
+  model::precision dtype = model::precision::bf16;
+  int zero_stage = 1;  ///< Megatron's distributed optimizer, as `lumos predict`
+  double memory_margin = 0.10;
+  /// The prediction's options. The sweep forces the folded `pass` program without collective
+  /// records or names (what synth::predict uses by default, minus the names).
+  synth::predict_options options{};
+};
+
+/// Why a configuration was rejected. `none`: accepted (and predicted).
+enum class rejection : std::uint8_t {
+  none,
+  gpu_count,      ///< tp·pp·dp differs from the GPU count
+  sizes,          ///< a size below 1
+  tp_divisibility,     ///< heads, KV heads, ffn, vocabulary (or seq under sp) not divisible by tp
+  layer_divisibility,  ///< layers not divisible by pp·vp
+  batch_divisibility,  ///< global batch not divisible by micro-batch·dp
+  schedule,       ///< the schedule cannot run the shape (chunks without interleaving, m vs p, ...)
+  memory,         ///< the largest per-GPU memory exceeds HBM less the margin
+  error,          ///< anything else the builder or the models refused (message says what)
+};
+
+inline constexpr std::array<rejection, 9> all_rejections = {
+    rejection::none, rejection::gpu_count, rejection::sizes, rejection::tp_divisibility, rejection::layer_divisibility,
+    rejection::batch_divisibility, rejection::schedule, rejection::memory, rejection::error};
+
+/// Machine name of a reason ("ok", "gpu-count", ...), as CSV and JSON write it.
+[[nodiscard]] constexpr std::string_view to_string(rejection r) noexcept {
+  switch (r) {
+    case rejection::none: return "ok";
+    case rejection::gpu_count: return "gpu-count";
+    case rejection::sizes: return "sizes";
+    case rejection::tp_divisibility: return "tp-divisibility";
+    case rejection::layer_divisibility: return "layer-divisibility";
+    case rejection::batch_divisibility: return "batch-divisibility";
+    case rejection::schedule: return "schedule";
+    case rejection::memory: return "memory";
+    case rejection::error: return "error";
+  }
+  return "?";
+}
+
+/// The figures of one predicted configuration (those of synth::prediction a sweep ranks by).
+struct metrics {
+  time_ns iteration_ns = 0;
+  double tokens_per_s = 0;
+  double model_tflops_per_gpu = 0;
+  double mfu = 0;
+  double hfu = 0;
+  double bubble_fraction = 0;
+  time_ns pipeline_ns = 0;
+  report::breakdown breakdown;  ///< rank 0, transfers as communication (synth::prediction::breakdown)
+  time_ns breakdown_window_ns = 0;
+  std::int64_t tasks = 0;
+};
+
+/// The outcome of `validate` or `evaluate`: accepted or the reason, a one-line message, the
+/// memory of the largest GPU (known for every configuration that reaches the memory check) and,
+/// after `evaluate`, the prediction. Trivially copyable, fixed size: no allocation to return it.
+struct result {
+  configuration config;
+  rejection reason = rejection::none;
+  std::array<char, 200> message{};  ///< NUL-terminated; empty when accepted
+  std::int64_t micro_batches = 0;   ///< per pipeline per iteration (0 before the batch check)
+  double memory_bytes = 0;          ///< the largest per-GPU total (0 before the memory check)
+  int memory_stage = 0;
+  double in_flight_microbatches = 0;
+  bool predicted = false;  ///< `evaluate` ran the simulation
+  metrics m;
+
+  [[nodiscard]] bool ok() const noexcept { return reason == rejection::none; }
+  [[nodiscard]] std::string_view why() const noexcept { return std::string_view(message.data()); }
+};
+static_assert(std::is_trivially_copyable_v<result>, "results travel between MPI ranks as bytes");
+
+/// Buffers of one thread's evaluations: the program (graph arrays, stage orders), the compiled
+/// graph, the replay engine and the breakdown's intervals. Reused: after the first evaluations
+/// of the largest configuration, the big arrays are never reallocated. Not thread-safe: one per
+/// thread. Default-constructible, movable.
+struct workspace {
+  synth::program program;
+  graph::compiled_graph compiled;
+  detail::compile_scratch scratch;
+  sim::replay_engine engine;
+  std::vector<report::interval> compute, transfer;
+  std::vector<std::vector<pipeline::op>> orders;
+};
+
+namespace detail {
+
+// printf into the fixed message buffer (truncates; never allocates).
+[[gnu::format(printf, 2, 3)]] inline void say(result& r, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(r.message.data(), r.message.size(), fmt, ap);
+  va_end(ap);
+}
+
+inline void say_what(result& r, rejection why, const char* what) {
+  r.reason = why;
+  say(r, "%s", what);
+}
+
+}  // namespace detail
+
+/// Predicts configurations of one `problem` with the compute model `Compute` and the
+/// communication model `Comm` (the kernel-level model and NCCL by default, as `lumos predict`).
+/// Construction validates the fixed part (model shape, precision on the GPU, ZeRO stage) and
+/// throws `lumos::error` if it is invalid; after that nothing throws. Thread-safety: see the
+/// header comment (share the evaluator, one workspace per thread).
+template <model::ComputeModel Compute = model::kernel_level, model::CommModel Comm = model::nccl_model>
+class evaluator {
+ public:
+  evaluator(problem p, Compute compute = {}, Comm comm = {})
+      : problem_(std::move(p)), compute_(std::move(compute)), comm_(std::move(comm)) {
+    problem_.model.validate();
+    (void)problem_.hardware.peak_flops(problem_.dtype);  // throws for fp8 before Hopper
+    if (problem_.zero_stage < 0 || problem_.zero_stage > 3) throw error("zero_stage must be 0, 1, 2 or 3");
+    if (problem_.global_batch < 1) throw error("the global batch must be positive");
+    if (!(problem_.memory_margin >= 0 && problem_.memory_margin < 1)) throw error("the memory margin must be in [0, 1)");
+    problem_.options.program.unfold = false;
+    problem_.options.program.detail = synth::granularity::pass;
+    problem_.options.program.record_collectives = false;
+    problem_.options.program.names = false;
+  }
+
+  [[nodiscard]] const problem& fixed() const noexcept { return problem_; }
+  [[nodiscard]] const Compute& compute_model() const noexcept { return compute_; }
+  [[nodiscard]] const Comm& comm_model() const noexcept { return comm_; }
+
+  /// The job `c` stands for (model, hardware, parallel configuration, schedule).
+  [[nodiscard]] synth::job job_of(const configuration& c) const {
+    synth::job j;
+    j.model = problem_.model;
+    j.hardware = problem_.hardware;
+    model::parallel_config& p = j.parallel;
+    p.tp = c.tp;
+    p.pp = c.pp;
+    p.dp = c.dp;
+    p.vp = c.vp;
+    p.sp = c.sp;
+    p.micro_batch = c.micro_batch;
+    p.global_batch = problem_.global_batch;
+    p.recompute = c.recompute;
+    p.dtype = problem_.dtype;
+    p.zero_stage = problem_.zero_stage;
+    j.policy = c.schedule;
+    return j;
+  }
+
+  /// The divisibility rules, constant time, no allocation: the checks of
+  /// model::parallel_config::validate and of the program builder, as reasons instead of throws.
+  [[nodiscard]] result check_shape(const configuration& c) const noexcept {
+    result r;
+    r.config = c;
+    const model::transformer& m = problem_.model;
+    if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.vp < 1 || c.micro_batch < 1) {
+      detail::say(r, "sizes must be at least 1 (tp %d, pp %d, dp %d, vp %d, micro-batch %lld)", c.tp, c.pp, c.dp, c.vp,
+                  static_cast<long long>(c.micro_batch));
+      r.reason = rejection::sizes;
+      return r;
+    }
+    if (problem_.gpus > 0 && c.gpus() != problem_.gpus) {
+      r.reason = rejection::gpu_count;
+      detail::say(r, "tp*pp*dp = %lld, not the %lld GPUs", static_cast<long long>(c.gpus()),
+                  static_cast<long long>(problem_.gpus));
+      return r;
+    }
+    if (c.gpus() > (std::int64_t{1} << 24)) {
+      r.reason = rejection::sizes;
+      detail::say(r, "world size %lld is beyond what lumos models (2^24 ranks)", static_cast<long long>(c.gpus()));
+      return r;
+    }
+    const auto not_divisible = [&](std::int64_t v, const char* field) {
+      r.reason = rejection::tp_divisibility;
+      detail::say(r, "%s (%lld) is not divisible by tp (%d)", field, static_cast<long long>(v), c.tp);
+      return r;
+    };
+    if (m.heads % c.tp != 0) return not_divisible(m.heads, "heads");
+    if (m.kv_heads % c.tp != 0) return not_divisible(m.kv_heads, "kv_heads");
+    if (m.ffn % c.tp != 0) return not_divisible(m.ffn, "ffn");
+    if (m.vocab % c.tp != 0) return not_divisible(m.vocab, "vocab");
+    if (c.sp && c.tp > 1 && m.seq % c.tp != 0) return not_divisible(m.seq, "seq (sequence parallelism)");
+    if (c.vp > 1 && c.pp == 1) {
+      r.reason = rejection::schedule;
+      detail::say(r, "vp = %d virtual chunks need pipeline parallelism (pp > 1)", c.vp);
+      return r;
+    }
+    const std::int64_t chunks = std::int64_t{c.pp} * c.vp;
+    if (m.layers % chunks != 0) {
+      r.reason = rejection::layer_divisibility;
+      detail::say(r, "layers (%lld) are not divisible by pp*vp (%lld)", static_cast<long long>(m.layers),
+                  static_cast<long long>(chunks));
+      return r;
+    }
+    const std::int64_t per_step = c.micro_batch * c.dp;
+    if (problem_.global_batch % per_step != 0) {
+      r.reason = rejection::batch_divisibility;
+      detail::say(r, "global batch (%lld) is not divisible by micro-batch*dp (%lld)",
+                  static_cast<long long>(problem_.global_batch), static_cast<long long>(per_step));
+      return r;
+    }
+    r.micro_batches = problem_.global_batch / per_step;
+    if (r.micro_batches > std::numeric_limits<std::int32_t>::max()) {
+      r.reason = rejection::batch_divisibility;
+      detail::say(r, "too many micro-batches (%lld)", static_cast<long long>(r.micro_batches));
+      return r;
+    }
+    if (c.vp > 1 && !c.schedule.supports_chunks) {
+      r.reason = rejection::schedule;
+      detail::say(r, "vp = %d model chunks need the interleaved schedule, not %.*s", c.vp,
+                  static_cast<int>(c.schedule.name.size()), c.schedule.name.data());
+      return r;
+    }
+    return r;
+  }
+
+  /// Checks `c` without simulating it: the divisibility rules, the schedule's shape check and
+  /// the memory of every stage (activations held at the schedule's peak, from its stage orders)
+  /// against HBM less the margin. Never throws (out of memory is reported as a rejection).
+  /// Allocates the stage orders; `validate(c, w)` reuses a workspace's.
+  [[nodiscard]] result validate(const configuration& c) const noexcept {
+    workspace w;
+    return validate(c, w);
+  }
+  [[nodiscard]] result validate(const configuration& c, workspace& w) const noexcept {
+    result r = check_shape(c);
+    if (!r.ok()) return r;
+    try {
+      check_schedule_and_memory(r, w);
+    } catch (const std::exception& e) {
+      detail::say_what(r, rejection::error, e.what());
+    }
+    return r;
+  }
+
+  /// Validates, then predicts `c` with `w`'s buffers. Never throws: a configuration the models
+  /// or the builder refuse, or an out-of-memory, comes back as a rejection with its message.
+  [[nodiscard]] result evaluate(const configuration& c, workspace& w) const noexcept {
+    result r = check_shape(c);
+    if (!r.ok()) return r;
+    try {
+      check_schedule_and_memory(r, w);
+      if (!r.ok()) return r;
+      simulate(r, w);
+    } catch (const std::exception& e) {
+      detail::say_what(r, rejection::error, e.what());
+      r.predicted = false;
+    }
+    return r;
+  }
+
+  /// `evaluate` with a fresh workspace (allocates: use the overload in loops).
+  [[nodiscard]] result evaluate(const configuration& c) const noexcept {
+    try {
+      workspace w;
+      return evaluate(c, w);
+    } catch (const std::bad_alloc&) {
+      result r;
+      r.config = c;
+      detail::say_what(r, rejection::error, "out of memory");
+      return r;
+    }
+  }
+
+ private:
+  problem problem_;
+  Compute compute_;
+  Comm comm_;
+
+  [[nodiscard]] model::parallel_config parallel_of(const configuration& c) const {
+    model::parallel_config p;
+    p.tp = c.tp;
+    p.pp = c.pp;
+    p.dp = c.dp;
+    p.vp = c.vp;
+    p.sp = c.sp;
+    p.micro_batch = c.micro_batch;
+    p.global_batch = problem_.global_batch;
+    p.recompute = c.recompute;
+    p.dtype = problem_.dtype;
+    p.zero_stage = problem_.zero_stage;
+    return p;
+  }
+
+  // The schedule's own check (it throws: caught here as a reason), its stage orders into the
+  // workspace, and the largest per-GPU memory as synth::predict computes it.
+  void check_schedule_and_memory(result& r, workspace& w) const {
+    const configuration& c = r.config;
+    const pipeline::schedule_shape shape{c.pp, static_cast<std::int32_t>(r.micro_batches), c.vp};
+    try {
+      c.schedule.validate(shape);
+    } catch (const error& e) {
+      detail::say_what(r, rejection::schedule, e.what());
+      return;
+    }
+    w.orders = c.schedule.orders(shape);
+    const model::parallel_config par = parallel_of(c);
+    model::memory_options mo;
+    mo.flash_attention = problem_.options.flash_attention;
+    mo.per_param = problem_.options.state;
+    double worst = -1;
+    for (int s = 0; s < c.pp; ++s) {
+      mo.in_flight_microbatches =
+          synth::in_flight_microbatches(w.orders[static_cast<std::size_t>(s)], shape.chunks, c.schedule.splits_backward);
+      const double total = model::memory_per_gpu(problem_.model, par, s, mo).total();
+      if (total > worst) {  // the first stage of the largest, as synth::predict picks it
+        worst = total;
+        r.memory_stage = s;
+        r.in_flight_microbatches = mo.in_flight_microbatches;
+      }
+    }
+    r.memory_bytes = worst;
+    const double usable = (1.0 - problem_.memory_margin) * static_cast<double>(problem_.hardware.gpu.hbm_capacity);
+    if (worst > usable) {
+      r.reason = rejection::memory;
+      detail::say(r, "%.1f GiB per GPU (stage %d) exceeds %.1f GiB (HBM less %.0f%% margin)", worst / 1073741824.0,
+                  r.memory_stage, usable / 1073741824.0, 100.0 * problem_.memory_margin);
+    }
+  }
+
+  void simulate(result& r, workspace& w) const {
+    const configuration& c = r.config;
+    const synth::job j = job_of(c);
+    synth::build_program_into(w.program, j, problem_.options.program, compute_, comm_);
+    const synth::program& prog = w.program;
+    detail::compile_into(prog.graph, w.compiled, w.scratch);
+    const time_ns makespan = w.engine.run(w.compiled);
+
+    const model::transformer& m = problem_.model;
+    const std::int64_t gpus = c.gpus();
+    metrics& x = r.m;
+    x.iteration_ns = makespan;
+    x.tokens_per_s = model::tokens_per_second(m, problem_.global_batch, makespan);
+    const double model_flops = model::model_flops(m, problem_.global_batch);
+    const double hardware_flops = model::hardware_flops(m, problem_.global_batch, c.recompute);
+    const double peak = problem_.hardware.peak_flops(problem_.dtype);
+    x.model_tflops_per_gpu = model::tflops_per_gpu(model_flops, makespan, gpus);
+    x.mfu = model::utilisation(model_flops, makespan, gpus, peak);
+    x.hfu = model::utilisation(hardware_flops, makespan, gpus, peak);
+
+    // Bubble over the stages' representative ranks (folded: rank s of the program is stage s).
+    double busy_sum = 0;
+    x.pipeline_ns = 0;
+    for (const synth::simulated_rank& rk : prog.ranks) {
+      if (rk.tp_index != 0 || rk.dp_index != 0) continue;
+      time_ns busy = 0;
+      if (rk.pipeline_first != graph::no_task && rk.pipeline_last != graph::no_task) {
+        for (graph::task_id t = rk.pipeline_first; t <= rk.pipeline_last; ++t) {
+          if (prog.graph.processor[t] != rk.compute) continue;
+          const std::uint32_t i = w.compiled.position[t];
+          busy += w.engine.finish(i) - w.engine.start(i);
+        }
+        x.pipeline_ns = std::max(x.pipeline_ns, w.engine.finish(w.compiled.position[rk.pipeline_last]));
+      }
+      busy_sum += static_cast<double>(busy);
+    }
+    x.bubble_fraction = 0;
+    if (x.pipeline_ns > 0) {
+      x.bubble_fraction = 1.0 - busy_sum / static_cast<double>(c.pp) / static_cast<double>(x.pipeline_ns);
+    }
+
+    // Breakdown of rank 0 over [0, end of its last GPU op], as synth::predict.
+    w.compute.clear();
+    w.transfer.clear();
+    time_ns window_end = 0;
+    const std::size_t n = prog.graph.task_count();
+    for (graph::task_id id = 0; id < n; ++id) {
+      if (prog.graph.rank[id] != 0) continue;
+      const graph::task_kind k = prog.graph.kind[id];
+      if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm && k != graph::task_kind::comm_complete) {
+        continue;
+      }
+      const std::uint32_t i = w.compiled.position[id];
+      const report::interval iv{w.engine.start(i), w.engine.finish(i)};
+      if (k == graph::task_kind::gpu_compute) {
+        if (iv.end > iv.begin) {
+          w.compute.push_back(iv);
+          window_end = std::max(window_end, iv.end);
+        }
+        continue;
+      }
+      if (iv.end > iv.begin) w.transfer.push_back(iv);
+      // The kernel as a trace shows it (arrive to complete) bounds the window too.
+      report::interval whole = iv;
+      if (id > 0 && prog.graph.kind[id - 1] == graph::task_kind::comm_arrive &&
+          prog.graph.processor[id - 1] == prog.graph.processor[id]) {
+        whole.begin = w.engine.start(w.compiled.position[id - 1]);
+      }
+      if (whole.end > whole.begin) window_end = std::max(window_end, whole.end);
+    }
+    x.breakdown_window_ns = window_end;
+    x.breakdown = detail::breakdown_in_place(w.compute, w.transfer, report::interval{0, window_end});
+    x.tasks = static_cast<std::int64_t>(n);
+    r.predicted = true;
+  }
+};
+
+/// The evaluator `lumos predict` corresponds to: kernel-level compute model and NCCL from one
+/// cost profile (with the profile's host-side options applied to the program, as the CLI does).
+[[nodiscard]] inline evaluator<> make_evaluator(problem p, const model::cost_profile& profile) {
+  synth::program_options& o = p.options.program;
+  o.collective_cpu = static_cast<time_ns>(profile.cpu_collective_ns);
+  o.launch_cost = static_cast<time_ns>(profile.cpu_launch_ns);
+  o.p2p_host_sync = profile.cpu_p2p_sync > 0;
+  o.loss_scale_host_sync = profile.cpu_loss_scale_sync > 0 && p.dtype == model::precision::fp16;
+  return evaluator<>(std::move(p), model::kernel_level{profile}, model::nccl_model{profile});
+}
+
+}  // namespace lumos::sweep

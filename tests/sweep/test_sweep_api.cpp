@@ -1,0 +1,323 @@
+// The sweep API: evaluate agrees with synth::predict bit for bit, compile_into with
+// graph::compile, validate's reasons with what the builder refuses; workspaces reused across
+// configurations and threads give the sequential results; a schedule defined here (not one of
+// the shipped kinds) goes through the program builder, predict and the sweep.
+
+#include <lumos/graph/compile.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/pipeline/gpipe.hpp>
+#include <lumos/pipeline/interleaved_one_f_one_b.hpp>
+#include <lumos/pipeline/one_f_one_b.hpp>
+#include <lumos/pipeline/zero_bubble.hpp>
+#include <lumos/sweep/space.hpp>
+#include <lumos/sweep/sweep.hpp>
+#include <lumos/synth/predict.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace lm = lumos::model;
+namespace lp = lumos::pipeline;
+namespace ls = lumos::synth;
+namespace sw = lumos::sweep;
+
+namespace {
+
+// 1F1B with a deeper warm-up: stage r runs min(m, 2(p-1-r)) forwards before its first backward.
+// Warm-ups that do not grow with the stage keep the pipeline deadlock-free (each stage's k-th
+// backward waits only for forwards its predecessor has already run). A user's policy type: not
+// one of the shipped schedules, reporting itself as 1F1B.
+struct deep_warmup_1f1b final {
+  static constexpr lp::schedule_kind kind = lp::schedule_kind::one_f_one_b;
+  static constexpr bool splits_backward = false;
+  static constexpr bool supports_chunks = false;
+  static constexpr std::string_view name = "deep-warmup-1f1b";
+  static constexpr void validate(const lp::schedule_shape& shape) { lp::validate_shape(kind, shape, supports_chunks); }
+  [[nodiscard]] static constexpr std::vector<lp::op> stage_ops(const lp::schedule_shape& shape, std::int32_t stage) {
+    validate(shape);
+    lp::validate_stage(kind, shape, stage);
+    const std::int32_t warmup = std::min(shape.micro_batches, 2 * (shape.stages - 1 - stage));
+    return lp::detail::one_f_one_b_skeleton(
+        shape.micro_batches, warmup, [](std::int32_t k) { return lp::forward_op(k); },
+        [](std::int32_t k) { return lp::backward_op(k); });
+  }
+};
+static_assert(lp::PipelineSchedule<deep_warmup_1f1b>);
+
+lm::transformer small_gpt() {
+  lm::transformer m = lm::gpt3_with_layers("small-gpt", 8);
+  m.hidden = 1024;
+  m.ffn = 4096;
+  m.heads = 16;
+  m.kv_heads = 16;
+  m.seq = 512;
+  m.vocab = 32768;
+  return m;
+}
+
+sw::problem small_problem(std::int64_t gpus = 16) {
+  sw::problem p;
+  p.model = small_gpt();
+  p.gpus = gpus;
+  p.global_batch = 64;
+  return p;
+}
+
+sw::space small_space() {
+  sw::space s;
+  s.tp = {1, 2, 4, 8};
+  s.pp = {1, 2, 4, 8};
+  s.vp = {1, 2};
+  s.micro_batch = {1, 2, 3};
+  s.schedules = {ls::policy_of<lp::one_f_one_b>(), ls::policy_of<lp::interleaved_one_f_one_b>(),
+                 ls::policy_of<lp::zero_bubble_h1>()};
+  s.recompute = {lm::recompute_kind::none, lm::recompute_kind::full};
+  s.sp = {false, true};
+  return s;
+}
+
+// Field by field (the struct's padding is not part of a result).
+void require_same(const sw::result& a, const sw::result& b) {
+  REQUIRE(a.config == b.config);
+  REQUIRE(a.reason == b.reason);
+  REQUIRE(std::string(a.why()) == std::string(b.why()));
+  REQUIRE(a.micro_batches == b.micro_batches);
+  REQUIRE(a.memory_bytes == b.memory_bytes);
+  REQUIRE(a.memory_stage == b.memory_stage);
+  REQUIRE(a.predicted == b.predicted);
+  REQUIRE(a.m.iteration_ns == b.m.iteration_ns);
+  REQUIRE(a.m.mfu == b.m.mfu);
+  REQUIRE(a.m.bubble_fraction == b.m.bubble_fraction);
+  REQUIRE(a.m.breakdown.exposed_compute == b.m.breakdown.exposed_compute);
+  REQUIRE(a.m.breakdown.exposed_comm == b.m.breakdown.exposed_comm);
+  REQUIRE(a.m.breakdown.other == b.m.breakdown.other);
+  REQUIRE(a.m.tasks == b.m.tasks);
+}
+
+template <class Evaluator>
+void require_matches_predict(const Evaluator& ev, const sw::result& r, const ls::predict_options& opt,
+                             const auto& compute, const auto& comm) {
+  REQUIRE(r.ok());
+  REQUIRE(r.predicted);
+  const ls::prediction p = ls::predict(ev.job_of(r.config), opt, compute, comm);
+  CHECK(r.m.iteration_ns == p.iteration_ns);
+  CHECK(r.m.mfu == p.mfu);
+  CHECK(r.m.hfu == p.hfu);
+  CHECK(r.m.tokens_per_s == p.tokens_per_s);
+  CHECK(r.m.bubble_fraction == p.bubble_fraction);
+  CHECK(r.m.pipeline_ns == p.pipeline_ns);
+  CHECK(r.memory_bytes == p.memory.total());
+  CHECK(r.memory_stage == p.memory_stage);
+  CHECK(r.in_flight_microbatches == p.in_flight_microbatches);
+  CHECK(r.m.breakdown_window_ns == p.breakdown_window_ns);
+  CHECK(r.m.breakdown.exposed_compute == p.breakdown.exposed_compute);
+  CHECK(r.m.breakdown.overlapped == p.breakdown.overlapped);
+  CHECK(r.m.breakdown.exposed_comm == p.breakdown.exposed_comm);
+  CHECK(r.m.breakdown.other == p.breakdown.other);
+  CHECK(static_cast<std::size_t>(r.m.tasks) == p.tasks);
+}
+
+}  // namespace
+
+TEST_CASE("evaluate gives synth::predict's figures, with the kernel-level model and the roofline", "[sweep]") {
+  const lm::cost_profile profile = lm::profile_preset("h100-sxm");
+  const sw::problem p = small_problem();
+  const auto kernel = sw::make_evaluator(p, profile);
+  const sw::evaluator<lm::roofline, lm::ring_alpha_beta> roofline(p);
+  sw::workspace w;  // one workspace through configurations of different sizes
+  for (const sw::configuration& c : sw::enumerate(small_space(), p.gpus)) {
+    const sw::result r = kernel.evaluate(c, w);
+    if (!r.ok() || (c.micro_batch == 3) || c.recompute == lm::recompute_kind::full) continue;
+    require_matches_predict(kernel, r, kernel.fixed().options, kernel.compute_model(), kernel.comm_model());
+    const sw::result q = roofline.evaluate(c, w);
+    require_matches_predict(roofline, q, roofline.fixed().options, roofline.compute_model(), roofline.comm_model());
+  }
+}
+
+TEST_CASE("compile_into equals graph::compile, reusing its buffers across graphs", "[sweep]") {
+  const sw::evaluator<lm::roofline, lm::ring_alpha_beta> ev(small_problem());
+  sw::detail::compile_scratch scratch;
+  lumos::graph::compiled_graph c;
+  for (const auto& [tp, pp, vp] : {std::array{2, 4, 2}, std::array{1, 1, 1}, std::array{2, 8, 1}, std::array{4, 2, 1}}) {
+    sw::configuration cfg;
+    cfg.tp = tp;
+    cfg.pp = pp;
+    cfg.dp = 16 / (tp * pp);
+    cfg.vp = vp;
+    if (vp > 1) cfg.schedule = ls::policy_of<lp::interleaved_one_f_one_b>();
+    const ls::program prog = ls::build_program(ev.job_of(cfg), ev.fixed().options.program);
+    const lumos::graph::compiled_graph want = lumos::graph::compile(prog.graph);
+    sw::detail::compile_into(prog.graph, c, scratch);
+    REQUIRE(c.processor_count == want.processor_count);
+    REQUIRE(c.size() == want.size());
+    REQUIRE(std::equal(c.task.begin(), c.task.end(), want.task.begin(), want.task.end()));
+    REQUIRE(std::equal(c.position.begin(), c.position.end(), want.position.begin(), want.position.end()));
+    REQUIRE(std::equal(c.busy.begin(), c.busy.end(), want.busy.begin(), want.busy.end()));
+    REQUIRE(c.preds.size() == want.preds.size());
+    for (std::size_t i = 0; i < c.preds.size(); ++i) {
+      REQUIRE(c.preds[i].time == want.preds[i].time);
+      REQUIRE(c.preds[i].delay == want.preds[i].delay);
+    }
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      REQUIRE(c.tasks[i].gap == want.tasks[i].gap);
+      REQUIRE(c.tasks[i].duration == want.tasks[i].duration);
+      REQUIRE(c.tasks[i].processor_and_finishes == want.tasks[i].processor_and_finishes);
+      REQUIRE(c.tasks[i].pred_end == want.tasks[i].pred_end);
+    }
+  }
+}
+
+TEST_CASE("the in-place breakdown equals report::compute_breakdown", "[sweep]") {
+  using lumos::report::interval;
+  std::vector<interval> compute = {{5, 9}, {0, 3}, {2, 4}, {20, 30}, {8, 8}, {-5, 1}};
+  std::vector<interval> comm = {{3, 6}, {25, 40}, {10, 12}, {11, 15}};
+  const interval window{0, 35};
+  const auto want = lumos::report::compute_breakdown(compute, comm, window);
+  const auto got = sw::detail::breakdown_in_place(compute, comm, window);
+  CHECK(got.exposed_compute == want.exposed_compute);
+  CHECK(got.overlapped == want.overlapped);
+  CHECK(got.exposed_comm == want.exposed_comm);
+  CHECK(got.other == want.other);
+}
+
+TEST_CASE("validate rejects exactly what the program builder refuses, with a reason", "[sweep]") {
+  const sw::evaluator<lm::roofline, lm::ring_alpha_beta> ev(small_problem(0));  // any GPU count
+  sw::space s = small_space();
+  s.dp = {1, 2, 3};
+  s.tp = {1, 2, 3, 4, 32};  // 3 does not divide the heads, 32 neither
+  s.pp = {1, 2, 3, 8};      // 3 does not divide the layers
+  s.micro_batch = {1, 2, 3, 5};
+  std::size_t rejected = 0;
+  for (const sw::configuration& c : sw::enumerate(s, 0)) {
+    const sw::result r = ev.validate(c);
+    bool throws = false;
+    try {
+      (void)ls::build_program(ev.job_of(c), ev.fixed().options.program);
+    } catch (const lumos::error&) {
+      throws = true;
+    }
+    INFO(std::string(r.why()));
+    if (r.reason == sw::rejection::memory || r.ok()) {
+      REQUIRE_FALSE(throws);
+    } else {
+      REQUIRE(throws);
+      REQUIRE_FALSE(r.why().empty());
+      ++rejected;
+    }
+  }
+  CHECK(rejected > 0);
+}
+
+TEST_CASE("the memory check uses the stated margin", "[sweep]") {
+  sw::problem p = small_problem();
+  sw::configuration c;
+  c.dp = 16;
+  p.memory_margin = 0;
+  const sw::result fits = sw::evaluator<lm::roofline, lm::ring_alpha_beta>(p).validate(c);
+  REQUIRE(fits.ok());
+  // A margin that leaves just less than this configuration needs.
+  p.memory_margin = 1.0 - 0.999 * fits.memory_bytes / static_cast<double>(p.hardware.gpu.hbm_capacity);
+  const sw::result r = sw::evaluator<lm::roofline, lm::ring_alpha_beta>(p).evaluate(c);
+  CHECK(r.reason == sw::rejection::memory);
+  CHECK_FALSE(r.predicted);
+  CHECK(r.memory_bytes == fits.memory_bytes);
+}
+
+TEST_CASE("evaluations from several threads, one workspace each, equal the sequential ones", "[sweep][threads]") {
+  const auto ev = sw::make_evaluator(small_problem(), lm::profile_preset("h100-sxm"));
+  const std::vector<sw::configuration> configs = sw::enumerate(small_space(), 16);
+  REQUIRE(configs.size() > 100);
+  std::vector<sw::result> sequential;
+  {
+    sw::workspace w;
+    for (const auto& c : configs) sequential.push_back(ev.evaluate(c, w));
+  }
+  REQUIRE(std::count_if(sequential.begin(), sequential.end(), [](const sw::result& r) { return r.ok(); }) > 20);
+  // Every thread walks the whole list from a different offset: all share the evaluator.
+  constexpr int threads = 3;
+  std::vector<std::vector<sw::result>> by_thread(threads, std::vector<sw::result>(configs.size()));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      sw::workspace w;
+      for (std::size_t k = 0; k < configs.size(); ++k) {
+        const std::size_t i = (k + static_cast<std::size_t>(t) * configs.size() / threads) % configs.size();
+        by_thread[static_cast<std::size_t>(t)][i] = ev.evaluate(configs[i], w);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (const auto& results : by_thread) {
+    for (std::size_t i = 0; i < configs.size(); ++i) require_same(results[i], sequential[i]);
+  }
+  // sweep::run: the same results and order for 1 and 4 threads, and split over 3 "ranks".
+  const auto one = sw::run(ev, configs, {.threads = 1});
+  const auto four = sw::run(ev, configs, {.threads = 4});
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    require_same(one[i], sequential[i]);
+    require_same(four[i], sequential[i]);
+  }
+  std::vector<sw::result> merged(configs.size());
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto part = sw::run(ev, configs, {.threads = 2, .rank = rank, .ranks = 3, .block = 7});
+    const auto idx = sw::owned_indices(configs.size(), rank, 3, 7);
+    REQUIRE(part.size() == idx.size());
+    for (std::size_t k = 0; k < idx.size(); ++k) merged[idx[k]] = part[k];
+  }
+  for (std::size_t i = 0; i < configs.size(); ++i) require_same(merged[i], sequential[i]);
+  CHECK(sw::top(four, 5) == sw::top(sequential, 5));
+}
+
+TEST_CASE("a user-defined PipelineSchedule builds, predicts and sweeps", "[sweep][schedule]") {
+  constexpr auto policy = ls::policy_of<deep_warmup_1f1b>();
+  static_assert(policy.name == "deep-warmup-1f1b");
+  ls::job j;
+  j.model = small_gpt();
+  j.hardware = lm::h100_sxm();
+  j.parallel.pp = 4;
+  j.parallel.dp = 2;
+  j.parallel.global_batch = 16;
+  j.policy = policy;
+  const ls::program prog = ls::build_program(j);
+  REQUIRE(prog.orders == lp::all_stage_ops<deep_warmup_1f1b>(prog.shape));
+  REQUIRE(prog.orders != lp::all_stage_ops<lp::one_f_one_b>(prog.shape));
+  const ls::prediction custom = ls::predict(j);
+  j.policy.reset();
+  const ls::prediction standard = ls::predict(j);
+  REQUIRE(custom.iteration_ns > 0);
+  // Stage 0 holds its 2(p-1) = 6 warm-up forwards plus one at its peak, 1F1B p = 4.
+  CHECK(custom.stages[0].in_flight_microbatches == 7);
+  CHECK(standard.stages[0].in_flight_microbatches == 4);
+  CHECK(custom.memory.total() > standard.memory.total());
+
+  // In a sweep: beside the shipped schedules, evaluated like them.
+  const sw::evaluator<lm::roofline, lm::ring_alpha_beta> ev(small_problem(8));
+  sw::space s;
+  s.tp = {1, 2};
+  s.pp = {2, 4};
+  s.schedules = {ls::policy_of<lp::one_f_one_b>(), policy};
+  const auto results = sw::run(ev, sw::enumerate(s, 8), {.threads = 2});
+  std::size_t custom_ok = 0;
+  for (const sw::result& r : results) {
+    if (r.config.schedule == policy && r.ok()) {
+      ++custom_ok;
+      j = ev.job_of(r.config);
+      REQUIRE(j.policy == policy);
+      CHECK(ls::predict(j, ev.fixed().options).iteration_ns == r.m.iteration_ns);
+    }
+  }
+  CHECK(custom_ok == 4);
+  // Chunks are refused by its own flag, not by its kind.
+  sw::configuration c;
+  c.pp = 2;
+  c.dp = 4;
+  c.vp = 2;
+  c.schedule = policy;
+  CHECK(ev.validate(c).reason == sw::rejection::schedule);
+}

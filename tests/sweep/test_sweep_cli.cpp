@@ -1,0 +1,76 @@
+// `lumos sweep`: output identical for any thread count (stdout and CSV), JSON counts, errors.
+#ifdef LUMOS_CLI_PATH
+
+#include "../unit/test_support.hpp"
+
+#include <catch2/catch.hpp>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <string>
+
+namespace {
+
+using result = lumos_test::cli_result;
+
+// A small space: llama3-8b on 16 GPUs (every reason but gpu-count shows up).
+const std::string space =
+    "sweep --model llama3-8b --gpus 16 --global-batch 64 --tp 1,2,4,8,16 --pp 1,2,4,8 --vp 1,2 --micro-batch 1,2,3 "
+    "--schedule 1f1b,interleaved --recompute none,full --sp off,on";
+
+}  // namespace
+
+TEST_CASE("lumos sweep: the same stdout and CSV for 1 and 3 threads", "[sweep][cli]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "one.csv";
+  const auto b = dir.path() / "three.csv";
+  const result one = lumos_test::run_cli(space + " --threads 1 --csv " + a.string());
+  const result three = lumos_test::run_cli(space + " --threads 3 --csv " + b.string());
+  INFO(one.err);
+  REQUIRE(one.code == 0);
+  REQUIRE(three.code == 0);
+  CHECK(one.out == three.out);
+  const std::string csv = lumos_test::read_file(a);
+  CHECK(csv == lumos_test::read_file(b));
+  CHECK(one.out.find("top 10 by iteration time") != std::string::npos);
+  CHECK(one.out.find("rejected by reason:") != std::string::npos);
+  // One CSV row per configuration plus the header; the count the text reports.
+  const auto rows = static_cast<std::size_t>(std::count(csv.begin(), csv.end(), '\n'));
+  CHECK(one.out.find(std::to_string(rows - 1) + " configurations") != std::string::npos);
+}
+
+TEST_CASE("lumos sweep --json: every configuration, counts per reason that add up", "[sweep][cli]") {
+  const result r = lumos_test::run_cli(space + " --json --top 3");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  const simdjson::dom::element doc = parser.parse(r.out);
+  const std::int64_t total = doc["configurations"].get_int64().value();
+  std::int64_t sum = doc["accepted"].get_int64().value();
+  for (const auto [key, value] : doc["rejected"].get_object()) sum += value.get_int64().value();
+  CHECK(sum == total);
+  CHECK(static_cast<std::int64_t>(doc["results"].get_array().size()) == total);
+  CHECK(doc["top"].get_array().size() == 3);
+  CHECK(doc["rejected"]["tp-divisibility"].get_int64().value() > 0);  // tp 16 > 8 KV heads
+  // The best configuration is the fastest accepted one.
+  const std::int64_t best = doc["top"].at(0).get_int64().value();
+  const std::int64_t best_ns = doc["results"].at(static_cast<std::size_t>(best))["iteration_ns"].get_int64().value();
+  for (const auto item : doc["results"].get_array()) {
+    if (std::string_view(item["status"].get_string()) == "ok") CHECK(item["iteration_ns"].get_int64().value() >= best_ns);
+  }
+}
+
+TEST_CASE("lumos sweep: bad flags are one-line errors with exit code 2", "[sweep][cli]") {
+  for (const char* args : {"sweep", "sweep --gpus 0", "sweep --gpus 8 --tp 1,,2", "sweep --gpus 8 --tp x",
+                           "sweep --gpus 8 --recompute some", "sweep --gpus 8 --sp maybe", "sweep --gpus 8 --threads 0",
+                           "sweep --gpus 8 --schedule fast", "sweep --gpus 8 --memory-margin 1.5",
+                           "sweep --gpus 8 --tp 3 --pp 1", "sweep --gpus 8 --bogus"}) {
+    const result r = lumos_test::run_cli(args);
+    INFO(args << "\n" << r.err);
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err.rfind("lumos", 0) == 0);
+  }
+}
+
+#endif  // LUMOS_CLI_PATH
