@@ -9,6 +9,13 @@
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/profile.hpp>
+#include <lumos/trace/job.hpp>
+#include <lumos/synth/program.hpp>
+#include <lumos/sim/replay.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/report/html.hpp>
+#include <lumos/report/trace_writer.hpp>
+#include <lumos/graph/compile.hpp>
 #include <lumos/model/transformer.hpp>
 #include <lumos/synth/predict.hpp>
 #include <lumos/synth/schedules.hpp>
@@ -23,6 +30,8 @@
 #include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 namespace lumos::cli {
 
 inline constexpr std::string_view predict_usage =
@@ -32,6 +41,7 @@ inline constexpr std::string_view predict_usage =
     "                     [--recompute {none,selective,full}] [--gpu PRESET]\n"
     "                     [--precision {bf16,fp16,fp8}] [--profile FILE] [--attention {flash,unfused}]\n"
     "                     [--cost-model {kernel,roofline}] [--forward-only] [--json] [--unfold]\n"
+    "                     [--report FILE]\n"
     "  Builds one training iteration from the model description and simulates it with the replay\n"
     "  engine; prints iteration time, throughput, TFLOP/s and MFU/HFU, pipeline bubble, the 4-way\n"
     "  breakdown of rank 0 and per-GPU memory.\n"
@@ -54,6 +64,8 @@ inline constexpr std::string_view predict_usage =
     "  --forward-only  forward passes only (no backward, gradient reduction or optimizer), e.g. to\n"
     "              compare with a forward-only profiling step\n"
     "  --unfold    simulate every rank (default: one rank per pipeline stage, identical ranks folded)\n"
+    "  --report    also write the HTML report of the modelled iteration (its traces, as `lumos synth`\n"
+    "              writes them, replayed)\n"
     "  Fixed: Megatron's distributed optimizer (ZeRO-1) with fp32 main gradients, gradient\n"
     "  reduction in buckets overlapped with the backward, FlashAttention.\n";
 
@@ -355,8 +367,70 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       r.unfolded ? " (every rank)" : " (one per stage; identical ranks folded)", r.tasks, r.edges, wall_ms);
 }
 
+/// What `write_synth` wrote.
+struct synth_output {
+  std::vector<std::filesystem::path> files;
+  std::vector<int> ranks;
+  std::size_t tasks = 0;
+  time_ns makespan = 0;
+};
+
+/// Builds the iteration of `req` one task per kernel, simulates it and writes it as Kineto traces
+/// into `dir` (what `lumos synth` does; `predict --report` reports on such traces).
+inline synth_output write_synth(const predict_request& req, const std::filesystem::path& dir, bool gzip) {
+  synth::program_options opt;
+  opt.unfold = req.unfold;
+  opt.detail = synth::granularity::kernel;
+  opt.record_collectives = true;
+  apply_profile(req, opt);
+  const synth::program prog = req.roofline ? synth::build_program(req.job, opt)
+                                           : synth::build_program(req.job, opt, model::kernel_level{req.profile},
+                                                                  model::nccl_model{req.profile});
+  const graph::compiled_graph compiled = graph::compile(prog.graph);
+  sim::replay_engine engine;
+  sim::record_timeline timeline;
+  const time_ns makespan = engine.run(compiled, timeline);
+
+  report::simulated_job sj;
+  sj.graph = &prog.graph;
+  sj.simulated = {&timeline.start, &timeline.finish, &compiled};
+  sj.world_size = static_cast<int>(prog.world_size);
+  sj.device_name = req.job.hardware.name;
+  std::vector<int> ranks;
+  for (const auto& r : prog.ranks) ranks.push_back(r.rank);
+  synth_output o;
+  o.files = report::write_kineto(sj, ranks, dir, gzip);
+  o.ranks = std::move(ranks);
+  o.tasks = prog.graph.task_count();
+  o.makespan = makespan;
+  return o;
+}
+
+/// `predict --report FILE`: the modelled iteration written as traces (as `lumos synth`) into a
+/// temporary directory, replayed, and reported as HTML; the directory is removed.
+inline void predict_report(const predict_request& req, const std::string& file) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("lumos-predict-report-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  struct cleanup {
+    fs::path d;
+    ~cleanup() {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } guard{dir};
+  (void)write_synth(req, dir, false);
+  const trace::job job = trace::load_job({dir});
+  const report::replay_session s = report::replay_job(job);
+  report::html_options ho;
+  ho.title = "lumos predict: " + req.job.model.name;
+  ho.inputs = {"lumos predict (modelled, one trace per pipeline stage)"};
+  report::detail::write_file(file, report::html_report(job, s, ho));
+}
+
 inline int run_predict(args& a) {
   const bool json = a.flag("--json");
+  const auto html = a.option("--report");
   predict_request req = parse_predict(a);
   if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
   synth::predict_options opt;
@@ -369,6 +443,10 @@ inline int run_predict(args& a) {
     predict_json(req.job, r, wall_ms, out, req.roofline ? std::string("roofline") : req.profile.name);
   } else {
     predict_text(req.job, r, wall_ms, out);
+  }
+  if (html) {
+    predict_report(req, *html);
+    if (!json) out += "wrote " + *html + "\n";
   }
   write_stdout(out);
   return 0;

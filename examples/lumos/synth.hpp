@@ -30,33 +30,15 @@ inline int run_synth(args& a) {
   predict_request req = parse_predict(a);
   if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
   if (!out_dir) throw usage_error("synth needs --out DIR");
-
-  synth::program_options opt;
-  opt.unfold = req.unfold;
-  opt.detail = synth::granularity::kernel;
-  opt.record_collectives = true;
-  apply_profile(req, opt);
-  const synth::program prog = req.roofline ? synth::build_program(req.job, opt)
-                                           : synth::build_program(req.job, opt, model::kernel_level{req.profile},
-                                                                  model::nccl_model{req.profile});
-  const graph::compiled_graph compiled = graph::compile(prog.graph);
-  sim::replay_engine engine;
-  sim::record_timeline timeline;
-  const time_ns makespan = engine.run(compiled, timeline);
-
-  report::simulated_job sj;
-  sj.graph = &prog.graph;
-  sj.simulated = {&timeline.start, &timeline.finish, &compiled};
-  sj.world_size = static_cast<int>(prog.world_size);
-  sj.device_name = req.job.hardware.name;
-  std::vector<int> ranks;
-  for (const auto& r : prog.ranks) ranks.push_back(r.rank);
-  const auto files = report::write_kineto(sj, ranks, *out_dir, gzip);
+  const synth_output so = write_synth(req, *out_dir, gzip);
+  const auto& files = so.files;
+  const auto& ranks = so.ranks;
+  const time_ns makespan = so.makespan;
 
   std::string out;
   if (json) {
     json_writer w(out);
-    w.begin_object().field("iteration_ns", makespan).field("ranks", ranks.size()).field("tasks", prog.graph.task_count());
+    w.begin_object().field("iteration_ns", makespan).field("ranks", ranks.size()).field("tasks", so.tasks);
     w.key("files").begin_array();
     for (const auto& f : files) w.value(f.string());
     w.end_array().end_object();
@@ -65,7 +47,7 @@ inline int run_synth(args& a) {
     char line[256];
     std::snprintf(line, sizeof line, "lumos synth: %zu rank%s (%s), %zu tasks, simulated iteration %.3f ms\n", ranks.size(),
                   ranks.size() == 1 ? "" : "s", req.unfold ? "every rank" : "one per pipeline stage, identical ranks folded",
-                  prog.graph.task_count(), static_cast<double>(makespan) / 1e6);
+                  so.tasks, static_cast<double>(makespan) / 1e6);
     out += line;
     for (const auto& f : files) out += "wrote " + f.string() + "\n";
   }

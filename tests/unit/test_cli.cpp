@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <simdjson.h>
 
 
@@ -275,6 +277,28 @@ TEST_CASE("a kernel that starts before its launch is a causality violation: a wa
   CHECK(std::count(strict.err.begin(), strict.err.end(), '\n') == 1);
   // The real traces of the examples have none.
   CHECK(run("replay --strict " + std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job").code == 0);
+}
+
+TEST_CASE("--report writes the HTML report from replay, whatif and predict", "[cli][report]") {
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  lumos_test::temp_dir dir;
+  auto html_of = [](const std::filesystem::path& f) {
+    std::ifstream in(f);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto r = dir.path() / "replay.html";
+  REQUIRE(run("replay " + example + " --report " + r.string()).code == 0);
+  CHECK(html_of(r).find("<svg") != std::string::npos);
+  const auto w = dir.path() / "whatif.html";
+  REQUIRE(run("whatif " + example + " --gpu a100-sxm-80gb --report " + w.string()).code == 0);
+  const std::string wh = html_of(w);
+  CHECK(wh.find("what-if vs baseline") != std::string::npos);
+  CHECK(wh.find("replay error") == std::string::npos);
+  const auto p = dir.path() / "predict.html";
+  REQUIRE(run("predict --model gpt3-15b --tp 2 --pp 2 --global-batch 8 --report " + p.string()).code == 0);
+  const std::string ph = html_of(p);
+  CHECK(ph.find("lumos predict: gpt3-15b") != std::string::npos);
+  CHECK(ph.find("Pipeline schedule") != std::string::npos);
 }
 
 TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
