@@ -983,7 +983,10 @@ struct rank_work {
     pg.roles.push_back({group_role::pp, "send/recv between neighbouring stages", ""});
     out.groups.push_back(std::move(pg));
   }
-  for (auto& [key, acc] : groups) {
+  for (auto& key_acc : groups) {
+    // Plain references: clang 14 cannot capture structured bindings in lambdas.
+    const auto& key = key_acc.first;
+    auto& acc = key_acc.second;
     auto& pg = acc.g;
     if (!pg.size.known() && key != "unmatched") {
       pg.size.value = static_cast<int>(pg.ranks.size());
