@@ -97,7 +97,7 @@ TEST_CASE("a cycle is an error naming the tasks on it", "[graph]") {
   }
 }
 
-TEST_CASE("the compiled order is topological and deterministic; memory per task is bounded", "[graph]") {
+TEST_CASE("the compiled order is topological and deterministic, and memory per task is bounded", "[graph]") {
   task_graph g;
   std::vector<processor_id> procs;
   for (int p = 0; p < 4; ++p) procs.push_back(g.add_processor({processor_kind::gpu_stream, 0, 0, p, "s"}));

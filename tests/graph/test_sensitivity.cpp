@@ -222,7 +222,7 @@ TEST_CASE("cross-stream pairing: exact from cuda_sync rows, found from timing wi
   CHECK(predict(inferred, compute2, blind) == 214.0);
 }
 
-TEST_CASE("clock skew: the joins of collectives imply each rank's offset; --align-clocks applies it", "[sensitivity][clocks]") {
+TEST_CASE("clock skew: the joins of collectives imply each rank's offset, which --align-clocks applies", "[sensitivity][clocks]") {
   // The all-reduce job above with rank 1's clock 100 µs ahead: its kernel "starts" at 263, after
   // rank 0's ended (213). The smallest shift that makes the join causal is −50 µs on rank 1.
   auto job = trace::load_job({lumos_test::data_dir() / "sensitivity" / "allreduce_2ranks"});

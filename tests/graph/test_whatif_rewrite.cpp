@@ -103,7 +103,7 @@ TEST_CASE("GPU change: compute-bound by the peak ratio, memory-bound by bandwidt
   CHECK(up.memory == Approx(a100.gpu.hbm_bandwidth / h100.gpu.hbm_bandwidth));
 }
 
-TEST_CASE("whatif to the traces' own GPU reproduces their replay; a faster GPU never slows the job", "[whatif][gpu]") {
+TEST_CASE("whatif to the traces' own GPU reproduces their replay, and a faster GPU never slows the job", "[whatif][gpu]") {
   const auto job = trace::load_job({std::filesystem::path(LUMOS_SOURCE_DIR) / "examples/data/tiny_job"});
   whatif::whatif_options same;
   same.gpu = "h100-sxm";  // the example job's deviceProperties name an H100

@@ -235,7 +235,7 @@ TEST_CASE("replay --scale op:TEXT=F: 1 is the identity, 0 removes the named kern
   CHECK(run("replay " + example + " --scale 'op:gemm=0'").out.find("selective what-if 'gemm'=0") != std::string::npos);
 }
 
-TEST_CASE("whatif --json: baseline, prediction and changes; --trace-out replays to the prediction", "[cli][whatif]") {
+TEST_CASE("whatif --json: baseline, prediction and changes, and --trace-out replays to the prediction", "[cli][whatif]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
   lumos_test::temp_dir dir;
   const auto out = dir.path() / "on-a100";
@@ -279,7 +279,7 @@ TEST_CASE("a kernel that starts before its launch is a causality violation: a wa
   CHECK(run("replay --strict " + std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job").code == 0);
 }
 
-TEST_CASE("--report writes the HTML report from replay, whatif and predict", "[cli][report]") {
+TEST_CASE("replay, whatif and predict write the HTML report with --report", "[cli][report]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
   lumos_test::temp_dir dir;
   auto html_of = [](const std::filesystem::path& f) {

@@ -259,7 +259,7 @@ TEST_CASE("the result does not depend on the window size, the format or the thre
   CHECK(fingerprint(read_trace_bytes(minified, "min", {4096})) == fingerprint(reference));
 }
 
-TEST_CASE("a job is a directory or a list of files; ranks come from distributedInfo, name or order", "[reader][job]") {
+TEST_CASE("a job is a directory or a list of files, and ranks come from distributedInfo, name or order", "[reader][job]") {
   lumos_test::temp_dir dir;
   const std::string no_info = R"({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]})";
   const std::string with_info = R"({"distributedInfo": {"rank": 5}, "traceEvents": []})";
