@@ -116,11 +116,19 @@ class basic_replay {
       const std::uint32_t p = r.processor();
       const std::uint32_t e = r.pred_end;
       time_ns s = processors_.available(p) + r.gap;
-      // Start edges come first in a task's range, finish edges (syncs) last.
-      const std::uint32_t f = e - r.finishes();
-      for (std::uint32_t j = b; j < f; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
-      time_ns t = s + r.duration;
-      for (std::uint32_t j = f; j < e; ++j) t = std::max(t, times[preds[j].time] + preds[j].delay);
+      time_ns t;
+      // Two copies of the start-edge loop: one loop with an empty finish range measured 0.54-0.66x
+      // of the reference loop on the shared traces against 0.76-0.84x for this form
+      // (bash scripts/bench.sh replay).
+      if (r.finishes() == 0) {  // the common case: start edges only
+        for (std::uint32_t j = b; j < e; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
+        t = s + r.duration;
+      } else {
+        const std::uint32_t f = e - r.finishes();
+        for (std::uint32_t j = b; j < f; ++j) s = std::max(s, times[preds[j].time] + preds[j].delay);
+        t = s + r.duration;
+        for (std::uint32_t j = f; j < e; ++j) t = std::max(t, times[preds[j].time] + preds[j].delay);
+      }
       times[2 * i] = s;
       times[2 * i + 1] = t;
       processors_.occupy(p, t);
