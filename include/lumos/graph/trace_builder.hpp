@@ -9,7 +9,7 @@
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/trace/comm.hpp>
 #include <lumos/trace/event.hpp>
-#include <lumos/trace/job.hpp>
+#include <lumos/trace/data.hpp>
 #include <lumos/trace/summary.hpp>
 
 #include <algorithm>
