@@ -216,7 +216,7 @@ void trace_graph_builder<Comm>::finish_collectives() {
     for (const participant& m : plan.members) {
       transfer = std::min(transfer, scale_time(job_.ranks[m.rank_index].events[m.op].dur, ranks_[m.rank_index].gpu_factor[m.op]));
     }
-    const task_id join = g.add_task(barrier, task_kind::join, 0, 0, 0, plan.info.kind, -1, ~0U);
+    const task_id join = g.add_task({.kind = task_kind::join, .processor = barrier, .name = plan.info.kind, .rank = -1});
     plan.info.join = join;
     for (const participant& m : plan.members) {
       const task_id a = ranks_[m.rank_index].arrive_of_event[m.op];

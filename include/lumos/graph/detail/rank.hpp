@@ -42,21 +42,26 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
       const time_ns b = start_of(r, o), en = end_of(r, o);
       const time_ns dur = scale_time(e.dur, s.gpu_factor[o]);
       if (s.instance[o] >= 0) {
-        s.arrive_of_event[o] = g.add_task(p, task_kind::comm_arrive, 0, 0, 0, t.name(e), rank, o, b, b);
-        s.task_of_event[o] = g.add_task(p, task_kind::comm_complete, dur, 0, 0, t.name(e), rank, o, b, en);
+        s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name = t.name(e), .rank = rank, .source = o,
+                                          .observed_start = b, .observed_end = b});
+        s.task_of_event[o] = g.add_task({.kind = task_kind::comm_complete, .processor = p, .duration = dur, .name = t.name(e),
+                                        .rank = rank, .source = o, .observed_start = b, .observed_end = en});
       } else if (s.is_comm[o]) {
         // Partners absent: the op is its arrival, a peer wait kept as measured, then the
         // transfer (the only part `comm=F` scales).
         ++out_.stats.collectives_unmatched;
         const time_ns transfer = std::min(e.dur, s.transfer[o]);
-        s.arrive_of_event[o] = g.add_task(p, task_kind::comm_arrive, 0, 0, 0, t.name(e), rank, o, b, b);
-        s.task_of_event[o] = g.add_task(p, task_kind::gpu_comm, scale_time(transfer, s.gpu_factor[o]), 0, 0, t.name(e), rank,
-                                        o, en - transfer, en);
+        s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name = t.name(e), .rank = rank, .source = o,
+                                          .observed_start = b, .observed_end = b});
+        s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_comm, .processor = p, .duration = scale_time(transfer, s.gpu_factor[o]),
+                                        .name = t.name(e), .rank = rank, .source = o, .observed_start = en - transfer,
+                                        .observed_end = en});
         const time_ns wait = scale_time(e.dur - transfer, s.gpu_factor[o]);
         g.add_edge(s.arrive_of_event[o], s.task_of_event[o], wait, edge_kind::collective);
         if (wait > 0) out_.kept.push_back({s.task_of_event[o], overhead_kind::peer_wait, wait});
       } else {
-        s.task_of_event[o] = g.add_task(p, task_kind::gpu_compute, dur, 0, 0, t.name(e), rank, o, b, en);
+        s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_compute, .processor = p, .duration = dur, .name = t.name(e), .rank = rank,
+                                        .source = o, .observed_start = b, .observed_end = en});
       }
       ++out_.stats.gpu_tasks;
     }
@@ -72,7 +77,7 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
     if (removed_calls_.count(wait) != 0) continue;  // inside an op scaled to 0: no wait left
     const time_ns tail = g.duration[wait];
     for (const event_index o : ops) {
-      g.add_edge(s.task_of_event[o], wait, tail, edge_kind::sync, true);
+      g.add_edge(s.task_of_event[o], wait, tail, edge_kind::sync, edge_flags::finish);
       ++out_.stats.sync_edges;
     }
   }

@@ -122,7 +122,7 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
         const bool from_start = anchor == start_of(r, l) || launch_task != s.task_of_event[l];
         const time_ns latency = start - (from_start ? g.observed_start[launch_task] : g.observed_end[launch_task]);
         const time_ns delay = binding == launch ? latency : std::min(oh.launch_latency, latency);
-        g.add_edge(launch_task, first, delay, edge_kind::launch, false, from_start);
+        g.add_edge(launch_task, first, delay, edge_kind::launch, from_start ? edge_flags::from_start : edge_flags::none);
         if (binding == launch) keep(overhead_kind::launch_latency, latency);
         ++out_.stats.launch_edges;
         if (uses_of_launch[l]++ > 0 || s.ops_by_corr[t.events[o].correlation].size() > 1) ++out_.stats.graph_launch_ops;

@@ -54,7 +54,8 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
   time_ns owner_end = std::numeric_limits<time_ns>::min();
   auto add = [&](task_kind kind, time_ns duration, time_ns begin, time_ns end, std::string_view name, event_index source) {
     const auto [idle, b] = split_gap(previous_end, begin);
-    const task_id id = g.add_task(p, kind, duration, idle, b, name, t.rank, source, begin, end);
+    const task_id id = g.add_task({.kind = kind, .processor = p, .duration = duration, .idle_gap = idle, .busy_gap = b, .name = name,
+                                  .rank = t.rank, .source = source, .observed_start = begin, .observed_end = end});
     if (idle > 0) out_.kept.push_back({id, overhead_kind::cpu_idle, idle});
     cpu_tasks.push_back({id, slot, begin, end, b});
     ++out_.stats.cpu_tasks;
