@@ -14,6 +14,7 @@
 #include <lumos/trace/reader.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -78,6 +79,7 @@ inline void event(lumos::json_writer& w, std::string_view cat, std::string_view 
     int corr = 1;
     const unsigned actions = in.below(49);
     unsigned step = 0;
+    std::array<int, 6> seq{};  // per collective kind: the sequence ranks agree on
     std::int64_t step_start = now;
     for (unsigned a = 0; a < actions; ++a) {
       const unsigned what = in.below(12);
@@ -127,25 +129,40 @@ inline void event(lumos::json_writer& w, std::string_view cat, std::string_view 
         }
         case 5:
         case 6: {  // a collective: group size, sequence and group may disagree between ranks
+          // Jobs that declare their world mostly agree (size, group, sequence per kind), so that
+          // collectives match and the joins, clock offsets and eager p2p paths run; the bytes
+          // read are the same either way.
           const unsigned kind = in.below(6);
+          const int agreed_seq = seq[kind]++;
+          auto size_or_world = [&](unsigned v) { return declare_world ? static_cast<int>(ranks) : static_cast<int>(v); };
           detail::event(w, "cuda_runtime", "cudaLaunchKernelExC", 1, 1, now, 2);
           w.key("args").begin_object().field("correlation", c).field("External id", c).end_object().end_object();
           if (in.coin()) {
             detail::event(w, "cpu_op", "record_param_comms", 1, 1, now, 3);
             w.key("args").begin_object().field("External id", c).field("Collective name", collectives[kind]);
-            w.field("Group size", static_cast<int>(in.below(6))).field("Seq", static_cast<int>(in.below(4))).end_object().end_object();
+            const int group_size = size_or_world(in.below(6));
+            const unsigned s = in.below(4);
+            w.field("Group size", group_size).field("Seq", declare_world ? agreed_seq : static_cast<int>(s)).end_object().end_object();
           }
           detail::event(w, "kernel", kernels[kind % 4], 0, 20 + static_cast<int>(in.below(2)), now + 4, dur);
           w.key("args").begin_object().field("device", 0).field("stream", 20).field("correlation", c).field("External id", c);
           w.field("Collective name", collectives[kind]).field("In msg nelems", static_cast<int>(in.below(200)) * 1024);
-          w.field("Group size", static_cast<int>(in.below(6))).field("Process Group Name", in.coin() ? "0" : "1");
+          const int group_size = size_or_world(in.below(6));
+          const bool group_zero = in.coin();
+          w.field("Group size", group_size).field("Process Group Name", declare_world || group_zero ? "0" : "1");
           if (in.coin()) {
             std::string list = "[";
             const unsigned n = in.below(5);
-            for (unsigned k = 0; k < n; ++k) list += (k ? ", " : "") + std::to_string(in.below(6));
+            for (unsigned k = 0; k < n; ++k) {
+              const unsigned member = in.below(6);
+              list += (k ? ", " : "") + std::to_string(declare_world ? k % ranks : member);
+            }
             w.field("Process Group Ranks", list + "]");
           }
-          if (in.coin()) w.field("Seq", static_cast<int>(in.below(4)));
+          if (in.coin()) {
+            const unsigned s = in.below(4);
+            w.field("Seq", declare_world ? agreed_seq : static_cast<int>(s));
+          }
           w.end_object().end_object();
           break;
         }

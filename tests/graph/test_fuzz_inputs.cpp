@@ -46,3 +46,12 @@ TEST_CASE("a kernel that starts before its launch and is waited on makes a cycle
   const auto bytes = lumos_test::read_file(std::filesystem::path(LUMOS_SOURCE_DIR) / "tests/fuzz/seeds-graph/cycle-kernel-before-launch");
   CHECK_THROWS_WITH(lumos_fuzz::build_and_replay(bytes), Catch::Contains("the execution graph has a cycle") && Catch::Contains("gemm"));
 }
+
+TEST_CASE("ranks that agree on their collectives are joined, four allreduces on two ranks", "[graph][fuzz]") {
+  const auto bytes = lumos_test::read_file(std::filesystem::path(LUMOS_SOURCE_DIR) / "tests/fuzz/seeds-graph/two-ranks-matched-allreduce");
+  const auto s = lumos_fuzz::build_and_replay(bytes);
+  CHECK(s.built.stats.collectives_matched == 4);
+  CHECK(s.built.stats.collectives_unmatched == 0);
+  REQUIRE(s.built.graph.collectives.size() == 4);
+  for (const auto& c : s.built.graph.collectives) CHECK(c.arrive.size() == 2);
+}
