@@ -157,24 +157,40 @@ struct micro_batch_plan {
   }
   const int tp = st.parallel.tp.value.value_or(1);
   std::map<model::collective, comm_fit> fits;
+  bool unsized = false, others = false;
   for (auto& ci : g.collectives) {
     if (!dp_groups.count(ci.group)) continue;
     const auto kind = collective_of_kind(ci.kind);
-    if (!kind) continue;
-    if (!fits.count(*kind)) fits.emplace(*kind, fit_collective(g, *kind));
-    const comm_fit& f = fits.at(*kind);
+    // Gradient collectives only: an all-to-all or broadcast in the same group (embedding
+    // exchange, parameter broadcast) is not data-parallel traffic and keeps its measured time.
+    if (!kind || !(*kind == model::collective::all_reduce || *kind == model::collective::reduce_scatter ||
+                   *kind == model::collective::all_gather)) {
+      others = true;
+      continue;
+    }
     const auto n = static_cast<std::int64_t>(ci.group_ranks.empty() ? out.from : static_cast<int>(ci.group_ranks.size()));
     // A DP group of n replicas: scaled by the DP ratio (a world group that is also DP grows the same way).
     const std::int64_t n_new = std::max<std::int64_t>(1, n * dp / out.from);
-    const double bytes = static_cast<double>(ci.bytes);
-    if (bytes <= 0) continue;
-    // GPUs a group's ranks occupy: its members are TP·PP apart, so it leaves a node once
-    // n · tp exceeds the node (pipeline stages sit on other nodes in any case).
+    // GPUs a group's ranks occupy: its members are TP apart, so it leaves a node once n · tp
+    // exceeds the node.
     const bool crossed_before = n * tp > gpus_per_node, crossed_after = n_new * tp > gpus_per_node;
-    comm_fit after = f;
-    if (crossed_after && !crossed_before) after.busbw = f.busbw * inter_over_intra;
-    const double t_old = f.time_ns(*kind, bytes, n), t_new = after.time_ns(*kind, bytes, n_new);
-    const double ratio = t_old > 0 ? t_new / t_old : 1.0;
+    const double slower = crossed_after && !crossed_before ? inter_over_intra : 1.0;
+    double ratio = 1.0;
+    if (ci.bytes > 0) {
+      if (!fits.count(*kind)) fits.emplace(*kind, fit_collective(g, *kind));
+      const comm_fit& f = fits.at(*kind);
+      comm_fit after = f;
+      after.busbw = f.busbw * slower;
+      const double bytes = static_cast<double>(ci.bytes);
+      const double t_old = f.time_ns(*kind, bytes, n), t_new = after.time_ns(*kind, bytes, n_new);
+      ratio = t_old > 0 ? t_new / t_old : 1.0;
+    } else {
+      // No size recorded: no latency can be told from bandwidth, so the whole measured time is
+      // taken as bandwidth time (an upper bound on the change for small messages).
+      unsized = true;
+      const double b_old = model::bus_factor(*kind, n);
+      ratio = b_old > 0 ? model::bus_factor(*kind, n_new) / b_old / slower : 1.0;
+    }
     for (const graph::task_id t : ci.complete) {
       out.before += g.duration[t];
       g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * ratio));
@@ -182,6 +198,14 @@ struct micro_batch_plan {
     }
     ci.group_ranks.resize(static_cast<std::size_t>(n_new), ci.group_ranks.empty() ? 0 : ci.group_ranks.back());
     ++out.collectives;
+  }
+  if (unsized) {
+    out.changes.push_back("the trace records no message size for some gradient collectives: their measured time is scaled by the "
+                          "ring factor alone (bus_factor(n')/bus_factor(n)), as if it were all bandwidth time");
+  }
+  if (others) {
+    out.changes.push_back("collectives of the DP group that are not gradient reductions (all-to-all, broadcast) keep their measured "
+                          "time and group");
   }
   char line[640];
   for (const auto& [kind, f] : fits) {
