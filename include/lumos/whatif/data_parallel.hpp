@@ -11,6 +11,7 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/whatif/structure.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -196,7 +197,10 @@ struct micro_batch_plan {
       g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * ratio));
       out.after += g.duration[t];
     }
-    ci.group_ranks.resize(static_cast<std::size_t>(n_new), ci.group_ranks.empty() ? 0 : ci.group_ranks.back());
+    // Members beyond the traced ranks get numbers past the largest (they are not in the graph).
+    int next = ci.group_ranks.empty() ? 0 : *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
+    while (static_cast<std::int64_t>(ci.group_ranks.size()) < n_new) ci.group_ranks.push_back(next++);
+    if (static_cast<std::int64_t>(ci.group_ranks.size()) > n_new) ci.group_ranks.resize(static_cast<std::size_t>(n_new));
     ++out.collectives;
   }
   if (unsized) {
