@@ -383,7 +383,7 @@ struct span {
   const auto& par = st.parallel;
   if (!par.schedule.known() || !par.micro_batches.known()) {
     throw error("whatif --pp/--schedule: the traces' pipeline schedule is not known (" + par.schedule.source +
-                "); give it with --structure-schedule/--structure-vp or check `lumos inspect --structure`");
+                "); `lumos inspect --structure` shows what was found");
   }
   if (!st.model.layers.known()) throw error("whatif --pp/--schedule: the traces' layer count is not known (" + st.model.layers.source + ")");
   const int L = *st.model.layers.value;
