@@ -1,12 +1,13 @@
 #pragma once
 // The pipeline what-if (`lumos whatif --pp N --vp N --schedule NAME`): a PASS-LEVEL model. The
-// baseline replay gives, per pass of every rank, its replayed GPU span; structure discovery gives
+// baseline replay gives, per pass of every rank, its replayed host span (its launch calls) and GPU
+// span (its kernels); structure discovery gives
 // the passes' micro-batches and chunks and the layer task groups inside them. From these it
 // measures one layer's forward and backward cost, each kind of stage's non-layer work (embedding
 // on the first virtual stage, loss on the last), the gap between two passes of a stage, and the
 // latency of a cross-stage dependency (the trace's own send/recv, else the NCCL model by bytes).
-// The target pipeline is then one task per pass on one processor per stage, in the order the
-// schedule policy gives (pipeline/), with `pipeline::dependency_of` edges carrying that latency,
+// The target pipeline is then, per stage, a host thread and a stream with one task per pass each
+// (the GPU task starts a launch latency after its host task), in the order the schedule policy gives (pipeline/), with `pipeline::dependency_of` edges carrying that latency,
 // replayed by the engine. The prediction is the baseline replay plus the change of this model
 // between the traces' configuration and the target (so the identity is exact, and what the model
 // leaves out — head, optimizer, DP tail — is kept as replayed). It does not yet copy the layers'
@@ -27,7 +28,6 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
