@@ -1,6 +1,6 @@
 #pragma once
-// lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--step N] [--scale ...]... [--json]
-//              [--trace-out DIR]
+// lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]
+//              [--pp N] [--vp N] [--schedule NAME] [--step N] [--scale ...]... [--json] [--trace-out DIR]
 
 #include "cli.hpp"
 #include "replay.hpp"
@@ -8,6 +8,7 @@
 #include <lumos/core/json_writer.hpp>
 #include <lumos/report/html.hpp>
 #include <lumos/report/trace_files.hpp>
+#include <lumos/synth/schedules.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
@@ -28,6 +29,15 @@ inline constexpr std::string_view whatif_usage =
     "  --from-gpu PRESET   the traces' GPU, when their deviceProperties name none of the presets\n"
     "  --layers N          N transformer layers: each layer's launches and kernels (found by `lumos inspect\n"
     "                      --structure`) repeated or removed in place, with its collectives\n"
+    "  --dp N              N data-parallel replicas: the gradient collectives resized with a latency +\n"
+    "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
+    "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica\n"
+    "  --global-batch N    global batch in micro-batches (default: kept when it divides over --dp, else\n"
+    "                      the per-replica batch is kept); with PP, the micro-batches per replica change\n"
+    "  --pp N, --vp N      pipeline stages and model chunks per stage (layers must divide over them)\n"
+    "  --schedule NAME     gpipe, 1f1b, interleaved or zb-h1: a pass-level model of the new pipeline (each\n"
+    "                      pass one task per stage, its replayed layer costs, the trace's own p2p latency)\n"
+    "                      added as a difference to the replay; prints the stages and the bubble\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
     "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...]}\n"
     "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
@@ -46,6 +56,39 @@ inline void session_json(json_writer& w, const report::replay_session& s) {
   w.end_array().end_object();
 }
 
+inline void pipeline_json(json_writer& w, const whatif::pipeline_prediction& p) {
+  auto sim = [&](const whatif::pipeline_simulation& s) {
+    w.begin_object().field("schedule", std::string(pipeline::schedule_name(s.kind))).field("stages", s.shape.stages);
+    w.field("micro_batches", s.shape.micro_batches).field("chunks", s.shape.chunks).field("layers_per_chunk", s.layers_per_chunk);
+    w.field("makespan_ns", s.makespan).field("bubble_fraction", s.bubble_fraction).field("p2p_transfers", s.p2p_transfers);
+    w.key("stage_busy_ns").begin_array();
+    for (const auto& st : s.stages) w.value(st.busy);
+    w.end_array().end_object();
+  };
+  w.key("pipeline").begin_object().field("model", "pass-level").field("iteration_ns", p.iteration_ns);
+  w.field("bubble_fraction", p.predicted.bubble_fraction);
+  w.key("baseline");
+  sim(p.baseline);
+  w.key("predicted");
+  sim(p.predicted);
+  w.end_object();
+}
+
+inline std::string pipeline_text(const whatif::pipeline_prediction& p) {
+  char line[256];
+  std::string out;
+  std::snprintf(line, sizeof line, "\npipeline (pass-level model): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
+                std::string(pipeline::schedule_title(p.predicted.kind)).c_str(), p.predicted.shape.stages, p.predicted.shape.micro_batches,
+                p.predicted.shape.chunks, ms(p.iteration_ns).c_str(), 100 * p.predicted.bubble_fraction);
+  out += line;
+  for (const auto& s : p.predicted.stages) {
+    std::snprintf(line, sizeof line, "  stage %3d  busy %12s  last pass ends %12s after the first starts\n", s.stage, ms(s.busy).c_str(), ms(s.end).c_str());
+    out += line;
+  }
+  out += "  (the per-rank rows above are the replay the prediction is anchored on)\n";
+  return out;
+}
+
 inline int run_whatif(args& a) {
   whatif::whatif_options o;
   if (const auto step = a.option("--step")) o.replay.step = parse_number<int>(*step, "--step");
@@ -56,6 +99,25 @@ inline int run_whatif(args& a) {
   if (const auto layers = a.option("--layers")) {
     o.layers = parse_number<int>(*layers, "--layers");
     if (*o.layers <= 0) throw usage_error("--layers must be a positive number of layers (got " + *layers + ")");
+  }
+  auto positive = [&](const char* flag) -> std::optional<int> {
+    const auto v = a.option(flag);
+    if (!v) return std::nullopt;
+    const int n = parse_number<int>(*v, flag);
+    if (n <= 0) throw usage_error(std::string(flag) + " must be a positive number (got " + *v + ")");
+    return n;
+  };
+  o.dp = positive("--dp");
+  o.pp = positive("--pp");
+  o.vp = positive("--vp");
+  if (const auto gb = positive("--global-batch")) o.global_batch = *gb;
+  if (o.global_batch && !o.dp) throw usage_error("--global-batch needs --dp");
+  if (const auto sched = a.option("--schedule")) {
+    try {
+      o.schedule = synth::parse_schedule_name(*sched);
+    } catch (const error& e) {
+      throw usage_error(e.what());
+    }
   }
   if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
   for (const auto* preset : {&o.gpu, &o.from_gpu}) {
@@ -72,12 +134,18 @@ inline int run_whatif(args& a) {
   const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
-  if (o.gpu.empty() && !o.layers && o.groups.empty() && scaled.ops.empty() && scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 &&
+  if (trace_out && (o.pp || o.vp || o.schedule)) {
+    throw usage_error("--trace-out: a pipeline change is predicted by a pass-level model, which writes no traces yet");
+  }
+  if (o.gpu.empty() && !o.layers && !o.dp && !o.pp && !o.vp && !o.schedule && o.groups.empty() && scaled.ops.empty() && scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 &&
       scaled.scales.cpu == 1.0) {
-    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, or --scale");
+    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, or --scale");
   }
   const trace::job job = trace::load_job(paths(inputs));
   const whatif::whatif_result r = whatif::run_whatif(job, o);
+  if (trace_out && r.pipeline) {
+    throw usage_error("--trace-out: the micro-batches per replica changed, which a pass-level model predicts; it writes no traces yet");
+  }
   std::vector<std::filesystem::path> written;
   if (trace_out) written = report::write_kineto(report::simulated_from(r.predicted, job), report::rank_numbers(job), *trace_out);
   if (html) {
@@ -100,6 +168,7 @@ inline int run_whatif(args& a) {
     w.key("changes").begin_array();
     for (const auto& c : r.changes) w.value(c);
     w.end_array();
+    if (r.pipeline) pipeline_json(w, *r.pipeline);
     if (trace_out) {
       w.key("trace_out").begin_array();
       for (const auto& f : written) w.value(f.string());
@@ -127,6 +196,7 @@ inline int run_whatif(args& a) {
                   ms(r.predicted.simulated_ns).c_str(),
                   r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
     out += line;
+    if (r.pipeline) out += pipeline_text(*r.pipeline);
     for (const auto& f : written) out += "wrote " + f.string() + "\n";
   }
   write_stdout(out);
