@@ -63,8 +63,10 @@
 #include <lumos/sweep/space.hpp>
 #include <lumos/sweep/sweep.hpp>
 
+#include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/layers.hpp>
+#include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/structure.hpp>
 #include <lumos/whatif/whatif.hpp>

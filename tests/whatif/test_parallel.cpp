@@ -4,6 +4,7 @@
 // (make_pipeline_traces.py writes both from one construction).
 #include "../unit/test_support.hpp"
 
+#include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
 #include <catch2/catch.hpp>
