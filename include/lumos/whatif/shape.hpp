@@ -274,6 +274,35 @@ struct shape_stats {
   return r;
 }
 
+/// V/TP from the first GEMM outside the layers whose third width is neither hidden nor a layer
+/// width (the logits); 0 when there is none.
+[[nodiscard]] inline std::int64_t traced_vocab_local(const trace::job& job, const job_structure& st, const shape_config& from) {
+  std::int64_t vocab_local = 0;
+  for (const auto& c : st.gpu_ops) {
+    if (c.layer >= 0 || c.shape_op == detail::no_event || vocab_local) continue;
+    const auto& tr = job.ranks[c.rank];
+    if (const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]), detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)))) {
+      (void)map_gemm(*gs, from, from, true, &vocab_local);
+    }
+  }
+  return vocab_local;
+}
+
+/// Parameters one rank of `stage` holds (model::stage_parameters_per_rank of a GPT-style
+/// transformer with this shape, the traces' layers and stages; `vocab` 0 when unknown).
+[[nodiscard]] inline double parameters_per_rank(const shape_config& c, const job_structure& st, int stage, std::int64_t vocab, bool gated) {
+  model::transformer m;
+  m.layers = std::max<std::int64_t>(st.model.layers.value.value_or(1), 1);
+  m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
+  m.vocab = vocab > 0 ? vocab : 0;
+  m.mlp = gated ? model::mlp_kind::swiglu : model::mlp_kind::gelu;
+  model::parallel_config par;
+  par.tp = c.tp;
+  par.pp = std::max(st.parallel.pp.value.value_or(1), 1);
+  if (m.layers < par.pp) m.layers = par.pp;
+  return static_cast<double>(model::stage_parameters_per_rank(m, par, std::clamp(stage, 0, par.pp - 1)));
+}
+
 /// Rescales every GPU op of the iteration in `b` from shape `from` to `to` (see the header
 /// comment). `st` must be `discover_structure(job, b)` of the unedited graph. Deterministic;
 /// O(GPU ops).
@@ -284,7 +313,15 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   const double min_ns = costs.profile.min_kernel_ns;
   const double act_from = static_cast<double>(from.tokens()) * static_cast<double>(from.hidden);
   const double act_to = static_cast<double>(to.tokens()) * static_cast<double>(to.hidden);
-  const double param_ratio = to.layer_weights_local(gated) / from.layer_weights_local(gated);
+  // Parameters per rank of each rank's stage (flops.hpp's count: layers, and the embedding on the
+  // first and last stage with the vocabulary when a logits GEMM names it).
+  const std::int64_t vocab_local = traced_vocab_local(job, st, from);
+  std::vector<double> param_ratio(job.ranks.size(), 1.0);
+  for (std::size_t ri = 0; ri < job.ranks.size(); ++ri) {
+    const int stage = ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0;
+    param_ratio[ri] = parameters_per_rank(to, st, stage, vocab_local * from.tp, gated) /
+                      parameters_per_rank(from, st, stage, vocab_local * from.tp, gated);
+  }
   std::map<std::string, bool> dp_group;  // process group name → has the DP role and not TP
   for (const auto& pg : st.groups) {
     bool dp = false, tp = false;
@@ -325,7 +362,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       const bool gradients = !c.p2p && (known != dp_group.end() && !pg.empty()
                                             ? known->second
                                             : c.phase == phase_kind::optimizer || (c.phase == phase_kind::backward && c.layer < 0));
-      const double ratio = gradients ? param_ratio : act_to / act_from;
+      const double ratio = gradients ? param_ratio[c.rank] : act_to / act_from;
       const auto coll = collective_of_kind(kname);
       std::int64_t n = 2;
       if (const auto it = instance.find(t); it != instance.end()) {
@@ -362,7 +399,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     }
     if (c.phase == phase_kind::optimizer) {
       ++out.optimizer;
-      set(t, detail::memory_scaled_ns(d, param_ratio, min_ns));
+      set(t, detail::memory_scaled_ns(d, param_ratio[c.rank], min_ns));
       continue;
     }
     if (!in_pass) {
@@ -504,15 +541,7 @@ struct shape_summary {
   const std::int64_t m = std::max<std::int64_t>(passes / std::max(chunks, 1), 1);
   const bool gpipe = st.parallel.schedule.value && *st.parallel.schedule.value == pipeline::schedule_kind::gpipe;
   const double in_flight = static_cast<double>(gpipe ? m : std::min<std::int64_t>(pp, m));
-  // The vocabulary from a logits GEMM outside the layers, when one maps.
-  std::int64_t vocab_local = 0;
-  for (const auto& c : st.gpu_ops) {
-    if (c.layer >= 0 || c.shape_op == detail::no_event || vocab_local) continue;
-    const auto& tr = job.ranks[c.rank];
-    if (const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]), detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)))) {
-      (void)map_gemm(*gs, from, from, true, &vocab_local);
-    }
-  }
+  const std::int64_t vocab_local = traced_vocab_local(job, st, from);
   const std::int64_t vocab = vocab_local * from.tp;
   if (layers_from > 0) {
     s.baseline = figures_of(from, layers_from, pp, dp, passes, backward, vocab, in_flight);
