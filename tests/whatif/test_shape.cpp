@@ -227,3 +227,52 @@ TEST_CASE("whatif --tp on the Megatron TP8 trace: GEMMs per rank, TP all-reduces
   bad.shape.tp = 3;
   CHECK_THROWS_WITH(whatif::run_whatif(job, bad), Catch::Contains("64 attention heads do not divide over 3"));
 }
+
+TEST_CASE("shape rescaling agrees with the kernel-level cost model that synth uses", "[whatif][shape][model]") {
+  // The forward GEMMs and the FlashAttention op of one layer, from model::kernel_level in two
+  // shapes: the time ratio of each must be the ratio the what-if applies to the mapped dims.
+  const auto hw = model::hardware_preset("h100-sxm");
+  const model::kernel_level kl;  // the H100 profile, as costs_of picks for an H100 trace
+  whatif::shape_costs costs;
+  auto gpt = [](std::int64_t hidden, std::int64_t seq) {
+    model::transformer m;
+    m.name = "t";
+    m.layers = 4, m.hidden = hidden, m.ffn = 4096, m.heads = 16, m.kv_heads = 16, m.seq = seq, m.vocab = 50304;
+    return m;
+  };
+  model::parallel_config par;
+  par.tp = 2, par.micro_batch = 2, par.global_batch = 2;
+  const auto a = pipeline_shape();
+  for (const auto& [hidden, seq] : {std::pair<std::int64_t, std::int64_t>{2048, 512}, {1024, 2048}, {4096, 1024}}) {
+    INFO(hidden << " " << seq);
+    whatif::shape_config from = a, to = a;
+    from.tp = to.tp = 2;
+    to.hidden = hidden, to.head_dim = hidden / 16, to.seq = seq;
+    const auto before = kl.layer(gpt(a.hidden, a.seq), par, hw);
+    const auto after = kl.layer(gpt(hidden, seq), par, hw);
+    REQUIRE(before.ops.size() == after.ops.size());
+    std::size_t checked = 0;
+    for (std::size_t i = 0; i < before.ops.size(); ++i) {
+      const auto& x = before.ops[i];
+      if (x.phase != model::op_phase::forward || x.recompute) continue;
+      const double expected = static_cast<double>(after.ops[i].duration) / static_cast<double>(x.duration);
+      if (x.kind == model::op_class::gemm) {
+        whatif::detail::gemm_shape g;
+        g.m = x.shape.m, g.n = x.shape.n, g.k = x.shape.k;
+        const auto m = whatif::map_gemm(g, from, to, false);
+        REQUIRE(m);
+        CHECK(m->to.m * m->to.n * m->to.k == after.ops[i].shape.m * after.ops[i].shape.n * after.ops[i].shape.k);
+        const double ratio = whatif::detail::gemm_model_ns(costs, 1, double(m->to.m), double(m->to.n), double(m->to.k)) /
+                             whatif::detail::gemm_model_ns(costs, 1, double(g.m), double(g.n), double(g.k));
+        CHECK(ratio == Approx(expected).epsilon(1e-3));
+        ++checked;
+      } else if (x.kind == model::op_class::attention) {
+        const double ratio = whatif::detail::attention_model_ns(costs, 2, 8, double(seq), double(hidden / 16)) /
+                             whatif::detail::attention_model_ns(costs, 2, 8, 512, 64);
+        CHECK(ratio == Approx(expected).epsilon(1e-3));
+        ++checked;
+      }
+    }
+    CHECK(checked == 5);  // QKV, attention, output projection, FC1, FC2
+  }
+}
