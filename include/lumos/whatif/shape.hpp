@@ -515,6 +515,7 @@ struct shape_summary {
   shape_config from, to;
   shape_figures baseline, predicted;
   double mfu_baseline = 0, mfu_predicted = 0;  ///< 0 when the GPU's peak is unknown
+  std::string memory_warning;  ///< when the prediction does not fit in the target GPU's memory: by how much
 };
 
 /// Memory and MFU of the traced and the predicted configuration. MFU counts the model FLOPs of
@@ -565,6 +566,17 @@ struct shape_summary {
   };
   s.mfu_baseline = mfu(from_preset, s.baseline.model_flops_per_rank, baseline_ns);
   s.mfu_predicted = mfu(preset, s.predicted.model_flops_per_rank, predicted_ns);
+  if (!preset.empty() && s.predicted.memory_bytes_per_gpu > 0) {
+    const model::hardware hw = model::hardware_preset(preset);
+    const double cap = static_cast<double>(hw.gpu.hbm_capacity);
+    if (s.predicted.memory_bytes_per_gpu > cap) {
+      char line[256];
+      std::snprintf(line, sizeof line, "warning: the predicted configuration needs %.1f GiB per GPU, %.1f GiB more than the %.0f GiB of the %s",
+                    s.predicted.memory_bytes_per_gpu / 1073741824.0, (s.predicted.memory_bytes_per_gpu - cap) / 1073741824.0,
+                    cap / 1073741824.0, hw.name.c_str());
+      s.memory_warning = line;
+    }
+  }
   return s;
 }
 

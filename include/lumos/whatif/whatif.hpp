@@ -129,6 +129,7 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
     }
   }
   if (structure && shape_from) out.shape = summarize(job, *structure, *shape_from, *shape_to, o.layers, o.from_gpu, o.gpu, out.baseline.simulated_ns, out.predicted.simulated_ns);
+  if (out.shape && !out.shape->memory_warning.empty()) out.changes.push_back(out.shape->memory_warning);
   return out;
 }
 
