@@ -23,7 +23,9 @@ whatif::shape_config pipeline_shape() {
 }
 
 // GEMM efficiency per dimension, as model/kernel_costs.hpp documents it: d / (d + half_dim).
-double eff(double d) { return d / (d + model::h100_profile().gemm_half_dim); }
+double eff(double d) {
+  return d / (d + model::h100_profile().gemm_half_dim);
+}
 
 // Durations of the predicted graph's GPU compute tasks whose name contains `part`, against the
 // baseline's (same task ids: a shape change neither adds nor removes tasks).
@@ -40,7 +42,7 @@ std::vector<std::pair<time_ns, time_ns>> durations(const whatif::whatif_result& 
   return out;
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("map_gemm: tokens, hidden and inner widths follow the new shape", "[whatif][shape]") {
   const auto a = pipeline_shape();
@@ -52,13 +54,13 @@ TEST_CASE("map_gemm: tokens, hidden and inner widths follow the new shape", "[wh
   qkv.m = 1024, qkv.k = 1024, qkv.n = 3072;
   const auto q = whatif::map_gemm(qkv, a, b, false);
   REQUIRE(q);
-  CHECK(q->to.m * q->to.k * q->to.n == std::int64_t{2048} * 2048 * 6144);  // T' = 2048, h' = 2048, 3h' = 6144
+  CHECK(q->to.m * q->to.k * q->to.n == std::int64_t{2048} * 2048 * 6144); // T' = 2048, h' = 2048, 3h' = 6144
   // FC2 weight gradient [h x T] x [T x f]: K is the tokens; the output is a weight.
   gemm_shape wgrad;
   wgrad.m = 1024, wgrad.k = 1024, wgrad.n = 4096;
   const auto w = whatif::map_gemm(wgrad, a, b, false);
   REQUIRE(w);
-  CHECK(w->to.n == 4096);  // FFN unchanged
+  CHECK(w->to.n == 4096); // FFN unchanged
   // Score GEMM: batch b·heads, [s x d] x [d x s].
   gemm_shape score;
   score.kind = gemm_shape::role::batched;
@@ -79,6 +81,13 @@ TEST_CASE("map_gemm: tokens, hidden and inner widths follow the new shape", "[wh
   CHECK(vocab == 50304);
   CHECK(l->to.n == 50304);
   CHECK_FALSE(whatif::map_gemm(logits, a, b, false));
+  // Grouped-query QKV: 16 heads of 64 and 4 KV heads write 1024 + 2·4·64 = 1536; with head dim
+  // 128 and the KV heads kept, 2048 + 2·4·128 = 3072.
+  gemm_shape gqa;
+  gqa.m = 1024, gqa.k = 1024, gqa.n = 1536;
+  const auto g = whatif::map_gemm(gqa, a, b, false);
+  REQUIRE(g);
+  CHECK(g->to.n == 3072);
 }
 
 TEST_CASE("target_shape: head dim follows hidden / heads; invalid targets are errors", "[whatif][shape][tp]") {
@@ -87,7 +96,7 @@ TEST_CASE("target_shape: head dim follows hidden / heads; invalid targets are er
   t.heads = 32;
   CHECK(whatif::target_shape(a, t).head_dim == 32);
   t = {};
-  t.hidden = 1000;  // not a multiple of 16 heads
+  t.hidden = 1000; // not a multiple of 16 heads
   CHECK_THROWS_WITH(whatif::target_shape(a, t), Catch::Contains("does not divide into 16 heads"));
   t = {};
   t.seq = 0;
@@ -101,11 +110,12 @@ TEST_CASE("target_shape: head dim follows hidden / heads; invalid targets are er
   t.ffn = 4100;
   CHECK_THROWS_WITH(whatif::target_shape(tp8, t), Catch::Contains("FFN width 4100 does not divide over 8"));
   t = {};
-  t.tp = 2;  // the traces have no TP collectives to resize
+  t.tp = 2; // the traces have no TP collectives to resize
   CHECK_THROWS_WITH(whatif::target_shape(a, t), Catch::Contains("without tensor parallelism"));
 }
 
-TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model ratio, memory-bound ops by bytes", "[whatif][shape]") {
+TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model ratio, memory-bound ops by bytes",
+          "[whatif][shape]") {
   const auto job = trace::load_job({lumos_test::data_dir() / "whatif" / "pp2_1f1b"});
   // Identity through the rescaling itself (not its short cut): every ratio is exactly 1.
   {
@@ -123,7 +133,8 @@ TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model
   same.shape.hidden = 1024;
   same.shape.seq = 512;
   const auto r = whatif::run_whatif(job, same);
-  for (std::size_t i = 0; i < r.baseline.ranks.size(); ++i) CHECK(r.predicted.ranks[i].simulated_ns == r.baseline.ranks[i].simulated_ns);
+  for (std::size_t i = 0; i < r.baseline.ranks.size(); ++i)
+    CHECK(r.predicted.ranks[i].simulated_ns == r.baseline.ranks[i].simulated_ns);
 
   whatif::whatif_options wide;
   wide.shape.hidden = 2048;
@@ -133,11 +144,12 @@ TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model
   // at the efficiencies of their dims.
   const double qkv = 4.0 * (eff(1024) * eff(1024) * eff(3072)) / (eff(1024) * eff(2048) * eff(6144));
   const auto q = durations(w, "tn_n_qkv");
-  REQUIRE(q.size() == 2 * 4 * 2);  // 2 ranks x 4 micro-batches x 2 layers
+  REQUIRE(q.size() == 2 * 4 * 2); // 2 ranks x 4 micro-batches x 2 layers
   for (const auto& [before, after] : q) CHECK(after == Approx(static_cast<double>(before) * qkv).margin(1));
   // FC1 [1024 x 1024] x [1024 x 4096] -> [1024 x 2048] x [2048 x 4096]: FFN fixed, 2x the FLOPs.
   const double fc1 = 2.0 * (eff(1024) * eff(1024) * eff(4096)) / (eff(1024) * eff(2048) * eff(4096));
-  for (const auto& [before, after] : durations(w, "tn_n_fc1")) CHECK(after == Approx(static_cast<double>(before) * fc1).margin(1));
+  for (const auto& [before, after] : durations(w, "tn_n_fc1"))
+    CHECK(after == Approx(static_cast<double>(before) * fc1).margin(1));
   // Memory-bound: the GeLU works on tokens x FFN (unchanged); the softmax on b·heads·s²
   // (unchanged); layer norms on tokens x hidden (2x; 16 us is above the 2.5 us minimum).
   for (const auto& [before, after] : durations(w, "gelu_kernel")) CHECK(after == before);
@@ -146,7 +158,8 @@ TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model
   // Backward GEMM kernels carry no Input Dims in these traces: unchanged, and counted.
   for (const auto& [before, after] : durations(w, "dgrad")) CHECK(after == before);
   bool counted = false;
-  for (const auto& c : w.changes) counted = counted || c.find("compute ops whose shape did not map unchanged") != std::string::npos;
+  for (const auto& c : w.changes)
+    counted = counted || c.find("compute ops whose shape did not map unchanged") != std::string::npos;
   CHECK(counted);
 
   // Sequence x2: the softmax works on b·heads·s², 4x.
@@ -187,14 +200,16 @@ TEST_CASE("whatif shape: bigger is never faster, and composes with --layers and 
   CHECK(run([](auto& o) { o.shape.hidden = 4096, o.gpu = "h200-sxm"; }) <= wide);
 }
 
-TEST_CASE("whatif --tp on the Megatron TP8 trace: GEMMs per rank, TP all-reduces over the new group", "[whatif][tp][traces]") {
+TEST_CASE("whatif --tp on the Megatron TP8 trace: GEMMs per rank, TP all-reduces over the new group",
+          "[whatif][tp][traces]") {
   LUMOS_REQUIRE_TRACES(traces);
   const auto job = trace::load_job({traces / "astra-sim_megatron-gpt-tp8_8xA100"});
   whatif::whatif_options same;
   same.shape.hidden = 4096;
   same.shape.tp = 8;
   const auto r = whatif::run_whatif(job, same);
-  for (std::size_t i = 0; i < r.baseline.ranks.size(); ++i) CHECK(r.predicted.ranks[i].simulated_ns == r.baseline.ranks[i].simulated_ns);
+  for (std::size_t i = 0; i < r.baseline.ranks.size(); ++i)
+    CHECK(r.predicted.ranks[i].simulated_ns == r.baseline.ranks[i].simulated_ns);
 
   whatif::whatif_options half;
   half.shape.tp = 4;
@@ -232,47 +247,53 @@ TEST_CASE("shape rescaling agrees with the kernel-level cost model that synth us
   // The forward GEMMs and the FlashAttention op of one layer, from model::kernel_level in two
   // shapes: the time ratio of each must be the ratio the what-if applies to the mapped dims.
   const auto hw = model::hardware_preset("h100-sxm");
-  const model::kernel_level kl;  // the H100 profile, as costs_of picks for an H100 trace
+  const model::kernel_level kl; // the H100 profile, as costs_of picks for an H100 trace
   whatif::shape_costs costs;
-  auto gpt = [](std::int64_t hidden, std::int64_t seq) {
-    model::transformer m;
-    m.name = "t";
-    m.layers = 4, m.hidden = hidden, m.ffn = 4096, m.heads = 16, m.kv_heads = 16, m.seq = seq, m.vocab = 50304;
-    return m;
-  };
-  model::parallel_config par;
-  par.tp = 2, par.micro_batch = 2, par.global_batch = 2;
-  const auto a = pipeline_shape();
-  for (const auto& [hidden, seq] : {std::pair<std::int64_t, std::int64_t>{2048, 512}, {1024, 2048}, {4096, 1024}}) {
-    INFO(hidden << " " << seq);
-    whatif::shape_config from = a, to = a;
-    from.tp = to.tp = 2;
-    to.hidden = hidden, to.head_dim = hidden / 16, to.seq = seq;
-    const auto before = kl.layer(gpt(a.hidden, a.seq), par, hw);
-    const auto after = kl.layer(gpt(hidden, seq), par, hw);
-    REQUIRE(before.ops.size() == after.ops.size());
-    std::size_t checked = 0;
-    for (std::size_t i = 0; i < before.ops.size(); ++i) {
-      const auto& x = before.ops[i];
-      if (x.phase != model::op_phase::forward || x.recompute) continue;
-      const double expected = static_cast<double>(after.ops[i].duration) / static_cast<double>(x.duration);
-      if (x.kind == model::op_class::gemm) {
-        whatif::detail::gemm_shape g;
-        g.m = x.shape.m, g.n = x.shape.n, g.k = x.shape.k;
-        const auto m = whatif::map_gemm(g, from, to, false);
-        REQUIRE(m);
-        CHECK(m->to.m * m->to.n * m->to.k == after.ops[i].shape.m * after.ops[i].shape.n * after.ops[i].shape.k);
-        const double ratio = whatif::detail::gemm_model_ns(costs, 1, double(m->to.m), double(m->to.n), double(m->to.k)) /
-                             whatif::detail::gemm_model_ns(costs, 1, double(g.m), double(g.n), double(g.k));
-        CHECK(ratio == Approx(expected).epsilon(1e-3));
-        ++checked;
-      } else if (x.kind == model::op_class::attention) {
-        const double ratio = whatif::detail::attention_model_ns(costs, 2, 8, double(seq), double(hidden / 16)) /
-                             whatif::detail::attention_model_ns(costs, 2, 8, 512, 64);
-        CHECK(ratio == Approx(expected).epsilon(1e-3));
-        ++checked;
+  // GPT (multi-head, GeLU) and Llama-style (4 KV heads, SwiGLU: gate, up, down).
+  for (const bool llama : {false, true}) {
+    auto gpt = [&](std::int64_t hidden, std::int64_t seq) {
+      model::transformer m;
+      m.name = "t";
+      m.layers = 4, m.hidden = hidden, m.ffn = 4096, m.heads = 16, m.kv_heads = llama ? 4 : 16, m.seq = seq,
+      m.vocab = 50304;
+      if (llama) m.mlp = model::mlp_kind::swiglu;
+      return m;
+    };
+    model::parallel_config par;
+    par.tp = 2, par.micro_batch = 2, par.global_batch = 2;
+    const auto a = pipeline_shape();
+    for (const auto& [hidden, seq] : {std::pair<std::int64_t, std::int64_t>{2048, 512}, {1024, 2048}, {4096, 1024}}) {
+      INFO(hidden << " " << seq << (llama ? " llama" : " gpt"));
+      whatif::shape_config from = a, to = a;
+      from.tp = to.tp = 2;
+      to.hidden = hidden, to.head_dim = hidden / 16, to.seq = seq;
+      const auto before = kl.layer(gpt(a.hidden, a.seq), par, hw);
+      const auto after = kl.layer(gpt(hidden, seq), par, hw);
+      REQUIRE(before.ops.size() == after.ops.size());
+      std::size_t checked = 0;
+      for (std::size_t i = 0; i < before.ops.size(); ++i) {
+        const auto& x = before.ops[i];
+        if (x.phase != model::op_phase::forward || x.recompute) continue;
+        const double expected = static_cast<double>(after.ops[i].duration) / static_cast<double>(x.duration);
+        if (x.kind == model::op_class::gemm) {
+          whatif::detail::gemm_shape g;
+          g.m = x.shape.m, g.n = x.shape.n, g.k = x.shape.k;
+          const auto m = whatif::map_gemm(g, from, to, false);
+          REQUIRE(m);
+          CHECK(m->to.m * m->to.n * m->to.k == after.ops[i].shape.m * after.ops[i].shape.n * after.ops[i].shape.k);
+          const double ratio =
+              whatif::detail::gemm_model_ns(costs, 1, double(m->to.m), double(m->to.n), double(m->to.k)) /
+              whatif::detail::gemm_model_ns(costs, 1, double(g.m), double(g.n), double(g.k));
+          CHECK(ratio == Approx(expected).epsilon(1e-3));
+          ++checked;
+        } else if (x.kind == model::op_class::attention) {
+          const double ratio = whatif::detail::attention_model_ns(costs, 2, 8, double(seq), double(hidden / 16)) /
+                               whatif::detail::attention_model_ns(costs, 2, 8, 512, 64);
+          CHECK(ratio == Approx(expected).epsilon(1e-3));
+          ++checked;
+        }
       }
+      CHECK(checked == (llama ? 6u : 5u)); // QKV, attention, output projection, FC1 (gate, up), FC2 (down)
     }
-    CHECK(checked == 5);  // QKV, attention, output projection, FC1, FC2
   }
 }

@@ -7,7 +7,8 @@
 // change). The rules, per GPU op (docs/whatif.md, "Model shape and TP"):
 //  - under a GEMM operator (aten::mm/addmm/bmm/baddbmm with Input Dims): its dims mapped to the
 //    new shape — of a linear GEMM one dim is the tokens (b·s), one the hidden width and one an
-//    inner width (QKV 3·heads·d/TP, attention heads·d/TP, FFN/TP, gated FC1 2·FFN/TP), or outside
+//    inner width (QKV 3·heads·d/TP, or (heads + 2·kv heads)·d/TP with grouped-query attention,
+//    attention heads·d/TP, FFN/TP, gated FC1 2·FFN/TP), or outside
 //    the layers the vocabulary shard V/TP; of a batched GEMM the batch is b·heads/TP and the dims
 //    s and head dim — timed by the GEMM model (shape-dependent efficiency, HBM bound, minimum
 //    kernel time);
@@ -69,7 +70,8 @@ struct shape_config {
   [[nodiscard]] std::int64_t q_local() const noexcept { return heads_local() * head_dim; }
   /// Weight elements of one layer's four GEMMs on one rank (QKV, attention output, FC1, FC2).
   [[nodiscard]] double layer_weights_local(bool gated) const noexcept {
-    const double h = static_cast<double>(hidden), q = static_cast<double>(q_local()), f = static_cast<double>(ffn_local());
+    const double h = static_cast<double>(hidden), q = static_cast<double>(q_local()),
+                 f = static_cast<double>(ffn_local());
     return h * 3.0 * q + q * h + h * f * (gated ? 2.0 : 1.0) + f * h;
   }
   /// Model FLOPs of one layer's forward over one micro-batch on one rank: 2·tokens per weight
@@ -109,7 +111,8 @@ struct shape_config {
 [[nodiscard]] inline shape_config target_shape(const shape_config& from, const shape_target& t) {
   shape_config to = from;
   auto positive = [](const auto& v, const char* flag) {
-    if (v && *v <= 0) throw error(std::string("whatif ") + flag + ": must be positive (got " + std::to_string(*v) + ")");
+    if (v && *v <= 0)
+      throw error(std::string("whatif ") + flag + ": must be positive (got " + std::to_string(*v) + ")");
   };
   positive(t.hidden, "--hidden"), positive(t.ffn, "--ffn"), positive(t.heads, "--heads"), positive(t.seq, "--seq");
   positive(t.micro_batch, "--micro-batch"), positive(t.tp, "--tp");
@@ -136,13 +139,14 @@ struct shape_costs {
   model::cost_profile profile = model::h100_profile();
   model::hardware hw = model::hardware_preset("h100-sxm");
   model::precision dtype = model::precision::bf16;
-  double element_bytes = 2;  ///< activation element size
+  double element_bytes = 2; ///< activation element size
 };
 
 /// The cost context of a job: the kernel-level profile and peaks of its GPU (`from_gpu`, else
 /// the traces' device name; H100 when neither names a preset, said in `note`) and the dtype of
 /// its GEMM kernels.
-[[nodiscard]] inline shape_costs costs_of(const trace::job& job, const job_structure& st, std::string_view from_gpu, std::string* note) {
+[[nodiscard]] inline shape_costs costs_of(const trace::job& job, const job_structure& st, std::string_view from_gpu,
+                                          std::string* note) {
   shape_costs c;
   std::string preset(from_gpu);
   if (preset.empty()) {
@@ -153,7 +157,9 @@ struct shape_costs {
     }
   }
   if (preset.empty()) {
-    if (note) *note = "the traces' GPU names no preset: the shape rescaling uses the h100-sxm cost profile (--from-gpu chooses)";
+    if (note)
+      *note =
+          "the traces' GPU names no preset: the shape rescaling uses the h100-sxm cost profile (--from-gpu chooses)";
     preset = "h100-sxm";
   }
   c.profile = model::profile_preset(preset);
@@ -178,7 +184,7 @@ namespace detail {
 }
 
 [[nodiscard]] inline double attention_model_ns(const shape_costs& c, double b, double heads, double s, double d) {
-  const double flops = 4.0 * b * s * s * heads * d * 0.5;  // causal: half the dense FLOPs
+  const double flops = 4.0 * b * s * s * heads * d * 0.5; // causal: half the dense FLOPs
   return std::max(flops / (c.hw.peak_flops(c.dtype) * c.profile.flash_forward) * 1e9, c.profile.min_kernel_ns);
 }
 
@@ -191,29 +197,39 @@ namespace detail {
 
 struct mapped_gemm {
   detail::gemm_shape from, to;
-  bool tokens_out = true;  ///< the output carries the tokens (else a weight gradient)
+  bool tokens_out = true; ///< the output carries the tokens (else a weight gradient)
 };
 
-}  // namespace detail
+} // namespace detail
 
 /// What a shape rewrite did.
 struct shape_stats {
   std::size_t gemm = 0, attention = 0, memory = 0, optimizer = 0, communication = 0;
-  std::size_t unchanged_outside = 0;     ///< outside the passes and the optimizer, or host copies
-  std::size_t unattributed = 0;          ///< compute ops in the passes whose shape did not map: unchanged
-  time_ns before = 0, after = 0;         ///< summed GPU op time
-  std::int64_t vocab_local = 0;          ///< V/TP from a logits GEMM, when one was seen
+  std::size_t unchanged_outside = 0; ///< outside the passes and the optimizer, or host copies
+  std::size_t unattributed = 0;      ///< compute ops in the passes whose shape did not map: unchanged
+  time_ns before = 0, after = 0;     ///< summed GPU op time
+  std::int64_t vocab_local = 0;      ///< V/TP from a logits GEMM, when one was seen
 };
+
+/// The key/value heads of a grouped-query QKV GEMM of width `w` per rank (q + 2·kv_heads·d/TP),
+/// when `w` reads as one.
+[[nodiscard]] inline std::optional<std::int64_t> gqa_kv_heads(std::int64_t w, const shape_config& a) {
+  const std::int64_t kv2 = w - a.q_local();
+  if (a.head_dim <= 0 || kv2 <= 0 || kv2 >= 2 * a.q_local() || kv2 % (2 * a.head_dim) != 0) return std::nullopt;
+  return kv2 / (2 * a.head_dim) * a.tp;
+}
 
 /// Maps one GEMM or attention operator's shape from `a` to `b`; nullopt when its dims are not
 /// the ones a transformer layer (or, `outside` the layers, the logits head) has.
-[[nodiscard]] inline std::optional<detail::mapped_gemm> map_gemm(const detail::gemm_shape& g, const shape_config& a, const shape_config& b,
-                                                                 bool outside, std::int64_t* vocab_local = nullptr) {
+[[nodiscard]] inline std::optional<detail::mapped_gemm> map_gemm(const detail::gemm_shape& g, const shape_config& a,
+                                                                 const shape_config& b, bool outside,
+                                                                 std::int64_t* vocab_local = nullptr) {
   detail::mapped_gemm r;
   r.from = r.to = g;
   using role = detail::gemm_shape::role;
   if (g.kind == role::attention) {
-    if (g.heads != a.heads_local() || g.seq != a.seq || g.head_dim != a.head_dim || g.b != a.micro_batch) return std::nullopt;
+    if (g.heads != a.heads_local() || g.seq != a.seq || g.head_dim != a.head_dim || g.b != a.micro_batch)
+      return std::nullopt;
     r.to.b = b.micro_batch, r.to.heads = b.heads_local(), r.to.seq = b.seq, r.to.head_dim = b.head_dim;
     return r;
   }
@@ -262,6 +278,9 @@ struct shape_stats {
     *other = *v;
   } else if (old_other == a.hidden) {
     *other = b.hidden;
+  } else if (const auto kv = gqa_kv_heads(old_other, a); kv && *kv % b.tp == 0) {
+    // Grouped-query attention: QKV writes q + 2·kv_heads·d per rank; the KV heads stay.
+    *other = b.q_local() + 2 * (*kv / b.tp) * b.head_dim;
   } else if (outside) {
     // The logits GEMM: the vocabulary shard, V/TP.
     if (vocab_local) *vocab_local = old_other;
@@ -276,12 +295,14 @@ struct shape_stats {
 
 /// V/TP from the first GEMM outside the layers whose third width is neither hidden nor a layer
 /// width (the logits); 0 when there is none.
-[[nodiscard]] inline std::int64_t traced_vocab_local(const trace::job& job, const job_structure& st, const shape_config& from) {
+[[nodiscard]] inline std::int64_t traced_vocab_local(const trace::job& job, const job_structure& st,
+                                                     const shape_config& from) {
   std::int64_t vocab_local = 0;
   for (const auto& c : st.gpu_ops) {
     if (c.layer >= 0 || c.shape_op == detail::no_event || vocab_local) continue;
     const auto& tr = job.ranks[c.rank];
-    if (const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]), detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)))) {
+    if (const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
+                                        detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)))) {
       (void)map_gemm(*gs, from, from, true, &vocab_local);
     }
   }
@@ -290,7 +311,8 @@ struct shape_stats {
 
 /// Parameters one rank of `stage` holds (model::stage_parameters_per_rank of a GPT-style
 /// transformer with this shape, the traces' layers and stages; `vocab` 0 when unknown).
-[[nodiscard]] inline double parameters_per_rank(const shape_config& c, const job_structure& st, int stage, std::int64_t vocab, bool gated) {
+[[nodiscard]] inline double parameters_per_rank(const shape_config& c, const job_structure& st, int stage,
+                                                std::int64_t vocab, bool gated) {
   model::transformer m;
   m.layers = std::max<std::int64_t>(st.model.layers.value.value_or(1), 1);
   m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
@@ -306,8 +328,9 @@ struct shape_stats {
 /// Rescales every GPU op of the iteration in `b` from shape `from` to `to` (see the header
 /// comment). `st` must be `discover_structure(job, b)` of the unedited graph. Deterministic;
 /// O(GPU ops).
-inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, const job_structure& st, const shape_config& from,
-                                 const shape_config& to, const shape_costs& costs, bool gated = false) {
+inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, const job_structure& st,
+                                 const shape_config& from, const shape_config& to, const shape_costs& costs,
+                                 bool gated = false) {
   shape_stats out;
   graph::task_graph& g = b.graph;
   const double min_ns = costs.profile.min_kernel_ns;
@@ -322,7 +345,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     param_ratio[ri] = parameters_per_rank(to, st, stage, vocab_local * from.tp, gated) /
                       parameters_per_rank(from, st, stage, vocab_local * from.tp, gated);
   }
-  std::map<std::string, bool> dp_group;  // process group name → has the DP role and not TP
+  std::map<std::string, bool> dp_group; // process group name → has the DP role and not TP
   for (const auto& pg : st.groups) {
     bool dp = false, tp = false;
     for (const auto& r : pg.roles) {
@@ -348,7 +371,9 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     const graph::task_id t = map.task_of_event[c.op];
     if (t == graph::no_task) continue;
     const auto kind = g.kind[t];
-    if (kind != graph::task_kind::gpu_compute && kind != graph::task_kind::gpu_comm && kind != graph::task_kind::comm_complete) continue;
+    if (kind != graph::task_kind::gpu_compute && kind != graph::task_kind::gpu_comm &&
+        kind != graph::task_kind::comm_complete)
+      continue;
     const double d = static_cast<double>(g.duration[t]);
     const bool in_pass = c.phase == phase_kind::forward || c.phase == phase_kind::backward;
     if (c.comm || kind != graph::task_kind::gpu_compute) {
@@ -356,17 +381,20 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
         ++out.unchanged_outside;
         continue;
       }
-      const std::string kname = detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name));
+      const std::string kname =
+          detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name));
       const std::string pg(tr.arg_text(c.op, trace::arg_key::process_group_name));
       const auto known = dp_group.find(pg);
-      const bool gradients = !c.p2p && (known != dp_group.end() && !pg.empty()
-                                            ? known->second
-                                            : c.phase == phase_kind::optimizer || (c.phase == phase_kind::backward && c.layer < 0));
+      const bool gradients =
+          !c.p2p && (known != dp_group.end() && !pg.empty()
+                         ? known->second
+                         : c.phase == phase_kind::optimizer || (c.phase == phase_kind::backward && c.layer < 0));
       const double ratio = gradients ? param_ratio[c.rank] : act_to / act_from;
       const auto coll = collective_of_kind(kname);
       std::int64_t n = 2;
       if (const auto it = instance.find(t); it != instance.end()) {
-        n = static_cast<std::int64_t>(it->second->group_ranks.empty() ? it->second->arrive.size() : it->second->group_ranks.size());
+        n = static_cast<std::int64_t>(it->second->group_ranks.empty() ? it->second->arrive.size()
+                                                                      : it->second->group_ranks.size());
       } else if (const auto gs = tr.arg(c.op, trace::arg_key::group_size)) {
         n = *gs;
       }
@@ -407,7 +435,8 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       continue;
     }
     if (c.shape_op != detail::no_event) {
-      const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]), detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
+      const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
+                                      detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
       const auto m = gs ? map_gemm(*gs, from, to, c.layer < 0, &out.vocab_local) : std::nullopt;
       if (!m) {
         ++out.unattributed;
@@ -419,10 +448,10 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
         ++out.attention;
         const auto& x = m->from;
         const auto& y = m->to;
-        ratio = detail::attention_model_ns(costs, static_cast<double>(y.b), static_cast<double>(y.heads), static_cast<double>(y.seq),
-                                           static_cast<double>(y.head_dim)) /
-                detail::attention_model_ns(costs, static_cast<double>(x.b), static_cast<double>(x.heads), static_cast<double>(x.seq),
-                                           static_cast<double>(x.head_dim));
+        ratio = detail::attention_model_ns(costs, static_cast<double>(y.b), static_cast<double>(y.heads),
+                                           static_cast<double>(y.seq), static_cast<double>(y.head_dim)) /
+                detail::attention_model_ns(costs, static_cast<double>(x.b), static_cast<double>(x.heads),
+                                           static_cast<double>(x.seq), static_cast<double>(x.head_dim));
         out_old = static_cast<double>(x.b * x.heads * x.seq * x.head_dim);
         out_new = static_cast<double>(y.b * y.heads * y.seq * y.head_dim);
       } else {
@@ -440,7 +469,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       continue;
     }
     if (classify(kind, name) == op_bound::compute) {
-      ++out.unattributed;  // a GEMM/attention kernel with no recorded shape: its dims are unknown
+      ++out.unattributed; // a GEMM/attention kernel with no recorded shape: its dims are unknown
       continue;
     }
     ++out.memory;
@@ -453,7 +482,8 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
 [[nodiscard]] inline std::string describe(const shape_config& a, const shape_config& b, const shape_stats& s) {
   std::string what;
   auto field = [&](const char* name, std::int64_t x, std::int64_t y) {
-    if (x != y) what += (what.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(x) + " -> " + std::to_string(y);
+    if (x != y)
+      what += (what.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(x) + " -> " + std::to_string(y);
   };
   field("hidden", a.hidden, b.hidden);
   field("FFN", a.ffn, b.ffn);
@@ -465,11 +495,14 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   if (what.empty()) what = "the traces' own shape";
   char line[768];
   std::snprintf(line, sizeof line,
-                "shape %s: %zu GEMM and %zu attention ops rescaled through the kernel-level GEMM/attention model, %zu memory-bound ops by "
-                "their activation bytes, %zu optimizer ops by parameters per rank, %zu communication ops through the NCCL model; %zu "
-                "ops outside the passes and host copies and %zu compute ops whose shape did not map unchanged: %.3f -> %.3f ms of GPU time",
-                what.c_str(), s.gemm, s.attention, s.memory, s.optimizer, s.communication, s.unchanged_outside, s.unattributed,
-                static_cast<double>(s.before) / 1e6, static_cast<double>(s.after) / 1e6);
+                "shape %s: %zu GEMM and %zu attention ops rescaled through the kernel-level GEMM/attention model, %zu "
+                "memory-bound ops by "
+                "their activation bytes, %zu optimizer ops by parameters per rank, %zu communication ops through the "
+                "NCCL model; %zu "
+                "ops outside the passes and host copies and %zu compute ops whose shape did not map unchanged: %.3f -> "
+                "%.3f ms of GPU time",
+                what.c_str(), s.gemm, s.attention, s.memory, s.optimizer, s.communication, s.unchanged_outside,
+                s.unattributed, static_cast<double>(s.before) / 1e6, static_cast<double>(s.after) / 1e6);
   return line;
 }
 
@@ -485,15 +518,16 @@ struct shape_figures {
 
 /// `layers` of the whole model over `pp` stages, `passes` forward passes per rank per iteration
 /// (micro-batches × chunks), `backward` whether the iteration trains; `vocab` 0 when unknown.
-[[nodiscard]] inline shape_figures figures_of(const shape_config& c, std::int64_t layers, int pp, int dp, std::int64_t passes,
-                                              bool backward, std::int64_t vocab, double in_flight) {
+[[nodiscard]] inline shape_figures figures_of(const shape_config& c, std::int64_t layers, int pp, int dp,
+                                              std::int64_t passes, bool backward, std::int64_t vocab,
+                                              double in_flight) {
   shape_figures f;
   f.world = static_cast<std::int64_t>(c.tp) * pp * dp;
   model::transformer m;
   m.name = "whatif";
   m.layers = layers, m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
   f.vocab_known = vocab > 0;
-  m.vocab = vocab > 0 ? vocab : c.tp;  // unknown: a vocabulary of one row per rank, i.e. none
+  m.vocab = vocab > 0 ? vocab : c.tp; // unknown: a vocabulary of one row per rank, i.e. none
   model::parallel_config par;
   par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
   par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
@@ -502,10 +536,11 @@ struct shape_figures {
     mo.in_flight_microbatches = in_flight;
     f.memory_bytes_per_gpu = model::memory_per_gpu(m, par, 0, mo).total();
   }
-  const double per_pass = static_cast<double>(layers / pp) * c.layer_forward_flops_local(false) +
-                          (vocab > 0 ? 2.0 * static_cast<double>(c.tokens()) * static_cast<double>(c.hidden) *
-                                           static_cast<double>(vocab) / static_cast<double>(c.tp) / static_cast<double>(pp)
-                                     : 0.0);
+  const double per_pass =
+      static_cast<double>(layers / pp) * c.layer_forward_flops_local(false) +
+      (vocab > 0 ? 2.0 * static_cast<double>(c.tokens()) * static_cast<double>(c.hidden) * static_cast<double>(vocab) /
+                       static_cast<double>(c.tp) / static_cast<double>(pp)
+                 : 0.0);
   f.model_flops_per_rank = per_pass * static_cast<double>(passes) * (backward ? 3.0 : 1.0);
   return f;
 }
@@ -514,16 +549,17 @@ struct shape_figures {
 struct shape_summary {
   shape_config from, to;
   shape_figures baseline, predicted;
-  double mfu_baseline = 0, mfu_predicted = 0;  ///< 0 when the GPU's peak is unknown
-  std::string memory_warning;  ///< when the prediction does not fit in the target GPU's memory: by how much
+  double mfu_baseline = 0, mfu_predicted = 0; ///< 0 when the GPU's peak is unknown
+  std::string memory_warning; ///< when the prediction does not fit in the target GPU's memory: by how much
 };
 
 /// Memory and MFU of the traced and the predicted configuration. MFU counts the model FLOPs of
 /// the transformer layers (and the logits GEMM when a logits GEMM named the vocabulary) that one
 /// rank runs per iteration, against the dense peak of the target GPU in the traces' precision.
 [[nodiscard]] inline shape_summary summarize(const trace::job& job, const job_structure& st, const shape_config& from,
-                                             const shape_config& to, std::optional<int> layers, std::string_view from_gpu,
-                                             std::string_view gpu, time_ns baseline_ns, time_ns predicted_ns) {
+                                             const shape_config& to, std::optional<int> layers,
+                                             std::string_view from_gpu, std::string_view gpu, time_ns baseline_ns,
+                                             time_ns predicted_ns) {
   shape_summary s;
   s.from = from, s.to = to;
   const int pp = st.parallel.pp.value.value_or(1);
@@ -571,14 +607,15 @@ struct shape_summary {
     const double cap = static_cast<double>(hw.gpu.hbm_capacity);
     if (s.predicted.memory_bytes_per_gpu > cap) {
       char line[256];
-      std::snprintf(line, sizeof line, "warning: the predicted configuration needs %.1f GiB per GPU, %.1f GiB more than the %.0f GiB of the %s",
-                    s.predicted.memory_bytes_per_gpu / 1073741824.0, (s.predicted.memory_bytes_per_gpu - cap) / 1073741824.0,
-                    cap / 1073741824.0, hw.name.c_str());
+      std::snprintf(
+          line, sizeof line,
+          "warning: the predicted configuration needs %.1f GiB per GPU, %.1f GiB more than the %.0f GiB of the %s",
+          s.predicted.memory_bytes_per_gpu / 1073741824.0, (s.predicted.memory_bytes_per_gpu - cap) / 1073741824.0,
+          cap / 1073741824.0, hw.name.c_str());
       s.memory_warning = line;
     }
   }
   return s;
 }
 
-
-}  // namespace lumos::whatif
+} // namespace lumos::whatif

@@ -28,7 +28,8 @@ namespace lumos::whatif {
 
 /// NCCL time (ns, unrounded) of `c` moving `bytes` over `n` ranks on `link`; n ≤ 1 moves
 /// nothing and costs the link's base latency only (a group of one still enqueues the kernel).
-[[nodiscard]] inline double collective_ns(model::collective c, double bytes, std::int64_t n, const model::nccl_link& link) {
+[[nodiscard]] inline double collective_ns(model::collective c, double bytes, std::int64_t n,
+                                          const model::nccl_link& link) {
   if (n <= 1) return std::min(link.simple_base_ns, link.ll_base_ns);
   return model::nccl_flat_ns(c, std::max(bytes, 1.0), n, link);
 }
@@ -36,7 +37,8 @@ namespace lumos::whatif {
 /// The bytes a collective of measured time `measured_ns` over `n` ranks moved, when its args
 /// do not say: the inverse of `collective_ns` (bisection; 0 when the time is below the
 /// latency), so that the op's own measurement calibrates the size it is rescaled from.
-[[nodiscard]] inline double bytes_for_time(model::collective c, double measured_ns, std::int64_t n, const model::nccl_link& link) {
+[[nodiscard]] inline double bytes_for_time(model::collective c, double measured_ns, std::int64_t n,
+                                           const model::nccl_link& link) {
   if (n <= 1 || measured_ns <= collective_ns(c, 1.0, n, link)) return 0.0;
   double lo = 1.0, hi = 1.0;
   while (collective_ns(c, hi, n, link) < measured_ns && hi < 1e15) hi *= 2.0;
@@ -51,18 +53,20 @@ namespace lumos::whatif {
 /// `from_tp` is the traces' TP; going from TP 1 to more would need the TP collectives inserted
 /// into every layer, which the rescaling does not do. Throws `lumos::error`.
 inline void validate_tp(int from_tp, int to_tp, std::int64_t heads, std::int64_t ffn) {
-  if (to_tp <= 0) throw error("whatif --tp: the tensor-parallel size must be positive (got " + std::to_string(to_tp) + ")");
+  if (to_tp <= 0)
+    throw error("whatif --tp: the tensor-parallel size must be positive (got " + std::to_string(to_tp) + ")");
   if (heads % to_tp != 0) {
-    throw error("whatif --tp " + std::to_string(to_tp) + ": the model's " + std::to_string(heads) + " attention heads do not divide over " +
-                std::to_string(to_tp) + " tensor-parallel ranks");
+    throw error("whatif --tp " + std::to_string(to_tp) + ": the model's " + std::to_string(heads) +
+                " attention heads do not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
   }
   if (ffn % to_tp != 0) {
-    throw error("whatif --tp " + std::to_string(to_tp) + ": the FFN width " + std::to_string(ffn) + " does not divide over " +
-                std::to_string(to_tp) + " tensor-parallel ranks");
+    throw error("whatif --tp " + std::to_string(to_tp) + ": the FFN width " + std::to_string(ffn) +
+                " does not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
   }
   if (from_tp == 1 && to_tp != 1) {
     throw error("whatif --tp " + std::to_string(to_tp) +
-                ": the traces ran without tensor parallelism (TP 1), so they hold no TP collectives to resize; inserting them is not "
+                ": the traces ran without tensor parallelism (TP 1), so they hold no TP collectives to resize; "
+                "inserting them is not "
                 "built");
   }
 }
@@ -71,18 +75,21 @@ inline void validate_tp(int from_tp, int to_tp, std::int64_t heads, std::int64_t
 /// runs the same kernels on its shard), so the traced ranks are kept and each stands for its
 /// position in the new TP group — rank r of a new group would replay as traced rank
 /// r mod old TP — instead of copying ranks; the job's rank count changes by new/old TP.
-[[nodiscard]] inline std::string tp_fold_note(int from_tp, int to_tp, std::size_t ranks_traced, std::int64_t world_from) {
+[[nodiscard]] inline std::string tp_fold_note(int from_tp, int to_tp, std::size_t ranks_traced,
+                                              std::int64_t world_from) {
   const std::int64_t world_to = world_from * to_tp / from_tp;
-  std::string s = "TP " + std::to_string(from_tp) + " -> " + std::to_string(to_tp) + ": the job has " + std::to_string(world_to) +
-                  " ranks instead of " + std::to_string(world_from) + "; tensor-parallel ranks are symmetric, so the " +
-                  std::to_string(ranks_traced) + " traced rank(s) are kept (folded): ";
+  std::string s = "TP " + std::to_string(from_tp) + " -> " + std::to_string(to_tp) + ": the job has " +
+                  std::to_string(world_to) + " ranks instead of " + std::to_string(world_from) +
+                  "; tensor-parallel ranks are symmetric, so the " + std::to_string(ranks_traced) +
+                  " traced rank(s) are kept (folded): ";
   if (to_tp > from_tp) {
     s += "rank r of a new TP group replays as traced rank r mod " + std::to_string(from_tp);
   } else {
-    s += "the first " + std::to_string(to_tp) + " ranks of each traced TP group form a new group; the others replay the same";
+    s += "the first " + std::to_string(to_tp) +
+         " ranks of each traced TP group form a new group; the others replay the same";
   }
   s += "; each TP collective keeps its bytes per rank and runs over " + std::to_string(to_tp) + " ranks";
   return s;
 }
 
-}  // namespace lumos::whatif
+} // namespace lumos::whatif
