@@ -359,12 +359,24 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     for (const graph::task_id c : ci.complete) instance[c] = &ci;
   }
   std::vector<double> act_old(job.ranks.size(), act_from), act_new(job.ranks.size(), act_to);
+  std::vector<int> pass_of(job.ranks.size(), -1);
   auto set = [&](graph::task_id t, double ns) {
     out.before += g.duration[t];
     g.duration[t] = static_cast<time_ns>(std::llround(ns));
     out.after += g.duration[t];
   };
   for (const gpu_op_context& c : st.gpu_ops) {
+    // A forward pass starts from tokens × hidden (the embedding, or the activation received from
+    // the previous stage); a backward pass goes on from its forward's last output (the logits
+    // for the loss gradient on the last stage).
+    if (c.pass >= 0 && c.pass != pass_of[c.rank]) {
+      pass_of[c.rank] = c.pass;
+      const auto& passes = st.ranks[c.rank].passes;
+      if (static_cast<std::size_t>(c.pass) < passes.size() &&
+          passes[static_cast<std::size_t>(c.pass)].op.kind == pipeline::op_kind::forward) {
+        act_old[c.rank] = act_from, act_new[c.rank] = act_to;
+      }
+    }
     const trace::rank_trace& tr = job.ranks[c.rank];
     const auto& map = b.ranks[c.rank];
     if (c.op >= map.task_of_event.size()) continue;
