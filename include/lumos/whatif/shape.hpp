@@ -209,6 +209,7 @@ struct shape_stats {
   std::size_t unattributed = 0;      ///< compute ops in the passes whose shape did not map: unchanged
   time_ns before = 0, after = 0;     ///< summed GPU op time
   std::int64_t vocab_local = 0;      ///< V/TP from a logits GEMM, when one was seen
+  bool sequence_parallel = false;    ///< reduce-scatters in the forward passes: activations between GEMMs are 1/TP
 };
 
 /// The key/value heads of a grouped-query QKV GEMM of width `w` per rank (q + 2·kv_heads·d/TP),
@@ -358,7 +359,19 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   for (const auto& ci : g.collectives) {
     for (const graph::task_id c : ci.complete) instance[c] = &ci;
   }
-  std::vector<double> act_old(job.ranks.size(), act_from), act_new(job.ranks.size(), act_to);
+  // Sequence parallelism (a reduce-scatter inside the forward passes): between the layers'
+  // GEMMs each rank holds its 1/TP of the tokens, so norms, residuals and dropout work on
+  // tokens × hidden / TP.
+  bool sp = false;
+  for (const auto& c : st.gpu_ops) {
+    const auto& tr = job.ranks[c.rank];
+    sp = sp || (c.comm && !c.p2p && c.phase == phase_kind::forward &&
+                detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name)) ==
+                    "reducescatter");
+  }
+  const double base_from = act_from / (sp ? from.tp : 1), base_to = act_to / (sp ? to.tp : 1);
+  if (sp) out.sequence_parallel = true;
+  std::vector<double> act_old(job.ranks.size(), base_from), act_new(job.ranks.size(), base_to);
   std::vector<int> pass_of(job.ranks.size(), -1);
   auto set = [&](graph::task_id t, double ns) {
     out.before += g.duration[t];
@@ -374,7 +387,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       const auto& passes = st.ranks[c.rank].passes;
       if (static_cast<std::size_t>(c.pass) < passes.size() &&
           passes[static_cast<std::size_t>(c.pass)].op.kind == pipeline::op_kind::forward) {
-        act_old[c.rank] = act_from, act_new[c.rank] = act_to;
+        act_old[c.rank] = base_from, act_new[c.rank] = base_to;
       }
     }
     const trace::rank_trace& tr = job.ranks[c.rank];
@@ -428,6 +441,8 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       } else {
         ns = d * collective_ns(coll, bytes * ratio, n_to, link) / collective_ns(coll, bytes, n, link);
       }
+      if (sp && !gradients && coll == model::collective::reduce_scatter)
+        act_old[c.rank] = base_from, act_new[c.rank] = base_to;
       ++out.communication;
       set(t, ns);
       continue;
@@ -505,6 +520,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   field("micro-batch", a.micro_batch, b.micro_batch);
   field("TP", a.tp, b.tp);
   if (what.empty()) what = "the traces' own shape";
+  if (s.sequence_parallel) what += " (sequence parallel: activations between the GEMMs are 1/TP of the tokens)";
   char line[768];
   std::snprintf(line, sizeof line,
                 "shape %s: %zu GEMM and %zu attention ops rescaled through the kernel-level GEMM/attention model, %zu "
