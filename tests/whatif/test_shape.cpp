@@ -90,7 +90,7 @@ TEST_CASE("map_gemm: tokens, hidden and inner widths follow the new shape", "[wh
   CHECK(g->to.n == 3072);
 }
 
-TEST_CASE("target_shape: head dim follows hidden / heads; invalid targets are errors", "[whatif][shape][tp]") {
+TEST_CASE("target_shape: head dim follows hidden / heads, and invalid targets are errors", "[whatif][shape][tp]") {
   const auto a = pipeline_shape();
   whatif::shape_target t;
   t.heads = 32;
