@@ -555,14 +555,20 @@ struct shape_figures {
   m.name = "whatif";
   m.layers = layers, m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
   f.vocab_known = vocab > 0;
-  m.vocab = vocab > 0 ? vocab : c.tp; // unknown: a vocabulary of one row per rank, i.e. none
+  // Unknown: a vocabulary of one row per rank, i.e. none; known: padded to a multiple of TP
+  // as Megatron pads it.
+  m.vocab = vocab > 0 ? (vocab + c.tp - 1) / c.tp * c.tp : c.tp;
   model::parallel_config par;
   par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
   par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
   if (m.hidden % m.heads == 0 && m.layers % pp == 0) {
     model::memory_options mo;
     mo.in_flight_microbatches = in_flight;
-    f.memory_bytes_per_gpu = model::memory_per_gpu(m, par, 0, mo).total();
+    try {
+      f.memory_bytes_per_gpu = model::memory_per_gpu(m, par, 0, mo).total();
+    } catch (const error&) {
+      f.memory_bytes_per_gpu = 0; // a shape the memory model does not take (e.g. KV heads): no figure
+    }
   }
   const double per_pass =
       static_cast<double>(layers / pp) * c.layer_forward_flops_local(false) +
