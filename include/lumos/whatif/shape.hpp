@@ -129,8 +129,7 @@ struct shape_config {
     }
     to.head_dim = to.hidden / to.heads;
   }
-  if (to.tp != from.tp || t.heads || t.ffn) validate_tp(from.tp, to.tp, to.heads, to.ffn);
-  if (to.heads % to.tp != 0 || to.ffn % to.tp != 0) validate_tp(from.tp, to.tp, to.heads, to.ffn);
+  validate_tp(from.tp, to.tp, to.heads, to.ffn);
   return to;
 }
 
