@@ -1,14 +1,15 @@
 #pragma once
-// lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]
-//              [--seq N] [--micro-batch N] [--tp N] [--step N] [--scale ...]... [--json]
-//              [--trace-out DIR]
+// lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]
+//              [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]
+//              [--micro-batch N] [--tp N] [--step N] [--scale ...]... [--json] [--trace-out DIR]
 
 #include "cli.hpp"
 #include "replay.hpp"
 
 #include <lumos/core/json_writer.hpp>
 #include <lumos/report/html.hpp>
-#include <lumos/report/trace_writer.hpp>
+#include <lumos/report/trace_files.hpp>
+#include <lumos/synth/schedules.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
@@ -18,8 +19,9 @@
 namespace lumos::cli {
 
 inline constexpr std::string_view whatif_usage =
-    "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
-    "                    [--seq N] [--micro-batch N] [--tp N] [--step N] [--scale KIND=F]...\n"
+    "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]\n"
+    "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
+    "                    [--micro-batch N] [--tp N] [--step N] [--scale KIND=F]...\n"
     "                    [--scale op:TEXT=F]... [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
@@ -37,6 +39,15 @@ inline constexpr std::string_view whatif_usage =
     "                      NCCL model); needs the shape in the traces (`lumos inspect --structure`)\n"
     "  --tp N              another tensor-parallel size: per-rank GEMMs and heads divided by N, TP\n"
     "                      collectives over N ranks; the traced ranks stand for the new TP group\n"
+    "  --dp N              N data-parallel replicas: the gradient collectives resized with a latency +\n"
+    "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
+    "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica\n"
+    "  --global-batch N    global batch in micro-batches (default: kept when it divides over --dp, else\n"
+    "                      the per-replica batch is kept); with PP, the micro-batches per replica change\n"
+    "  --pp N, --vp N      pipeline stages and model chunks per stage (layers must divide over them)\n"
+    "  --schedule NAME     gpipe, 1f1b, interleaved or zb-h1: a pass-level model of the new pipeline (each\n"
+    "                      pass one task per stage, its replayed layer costs, the trace's own p2p latency)\n"
+    "                      added as a difference to the replay; prints the stages and the bubble\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
     "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...],\"shape\":{...}}\n"
     "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
@@ -86,6 +97,39 @@ inline std::string shape_text(const whatif::shape_summary& s) {
   return out;
 }
 
+inline void pipeline_json(json_writer& w, const whatif::pipeline_prediction& p) {
+  auto sim = [&](const whatif::pipeline_simulation& s) {
+    w.begin_object().field("schedule", std::string(pipeline::schedule_name(s.kind))).field("stages", s.shape.stages);
+    w.field("micro_batches", s.shape.micro_batches).field("chunks", s.shape.chunks).field("layers_per_chunk", s.layers_per_chunk);
+    w.field("makespan_ns", s.makespan).field("bubble_fraction", s.bubble_fraction).field("p2p_transfers", s.p2p_transfers);
+    w.key("stage_busy_ns").begin_array();
+    for (const auto& st : s.stages) w.value(st.busy);
+    w.end_array().end_object();
+  };
+  w.key("pipeline").begin_object().field("model", "pass-level").field("iteration_ns", p.iteration_ns);
+  w.field("bubble_fraction", p.predicted.bubble_fraction);
+  w.key("baseline");
+  sim(p.baseline);
+  w.key("predicted");
+  sim(p.predicted);
+  w.end_object();
+}
+
+inline std::string pipeline_text(const whatif::pipeline_prediction& p) {
+  char line[256];
+  std::string out;
+  std::snprintf(line, sizeof line, "\npipeline (pass-level model): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
+                std::string(pipeline::schedule_title(p.predicted.kind)).c_str(), p.predicted.shape.stages, p.predicted.shape.micro_batches,
+                p.predicted.shape.chunks, ms(p.iteration_ns).c_str(), 100 * p.predicted.bubble_fraction);
+  out += line;
+  for (const auto& s : p.predicted.stages) {
+    std::snprintf(line, sizeof line, "  stage %3d  busy %12s  last pass ends %12s after the first starts\n", s.stage, ms(s.busy).c_str(), ms(s.end).c_str());
+    out += line;
+  }
+  out += "  (the per-rank rows above are the replay the prediction is anchored on)\n";
+  return out;
+}
+
 inline int run_whatif(args& a) {
   whatif::whatif_options o;
   if (const auto step = a.option("--step")) o.replay.step = parse_number<int>(*step, "--step");
@@ -96,6 +140,25 @@ inline int run_whatif(args& a) {
   if (const auto layers = a.option("--layers")) {
     o.layers = parse_number<int>(*layers, "--layers");
     if (*o.layers <= 0) throw usage_error("--layers must be a positive number of layers (got " + *layers + ")");
+  }
+  auto positive = [&](const char* flag) -> std::optional<int> {
+    const auto v = a.option(flag);
+    if (!v) return std::nullopt;
+    const int n = parse_number<int>(*v, flag);
+    if (n <= 0) throw usage_error(std::string(flag) + " must be a positive number (got " + *v + ")");
+    return n;
+  };
+  o.dp = positive("--dp");
+  o.pp = positive("--pp");
+  o.vp = positive("--vp");
+  if (const auto gb = positive("--global-batch")) o.global_batch = *gb;
+  if (o.global_batch && !o.dp) throw usage_error("--global-batch needs --dp");
+  if (const auto sched = a.option("--schedule")) {
+    try {
+      o.schedule = synth::parse_schedule_name(*sched);
+    } catch (const error& e) {
+      throw usage_error(e.what());
+    }
   }
   if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
   for (const auto& [flag, field] : {std::pair{"--hidden", &o.shape.hidden}, std::pair{"--ffn", &o.shape.ffn}, std::pair{"--heads", &o.shape.heads},
@@ -123,12 +186,19 @@ inline int run_whatif(args& a) {
   const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
-  if (o.gpu.empty() && !o.layers && !o.shape.any() && o.groups.empty() && scaled.ops.empty() && scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 &&
-      scaled.scales.cpu == 1.0) {
-    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
+  if (trace_out && (o.pp || o.vp || o.schedule)) {
+    throw usage_error("--trace-out: a pipeline change is predicted by a pass-level model, which writes no traces yet");
+  }
+  if (o.gpu.empty() && !o.layers && !o.dp && !o.pp && !o.vp && !o.schedule && !o.shape.any() && o.groups.empty() && scaled.ops.empty() &&
+      scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 && scaled.scales.cpu == 1.0) {
+    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
+                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
   }
   const trace::job job = trace::load_job(paths(inputs));
   const whatif::whatif_result r = whatif::run_whatif(job, o);
+  if (trace_out && r.pipeline) {
+    throw usage_error("--trace-out: the micro-batches per replica changed, which a pass-level model predicts; it writes no traces yet");
+  }
   std::vector<std::filesystem::path> written;
   if (trace_out) written = report::write_kineto(report::simulated_from(r.predicted, job), report::rank_numbers(job), *trace_out);
   if (html) {
@@ -152,6 +222,7 @@ inline int run_whatif(args& a) {
     for (const auto& c : r.changes) w.value(c);
     w.end_array();
     if (r.shape) shape_json(w, *r.shape);
+    if (r.pipeline) pipeline_json(w, *r.pipeline);
     if (trace_out) {
       w.key("trace_out").begin_array();
       for (const auto& f : written) w.value(f.string());
@@ -180,6 +251,7 @@ inline int run_whatif(args& a) {
                   r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
     out += line;
     if (r.shape) out += shape_text(*r.shape);
+    if (r.pipeline) out += pipeline_text(*r.pipeline);
     for (const auto& f : written) out += "wrote " + f.string() + "\n";
   }
   write_stdout(out);

@@ -306,6 +306,33 @@ TEST_CASE("whatif --hidden/--seq/--tp: shape JSON, the traces' own shape is the 
   CHECK(run("whatif " + job + " --hidden x").code == 2);
 }
 
+TEST_CASE("whatif --pp --schedule --dp: the pipeline section of the JSON, and bad targets exit 2", "[cli][whatif]") {
+  const std::string job = data("whatif/pp4_1f1b");
+  const result r = run("whatif " + job + " --pp 2 --schedule gpipe --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(r.out);
+  simdjson::dom::element p = doc["pipeline"];
+  CHECK(std::string_view(p["model"]) == "pass-level");
+  CHECK(std::string_view(p["predicted"]["schedule"]) == "gpipe");
+  CHECK(int64_t(p["predicted"]["stages"]) == 2);
+  CHECK(int64_t(p["predicted"]["layers_per_chunk"]) == 4);  // 8 layers over 2 stages
+  CHECK(simdjson::dom::array(p["predicted"]["stage_busy_ns"]).size() == 2);
+  CHECK(int64_t(doc["predicted"]["iteration_ns"]) == int64_t(p["iteration_ns"]));
+  const double bubble = p["bubble_fraction"];
+  CHECK((bubble > 0.0 && bubble < 1.0));
+  // The identity: the traces' own pipeline and DP size.
+  const result same = run("whatif " + job + " --pp 4 --schedule 1f1b --dp 1 --json");
+  REQUIRE(same.code == 0);
+  simdjson::dom::parser parser2;
+  simdjson::dom::element d2 = parser2.parse(same.out);
+  CHECK(int64_t(d2["predicted"]["iteration_ns"]) == int64_t(d2["baseline"]["iteration_ns"]));
+  CHECK(run("whatif " + job + " --pp 3").code == 2);  // 8 layers over 3 stages
+  CHECK(run("whatif " + job + " --schedule round-robin").code == 2);
+  CHECK(run("whatif " + job + " --dp 0").code == 2);
+  CHECK(run("whatif " + job + " --pp 2 --trace-out /tmp/x").code == 2);
+}
+
 TEST_CASE("replay, whatif and predict write the HTML report with --report", "[cli][report]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
   lumos_test::temp_dir dir;

@@ -414,7 +414,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
                          ? known->second
                          : c.phase == phase_kind::optimizer || (c.phase == phase_kind::backward && c.layer < 0));
       const double ratio = gradients ? param_ratio[c.rank] : act_to / act_from;
-      const auto coll = collective_of_kind(kname);
+      const auto coll = modelled_collective(kname);
       std::int64_t n = 2;
       if (const auto it = instance.find(t); it != instance.end()) {
         n = static_cast<std::int64_t>(it->second->group_ranks.empty() ? it->second->arrive.size()

@@ -18,7 +18,7 @@
 namespace lumos::whatif {
 
 /// The collective a communication op runs, from its kind as `detail::comm_kind` names it.
-[[nodiscard]] inline model::collective collective_of_kind(std::string_view kind) noexcept {
+[[nodiscard]] inline model::collective modelled_collective(std::string_view kind) noexcept {
   if (kind == "allgather") return model::collective::all_gather;
   if (kind == "reducescatter") return model::collective::reduce_scatter;
   if (kind == "alltoall") return model::collective::all_to_all;

@@ -5,9 +5,11 @@
 // overheads — stays; the waits are recomputed by the replay (docs/replay.md, *Delays*).
 
 #include <lumos/report/replay_report.hpp>
+#include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/layers.hpp>
+#include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
 
@@ -31,6 +33,12 @@ struct whatif_options {
   /// sentence for the report.
   std::vector<repeat_group> groups;
   std::string groups_change;
+  /// Data-parallel replicas (whatif/data_parallel.hpp) and the global batch in micro-batches.
+  std::optional<int> dp;
+  std::optional<std::int64_t> global_batch;
+  /// Pipeline stages, chunks and schedule (whatif/pipeline.hpp).
+  std::optional<int> pp, vp;
+  std::optional<pipeline::schedule_kind> schedule;
 };
 
 /// The baseline replay, the predicted one, and what was changed.
@@ -38,6 +46,10 @@ struct whatif_result {
   report::replay_session baseline;
   report::replay_session predicted;
   std::vector<std::string> changes;
+  /// Set when the pipeline changed (stages, chunks, schedule or micro-batches): the pass-level
+  /// prediction; `predicted.simulated_ns` is then its iteration and `predicted.ranks` keep the
+  /// replay it is anchored on (the traces' stages with any DP change).
+  std::optional<pipeline_prediction> pipeline;
   std::optional<shape_summary> shape;  ///< when the traces' model shape is known and a shape or layer change was asked
 };
 
@@ -53,6 +65,19 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
   }
   b.kept = std::move(kept);
   b.graph = std::move(edited.graph);
+}
+
+/// The machine whose links price communication the trace does not measure: the traces' GPU
+/// preset (or `from`), else the H100 preset, with a sentence saying which.
+[[nodiscard]] inline std::pair<model::hardware, std::string> comm_hardware(const trace::job& job, const std::string& from) {
+  try {
+    model::hardware hw = source_gpu(job, from);
+    std::string note = "NVLink and NIC of the " + hw.name + " preset";
+    return {std::move(hw), std::move(note)};
+  } catch (const error&) {
+    model::hardware hw = model::hardware_preset("h100-sxm");
+    return {std::move(hw), "the traces' GPU has no preset: NVLink and NIC of the h100-sxm preset"};
+  }
 }
 
 /// Runs the baseline and the what-if of `job`.
@@ -73,17 +98,19 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
     out.changes.emplace_back(line);
   }
   if (!o.groups.empty()) out.changes.push_back(o.groups_change);
+  const bool pipeline_asked = o.pp || o.vp || o.schedule;
   std::optional<job_structure> structure;
+  std::optional<int> micro_batches;  // per replica, when DP changes them
   std::optional<shape_config> shape_from, shape_to;
   out.predicted = report::replay_job(job, o.replay, [&](graph::built_job& b) {
     std::vector<repeat_group> groups = o.groups;
-    if (o.layers || o.shape.any()) {
+    if (o.dp || pipeline_asked || o.layers || o.shape.any()) {
       structure_options so = o.structure;
       so.step = o.replay.step;
       structure = discover_structure(job, b, so);
     }
     if (o.shape.any()) {
-      // Shape first: layer copies and the GPU change then start from the rescaled durations.
+      // Shape first: DP, layer copies and the GPU change then start from the rescaled durations.
       shape_from = traced_shape(*structure);
       shape_to = target_shape(*shape_from, o.shape);
       std::string note;
@@ -100,8 +127,31 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
         }
       }
     }
-    if (o.layers) {
-      const layer_rewrite lr = layers_to(b, *structure, *o.layers);
+    if (o.dp) {
+      const auto [hw, hw_note] = comm_hardware(job, o.from_gpu);
+      const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
+      const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, *o.dp, hw.gpus_per_node, ratio, hw_note);
+      out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
+      const auto& par = structure->parallel;
+      if (d.from != d.to || o.global_batch) {
+        const int m = par.micro_batches.value.value_or(1);
+        const micro_batch_plan mp = plan_micro_batches(m, d.from, d.to, o.global_batch);
+        if (mp.micro_batches != m && par.pp.value.value_or(1) > 1) {
+          micro_batches = mp.micro_batches;
+          out.changes.push_back("micro-batches per replica " + std::to_string(m) + " -> " + std::to_string(mp.micro_batches) + ": " + mp.why);
+        } else if (mp.micro_batches != m) {
+          out.changes.push_back("micro-batches per replica: " + mp.why + "; changing them without pipeline parallelism is not yet "
+                                "built, so the per-replica batch is kept (" + std::to_string(m) + ")");
+        } else {
+          out.changes.push_back("micro-batches per replica: " + mp.why);
+        }
+      }
+    }
+    if (o.layers && !(pipeline_asked || micro_batches)) {
+      // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
+      structure_options so = o.structure;
+      so.step = o.replay.step;
+      const layer_rewrite lr = layers_to(b, o.dp ? discover_structure(job, b, so) : *structure, *o.layers);
       groups.insert(groups.end(), lr.groups.begin(), lr.groups.end());
       out.changes.push_back(lr.change);
     }
@@ -121,6 +171,16 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       out.changes.emplace_back(line);
     }
   });
+  if (pipeline_asked || micro_batches) {
+    pipeline_target t;
+    t.pp = o.pp, t.vp = o.vp, t.schedule = o.schedule, t.micro_batches = micro_batches, t.layers = o.layers;
+    const auto hw = comm_hardware(job, o.from_gpu).first;
+    pipeline_prediction pp = predict_pipeline(out.predicted.built.graph, out.predicted.simulated_times(), *structure,
+                                              out.predicted.simulated_ns, t, hw);
+    out.changes.insert(out.changes.end(), pp.changes.begin(), pp.changes.end());
+    out.predicted.simulated_ns = pp.iteration_ns;
+    out.pipeline = std::move(pp);
+  }
   if (structure && !shape_from) {
     try {
       shape_from = shape_to = traced_shape(*structure);
@@ -128,8 +188,11 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       // the shape is unknown: no memory or MFU figures
     }
   }
-  if (structure && shape_from) out.shape = summarize(job, *structure, *shape_from, *shape_to, o.layers, o.from_gpu, o.gpu, out.baseline.simulated_ns, out.predicted.simulated_ns);
-  if (out.shape && !out.shape->memory_warning.empty()) out.changes.push_back(out.shape->memory_warning);
+  if (structure && shape_from) {
+    out.shape = summarize(job, *structure, *shape_from, *shape_to, o.layers, o.from_gpu, o.gpu, out.baseline.simulated_ns,
+                          out.predicted.simulated_ns);
+    if (!out.shape->memory_warning.empty()) out.changes.push_back(out.shape->memory_warning);
+  }
   return out;
 }
 

@@ -31,6 +31,10 @@ CONFIGS = {
     "pp4_gpipe": ("gpipe", 4, 4, 1, 2, False),
     "pp2_interleaved": ("interleaved", 2, 4, 2, 2, False),
     "pp4_interleaved": ("interleaved", 4, 8, 2, 2, False),
+    # Targets of the pipeline what-if from pp4_1f1b (8 layers, m 8), same layers and micro-batches:
+    "pp2_1f1b_m8": ("1f1b", 2, 8, 1, 4, False),
+    "pp4_gpipe_m8": ("gpipe", 4, 8, 1, 2, False),
+    "pp4_interleaved_l1": ("interleaved", 4, 8, 2, 1, False),
 }
 
 

@@ -1,0 +1,236 @@
+#pragma once
+// The data-parallel what-if (`lumos whatif --dp N`): the gradient collectives of the traced ranks
+// resized for N replicas with a communication model fitted on the trace's own collectives, and
+// the micro-batches per replica that the global batch implies. DP replicas are symmetric, so the
+// traced ranks stand for all of them: the predicted job keeps its ranks, and only their DP
+// collectives (transfer time and group size) change.
+
+#include <lumos/core/error.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace lumos::whatif {
+
+/// Latency + bandwidth fit of one collective kind: t = alpha + bus_factor(n)·bytes / busbw.
+struct comm_fit {
+  double alpha_ns = 0;   ///< fixed time per collective
+  double busbw = 0;      ///< bytes/ns on the bus (nccl-tests convention)
+  std::size_t samples = 0;
+  std::string how;       ///< "least squares over K collectives", "one size: bandwidth only", ...
+
+  [[nodiscard]] double time_ns(model::collective c, double bytes, std::int64_t n) const noexcept {
+    if (n <= 1 || bytes <= 0) return 0.0;
+    return alpha_ns + model::bus_factor(c, n) * bytes / busbw;
+  }
+};
+
+/// The model kind of a graph collective's kind string, if it is one the fit knows.
+[[nodiscard]] inline std::optional<model::collective> collective_of_kind(std::string_view kind) {
+  std::string k(kind);
+  std::erase(k, '_');
+  if (k == "allreduce") return model::collective::all_reduce;
+  if (k == "allgather") return model::collective::all_gather;
+  if (k == "reducescatter") return model::collective::reduce_scatter;
+  if (k == "broadcast") return model::collective::broadcast;
+  if (k == "alltoall") return model::collective::all_to_all;
+  return std::nullopt;
+}
+
+/// Fits `comm_fit` for kind `c` on every matched instance of that kind in `g` with a known size:
+/// x = bus_factor(n)·bytes, y = the transfer time (mean over participants). Least squares when
+/// the sizes differ and the fit is physical (alpha ≥ 0, bandwidth > 0), else bandwidth through
+/// the origin. Throws when no instance has a size.
+[[nodiscard]] inline comm_fit fit_collective(const graph::task_graph& g, model::collective c) {
+  std::vector<double> xs, ys;
+  for (const auto& ci : g.collectives) {
+    const auto k = collective_of_kind(ci.kind);
+    if (!k || *k != c || ci.bytes <= 0 || ci.complete.empty()) continue;
+    const auto n = static_cast<std::int64_t>(ci.group_ranks.empty() ? ci.complete.size() : ci.group_ranks.size());
+    if (n <= 1) continue;
+    double sum = 0;
+    for (const graph::task_id t : ci.complete) sum += static_cast<double>(g.duration[t]);
+    xs.push_back(model::bus_factor(c, n) * static_cast<double>(ci.bytes));
+    ys.push_back(sum / static_cast<double>(ci.complete.size()));
+  }
+  if (xs.empty()) throw error("whatif --dp: the trace has no sized collective of this kind to fit a communication model on");
+  comm_fit f;
+  f.samples = xs.size();
+  const double n = static_cast<double>(xs.size());
+  double mx = 0, my = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) mx += xs[i] / n, my += ys[i] / n;
+  double sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) sxx += (xs[i] - mx) * (xs[i] - mx), sxy += (xs[i] - mx) * (ys[i] - my);
+  if (xs.size() >= 2 && sxx > 0 && sxy > 0 && my - sxy / sxx * mx >= 0) {
+    f.busbw = sxx / sxy;
+    f.alpha_ns = my - mx / f.busbw;
+    f.how = "least squares over " + std::to_string(xs.size()) + " collectives";
+  } else {
+    f.busbw = my > 0 ? mx / my : 1.0;
+    f.alpha_ns = 0;
+    f.how = "bandwidth through the origin over " + std::to_string(xs.size()) + " collective(s) (sizes too alike for a latency)";
+  }
+  return f;
+}
+
+/// What the DP rewrite did.
+struct dp_rewrite_stats {
+  int from = 1, to = 1;
+  std::size_t collectives = 0;  ///< instances resized
+  time_ns before = 0, after = 0;  ///< their transfer time, summed over participants
+  std::vector<std::string> changes;
+};
+
+/// Micro-batches per replica for `dp` replicas: keeps the global batch when `m·dp_old` divides
+/// by `dp`, else keeps the per-replica batch; `global_batch` (in micro-batches of the trace's
+/// size over all replicas) overrides. `why` says which.
+struct micro_batch_plan {
+  int micro_batches = 1;
+  std::string why;
+};
+
+[[nodiscard]] inline micro_batch_plan plan_micro_batches(int m, int dp_old, int dp_new, std::optional<std::int64_t> global_micro_batches) {
+  micro_batch_plan p;
+  if (global_micro_batches) {
+    if (*global_micro_batches <= 0 || *global_micro_batches % dp_new != 0) {
+      throw error("whatif --global-batch: " + std::to_string(*global_micro_batches) + " micro-batches do not divide over " +
+                  std::to_string(dp_new) + " data-parallel replicas");
+    }
+    p.micro_batches = static_cast<int>(*global_micro_batches / dp_new);
+    p.why = "global batch " + std::to_string(*global_micro_batches) + " micro-batches (--global-batch): " +
+            std::to_string(p.micro_batches) + " per replica";
+    return p;
+  }
+  const long long global = static_cast<long long>(m) * dp_old;
+  if (global % dp_new == 0) {
+    p.micro_batches = static_cast<int>(global / dp_new);
+    p.why = "global batch kept (" + std::to_string(global) + " micro-batches = " + std::to_string(dp_new) + " replicas x " +
+            std::to_string(p.micro_batches) + ")";
+  } else {
+    p.micro_batches = m;
+    p.why = "global batch of " + std::to_string(global) + " micro-batches does not divide over " + std::to_string(dp_new) +
+            " replicas: per-replica batch kept (" + std::to_string(m) + " micro-batches), global batch becomes " +
+            std::to_string(static_cast<long long>(m) * dp_new);
+  }
+  return p;
+}
+
+/// Resizes the DP collectives of `g` (instances of a process group whose role is DP) from
+/// `st.parallel.dp` to `dp` replicas: each transfer time t becomes
+/// t · T(n') / T(n), T from the fit of its kind on the trace's own collectives; when n' spans
+/// more nodes than n (`gpus_per_node` GPUs per node), the bandwidth term of T(n') uses the
+/// inter-node bandwidth (`inter_over_intra` of the intra-node one). Group sizes in the graph
+/// are set to n' (ranks beyond the traced ones are not in the graph: replicas are symmetric).
+/// Identity (n' = n) leaves every duration as it is. Throws when the trace's DP size or DP
+/// collectives are unknown.
+[[nodiscard]] inline dp_rewrite_stats resize_data_parallel(graph::task_graph& g, const job_structure& st, int dp, int gpus_per_node,
+                                                           double inter_over_intra, const std::string& inter_source) {
+  if (dp <= 0) throw error("whatif --dp: the data-parallel size must be positive (got " + std::to_string(dp) + ")");
+  if (!st.parallel.dp.known()) throw error("whatif --dp: the traces' data-parallel size is unknown (" + st.parallel.dp.source + ")");
+  dp_rewrite_stats out;
+  out.from = *st.parallel.dp.value;
+  out.to = dp;
+  std::set<std::string> dp_groups;
+  for (const auto& pg : st.groups) {
+    for (const auto& r : pg.roles) {
+      if (r.value == group_role::dp) dp_groups.insert(pg.name);
+    }
+  }
+  if (out.from == dp) {
+    out.changes.push_back("DP " + std::to_string(dp) + " -> " + std::to_string(dp) + ": unchanged");
+    return out;
+  }
+  if (dp_groups.empty()) {
+    out.changes.push_back("DP " + std::to_string(out.from) + " -> " + std::to_string(dp) +
+                          ": the trace has no gradient collective (no DP group), nothing to resize");
+    return out;
+  }
+  const int tp = st.parallel.tp.value.value_or(1);
+  std::map<model::collective, comm_fit> fits;
+  bool unsized = false, others = false;
+  for (auto& ci : g.collectives) {
+    if (!dp_groups.count(ci.group)) continue;
+    const auto kind = collective_of_kind(ci.kind);
+    // Gradient collectives only: an all-to-all or broadcast in the same group (embedding
+    // exchange, parameter broadcast) is not data-parallel traffic and keeps its measured time.
+    if (!kind || !(*kind == model::collective::all_reduce || *kind == model::collective::reduce_scatter ||
+                   *kind == model::collective::all_gather)) {
+      others = true;
+      continue;
+    }
+    const auto n = static_cast<std::int64_t>(ci.group_ranks.empty() ? out.from : static_cast<int>(ci.group_ranks.size()));
+    // A DP group of n replicas: scaled by the DP ratio (a world group that is also DP grows the same way).
+    const std::int64_t n_new = std::max<std::int64_t>(1, n * dp / out.from);
+    // GPUs a group's ranks occupy: its members are TP apart, so it leaves a node once n · tp
+    // exceeds the node.
+    const bool crossed_before = n * tp > gpus_per_node, crossed_after = n_new * tp > gpus_per_node;
+    const double slower = crossed_after && !crossed_before ? inter_over_intra : 1.0;
+    double ratio = 1.0;
+    if (ci.bytes > 0) {
+      if (!fits.count(*kind)) fits.emplace(*kind, fit_collective(g, *kind));
+      const comm_fit& f = fits.at(*kind);
+      comm_fit after = f;
+      after.busbw = f.busbw * slower;
+      const double bytes = static_cast<double>(ci.bytes);
+      const double t_old = f.time_ns(*kind, bytes, n), t_new = after.time_ns(*kind, bytes, n_new);
+      ratio = t_old > 0 ? t_new / t_old : 1.0;
+    } else {
+      // No size recorded: no latency can be told from bandwidth, so the whole measured time is
+      // taken as bandwidth time (an upper bound on the change for small messages).
+      unsized = true;
+      const double b_old = model::bus_factor(*kind, n);
+      ratio = b_old > 0 ? model::bus_factor(*kind, n_new) / b_old / slower : 1.0;
+    }
+    for (const graph::task_id t : ci.complete) {
+      out.before += g.duration[t];
+      g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * ratio));
+      out.after += g.duration[t];
+    }
+    // Members beyond the traced ranks get numbers past the largest (they are not in the graph).
+    int next = ci.group_ranks.empty() ? 0 : *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
+    while (static_cast<std::int64_t>(ci.group_ranks.size()) < n_new) ci.group_ranks.push_back(next++);
+    if (static_cast<std::int64_t>(ci.group_ranks.size()) > n_new) ci.group_ranks.resize(static_cast<std::size_t>(n_new));
+    ++out.collectives;
+  }
+  if (unsized) {
+    out.changes.push_back("the trace records no message size for some gradient collectives: their measured time is scaled by the "
+                          "ring factor alone (bus_factor(n')/bus_factor(n)), as if it were all bandwidth time");
+  }
+  if (others) {
+    out.changes.push_back("collectives of the DP group that are not gradient reductions (all-to-all, broadcast) keep their measured "
+                          "time and group");
+  }
+  char line[640];
+  for (const auto& [kind, f] : fits) {
+    std::snprintf(line, sizeof line, "communication model for %s: %.1f us + bus_factor(n) x bytes / %.1f GB/s (%s)",
+                  std::string(model::to_string(kind)).c_str(), f.alpha_ns / 1e3, f.busbw, f.how.c_str());
+    out.changes.emplace_back(line);
+  }
+  std::snprintf(line, sizeof line,
+                "DP %d -> %d: %zu gradient collectives resized (ring factor 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter "
+                "and all-gather%s): %.3f -> %.3f ms of transfer time over the traced ranks; the traced ranks stand for every "
+                "replica (replicas are symmetric), so the predicted job keeps %zu ranks rather than growing x%.2f",
+                out.from, dp, out.collectives,
+                (static_cast<long long>(dp) * tp > gpus_per_node && static_cast<long long>(out.from) * tp <= gpus_per_node)
+                    ? ("; beyond " + std::to_string(gpus_per_node) + " GPUs per node the bandwidth term uses the inter-node link, x" +
+                       std::to_string(inter_over_intra).substr(0, 5) + " of the fitted one (" + inter_source + ")")
+                          .c_str()
+                    : "",
+                static_cast<double>(out.before) / 1e6, static_cast<double>(out.after) / 1e6, st.ranks.size(),
+                static_cast<double>(dp) / out.from);
+  out.changes.emplace_back(line);
+  return out;
+}
+
+}  // namespace lumos::whatif
