@@ -1,6 +1,7 @@
 #pragma once
 // lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]
-//              [--pp N] [--vp N] [--schedule NAME] [--step N] [--scale ...]... [--json] [--trace-out DIR]
+//              [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]
+//              [--micro-batch N] [--tp N] [--step N] [--scale ...]... [--json] [--trace-out DIR]
 
 #include "cli.hpp"
 #include "replay.hpp"
@@ -18,7 +19,9 @@
 namespace lumos::cli {
 
 inline constexpr std::string_view whatif_usage =
-    "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--step N] [--scale KIND=F]...\n"
+    "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]\n"
+    "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
+    "                    [--micro-batch N] [--tp N] [--step N] [--scale KIND=F]...\n"
     "                    [--scale op:TEXT=F]... [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
@@ -29,6 +32,13 @@ inline constexpr std::string_view whatif_usage =
     "  --from-gpu PRESET   the traces' GPU, when their deviceProperties name none of the presets\n"
     "  --layers N          N transformer layers: each layer's launches and kernels (found by `lumos inspect\n"
     "                      --structure`) repeated or removed in place, with its collectives\n"
+    "  --hidden N, --ffn N, --heads N, --seq N, --micro-batch N\n"
+    "                      another model shape: each GPU op rescaled by its modelled time in the new\n"
+    "                      shape over the traced one (GEMMs from their Input Dims, attention by\n"
+    "                      b·heads·s²·d, other kernels by activation bytes, collectives through the\n"
+    "                      NCCL model); needs the shape in the traces (`lumos inspect --structure`)\n"
+    "  --tp N              another tensor-parallel size: per-rank GEMMs and heads divided by N, TP\n"
+    "                      collectives over N ranks; the traced ranks stand for the new TP group\n"
     "  --dp N              N data-parallel replicas: the gradient collectives resized with a latency +\n"
     "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
     "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica\n"
@@ -39,7 +49,7 @@ inline constexpr std::string_view whatif_usage =
     "                      pass one task per stage, its replayed layer costs, the trace's own p2p latency)\n"
     "                      added as a difference to the replay; prints the stages and the bubble\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
-    "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...]}\n"
+    "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...],\"shape\":{...}}\n"
     "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
     "                      `lumos replay` reads back and replays to the same prediction\n"
     "  --report FILE       the HTML report of the prediction, with the baseline beside it\n";
@@ -54,6 +64,37 @@ inline void session_json(json_writer& w, const report::replay_session& s) {
     w.field("sm_utilization", r.simulated.sm.mean).end_object();
   }
   w.end_array().end_object();
+}
+
+inline void shape_json(json_writer& w, const whatif::shape_summary& s) {
+  auto config = [&](const char* key, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
+    w.key(key).begin_object();
+    w.field("hidden", c.hidden).field("ffn", c.ffn).field("heads", c.heads).field("head_dim", c.head_dim).field("seq", c.seq);
+    w.field("micro_batch_size", c.micro_batch).field("tp", c.tp).field("world", f.world);
+    w.field("memory_bytes_per_gpu", f.memory_bytes_per_gpu).field("model_flops_per_rank", f.model_flops_per_rank).field("mfu", mfu);
+    w.field("vocab_known", f.vocab_known).end_object();
+  };
+  w.key("shape").begin_object();
+  config("baseline", s.from, s.baseline, s.mfu_baseline);
+  config("predicted", s.to, s.predicted, s.mfu_predicted);
+  w.end_object();
+}
+
+inline std::string shape_text(const whatif::shape_summary& s) {
+  std::string out;
+  char line[512];
+  auto row = [&](const char* what, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
+    std::snprintf(line, sizeof line, "  %-9s hidden %lld, FFN %lld, %lld heads of %lld, seq %lld, micro-batch %lld, TP %d, %lld ranks: %.2f GiB per GPU, MFU %.1f %%\n",
+                  what, static_cast<long long>(c.hidden), static_cast<long long>(c.ffn), static_cast<long long>(c.heads),
+                  static_cast<long long>(c.head_dim), static_cast<long long>(c.seq), static_cast<long long>(c.micro_batch), c.tp,
+                  static_cast<long long>(f.world), f.memory_bytes_per_gpu / 1073741824.0, 100.0 * mfu);
+    out += line;
+  };
+  out += "\nmodel shape (memory per GPU: model/memory.hpp; MFU: model FLOPs per rank of the layers" +
+         std::string(s.baseline.vocab_known ? " and the logits" : " (the vocabulary is not in the traces)") + ")\n";
+  row("baseline", s.from, s.baseline, s.mfu_baseline);
+  row("predicted", s.to, s.predicted, s.mfu_predicted);
+  return out;
 }
 
 inline void pipeline_json(json_writer& w, const whatif::pipeline_prediction& p) {
@@ -120,6 +161,17 @@ inline int run_whatif(args& a) {
     }
   }
   if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
+  for (const auto& [flag, field] : {std::pair{"--hidden", &o.shape.hidden}, std::pair{"--ffn", &o.shape.ffn}, std::pair{"--heads", &o.shape.heads},
+                                    std::pair{"--seq", &o.shape.seq}, std::pair{"--micro-batch", &o.shape.micro_batch}}) {
+    if (const auto v = a.option(flag)) {
+      *field = parse_number<std::int64_t>(*v, flag);
+      if (**field <= 0) throw usage_error(std::string(flag) + " must be positive (got " + *v + ")");
+    }
+  }
+  if (const auto tp = a.option("--tp")) {
+    o.shape.tp = parse_number<int>(*tp, "--tp");
+    if (*o.shape.tp <= 0) throw usage_error("--tp must be positive (got " + *tp + ")");
+  }
   for (const auto* preset : {&o.gpu, &o.from_gpu}) {
     if (!preset->empty()) {
       try {
@@ -137,9 +189,10 @@ inline int run_whatif(args& a) {
   if (trace_out && (o.pp || o.vp || o.schedule)) {
     throw usage_error("--trace-out: a pipeline change is predicted by a pass-level model, which writes no traces yet");
   }
-  if (o.gpu.empty() && !o.layers && !o.dp && !o.pp && !o.vp && !o.schedule && o.groups.empty() && scaled.ops.empty() && scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 &&
-      scaled.scales.cpu == 1.0) {
-    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, or --scale");
+  if (o.gpu.empty() && !o.layers && !o.dp && !o.pp && !o.vp && !o.schedule && !o.shape.any() && o.groups.empty() && scaled.ops.empty() &&
+      scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 && scaled.scales.cpu == 1.0) {
+    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
+                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
   }
   const trace::job job = trace::load_job(paths(inputs));
   const whatif::whatif_result r = whatif::run_whatif(job, o);
@@ -168,6 +221,7 @@ inline int run_whatif(args& a) {
     w.key("changes").begin_array();
     for (const auto& c : r.changes) w.value(c);
     w.end_array();
+    if (r.shape) shape_json(w, *r.shape);
     if (r.pipeline) pipeline_json(w, *r.pipeline);
     if (trace_out) {
       w.key("trace_out").begin_array();
@@ -196,6 +250,7 @@ inline int run_whatif(args& a) {
                   ms(r.predicted.simulated_ns).c_str(),
                   r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
     out += line;
+    if (r.shape) out += shape_text(*r.shape);
     if (r.pipeline) out += pipeline_text(*r.pipeline);
     for (const auto& f : written) out += "wrote " + f.string() + "\n";
   }

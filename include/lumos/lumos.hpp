@@ -68,5 +68,7 @@
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/pipeline.hpp>
+#include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
+#include <lumos/whatif/tensor_parallel.hpp>
 #include <lumos/whatif/whatif.hpp>

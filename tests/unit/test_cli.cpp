@@ -279,6 +279,33 @@ TEST_CASE("a kernel that starts before its launch is a causality violation: a wa
   CHECK(run("replay --strict " + std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job").code == 0);
 }
 
+TEST_CASE("whatif --hidden/--seq/--tp: shape JSON, the traces' own shape is the identity, invalid targets exit 2", "[cli][whatif]") {
+  const std::string job = data("whatif/pp2_1f1b");
+  const result same = run("whatif " + job + " --hidden 1024 --seq 512 --json");
+  REQUIRE(same.code == 0);
+  simdjson::dom::parser p1;
+  simdjson::dom::element s = p1.parse(same.out);
+  CHECK(std::int64_t(s["predicted"]["iteration_ns"]) == std::int64_t(s["baseline"]["iteration_ns"]));
+  const result wide = run("whatif " + job + " --hidden 2048 --json");
+  REQUIRE(wide.code == 0);
+  simdjson::dom::parser p2;
+  simdjson::dom::element w = p2.parse(wide.out);
+  CHECK(std::int64_t(w["predicted"]["iteration_ns"]) > std::int64_t(w["baseline"]["iteration_ns"]));
+  CHECK(std::int64_t(w["shape"]["baseline"]["hidden"]) == 1024);
+  CHECK(std::int64_t(w["shape"]["predicted"]["hidden"]) == 2048);
+  CHECK(std::int64_t(w["shape"]["predicted"]["head_dim"]) == 128);  // 16 heads kept
+  CHECK(double(w["shape"]["predicted"]["memory_bytes_per_gpu"]) > double(w["shape"]["baseline"]["memory_bytes_per_gpu"]));
+  CHECK(double(w["shape"]["predicted"]["mfu"]) > 0.0);
+  const result heads = run("whatif " + job + " --heads 7");
+  CHECK(heads.code == 2);
+  CHECK(heads.err.find("does not divide into 7 heads") != std::string::npos);
+  const result tp = run("whatif " + job + " --tp 2");
+  CHECK(tp.code == 2);
+  CHECK(tp.err.find("TP 1") != std::string::npos);
+  CHECK(run("whatif " + job + " --seq 0").code == 2);
+  CHECK(run("whatif " + job + " --hidden x").code == 2);
+}
+
 TEST_CASE("whatif --pp --schedule --dp: the pipeline section of the JSON, and bad targets exit 2", "[cli][whatif]") {
   const std::string job = data("whatif/pp4_1f1b");
   const result r = run("whatif " + job + " --pp 2 --schedule gpipe --json");

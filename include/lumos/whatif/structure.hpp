@@ -139,6 +139,17 @@ struct layer_task_group {
   std::vector<graph::task_id> tasks;
 };
 
+/// The launch context of one GPU op of the iteration, as the sweep over the CPU threads saw it:
+/// what the model-shape rewrites (shape.hpp) read to rescale each op.
+struct gpu_op_context {
+  std::size_t rank = 0;                  ///< index into job.ranks
+  std::uint32_t op = ~std::uint32_t{0};  ///< event index of the GPU op
+  std::uint32_t shape_op = ~std::uint32_t{0};  ///< innermost enclosing GEMM/attention operator (event index), or none
+  phase_kind phase = phase_kind::other;
+  int pass = -1, layer = -1;  ///< index into the rank's passes, layer within it (-1: outside both)
+  bool comm = false, p2p = false;
+};
+
 /// What `discover_structure` found.
 struct job_structure {
   parallel_layout parallel;
@@ -147,6 +158,7 @@ struct job_structure {
   std::vector<rank_structure> ranks;  ///< same order as job.ranks
   std::vector<process_group> groups;
   std::vector<layer_task_group> layer_groups;
+  std::vector<gpu_op_context> gpu_ops;  ///< every GPU op launched in the iteration, per rank in launch order
   fact<std::string> layers_method;  ///< "module annotations" / "kernel periodicity"
   std::vector<std::string> notes;   ///< ambiguities, conflicts, overrides
 };
@@ -1252,6 +1264,10 @@ struct rank_work {
         out.layer_groups.push_back({rs.rank, layer, rs.passes[pi].op, std::move(tasks)});
       }
     }
+  }
+
+  for (std::size_t ri = 0; ri < nr; ++ri) {
+    for (const auto& l : work[ri].launches) out.gpu_ops.push_back({ri, l.op, l.shape_op, l.phase, l.pass, l.layer, l.comm, l.p2p});
   }
 
   // ---- user overrides ----------------------------------------------------------------------

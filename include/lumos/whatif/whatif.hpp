@@ -10,6 +10,7 @@
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/pipeline.hpp>
+#include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <cstdio>
@@ -26,6 +27,7 @@ struct whatif_options {
   std::string from_gpu;           ///< source preset, when the traces' device name has none
   /// Transformer layers of the target (the traces' layers from structure discovery).
   std::optional<int> layers;
+  shape_target shape;  ///< hidden/FFN/heads/sequence/micro-batch/TP of the target (shape.hpp)
   structure_options structure;  ///< facts the user supplies about the traces (`--structure-*`)
   /// Further structural rewrites given in code: groups of tasks repeated or removed, with a
   /// sentence for the report.
@@ -48,6 +50,7 @@ struct whatif_result {
   /// prediction; `predicted.simulated_ns` is then its iteration and `predicted.ranks` keep the
   /// replay it is anchored on (the traces' stages with any DP change).
   std::optional<pipeline_prediction> pipeline;
+  std::optional<shape_summary> shape;  ///< when the traces' model shape is known and a shape or layer change was asked
 };
 
 /// Applies `edited` to a built job: the graph is replaced and every map follows its tasks.
@@ -98,12 +101,31 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
   const bool pipeline_asked = o.pp || o.vp || o.schedule;
   std::optional<job_structure> structure;
   std::optional<int> micro_batches;  // per replica, when DP changes them
+  std::optional<shape_config> shape_from, shape_to;
   out.predicted = report::replay_job(job, o.replay, [&](graph::built_job& b) {
     std::vector<repeat_group> groups = o.groups;
-    if (o.dp || pipeline_asked) {
+    if (o.dp || pipeline_asked || o.layers || o.shape.any()) {
       structure_options so = o.structure;
       so.step = o.replay.step;
       structure = discover_structure(job, b, so);
+    }
+    if (o.shape.any()) {
+      // Shape first: DP, layer copies and the GPU change then start from the rescaled durations.
+      shape_from = traced_shape(*structure);
+      shape_to = target_shape(*shape_from, o.shape);
+      std::string note;
+      const shape_costs costs = costs_of(job, *structure, o.from_gpu, &note);
+      if (!note.empty()) out.changes.push_back(note);
+      if (*shape_from == *shape_to) {
+        out.changes.emplace_back("shape: the traces' own (nothing rescaled)");
+      } else {
+        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs);
+        out.changes.push_back(describe(*shape_from, *shape_to, ss));
+        if (shape_to->tp != shape_from->tp) {
+          const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
+          out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
+        }
+      }
     }
     if (o.dp) {
       const auto [hw, hw_note] = comm_hardware(job, o.from_gpu);
@@ -126,9 +148,10 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       }
     }
     if (o.layers && !(pipeline_asked || micro_batches)) {
+      // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
       structure_options so = o.structure;
       so.step = o.replay.step;
-      const layer_rewrite lr = layers_to(b, discover_structure(job, b, so), *o.layers);
+      const layer_rewrite lr = layers_to(b, o.dp ? discover_structure(job, b, so) : *structure, *o.layers);
       groups.insert(groups.end(), lr.groups.begin(), lr.groups.end());
       out.changes.push_back(lr.change);
     }
@@ -157,6 +180,18 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
     out.changes.insert(out.changes.end(), pp.changes.begin(), pp.changes.end());
     out.predicted.simulated_ns = pp.iteration_ns;
     out.pipeline = std::move(pp);
+  }
+  if (structure && !shape_from) {
+    try {
+      shape_from = shape_to = traced_shape(*structure);
+    } catch (const error&) {
+      // the shape is unknown: no memory or MFU figures
+    }
+  }
+  if (structure && shape_from) {
+    out.shape = summarize(job, *structure, *shape_from, *shape_to, o.layers, o.from_gpu, o.gpu, out.baseline.simulated_ns,
+                          out.predicted.simulated_ns);
+    if (!out.shape->memory_warning.empty()) out.changes.push_back(out.shape->memory_warning);
   }
   return out;
 }

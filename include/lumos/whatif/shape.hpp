@@ -1,0 +1,654 @@
+#pragma once
+// Model-shape what-ifs (`lumos whatif --hidden/--ffn/--heads/--seq/--micro-batch/--tp`): every
+// GPU op of the iteration is rescaled by the ratio of its modelled time in the new shape to its
+// modelled time in the traced shape, times its measured time, with the kernel-level cost model's
+// formulas (model/kernel_costs.hpp) so that a synthetic job rewritten from shape A agrees with
+// one generated in shape B. CPU time, launches and kept overheads stay (the op count does not
+// change). The rules, per GPU op (docs/whatif.md, "Model shape and TP"):
+//  - under a GEMM operator (aten::mm/addmm/bmm/baddbmm with Input Dims): its dims mapped to the
+//    new shape — of a linear GEMM one dim is the tokens (b·s), one the hidden width and one an
+//    inner width (QKV 3·heads·d/TP, or (heads + 2·kv heads)·d/TP with grouped-query attention,
+//    attention heads·d/TP, FFN/TP, gated FC1 2·FFN/TP), or outside
+//    the layers the vocabulary shard V/TP; of a batched GEMM the batch is b·heads/TP and the dims
+//    s and head dim — timed by the GEMM model (shape-dependent efficiency, HBM bound, minimum
+//    kernel time);
+//  - under an attention operator (scaled_dot_product*, flash_attn*): b·heads·s²·d through the
+//    FlashAttention model;
+//  - any other kernel, copy or set inside forward/backward passes: memory-bound on the activation
+//    it works on, which is the output of the last GEMM or attention op launched before it on the
+//    rank whose output carries the tokens (tokens × hidden before any; after FC1 tokens × FFN/TP,
+//    after the score GEMM b·heads·s², after the logits GEMM tokens × V/TP);
+//  - optimizer-phase kernels: memory-bound on the parameters per rank;
+//  - communication: the NCCL model on its bytes (args `In msg nelems` × dtype, else the size its
+//    measured time implies): point-to-point and tensor-parallel collectives carry activations
+//    (tokens × hidden) and TP collectives run over the new TP size; data-parallel collectives
+//    (a process group with the DP role, else collectives of the optimizer, or of backward outside
+//    the layers) carry gradients (parameters per rank);
+//  - everything else (outside the passes, host copies, GEMM/attention kernels with no recorded
+//    shape or whose dims do not map) unchanged and counted.
+
+#include <lumos/core/error.hpp>
+#include <lumos/graph/trace_builder.hpp>
+#include <lumos/model/flops.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/memory.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/trace/job.hpp>
+#include <lumos/whatif/detail/shapes.hpp>
+#include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/structure.hpp>
+#include <lumos/whatif/tensor_parallel.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lumos::whatif {
+
+/// Target model shape; unset fields keep the traces' own.
+struct shape_target {
+  std::optional<std::int64_t> hidden, ffn, heads, seq, micro_batch;
+  std::optional<int> tp;
+
+  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp; }
+};
+
+/// One configuration's transformer shape (full model) and tensor-parallel size.
+struct shape_config {
+  std::int64_t hidden = 0, ffn = 0, heads = 0, head_dim = 0, seq = 0, micro_batch = 0;
+  int tp = 1;
+
+  [[nodiscard]] std::int64_t tokens() const noexcept { return seq * micro_batch; }
+  [[nodiscard]] std::int64_t ffn_local() const noexcept { return ffn / tp; }
+  [[nodiscard]] std::int64_t heads_local() const noexcept { return heads / tp; }
+  [[nodiscard]] std::int64_t q_local() const noexcept { return heads_local() * head_dim; }
+  /// Weight elements of one layer's four GEMMs on one rank (QKV, attention output, FC1, FC2).
+  [[nodiscard]] double layer_weights_local(bool gated) const noexcept {
+    const double h = static_cast<double>(hidden), q = static_cast<double>(q_local()),
+                 f = static_cast<double>(ffn_local());
+    return h * 3.0 * q + q * h + h * f * (gated ? 2.0 : 1.0) + f * h;
+  }
+  /// Model FLOPs of one layer's forward over one micro-batch on one rank: 2·tokens per weight
+  /// element and the dense attention core 4·b·s²·heads·d (flops.hpp's convention).
+  [[nodiscard]] double layer_forward_flops_local(bool gated) const noexcept {
+    const double T = static_cast<double>(tokens()), s = static_cast<double>(seq);
+    return 2.0 * T * layer_weights_local(gated) + 4.0 * T * s * static_cast<double>(q_local());
+  }
+  friend bool operator==(const shape_config&, const shape_config&) = default;
+};
+
+/// The traces' shape from structure discovery; throws `lumos::error` naming what is unknown.
+[[nodiscard]] inline shape_config traced_shape(const job_structure& st) {
+  const auto& m = st.model;
+  auto need = [](const auto& f, const char* what) {
+    if (!f.known()) {
+      throw error(std::string("whatif: the traces' ") + what + " is unknown (" + f.source +
+                  "); the model-shape rewrites read it from the Input Dims of the layers' GEMMs (record_shapes=True)");
+    }
+    return static_cast<std::int64_t>(*f.value);
+  };
+  shape_config c;
+  c.hidden = need(m.hidden, "hidden size");
+  c.ffn = need(m.ffn, "FFN size");
+  c.heads = need(m.heads, "head count");
+  c.head_dim = need(m.head_dim, "head dimension");
+  c.seq = need(m.seq, "sequence length");
+  c.micro_batch = need(m.micro_batch_size, "micro-batch size");
+  c.tp = static_cast<int>(need(st.parallel.tp, "tensor-parallel size"));
+  return c;
+}
+
+/// The target shape: `t` applied to `from`. The head dimension follows hidden / heads when the
+/// traced model has heads·d = hidden (Megatron's default), else it stays. Throws `lumos::error`
+/// for a target that is not a valid transformer (non-positive sizes, hidden not divisible by
+/// heads, heads or FFN not divisible by TP).
+[[nodiscard]] inline shape_config target_shape(const shape_config& from, const shape_target& t) {
+  shape_config to = from;
+  auto positive = [](const auto& v, const char* flag) {
+    if (v && *v <= 0)
+      throw error(std::string("whatif ") + flag + ": must be positive (got " + std::to_string(*v) + ")");
+  };
+  positive(t.hidden, "--hidden"), positive(t.ffn, "--ffn"), positive(t.heads, "--heads"), positive(t.seq, "--seq");
+  positive(t.micro_batch, "--micro-batch"), positive(t.tp, "--tp");
+  if (t.hidden) to.hidden = *t.hidden;
+  if (t.ffn) to.ffn = *t.ffn;
+  if (t.heads) to.heads = *t.heads;
+  if (t.seq) to.seq = *t.seq;
+  if (t.micro_batch) to.micro_batch = *t.micro_batch;
+  if (t.tp) to.tp = *t.tp;
+  if (from.heads * from.head_dim == from.hidden && (to.hidden != from.hidden || to.heads != from.heads)) {
+    if (to.hidden % to.heads != 0) {
+      throw error("whatif: hidden " + std::to_string(to.hidden) + " does not divide into " + std::to_string(to.heads) +
+                  " heads (the traced model has head dim = hidden / heads)");
+    }
+    to.head_dim = to.hidden / to.heads;
+  }
+  validate_tp(from.tp, to.tp, to.heads, to.ffn);
+  return to;
+}
+
+/// The cost-model context of a rescaling: the source GPU's kernel-level profile and peaks.
+struct shape_costs {
+  model::cost_profile profile = model::h100_profile();
+  model::hardware hw = model::hardware_preset("h100-sxm");
+  model::precision dtype = model::precision::bf16;
+  double element_bytes = 2; ///< activation element size
+};
+
+/// The cost context of a job: the kernel-level profile and peaks of its GPU (`from_gpu`, else
+/// the traces' device name; H100 when neither names a preset, said in `note`) and the dtype of
+/// its GEMM kernels.
+[[nodiscard]] inline shape_costs costs_of(const trace::job& job, const job_structure& st, std::string_view from_gpu,
+                                          std::string* note) {
+  shape_costs c;
+  std::string preset(from_gpu);
+  if (preset.empty()) {
+    for (const auto& r : job.ranks) {
+      for (const auto& d : r.devices) {
+        if (preset.empty() && !d.name.empty()) preset = preset_of_device(d.name);
+      }
+    }
+  }
+  if (preset.empty()) {
+    if (note)
+      *note =
+          "the traces' GPU names no preset: the shape rescaling uses the h100-sxm cost profile (--from-gpu chooses)";
+    preset = "h100-sxm";
+  }
+  c.profile = model::profile_preset(preset);
+  c.hw = model::hardware_preset(preset);
+  const std::string dt = st.model.dtype.value.value_or("bf16");
+  c.dtype = dt == "fp16" ? model::precision::fp16 : dt == "fp8" ? model::precision::fp8 : model::precision::bf16;
+  c.element_bytes = dt == "fp32" || dt == "tf32" ? 4.0 : dt == "fp8" ? 1.0 : 2.0;
+  if (dt == "fp8" && c.hw.gpu.fp8_flops <= 0) c.dtype = model::precision::bf16;
+  return c;
+}
+
+/// Modelled times (ns) of the kernel-level model (kernel_costs.hpp) at a shape.
+namespace detail {
+
+[[nodiscard]] inline double gemm_model_ns(const shape_costs& c, double batch, double M, double N, double K) {
+  const auto& p = c.profile;
+  const double flops = 2.0 * M * N * K * batch;
+  const double cmp = flops / (c.hw.peak_flops(c.dtype) * model::gemm_efficiency(p, M, N, K)) * 1e9;
+  const double bytes = ((M * K + K * N) * c.element_bytes + M * N * c.element_bytes) * batch;
+  const double mem = bytes / (c.hw.gpu.hbm_bandwidth * p.elementwise_bw) * 1e9;
+  return std::max({cmp, mem, p.min_kernel_ns});
+}
+
+[[nodiscard]] inline double attention_model_ns(const shape_costs& c, double b, double heads, double s, double d) {
+  const double flops = 4.0 * b * s * s * heads * d * 0.5; // causal: half the dense FLOPs
+  return std::max(flops / (c.hw.peak_flops(c.dtype) * c.profile.flash_forward) * 1e9, c.profile.min_kernel_ns);
+}
+
+/// A memory-bound kernel measured at `measured` ns whose bytes change by `ratio`: its time is
+/// max(bytes / bandwidth, minimum kernel time), with bytes / bandwidth taken as the measured time.
+[[nodiscard]] inline double memory_scaled_ns(double measured, double ratio, double min_ns) {
+  if (measured <= 0) return measured;
+  return measured * std::max(measured * ratio, min_ns) / std::max(measured, min_ns);
+}
+
+struct mapped_gemm {
+  detail::gemm_shape from, to;
+  bool tokens_out = true; ///< the output carries the tokens (else a weight gradient)
+};
+
+} // namespace detail
+
+/// What a shape rewrite did.
+struct shape_stats {
+  std::size_t gemm = 0, attention = 0, memory = 0, optimizer = 0, communication = 0;
+  std::size_t unchanged_outside = 0; ///< outside the passes and the optimizer, or host copies
+  std::size_t unattributed = 0;      ///< compute ops in the passes whose shape did not map: unchanged
+  time_ns before = 0, after = 0;     ///< summed GPU op time
+  std::int64_t vocab_local = 0;      ///< V/TP from a logits GEMM, when one was seen
+  bool sequence_parallel = false;    ///< reduce-scatters in the forward passes: activations between GEMMs are 1/TP
+};
+
+/// The key/value heads of a grouped-query QKV GEMM of width `w` per rank (q + 2·kv_heads·d/TP),
+/// when `w` reads as one.
+[[nodiscard]] inline std::optional<std::int64_t> gqa_kv_heads(std::int64_t w, const shape_config& a) {
+  const std::int64_t kv2 = w - a.q_local();
+  if (a.head_dim <= 0 || kv2 <= 0 || kv2 >= 2 * a.q_local() || kv2 % (2 * a.head_dim) != 0) return std::nullopt;
+  return kv2 / (2 * a.head_dim) * a.tp;
+}
+
+/// Maps one GEMM or attention operator's shape from `a` to `b`; nullopt when its dims are not
+/// the ones a transformer layer (or, `outside` the layers, the logits head) has.
+[[nodiscard]] inline std::optional<detail::mapped_gemm> map_gemm(const detail::gemm_shape& g, const shape_config& a,
+                                                                 const shape_config& b, bool outside,
+                                                                 std::int64_t* vocab_local = nullptr) {
+  detail::mapped_gemm r;
+  r.from = r.to = g;
+  using role = detail::gemm_shape::role;
+  if (g.kind == role::attention) {
+    if (g.heads != a.heads_local() || g.seq != a.seq || g.head_dim != a.head_dim || g.b != a.micro_batch)
+      return std::nullopt;
+    r.to.b = b.micro_batch, r.to.heads = b.heads_local(), r.to.seq = b.seq, r.to.head_dim = b.head_dim;
+    return r;
+  }
+  if (g.kind == role::batched) {
+    if (g.batch != a.micro_batch * a.heads_local()) return std::nullopt;
+    r.to.batch = b.micro_batch * b.heads_local();
+    for (std::int64_t* d : {&r.to.m, &r.to.n, &r.to.k}) {
+      if (*d == a.seq) {
+        *d = b.seq;
+      } else if (*d == a.head_dim) {
+        *d = b.head_dim;
+      } else {
+        return std::nullopt;
+      }
+    }
+    return r;
+  }
+  // Linear: one dim is the tokens (M forward and dgrad, K for a weight gradient), one the hidden
+  // width, one an inner width. When values coincide (tokens = hidden) either choice gives the same
+  // multiset of new dims, and the GEMM model is symmetric in M, N, K.
+  std::int64_t* dims[3] = {&r.to.m, &r.to.k, &r.to.n};
+  int tok = -1;
+  for (int i = 0; i < 3 && tok < 0; ++i) {
+    if (*dims[i] == a.tokens()) tok = i;
+  }
+  if (tok < 0) return std::nullopt;
+  r.tokens_out = tok != 1;
+  std::int64_t* w[2];
+  for (int i = 0, j = 0; i < 3; ++i) {
+    if (i != tok) w[j++] = dims[i];
+  }
+  const std::int64_t inner_from[4] = {3 * a.q_local(), a.q_local(), a.ffn_local(), 2 * a.ffn_local()};
+  const std::int64_t inner_to[4] = {3 * b.q_local(), b.q_local(), b.ffn_local(), 2 * b.ffn_local()};
+  auto inner = [&](std::int64_t v) -> std::optional<std::int64_t> {
+    for (int i = 0; i < 4; ++i) {
+      if (v == inner_from[i]) return inner_to[i];
+    }
+    return std::nullopt;
+  };
+  int hid = *w[0] == a.hidden ? 0 : *w[1] == a.hidden ? 1 : -1;
+  if (hid < 0) return std::nullopt;
+  std::int64_t* other = w[1 - hid];
+  const std::int64_t old_other = *other;
+  *w[hid] = b.hidden;
+  if (const auto v = inner(old_other)) {
+    *other = *v;
+  } else if (old_other == a.hidden) {
+    *other = b.hidden;
+  } else if (const auto kv = gqa_kv_heads(old_other, a); kv && *kv % b.tp == 0) {
+    // Grouped-query attention: QKV writes q + 2·kv_heads·d per rank; the KV heads stay.
+    *other = b.q_local() + 2 * (*kv / b.tp) * b.head_dim;
+  } else if (outside) {
+    // The logits GEMM: the vocabulary shard, V/TP.
+    if (vocab_local) *vocab_local = old_other;
+    if ((old_other * a.tp) % b.tp != 0) return std::nullopt;
+    *other = old_other * a.tp / b.tp;
+  } else {
+    return std::nullopt;
+  }
+  *dims[tok] = b.tokens();
+  return r;
+}
+
+/// V/TP from the first GEMM outside the layers whose third width is neither hidden nor a layer
+/// width (the logits); 0 when there is none.
+[[nodiscard]] inline std::int64_t traced_vocab_local(const trace::job& job, const job_structure& st,
+                                                     const shape_config& from) {
+  std::int64_t vocab_local = 0;
+  for (const auto& c : st.gpu_ops) {
+    if (c.layer >= 0 || c.shape_op == detail::no_event || vocab_local) continue;
+    const auto& tr = job.ranks[c.rank];
+    if (const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
+                                        detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)))) {
+      (void)map_gemm(*gs, from, from, true, &vocab_local);
+    }
+  }
+  return vocab_local;
+}
+
+/// Parameters one rank of `stage` holds (model::stage_parameters_per_rank of a GPT-style
+/// transformer with this shape, the traces' layers and stages; `vocab` 0 when unknown).
+[[nodiscard]] inline double parameters_per_rank(const shape_config& c, const job_structure& st, int stage,
+                                                std::int64_t vocab, bool gated) {
+  model::transformer m;
+  m.layers = std::max<std::int64_t>(st.model.layers.value.value_or(1), 1);
+  m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
+  m.vocab = vocab > 0 ? vocab : 0;
+  m.mlp = gated ? model::mlp_kind::swiglu : model::mlp_kind::gelu;
+  model::parallel_config par;
+  par.tp = c.tp;
+  par.pp = std::max(st.parallel.pp.value.value_or(1), 1);
+  if (m.layers < par.pp) m.layers = par.pp;
+  return static_cast<double>(model::stage_parameters_per_rank(m, par, std::clamp(stage, 0, par.pp - 1)));
+}
+
+/// Rescales every GPU op of the iteration in `b` from shape `from` to `to` (see the header
+/// comment). `st` must be `discover_structure(job, b)` of the unedited graph. Deterministic;
+/// O(GPU ops).
+inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, const job_structure& st,
+                                 const shape_config& from, const shape_config& to, const shape_costs& costs,
+                                 bool gated = false) {
+  shape_stats out;
+  graph::task_graph& g = b.graph;
+  const double min_ns = costs.profile.min_kernel_ns;
+  const double act_from = static_cast<double>(from.tokens()) * static_cast<double>(from.hidden);
+  const double act_to = static_cast<double>(to.tokens()) * static_cast<double>(to.hidden);
+  // Parameters per rank of each rank's stage (flops.hpp's count: layers, and the embedding on the
+  // first and last stage with the vocabulary when a logits GEMM names it).
+  const std::int64_t vocab_local = traced_vocab_local(job, st, from);
+  std::vector<double> param_ratio(job.ranks.size(), 1.0);
+  for (std::size_t ri = 0; ri < job.ranks.size(); ++ri) {
+    const int stage = ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0;
+    param_ratio[ri] = parameters_per_rank(to, st, stage, vocab_local * from.tp, gated) /
+                      parameters_per_rank(from, st, stage, vocab_local * from.tp, gated);
+  }
+  std::map<std::string, bool> dp_group; // process group name → has the DP role and not TP
+  for (const auto& pg : st.groups) {
+    bool dp = false, tp = false;
+    for (const auto& r : pg.roles) {
+      dp = dp || (r.value && *r.value == group_role::dp);
+      tp = tp || (r.value && *r.value == group_role::tp);
+    }
+    dp_group[pg.name] = dp && !tp;
+  }
+  std::map<graph::task_id, const graph::collective_instance*> instance;
+  for (const auto& ci : g.collectives) {
+    for (const graph::task_id c : ci.complete) instance[c] = &ci;
+  }
+  // Sequence parallelism (a reduce-scatter inside the forward passes): between the layers'
+  // GEMMs each rank holds its 1/TP of the tokens, so norms, residuals and dropout work on
+  // tokens × hidden / TP.
+  bool sp = false;
+  for (const auto& c : st.gpu_ops) {
+    const auto& tr = job.ranks[c.rank];
+    sp = sp || (c.comm && !c.p2p && c.phase == phase_kind::forward &&
+                detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name)) ==
+                    "reducescatter");
+  }
+  const double base_from = act_from / (sp ? from.tp : 1), base_to = act_to / (sp ? to.tp : 1);
+  if (sp) out.sequence_parallel = true;
+  std::vector<double> act_old(job.ranks.size(), base_from), act_new(job.ranks.size(), base_to);
+  std::vector<int> pass_of(job.ranks.size(), -1);
+  auto set = [&](graph::task_id t, double ns) {
+    out.before += g.duration[t];
+    g.duration[t] = static_cast<time_ns>(std::llround(ns));
+    out.after += g.duration[t];
+  };
+  for (const gpu_op_context& c : st.gpu_ops) {
+    // A forward pass starts from tokens × hidden (the embedding, or the activation received from
+    // the previous stage); a backward pass goes on from its forward's last output (the logits
+    // for the loss gradient on the last stage).
+    if (c.pass >= 0 && c.pass != pass_of[c.rank]) {
+      pass_of[c.rank] = c.pass;
+      const auto& passes = st.ranks[c.rank].passes;
+      if (static_cast<std::size_t>(c.pass) < passes.size() &&
+          passes[static_cast<std::size_t>(c.pass)].op.kind == pipeline::op_kind::forward) {
+        act_old[c.rank] = base_from, act_new[c.rank] = base_to;
+      }
+    }
+    const trace::rank_trace& tr = job.ranks[c.rank];
+    const auto& map = b.ranks[c.rank];
+    if (c.op >= map.task_of_event.size()) continue;
+    const graph::task_id t = map.task_of_event[c.op];
+    if (t == graph::no_task) continue;
+    const auto kind = g.kind[t];
+    if (kind != graph::task_kind::gpu_compute && kind != graph::task_kind::gpu_comm &&
+        kind != graph::task_kind::comm_complete)
+      continue;
+    const double d = static_cast<double>(g.duration[t]);
+    const bool in_pass = c.phase == phase_kind::forward || c.phase == phase_kind::backward;
+    if (c.comm || kind != graph::task_kind::gpu_compute) {
+      if (!in_pass && c.phase != phase_kind::optimizer) {
+        ++out.unchanged_outside;
+        continue;
+      }
+      const std::string kname =
+          detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name));
+      const std::string pg(tr.arg_text(c.op, trace::arg_key::process_group_name));
+      const auto known = dp_group.find(pg);
+      const bool gradients =
+          !c.p2p && (known != dp_group.end() && !pg.empty()
+                         ? known->second
+                         : c.phase == phase_kind::optimizer || (c.phase == phase_kind::backward && c.layer < 0));
+      const double ratio = gradients ? param_ratio[c.rank] : act_to / act_from;
+      const auto coll = modelled_collective(kname);
+      std::int64_t n = 2;
+      if (const auto it = instance.find(t); it != instance.end()) {
+        n = static_cast<std::int64_t>(it->second->group_ranks.empty() ? it->second->arrive.size()
+                                                                      : it->second->group_ranks.size());
+      } else if (const auto gs = tr.arg(c.op, trace::arg_key::group_size)) {
+        n = *gs;
+      }
+      const std::int64_t n_to = !c.p2p && !gradients && n == from.tp ? to.tp : n;
+      const bool cross_node = n > costs.hw.gpus_per_node;
+      const auto& link = cross_node ? costs.profile.inter : costs.profile.intra;
+      double bytes = 0;
+      if (const auto ne = tr.arg(c.op, trace::arg_key::in_msg_nelems); ne && *ne > 0) {
+        bytes = static_cast<double>(*ne) * costs.element_bytes;
+      } else {
+        bytes = c.p2p ? 0.0 : bytes_for_time(coll, d, n, link);
+      }
+      double ns = d;
+      if (c.p2p) {
+        if (bytes <= 0) bytes = act_from * costs.element_bytes;
+        const double old_ns = link.simple_base_ns + bytes / link.busbw * 1e9;
+        const double new_ns = link.simple_base_ns + bytes * ratio / link.busbw * 1e9;
+        ns = d * new_ns / old_ns;
+      } else {
+        ns = d * collective_ns(coll, bytes * ratio, n_to, link) / collective_ns(coll, bytes, n, link);
+      }
+      if (sp && !gradients && coll == model::collective::reduce_scatter)
+        act_old[c.rank] = base_from, act_new[c.rank] = base_to;
+      ++out.communication;
+      set(t, ns);
+      continue;
+    }
+    const std::string_view name = tr.name(tr.events[c.op]);
+    if (classify(kind, name) == op_bound::host_copy) {
+      ++out.unchanged_outside;
+      continue;
+    }
+    if (c.phase == phase_kind::optimizer) {
+      ++out.optimizer;
+      set(t, detail::memory_scaled_ns(d, param_ratio[c.rank], min_ns));
+      continue;
+    }
+    if (!in_pass) {
+      ++out.unchanged_outside;
+      continue;
+    }
+    if (c.shape_op != detail::no_event) {
+      const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
+                                      detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
+      const auto m = gs ? map_gemm(*gs, from, to, c.layer < 0, &out.vocab_local) : std::nullopt;
+      if (!m) {
+        ++out.unattributed;
+        continue;
+      }
+      double ratio = 1.0;
+      double out_old = 0, out_new = 0;
+      if (m->from.kind == detail::gemm_shape::role::attention) {
+        ++out.attention;
+        const auto& x = m->from;
+        const auto& y = m->to;
+        ratio = detail::attention_model_ns(costs, static_cast<double>(y.b), static_cast<double>(y.heads),
+                                           static_cast<double>(y.seq), static_cast<double>(y.head_dim)) /
+                detail::attention_model_ns(costs, static_cast<double>(x.b), static_cast<double>(x.heads),
+                                           static_cast<double>(x.seq), static_cast<double>(x.head_dim));
+        out_old = static_cast<double>(x.b * x.heads * x.seq * x.head_dim);
+        out_new = static_cast<double>(y.b * y.heads * y.seq * y.head_dim);
+      } else {
+        ++out.gemm;
+        const auto& x = m->from;
+        const auto& y = m->to;
+        auto dd = [](std::int64_t v) { return static_cast<double>(v); };
+        ratio = detail::gemm_model_ns(costs, dd(y.batch), dd(y.m), dd(y.n), dd(y.k)) /
+                detail::gemm_model_ns(costs, dd(x.batch), dd(x.m), dd(x.n), dd(x.k));
+        out_old = dd(x.batch) * dd(x.m) * dd(x.n);
+        out_new = dd(y.batch) * dd(y.m) * dd(y.n);
+      }
+      if (m->tokens_out) act_old[c.rank] = out_old, act_new[c.rank] = out_new;
+      set(t, d * ratio);
+      continue;
+    }
+    if (classify(kind, name) == op_bound::compute) {
+      ++out.unattributed; // a GEMM/attention kernel with no recorded shape: its dims are unknown
+      continue;
+    }
+    ++out.memory;
+    set(t, detail::memory_scaled_ns(d, act_new[c.rank] / act_old[c.rank], min_ns));
+  }
+  return out;
+}
+
+/// One sentence per shape rewrite for `changes`.
+[[nodiscard]] inline std::string describe(const shape_config& a, const shape_config& b, const shape_stats& s) {
+  std::string what;
+  auto field = [&](const char* name, std::int64_t x, std::int64_t y) {
+    if (x != y)
+      what += (what.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(x) + " -> " + std::to_string(y);
+  };
+  field("hidden", a.hidden, b.hidden);
+  field("FFN", a.ffn, b.ffn);
+  field("heads", a.heads, b.heads);
+  field("head dim", a.head_dim, b.head_dim);
+  field("sequence", a.seq, b.seq);
+  field("micro-batch", a.micro_batch, b.micro_batch);
+  field("TP", a.tp, b.tp);
+  if (what.empty()) what = "the traces' own shape";
+  if (s.sequence_parallel) what += " (sequence parallel: activations between the GEMMs are 1/TP of the tokens)";
+  char line[768];
+  std::snprintf(line, sizeof line,
+                "shape %s: %zu GEMM and %zu attention ops rescaled through the kernel-level GEMM/attention model, %zu "
+                "memory-bound ops by "
+                "their activation bytes, %zu optimizer ops by parameters per rank, %zu communication ops through the "
+                "NCCL model; %zu "
+                "ops outside the passes and host copies and %zu compute ops whose shape did not map unchanged: %.3f -> "
+                "%.3f ms of GPU time",
+                what.c_str(), s.gemm, s.attention, s.memory, s.optimizer, s.communication, s.unchanged_outside,
+                s.unattributed, static_cast<double>(s.before) / 1e6, static_cast<double>(s.after) / 1e6);
+  return line;
+}
+
+/// The shape-dependent figures of a configuration: memory per GPU (model/memory.hpp) and the
+/// model FLOPs one rank runs per iteration (transformer layers; the logits GEMM when the
+/// vocabulary is known).
+struct shape_figures {
+  double memory_bytes_per_gpu = 0;
+  double model_flops_per_rank = 0;
+  std::int64_t world = 0;
+  bool vocab_known = false;
+};
+
+/// `layers` of the whole model over `pp` stages, `passes` forward passes per rank per iteration
+/// (micro-batches × chunks), `backward` whether the iteration trains; `vocab` 0 when unknown.
+[[nodiscard]] inline shape_figures figures_of(const shape_config& c, std::int64_t layers, int pp, int dp,
+                                              std::int64_t passes, bool backward, std::int64_t vocab,
+                                              double in_flight) {
+  shape_figures f;
+  f.world = static_cast<std::int64_t>(c.tp) * pp * dp;
+  model::transformer m;
+  m.name = "whatif";
+  m.layers = layers, m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
+  f.vocab_known = vocab > 0;
+  // Unknown: a vocabulary of one row per rank, i.e. none; known: padded to a multiple of TP
+  // as Megatron pads it.
+  m.vocab = vocab > 0 ? (vocab + c.tp - 1) / c.tp * c.tp : c.tp;
+  model::parallel_config par;
+  par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
+  par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
+  if (m.hidden % m.heads == 0 && m.layers % pp == 0) {
+    model::memory_options mo;
+    mo.in_flight_microbatches = in_flight;
+    try {
+      f.memory_bytes_per_gpu = model::memory_per_gpu(m, par, 0, mo).total();
+    } catch (const error&) {
+      f.memory_bytes_per_gpu = 0; // a shape the memory model does not take (e.g. KV heads): no figure
+    }
+  }
+  const double per_pass =
+      static_cast<double>(layers / pp) * c.layer_forward_flops_local(false) +
+      (vocab > 0 ? 2.0 * static_cast<double>(c.tokens()) * static_cast<double>(c.hidden) * static_cast<double>(vocab) /
+                       static_cast<double>(c.tp) / static_cast<double>(pp)
+                 : 0.0);
+  f.model_flops_per_rank = per_pass * static_cast<double>(passes) * (backward ? 3.0 : 1.0);
+  return f;
+}
+
+/// Memory per GPU and MFU of the traced and the predicted configuration (shape.hpp).
+struct shape_summary {
+  shape_config from, to;
+  shape_figures baseline, predicted;
+  double mfu_baseline = 0, mfu_predicted = 0; ///< 0 when the GPU's peak is unknown
+  std::string memory_warning; ///< when the prediction does not fit in the target GPU's memory: by how much
+};
+
+/// Memory and MFU of the traced and the predicted configuration. MFU counts the model FLOPs of
+/// the transformer layers (and the logits GEMM when a logits GEMM named the vocabulary) that one
+/// rank runs per iteration, against the dense peak of the target GPU in the traces' precision.
+[[nodiscard]] inline shape_summary summarize(const trace::job& job, const job_structure& st, const shape_config& from,
+                                             const shape_config& to, std::optional<int> layers,
+                                             std::string_view from_gpu, std::string_view gpu, time_ns baseline_ns,
+                                             time_ns predicted_ns) {
+  shape_summary s;
+  s.from = from, s.to = to;
+  const int pp = st.parallel.pp.value.value_or(1);
+  const int dp = st.parallel.dp.value.value_or(1);
+  std::int64_t passes = 0;
+  bool backward = false;
+  if (!st.ranks.empty()) {
+    for (const auto& p : st.ranks.front().passes) {
+      passes += p.op.kind == pipeline::op_kind::forward;
+      backward = backward || p.op.kind == pipeline::op_kind::backward;
+    }
+  }
+  const std::int64_t layers_from = st.model.layers.value.value_or(0);
+  const std::int64_t layers_to_n = layers ? *layers : layers_from;
+  const int chunks = st.parallel.chunks.value.value_or(1);
+  const std::int64_t m = std::max<std::int64_t>(passes / std::max(chunks, 1), 1);
+  const bool gpipe = st.parallel.schedule.value && *st.parallel.schedule.value == pipeline::schedule_kind::gpipe;
+  const double in_flight = static_cast<double>(gpipe ? m : std::min<std::int64_t>(pp, m));
+  const std::int64_t vocab_local = traced_vocab_local(job, st, from);
+  const std::int64_t vocab = vocab_local * from.tp;
+  if (layers_from > 0) {
+    s.baseline = figures_of(from, layers_from, pp, dp, passes, backward, vocab, in_flight);
+    s.predicted = figures_of(to, layers_to_n, pp, dp, passes, backward, vocab, in_flight);
+  }
+  std::string from_preset(from_gpu);
+  if (from_preset.empty()) {
+    for (const auto& r : job.ranks) {
+      for (const auto& d : r.devices) {
+        if (from_preset.empty() && !d.name.empty()) from_preset = preset_of_device(d.name);
+      }
+    }
+  }
+  const std::string preset = !gpu.empty() ? std::string(gpu) : from_preset;
+  auto mfu = [&](const std::string& p, double flops, time_ns t) {
+    if (p.empty() || t <= 0 || flops <= 0) return 0.0;
+    const model::hardware hw = model::hardware_preset(p);
+    const std::string dt = st.model.dtype.value.value_or("bf16");
+    const double peak = dt == "fp16" ? hw.gpu.fp16_flops : hw.gpu.bf16_flops;
+    return flops / (static_cast<double>(t) * 1e-9 * peak);
+  };
+  s.mfu_baseline = mfu(from_preset, s.baseline.model_flops_per_rank, baseline_ns);
+  s.mfu_predicted = mfu(preset, s.predicted.model_flops_per_rank, predicted_ns);
+  if (!preset.empty() && s.predicted.memory_bytes_per_gpu > 0) {
+    const model::hardware hw = model::hardware_preset(preset);
+    const double cap = static_cast<double>(hw.gpu.hbm_capacity);
+    if (s.predicted.memory_bytes_per_gpu > cap) {
+      char line[256];
+      std::snprintf(
+          line, sizeof line,
+          "warning: the predicted configuration needs %.1f GiB per GPU, %.1f GiB more than the %.0f GiB of the %s",
+          s.predicted.memory_bytes_per_gpu / 1073741824.0, (s.predicted.memory_bytes_per_gpu - cap) / 1073741824.0,
+          cap / 1073741824.0, hw.name.c_str());
+      s.memory_warning = line;
+    }
+  }
+  return s;
+}
+
+} // namespace lumos::whatif

@@ -1,0 +1,95 @@
+#pragma once
+// The tensor-parallel part of a model-shape what-if (`lumos whatif --tp N`): which targets are
+// valid, how a TP collective's time follows its group size, and how the predicted job is formed
+// from the traced ranks. The per-rank GEMM, attention and memory-bound rescaling is the same as
+// for the shape flags (shape.hpp): with TP t, a rank holds FFN/t, heads/t (and the vocabulary
+// shard V/t) — column-parallel GEMMs have N/t, row-parallel ones K/t.
+
+#include <lumos/core/error.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/model/profile.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace lumos::whatif {
+
+/// The collective a communication op runs, from its kind as `detail::comm_kind` names it.
+[[nodiscard]] inline model::collective modelled_collective(std::string_view kind) noexcept {
+  if (kind == "allgather") return model::collective::all_gather;
+  if (kind == "reducescatter") return model::collective::reduce_scatter;
+  if (kind == "alltoall") return model::collective::all_to_all;
+  if (kind == "broadcast") return model::collective::broadcast;
+  return model::collective::all_reduce;
+}
+
+/// NCCL time (ns, unrounded) of `c` moving `bytes` over `n` ranks on `link`; n ≤ 1 moves
+/// nothing and costs the link's base latency only (a group of one still enqueues the kernel).
+[[nodiscard]] inline double collective_ns(model::collective c, double bytes, std::int64_t n,
+                                          const model::nccl_link& link) {
+  if (n <= 1) return std::min(link.simple_base_ns, link.ll_base_ns);
+  return model::nccl_flat_ns(c, std::max(bytes, 1.0), n, link);
+}
+
+/// The bytes a collective of measured time `measured_ns` over `n` ranks moved, when its args
+/// do not say: the inverse of `collective_ns` (bisection; 0 when the time is below the
+/// latency), so that the op's own measurement calibrates the size it is rescaled from.
+[[nodiscard]] inline double bytes_for_time(model::collective c, double measured_ns, std::int64_t n,
+                                           const model::nccl_link& link) {
+  if (n <= 1 || measured_ns <= collective_ns(c, 1.0, n, link)) return 0.0;
+  double lo = 1.0, hi = 1.0;
+  while (collective_ns(c, hi, n, link) < measured_ns && hi < 1e15) hi *= 2.0;
+  for (int i = 0; i < 100 && hi - lo > 1.0; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (collective_ns(c, mid, n, link) < measured_ns ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+/// Checks a tensor-parallel target against the full model: heads and FFN must divide by it.
+/// `from_tp` is the traces' TP; going from TP 1 to more would need the TP collectives inserted
+/// into every layer, which the rescaling does not do. Throws `lumos::error`.
+inline void validate_tp(int from_tp, int to_tp, std::int64_t heads, std::int64_t ffn) {
+  if (to_tp <= 0)
+    throw error("whatif --tp: the tensor-parallel size must be positive (got " + std::to_string(to_tp) + ")");
+  if (heads % to_tp != 0) {
+    throw error("whatif --tp " + std::to_string(to_tp) + ": the model's " + std::to_string(heads) +
+                " attention heads do not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
+  }
+  if (ffn % to_tp != 0) {
+    throw error("whatif --tp " + std::to_string(to_tp) + ": the FFN width " + std::to_string(ffn) +
+                " does not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
+  }
+  if (from_tp == 1 && to_tp != 1) {
+    throw error("whatif --tp " + std::to_string(to_tp) +
+                ": the traces ran without tensor parallelism (TP 1), so they hold no TP collectives to resize; "
+                "inserting them is not "
+                "built");
+  }
+}
+
+/// How the predicted job stands for a TP change: tensor-parallel ranks are symmetric (each
+/// runs the same kernels on its shard), so the traced ranks are kept and each stands for its
+/// position in the new TP group — rank r of a new group would replay as traced rank
+/// r mod old TP — instead of copying ranks; the job's rank count changes by new/old TP.
+[[nodiscard]] inline std::string tp_fold_note(int from_tp, int to_tp, std::size_t ranks_traced,
+                                              std::int64_t world_from) {
+  const std::int64_t world_to = world_from * to_tp / from_tp;
+  std::string s = "TP " + std::to_string(from_tp) + " -> " + std::to_string(to_tp) + ": the job has " +
+                  std::to_string(world_to) + " ranks instead of " + std::to_string(world_from) +
+                  "; tensor-parallel ranks are symmetric, so the " + std::to_string(ranks_traced) +
+                  " traced rank(s) are kept (folded): ";
+  if (to_tp > from_tp) {
+    s += "rank r of a new TP group replays as traced rank r mod " + std::to_string(from_tp);
+  } else {
+    s += "the first " + std::to_string(to_tp) +
+         " ranks of each traced TP group form a new group; the others replay the same";
+  }
+  s += "; each TP collective keeps its bytes per rank and runs over " + std::to_string(to_tp) + " ranks";
+  return s;
+}
+
+} // namespace lumos::whatif

@@ -1,0 +1,299 @@
+// Model-shape and tensor-parallel what-ifs (include/lumos/whatif/shape.hpp, tensor_parallel.hpp):
+// the dims of each GEMM mapped to the new shape, the time ratio of each op class against ratios
+// derived here from the cost model's published formulas, identity, monotonicity, invalid targets.
+#include "../unit/test_support.hpp"
+
+#include <lumos/trace/job.hpp>
+#include <lumos/whatif/whatif.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+using namespace lumos;
+
+namespace {
+
+// The hand-made pipeline jobs (tests/data/whatif/make_pipeline_traces.py): hidden 1024,
+// FFN 4096, 16 heads of 64, s 512, b 2, TP 1; every kernel 8 µs.
+whatif::shape_config pipeline_shape() {
+  whatif::shape_config c;
+  c.hidden = 1024, c.ffn = 4096, c.heads = 16, c.head_dim = 64, c.seq = 512, c.micro_batch = 2, c.tp = 1;
+  return c;
+}
+
+// GEMM efficiency per dimension, as model/kernel_costs.hpp documents it: d / (d + half_dim).
+double eff(double d) {
+  return d / (d + model::h100_profile().gemm_half_dim);
+}
+
+// Durations of the predicted graph's GPU compute tasks whose name contains `part`, against the
+// baseline's (same task ids: a shape change neither adds nor removes tasks).
+std::vector<std::pair<time_ns, time_ns>> durations(const whatif::whatif_result& r, std::string_view part) {
+  std::vector<std::pair<time_ns, time_ns>> out;
+  const auto& a = r.baseline.built.graph;
+  const auto& b = r.predicted.built.graph;
+  REQUIRE(a.task_count() == b.task_count());
+  for (graph::task_id t = 0; t < a.task_count(); ++t) {
+    if (a.kind[t] == graph::task_kind::gpu_compute && a.task_name(t).find(part) != std::string_view::npos) {
+      out.emplace_back(a.duration[t], b.duration[t]);
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("map_gemm: tokens, hidden and inner widths follow the new shape", "[whatif][shape]") {
+  const auto a = pipeline_shape();
+  whatif::shape_config b = a;
+  b.hidden = 2048, b.head_dim = 128, b.seq = 1024;
+  using whatif::detail::gemm_shape;
+  // QKV forward [T x h] x [h x 3h]: T = 1024 = h here, either choice gives the same dims.
+  gemm_shape qkv;
+  qkv.m = 1024, qkv.k = 1024, qkv.n = 3072;
+  const auto q = whatif::map_gemm(qkv, a, b, false);
+  REQUIRE(q);
+  CHECK(q->to.m * q->to.k * q->to.n == std::int64_t{2048} * 2048 * 6144); // T' = 2048, h' = 2048, 3h' = 6144
+  // FC2 weight gradient [h x T] x [T x f]: K is the tokens; the output is a weight.
+  gemm_shape wgrad;
+  wgrad.m = 1024, wgrad.k = 1024, wgrad.n = 4096;
+  const auto w = whatif::map_gemm(wgrad, a, b, false);
+  REQUIRE(w);
+  CHECK(w->to.n == 4096); // FFN unchanged
+  // Score GEMM: batch b·heads, [s x d] x [d x s].
+  gemm_shape score;
+  score.kind = gemm_shape::role::batched;
+  score.batch = 32, score.m = 512, score.k = 64, score.n = 512;
+  const auto s = whatif::map_gemm(score, a, b, false);
+  REQUIRE(s);
+  CHECK(s->to.batch == 32);
+  CHECK(s->to.m == 1024);
+  CHECK(s->to.k == 128);
+  CHECK(s->to.n == 1024);
+  // Logits outside the layers: the unknown width is the vocabulary shard, V/TP; inside a layer
+  // the same GEMM does not map.
+  gemm_shape logits;
+  logits.m = 1024, logits.k = 1024, logits.n = 50304;
+  std::int64_t vocab = 0;
+  const auto l = whatif::map_gemm(logits, a, b, true, &vocab);
+  REQUIRE(l);
+  CHECK(vocab == 50304);
+  CHECK(l->to.n == 50304);
+  CHECK_FALSE(whatif::map_gemm(logits, a, b, false));
+  // Grouped-query QKV: 16 heads of 64 and 4 KV heads write 1024 + 2·4·64 = 1536; with head dim
+  // 128 and the KV heads kept, 2048 + 2·4·128 = 3072.
+  gemm_shape gqa;
+  gqa.m = 1024, gqa.k = 1024, gqa.n = 1536;
+  const auto g = whatif::map_gemm(gqa, a, b, false);
+  REQUIRE(g);
+  CHECK(g->to.n == 3072);
+}
+
+TEST_CASE("target_shape: head dim follows hidden / heads, and invalid targets are errors", "[whatif][shape][tp]") {
+  const auto a = pipeline_shape();
+  whatif::shape_target t;
+  t.heads = 32;
+  CHECK(whatif::target_shape(a, t).head_dim == 32);
+  t = {};
+  t.hidden = 1000; // not a multiple of 16 heads
+  CHECK_THROWS_WITH(whatif::target_shape(a, t), Catch::Contains("does not divide into 16 heads"));
+  t = {};
+  t.seq = 0;
+  CHECK_THROWS_WITH(whatif::target_shape(a, t), Catch::Contains("--seq"));
+  whatif::shape_config tp8 = a;
+  tp8.tp = 8;
+  t = {};
+  t.tp = 3;
+  CHECK_THROWS_WITH(whatif::target_shape(tp8, t), Catch::Contains("16 attention heads do not divide over 3"));
+  t = {};
+  t.ffn = 4100;
+  CHECK_THROWS_WITH(whatif::target_shape(tp8, t), Catch::Contains("FFN width 4100 does not divide over 8"));
+  t = {};
+  t.tp = 2; // the traces have no TP collectives to resize
+  CHECK_THROWS_WITH(whatif::target_shape(a, t), Catch::Contains("without tensor parallelism"));
+}
+
+TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model ratio, memory-bound ops by bytes",
+          "[whatif][shape]") {
+  const auto job = trace::load_job({lumos_test::data_dir() / "whatif" / "pp2_1f1b"});
+  // Identity through the rescaling itself (not its short cut): every ratio is exactly 1.
+  {
+    auto built = graph::build_graph(job);
+    const auto before = built.graph.duration;
+    const auto st = whatif::discover_structure(job, built);
+    const auto from = whatif::traced_shape(st);
+    CHECK(from == pipeline_shape());
+    const auto s = whatif::rescale_shape(built, job, st, from, from, whatif::costs_of(job, st, "", nullptr));
+    CHECK(s.gemm > 0);
+    CHECK(s.memory > 0);
+    CHECK(built.graph.duration == before);
+  }
+  whatif::whatif_options same;
+  same.shape.hidden = 1024;
+  same.shape.seq = 512;
+  const auto r = whatif::run_whatif(job, same);
+  for (std::size_t i = 0; i < r.baseline.ranks.size(); ++i)
+    CHECK(r.predicted.ranks[i].simulated_ns == r.baseline.ranks[i].simulated_ns);
+
+  whatif::whatif_options wide;
+  wide.shape.hidden = 2048;
+  const auto w = whatif::run_whatif(job, wide);
+  // QKV [1024 x 1024] x [1024 x 3072] -> [1024 x 2048] x [2048 x 6144]: 4x the FLOPs, both
+  // compute-bound on the H100 (about 9.5 us and 38 us against 5.5 us and 16 us of HBM traffic),
+  // at the efficiencies of their dims.
+  const double qkv = 4.0 * (eff(1024) * eff(1024) * eff(3072)) / (eff(1024) * eff(2048) * eff(6144));
+  const auto q = durations(w, "tn_n_qkv");
+  REQUIRE(q.size() == 2 * 4 * 2); // 2 ranks x 4 micro-batches x 2 layers
+  for (const auto& [before, after] : q) CHECK(after == Approx(static_cast<double>(before) * qkv).margin(1));
+  // FC1 [1024 x 1024] x [1024 x 4096] -> [1024 x 2048] x [2048 x 4096]: FFN fixed, 2x the FLOPs.
+  const double fc1 = 2.0 * (eff(1024) * eff(1024) * eff(4096)) / (eff(1024) * eff(2048) * eff(4096));
+  for (const auto& [before, after] : durations(w, "tn_n_fc1"))
+    CHECK(after == Approx(static_cast<double>(before) * fc1).margin(1));
+  // Memory-bound: the GeLU works on tokens x FFN (unchanged); the softmax on b·heads·s²
+  // (unchanged); layer norms on tokens x hidden (2x; 16 us is above the 2.5 us minimum).
+  for (const auto& [before, after] : durations(w, "gelu_kernel")) CHECK(after == before);
+  for (const auto& [before, after] : durations(w, "softmax_warp_forward")) CHECK(after == before);
+  for (const auto& [before, after] : durations(w, "layer_norm_fwd")) CHECK(after == 2 * before);
+  // Backward GEMM kernels carry no Input Dims in these traces: unchanged, and counted.
+  for (const auto& [before, after] : durations(w, "dgrad")) CHECK(after == before);
+  bool counted = false;
+  for (const auto& c : w.changes)
+    counted = counted || c.find("compute ops whose shape did not map unchanged") != std::string::npos;
+  CHECK(counted);
+
+  // Sequence x2: the softmax works on b·heads·s², 4x.
+  whatif::whatif_options longer;
+  longer.shape.seq = 1024;
+  const auto l = whatif::run_whatif(job, longer);
+  for (const auto& [before, after] : durations(l, "softmax_warp_forward")) CHECK(after == 4 * before);
+  REQUIRE(l.shape);
+  CHECK(l.shape->predicted.memory_bytes_per_gpu > l.shape->baseline.memory_bytes_per_gpu);
+}
+
+TEST_CASE("whatif shape: bigger is never faster, and composes with --layers and --gpu", "[whatif][shape]") {
+  const auto job = trace::load_job({lumos_test::data_dir() / "whatif" / "pp4_1f1b"});
+  whatif::whatif_options none;
+  none.shape.hidden = 1024;
+  const auto base = whatif::run_whatif(job, none);
+  const time_ns t0 = base.baseline.simulated_ns;
+  auto run = [&](auto&& set) {
+    whatif::whatif_options o;
+    set(o);
+    return whatif::run_whatif(job, o).predicted.simulated_ns;
+  };
+  CHECK(run([](auto& o) { o.shape.hidden = 2048; }) >= t0);
+  CHECK(run([](auto& o) { o.shape.ffn = 8192; }) >= t0);
+  CHECK(run([](auto& o) { o.shape.seq = 1024; }) >= t0);
+  CHECK(run([](auto& o) { o.shape.micro_batch = 4; }) >= t0);
+  CHECK(run([](auto& o) { o.shape.hidden = 512; }) <= t0);
+  const time_ns wide = run([](auto& o) { o.shape.hidden = 4096; });
+  CHECK(wide >= run([](auto& o) { o.shape.hidden = 2048; }));
+  // With the layer change: the traces' own shape and 16 layers equals 16 layers alone; a wider
+  // model with twice the layers takes longer than either change alone.
+  const time_ns layers = run([](auto& o) { o.layers = 16; });
+  CHECK(run([](auto& o) { o.layers = 16, o.shape.hidden = 1024; }) == layers);
+  const time_ns both = run([](auto& o) { o.layers = 16, o.shape.hidden = 4096; });
+  CHECK(both > layers);
+  CHECK(both > wide);
+  // With the GPU change (shape first, then GPU): an H200 is not slower.
+  CHECK(run([](auto& o) { o.shape.hidden = 4096, o.gpu = "h200-sxm"; }) <= wide);
+}
+
+TEST_CASE("whatif --tp on the Megatron TP8 trace: GEMMs per rank, TP all-reduces over the new group",
+          "[whatif][tp][traces]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  const auto job = trace::load_job({traces / "astra-sim_megatron-gpt-tp8_8xA100"});
+  whatif::whatif_options same;
+  same.shape.hidden = 4096;
+  same.shape.tp = 8;
+  const auto r = whatif::run_whatif(job, same);
+  for (std::size_t i = 0; i < r.baseline.ranks.size(); ++i)
+    CHECK(r.predicted.ranks[i].simulated_ns == r.baseline.ranks[i].simulated_ns);
+
+  whatif::whatif_options half;
+  half.shape.tp = 4;
+  const auto h = whatif::run_whatif(job, half);
+  // Every rank's layer GEMMs hold twice the FFN and head columns: GPU time grows, by less than 2x
+  // (norms, residuals and the embedding do not shrink with TP).
+  std::int64_t before = 0, after = 0;
+  const auto& a = h.baseline.built.graph;
+  const auto& b = h.predicted.built.graph;
+  for (graph::task_id t = 0; t < a.task_count(); ++t) {
+    if (a.kind[t] == graph::task_kind::gpu_compute) before += a.duration[t], after += b.duration[t];
+  }
+  CHECK(after > before);
+  CHECK(after < 2 * before);
+  // The TP all-reduces keep their bytes per rank over 4 ranks instead of 8: ring factor 2·3/4
+  // against 2·7/8 and 6 latency steps against 14, the fixed base the same: each is faster, and
+  // by no more than the smaller of those ratios, 6/14.
+  std::size_t comm = 0;
+  for (graph::task_id t = 0; t < a.task_count(); ++t) {
+    if (a.kind[t] != graph::task_kind::comm_complete || a.duration[t] < 100000) continue;
+    ++comm;
+    CHECK(b.duration[t] < a.duration[t]);
+    CHECK(static_cast<double>(b.duration[t]) >= static_cast<double>(a.duration[t]) * (6.0 / 14.0) - 1);
+  }
+  CHECK(comm > 0);
+  REQUIRE(h.shape);
+  CHECK(h.shape->predicted.world == 4);
+  CHECK(h.shape->predicted.memory_bytes_per_gpu > h.shape->baseline.memory_bytes_per_gpu);
+  whatif::whatif_options bad;
+  bad.shape.tp = 3;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, bad), Catch::Contains("64 attention heads do not divide over 3"));
+}
+
+TEST_CASE("shape rescaling agrees with the kernel-level cost model that synth uses", "[whatif][shape][model]") {
+  // The forward GEMMs and the FlashAttention op of one layer, from model::kernel_level in two
+  // shapes: the time ratio of each must be the ratio the what-if applies to the mapped dims.
+  const auto hw = model::hardware_preset("h100-sxm");
+  const model::kernel_level kl; // the H100 profile, as costs_of picks for an H100 trace
+  whatif::shape_costs costs;
+  // GPT (multi-head, GeLU) and Llama-style (4 KV heads, SwiGLU: gate, up, down).
+  for (const bool llama : {false, true}) {
+    auto gpt = [&](std::int64_t hidden, std::int64_t seq) {
+      model::transformer m;
+      m.name = "t";
+      m.layers = 4, m.hidden = hidden, m.ffn = 4096, m.heads = 16, m.kv_heads = llama ? 4 : 16, m.seq = seq,
+      m.vocab = 50304;
+      if (llama) m.mlp = model::mlp_kind::swiglu;
+      return m;
+    };
+    model::parallel_config par;
+    par.tp = 2, par.micro_batch = 2, par.global_batch = 2;
+    const auto a = pipeline_shape();
+    for (const auto& [hidden, seq] : {std::pair<std::int64_t, std::int64_t>{2048, 512}, {1024, 2048}, {4096, 1024}}) {
+      INFO(hidden << " " << seq << (llama ? " llama" : " gpt"));
+      whatif::shape_config from = a, to = a;
+      from.tp = to.tp = 2;
+      to.hidden = hidden, to.head_dim = hidden / 16, to.seq = seq;
+      const auto before = kl.layer(gpt(a.hidden, a.seq), par, hw);
+      const auto after = kl.layer(gpt(hidden, seq), par, hw);
+      REQUIRE(before.ops.size() == after.ops.size());
+      std::size_t checked = 0;
+      for (std::size_t i = 0; i < before.ops.size(); ++i) {
+        const auto& x = before.ops[i];
+        if (x.phase != model::op_phase::forward || x.recompute) continue;
+        const double expected = static_cast<double>(after.ops[i].duration) / static_cast<double>(x.duration);
+        if (x.kind == model::op_class::gemm) {
+          whatif::detail::gemm_shape g;
+          g.m = x.shape.m, g.n = x.shape.n, g.k = x.shape.k;
+          const auto m = whatif::map_gemm(g, from, to, false);
+          REQUIRE(m);
+          CHECK(m->to.m * m->to.n * m->to.k == after.ops[i].shape.m * after.ops[i].shape.n * after.ops[i].shape.k);
+          const double ratio =
+              whatif::detail::gemm_model_ns(costs, 1, double(m->to.m), double(m->to.n), double(m->to.k)) /
+              whatif::detail::gemm_model_ns(costs, 1, double(g.m), double(g.n), double(g.k));
+          CHECK(ratio == Approx(expected).epsilon(1e-3));
+          ++checked;
+        } else if (x.kind == model::op_class::attention) {
+          const double ratio = whatif::detail::attention_model_ns(costs, 2, 8, double(seq), double(hidden / 16)) /
+                               whatif::detail::attention_model_ns(costs, 2, 8, 512, 64);
+          CHECK(ratio == Approx(expected).epsilon(1e-3));
+          ++checked;
+        }
+      }
+      CHECK(checked == (llama ? 6u : 5u)); // QKV, attention, output projection, FC1 (gate, up), FC2 (down)
+    }
+  }
+}
