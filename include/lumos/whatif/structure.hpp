@@ -912,6 +912,7 @@ struct rank_work {
   struct dp_op {
     std::string kind;
     std::int64_t elements;
+    std::string group;  // key into `groups`
   };
   std::map<int, std::vector<dp_op>> grad_ops;  // rank → DP collectives in backward/optimizer
   for (std::size_t ri = 0; ri < nr; ++ri) {
@@ -970,7 +971,7 @@ struct rank_work {
         std::int64_t el = 0;
         if (const auto v = t.arg(src, trace::arg_key::in_msg_nelems)) el = *v;
         else if (l.instance >= 0) el = g.collectives[static_cast<std::size_t>(l.instance)].bytes;
-        grad_ops[t.rank].push_back({kind, el});
+        grad_ops[t.rank].push_back({kind, el, key});
       }
     }
   }
@@ -1022,6 +1023,14 @@ struct rank_work {
       pg.roles.push_back({r, std::move(why), ""});
     };
     if (key == "unmatched") continue;
+    // A recorded description says what the group is (Megatron names every group: a gradient-norm
+    // all-reduce over MODEL_PARALLEL_GROUP or a TP all-reduce in backward is no DP reduction);
+    // roles are inferred from where its collectives run only when it has none (PyTorch writes
+    // "undefined" for groups created without one).
+    if (!d.empty() && d != "undefined") {
+      if (pg.size.value && *pg.size.value == *par.world.value && *par.world.value > 1) add_role(group_role::world, "spans every rank of the world");
+      continue;
+    }
     for (const char* k : {"allreduce", "allgather", "reducescatter"}) {
       if (has(k, phase_kind::forward)) add_role(group_role::tp, std::string(k) + " inside forward passes (activations)");
     }
@@ -1034,6 +1043,30 @@ struct rank_work {
       if (has("alltoall", ph)) add_role(group_role::ep, "all-to-all (experts in MoE; embedding shards in recommender models)");
     }
     if (pg.size.value && *pg.size.value == *par.world.value && *par.world.value > 1) add_role(group_role::world, "spans every rank of the world");
+  }
+  // Gradient reductions are the backward/optimizer collectives of DP groups (all of them when
+  // no group is known to be DP, e.g. unmatched ops).
+  {
+    std::set<std::string> dp_groups;
+    for (const auto& [key, acc] : groups) {
+      for (const auto& role : acc.g.roles) {
+        if (role.value == group_role::dp) dp_groups.insert(key);
+      }
+    }
+    if (!dp_groups.empty()) {
+      for (auto& [r, ops] : grad_ops) std::erase_if(ops, [&](const dp_op& o) { return dp_groups.count(o.group) == 0; });
+      std::erase_if(grad_ops, [](const auto& kv) { return kv.second.empty(); });
+    } else {
+      // No DP group: collectives of groups whose description names another role are no
+      // gradient reductions either.
+      for (auto& [r, ops] : grad_ops) {
+        std::erase_if(ops, [&](const dp_op& o) {
+          const auto it = groups.find(o.group);
+          return it != groups.end() && !it->second.g.description.empty() && it->second.g.description != "undefined";
+        });
+      }
+      std::erase_if(grad_ops, [](const auto& kv) { return kv.second.empty(); });
+    }
   }
   for (auto& [key, acc] : groups) out.groups.push_back(std::move(acc.g));
 
