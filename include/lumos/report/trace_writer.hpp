@@ -37,6 +37,9 @@ struct task_decoration {
   std::string input_dims;  ///< its `Input Dims` (raw JSON, e.g. [[4096, 2048], [2048, 6144]])
   std::string input_type;  ///< its `Input type` (raw JSON, e.g. ["c10::BFloat16", "c10::BFloat16"])
   std::string runtime = "cudaLaunchKernel";  ///< the runtime call's name
+  /// CPU task that blocks (a synchronize): written from the end of the thread's previous task,
+  /// when the call was issued, to its end.
+  bool blocking = false;
   /// CPU launch task: length of the runtime call, which ends the task; the operator's dispatch
   /// fills the rest. Negative: the call is the whole task.
   time_ns launch_ns = -1;
@@ -295,6 +298,7 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
     w.key("args").begin_object().field("correlation", corr).end_object().end_object();
   };
 
+  std::map<graph::processor_id, time_ns> cpu_end;  // model-built: end of each thread's last task
   for (const graph::task_id t : tasks) {
     const auto kind = g.kind[t];
     const time_ns s = job.simulated.begin_of(t), f = job.simulated.end_of(t);
@@ -345,6 +349,11 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
     }
     std::string_view name = g.task_name(t);
     if (deco != nullptr && gpu && !deco->kernel.empty()) name = deco->kernel;
+    if (deco != nullptr && !gpu && deco->blocking) {
+      if (const auto it = cpu_end.find(g.processor[t]); it != cpu_end.end()) begin = std::min(begin, it->second);
+      name = deco->runtime;
+    }
+    if (!gpu) cpu_end[g.processor[t]] = f;
     if (deco != nullptr && !gpu && !deco->cpu_op.empty()) {
       // The operator that dispatched the launch, around its runtime call; the call ends the task.
       w.begin_object().field("ph", "X").field("cat", "cpu_op").field("name", deco->cpu_op);

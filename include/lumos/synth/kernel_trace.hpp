@@ -327,6 +327,14 @@ class kernel_names {
     out.of_task[gpu] = deco;
     out.of_task[e.from] = deco;
   }
+  {
+    report::task_decoration sync;
+    sync.runtime = "cudaDeviceSynchronize";
+    sync.blocking = true;
+    out.list.push_back(sync);
+    const auto idx = static_cast<std::uint32_t>(out.list.size() - 1);
+    for (const graph::task_id t : notes.host_syncs) out.of_task[t] = idx;
+  }
   for (const auto& s : notes.spans) out.spans.push_back({s.rank, kernel_names::span_name(s.kind), "user_annotation", s.first, s.last});
   return out;
 }

@@ -190,6 +190,9 @@ struct program_notes {
     graph::task_id first = graph::no_task, last = graph::no_task;  ///< CPU tasks
   };
   std::vector<span> spans;
+  /// CPU tasks that block until the device has finished work (written as cudaDeviceSynchronize
+  /// calls that last from their issue to the device's completion).
+  std::vector<graph::task_id> host_syncs;
 };
 
 /// A model-driven job: model, parallel configuration, machine and pipeline schedule.
@@ -1027,7 +1030,7 @@ class program_builder {
     flush_launches(rs);
     const graph::task_id w = add(rs.info.cpu, graph::task_kind::cpu, 0, n_host_sync_, rs.info.rank);
     g_->add_edge(gpu_task, w, 0, graph::edge_kind::sync);
-    if (notes_) rs.cpu_tasks.push_back(w);
+    if (notes_) rs.cpu_tasks.push_back(w), out_->notes.host_syncs.push_back(w);
   }
 
   struct collective_tasks {
@@ -1261,7 +1264,31 @@ class program_builder {
 
   bool in_pipeline_ = false;
 
+  // The end of a traced iteration: the host waits for every stream of the rank (Megatron reads the
+  // loss back; a profiler step ends on the host), so a faster GPU shortens the step. Zero long at
+  // the device's completion: the timeline is unchanged.
+  void final_device_sync(rank_state& rs, graph::task_id rank_first) {
+    flush_launches(rs);
+    std::vector<std::pair<graph::processor_id, graph::task_id>> last;
+    for (graph::task_id t = rank_first; t < g_->task_count(); ++t) {
+      const graph::processor_id p = g_->processor[t];
+      if (g_->processors[p].kind != graph::processor_kind::gpu_stream || g_->rank[t] != rs.info.rank) continue;
+      auto it = std::find_if(last.begin(), last.end(), [&](const auto& x) { return x.first == p; });
+      if (it == last.end()) {
+        last.emplace_back(p, t);
+      } else {
+        it->second = t;
+      }
+    }
+    if (last.empty()) return;
+    const graph::task_id w = add(rs.info.cpu, graph::task_kind::cpu, 0, n_host_sync_, rs.info.rank);
+    for (const auto& [p, t] : last) g_->add_edge(t, w, 0, graph::edge_kind::sync);
+    rs.cpu_tasks.push_back(w);
+    out_->notes.host_syncs.push_back(w);
+  }
+
   void emit_rank(program& out, int rank) {
+    const graph::task_id rank_first = g_->task_count();
     rank_state rs;
     simulated_rank& r = rs.info;
     r.rank = rank;
@@ -1375,6 +1402,7 @@ class program_builder {
     // Tied embeddings across stages: the first and last stage add their gradients.
     if (opt_.forward_only) {
       flush_launches(rs);
+      if (notes_) final_device_sync(rs, rank_first);
       out.ranks.push_back(r);
       return;
     }
@@ -1432,6 +1460,7 @@ class program_builder {
     }
     flush_launches(rs);
     span_close(rs, span_kind::optimizer, 0, optimizer_mark);
+    if (notes_) final_device_sync(rs, rank_first);
     out.ranks.push_back(r);
   }
 };

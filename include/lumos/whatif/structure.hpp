@@ -206,7 +206,11 @@ inline constexpr std::uint32_t no_event = ~std::uint32_t{0};
   const std::string l = lower(name);
   if (l.find("bf16") != std::string::npos || l.find("bfloat16") != std::string::npos) return "bf16";
   if (l.find("e4m3") != std::string::npos || l.find("e5m2") != std::string::npos || l.find("fp8") != std::string::npos) return "fp8";
-  if (l.find("f16") != std::string::npos || l.find("half") != std::string::npos || l.find("h1688") != std::string::npos) return "fp16";
+  // cuBLAS writes fp16 as "f16" (sm90_xmma_gemm_f16f16_…) or "fp16" (ampere_fp16_s16816gemm_fp16_…).
+  if (l.find("f16") != std::string::npos || l.find("fp16") != std::string::npos || l.find("half") != std::string::npos ||
+      l.find("h1688") != std::string::npos) {
+    return "fp16";
+  }
   if (l.find("tf32") != std::string::npos) return "tf32";
   if (l.find("f32") != std::string::npos || l.find("sgemm") != std::string::npos || l.find("float") != std::string::npos) return "fp32";
   return {};
