@@ -507,6 +507,27 @@ struct rank_work {
     const trace::rank_trace& t = job.ranks[ri];
     auto& rs = out.ranks[ri];
     auto& w = work[ri];
+    // The launches of a pass that can repeat per layer: communication on another stream than the
+    // pass's compute (data-parallel gradient buckets launched between layers, ZeRO prefetches)
+    // is left out, or it would break the period of the layers it sits between.
+    auto periodic = [&](const std::vector<std::size_t>& idx) {
+      std::map<std::int64_t, std::size_t> compute_streams;
+      for (const std::size_t li : idx) {
+        if (!w.launches[li].comm) ++compute_streams[t.events[w.launches[li].op].stream];
+      }
+      std::int64_t main_stream = -1;
+      std::size_t most = 0;
+      for (const auto& [st, n] : compute_streams) {
+        if (n > most) most = n, main_stream = st;
+      }
+      std::vector<std::size_t> kept;
+      kept.reserve(idx.size());
+      for (const std::size_t li : idx) {
+        if (w.launches[li].comm && most > 0 && t.events[w.launches[li].op].stream != main_stream) continue;
+        kept.push_back(li);
+      }
+      return kept;
+    };
     std::optional<int> forward_layers;
     for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
       auto& p = rs.passes[pi];
@@ -527,13 +548,14 @@ struct rank_work {
                           "' scopes enclosing the launches";
         by_annotation = true;
       } else {
+        const std::vector<std::size_t> kept = periodic(w.pass_launches[pi]);
         std::vector<std::uint32_t> seq;
-        for (const std::size_t li : idx) seq.push_back(t.events[w.launches[li].op].name);
+        for (const std::size_t li : kept) seq.push_back(t.events[w.launches[li].op].name);
         const auto run = detail::find_period(seq, options.min_period, std::min(options.max_period, seq.size() / 2));
         bool attention = false;
         if (run.found()) {
           for (std::size_t k = run.start; k < run.start + run.period; ++k) {
-            const auto& l = w.launches[idx[k]];
+            const auto& l = w.launches[kept[k]];
             attention = attention || detail::is_attention_kernel(t.name(t.events[l.op]));
             if (l.shape_op != no_event) {
               const auto gs = detail::gemm_of(t.name(t.events[l.shape_op]),
@@ -545,7 +567,7 @@ struct rank_work {
         }
         if (run.found() && attention) {
           for (std::size_t k = run.start; k < run.start + run.covered(); ++k) {
-            w.launches[idx[k]].layer = static_cast<int>((k - run.start) / run.period);
+            w.launches[kept[k]].layer = static_cast<int>((k - run.start) / run.period);
           }
           p.layers.value = static_cast<int>(run.repetitions);
           p.layers.source = "a block of " + std::to_string(run.period) + " GPU ops (with attention) repeated " +
@@ -585,7 +607,7 @@ struct rank_work {
       for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
         auto& p = rs.passes[pi];
         if (p.op.kind != pipeline::op_kind::backward) continue;
-        auto& idx = w.pass_launches[pi];
+        const std::vector<std::size_t> idx = periodic(w.pass_launches[pi]);
         std::vector<std::uint32_t> seq;
         for (const std::size_t li : idx) seq.push_back(t.events[w.launches[li].op].name);
         const auto run = detail::find_period(seq, options.min_period, std::min(options.max_period, seq.size() / 2), L);
