@@ -528,6 +528,27 @@ struct rank_work {
       }
       return kept;
     };
+    // The block of `ids`' kernel names repeated back to back (`times` times when given).
+    auto period_of = [&](const std::vector<std::size_t>& ids, std::size_t times) {
+      std::vector<std::uint32_t> seq;
+      seq.reserve(ids.size());
+      for (const std::size_t li : ids) seq.push_back(t.events[w.launches[li].op].name);
+      return detail::find_period(seq, options.min_period, std::min(options.max_period, seq.size() / 2), times);
+    };
+    auto has_attention = [&](const std::vector<std::size_t>& ids, const detail::periodic_run& run) {
+      bool attention = false;
+      for (std::size_t k = run.start; run.found() && k < run.start + run.period; ++k) {
+        const auto& l = w.launches[ids[k]];
+        attention = attention || detail::is_attention_kernel(t.name(t.events[l.op]));
+        if (l.shape_op != no_event) {
+          const auto gs = detail::gemm_of(t.name(t.events[l.shape_op]),
+                                          detail::parse_dims(t.arg_text(l.shape_op, trace::arg_key::input_dims)));
+          attention = attention || (gs && (gs->kind == detail::gemm_shape::role::attention ||
+                                           (gs->kind == detail::gemm_shape::role::batched && gs->m == gs->n)));
+        }
+      }
+      return attention;
+    };
     std::optional<int> forward_layers;
     for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
       auto& p = rs.passes[pi];
@@ -548,23 +569,17 @@ struct rank_work {
                           "' scopes enclosing the launches";
         by_annotation = true;
       } else {
-        const std::vector<std::size_t> kept = periodic(w.pass_launches[pi]);
-        std::vector<std::uint32_t> seq;
-        for (const std::size_t li : kept) seq.push_back(t.events[w.launches[li].op].name);
-        const auto run = detail::find_period(seq, options.min_period, std::min(options.max_period, seq.size() / 2));
-        bool attention = false;
-        if (run.found()) {
-          for (std::size_t k = run.start; k < run.start + run.period; ++k) {
-            const auto& l = w.launches[kept[k]];
-            attention = attention || detail::is_attention_kernel(t.name(t.events[l.op]));
-            if (l.shape_op != no_event) {
-              const auto gs = detail::gemm_of(t.name(t.events[l.shape_op]),
-                                              detail::parse_dims(t.arg_text(l.shape_op, trace::arg_key::input_dims)));
-              attention = attention || (gs && (gs->kind == detail::gemm_shape::role::attention ||
-                                               (gs->kind == detail::gemm_shape::role::batched && gs->m == gs->n)));
-            }
-          }
+        // Every launch first; then without the communication on other streams, which can break
+        // the period (gradient buckets) but is per-layer in some traces (a TP all-reduce stream).
+        std::vector<std::size_t> kept = idx;
+        auto run = period_of(kept, 0);
+        bool attention = has_attention(kept, run);
+        if (!(run.found() && attention)) {
+          std::vector<std::size_t> alt = periodic(idx);
+          const auto alt_run = alt.size() != kept.size() ? period_of(alt, 0) : detail::periodic_run{};
+          if (alt_run.found() && has_attention(alt, alt_run)) kept = std::move(alt), run = alt_run, attention = true;
         }
+        const std::size_t seq_size = kept.size();
         if (run.found() && attention) {
           for (std::size_t k = run.start; k < run.start + run.covered(); ++k) {
             w.launches[kept[k]].layer = static_cast<int>((k - run.start) / run.period);
@@ -572,7 +587,7 @@ struct rank_work {
           p.layers.value = static_cast<int>(run.repetitions);
           p.layers.source = "a block of " + std::to_string(run.period) + " GPU ops (with attention) repeated " +
                             std::to_string(run.repetitions) + " times from op " + std::to_string(run.start) + " of " +
-                            std::to_string(seq.size()) + " in the pass";
+                            std::to_string(seq_size) + " in the pass";
           by_period = true;
           if (period_example.empty()) period_example = "rank " + std::to_string(rs.rank) + ": " + p.layers.source;
         } else if (run.found()) {
@@ -607,10 +622,13 @@ struct rank_work {
       for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
         auto& p = rs.passes[pi];
         if (p.op.kind != pipeline::op_kind::backward) continue;
-        const std::vector<std::size_t> idx = periodic(w.pass_launches[pi]);
-        std::vector<std::uint32_t> seq;
-        for (const std::size_t li : idx) seq.push_back(t.events[w.launches[li].op].name);
-        const auto run = detail::find_period(seq, options.min_period, std::min(options.max_period, seq.size() / 2), L);
+        std::vector<std::size_t> idx = w.pass_launches[pi];
+        auto run = period_of(idx, L);
+        if (!run.found()) {
+          std::vector<std::size_t> alt = periodic(idx);
+          const auto alt_run = alt.size() != idx.size() ? period_of(alt, L) : detail::periodic_run{};
+          if (alt_run.found()) idx = std::move(alt), run = alt_run;
+        }
         p.layers.flag = "--layers";
         if (!run.found()) {
           p.layers.source = "no block repeated " + std::to_string(L) + " times in the backward pass: its layers are not delimited";
