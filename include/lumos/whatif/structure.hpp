@@ -951,6 +951,10 @@ struct rank_work {
     process_group g;
     std::map<std::string, std::map<int, std::size_t>> counts;  // "kind in phase" → rank → count
     std::set<std::string> kinds_phase;
+    // Backward/optimizer all-reduces and reduce-scatters: the largest recorded message
+    // (elements) and whether any has none recorded.
+    std::int64_t grad_elements = 0;
+    bool grad_size_unknown = false;
   };
   std::map<std::string, group_acc> groups;
   struct dp_op {
@@ -1016,6 +1020,10 @@ struct rank_work {
         if (const auto v = t.arg(src, trace::arg_key::in_msg_nelems)) el = *v;
         else if (l.instance >= 0) el = g.collectives[static_cast<std::size_t>(l.instance)].bytes;
         grad_ops[t.rank].push_back({kind, el, key});
+        if (kind != "allgather") {
+          acc.grad_elements = std::max(acc.grad_elements, el);
+          acc.grad_size_unknown = acc.grad_size_unknown || el <= 0;
+        }
       }
     }
   }
@@ -1071,15 +1079,18 @@ struct rank_work {
     // all-reduce over MODEL_PARALLEL_GROUP or a TP all-reduce in backward is no DP reduction);
     // roles are inferred from where its collectives run only when it has none (PyTorch writes
     // "undefined" for groups created without one).
-    if (!d.empty() && d != "undefined") {
+    if (!d.empty() && d != "undefined" && d != "default_pg") {
       if (pg.size.value && *pg.size.value == *par.world.value && *par.world.value > 1) add_role(group_role::world, "spans every rank of the world");
       continue;
     }
     for (const char* k : {"allreduce", "allgather", "reducescatter"}) {
       if (has(k, phase_kind::forward)) add_role(group_role::tp, std::string(k) + " inside forward passes (activations)");
     }
+    // Gradients are buckets of parameters; an all-reduce of a few scalars after the backward (a
+    // gradient norm, a loss, a found-inf flag) is not a gradient reduction.
+    const bool gradient_sized = acc.grad_size_unknown || acc.grad_elements > 1024;
     for (const char* k : {"allreduce", "reducescatter"}) {
-      if (has(k, phase_kind::backward) || has(k, phase_kind::optimizer)) {
+      if ((has(k, phase_kind::backward) || has(k, phase_kind::optimizer)) && gradient_sized) {
         add_role(group_role::dp, std::string(k) + " in the backward/optimizer phase (gradients)");
       }
     }
