@@ -175,6 +175,15 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
     } else {
       CHECK_FALSE(gr.method.known());
     }
+    // Every pass of every rank is cut into its layers, backward passes included (the last
+    // backward pass of a chunk launches gradient buckets between its layers): the layer task
+    // groups the --layers what-if copies. Backward layers are found by periodicity, which needs
+    // two layers or more per chunk (with one, only the forward's annotation delimits it).
+    const std::int64_t m = c.global_batch / (c.micro_batch * c.dp);
+    const std::size_t passes_per_rank = static_cast<std::size_t>(2 * m * c.vp);
+    const std::size_t layers_per_chunk = static_cast<std::size_t>(c.layers / (c.pp * c.vp));
+    const std::size_t delimited_passes = layers_per_chunk >= 2 ? passes_per_rank : passes_per_rank / 2;
+    CHECK(st.layer_groups.size() == read.ranks.size() * delimited_passes * layers_per_chunk);
     // Groups: one per role, named by their description.
     for (const auto& g : st.groups) {
       for (const auto& role : g.roles) {
