@@ -380,7 +380,10 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
           if (ci->complete[k] == t) launched = ci->arrive[k];
         }
       }
-      if (launch_corr.count(launched)) w.field("correlation", launch_corr[launched]).field("External id", launch_corr[launched]);
+      if (launch_corr.count(launched)) {
+        w.field("correlation", launch_corr[launched]);
+        if (deco != nullptr) w.field("External id", launch_corr[launched]);  // its operator's
+      }
       if (ci != nullptr) {
         const bool named = deco != nullptr && !deco->collective.empty();
         w.field("Collective name", named ? std::string_view(deco->collective) : std::string_view(ci->kind));

@@ -74,6 +74,11 @@
 // launch thread runs ahead of the GPU (any model whose kernels outlast their launches); `pass`
 // is 10-20x smaller and is what `predict` uses.
 //
+// Notes (`program_options::notes`, kernel granularity): the model op of each compute task, the
+// process group and element size of each collective, the CPU task spans of passes, layers and
+// the optimizer, and a final host wait for the device — what synth/kernel_trace.hpp needs to
+// write the iteration as a framework's trace. The timeline is the same with or without them.
+//
 // Folding: by default only distinct programs are built — one data-parallel replica and one
 // tensor-parallel rank per stage (pp simulated ranks). A TP or DP collective then has one
 // participant (no join), whose complete still costs the full transfer time of the whole group;
