@@ -54,16 +54,18 @@ graph::task_graph generate(std::size_t tasks, int ranks) {
     for (int r = 0; r < ranks; ++r) {
       auto& x = rp[static_cast<std::size_t>(r)];
       const int s = static_cast<int>(k % 3);
-      const graph::task_id launch = g.add_task(x.cpu, graph::task_kind::cpu, 4000 + static_cast<time_ns>(rng() % 2000), 500, 1000);
-      const graph::task_id op = g.add_task(x.stream[s], graph::task_kind::gpu_compute, 5000 + static_cast<time_ns>(rng() % 50000), 0);
-      g.add_edge(launch, op, 5000, graph::edge_kind::launch, false, true);
+      const graph::task_id launch = g.add_task({.kind = graph::task_kind::cpu, .processor = x.cpu, .duration = 4000 + static_cast<time_ns>(rng() % 2000),
+                   .idle_gap = 500, .busy_gap = 1000});
+      const graph::task_id op = g.add_task({.kind = graph::task_kind::gpu_compute, .processor = x.stream[s],
+                   .duration = 5000 + static_cast<time_ns>(rng() % 50000)});
+      g.add_edge(launch, op, 5000, graph::edge_kind::launch, graph::edge_flags::from_start);
       if (s == 2 && k % 8 == 2 && x.last[0] != graph::no_task) g.add_edge(x.last[0], op, 0, graph::edge_kind::cross_stream);
       x.last[s] = op;
       if (collective) arrivals.push_back(op);
     }
     if (collective && ranks > 1) {
       const auto barrier = g.add_processor({graph::processor_kind::barrier, -1, 0, 0, "join"});
-      const graph::task_id join = g.add_task(barrier, graph::task_kind::join, 0, 0);
+      const graph::task_id join = g.add_task({.kind = graph::task_kind::join, .processor = barrier});
       for (const auto a : arrivals) g.add_edge(a, join, 0, graph::edge_kind::collective);
     }
   }

@@ -2,12 +2,34 @@
 # Builds the benchmarks (Release) and runs one suite with the settings the docs quote:
 #   bash scripts/bench.sh reader      # bench_reader: BM_read*, BM_inflate*
 #   bash scripts/bench.sh replay      # bench_replay (once the replay engine exists)
+#   bash scripts/bench.sh scale       # the 512-rank job of issue 14: lumos synth, replay and
+#                                     # inspect timed with their peak RSS (/usr/bin/time)
 # Extra arguments go to Google Benchmark (e.g. --benchmark_filter=BM_read_mem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 suite=${1:-reader}
 shift || true
 cmake --preset bench >/dev/null
+if [ "$suite" = scale ]; then
+  # GPT-3 175B on 512 GPUs (TP 8 x PP 8 x DP 8, 32 micro-batches), every rank written.
+  cmake --build --preset bench --target lumos >/dev/null
+  lumos=build/bench/examples/lumos
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+  timed() {  # label, command...: wall seconds and peak resident memory of one run
+    local label=$1
+    shift
+    /usr/bin/time -f "%e %M" -o "$dir/time" "$@" >"$dir/out" 2>&1 || { cat "$dir/out"; exit 1; }
+    read -r wall kb <"$dir/time"
+    printf '%-8s %8.2f s  %8.0f MiB peak RSS\n' "$label" "$wall" "$(awk -v k="$kb" 'BEGIN { print k / 1024 }')"
+  }
+  echo "lumos synth --model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip; $(nproc) cores"
+  timed synth "$lumos" synth --model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip --out "$dir/job"
+  printf '%-8s %8s MiB on disk, %s files\n' traces "$(du -sm "$dir/job" | cut -f1)" "$(ls "$dir/job" | wc -l)"
+  timed replay "$lumos" replay "$dir/job"
+  timed inspect "$lumos" inspect "$dir/job"
+  exit 0
+fi
 cmake --build --preset bench --target "bench_${suite}" >/dev/null
 exec "build/bench/bench/bench_${suite}" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_min_time=0.5 "$@"

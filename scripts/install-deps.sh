@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build clang libclang-rt-14-dev
-  libboost-dev librange-v3-dev libsimdjson-dev zlib1g-dev libisal-dev
+  libsimdjson-dev zlib1g-dev libisal-dev
   catch2 libbenchmark-dev python3
   libopenmpi-dev openmpi-bin  # optional: `lumos sweep` across processes (LUMOS_WITH_MPI)
 )

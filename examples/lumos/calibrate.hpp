@@ -4,6 +4,7 @@
 #include "cli.hpp"
 
 #include <lumos/model/calibrate.hpp>
+#include <lumos/model/kernel_costs.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/trace/job.hpp>
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,12 +27,10 @@ inline constexpr std::string_view calibrate_usage =
     "  show keep the preset of the traced GPU. Prints the fit; 'lumos predict --profile FILE' uses it.\n"
     "  --rank N   use only rank N's file (e.g. to predict the other ranks from one)\n";
 
-inline int run_calibrate(args& a) {
-  const auto out_path = a.option("-o");
-  const auto only = a.option("--rank");
-  const auto inputs = a.positionals();
+/// Loads `inputs` (all ranks, or only rank `only`) and fits the cost profile, as
+/// `lumos calibrate` does; the CLI and the Python binding share it.
+inline model::calibration calibrate_inputs(const std::vector<std::string>& inputs, const std::optional<std::string>& only) {
   if (inputs.empty()) throw usage_error("calibrate needs at least one trace directory or file");
-  if (!out_path) throw usage_error("calibrate needs -o profile.json");
   std::vector<std::filesystem::path> paths(inputs.begin(), inputs.end());
   trace::job job = trace::load_job(paths);
   std::string source;
@@ -49,7 +49,16 @@ inline int run_calibrate(args& a) {
     job.ranks = std::move(kept);
     source += " rank " + *only;
   }
-  const model::calibration c = model::calibrate(job.ranks, source);
+  return model::calibrate(job.ranks, source);
+}
+
+inline int run_calibrate(args& a) {
+  const auto out_path = a.option("-o");
+  const auto only = a.option("--rank");
+  const auto inputs = a.positionals();
+  if (inputs.empty()) throw usage_error("calibrate needs at least one trace directory or file");
+  if (!out_path) throw usage_error("calibrate needs -o profile.json");
+  const model::calibration c = calibrate_inputs(inputs, only);
   std::ofstream f(*out_path, std::ios::binary);
   if (!f) throw lumos::error("cannot write '" + *out_path + "'");
   f << model::to_json(c.profile);

@@ -14,7 +14,7 @@
 #include <lumos/sim/replay.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/html.hpp>
-#include <lumos/report/trace_writer.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/graph/compile.hpp>
 #include <lumos/model/transformer.hpp>
 #include <lumos/synth/kernel_trace.hpp>

@@ -9,7 +9,7 @@
 #include <lumos/report/frozen.hpp>
 #include <lumos/report/html.hpp>
 #include <lumos/report/replay_report.hpp>
-#include <lumos/report/trace_writer.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/trace/job.hpp>
 
 #include <cstdio>

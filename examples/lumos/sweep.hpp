@@ -426,9 +426,8 @@ std::vector<sweep::result> run_sweep_with(const Evaluator& ev, const std::vector
 
 }  // namespace detail
 
-inline int run_sweep(args& a) {
-  sweep_request req = parse_sweep(a);
-  if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
+/// The search problem of a request (model, machine, batch, memory margin).
+inline sweep::problem sweep_problem(sweep_request& req) {
   sweep::problem p;
   p.model = req.base.job.model;
   p.hardware = req.base.job.hardware;
@@ -436,20 +435,35 @@ inline int run_sweep(args& a) {
   p.gpus = req.gpus;
   p.global_batch = req.global_batch;
   p.memory_margin = req.memory_margin;
-  const std::vector<sweep::configuration> configs = sweep::enumerate(req.space, req.gpus);
+  if (!req.base.roofline) apply_profile(req.base, p.options.program);
+  return p;
+}
+
+/// The configurations of the request's lists that multiply to its GPU count.
+inline std::vector<sweep::configuration> sweep_configurations(const sweep_request& req) {
+  std::vector<sweep::configuration> configs = sweep::enumerate(req.space, req.gpus);
   if (configs.empty()) throw usage_error("no configuration of the lists multiplies to " + std::to_string(req.gpus) + " GPUs");
+  return configs;
+}
+
+/// Calls `run(evaluator)` with the evaluator of the request's cost model (`--cost-model`), so
+/// that the CLI, MPI and the Python binding evaluate with the same models.
+template <class Run>
+auto with_sweep_evaluator(const sweep_request& req, const sweep::problem& p, Run&& run) {
+  if (req.base.roofline) return run(sweep::evaluator<model::roofline, model::ring_alpha_beta>(p));
+  return run(sweep::evaluator<>(p, model::kernel_level{req.base.profile}, model::nccl_model{req.base.profile}));
+}
+
+inline int run_sweep(args& a) {
+  sweep_request req = parse_sweep(a);
+  if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
+  const sweep::problem p = sweep_problem(req);
+  const std::vector<sweep::configuration> configs = sweep_configurations(req);
 
   detail::mpi_world world;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<sweep::result> results;
-  if (req.base.roofline) {
-    const sweep::evaluator<model::roofline, model::ring_alpha_beta> ev(p);
-    results = detail::run_sweep_with(ev, configs, req, world);
-  } else {
-    apply_profile(req.base, p.options.program);
-    const sweep::evaluator<> ev(p, model::kernel_level{req.base.profile}, model::nccl_model{req.base.profile});
-    results = detail::run_sweep_with(ev, configs, req, world);
-  }
+  std::vector<sweep::result> results =
+      with_sweep_evaluator(req, p, [&](const auto& ev) { return detail::run_sweep_with(ev, configs, req, world); });
   if (world.rank != 0) return 0;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string out;

@@ -7,7 +7,7 @@
 
 #include <lumos/core/json_writer.hpp>
 #include <lumos/report/html.hpp>
-#include <lumos/report/trace_writer.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 

@@ -7,6 +7,8 @@
     lumos.replay(job, scale={"compute": 0.5})       # what-if: GPU compute twice as fast
     r.report("report.html")                         # the `lumos report` page
     lumos.predict(model="gpt3-175b", tp=8, pp=8, dp=8).iteration_ns
+    lumos.sweep(model="gpt3-175b", gpus=512, top=5).best          # `lumos sweep`
+    lumos.calibrate("traces/", output="profile.json")            # `lumos calibrate`
 
 Every result has ``to_dict()`` (the numbers ``lumos ... --json`` prints, exactly) and, where a
 table fits, ``to_pandas()`` (when pandas is installed). Input errors raise ``lumos.LumosError``
@@ -35,6 +37,9 @@ __all__ = [
     "load_job",
     "replay",
     "predict",
+    "Sweep",
+    "sweep",
+    "calibrate",
     "BREAKDOWN_COLUMNS",
 ]
 
@@ -317,27 +322,94 @@ _PREDICT_FLAGS = {
     "kv_heads": "--kv-heads", "seq": "--seq", "vocab": "--vocab", "tp": "--tp", "pp": "--pp", "dp": "--dp",
     "vp": "--vp", "sp": "--sp", "micro_batch": "--micro-batch", "global_batch": "--global-batch",
     "schedule": "--schedule", "recompute": "--recompute", "gpu": "--gpu", "precision": "--precision",
-    "unfold": "--unfold",
+    "profile": "--profile", "attention": "--attention", "cost_model": "--cost-model",
+    "forward_only": "--forward-only", "unfold": "--unfold",
 }
+_SWITCHES = {"unfold", "forward_only"}
+
+# `lumos sweep`: the model and machine keywords of predict, and lists for the searched sizes.
+_SWEEP_FLAGS = {
+    "gpus": "--gpus", "model": "--model", "layers": "--layers", "hidden": "--hidden", "ffn": "--ffn",
+    "heads": "--heads", "kv_heads": "--kv-heads", "seq": "--seq", "vocab": "--vocab", "gpu": "--gpu",
+    "precision": "--precision", "profile": "--profile", "cost_model": "--cost-model",
+    "tp": "--tp", "pp": "--pp", "dp": "--dp", "vp": "--vp", "micro_batch": "--micro-batch",
+    "schedule": "--schedule", "recompute": "--recompute", "sp": "--sp", "global_batch": "--global-batch",
+    "memory_margin": "--memory-margin", "top": "--top", "threads": "--threads",
+}
+
+
+def _flags(command: str, known: Mapping[str, str], config: Mapping[str, Any]) -> List[str]:
+    flags: List[str] = []
+    for key, value in config.items():
+        if key not in known:
+            raise TypeError(f"{command}() got an unexpected keyword argument '{key}' (known: {', '.join(known)})")
+        if value is None:
+            continue
+        flag = known[key]
+        if key in _SWITCHES:
+            if value:
+                flags.append(flag)
+            continue
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        elif isinstance(value, (list, tuple)):
+            value = ",".join("on" if v is True else "off" if v is False else str(v) for v in value)
+        flags += [flag, str(value)]
+    return flags
 
 
 def predict(**config: Any) -> Prediction:
     """Models one training iteration from a model description, as ``lumos predict`` does:
     ``lumos.predict(model="gpt3-175b", tp=8, pp=8, dp=16, vp=4, recompute="selective")``.
-    Keywords are the command's flags with ``_`` for ``-``; ``sp`` and ``unfold`` take booleans.
-    Raises :class:`LumosError` with the command's message for invalid values."""
-    flags: List[str] = []
-    for key, value in config.items():
-        if key not in _PREDICT_FLAGS:
-            raise TypeError(f"predict() got an unexpected keyword argument '{key}' (known: {', '.join(_PREDICT_FLAGS)})")
-        if value is None:
-            continue
-        flag = _PREDICT_FLAGS[key]
-        if key == "unfold":
-            if value:
-                flags.append(flag)
-            continue
-        if key == "sp" and isinstance(value, bool):
-            value = "on" if value else "off"
-        flags += [flag, str(value)]
-    return Prediction(json.loads(_lumos.predict_json(flags)))
+    Keywords are the command's flags with ``_`` for ``-``; ``sp`` takes a boolean, ``unfold`` and
+    ``forward_only`` are switches. Raises :class:`LumosError` with the command's message for
+    invalid values."""
+    return Prediction(json.loads(_lumos.predict_json(_flags("predict", _PREDICT_FLAGS, config))))
+
+
+class Sweep(_Plain):
+    """What ``lumos sweep --json`` prints: ``problem``, ``configurations``, ``accepted``,
+    ``rejected`` (counts per reason), ``results`` (every configuration with its prediction or
+    rejection) and ``top`` (indices into ``results``, fastest first). ``ranked`` is the top
+    results themselves, ``best`` the first of them (None when every configuration was rejected)."""
+
+    _fields = ("configurations", "accepted")
+    configurations: int
+    accepted: int
+
+    @property
+    def ranked(self) -> List[Dict[str, Any]]:
+        return [self._data["results"][i] for i in self._data["top"]]
+
+    @property
+    def best(self) -> Optional[Dict[str, Any]]:
+        ranked = self.ranked
+        return ranked[0] if ranked else None
+
+    def to_pandas(self):
+        """One row per configuration (rejected ones included, with their reason)."""
+        return _pandas().json_normalize(self._data["results"])
+
+
+def sweep(**config: Any) -> Sweep:
+    """Searches the parallel configurations of a model on ``gpus`` GPUs, as ``lumos sweep``
+    does: ``lumos.sweep(model="gpt3-175b", gpus=512, tp=[4, 8], recompute="selective", top=5)``.
+    Lists (``tp``, ``pp``, ``dp``, ``vp``, ``micro_batch``, ``schedule``, ``recompute``, ``sp``)
+    take a Python list or a comma-separated string. Runs with the GIL released on every core
+    (``threads`` to limit); the result is the same for any thread count."""
+    return Sweep(json.loads(_lumos.sweep_json(_flags("sweep", _SWEEP_FLAGS, config))))
+
+
+def calibrate(paths: Union[PathLike, Iterable[PathLike]], rank: Optional[int] = None,
+              output: Optional[PathLike] = None) -> Dict[str, Any]:
+    """Fits the kernel-level cost profile from the traces of one run, as ``lumos calibrate``
+    does, and returns it as a dict (the JSON ``lumos calibrate -o`` writes, which ``predict(
+    profile=...)`` and ``sweep(profile=...)`` read). ``rank`` fits on one rank's file only;
+    ``output`` also writes the profile there."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    text = _lumos.calibrate_json([os.fspath(p) for p in paths], rank)
+    if output is not None:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    return json.loads(text)

@@ -103,4 +103,26 @@ def predict(*, model: str = ..., layers: int = ..., hidden: int = ..., ffn: int 
             kv_heads: int = ..., seq: int = ..., vocab: int = ..., tp: int = ..., pp: int = ..., dp: int = ...,
             vp: int = ..., sp: Union[bool, str] = ..., micro_batch: int = ..., global_batch: int = ...,
             schedule: str = ..., recompute: str = ..., gpu: str = ..., precision: str = ...,
+            profile: str = ..., attention: str = ..., cost_model: str = ..., forward_only: bool = ...,
             unfold: bool = ...) -> Prediction: ...
+
+_List = Union[int, str, Sequence[Union[int, str, bool]]]
+
+class Sweep:
+    configurations: int
+    accepted: int
+    @property
+    def ranked(self) -> List[Dict[str, Any]]: ...
+    @property
+    def best(self) -> Optional[Dict[str, Any]]: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+    def to_pandas(self) -> Any: ...
+
+def sweep(*, gpus: int, model: str = ..., layers: int = ..., hidden: int = ..., ffn: int = ..., heads: int = ...,
+          kv_heads: int = ..., seq: int = ..., vocab: int = ..., gpu: str = ..., precision: str = ...,
+          profile: str = ..., cost_model: str = ..., tp: _List = ..., pp: _List = ..., dp: _List = ...,
+          vp: _List = ..., micro_batch: _List = ..., schedule: _List = ..., recompute: _List = ..., sp: _List = ...,
+          global_batch: int = ..., memory_margin: float = ..., top: int = ..., threads: int = ...) -> Sweep: ...
+
+def calibrate(paths: Union[PathLike, Iterable[PathLike]], rank: Optional[int] = ...,
+              output: Optional[PathLike] = ...) -> Dict[str, Any]: ...

@@ -4,18 +4,20 @@
 // Results cross the boundary as JSON text written with the CLI's writer (so `to_dict()` holds the
 // numbers `lumos ... --json` prints, bit for bit: integers as integers, doubles in shortest
 // round-trip form) and as NumPy arrays for the per-task and per-rank tables. `inspect` and
-// `predict` reuse the CLI's own parsing and JSON code (examples/lumos/*.hpp) for the same reason:
+// `predict`, `sweep` and `calibrate` reuse the CLI's own parsing and JSON code (examples/lumos/*.hpp) for the same reason:
 // one definition of every flag, default, message and field.
 
+#include "calibrate.hpp"
 #include "inspect.hpp"
 #include "predict.hpp"
+#include "sweep.hpp"
 
 #include <lumos/core/json_writer.hpp>
 #include <lumos/report/critical_path.hpp>
 #include <lumos/report/frozen.hpp>
 #include <lumos/report/html.hpp>
 #include <lumos/report/replay_report.hpp>
-#include <lumos/report/trace_writer.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/synth/predict.hpp>
 #include <lumos/trace/job.hpp>
 
@@ -25,6 +27,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <chrono>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -208,6 +211,30 @@ std::string critical_path_json(const py_replay& r, std::optional<int> rank) {
   return out;
 }
 
+/// `lumos COMMAND FLAGS...` parsed by the CLI's own parser: same defaults, checks and messages.
+struct cli_flags {
+  std::vector<std::string> text;
+  std::vector<char*> argv;
+  lumos::cli::args args;
+  cli_flags(const char* command, const std::vector<std::string>& flags)
+      : text(make_text(command, flags)), argv(pointers(text)), args(static_cast<int>(argv.size()), argv.data(), 2) {}
+  void no_leftovers() {
+    if (const auto rest = args.positionals(); !rest.empty()) throw lumos::error("unexpected argument '" + rest.front() + "'");
+  }
+
+ private:
+  static std::vector<std::string> make_text(const char* command, const std::vector<std::string>& flags) {
+    std::vector<std::string> t{"lumos", command};
+    t.insert(t.end(), flags.begin(), flags.end());
+    return t;
+  }
+  static std::vector<char*> pointers(std::vector<std::string>& t) {
+    std::vector<char*> p;
+    for (auto& a : t) p.push_back(a.data());
+    return p;
+  }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_lumos, m) {
@@ -323,14 +350,9 @@ PYBIND11_MODULE(_lumos, m) {
   m.def(
       "predict_json",
       [](const std::vector<std::string>& flags) {
-        // The CLI's own parser: same defaults, same checks, same messages as `lumos predict`.
-        std::vector<std::string> argv_text{"lumos", "predict"};
-        argv_text.insert(argv_text.end(), flags.begin(), flags.end());
-        std::vector<char*> argv;
-        for (auto& a : argv_text) argv.push_back(a.data());
-        lumos::cli::args a(static_cast<int>(argv.size()), argv.data(), 2);
-        lumos::cli::predict_request req = lumos::cli::parse_predict(a);
-        if (const auto rest = a.positionals(); !rest.empty()) throw lumos::error("unexpected argument '" + rest.front() + "'");
+        cli_flags f("predict", flags);
+        lumos::cli::predict_request req = lumos::cli::parse_predict(f.args);
+        f.no_leftovers();
         lumos::synth::predict_options opt;
         opt.program.unfold = req.unfold;
         std::string out;
@@ -345,4 +367,37 @@ PYBIND11_MODULE(_lumos, m) {
         return out;
       },
       "flags"_a);
+
+  m.def(
+      "sweep_json",
+      [](const std::vector<std::string>& flags) {
+        cli_flags f("sweep", flags);
+        lumos::cli::sweep_request req = lumos::cli::parse_sweep(f.args);
+        f.no_leftovers();
+        req.json = true;
+        const lumos::sweep::problem p = lumos::cli::sweep_problem(req);
+        const std::vector<lumos::sweep::configuration> configs = lumos::cli::sweep_configurations(req);
+        std::string out;
+        {
+          py::gil_scoped_release release;
+          lumos::sweep::run_options o;  // one process, every core unless `threads` is given
+          o.threads = req.threads;
+          const std::vector<lumos::sweep::result> results =
+              lumos::cli::with_sweep_evaluator(req, p, [&](const auto& ev) { return lumos::sweep::run(ev, configs, o); });
+          lumos::cli::sweep_report(req, results, out);
+        }
+        return out;
+      },
+      "flags"_a);
+
+  m.def(
+      "calibrate_json",
+      [](const std::vector<std::string>& inputs, std::optional<int> rank) {
+        std::optional<std::string> only;
+        if (rank) only = std::to_string(*rank);
+        py::gil_scoped_release release;
+        const lumos::model::calibration c = lumos::cli::calibrate_inputs(inputs, only);
+        return lumos::model::to_json(c.profile);
+      },
+      "inputs"_a, "rank"_a = py::none());
 }

@@ -20,19 +20,75 @@ time_ns start_of(const compiled_graph& c, const sim::record_timeline& t, task_id
 
 }  // namespace
 
+TEST_CASE("task_spec fields land in their columns, edge_flags in the edge", "[graph]") {
+  two_processors x;
+  auto& g = x.g;
+  const task_id t = g.add_task({.kind = task_kind::cpu_blocking, .processor = x.cpu, .duration = 4, .idle_gap = 3, .busy_gap = 2,
+                                .name = "cudaStreamSynchronize", .rank = 5, .source = 17, .observed_start = 100, .observed_end = 109});
+  const task_id u = g.add_task({.kind = task_kind::gpu_compute, .processor = x.gpu});
+  CHECK(g.kind[t] == task_kind::cpu_blocking);
+  CHECK(g.processor[t] == x.cpu);
+  CHECK((g.duration[t] == 4 && g.idle_gap[t] == 3 && g.busy_gap[t] == 2));
+  CHECK(g.task_name(t) == "cudaStreamSynchronize");
+  CHECK((g.rank[t] == 5 && g.source[t] == 17 && g.observed_start[t] == 100 && g.observed_end[t] == 109));
+  CHECK((g.duration[u] == 0 && g.idle_gap[u] == 0 && g.rank[u] == 0 && g.source[u] == ~0U && g.task_name(u).empty()));
+  // The positional form fills the same columns.
+  const task_id v = g.add_task(x.cpu, task_kind::cpu_blocking, 4, 3, 2, "cudaStreamSynchronize", 5, 17, 100, 109);
+  CHECK((g.duration[v] == 4 && g.busy_gap[v] == 2 && g.source[v] == 17 && g.observed_end[v] == 109 && g.name[v] == g.name[t]));
+  CHECK_THROWS_AS(g.add_task({.kind = task_kind::cpu, .processor = 9}), lumos::error);
+
+  g.add_edge(u, t, 1, edge_kind::sync, edge_flags::finish);
+  g.add_edge(t, u, 2, edge_kind::launch, edge_flags::from_start);
+  g.add_edge(t, u, 3, edge_kind::dependency, edge_flags::finish | edge_flags::from_start);
+  g.add_edge(t, u, 4, edge_kind::dependency);
+  REQUIRE(g.edges.size() == 4);
+  CHECK((g.edges[0].finish && !g.edges[0].from_start));
+  CHECK((!g.edges[1].finish && g.edges[1].from_start));
+  CHECK((g.edges[2].finish && g.edges[2].from_start));
+  CHECK((!g.edges[3].finish && !g.edges[3].from_start));
+}
+
+TEST_CASE("a copied task_graph is independent of its source", "[graph]") {
+  task_graph copy;
+  {
+    two_processors x;
+    auto& g = x.g;
+    const task_id a = g.add_task({.kind = task_kind::cpu, .processor = x.cpu, .duration = 5, .name = "launch A"});
+    const task_id b = g.add_task({.kind = task_kind::gpu_compute, .processor = x.gpu, .duration = 100, .name = "A"});
+    g.add_edge(a, b, 7, edge_kind::launch);
+    copy = g;
+    // Editing the source after the copy leaves the copy as it was.
+    g.duration[b] = 1;
+    g.add_task({.kind = task_kind::gpu_compute, .processor = x.gpu, .duration = 9, .name = "only in the source"});
+    g.edges[0].delay = 0;
+    g.processors[0].name = "renamed";
+  }  // and the source is gone: the copy owns its names
+  REQUIRE(copy.task_count() == 2);
+  CHECK(copy.duration[1] == 100);
+  CHECK(copy.edges[0].delay == 7);
+  CHECK(copy.processors[0].name == "cpu");
+  CHECK(copy.task_name(0) == "launch A");
+  CHECK(copy.task_name(1) == "A");
+  CHECK(copy.strings.find("only in the source") == lumos::no_string);
+  // The copy replays like the original did: A starts 7 after its launch ends (5), ends at 112.
+  const compiled_graph c = compile(copy);
+  const auto t = sim::replay(c);
+  CHECK(finish_of(c, t, 1) == 112);
+}
+
 TEST_CASE("processor order with gaps, launch edges and a blocking sync", "[graph][replay]") {
   two_processors x;
   auto& g = x.g;
   // CPU: launch A at 10 (5 long), launch B after a 3 ns idle gap and 2 ns of busy work, then a
   // sync that waits for B with 4 ns after B ends.
-  const task_id la = g.add_task(x.cpu, task_kind::cpu, 5, 10, 0, "launch A");
-  const task_id lb = g.add_task(x.cpu, task_kind::cpu, 5, 3, 2, "launch B");
-  const task_id sync = g.add_task(x.cpu, task_kind::cpu_blocking, 4, 0, 0, "cudaStreamSynchronize");
-  const task_id a = g.add_task(x.gpu, task_kind::gpu_compute, 100, 0, 0, "A");
-  const task_id b = g.add_task(x.gpu, task_kind::gpu_compute, 50, 1, 0, "B");
+  const task_id la = g.add_task({.kind = task_kind::cpu, .processor = x.cpu, .duration = 5, .idle_gap = 10, .name = "launch A"});
+  const task_id lb = g.add_task({.kind = task_kind::cpu, .processor = x.cpu, .duration = 5, .idle_gap = 3, .busy_gap = 2, .name = "launch B"});
+  const task_id sync = g.add_task({.kind = task_kind::cpu_blocking, .processor = x.cpu, .duration = 4, .name = "cudaStreamSynchronize"});
+  const task_id a = g.add_task({.kind = task_kind::gpu_compute, .processor = x.gpu, .duration = 100, .name = "A"});
+  const task_id b = g.add_task({.kind = task_kind::gpu_compute, .processor = x.gpu, .duration = 50, .idle_gap = 1, .name = "B"});
   g.add_edge(la, a, 7, edge_kind::launch);
   g.add_edge(lb, b, 7, edge_kind::launch);
-  g.add_edge(b, sync, 4, edge_kind::sync, true);
+  g.add_edge(b, sync, 4, edge_kind::sync, edge_flags::finish);
   const compiled_graph c = compile(g);
   const auto t = sim::replay(c);
   // la: [10,15]; lb: 15+3+2=20 -> [20,25]; A: max(0, 15+7)=22 -> [22,122]; B: max(122+1, 25+7) = 123
@@ -62,11 +118,11 @@ TEST_CASE("a collective join: every participant ends at the last arrival plus th
   const processor_id barrier = g.add_processor({processor_kind::barrier, 0, 0, 0, "group 0"});
   for (int r = 0; r < 3; ++r) {
     const processor_id s = g.add_processor({processor_kind::gpu_stream, r, r, 20, "comm"});
-    g.add_task(s, task_kind::gpu_compute, 100 * (r + 1), 0, 0, "work");
-    arrive.push_back(g.add_task(s, task_kind::comm_arrive, 0, 0));
-    complete.push_back(g.add_task(s, task_kind::comm_complete, 30, 0));
+    g.add_task({.kind = task_kind::gpu_compute, .processor = s, .duration = 100 * (r + 1), .name = "work"});
+    arrive.push_back(g.add_task({.kind = task_kind::comm_arrive, .processor = s}));
+    complete.push_back(g.add_task({.kind = task_kind::comm_complete, .processor = s, .duration = 30}));
   }
-  const task_id join = g.add_task(barrier, task_kind::join, 0, 0);
+  const task_id join = g.add_task({.kind = task_kind::join, .processor = barrier});
   for (int r = 0; r < 3; ++r) {
     g.add_edge(arrive[r], join, 0, edge_kind::collective);
     g.add_edge(join, complete[r], 0, edge_kind::collective);
@@ -82,8 +138,8 @@ TEST_CASE("a collective join: every participant ends at the last arrival plus th
 TEST_CASE("a cycle is an error naming the tasks on it", "[graph]") {
   two_processors x;
   auto& g = x.g;
-  const task_id rec = g.add_task(x.cpu, task_kind::cpu, 1, 0, 0, "cudaEventRecord");
-  const task_id wait = g.add_task(x.gpu, task_kind::gpu_compute, 1, 0, 0, "consumer kernel");
+  const task_id rec = g.add_task({.kind = task_kind::cpu, .processor = x.cpu, .duration = 1, .name = "cudaEventRecord"});
+  const task_id wait = g.add_task({.kind = task_kind::gpu_compute, .processor = x.gpu, .duration = 1, .name = "consumer kernel"});
   g.add_edge(wait, rec, 0, edge_kind::cross_stream);
   g.add_edge(rec, wait, 0, edge_kind::launch);
   try {
@@ -102,7 +158,7 @@ TEST_CASE("the compiled order is topological and deterministic, and memory per t
   std::vector<processor_id> procs;
   for (int p = 0; p < 4; ++p) procs.push_back(g.add_processor({processor_kind::gpu_stream, 0, 0, p, "s"}));
   std::vector<task_id> ids;
-  for (int i = 0; i < 1000; ++i) ids.push_back(g.add_task(procs[static_cast<std::size_t>(i % 4)], task_kind::gpu_compute, i % 7 + 1, i % 3));
+  for (int i = 0; i < 1000; ++i) ids.push_back(g.add_task({.kind = task_kind::gpu_compute, .processor = procs[static_cast<std::size_t>(i % 4)], .duration = i % 7 + 1, .idle_gap = i % 3}));
   for (int i = 10; i < 1000; i += 3) g.add_edge(ids[static_cast<std::size_t>(i - 9)], ids[static_cast<std::size_t>(i)], i % 5, edge_kind::dependency);
   const compiled_graph a = compile(g);
   const compiled_graph b = compile(g);

@@ -2,7 +2,7 @@
 #include "../unit/test_support.hpp"
 
 #include <lumos/report/replay_report.hpp>
-#include <lumos/report/trace_writer.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/trace/job.hpp>
 
 #include <catch2/catch.hpp>

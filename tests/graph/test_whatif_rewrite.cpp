@@ -19,16 +19,16 @@ struct three_launches {
   task_graph g;
   processor_id cpu = g.add_processor({processor_kind::cpu_thread, 0, 1, 1, "cpu"});
   processor_id gpu = g.add_processor({processor_kind::gpu_stream, 0, 0, 7, "stream 7"});
-  task_id la = g.add_task(cpu, task_kind::cpu, 5, 0, 0, "launch A");
-  task_id lb = g.add_task(cpu, task_kind::cpu, 5, 5, 0, "launch B");
-  task_id lc = g.add_task(cpu, task_kind::cpu, 5, 5, 0, "launch C");
-  task_id a = g.add_task(gpu, task_kind::gpu_compute, 100, 0, 0, "ampere_bf16_s16816gemm_bf16_128x128");
-  task_id b = g.add_task(gpu, task_kind::gpu_compute, 100, 0, 0, "vectorized_elementwise_kernel");
-  task_id c = g.add_task(gpu, task_kind::gpu_compute, 100, 0, 0, "C");
+  task_id la = g.add_task({.kind = task_kind::cpu, .processor = cpu, .duration = 5, .name = "launch A"});
+  task_id lb = g.add_task({.kind = task_kind::cpu, .processor = cpu, .duration = 5, .idle_gap = 5, .name = "launch B"});
+  task_id lc = g.add_task({.kind = task_kind::cpu, .processor = cpu, .duration = 5, .idle_gap = 5, .name = "launch C"});
+  task_id a = g.add_task({.kind = task_kind::gpu_compute, .processor = gpu, .duration = 100, .name = "ampere_bf16_s16816gemm_bf16_128x128"});
+  task_id b = g.add_task({.kind = task_kind::gpu_compute, .processor = gpu, .duration = 100, .name = "vectorized_elementwise_kernel"});
+  task_id c = g.add_task({.kind = task_kind::gpu_compute, .processor = gpu, .duration = 100, .name = "C"});
   three_launches() {
-    g.add_edge(la, a, 5, edge_kind::launch, false, true);
-    g.add_edge(lb, b, 5, edge_kind::launch, false, true);
-    g.add_edge(lc, c, 5, edge_kind::launch, false, true);
+    g.add_edge(la, a, 5, edge_kind::launch, edge_flags::from_start);
+    g.add_edge(lb, b, 5, edge_kind::launch, edge_flags::from_start);
+    g.add_edge(lc, c, 5, edge_kind::launch, edge_flags::from_start);
   }
 };
 

@@ -75,12 +75,6 @@ TEST_CASE("hardware presets carry datasheet peaks and are found by name", "[mode
   CHECK(h200.gpu.bf16_flops == h100.gpu.bf16_flops);
   CHECK(h200.gpu.hbm_bandwidth == Approx(4.8e12));
   CHECK(h200.gpu.hbm_capacity > h100.gpu.hbm_capacity);
-
-  // Fields are overridable.
-  hardware custom = h100;
-  custom.efficiency.gemm.compute = 0.5;
-  custom.inter_node.bandwidth = 100e9;
-  CHECK(custom.efficiency.gemm.compute == 0.5);
 }
 
 TEST_CASE("A100 has no fp8 and says so", "[model][presets]") {
@@ -216,15 +210,9 @@ TEST_CASE("GPT parameter count is Narayanan et al.'s formula for every GPT prese
     CHECK(parameter_count(m) == gpt_parameter_count(m) + 2 * m.hidden);
   }
   // GPT-3 175B by hand, l = 96, h = 12288, V = 51200, s = 2048: 12 h^2 = 1,811,939,328, times
-  // 96 = 173,946,175,488; 13 l h = 15,335,424; (V + s) h = 654,311,424; sum 174,615,822,336.
-  CHECK(12LL * 96 * 12288 * 12288 == 173'946'175'488LL);
-  CHECK(13LL * 96 * 12288 == 15'335'424LL);
-  CHECK((51200LL + 2048) * 12288 == 654'311'424LL);
-  CHECK(gpt_parameter_count(gpt3_175b()) ==
-        173'946'175'488LL + 15'335'424LL + 654'311'424LL);
-  CHECK(gpt_parameter_count(gpt3_175b()) / 100'000'000 == 1746);  // ~174.6e9
-  static_assert(12 * 96 * 12288LL * 12288 + 13 * 96 * 12288LL + (51200 + 2048) * 12288LL ==
-                174'615'822'336LL);
+  // 96 = 173,946,175,488; 13 l h = 15,335,424; (V + s) h = 654,311,424; sum 174,615,822,336
+  // (the "175B" of the paper).
+  CHECK(gpt_parameter_count(gpt3_175b()) == 174'615'822'336LL);
 }
 
 TEST_CASE("general parameter count handles GQA, SwiGLU, RMSNorm and untied embeddings",

@@ -181,6 +181,50 @@ def test_predict_errors():
         lumos.predict(tensor_parallel=8)
 
 
+def test_predict_with_a_profile_and_the_roofline_matches_cli(cli, tmp_path):
+    flags = dict(model="gpt3-15b", tp=2, pp=2, micro_batch=1, forward_only=True, cost_model="roofline")
+    mine = lumos.predict(**flags).to_dict()
+    theirs = cli("predict", "--model", "gpt3-15b", "--tp", 2, "--pp", 2, "--micro-batch", 1, "--forward-only",
+                 "--cost-model", "roofline", "--json")
+    mine["graph"].pop("wall_ms")
+    theirs["graph"].pop("wall_ms")
+    assert mine == theirs
+
+
+def test_sweep_matches_cli(cli):
+    p = lumos.sweep(model="gpt3-15b", gpus=16, tp=[2, 4], pp="1,2", micro_batch=[1, 2], recompute="selective",
+                    sp=[True], global_batch=64, top=3, threads=1)
+    theirs = cli("sweep", "--model", "gpt3-15b", "--gpus", 16, "--tp", "2,4", "--pp", "1,2", "--micro-batch", "1,2",
+                 "--recompute", "selective", "--sp", "on", "--global-batch", 64, "--top", 3, "--threads", 1, "--json")
+    assert p.to_dict() == theirs
+    assert p.configurations == len(theirs["results"]) and p.accepted == theirs["accepted"]
+    assert p.best == theirs["results"][theirs["top"][0]]
+    times = [r["iteration_ns"] for r in p.ranked]
+    assert times == sorted(times) and len(times) <= 3
+    # The same answer on every core as on one.
+    assert lumos.sweep(model="gpt3-15b", gpus=16, tp=[2, 4], pp="1,2", micro_batch=[1, 2], recompute="selective",
+                       sp=[True], global_batch=64, top=3).to_dict() == theirs
+    with pytest.raises(lumos.LumosError, match="--gpus"):
+        lumos.sweep(model="gpt3-15b")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        lumos.sweep(gpus=8, gpu_count=8)
+
+
+def test_calibrate_matches_cli(megatron, tmp_path):
+    out = tmp_path / "py.json"
+    profile = lumos.calibrate(megatron, rank=3, output=out)
+    cli_out = tmp_path / "cli.json"
+    exe = __import__("os").environ.get("LUMOS_CLI")
+    if not exe:
+        pytest.skip("the lumos CLI was not built (LUMOS_CLI unset)")
+    subprocess.run([exe, "calibrate", megatron, "-o", str(cli_out), "--rank", "3"], check=True, capture_output=True)
+    assert out.read_text() == cli_out.read_text()
+    assert profile == json.loads(cli_out.read_text())
+    assert lumos.predict(model="gpt3-15b", tp=8, micro_batch=1, profile=str(out)).iteration_ns > 0
+    with pytest.raises(lumos.LumosError, match="no such rank"):
+        lumos.calibrate(megatron, rank=99)
+
+
 def test_the_gil_is_released_while_replaying(megatron):
     job = lumos.load_job(megatron)
     ticks = 0

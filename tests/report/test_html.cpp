@@ -7,7 +7,7 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/transformer.hpp>
 #include <lumos/report/html.hpp>
-#include <lumos/report/trace_writer.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/sim/replay.hpp>
 #include <lumos/synth/program.hpp>
 

@@ -257,7 +257,22 @@ TEST_CASE("pipeline p2p, data-parallel buckets and SP collectives are where the 
   CHECK(ag == 10);
   CHECK(by_kind["reduce_scatter"] > 0);
   CHECK(by_kind["allgather"] > 0);
-  CHECK(by_kind.count("allreduce") == 1);  // only the loss, grad-norm and embedding all-reduces
+  // With SP the TP collectives are all-gathers and reduce-scatters; the all-reduces left are
+  // the loss's (the vocabulary-parallel cross entropy), the gradient norm's and the tied
+  // embedding's, and each of them is there.
+  const std::set<std::string, std::less<>> expected = {"cross_entropy_max_all_reduce", "cross_entropy_target_all_reduce",
+                                                        "cross_entropy_sum_all_reduce", "grad_norm_all_reduce",
+                                                        "embedding_grad_all_reduce"};
+  std::set<std::string, std::less<>> seen;
+  for (const auto& ci : p.graph.collectives) {
+    if (ci.kind != "allreduce") continue;
+    REQUIRE(!ci.complete.empty());
+    const std::string name(p.graph.task_name(ci.complete.front()));
+    INFO(name);
+    CHECK(expected.contains(name));
+    seen.insert(name);
+  }
+  CHECK(seen == expected);
 }
 
 TEST_CASE("predict: sanity of the figures", "[synth][predict]") {

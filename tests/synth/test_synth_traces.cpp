@@ -4,7 +4,7 @@
 
 #include <lumos/graph/compile.hpp>
 #include <lumos/report/replay_report.hpp>
-#include <lumos/report/trace_writer.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/sim/replay.hpp>
 #include <lumos/synth/predict.hpp>
 #include <lumos/synth/program.hpp>

@@ -1,6 +1,8 @@
 // Reader behaviour on hand-made traces: one per trap listed in design/KINETO.md.
 #include "test_support.hpp"
 
+#include <lumos/graph/trace_builder.hpp>
+#include <lumos/report/replay_report.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/trace/reader.hpp>
 #include <lumos/trace/summary.hpp>
@@ -28,6 +30,36 @@ const event& find(const rank_trace& t, std::string_view name) {
 
 std::size_t index_of(const rank_trace& t, std::string_view name) {
   return static_cast<std::size_t>(&find(t, name) - t.events.data());
+}
+
+// The reader's output is only half of each trap: the graph rule the trap is named after is
+// checked on the graph (and, where the rule is about waiting, on a replay in which the awaited
+// op is made longer, so that only a real dependency can move the waiter).
+job one_rank(rank_trace&& t) {
+  job j;
+  j.ranks.push_back(std::move(t));
+  return j;
+}
+
+lumos::graph::task_id task_of(const lumos::graph::built_job& b, const rank_trace& t, std::string_view name) {
+  return b.ranks[0].task_of_event[index_of(t, name)];
+}
+
+std::size_t edges_between(const lumos::graph::built_job& b, lumos::graph::task_id from, lumos::graph::task_id to,
+                          lumos::graph::edge_kind kind) {
+  std::size_t n = 0;
+  for (const auto& e : b.graph.edges) n += e.from == from && e.to == to && e.kind == kind;
+  return n;
+}
+
+// Simulated [start, end) of the event named `name` after scaling the ops named `scaled` by `factor`.
+std::pair<lumos::time_ns, lumos::time_ns> replayed(const job& j, std::string_view name, std::string scaled, double factor) {
+  lumos::report::replay_options o;
+  o.build.op_scales.push_back({std::move(scaled), factor});
+  const auto s = lumos::report::replay_job(j, o);
+  const auto task = s.built.ranks[0].task_of_event[index_of(j.ranks[0], name)];
+  const auto times = s.simulated_times();
+  return {times.begin_of(task) + s.built.origin, times.end_of(task) + s.built.origin};
 }
 
 }  // namespace
@@ -79,6 +111,15 @@ TEST_CASE("kernels launched before the window are kept without a launch", "[read
   const auto& late = find(t, "late_kernel");
   CHECK(launches_of(late.correlation) == 1);  // while the kernel after it has its launch
   CHECK(summarize(t).gpu_ops == 2);
+  // Graph rule: the early kernel is an op without a launch edge (it starts where it was seen);
+  // the late one hangs off its launch call.
+  const job j = one_rank(read_trap("launched_before_window.json"));
+  const auto b = lumos::graph::build_graph(j);
+  CHECK(b.stats.ops_without_launch == 1);
+  std::size_t into_early = 0;
+  for (const auto& e : b.graph.edges) into_early += e.to == task_of(b, t, "early_kernel") && e.kind == lumos::graph::edge_kind::launch;
+  CHECK(into_early == 0);
+  CHECK(edges_between(b, task_of(b, t, "cudaLaunchKernel"), task_of(b, t, "late_kernel"), lumos::graph::edge_kind::launch) == 1);
 }
 
 TEST_CASE("one CUDA graph launch correlates with many kernels", "[reader]") {
@@ -101,6 +142,14 @@ TEST_CASE("one CUDA graph launch correlates with many kernels", "[reader]") {
     }
   }
   CHECK(launches == 1);
+  // Graph rule: the one launch call launches all three kernels (not only the first).
+  const job j = one_rank(read_trap("cuda_graph.json"));
+  const auto b = lumos::graph::build_graph(j);
+  CHECK(b.stats.graph_launch_ops == 3);
+  CHECK(b.stats.ops_without_launch == 0);
+  for (const char* k : {"k0", "k1", "k2"}) {
+    CHECK(edges_between(b, task_of(b, t, "cudaGraphLaunch"), task_of(b, t, k), lumos::graph::edge_kind::launch) == 1);
+  }
 }
 
 TEST_CASE("a stream wait without a recorded cudaEventRecord still reads", "[reader]") {
@@ -114,6 +163,16 @@ TEST_CASE("a stream wait without a recorded cudaEventRecord still reads", "[read
   CHECK(find(t, "consumer").stream == 13);
   CHECK(find(t, "consumer").correlation == 3);
   CHECK(summarize(t).streams == 2);
+  // Graph rule: the consumer still waits for the producer. Made 3x longer (30 -> 90 us, ending
+  // at 110 us instead of 50 us), the producer pushes the consumer back by the same 60 us.
+  const job j = one_rank(read_trap("wait_without_record.json"));
+  const auto b = lumos::graph::build_graph(j);
+  CHECK(b.stats.cross_stream_inferred + b.stats.cross_stream_implicit + b.stats.cross_stream_exact == 1);
+  const auto [p0, p1] = replayed(j, "producer", "producer", 3.0);
+  const auto [c0, c1] = replayed(j, "consumer", "producer", 3.0);
+  CHECK(p1 - p0 == 90000);
+  CHECK(c0 >= p1);
+  CHECK(replayed(j, "consumer", "producer", 1.0).first == find(t, "consumer").ts + t.base_ns);
 }
 
 TEST_CASE("polling loops are ordinary runtime calls", "[reader]") {
@@ -131,6 +190,27 @@ TEST_CASE("polling loops are ordinary runtime calls", "[reader]") {
   }
   CHECK(polls == 4);
   CHECK(after_kernel == 1);  // only the last poll ends after the kernel: it is the one that succeeds
+  // Graph rule: the run of polls is one wait for the kernel. The kernel made twice as long
+  // (ending at 200 us instead of 100 us) moves the end of the wait past 200 us; the unchanged
+  // replay ends it where it was measured (102 us).
+  const job j = one_rank(read_trap("polling_loop.json"));
+  const auto b = lumos::graph::build_graph(j);
+  CHECK(b.stats.poll_waits == 1);
+  const std::size_t last_poll = [&] {
+    std::size_t last = 0;
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
+      if (t.name(t.events[i]) == "cudaEventQuery") last = i;
+    }
+    return last;
+  }();
+  auto poll_end = [&](double factor) {
+    lumos::report::replay_options o;
+    o.build.op_scales.push_back({"long_kernel", factor});
+    const auto s = lumos::report::replay_job(j, o);
+    return s.simulated_times().end_of(s.built.ranks[0].task_of_event[last_poll]) + s.built.origin;
+  };
+  CHECK(poll_end(1.0) == t.events[last_poll].end() + t.base_ns);
+  CHECK(poll_end(2.0) >= kernel.ts + t.base_ns + 200000);
 }
 
 TEST_CASE("traces without ProfilerStep have no steps", "[reader]") {

@@ -28,3 +28,23 @@ TEST_CASE("interning gives dense stable ids and stable views", "[strings]") {
   const std::string big(300000, 'x');  // larger than a storage chunk
   CHECK(t[t.intern(big)] == big);
 }
+
+TEST_CASE("a copied table keeps every id and owns its text", "[strings]") {
+  std::vector<lumos::string_id> ids;
+  lumos::string_table copy;
+  {
+    lumos::string_table t;
+    for (int i = 0; i < 3000; ++i) ids.push_back(t.intern("name_" + std::to_string(i % 1000)));
+    t.intern("");
+    copy = t;
+    CHECK(copy.size() == t.size());
+    CHECK(copy[ids[5]].data() != t[ids[5]].data());
+    t.intern("only in the source");
+    CHECK(copy.find("only in the source") == lumos::no_string);
+  }  // the source is gone: the copy's views must not point into it
+  for (int i = 0; i < 3000; i += 7) CHECK(copy[ids[static_cast<std::size_t>(i)]] == "name_" + std::to_string(i % 1000));
+  CHECK(copy.find("name_999") == ids[999]);
+  CHECK(copy.intern("name_42") == ids[42]);
+  CHECK(copy.intern("new in the copy") == 1001);
+  CHECK(copy[1001] == "new in the copy");
+}

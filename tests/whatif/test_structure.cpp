@@ -6,6 +6,7 @@
 #include <lumos/pipeline/gpipe.hpp>
 #include <lumos/pipeline/interleaved_one_f_one_b.hpp>
 #include <lumos/pipeline/one_f_one_b.hpp>
+#include <lumos/trace/job.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <catch2/catch.hpp>

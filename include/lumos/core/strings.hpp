@@ -20,6 +20,35 @@ inline constexpr string_id no_string = ~string_id{0};
 class string_table {
  public:
   string_table() { rehash(16); }
+  /// A copy owns its text (the views point into the copy's storage) and keeps every id.
+  string_table(const string_table& o)
+      : next_chunk_(o.next_chunk_), hashes_(o.hashes_), slots_(o.slots_), mask_(o.mask_) {
+    std::size_t total = 0;
+    for (const std::string_view v : o.views_) total += v.size();
+    if (total > 0) {
+      chunks_.push_back(std::make_unique<char[]>(total));
+      text_bytes_ = total;
+    }
+    char* p = total > 0 ? chunks_.back().get() : nullptr;
+    views_.reserve(o.views_.size());
+    for (const std::string_view v : o.views_) {
+      if (v.empty()) {
+        views_.emplace_back();
+        continue;
+      }
+      std::memcpy(p, v.data(), v.size());
+      views_.emplace_back(p, v.size());
+      p += v.size();
+    }
+    chunk_pos_ = p;  // the chunk is full: the next new string starts another
+  }
+  string_table& operator=(const string_table& o) {
+    if (this != &o) *this = string_table(o);
+    return *this;
+  }
+  string_table(string_table&&) noexcept = default;
+  string_table& operator=(string_table&&) noexcept = default;
+  ~string_table() = default;
 
   /// Id of `s`, adding it if new. Amortised O(|s|).
   string_id intern(std::string_view s) {

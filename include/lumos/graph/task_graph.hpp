@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace lumos::graph {
@@ -101,6 +102,35 @@ struct edge {
   bool from_start = false;
 };
 
+/// How an edge binds its target, beyond the default (a start edge from the predecessor's finish).
+enum class edge_flags : std::uint8_t {
+  none = 0,
+  finish = 1,      ///< binds the target's finish, not its start (a sync: the call returns after the op)
+  from_start = 2,  ///< counts the delay from the predecessor's start (a launch: FIDELITY.md item 4)
+};
+[[nodiscard]] constexpr edge_flags operator|(edge_flags a, edge_flags b) noexcept {
+  return static_cast<edge_flags>(static_cast<std::uint8_t>(a) | static_cast<std::uint8_t>(b));
+}
+[[nodiscard]] constexpr bool has(edge_flags set, edge_flags f) noexcept {
+  return (static_cast<std::uint8_t>(set) & static_cast<std::uint8_t>(f)) != 0;
+}
+
+/// Everything about one task, by name: `g.add_task({.kind = task_kind::cpu, .processor = p,
+/// .duration = 5'000})`. Fields left out are 0 (no gaps, no observed times), an empty name,
+/// rank 0 and no source event.
+struct task_spec {
+  task_kind kind = task_kind::cpu;
+  processor_id processor = 0;
+  time_ns duration = 0;        ///< own time (transfer time for comm_complete)
+  time_ns idle_gap = 0;        ///< fixed time before the task on its processor
+  time_ns busy_gap = 0;        ///< CPU busy time before the task (scaled by cpu)
+  std::string_view name = {};
+  int rank = 0;
+  std::uint32_t source = ~0U;  ///< event index in the rank's trace, or ~0
+  time_ns observed_start = 0;  ///< measured start (job time), or the model's plan
+  time_ns observed_end = 0;
+};
+
 /// Saturating conversion of a delay to the 32 bits an edge stores.
 [[nodiscard]] constexpr std::int32_t clamp_delay(time_ns d) noexcept {
   if (d > std::numeric_limits<std::int32_t>::max()) return std::numeric_limits<std::int32_t>::max();
@@ -132,6 +162,7 @@ struct collective_instance {
 /// (busy time is the CPU work right before a task: it follows whatever the thread waited for).
 /// The first task of a processor measures its gaps from time 0 (the job's origin).
 /// Metadata (`name`, `rank`, `source`, observed times) is for reports; the replay ignores it.
+/// A copy is independent of its source (it owns its strings): what-if variants edit copies.
 struct task_graph {
   std::vector<processor_info> processors;
 
@@ -159,26 +190,40 @@ struct task_graph {
     return static_cast<processor_id>(processors.size() - 1);
   }
 
-  /// Appends a task to processor `p` (after every task already on `p`).
-  task_id add_task(processor_id p, task_kind k, time_ns duration_ns, time_ns idle, time_ns busy = 0,
-                   std::string_view task_name = {}, int task_rank = 0, std::uint32_t source_event = ~0U,
-                   time_ns obs_start = 0, time_ns obs_end = 0) {
-    if (p >= processors.size()) throw error("task_graph: processor " + std::to_string(p) + " does not exist");
+  /// Appends a task to processor `spec.processor` (after every task already on it).
+  task_id add_task(const task_spec& spec) {
+    if (spec.processor >= processors.size()) {
+      throw error("task_graph: processor " + std::to_string(spec.processor) + " does not exist");
+    }
     if (processor.size() >= no_task) throw error("task_graph: more than 4294967294 tasks");
-    processor.push_back(p);
-    kind.push_back(k);
-    duration.push_back(duration_ns);
-    idle_gap.push_back(idle);
-    busy_gap.push_back(busy);
-    name.push_back(strings.intern(task_name));
-    rank.push_back(task_rank);
-    source.push_back(source_event);
-    observed_start.push_back(obs_start);
-    observed_end.push_back(obs_end);
+    processor.push_back(spec.processor);
+    kind.push_back(spec.kind);
+    duration.push_back(spec.duration);
+    idle_gap.push_back(spec.idle_gap);
+    busy_gap.push_back(spec.busy_gap);
+    name.push_back(strings.intern(spec.name));
+    rank.push_back(spec.rank);
+    source.push_back(spec.source);
+    observed_start.push_back(spec.observed_start);
+    observed_end.push_back(spec.observed_end);
     return static_cast<task_id>(processor.size() - 1);
   }
 
-  void add_edge(task_id from, task_id to, time_ns delay, edge_kind k, bool finish = false, bool from_start = false) {
+  /// The positional form of `add_task(task_spec)`, kept for callers not yet moved to the spec.
+  task_id add_task(processor_id p, task_kind k, time_ns duration_ns, time_ns idle, time_ns busy = 0,
+                   std::string_view task_name = {}, int task_rank = 0, std::uint32_t source_event = ~0U,
+                   time_ns obs_start = 0, time_ns obs_end = 0) {
+    return add_task({.kind = k, .processor = p, .duration = duration_ns, .idle_gap = idle, .busy_gap = busy,
+                     .name = task_name, .rank = task_rank, .source = source_event, .observed_start = obs_start,
+                     .observed_end = obs_end});
+  }
+
+  void add_edge(task_id from, task_id to, time_ns delay, edge_kind k, edge_flags flags = edge_flags::none) {
+    edges.push_back({from, to, clamp_delay(delay), k, has(flags, edge_flags::finish), has(flags, edge_flags::from_start)});
+  }
+
+  /// The form with two bools (`finish`, `from_start`), kept for callers not yet moved to `edge_flags`.
+  void add_edge(task_id from, task_id to, time_ns delay, edge_kind k, bool finish, bool from_start = false) {
     edges.push_back({from, to, clamp_delay(delay), k, finish, from_start});
   }
 
@@ -196,5 +241,7 @@ struct task_graph {
     return processor.capacity() * per_task + edges.capacity() * sizeof(edge) + strings.memory_bytes();
   }
 };
+
+static_assert(std::is_copy_constructible_v<task_graph> && std::is_copy_assignable_v<task_graph>);
 
 }  // namespace lumos::graph

@@ -15,7 +15,7 @@
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/report/critical_path.hpp>
 #include <lumos/report/replay_report.hpp>
-#include <lumos/trace/job.hpp>
+#include <lumos/trace/data.hpp>
 
 #include <algorithm>
 #include <array>

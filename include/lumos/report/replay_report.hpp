@@ -7,7 +7,7 @@
 #include <lumos/report/held_out.hpp>
 #include <lumos/report/iteration.hpp>
 #include <lumos/sim/replay.hpp>
-#include <lumos/trace/job.hpp>
+#include <lumos/trace/data.hpp>
 
 #include <cmath>
 #include <optional>

@@ -2,6 +2,7 @@
 // Writes a simulated job as Kineto-style JSON, one file per rank, that Perfetto opens and that
 // `lumos inspect` / `lumos replay` read back. Replaying a written trace reproduces the replay
 // that wrote it (tests/graph/test_trace_roundtrip.cpp).
+// Writing the files (and gzip) is report/trace_files.hpp, outside lumos::core.
 //
 // Tasks that came from a trace keep their original names, categories and args; CPU events that
 // are not tasks (operators, annotations) are placed by a piecewise-linear map of their thread's
@@ -15,9 +16,7 @@
 #include <lumos/report/iteration.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/trace/event.hpp>
-#include <lumos/trace/job.hpp>
-
-#include <zlib.h>
+#include <lumos/trace/data.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -130,22 +129,6 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
       w.value(r.str(static_cast<string_id>(r.arg_values[a])));
     }
   }
-}
-
-inline void write_file(const std::filesystem::path& path, const std::string& text) {
-  const std::string name = path.filename().string();
-  const bool gz = name.size() > 3 && name.compare(name.size() - 3, 3, ".gz") == 0;
-  if (gz) {
-    gzFile f = gzopen(path.string().c_str(), "wb6");
-    if (f == nullptr) throw error(path.string() + ": cannot write");
-    const bool ok = gzwrite(f, text.data(), static_cast<unsigned>(text.size())) == static_cast<int>(text.size());
-    if (gzclose(f) != Z_OK || !ok) throw error(path.string() + ": write failed");
-    return;
-  }
-  std::FILE* f = std::fopen(path.string().c_str(), "wb");
-  if (f == nullptr) throw error(path.string() + ": cannot write");
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) throw error(path.string() + ": write failed");
 }
 
 }  // namespace detail
@@ -486,31 +469,6 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
   w.end_object();
   out += '\n';
   return out;
-}
-
-/// Writes every rank of `job` to `path`: a directory (one `rank{R}.json` per rank, or
-/// `.json.gz` when `gzip`), or — for a single-rank job — a file named `*.json` / `*.json.gz`.
-inline std::vector<std::filesystem::path> write_kineto(const simulated_job& job, const std::vector<int>& ranks,
-                                                       const std::filesystem::path& path, bool gzip = false) {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> files;
-  const std::string name = path.filename().string();
-  const bool is_file = ranks.size() == 1 && trace::is_trace_file_name(path);
-  if (is_file) {
-    if (path.has_parent_path()) fs::create_directories(path.parent_path());
-    detail::write_file(path, kineto_json(job, ranks.front()));
-    files.push_back(path);
-    return files;
-  }
-  std::error_code ec;
-  fs::create_directories(path, ec);
-  if (ec) throw error(path.string() + ": cannot create directory: " + ec.message());
-  for (const int r : ranks) {
-    const fs::path file = path / ("rank" + std::to_string(r) + (gzip ? ".json.gz" : ".json"));
-    detail::write_file(file, kineto_json(job, r));
-    files.push_back(file);
-  }
-  return files;
 }
 
 }  // namespace lumos::report

@@ -80,7 +80,8 @@ namespace detail {
                            : o.kind == pipeline::op_kind::backward ? per_op.backward
                                                                    : per_op.weight;
       const graph::task_id t =
-          g.add_task(p, graph::task_kind::gpu_compute, cost, 0, 0, pipeline::format_op(o, show_chunk), s);
+          g.add_task({.kind = graph::task_kind::gpu_compute, .processor = p, .duration = cost,
+                      .name = pipeline::format_op(o, show_chunk), .rank = s});
       out.tasks[su].push_back(t);
       by_slot[su * per_stage + detail::op_slot(shape, o)] = t;
     }

@@ -1,6 +1,6 @@
 #pragma once
-// Runtime dispatch from a `schedule_kind` to the static schedule policy types. The one place in
-// synth/ that uses Boost.Hana: a five-element tuple of types, walked once per dispatch.
+// Runtime dispatch from a `schedule_kind` to the static schedule policy types: a five-element
+// list of types, walked by a fold once per dispatch.
 
 #include <lumos/core/error.hpp>
 #include <lumos/pipeline/gpipe.hpp>
@@ -8,10 +8,6 @@
 #include <lumos/pipeline/one_f_one_b.hpp>
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/pipeline/zero_bubble.hpp>
-
-#include <boost/hana/for_each.hpp>
-#include <boost/hana/tuple.hpp>
-#include <boost/hana/type.hpp>
 
 #include <optional>
 #include <string>
@@ -22,27 +18,36 @@
 
 namespace lumos::synth {
 
-/// The schedule policies lumos ships, one per `pipeline::schedule_kind`, as a Hana tuple of
-/// types (a small heterogeneous list: STYLE.md).
-inline constexpr auto schedule_types =
-    boost::hana::tuple_t<pipeline::gpipe, pipeline::one_f_one_b, pipeline::interleaved_one_f_one_b,
-                         pipeline::zero_bubble_h1, pipeline::zero_bubble_h2>;
+/// A list of types, for folds over it.
+template <class... T>
+struct type_list {};
+
+/// The schedule policies lumos ships, one per `pipeline::schedule_kind`.
+using schedule_types = type_list<pipeline::gpipe, pipeline::one_f_one_b, pipeline::interleaved_one_f_one_b,
+                                 pipeline::zero_bubble_h1, pipeline::zero_bubble_h2>;
+
+namespace detail {
+
+template <class Result, class F, class... S>
+std::optional<Result> visit_schedule_in(type_list<S...>, pipeline::schedule_kind kind, F& f) {
+  static_assert((pipeline::PipelineSchedule<S> && ...));
+  std::optional<Result> out;
+  // Left to right, the first policy of `kind` only.
+  ((S::kind == kind && !out ? void(out.emplace(f(std::type_identity<S>{}))) : void()), ...);
+  return out;
+}
+
+}  // namespace detail
 
 /// Calls `f(std::type_identity<S>{})` for the policy `S` whose `S::kind == kind` and returns
 /// its result; `S` satisfies `pipeline::PipelineSchedule`. `f` must return the same non-void
-/// type for every policy. Callers see `std::type_identity`, never a Hana type. O(1): five
-/// comparisons. Throws `lumos::error` for a kind with no policy (cannot happen for the enum's
-/// values).
+/// type for every policy. O(1): five comparisons. Throws `lumos::error` for a kind with no
+/// policy (cannot happen for the enum's values).
 template <class F>
 auto visit_schedule(pipeline::schedule_kind kind, F&& f) {
   using result = std::invoke_result_t<F&, std::type_identity<pipeline::one_f_one_b>>;
   static_assert(!std::is_void_v<result>, "visit_schedule: the visitor must return a value");
-  std::optional<result> out;
-  boost::hana::for_each(schedule_types, [&](auto t) {
-    using S = typename decltype(t)::type;
-    static_assert(pipeline::PipelineSchedule<S>);
-    if (S::kind == kind && !out) out.emplace(f(std::type_identity<S>{}));
-  });
+  std::optional<result> out = detail::visit_schedule_in<result>(schedule_types{}, kind, f);
   if (!out) throw error("no pipeline schedule policy for kind " + std::to_string(static_cast<int>(kind)));
   return std::move(*out);
 }

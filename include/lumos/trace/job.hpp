@@ -1,7 +1,8 @@
 #pragma once
-// A job: one trace per rank, loaded in parallel.
+// Loading a job: one trace per rank, read in parallel (the `job` type itself is in trace/data.hpp).
 
 #include <lumos/core/error.hpp>
+#include <lumos/trace/data.hpp>
 #include <lumos/trace/reader.hpp>
 
 #include <algorithm>
@@ -20,23 +21,6 @@
 #include <vector>
 
 namespace lumos::trace {
-
-/// All ranks of one job, sorted by rank.
-struct job {
-  std::vector<rank_trace> ranks;
-
-  [[nodiscard]] const rank_trace* find(int rank) const noexcept {
-    for (const auto& r : ranks) {
-      if (r.rank == rank) return &r;
-    }
-    return nullptr;
-  }
-  [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    std::size_t total = 0;
-    for (const auto& r : ranks) total += r.memory_bytes();
-    return total;
-  }
-};
 
 struct load_options {
   /// Loader threads; 0 = one per hardware thread (never more than files).

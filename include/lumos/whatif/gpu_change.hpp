@@ -9,7 +9,7 @@
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/hardware.hpp>
-#include <lumos/trace/job.hpp>
+#include <lumos/trace/data.hpp>
 
 #include <algorithm>
 #include <array>

@@ -9,7 +9,7 @@
 #include <lumos/pipeline/gpipe.hpp>
 #include <lumos/pipeline/interleaved_one_f_one_b.hpp>
 #include <lumos/pipeline/one_f_one_b.hpp>
-#include <lumos/trace/job.hpp>
+#include <lumos/trace/data.hpp>
 #include <lumos/trace/summary.hpp>
 #include <lumos/whatif/detail/periodicity.hpp>
 #include <lumos/whatif/detail/shapes.hpp>

@@ -1,0 +1,171 @@
+#pragma once
+// What building a job's graph takes and gives: `build_options`, `build_stats`, `built_job`.
+// The builder is graph/trace_builder.hpp.
+
+#include <lumos/core/error.hpp>
+#include <lumos/graph/compile.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/trace/comm.hpp>
+#include <lumos/trace/event.hpp>
+#include <lumos/trace/data.hpp>
+#include <lumos/trace/summary.hpp>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <tuple>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace lumos::graph {
+
+/// A selective what-if (`--scale op:TEXT=F`): every CPU event (operator, annotation, runtime
+/// call) whose name contains `text` has its time, and everything nested in it, multiplied by
+/// `factor`; so has every GPU op whose name contains `text` or that was launched from inside
+/// such a CPU event. 0 removes the time (a blocking call inside a removed op no longer waits).
+struct op_scale {
+  std::string text;
+  double factor = 1.0;
+};
+
+/// Tunables of the trace → graph rules. None of them decides whether a delay is an overhead
+/// or a wait: that comes from distributions measured on each trace (docs/replay.md, *Delays*).
+struct build_options {
+  /// A CPU task that follows at least this much idle time on its thread waits for the latest
+  /// task of another thread of its rank that ended before it (autograd and worker hand-offs).
+  time_ns handoff_threshold = 100'000;
+  /// A kernel launch call longer than this blocked (launches take microseconds; this one
+  /// waited, e.g. on lazy module loading): its op counts its latency from the call's end.
+  time_ns blocked_launch = 1'000'000;
+  /// Idle-GPU launch latency when neither the stream nor its rank has a kernel launched onto an
+  /// idle stream to learn it from.
+  time_ns default_launch_latency = 5'000;
+  /// Inter-kernel gap on a busy stream when neither the stream nor its rank has a queued kernel
+  /// to learn it from.
+  time_ns default_stream_gap = 2'000;
+  /// A blocking call counts as having waited for a GPU op that ended at most this long before
+  /// the call returned (inference without `cuda_sync` rows only).
+  time_ns sync_tolerance = 2'000'000;
+  /// Join matched collectives across ranks (off: every communication kernel keeps its duration).
+  bool match_collectives = true;
+  /// Pair cudaEventRecord with cudaStreamWaitEvent into cross-stream edges (off: ablation only).
+  bool cross_stream = true;
+  /// Find cross-stream waits that no record/wait pair explains (see docs/replay.md).
+  bool implicit_waits = true;
+  /// Selective what-ifs, applied when the graph is built.
+  std::vector<op_scale> op_scales;
+  /// A stream overlap (an op starting before its predecessor ended) longer than this breaks
+  /// causality; shorter ones are programmatic dependent launch (Hopper/Blackwell) or rounding.
+  time_ns overlap_tolerance = 5'000;
+  /// Causality violations are errors (`lumos replay --strict`) instead of a diagnostic.
+  bool strict = false;
+  /// Shift each rank's clock by the offset its collectives imply (`lumos replay --align-clocks`).
+  bool align_clocks = false;
+};
+
+/// A delay kept from the trace that a what-if does not move (FIDELITY.md item 8), by kind.
+enum class overhead_kind : std::uint8_t {
+  launch_latency,  ///< call start → op start of an op launched onto an idle stream
+  stream_gap,      ///< gap after the stream predecessor of a queued op
+  cpu_idle,        ///< idle time on a CPU thread not covered by operators (data loading, Python)
+  sync_tail,       ///< the return of a blocking call after the GPU op it waited for
+  peer_wait,       ///< wait inside a communication op whose partners are absent from the job
+  unexplained,     ///< the part of a GPU op's delay that no dependency and no typical overhead explains
+};
+inline constexpr std::size_t overhead_kind_count = 6;
+
+[[nodiscard]] constexpr std::string_view to_string(overhead_kind k) noexcept {
+  constexpr std::array<std::string_view, overhead_kind_count> names = {"launch_latency", "stream_gap", "cpu_idle",
+                                                                       "sync_tail",      "peer_wait",  "unexplained"};
+  return names[static_cast<std::size_t>(k)];
+}
+
+/// One kept delay: `amount` of `kind` in front of (or inside) `task`.
+struct kept_delay {
+  task_id task = no_task;
+  overhead_kind kind = overhead_kind::cpu_idle;
+  time_ns amount = 0;
+};
+
+/// The overheads learnt from one stream's measured timeline.
+struct stream_overheads {
+  int rank = 0, device = 0, stream = 0;
+  time_ns launch_latency = 0;   ///< median over ops launched onto the idle stream
+  time_ns launch_high = 0;      ///< 95th percentile of the same
+  std::size_t launch_samples = 0;
+  time_ns gap = 0;              ///< median gap after the predecessor over queued ops
+  time_ns gap_high = 0;         ///< 95th percentile of the same
+  std::size_t gap_samples = 0;
+};
+
+/// What the builder found and how it decided; reported by `lumos replay`.
+struct build_stats {
+  std::size_t cpu_tasks = 0, gpu_tasks = 0, threads = 0, streams = 0;
+  std::size_t launch_edges = 0;          ///< runtime call → GPU op
+  std::size_t graph_launch_ops = 0;      ///< GPU ops sharing a launch with others (CUDA graphs)
+  std::size_t ops_without_launch = 0;    ///< launched before the recording window
+  std::size_t cross_stream_exact = 0;    ///< from cuda_sync "Stream Wait Event" records
+  std::size_t cross_stream_inferred = 0; ///< record/wait pairing inferred from launch order
+  std::size_t cross_stream_implicit = 0; ///< waits found from timing alone (no record/wait pair)
+  std::size_t cross_stream_unresolved = 0;
+  std::size_t blocking_calls = 0;        ///< syncs, blocking copies, successful polls
+  std::size_t poll_waits = 0;            ///< runs of event/stream queries folded into one wait
+  std::size_t sync_edges = 0;
+  std::size_t handoffs = 0;              ///< CPU → CPU edges across threads
+  std::size_t collectives_matched = 0;   ///< instances joined across ranks
+  std::size_t collective_participants = 0;
+  std::size_t collectives_unmatched = 0; ///< communication ops whose partners are absent
+  std::size_t p2p_eager = 0;             ///< matched p2p transfers whose sender ended before the receiver began
+  std::size_t unmatched_transfer_same_op = 0;  ///< transfer: shortest instance of the same op in another step
+  std::size_t unmatched_transfer_same_size = 0;///< transfer: shortest op of the same kind, size and group
+  std::size_t unmatched_kept_whole = 0;  ///< no second observation: the whole duration is transfer
+  std::string collective_matching;       ///< how instances were matched
+  std::size_t stream_overlaps = 0;       ///< ops that started before their stream predecessor ended
+  /// Timestamps no execution can produce (a clock anomaly or a corrupted trace): an op that
+  /// starts before its launch call, a stream overlap longer than `overlap_tolerance`, a
+  /// collective participant that ends before another one starts. Counted, the worst described;
+  /// `build_options::strict` makes them errors.
+  /// Per rank (job order): the smallest shift (≤ 0 ns) of its clock under which no participant
+  /// of a matched collective ends before another one arrives — the last arrival cannot follow
+  /// the earliest completion. All zero when the clocks agree (ranks of one host share a clock).
+  std::vector<time_ns> clock_offsets;
+  bool clock_offsets_consistent = true;  ///< false: no shifts satisfy every join (mismatched collectives?)
+  bool clocks_aligned = false;           ///< the offsets were applied
+  std::size_t causality_violations = 0;
+  time_ns worst_violation = 0;           ///< by how much the worst one breaks its rule
+  std::string worst_violation_text;
+  std::size_t ops_queued = 0;            ///< GPU ops whose stream bound them (launch queue)
+  std::size_t ops_launch_bound = 0;      ///< GPU ops whose launch bound them (idle stream)
+  std::size_t ops_dependency_bound = 0;  ///< GPU ops a cross-stream producer bound
+  std::size_t ops_unexplained = 0;       ///< GPU ops with a delay beyond the 95th percentile, kept
+  std::size_t op_scaled_gpu = 0, op_scaled_cpu = 0;  ///< tasks touched by `op_scales`
+  std::vector<stream_overheads> overheads;  ///< per stream, in processor order
+};
+
+/// Per-rank mapping between trace events and graph tasks.
+struct rank_map {
+  int rank = 0;
+  time_ns offset = 0;  ///< job time = event ts + offset
+  std::vector<task_id> task_of_event;  ///< event index → its task (GPU op: its complete task)
+  std::vector<task_id> arrive_of_event;  ///< communication ops joined across ranks: their arrive task
+};
+
+/// A job's graph plus the maps back to its traces.
+struct built_job {
+  task_graph graph;
+  std::vector<rank_map> ranks;  ///< same order as job.ranks
+  time_ns origin = 0;           ///< absolute ns of job time 0
+  build_stats stats;
+  std::vector<kept_delay> kept;  ///< every overhead kept from the trace (FIDELITY.md item 8)
+};
+
+}  // namespace lumos::graph

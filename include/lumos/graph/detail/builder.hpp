@@ -1,0 +1,297 @@
+#pragma once
+// The trace graph builder's class: its state and the order of its passes (`build`). The
+// passes are defined one dependency kind per header next to this one; graph/trace_builder.hpp
+// includes them all.
+
+#include <lumos/graph/build_options.hpp>
+#include <lumos/core/error.hpp>
+#include <lumos/graph/compile.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/trace/comm.hpp>
+#include <lumos/trace/event.hpp>
+#include <lumos/trace/data.hpp>
+#include <lumos/trace/summary.hpp>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <tuple>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace lumos::graph {
+
+namespace detail {
+
+[[nodiscard]] inline bool is_runtime(trace::category c) noexcept {
+  return c == trace::category::cuda_runtime || c == trace::category::cuda_driver;
+}
+
+// Collective type of a communication kernel from its name: ncclKernel_AllReduce_..., 
+// ncclDevKernel_AllGather_..., or the collective args.
+[[nodiscard]] inline std::string collective_type(std::string_view name, std::string_view arg) {
+  if (!arg.empty()) {
+    std::string s(arg);
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    std::erase(s, '_');
+    return s;
+  }
+  for (std::string_view kind : {"AllReduce", "AllGather", "ReduceScatter", "SendRecv", "Broadcast", "AllToAll", "Reduce",
+                                "Send", "Recv"}) {
+    if (name.find(kind) != std::string_view::npos) {
+      std::string s(kind);
+      for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return s;
+    }
+  }
+  if (name.find("all_reduce") != std::string_view::npos) return "allreduce";
+  if (name.find("all_gather") != std::string_view::npos) return "allgather";
+  return "comm";
+}
+
+[[nodiscard]] inline std::vector<int> parse_rank_list(std::string_view text) {
+  std::vector<int> ranks;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && (text[i] < '0' || text[i] > '9')) ++i;
+    int v = 0;
+    const auto [p, ec] = std::from_chars(text.data() + i, text.data() + text.size(), v);
+    if (ec != std::errc{}) break;
+    ranks.push_back(v);
+    i = static_cast<std::size_t>(p - text.data());
+  }
+  return ranks;
+}
+
+[[nodiscard]] inline time_ns quantile(std::vector<time_ns> v, double q, time_ns fallback) {
+  if (v.empty()) return fallback;
+  const auto k = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  const auto at = v.begin() + static_cast<std::ptrdiff_t>(std::min(k, v.size() - 1));
+  std::nth_element(v.begin(), at, v.end());
+  return *at;
+}
+
+[[nodiscard]] inline time_ns median(std::vector<time_ns> v, time_ns fallback) { return quantile(std::move(v), 0.5, fallback); }
+
+[[nodiscard]] inline bool is_poll(std::string_view name) noexcept {
+  return name == "cudaEventQuery" || name == "cudaStreamQuery" || name == "cuEventQuery" || name == "cuStreamQuery";
+}
+
+[[nodiscard]] inline bool is_kernel_launch(std::string_view name) noexcept {
+  return name.find("Launch") != std::string_view::npos;
+}
+
+// Piecewise-constant multiplier over one thread's time line: the product of the factors of the
+// `op_scales` whose events cover each instant. Identity (and free) when no pattern matched.
+class time_warp {
+ public:
+  // `spans` are (begin, end, factor) of matched events; spans of one pattern may nest.
+  void build(std::vector<std::tuple<time_ns, time_ns, double>> spans) {
+    points_.clear();
+    factor_.clear();
+    if (spans.empty()) return;
+    std::vector<time_ns> cuts;
+    for (const auto& [b, e, f] : spans) cuts.push_back(b), cuts.push_back(e);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    points_ = cuts;
+    factor_.assign(cuts.size(), 1.0);
+    // Callers pass, per pattern, the union of its events (a pattern applies once however
+    // deeply its events nest); spans of different patterns multiply.
+    for (const auto& [b, e, f] : spans) {
+      auto i = static_cast<std::size_t>(std::lower_bound(points_.begin(), points_.end(), b) - points_.begin());
+      for (; i + 1 < points_.size() && points_[i] < e; ++i) factor_[i] *= f;
+    }
+  }
+  [[nodiscard]] bool empty() const noexcept { return points_.empty(); }
+  // The multiplier at instant t (of the segment starting at or before t).
+  [[nodiscard]] double at(time_ns t) const noexcept {
+    if (points_.empty() || t < points_.front() || t >= points_.back()) return 1.0;
+    const auto i = static_cast<std::size_t>(std::upper_bound(points_.begin(), points_.end(), t) - points_.begin()) - 1;
+    return factor_[i];
+  }
+  // The length of [from, to) after the multipliers.
+  [[nodiscard]] time_ns length(time_ns from, time_ns to) const noexcept {
+    if (to <= from) return std::max<time_ns>(0, to - from);
+    if (points_.empty() || to <= points_.front() || from >= points_.back()) return to - from;
+    double total = 0;
+    time_ns cur = from;
+    auto i = static_cast<std::size_t>(std::upper_bound(points_.begin(), points_.end(), from) - points_.begin());
+    while (cur < to) {
+      const time_ns next = i < points_.size() ? std::min(to, points_[i]) : to;
+      const double f = (i == 0 || i >= points_.size()) ? 1.0 : factor_[i - 1];
+      total += static_cast<double>(next - cur) * f;
+      cur = next;
+      ++i;
+    }
+    return static_cast<time_ns>(std::llround(total));
+  }
+
+ private:
+  std::vector<time_ns> points_;
+  std::vector<double> factor_;  // factor_[i] applies on [points_[i], points_[i + 1])
+};
+
+}  // namespace detail
+
+/// Builds the graph of `job`. `Comm` decides which GPU ops are communication.
+template <trace::CommClassifier Comm = trace::default_comm_classifier>
+class trace_graph_builder {
+ public:
+  explicit trace_graph_builder(const trace::job& job, build_options options = {}, Comm is_comm = {})
+      : job_(job), options_(options), is_comm_(is_comm) {}
+
+  [[nodiscard]] built_job build() {
+    out_.origin = job_origin();
+    ranks_.resize(job_.ranks.size());
+    for (std::size_t r = 0; r < job_.ranks.size(); ++r) index_rank(r);
+    if (options_.match_collectives) match_collectives();
+    estimate_clock_offsets();
+    for (std::size_t r = 0; r < job_.ranks.size(); ++r) build_rank(r);
+    finish_collectives();
+    if (options_.strict && out_.stats.causality_violations > 0) {
+      throw error(std::to_string(out_.stats.causality_violations) + " causality violation" +
+                  (out_.stats.causality_violations == 1 ? "" : "s") + " (--strict); the worst: " + out_.stats.worst_violation_text);
+    }
+    out_.ranks.resize(job_.ranks.size());
+    for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
+      out_.ranks[r].rank = job_.ranks[r].rank;
+      out_.ranks[r].offset = ranks_[r].offset;
+      out_.ranks[r].task_of_event = std::move(ranks_[r].task_of_event);
+      out_.ranks[r].arrive_of_event = std::move(ranks_[r].arrive_of_event);
+    }
+    return std::move(out_);
+  }
+
+ private:
+  using event_index = std::uint32_t;
+  static constexpr event_index no_event = ~event_index{0};
+
+  struct stream_key {
+    int device;
+    int stream;
+    auto operator<=>(const stream_key&) const = default;
+  };
+
+  // Everything indexed about one rank before tasks are made.
+  struct rank_state {
+    time_ns offset = 0;
+    std::vector<std::pair<std::uint32_t, std::vector<event_index>>> cpu_lanes;  // lane → events by time
+    std::map<stream_key, std::vector<event_index>> streams;                     // GPU ops by start
+    std::unordered_map<std::int64_t, event_index> runtime_by_corr;
+    std::unordered_map<std::int64_t, std::vector<event_index>> ops_by_corr;
+    std::unordered_map<std::int64_t, std::vector<event_index>> sync_by_corr;    // cuda_sync rows
+    std::unordered_map<std::int64_t, event_index> collective_op_by_external;    // record_param_comms
+    std::vector<std::uint8_t> is_comm;                                           // per event
+    std::vector<std::int32_t> instance;  // per event: collective instance (matched ops), or -1
+    std::vector<task_id> task_of_event;
+    std::vector<task_id> arrive_of_event;
+    std::vector<time_ns> enqueue;        // per GPU op: start of its launch call (or its own start)
+    std::vector<time_ns> anchor;         // per GPU op: where its launch latency counts from (rank-local ts)
+    std::vector<double> gpu_factor;      // per GPU op: product of the op_scales that apply to it
+    std::vector<detail::time_warp> warps;        // per CPU lane slot: op_scales over the thread's time
+    std::map<stream_key, stream_overheads> overheads;
+    std::unordered_map<event_index, time_ns> transfer;  // unmatched communication ops: transfer part
+  };
+  static constexpr time_ns no_anchor = std::numeric_limits<time_ns>::min();
+
+  // ---- indexing ---------------------------------------------------------------------------
+
+  [[nodiscard]] time_ns job_origin() const;
+
+  void index_rank(std::size_t r);
+
+  void apply_op_scales(std::size_t r);
+
+  [[nodiscard]] time_ns job_time(std::size_t r, time_ns ts) const noexcept { return ts + ranks_[r].offset; }
+  [[nodiscard]] time_ns start_of(std::size_t r, event_index i) const noexcept { return job_time(r, job_.ranks[r].events[i].ts); }
+  [[nodiscard]] time_ns end_of(std::size_t r, event_index i) const noexcept { return job_time(r, job_.ranks[r].events[i].end()); }
+
+  // ---- collectives ------------------------------------------------------------------------
+
+  struct participant {
+    std::size_t rank_index;
+    event_index op;
+  };
+  struct instance_plan {
+    collective_instance info;
+    std::vector<participant> members;
+  };
+
+  void match_collectives();
+
+  void estimate_clock_offsets();
+
+  // ---- building one rank -----------------------------------------------------------------
+
+  struct cpu_task_info {
+    task_id task;
+    std::uint32_t lane_slot;
+    time_ns start, end, busy;  // observed, job time
+  };
+
+  using producer_map = std::unordered_map<event_index, std::vector<event_index>>;
+  using awaited_map = std::unordered_map<event_index, std::vector<event_index>>;
+
+  void build_rank(std::size_t r);
+
+  void learn_overheads(std::size_t r, const producer_map& producers);
+
+  void unmatched_transfers(std::size_t r);
+
+  awaited_map find_blocking_calls(std::size_t r);
+
+  void build_thread(std::size_t r, std::uint32_t slot, const awaited_map& awaited, std::vector<cpu_task_info>& cpu_tasks);
+
+  std::unordered_map<event_index, std::vector<event_index>> find_cross_stream(std::size_t r);
+
+  void gpu_edges(std::size_t r, const producer_map& producers);
+
+  [[nodiscard]] task_id task_of(std::size_t r, event_index o) const { return ranks_[r].task_of_event[o]; }
+
+  void violation(time_ns amount, std::string text) {
+    auto& st = out_.stats;
+    ++st.causality_violations;
+    if (amount > st.worst_violation || st.worst_violation_text.empty()) {
+      st.worst_violation = amount;
+      st.worst_violation_text = std::move(text);
+    }
+  }
+
+  [[nodiscard]] std::string where(std::size_t r, event_index i) const {
+    const trace::rank_trace& t = job_.ranks[r];
+    return t.file + ": event #" + std::to_string(i) + " '" + std::string(t.name(t.events[i])) + "'";
+  }
+
+  [[nodiscard]] task_id launch_task_for(std::size_t r, event_index call) const {
+    const auto it = launch_task_.find({r, job_.ranks[r].events[call].correlation});
+    return it != launch_task_.end() ? it->second : ranks_[r].task_of_event[call];
+  }
+
+  void handoffs(std::size_t r, std::vector<cpu_task_info>& tasks);
+
+  // ---- joins ------------------------------------------------------------------------------
+
+  void finish_collectives();
+
+  const trace::job& job_;
+  build_options options_;
+  Comm is_comm_;
+  std::vector<rank_state> ranks_;
+  std::vector<instance_plan> plans_;
+  std::map<std::pair<std::size_t, std::int64_t>, task_id> launch_task_;  // split blocking copies
+  std::unordered_map<event_index, event_index> poll_runs_;  // per rank: first query of a poll → its last
+  std::unordered_set<task_id> removed_calls_;  // blocking calls inside an op scaled to 0
+  built_job out_;
+};
+
+}  // namespace lumos::graph

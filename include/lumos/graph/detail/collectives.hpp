@@ -1,0 +1,248 @@
+#pragma once
+// Collectives: matching communication ops into instances across ranks, clock offsets from
+// the joins, the transfer part of unmatched ops, and the joins themselves.
+
+#include <lumos/graph/detail/builder.hpp>
+
+namespace lumos::graph {
+
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::match_collectives() {
+  // Key per communication op: (group, type, sequence within group and type on its rank).
+  std::map<std::tuple<std::string, std::string, std::int64_t>, std::vector<participant>> by_key;
+  bool any_args = false, any_fallback = false;
+  std::map<std::tuple<std::string, std::string, std::int64_t>, std::pair<std::vector<int>, std::int64_t>> meta;
+  for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
+    const trace::rank_trace& t = job_.ranks[r];
+    rank_state& s = ranks_[r];
+    std::vector<event_index> comm_ops;
+    for (const auto& [key, ops] : s.streams) {
+      for (const event_index o : ops) {
+        if (s.is_comm[o]) comm_ops.push_back(o);
+      }
+    }
+    std::sort(comm_ops.begin(), comm_ops.end(), [&](event_index a, event_index b) {
+      return s.enqueue[a] != s.enqueue[b] ? s.enqueue[a] < s.enqueue[b] : a < b;
+    });
+    std::map<std::pair<std::string, std::string>, std::int64_t> counters;
+    for (const event_index o : comm_ops) {
+      // Collective args live on the kernel (newer PyTorch) or on its record_param_comms op.
+      std::size_t source = o;
+      if (!t.arg(o, trace::arg_key::process_group_name) && t.events[o].external_id >= 0) {
+        const auto it = s.collective_op_by_external.find(t.events[o].external_id);
+        if (it != s.collective_op_by_external.end()) source = it->second;
+      }
+      std::string group;
+      if (const auto g = t.arg(source, trace::arg_key::process_group_name)) {
+        group = std::string(t.str(static_cast<string_id>(*g)));
+        any_args = true;
+      } else {
+        any_fallback = true;
+      }
+      // Point-to-point ops (send, recv, and both fused into one kernel) of a communicator are
+      // issued in one order on both sides: the k-th of one rank pairs with the k-th of its
+      // peer, whatever each side calls it.
+      std::string type = detail::collective_type(t.name(t.events[o]), t.arg_text(source, trace::arg_key::collective_name));
+      if (type == "send" || type == "recv" || type == "sendrecv" || type == "coalesced") type = "sendrecv";
+      const std::int64_t seq = counters[{group, type}]++;
+      const auto key = std::make_tuple(group, type, seq);
+      by_key[key].push_back({r, o});
+      auto& m = meta[key];
+      if (m.first.empty()) m.first = detail::parse_rank_list(t.arg_text(source, trace::arg_key::process_group_ranks));
+      if (m.second == 0) {
+        if (const auto nel = t.arg(source, trace::arg_key::in_msg_nelems)) m.second = *nel;
+      }
+    }
+  }
+  for (auto& [key, members] : by_key) {
+    // A rank appearing twice under one key means the sequences diverged: keep it unmatched.
+    std::vector<std::size_t> seen;
+    bool clash = false;
+    for (const auto& m : members) {
+      if (std::find(seen.begin(), seen.end(), m.rank_index) != seen.end()) clash = true;
+      seen.push_back(m.rank_index);
+    }
+    if (members.size() < 2 || clash) continue;
+    instance_plan plan;
+    plan.info.group = std::get<0>(key).empty() ? "world" : std::get<0>(key);
+    plan.info.kind = std::get<1>(key);
+    plan.info.sequence = std::get<2>(key);
+    plan.info.group_ranks = meta[key].first;
+    plan.info.bytes = meta[key].second;  // elements when only nelems is known; 0 if unknown
+    plan.info.match = std::get<0>(key).empty() ? "world group + order of same-type kernels" : "process group + sequence";
+    plan.members = members;
+    const auto id = static_cast<std::int32_t>(plans_.size());
+    for (const auto& m : members) ranks_[m.rank_index].instance[m.op] = id;
+    plans_.push_back(std::move(plan));
+  }
+  auto& st = out_.stats;
+  st.collective_matching = any_args && any_fallback ? "process group + sequence where args exist, else world group + order"
+                           : any_args              ? "process group + sequence (collective args)"
+                           : any_fallback          ? "world group + order of same-type kernels (no collective args in the traces)"
+                                                   : "no communication ops";
+}
+
+// Clock skew between hosts (docs/replay.md): difference constraints d_i − d_j ≤ end_j − start_i
+// for every pair of participants of every matched collective, solved by Bellman-Ford-style
+// relaxation from 0 — the largest solution ≤ 0, so ranks whose joins are already causal keep
+// their clocks. A relaxation still changing after as many passes as ranks means the
+// constraints have no solution (a negative cycle: collectives matched wrongly).
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::estimate_clock_offsets() {
+  const std::size_t n = job_.ranks.size();
+  std::vector<time_ns> d(n, 0);
+  bool changed = true;
+  std::size_t pass = 0;
+  for (; changed && pass <= n; ++pass) {
+    changed = false;
+    for (const instance_plan& plan : plans_) {
+      time_ns earliest_end = std::numeric_limits<time_ns>::max();
+      for (const participant& m : plan.members) earliest_end = std::min(earliest_end, d[m.rank_index] + end_of(m.rank_index, m.op));
+      for (const participant& m : plan.members) {
+        const time_ns bound = earliest_end - start_of(m.rank_index, m.op);
+        if (bound < d[m.rank_index]) {
+          d[m.rank_index] = bound;
+          changed = true;
+        }
+      }
+    }
+  }
+  auto& st = out_.stats;
+  st.clock_offsets_consistent = !changed;
+  st.clock_offsets = st.clock_offsets_consistent ? d : std::vector<time_ns>(n, 0);
+  if (options_.align_clocks && st.clock_offsets_consistent) {
+    for (std::size_t r = 0; r < n; ++r) ranks_[r].offset += d[r];
+    st.clocks_aligned = true;
+  }
+}
+
+// The transfer part of each communication op whose partners are absent (FIDELITY.md item 8):
+// the shortest observed instance of the same op — the same position among the
+// communication ops of its stream and name in another profiler step — or, when the trace
+// gives message sizes, the shortest op of the same name, size and group. Without a second
+// observation the whole duration is taken as transfer, and the output says how often.
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::unmatched_transfers(std::size_t r) {
+  const trace::rank_trace& t = job_.ranks[r];
+  rank_state& s = ranks_[r];
+  s.transfer.clear();
+  const auto steps = trace::profiler_steps(t);
+  auto step_of = [&](time_ns enqueue) -> int {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (enqueue >= steps[i].start && enqueue < steps[i].start + steps[i].dur) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  std::map<std::tuple<int, int, string_id, std::size_t>, std::vector<event_index>> same_op;  // device, stream, name, position
+  std::map<std::tuple<string_id, std::int64_t, std::string>, std::vector<event_index>> same_size;
+  for (const auto& [key, ops] : s.streams) {
+    std::map<std::pair<int, string_id>, std::size_t> position;  // (step, name) → count
+    for (const event_index o : ops) {
+      if (!s.is_comm[o] || s.instance[o] >= 0) continue;
+      const trace::event& e = t.events[o];
+      const int step = step_of(s.enqueue[o]);
+      if (step >= 0) same_op[{key.device, key.stream, e.name, position[{step, e.name}]++}].push_back(o);
+      std::size_t source = o;
+      if (!t.arg(o, trace::arg_key::in_msg_nelems) && e.external_id >= 0) {
+        if (const auto it = s.collective_op_by_external.find(e.external_id); it != s.collective_op_by_external.end()) {
+          source = it->second;
+        }
+      }
+      if (const auto nel = t.arg(source, trace::arg_key::in_msg_nelems)) {
+        same_size[{e.name, *nel, std::string(t.arg_text(source, trace::arg_key::process_group_name))}].push_back(o);
+      }
+      s.transfer[o] = e.dur;
+    }
+  }
+  std::unordered_map<event_index, int> rule;
+  auto shortest = [&](const std::vector<event_index>& ops, int which) {
+    if (ops.size() < 2) return;
+    time_ns best = std::numeric_limits<time_ns>::max();
+    for (const event_index o : ops) best = std::min(best, t.events[o].dur);
+    for (const event_index o : ops) {
+      if (rule[o] != 0 && s.transfer[o] <= best) continue;
+      s.transfer[o] = best;
+      rule[o] = which;
+    }
+  };
+  for (const auto& [k, ops] : same_size) shortest(ops, 2);
+  for (const auto& [k, ops] : same_op) shortest(ops, 1);
+  for (const auto& [o, d] : s.transfer) {
+    const auto it = rule.find(o);
+    const int which = it == rule.end() ? 0 : it->second;
+    ++(which == 1 ? out_.stats.unmatched_transfer_same_op
+       : which == 2 ? out_.stats.unmatched_transfer_same_size
+                    : out_.stats.unmatched_kept_whole);
+  }
+}
+
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::finish_collectives() {
+  task_graph& g = out_.graph;
+  for (instance_plan& plan : plans_) {
+    // A point-to-point transfer whose sender finished before its receiver started was sent
+    // eagerly (NCCL buffers small messages): the receiver waits for the sender, the sender for
+    // nobody. Joining them would make the traced order a deadlock (two ranks that each send
+    // before they receive on one stream), so only the receiver depends on the sender.
+    if (plan.info.kind == "sendrecv" && plan.members.size() == 2) {
+      const participant& x = plan.members[0];
+      const participant& y = plan.members[1];
+      const bool x_first = end_of(x.rank_index, x.op) <= start_of(y.rank_index, y.op);
+      const bool y_first = end_of(y.rank_index, y.op) <= start_of(x.rank_index, x.op);
+      if (x_first || y_first) {
+        const participant& sender = x_first ? x : y;
+        const participant& receiver = x_first ? y : x;
+        for (const participant& m : plan.members) {
+          plan.info.arrive.push_back(ranks_[m.rank_index].arrive_of_event[m.op]);
+          plan.info.complete.push_back(ranks_[m.rank_index].task_of_event[m.op]);
+          ++out_.stats.collective_participants;
+        }
+        g.add_edge(ranks_[sender.rank_index].task_of_event[sender.op], ranks_[receiver.rank_index].task_of_event[receiver.op], 0,
+                   edge_kind::collective);
+        plan.info.match += " (eager: the receiver waits for the sender)";
+        g.collectives.push_back(std::move(plan.info));
+        ++out_.stats.collectives_matched;
+        ++out_.stats.p2p_eager;
+        continue;
+      }
+    }
+    // Each join gets a processor of its own: joins must not be ordered among themselves (the
+    // participants' streams already order a group's collectives).
+    const processor_id barrier = g.add_processor(
+        {processor_kind::barrier, -1, 0, static_cast<std::int64_t>(g.collectives.size()),
+         plan.info.kind + " #" + std::to_string(plan.info.sequence) + " of group " + plan.info.group});
+    // The transfer is the shortest participant: the last to arrive waited least.
+    time_ns transfer = std::numeric_limits<time_ns>::max();
+    for (const participant& m : plan.members) {
+      transfer = std::min(transfer, scale_time(job_.ranks[m.rank_index].events[m.op].dur, ranks_[m.rank_index].gpu_factor[m.op]));
+    }
+    const task_id join = g.add_task({.kind = task_kind::join, .processor = barrier, .name = plan.info.kind, .rank = -1});
+    plan.info.join = join;
+    for (const participant& m : plan.members) {
+      const task_id a = ranks_[m.rank_index].arrive_of_event[m.op];
+      const task_id c = ranks_[m.rank_index].task_of_event[m.op];
+      g.duration[c] = transfer;
+      g.add_edge(a, join, 0, edge_kind::collective);
+      g.add_edge(join, c, 0, edge_kind::collective);
+      plan.info.arrive.push_back(a);
+      plan.info.complete.push_back(c);
+      ++out_.stats.collective_participants;
+    }
+    // The join happens when the last participant arrives; no participant can end before it.
+    time_ns last = std::numeric_limits<time_ns>::min();
+    for (const task_id a : plan.info.arrive) last = std::max(last, g.observed_start[a]);
+    for (const participant& m : plan.members) {
+      const task_id c = ranks_[m.rank_index].task_of_event[m.op];
+      if (g.observed_end[c] < last) {
+        violation(last - g.observed_end[c], where(m.rank_index, m.op) + " (" + plan.info.kind + " #" + std::to_string(plan.info.sequence) +
+                                                " of group " + plan.info.group + ") ends " + std::to_string(last - g.observed_end[c]) +
+                                                " ns before the last participant arrives (clock skew between hosts?)");
+      }
+    }
+    g.observed_start[join] = g.observed_end[join] = last;
+    g.collectives.push_back(std::move(plan.info));
+    ++out_.stats.collectives_matched;
+  }
+}
+
+}  // namespace lumos::graph

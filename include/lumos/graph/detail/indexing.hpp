@@ -1,0 +1,125 @@
+#pragma once
+// Indexing each rank before any task exists: the job origin, CPU lanes, streams, correlation
+// tables, and the selective what-ifs (`op_scales`) over each thread's time.
+
+#include <lumos/graph/detail/builder.hpp>
+
+namespace lumos::graph {
+
+template <trace::CommClassifier Comm>
+[[nodiscard]] auto trace_graph_builder<Comm>::job_origin() const -> time_ns {
+  time_ns origin = std::numeric_limits<time_ns>::max();
+  for (const auto& r : job_.ranks) {
+    for (const auto& e : r.events) {
+      if (e.ph == trace::phase::complete && (trace::is_cpu_side(e.cat) || trace::is_gpu_op(e.cat))) {
+        origin = std::min(origin, r.base_ns + e.ts);
+      }
+    }
+  }
+  return origin == std::numeric_limits<time_ns>::max() ? 0 : origin;
+}
+
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::index_rank(std::size_t r) {
+  const trace::rank_trace& t = job_.ranks[r];
+  rank_state& s = ranks_[r];
+  s.offset = t.base_ns - out_.origin;
+  const std::size_t n = t.events.size();
+  s.is_comm.assign(n, 0);
+  s.instance.assign(n, -1);
+  s.task_of_event.assign(n, no_task);
+  s.arrive_of_event.assign(n, no_task);
+  s.enqueue.assign(n, 0);
+  std::unordered_map<std::uint32_t, std::size_t> lane_slot;
+  for (event_index i = 0; i < n; ++i) {
+    const trace::event& e = t.events[i];
+    if (e.ph != trace::phase::complete) continue;
+    if (trace::is_cpu_side(e.cat)) {
+      auto [it, fresh] = lane_slot.try_emplace(e.lane, s.cpu_lanes.size());
+      if (fresh) s.cpu_lanes.push_back({e.lane, {}});
+      s.cpu_lanes[it->second].second.push_back(i);
+      if (detail::is_runtime(e.cat) && e.correlation >= 0) s.runtime_by_corr.try_emplace(e.correlation, i);
+      if (e.cat == trace::category::cpu_op && e.external_id >= 0 && t.arg(i, trace::arg_key::collective_name)) {
+        s.collective_op_by_external.try_emplace(e.external_id, i);
+      }
+    } else if (trace::is_gpu_op(e.cat)) {
+      s.streams[{e.device, e.stream}].push_back(i);
+      if (e.correlation >= 0) s.ops_by_corr[e.correlation].push_back(i);
+      s.is_comm[i] = is_comm_(t, i) ? 1 : 0;
+    } else if (e.cat == trace::category::cuda_sync && e.correlation >= 0) {
+      s.sync_by_corr[e.correlation].push_back(i);
+    }
+  }
+  auto by_time = [&](event_index a, event_index b) {
+    const auto& x = t.events[a];
+    const auto& y = t.events[b];
+    if (x.ts != y.ts) return x.ts < y.ts;
+    if (x.dur != y.dur) return x.dur > y.dur;  // parents before children
+    return a < b;
+  };
+  for (auto& [lane, events] : s.cpu_lanes) std::sort(events.begin(), events.end(), by_time);
+  std::sort(s.cpu_lanes.begin(), s.cpu_lanes.end(), [&](const auto& a, const auto& b) {
+    return t.events[a.second.front()].ts < t.events[b.second.front()].ts;
+  });
+  s.anchor.assign(n, no_anchor);
+  for (auto& [key, ops] : s.streams) {
+    std::sort(ops.begin(), ops.end(), by_time);
+    for (const event_index o : ops) {
+      const auto it = s.runtime_by_corr.find(t.events[o].correlation);
+      s.enqueue[o] = it != s.runtime_by_corr.end() ? t.events[it->second].ts : t.events[o].ts;
+      if (it == s.runtime_by_corr.end()) continue;
+      // Latency counts from the call's start (FIDELITY.md item 4), or from its end when a
+      // kernel launch blocked (lazy module loading) and the op could only start after it.
+      const trace::event& call = t.events[it->second];
+      const bool blocked = call.dur > options_.blocked_launch && detail::is_kernel_launch(t.name(call));
+      s.anchor[o] = blocked ? call.end() : call.ts;  // rank-local: the offset is final only at build time
+    }
+  }
+}
+
+// Per-thread multipliers and per-op factors of the selective what-ifs (`op_scales`).
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::apply_op_scales(std::size_t r) {
+  const trace::rank_trace& t = job_.ranks[r];
+  rank_state& s = ranks_[r];
+  s.gpu_factor.assign(t.events.size(), 1.0);
+  s.warps.assign(s.cpu_lanes.size(), {});
+  if (options_.op_scales.empty()) return;
+  for (std::size_t slot = 0; slot < s.cpu_lanes.size(); ++slot) {
+    std::vector<std::tuple<time_ns, time_ns, double>> spans;
+    for (const op_scale& pattern : options_.op_scales) {
+      time_ns open_end = std::numeric_limits<time_ns>::min();
+      for (const event_index i : s.cpu_lanes[slot].second) {  // by start: outermost first
+        const trace::event& e = t.events[i];
+        if (t.name(e).find(pattern.text) == std::string_view::npos) continue;
+        const time_ns b = start_of(r, i), en = end_of(r, i);
+        if (b < open_end && !spans.empty()) {  // nested in (or overlapping) the previous match
+          std::get<1>(spans.back()) = std::max(std::get<1>(spans.back()), en);
+        } else {
+          spans.emplace_back(b, en, pattern.factor);
+        }
+        open_end = std::max(open_end, en);
+      }
+    }
+    if (!spans.empty()) ++out_.stats.op_scaled_cpu;
+    s.warps[slot].build(std::move(spans));
+  }
+  std::unordered_map<std::uint32_t, std::size_t> slot_of_lane;
+  for (std::size_t slot = 0; slot < s.cpu_lanes.size(); ++slot) slot_of_lane[s.cpu_lanes[slot].first] = slot;
+  for (const auto& [key, ops] : s.streams) {
+    for (const event_index o : ops) {
+      double f = 1.0;
+      for (const op_scale& pattern : options_.op_scales) {
+        if (t.name(t.events[o]).find(pattern.text) != std::string_view::npos) f *= pattern.factor;
+      }
+      // Everything a matched CPU op launched is nested in it.
+      if (const auto it = s.runtime_by_corr.find(t.events[o].correlation); it != s.runtime_by_corr.end()) {
+        f *= s.warps[slot_of_lane[t.events[it->second].lane]].at(start_of(r, it->second));
+      }
+      s.gpu_factor[o] = f;
+      if (f != 1.0) ++out_.stats.op_scaled_gpu;
+    }
+  }
+}
+
+}  // namespace lumos::graph

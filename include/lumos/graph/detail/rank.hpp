@@ -1,0 +1,150 @@
+#pragma once
+// Building one rank: the order of its passes, its GPU tasks, and the overheads each stream
+// is learnt to have.
+
+#include <lumos/graph/detail/builder.hpp>
+
+namespace lumos::graph {
+
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::build_rank(std::size_t r) {
+  const trace::rank_trace& t = job_.ranks[r];
+  rank_state& s = ranks_[r];
+  task_graph& g = out_.graph;
+  const int rank = t.rank;
+
+  // 1. What the trace says before any task exists: the selective what-ifs over its time, the
+  //    GPU ops each blocking call waited for, the cross-stream producers of each op, and the
+  //    overheads of each stream.
+  apply_op_scales(r);
+  poll_runs_.clear();
+  const awaited_map awaited = find_blocking_calls(r);
+  const producer_map producers = options_.cross_stream ? find_cross_stream(r) : producer_map{};
+  learn_overheads(r, producers);
+  unmatched_transfers(r);
+
+  // 2. CPU tasks, thread by thread.
+  std::vector<cpu_task_info> cpu_tasks;
+  for (std::uint32_t slot = 0; slot < s.cpu_lanes.size(); ++slot) {
+    build_thread(r, slot, awaited, cpu_tasks);
+  }
+
+  // 3. GPU tasks, stream by stream (edges come in step 4, once every task exists).
+  for (const auto& [key, ops] : s.streams) {
+    const processor_id p = g.add_processor({processor_kind::gpu_stream, rank, key.device, key.stream,
+                                            "rank " + std::to_string(rank) + " stream " + std::to_string(key.stream)});
+    ++out_.stats.streams;
+    stream_overheads oh = s.overheads[key];
+    oh.rank = rank;
+    out_.stats.overheads.push_back(oh);
+    for (const event_index o : ops) {
+      const trace::event& e = t.events[o];
+      const time_ns b = start_of(r, o), en = end_of(r, o);
+      const time_ns dur = scale_time(e.dur, s.gpu_factor[o]);
+      if (s.instance[o] >= 0) {
+        s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name = t.name(e), .rank = rank, .source = o,
+                                          .observed_start = b, .observed_end = b});
+        s.task_of_event[o] = g.add_task({.kind = task_kind::comm_complete, .processor = p, .duration = dur, .name = t.name(e),
+                                        .rank = rank, .source = o, .observed_start = b, .observed_end = en});
+      } else if (s.is_comm[o]) {
+        // Partners absent: the op is its arrival, a peer wait kept as measured, then the
+        // transfer (the only part `comm=F` scales).
+        ++out_.stats.collectives_unmatched;
+        const time_ns transfer = std::min(e.dur, s.transfer[o]);
+        s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name = t.name(e), .rank = rank, .source = o,
+                                          .observed_start = b, .observed_end = b});
+        s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_comm, .processor = p, .duration = scale_time(transfer, s.gpu_factor[o]),
+                                        .name = t.name(e), .rank = rank, .source = o, .observed_start = en - transfer,
+                                        .observed_end = en});
+        const time_ns wait = scale_time(e.dur - transfer, s.gpu_factor[o]);
+        g.add_edge(s.arrive_of_event[o], s.task_of_event[o], wait, edge_kind::collective);
+        if (wait > 0) out_.kept.push_back({s.task_of_event[o], overhead_kind::peer_wait, wait});
+      } else {
+        s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_compute, .processor = p, .duration = dur, .name = t.name(e), .rank = rank,
+                                        .source = o, .observed_start = b, .observed_end = en});
+      }
+      ++out_.stats.gpu_tasks;
+    }
+  }
+
+  // 4. GPU dependencies: launch, stream order and cross-stream edges, with gaps and delays.
+  gpu_edges(r, producers);
+
+  // 5. GPU → CPU: finish edges into the blocking calls; the return after the wait is the
+  //    call's tail, an overhead (FIDELITY.md item 3).
+  for (const auto& [call, ops] : awaited) {
+    const task_id wait = s.task_of_event[call];
+    if (removed_calls_.count(wait) != 0) continue;  // inside an op scaled to 0: no wait left
+    const time_ns tail = g.duration[wait];
+    for (const event_index o : ops) {
+      g.add_edge(s.task_of_event[o], wait, tail, edge_kind::sync, edge_flags::finish);
+      ++out_.stats.sync_edges;
+    }
+  }
+
+  // 6. CPU → CPU hand-offs across threads of this rank.
+  handoffs(r, cpu_tasks);
+}
+
+// Overheads of each stream, learnt from its measured timeline (docs/replay.md, *Delays*):
+// - the idle-GPU launch latency, from ops whose launch call began after their stream and
+//   their cross-stream producers were done (nothing but the launch could hold them);
+// - the inter-kernel gap, from ops that were queued: their launch would have let them start
+//   before their stream predecessor ended.
+// Medians are the typical values, 95th percentiles the bound beyond which a delay is not
+// an overhead of that kind.
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::learn_overheads(std::size_t r, const producer_map& producers) {
+  const trace::rank_trace& t = job_.ranks[r];
+  rank_state& s = ranks_[r];
+  std::map<stream_key, std::vector<time_ns>> latencies, gaps;
+  std::vector<time_ns> all_latencies, all_gaps;
+  auto producers_end = [&](event_index o) {
+    time_ns latest = std::numeric_limits<time_ns>::min();
+    if (const auto it = producers.find(o); it != producers.end()) {
+      for (const event_index p : it->second) {
+        if (t.events[p].end() <= t.events[o].ts) latest = std::max(latest, end_of(r, p));
+      }
+    }
+    return latest;
+  };
+  for (const auto& [key, ops] : s.streams) {
+    for (std::size_t k = 0; k < ops.size(); ++k) {
+      const event_index o = ops[k];
+      if (s.anchor[o] == no_anchor) continue;
+      const time_ns a = job_time(r, s.anchor[o]);
+      // Only the first op of a multi-op launch (CUDA graph) says something about latency.
+      if (k > 0 && t.events[ops[k - 1]].correlation == t.events[o].correlation) continue;
+      const time_ns prev_end = k > 0 ? end_of(r, ops[k - 1]) : std::numeric_limits<time_ns>::min();
+      if (a >= prev_end && a >= producers_end(o)) latencies[key].push_back(start_of(r, o) - a);
+    }
+    all_latencies.insert(all_latencies.end(), latencies[key].begin(), latencies[key].end());
+  }
+  const time_ns rank_latency = detail::median(all_latencies, options_.default_launch_latency);
+  const time_ns rank_latency_high = detail::quantile(all_latencies, 0.95, 2 * rank_latency);
+  for (const auto& [key, ops] : s.streams) {
+    const time_ns latency = detail::median(latencies[key], rank_latency);
+    for (std::size_t k = 1; k < ops.size(); ++k) {
+      const event_index o = ops[k];
+      const time_ns prev_end = end_of(r, ops[k - 1]);
+      const bool queued = (s.anchor[o] == no_anchor || job_time(r, s.anchor[o]) + latency <= prev_end) && producers_end(o) <= prev_end;
+      if (queued) gaps[key].push_back(std::max<time_ns>(0, start_of(r, o) - prev_end));
+    }
+    all_gaps.insert(all_gaps.end(), gaps[key].begin(), gaps[key].end());
+  }
+  const time_ns rank_gap = detail::median(all_gaps, options_.default_stream_gap);
+  const time_ns rank_gap_high = detail::quantile(all_gaps, 0.95, 2 * rank_gap);
+  for (const auto& [key, ops] : s.streams) {
+    stream_overheads& oh = s.overheads[key];
+    oh.device = key.device;
+    oh.stream = key.stream;
+    oh.launch_samples = latencies[key].size();
+    oh.launch_latency = detail::median(latencies[key], rank_latency);
+    oh.launch_high = std::max(oh.launch_latency, detail::quantile(latencies[key], 0.95, rank_latency_high));
+    oh.gap_samples = gaps[key].size();
+    oh.gap = detail::median(gaps[key], rank_gap);
+    oh.gap_high = std::max(oh.gap, detail::quantile(gaps[key], 0.95, rank_gap_high));
+  }
+}
+
+}  // namespace lumos::graph

@@ -1,0 +1,124 @@
+#pragma once
+// CPU tasks of one thread, with their launch calls and blocking waits.
+
+#include <lumos/graph/detail/builder.hpp>
+
+namespace lumos::graph {
+
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, const awaited_map& awaited, std::vector<cpu_task_info>& cpu_tasks) {
+  const trace::rank_trace& t = job_.ranks[r];
+  rank_state& s = ranks_[r];
+  task_graph& g = out_.graph;
+  const auto& [lane_id, events] = s.cpu_lanes[slot];
+  const trace::lane& lane = t.lanes[lane_id];
+  std::string pname = "rank " + std::to_string(t.rank) + " thread " + std::to_string(lane.tid);
+  if (lane.thread_name != no_string) pname += " (" + std::string(t.str(lane.thread_name)) + ")";
+  const processor_id p = g.add_processor({processor_kind::cpu_thread, t.rank, lane.pid, lane.tid, pname});
+  ++out_.stats.threads;
+
+  // Busy time: the union of the thread's operator intervals.
+  std::vector<std::pair<time_ns, time_ns>> busy;
+  time_ns last_end = std::numeric_limits<time_ns>::min();
+  for (const event_index i : events) {
+    const trace::event& e = t.events[i];
+    if (e.cat == trace::category::cpu_op || detail::is_runtime(e.cat)) last_end = std::max(last_end, end_of(r, i));
+    if (e.cat != trace::category::cpu_op) continue;
+    const time_ns b = start_of(r, i), en = end_of(r, i);
+    if (!busy.empty() && b <= busy.back().second) {
+      busy.back().second = std::max(busy.back().second, en);
+    } else {
+      busy.push_back({b, en});
+    }
+  }
+  // Busy and idle time between two instants, after the selective what-ifs (`warp`).
+  const detail::time_warp& warp = s.warps[slot];
+  std::size_t cursor = 0;
+  auto split_gap = [&](time_ns from, time_ns to) -> std::pair<time_ns, time_ns> {  // (idle, busy)
+    time_ns total = 0, warped = 0;
+    while (cursor < busy.size() && busy[cursor].second <= from) ++cursor;
+    for (std::size_t j = cursor; j < busy.size() && busy[j].first < to; ++j) {
+      const time_ns b = std::max(from, busy[j].first), e = std::min(to, busy[j].second);
+      if (e <= b) continue;
+      total += e - b;
+      warped += warp.empty() ? e - b : warp.length(b, e);
+    }
+    const time_ns gap = std::max<time_ns>(0, to - from);
+    const time_ns idle = warp.empty() ? gap - total : warp.length(from, std::max(from, to)) - warped;
+    return {std::max<time_ns>(0, idle), warped};
+  };
+  auto own = [&](time_ns begin, time_ns end) { return warp.empty() ? end - begin : warp.length(begin, end); };
+
+  time_ns previous_end = 0;  // job time 0 for the first task
+  task_id owner = no_task;   // the anchor an overlapping (nested) call belongs to
+  time_ns owner_end = std::numeric_limits<time_ns>::min();
+  auto add = [&](task_kind kind, time_ns duration, time_ns begin, time_ns end, std::string_view name, event_index source) {
+    const auto [idle, b] = split_gap(previous_end, begin);
+    const task_id id = g.add_task({.kind = kind, .processor = p, .duration = duration, .idle_gap = idle, .busy_gap = b, .name = name,
+                                  .rank = t.rank, .source = source, .observed_start = begin, .observed_end = end});
+    if (idle > 0) out_.kept.push_back({id, overhead_kind::cpu_idle, idle});
+    cpu_tasks.push_back({id, slot, begin, end, b});
+    ++out_.stats.cpu_tasks;
+    previous_end = std::max(previous_end, end);
+    return id;
+  };
+  event_index run_last = no_event;  // the last query of the poll being folded, if any
+  for (const event_index i : events) {
+    const trace::event& e = t.events[i];
+    if (!detail::is_runtime(e.cat)) continue;
+    time_ns b = start_of(r, i);
+    const time_ns en = end_of(r, i);
+    if (run_last != no_event || (owner != no_task && b < owner_end)) {  // a folded query, or a call nested in the previous one
+      s.task_of_event[i] = owner;
+      if (i == run_last) run_last = no_event;
+      continue;
+    }
+    // A poll: the run of queries from this one to its successful last query is one wait.
+    event_index call = i;
+    if (const auto run = poll_runs_.find(i); run != poll_runs_.end()) call = run->second;
+    const time_ns call_end = end_of(r, call);
+    const auto wait = awaited.find(call);
+    if (wait == awaited.end()) {
+      owner = add(task_kind::cpu, own(b, en), b, en, t.name(e), i);
+      owner_end = en;
+      s.task_of_event[i] = owner;
+      continue;
+    }
+    ++out_.stats.blocking_calls;
+    // The call's own time after the wait (FIDELITY.md item 3) is its tail, an overhead; the
+    // wait comes from the finish edges. A call that waits for an op it launched itself (a
+    // synchronous copy) is split: it issues the copy in about a launch latency, then waits.
+    time_ns latest = std::numeric_limits<time_ns>::min();
+    bool own_op = false;
+    for (const event_index o : wait->second) {
+      latest = std::max(latest, end_of(r, o));
+      own_op = own_op || t.events[o].correlation == t.events[call].correlation;
+    }
+    const bool removed = !warp.empty() && warp.at(b) == 0.0;  // inside an op scaled to 0
+    if (own_op) {
+      time_ns issue_end = call_end;
+      for (const event_index o : wait->second) {
+        const stream_overheads& oh = s.overheads[{t.events[o].device, t.events[o].stream}];
+        issue_end = std::min(issue_end, std::max(b, std::min(start_of(r, o), b + oh.launch_latency)));
+      }
+      const task_id issue = add(task_kind::cpu, own(b, issue_end), b, issue_end, t.name(e), i);
+      launch_task_[{r, e.correlation}] = issue;
+      b = issue_end;
+    }
+    const time_ns tail = std::max<time_ns>(0, call_end - std::max(latest, b));
+    owner = add(task_kind::cpu_blocking, removed ? 0 : own(call_end - tail, call_end), b, call_end, t.name(t.events[call]), call);
+    if (removed) removed_calls_.insert(owner);
+    if (tail > 0 && !removed) out_.kept.push_back({owner, overhead_kind::sync_tail, g.duration[owner]});
+    if (call != i) {
+      ++out_.stats.poll_waits;
+      s.task_of_event[i] = owner;
+      run_last = call;
+    }
+    owner_end = call_end;
+    s.task_of_event[call] = owner;
+  }
+  // The thread's trailing CPU work, so that hand-offs from this thread see its real end.
+  if (last_end > previous_end) add(task_kind::cpu, 0, last_end, last_end, "thread end", no_event);
+}
+
+}  // namespace lumos::graph

@@ -1,0 +1,70 @@
+#pragma once
+// Everything: every public header of lumos, the I/O part (reader, job loader, trace files)
+// included, so it needs lumos::lumos. For lumos::core alone include the headers you use; for
+// declarations only, lumos/fwd.hpp. tests/CMakeLists.txt checks that this list is complete.
+
+#include <lumos/core/allocator.hpp>
+#include <lumos/core/error.hpp>
+#include <lumos/core/json_writer.hpp>
+#include <lumos/core/strings.hpp>
+#include <lumos/core/time.hpp>
+
+#include <lumos/trace/comm.hpp>
+#include <lumos/trace/data.hpp>
+#include <lumos/trace/event.hpp>
+#include <lumos/trace/job.hpp>
+#include <lumos/trace/reader.hpp>
+#include <lumos/trace/summary.hpp>
+
+#include <lumos/graph/build_options.hpp>
+#include <lumos/graph/compile.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/graph/trace_builder.hpp>
+
+#include <lumos/sim/replay.hpp>
+
+#include <lumos/pipeline/dependencies.hpp>
+#include <lumos/pipeline/format.hpp>
+#include <lumos/pipeline/gpipe.hpp>
+#include <lumos/pipeline/interleaved_one_f_one_b.hpp>
+#include <lumos/pipeline/one_f_one_b.hpp>
+#include <lumos/pipeline/schedule.hpp>
+#include <lumos/pipeline/timeline.hpp>
+#include <lumos/pipeline/zero_bubble.hpp>
+
+#include <lumos/model/calibrate.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/compute.hpp>
+#include <lumos/model/flops.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/memory.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/model/parallel.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/model/transformer.hpp>
+
+#include <lumos/synth/predict.hpp>
+#include <lumos/synth/program.hpp>
+#include <lumos/synth/schedule_graph.hpp>
+#include <lumos/synth/schedules.hpp>
+
+#include <lumos/report/breakdown.hpp>
+#include <lumos/report/critical_path.hpp>
+#include <lumos/report/frozen.hpp>
+#include <lumos/report/held_out.hpp>
+#include <lumos/report/html.hpp>
+#include <lumos/report/iteration.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/report/trace_files.hpp>
+#include <lumos/report/trace_writer.hpp>
+
+#include <lumos/sweep/evaluate.hpp>
+#include <lumos/sweep/space.hpp>
+#include <lumos/sweep/sweep.hpp>
+
+#include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/layers.hpp>
+#include <lumos/whatif/structure.hpp>
+#include <lumos/whatif/whatif.hpp>

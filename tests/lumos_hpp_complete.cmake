@@ -1,0 +1,17 @@
+# lumos/lumos.hpp includes every public header (all but detail/ ones and itself and fwd.hpp).
+# cmake -DSOURCE_DIR=<repo> -P lumos_hpp_complete.cmake
+file(READ "${SOURCE_DIR}/include/lumos/lumos.hpp" umbrella)
+file(GLOB_RECURSE headers RELATIVE "${SOURCE_DIR}/include" "${SOURCE_DIR}/include/lumos/*.hpp")
+set(missing "")
+foreach(h IN LISTS headers)
+  if(h MATCHES "/detail/" OR h STREQUAL "lumos/lumos.hpp" OR h STREQUAL "lumos/fwd.hpp")
+    continue()
+  endif()
+  string(FIND "${umbrella}" "#include <${h}>" at)
+  if(at EQUAL -1)
+    list(APPEND missing "${h}")
+  endif()
+endforeach()
+if(missing)
+  message(FATAL_ERROR "include/lumos/lumos.hpp does not include: ${missing}")
+endif()
