@@ -9,6 +9,7 @@
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/report/replay_report.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/report/trace_writer.hpp>
 #include <lumos/sim/replay.hpp>
 #include <lumos/synth/kernel_trace.hpp>
