@@ -17,6 +17,7 @@
 #include <lumos/report/trace_files.hpp>
 #include <lumos/graph/compile.hpp>
 #include <lumos/model/transformer.hpp>
+#include <lumos/synth/kernel_trace.hpp>
 #include <lumos/synth/predict.hpp>
 #include <lumos/synth/schedules.hpp>
 
@@ -376,12 +377,15 @@ struct synth_output {
 };
 
 /// Builds the iteration of `req` one task per kernel, simulates it and writes it as Kineto traces
-/// into `dir` (what `lumos synth` does; `predict --report` reports on such traces).
-inline synth_output write_synth(const predict_request& req, const std::filesystem::path& dir, bool gzip) {
+/// into `dir` (what `lumos synth` does; `predict --report` reports on such traces). `kernel_detail`:
+/// the traces of `lumos synth --detail kernel` (synth/kernel_trace.hpp).
+inline synth_output write_synth(const predict_request& req, const std::filesystem::path& dir, bool gzip,
+                                bool kernel_detail = false) {
   synth::program_options opt;
   opt.unfold = req.unfold;
   opt.detail = synth::granularity::kernel;
   opt.record_collectives = true;
+  opt.notes = kernel_detail;
   apply_profile(req, opt);
   const synth::program prog = req.roofline ? synth::build_program(req.job, opt)
                                            : synth::build_program(req.job, opt, model::kernel_level{req.profile},
@@ -396,6 +400,11 @@ inline synth_output write_synth(const predict_request& req, const std::filesyste
   sj.simulated = {&timeline.start, &timeline.finish, &compiled};
   sj.world_size = static_cast<int>(prog.world_size);
   sj.device_name = req.job.hardware.name;
+  report::trace_decorations decorations;
+  if (kernel_detail) {
+    decorations = synth::kernel_trace_decorations(prog, req.job, req.roofline ? time_ns{-1} : static_cast<time_ns>(req.profile.cpu_launch_ns));
+    sj.decorations = &decorations;
+  }
   std::vector<int> ranks;
   for (const auto& r : prog.ranks) ranks.push_back(r.rank);
   synth_output o;

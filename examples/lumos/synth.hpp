@@ -1,5 +1,5 @@
 #pragma once
-// lumos synth [predict flags] --out DIR [--gzip] [--unfold]
+// lumos synth [predict flags] --out DIR [--detail {op,kernel}] [--gzip] [--unfold]
 
 #include "cli.hpp"
 #include "predict.hpp"
@@ -16,21 +16,32 @@
 namespace lumos::cli {
 
 inline constexpr std::string_view synth_usage =
-    "usage: lumos synth [the model flags of 'lumos predict'] --out DIR [--gzip] [--unfold] [--json]\n"
+    "usage: lumos synth [the model flags of 'lumos predict'] --out DIR [--detail {op,kernel}] [--gzip]\n"
+    "                   [--unfold] [--json]\n"
     "  Builds one training iteration from the model description (as 'lumos predict' does, one task\n"
     "  per kernel), simulates it, and writes it as Kineto traces: DIR/rank{R}.json (.json.gz with\n"
     "  --gzip), one per distinct rank (one per pipeline stage; every rank with --unfold), with the\n"
     "  rank in distributedInfo. 'lumos inspect' and 'lumos replay' read them; Perfetto opens them.\n"
-    "  Replaying them reproduces the prediction.\n";
+    "  Replaying them reproduces the prediction.\n"
+    "  --detail op      (default) each kernel named after the model's op (qkv_proj, mlp_fc1, ...),\n"
+    "                   launched by a bare cudaLaunchKernel\n"
+    "  --detail kernel  what a Megatron-LM / PyTorch eager trace shows: cuBLAS / FlashAttention /\n"
+    "                   ATen / NCCL kernel names, each launch inside the CPU operator that dispatched\n"
+    "                   it (aten::mm, ... with Input Dims), ParallelTransformerLayer scopes,\n"
+    "                   ## forward ## / ## backward ## / Optimizer.step markers, collectives with\n"
+    "                   their process-group args; 'lumos inspect --structure' recovers the\n"
+    "                   configuration from them\n";
 
 inline int run_synth(args& a) {
   const auto out_dir = a.option("--out");
   const bool gzip = a.flag("--gzip");
   const bool json = a.flag("--json");
+  const std::string detail = a.option("--detail").value_or("op");
+  if (detail != "op" && detail != "kernel") throw lumos::error("--detail must be op or kernel, got '" + detail + "'");
   predict_request req = parse_predict(a);
   if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
   if (!out_dir) throw usage_error("synth needs --out DIR");
-  const synth_output so = write_synth(req, *out_dir, gzip);
+  const synth_output so = write_synth(req, *out_dir, gzip, detail == "kernel");
   const auto& files = so.files;
   const auto& ranks = so.ranks;
   const time_ns makespan = so.makespan;

@@ -393,3 +393,29 @@ TEST_CASE("synth writes traces that inspect and replay read", "[cli][synth]") {
   CHECK(run("synth " + model).code == 2);                                       // no --out
   CHECK(run("synth --tp 3 --out " + (dir.path() / "x").string()).code == 2);     // heads % tp
 }
+
+TEST_CASE("synth --detail kernel writes traces whose structure is the configuration", "[cli][synth]") {
+  lumos_test::temp_dir dir;
+  const auto out = dir.path() / "job";
+  const std::string model = "--model gpt3-15b --layers 4 --tp 2 --pp 2 --dp 2 --global-batch 8";
+  const result r = run("synth " + model + " --detail kernel --out " + out.string() + " --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  const auto doc = parser.parse(r.out);
+  const result replayed = run("replay --json " + out.string());
+  REQUIRE(replayed.code == 0);
+  simdjson::dom::parser p2;
+  CHECK(int64_t(p2.parse(replayed.out)["job"]["simulated_ns"]) == int64_t(doc["iteration_ns"]));
+  const result st = run("inspect --structure --json " + out.string());
+  REQUIRE(st.code == 0);
+  simdjson::dom::parser p3;
+  const auto s = p3.parse(st.out);
+  CHECK(int64_t(s["parallel"]["tp"]["value"]) == 2);
+  CHECK(int64_t(s["parallel"]["pp"]["value"]) == 2);
+  CHECK(int64_t(s["parallel"]["dp"]["value"]) == 2);
+  CHECK(int64_t(s["parallel"]["micro_batches"]["value"]) == 4);
+  CHECK(int64_t(s["model"]["layers"]["value"]) == 4);
+  const result bad = run("synth " + model + " --detail fine --out " + (dir.path() / "x").string());
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--detail must be op or kernel") != std::string::npos);
+}

@@ -58,9 +58,56 @@ struct gemm_shape {
   std::int64_t k = 0;
 };
 
+/// What an op is in the transformer, as far as the program builder and the trace writer need to
+/// know: the ops tensor-parallel collectives attach to (Megatron's positions), the ones the
+/// optimizer's reductions follow, and the kind of kernel a trace shows for it. Models set it on
+/// every op (`role_of_name` gives it for the names the shipped models use); the builder never
+/// looks at `name`, which is free text for reports.
+enum class op_role : std::uint8_t {
+  other,
+  input_norm, qkv, qkv_bias, attention, attention_softmax, attention_dropout, attention_pv, attention_copy,
+  attn_out, residual, post_attn_norm,
+  mlp_in,    ///< fc1 (GeLU MLP) or the gate GEMM of a gated MLP
+  mlp_up,    ///< the up GEMM of a gated MLP
+  mlp_act, mlp_out, bias_grad, norm_weight_grad,
+  word_embedding, position_embedding, embedding_dropout,
+  final_norm, logits, cross_entropy, cross_entropy_part,
+  loss_scale_unscale, found_inf, grad_norm, grad_clip, optimizer_step,
+};
+
+/// The role of the op names the shipped models (`roofline`, `kernel_level`) emit; `other` for
+/// any other name.
+[[nodiscard]] constexpr op_role role_of_name(std::string_view n) noexcept {
+  struct entry {
+    std::string_view name;
+    op_role role;
+  };
+  constexpr entry table[] = {
+      {"input_norm", op_role::input_norm}, {"qkv_proj", op_role::qkv}, {"qkv_bias", op_role::qkv_bias},
+      {"attention", op_role::attention}, {"attention_softmax", op_role::attention_softmax},
+      {"attention_dropout", op_role::attention_dropout}, {"attention_pv", op_role::attention_pv},
+      {"attention_context_copy", op_role::attention_copy}, {"attn_out_proj", op_role::attn_out},
+      {"attn_residual", op_role::residual}, {"mlp_residual", op_role::residual}, {"post_attn_norm", op_role::post_attn_norm},
+      {"mlp_fc1", op_role::mlp_in}, {"mlp_gate", op_role::mlp_in}, {"mlp_up", op_role::mlp_up}, {"mlp_act", op_role::mlp_act},
+      {"mlp_fc2", op_role::mlp_out}, {"mlp_down", op_role::mlp_out}, {"word_embedding", op_role::word_embedding},
+      {"position_embedding", op_role::position_embedding}, {"embedding_dropout", op_role::embedding_dropout},
+      {"final_norm", op_role::final_norm}, {"logits", op_role::logits}, {"cross_entropy", op_role::cross_entropy},
+      {"loss_scale_unscale", op_role::loss_scale_unscale}, {"loss_scale_found_inf", op_role::found_inf},
+      {"grad_norm", op_role::grad_norm}, {"grad_clip", op_role::grad_clip}, {"optimizer_step", op_role::optimizer_step},
+  };
+  for (const entry& e : table) {
+    if (e.name == n) return e.role;
+  }
+  if (n.starts_with("cross_entropy_")) return op_role::cross_entropy_part;
+  if (n.ends_with("_bias_grad")) return op_role::bias_grad;
+  if (n.ends_with("_weight_grad")) return op_role::norm_weight_grad;
+  return op_role::other;
+}
+
 /// One operator (one kernel, or one fused group of kernels) on one GPU.
 struct op_cost {
   std::string_view name;  ///< static text; the same name appears in each phase of an op
+  op_role role = op_role::other;  ///< what the op is (see `op_role`); set by the model
   op_class kind = op_class::elementwise;
   op_phase phase = op_phase::forward;
   bool recompute = false;    ///< forward work re-executed in backward (activation recompute)
@@ -315,6 +362,7 @@ struct roofline {
                    bool recompute = false) {
       op_cost op;
       op.name = name;
+      op.role = role_of_name(name);
       op.kind = c;
       op.phase = ph;
       op.recompute = recompute;
@@ -328,6 +376,7 @@ struct roofline {
               bool recompute) {
       op_cost op;
       op.name = name;
+      op.role = role_of_name(name);
       op.kind = op_class::gemm;
       op.phase = ph;
       op.recompute = recompute;
@@ -354,6 +403,7 @@ struct roofline {
     void attention_forward(op_phase ph, bool recompute) {
       op_cost op;
       op.name = "attention";
+      op.role = op_role::attention;
       op.kind = op_class::attention;
       op.phase = ph;
       op.recompute = recompute;
@@ -366,6 +416,7 @@ struct roofline {
     void attention_backward() {
       op_cost op;
       op.name = "attention";
+      op.role = op_role::attention;
       op.kind = op_class::attention;
       op.phase = op_phase::backward_input;
       op.flops =

@@ -148,6 +148,7 @@ struct kernel_level {
                 bool softmax = false) {
       op_cost op;
       op.name = name;
+      op.role = role_of_name(name);
       op.kind = c;
       op.phase = ph;
       op.recompute = recompute;
@@ -164,6 +165,7 @@ struct kernel_level {
               double batch = 1, bool model = true, op_class c = op_class::gemm) {
       op_cost op;
       op.name = name;
+      op.role = role_of_name(name);
       op.kind = c;
       op.phase = ph;
       op.recompute = recompute;
@@ -216,6 +218,7 @@ struct kernel_level {
       if (pr.attention == attention_impl::flash) {
         op_cost op;
         op.name = "attention";
+        op.role = op_role::attention;
         op.kind = op_class::attention;
         op.phase = ph;
         op.recompute = rc;
@@ -240,6 +243,7 @@ struct kernel_level {
       if (pr.attention == attention_impl::flash) {
         op_cost op;
         op.name = "attention";
+        op.role = op_role::attention;
         op.kind = op_class::attention;
         op.phase = op_phase::backward_input;
         op.flops = attention_dense_flops() * k.attention_causal_factor * 2.5;

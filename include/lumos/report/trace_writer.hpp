@@ -29,6 +29,48 @@
 
 namespace lumos::report {
 
+/// How a model-built task is written in a kernel-level trace (`trace_decorations`).
+struct task_decoration {
+  std::string kernel;      ///< GPU task: the kernel name written instead of the task's name
+  std::string cpu_op;      ///< CPU launch task: the operator written around its runtime call
+  std::string input_dims;  ///< its `Input Dims` (raw JSON, e.g. [[4096, 2048], [2048, 6144]])
+  std::string input_type;  ///< its `Input type` (raw JSON, e.g. ["c10::BFloat16", "c10::BFloat16"])
+  std::string runtime = "cudaLaunchKernel";  ///< the runtime call's name
+  /// CPU task that blocks (a synchronize): written from the end of the thread's previous task,
+  /// when the call was issued, to its end.
+  bool blocking = false;
+  /// CPU launch task: length of the runtime call, which ends the task; the operator's dispatch
+  /// fills the rest. Negative: the call is the whole task.
+  time_ns launch_ns = -1;
+  // Collectives (the complete task):
+  std::string collective;         ///< `Collective name`; empty: the instance's kind
+  std::string group_description;  ///< `Process Group Description`
+  std::string dtype;              ///< `dtype`, e.g. "BFloat16"
+  std::int64_t element_bytes = 0; ///< `In msg nelems` = bytes / this (0: the byte count)
+};
+
+/// An annotation over a span of one rank's CPU tasks (from the start of `first` to the end of
+/// `last`), e.g. a pass marker or a module scope.
+struct span_annotation {
+  int rank = 0;
+  std::string name;
+  std::string category = "user_annotation";
+  graph::task_id first = graph::no_task, last = graph::no_task;
+};
+
+/// What makes a model-built job's trace look like a framework's: per task, how it is written;
+/// annotations over spans of CPU tasks.
+struct trace_decorations {
+  static constexpr std::uint32_t none = ~std::uint32_t{0};
+  std::vector<std::uint32_t> of_task;  ///< task → index into `list`, or `none`
+  std::vector<task_decoration> list;
+  std::vector<span_annotation> spans;
+
+  [[nodiscard]] const task_decoration* find(graph::task_id t) const {
+    return t < of_task.size() && of_task[t] != none ? &list[of_task[t]] : nullptr;
+  }
+};
+
 /// The data a writer needs about one simulated job.
 struct simulated_job {
   const graph::task_graph* graph = nullptr;
@@ -41,6 +83,7 @@ struct simulated_job {
   int world_size = 0;
   std::string device_name;                       ///< for deviceProperties of model-built jobs
   double cpu_scale = 1.0;                        ///< the replay's `cpu` scale (busy lead and tail of a step)
+  const trace_decorations* decorations = nullptr;  ///< model-built jobs: kernel-level detail
 };
 
 namespace detail {
@@ -238,6 +281,7 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
     w.key("args").begin_object().field("correlation", corr).end_object().end_object();
   };
 
+  std::map<graph::processor_id, time_ns> cpu_end;  // model-built: end of each thread's last task
   for (const graph::task_id t : tasks) {
     const auto kind = g.kind[t];
     const time_ns s = job.simulated.begin_of(t), f = job.simulated.end_of(t);
@@ -274,6 +318,7 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
       }
     }
     const bool gpu = p.kind == graph::processor_kind::gpu_stream;
+    const task_decoration* deco = job.decorations != nullptr ? job.decorations->find(t) : nullptr;
     for (auto [it, stop] = waits_before.equal_range(t); it != stop; ++it) {
       const stream_wait& sw = it->second;
       const auto& consumer = g.processors[g.processor[sw.consumer]];
@@ -285,7 +330,27 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
       w.field("wait_on_stream", producer.index).field("wait_on_cuda_event_record_corr_id", sw.record_corr);
       w.field("correlation", sw.wait_corr).field("device", consumer.owner).end_object().end_object();
     }
-    w.begin_object().field("ph", "X").field("cat", gpu ? "kernel" : "cuda_runtime").field("name", g.task_name(t));
+    std::string_view name = g.task_name(t);
+    if (deco != nullptr && gpu && !deco->kernel.empty()) name = deco->kernel;
+    if (deco != nullptr && !gpu && deco->blocking) {
+      if (const auto it = cpu_end.find(g.processor[t]); it != cpu_end.end()) begin = std::min(begin, it->second);
+      name = deco->runtime;
+    }
+    if (!gpu) cpu_end[g.processor[t]] = f;
+    if (deco != nullptr && !gpu && !deco->cpu_op.empty()) {
+      // The operator that dispatched the launch, around its runtime call; the call ends the task.
+      w.begin_object().field("ph", "X").field("cat", "cpu_op").field("name", deco->cpu_op);
+      w.field("pid", p.owner).field("tid", p.index);
+      w.key("ts").microseconds(us(begin)).key("dur").microseconds(f - begin);
+      w.key("args").begin_object();
+      if (corr_of.count(t)) w.field("External id", corr_of[t]);
+      if (!deco->input_dims.empty()) w.key("Input Dims").raw(deco->input_dims);
+      if (!deco->input_type.empty()) w.key("Input type").raw(deco->input_type);
+      w.end_object().end_object();
+      if (deco->launch_ns >= 0) begin = std::max(begin, f - deco->launch_ns);
+      name = deco->runtime;
+    }
+    w.begin_object().field("ph", "X").field("cat", gpu ? "kernel" : "cuda_runtime").field("name", name);
     w.field("pid", p.owner).field("tid", p.index);
     w.key("ts").microseconds(us(begin)).key("dur").microseconds(f - begin);
     w.key("args").begin_object();
@@ -298,10 +363,18 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
           if (ci->complete[k] == t) launched = ci->arrive[k];
         }
       }
-      if (launch_corr.count(launched)) w.field("correlation", launch_corr[launched]);
+      if (launch_corr.count(launched)) {
+        w.field("correlation", launch_corr[launched]);
+        if (deco != nullptr) w.field("External id", launch_corr[launched]);  // its operator's
+      }
       if (ci != nullptr) {
-        w.field("Collective name", ci->kind).field("Process Group Name", ci->group);
-        if (ci->bytes > 0) w.field("In msg nelems", ci->bytes).field("Out msg nelems", ci->bytes);
+        const bool named = deco != nullptr && !deco->collective.empty();
+        w.field("Collective name", named ? std::string_view(deco->collective) : std::string_view(ci->kind));
+        w.field("Process Group Name", ci->group);
+        if (deco != nullptr && !deco->group_description.empty()) w.field("Process Group Description", deco->group_description);
+        if (deco != nullptr && !deco->dtype.empty()) w.field("dtype", deco->dtype);
+        const std::int64_t elements = deco != nullptr && deco->element_bytes > 0 ? ci->bytes / deco->element_bytes : ci->bytes;
+        if (ci->bytes > 0) w.field("In msg nelems", elements).field("Out msg nelems", elements);
         if (!ci->group_ranks.empty()) {
           std::string ranks = "[";
           for (std::size_t k = 0; k < ci->group_ranks.size(); ++k) ranks += (k ? ", " : "") + std::to_string(ci->group_ranks[k]);
@@ -310,6 +383,7 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
       }
     } else if (corr_of.count(t)) {
       w.field("correlation", corr_of[t]);
+      if (deco != nullptr && !deco->cpu_op.empty()) w.field("External id", corr_of[t]);
     }
     w.end_object().end_object();
     for (auto [it, stop] = records_after.equal_range(t); it != stop; ++it) {
@@ -381,6 +455,15 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
     w.begin_object().field("ph", "X").field("cat", "user_annotation").field("name", "ProfilerStep#1");
     w.field("pid", pid).field("tid", tid).key("ts").microseconds(us(win.begin)).key("dur").microseconds(win.length());
     w.key("args").begin_object().end_object().end_object();
+    if (job.decorations != nullptr) {
+      for (const span_annotation& sp : job.decorations->spans) {
+        if (sp.rank != rank || sp.first == graph::no_task || sp.last == graph::no_task) continue;
+        const time_ns b = job.simulated.begin_of(sp.first), en = std::max(b, job.simulated.end_of(sp.last));
+        w.begin_object().field("ph", "X").field("cat", sp.category).field("name", sp.name);
+        w.field("pid", pid).field("tid", tid).key("ts").microseconds(us(b)).key("dur").microseconds(en - b);
+        w.key("args").begin_object().end_object().end_object();
+      }
+    }
   }
   w.end_array();
   w.end_object();

@@ -74,6 +74,11 @@
 // launch thread runs ahead of the GPU (any model whose kernels outlast their launches); `pass`
 // is 10-20x smaller and is what `predict` uses.
 //
+// Notes (`program_options::notes`, kernel granularity): the model op of each compute task, the
+// process group and element size of each collective, the CPU task spans of passes, layers and
+// the optimizer, and a final host wait for the device — what synth/kernel_trace.hpp needs to
+// write the iteration as a framework's trace. The timeline is the same with or without them.
+//
 // Folding: by default only distinct programs are built — one data-parallel replica and one
 // tensor-parallel rank per stage (pp simulated ranks). A TP or DP collective then has one
 // participant (no join), whose complete still costs the full transfer time of the whole group;
@@ -153,6 +158,46 @@ struct program_options {
   /// a sweep does not, and skips the string building (one std::string per processor and per
   /// op template). Without names every task and processor is unnamed; the timeline is the same.
   bool names = true;
+  /// Record what a kernel-level trace writer needs (`program::notes`): the model op of each GPU
+  /// task, what each collective carries, and the CPU task spans of passes, layers and the
+  /// optimizer. Only at the `kernel` granularity.
+  bool notes = false;
+};
+
+/// A span of one rank's CPU launch tasks that a trace shows as an annotation (`program_notes`).
+enum class span_kind : std::uint8_t {
+  forward,          ///< one forward pass (pipeline op F)
+  backward,         ///< one backward pass (B, or W of split-backward schedules)
+  layer,            ///< one transformer layer inside a forward pass
+  layer_recompute,  ///< the recomputed forward of one layer inside a backward pass
+  optimizer,        ///< the optimizer step (with ZeRO's parameter all-gathers)
+};
+
+/// What a collective of the program carries (`program_notes::comms`).
+enum class comm_group : std::uint8_t { tp, dp, pp, model_parallel, world, embedding };
+
+/// What a kernel-level trace writer needs beyond the graph (`program_options::notes`).
+struct program_notes {
+  static constexpr std::uint32_t none = ~std::uint32_t{0};
+  /// GPU task → index into `ops` (compute tasks) or `comms` (the arrive and complete of
+  /// collectives); `none` for other tasks. Sized to the graph's task count.
+  std::vector<std::uint32_t> op_of_task, comm_of_task;
+  std::vector<model::op_cost> ops;
+  struct comm {
+    comm_group group = comm_group::tp;
+    std::int64_t element_bytes = 2;  ///< bytes per element of the message (fp32 gradients: 4)
+  };
+  std::vector<comm> comms;
+  struct span {
+    int rank = 0;
+    span_kind kind = span_kind::forward;
+    int index = 0;  ///< layer within its chunk (layers), micro-batch (passes)
+    graph::task_id first = graph::no_task, last = graph::no_task;  ///< CPU tasks
+  };
+  std::vector<span> spans;
+  /// CPU tasks that block until the device has finished work (written as cudaDeviceSynchronize
+  /// calls that last from their issue to the device's completion).
+  std::vector<graph::task_id> host_syncs;
 };
 
 /// A model-driven job: model, parallel configuration, machine and pipeline schedule.
@@ -213,6 +258,8 @@ struct program {
   std::int64_t world_size = 1;
   /// The schedule's backward is split into B and W (its policy's `splits_backward`).
   bool split_backward = false;
+  /// Filled when `program_options::notes` is set (kernel granularity).
+  program_notes notes;
 
   /// The simulated rank with tp_index 0 and dp_index 0 of `stage` (present in both modes).
   [[nodiscard]] const simulated_rank& representative(int stage) const {
@@ -249,6 +296,9 @@ struct item {
   std::int32_t kernels = 1;
   model::collective kind = model::collective::all_reduce;
   std::int64_t bytes = 0;
+  std::int64_t element_bytes = 2;  ///< collectives: bytes per element
+  std::uint32_t op = program_notes::none;  ///< compute: index into `program_notes::ops`
+  bool recompute = false;
 };
 
 /// A span of a pass after which weight gradients of `params` parameters are final (a layer,
@@ -316,6 +366,7 @@ struct totals {
 /// A process group of the job, created when first used.
 struct group_state {
   bool ready = false;
+  comm_group type = comm_group::tp;
   std::string name;
   std::vector<int> ranks;  ///< global ranks of all members
   int participants = 1;    ///< members present in the graph
@@ -380,6 +431,8 @@ class program_builder {
     }
     orders_ = &out.orders;
     g_ = &out.graph;
+    out_ = &out;
+    notes_ = opt_.notes && opt_.detail == granularity::kernel;
 
     intern_names();
     build_templates();
@@ -391,6 +444,10 @@ class program_builder {
       for (int r = 0; r < world_; ++r) emit_rank(out, r);
     } else {
       for (int s = 0; s < pp_; ++s) emit_rank(out, s * tp_ * dp_);
+    }
+    if (notes_) {
+      out.notes.op_of_task.resize(g_->task_count(), program_notes::none);
+      out.notes.comm_of_task.resize(g_->task_count(), program_notes::none);
     }
   }
 
@@ -413,6 +470,7 @@ class program_builder {
     g.edges.clear();
     g.collectives.clear();
     out.ranks.clear();
+    out.notes = {};
   }
 
  private:
@@ -435,6 +493,8 @@ class program_builder {
   std::int64_t bucket_params_ = 0;
   const std::vector<std::vector<pipeline::op>>* orders_ = nullptr;
   graph::task_graph* g_ = nullptr;
+  program* out_ = nullptr;
+  bool notes_ = false;
 
   // ---- names ----
   string_id n_unnamed_ = 0;
@@ -481,6 +541,7 @@ class program_builder {
       time_ns lead;  ///< launch edge, relative to the start of its dispatch
     };
     std::vector<pending_launch> launches;  ///< batched (pass granularity)
+    std::vector<graph::task_id> cpu_tasks;  ///< its CPU tasks in order (with notes)
   };
 
   // ===================================================================================== names
@@ -526,6 +587,12 @@ class program_builder {
     return false;
   }
 
+  std::uint32_t note_op(const model::op_cost& o) {
+    if (!notes_) return program_notes::none;
+    out_->notes.ops.push_back(o);
+    return static_cast<std::uint32_t>(out_->notes.ops.size() - 1);
+  }
+
   item compute_item(const model::op_cost& o) {
     if (!opt_.names) {
       item i;
@@ -533,6 +600,8 @@ class program_builder {
       i.kernels = o.kernels;
       i.cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
       i.name = n_unnamed_;
+      i.op = note_op(o);
+      i.recompute = o.recompute;
       return i;
     }
     std::string name(o.name);
@@ -549,12 +618,15 @@ class program_builder {
     i.kernels = o.kernels;
     i.cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
     i.name = intern(name);
+    i.op = note_op(o);
+    i.recompute = o.recompute;
     return i;
   }
 
-  item comm_item(std::string_view name, model::collective c, std::int64_t bytes) {
+  item comm_item(std::string_view name, model::collective c, std::int64_t bytes, std::int64_t element_bytes = 0) {
     item i;
     i.comm = true;
+    i.element_bytes = element_bytes > 0 ? element_bytes : static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
     i.name = opt_.names ? intern(name) : n_unnamed_;
     i.kind = c;
     i.bytes = bytes;
@@ -569,7 +641,7 @@ class program_builder {
   // weight-gradient ops.
   enum class hook_phase : std::uint8_t { fwd, dgrad, wgrad };
   struct hook {
-    std::string_view op_a, op_b;  // op names it attaches to (either)
+    model::op_role role;  // the op it attaches to
     hook_phase phase;
     bool after;
     std::string_view collective_name;
@@ -577,22 +649,26 @@ class program_builder {
 
   [[nodiscard]] std::vector<hook> layer_hooks() const {
     if (tp_ <= 1) return {};
+    using R = model::op_role;
     if (!par_.sp) {
-      return {{"attn_out_proj", "", hook_phase::fwd, true, "attn_out_proj_all_reduce"},
-              {"mlp_fc2", "mlp_down", hook_phase::fwd, true, "mlp_out_all_reduce"},
-              {"mlp_fc1", "mlp_gate", hook_phase::dgrad, true, "mlp_in_dgrad_all_reduce"},
-              {"qkv_proj", "", hook_phase::dgrad, true, "qkv_dgrad_all_reduce"}};
+      return {{R::attn_out, hook_phase::fwd, true, "attn_out_proj_all_reduce"},
+              {R::mlp_out, hook_phase::fwd, true, "mlp_out_all_reduce"},
+              {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_all_reduce"},
+              {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_all_reduce"}};
     }
-    return {{"qkv_proj", "", hook_phase::fwd, false, "qkv_input_all_gather"},
-            {"attn_out_proj", "", hook_phase::fwd, true, "attn_out_proj_reduce_scatter"},
-            {"mlp_fc1", "mlp_gate", hook_phase::fwd, false, "mlp_input_all_gather"},
-            {"mlp_fc2", "mlp_down", hook_phase::fwd, true, "mlp_out_reduce_scatter"},
-            {"mlp_fc2", "mlp_down", hook_phase::dgrad, false, "mlp_out_grad_all_gather"},
-            {"mlp_fc1", "mlp_up", hook_phase::wgrad, false, "mlp_input_regather"},
-            {"mlp_fc1", "mlp_gate", hook_phase::dgrad, true, "mlp_in_dgrad_reduce_scatter"},
-            {"attn_out_proj", "", hook_phase::dgrad, false, "attn_out_proj_grad_all_gather"},
-            {"qkv_proj", "", hook_phase::wgrad, false, "qkv_input_regather"},
-            {"qkv_proj", "", hook_phase::dgrad, true, "qkv_dgrad_reduce_scatter"}};
+    // The input re-gather precedes the first weight-gradient GEMM of the MLP input in backward
+    // order: fc1, or the up GEMM of a gated MLP (backward runs down, act, up, gate).
+    const R first_input_wgrad = m_.mlp == model::mlp_kind::gelu ? R::mlp_in : R::mlp_up;
+    return {{R::qkv, hook_phase::fwd, false, "qkv_input_all_gather"},
+            {R::attn_out, hook_phase::fwd, true, "attn_out_proj_reduce_scatter"},
+            {R::mlp_in, hook_phase::fwd, false, "mlp_input_all_gather"},
+            {R::mlp_out, hook_phase::fwd, true, "mlp_out_reduce_scatter"},
+            {R::mlp_out, hook_phase::dgrad, false, "mlp_out_grad_all_gather"},
+            {first_input_wgrad, hook_phase::wgrad, false, "mlp_input_regather"},
+            {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_reduce_scatter"},
+            {R::attn_out, hook_phase::dgrad, false, "attn_out_proj_grad_all_gather"},
+            {R::qkv, hook_phase::wgrad, false, "qkv_input_regather"},
+            {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_reduce_scatter"}};
   }
 
   [[nodiscard]] static hook_phase phase_of(const model::op_cost& o) noexcept {
@@ -605,8 +681,7 @@ class program_builder {
     const auto hooks = layer_hooks();
     auto emit_hooks = [&](const model::op_cost& o, bool after) {
       for (const hook& h : hooks) {
-        if (h.after != after || h.phase != phase_of(o)) continue;
-        if (o.name != h.op_a && (h.op_b.empty() || o.name != h.op_b)) continue;
+        if (h.after != after || h.phase != phase_of(o) || o.role != h.role) continue;
         for (const auto& c : collectives) {
           if (c.name == h.collective_name) out.push_back(comm_item(c.name, c.kind, c.bytes));
         }
@@ -627,11 +702,11 @@ class program_builder {
     for (const model::op_cost& o : ops.ops) {
       if (!in_pass(o, pk)) continue;
       const hook_phase ph = phase_of(o);
-      if (tp_ > 1 && par_.sp && o.name == "word_embedding" && ph == hook_phase::wgrad) {
+      if (tp_ > 1 && par_.sp && o.role == model::op_role::word_embedding && ph == hook_phase::wgrad) {
         out.push_back(comm_item("embedding_grad_all_gather", model::collective::all_gather, B));
       }
       out.push_back(compute_item(o));
-      if (tp_ > 1 && o.name == "word_embedding" && ph == hook_phase::fwd) {
+      if (tp_ > 1 && o.role == model::op_role::word_embedding && ph == hook_phase::fwd) {
         out.push_back(par_.sp ? comm_item("embedding_reduce_scatter", model::collective::reduce_scatter, B)
                               : comm_item("embedding_all_reduce", model::collective::all_reduce, B));
       }
@@ -644,19 +719,19 @@ class program_builder {
     for (const model::op_cost& o : ops.ops) {
       if (!in_pass(o, pk)) continue;
       const hook_phase ph = phase_of(o);
-      if (tp_ > 1 && par_.sp && o.name == "logits") {
+      if (tp_ > 1 && par_.sp && o.role == model::op_role::logits) {
         if (ph == hook_phase::fwd) out.push_back(comm_item("final_norm_all_gather", model::collective::all_gather, B));
         if (ph == hook_phase::wgrad) out.push_back(comm_item("logits_input_regather", model::collective::all_gather, B));
       }
       out.push_back(compute_item(o));
-      if (tp_ > 1 && o.name == "cross_entropy" && ph == hook_phase::fwd) {
+      if (tp_ > 1 && o.role == model::op_role::cross_entropy && ph == hook_phase::fwd) {
         // max, target logit and sum of exponentials: three fp32 all-reduces over the tokens
         for (const char* n : {"cross_entropy_max_all_reduce", "cross_entropy_target_all_reduce",
                               "cross_entropy_sum_all_reduce"}) {
-          out.push_back(comm_item(n, model::collective::all_reduce, loss_bytes));
+          out.push_back(comm_item(n, model::collective::all_reduce, loss_bytes, 4));
         }
       }
-      if (tp_ > 1 && o.name == "logits" && ph == hook_phase::dgrad) {
+      if (tp_ > 1 && o.role == model::op_role::logits && ph == hook_phase::dgrad) {
         out.push_back(par_.sp ? comm_item("logits_dgrad_reduce_scatter", model::collective::reduce_scatter, B)
                               : comm_item("logits_dgrad_all_reduce", model::collective::all_reduce, B));
       }
@@ -835,11 +910,13 @@ class program_builder {
     gs.ready = true;
     switch (type) {
       case group_type::tp:
+        gs.type = comm_group::tp;
         gs.name = "tp." + std::to_string(a) + "." + std::to_string(b);
         for (int t = 0; t < tp_; ++t) gs.ranks.push_back(global_rank(a, b * tp_ + t));
         gs.participants = opt_.unfold ? tp_ : 1;
         break;
       case group_type::dp:
+        gs.type = comm_group::dp;
         gs.name = "dp." + std::to_string(a) + "." + std::to_string(b);
         for (int d = 0; d < dp_; ++d) gs.ranks.push_back(global_rank(a, d * tp_ + b));
         gs.participants = opt_.unfold ? dp_ : 1;
@@ -847,6 +924,7 @@ class program_builder {
       case group_type::act:
       case group_type::grad: {
         const int to = (a + 1) % pp_;
+        gs.type = comm_group::pp;
         gs.name = std::string(type == group_type::act ? "pp.fwd." : "pp.bwd.") + std::to_string(a) + "-" +
                   std::to_string(to) + "." + std::to_string(b);
         if (type == group_type::act) {
@@ -858,6 +936,7 @@ class program_builder {
         break;
       }
       case group_type::norm:
+        gs.type = par_.zero_stage >= 1 ? comm_group::world : comm_group::model_parallel;
         if (par_.zero_stage >= 1) {
           gs.name = "world";
           for (int r = 0; r < world_; ++r) gs.ranks.push_back(r);
@@ -871,6 +950,7 @@ class program_builder {
         }
         break;
       case group_type::embd:
+        gs.type = comm_group::embedding;
         gs.name = "embd." + std::to_string(a);
         gs.ranks = {global_rank(0, a), global_rank(pp_ - 1, a)};
         gs.participants = 2;
@@ -914,6 +994,22 @@ class program_builder {
     }
     const graph::task_id l = add(rs.info.cpu, graph::task_kind::cpu, cpu, n_launch_, rs.info.rank);
     g_->add_edge(l, gpu_task, lead, graph::edge_kind::launch, false, true);
+    if (notes_) rs.cpu_tasks.push_back(l);
+  }
+
+  // ---- notes (kernel-level traces) ----
+
+  static void note_task(std::vector<std::uint32_t>& v, graph::task_id t, std::uint32_t value) {
+    if (v.size() <= t) v.resize(static_cast<std::size_t>(t) + 1, program_notes::none);
+    v[t] = value;
+  }
+
+  [[nodiscard]] std::size_t span_mark(const rank_state& rs) const { return rs.cpu_tasks.size(); }
+
+  // The CPU tasks of `rs` created since `mark` as one span.
+  void span_close(const rank_state& rs, span_kind kind, int index, std::size_t mark) {
+    if (!notes_ || rs.cpu_tasks.size() <= mark) return;
+    out_->notes.spans.push_back({rs.info.rank, kind, index, rs.cpu_tasks[mark], rs.cpu_tasks.back()});
   }
 
   // One CPU task for the batched launches, as long as all of them; each GPU task's launch edge is
@@ -923,6 +1019,7 @@ class program_builder {
     time_ns total = 0;
     for (const auto& l : rs.launches) total += l.cpu;
     const graph::task_id cpu = add(rs.info.cpu, graph::task_kind::cpu, total, n_launch_, rs.info.rank);
+    if (notes_) rs.cpu_tasks.push_back(cpu);
     time_ns before = 0;
     for (const auto& l : rs.launches) {
       g_->add_edge(cpu, l.gpu, before + l.lead, graph::edge_kind::launch, false, true);
@@ -938,6 +1035,7 @@ class program_builder {
     flush_launches(rs);
     const graph::task_id w = add(rs.info.cpu, graph::task_kind::cpu, 0, n_host_sync_, rs.info.rank);
     g_->add_edge(gpu_task, w, 0, graph::edge_kind::sync);
+    if (notes_) rs.cpu_tasks.push_back(w), out_->notes.host_syncs.push_back(w);
   }
 
   struct collective_tasks {
@@ -948,7 +1046,7 @@ class program_builder {
   // One participant's share of a collective of group `gs` (its `seq`-th), on `stream_id`.
   collective_tasks collective(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::int64_t& seq,
                               std::string_view kind, std::int64_t bytes, time_ns duration, string_id name,
-                              std::int32_t kernels = 1, time_ns cpu = -1, time_ns lead = -1) {
+                              std::int32_t kernels = 1, time_ns cpu = -1, time_ns lead = -1, std::int64_t element_bytes = 2) {
     collective_tasks c;
     if (stream_id == rs.info.compute) {
       c.arrive = on_compute(rs, graph::task_kind::comm_arrive, 0, name);
@@ -959,6 +1057,12 @@ class program_builder {
     c.complete = add(stream_id, graph::task_kind::comm_complete, duration, name, rs.info.rank);
     if (cpu < 0) cpu = collective_cpu_ * kernels;
     launched(rs, c.arrive, cpu, lead < 0 ? cpu : lead);
+    if (notes_) {
+      out_->notes.comms.push_back({gs.type, element_bytes});
+      const auto idx = static_cast<std::uint32_t>(out_->notes.comms.size() - 1);
+      note_task(out_->notes.comm_of_task, c.arrive, idx);
+      note_task(out_->notes.comm_of_task, c.complete, idx);
+    }
     const auto k = static_cast<std::size_t>(seq++);
     graph::task_id join = graph::no_task;
     if (gs.participants > 1) {
@@ -999,27 +1103,45 @@ class program_builder {
   // ---- compute-stream items ----
 
   // `cpu`: host time of its dispatch; `lead`: its launch edge from the dispatch's start.
-  void emit_compute(rank_state& rs, time_ns d, time_ns cpu, time_ns lead, string_id name) {
+  void emit_compute(rank_state& rs, time_ns d, time_ns cpu, time_ns lead, string_id name,
+                    std::uint32_t op = program_notes::none) {
     const graph::task_id t = on_compute(rs, graph::task_kind::gpu_compute, d, name);
     launched(rs, t, cpu, lead);
     rs.last_compute = t;
+    if (notes_ && op != program_notes::none) note_task(out_->notes.op_of_task, t, op);
   }
 
   void emit_tp_collective(rank_state& rs, std::string_view kind, std::int64_t bytes, time_ns d, string_id name,
-                          std::int32_t kernels, time_ns cpu, time_ns lead) {
+                          std::int32_t kernels, time_ns cpu, time_ns lead, std::int64_t element_bytes = 2) {
     group_state& gs = group(group_type::tp, rs.info.stage, rs.info.dp_index);
-    const collective_tasks c = collective(rs, rs.info.compute, gs, rs.seq_tp, kind, bytes, d, name, kernels, cpu, lead);
+    const collective_tasks c =
+        collective(rs, rs.info.compute, gs, rs.seq_tp, kind, bytes, d, name, kernels, cpu, lead, element_bytes);
     rs.last_compute = c.complete;
   }
 
-  void emit_items(rank_state& rs, const std::vector<item>& items) {
+  // `layer` >= 0: the items are transformer layer `layer` of its chunk, in a `forward` pass or
+  // not (then its recomputed forward ops, if any, form a span of their own).
+  void emit_items(rank_state& rs, const std::vector<item>& items, int layer = -1, bool forward = false) {
+    const std::size_t mark = span_mark(rs);
+    std::size_t recompute_mark = 0;
+    bool in_recompute = false;
     for (const item& i : items) {
+      if (layer >= 0 && !forward && i.recompute != in_recompute && !i.comm) {
+        if (i.recompute) {
+          recompute_mark = span_mark(rs);
+        } else {
+          span_close(rs, span_kind::layer_recompute, layer, recompute_mark);
+        }
+        in_recompute = i.recompute;
+      }
       if (i.comm) {
-        emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu);
+        emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu, i.element_bytes);
       } else {
-        emit_compute(rs, i.duration, i.cpu, i.cpu, i.name);
+        emit_compute(rs, i.duration, i.cpu, i.cpu, i.name, i.op);
       }
     }
+    if (in_recompute) span_close(rs, span_kind::layer_recompute, layer, recompute_mark);
+    if (layer >= 0 && forward) span_close(rs, span_kind::layer, layer, mark);
   }
 
   // A run of items as (at most) one compute task then one coalesced TP collective: the host time
@@ -1064,11 +1186,16 @@ class program_builder {
     }
     segments_of(pk, first, last, segments_scratch_);
     std::size_t next_bucket = 0;
+    // Layers of the chunk in model order (backward passes run them last first).
+    int layers_seen = 0;
     for (std::size_t si = 0; si < segments_scratch_.size(); ++si) {
       const segment& seg = segments_scratch_[si];
       const graph::task_id before = rs.last_compute;
       if (opt_.detail == granularity::kernel) {
-        emit_items(rs, *seg.items);
+        const bool is_layer = seg.items == &layer_items_[k];
+        const int layer = !is_layer ? -1 : pk == pass_kind::forward ? layers_seen : layers_per_chunk_ - 1 - layers_seen;
+        layers_seen += is_layer ? 1 : 0;
+        emit_items(rs, *seg.items, layer, pk == pass_kind::forward);
       } else {
         totals t;
         t.add(*seg.items);
@@ -1114,7 +1241,8 @@ class program_builder {
     const model::collective kind = par_.zero_stage >= 1 ? model::collective::reduce_scatter : model::collective::all_reduce;
     const time_ns d = comm_.collective_time({kind, bytes, gs.placement}, hw_);
     const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_dp, collective_kind_name(kind), bytes, d,
-                                          par_.zero_stage >= 1 ? n_grad_rs_ : n_grad_ar_);
+                                          par_.zero_stage >= 1 ? n_grad_rs_ : n_grad_ar_, 1, -1, -1,
+                                          static_cast<std::int64_t>(opt_.grad_reduce_bytes));
     if (after != graph::no_task) g_->add_edge(after, c.arrive, 0, graph::edge_kind::dependency);
     rs.last_dp = c.complete;
   }
@@ -1124,7 +1252,8 @@ class program_builder {
     group_state& gs = group(group_type::dp, rs.info.stage, rs.info.tp_index);
     const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.param_gather_bytes);
     const time_ns d = comm_.collective_time({model::collective::all_gather, bytes, gs.placement}, hw_);
-    const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_dp, "allgather", bytes, d, n_param_ag_);
+    const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_dp, "allgather", bytes, d, n_param_ag_, 1, -1, -1,
+                                          static_cast<std::int64_t>(opt_.param_gather_bytes));
     if (after != graph::no_task) g_->add_edge(after, c.arrive, 0, graph::edge_kind::dependency);
     rs.last_dp = c.complete;
     return c;
@@ -1140,7 +1269,31 @@ class program_builder {
 
   bool in_pipeline_ = false;
 
+  // The end of a traced iteration: the host waits for every stream of the rank (Megatron reads the
+  // loss back; a profiler step ends on the host), so a faster GPU shortens the step. Zero long at
+  // the device's completion: the timeline is unchanged.
+  void final_device_sync(rank_state& rs, graph::task_id rank_first) {
+    flush_launches(rs);
+    std::vector<std::pair<graph::processor_id, graph::task_id>> last;
+    for (graph::task_id t = rank_first; t < g_->task_count(); ++t) {
+      const graph::processor_id p = g_->processor[t];
+      if (g_->processors[p].kind != graph::processor_kind::gpu_stream || g_->rank[t] != rs.info.rank) continue;
+      auto it = std::find_if(last.begin(), last.end(), [&](const auto& x) { return x.first == p; });
+      if (it == last.end()) {
+        last.emplace_back(p, t);
+      } else {
+        it->second = t;
+      }
+    }
+    if (last.empty()) return;
+    const graph::task_id w = add(rs.info.cpu, graph::task_kind::cpu, 0, n_host_sync_, rs.info.rank);
+    for (const auto& [p, t] : last) g_->add_edge(t, w, 0, graph::edge_kind::sync);
+    rs.cpu_tasks.push_back(w);
+    out_->notes.host_syncs.push_back(w);
+  }
+
   void emit_rank(program& out, int rank) {
+    const graph::task_id rank_first = g_->task_count();
     rank_state rs;
     simulated_rank& r = rs.info;
     r.rank = rank;
@@ -1210,7 +1363,9 @@ class program_builder {
         prefetched = {};
       }
       const bool bucketed = final_grad[i] != 0 && opt_.overlap_grad_reduce && par_.zero_stage <= 1 && dp_ > 1;
+      const std::size_t pass_mark = span_mark(rs);
       emit_pass(rs, pass_of(o), first, last, bucketed ? &buckets_[first][last] : nullptr);
+      span_close(rs, o.kind == pipeline::op_kind::forward ? span_kind::forward : span_kind::backward, o.micro_batch, pass_mark);
       const graph::task_id done = rs.last_compute;
       // Send the output if another stage consumes it.
       const int vs = o.chunk * pp_ + s;
@@ -1252,6 +1407,7 @@ class program_builder {
     // Tied embeddings across stages: the first and last stage add their gradients.
     if (opt_.forward_only) {
       flush_launches(rs);
+      if (notes_) final_device_sync(rs, rank_first);
       out.ranks.push_back(r);
       return;
     }
@@ -1259,7 +1415,8 @@ class program_builder {
       group_state& gs = group(group_type::embd, col, 0);
       const auto bytes = static_cast<std::int64_t>(static_cast<double>(m_.vocab * m_.hidden / tp_) * opt_.grad_reduce_bytes);
       const time_ns d = comm_.collective_time({model::collective::all_reduce, bytes, gs.placement}, hw_);
-      const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_embd, "allreduce", bytes, d, n_embd_ar_);
+      const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_embd, "allreduce", bytes, d, n_embd_ar_, 1, -1, -1,
+                                            static_cast<std::int64_t>(opt_.grad_reduce_bytes));
       g_->add_edge(r.pipeline_last, c.arrive, 0, graph::edge_kind::dependency);
       rs.last_dp = c.complete;
     }
@@ -1268,25 +1425,26 @@ class program_builder {
     // Optimizer: local gradient norm, its all-reduce, the Adam step.
     const model::op_list& opt_ops = optimizer_[static_cast<std::size_t>(s)];
     graph::task_id step = graph::no_task;
+    const std::size_t optimizer_mark = span_mark(rs);
     for (const model::op_cost& o : opt_ops.ops) {
       const time_ns cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
-      emit_compute(rs, o.duration, cpu, cpu, intern(o.name));
+      emit_compute(rs, o.duration, cpu, cpu, intern(o.name), note_op(o));
       step = rs.last_compute;
-      if (o.name == "loss_scale_found_inf") {
+      if (o.role == model::op_role::found_inf) {
         // found_inf is all-reduced over the model-parallel group, then read by the host.
         group_state& gs = group(group_type::norm, r.dp_index, 0);
         if (gs.ranks.size() > 1) {
           const time_ns d = comm_.collective_time({model::collective::all_reduce, 4, gs.placement}, hw_);
-          const collective_tasks c = collective(rs, r.compute, gs, rs.seq_norm, "allreduce", 4, d, n_norm_ar_);
+          const collective_tasks c = collective(rs, r.compute, gs, rs.seq_norm, "allreduce", 4, d, n_norm_ar_, 1, -1, -1, 4);
           rs.last_compute = c.complete;
         }
         if (opt_.loss_scale_host_sync) host_wait(rs, rs.last_compute);
       }
-      if (o.name == "grad_norm") {
+      if (o.role == model::op_role::grad_norm) {
         group_state& gs = group(group_type::norm, r.dp_index, 0);
         if (gs.ranks.size() > 1) {
           const time_ns d = comm_.collective_time({model::collective::all_reduce, 4, gs.placement}, hw_);
-          const collective_tasks c = collective(rs, r.compute, gs, rs.seq_norm, "allreduce", 4, d, n_norm_ar_);
+          const collective_tasks c = collective(rs, r.compute, gs, rs.seq_norm, "allreduce", 4, d, n_norm_ar_, 1, -1, -1, 4);
           rs.last_compute = c.complete;
         }
       }
@@ -1306,6 +1464,8 @@ class program_builder {
       }
     }
     flush_launches(rs);
+    span_close(rs, span_kind::optimizer, 0, optimizer_mark);
+    if (notes_) final_device_sync(rs, rank_first);
     out.ranks.push_back(r);
   }
 };

@@ -218,7 +218,11 @@ inline constexpr std::uint32_t no_event = ~std::uint32_t{0};
   const std::string l = lower(name);
   if (l.find("bf16") != std::string::npos || l.find("bfloat16") != std::string::npos) return "bf16";
   if (l.find("e4m3") != std::string::npos || l.find("e5m2") != std::string::npos || l.find("fp8") != std::string::npos) return "fp8";
-  if (l.find("f16") != std::string::npos || l.find("half") != std::string::npos || l.find("h1688") != std::string::npos) return "fp16";
+  // cuBLAS writes fp16 as "f16" (sm90_xmma_gemm_f16f16_…) or "fp16" (ampere_fp16_s16816gemm_fp16_…).
+  if (l.find("f16") != std::string::npos || l.find("fp16") != std::string::npos || l.find("half") != std::string::npos ||
+      l.find("h1688") != std::string::npos) {
+    return "fp16";
+  }
   if (l.find("tf32") != std::string::npos) return "tf32";
   if (l.find("f32") != std::string::npos || l.find("sgemm") != std::string::npos || l.find("float") != std::string::npos) return "fp32";
   return {};
@@ -515,6 +519,48 @@ struct rank_work {
     const trace::rank_trace& t = job.ranks[ri];
     auto& rs = out.ranks[ri];
     auto& w = work[ri];
+    // The launches of a pass that can repeat per layer: communication on another stream than the
+    // pass's compute (data-parallel gradient buckets launched between layers, ZeRO prefetches)
+    // is left out, or it would break the period of the layers it sits between.
+    auto periodic = [&](const std::vector<std::size_t>& idx) {
+      std::map<std::int64_t, std::size_t> compute_streams;
+      for (const std::size_t li : idx) {
+        if (!w.launches[li].comm) ++compute_streams[t.events[w.launches[li].op].stream];
+      }
+      std::int64_t main_stream = -1;
+      std::size_t most = 0;
+      for (const auto& [st, n] : compute_streams) {
+        if (n > most) most = n, main_stream = st;
+      }
+      std::vector<std::size_t> kept;
+      kept.reserve(idx.size());
+      for (const std::size_t li : idx) {
+        if (w.launches[li].comm && most > 0 && t.events[w.launches[li].op].stream != main_stream) continue;
+        kept.push_back(li);
+      }
+      return kept;
+    };
+    // The block of `ids`' kernel names repeated back to back (`times` times when given).
+    auto period_of = [&](const std::vector<std::size_t>& ids, std::size_t times) {
+      std::vector<std::uint32_t> seq;
+      seq.reserve(ids.size());
+      for (const std::size_t li : ids) seq.push_back(t.events[w.launches[li].op].name);
+      return detail::find_period(seq, options.min_period, std::min(options.max_period, seq.size() / 2), times);
+    };
+    auto has_attention = [&](const std::vector<std::size_t>& ids, const detail::periodic_run& run) {
+      bool attention = false;
+      for (std::size_t k = run.start; run.found() && k < run.start + run.period; ++k) {
+        const auto& l = w.launches[ids[k]];
+        attention = attention || detail::is_attention_kernel(t.name(t.events[l.op]));
+        if (l.shape_op != no_event) {
+          const auto gs = detail::gemm_of(t.name(t.events[l.shape_op]),
+                                          detail::parse_dims(t.arg_text(l.shape_op, trace::arg_key::input_dims)));
+          attention = attention || (gs && (gs->kind == detail::gemm_shape::role::attention ||
+                                           (gs->kind == detail::gemm_shape::role::batched && gs->m == gs->n)));
+        }
+      }
+      return attention;
+    };
     std::optional<int> forward_layers;
     for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
       auto& p = rs.passes[pi];
@@ -535,30 +581,25 @@ struct rank_work {
                           "' scopes enclosing the launches";
         by_annotation = true;
       } else {
-        std::vector<std::uint32_t> seq;
-        for (const std::size_t li : idx) seq.push_back(t.events[w.launches[li].op].name);
-        const auto run = detail::find_period(seq, options.min_period, std::min(options.max_period, seq.size() / 2));
-        bool attention = false;
-        if (run.found()) {
-          for (std::size_t k = run.start; k < run.start + run.period; ++k) {
-            const auto& l = w.launches[idx[k]];
-            attention = attention || detail::is_attention_kernel(t.name(t.events[l.op]));
-            if (l.shape_op != no_event) {
-              const auto gs = detail::gemm_of(t.name(t.events[l.shape_op]),
-                                              detail::parse_dims(t.arg_text(l.shape_op, trace::arg_key::input_dims)));
-              attention = attention || (gs && (gs->kind == detail::gemm_shape::role::attention ||
-                                               (gs->kind == detail::gemm_shape::role::batched && gs->m == gs->n)));
-            }
-          }
+        // Every launch first; then without the communication on other streams, which can break
+        // the period (gradient buckets) but is per-layer in some traces (a TP all-reduce stream).
+        std::vector<std::size_t> kept = idx;
+        auto run = period_of(kept, 0);
+        bool attention = has_attention(kept, run);
+        if (!(run.found() && attention)) {
+          std::vector<std::size_t> alt = periodic(idx);
+          const auto alt_run = alt.size() != kept.size() ? period_of(alt, 0) : detail::periodic_run{};
+          if (alt_run.found() && has_attention(alt, alt_run)) kept = std::move(alt), run = alt_run, attention = true;
         }
+        const std::size_t seq_size = kept.size();
         if (run.found() && attention) {
           for (std::size_t k = run.start; k < run.start + run.covered(); ++k) {
-            w.launches[idx[k]].layer = static_cast<int>((k - run.start) / run.period);
+            w.launches[kept[k]].layer = static_cast<int>((k - run.start) / run.period);
           }
           p.layers.value = static_cast<int>(run.repetitions);
           p.layers.source = "a block of " + std::to_string(run.period) + " GPU ops (with attention) repeated " +
                             std::to_string(run.repetitions) + " times from op " + std::to_string(run.start) + " of " +
-                            std::to_string(seq.size()) + " in the pass";
+                            std::to_string(seq_size) + " in the pass";
           by_period = true;
           if (period_example.empty()) period_example = "rank " + std::to_string(rs.rank) + ": " + p.layers.source;
         } else if (run.found()) {
@@ -593,10 +634,13 @@ struct rank_work {
       for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
         auto& p = rs.passes[pi];
         if (p.op.kind != pipeline::op_kind::backward) continue;
-        auto& idx = w.pass_launches[pi];
-        std::vector<std::uint32_t> seq;
-        for (const std::size_t li : idx) seq.push_back(t.events[w.launches[li].op].name);
-        const auto run = detail::find_period(seq, options.min_period, std::min(options.max_period, seq.size() / 2), L);
+        std::vector<std::size_t> idx = w.pass_launches[pi];
+        auto run = period_of(idx, L);
+        if (!run.found()) {
+          std::vector<std::size_t> alt = periodic(idx);
+          const auto alt_run = alt.size() != idx.size() ? period_of(alt, L) : detail::periodic_run{};
+          if (alt_run.found()) idx = std::move(alt), run = alt_run;
+        }
         p.layers.flag = "--layers";
         if (!run.found()) {
           p.layers.source = "no block repeated " + std::to_string(L) + " times in the backward pass: its layers are not delimited";
@@ -919,11 +963,16 @@ struct rank_work {
     process_group g;
     std::map<std::string, std::map<int, std::size_t>> counts;  // "kind in phase" → rank → count
     std::set<std::string> kinds_phase;
+    // Backward/optimizer all-reduces and reduce-scatters: the largest recorded message
+    // (elements) and whether any has none recorded.
+    std::int64_t grad_elements = 0;
+    bool grad_size_unknown = false;
   };
   std::map<std::string, group_acc> groups;
   struct dp_op {
     std::string kind;
     std::int64_t elements;
+    std::string group;  // key into `groups`
   };
   std::map<int, std::vector<dp_op>> grad_ops;  // rank → DP collectives in backward/optimizer
   for (std::size_t ri = 0; ri < nr; ++ri) {
@@ -982,7 +1031,11 @@ struct rank_work {
         std::int64_t el = 0;
         if (const auto v = t.arg(src, trace::arg_key::in_msg_nelems)) el = *v;
         else if (l.instance >= 0) el = g.collectives[static_cast<std::size_t>(l.instance)].bytes;
-        grad_ops[t.rank].push_back({kind, el});
+        grad_ops[t.rank].push_back({kind, el, key});
+        if (kind != "allgather") {
+          acc.grad_elements = std::max(acc.grad_elements, el);
+          acc.grad_size_unknown = acc.grad_size_unknown || el <= 0;
+        }
       }
     }
   }
@@ -1034,11 +1087,22 @@ struct rank_work {
       pg.roles.push_back({r, std::move(why), ""});
     };
     if (key == "unmatched") continue;
+    // A recorded description says what the group is (Megatron names every group: a gradient-norm
+    // all-reduce over MODEL_PARALLEL_GROUP or a TP all-reduce in backward is no DP reduction);
+    // roles are inferred from where its collectives run only when it has none (PyTorch writes
+    // "undefined" for groups created without one).
+    if (!d.empty() && d != "undefined" && d != "default_pg") {
+      if (pg.size.value && *pg.size.value == *par.world.value && *par.world.value > 1) add_role(group_role::world, "spans every rank of the world");
+      continue;
+    }
     for (const char* k : {"allreduce", "allgather", "reducescatter"}) {
       if (has(k, phase_kind::forward)) add_role(group_role::tp, std::string(k) + " inside forward passes (activations)");
     }
+    // Gradients are buckets of parameters; an all-reduce of a few scalars after the backward (a
+    // gradient norm, a loss, a found-inf flag) is not a gradient reduction.
+    const bool gradient_sized = acc.grad_size_unknown || acc.grad_elements > 1024;
     for (const char* k : {"allreduce", "reducescatter"}) {
-      if (has(k, phase_kind::backward) || has(k, phase_kind::optimizer)) {
+      if ((has(k, phase_kind::backward) || has(k, phase_kind::optimizer)) && gradient_sized) {
         add_role(group_role::dp, std::string(k) + " in the backward/optimizer phase (gradients)");
       }
     }
@@ -1046,6 +1110,30 @@ struct rank_work {
       if (has("alltoall", ph)) add_role(group_role::ep, "all-to-all (experts in MoE; embedding shards in recommender models)");
     }
     if (pg.size.value && *pg.size.value == *par.world.value && *par.world.value > 1) add_role(group_role::world, "spans every rank of the world");
+  }
+  // Gradient reductions are the backward/optimizer collectives of DP groups (all of them when
+  // no group is known to be DP, e.g. unmatched ops).
+  {
+    std::set<std::string> dp_groups;
+    for (const auto& [key, acc] : groups) {
+      for (const auto& role : acc.g.roles) {
+        if (role.value == group_role::dp) dp_groups.insert(key);
+      }
+    }
+    if (!dp_groups.empty()) {
+      for (auto& [r, ops] : grad_ops) std::erase_if(ops, [&](const dp_op& o) { return dp_groups.count(o.group) == 0; });
+      std::erase_if(grad_ops, [](const auto& kv) { return kv.second.empty(); });
+    } else {
+      // No DP group: collectives of groups whose description names another role are no
+      // gradient reductions either.
+      for (auto& [r, ops] : grad_ops) {
+        std::erase_if(ops, [&](const dp_op& o) {
+          const auto it = groups.find(o.group);
+          return it != groups.end() && !it->second.g.description.empty() && it->second.g.description != "undefined";
+        });
+      }
+      std::erase_if(grad_ops, [](const auto& kv) { return kv.second.empty(); });
+    }
   }
   for (auto& [key, acc] : groups) out.groups.push_back(std::move(acc.g));
 

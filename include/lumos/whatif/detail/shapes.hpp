@@ -110,8 +110,12 @@ struct layer_shapes {
 [[nodiscard]] inline layer_shapes read_layer(const std::vector<gemm_shape>& gemms) {
   layer_shapes s;
   std::vector<const gemm_shape*> linear;
+  std::size_t linear_before_attention = 0;  // linear GEMMs launched before the attention core
+  bool attention_seen = false;
   for (const auto& g : gemms) {
     if (g.kind == gemm_shape::role::linear) linear.push_back(&g);
+    const bool core = g.kind == gemm_shape::role::attention || (g.kind == gemm_shape::role::batched && g.m == g.n);
+    if (core && !attention_seen) attention_seen = true, linear_before_attention = linear.size();
   }
   if (linear.empty()) {
     s.why_hidden = s.why_ffn = "no aten::mm/addmm with recorded shapes in the layer";
@@ -145,8 +149,19 @@ struct layer_shapes {
     for (std::size_t i = 0; i < linear.size(); ++i) {
       if (linear[i]->n == s.hidden && linear[i]->m == s.tokens) writers.push_back(i);
     }
+    // The output projection is the first writer after the attention core: FC1 writes the hidden
+    // width too when FFN / TP = hidden (4h with TP 4), so "the writer before FC2" would be FC1.
+    std::size_t proj_at = writers.size() >= 2 ? writers.size() - 2 : 0;
+    if (attention_seen) {
+      for (std::size_t w = 0; w + 1 < writers.size(); ++w) {
+        if (writers[w] >= linear_before_attention) {
+          proj_at = w;
+          break;
+        }
+      }
+    }
     if (writers.size() >= 2) {
-      const std::size_t proj = writers[writers.size() - 2], fc2 = writers.back();
+      const std::size_t proj = writers[proj_at], fc2 = writers.back();
       s.attn_local = linear[proj]->k;
       s.ffn_local = linear[fc2]->k;
       std::int64_t fc1 = 0;

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Generates the validation section of docs/whatif.md (between the whatif-validation markers).
+
+Self-consistency of the trace-driven what-if on synthetic jobs: for each case, configuration A is
+written as kernel-level traces (`lumos synth --detail kernel`), `lumos whatif` rewrites them to
+configuration B, and the prediction is compared with B simulated directly (`lumos synth` of B
+with the same detail, replayed by `lumos replay`, which reproduces `synth`'s own simulation).
+A what-if flag that `lumos whatif` does not accept yet gives the row "not built yet".
+
+    scripts/whatif_tables.py [--lumos build/release/examples/lumos] [--doc docs/whatif.md] [--print]
+
+Deterministic: the same binary gives the same section.
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+
+# Configuration A of every case (small enough that the script runs in well under a minute, large
+# enough that GEMMs dominate as in a real job): GPT-style, 8 layers, hidden 2048, 16 heads,
+# sequence 2048, TP 2, PP 2, DP 2, 8 micro-batches of 1 per replica, H100, bf16.
+BASE = {
+    "--layers": "8", "--hidden": "2048", "--heads": "16", "--seq": "2048",
+    "--tp": "2", "--pp": "2", "--dp": "2", "--micro-batch": "1", "--global-batch": "16",
+    "--gpu": "h100-sxm", "--precision": "bf16",
+}
+
+# (name, changes of A relative to BASE, what-if flags = changes from A to B). B = A + flags,
+# except that a whatif flag that is not a synth flag (none so far) would need mapping.
+CASES = [
+    ("DP ×2", {}, {"--dp": "4", "--global-batch": "32"}),
+    ("DP ×4", {}, {"--dp": "8", "--global-batch": "64"}),
+    ("PP 2→4", {}, {"--pp": "4"}),
+    ("PP 4→2", {"--pp": "4"}, {"--pp": "2"}),
+    ("1F1B → interleaved (2 chunks)", {}, {"--vp": "2", "--schedule": "interleaved"}),
+    ("1F1B → ZB-H1", {}, {"--schedule": "zb-h1"}),
+    ("layers ×2", {}, {"--layers": "16"}),
+    ("layers ×0.5", {}, {"--layers": "4"}),
+    ("hidden ×2 (FFN 4h)", {}, {"--hidden": "4096", "--ffn": "16384"}),
+    ("sequence ×2", {}, {"--seq": "4096"}),
+    ("micro-batch ×2 (same global batch)", {}, {"--micro-batch": "2"}),
+    ("TP 2→4", {}, {"--tp": "4"}),
+    ("TP 4→2", {"--tp": "4"}, {"--tp": "2"}),
+    ("H100 → H200", {}, {"--gpu": "h200-sxm"}),
+    ("layers ×2 on H200", {}, {"--layers": "16", "--gpu": "h200-sxm"}),
+    ("PP 2→4 with DP ×2", {}, {"--pp": "4", "--dp": "4", "--global-batch": "32"}),
+]
+
+TARGET = 3.0  # percent
+
+
+def flags(d):
+    out = []
+    for k, v in d.items():
+        out += [k, v]
+    return out
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def synth(lumos, conf, out):
+    r = run([lumos, "synth"] + flags(conf) + ["--detail", "kernel", "--unfold", "--out", out])
+    if r.returncode != 0:
+        raise SystemExit("lumos synth failed: " + " ".join(flags(conf)) + "\n" + r.stderr)
+
+
+def replay_ns(lumos, path):
+    r = run([lumos, "replay", path, "--json"])
+    if r.returncode != 0:
+        raise SystemExit("lumos replay failed on " + path + "\n" + r.stderr)
+    return json.loads(r.stdout)["job"]["simulated_ns"]
+
+
+def ms(ns):
+    return "%.3f" % (ns / 1e6)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lumos", default="build/release/examples/lumos", help="the lumos binary")
+    ap.add_argument("--doc", default="docs/whatif.md", help="the document whose section is replaced")
+    ap.add_argument("--print", action="store_true", help="print the section instead of writing the document")
+    args = ap.parse_args()
+    lumos = os.path.abspath(args.lumos)
+    if not os.access(lumos, os.X_OK):
+        raise SystemExit(lumos + ": not an executable (build it: cmake --build build/release --target lumos)")
+
+    rows = []
+    within = built = 0
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="lumos-whatif-tables-") as tmp:
+        made = {}
+
+        def traces(conf):
+            key = tuple(sorted(conf.items()))
+            if key not in made:
+                d = os.path.join(tmp, "job%d" % len(made))
+                synth(lumos, conf, d)
+                made[key] = (d, replay_ns(lumos, d))
+            return made[key]
+
+        for name, a_changes, change in CASES:
+            a = dict(BASE, **a_changes)
+            b = dict(a, **change)
+            a_dir, base_ns = traces(a)
+            _, direct_ns = traces(b)
+            cmd = [lumos, "whatif", a_dir] + flags(change) + ["--json"]
+            r = run(cmd)
+            shown = " ".join(shlex.quote(x) for x in flags(change))
+            a_text = "A" if not a_changes else "A with " + " ".join(flags(a_changes))
+            if r.returncode != 0:
+                first = (r.stderr.strip().splitlines() or ["(no message)"])[0]
+                first = re.sub(r"/[^ ]*lumos-whatif-tables-[^ /]*/", "", first)
+                rows.append("| %s | %s | `%s` | %s | not built yet (exit %d: %s) | %s | | |" %
+                            (name, a_text, shown, ms(base_ns), r.returncode, first.replace("|", "\\|"), ms(direct_ns)))
+                continue
+            built += 1
+            pred_ns = json.loads(r.stdout)["predicted"]["iteration_ns"]
+            err = 100.0 * (pred_ns - direct_ns) / direct_ns
+            ok = abs(err) <= TARGET
+            within += ok
+            errors.append(abs(err))
+            rows.append("| %s | %s | `%s` | %s | %s | %s | %+.2f %% | %s |" %
+                        (name, a_text, shown, ms(base_ns), ms(pred_ns), ms(direct_ns), err, "yes" if ok else "**no**"))
+
+    base_text = " ".join(flags(BASE))
+    lines = [
+        "Generated by `scripts/whatif_tables.py` (do not edit by hand; run `python3 scripts/whatif_tables.py`",
+        "after building `lumos`). Configuration A: `lumos synth %s --detail kernel --unfold`" % base_text,
+        "(GPT-style, FFN 4h, vocabulary 51200; one trace file per rank, 8 ranks). For each case: baseline = `lumos replay` of A's",
+        "traces; predicted = `lumos whatif A_DIR FLAGS --json`; direct = `lumos synth` of B (A with FLAGS) with the same",
+        "detail, replayed; error = (predicted − direct) / direct. Times are the iteration in ms.",
+        "",
+        "| case | from | what-if flags | baseline | predicted | direct | error | ≤ %g %% |" % TARGET,
+        "|---|---|---|---:|---:|---:|---:|:---:|",
+    ] + rows + [
+        "",
+        "%d of %d cases built; %d within %g %%%s." % (
+            built, len(CASES), within, TARGET,
+            ("; mean |error| %.2f %%" % (sum(errors) / len(errors))) if errors else ""),
+    ]
+    section = "\n".join(lines) + "\n"
+    if args.print:
+        sys.stdout.write(section)
+        return
+    with open(args.doc, encoding="utf-8") as f:
+        doc = f.read()
+    begin = re.search(r"<!-- whatif-validation:begin[^>]*-->\n", doc)
+    end = doc.find("<!-- whatif-validation:end -->")
+    if begin is None or end < 0 or end < begin.end():
+        raise SystemExit(args.doc + ": no <!-- whatif-validation:begin ... --> / <!-- whatif-validation:end --> markers")
+    doc = doc[:begin.end()] + section + doc[end:]
+    with open(args.doc, "w", encoding="utf-8") as f:
+        f.write(doc)
+    sys.stdout.write(section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+// lumos synth --detail kernel: the traces of a modelled job look enough like a Megatron-LM /
+// PyTorch eager trace that structure discovery recovers, from them alone, every fact of the
+// configuration they were made from; and they still replay to the prediction.
+#include "../unit/test_support.hpp"
+
+#include <lumos/graph/compile.hpp>
+#include <lumos/graph/trace_builder.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/report/trace_files.hpp>
+#include <lumos/report/trace_writer.hpp>
+#include <lumos/sim/replay.hpp>
+#include <lumos/synth/kernel_trace.hpp>
+#include <lumos/synth/program.hpp>
+#include <lumos/trace/job.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <numeric>
+#include <string>
+
+using namespace lumos;
+
+namespace {
+
+struct config {
+  const char* preset;
+  int layers;
+  std::int64_t hidden, heads, seq;
+  int tp, pp, dp, vp;
+  std::int64_t micro_batch, global_batch;
+  const char* schedule;
+  const char* gpu;
+  model::precision dtype = model::precision::bf16;
+  bool sp = false;
+  model::recompute_kind recompute = model::recompute_kind::none;
+  model::attention_impl attention = model::attention_impl::flash;
+  bool unfold = false;
+};
+
+synth::job job_of(const config& c) {
+  synth::job j;
+  j.model = model::model_preset(c.preset);
+  j.model.layers = c.layers;
+  if (c.hidden > 0) {
+    j.model.hidden = c.hidden;
+    j.model.ffn = 4 * c.hidden;
+    j.model.heads = j.model.kv_heads = c.heads;
+  }
+  j.model.seq = c.seq;
+  j.hardware = model::hardware_preset(c.gpu);
+  j.parallel.tp = c.tp;
+  j.parallel.pp = c.pp;
+  j.parallel.dp = c.dp;
+  j.parallel.vp = c.vp;
+  j.parallel.sp = c.sp;
+  j.parallel.recompute = c.recompute;
+  j.parallel.dtype = c.dtype;
+  j.parallel.micro_batch = c.micro_batch;
+  j.parallel.global_batch = c.global_batch;
+  j.parallel.schedule = c.schedule;
+  j.parallel.zero_stage = 1;  // Megatron's distributed optimizer, as `lumos synth`
+  return j;
+}
+
+struct written {
+  time_ns makespan = 0;
+};
+
+// What `lumos synth --detail kernel` does: the kernel-level cost model of the GPU's profile, one
+// task per kernel with notes, simulated, written with the kernel-level decorations.
+written synthesise(const config& c, const std::filesystem::path& dir) {
+  const synth::job j = job_of(c);
+  model::cost_profile profile = model::profile_preset(j.hardware.name);
+  profile.attention = c.attention;
+  synth::program_options opt;
+  opt.unfold = c.unfold;
+  opt.notes = true;
+  opt.launch_cost = static_cast<time_ns>(profile.cpu_launch_ns);
+  opt.collective_cpu = static_cast<time_ns>(profile.cpu_collective_ns);
+  const synth::program prog = synth::build_program(j, opt, model::kernel_level{profile}, model::nccl_model{profile});
+  const graph::compiled_graph compiled = graph::compile(prog.graph);
+  const sim::record_timeline timeline = sim::replay(compiled);
+  const report::trace_decorations deco =
+      synth::kernel_trace_decorations(prog, j, static_cast<time_ns>(profile.cpu_launch_ns));
+  report::simulated_job sj;
+  sj.graph = &prog.graph;
+  sj.simulated = {&timeline.start, &timeline.finish, &compiled};
+  sj.world_size = static_cast<int>(prog.world_size);
+  sj.device_name = j.hardware.name;
+  sj.decorations = &deco;
+  std::vector<int> ranks;
+  for (const auto& r : prog.ranks) ranks.push_back(r.rank);
+  (void)report::write_kineto(sj, ranks, dir);
+  time_ns end = 0;
+  for (const time_ns f : timeline.finish) end = std::max(end, f);
+  return {end};
+}
+
+}  // namespace
+
+TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level job", "[synth][kernel_trace][structure]") {
+  using model::precision;
+  using model::recompute_kind;
+  const config configs[] = {
+      // 1F1B with every kind of parallelism
+      {"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm"},
+      // interleaved 1F1B, two chunks, micro-batch 2
+      {"gpt3-15b", 8, 1024, 16, 512, 2, 2, 1, 2, 2, 16, "interleaved", "h100-sxm"},
+      // GPipe over four stages, fp16 on A100 (cuBLAS names fp16 'ampere_fp16_s16816gemm_fp16')
+      {"gpt3-15b", 4, 1024, 16, 512, 1, 4, 1, 1, 1, 8, "gpipe", "a100-sxm-80gb", precision::fp16},
+      // no pipeline, TP 4 with FFN / TP = hidden (FC1 writes the hidden width too)
+      {"gpt3-15b", 2, 1024, 16, 1024, 4, 1, 2, 1, 1, 4, "1f1b", "h100-sxm"},
+      // sequence parallelism, full recomputation, Megatron's unfused attention, every rank
+      {"gpt3-15b", 4, 1024, 16, 512, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm", precision::bf16, true, recompute_kind::full,
+       model::attention_impl::unfused, true},
+      // a gated-MLP, grouped-query model
+      {"llama3-8b", 2, 0, 0, 512, 2, 2, 2, 1, 1, 8, "1f1b", "h200-sxm"},
+  };
+  for (const config& c : configs) {
+    const synth::job j = job_of(c);
+    INFO(c.preset << " layers " << c.layers << " tp" << c.tp << " pp" << c.pp << " dp" << c.dp << " vp" << c.vp << " "
+                  << c.schedule << " " << c.gpu);
+    lumos_test::temp_dir dir;
+    (void)synthesise(c, dir.path());
+    const trace::job read = trace::load_job({dir.path()});
+    const graph::built_job built = graph::build_graph(read);
+    const whatif::job_structure st = whatif::discover_structure(read, built);
+    for (const auto& n : st.notes) UNSCOPED_INFO("note: " << n);
+
+    const auto& par = st.parallel;
+    const int world = c.tp * c.pp * c.dp;
+    CHECK(par.world.value == world);
+    CHECK(par.tp.value == c.tp);
+    CHECK(par.pp.value == c.pp);
+    CHECK(par.dp.value == c.dp);
+    CHECK(par.ep.value == 1);
+    const std::string schedule = c.schedule;
+    const auto want = schedule == "gpipe"       ? pipeline::schedule_kind::gpipe
+                      : schedule == "interleaved" ? pipeline::schedule_kind::interleaved_one_f_one_b
+                                                  : pipeline::schedule_kind::one_f_one_b;
+    CHECK(par.schedule.value == want);
+    CHECK(par.chunks.value == c.vp);
+    CHECK(par.micro_batches.value == c.global_batch / (c.micro_batch * c.dp));
+
+    const auto& md = st.model;
+    CHECK(st.layers_method.value == std::string("module annotations"));
+    CHECK(md.layers.value == c.layers);
+    CHECK(md.hidden.value == j.model.hidden);
+    CHECK(md.ffn.value == j.model.ffn);
+    CHECK(md.heads.value == j.model.heads);
+    CHECK(md.head_dim.value == j.model.hidden / j.model.heads);
+    CHECK(md.seq.value == c.seq);
+    CHECK(md.micro_batch_size.value == c.micro_batch);
+    CHECK(md.dtype.value == std::string(c.dtype == precision::fp16 ? "fp16" : "bf16"));
+
+    // ZeRO-1: gradients reduce-scattered in buckets, parameters all-gathered after the step; the
+    // buckets of stage 0 hold its parameters (per tensor-parallel rank), fp32 elements counted.
+    const auto& gr = st.gradients;
+    if (c.dp > 1) {
+      CHECK(gr.method.value == std::string("reduce-scatter + all-gather"));
+      REQUIRE(gr.bucket_elements.known());
+      const auto& el = *gr.bucket_elements.value;
+      CHECK(gr.buckets.value == static_cast<int>(el.size()));
+      const std::int64_t params = std::accumulate(el.begin(), el.end(), std::int64_t{0});
+      CHECK(params == model::stage_parameters_per_rank(j.model, j.parallel, 0));
+      // Megatron's bucket size: max(40e6, 1e6·dp) parameters; each chunk's last bucket takes the rest.
+      const auto buckets_per_chunk = static_cast<std::size_t>(c.vp);
+      CHECK(el.size() >= buckets_per_chunk);
+      std::size_t small = 0;
+      for (const auto e : el) small += e < 40'000'000 ? 1 : 0;
+      CHECK(small <= buckets_per_chunk);
+    } else {
+      CHECK_FALSE(gr.method.known());
+    }
+    // Every pass of every rank is cut into its layers, backward passes included (the last
+    // backward pass of a chunk launches gradient buckets between its layers): the layer task
+    // groups the --layers what-if copies. Backward layers are found by periodicity, which needs
+    // two layers or more per chunk (with one, only the forward's annotation delimits it).
+    const std::int64_t m = c.global_batch / (c.micro_batch * c.dp);
+    const std::size_t passes_per_rank = static_cast<std::size_t>(2 * m * c.vp);
+    const std::size_t layers_per_chunk = static_cast<std::size_t>(c.layers / (c.pp * c.vp));
+    const std::size_t delimited_passes = layers_per_chunk >= 2 ? passes_per_rank : passes_per_rank / 2;
+    CHECK(st.layer_groups.size() == read.ranks.size() * delimited_passes * layers_per_chunk);
+    // Groups: one per role, named by their description.
+    for (const auto& g : st.groups) {
+      for (const auto& role : g.roles) {
+        if (role.value == whatif::group_role::tp) CHECK(g.size.value == c.tp);
+        if (role.value == whatif::group_role::dp) CHECK(g.size.value == c.dp);
+      }
+    }
+  }
+}
+
+TEST_CASE("kernel-level synthesised traces replay to the prediction", "[synth][kernel_trace][roundtrip]") {
+  const config configs[] = {
+      {"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm"},
+      {"gpt3-15b", 8, 1024, 16, 512, 2, 2, 1, 2, 1, 8, "interleaved", "h100-sxm"},
+      {"gpt3-15b", 4, 1024, 16, 512, 2, 2, 1, 1, 1, 8, "zb-h1", "h100-sxm"},
+      {"gpt3-15b", 4, 1024, 16, 512, 2, 2, 2, 1, 1, 8, "1f1b", "a100-sxm-80gb", model::precision::fp16, true,
+       model::recompute_kind::full, model::attention_impl::unfused, true},
+  };
+  for (const config& c : configs) {
+    INFO(c.schedule << " tp" << c.tp << " pp" << c.pp << " dp" << c.dp << " " << c.gpu << (c.unfold ? " unfolded" : ""));
+    lumos_test::temp_dir dir;
+    const written w = synthesise(c, dir.path());
+    const trace::job read = trace::load_job({dir.path()});
+    const auto replay = report::replay_job(read);
+    CHECK(replay.built.stats.cross_stream_unresolved == 0);
+    CHECK(replay.built.stats.ops_without_launch == 0);
+    // One blocking device synchronize per rank ends the iteration.
+    CHECK(replay.built.stats.blocking_calls >= read.ranks.size());
+    CHECK(replay.simulated_ns == w.makespan);
+  }
+}
+
+TEST_CASE("a faster GPU shortens a synthesised kernel-level step", "[synth][kernel_trace]") {
+  // The step ends on a device synchronize, so halving every GPU op's time shortens it (a step that
+  // ended at a fixed host time would not move).
+  const config c{"gpt3-15b", 4, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"};
+  lumos_test::temp_dir dir;
+  const written w = synthesise(c, dir.path());
+  const trace::job read = trace::load_job({dir.path()});
+  report::replay_options fast;
+  fast.scales.compute = 0.5;
+  const auto base = report::replay_job(read);
+  const auto faster = report::replay_job(read, fast);
+  CHECK(base.simulated_ns == w.makespan);
+  CHECK(faster.simulated_ns < base.simulated_ns);
+}
