@@ -4,6 +4,7 @@
 //              [--micro-batch N] [--tp N] [--step N] [--scale ...]... [--json] [--trace-out DIR]
 
 #include "cli.hpp"
+#include "inspect.hpp"
 #include "replay.hpp"
 
 #include <lumos/core/json_writer.hpp>
@@ -42,20 +43,43 @@ inline constexpr std::string_view whatif_usage =
     "  --dp N              N data-parallel replicas: the gradient collectives resized with a latency +\n"
     "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
     "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica\n"
-    "  --global-batch N    global batch in micro-batches (default: kept when it divides over --dp, else\n"
-    "                      the per-replica batch is kept); with PP, the micro-batches per replica change\n"
+    "  --global-batch N    global batch in sequences, as for predict (default: kept when it divides over --dp,\n"
+    "                      else the per-replica batch is kept); with PP, the micro-batches per replica change\n"
     "  --pp N, --vp N      pipeline stages and model chunks per stage (layers must divide over them)\n"
     "  --schedule NAME     gpipe, 1f1b, interleaved or zb-h1: a pass-level model of the new pipeline (each\n"
     "                      pass one task per stage, its replayed layer costs, the trace's own p2p latency)\n"
     "                      added as a difference to the replay; prints the stages and the bubble\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
-    "  --json              {\"baseline\":{...},\"predicted\":{...},\"changes\":[...],\"shape\":{...}}\n"
+    "  --json              {\"baseline\":{...},\"predicted\":{\"iteration_ns\",\"breakdown\",\"bubble_fraction\",\n"
+    "                      \"memory_bytes_per_gpu\",\"ranks\":[...]},\"changes\":[...],\"shape\":{...},\"structure\":{...}}\n"
     "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
     "                      `lumos replay` reads back and replays to the same prediction\n"
     "  --report FILE       the HTML report of the prediction, with the baseline beside it\n";
 
-inline void session_json(json_writer& w, const report::replay_session& s) {
-  w.begin_object().field("iteration_ns", s.simulated_ns).field("measured_ns", s.measured_ns);
+// One replay of the what-if: the job's iteration and the breakdown of its slowest rank (the one
+// that sets the iteration), then every rank.
+inline void session_json(json_writer& w, const report::replay_session& s, time_ns iteration, const whatif::shape_figures* figures,
+                         const std::optional<double>& bubble, const std::string& bubble_source) {
+  w.begin_object().field("iteration_ns", iteration).field("measured_ns", s.measured_ns);
+  const report::rank_replay* slowest = nullptr;
+  for (const auto& r : s.ranks) {
+    if (slowest == nullptr || r.simulated_ns > slowest->simulated_ns) slowest = &r;
+  }
+  if (slowest != nullptr) {
+    w.field("slowest_rank", slowest->rank).key("breakdown");
+    breakdown_json(w, slowest->simulated.split);
+  }
+  if (bubble) {
+    w.field("bubble_fraction", *bubble);
+  } else {
+    w.key("bubble_fraction").null();
+  }
+  w.field("bubble_source", bubble_source);
+  if (figures != nullptr) {
+    w.field("memory_bytes_per_gpu", figures->memory_bytes_per_gpu);
+  } else {
+    w.key("memory_bytes_per_gpu").null();
+  }
   w.key("ranks").begin_array();
   for (const auto& r : s.ranks) {
     w.begin_object().field("rank", r.rank).field("step", r.step).field("iteration_ns", r.simulated_ns);
@@ -214,15 +238,25 @@ inline int run_whatif(args& a) {
     json_writer w(out);
     w.begin_object();
     w.key("baseline");
-    session_json(w, r.baseline);
+    const std::optional<double> base_bubble =
+        r.pipeline ? std::optional<double>(r.pipeline->baseline.bubble_fraction) : std::nullopt;
+    session_json(w, r.baseline, r.baseline.simulated_ns, r.shape ? &r.shape->baseline : nullptr, base_bubble,
+                 r.pipeline ? "pass-level pipeline model of the traces' configuration" : "see predicted");
     w.key("predicted");
-    session_json(w, r.predicted);
+    session_json(w, r.predicted, r.predicted.simulated_ns, r.shape ? &r.shape->predicted : nullptr, r.bubble_fraction, r.bubble_source);
     w.field("speedup", r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
     w.key("changes").begin_array();
     for (const auto& c : r.changes) w.value(c);
     w.end_array();
     if (r.shape) shape_json(w, *r.shape);
     if (r.pipeline) pipeline_json(w, *r.pipeline);
+    if (r.structure) {
+      std::string st;
+      structure_json(*r.structure, false, st);
+      w.key("structure").raw(st);
+    } else {
+      w.key("structure").null();
+    }
     if (trace_out) {
       w.key("trace_out").begin_array();
       for (const auto& f : written) w.value(f.string());

@@ -33,7 +33,8 @@ struct whatif_options {
   /// sentence for the report.
   std::vector<repeat_group> groups;
   std::string groups_change;
-  /// Data-parallel replicas (whatif/data_parallel.hpp) and the global batch in micro-batches.
+  /// Data-parallel replicas (whatif/data_parallel.hpp) and the global batch in sequences (as
+  /// `lumos predict --global-batch`), counted in micro-batches of the traces' size.
   std::optional<int> dp;
   std::optional<std::int64_t> global_batch;
   /// Pipeline stages, chunks and schedule (whatif/pipeline.hpp).
@@ -51,6 +52,13 @@ struct whatif_result {
   /// replay it is anchored on (the traces' stages with any DP change).
   std::optional<pipeline_prediction> pipeline;
   std::optional<shape_summary> shape;  ///< when the traces' model shape is known and a shape or layer change was asked
+  /// What structure discovery found in the traces (`lumos inspect --structure`).
+  std::optional<job_structure> structure;
+  /// Pipeline bubble of the prediction: the pass-level model's (whatif/pipeline.hpp) when the
+  /// pipeline changed or the traces have stages (the model of the rewritten graph's own passes),
+  /// 0 without pipeline parallelism; unset when the traces' schedule is not known.
+  std::optional<double> bubble_fraction;
+  std::string bubble_source;
 };
 
 /// Applies `edited` to a built job: the graph is replaced and every map follows its tasks.
@@ -135,7 +143,18 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       const auto& par = structure->parallel;
       if (d.from != d.to || o.global_batch) {
         const int m = par.micro_batches.value.value_or(1);
-        const micro_batch_plan mp = plan_micro_batches(m, d.from, d.to, o.global_batch);
+        std::optional<std::int64_t> global_micro_batches;
+        if (o.global_batch) {
+          const auto& mbs = structure->model.micro_batch_size;
+          const std::int64_t sequences = mbs.value.value_or(1);
+          if (*o.global_batch % sequences != 0) {
+            throw error("whatif --global-batch " + std::to_string(*o.global_batch) + ": not a multiple of the traces' micro-batch size " +
+                        std::to_string(sequences));
+          }
+          global_micro_batches = *o.global_batch / sequences;
+          if (!mbs.known()) out.changes.push_back("--global-batch counted in micro-batches of 1 sequence: the traces' micro-batch size is not known (" + mbs.source + ")");
+        }
+        const micro_batch_plan mp = plan_micro_batches(m, d.from, d.to, global_micro_batches);
         if (mp.micro_batches != m && par.pp.value.value_or(1) > 1) {
           micro_batches = mp.micro_batches;
           out.changes.push_back("micro-batches per replica " + std::to_string(m) + " -> " + std::to_string(mp.micro_batches) + ": " + mp.why);
@@ -145,6 +164,23 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
         } else {
           out.changes.push_back("micro-batches per replica: " + mp.why);
         }
+      }
+    }
+    if (shape_from && shape_to && shape_to->micro_batch != shape_from->micro_batch && structure->parallel.micro_batches.known()) {
+      // Sequences per micro-batch changed: the global batch stays, so the count of micro-batches
+      // per replica changes inversely (as `lumos predict --micro-batch` with the same --global-batch).
+      const std::int64_t m = micro_batches.value_or(*structure->parallel.micro_batches.value);
+      const std::int64_t sequences = m * shape_from->micro_batch;
+      if (sequences % shape_to->micro_batch != 0) {
+        out.changes.push_back("micro-batch size " + std::to_string(shape_to->micro_batch) + " does not divide the " + std::to_string(sequences) +
+                              " sequences per replica: the count of micro-batches is kept (" + std::to_string(m) + "), the batch grows");
+      } else if (structure->parallel.pp.value.value_or(1) > 1) {
+        micro_batches = static_cast<int>(sequences / shape_to->micro_batch);
+        out.changes.push_back("micro-batches per replica " + std::to_string(m) + " -> " + std::to_string(*micro_batches) + ": the " +
+                              std::to_string(sequences) + " sequences per replica kept at micro-batch size " + std::to_string(shape_to->micro_batch));
+      } else {
+        out.changes.push_back("micro-batches per replica: changing their count without pipeline parallelism is not yet built, so " +
+                              std::to_string(m) + " micro-batches of the new size run (the batch changes with them)");
       }
     }
     if (o.layers && !(pipeline_asked || micro_batches)) {
@@ -181,6 +217,38 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
     out.predicted.simulated_ns = pp.iteration_ns;
     out.pipeline = std::move(pp);
   }
+  if (!structure) {
+    try {
+      structure_options so = o.structure;
+      so.step = o.replay.step;
+      structure = discover_structure(job, out.baseline.built, so);
+    } catch (const error& e) {
+      out.changes.push_back(std::string("structure discovery failed: ") + e.what());
+    }
+  }
+  if (out.pipeline) {
+    out.bubble_fraction = out.pipeline->predicted.bubble_fraction;
+    out.bubble_source = "pass-level pipeline model of the target";
+  } else if (structure && structure->parallel.pp.value.value_or(0) == 1) {
+    out.bubble_fraction = 0.0;
+    out.bubble_source = "no pipeline parallelism";
+  } else if (structure && structure->parallel.pp.known()) {
+    // The pass-level model of the target on the traces' passes. Not on the prediction's graph:
+    // structure discovery's task ids are the unedited graph's, and a layer change renumbers them.
+    try {
+      const auto hw = comm_hardware(job, o.from_gpu).first;
+      pipeline_target t;
+      t.layers = o.layers;
+      const pipeline_prediction model = predict_pipeline(out.baseline.built.graph, out.baseline.simulated_times(), *structure,
+                                                         out.baseline.simulated_ns, t, hw);
+      out.bubble_fraction = model.predicted.bubble_fraction;
+      out.bubble_source = "pass-level pipeline model of the target with the traces' pass costs";
+    } catch (const error& e) {
+      out.bubble_source = e.what();
+    }
+  } else {
+    out.bubble_source = "pipeline stages not known";
+  }
   if (structure && !shape_from) {
     try {
       shape_from = shape_to = traced_shape(*structure);
@@ -193,6 +261,7 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
                           out.predicted.simulated_ns);
     if (!out.shape->memory_warning.empty()) out.changes.push_back(out.shape->memory_warning);
   }
+  out.structure = std::move(structure);
   return out;
 }
 
