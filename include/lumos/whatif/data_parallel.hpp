@@ -8,6 +8,7 @@
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/comm.hpp>
+#include <lumos/model/nccl.hpp>
 #include <lumos/model/hardware.hpp>
 #include <lumos/whatif/structure.hpp>
 
@@ -88,6 +89,7 @@ struct comm_fit {
 struct dp_rewrite_stats {
   int from = 1, to = 1;
   std::size_t collectives = 0;  ///< instances resized
+  std::size_t modelled = 0;     ///< of them, by the profile's NCCL model
   time_ns before = 0, after = 0;  ///< their transfer time, summed over participants
   std::vector<std::string> changes;
 };
@@ -134,8 +136,14 @@ struct micro_batch_plan {
 /// are set to n' (ranks beyond the traced ones are not in the graph: replicas are symmetric).
 /// Identity (n' = n) leaves every duration as it is. Throws when the trace's DP size or DP
 /// collectives are unknown.
+///
+/// With `nccl` and `hw` (the cost profile and machine of the GPU the traces ran on), a sized
+/// collective's ratio is the profile's NCCL model (protocols, hierarchical intra/inter-node
+/// placement, as `lumos synth` and `predict` time it) of the new group over the old one, with
+/// the members TP apart: min(n, gpus_per_node / TP) of them on a node.
 [[nodiscard]] inline dp_rewrite_stats resize_data_parallel(graph::task_graph& g, const job_structure& st, int dp, int gpus_per_node,
-                                                           double inter_over_intra, const std::string& inter_source) {
+                                                           double inter_over_intra, const std::string& inter_source,
+                                                           const model::nccl_model* nccl = nullptr, const model::hardware* hw = nullptr) {
   if (dp <= 0) throw error("whatif --dp: the data-parallel size must be positive (got " + std::to_string(dp) + ")");
   if (!st.parallel.dp.known()) throw error("whatif --dp: the traces' data-parallel size is unknown (" + st.parallel.dp.source + ")");
   dp_rewrite_stats out;
@@ -177,7 +185,17 @@ struct micro_batch_plan {
     const bool crossed_before = n * tp > gpus_per_node, crossed_after = n_new * tp > gpus_per_node;
     const double slower = crossed_after && !crossed_before ? inter_over_intra : 1.0;
     double ratio = 1.0;
-    if (ci.bytes > 0) {
+    if (ci.bytes > 0 && nccl != nullptr && hw != nullptr) {
+      const std::int64_t per_node = std::max<std::int64_t>(1, hw->gpus_per_node / std::max(1, tp));
+      auto placed = [&](std::int64_t members) {
+        const std::int64_t r = std::min(members, per_node);
+        return model::group_placement{members - members % r, r};
+      };
+      const auto t_old = nccl->collective_time({*kind, ci.bytes, placed(n)}, *hw);
+      const auto t_new = nccl->collective_time({*kind, ci.bytes, placed(n_new)}, *hw);
+      ratio = t_old > 0 ? static_cast<double>(t_new) / static_cast<double>(t_old) : 1.0;
+      ++out.modelled;
+    } else if (ci.bytes > 0) {
       if (!fits.count(*kind)) fits.emplace(*kind, fit_collective(g, *kind));
       const comm_fit& f = fits.at(*kind);
       comm_fit after = f;
@@ -202,6 +220,70 @@ struct micro_batch_plan {
     while (static_cast<std::int64_t>(ci.group_ranks.size()) < n_new) ci.group_ranks.push_back(next++);
     if (static_cast<std::int64_t>(ci.group_ranks.size()) > n_new) ci.group_ranks.resize(static_cast<std::size_t>(n_new));
     ++out.collectives;
+  }
+  // Pipeline neighbours are tp·dp ranks apart (Megatron's order: TP innermost, then DP, then
+  // PP), so a larger DP can move a stage's partner onto another node: its transfers then go
+  // over the NIC. Each send/recv between two traced ranks is re-timed by the profile's p2p
+  // model when its pair changes sides of a node boundary.
+  if (nccl != nullptr && hw != nullptr && st.parallel.pp.value.value_or(1) > 1) {
+    const std::int64_t G = hw->gpus_per_node, old_stride = static_cast<std::int64_t>(tp) * out.from,
+                       new_stride = static_cast<std::int64_t>(tp) * dp;
+    std::size_t moved = 0;
+    time_ns p2p_before = 0, p2p_after = 0;
+    auto renumbered = [&](std::int64_t r) { return r / old_stride * new_stride + r % old_stride; };
+    for (auto& ci : g.collectives) {
+      if (ci.bytes <= 0 || ci.group_ranks.size() < 2 || dp_groups.count(ci.group)) continue;
+      const bool p2p = ci.kind == "sendrecv" || ci.kind == "send_recv";
+      const auto kind = collective_of_kind(ci.kind);
+      if (!p2p && !kind) continue;
+      // The members' nodes before and after; a group across stages (the tied embedding's
+      // first and last stage) can leave a node as a pair of neighbours does.
+      std::vector<std::int64_t> nodes_old, nodes_new;
+      for (const int r : ci.group_ranks) {
+        nodes_old.push_back(r / G);
+        nodes_new.push_back(renumbered(r) / G);
+      }
+      auto distinct = [](std::vector<std::int64_t> v) {
+        std::sort(v.begin(), v.end());
+        return static_cast<std::size_t>(std::unique(v.begin(), v.end()) - v.begin());
+      };
+      if (distinct(nodes_old) == distinct(nodes_new)) continue;
+      time_ns t_old = 0, t_new = 0;
+      if (p2p) {
+        if (ci.group_ranks.size() != 2) continue;
+        t_old = nccl->p2p_time({ci.bytes, nodes_old[0] == nodes_old[1]}, *hw);
+        t_new = nccl->p2p_time({ci.bytes, nodes_new[0] == nodes_new[1]}, *hw);
+      } else {
+        try {
+          t_old = nccl->collective_time({*kind, ci.bytes, model::group_placement::from_nodes(nodes_old)}, *hw);
+          t_new = nccl->collective_time({*kind, ci.bytes, model::group_placement::from_nodes(nodes_new)}, *hw);
+        } catch (const error&) {
+          continue;  // uneven placement: not modelled, the measured time stays
+        }
+      }
+      if (t_old <= 0) continue;
+      const double r = static_cast<double>(t_new) / static_cast<double>(t_old);
+      for (const graph::task_id t : ci.complete) {
+        p2p_before += g.duration[t];
+        g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * r));
+        p2p_after += g.duration[t];
+      }
+      ++moved;
+    }
+    if (moved > 0) {
+      char text[320];
+      std::snprintf(text, sizeof text,
+                    "pipeline stages %lld ranks apart instead of %lld: %zu send/recv transfers and cross-stage collectives "
+                    "(tied embedding) change how many nodes they span, re-timed by the profile's NCCL model (%.3f -> %.3f ms)",
+                    static_cast<long long>(new_stride), static_cast<long long>(old_stride), moved, static_cast<double>(p2p_before) / 1e6,
+                    static_cast<double>(p2p_after) / 1e6);
+      out.changes.emplace_back(text);
+    }
+  }
+  if (out.modelled > 0) {
+    out.changes.push_back(std::to_string(out.modelled) + " sized gradient collectives resized by the " + (nccl != nullptr ? nccl->profile.name : std::string()) +
+                          " profile's NCCL model (new group over old, " + std::to_string(std::max(1, hw->gpus_per_node / std::max(1, tp))) +
+                          " members per node), anchored on each measured time");
   }
   if (unsized) {
     out.changes.push_back("the trace records no message size for some gradient collectives: their measured time is scaled by the "

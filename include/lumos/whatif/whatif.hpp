@@ -138,7 +138,15 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
     if (o.dp) {
       const auto [hw, hw_note] = comm_hardware(job, o.from_gpu);
       const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
-      const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, *o.dp, hw.gpus_per_node, ratio, hw_note);
+      // The traced GPU's preset profile times sized collectives as synth and predict do; a GPU
+      // without a preset falls back on the fit of the trace's own collectives.
+      std::optional<model::nccl_model> nccl;
+      try {
+        nccl = model::nccl_model{model::profile_preset(source_gpu(job, o.from_gpu).name)};
+      } catch (const error&) {
+      }
+      const dp_rewrite_stats d =
+          resize_data_parallel(b.graph, *structure, *o.dp, hw.gpus_per_node, ratio, hw_note, nccl ? &*nccl : nullptr, nccl ? &hw : nullptr);
       out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
       const auto& par = structure->parallel;
       if (d.from != d.to || o.global_batch) {
