@@ -128,6 +128,79 @@ struct micro_batch_plan {
   return p;
 }
 
+/// Re-times the transfers whose members change how many nodes they span when the job goes
+/// from TP `tp_old` × DP `dp_old` to `tp_new` × `dp_new` ranks per stage. Megatron numbers
+/// ranks TP innermost, then DP, then PP, so pipeline neighbours are tp·dp apart: a larger stage
+/// can move a stage's partner onto another node, and its transfers then go over the NIC. A
+/// traced rank s·(tp·dp) + d·tp + t becomes s·(tp'·dp') + d·tp' + t. Send/recv pairs and
+/// collectives across stages (the tied embedding's first and last stage) are re-timed by the
+/// profile's NCCL model (p2p: intra- or inter-node link; collectives: hierarchical placement)
+/// when their node count changes, anchored on the measured time; groups whose role is TP or DP
+/// are left to their own rewrites. Returns a sentence for `changes` (empty: nothing moved).
+inline std::string retime_across_nodes(graph::task_graph& g, const job_structure& st, int tp_old, int tp_new, int dp_old, int dp_new,
+                                       const model::nccl_model& nccl, const model::hardware& hw) {
+  if (st.parallel.pp.value.value_or(1) <= 1) return {};
+  std::set<std::string> own_rewrite;
+  for (const auto& pg : st.groups) {
+    for (const auto& r : pg.roles) {
+      if (r.value == group_role::dp || r.value == group_role::tp) own_rewrite.insert(pg.name);
+    }
+  }
+  const std::int64_t G = hw.gpus_per_node, old_stride = static_cast<std::int64_t>(tp_old) * dp_old,
+                     new_stride = static_cast<std::int64_t>(tp_new) * dp_new;
+  auto renumbered = [&](std::int64_t r) {
+    const std::int64_t x = r % old_stride;
+    return r / old_stride * new_stride + x / tp_old * tp_new + x % tp_old;
+  };
+  std::size_t moved = 0;
+  time_ns before = 0, after = 0;
+  for (auto& ci : g.collectives) {
+    if (ci.bytes <= 0 || ci.group_ranks.size() < 2 || own_rewrite.count(ci.group)) continue;
+    const bool p2p = ci.kind == "sendrecv" || ci.kind == "send_recv";
+    const auto kind = collective_of_kind(ci.kind);
+    if (!p2p && !kind) continue;
+    std::vector<std::int64_t> nodes_old, nodes_new;
+    for (const int r : ci.group_ranks) {
+      nodes_old.push_back(r / G);
+      nodes_new.push_back(renumbered(r) / G);
+    }
+    auto distinct = [](std::vector<std::int64_t> v) {
+      std::sort(v.begin(), v.end());
+      return static_cast<std::size_t>(std::unique(v.begin(), v.end()) - v.begin());
+    };
+    if (distinct(nodes_old) == distinct(nodes_new)) continue;
+    time_ns t_old = 0, t_new = 0;
+    if (p2p) {
+      if (ci.group_ranks.size() != 2) continue;
+      t_old = nccl.p2p_time({ci.bytes, nodes_old[0] == nodes_old[1]}, hw);
+      t_new = nccl.p2p_time({ci.bytes, nodes_new[0] == nodes_new[1]}, hw);
+    } else {
+      try {
+        t_old = nccl.collective_time({*kind, ci.bytes, model::group_placement::from_nodes(nodes_old)}, hw);
+        t_new = nccl.collective_time({*kind, ci.bytes, model::group_placement::from_nodes(nodes_new)}, hw);
+      } catch (const error&) {
+        continue;  // uneven placement: not modelled, the measured time stays
+      }
+    }
+    if (t_old <= 0) continue;
+    const double r = static_cast<double>(t_new) / static_cast<double>(t_old);
+    for (const graph::task_id t : ci.complete) {
+      before += g.duration[t];
+      g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * r));
+      after += g.duration[t];
+    }
+    ++moved;
+  }
+  if (moved == 0) return {};
+  char text[400];
+  std::snprintf(text, sizeof text,
+                "pipeline stages %lld ranks apart instead of %lld: %zu send/recv transfers and cross-stage collectives (tied "
+                "embedding) change how many nodes they span, re-timed by the profile's NCCL model (%.3f -> %.3f ms)",
+                static_cast<long long>(new_stride), static_cast<long long>(old_stride), moved, static_cast<double>(before) / 1e6,
+                static_cast<double>(after) / 1e6);
+  return text;
+}
+
 /// Resizes the DP collectives of `g` (instances of a process group whose role is DP) from
 /// `st.parallel.dp` to `dp` replicas: each transfer time t becomes
 /// t · T(n') / T(n), T from the fit of its kind on the trace's own collectives; when n' spans
@@ -221,64 +294,9 @@ struct micro_batch_plan {
     if (static_cast<std::int64_t>(ci.group_ranks.size()) > n_new) ci.group_ranks.resize(static_cast<std::size_t>(n_new));
     ++out.collectives;
   }
-  // Pipeline neighbours are tp·dp ranks apart (Megatron's order: TP innermost, then DP, then
-  // PP), so a larger DP can move a stage's partner onto another node: its transfers then go
-  // over the NIC. Each send/recv between two traced ranks is re-timed by the profile's p2p
-  // model when its pair changes sides of a node boundary.
-  if (nccl != nullptr && hw != nullptr && st.parallel.pp.value.value_or(1) > 1) {
-    const std::int64_t G = hw->gpus_per_node, old_stride = static_cast<std::int64_t>(tp) * out.from,
-                       new_stride = static_cast<std::int64_t>(tp) * dp;
-    std::size_t moved = 0;
-    time_ns p2p_before = 0, p2p_after = 0;
-    auto renumbered = [&](std::int64_t r) { return r / old_stride * new_stride + r % old_stride; };
-    for (auto& ci : g.collectives) {
-      if (ci.bytes <= 0 || ci.group_ranks.size() < 2 || dp_groups.count(ci.group)) continue;
-      const bool p2p = ci.kind == "sendrecv" || ci.kind == "send_recv";
-      const auto kind = collective_of_kind(ci.kind);
-      if (!p2p && !kind) continue;
-      // The members' nodes before and after; a group across stages (the tied embedding's
-      // first and last stage) can leave a node as a pair of neighbours does.
-      std::vector<std::int64_t> nodes_old, nodes_new;
-      for (const int r : ci.group_ranks) {
-        nodes_old.push_back(r / G);
-        nodes_new.push_back(renumbered(r) / G);
-      }
-      auto distinct = [](std::vector<std::int64_t> v) {
-        std::sort(v.begin(), v.end());
-        return static_cast<std::size_t>(std::unique(v.begin(), v.end()) - v.begin());
-      };
-      if (distinct(nodes_old) == distinct(nodes_new)) continue;
-      time_ns t_old = 0, t_new = 0;
-      if (p2p) {
-        if (ci.group_ranks.size() != 2) continue;
-        t_old = nccl->p2p_time({ci.bytes, nodes_old[0] == nodes_old[1]}, *hw);
-        t_new = nccl->p2p_time({ci.bytes, nodes_new[0] == nodes_new[1]}, *hw);
-      } else {
-        try {
-          t_old = nccl->collective_time({*kind, ci.bytes, model::group_placement::from_nodes(nodes_old)}, *hw);
-          t_new = nccl->collective_time({*kind, ci.bytes, model::group_placement::from_nodes(nodes_new)}, *hw);
-        } catch (const error&) {
-          continue;  // uneven placement: not modelled, the measured time stays
-        }
-      }
-      if (t_old <= 0) continue;
-      const double r = static_cast<double>(t_new) / static_cast<double>(t_old);
-      for (const graph::task_id t : ci.complete) {
-        p2p_before += g.duration[t];
-        g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * r));
-        p2p_after += g.duration[t];
-      }
-      ++moved;
-    }
-    if (moved > 0) {
-      char text[320];
-      std::snprintf(text, sizeof text,
-                    "pipeline stages %lld ranks apart instead of %lld: %zu send/recv transfers and cross-stage collectives "
-                    "(tied embedding) change how many nodes they span, re-timed by the profile's NCCL model (%.3f -> %.3f ms)",
-                    static_cast<long long>(new_stride), static_cast<long long>(old_stride), moved, static_cast<double>(p2p_before) / 1e6,
-                    static_cast<double>(p2p_after) / 1e6);
-      out.changes.emplace_back(text);
-    }
+  if (nccl != nullptr && hw != nullptr) {
+    const std::string moved = retime_across_nodes(g, st, tp, tp, out.from, dp, *nccl, *hw);
+    if (!moved.empty()) out.changes.push_back(moved);
   }
   if (out.modelled > 0) {
     out.changes.push_back(std::to_string(out.modelled) + " sized gradient collectives resized by the " + (nccl != nullptr ? nccl->profile.name : std::string()) +

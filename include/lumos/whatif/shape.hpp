@@ -34,7 +34,7 @@
 #include <lumos/model/kernel_costs.hpp>
 #include <lumos/model/memory.hpp>
 #include <lumos/model/profile.hpp>
-#include <lumos/trace/job.hpp>
+#include <lumos/trace/data.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -499,7 +499,13 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       continue;
     }
     ++out.memory;
-    set(t, detail::memory_scaled_ns(d, act_new[c.rank] / act_old[c.rank], min_ns));
+    // Norms work on the residual stream (tokens x hidden, 1/TP of the tokens under SP) wherever
+    // they sit: after a row-parallel GEMM's all-reduce, or in backward after a weight gradient.
+    const std::string lname = detail::lower_ascii(name);
+    const bool norm = lname.find("layer_norm") != std::string::npos || lname.find("layernorm") != std::string::npos ||
+                      lname.find("rms_norm") != std::string::npos || lname.find("rmsnorm") != std::string::npos ||
+                      lname.find("gammabeta") != std::string::npos;
+    set(t, detail::memory_scaled_ns(d, norm ? base_to / base_from : act_new[c.rank] / act_old[c.rank], min_ns));
   }
   return out;
 }

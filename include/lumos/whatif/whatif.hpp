@@ -132,6 +132,16 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
         if (shape_to->tp != shape_from->tp) {
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
           out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
+          // Larger stages move pipeline neighbours (and the tied embedding's stages) apart.
+          try {
+            const model::hardware hw = source_gpu(job, o.from_gpu);
+            const model::nccl_model nccl{model::profile_preset(hw.name)};
+            const int dp = structure->parallel.dp.value.value_or(1);
+            const std::string moved = retime_across_nodes(b.graph, *structure, shape_from->tp, shape_to->tp, dp, dp, nccl, hw);
+            if (!moved.empty()) out.changes.push_back(moved);
+          } catch (const error&) {
+            // no preset for the traced GPU: cross-stage transfers keep their measured time
+          }
         }
       }
     }
