@@ -144,8 +144,8 @@ TEST_CASE("whatif --dp doubles the replicas of a pipeline job: half the micro-ba
   REQUIRE(r.pipeline);
   CHECK(r.pipeline->predicted.shape.micro_batches == 4);
   CHECK(rel(r.predicted.simulated_ns, replayed("pp4_gpipe")) < 0.03);
-  // Global batch 10 micro-batches over 2 replicas: 5 each.
-  o.global_batch = 10;
+  // Global batch 20 sequences (10 micro-batches of the traces' 2) over 2 replicas: 5 each.
+  o.global_batch = 20;
   CHECK(what_if("pp4_1f1b", o).pipeline->predicted.shape.micro_batches == 5);
 }
 

@@ -185,7 +185,15 @@ TEST_CASE("whatif shape: bigger is never faster, and composes with --layers and 
   CHECK(run([](auto& o) { o.shape.hidden = 2048; }) >= t0);
   CHECK(run([](auto& o) { o.shape.ffn = 8192; }) >= t0);
   CHECK(run([](auto& o) { o.shape.seq = 1024; }) >= t0);
-  CHECK(run([](auto& o) { o.shape.micro_batch = 4; }) >= t0);
+  // A larger micro-batch keeps the global batch: 8 micro-batches of 2 sequences become 4 of 4
+  // (through the pipeline model), the same tokens in fewer, larger passes. Never below half the
+  // step: each pass does twice the work of the traced one's (at least as slow per token).
+  whatif::whatif_options mb;
+  mb.shape.micro_batch = 4;
+  const auto larger = whatif::run_whatif(job, mb);
+  REQUIRE(larger.pipeline);
+  CHECK(larger.pipeline->predicted.shape.micro_batches == 4);
+  CHECK(larger.predicted.simulated_ns >= t0 / 2);
   CHECK(run([](auto& o) { o.shape.hidden = 512; }) <= t0);
   const time_ns wide = run([](auto& o) { o.shape.hidden = 4096; });
   CHECK(wide >= run([](auto& o) { o.shape.hidden = 2048; }));
