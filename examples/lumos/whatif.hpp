@@ -5,6 +5,7 @@
 
 #include "cli.hpp"
 #include "inspect.hpp"
+#include "predict.hpp"
 #include "replay.hpp"
 
 #include <lumos/core/json_writer.hpp>
@@ -22,7 +23,7 @@ namespace lumos::cli {
 inline constexpr std::string_view whatif_usage =
     "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]\n"
     "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
-    "                    [--micro-batch N] [--tp N] [--step N] [--scale KIND=F]...\n"
+    "                    [--micro-batch N] [--tp N] [--profile FILE] [--step N] [--scale KIND=F]...\n"
     "                    [--scale op:TEXT=F]... [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
@@ -49,6 +50,8 @@ inline constexpr std::string_view whatif_usage =
     "  --schedule NAME     gpipe, 1f1b, interleaved or zb-h1: a pass-level model of the new pipeline (each\n"
     "                      pass one task per stage, its replayed layer costs, the trace's own p2p latency)\n"
     "                      added as a difference to the replay; prints the stages and the bubble\n"
+    "  --profile FILE      the cluster's cost profile (`lumos calibrate -o FILE`) for the shape, TP and DP\n"
+    "                      rewrites' kernel and NCCL models (default: the preset of the traced GPU)\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
     "  --json              {\"baseline\":{...},\"predicted\":{\"iteration_ns\",\"breakdown\",\"bubble_fraction\",\n"
     "                      \"memory_bytes_per_gpu\",\"ranks\":[...]},\"changes\":[...],\"shape\":{...},\"structure\":{...}}\n"
@@ -185,6 +188,7 @@ inline int run_whatif(args& a) {
     }
   }
   if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
+  if (const auto file = a.option("--profile")) o.profile = read_profile_file(*file);
   for (const auto& [flag, field] : {std::pair{"--hidden", &o.shape.hidden}, std::pair{"--ffn", &o.shape.ffn}, std::pair{"--heads", &o.shape.heads},
                                     std::pair{"--seq", &o.shape.seq}, std::pair{"--micro-batch", &o.shape.micro_batch}}) {
     if (const auto v = a.option(flag)) {

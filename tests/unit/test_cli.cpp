@@ -306,6 +306,40 @@ TEST_CASE("whatif --hidden/--seq/--tp: shape JSON, the traces' own shape is the 
   CHECK(run("whatif " + job + " --hidden x").code == 2);
 }
 
+TEST_CASE("whatif --json has the fields the issue names, and --profile takes a calibrated profile", "[cli][whatif]") {
+  const std::string job = data("whatif/pp2_1f1b");
+  const result r = run("whatif " + job + " --hidden 2048 --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  simdjson::dom::element d = parser.parse(r.out);
+  // predicted: the iteration, the breakdown of the rank that sets it, the bubble, memory per GPU.
+  const std::int64_t iteration = d["predicted"]["iteration_ns"];
+  std::int64_t slowest = 0;
+  for (simdjson::dom::element rank : d["predicted"]["ranks"].get_array()) slowest = std::max(slowest, std::int64_t(rank["iteration_ns"]));
+  CHECK(iteration == slowest);
+  simdjson::dom::object breakdown = d["predicted"]["breakdown"];
+  CHECK(breakdown.size() == 5);
+  const double bubble = d["predicted"]["bubble_fraction"];  // a 2-stage pipeline: the pass-level model's
+  CHECK(bubble > 0.0);
+  CHECK(bubble < 1.0);
+  CHECK(double(d["predicted"]["memory_bytes_per_gpu"]) == double(d["shape"]["predicted"]["memory_bytes_per_gpu"]));
+  CHECK(d["changes"].get_array().size() > 0);
+  // structure: what `lumos inspect --structure --json` prints.
+  const result inspect = run("inspect --structure --json " + job);
+  REQUIRE(inspect.code == 0);
+  simdjson::dom::parser p2;
+  simdjson::dom::element st = p2.parse(inspect.out);
+  CHECK(simdjson::to_string(d["structure"]["parallel"]) == simdjson::to_string(st["parallel"]));
+  CHECK(simdjson::to_string(d["structure"]["model"]) == simdjson::to_string(st["model"]));
+
+  // --profile: a profile calibrated on the job itself is read; a missing one is exit 2.
+  lumos_test::temp_dir dir;
+  const std::string profile = (dir.path() / "profile.json").string();
+  REQUIRE(run("calibrate " + job + " -o " + profile).code == 0);
+  CHECK(run("whatif " + job + " --hidden 2048 --profile " + profile + " --json").code == 0);
+  CHECK(run("whatif " + job + " --hidden 2048 --profile " + (dir.path() / "none.json").string()).code == 2);
+}
+
 TEST_CASE("whatif --pp --schedule --dp: the pipeline section of the JSON, and bad targets exit 2", "[cli][whatif]") {
   const std::string job = data("whatif/pp4_1f1b");
   const result r = run("whatif " + job + " --pp 2 --schedule gpipe --json");

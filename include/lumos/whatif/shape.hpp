@@ -145,8 +145,17 @@ struct shape_costs {
 /// the traces' device name; H100 when neither names a preset, said in `note`) and the dtype of
 /// its GEMM kernels.
 [[nodiscard]] inline shape_costs costs_of(const trace::job& job, const job_structure& st, std::string_view from_gpu,
-                                          std::string* note) {
+                                          std::string* note, const model::cost_profile* profile = nullptr) {
   shape_costs c;
+  if (profile != nullptr) {  // the user's cluster, fitted by `lumos calibrate`
+    c.profile = *profile;
+    c.hw = model::hardware_preset(profile->hardware);
+    const std::string dt = st.model.dtype.value.value_or("bf16");
+    c.dtype = dt == "fp16" ? model::precision::fp16 : dt == "fp8" ? model::precision::fp8 : model::precision::bf16;
+    c.element_bytes = dt == "fp32" || dt == "tf32" ? 4.0 : dt == "fp8" ? 1.0 : 2.0;
+    if (dt == "fp8" && c.hw.gpu.fp8_flops <= 0) c.dtype = model::precision::bf16;
+    return c;
+  }
   std::string preset(from_gpu);
   if (preset.empty()) {
     for (const auto& r : job.ranks) {

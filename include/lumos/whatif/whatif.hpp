@@ -29,6 +29,10 @@ struct whatif_options {
   std::optional<int> layers;
   shape_target shape;  ///< hidden/FFN/heads/sequence/micro-batch/TP of the target (shape.hpp)
   structure_options structure;  ///< facts the user supplies about the traces (`--structure-*`)
+  /// The traced cluster's cost profile (`lumos calibrate`): the kernel model of the shape and TP
+  /// rewrites and the NCCL model of the DP and cross-node re-timing. Unset: the preset of the
+  /// traced GPU.
+  std::optional<model::cost_profile> profile;
   /// Further structural rewrites given in code: groups of tasks repeated or removed, with a
   /// sentence for the report.
   std::vector<repeat_group> groups;
@@ -122,7 +126,7 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       shape_from = traced_shape(*structure);
       shape_to = target_shape(*shape_from, o.shape);
       std::string note;
-      const shape_costs costs = costs_of(job, *structure, o.from_gpu, &note);
+      const shape_costs costs = costs_of(job, *structure, o.from_gpu, &note, o.profile ? &*o.profile : nullptr);
       if (!note.empty()) out.changes.push_back(note);
       if (*shape_from == *shape_to) {
         out.changes.emplace_back("shape: the traces' own (nothing rescaled)");
@@ -134,8 +138,8 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
           out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
           // Larger stages move pipeline neighbours (and the tied embedding's stages) apart.
           try {
-            const model::hardware hw = source_gpu(job, o.from_gpu);
-            const model::nccl_model nccl{model::profile_preset(hw.name)};
+            const model::hardware hw = o.profile ? model::hardware_preset(o.profile->hardware) : source_gpu(job, o.from_gpu);
+            const model::nccl_model nccl{o.profile ? *o.profile : model::profile_preset(hw.name)};
             const int dp = structure->parallel.dp.value.value_or(1);
             const std::string moved = retime_across_nodes(b.graph, *structure, shape_from->tp, shape_to->tp, dp, dp, nccl, hw);
             if (!moved.empty()) out.changes.push_back(moved);
@@ -152,7 +156,7 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       // without a preset falls back on the fit of the trace's own collectives.
       std::optional<model::nccl_model> nccl;
       try {
-        nccl = model::nccl_model{model::profile_preset(source_gpu(job, o.from_gpu).name)};
+        nccl = model::nccl_model{o.profile ? *o.profile : model::profile_preset(source_gpu(job, o.from_gpu).name)};
       } catch (const error&) {
       }
       const dp_rewrite_stats d =
