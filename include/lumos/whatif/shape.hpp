@@ -147,16 +147,7 @@ struct shape_costs {
 [[nodiscard]] inline shape_costs costs_of(const trace::job& job, const job_structure& st, std::string_view from_gpu,
                                           std::string* note, const model::cost_profile* profile = nullptr) {
   shape_costs c;
-  if (profile != nullptr) {  // the user's cluster, fitted by `lumos calibrate`
-    c.profile = *profile;
-    c.hw = model::hardware_preset(profile->hardware);
-    const std::string dt = st.model.dtype.value.value_or("bf16");
-    c.dtype = dt == "fp16" ? model::precision::fp16 : dt == "fp8" ? model::precision::fp8 : model::precision::bf16;
-    c.element_bytes = dt == "fp32" || dt == "tf32" ? 4.0 : dt == "fp8" ? 1.0 : 2.0;
-    if (dt == "fp8" && c.hw.gpu.fp8_flops <= 0) c.dtype = model::precision::bf16;
-    return c;
-  }
-  std::string preset(from_gpu);
+  std::string preset(profile != nullptr ? profile->hardware : std::string(from_gpu));
   if (preset.empty()) {
     for (const auto& r : job.ranks) {
       for (const auto& d : r.devices) {
@@ -170,7 +161,7 @@ struct shape_costs {
           "the traces' GPU names no preset: the shape rescaling uses the h100-sxm cost profile (--from-gpu chooses)";
     preset = "h100-sxm";
   }
-  c.profile = model::profile_preset(preset);
+  c.profile = profile != nullptr ? *profile : model::profile_preset(preset);  // a calibrated cluster, else the preset
   c.hw = model::hardware_preset(preset);
   const std::string dt = st.model.dtype.value.value_or("bf16");
   c.dtype = dt == "fp16" ? model::precision::fp16 : dt == "fp8" ? model::precision::fp8 : model::precision::bf16;

@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,19 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
   }
 }
 
+/// The NCCL model and machine that time collectives of the traced cluster: the user's profile,
+/// else the preset of the traced GPU; none when the GPU has no preset.
+[[nodiscard]] inline std::optional<std::pair<model::nccl_model, model::hardware>> traced_nccl(const trace::job& job,
+                                                                                              const whatif_options& o) {
+  try {
+    model::hardware hw = o.profile ? model::hardware_preset(o.profile->hardware) : source_gpu(job, o.from_gpu);
+    model::nccl_model nccl{o.profile ? *o.profile : model::profile_preset(hw.name)};
+    return std::pair{std::move(nccl), std::move(hw)};
+  } catch (const error&) {
+    return std::nullopt;
+  }
+}
+
 /// Runs the baseline and the what-if of `job`.
 [[nodiscard]] inline whatif_result run_whatif(const trace::job& job, const whatif_options& o) {
   whatif_result out;
@@ -137,14 +151,10 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
           out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
           // Larger stages move pipeline neighbours (and the tied embedding's stages) apart.
-          try {
-            const model::hardware hw = o.profile ? model::hardware_preset(o.profile->hardware) : source_gpu(job, o.from_gpu);
-            const model::nccl_model nccl{o.profile ? *o.profile : model::profile_preset(hw.name)};
+          if (const auto n = traced_nccl(job, o)) {  // without one, cross-stage transfers keep their time
             const int dp = structure->parallel.dp.value.value_or(1);
-            const std::string moved = retime_across_nodes(b.graph, *structure, shape_from->tp, shape_to->tp, dp, dp, nccl, hw);
+            const std::string moved = retime_across_nodes(b.graph, *structure, shape_from->tp, shape_to->tp, dp, dp, n->first, n->second);
             if (!moved.empty()) out.changes.push_back(moved);
-          } catch (const error&) {
-            // no preset for the traced GPU: cross-stage transfers keep their measured time
           }
         }
       }
@@ -154,13 +164,9 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
       // The traced GPU's preset profile times sized collectives as synth and predict do; a GPU
       // without a preset falls back on the fit of the trace's own collectives.
-      std::optional<model::nccl_model> nccl;
-      try {
-        nccl = model::nccl_model{o.profile ? *o.profile : model::profile_preset(source_gpu(job, o.from_gpu).name)};
-      } catch (const error&) {
-      }
-      const dp_rewrite_stats d =
-          resize_data_parallel(b.graph, *structure, *o.dp, hw.gpus_per_node, ratio, hw_note, nccl ? &*nccl : nullptr, nccl ? &hw : nullptr);
+      const auto nccl = traced_nccl(job, o);
+      const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, *o.dp, hw.gpus_per_node, ratio, hw_note,
+                                                      nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr);
       out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
       const auto& par = structure->parallel;
       if (d.from != d.to || o.global_batch) {
