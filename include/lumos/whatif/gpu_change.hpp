@@ -54,8 +54,10 @@ namespace detail {
                       n.find("pageable") != std::string::npos || n.find("pinned") != std::string::npos;
     return host ? op_bound::host_copy : op_bound::memory;
   }
-  static constexpr std::array<std::string_view, 14> compute_marks = {
-      "gemm", "xmma", "cutlass", "cublas", "s16816", "s1688", "hmma", "conv", "wgrad", "dgrad", "flash", "fmha", "attention", "mma_"};
+  // nvjet: cuBLAS's GEMM kernels since CUDA 12.8 (nvjet_sm90_tst_...); sdpa: cuDNN's attention.
+  static constexpr std::array<std::string_view, 16> compute_marks = {
+      "gemm", "xmma", "cutlass", "cublas", "s16816", "s1688", "hmma", "conv", "wgrad", "dgrad", "flash", "fmha", "attention", "mma_",
+      "nvjet", "sdpa"};
   for (const std::string_view m : compute_marks) {
     if (n.find(m) != std::string::npos) return op_bound::compute;
   }

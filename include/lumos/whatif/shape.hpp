@@ -209,6 +209,7 @@ struct shape_stats {
   time_ns before = 0, after = 0;     ///< summed GPU op time
   std::int64_t vocab_local = 0;      ///< V/TP from a logits GEMM, when one was seen
   bool sequence_parallel = false;    ///< reduce-scatters in the forward passes: activations between GEMMs are 1/TP
+  double parameter_ratio = 1.0;      ///< parameters per rank of rank 0, target / traces
 };
 
 /// The key/value heads of a grouped-query QKV GEMM of width `w` per rank (q + 2·kv_heads·d/TP),
@@ -310,11 +311,12 @@ struct shape_stats {
 }
 
 /// Parameters one rank of `stage` holds (model::stage_parameters_per_rank of a GPT-style
-/// transformer with this shape, the traces' layers and stages; `vocab` 0 when unknown).
+/// transformer with this shape, `layers` layers (0: the traces') and the traces' stages; `vocab`
+/// 0 when unknown).
 [[nodiscard]] inline double parameters_per_rank(const shape_config& c, const job_structure& st, int stage,
-                                                std::int64_t vocab, bool gated) {
+                                                std::int64_t vocab, bool gated, int layers = 0) {
   model::transformer m;
-  m.layers = std::max<std::int64_t>(st.model.layers.value.value_or(1), 1);
+  m.layers = std::max<std::int64_t>(layers > 0 ? layers : st.model.layers.value.value_or(1), 1);
   m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
   m.vocab = vocab > 0 ? vocab : 0;
   m.mlp = gated ? model::mlp_kind::swiglu : model::mlp_kind::gelu;
@@ -326,11 +328,13 @@ struct shape_stats {
 }
 
 /// Rescales every GPU op of the iteration in `b` from shape `from` to `to` (see the header
-/// comment). `st` must be `discover_structure(job, b)` of the unedited graph. Deterministic;
-/// O(GPU ops).
+/// comment). `st` must be `discover_structure(job, b)` of the unedited graph. `layers_to` (0: the
+/// traces' layers) is the target's layer count for the parameter-proportional work (optimizer,
+/// gradient collectives): the layer what-if copies the layers' own work but not this. With
+/// `from == to` only that work changes. Deterministic; O(GPU ops).
 inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, const job_structure& st,
                                  const shape_config& from, const shape_config& to, const shape_costs& costs,
-                                 bool gated = false) {
+                                 bool gated = false, int layers_to = 0) {
   shape_stats out;
   graph::task_graph& g = b.graph;
   const double min_ns = costs.profile.min_kernel_ns;
@@ -342,9 +346,10 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   std::vector<double> param_ratio(job.ranks.size(), 1.0);
   for (std::size_t ri = 0; ri < job.ranks.size(); ++ri) {
     const int stage = ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0;
-    param_ratio[ri] = parameters_per_rank(to, st, stage, vocab_local * from.tp, gated) /
+    param_ratio[ri] = parameters_per_rank(to, st, stage, vocab_local * from.tp, gated, layers_to) /
                       parameters_per_rank(from, st, stage, vocab_local * from.tp, gated);
   }
+  if (!param_ratio.empty()) out.parameter_ratio = param_ratio.front();
   std::map<std::string, bool> dp_group; // process group name → has the DP role and not TP
   for (const auto& pg : st.groups) {
     bool dp = false, tp = false;

@@ -135,17 +135,38 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       so.step = o.replay.step;
       structure = discover_structure(job, b, so);
     }
-    if (o.shape.any()) {
+    // The layer copies below repeat each layer's own work; the work that follows the parameter
+    // count (optimizer kernels, gradient collectives) is rescaled with the shape. The pipeline
+    // model takes a layer change itself.
+    const int layer_params = o.layers && !pipeline_asked ? *o.layers : 0;
+    std::optional<shape_config> layers_shape;
+    if (layer_params && !o.shape.any()) {
+      try {
+        layers_shape = traced_shape(*structure);
+      } catch (const error& e) {
+        out.changes.push_back(std::string("optimizer and gradient work kept as traced: ") + e.what());
+      }
+    }
+    if (o.shape.any() || layers_shape) {
       // Shape first: DP, layer copies and the GPU change then start from the rescaled durations.
-      shape_from = traced_shape(*structure);
-      shape_to = target_shape(*shape_from, o.shape);
+      shape_from = layers_shape ? *layers_shape : traced_shape(*structure);
+      shape_to = layers_shape ? *layers_shape : target_shape(*shape_from, o.shape);
       std::string note;
       const shape_costs costs = costs_of(job, *structure, o.from_gpu, &note, o.profile ? &*o.profile : nullptr);
       if (!note.empty()) out.changes.push_back(note);
-      if (*shape_from == *shape_to) {
+      if (*shape_from == *shape_to && !layer_params) {
         out.changes.emplace_back("shape: the traces' own (nothing rescaled)");
+      } else if (*shape_from == *shape_to) {
+        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params);
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "parameters per rank x%.3f with the layers: %zu optimizer ops and %zu gradient collectives rescaled, %.3f -> %.3f ms "
+                      "of GPU time",
+                      ss.parameter_ratio, ss.optimizer, ss.communication, static_cast<double>(ss.before) / 1e6,
+                      static_cast<double>(ss.after) / 1e6);
+        out.changes.emplace_back(line);
       } else {
-        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs);
+        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params);
         out.changes.push_back(describe(*shape_from, *shape_to, ss));
         if (shape_to->tp != shape_from->tp) {
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
