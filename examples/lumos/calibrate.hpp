@@ -7,6 +7,7 @@
 #include <lumos/model/kernel_costs.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/trace/job.hpp>
+#include <lumos/whatif/model_fit.hpp>
 
 #include <charconv>
 #include <cstdio>
@@ -23,7 +24,9 @@ inline constexpr std::string_view calibrate_usage =
     "  Fits the kernel-level cost profile from Kineto traces of one run (one file per rank):\n"
     "  GEMM efficiency from kernels with their Input Dims (record_shapes), memory-bound bandwidth\n"
     "  per kernel class, the minimum kernel time, launch and per-op CPU times, and NCCL latency and\n"
-    "  bandwidth from the shortest participant of each collective. Parameters the traces do not\n"
+    "  bandwidth from the shortest participant of each collective; then the CPU dispatch per op and\n"
+    "  the optimizer bandwidth so that the model of the traced configuration (structure discovery)\n"
+    "  spends the traces' host and optimizer time per iteration. Parameters the traces do not\n"
     "  show keep the preset of the traced GPU. Prints the fit; 'lumos predict --profile FILE' uses it.\n"
     "  --rank N   use only rank N's file (e.g. to predict the other ranks from one)\n";
 
@@ -35,21 +38,25 @@ inline model::calibration calibrate_inputs(const std::vector<std::string>& input
   trace::job job = trace::load_job(paths);
   std::string source;
   for (const auto& p : inputs) source += (source.empty() ? "" : " ") + std::filesystem::path(p).filename().string();
+  // The per-kernel fit reads the chosen rank alone; the configuration (TP, stages) needs them all.
+  std::vector<trace::rank_trace> kept;
+  std::size_t index = 0;
   if (only) {
     int r = -1;
     const auto [end, ec] = std::from_chars(only->data(), only->data() + only->size(), r);
     if (ec != std::errc{} || end != only->data() + only->size() || r < 0) {
       throw lumos::error("--rank must be a non-negative integer, got '" + *only + "'");
     }
-    std::vector<trace::rank_trace> kept;
-    for (auto& t : job.ranks) {
-      if (t.rank == r) kept.push_back(std::move(t));
+    for (std::size_t i = 0; i < job.ranks.size(); ++i) {
+      if (job.ranks[i].rank == r && kept.empty()) kept.push_back(job.ranks[i]), index = i;
     }
     if (kept.empty()) throw lumos::error("--rank " + *only + ": no such rank in the traces");
-    job.ranks = std::move(kept);
     source += " rank " + *only;
   }
-  return model::calibrate(job.ranks, source);
+  model::calibration c = model::calibrate(only ? kept : job.ranks, source);
+  const whatif::model_fit fit = whatif::fit_to_traced_configuration(c, job, source, index);
+  c.notes.insert(c.notes.end(), fit.notes.begin(), fit.notes.end());
+  return c;
 }
 
 inline int run_calibrate(args& a) {
@@ -88,6 +95,7 @@ inline int run_calibrate(args& a) {
   std::snprintf(line, sizeof line, "  NCCL: %zu collectives; intra busbw %.1f GB/s, LL fraction %.3f, LL base %.1f us\n",
                 c.collectives.size(), c.profile.intra.busbw / 1e9, c.profile.intra.ll_fraction, c.profile.intra.ll_base_ns / 1e3);
   out += line;
+  for (const auto& n : c.notes) out += "  " + n + "\n";
   write_stdout(out);
   return 0;
 }

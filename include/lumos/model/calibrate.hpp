@@ -12,9 +12,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -45,10 +47,12 @@ struct calibration {
   std::map<std::string, double> memory_fractions;  ///< class -> median fraction of HBM peak
   double launch_ns = 0;
   double forward_op_ns = 0;
+  double host_sync_ns = 0;  ///< synchronize calls inside the top-level CPU ops (not counted as dispatch)
   std::size_t kernels = 0;
   std::size_t ranks = 0;
   std::string gpu_name;
   double gemm_rms_log_error = 0;  ///< of the fitted efficiency curve over `gemms`
+  std::vector<std::string> notes;  ///< further fits (e.g. whatif::fit_to_traced_configuration), one line each
 };
 
 namespace detail {
@@ -121,7 +125,9 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
     const double h = std::pow(2.0, i / 40.0);
     double sum = 0;
     for (const auto& g : samples) sum += std::log(g.efficiency(peak)) - std::log(g.m / (g.m + h) * g.n / (g.n + h) * g.k / (g.k + h));
-    const double log_max = sum / static_cast<double>(samples.size());
+    // The efficiency cannot exceed 1: a half_dim whose unclamped fit needs a larger maximum is
+    // judged with the clamped one it would get (else tiny GEMMs pick a curve scaled far off).
+    const double log_max = std::min(0.0, sum / static_cast<double>(samples.size()));
     double err = 0;
     for (const auto& g : samples) {
       const double r = std::log(g.efficiency(peak)) - log_max - std::log(g.m / (g.m + h) * g.n / (g.n + h) * g.k / (g.k + h));
@@ -130,7 +136,7 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
     if (err < best) {
       best = err;
       p.gemm_half_dim = h;
-      p.gemm_max = std::min(1.0, std::exp(log_max));
+      p.gemm_max = std::exp(log_max);
     }
   }
   return std::sqrt(best / static_cast<double>(samples.size()));
@@ -216,12 +222,15 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
       }
       return best;
     };
-    // Top-level CPU ops (not inside another op of the same lane) that launch kernels.
+    // Top-level CPU ops (not inside another op of the same lane) that launch kernels, less the
+    // synchronize calls inside them: waiting for the GPU (`.item()` at the end of a GPU-bound
+    // step) is not dispatch work.
     {
       std::vector<std::size_t> by_lane = ops;
       std::stable_sort(by_lane.begin(), by_lane.end(), [&](std::size_t a, std::size_t b) { return ev[a].lane < ev[b].lane; });
       time_ns end = -1;
       std::uint32_t lane = ~0U;
+      std::vector<std::tuple<std::uint32_t, time_ns, time_ns>> counted;  // lane, start, end (sorted)
       for (const std::size_t i : by_lane) {
         if (ev[i].lane != lane) {
           lane = ev[i].lane;
@@ -232,7 +241,16 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
           const auto n = r.name(ev[i]);
           if (!detail::contains(n, "ProfilerStep") && !detail::contains(n, "record_param_comms")) {
             host_busy += static_cast<double>(ev[i].dur);
+            counted.emplace_back(ev[i].lane, ev[i].ts, ev[i].end());
           }
+        }
+      }
+      for (const auto& e : ev) {
+        if (e.ph != trace::phase::complete || e.cat != trace::category::cuda_runtime || !detail::contains(r.name(e), "Synchronize")) continue;
+        auto it = std::upper_bound(counted.begin(), counted.end(), std::tuple{e.lane, e.ts, std::numeric_limits<time_ns>::max()});
+        if (it != counted.begin() && std::get<0>(*--it) == e.lane && std::get<1>(*it) <= e.ts && e.end() <= std::get<2>(*it)) {
+          host_busy -= static_cast<double>(e.dur);
+          out.host_sync_ns += static_cast<double>(e.dur);
         }
       }
     }
