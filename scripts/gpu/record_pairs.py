@@ -2,6 +2,7 @@
 """Records the real what-if pairs of tests/data/gpu/ on the GPU machine (one GPU, PyTorch).
 
     python3 scripts/gpu/record_pairs.py --set h100 --out DIR     # then --set h200 on an H200
+    python3 scripts/gpu/record_pairs.py --set h100-repeat --out DIR   # a few again: run-to-run spread
 
 Runs examples/capture/gpt_train.py once per configuration of the set, each in its own process
 (a failed or hung configuration costs only itself), and writes DIR/NAME/rank0.json.gz plus
@@ -30,7 +31,18 @@ def cfg(name, base_name, differs, shape, **flags):
     return {"name": name, "base": base_name, "differs": differs, "shape": shape, "flags": flags}
 
 
+REPEATED = ("base", "h1024", "mb1", "l16", "small-l8")
+
+
 def grid(gpu: str):
+    if gpu.endswith("-repeat"):
+        # The same configurations again in fresh processes: the run-to-run spread of the truth.
+        g = gpu[: -len("-repeat")]
+        out = []
+        for c in grid(g):
+            if c["name"][len(g) + 1:] in REPEATED:
+                out.append(dict(c, name=c["name"] + "-r2", base=c["name"], differs="a repeat of " + c["name"]))
+        return out
     p = gpu + "-"
     b = p + "base"
     out = [cfg(b, None, "base: GPT, bf16 autocast, SDPA, AdamW", BASE)]
@@ -53,7 +65,7 @@ def grid(gpu: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", choices=["h100", "h200"], required=True)
+    ap.add_argument("--set", choices=["h100", "h200", "h100-repeat", "h200-repeat"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="", help="comma-separated names (default: the whole set)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per configuration")
