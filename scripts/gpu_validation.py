@@ -229,6 +229,31 @@ def main():
     w("hidden-512 model) are up to 2x slower profiled than unprofiled, GPU-bound ones within a few percent.")
     w("lumos predicts the profiled run from a profiled trace; the unprofiled column is for reference.\n")
 
+    # ---- host time per launched GPU op --------------------------------------------------------------
+    w("## Host time per launched GPU op, without the profiler\n")
+    w("For the runs whose step is bound by the host (the hidden-512 model: its GPU time per step is a small part")
+    w("of it), the unprofiled step time over the GPU ops (kernels, copies, sets) one step launches is what the")
+    w("framework spends per launched op: Python, dispatch, autograd and the launch call together. The cost")
+    w("presets' host figures (`model/profile.hpp`, `common_host`) are assumptions below this; docs/model.md says")
+    w("why they are not moved to it yet.\n")
+    w("| trace | GPU ops per step | GPU time per step (ms) | unprofiled step (ms) | host us per GPU op |")
+    w("|---|---:|---:|---:|---:|")
+    per_op = []
+    for n in names:
+        if manifest[n]["shape"]["hidden"] != 512:
+            continue
+        with gzip.open(os.path.join(trace(n), "rank0.json.gz"), "rt") as f:
+            ev = json.load(f)["traceEvents"]
+        steps = sum(1 for e in ev if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"))
+        gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+        ops = len(gpu) / steps
+        gpu_ms = sum(float(e["dur"]) for e in gpu) / steps / 1e3
+        u = manifest[n]["unprofiled_step_ms_median"]
+        per_op.append(u * 1e3 / ops)
+        w(f"| {n} | {ops:.0f} | {gpu_ms:.2f} | {u:.2f} | {u * 1e3 / ops:.1f} |")
+    if per_op:
+        w(f"\nMean {statistics.mean(per_op):.1f} us per launched op over {len(per_op)} runs.\n")
+
     # ---- identity and held-out steps -----------------------------------------------------------
     w("## Replay identity and held-out steps\n")
     ident = []

@@ -526,6 +526,7 @@ TEST_CASE("kernel-level model: the pass fold equals the per-kernel graph, CPU-bo
     const ls::job j = small_a100();
     const auto pass = iteration(j, pr, ls::granularity::pass, syncs);
     const auto kernel = iteration(j, pr, ls::granularity::kernel, syncs);
+    INFO("syncs " << syncs << " pass " << pass << " kernel " << kernel);
     CHECK(std::abs(static_cast<double>(pass - kernel)) <= 0.01 * static_cast<double>(kernel));
   }
   ls::job big = small_a100();
