@@ -1150,9 +1150,15 @@ class program_builder {
   void emit_totals(rank_state& rs, const totals& t, pass_kind pk) {
     const auto k = static_cast<std::size_t>(pk);
     if (t.compute_kernels > 0) {
+      const std::size_t at = rs.launches.size();
       emit_compute(rs, t.compute, t.cpu, t.lead, n_pass_compute_[k]);
       if (t.comm_kernels > 0) {
-        emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels, 0, 0);
+        // Queued behind the compute task, its launch must not bind: the run's collectives were
+        // launched among its kernels, not after the run's whole host time (which, on a host-bound
+        // pass, would start them only once the host is done). Its launch record goes before the
+        // compute task's, at the same lead.
+        emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels, 0, t.lead);
+        if (rs.launches.size() == at + 2) std::swap(rs.launches[at], rs.launches[at + 1]);
       }
     } else if (t.comm_kernels > 0) {
       emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels, t.cpu, t.lead);
