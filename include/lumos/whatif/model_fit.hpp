@@ -83,6 +83,19 @@ namespace detail {
   return std::max(0.0, static_cast<double>(end - begin) - wait);
 }
 
+/// The x in [lo, hi] where `f`, which falls as x grows (a modelled time against a bandwidth),
+/// equals `target`, by bisection; the nearer bound when the target lies outside f's range.
+template <class F>
+[[nodiscard]] double solve_falling(const F& f, double target, double lo, double hi) {
+  if (f(hi) >= target) return hi;
+  if (f(lo) <= target) return lo;
+  for (int i = 0; i < 60 && hi - lo > 1e-9; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (f(mid) > target ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
 }  // namespace detail
 
 /// Sets the CPU dispatch, the memory-bound factor and the optimizer bandwidth of `c.profile` from
@@ -201,17 +214,7 @@ inline model_fit fit_to_traced_configuration(model::calibration& c, const trace:
           return o.kind == model::op_class::elementwise || o.kind == model::op_class::norm ? static_cast<double>(o.duration) : 0.0;
         });
       };
-      double lo = 1e-3, hi = 1.0 / std::max({e0, n0, s0});
-      if (modelled(hi) >= out.memory_gpu_ns) {
-        lo = hi;
-      } else if (modelled(lo) <= out.memory_gpu_ns) {
-        hi = lo;
-      }
-      for (int i = 0; i < 60 && hi - lo > 1e-9; ++i) {
-        const double mid = 0.5 * (lo + hi);
-        (modelled(mid) > out.memory_gpu_ns ? lo : hi) = mid;
-      }
-      const double k = 0.5 * (lo + hi);
+      const double k = detail::solve_falling(modelled, out.memory_gpu_ns, 1e-3, 1.0 / std::max({e0, n0, s0}));
       c.profile.elementwise_bw = std::min(1.0, e0 * k), c.profile.norm_bw = std::min(1.0, n0 * k), c.profile.softmax_bw = std::min(1.0, s0 * k);
       const std::string why = from + "x" + std::to_string(k) +
                               " on the per-kernel fits, so that the model's memory-bound ops of the passes take the traced memory-bound GPU time";
@@ -233,18 +236,7 @@ inline model_fit fit_to_traced_configuration(model::calibration& c, const trace:
         for (const auto& o : ol.ops) ns += static_cast<double>(o.duration);
         return ns;
       };
-      // The modelled time falls as the bandwidth fraction grows: bisect for the measured time.
-      double lo = 0.01, hi = 1.0;
-      if (modelled(hi) >= out.optimizer_gpu_ns) {
-        lo = hi;
-      } else if (modelled(lo) <= out.optimizer_gpu_ns) {
-        hi = lo;
-      }
-      for (int i = 0; i < 60 && hi - lo > 1e-6; ++i) {
-        const double mid = 0.5 * (lo + hi);
-        (modelled(mid) > out.optimizer_gpu_ns ? lo : hi) = mid;
-      }
-      c.profile.optimizer_bw = 0.5 * (lo + hi);
+      c.profile.optimizer_bw = detail::solve_falling(modelled, out.optimizer_gpu_ns, 0.01, 1.0);
       c.profile.provenance["memory.optimizer_bw_fraction"] =
           from + "the optimizer phase's GPU time against the model's optimizer ops for the traced parameters per rank";
       char line[256];
