@@ -13,6 +13,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <fstream>
+#include <iterator>
+
 using namespace lumos;
 
 namespace {
@@ -77,5 +80,43 @@ TEST_CASE("synthesised traces replay to the prediction", "[synth][roundtrip]") {
     const double error = report::relative_error(replay.simulated_ns, predicted);
     CHECK(error <= 0.01);
     CHECK(replay.simulated_ns == predicted);
+  }
+}
+
+TEST_CASE("written traces do not depend on the writer's thread count", "[synth][roundtrip]") {
+  synth::program_options opt;
+  opt.unfold = true;
+  const synth::job j = small_job(2, 2, 2, 1, "1f1b");
+  const synth::program prog = synth::build_program(j, opt);
+  const graph::compiled_graph compiled = graph::compile(prog.graph);
+  const sim::record_timeline timeline = sim::replay(compiled);
+  report::simulated_job sj;
+  sj.graph = &prog.graph;
+  sj.simulated = {&timeline.start, &timeline.finish, &compiled};
+  sj.world_size = static_cast<int>(prog.world_size);
+  std::vector<int> ranks;
+  for (const auto& r : prog.ranks) ranks.push_back(r.rank);
+  REQUIRE(ranks.size() == 8);
+  auto read_all = [](const std::vector<std::filesystem::path>& files) {
+    std::vector<std::string> texts;
+    for (const auto& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      texts.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    return texts;
+  };
+  for (const bool gzip : {false, true}) {
+    INFO((gzip ? "gzip" : "plain"));
+    lumos_test::temp_dir one, three;
+    const auto a = read_all(report::write_kineto(sj, ranks, one.path(), gzip, 1));
+    const auto b = read_all(report::write_kineto(sj, ranks, three.path(), gzip, 3));
+    CHECK(a == b);
+    if (!gzip) {
+      // Indexing all ranks at once writes what indexing each rank alone writes.
+      for (std::size_t i = 0; i < ranks.size(); ++i) CHECK(a[i] == report::kineto_json(sj, ranks[i]));
+    }
+    // Compressed files read back to the same job as plain ones.
+    const trace::job read = trace::load_job({one.path()});
+    CHECK(read.ranks.size() == ranks.size());
   }
 }

@@ -24,7 +24,9 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace lumos::report {
@@ -131,6 +133,40 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
   }
 }
 
+// Values keyed by task id for one rank's writing: a dense array over the rank's id range (the
+// builders number a rank's tasks nearly contiguously), a hash map for ids outside it.
+template <class V>
+class task_map {
+ public:
+  explicit task_map(std::span<const graph::task_id> tasks) {
+    if (tasks.empty()) return;
+    const std::size_t range = std::size_t{tasks.back()} - tasks.front() + 1;
+    if (range > 4 * tasks.size() + 4096) return;  // too sparse: everything in `other_`
+    lo_ = tasks.front();
+    values_.resize(range);
+    present_.assign(range, 0);
+  }
+  void set(graph::task_id t, V v) {
+    if (const std::size_t i = std::size_t{t} - lo_; t >= lo_ && i < values_.size()) {
+      values_[i] = v;
+      present_[i] = 1;
+    } else {
+      other_[t] = v;
+    }
+  }
+  [[nodiscard]] const V* find(graph::task_id t) const {
+    if (const std::size_t i = std::size_t{t} - lo_; t >= lo_ && i < values_.size()) return present_[i] ? &values_[i] : nullptr;
+    const auto it = other_.find(t);
+    return it != other_.end() ? &it->second : nullptr;
+  }
+
+ private:
+  graph::task_id lo_ = 0;
+  std::vector<V> values_;
+  std::vector<std::uint8_t> present_;
+  std::unordered_map<graph::task_id, V> other_;
+};
+
 }  // namespace detail
 
 /// The simulated job of a trace replay, ready to write.
@@ -153,12 +189,82 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
   return ranks;
 }
 
-/// Serialises rank `rank_index` (an index into the job's ranks for trace-built jobs, or a rank
-/// number for model-built ones) of a simulated job as a Kineto trace.
-[[nodiscard]] inline std::string kineto_json(const simulated_job& job, int rank) {
+/// Which tasks and edges each rank to write needs, found in one pass over the graph: scanning
+/// the whole graph once per rank made writing a 512-rank job quadratic (minutes).
+struct rank_index {
+  static constexpr std::uint32_t none = ~std::uint32_t{0};
+  std::vector<int> ranks;                 ///< the ranks indexed, as given
+  std::vector<std::size_t> task_begin;    ///< tasks of ranks[i]: tasks[task_begin[i], task_begin[i + 1])
+  std::vector<graph::task_id> tasks;      ///< every non-join task, in id order within a rank
+  std::vector<std::size_t> edge_begin;    ///< same for `edges`
+  std::vector<std::size_t> edges;         ///< edges with an end on the rank, in graph order
+  std::vector<std::uint32_t> instance_of; ///< per task: its collective instance (the last listing it), or `none`
+
+  [[nodiscard]] std::size_t slot(int rank) const {
+    const auto it = std::find(ranks.begin(), ranks.end(), rank);
+    if (it == ranks.end()) throw error("trace writer: rank " + std::to_string(rank) + " was not indexed");
+    return static_cast<std::size_t>(it - ranks.begin());
+  }
+};
+
+/// Indexes `g` for writing `ranks` (rank numbers; tasks of other ranks are left out).
+[[nodiscard]] inline rank_index index_ranks(const graph::task_graph& g, const std::vector<int>& ranks) {
+  rank_index ix;
+  ix.ranks = ranks;
+  std::unordered_map<int, std::uint32_t> slot_of;
+  for (std::size_t i = 0; i < ranks.size(); ++i) slot_of.try_emplace(ranks[i], static_cast<std::uint32_t>(i));
+  // Task ranks come in long runs: remember the last lookup.
+  int last_rank = 0;
+  std::uint32_t last_slot = slot_of.count(0) ? slot_of[0] : rank_index::none;
+  auto slot = [&](int r) {
+    if (r != last_rank) {
+      const auto it = slot_of.find(r);
+      last_rank = r;
+      last_slot = it != slot_of.end() ? it->second : rank_index::none;
+    }
+    return last_slot;
+  };
+  // Counting sort into CSR, keeping graph order within a rank.
+  const std::size_t n = ranks.size();
+  ix.task_begin.assign(n + 1, 0);
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.kind[t] == graph::task_kind::join) continue;
+    if (const auto s = slot(g.rank[t]); s != rank_index::none) ++ix.task_begin[s + 1];
+  }
+  ix.edge_begin.assign(n + 1, 0);
+  for (const auto& e : g.edges) {
+    const auto a = slot(g.rank[e.from]), b = slot(g.rank[e.to]);
+    if (a != rank_index::none) ++ix.edge_begin[a + 1];
+    if (b != rank_index::none && b != a) ++ix.edge_begin[b + 1];
+  }
+  for (std::size_t i = 0; i < n; ++i) ix.task_begin[i + 1] += ix.task_begin[i], ix.edge_begin[i + 1] += ix.edge_begin[i];
+  ix.tasks.resize(ix.task_begin[n]);
+  ix.edges.resize(ix.edge_begin[n]);
+  std::vector<std::size_t> fill(ix.task_begin.begin(), ix.task_begin.end() - 1);
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.kind[t] == graph::task_kind::join) continue;
+    if (const auto s = slot(g.rank[t]); s != rank_index::none) ix.tasks[fill[s]++] = t;
+  }
+  fill.assign(ix.edge_begin.begin(), ix.edge_begin.end() - 1);
+  for (std::size_t i = 0; i < g.edges.size(); ++i) {
+    const auto a = slot(g.rank[g.edges[i].from]), b = slot(g.rank[g.edges[i].to]);
+    if (a != rank_index::none) ix.edges[fill[a]++] = i;
+    if (b != rank_index::none && b != a) ix.edges[fill[b]++] = i;
+  }
+  ix.instance_of.assign(g.task_count(), rank_index::none);
+  for (std::size_t c = 0; c < g.collectives.size(); ++c) {
+    for (const auto t : g.collectives[c].complete) ix.instance_of[t] = static_cast<std::uint32_t>(c);
+  }
+  return ix;
+}
+
+/// Serialises rank `rank` (a rank number) of a simulated job as a Kineto trace into `out`
+/// (cleared first: a writer of many ranks reuses one buffer); `index` holds the rank (see
+/// `index_ranks`).
+inline void kineto_json(std::string& out, const simulated_job& job, int rank, const rank_index& index) {
   const graph::task_graph& g = *job.graph;
-  std::string out;
-  out.reserve(1 << 20);
+  const std::size_t slot = index.slot(rank);
+  out.clear();
   json_writer w(out);
   const trace::rank_trace* src = nullptr;
   const graph::rank_map* map = nullptr;
@@ -214,11 +320,11 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
     w.key("args").begin_object().field("name", name).end_object().end_object();
   }
 
-  // Tasks of this rank; trace-built ones through their source events.
-  std::vector<graph::task_id> tasks;
-  for (graph::task_id t = 0; t < g.task_count(); ++t) {
-    if (g.rank[t] == rank && g.kind[t] != graph::task_kind::join) tasks.push_back(t);
-  }
+  // Tasks of this rank, and the edges that touch it; trace-built tasks through their source events.
+  const std::span<const graph::task_id> tasks(index.tasks.data() + index.task_begin[slot],
+                                              index.task_begin[slot + 1] - index.task_begin[slot]);
+  const std::span<const std::size_t> rank_edges(index.edges.data() + index.edge_begin[slot],
+                                                index.edge_begin[slot + 1] - index.edge_begin[slot]);
   // A source event (trace-built jobs) at new times, with its category, name, row and args.
   auto write_source_event = [&](std::size_t i, time_ns begin, time_ns end) {
     const trace::event& e = src->events[i];
@@ -233,19 +339,18 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
   std::map<std::uint32_t, detail::time_warp> warps;  // by lane (trace-built)
   std::vector<std::uint8_t> written(src != nullptr ? src->events.size() : 0, 0);
   std::int64_t next_corr = 1;
-  std::map<graph::task_id, std::int64_t> corr_of;  // model-built: launch task → correlation
-  for (const auto& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch && g.rank[e.from] == rank && !corr_of.count(e.from) && g.source[e.from] == ~0U) {
-      corr_of[e.from] = next_corr++;
+  detail::task_map<std::int64_t> corr_of(tasks);  // model-built: launch task → correlation
+  for (const std::size_t i : rank_edges) {
+    const auto& e = g.edges[i];
+    if (e.kind == graph::edge_kind::launch && g.rank[e.from] == rank && g.source[e.from] == ~0U && !corr_of.find(e.from)) {
+      corr_of.set(e.from, next_corr++);
     }
   }
-  std::map<graph::task_id, std::int64_t> launch_corr;  // GPU task → its launch's correlation
-  for (const auto& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch && corr_of.count(e.from)) launch_corr[e.to] = corr_of[e.from];
-  }
-  std::map<graph::task_id, const graph::collective_instance*> instance_of;
-  for (const auto& ci : g.collectives) {
-    for (const auto c : ci.complete) instance_of[c] = &ci;
+  detail::task_map<std::int64_t> launch_corr(tasks);  // GPU task → its launch's correlation
+  for (const std::size_t i : rank_edges) {
+    const auto& e = g.edges[i];
+    if (e.kind != graph::edge_kind::launch) continue;
+    if (const std::int64_t* c = corr_of.find(e.from)) launch_corr.set(e.to, *c);
   }
   // Model-built: a dependency between two streams of this rank is written as PyTorch shows it:
   // a cudaEventRecord just inside the producer's launch call, a cudaStreamWaitEvent just before
@@ -254,25 +359,28 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
     graph::task_id producer, consumer;
     std::int64_t record_corr, wait_corr;
   };
-  std::map<graph::task_id, graph::task_id> launch_of;  // GPU task → its launch call
-  for (const auto& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch && g.rank[e.to] == rank) launch_of[e.to] = e.from;
+  detail::task_map<graph::task_id> launch_of(tasks);  // GPU task → its launch call
+  for (const std::size_t i : rank_edges) {
+    const auto& e = g.edges[i];
+    if (e.kind == graph::edge_kind::launch && g.rank[e.to] == rank) launch_of.set(e.to, e.from);
   }
   std::multimap<graph::task_id, stream_wait> records_after, waits_before;  // keyed by launch call
   if (src == nullptr) {
-    for (const auto& e : g.edges) {
+    for (const std::size_t i : rank_edges) {
+      const auto& e = g.edges[i];
       if ((e.kind != graph::edge_kind::dependency && e.kind != graph::edge_kind::cross_stream) || e.finish) continue;
       if (g.rank[e.from] != rank || g.rank[e.to] != rank || g.processor[e.from] == g.processor[e.to]) continue;
       if (g.processors[g.processor[e.from]].kind != graph::processor_kind::gpu_stream ||
           g.processors[g.processor[e.to]].kind != graph::processor_kind::gpu_stream) {
         continue;
       }
-      const auto la = launch_of.find(e.from), lb = launch_of.find(e.to);
-      if (la == launch_of.end() || lb == launch_of.end() || la->second == lb->second) continue;
+      const graph::task_id* la = launch_of.find(e.from);
+      const graph::task_id* lb = launch_of.find(e.to);
+      if (la == nullptr || lb == nullptr || *la == *lb) continue;
       const stream_wait sw{e.from, e.to, next_corr, next_corr + 1};
       next_corr += 2;
-      records_after.insert({la->second, sw});
-      waits_before.insert({lb->second, sw});
+      records_after.insert({*la, sw});
+      waits_before.insert({*lb, sw});
     }
   }
   auto write_runtime = [&](std::string_view name, const graph::processor_info& p, time_ns at, std::int64_t corr) {
@@ -310,7 +418,7 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
     time_ns begin = s;
     const graph::collective_instance* ci = nullptr;
     if (kind == graph::task_kind::comm_complete) {
-      ci = instance_of.count(t) ? instance_of[t] : nullptr;
+      ci = index.instance_of[t] != rank_index::none ? &g.collectives[index.instance_of[t]] : nullptr;
       if (ci != nullptr) {
         for (std::size_t k = 0; k < ci->complete.size(); ++k) {
           if (ci->complete[k] == t) begin = job.simulated.begin_of(ci->arrive[k]);
@@ -343,7 +451,7 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
       w.field("pid", p.owner).field("tid", p.index);
       w.key("ts").microseconds(us(begin)).key("dur").microseconds(f - begin);
       w.key("args").begin_object();
-      if (corr_of.count(t)) w.field("External id", corr_of[t]);
+      if (const std::int64_t* c = corr_of.find(t)) w.field("External id", *c);
       if (!deco->input_dims.empty()) w.key("Input Dims").raw(deco->input_dims);
       if (!deco->input_type.empty()) w.key("Input type").raw(deco->input_type);
       w.end_object().end_object();
@@ -363,9 +471,9 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
           if (ci->complete[k] == t) launched = ci->arrive[k];
         }
       }
-      if (launch_corr.count(launched)) {
-        w.field("correlation", launch_corr[launched]);
-        if (deco != nullptr) w.field("External id", launch_corr[launched]);  // its operator's
+      if (const std::int64_t* c = launch_corr.find(launched)) {
+        w.field("correlation", *c);
+        if (deco != nullptr) w.field("External id", *c);  // its operator's
       }
       if (ci != nullptr) {
         const bool named = deco != nullptr && !deco->collective.empty();
@@ -381,9 +489,9 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
           w.field("Process Group Ranks", ranks + "]").field("Group size", ci->group_ranks.size());
         }
       }
-    } else if (corr_of.count(t)) {
-      w.field("correlation", corr_of[t]);
-      if (deco != nullptr && !deco->cpu_op.empty()) w.field("External id", corr_of[t]);
+    } else if (const std::int64_t* c = corr_of.find(t)) {
+      w.field("correlation", *c);
+      if (deco != nullptr && !deco->cpu_op.empty()) w.field("External id", *c);
     }
     w.end_object().end_object();
     for (auto [it, stop] = records_after.equal_range(t); it != stop; ++it) {
@@ -468,7 +576,19 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
   w.end_array();
   w.end_object();
   out += '\n';
+}
+
+/// The same, returned.
+[[nodiscard]] inline std::string kineto_json(const simulated_job& job, int rank, const rank_index& index) {
+  std::string out;
+  kineto_json(out, job, rank, index);
   return out;
+}
+
+/// Serialises one rank (indexes the graph for it: to write many ranks, index them once with
+/// `index_ranks` and use the overload above).
+[[nodiscard]] inline std::string kineto_json(const simulated_job& job, int rank) {
+  return kineto_json(job, rank, index_ranks(*job.graph, {rank}));
 }
 
 }  // namespace lumos::report

@@ -17,6 +17,7 @@
 #include <charconv>
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -156,7 +157,10 @@ class trace_graph_builder {
     for (std::size_t r = 0; r < job_.ranks.size(); ++r) index_rank(r);
     if (options_.match_collectives) match_collectives();
     estimate_clock_offsets();
-    for (std::size_t r = 0; r < job_.ranks.size(); ++r) build_rank(r);
+    for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
+      build_rank(r);
+      release_indexes(r);
+    }
     finish_collectives();
     if (options_.strict && out_.stats.causality_violations > 0) {
       throw error(std::to_string(out_.stats.causality_violations) + " causality violation" +
@@ -203,6 +207,17 @@ class trace_graph_builder {
     std::unordered_map<event_index, time_ns> transfer;  // unmatched communication ops: transfer part
   };
   static constexpr time_ns no_anchor = std::numeric_limits<time_ns>::min();
+
+  // Frees what only `build_rank(r)` reads (the correlation maps and per-event scratch dominate
+  // a large job's memory); `finish_collectives` still needs the offset, the task maps and the
+  // GPU factors.
+  void release_indexes(std::size_t r) {
+    rank_state& s = ranks_[r];
+    auto release = [](auto& x) { x = std::remove_reference_t<decltype(x)>{}; };
+    release(s.cpu_lanes), release(s.streams), release(s.runtime_by_corr), release(s.ops_by_corr);
+    release(s.sync_by_corr), release(s.collective_op_by_external), release(s.is_comm), release(s.instance);
+    release(s.enqueue), release(s.anchor), release(s.warps), release(s.overheads), release(s.transfer);
+  }
 
   // ---- indexing ---------------------------------------------------------------------------
 
