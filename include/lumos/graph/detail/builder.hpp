@@ -224,6 +224,16 @@ class trace_graph_builder {
   [[nodiscard]] time_ns job_origin() const;
 
   void index_rank(std::size_t r);
+  void index_launches(std::size_t r);
+
+  // Event order on a timeline: by start, the longer (enclosing) first, then by index.
+  [[nodiscard]] static bool starts_before(const trace::rank_trace& t, event_index a, event_index b) noexcept {
+    const auto& x = t.events[a];
+    const auto& y = t.events[b];
+    if (x.ts != y.ts) return x.ts < y.ts;
+    if (x.dur != y.dur) return x.dur > y.dur;  // parents before children
+    return a < b;
+  }
 
   void apply_op_scales(std::size_t r);
 

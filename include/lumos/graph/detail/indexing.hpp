@@ -30,37 +30,20 @@ void trace_graph_builder<Comm>::index_rank(std::size_t r) {
   s.task_of_event.assign(n, no_task);
   s.arrive_of_event.assign(n, no_task);
   s.enqueue.assign(n, 0);
-  std::unordered_map<std::uint32_t, std::size_t> lane_slot;
   for (event_index i = 0; i < n; ++i) {
     const trace::event& e = t.events[i];
     if (e.ph != trace::phase::complete) continue;
     if (trace::is_cpu_side(e.cat)) {
-      auto [it, fresh] = lane_slot.try_emplace(e.lane, s.cpu_lanes.size());
-      if (fresh) s.cpu_lanes.push_back({e.lane, {}});
-      s.cpu_lanes[it->second].second.push_back(i);
       if (detail::is_runtime(e.cat) && e.correlation >= 0) s.runtime_by_corr.try_emplace(e.correlation, i);
       if (e.cat == trace::category::cpu_op && e.external_id >= 0 && t.arg(i, trace::arg_key::collective_name)) {
         s.collective_op_by_external.try_emplace(e.external_id, i);
       }
     } else if (trace::is_gpu_op(e.cat)) {
       s.streams[{e.device, e.stream}].push_back(i);
-      if (e.correlation >= 0) s.ops_by_corr[e.correlation].push_back(i);
       s.is_comm[i] = is_comm_(t, i) ? 1 : 0;
-    } else if (e.cat == trace::category::cuda_sync && e.correlation >= 0) {
-      s.sync_by_corr[e.correlation].push_back(i);
     }
   }
-  auto by_time = [&](event_index a, event_index b) {
-    const auto& x = t.events[a];
-    const auto& y = t.events[b];
-    if (x.ts != y.ts) return x.ts < y.ts;
-    if (x.dur != y.dur) return x.dur > y.dur;  // parents before children
-    return a < b;
-  };
-  for (auto& [lane, events] : s.cpu_lanes) std::sort(events.begin(), events.end(), by_time);
-  std::sort(s.cpu_lanes.begin(), s.cpu_lanes.end(), [&](const auto& a, const auto& b) {
-    return t.events[a.second.front()].ts < t.events[b.second.front()].ts;
-  });
+  auto by_time = [&](event_index a, event_index b) { return starts_before(t, a, b); };
   s.anchor.assign(n, no_anchor);
   for (auto& [key, ops] : s.streams) {
     std::sort(ops.begin(), ops.end(), by_time);
@@ -75,6 +58,36 @@ void trace_graph_builder<Comm>::index_rank(std::size_t r) {
       s.anchor[o] = blocked ? call.end() : call.ts;  // rank-local: the offset is final only at build time
     }
   }
+}
+
+// What only `build_rank` reads, made when it starts (and released when it ends, so that one
+// rank's maps are alive at a time): CPU events per thread by time, GPU ops and cuda_sync rows by
+// correlation.
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::index_launches(std::size_t r) {
+  const trace::rank_trace& t = job_.ranks[r];
+  rank_state& s = ranks_[r];
+  const std::size_t n = t.events.size();
+  std::unordered_map<std::uint32_t, std::size_t> lane_slot;
+  for (event_index i = 0; i < n; ++i) {
+    const trace::event& e = t.events[i];
+    if (e.ph != trace::phase::complete) continue;
+    if (trace::is_cpu_side(e.cat)) {
+      auto [it, fresh] = lane_slot.try_emplace(e.lane, s.cpu_lanes.size());
+      if (fresh) s.cpu_lanes.push_back({e.lane, {}});
+      s.cpu_lanes[it->second].second.push_back(i);
+    } else if (trace::is_gpu_op(e.cat)) {
+      if (e.correlation >= 0) s.ops_by_corr[e.correlation].push_back(i);
+    } else if (e.cat == trace::category::cuda_sync && e.correlation >= 0) {
+      s.sync_by_corr[e.correlation].push_back(i);
+    }
+  }
+  for (auto& [lane, events] : s.cpu_lanes) {
+    std::sort(events.begin(), events.end(), [&](event_index a, event_index b) { return starts_before(t, a, b); });
+  }
+  std::sort(s.cpu_lanes.begin(), s.cpu_lanes.end(), [&](const auto& a, const auto& b) {
+    return t.events[a.second.front()].ts < t.events[b.second.front()].ts;
+  });
 }
 
 // Per-thread multipliers and per-op factors of the selective what-ifs (`op_scales`).

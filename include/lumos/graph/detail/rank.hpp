@@ -13,6 +13,7 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
   task_graph& g = out_.graph;
   const int rank = t.rank;
 
+  index_launches(r);
   // 1. What the trace says before any task exists: the selective what-ifs over its time, the
   //    GPU ops each blocking call waited for, the cross-stream producers of each op, and the
   //    overheads of each stream.
