@@ -78,6 +78,12 @@ def replay_ns(lumos, path):
     return json.loads(r.stdout)["job"]["simulated_ns"]
 
 
+# Regression bounds of --check (the target is TARGET for each case; the pipeline rows
+# of the pass-level model still miss it, see docs/whatif.md).
+CHECK_EACH = 6.0
+CHECK_MEAN = 2.0
+
+
 def ms(ns):
     return "%.3f" % (ns / 1e6)
 
@@ -87,6 +93,9 @@ def main():
     ap.add_argument("--lumos", default="build/release/examples/lumos", help="the lumos binary")
     ap.add_argument("--doc", default="docs/whatif.md", help="the document whose section is replaced")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing the document")
+    ap.add_argument("--check", action="store_true",
+                    help="the test (ctest whatif_tables): every case built, each within %g %% and the mean within "
+                         "%g %%; prints the table, writes nothing" % (CHECK_EACH, CHECK_MEAN))
     args = ap.parse_args()
     lumos = os.path.abspath(args.lumos)
     if not os.access(lumos, os.X_OK):
@@ -147,6 +156,18 @@ def main():
             ("; mean |error| %.2f %%" % (sum(errors) / len(errors))) if errors else ""),
     ]
     section = "\n".join(lines) + "\n"
+    if args.check:
+        sys.stdout.write(section)
+        mean = sum(errors) / len(errors) if errors else float("inf")
+        problems = []
+        if built != len(CASES):
+            problems.append("%d of %d cases built" % (built, len(CASES)))
+        if errors and max(errors) > CHECK_EACH:
+            problems.append("a case misses by %.2f %% (> %g %%)" % (max(errors), CHECK_EACH))
+        if mean > CHECK_MEAN:
+            problems.append("mean |error| %.2f %% (> %g %%)" % (mean, CHECK_MEAN))
+        print("whatif_tables: " + ("; ".join(problems) if problems else "passed"))
+        sys.exit(1 if problems else 0)
     if args.print:
         sys.stdout.write(section)
         return

@@ -90,6 +90,29 @@ TEST_CASE("map_gemm: tokens, hidden and inner widths follow the new shape", "[wh
   CHECK(g->to.n == 3072);
 }
 
+TEST_CASE("map_gemm: when K and the output width coincide, K follows the activation the GEMM reads", "[whatif][shape][tp]") {
+  // Hidden 2048, FFN 8192, TP 4: FFN/TP = hidden = tokens = 2048, so FC1 and FC2 forward are both
+  // [2048 x 2048] x [2048 x 2048]. To TP 2, FFN/TP becomes 4096.
+  whatif::shape_config a;
+  a.hidden = 2048, a.ffn = 8192, a.heads = 16, a.head_dim = 128, a.seq = 2048, a.micro_batch = 1, a.tp = 4;
+  whatif::shape_config b = a;
+  b.tp = 2;
+  whatif::detail::gemm_shape fc;
+  fc.m = 2048, fc.k = 2048, fc.n = 2048;
+  // FC1 reads the norm's output (hidden wide): K = hidden, the output is FFN/TP wide.
+  const auto fc1 = whatif::map_gemm(fc, a, b, false, nullptr, 2048.0);
+  REQUIRE(fc1);
+  CHECK(fc1->to.k == 2048);
+  CHECK(fc1->to.n == 4096);
+  // FC2 reads the activation (FFN/TP wide): K = FFN/TP, the output is hidden wide.
+  const auto fc2 = whatif::map_gemm(fc, a, b, false, nullptr, 4096.0);
+  REQUIRE(fc2);
+  CHECK(fc2->to.k == 4096);
+  CHECK(fc2->to.n == 2048);
+  // Same GEMM time either way (the model is symmetric in M, N, K).
+  CHECK(fc1->to.m * fc1->to.k * fc1->to.n == fc2->to.m * fc2->to.k * fc2->to.n);
+}
+
 TEST_CASE("target_shape: head dim follows hidden / heads, and invalid targets are errors", "[whatif][shape][tp]") {
   const auto a = pipeline_shape();
   whatif::shape_target t;

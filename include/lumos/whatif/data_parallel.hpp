@@ -132,7 +132,7 @@ struct micro_batch_plan {
 /// from TP `tp_old` × DP `dp_old` to `tp_new` × `dp_new` ranks per stage. Megatron numbers
 /// ranks TP innermost, then DP, then PP, so pipeline neighbours are tp·dp apart: a larger stage
 /// can move a stage's partner onto another node, and its transfers then go over the NIC. A
-/// traced rank s·(tp·dp) + d·tp + t becomes s·(tp'·dp') + d·tp' + t. Send/recv pairs and
+/// traced rank s·(tp·dp) + d·tp + t becomes s·(tp'·dp') + d·tp' + (t mod tp'). Send/recv pairs and
 /// collectives across stages (the tied embedding's first and last stage) are re-timed by the
 /// profile's NCCL model (p2p: intra- or inter-node link; collectives: hierarchical placement)
 /// when their node count changes, anchored on the measured time; groups whose role is TP or DP
@@ -148,9 +148,11 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   }
   const std::int64_t G = hw.gpus_per_node, old_stride = static_cast<std::int64_t>(tp_old) * dp_old,
                      new_stride = static_cast<std::int64_t>(tp_new) * dp_new;
+  // A smaller TP folds the traced TP ranks beyond the new size onto the new group's ranks
+  // (traced rank t replays as t mod the new TP), so they land on the node of the rank they stand for.
   auto renumbered = [&](std::int64_t r) {
     const std::int64_t x = r % old_stride;
-    return r / old_stride * new_stride + x / tp_old * tp_new + x % tp_old;
+    return r / old_stride * new_stride + x / tp_old * tp_new + x % tp_old % tp_new;
   };
   std::size_t moved = 0;
   time_ns before = 0, after = 0;

@@ -41,11 +41,13 @@
 #include <lumos/whatif/tensor_parallel.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -224,7 +226,8 @@ struct shape_stats {
 /// the ones a transformer layer (or, `outside` the layers, the logits head) has.
 [[nodiscard]] inline std::optional<detail::mapped_gemm> map_gemm(const detail::gemm_shape& g, const shape_config& a,
                                                                  const shape_config& b, bool outside,
-                                                                 std::int64_t* vocab_local = nullptr) {
+                                                                 std::int64_t* vocab_local = nullptr,
+                                                                 double input_width = 0) {
   detail::mapped_gemm r;
   r.from = r.to = g;
   using role = detail::gemm_shape::role;
@@ -291,6 +294,17 @@ struct shape_stats {
     return std::nullopt;
   }
   *dims[tok] = b.tokens();
+  // K and the output width had the same size in the traces (hidden = FFN/TP, say) and map to
+  // different ones: K is the width of the activation the GEMM reads (`input_width`, in the new
+  // shape; 0 when unknown). FC1 and FC2 of such a model differ only in this.
+  if (r.tokens_out && input_width > 0) {
+    std::int64_t& out_to = tok == 0 ? r.to.n : r.to.m;
+    const std::int64_t out_from = tok == 0 ? r.from.n : r.from.m;
+    if (r.from.k == out_from && r.to.k != out_to &&
+        std::abs(static_cast<double>(out_to) - input_width) < std::abs(static_cast<double>(r.to.k) - input_width)) {
+      std::swap(r.to.k, out_to);
+    }
+  }
   return r;
 }
 
@@ -363,6 +377,32 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   for (const auto& ci : g.collectives) {
     for (const graph::task_id c : ci.complete) instance[c] = &ci;
   }
+  // The tied embedding's gradient all-reduce (Megatron's EMBEDDING_GROUP): a collective of a
+  // group with no TP, DP or world role whose members sit on more than one pipeline stage. It runs
+  // after the backward and carries the embedding's gradients, V/TP × hidden per rank; its group
+  // size is no TP size even when the two coincide.
+  std::set<std::string> has_role;
+  for (const auto& pg : st.groups) {
+    for (const auto& r : pg.roles) {
+      if (r.value && (*r.value == group_role::tp || *r.value == group_role::dp || *r.value == group_role::world)) {
+        has_role.insert(pg.name);
+      }
+    }
+  }
+  std::map<int, int> stage_of_rank;
+  for (std::size_t ri = 0; ri < job.ranks.size() && ri < st.ranks.size(); ++ri) {
+    if (st.ranks[ri].stage.value) stage_of_rank[job.ranks[ri].rank] = *st.ranks[ri].stage.value;
+  }
+  auto tied_embedding = [&](const graph::collective_instance& ci) {
+    if (has_role.count(ci.group) || ci.kind == "sendrecv" || ci.kind == "send_recv") return false;
+    std::set<int> stages;
+    for (const graph::task_id c : ci.complete) {
+      if (const auto it = stage_of_rank.find(g.rank[c]); it != stage_of_rank.end()) stages.insert(it->second);
+    }
+    return stages.size() > 1;
+  };
+  const double embedding_ratio = static_cast<double>(from.tp) / static_cast<double>(to.tp) *
+                                 static_cast<double>(to.hidden) / static_cast<double>(from.hidden);
   // Sequence parallelism (a reduce-scatter inside the forward passes): between the layers'
   // GEMMs each rank holds its 1/TP of the tokens, so norms, residuals and dropout work on
   // tokens × hidden / TP.
@@ -377,6 +417,9 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   if (sp) out.sequence_parallel = true;
   std::vector<double> act_old(job.ranks.size(), base_from), act_new(job.ranks.size(), base_to);
   std::vector<int> pass_of(job.ranks.size(), -1);
+  // Per rank, the traced dims of the last backward GEMM read as a dgrad (tokens out), while its
+  // weight gradient has not been seen: see `weight_gradient` below.
+  std::vector<std::optional<std::array<std::int64_t, 3>>> open_dgrad(job.ranks.size());
   auto set = [&](graph::task_id t, double ns) {
     out.before += g.duration[t];
     g.duration[t] = static_cast<time_ns>(std::llround(ns));
@@ -388,6 +431,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     // for the loss gradient on the last stage).
     if (c.pass >= 0 && c.pass != pass_of[c.rank]) {
       pass_of[c.rank] = c.pass;
+      open_dgrad[c.rank].reset();
       const auto& passes = st.ranks[c.rank].passes;
       if (static_cast<std::size_t>(c.pass) < passes.size() &&
           passes[static_cast<std::size_t>(c.pass)].op.kind == pipeline::op_kind::forward) {
@@ -406,7 +450,9 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     const double d = static_cast<double>(g.duration[t]);
     const bool in_pass = c.phase == phase_kind::forward || c.phase == phase_kind::backward;
     if (c.comm || kind != graph::task_kind::gpu_compute) {
-      if (!in_pass && c.phase != phase_kind::optimizer) {
+      const auto inst = instance.find(t);
+      const bool embedding = !c.p2p && inst != instance.end() && tied_embedding(*inst->second);
+      if (!in_pass && c.phase != phase_kind::optimizer && !embedding) {
         ++out.unchanged_outside;
         continue;
       }
@@ -418,16 +464,16 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
           !c.p2p && (known != dp_group.end() && !pg.empty()
                          ? known->second
                          : c.phase == phase_kind::optimizer || (c.phase == phase_kind::backward && c.layer < 0));
-      const double ratio = gradients ? param_ratio[c.rank] : act_to / act_from;
+      const double ratio = embedding ? embedding_ratio : gradients ? param_ratio[c.rank] : act_to / act_from;
       const auto coll = modelled_collective(kname);
       std::int64_t n = 2;
-      if (const auto it = instance.find(t); it != instance.end()) {
-        n = static_cast<std::int64_t>(it->second->group_ranks.empty() ? it->second->arrive.size()
-                                                                      : it->second->group_ranks.size());
+      if (inst != instance.end()) {
+        n = static_cast<std::int64_t>(inst->second->group_ranks.empty() ? inst->second->arrive.size()
+                                                                        : inst->second->group_ranks.size());
       } else if (const auto gs = tr.arg(c.op, trace::arg_key::group_size)) {
         n = *gs;
       }
-      const std::int64_t n_to = !c.p2p && !gradients && n == from.tp ? to.tp : n;
+      const std::int64_t n_to = !c.p2p && !gradients && !embedding && n == from.tp ? to.tp : n;
       const bool cross_node = n > costs.hw.gpus_per_node;
       const auto& link = cross_node ? costs.profile.inter : costs.profile.intra;
       double bytes = 0;
@@ -468,7 +514,8 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     if (c.shape_op != detail::no_event) {
       const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
                                       detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
-      const auto m = gs ? map_gemm(*gs, from, to, c.layer < 0, &out.vocab_local) : std::nullopt;
+      const double input_width = act_new[c.rank] / static_cast<double>(std::max<std::int64_t>(1, to.tokens()));
+      const auto m = gs ? map_gemm(*gs, from, to, c.layer < 0, &out.vocab_local, input_width) : std::nullopt;
       if (!m) {
         ++out.unattributed;
         continue;
@@ -495,7 +542,24 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
         out_old = dd(x.batch) * dd(x.m) * dd(x.n);
         out_new = dd(y.batch) * dd(y.m) * dd(y.n);
       }
-      if (m->tokens_out) act_old[c.rank] = out_old, act_new[c.rank] = out_new;
+      // When the tokens equal a width (tokens = hidden = FFN/TP, say), the dims do not say
+      // whether a backward GEMM is a dgrad (tokens out) or a weight gradient (tokens in K).
+      // Autograd runs a linear layer's dgrad, then its weight gradient: the GEMM right after a
+      // dgrad of the same dims is that weight gradient, and leaves the activation alone.
+      bool tokens_out = m->tokens_out;
+      if (m->from.kind == detail::gemm_shape::role::linear && c.phase == phase_kind::backward) {
+        const auto& x = m->from;
+        const std::array<std::int64_t, 3> dims{x.m, x.k, x.n};
+        const bool ambiguous = x.k == from.tokens() && (x.m == from.tokens() || x.n == from.tokens());
+        auto& open = open_dgrad[c.rank];
+        if (tokens_out && ambiguous && open && *open == dims) {
+          tokens_out = false;
+          open.reset();
+        } else {
+          open = tokens_out ? std::optional(dims) : std::nullopt;
+        }
+      }
+      if (tokens_out) act_old[c.rank] = out_old, act_new[c.rank] = out_new;
       set(t, d * ratio);
       continue;
     }
