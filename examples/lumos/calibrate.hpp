@@ -89,8 +89,10 @@ inline int run_calibrate(args& a) {
     std::snprintf(line, sizeof line, "  %-12s %.3f of HBM peak\n", cls.c_str(), f2);
     out += line;
   }
-  std::snprintf(line, sizeof line, "  min kernel %.1f us; launch %.1f us; forward op dispatch %.1f us (profiler overhead included)\n",
-                c.profile.min_kernel_ns / 1e3, c.launch_ns / 1e3, c.forward_op_ns / 1e3);
+  std::snprintf(line, sizeof line,
+                "  min kernel %.1f us; launch %.1f us; forward op dispatch %.1f us (profiler overhead included; %.3f ms in "
+                "synchronize calls not counted)\n",
+                c.profile.min_kernel_ns / 1e3, c.launch_ns / 1e3, c.forward_op_ns / 1e3, c.host_sync_ns / 1e6);
   out += line;
   std::snprintf(line, sizeof line, "  NCCL: %zu collectives; intra busbw %.1f GB/s, LL fraction %.3f, LL base %.1f us\n",
                 c.collectives.size(), c.profile.intra.busbw / 1e9, c.profile.intra.ll_fraction, c.profile.intra.ll_base_ns / 1e3);

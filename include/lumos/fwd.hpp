@@ -44,7 +44,7 @@ struct parallel_config;
 }  // namespace model
 
 namespace synth {
-struct job;      // synth/program.hpp
+struct job;      // synth/job.hpp
 struct program;
 }  // namespace synth
 

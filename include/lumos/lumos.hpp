@@ -44,6 +44,7 @@
 #include <lumos/model/profile.hpp>
 #include <lumos/model/transformer.hpp>
 
+#include <lumos/synth/job.hpp>
 #include <lumos/synth/kernel_trace.hpp>
 #include <lumos/synth/predict.hpp>
 #include <lumos/synth/program.hpp>
