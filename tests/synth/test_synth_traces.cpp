@@ -35,6 +35,26 @@ synth::job small_job(int tp, int pp, int dp, int vp, const char* schedule) {
   return j;
 }
 
+// A job built, compiled and simulated, ready to write (`sj` points into the other members).
+struct simulated_program {
+  synth::program prog;
+  graph::compiled_graph compiled;
+  sim::record_timeline timeline;
+  report::simulated_job sj;
+  std::vector<int> ranks;
+
+  simulated_program(const synth::job& j, const synth::program_options& opt)
+      : prog(synth::build_program(j, opt)), compiled(graph::compile(prog.graph)), timeline(sim::replay(compiled)) {
+    sj.graph = &prog.graph;
+    sj.simulated = {&timeline.start, &timeline.finish, &compiled};
+    sj.world_size = static_cast<int>(prog.world_size);
+    sj.device_name = j.hardware.name;
+    for (const auto& r : prog.ranks) ranks.push_back(r.rank);
+  }
+  simulated_program(const simulated_program&) = delete;
+  simulated_program& operator=(const simulated_program&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("synthesised traces replay to the prediction", "[synth][roundtrip]") {
@@ -53,18 +73,10 @@ TEST_CASE("synthesised traces replay to the prediction", "[synth][roundtrip]") {
 
     synth::program_options opt;
     opt.unfold = c.unfold;
-    const synth::program prog = synth::build_program(j, opt);
-    const graph::compiled_graph compiled = graph::compile(prog.graph);
-    const sim::record_timeline timeline = sim::replay(compiled);
-    report::simulated_job sj;
-    sj.graph = &prog.graph;
-    sj.simulated = {&timeline.start, &timeline.finish, &compiled};
-    sj.world_size = static_cast<int>(prog.world_size);
-    sj.device_name = j.hardware.name;
-    std::vector<int> ranks;
-    for (const auto& r : prog.ranks) ranks.push_back(r.rank);
+    const simulated_program sp(j, opt);
+    const synth::program& prog = sp.prog;
     lumos_test::temp_dir dir;
-    const auto files = report::write_kineto(sj, ranks, dir.path(), c.unfold);
+    const auto files = report::write_kineto(sp.sj, sp.ranks, dir.path(), c.unfold);
     REQUIRE(files.size() == prog.ranks.size());
 
     const trace::job read = trace::load_job({dir.path()});
@@ -86,16 +98,9 @@ TEST_CASE("synthesised traces replay to the prediction", "[synth][roundtrip]") {
 TEST_CASE("written traces do not depend on the writer's thread count", "[synth][roundtrip]") {
   synth::program_options opt;
   opt.unfold = true;
-  const synth::job j = small_job(2, 2, 2, 1, "1f1b");
-  const synth::program prog = synth::build_program(j, opt);
-  const graph::compiled_graph compiled = graph::compile(prog.graph);
-  const sim::record_timeline timeline = sim::replay(compiled);
-  report::simulated_job sj;
-  sj.graph = &prog.graph;
-  sj.simulated = {&timeline.start, &timeline.finish, &compiled};
-  sj.world_size = static_cast<int>(prog.world_size);
-  std::vector<int> ranks;
-  for (const auto& r : prog.ranks) ranks.push_back(r.rank);
+  const simulated_program sp(small_job(2, 2, 2, 1, "1f1b"), opt);
+  const report::simulated_job& sj = sp.sj;
+  const std::vector<int>& ranks = sp.ranks;
   REQUIRE(ranks.size() == 8);
   auto read_all = [](const std::vector<std::filesystem::path>& files) {
     std::vector<std::string> texts;
