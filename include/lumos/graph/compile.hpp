@@ -152,27 +152,6 @@ namespace detail {
   throw error(msg);
 }
 
-// Kahn's algorithm from the ready tasks in `queue`, appending to `order`; it goes on along a
-// task's processor while the next task there is ready, so positions follow processors (and so
-// task ids) in runs: a plain FIFO order interleaves every rank of a large job, and reading the
-// graph's columns in it misses the cache. Deterministic.
-template <class Queue, class Next, class Offsets, class Targets, class Counts, class Order>
-void topological_order(Queue& queue, const Next& next_on_processor, const Offsets& out_begin, const Targets& out_to,
-                       Counts& indegree, Order& order) {
-  for (std::size_t head = 0; head < queue.size(); ++head) {
-    for (task_id t = queue[head];;) {
-      order.push_back(t);
-      const task_id next = next_on_processor[t];
-      const bool go_on = next != no_task && --indegree[next] == 0;
-      for (std::uint32_t e = out_begin[t]; e < out_begin[t + 1]; ++e) {
-        if (--indegree[out_to[e]] == 0) queue.push_back(out_to[e]);
-      }
-      if (!go_on) break;
-      t = next;
-    }
-  }
-}
-
 }  // namespace detail
 
 /// Orders and flattens `g`, applying `durations` (scales by default). Deterministic: ties are
@@ -243,7 +222,15 @@ template <DurationModel Durations = scaled_durations>
   for (task_id t = 0; t < n; ++t) {
     if (indegree[t] == 0) queue.push_back(t);
   }
-  detail::topological_order(queue, next_on_processor, out_begin, out_to, indegree, c.task);
+  for (std::size_t head = 0; head < queue.size(); ++head) {
+    const task_id t = queue[head];
+    c.task.push_back(t);
+    auto release = [&](task_id u) {
+      if (--indegree[u] == 0) queue.push_back(u);
+    };
+    if (next_on_processor[t] != no_task) release(next_on_processor[t]);
+    for (std::uint32_t e = out_begin[t]; e < out_begin[t + 1]; ++e) release(out_to[e]);
+  }
   if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, in_from, previous_on_processor);
 
   c.position.resize(n);
