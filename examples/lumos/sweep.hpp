@@ -32,7 +32,8 @@ inline constexpr std::string_view sweep_usage =
     "usage: lumos sweep --gpus N [--model PRESET] [shape flags of predict] [--gpu PRESET] [--precision P]\n"
     "                   [--profile FILE] [--cost-model {kernel,roofline}] [--attention {flash,unfused}]\n"
     "                   [--tp LIST] [--pp LIST] [--dp LIST] [--vp LIST] [--micro-batch LIST]\n"
-    "                   [--schedule LIST] [--recompute LIST] [--sp LIST] [--global-batch N]\n"
+    "                   [--schedule LIST] [--recompute LIST] [--sp LIST] [--tp-comm-overlap {on,off}]\n"
+    "                   [--global-batch N]\n"
     "                   [--memory-margin F] [--top K] [--threads T] [--csv FILE] [--json]\n"
     "  Enumerates every configuration of the lists whose sizes multiply to N GPUs, rejects those\n"
     "  that cannot run (divisibility of heads/vocab/ffn/seq by tp, layers by pp*vp, the global batch\n"
@@ -46,6 +47,8 @@ inline constexpr std::string_view sweep_usage =
     "  --vp          default 1;  --micro-batch default 1,2,4\n"
     "  --schedule    gpipe, 1f1b, interleaved, zb-h1, zb-h2 (default 1f1b, and interleaved when a vp > 1)\n"
     "  --recompute   none, selective, full (default all three);  --sp off, on (default both)\n"
+    "  --tp-comm-overlap  on: configurations with sp overlap their TP collectives with GEMMs, as\n"
+    "                `lumos predict --tp-comm-overlap on` (default off)\n"
     "  --global-batch sequences per iteration (default 1536, GPT-3's)\n"
     "  --memory-margin fraction of HBM kept free for what the memory model leaves out (default 0.10)\n"
     "  --top K       rows of the ranking (default 10)\n"
@@ -261,6 +264,7 @@ inline void sweep_report(const sweep_request& req, const std::vector<sweep::resu
     w.field("gpu", j.hardware.name).field("gpus", req.gpus).field("precision", model::to_string(j.parallel.dtype));
     w.field("global_batch", req.global_batch).field("memory_margin", req.memory_margin).field("profile", profile);
     w.field("hbm_bytes", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity));
+    w.field("tp_comm_overlap", j.parallel.tp_comm_overlap);
     w.end_object();
     w.field("configurations", static_cast<std::int64_t>(rs.size()));
     w.field("accepted", static_cast<std::int64_t>(counts[0]));
@@ -432,6 +436,7 @@ inline sweep::problem sweep_problem(sweep_request& req) {
   p.model = req.base.job.model;
   p.hardware = req.base.job.hardware;
   p.dtype = req.base.job.parallel.dtype;
+  p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
   p.gpus = req.gpus;
   p.global_batch = req.global_batch;
   p.memory_margin = req.memory_margin;

@@ -599,3 +599,80 @@ TEST_CASE("cost profile JSON round-trips exactly and rejects bad input", "[model
   CHECK_THROWS_AS(lm::profile_from_json("{\"nope\": 1}", p), lumos::error);
   CHECK_THROWS_AS(lm::profile_from_json("{\"gemm.half_dim\": }", p), lumos::error);
 }
+
+// ---- TP communication overlap (parallel_config::tp_comm_overlap) ----
+
+namespace {
+
+// The four linear layers of a block, each a forward, dgrad and wgrad GEMM of the given time,
+// and one cost for every collective: with free launches and one rank per stage, the compute
+// stream runs everything back to back, so the iteration moves by exactly what overlap hides.
+struct linear_layers {
+  lumos::time_ns qkv = 0, attn_out = 0, mlp_in = 0, mlp_out = 0;
+  [[nodiscard]] lm::op_list layer(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
+    lm::op_list l;
+    for (const auto ph : {lm::op_phase::forward, lm::op_phase::backward_input, lm::op_phase::backward_weight}) {
+      for (const auto& [role, d] : {std::pair{lm::op_role::qkv, qkv}, std::pair{lm::op_role::attn_out, attn_out},
+                                    std::pair{lm::op_role::mlp_in, mlp_in}, std::pair{lm::op_role::mlp_out, mlp_out}}) {
+        lm::op_cost o;
+        o.name = "gemm";
+        o.role = role;
+        o.kind = lm::op_class::gemm;
+        o.phase = ph;
+        o.duration = d;
+        l.ops.push_back(o);
+      }
+    }
+    return l;
+  }
+  [[nodiscard]] lm::op_list embedding(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
+    return {};
+  }
+  [[nodiscard]] lm::op_list head(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
+    return {};
+  }
+  [[nodiscard]] lm::op_list optimizer(const lm::transformer&, const lm::parallel_config&, const lm::hardware&, int) const {
+    return {};
+  }
+};
+static_assert(lm::ComputeModel<linear_layers>);
+
+struct fixed_comm {
+  lumos::time_ns c = 0;
+  [[nodiscard]] lumos::time_ns collective_time(const lm::collective_op&, const lm::hardware&) const { return c; }
+  [[nodiscard]] lumos::time_ns p2p_time(const lm::p2p_op&, const lm::hardware&) const { return 0; }
+};
+static_assert(lm::CommModel<fixed_comm>);
+
+}  // namespace
+
+TEST_CASE("TP comm overlap: each sequence-parallel collective keeps what its GEMM does not hide", "[synth][program]") {
+  // TP 2, collectives of 1000 ns. Ring overlap hides gemm·(1 - 1/tp), bulk overlap the whole GEMM:
+  //   forward  qkv all-gather (ring, 1200): 400 left; attn_out reduce-scatter (ring, 3000): 0;
+  //            mlp_in all-gather (ring, 1600): 200; mlp_out reduce-scatter (ring, 1600): 200
+  //   backward mlp_out grad all-gather (ring, 1600): 200; attn_out grad all-gather (ring, 3000): 0;
+  //            re-gathers and dgrad reduce-scatters (bulk, GEMMs >= 1200): 0
+  // so a layer's ten collectives shrink from 10000 to 1000 ns.
+  const linear_layers compute{1200, 3000, 1600, 1600};
+  const fixed_comm comm{1000};
+  const std::int64_t micro_batches = 4;
+  ls::job j = make_job(2, 1, 1, micro_batches);
+  j.parallel.sp = true;
+  for (const auto g : {ls::granularity::pass, ls::granularity::kernel}) {
+    ls::predict_options o;
+    o.program.detail = g;
+    o.program.launch_cost = 0;
+    o.program.collective_cpu = 0;
+    const auto plain = ls::predict(j, o, compute, comm).iteration_ns;
+    ls::job overlapped = j;
+    overlapped.parallel.tp_comm_overlap = true;
+    const auto hidden = ls::predict(overlapped, o, compute, comm).iteration_ns;
+    INFO(ls::to_string(g) << ": " << plain << " -> " << hidden);
+    CHECK(plain - hidden == 9000 * j.model.layers * micro_batches);
+  }
+  // Megatron only overlaps the sequence-parallel collectives: without sp it is an error.
+  ls::job no_sp = j;
+  no_sp.parallel.sp = false;
+  no_sp.parallel.tp_comm_overlap = true;
+  CHECK_THROWS_WITH(no_sp.parallel.validate(no_sp.model), Catch::Contains("sequence parallelism"));
+}

@@ -107,7 +107,21 @@ TEST_CASE("lumos predict --json prints the documented fields", "[cli][synth]") {
   CHECK(double(mem["total"]) == Approx(parts));
   CHECK(std::string_view(doc["job"]["schedule"]) == "1f1b");
   CHECK(int64_t(doc["job"]["micro_batches_per_pipeline"]) == 8);
+  CHECK(!bool(doc["job"]["tp_comm_overlap"]));
   CHECK(std::string_view(doc["flops_convention"]).find("72*B*s*l*h^2") != std::string_view::npos);
+}
+
+TEST_CASE("lumos predict --tp-comm-overlap on hides TP collectives behind GEMMs", "[cli][synth]") {
+  const std::string args = "predict --model gpt3-15b --tp 4 --sp on --seq 2048 --global-batch 8 --json";
+  simdjson::dom::parser p1, p2;
+  const result plain = run(args);
+  const result overlapped = run(args + " --tp-comm-overlap on");
+  REQUIRE(plain.code == 0);
+  REQUIRE(overlapped.code == 0);
+  const simdjson::dom::element a = p1.parse(plain.out), b = p2.parse(overlapped.out);
+  CHECK(bool(b["job"]["tp_comm_overlap"]));
+  CHECK(int64_t(b["iteration_ns"]) < int64_t(a["iteration_ns"]));
+  CHECK(int64_t(b["breakdown"]["exposed_comm_ns"]) < int64_t(a["breakdown"]["exposed_comm_ns"]));
 }
 
 TEST_CASE("lumos predict prints a readable summary with units and conventions", "[cli][synth]") {
@@ -139,7 +153,8 @@ TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cl
                            "predict --tp 0", "predict --tp x", "predict --sp maybe", "predict --recompute some",
                            "predict --precision fp4", "predict --gpu tpu", "predict --model gpt5",
                            "predict --schedule pipedream", "predict --gpu a100-sxm-80gb --precision fp8",
-                           "predict --vp 2"}) {
+                           "predict --vp 2", "predict --tp-comm-overlap maybe",
+                           "predict --tp 2 --tp-comm-overlap on"}) {  // overlap needs --sp on
     INFO(args);
     const result r = run(args);
     CHECK(r.code == 2);

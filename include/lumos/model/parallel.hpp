@@ -38,6 +38,9 @@ struct parallel_config {
   int dp = 1;  ///< data-parallel size
   int vp = 1;  ///< virtual pipeline chunks per stage (interleaved schedule); 1 = none
   bool sp = false;  ///< sequence parallelism (Korthikanti et al.); no effect when tp == 1
+  /// Megatron's `--tp-comm-overlap` (Transformer Engine userbuffers): each sequence-parallel
+  /// collective of a layer overlaps the GEMM beside it. Needs sp when tp > 1.
+  bool tp_comm_overlap = false;
   std::int64_t micro_batch = 1;   ///< sequences per micro-batch (b)
   std::int64_t global_batch = 1;  ///< sequences per iteration over all replicas (B)
   recompute_kind recompute = recompute_kind::none;
@@ -115,6 +118,11 @@ struct parallel_config {
       throw error("model '" + m.name + "': seq (" + std::to_string(m.seq) +
                   ") is not divisible by tp (" + t +
                   ") as sequence parallelism requires: change seq or tp, or turn sp off");
+    }
+    if (tp_comm_overlap && tp > 1 && !sp) {
+      throw error("tp_comm_overlap overlaps the sequence-parallel all-gathers and reduce-scatters "
+                  "with GEMMs (Megatron requires sequence parallelism for it): turn sp on or the "
+                  "overlap off");
     }
     if (vp > 1 && pp == 1) {
       throw error("vp = " + std::to_string(vp) +

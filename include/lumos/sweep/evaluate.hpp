@@ -80,6 +80,9 @@ struct problem {
   std::int64_t gpus = 0;  ///< 0: any; otherwise tp·pp·dp must equal it
   model::precision dtype = model::precision::bf16;
   int zero_stage = 1;  ///< Megatron's distributed optimizer, as `lumos predict`
+  /// Overlap TP collectives with GEMMs (`parallel_config::tp_comm_overlap`) in the
+  /// configurations with sequence parallelism; the others cannot.
+  bool tp_comm_overlap = false;
   double memory_margin = 0.10;
   /// The prediction's options. The sweep forces the folded `pass` program without collective
   /// records or names (what synth::predict uses by default, minus the names).
@@ -218,6 +221,7 @@ class evaluator {
     p.dp = c.dp;
     p.vp = c.vp;
     p.sp = c.sp;
+    p.tp_comm_overlap = problem_.tp_comm_overlap && c.sp;
     p.micro_batch = c.micro_batch;
     p.global_batch = problem_.global_batch;
     p.recompute = c.recompute;
@@ -354,6 +358,7 @@ class evaluator {
     p.dp = c.dp;
     p.vp = c.vp;
     p.sp = c.sp;
+    p.tp_comm_overlap = problem_.tp_comm_overlap && c.sp;
     p.micro_batch = c.micro_batch;
     p.global_batch = problem_.global_batch;
     p.recompute = c.recompute;

@@ -32,7 +32,10 @@
 //               (backward); with SP, all-gather before / reduce-scatter after each of the two
 //               blocks, and in backward the output-gradient all-gathers, the input re-gathers
 //               (before the weight-gradient GEMMs, so in W for zero-bubble schedules) and the
-//               dgrad reduce-scatters; full recomputation repeats the forward ones. Embedding:
+//               dgrad reduce-scatters; full recomputation repeats the forward ones. With
+//               `parallel_config::tp_comm_overlap` each of these keeps only the time its GEMM
+//               does not hide (`exposed_tp_comm`; the embedding and head ones stay whole).
+//               Embedding:
 //               all-reduce (SP: reduce-scatter) of its output, SP all-gather of its gradient.
 //               Head: SP all-gather before the logits, three small fp32 all-reduces of the
 //               vocabulary-parallel cross-entropy, all-reduce (SP: reduce-scatter) of the logits
@@ -382,11 +385,17 @@ class program_builder {
   // recomputation repeats the forward collectives), `dgrad` to input-gradient ops, `wgrad` to
   // weight-gradient ops.
   enum class hook_phase : std::uint8_t { fwd, dgrad, wgrad };
+  // How Transformer Engine overlaps a sequence-parallel collective with a GEMM under
+  // `tp_comm_overlap`: `ring` splits the GEMM into tp chunks fed (all-gather) or drained
+  // (reduce-scatter) by a ring exchange, so one chunk of the GEMM cannot overlap; `bulk` runs
+  // the whole collective beside an independent GEMM of the same size (the dgrad / wgrad pair).
+  enum class overlap_kind : std::uint8_t { ring, bulk };
   struct hook {
     model::op_role role;  // the op it attaches to
     hook_phase phase;
     bool after;
     std::string_view collective_name;
+    overlap_kind overlap = overlap_kind::ring;
   };
 
   [[nodiscard]] std::vector<hook> layer_hooks() const {
@@ -401,16 +410,30 @@ class program_builder {
     // The input re-gather precedes the first weight-gradient GEMM of the MLP input in backward
     // order: fc1, or the up GEMM of a gated MLP (backward runs down, act, up, gate).
     const R first_input_wgrad = m_.mlp == model::mlp_kind::gelu ? R::mlp_in : R::mlp_up;
+    // TE overlaps the re-gathers with the dgrad GEMM and the dgrad reduce-scatters with the
+    // wgrad GEMM (bulk); both GEMMs of a linear layer have the same FLOPs, so the hook's own GEMM
+    // stands for its partner.
+    constexpr auto bulk = overlap_kind::bulk;
     return {{R::qkv, hook_phase::fwd, false, "qkv_input_all_gather"},
             {R::attn_out, hook_phase::fwd, true, "attn_out_proj_reduce_scatter"},
             {R::mlp_in, hook_phase::fwd, false, "mlp_input_all_gather"},
             {R::mlp_out, hook_phase::fwd, true, "mlp_out_reduce_scatter"},
             {R::mlp_out, hook_phase::dgrad, false, "mlp_out_grad_all_gather"},
-            {first_input_wgrad, hook_phase::wgrad, false, "mlp_input_regather"},
-            {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_reduce_scatter"},
+            {first_input_wgrad, hook_phase::wgrad, false, "mlp_input_regather", bulk},
+            {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_reduce_scatter", bulk},
             {R::attn_out, hook_phase::dgrad, false, "attn_out_proj_grad_all_gather"},
-            {R::qkv, hook_phase::wgrad, false, "qkv_input_regather"},
-            {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_reduce_scatter"}};
+            {R::qkv, hook_phase::wgrad, false, "qkv_input_regather", bulk},
+            {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_reduce_scatter", bulk}};
+  }
+
+  // The part of a TP collective of `comm` ns that its GEMM of `gemm` ns does not hide. Ring:
+  // the tp chunks of the GEMM alternate with tp - 1 exchange steps, max(gemm, comm + gemm/tp)
+  // in all; bulk: max(gemm, comm). The collective's task keeps the remainder, so the kernel and
+  // pass granularities fold it alike. Not modelled: the GEMM slowing down beside the
+  // exchange's SMs and the split GEMM's lower efficiency.
+  [[nodiscard]] time_ns exposed_tp_comm(time_ns comm, time_ns gemm, overlap_kind k) const noexcept {
+    const time_ns hidden = k == overlap_kind::bulk ? gemm : gemm - gemm / tp_;
+    return std::max<time_ns>(0, comm - hidden);
   }
 
   [[nodiscard]] static hook_phase phase_of(const model::op_cost& o) noexcept {
@@ -425,7 +448,10 @@ class program_builder {
       for (const hook& h : hooks) {
         if (h.after != after || h.phase != phase_of(o) || o.role != h.role) continue;
         for (const auto& c : collectives) {
-          if (c.name == h.collective_name) out.push_back(comm_item(c.name, c.kind, c.bytes));
+          if (c.name != h.collective_name) continue;
+          item i = comm_item(c.name, c.kind, c.bytes);
+          if (par_.tp_comm_overlap) i.duration = exposed_tp_comm(i.duration, o.duration, h.overlap);
+          out.push_back(i);
         }
       }
     };
