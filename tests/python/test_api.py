@@ -170,6 +170,15 @@ def test_predict_matches_cli(cli):
     assert p.iteration_ns == theirs["iteration_ns"] and p.mfu == theirs["mfu"]
 
 
+def test_predict_tp_comm_overlap_matches_cli(cli):
+    p = lumos.predict(**PREDICT, tp_comm_overlap=True)
+    theirs = cli("predict", "--model", "gpt3-15b", "--tp", 2, "--pp", 2, "--dp", 2, "--vp", 2, "--micro-batch", 1,
+                 "--recompute", "selective", "--sp", "on", "--tp-comm-overlap", "on", "--json")
+    assert p.iteration_ns == theirs["iteration_ns"]
+    assert theirs["job"]["tp_comm_overlap"] is True
+    assert p.iteration_ns < lumos.predict(**PREDICT).iteration_ns
+
+
 def test_predict_errors():
     with pytest.raises(lumos.LumosError) as e:
         lumos.predict(model="gpt3-15b", tp=0)
