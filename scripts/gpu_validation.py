@@ -234,8 +234,8 @@ def main():
     w("For the runs whose step is bound by the host (the hidden-512 model: its GPU time per step is a small part")
     w("of it), the unprofiled step time over the GPU ops (kernels, copies, sets) one step launches is what the")
     w("framework spends per launched op: Python, dispatch, autograd and the launch call together. The cost")
-    w("presets' host figures (`model/profile.hpp`, `common_host`) are assumptions below this; docs/model.md says")
-    w("why they are not moved to it yet.\n")
+    w("presets' host figures (`model/profile.hpp`, `common_host`) are assumptions below this; they describe")
+    w("Megatron, not this plain PyTorch eager model, and docs/model.md says why they stay.\n")
     w("| trace | GPU ops per step | GPU time per step (ms) | unprofiled step (ms) | host us per GPU op |")
     w("|---|---:|---:|---:|---:|")
     per_op = []

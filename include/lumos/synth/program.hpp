@@ -528,10 +528,16 @@ class program_builder {
     for (std::size_t k = 0; k < 4; ++k) {
       for (int first = 0; first < 2; ++first) {
         for (int last = 0; last < 2; ++last) {
+          // In execution order (backward passes run the head first and the embedding last):
+          // the run's lead depends on it, and the per-kernel graph follows this order.
+          const auto pk = static_cast<pass_kind>(k);
+          const bool forward = pk == pass_kind::forward;
           totals t;
-          if (first) t.add(embed_items_[k]);
+          if (first && forward) t.add(embed_items_[k]);
+          if (last && !forward) t.add(head_items_[k]);
           t.add(layer_items_[k], layers_per_chunk_);
-          if (last) t.add(head_items_[k]);
+          if (last && forward) t.add(head_items_[k]);
+          if (first && !forward) t.add(embed_items_[k]);
           pass_totals_[k][static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = t;
         }
       }
