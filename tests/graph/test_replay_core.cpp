@@ -32,9 +32,6 @@ TEST_CASE("task_spec fields land in their columns, edge_flags in the edge", "[gr
   CHECK(g.task_name(t) == "cudaStreamSynchronize");
   CHECK((g.rank[t] == 5 && g.source[t] == 17 && g.observed_start[t] == 100 && g.observed_end[t] == 109));
   CHECK((g.duration[u] == 0 && g.idle_gap[u] == 0 && g.rank[u] == 0 && g.source[u] == ~0U && g.task_name(u).empty()));
-  // The positional form fills the same columns.
-  const task_id v = g.add_task(x.cpu, task_kind::cpu_blocking, 4, 3, 2, "cudaStreamSynchronize", 5, 17, 100, 109);
-  CHECK((g.duration[v] == 4 && g.busy_gap[v] == 2 && g.source[v] == 17 && g.observed_end[v] == 109 && g.name[v] == g.name[t]));
   CHECK_THROWS_AS(g.add_task({.kind = task_kind::cpu, .processor = 9}), lumos::error);
 
   g.add_edge(u, t, 1, edge_kind::sync, edge_flags::finish);

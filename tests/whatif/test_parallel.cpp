@@ -176,8 +176,8 @@ TEST_CASE("communication fit recovers latency and bandwidth from the trace's own
     ci.group = "dp";
     ci.group_ranks = {0, 1, 2, 3};
     ci.bytes = bytes;
-    ci.arrive.push_back(g.add_task(p, graph::task_kind::comm_arrive, 0, 0));
-    ci.complete.push_back(g.add_task(p, graph::task_kind::comm_complete, t, 0));
+    ci.arrive.push_back(g.add_task({.kind = graph::task_kind::comm_arrive, .processor = p}));
+    ci.complete.push_back(g.add_task({.kind = graph::task_kind::comm_complete, .processor = p, .duration = t}));
     g.collectives.push_back(ci);
   }
   const auto f = whatif::fit_collective(g, model::collective::all_reduce);

@@ -90,18 +90,6 @@ enum class edge_kind : std::uint8_t {
   return "?";
 }
 
-/// `to` cannot start (start edge) or finish (finish edge) before `from` finishes — or, for an
-/// edge `from_start`, starts — plus `delay`. Launch edges count from the launching call's start
-/// (FIDELITY.md item 4); every other kind from the predecessor's finish.
-struct edge {
-  task_id from = no_task;
-  task_id to = no_task;
-  std::int32_t delay = 0;  ///< ns, saturated to ±2.1 s
-  edge_kind kind = edge_kind::dependency;
-  bool finish = false;
-  bool from_start = false;
-};
-
 /// How an edge binds its target, beyond the default (a start edge from the predecessor's finish).
 enum class edge_flags : std::uint8_t {
   none = 0,
@@ -114,6 +102,22 @@ enum class edge_flags : std::uint8_t {
 [[nodiscard]] constexpr bool has(edge_flags set, edge_flags f) noexcept {
   return (static_cast<std::uint8_t>(set) & static_cast<std::uint8_t>(f)) != 0;
 }
+
+/// `to` cannot start (start edge) or finish (finish edge) before `from` finishes — or, for an
+/// edge `from_start`, starts — plus `delay`. Launch edges count from the launching call's start
+/// (FIDELITY.md item 4); every other kind from the predecessor's finish.
+struct edge {
+  task_id from = no_task;
+  task_id to = no_task;
+  std::int32_t delay = 0;  ///< ns, saturated to ±2.1 s
+  edge_kind kind = edge_kind::dependency;
+  bool finish = false;
+  bool from_start = false;
+
+  [[nodiscard]] constexpr edge_flags flags() const noexcept {
+    return (finish ? edge_flags::finish : edge_flags::none) | (from_start ? edge_flags::from_start : edge_flags::none);
+  }
+};
 
 /// Everything about one task, by name: `g.add_task({.kind = task_kind::cpu, .processor = p,
 /// .duration = 5'000})`. Fields left out are 0 (no gaps, no observed times), an empty name,
@@ -209,22 +213,8 @@ struct task_graph {
     return static_cast<task_id>(processor.size() - 1);
   }
 
-  /// The positional form of `add_task(task_spec)`, kept for callers not yet moved to the spec.
-  task_id add_task(processor_id p, task_kind k, time_ns duration_ns, time_ns idle, time_ns busy = 0,
-                   std::string_view task_name = {}, int task_rank = 0, std::uint32_t source_event = ~0U,
-                   time_ns obs_start = 0, time_ns obs_end = 0) {
-    return add_task({.kind = k, .processor = p, .duration = duration_ns, .idle_gap = idle, .busy_gap = busy,
-                     .name = task_name, .rank = task_rank, .source = source_event, .observed_start = obs_start,
-                     .observed_end = obs_end});
-  }
-
   void add_edge(task_id from, task_id to, time_ns delay, edge_kind k, edge_flags flags = edge_flags::none) {
     edges.push_back({from, to, clamp_delay(delay), k, has(flags, edge_flags::finish), has(flags, edge_flags::from_start)});
-  }
-
-  /// The form with two bools (`finish`, `from_start`), kept for callers not yet moved to `edge_flags`.
-  void add_edge(task_id from, task_id to, time_ns delay, edge_kind k, bool finish, bool from_start = false) {
-    edges.push_back({from, to, clamp_delay(delay), k, finish, from_start});
   }
 
   [[nodiscard]] std::string_view task_name(task_id t) const noexcept { return strings[name[t]]; }

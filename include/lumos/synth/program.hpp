@@ -736,7 +736,7 @@ class program_builder {
   // ================================================================================ emission
 
   graph::task_id add(graph::processor_id p, graph::task_kind k, time_ns d, string_id name, int rank) {
-    const graph::task_id t = g_->add_task(p, k, d, 0, 0, {}, rank);
+    const graph::task_id t = g_->add_task({.kind = k, .processor = p, .duration = d, .rank = rank});
     g_->name[t] = name;
     return t;
   }
@@ -767,7 +767,7 @@ class program_builder {
       return;
     }
     const graph::task_id l = add(rs.info.cpu, graph::task_kind::cpu, cpu, n_launch_, rs.info.rank);
-    g_->add_edge(l, gpu_task, lead, graph::edge_kind::launch, false, true);
+    g_->add_edge(l, gpu_task, lead, graph::edge_kind::launch, graph::edge_flags::from_start);
     if (notes_) rs.cpu_tasks.push_back(l);
   }
 
@@ -796,7 +796,7 @@ class program_builder {
     if (notes_) rs.cpu_tasks.push_back(cpu);
     time_ns before = 0;
     for (const auto& l : rs.launches) {
-      g_->add_edge(cpu, l.gpu, before + l.lead, graph::edge_kind::launch, false, true);
+      g_->add_edge(cpu, l.gpu, before + l.lead, graph::edge_kind::launch, graph::edge_flags::from_start);
       before += l.cpu;
     }
     rs.launches.clear();

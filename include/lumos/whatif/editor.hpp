@@ -75,8 +75,10 @@ struct edited_graph {
   ng.processors = g.processors;
   ng.collectives = {};
   auto copy_task = [&](graph::task_id t) {
-    const graph::task_id id = ng.add_task(g.processor[t], g.kind[t], g.duration[t], g.idle_gap[t], g.busy_gap[t], g.task_name(t),
-                                          g.rank[t], g.source[t], g.observed_start[t], g.observed_end[t]);
+    const graph::task_id id = ng.add_task({.kind = g.kind[t], .processor = g.processor[t], .duration = g.duration[t],
+                                           .idle_gap = g.idle_gap[t], .busy_gap = g.busy_gap[t], .name = g.task_name(t),
+                                           .rank = g.rank[t], .source = g.source[t], .observed_start = g.observed_start[t],
+                                           .observed_end = g.observed_end[t]});
     out.copies[t].push_back(id);
   };
   // Emit processor by processor; a group's run is emitted `count` times in a row. Task ids are
@@ -106,9 +108,9 @@ struct edited_graph {
       continue;
     }
     if (group_of[e.from] != none && group_of[e.from] == group_of[e.to]) {
-      for (std::size_t c = 0; c < from.size() && c < to.size(); ++c) ng.add_edge(from[c], to[c], e.delay, e.kind, e.finish, e.from_start);
+      for (std::size_t c = 0; c < from.size() && c < to.size(); ++c) ng.add_edge(from[c], to[c], e.delay, e.kind, e.flags());
     } else {
-      ng.add_edge(from.back(), to.front(), e.delay, e.kind, e.finish, e.from_start);
+      ng.add_edge(from.back(), to.front(), e.delay, e.kind, e.flags());
     }
   }
   // Collectives: each copy of a participant's tasks is one more instance of the collective.

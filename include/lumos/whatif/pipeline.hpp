@@ -337,9 +337,11 @@ struct span {
       const time_ns gap = first_op ? 0 : (o.kind == pipeline::op_kind::forward ? c.gap_forward : c.gap_backward);
       first_op = false;
       const std::string name = pipeline::format_op(o, v > 1);
-      const graph::task_id h = g.add_task(host, graph::task_kind::cpu, cost.cpu, gap, 0, name, s);
-      const graph::task_id k = g.add_task(stream, graph::task_kind::gpu_compute, cost.gpu, 0, 0, name, s);
-      g.add_edge(h, k, c.launch_latency, graph::edge_kind::launch, false, true);
+      const graph::task_id h =
+          g.add_task({.kind = graph::task_kind::cpu, .processor = host, .duration = cost.cpu, .idle_gap = gap, .name = name, .rank = s});
+      const graph::task_id k =
+          g.add_task({.kind = graph::task_kind::gpu_compute, .processor = stream, .duration = cost.gpu, .name = name, .rank = s});
+      g.add_edge(h, k, c.launch_latency, graph::edge_kind::launch, graph::edge_flags::from_start);
       task_of[{s, static_cast<int>(o.kind), o.micro_batch, o.chunk}] = {h, k};
       out.stages[static_cast<std::size_t>(s)].busy += cost.gpu;
     }
