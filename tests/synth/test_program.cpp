@@ -416,9 +416,22 @@ TEST_CASE("the headline job: GPT-3 175B on 1024 H100s, TP8 PP8 DP16, interleaved
 
 namespace {
 
+// Compute models of transformer layers alone: no embedding, head or optimizer work.
+struct layers_only {
+  [[nodiscard]] lm::op_list embedding(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
+    return {};
+  }
+  [[nodiscard]] lm::op_list head(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
+    return {};
+  }
+  [[nodiscard]] lm::op_list optimizer(const lm::transformer&, const lm::parallel_config&, const lm::hardware&, int) const {
+    return {};
+  }
+};
+
 // One forward, one input-gradient and one weight-gradient op per layer, nothing else: with free
 // communication and no launch cost the iteration is exactly the pipeline schedule.
-struct fixed_compute {
+struct fixed_compute : layers_only {
   lumos::time_ns f = 0, b = 0, w = 0;
   [[nodiscard]] static lm::op_cost op(std::string_view name, lm::op_phase phase, lumos::time_ns d) {
     lm::op_cost o;
@@ -434,15 +447,6 @@ struct fixed_compute {
              op("w", lm::op_phase::backward_weight, w)};
     return l;
   }
-  [[nodiscard]] lm::op_list embedding(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
-    return {};
-  }
-  [[nodiscard]] lm::op_list head(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
-    return {};
-  }
-  [[nodiscard]] lm::op_list optimizer(const lm::transformer&, const lm::parallel_config&, const lm::hardware&, int) const {
-    return {};
-  }
 };
 static_assert(lm::ComputeModel<fixed_compute>);
 
@@ -455,7 +459,7 @@ static_assert(lm::CommModel<free_comm>);
 }  // namespace
 
 TEST_CASE("with free communication the program's pipeline phase is the schedule, exactly", "[synth][program]") {
-  const fixed_compute compute{1000, 2000, 700};
+  const fixed_compute compute{{}, 1000, 2000, 700};
   for (const auto kind : lp::all_schedule_kinds) {
     for (const int pp : {1, 2, 4}) {
       for (const int m : {4, 8, 12}) {
@@ -629,7 +633,7 @@ namespace {
 // The four linear layers of a block, each a forward, dgrad and wgrad GEMM of the given time,
 // and one cost for every collective: with free launches and one rank per stage, the compute
 // stream runs everything back to back, so the iteration moves by exactly what overlap hides.
-struct linear_layers {
+struct linear_layers : layers_only {
   lumos::time_ns qkv = 0, attn_out = 0, mlp_in = 0, mlp_out = 0;
   [[nodiscard]] lm::op_list layer(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
     lm::op_list l;
@@ -646,15 +650,6 @@ struct linear_layers {
       }
     }
     return l;
-  }
-  [[nodiscard]] lm::op_list embedding(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
-    return {};
-  }
-  [[nodiscard]] lm::op_list head(const lm::transformer&, const lm::parallel_config&, const lm::hardware&) const {
-    return {};
-  }
-  [[nodiscard]] lm::op_list optimizer(const lm::transformer&, const lm::parallel_config&, const lm::hardware&, int) const {
-    return {};
   }
 };
 static_assert(lm::ComputeModel<linear_layers>);
@@ -675,7 +670,7 @@ TEST_CASE("TP comm overlap: each sequence-parallel collective keeps what its GEM
   //   backward mlp_out grad all-gather (ring, 1600): 200; attn_out grad all-gather (ring, 3000): 0;
   //            re-gathers and dgrad reduce-scatters (bulk, GEMMs >= 1200): 0
   // so a layer's ten collectives shrink from 10000 to 1000 ns.
-  const linear_layers compute{1200, 3000, 1600, 1600};
+  const linear_layers compute{{}, 1200, 3000, 1600, 1600};
   const fixed_comm comm{1000};
   const std::int64_t micro_batches = 4;
   ls::job j = make_job(2, 1, 1, micro_batches);
