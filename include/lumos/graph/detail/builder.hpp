@@ -22,6 +22,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -91,6 +92,60 @@ namespace detail {
   return name.find("Launch") != std::string_view::npos;
 }
 
+// A multimap from 64-bit keys (correlation ids, external ids) to event indices, filled once,
+// sealed, then only read: two sorted arrays instead of a hash table of vectors (a large job has
+// millions of correlations, and a node plus a vector per key cost far more than the lookups).
+// Values of one key stay in the order they were added.
+class event_multimap {
+ public:
+  void add(std::int64_t key, std::uint32_t value) { entries_.push_back({key, value}); }
+  void seal() {
+    std::stable_sort(entries_.begin(), entries_.end(), [](const entry& a, const entry& b) { return a.key < b.key; });
+    values_.resize(entries_.size());
+    for (std::size_t i = 0; i < entries_.size(); ++i) values_[i] = entries_[i].value;
+    keys_.clear();
+    first_ = entries_.empty() ? 0 : entries_.front().key;
+    const std::uint64_t span = entries_.empty() ? 0 : static_cast<std::uint64_t>(entries_.back().key - first_) + 1;
+    if (span <= 2 * entries_.size() + 64) {
+      // Dense keys (correlation ids count up): the values of key k start at begin_[k - first].
+      begin_.assign(span + 1, 0);
+      for (const entry& e : entries_) ++begin_[static_cast<std::size_t>(e.key - first_) + 1];
+      for (std::size_t k = 0; k < span; ++k) begin_[k + 1] += begin_[k];
+    } else {
+      begin_.clear();
+      keys_.resize(entries_.size());
+      for (std::size_t i = 0; i < entries_.size(); ++i) keys_[i] = entries_[i].key;
+    }
+    entries_ = {};
+  }
+  // Every value of `key` (empty when it has none).
+  [[nodiscard]] std::span<const std::uint32_t> find(std::int64_t key) const noexcept {
+    if (!begin_.empty()) {
+      if (key < first_ || static_cast<std::uint64_t>(key - first_) + 1 >= begin_.size()) return {};
+      const auto k = static_cast<std::size_t>(key - first_);
+      return {values_.data() + begin_[k], begin_[k + 1] - begin_[k]};
+    }
+    const auto [b, e] = std::equal_range(keys_.begin(), keys_.end(), key);
+    return {values_.data() + (b - keys_.begin()), static_cast<std::size_t>(e - b)};
+  }
+  // The first value added for `key`, or `missing`.
+  [[nodiscard]] std::uint32_t first(std::int64_t key, std::uint32_t missing) const noexcept {
+    const auto values = find(key);
+    return values.empty() ? missing : values.front();
+  }
+
+ private:
+  struct entry {
+    std::int64_t key;
+    std::uint32_t value;
+  };
+  std::vector<entry> entries_;
+  std::vector<std::uint32_t> values_;
+  std::int64_t first_ = 0;
+  std::vector<std::uint32_t> begin_;  // dense keys: offsets into values_ by key − first_
+  std::vector<std::int64_t> keys_;    // sparse keys: parallel to values_
+};
+
 // Piecewise-constant multiplier over one thread's time line: the product of the factors of the
 // `op_scales` whose events cover each instant. Identity (and free) when no pattern matched.
 class time_warp {
@@ -157,6 +212,11 @@ class trace_graph_builder {
     for (std::size_t r = 0; r < job_.ranks.size(); ++r) index_rank(r);
     if (options_.match_collectives) match_collectives();
     estimate_clock_offsets();
+    std::size_t events = 0;
+    for (const trace::rank_trace& t : job_.ranks) events += t.events.size();
+    // About a task per event (metadata and instant events make none; a matched collective
+    // makes two, plus its join): growing ten columns one task at a time would copy them all.
+    out_.graph.reserve(events + events / 16, events);
     for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
       build_rank(r);
       release_indexes(r);
@@ -191,10 +251,10 @@ class trace_graph_builder {
     time_ns offset = 0;
     std::vector<std::pair<std::uint32_t, std::vector<event_index>>> cpu_lanes;  // lane → events by time
     std::map<stream_key, std::vector<event_index>> streams;                     // GPU ops by start
-    std::unordered_map<std::int64_t, event_index> runtime_by_corr;
-    std::unordered_map<std::int64_t, std::vector<event_index>> ops_by_corr;
-    std::unordered_map<std::int64_t, std::vector<event_index>> sync_by_corr;    // cuda_sync rows
-    std::unordered_map<std::int64_t, event_index> collective_op_by_external;    // record_param_comms
+    detail::event_multimap runtime_by_corr;            // runtime calls (the first per correlation counts)
+    detail::event_multimap ops_by_corr;                // GPU ops
+    detail::event_multimap sync_by_corr;               // cuda_sync rows
+    detail::event_multimap collective_op_by_external;  // record_param_comms (the first counts)
     std::vector<std::uint8_t> is_comm;                                           // per event
     std::vector<std::int32_t> instance;  // per event: collective instance (matched ops), or -1
     std::vector<task_id> task_of_event;
@@ -205,7 +265,16 @@ class trace_graph_builder {
     std::vector<detail::time_warp> warps;        // per CPU lane slot: op_scales over the thread's time
     std::map<stream_key, stream_overheads> overheads;
     std::unordered_map<event_index, time_ns> transfer;  // unmatched communication ops: transfer part
+    std::vector<string_id> graph_names;  // the trace's string id → the graph's (no_string: not yet added)
   };
+
+  // The graph's id of a name of rank r's trace: interned once per distinct name, not per task.
+  [[nodiscard]] string_id graph_name(std::size_t r, string_id name) {
+    std::vector<string_id>& ids = ranks_[r].graph_names;
+    if (ids.size() <= name) ids.resize(job_.ranks[r].strings.size(), no_string);
+    if (ids[name] == no_string) ids[name] = out_.graph.strings.intern(job_.ranks[r].strings[name]);
+    return ids[name];
+  }
   static constexpr time_ns no_anchor = std::numeric_limits<time_ns>::min();
 
   // Frees what only `build_rank(r)` reads (the correlation maps and per-event scratch dominate
@@ -217,6 +286,7 @@ class trace_graph_builder {
     release(s.cpu_lanes), release(s.streams), release(s.runtime_by_corr), release(s.ops_by_corr);
     release(s.sync_by_corr), release(s.collective_op_by_external), release(s.is_comm), release(s.instance);
     release(s.enqueue), release(s.anchor), release(s.warps), release(s.overheads), release(s.transfer);
+    release(s.graph_names);
   }
 
   // ---- indexing ---------------------------------------------------------------------------
@@ -233,6 +303,25 @@ class trace_graph_builder {
     if (x.ts != y.ts) return x.ts < y.ts;
     if (x.dur != y.dur) return x.dur > y.dur;  // parents before children
     return a < b;
+  }
+
+  // Sorts `events` by `starts_before`, on copies of the keys: the comparison reads no event
+  // (a rank's events are far apart in memory, and its lanes are long).
+  static void sort_by_start(const trace::rank_trace& t, std::vector<event_index>& events) {
+    const auto in_order = [&](event_index a, event_index b) { return starts_before(t, a, b); };
+    if (std::is_sorted(events.begin(), events.end(), in_order)) return;  // traces are mostly in order
+    struct key {
+      time_ns ts, dur;
+      event_index index;
+    };
+    std::vector<key> keys(events.size());
+    for (std::size_t i = 0; i < events.size(); ++i) keys[i] = {t.events[events[i]].ts, t.events[events[i]].dur, events[i]};
+    std::sort(keys.begin(), keys.end(), [](const key& a, const key& b) {
+      if (a.ts != b.ts) return a.ts < b.ts;
+      if (a.dur != b.dur) return a.dur > b.dur;
+      return a.index < b.index;
+    });
+    for (std::size_t i = 0; i < events.size(); ++i) events[i] = keys[i].index;
   }
 
   void apply_op_scales(std::size_t r);

@@ -29,8 +29,8 @@ void trace_graph_builder<Comm>::match_collectives() {
       // Collective args live on the kernel (newer PyTorch) or on its record_param_comms op.
       std::size_t source = o;
       if (!t.arg(o, trace::arg_key::process_group_name) && t.events[o].external_id >= 0) {
-        const auto it = s.collective_op_by_external.find(t.events[o].external_id);
-        if (it != s.collective_op_by_external.end()) source = it->second;
+        const event_index op = s.collective_op_by_external.first(t.events[o].external_id, no_event);
+        if (op != no_event) source = op;
       }
       std::string group;
       if (const auto g = t.arg(source, trace::arg_key::process_group_name)) {
@@ -144,9 +144,7 @@ void trace_graph_builder<Comm>::unmatched_transfers(std::size_t r) {
       if (step >= 0) same_op[{key.device, key.stream, e.name, position[{step, e.name}]++}].push_back(o);
       std::size_t source = o;
       if (!t.arg(o, trace::arg_key::in_msg_nelems) && e.external_id >= 0) {
-        if (const auto it = s.collective_op_by_external.find(e.external_id); it != s.collective_op_by_external.end()) {
-          source = it->second;
-        }
+        if (const event_index op = s.collective_op_by_external.first(e.external_id, no_event); op != no_event) source = op;
       }
       if (const auto nel = t.arg(source, trace::arg_key::in_msg_nelems)) {
         same_size[{e.name, *nel, std::string(t.arg_text(source, trace::arg_key::process_group_name))}].push_back(o);

@@ -23,9 +23,7 @@ auto trace_graph_builder<Comm>::find_cross_stream(std::size_t r) -> std::unorder
     std::vector<std::pair<time_ns, event_index>> launches;  // (launch start, op)
     for (const event_index c : events) {
       if (!detail::is_runtime(t.events[c].cat)) continue;
-      const auto it = s.ops_by_corr.find(t.events[c].correlation);
-      if (it == s.ops_by_corr.end()) continue;
-      for (const event_index o : it->second) launches.push_back({t.events[c].ts, o});
+      for (const event_index o : s.ops_by_corr.find(t.events[c].correlation)) launches.push_back({t.events[c].ts, o});
     }
     auto next_launch = [&](time_ns after) -> event_index {
       auto it = std::partition_point(launches.begin(), launches.end(), [&](const auto& l) { return l.first <= after; });
@@ -52,27 +50,25 @@ auto trace_graph_builder<Comm>::find_cross_stream(std::size_t r) -> std::unorder
       // Exact pairing from a cuda_sync "Stream Wait Event" row, when present.
       event_index producer = no_event, consumer = no_event;
       bool exact = false;
-      if (const auto rows = s.sync_by_corr.find(call.correlation); rows != s.sync_by_corr.end()) {
-        for (const event_index row : rows->second) {
-          const auto on = t.arg(row, trace::arg_key::wait_on_stream);
-          const auto rec = t.arg(row, trace::arg_key::wait_on_event_record_correlation);
-          if (!on || *on < 0) continue;
-          time_ns record_time = call.ts;
-          if (rec) {
-            const auto it = s.runtime_by_corr.find(*rec);
-            if (it != s.runtime_by_corr.end()) record_time = t.events[it->second].ts;
-          }
-          producer = last_enqueued_on(static_cast<int>(*on), t.events[row].device, record_time);
-          const int waiting = t.events[row].stream;
-          for (auto it = std::partition_point(launches.begin(), launches.end(), [&](const auto& l) { return l.first <= call.ts; });
-               it != launches.end(); ++it) {
-            if (t.events[it->second].stream == waiting) {
-              consumer = it->second;
-              break;
-            }
-          }
-          exact = true;
+      for (const event_index row : s.sync_by_corr.find(call.correlation)) {
+        const auto on = t.arg(row, trace::arg_key::wait_on_stream);
+        const auto rec = t.arg(row, trace::arg_key::wait_on_event_record_correlation);
+        if (!on || *on < 0) continue;
+        time_ns record_time = call.ts;
+        if (rec) {
+          const event_index recorded = s.runtime_by_corr.first(*rec, no_event);
+          if (recorded != no_event) record_time = t.events[recorded].ts;
         }
+        producer = last_enqueued_on(static_cast<int>(*on), t.events[row].device, record_time);
+        const int waiting = t.events[row].stream;
+        for (auto it = std::partition_point(launches.begin(), launches.end(), [&](const auto& l) { return l.first <= call.ts; });
+             it != launches.end(); ++it) {
+          if (t.events[it->second].stream == waiting) {
+            consumer = it->second;
+            break;
+          }
+        }
+        exact = true;
       }
       if (!exact) {
         // Inferred: the waiting stream is that of the thread's next launch; the recording

@@ -34,26 +34,27 @@ void trace_graph_builder<Comm>::index_rank(std::size_t r) {
     const trace::event& e = t.events[i];
     if (e.ph != trace::phase::complete) continue;
     if (trace::is_cpu_side(e.cat)) {
-      if (detail::is_runtime(e.cat) && e.correlation >= 0) s.runtime_by_corr.try_emplace(e.correlation, i);
+      if (detail::is_runtime(e.cat) && e.correlation >= 0) s.runtime_by_corr.add(e.correlation, i);
       if (e.cat == trace::category::cpu_op && e.external_id >= 0 && t.arg(i, trace::arg_key::collective_name)) {
-        s.collective_op_by_external.try_emplace(e.external_id, i);
+        s.collective_op_by_external.add(e.external_id, i);
       }
     } else if (trace::is_gpu_op(e.cat)) {
       s.streams[{e.device, e.stream}].push_back(i);
       s.is_comm[i] = is_comm_(t, i) ? 1 : 0;
     }
   }
-  auto by_time = [&](event_index a, event_index b) { return starts_before(t, a, b); };
+  s.runtime_by_corr.seal();
+  s.collective_op_by_external.seal();
   s.anchor.assign(n, no_anchor);
   for (auto& [key, ops] : s.streams) {
-    std::sort(ops.begin(), ops.end(), by_time);
+    sort_by_start(t, ops);
     for (const event_index o : ops) {
-      const auto it = s.runtime_by_corr.find(t.events[o].correlation);
-      s.enqueue[o] = it != s.runtime_by_corr.end() ? t.events[it->second].ts : t.events[o].ts;
-      if (it == s.runtime_by_corr.end()) continue;
+      const event_index launch = s.runtime_by_corr.first(t.events[o].correlation, no_event);
+      s.enqueue[o] = launch != no_event ? t.events[launch].ts : t.events[o].ts;
+      if (launch == no_event) continue;
       // Latency counts from the call's start (FIDELITY.md item 4), or from its end when a
       // kernel launch blocked (lazy module loading) and the op could only start after it.
-      const trace::event& call = t.events[it->second];
+      const trace::event& call = t.events[launch];
       const bool blocked = call.dur > options_.blocked_launch && detail::is_kernel_launch(t.name(call));
       s.anchor[o] = blocked ? call.end() : call.ts;  // rank-local: the offset is final only at build time
     }
@@ -77,14 +78,14 @@ void trace_graph_builder<Comm>::index_launches(std::size_t r) {
       if (fresh) s.cpu_lanes.push_back({e.lane, {}});
       s.cpu_lanes[it->second].second.push_back(i);
     } else if (trace::is_gpu_op(e.cat)) {
-      if (e.correlation >= 0) s.ops_by_corr[e.correlation].push_back(i);
+      if (e.correlation >= 0) s.ops_by_corr.add(e.correlation, i);
     } else if (e.cat == trace::category::cuda_sync && e.correlation >= 0) {
-      s.sync_by_corr[e.correlation].push_back(i);
+      s.sync_by_corr.add(e.correlation, i);
     }
   }
-  for (auto& [lane, events] : s.cpu_lanes) {
-    std::sort(events.begin(), events.end(), [&](event_index a, event_index b) { return starts_before(t, a, b); });
-  }
+  s.ops_by_corr.seal();
+  s.sync_by_corr.seal();
+  for (auto& [lane, events] : s.cpu_lanes) sort_by_start(t, events);
   std::sort(s.cpu_lanes.begin(), s.cpu_lanes.end(), [&](const auto& a, const auto& b) {
     return t.events[a.second.front()].ts < t.events[b.second.front()].ts;
   });
@@ -126,8 +127,8 @@ void trace_graph_builder<Comm>::apply_op_scales(std::size_t r) {
         if (t.name(t.events[o]).find(pattern.text) != std::string_view::npos) f *= pattern.factor;
       }
       // Everything a matched CPU op launched is nested in it.
-      if (const auto it = s.runtime_by_corr.find(t.events[o].correlation); it != s.runtime_by_corr.end()) {
-        f *= s.warps[slot_of_lane[t.events[it->second].lane]].at(start_of(r, it->second));
+      if (const event_index call = s.runtime_by_corr.first(t.events[o].correlation, no_event); call != no_event) {
+        f *= s.warps[slot_of_lane[t.events[call].lane]].at(start_of(r, call));
       }
       s.gpu_factor[o] = f;
       if (f != 1.0) ++out_.stats.op_scaled_gpu;

@@ -21,8 +21,7 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
   rank_state& s = ranks_[r];
   task_graph& g = out_.graph;
   auto launch_of = [&](event_index o) -> event_index {
-    const auto it = s.runtime_by_corr.find(t.events[o].correlation);
-    return it == s.runtime_by_corr.end() ? no_event : it->second;
+    return s.runtime_by_corr.first(t.events[o].correlation, no_event);
   };
   // Every GPU op of the rank by end time, for the implicit-wait search.
   std::vector<std::pair<time_ns, event_index>> by_end;
@@ -32,9 +31,13 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
     }
     std::sort(by_end.begin(), by_end.end());
   }
+  // Per launch call, the last stream (numbered from 1) that one of its ops ran on: a launch met
+  // again on the same stream launched several ops (a CUDA graph).
+  std::vector<std::uint32_t> launched_on(t.events.size(), 0);
+  std::uint32_t stream_number = 0;
   for (const auto& [key, ops] : s.streams) {
     const stream_overheads& oh = s.overheads[key];
-    std::unordered_map<event_index, int> uses_of_launch;
+    ++stream_number;
     for (std::size_t k = 0; k < ops.size(); ++k) {
       const event_index o = ops[k];
       const task_id first = s.arrive_of_event[o] != no_task ? s.arrive_of_event[o] : s.task_of_event[o];
@@ -125,7 +128,7 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
         g.add_edge(launch_task, first, delay, edge_kind::launch, from_start ? edge_flags::from_start : edge_flags::none);
         if (binding == launch) keep(overhead_kind::launch_latency, latency);
         ++out_.stats.launch_edges;
-        if (uses_of_launch[l]++ > 0 || s.ops_by_corr[t.events[o].correlation].size() > 1) ++out_.stats.graph_launch_ops;
+        if (std::exchange(launched_on[l], stream_number) == stream_number || s.ops_by_corr.find(t.events[o].correlation).size() > 1) ++out_.stats.graph_launch_ops;
       } else {
         ++out_.stats.ops_without_launch;
       }

@@ -52,17 +52,14 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
       std::vector<event_index> ops;
       if (copy) {
         // A copy blocks when its own GPU op ended before the call returned.
-        const auto it = s.ops_by_corr.find(call.correlation);
-        if (it != s.ops_by_corr.end()) {
-          for (const event_index o : it->second) {
-            if (t.events[o].end() <= call.end() && t.events[o].end() > call.ts) ops.push_back(o);
-          }
+        for (const event_index o : s.ops_by_corr.find(call.correlation)) {
+          if (t.events[o].end() <= call.end() && t.events[o].end() > call.ts) ops.push_back(o);
         }
       }
-      const auto rows = copy ? s.sync_by_corr.end() : s.sync_by_corr.find(call.correlation);
-      if (rows != s.sync_by_corr.end()) {
+      const auto rows = copy ? std::span<const event_index>{} : s.sync_by_corr.find(call.correlation);
+      if (!rows.empty()) {
         // Exact: the cuda_sync row names the stream waited on.
-        for (const event_index row : rows->second) {
+        for (const event_index row : rows) {
           const auto on = t.arg(row, trace::arg_key::wait_on_stream);
           const int stream = on && *on >= 0 ? static_cast<int>(*on) : t.events[row].stream;
           for (const auto& [key, sops] : s.streams) {

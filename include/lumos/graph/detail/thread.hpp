@@ -52,9 +52,9 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
   time_ns previous_end = 0;  // job time 0 for the first task
   task_id owner = no_task;   // the anchor an overlapping (nested) call belongs to
   time_ns owner_end = std::numeric_limits<time_ns>::min();
-  auto add = [&](task_kind kind, time_ns duration, time_ns begin, time_ns end, std::string_view name, event_index source) {
+  auto add = [&](task_kind kind, time_ns duration, time_ns begin, time_ns end, string_id name, event_index source) {
     const auto [idle, b] = split_gap(previous_end, begin);
-    const task_id id = g.add_task({.kind = kind, .processor = p, .duration = duration, .idle_gap = idle, .busy_gap = b, .name = name,
+    const task_id id = g.add_task({.kind = kind, .processor = p, .duration = duration, .idle_gap = idle, .busy_gap = b, .name_id = name,
                                   .rank = t.rank, .source = source, .observed_start = begin, .observed_end = end});
     if (idle > 0) out_.kept.push_back({id, overhead_kind::cpu_idle, idle});
     cpu_tasks.push_back({id, slot, begin, end, b});
@@ -79,7 +79,7 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
     const time_ns call_end = end_of(r, call);
     const auto wait = awaited.find(call);
     if (wait == awaited.end()) {
-      owner = add(task_kind::cpu, own(b, en), b, en, t.name(e), i);
+      owner = add(task_kind::cpu, own(b, en), b, en, graph_name(r, e.name), i);
       owner_end = en;
       s.task_of_event[i] = owner;
       continue;
@@ -101,12 +101,12 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
         const stream_overheads& oh = s.overheads[{t.events[o].device, t.events[o].stream}];
         issue_end = std::min(issue_end, std::max(b, std::min(start_of(r, o), b + oh.launch_latency)));
       }
-      const task_id issue = add(task_kind::cpu, own(b, issue_end), b, issue_end, t.name(e), i);
+      const task_id issue = add(task_kind::cpu, own(b, issue_end), b, issue_end, graph_name(r, e.name), i);
       launch_task_[{r, e.correlation}] = issue;
       b = issue_end;
     }
     const time_ns tail = std::max<time_ns>(0, call_end - std::max(latest, b));
-    owner = add(task_kind::cpu_blocking, removed ? 0 : own(call_end - tail, call_end), b, call_end, t.name(t.events[call]), call);
+    owner = add(task_kind::cpu_blocking, removed ? 0 : own(call_end - tail, call_end), b, call_end, graph_name(r, t.events[call].name), call);
     if (removed) removed_calls_.insert(owner);
     if (tail > 0 && !removed) out_.kept.push_back({owner, overhead_kind::sync_tail, g.duration[owner]});
     if (call != i) {
@@ -118,7 +118,7 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
     s.task_of_event[call] = owner;
   }
   // The thread's trailing CPU work, so that hand-offs from this thread see its real end.
-  if (last_end > previous_end) add(task_kind::cpu, 0, last_end, last_end, "thread end", no_event);
+  if (last_end > previous_end) add(task_kind::cpu, 0, last_end, last_end, g.strings.intern("thread end"), no_event);
 }
 
 }  // namespace lumos::graph
