@@ -70,6 +70,11 @@ struct build_options {
   bool strict = false;
   /// Shift each rank's clock by the offset its collectives imply (`lumos replay --align-clocks`).
   bool align_clocks = false;
+  /// Threads for building a multi-rank graph: each rank's analysis of its trace runs on
+  /// threads - 1 workers ahead of the calling thread, which adds the tasks in rank order.
+  /// 0: one worker per hardware thread (the analysis is the longer part, so the calling thread
+  /// mostly waits); 1: everything on the calling thread. The graph does not depend on it.
+  unsigned threads = 0;
 };
 
 /// A delay kept from the trace that a what-if does not move (FIDELITY.md item 8), by kind.

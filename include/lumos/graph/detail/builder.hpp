@@ -13,6 +13,10 @@
 #include <lumos/trace/summary.hpp>
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -217,10 +221,7 @@ class trace_graph_builder {
     // About a task per event (metadata and instant events make none; a matched collective
     // makes two, plus its join): growing ten columns one task at a time would copy them all.
     out_.graph.reserve(events + events / 16, events);
-    for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
-      build_rank(r);
-      release_indexes(r);
-    }
+    build_ranks();
     finish_collectives();
     if (options_.strict && out_.stats.causality_violations > 0) {
       throw error(std::to_string(out_.stats.causality_violations) + " causality violation" +
@@ -246,6 +247,9 @@ class trace_graph_builder {
     auto operator<=>(const stream_key&) const = default;
   };
 
+  using producer_map = std::unordered_map<event_index, std::vector<event_index>>;
+  using awaited_map = std::unordered_map<event_index, std::vector<event_index>>;
+
   // Everything indexed about one rank before tasks are made.
   struct rank_state {
     time_ns offset = 0;
@@ -266,6 +270,11 @@ class trace_graph_builder {
     std::map<stream_key, stream_overheads> overheads;
     std::unordered_map<event_index, time_ns> transfer;  // unmatched communication ops: transfer part
     std::vector<string_id> graph_names;  // the trace's string id → the graph's (no_string: not yet added)
+    // What `analyse_rank` hands to `build_rank` (made on an analysis thread).
+    awaited_map awaited;                                     // blocking call → the GPU ops it waited for
+    producer_map producers;                                  // GPU op → its cross-stream producers
+    std::unordered_map<event_index, event_index> poll_runs;  // first query of a poll → its last
+    build_stats counts;                                      // the analysis's counters, added in rank order
   };
 
   // The graph's id of a name of rank r's trace: interned once per distinct name, not per task.
@@ -286,7 +295,7 @@ class trace_graph_builder {
     release(s.cpu_lanes), release(s.streams), release(s.runtime_by_corr), release(s.ops_by_corr);
     release(s.sync_by_corr), release(s.collective_op_by_external), release(s.is_comm), release(s.instance);
     release(s.enqueue), release(s.anchor), release(s.warps), release(s.overheads), release(s.transfer);
-    release(s.graph_names);
+    release(s.graph_names), release(s.awaited), release(s.producers), release(s.poll_runs);
   }
 
   // ---- indexing ---------------------------------------------------------------------------
@@ -353,9 +362,8 @@ class trace_graph_builder {
     time_ns start, end, busy;  // observed, job time
   };
 
-  using producer_map = std::unordered_map<event_index, std::vector<event_index>>;
-  using awaited_map = std::unordered_map<event_index, std::vector<event_index>>;
-
+  void build_ranks();
+  void analyse_rank(std::size_t r);
   void build_rank(std::size_t r);
 
   void learn_overheads(std::size_t r, const producer_map& producers);
@@ -403,7 +411,6 @@ class trace_graph_builder {
   std::vector<rank_state> ranks_;
   std::vector<instance_plan> plans_;
   std::map<std::pair<std::size_t, std::int64_t>, task_id> launch_task_;  // split blocking copies
-  std::unordered_map<event_index, event_index> poll_runs_;  // per rank: first query of a poll → its last
   std::unordered_set<task_id> removed_calls_;  // blocking calls inside an op scaled to 0
   built_job out_;
 };

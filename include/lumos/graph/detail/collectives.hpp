@@ -168,9 +168,9 @@ void trace_graph_builder<Comm>::unmatched_transfers(std::size_t r) {
   for (const auto& [o, d] : s.transfer) {
     const auto it = rule.find(o);
     const int which = it == rule.end() ? 0 : it->second;
-    ++(which == 1 ? out_.stats.unmatched_transfer_same_op
-       : which == 2 ? out_.stats.unmatched_transfer_same_size
-                    : out_.stats.unmatched_kept_whole);
+    ++(which == 1 ? s.counts.unmatched_transfer_same_op
+       : which == 2 ? s.counts.unmatched_transfer_same_size
+                    : s.counts.unmatched_kept_whole);
   }
 }
 

@@ -83,11 +83,11 @@ auto trace_graph_builder<Comm>::find_cross_stream(std::size_t r) -> std::unorder
         }
       }
       if (producer == no_event || consumer == no_event || t.events[producer].stream == t.events[consumer].stream) {
-        ++out_.stats.cross_stream_unresolved;
+        ++s.counts.cross_stream_unresolved;
         continue;
       }
       producers[consumer].push_back(producer);
-      ++(exact ? out_.stats.cross_stream_exact : out_.stats.cross_stream_inferred);
+      ++(exact ? s.counts.cross_stream_exact : s.counts.cross_stream_inferred);
     }
   }
   return producers;

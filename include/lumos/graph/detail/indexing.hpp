@@ -115,7 +115,7 @@ void trace_graph_builder<Comm>::apply_op_scales(std::size_t r) {
         open_end = std::max(open_end, en);
       }
     }
-    if (!spans.empty()) ++out_.stats.op_scaled_cpu;
+    if (!spans.empty()) ++s.counts.op_scaled_cpu;
     s.warps[slot].build(std::move(spans));
   }
   std::unordered_map<std::uint32_t, std::size_t> slot_of_lane;
@@ -131,7 +131,7 @@ void trace_graph_builder<Comm>::apply_op_scales(std::size_t r) {
         f *= s.warps[slot_of_lane[t.events[call].lane]].at(start_of(r, call));
       }
       s.gpu_factor[o] = f;
-      if (f != 1.0) ++out_.stats.op_scaled_gpu;
+      if (f != 1.0) ++s.counts.op_scaled_gpu;
     }
   }
 }

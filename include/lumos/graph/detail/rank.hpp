@@ -6,23 +6,116 @@
 
 namespace lumos::graph {
 
+// Each rank's analysis reads only its own trace and state, so worker threads run it up to a
+// few ranks ahead of the calling thread, which adds the ranks' tasks to the graph in rank
+// order: the graph is the same for any number of threads, and only a few ranks' analyses are
+// alive at a time. An analysis that throws is rethrown when its rank's turn comes.
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::build_ranks() {
+  const std::size_t n = job_.ranks.size();
+  const unsigned threads = options_.threads != 0 ? options_.threads : std::max(1U, std::thread::hardware_concurrency()) + 1;
+  const std::size_t workers = std::min<std::size_t>(threads - 1, n > 1 ? n - 1 : 0);
+  if (workers == 0) {
+    for (std::size_t r = 0; r < n; ++r) {
+      analyse_rank(r);
+      build_rank(r);
+      release_indexes(r);
+    }
+    return;
+  }
+  const std::size_t window = 2 * workers;  // ranks analysed ahead of the one being built
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::uint8_t> ready(n, 0);
+  std::vector<std::exception_ptr> failed(n);
+  std::size_t next = 0, built = 0;
+  bool stop = false;
+  auto work = [&] {
+    while (true) {
+      std::size_t r = 0;
+      {
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return stop || next >= n || next < built + window; });
+        if (stop || next >= n) return;
+        r = next++;
+      }
+      try {
+        analyse_rank(r);
+      } catch (...) {
+        failed[r] = std::current_exception();
+      }
+      {
+        std::lock_guard lock(m);
+        ready[r] = 1;
+      }
+      cv.notify_all();
+    }
+  };
+  std::vector<std::jthread> pool;
+  // Declared after the pool, so destroyed before it: stops the workers however this returns.
+  struct stopper {
+    std::mutex& m;
+    std::condition_variable& cv;
+    bool& stop;
+    ~stopper() {
+      {
+        std::lock_guard lock(m);
+        stop = true;
+      }
+      cv.notify_all();
+    }
+  } stop_workers{m, cv, stop};
+  pool.reserve(workers);
+  for (std::size_t w = 0; w < workers; ++w) pool.emplace_back(work);
+  for (std::size_t r = 0; r < n; ++r) {
+    {
+      std::unique_lock lock(m);
+      cv.wait(lock, [&] { return ready[r] != 0; });
+    }
+    if (failed[r]) std::rethrow_exception(failed[r]);
+    build_rank(r);
+    release_indexes(r);
+    {
+      std::lock_guard lock(m);
+      ++built;
+    }
+    cv.notify_all();
+  }
+}
+
+// What the trace says before any task exists: CPU events by thread and GPU ops by correlation,
+// the selective what-ifs over its time, the GPU ops each blocking call waited for, the
+// cross-stream producers of each op, the overheads of each stream and the transfer part of
+// unmatched communication. Touches only rank r's state.
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::analyse_rank(std::size_t r) {
+  rank_state& s = ranks_[r];
+  index_launches(r);
+  apply_op_scales(r);
+  s.awaited = find_blocking_calls(r);
+  if (options_.cross_stream) s.producers = find_cross_stream(r);
+  learn_overheads(r, s.producers);
+  unmatched_transfers(r);
+}
+
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::build_rank(std::size_t r) {
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
   task_graph& g = out_.graph;
   const int rank = t.rank;
-
-  index_launches(r);
-  // 1. What the trace says before any task exists: the selective what-ifs over its time, the
-  //    GPU ops each blocking call waited for, the cross-stream producers of each op, and the
-  //    overheads of each stream.
-  apply_op_scales(r);
-  poll_runs_.clear();
-  const awaited_map awaited = find_blocking_calls(r);
-  const producer_map producers = options_.cross_stream ? find_cross_stream(r) : producer_map{};
-  learn_overheads(r, producers);
-  unmatched_transfers(r);
+  const awaited_map& awaited = s.awaited;
+  const producer_map& producers = s.producers;
+  {
+    build_stats& st = out_.stats;
+    const build_stats& c = s.counts;
+    st.op_scaled_cpu += c.op_scaled_cpu, st.op_scaled_gpu += c.op_scaled_gpu;
+    st.cross_stream_exact += c.cross_stream_exact, st.cross_stream_inferred += c.cross_stream_inferred;
+    st.cross_stream_unresolved += c.cross_stream_unresolved;
+    st.unmatched_transfer_same_op += c.unmatched_transfer_same_op;
+    st.unmatched_transfer_same_size += c.unmatched_transfer_same_size;
+    st.unmatched_kept_whole += c.unmatched_kept_whole;
+  }
 
   // 2. CPU tasks, thread by thread.
   std::vector<cpu_task_info> cpu_tasks;

@@ -8,7 +8,7 @@ namespace lumos::graph {
 // The GPU ops a call waited for, keyed by the call's event. Exact from cuda_sync rows when the
 // trace has them, inferred from the timing otherwise (see docs/replay.md). A run of event or
 // stream queries with no other runtime call between them is one poll: its last query is the
-// one that succeeded, and the whole run is its wait (`poll_runs_`: first query → last).
+// one that succeeded, and the whole run is its wait (`rank_state::poll_runs`: first query → last).
 template <trace::CommClassifier Comm>
 auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_map {
   const trace::rank_trace& t = job_.ranks[r];
@@ -90,7 +90,7 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
       ops.erase(std::unique(ops.begin(), ops.end()), ops.end());
       if (ops.empty()) continue;
       awaited[c] = std::move(ops);
-      if (poll) poll_runs_[run_first] = c;
+      if (poll) s.poll_runs[run_first] = c;
     }
   }
   return awaited;

@@ -84,18 +84,7 @@ inline void compile_into(const graph::task_graph& g, graph::compiled_graph& c, c
 
   c.processor_count = static_cast<std::uint32_t>(g.processors.size());
   c.task.clear();
-  w.queue.clear();
-  for (task_id t = 0; t < n; ++t) {
-    if (w.indegree[t] == 0) w.queue.push_back(t);
-  }
-  for (std::size_t head = 0; head < w.queue.size(); ++head) {
-    const task_id t = w.queue[head];
-    c.task.push_back(t);
-    if (const task_id u = w.next_on_processor[t]; u != no_task && --w.indegree[u] == 0) w.queue.push_back(u);
-    for (std::uint32_t e = w.out_begin[t]; e < w.out_begin[t + 1]; ++e) {
-      if (--w.indegree[w.out_to[e]] == 0) w.queue.push_back(w.out_to[e]);
-    }
-  }
+  graph::detail::topological_order(w.indegree, w.next_on_processor, w.out_begin, w.out_to, w.queue, c.task);
   if (c.task.size() != n) {
     c = graph::compile(g);  // throws the error naming the cycle
     return;
