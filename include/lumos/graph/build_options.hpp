@@ -70,10 +70,12 @@ struct build_options {
   bool strict = false;
   /// Shift each rank's clock by the offset its collectives imply (`lumos replay --align-clocks`).
   bool align_clocks = false;
-  /// Threads for building a multi-rank graph: each rank's analysis of its trace runs on
-  /// threads - 1 workers ahead of the calling thread, which adds the tasks in rank order.
-  /// 0: one worker per hardware thread (the analysis is the longer part, so the calling thread
-  /// mostly waits); 1: everything on the calling thread. The graph does not depend on it.
+  /// Threads for building a multi-rank graph: ranks are indexed on all of them, and each
+  /// rank's analysis of its trace runs on threads - 1 workers ahead of the calling thread,
+  /// which adds the tasks in rank order. 0: one worker per hardware thread (the analysis is
+  /// the longer part, so the calling thread mostly waits); 1: everything on the calling
+  /// thread. The graph does not depend on it. A custom `CommClassifier` is called from
+  /// several threads at once (through a const reference).
   unsigned threads = 0;
 };
 

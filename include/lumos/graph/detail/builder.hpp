@@ -13,6 +13,7 @@
 #include <lumos/trace/summary.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -213,7 +214,7 @@ class trace_graph_builder {
   [[nodiscard]] built_job build() {
     out_.origin = job_origin();
     ranks_.resize(job_.ranks.size());
-    for (std::size_t r = 0; r < job_.ranks.size(); ++r) index_rank(r);
+    for_each_rank([this](std::size_t r) { index_rank(r); });
     if (options_.match_collectives) match_collectives();
     estimate_clock_offsets();
     std::size_t events = 0;
@@ -361,6 +362,43 @@ class trace_graph_builder {
     std::uint32_t lane_slot;
     time_ns start, end, busy;  // observed, job time
   };
+
+  [[nodiscard]] unsigned thread_count() const noexcept {
+    return options_.threads != 0 ? options_.threads : std::max(1U, std::thread::hardware_concurrency()) + 1;
+  }
+
+  // Runs fn(r) for every rank on up to thread_count() threads, the calling one included; fn
+  // must touch only rank r's state. The exception of the first failing rank (in rank order,
+  // as one thread would have met it) is rethrown once every thread is done.
+  template <class Fn>
+  void for_each_rank(Fn fn) {
+    const std::size_t n = job_.ranks.size();
+    const std::size_t threads = std::min<std::size_t>(thread_count(), n);
+    if (threads <= 1) {
+      for (std::size_t r = 0; r < n; ++r) fn(r);
+      return;
+    }
+    std::atomic<std::size_t> next{0};
+    std::vector<std::exception_ptr> failed(n);
+    auto work = [&] {
+      for (std::size_t r = next++; r < n; r = next++) {
+        try {
+          fn(r);
+        } catch (...) {
+          failed[r] = std::current_exception();
+        }
+      }
+    };
+    {
+      std::vector<std::jthread> pool;
+      pool.reserve(threads - 1);
+      for (std::size_t w = 1; w < threads; ++w) pool.emplace_back(work);
+      work();
+    }
+    for (const std::exception_ptr& e : failed) {
+      if (e) std::rethrow_exception(e);
+    }
+  }
 
   void build_ranks();
   void analyse_rank(std::size_t r);

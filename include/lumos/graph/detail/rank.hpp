@@ -13,8 +13,7 @@ namespace lumos::graph {
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::build_ranks() {
   const std::size_t n = job_.ranks.size();
-  const unsigned threads = options_.threads != 0 ? options_.threads : std::max(1U, std::thread::hardware_concurrency()) + 1;
-  const std::size_t workers = std::min<std::size_t>(threads - 1, n > 1 ? n - 1 : 0);
+  const std::size_t workers = std::min<std::size_t>(thread_count() - 1, n > 1 ? n - 1 : 0);
   if (workers == 0) {
     for (std::size_t r = 0; r < n; ++r) {
       analyse_rank(r);
