@@ -3,7 +3,9 @@
 #   bash scripts/bench.sh reader      # bench_reader: BM_read*, BM_inflate*
 #   bash scripts/bench.sh replay      # bench_replay (once the replay engine exists)
 #   bash scripts/bench.sh scale       # the 512-rank job of issue 14: lumos synth, replay and
-#                                     # inspect timed with their peak RSS (/usr/bin/time)
+#                                     # inspect timed with their peak RSS (/usr/bin/time), then
+#                                     # replay's phases (bench/scale_phases.cpp), with the default
+#                                     # build threads and with one
 # Extra arguments go to Google Benchmark (e.g. --benchmark_filter=BM_read_mem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +14,7 @@ shift || true
 cmake --preset bench >/dev/null
 if [ "$suite" = scale ]; then
   # GPT-3 175B on 512 GPUs (TP 8 x PP 8 x DP 8, 32 micro-batches), every rank written.
-  cmake --build --preset bench --target lumos >/dev/null
+  cmake --build --preset bench --target lumos scale_phases >/dev/null
   lumos=build/bench/examples/lumos
   dir=$(mktemp -d)
   trap 'rm -rf "$dir"' EXIT
@@ -28,6 +30,8 @@ if [ "$suite" = scale ]; then
   printf '%-8s %8s MiB on disk, %s files\n' traces "$(du -sm "$dir/job" | cut -f1)" "$(ls "$dir/job" | wc -l)"
   timed replay "$lumos" replay "$dir/job"
   timed inspect "$lumos" inspect "$dir/job"
+  build/bench/bench/scale_phases "$dir/job"
+  build/bench/bench/scale_phases "$dir/job" 1
   exit 0
 fi
 cmake --build --preset bench --target "bench_${suite}" >/dev/null

@@ -1,0 +1,73 @@
+// The phases of `lumos replay` on one job, each timed, with the peak resident memory after it:
+//   scale_phases DIR [threads]
+// Run by `bash scripts/bench.sh scale` on the 512-rank job (docs/replay.md). Not a Google
+// Benchmark: each phase runs once, as in the CLI, so first-touch page faults count.
+#include <lumos/graph/compile.hpp>
+#include <lumos/graph/trace_builder.hpp>
+#include <lumos/report/iteration.hpp>
+#include <lumos/sim/replay.hpp>
+#include <lumos/trace/job.hpp>
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+double peak_mib() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+class phase_timer {
+ public:
+  void done(const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    std::printf("  %-9s %7.2f s  %7.0f MiB peak RSS so far\n", name, std::chrono::duration<double>(now - last_).count(), peak_mib());
+    last_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace lumos;
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: scale_phases DIR [threads]\n");
+    return 2;
+  }
+  graph::build_options options;
+  if (argc > 2) options.threads = static_cast<unsigned>(std::atoi(argv[2]));
+  std::printf("phases of lumos replay (graph build threads: %s)\n", argc > 2 ? argv[2] : "default");
+  phase_timer timer;
+  const trace::job job = trace::load_job({argv[1]});
+  timer.done("load");
+  const graph::built_job built = graph::build_graph(job, options);
+  timer.done("build");
+  const auto plans = report::plan_iterations(job, built, std::nullopt);
+  timer.done("plan");
+  const graph::compiled_graph compiled = graph::compile(built.graph);
+  timer.done("compile");
+  sim::replay_engine engine;
+  sim::record_timeline timeline;
+  const time_ns makespan = engine.run(compiled, timeline);
+  timer.done("replay");
+  const report::task_times measured = report::observed_times(built.graph);
+  const report::task_times simulated{&timeline.start, &timeline.finish, &compiled};
+  time_ns slowest = 0;
+  for (const auto& p : plans) {
+    slowest = std::max(slowest, report::evaluate(p, measured).window.length());
+    slowest = std::max(slowest, report::evaluate(p, simulated).window.length());
+  }
+  timer.done("evaluate");
+  std::printf("  %zu tasks, %zu edges; makespan %.3f ms, slowest window %.3f ms\n", built.graph.task_count(),
+              built.graph.edge_count(), static_cast<double>(makespan) / 1e6, static_cast<double>(slowest) / 1e6);
+  return 0;
+}
