@@ -116,7 +116,7 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
     st.unmatched_kept_whole += c.unmatched_kept_whole;
   }
 
-  // 2. CPU tasks, thread by thread.
+  // 2. CPU tasks, thread by thread (1. is the rank's analysis).
   std::vector<cpu_task_info> cpu_tasks;
   for (std::uint32_t slot = 0; slot < s.cpu_lanes.size(); ++slot) {
     build_thread(r, slot, awaited, cpu_tasks);
@@ -134,27 +134,28 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
       const trace::event& e = t.events[o];
       const time_ns b = start_of(r, o), en = end_of(r, o);
       const time_ns dur = scale_time(e.dur, s.gpu_factor[o]);
+      const string_id name = graph_name(r, e.name);
       if (s.instance[o] >= 0) {
-        s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name_id = graph_name(r, e.name), .rank = rank, .source = o,
-                                          .observed_start = b, .observed_end = b});
-        s.task_of_event[o] = g.add_task({.kind = task_kind::comm_complete, .processor = p, .duration = dur, .name_id = graph_name(r, e.name),
+        s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name_id = name, .rank = rank,
+                                          .source = o, .observed_start = b, .observed_end = b});
+        s.task_of_event[o] = g.add_task({.kind = task_kind::comm_complete, .processor = p, .duration = dur, .name_id = name,
                                         .rank = rank, .source = o, .observed_start = b, .observed_end = en});
       } else if (s.is_comm[o]) {
         // Partners absent: the op is its arrival, a peer wait kept as measured, then the
         // transfer (the only part `comm=F` scales).
         ++out_.stats.collectives_unmatched;
         const time_ns transfer = std::min(e.dur, s.transfer[o]);
-        s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name_id = graph_name(r, e.name), .rank = rank, .source = o,
-                                          .observed_start = b, .observed_end = b});
-        s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_comm, .processor = p, .duration = scale_time(transfer, s.gpu_factor[o]),
-                                        .name_id = graph_name(r, e.name), .rank = rank, .source = o, .observed_start = en - transfer,
-                                        .observed_end = en});
+        s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name_id = name, .rank = rank,
+                                          .source = o, .observed_start = b, .observed_end = b});
+        s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_comm, .processor = p,
+                                        .duration = scale_time(transfer, s.gpu_factor[o]), .name_id = name, .rank = rank,
+                                        .source = o, .observed_start = en - transfer, .observed_end = en});
         const time_ns wait = scale_time(e.dur - transfer, s.gpu_factor[o]);
         g.add_edge(s.arrive_of_event[o], s.task_of_event[o], wait, edge_kind::collective);
         if (wait > 0) out_.kept.push_back({s.task_of_event[o], overhead_kind::peer_wait, wait});
       } else {
-        s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_compute, .processor = p, .duration = dur, .name_id = graph_name(r, e.name), .rank = rank,
-                                        .source = o, .observed_start = b, .observed_end = en});
+        s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_compute, .processor = p, .duration = dur, .name_id = name,
+                                        .rank = rank, .source = o, .observed_start = b, .observed_end = en});
       }
       ++out_.stats.gpu_tasks;
     }

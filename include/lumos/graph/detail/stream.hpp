@@ -128,7 +128,9 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
         g.add_edge(launch_task, first, delay, edge_kind::launch, from_start ? edge_flags::from_start : edge_flags::none);
         if (binding == launch) keep(overhead_kind::launch_latency, latency);
         ++out_.stats.launch_edges;
-        if (std::exchange(launched_on[l], stream_number) == stream_number || s.ops_by_corr.find(t.events[o].correlation).size() > 1) ++out_.stats.graph_launch_ops;
+        const bool shared_launch = std::exchange(launched_on[l], stream_number) == stream_number ||
+                                   s.ops_by_corr.find(t.events[o].correlation).size() > 1;
+        if (shared_launch) ++out_.stats.graph_launch_ops;
       } else {
         ++out_.stats.ops_without_launch;
       }
