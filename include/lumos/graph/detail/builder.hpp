@@ -110,11 +110,11 @@ class event_multimap {
     for (std::size_t i = 0; i < entries_.size(); ++i) values_[i] = entries_[i].value;
     keys_.clear();
     first_ = entries_.empty() ? 0 : entries_.front().key;
-    const std::uint64_t span = entries_.empty() ? 0 : static_cast<std::uint64_t>(entries_.back().key - first_) + 1;
+    const std::uint64_t span = entries_.empty() ? 0 : offset(entries_.back().key) + 1;
     if (span <= 2 * entries_.size() + 64) {
       // Dense keys (correlation ids count up): the values of key k start at begin_[k - first].
       begin_.assign(span + 1, 0);
-      for (const entry& e : entries_) ++begin_[static_cast<std::size_t>(e.key - first_) + 1];
+      for (const entry& e : entries_) ++begin_[static_cast<std::size_t>(offset(e.key)) + 1];
       for (std::size_t k = 0; k < span; ++k) begin_[k + 1] += begin_[k];
     } else {
       begin_.clear();
@@ -126,8 +126,8 @@ class event_multimap {
   // Every value of `key` (empty when it has none).
   [[nodiscard]] std::span<const std::uint32_t> find(std::int64_t key) const noexcept {
     if (!begin_.empty()) {
-      if (key < first_ || static_cast<std::uint64_t>(key - first_) + 1 >= begin_.size()) return {};
-      const auto k = static_cast<std::size_t>(key - first_);
+      if (key < first_ || offset(key) + 1 >= begin_.size()) return {};
+      const auto k = static_cast<std::size_t>(offset(key));
       return {values_.data() + begin_[k], begin_[k + 1] - begin_[k]};
     }
     const auto [b, e] = std::equal_range(keys_.begin(), keys_.end(), key);
@@ -144,6 +144,10 @@ class event_multimap {
     std::int64_t key;
     std::uint32_t value;
   };
+  // key − first_ for key >= first_, in unsigned arithmetic (no overflow whatever the keys).
+  [[nodiscard]] std::uint64_t offset(std::int64_t key) const noexcept {
+    return static_cast<std::uint64_t>(key) - static_cast<std::uint64_t>(first_);
+  }
   std::vector<entry> entries_;
   std::vector<std::uint32_t> values_;
   std::int64_t first_ = 0;
