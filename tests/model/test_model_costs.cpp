@@ -5,6 +5,8 @@
 #include <lumos/model/compute.hpp>
 #include <lumos/model/flops.hpp>
 
+#include "config_support.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -12,20 +14,11 @@
 #include <vector>
 
 using namespace lumos::model;
+using lumos::model::test::config;
 using lumos::time_ns;
 using Catch::Matchers::Contains;
 
 namespace {
-
-parallel_config config(int tp, int pp, int dp, std::int64_t mb, std::int64_t gb) {
-  parallel_config p;
-  p.tp = tp;
-  p.pp = pp;
-  p.dp = dp;
-  p.micro_batch = mb;
-  p.global_batch = gb;
-  return p;
-}
 
 // Round numbers so the closed forms are easy to read: NVLink 100 GB/s at 80 %, 2 us per step;
 // NIC 10 GB/s at 50 %, 10 us per step.

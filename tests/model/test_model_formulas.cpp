@@ -7,24 +7,17 @@
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/transformer.hpp>
 
+#include "config_support.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <string>
 
 using namespace lumos::model;
+using lumos::model::test::config;
 using Catch::Matchers::Contains;
 
 namespace {
-
-parallel_config config(int tp, int pp, int dp, std::int64_t mb, std::int64_t gb) {
-  parallel_config p;
-  p.tp = tp;
-  p.pp = pp;
-  p.dp = dp;
-  p.micro_batch = mb;
-  p.global_batch = gb;
-  return p;
-}
 
 // Built in a constant expression: the formulas are usable at compile time.
 constexpr transformer gpt3_175b_shape() {
