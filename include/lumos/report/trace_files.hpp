@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <mutex>
 #include <system_error>
@@ -40,13 +41,21 @@ inline void write_plain(const std::filesystem::path& path, std::string_view text
 // 512-rank job writes gigabytes of JSON; `bash scripts/bench.sh scale` times it).
 inline void write_gzip(const std::filesystem::path& path, const std::string& text, std::string& out) {
   out.resize(std::max(out.size(), text.size() / 4 + (1 << 16)));
-  isal_zstream z;
+  // Zeroed, on the heap, cache-line aligned (igzip_lib.h asks for an aligned hash head): the
+  // level-1 body reads stream state that isal_deflate_init leaves as it was, so a stream on the
+  // stack compressed or crashed (in isal_deflate_icf_body_hash_hist) depending on what a caller
+  // had left there; and 80 KB of stream does not belong on a worker thread's stack.
+  struct alignas(64) deflate_state {
+    isal_zstream stream;
+    alignas(64) std::uint8_t level_buf[ISAL_DEF_LVL1_DEFAULT];
+  };
+  const auto state = std::make_unique<deflate_state>();
+  isal_zstream& z = state->stream;
   isal_deflate_init(&z);
   z.gzip_flag = IGZIP_GZIP;
   z.level = 1;
-  std::vector<std::uint8_t> level_buf(ISAL_DEF_LVL1_DEFAULT);
-  z.level_buf = level_buf.data();
-  z.level_buf_size = static_cast<std::uint32_t>(level_buf.size());
+  z.level_buf = state->level_buf;
+  z.level_buf_size = static_cast<std::uint32_t>(sizeof state->level_buf);
   z.flush = NO_FLUSH;
   std::size_t in_at = 0;
   std::size_t out_at = 0;
