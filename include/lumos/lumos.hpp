@@ -6,6 +6,7 @@
 #include <lumos/core/allocator.hpp>
 #include <lumos/core/error.hpp>
 #include <lumos/core/json_writer.hpp>
+#include <lumos/core/parallel.hpp>
 #include <lumos/core/strings.hpp>
 #include <lumos/core/time.hpp>
 

@@ -4,6 +4,7 @@
 // report/trace_writer.hpp: it needs zlib, so it is part of lumos::lumos, not lumos::core.
 
 #include <lumos/core/error.hpp>
+#include <lumos/core/parallel.hpp>
 #include <lumos/report/trace_writer.hpp>
 #include <lumos/trace/job.hpp>
 
@@ -13,16 +14,12 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <mutex>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 namespace lumos::report {
@@ -112,7 +109,8 @@ inline void write_file(const std::filesystem::path& path, const std::string& tex
 /// Writes every rank of `job` to `path`: a directory (one `rank{R}.json` per rank, or
 /// `.json.gz` when `gzip`), or — for a single-rank job — a file named `*.json` / `*.json.gz`.
 /// Ranks are serialised and compressed on up to `threads` threads (0: one per core); the files
-/// do not depend on the thread count.
+/// do not depend on the thread count, nor does the error when one cannot be written (the first
+/// failing rank in `ranks` order; the ranks after it are not written).
 inline std::vector<std::filesystem::path> write_kineto(const simulated_job& job, const std::vector<int>& ranks,
                                                        const std::filesystem::path& path, bool gzip = false,
                                                        unsigned threads = 0) {
@@ -130,31 +128,15 @@ inline std::vector<std::filesystem::path> write_kineto(const simulated_job& job,
   fs::create_directories(path, ec);
   if (ec) throw error(path.string() + ": cannot create directory: " + ec.message());
   for (const int r : ranks) files.push_back(path / ("rank" + std::to_string(r) + (gzip ? ".json.gz" : ".json")));
-  if (threads == 0) threads = std::max(1U, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<std::size_t>(threads, ranks.size()));
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr first_error;
-  std::mutex error_mutex;
-  auto work = [&] {
+  struct buffers {
     std::string json, compressed;  // reused: fresh multi-megabyte buffers per rank cost page faults
-    for (std::size_t i = next++; i < ranks.size() && !failed; i = next++) {
-      try {
-        kineto_json(json, job, ranks[i], index);
-        detail::write_file(files[i], json, compressed);
-      } catch (...) {
-        const std::lock_guard lock(error_mutex);
-        if (!first_error) first_error = std::current_exception();
-        failed = true;
-      }
-    }
   };
-  {
-    std::vector<std::jthread> pool;
-    for (unsigned k = 1; k < threads; ++k) pool.emplace_back(work);
-    work();
-  }  // joined here, also when the calling thread's share threw nothing and a worker did
-  if (first_error) std::rethrow_exception(first_error);
+  parallel_for(
+      ranks.size(), hardware_threads(threads), [] { return buffers{}; },
+      [&](buffers& b, std::size_t i) {
+        kineto_json(b.json, job, ranks[i], index);
+        detail::write_file(files[i], b.json, b.compressed);
+      });
   return files;
 }
 

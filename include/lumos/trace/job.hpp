@@ -2,22 +2,20 @@
 // Loading a job: one trace per rank, read in parallel (the `job` type itself is in trace/data.hpp).
 
 #include <lumos/core/error.hpp>
+#include <lumos/core/parallel.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/trace/reader.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <system_error>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace lumos::trace {
@@ -116,8 +114,7 @@ struct load_options {
     throw error(std::to_string(files.size()) + " trace files: more ranks than lumos accepts (" +
                 std::to_string(max_world_size) + ")");
   }
-  unsigned threads = options.threads != 0 ? options.threads : std::max(1U, std::thread::hardware_concurrency());
-  threads = std::min<unsigned>(threads, static_cast<unsigned>(files.size()));
+  const unsigned threads = std::min<unsigned>(hardware_threads(options.threads), static_cast<unsigned>(files.size()));
 
   read_options read;
   if (options.window_bytes != 0) {
@@ -132,50 +129,19 @@ struct load_options {
   }
 
   std::vector<std::optional<rank_trace>> loaded(files.size());
-  std::vector<std::exception_ptr> errors(files.size());
-  std::atomic<std::size_t> next{0};
-  // Lowest index of a file that failed so far. Files after it need not be read: the error
-  // reported is the first in input order, and every file before it is still read (indices are
-  // handed out in increasing order), so the answer does not depend on timing.
-  std::atomic<std::size_t> first_failed{files.size()};
   std::mutex progress;
   std::size_t done = 0;
-  // Never lets an exception escape (a thread that throws would call std::terminate): each one is
-  // kept with the file it belongs to and rethrown below, after every thread has been joined.
-  auto work = [&]() noexcept {
-    std::optional<reader_workspace> workspace;  // reused for every file this thread reads
-    while (true) {
-      const std::size_t i = next.fetch_add(1);
-      if (i >= files.size() || i > first_failed.load()) return;
-      try {
-        if (!workspace) workspace.emplace();
-        loaded[i] = read_trace(files[i], read, &*workspace);
+  // The error reported is the first failing file in input order, whatever the timing; files
+  // after it are not read.
+  parallel_for(
+      files.size(), threads, [] { return reader_workspace{}; },
+      [&](reader_workspace& workspace, std::size_t i) {
+        loaded[i] = read_trace(files[i], read, &workspace);
         if (options.on_loaded) {
           std::lock_guard lock(progress);
           options.on_loaded(*loaded[i], ++done, files.size());
         }
-      } catch (...) {
-        errors[i] = std::current_exception();
-        std::size_t seen = first_failed.load();
-        while (i < seen && !first_failed.compare_exchange_weak(seen, i)) {
-        }
-      }
-    }
-  };
-  {
-    // The calling thread works too; jthreads join when the pool goes out of scope, whatever
-    // happens. If the system refuses a thread, the ones running (and this one) read its share.
-    std::vector<std::jthread> pool;
-    try {
-      pool.reserve(threads - 1);
-      for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-    } catch (const std::exception&) {
-    }
-    work();
-  }
-  for (const auto& e : errors) {
-    if (e) std::rethrow_exception(e);  // the first failing file in input order, whatever the timing
-  }
+      });
 
   job result;
   result.ranks.reserve(files.size());

@@ -5,6 +5,7 @@
 
 #include <lumos/graph/build_options.hpp>
 #include <lumos/core/error.hpp>
+#include <lumos/core/parallel.hpp>
 #include <lumos/graph/compile.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/trace/comm.hpp>
@@ -368,7 +369,7 @@ class trace_graph_builder {
   };
 
   [[nodiscard]] unsigned thread_count() const noexcept {
-    return options_.threads != 0 ? options_.threads : std::max(1U, std::thread::hardware_concurrency()) + 1;
+    return options_.threads != 0 ? options_.threads : hardware_threads() + 1;
   }
 
   // Runs fn(r) for every rank on up to thread_count() threads, the calling one included; fn
@@ -376,32 +377,7 @@ class trace_graph_builder {
   // as one thread would have met it) is rethrown once every thread is done.
   template <class Fn>
   void for_each_rank(Fn fn) {
-    const std::size_t n = job_.ranks.size();
-    const std::size_t threads = std::min<std::size_t>(thread_count(), n);
-    if (threads <= 1) {
-      for (std::size_t r = 0; r < n; ++r) fn(r);
-      return;
-    }
-    std::atomic<std::size_t> next{0};
-    std::vector<std::exception_ptr> failed(n);
-    auto work = [&] {
-      for (std::size_t r = next++; r < n; r = next++) {
-        try {
-          fn(r);
-        } catch (...) {
-          failed[r] = std::current_exception();
-        }
-      }
-    };
-    {
-      std::vector<std::jthread> pool;
-      pool.reserve(threads - 1);
-      for (std::size_t w = 1; w < threads; ++w) pool.emplace_back(work);
-      work();
-    }
-    for (const std::exception_ptr& e : failed) {
-      if (e) std::rethrow_exception(e);
-    }
+    parallel_for(job_.ranks.size(), thread_count(), fn);
   }
 
   void build_ranks();
