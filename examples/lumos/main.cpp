@@ -16,6 +16,10 @@
 #include <exception>
 #include <string_view>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace {
 
 struct command {
@@ -106,6 +110,13 @@ int dispatch(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // Blocks of a megabyte and more (a rank's event store, its indexes) straight from mmap, so
+  // that freeing them returns the memory: glibc's default threshold rises to 32 MiB as blocks
+  // are freed, and a 512-rank job's events then stay in the heap, unusable by the compiled
+  // graph's huge blocks, through the replay (`bash scripts/bench.sh scale`: peak RSS).
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
   try {
     return dispatch(argc, argv);
   } catch (const lumos::error& e) {

@@ -187,3 +187,39 @@ TEST_CASE("leave-one-step-out: a step's graph with another step's durations pred
     CHECK(lumos_error < busy_error);
   }
 }
+
+TEST_CASE("events_done: called once, after planning; dropping the events there changes nothing", "[traces][replay]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  for (const auto& inputs : {std::vector<fs::path>{traces / "astra-sim_megatron-gpt-tp8_8xA100"},
+                             std::vector<fs::path>{fs::path(LUMOS_SOURCE_DIR) / "examples" / "data" / "tiny_job"}}) {
+    INFO(inputs.front().string());
+    const trace::job kept = trace::load_job(inputs);
+    trace::job dropped = trace::load_job(inputs);
+    const auto full = dropped.memory_bytes();
+    std::size_t event_bytes = 0;
+    for (const auto& r : dropped.ranks) {
+      event_bytes += r.events.capacity() * sizeof(trace::event) + r.arg_keys.capacity() * sizeof(trace::arg_key) +
+                     r.arg_values.capacity() * sizeof(std::int64_t);
+    }
+    int calls = 0;
+    report::replay_options o;
+    o.events_done = [&] {
+      ++calls;
+      dropped.drop_events();
+    };
+    const auto a = report::replay_job(kept);
+    const auto b = report::replay_job(dropped, o);
+    CHECK(calls == 1);
+    CHECK(dropped.memory_bytes() == full - event_bytes);  // freed, not just cleared
+    for (const auto& r : dropped.ranks) CHECK(!r.file.empty());
+    REQUIRE(a.ranks.size() == b.ranks.size());
+    for (std::size_t i = 0; i < a.ranks.size(); ++i) {
+      CHECK(a.ranks[i].rank == b.ranks[i].rank);
+      CHECK(a.ranks[i].file == b.ranks[i].file);
+      CHECK(a.ranks[i].step == b.ranks[i].step);
+      CHECK(a.ranks[i].measured_ns == b.ranks[i].measured_ns);
+      CHECK(a.ranks[i].simulated_ns == b.ranks[i].simulated_ns);
+    }
+    CHECK(a.makespan == b.makespan);
+  }
+}

@@ -10,6 +10,7 @@
 #include <lumos/trace/data.hpp>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,11 @@ struct replay_options {
   /// Leave-one-step-out: replay the step with the measured op durations of this other step
   /// (report/held_out.hpp); the simulated iteration then predicts that step.
   std::optional<int> durations_from_step;
+  /// Called once `replay_job` no longer reads the job's events (the graph is built and the
+  /// iterations planned), before the graph is compiled and replayed: a caller that does not
+  /// need them afterwards frees them here (`trace::job::drop_events`), which takes them out
+  /// of the replay's peak memory.
+  std::function<void()> events_done;
 };
 
 /// One rank's leave-one-step-out result (`replay_options::durations_from_step`).
@@ -105,6 +111,7 @@ template <class Rewrite = no_rewrite>
     // Durations change after the measured values above were taken from the observed times.
     for (std::size_t i = 0; i < job.ranks.size(); ++i) s.held_out[i].tasks = substitute_durations(s.built.graph, s.plans[i], sources[i]);
   }
+  if (options.events_done) options.events_done();
   s.compiled = graph::compile(s.built.graph, options.scales);
   sim::replay_engine engine;
   s.makespan = engine.run(s.compiled, s.timeline);
