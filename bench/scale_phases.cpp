@@ -10,6 +10,10 @@
 
 #include <sys/resource.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -46,13 +50,22 @@ int main(int argc, char** argv) {
   graph::build_options options;
   if (argc > 2) options.threads = static_cast<unsigned>(std::atoi(argv[2]));
   std::printf("phases of lumos replay (graph build threads: %s)\n", argc > 2 ? argv[2] : "default");
+#if defined(__GLIBC__)
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);  // as the CLI (examples/lumos/main.cpp)
+#endif
   phase_timer timer;
-  const trace::job job = trace::load_job({argv[1]});
+  trace::job job = trace::load_job({argv[1]});
   timer.done("load");
   const graph::built_job built = graph::build_graph(job, options);
   timer.done("build");
   const auto plans = report::plan_iterations(job, built, std::nullopt);
   timer.done("plan");
+  // As `lumos replay` does when it writes no traces or report (replay_options::events_done).
+  job.drop_events();
+#if defined(__GLIBC__)
+  ::malloc_trim(0);
+#endif
+  timer.done("drop");
   const graph::compiled_graph compiled = graph::compile(built.graph);
   timer.done("compile");
   sim::replay_engine engine;
