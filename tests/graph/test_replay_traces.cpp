@@ -188,7 +188,7 @@ TEST_CASE("leave-one-step-out: a step's graph with another step's durations pred
   }
 }
 
-TEST_CASE("events_done: called once, after planning; dropping the events there changes nothing", "[traces][replay]") {
+TEST_CASE("events_done is called once, after planning, and dropping the events there changes nothing", "[traces][replay]") {
   LUMOS_REQUIRE_TRACES(traces);
   for (const auto& inputs : {std::vector<fs::path>{traces / "astra-sim_megatron-gpt-tp8_8xA100"},
                              std::vector<fs::path>{fs::path(LUMOS_SOURCE_DIR) / "examples" / "data" / "tiny_job"}}) {
