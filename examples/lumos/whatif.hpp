@@ -45,9 +45,10 @@ inline constexpr std::string_view whatif_usage =
     "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
     "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica\n"
     "  --global-batch N    global batch in sequences, as for predict (default: kept when it divides over --dp,\n"
-    "                      else the per-replica batch is kept); with PP, the micro-batches per replica change\n"
+    "                      else the per-replica batch is kept); the micro-batches per replica change: with PP\n"
+    "                      in the pipeline model, without it by repeating or removing whole micro-batches\n"
     "  --pp N, --vp N      pipeline stages and model chunks per stage (layers must divide over them)\n"
-    "  --schedule NAME     gpipe, 1f1b, interleaved or zb-h1: a pass-level model of the new pipeline (each\n"
+    "  --schedule NAME     gpipe, 1f1b, interleaved, zb-h1 or zb-h2: a pass-level model of the new pipeline (each\n"
     "                      pass one task per stage, its replayed layer costs, the trace's own p2p latency)\n"
     "                      added as a difference to the replay; prints the stages and the bubble\n"
     "  --profile FILE      the cluster's cost profile (`lumos calibrate -o FILE`) for the shape, TP and DP\n"
@@ -179,7 +180,6 @@ inline int run_whatif(args& a) {
   o.pp = positive("--pp");
   o.vp = positive("--vp");
   if (const auto gb = positive("--global-batch")) o.global_batch = *gb;
-  if (o.global_batch && !o.dp) throw usage_error("--global-batch needs --dp");
   if (const auto sched = a.option("--schedule")) {
     try {
       o.schedule = synth::parse_schedule_name(*sched);
@@ -217,7 +217,7 @@ inline int run_whatif(args& a) {
   if (trace_out && (o.pp || o.vp || o.schedule)) {
     throw usage_error("--trace-out: a pipeline change is predicted by a pass-level model, which writes no traces yet");
   }
-  if (o.gpu.empty() && !o.layers && !o.dp && !o.pp && !o.vp && !o.schedule && !o.shape.any() && o.groups.empty() && scaled.ops.empty() &&
+  if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && o.groups.empty() && scaled.ops.empty() &&
       scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 && scaled.scales.cpu == 1.0) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
                       "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");

@@ -70,6 +70,7 @@
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/layers.hpp>
+#include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/model_fit.hpp>
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/shape.hpp>

@@ -15,10 +15,11 @@
 #include <lumos/synth/kernel_trace.hpp>
 #include <lumos/synth/program.hpp>
 #include <lumos/trace/job.hpp>
-#include <lumos/whatif/structure.hpp>
+#include <lumos/whatif/whatif.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <numeric>
 #include <string>
 
@@ -230,4 +231,60 @@ TEST_CASE("a faster GPU shortens a synthesised kernel-level step", "[synth][kern
   const auto faster = report::replay_job(read, fast);
   CHECK(base.simulated_ns == w.makespan);
   CHECK(faster.simulated_ns < base.simulated_ns);
+}
+
+TEST_CASE("a pipeline stage of the traces stands for the first, last or a middle stage of another depth", "[whatif][pipeline]") {
+  using whatif::traced_stage_to;
+  for (const int pp : {1, 2, 4}) {
+    for (int s = 0; s < pp; ++s) CHECK(traced_stage_to(s, pp, pp) == s);
+  }
+  CHECK(traced_stage_to(0, 2, 4) == 0);
+  CHECK(traced_stage_to(1, 2, 4) == 3);  // the last stays last: the head and the tied embedding
+  CHECK(traced_stage_to(3, 4, 2) == 1);
+  CHECK(traced_stage_to(1, 4, 8) >= 1);
+  CHECK(traced_stage_to(2, 4, 8) <= 6);
+  CHECK(traced_stage_to(1, 4, 2) <= 1);
+  CHECK(traced_stage_to(0, 1, 4) == 0);
+}
+
+TEST_CASE("whatif without pipeline stages: a micro-batch count change repeats or removes whole micro-batches",
+          "[whatif][dp][kernel_trace]") {
+  // Gradient accumulation of 4 micro-batches on TP 2 x DP 2; the global batch to 2, 8 and (with
+  // DP 4, whose distributed optimizer steps half the parameters per rank) 8 sequences, each
+  // against the job synthesised in the target configuration.
+  config a{"gpt3-15b", 2, 1024, 16, 512, 2, 1, 2, 1, 1, 8, "1f1b", "h100-sxm"};
+  a.unfold = true;  // every rank's file: the DP rewrite resizes collectives matched across ranks
+  lumos_test::temp_dir dir_a;
+  (void)synthesise(a, dir_a.path());
+  const trace::job traced = trace::load_job({dir_a.path()});
+  struct target {
+    int dp;
+    std::int64_t global_batch;
+  };
+  for (const target t : {target{2, 4}, target{2, 16}, target{4, 8}}) {
+    INFO("dp " << t.dp << " global batch " << t.global_batch);
+    config b = a;
+    b.dp = t.dp, b.global_batch = t.global_batch;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    o.global_batch = t.global_batch;
+    if (t.dp != a.dp) o.dp = t.dp;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    CHECK(!r.pipeline);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    CHECK(std::abs(err) < 0.005);
+  }
+  // The same count is no change; a pipeline job's count belongs to the pipeline model.
+  whatif::whatif_options same;
+  same.global_batch = 8;
+  CHECK(whatif::run_whatif(traced, same).predicted.simulated_ns == report::replay_job(traced).simulated_ns);
+  const graph::built_job built = graph::build_graph(traced);
+  whatif::job_structure st = whatif::discover_structure(traced, built);
+  CHECK(whatif::micro_batches_to(built.graph, st, 4).groups.empty());
+  st.parallel.pp.value = 2;
+  CHECK_THROWS_AS(whatif::micro_batches_to(built.graph, st, 2), error);
+  st.parallel.pp.value = 1;
+  st.parallel.micro_batches.value = 1;
+  CHECK_THROWS_WITH(whatif::micro_batches_to(built.graph, st, 2), Catch::Contains("at least two"));
 }

@@ -128,16 +128,24 @@ struct micro_batch_plan {
   return p;
 }
 
+/// How the ranks of a Megatron job are laid out: TP innermost, then DP, then PP.
+struct rank_layout {
+  int tp = 1, dp = 1, pp = 1;
+  [[nodiscard]] constexpr std::int64_t stage_stride() const noexcept { return static_cast<std::int64_t>(tp) * dp; }
+};
+
 /// Re-times the transfers whose members change how many nodes they span when the job goes
-/// from TP `tp_old` × DP `dp_old` to `tp_new` × `dp_new` ranks per stage. Megatron numbers
-/// ranks TP innermost, then DP, then PP, so pipeline neighbours are tp·dp apart: a larger stage
-/// can move a stage's partner onto another node, and its transfers then go over the NIC. A
-/// traced rank s·(tp·dp) + d·tp + t becomes s·(tp'·dp') + d·tp' + (t mod tp'). Send/recv pairs and
-/// collectives across stages (the tied embedding's first and last stage) are re-timed by the
-/// profile's NCCL model (p2p: intra- or inter-node link; collectives: hierarchical placement)
-/// when their node count changes, anchored on the measured time; groups whose role is TP or DP
-/// are left to their own rewrites. Returns a sentence for `changes` (empty: nothing moved).
-inline std::string retime_across_nodes(graph::task_graph& g, const job_structure& st, int tp_old, int tp_new, int dp_old, int dp_new,
+/// from layout `from` to `to`. Megatron numbers ranks TP innermost, then DP, then PP, so pipeline
+/// neighbours are tp·dp apart: a larger stage can move a stage's partner onto another node, and
+/// its transfers then go over the NIC; a deeper pipeline moves the last stage further away. A
+/// traced rank s·(tp·dp) + d·tp + t becomes s'·(tp'·dp') + d·tp' + (t mod tp'), with s' =
+/// `traced_stage_to(s)`. Collectives across stages (the tied embedding's first and last stage)
+/// are re-timed by the profile's NCCL model (hierarchical placement), send/recv pairs too (intra-
+/// or inter-node link) unless the depth changes (then the pipeline model times the transfers
+/// between the new stages), when their node count changes, anchored on the measured time; groups
+/// whose role is TP or DP are left to their own rewrites. Returns a sentence for `changes`
+/// (empty: nothing moved).
+inline std::string retime_across_nodes(graph::task_graph& g, const job_structure& st, rank_layout from, rank_layout to,
                                        const model::nccl_model& nccl, const model::hardware& hw) {
   if (st.parallel.pp.value.value_or(1) <= 1) return {};
   std::set<std::string> own_rewrite;
@@ -146,13 +154,14 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
       if (r.value == group_role::dp || r.value == group_role::tp) own_rewrite.insert(pg.name);
     }
   }
-  const std::int64_t G = hw.gpus_per_node, old_stride = static_cast<std::int64_t>(tp_old) * dp_old,
-                     new_stride = static_cast<std::int64_t>(tp_new) * dp_new;
+  const std::int64_t G = hw.gpus_per_node, old_stride = from.stage_stride(), new_stride = to.stage_stride();
+  const bool depth_changes = from.pp != to.pp;
   // A smaller TP folds the traced TP ranks beyond the new size onto the new group's ranks
   // (traced rank t replays as t mod the new TP), so they land on the node of the rank they stand for.
   auto renumbered = [&](std::int64_t r) {
     const std::int64_t x = r % old_stride;
-    return r / old_stride * new_stride + x / tp_old * tp_new + x % tp_old % tp_new;
+    const std::int64_t s = traced_stage_to(static_cast<int>(r / old_stride), from.pp, to.pp);
+    return s * new_stride + x / from.tp * to.tp + x % from.tp % to.tp;
   };
   std::size_t moved = 0;
   time_ns before = 0, after = 0;
@@ -160,7 +169,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     if (ci.bytes <= 0 || ci.group_ranks.size() < 2 || own_rewrite.count(ci.group)) continue;
     const bool p2p = ci.kind == "sendrecv" || ci.kind == "send_recv";
     const auto kind = collective_of_kind(ci.kind);
-    if (!p2p && !kind) continue;
+    if ((!p2p && !kind) || (p2p && depth_changes)) continue;
     std::vector<std::int64_t> nodes_old, nodes_new;
     for (const int r : ci.group_ranks) {
       nodes_old.push_back(r / G);
@@ -196,10 +205,11 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   if (moved == 0) return {};
   char text[400];
   std::snprintf(text, sizeof text,
-                "pipeline stages %lld ranks apart instead of %lld: %zu send/recv transfers and cross-stage collectives (tied "
-                "embedding) change how many nodes they span, re-timed by the profile's NCCL model (%.3f -> %.3f ms)",
-                static_cast<long long>(new_stride), static_cast<long long>(old_stride), moved, static_cast<double>(before) / 1e6,
-                static_cast<double>(after) / 1e6);
+                "%d pipeline stages %lld ranks apart instead of %d stages %lld apart: %zu %s change how many nodes they span, "
+                "re-timed by the profile's NCCL model (%.3f -> %.3f ms)",
+                to.pp, static_cast<long long>(new_stride), from.pp, static_cast<long long>(old_stride), moved,
+                depth_changes ? "cross-stage collectives (tied embedding)" : "send/recv transfers and cross-stage collectives (tied embedding)",
+                static_cast<double>(before) / 1e6, static_cast<double>(after) / 1e6);
   return text;
 }
 
@@ -295,10 +305,6 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     while (static_cast<std::int64_t>(ci.group_ranks.size()) < n_new) ci.group_ranks.push_back(next++);
     if (static_cast<std::int64_t>(ci.group_ranks.size()) > n_new) ci.group_ranks.resize(static_cast<std::size_t>(n_new));
     ++out.collectives;
-  }
-  if (nccl != nullptr && hw != nullptr) {
-    const std::string moved = retime_across_nodes(g, st, tp, tp, out.from, dp, *nccl, *hw);
-    if (!moved.empty()) out.changes.push_back(moved);
   }
   if (out.modelled > 0) {
     out.changes.push_back(std::to_string(out.modelled) + " sized gradient collectives resized by the " + (nccl != nullptr ? nccl->profile.name : std::string()) +

@@ -325,10 +325,10 @@ struct shape_stats {
 }
 
 /// Parameters one rank of `stage` holds (model::stage_parameters_per_rank of a GPT-style
-/// transformer with this shape, `layers` layers (0: the traces') and the traces' stages; `vocab`
-/// 0 when unknown).
+/// transformer with this shape, `layers` layers (0: the traces') and `pp` stages (0: the traces');
+/// `vocab` 0 when unknown).
 [[nodiscard]] inline double parameters_per_rank(const shape_config& c, const job_structure& st, int stage,
-                                                std::int64_t vocab, bool gated, int layers = 0) {
+                                                std::int64_t vocab, bool gated, int layers = 0, int pp = 0) {
   model::transformer m;
   m.layers = std::max<std::int64_t>(layers > 0 ? layers : st.model.layers.value.value_or(1), 1);
   m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
@@ -336,19 +336,21 @@ struct shape_stats {
   m.mlp = gated ? model::mlp_kind::swiglu : model::mlp_kind::gelu;
   model::parallel_config par;
   par.tp = c.tp;
-  par.pp = std::max(st.parallel.pp.value.value_or(1), 1);
+  par.pp = std::max(pp > 0 ? pp : st.parallel.pp.value.value_or(1), 1);
   if (m.layers < par.pp) m.layers = par.pp;
   return static_cast<double>(model::stage_parameters_per_rank(m, par, std::clamp(stage, 0, par.pp - 1)));
 }
 
 /// Rescales every GPU op of the iteration in `b` from shape `from` to `to` (see the header
 /// comment). `st` must be `discover_structure(job, b)` of the unedited graph. `layers_to` (0: the
-/// traces' layers) is the target's layer count for the parameter-proportional work (optimizer,
-/// gradient collectives): the layer what-if copies the layers' own work but not this. With
-/// `from == to` only that work changes. Deterministic; O(GPU ops).
+/// traces' layers) and `pp_to` (0: the traces' stages) the target's layer and stage counts for the
+/// parameter-proportional work (optimizer, gradient collectives): the layer what-if copies the
+/// layers' own work but not this, and the pipeline model replaces the passes but not this. A
+/// traced stage stands for `traced_stage_to` of the target. With `from == to` only that work
+/// changes. Deterministic; O(GPU ops).
 inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, const job_structure& st,
                                  const shape_config& from, const shape_config& to, const shape_costs& costs,
-                                 bool gated = false, int layers_to = 0) {
+                                 bool gated = false, int layers_to = 0, int pp_to = 0) {
   shape_stats out;
   graph::task_graph& g = b.graph;
   const double min_ns = costs.profile.min_kernel_ns;
@@ -360,7 +362,9 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   std::vector<double> param_ratio(job.ranks.size(), 1.0);
   for (std::size_t ri = 0; ri < job.ranks.size(); ++ri) {
     const int stage = ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0;
-    param_ratio[ri] = parameters_per_rank(to, st, stage, vocab_local * from.tp, gated, layers_to) /
+    const int pp_from = std::max(st.parallel.pp.value.value_or(1), 1);
+    const int stage_to = traced_stage_to(stage, pp_from, pp_to > 0 ? pp_to : pp_from);
+    param_ratio[ri] = parameters_per_rank(to, st, stage_to, vocab_local * from.tp, gated, layers_to, pp_to) /
                       parameters_per_rank(from, st, stage, vocab_local * from.tp, gated);
   }
   if (!param_ratio.empty()) out.parameter_ratio = param_ratio.front();
@@ -576,6 +580,32 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
                       lname.find("gammabeta") != std::string::npos;
     set(t, detail::memory_scaled_ns(d, norm ? base_to / base_from : act_new[c.rank] / act_old[c.rank], min_ns));
   }
+  return out;
+}
+
+/// A distributed optimizer (Megatron's `--use-distributed-optimizer`, ZeRO-1: gradients
+/// reduce-scattered and parameters all-gathered over DP, which `st.gradients.method` tells) steps
+/// only its rank's 1/DP of the parameters: with DP `dp_from` -> `dp_to` the optimizer phase's
+/// kernels work on dp_from/dp_to of their bytes (memory-bound, down to `min_ns`). Any other
+/// gradient reduction (all-reduce: every rank steps every parameter) leaves them as they are;
+/// `optimizer` in the result is 0 then. The collectives are the DP rewrite's.
+inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st, int dp_from, int dp_to, double min_ns) {
+  shape_stats out;
+  if (dp_from == dp_to || dp_from <= 0 || dp_to <= 0 || st.gradients.method.value != std::string("reduce-scatter + all-gather")) return out;
+  const double ratio = static_cast<double>(dp_from) / static_cast<double>(dp_to);
+  graph::task_graph& g = b.graph;
+  for (const gpu_op_context& c : st.gpu_ops) {
+    if (c.comm || c.phase != phase_kind::optimizer) continue;
+    const auto& map = b.ranks[c.rank];
+    if (c.op >= map.task_of_event.size()) continue;
+    const graph::task_id t = map.task_of_event[c.op];
+    if (t == graph::no_task || g.kind[t] != graph::task_kind::gpu_compute) continue;
+    out.before += g.duration[t];
+    g.duration[t] = static_cast<time_ns>(std::llround(detail::memory_scaled_ns(static_cast<double>(g.duration[t]), ratio, min_ns)));
+    out.after += g.duration[t];
+    ++out.optimizer;
+  }
+  out.parameter_ratio = ratio;
   return out;
 }
 

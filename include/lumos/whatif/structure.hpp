@@ -163,6 +163,18 @@ struct job_structure {
   std::vector<std::string> notes;   ///< ambiguities, conflicts, overrides
 };
 
+/// The stage of a `pp_new`-stage pipeline that traced stage `s` of `pp_old` stands for when the
+/// depth changes: the first stays first and the last stays last (they hold the embedding, the
+/// head and the tied embedding's all-reduce, which end the iteration), a middle stage keeps its
+/// relative position (rounded, and never onto an end it was not).
+[[nodiscard]] constexpr int traced_stage_to(int s, int pp_old, int pp_new) noexcept {
+  if (pp_old == pp_new || pp_old <= 1 || pp_new <= 1) return pp_old == pp_new ? s : (s == 0 ? 0 : pp_new - 1);
+  if (s <= 0) return 0;
+  if (s >= pp_old - 1) return pp_new - 1;
+  const int m = (2 * s * (pp_new - 1) + (pp_old - 1)) / (2 * (pp_old - 1));
+  return pp_new > 2 ? std::clamp(m, 1, pp_new - 2) : m;
+}
+
 /// User-supplied facts (each overrides what the trace says, with a note when they differ) and
 /// tunables of the discovery.
 struct structure_options {

@@ -9,6 +9,7 @@
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/layers.hpp>
+#include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -128,19 +129,22 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
   std::optional<job_structure> structure;
   std::optional<int> micro_batches;  // per replica, when DP changes them
   std::optional<shape_config> shape_from, shape_to;
+  bool staged = false;  // the traces have pipeline stages
   out.predicted = report::replay_job(job, o.replay, [&](graph::built_job& b) {
     std::vector<repeat_group> groups = o.groups;
-    if (o.dp || pipeline_asked || o.layers || o.shape.any()) {
+    if (o.dp || o.global_batch || pipeline_asked || o.layers || o.shape.any()) {
       structure_options so = o.structure;
       so.step = o.replay.step;
       structure = discover_structure(job, b, so);
     }
-    // The layer copies below repeat each layer's own work; the work that follows the parameter
-    // count (optimizer kernels, gradient collectives) is rescaled with the shape. The pipeline
-    // model takes a layer change itself.
-    const int layer_params = o.layers && !pipeline_asked ? *o.layers : 0;
+    // The layer copies below (or the pipeline model) repeat each layer's own work; the work
+    // that follows the parameter count (optimizer kernels, gradient collectives) is rescaled with
+    // the shape, the layer count and the pipeline depth.
+    const int layer_params = o.layers.value_or(0);
+    const int traced_pp = structure ? structure->parallel.pp.value.value_or(1) : 1;
+    const int pp_params = o.pp && *o.pp != traced_pp ? *o.pp : 0;
     std::optional<shape_config> layers_shape;
-    if (layer_params && !o.shape.any()) {
+    if ((layer_params || pp_params) && !o.shape.any()) {
       try {
         layers_shape = traced_shape(*structure);
       } catch (const error& e) {
@@ -154,41 +158,48 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       std::string note;
       const shape_costs costs = costs_of(job, *structure, o.from_gpu, &note, o.profile ? &*o.profile : nullptr);
       if (!note.empty()) out.changes.push_back(note);
-      if (*shape_from == *shape_to && !layer_params) {
+      if (*shape_from == *shape_to && !layer_params && !pp_params) {
         out.changes.emplace_back("shape: the traces' own (nothing rescaled)");
       } else if (*shape_from == *shape_to) {
-        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params);
+        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params, pp_params);
         char line[256];
         std::snprintf(line, sizeof line,
-                      "parameters per rank x%.3f with the layers: %zu optimizer ops and %zu gradient collectives rescaled, %.3f -> %.3f ms "
-                      "of GPU time",
-                      ss.parameter_ratio, ss.optimizer, ss.communication, static_cast<double>(ss.before) / 1e6,
-                      static_cast<double>(ss.after) / 1e6);
+                      "parameters per rank x%.3f (rank 0) with the %s: %zu optimizer ops and %zu gradient collectives rescaled, %.3f -> "
+                      "%.3f ms of GPU time",
+                      ss.parameter_ratio, layer_params && pp_params ? "layers and stages" : pp_params ? "stages" : "layers",
+                      ss.optimizer, ss.communication, static_cast<double>(ss.before) / 1e6, static_cast<double>(ss.after) / 1e6);
         out.changes.emplace_back(line);
       } else {
-        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params);
+        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params, pp_params);
         out.changes.push_back(describe(*shape_from, *shape_to, ss));
         if (shape_to->tp != shape_from->tp) {
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
           out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
-          // Larger stages move pipeline neighbours (and the tied embedding's stages) apart.
-          if (const auto n = traced_nccl(job, o)) {  // without one, cross-stage transfers keep their time
-            const int dp = structure->parallel.dp.value.value_or(1);
-            const std::string moved = retime_across_nodes(b.graph, *structure, shape_from->tp, shape_to->tp, dp, dp, n->first, n->second);
-            if (!moved.empty()) out.changes.push_back(moved);
-          }
         }
       }
     }
-    if (o.dp) {
+    if (o.dp || o.global_batch) {  // --global-batch alone: the traces' DP
+      const int dp = o.dp ? *o.dp : structure->parallel.dp.value.value_or(1);
       const auto [hw, hw_note] = comm_hardware(job, o.from_gpu);
       const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
       // The traced GPU's preset profile times sized collectives as synth and predict do; a GPU
       // without a preset falls back on the fit of the trace's own collectives.
       const auto nccl = traced_nccl(job, o);
-      const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, *o.dp, hw.gpus_per_node, ratio, hw_note,
+      const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, dp, hw.gpus_per_node, ratio, hw_note,
                                                       nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr);
       out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
+      if (d.from != d.to) {
+        const double min_ns = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr).profile.min_kernel_ns;
+        const shape_stats sh = shard_optimizer(b, *structure, d.from, d.to, min_ns);
+        if (sh.optimizer > 0) {
+          char line[256];
+          std::snprintf(line, sizeof line,
+                        "distributed optimizer (gradients reduce-scattered, parameters all-gathered): each rank steps 1/%d of the "
+                        "parameters instead of 1/%d, %zu optimizer kernels %.3f -> %.3f ms",
+                        d.to, d.from, sh.optimizer, static_cast<double>(sh.before) / 1e6, static_cast<double>(sh.after) / 1e6);
+          out.changes.emplace_back(line);
+        }
+      }
       const auto& par = structure->parallel;
       if (d.from != d.to || o.global_batch) {
         const int m = par.micro_batches.value.value_or(1);
@@ -204,14 +215,24 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
           if (!mbs.known()) out.changes.push_back("--global-batch counted in micro-batches of 1 sequence: the traces' micro-batch size is not known (" + mbs.source + ")");
         }
         const micro_batch_plan mp = plan_micro_batches(m, d.from, d.to, global_micro_batches);
-        if (mp.micro_batches != m && par.pp.value.value_or(1) > 1) {
+        if (mp.micro_batches != m) {
           micro_batches = mp.micro_batches;
           out.changes.push_back("micro-batches per replica " + std::to_string(m) + " -> " + std::to_string(mp.micro_batches) + ": " + mp.why);
-        } else if (mp.micro_batches != m) {
-          out.changes.push_back("micro-batches per replica: " + mp.why + "; changing them without pipeline parallelism is not yet "
-                                "built, so the per-replica batch is kept (" + std::to_string(m) + ")");
         } else {
           out.changes.push_back("micro-batches per replica: " + mp.why);
+        }
+      }
+    }
+    if (structure) {
+      // Larger stages move pipeline neighbours (and the tied embedding's stages) apart; a deeper
+      // pipeline moves the last stage. Without a profile, cross-stage transfers keep their time.
+      const auto& par = structure->parallel;
+      const rank_layout from{shape_from ? shape_from->tp : par.tp.value.value_or(1), par.dp.value.value_or(1), traced_pp};
+      const rank_layout to{shape_to ? shape_to->tp : from.tp, o.dp.value_or(from.dp), o.pp.value_or(from.pp)};
+      if (from.tp != to.tp || from.dp != to.dp || from.pp != to.pp) {
+        if (const auto n = traced_nccl(job, o)) {
+          const std::string moved = retime_across_nodes(b.graph, *structure, from, to, n->first, n->second);
+          if (!moved.empty()) out.changes.push_back(moved);
         }
       }
     }
@@ -220,19 +241,26 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       // per replica changes inversely (as `lumos predict --micro-batch` with the same --global-batch).
       const std::int64_t m = micro_batches.value_or(*structure->parallel.micro_batches.value);
       const std::int64_t sequences = m * shape_from->micro_batch;
-      if (sequences % shape_to->micro_batch != 0) {
+      if (m == 1 && structure->parallel.pp.value.value_or(1) <= 1) {
+        // One micro-batch and no stages: no gradient accumulation to trade against, the
+        // micro-batch is the batch (a plain training loop), so the batch changes with it.
+        out.changes.push_back("one micro-batch per iteration and no pipeline stages (no gradient accumulation): the batch per "
+                              "replica changes with the micro-batch size, " + std::to_string(sequences) + " -> " +
+                              std::to_string(shape_to->micro_batch) + " sequences");
+      } else if (sequences % shape_to->micro_batch != 0) {
         out.changes.push_back("micro-batch size " + std::to_string(shape_to->micro_batch) + " does not divide the " + std::to_string(sequences) +
                               " sequences per replica: the count of micro-batches is kept (" + std::to_string(m) + "), the batch grows");
-      } else if (structure->parallel.pp.value.value_or(1) > 1) {
+      } else {
         micro_batches = static_cast<int>(sequences / shape_to->micro_batch);
         out.changes.push_back("micro-batches per replica " + std::to_string(m) + " -> " + std::to_string(*micro_batches) + ": the " +
                               std::to_string(sequences) + " sequences per replica kept at micro-batch size " + std::to_string(shape_to->micro_batch));
-      } else {
-        out.changes.push_back("micro-batches per replica: changing their count without pipeline parallelism is not yet built, so " +
-                              std::to_string(m) + " micro-batches of the new size run (the batch changes with them)");
       }
     }
-    if (o.layers && !(pipeline_asked || micro_batches)) {
+    // Without pipeline stages the micro-batches run one after the other (gradient accumulation):
+    // a count change repeats or removes whole micro-batches in the graph (micro_batches.hpp).
+    staged = structure && structure->parallel.pp.value.value_or(1) > 1;
+    const bool accumulate = micro_batches && !staged && !pipeline_asked;
+    if (o.layers && !(pipeline_asked || (micro_batches && staged))) {
       // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
       structure_options so = o.structure;
       so.step = o.replay.step;
@@ -240,12 +268,23 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       groups.insert(groups.end(), lr.groups.begin(), lr.groups.end());
       out.changes.push_back(lr.change);
     }
+    std::size_t edges_dropped = 0;
+    std::optional<std::vector<std::vector<graph::task_id>>> copies;  // where the structure's tasks went
     if (!groups.empty()) {
       edited_graph e = repeat_groups(b.graph, groups);
-      if (e.edges_dropped > 0) {
-        out.changes.push_back(std::to_string(e.edges_dropped) + " edges of removed tasks dropped (their processors still order the rest)");
-      }
+      edges_dropped += e.edges_dropped;
+      copies = e.copies;
       adopt(b, std::move(e));
+    }
+    if (accumulate) {
+      const micro_batch_rewrite mr = micro_batches_to(b.graph, *structure, *micro_batches, copies ? &*copies : nullptr);
+      out.changes.push_back(mr.change);
+      edited_graph e = repeat_groups(b.graph, mr.groups);
+      edges_dropped += e.edges_dropped;
+      adopt(b, std::move(e));
+    }
+    if (edges_dropped > 0) {
+      out.changes.push_back(std::to_string(edges_dropped) + " edges of removed tasks dropped (their processors still order the rest)");
     }
     if (gpu) {
       const gpu_change_stats st = change_gpu(b.graph, *gpu);
@@ -256,7 +295,7 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
       out.changes.emplace_back(line);
     }
   });
-  if (pipeline_asked || micro_batches) {
+  if (pipeline_asked || (micro_batches && staged)) {
     pipeline_target t;
     t.pp = o.pp, t.vp = o.vp, t.schedule = o.schedule, t.micro_batches = micro_batches, t.layers = o.layers;
     const auto hw = comm_hardware(job, o.from_gpu).first;
