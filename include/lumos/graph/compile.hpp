@@ -148,13 +148,23 @@ namespace detail {
   }
   // `walk` followed predecessors, so the cycle in execution order is walk reversed, from its
   // last task back to the repeated task `t`.
-  std::string msg = "the execution graph has a cycle: ";
+  std::vector<task_id> cycle;
   for (auto it = walk.rbegin(); it != walk.rend(); ++it) {
-    msg += g.describe(*it);
-    msg += " -> ";
+    cycle.push_back(*it);
     if (*it == t) break;
   }
-  msg += g.describe(walk.back());
+  cycle.push_back(walk.back());
+  // A cycle through a long run of one stream would make a message of megabytes: its ends name it.
+  constexpr std::size_t shown = 8;
+  std::string msg = "the execution graph has a cycle of " + std::to_string(cycle.size() - 1) + " tasks: ";
+  for (std::size_t i = 0; i < cycle.size(); ++i) {
+    if (cycle.size() > 2 * shown && i == shown) {
+      msg += "... (" + std::to_string(cycle.size() - 2 * shown) + " more) -> ";
+      i = cycle.size() - shown;
+    }
+    msg += g.describe(cycle[i]);
+    if (i + 1 < cycle.size()) msg += " -> ";
+  }
   throw error(msg);
 }
 
