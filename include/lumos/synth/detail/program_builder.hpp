@@ -1,0 +1,289 @@
+#pragma once
+// The pipeline program builder class (what it builds: synth/program.hpp). Its members are defined
+// in program_templates.hpp (names, pass templates), program_groups.hpp (stage plan, process
+// groups) and program_emission.hpp (tasks of one rank).
+
+#include <lumos/core/error.hpp>
+#include <lumos/core/strings.hpp>
+#include <lumos/core/time.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/compute.hpp>
+#include <lumos/model/flops.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/parallel.hpp>
+#include <lumos/model/transformer.hpp>
+#include <lumos/pipeline/dependencies.hpp>
+#include <lumos/pipeline/schedule.hpp>
+#include <lumos/synth/detail/program_parts.hpp>
+#include <lumos/synth/job.hpp>
+#include <lumos/synth/schedules.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace lumos::synth {
+
+namespace detail {
+
+template <model::ComputeModel Compute, model::CommModel Comm> class program_builder {
+public:
+  program_builder(const job& j, const program_options& opt, const Compute& compute, const Comm& comm)
+      : m_(j.model), par_(j.parallel), hw_(j.hardware), opt_(opt), compute_(compute), comm_(comm) {
+    policy_ = resolve_policy(j);
+    kind_ = policy_.kind;
+    par_.validate(m_, hw_);
+    if (par_.vp > 1 && !policy_.supports_chunks) {
+      throw error("vp = " + std::to_string(par_.vp) + " model chunks need the interleaved schedule, not " +
+                  (j.policy ? std::string(policy_.name) : std::string(pipeline::schedule_title(kind_))) +
+                  " (set the schedule to interleaved or vp = 1)");
+    }
+    const std::int64_t micro = par_.micro_batches();
+    if (micro > std::numeric_limits<std::int32_t>::max())
+      throw error("too many micro-batches: " + std::to_string(micro));
+    shape_ = {par_.pp, static_cast<std::int32_t>(micro), par_.vp};
+    policy_.validate(shape_);
+    split_ = policy_.splits_backward;
+    if (par_.world_size() > (1 << 24)) {
+      throw error("world size " + std::to_string(par_.world_size()) + " is beyond what lumos models (2^24 ranks)");
+    }
+    tp_ = par_.tp;
+    pp_ = par_.pp;
+    dp_ = par_.dp;
+    world_ = static_cast<int>(par_.world_size());
+    launch_cost_ = opt_.launch_cost >= 0 ? opt_.launch_cost : hw_.kernel_launch_overhead;
+    collective_cpu_ = opt_.collective_cpu >= 0 ? opt_.collective_cpu : launch_cost_;
+    bucket_params_ =
+        opt_.bucket_params > 0 ? opt_.bucket_params : std::max<std::int64_t>(40'000'000, 1'000'000LL * dp_);
+    layers_per_chunk_ = static_cast<int>(par_.layers_per_chunk(m_));
+    if (par_.zero_stage == 3 && dp_ > 1) zero3_ = true;
+  }
+
+  program build() {
+    program out;
+    build(out);
+    return out;
+  }
+
+  /// Builds into `out`, reusing the capacity of its graph arrays (a sweep's workspace).
+  void build(program& out) {
+    clear(out);
+    out.schedule = kind_;
+    out.split_backward = split_;
+    out.shape = shape_;
+    out.unfolded = opt_.unfold;
+    out.detail = opt_.detail;
+    out.world_size = world_;
+    out.orders = policy_.orders(shape_);
+    if (opt_.forward_only) {
+      for (auto& o : out.orders) {
+        std::erase_if(o, [](const pipeline::op& x) { return x.kind != pipeline::op_kind::forward; });
+      }
+    }
+    orders_ = &out.orders;
+    g_ = &out.graph;
+    out_ = &out;
+    notes_ = opt_.notes && opt_.detail == granularity::kernel;
+
+    intern_names();
+    build_templates();
+    build_groups();
+    plan_stages();
+    reserve();
+
+    if (opt_.unfold) {
+      for (int r = 0; r < world_; ++r) emit_rank(out, r);
+    } else {
+      for (int s = 0; s < pp_; ++s) emit_rank(out, s * tp_ * dp_);
+    }
+    if (notes_) {
+      out.notes.op_of_task.resize(g_->task_count(), program_notes::none);
+      out.notes.comm_of_task.resize(g_->task_count(), program_notes::none);
+    }
+  }
+
+  // Empties `out` and keeps the capacity of its arrays. The string table is kept too: the names
+  // a builder interns are a small fixed set, so a reused table stops growing (ids may differ from
+  // a fresh build's; the names they stand for do not).
+  static void clear(program& out) {
+    graph::task_graph& g = out.graph;
+    g.processors.clear();
+    g.processor.clear();
+    g.kind.clear();
+    g.duration.clear();
+    g.idle_gap.clear();
+    g.busy_gap.clear();
+    g.name.clear();
+    g.rank.clear();
+    g.source.clear();
+    g.observed_start.clear();
+    g.observed_end.clear();
+    g.edges.clear();
+    g.collectives.clear();
+    out.ranks.clear();
+    out.notes = {};
+  }
+
+private:
+  // ---- configuration ----
+  model::transformer m_;
+  model::parallel_config par_;
+  model::hardware hw_;
+  program_options opt_;
+  const Compute& compute_;
+  const Comm& comm_;
+  schedule_policy policy_{};
+  pipeline::schedule_kind kind_{};
+  pipeline::schedule_shape shape_{};
+  bool split_ = false;
+  bool zero3_ = false;
+  int tp_ = 1, pp_ = 1, dp_ = 1, world_ = 1;
+  int layers_per_chunk_ = 1;
+  time_ns launch_cost_ = 0;
+  time_ns collective_cpu_ = 0;
+  std::int64_t bucket_params_ = 0;
+  const std::vector<std::vector<pipeline::op>>* orders_ = nullptr;
+  graph::task_graph* g_ = nullptr;
+  program* out_ = nullptr;
+  bool notes_ = false;
+
+  // ---- names ----
+  string_id n_unnamed_ = 0;
+  string_id n_launch_ = 0, n_join_ = 0, n_send_fwd_ = 0, n_recv_fwd_ = 0, n_send_bwd_ = 0, n_recv_bwd_ = 0;
+  string_id n_grad_ar_ = 0, n_grad_rs_ = 0, n_param_ag_ = 0, n_embd_ar_ = 0, n_norm_ar_ = 0, n_host_sync_ = 0;
+  std::array<string_id, 4> n_pass_compute_{}, n_pass_comm_{};
+
+  // ---- pass templates ----
+  // [pass_kind] → items of one layer / the head / the embedding.
+  std::array<std::vector<item>, 4> layer_items_, head_items_, embed_items_;
+  std::int64_t layer_params_ = 0, head_params_ = 0, embed_params_ = 0;
+  // [pass_kind][first][last] → totals of a whole chunk pass.
+  std::array<std::array<std::array<totals, 2>, 2>, 4> pass_totals_{};
+  // [first][last] → (backward segment index closing a bucket, bucket params).
+  std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2> buckets_;
+  std::array<std::array<std::int64_t, 2>, 2> chunk_params_{};
+
+  // ---- optimizer, per stage ----
+  std::vector<model::op_list> optimizer_;
+
+  // ---- p2p ----
+  std::int64_t p2p_bytes_ = 0;
+  std::vector<time_ns> p2p_folded_; ///< [stage boundary s → s+1 mod p]: slowest pair
+
+  // ---- per stage plan ----
+  std::vector<std::vector<std::uint8_t>> final_grad_; ///< [stage][op index]: last grad op of its chunk
+
+  // ---- groups ----
+  std::vector<group_state> groups_;
+  int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0;
+  model::group_placement tp_placement_;
+
+  // ---- per rank emission state ----
+  struct rank_state {
+    simulated_rank info;
+    std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
+    std::int64_t seq_norm = 0, seq_embd = 0;
+    std::vector<graph::task_id> pending; ///< start edges into the next compute-stream task
+    graph::task_id last_compute = graph::no_task;
+    graph::task_id last_dp = graph::no_task;
+    struct pending_launch {
+      graph::task_id gpu;
+      time_ns cpu;  ///< host time of its dispatch
+      time_ns lead; ///< launch edge, relative to the start of its dispatch
+    };
+    std::vector<pending_launch> launches;  ///< batched (pass granularity)
+    std::vector<graph::task_id> cpu_tasks; ///< its CPU tasks in order (with notes)
+  };
+
+  // ---- names and pass templates: synth/detail/program_templates.hpp ----
+  // Where the TP collectives of a layer sit among its ops (comm.hpp lists them; Megatron's
+  // positions): `fwd` hooks apply to forward ops and to recomputed forward ops (full
+  // recomputation repeats the forward collectives), `dgrad` to input-gradient ops, `wgrad` to
+  // weight-gradient ops.
+  enum class hook_phase : std::uint8_t { fwd, dgrad, wgrad };
+  // How Transformer Engine overlaps a sequence-parallel collective with a GEMM under
+  // `tp_comm_overlap`: `ring` splits the GEMM into tp chunks fed (all-gather) or drained
+  // (reduce-scatter) by a ring exchange, so one chunk of the GEMM cannot overlap; `bulk` runs
+  // the whole collective beside an independent GEMM of the same size (the dgrad / wgrad pair).
+  enum class overlap_kind : std::uint8_t { ring, bulk };
+  struct hook {
+    model::op_role role; // the op it attaches to
+    hook_phase phase;
+    bool after;
+    std::string_view collective_name;
+    overlap_kind overlap = overlap_kind::ring;
+  };
+  string_id intern(std::string_view s);
+  void intern_names();
+  [[nodiscard]] static bool in_pass(const model::op_cost& o, pass_kind pk) noexcept;
+  std::uint32_t note_op(const model::op_cost& o);
+  item compute_item(const model::op_cost& o);
+  item comm_item(std::string_view name, model::collective c, std::int64_t bytes, std::int64_t element_bytes = 0);
+  [[nodiscard]] std::vector<hook> layer_hooks() const;
+  [[nodiscard]] time_ns exposed_tp_comm(time_ns comm, time_ns gemm, overlap_kind k) const noexcept;
+  [[nodiscard]] static hook_phase phase_of(const model::op_cost& o) noexcept;
+  void layer_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out);
+  void embed_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out);
+  void head_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out);
+  [[nodiscard]] std::int64_t activation_message() const;
+  void build_templates();
+  [[nodiscard]] int global_rank(int stage, int col) const noexcept;
+  [[nodiscard]] time_ns p2p_time(int s, int col) const;
+
+  // ---- stage plan and process groups: synth/detail/program_groups.hpp ----
+  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd };
+  void plan_stages();
+  void reserve();
+  void build_groups();
+  group_state& group(group_type type, int a, int b);
+  void init_group(group_state& gs, group_type type, int a, int b);
+
+  // ---- emission of one rank's tasks: synth/detail/program_emission.hpp ----
+  struct collective_tasks {
+    graph::task_id arrive = graph::no_task;
+    graph::task_id complete = graph::no_task;
+  };
+  std::vector<segment> segments_scratch_;
+  bool in_pipeline_ = false;
+  graph::task_id add(graph::processor_id p, graph::task_kind k, time_ns d, string_id name, int rank);
+  graph::processor_id stream(const simulated_rank& r, std::int64_t index, std::string_view what);
+  graph::task_id on_compute(rank_state& rs, graph::task_kind k, time_ns d, string_id name);
+  void launched(rank_state& rs, graph::task_id gpu_task, time_ns cpu, time_ns lead);
+  static void note_task(std::vector<std::uint32_t>& v, graph::task_id t, std::uint32_t value);
+  [[nodiscard]] std::size_t span_mark(const rank_state& rs) const;
+  void span_close(const rank_state& rs, span_kind kind, int index, std::size_t mark);
+  void flush_launches(rank_state& rs);
+  void host_wait(rank_state& rs, graph::task_id gpu_task);
+  collective_tasks collective(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::int64_t& seq,
+                              std::string_view kind, std::int64_t bytes, time_ns duration, string_id name,
+                              std::int32_t kernels = 1, time_ns cpu = -1, time_ns lead = -1,
+                              std::int64_t element_bytes = 2);
+  void emit_compute(rank_state& rs, time_ns d, time_ns cpu, time_ns lead, string_id name,
+                    std::uint32_t op = program_notes::none);
+  void emit_tp_collective(rank_state& rs, std::string_view kind, std::int64_t bytes, time_ns d, string_id name,
+                          std::int32_t kernels, time_ns cpu, time_ns lead, std::int64_t element_bytes = 2);
+  void emit_items(rank_state& rs, const std::vector<item>& items, int layer = -1, bool forward = false);
+  void emit_totals(rank_state& rs, const totals& t, pass_kind pk);
+  void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out) const;
+  void emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
+                 const std::vector<std::pair<int, std::int64_t>>* buckets);
+  void ensure_task(rank_state& rs);
+  graph::processor_id dp_stream(rank_state& rs);
+  void reduce_gradients(rank_state& rs, std::int64_t params, graph::task_id after);
+  collective_tasks gather_parameters(rank_state& rs, std::int64_t params, graph::task_id after);
+  [[nodiscard]] time_ns p2p_duration(int sender_stage, int col) const;
+  void final_device_sync(rank_state& rs, graph::task_id rank_first);
+  void emit_rank(program& out, int rank);
+};
+
+} // namespace detail
+
+} // namespace lumos::synth

@@ -1,0 +1,306 @@
+#pragma once
+// program_builder: interned names and the pass templates (the items of one layer, the embedding
+// and the head per pass kind, their totals, the gradient buckets, the optimizer per stage).
+
+#include <lumos/synth/detail/program_builder.hpp>
+
+namespace lumos::synth::detail {
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+string_id program_builder<Compute, Comm>::intern(std::string_view s) {
+  return g_->strings.intern(s);
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm> void program_builder<Compute, Comm>::intern_names() {
+  n_unnamed_ = intern("");
+  n_launch_ = intern("cudaLaunchKernel");
+  n_join_ = intern("join");
+  n_send_fwd_ = intern("send_forward");
+  n_recv_fwd_ = intern("recv_forward");
+  n_send_bwd_ = intern("send_backward");
+  n_recv_bwd_ = intern("recv_backward");
+  n_grad_ar_ = intern("grad_all_reduce");
+  n_grad_rs_ = intern("grad_reduce_scatter");
+  n_param_ag_ = intern("param_all_gather");
+  n_embd_ar_ = intern("embedding_grad_all_reduce");
+  n_norm_ar_ = intern("grad_norm_all_reduce");
+  n_host_sync_ = intern("host_sync");
+  constexpr std::array<std::string_view, 4> pass_names = {"forward", "backward_input", "backward_weight", "backward"};
+  if (!opt_.names) {
+    n_pass_compute_.fill(n_unnamed_);
+    n_pass_comm_.fill(n_unnamed_);
+    return;
+  }
+  for (std::size_t i = 0; i < 4; ++i) {
+    n_pass_compute_[i] = intern(std::string(pass_names[i]) + " compute");
+    n_pass_comm_[i] = intern(std::string(pass_names[i]) + " tp collectives");
+  }
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+bool program_builder<Compute, Comm>::in_pass(const model::op_cost& o, pass_kind pk) noexcept {
+  switch (pk) {
+  case pass_kind::forward:
+    return o.phase == model::op_phase::forward;
+  case pass_kind::input_grad:
+    return o.phase == model::op_phase::backward_input;
+  case pass_kind::weight_grad:
+    return o.phase == model::op_phase::backward_weight;
+  case pass_kind::backward:
+    return o.phase == model::op_phase::backward_input || o.phase == model::op_phase::backward_weight;
+  }
+  return false;
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+std::uint32_t program_builder<Compute, Comm>::note_op(const model::op_cost& o) {
+  if (!notes_) return program_notes::none;
+  out_->notes.ops.push_back(o);
+  return static_cast<std::uint32_t>(out_->notes.ops.size() - 1);
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+item program_builder<Compute, Comm>::compute_item(const model::op_cost& o) {
+  if (!opt_.names) {
+    item i;
+    i.duration = o.duration;
+    i.kernels = o.kernels;
+    i.cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
+    i.name = n_unnamed_;
+    i.op = note_op(o);
+    i.recompute = o.recompute;
+    return i;
+  }
+  std::string name(o.name);
+  if (o.recompute) {
+    name += "_recompute";
+  } else if (o.phase == model::op_phase::backward_input) {
+    name += "_bwd";
+  } else if (o.phase == model::op_phase::backward_weight) {
+    name += "_wgrad";
+  }
+  item i;
+  i.comm = false;
+  i.duration = o.duration;
+  i.kernels = o.kernels;
+  i.cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
+  i.name = intern(name);
+  i.op = note_op(o);
+  i.recompute = o.recompute;
+  return i;
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+item program_builder<Compute, Comm>::comm_item(std::string_view name, model::collective c, std::int64_t bytes,
+                                               std::int64_t element_bytes) {
+  item i;
+  i.comm = true;
+  i.element_bytes = element_bytes > 0 ? element_bytes : static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
+  i.name = opt_.names ? intern(name) : n_unnamed_;
+  i.kind = c;
+  i.bytes = bytes;
+  i.duration = comm_.collective_time({c, bytes, tp_placement_}, hw_);
+  i.cpu = collective_cpu_;
+  return i;
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+auto program_builder<Compute, Comm>::layer_hooks() const -> std::vector<hook> {
+  if (tp_ <= 1) return {};
+  using R = model::op_role;
+  if (!par_.sp) {
+    return {{R::attn_out, hook_phase::fwd, true, "attn_out_proj_all_reduce"},
+            {R::mlp_out, hook_phase::fwd, true, "mlp_out_all_reduce"},
+            {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_all_reduce"},
+            {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_all_reduce"}};
+  }
+  // The input re-gather precedes the first weight-gradient GEMM of the MLP input in backward
+  // order: fc1, or the up GEMM of a gated MLP (backward runs down, act, up, gate).
+  const R first_input_wgrad = m_.mlp == model::mlp_kind::gelu ? R::mlp_in : R::mlp_up;
+  // TE overlaps the re-gathers with the dgrad GEMM and the dgrad reduce-scatters with the
+  // wgrad GEMM (bulk); both GEMMs of a linear layer have the same FLOPs, so the hook's own GEMM
+  // stands for its partner.
+  constexpr auto bulk = overlap_kind::bulk;
+  return {{R::qkv, hook_phase::fwd, false, "qkv_input_all_gather"},
+          {R::attn_out, hook_phase::fwd, true, "attn_out_proj_reduce_scatter"},
+          {R::mlp_in, hook_phase::fwd, false, "mlp_input_all_gather"},
+          {R::mlp_out, hook_phase::fwd, true, "mlp_out_reduce_scatter"},
+          {R::mlp_out, hook_phase::dgrad, false, "mlp_out_grad_all_gather"},
+          {first_input_wgrad, hook_phase::wgrad, false, "mlp_input_regather", bulk},
+          {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_reduce_scatter", bulk},
+          {R::attn_out, hook_phase::dgrad, false, "attn_out_proj_grad_all_gather"},
+          {R::qkv, hook_phase::wgrad, false, "qkv_input_regather", bulk},
+          {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_reduce_scatter", bulk}};
+}
+
+// The part of a TP collective of `comm` ns that its GEMM of `gemm` ns does not hide. Ring:
+// the tp chunks of the GEMM alternate with tp - 1 exchange steps, max(gemm, comm + gemm/tp)
+// in all; bulk: max(gemm, comm). The collective's task keeps the remainder, so the kernel and
+// pass granularities fold it alike. Not modelled: the GEMM slowing down beside the
+// exchange's SMs and the split GEMM's lower efficiency.
+template <model::ComputeModel Compute, model::CommModel Comm>
+time_ns program_builder<Compute, Comm>::exposed_tp_comm(time_ns comm, time_ns gemm, overlap_kind k) const noexcept {
+  const time_ns hidden = k == overlap_kind::bulk ? gemm : gemm - gemm / tp_;
+  return std::max<time_ns>(0, comm - hidden);
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+auto program_builder<Compute, Comm>::phase_of(const model::op_cost& o) noexcept -> hook_phase {
+  if (o.phase == model::op_phase::forward || o.recompute) return hook_phase::fwd;
+  return o.phase == model::op_phase::backward_weight ? hook_phase::wgrad : hook_phase::dgrad;
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
+  const auto collectives = model::tensor_parallel_layer_collectives(m_, par_);
+  const auto hooks = layer_hooks();
+  auto emit_hooks = [&](const model::op_cost& o, bool after) {
+    for (const hook& h : hooks) {
+      if (h.after != after || h.phase != phase_of(o) || o.role != h.role) continue;
+      for (const auto& c : collectives) {
+        if (c.name != h.collective_name) continue;
+        item i = comm_item(c.name, c.kind, c.bytes);
+        if (par_.tp_comm_overlap) i.duration = exposed_tp_comm(i.duration, o.duration, h.overlap);
+        out.push_back(i);
+      }
+    }
+  };
+  for (const model::op_cost& o : ops.ops) {
+    if (!in_pass(o, pk)) continue;
+    emit_hooks(o, false);
+    out.push_back(compute_item(o));
+    emit_hooks(o, true);
+  }
+}
+
+// Embedding and head: their TP collectives (Megatron's vocabulary-parallel embedding,
+// output layer and cross-entropy).
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::embed_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
+  const std::int64_t B = activation_message();
+  for (const model::op_cost& o : ops.ops) {
+    if (!in_pass(o, pk)) continue;
+    const hook_phase ph = phase_of(o);
+    if (tp_ > 1 && par_.sp && o.role == model::op_role::word_embedding && ph == hook_phase::wgrad) {
+      out.push_back(comm_item("embedding_grad_all_gather", model::collective::all_gather, B));
+    }
+    out.push_back(compute_item(o));
+    if (tp_ > 1 && o.role == model::op_role::word_embedding && ph == hook_phase::fwd) {
+      out.push_back(par_.sp ? comm_item("embedding_reduce_scatter", model::collective::reduce_scatter, B)
+                            : comm_item("embedding_all_reduce", model::collective::all_reduce, B));
+    }
+  }
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::head_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
+  const std::int64_t B = activation_message();
+  const std::int64_t loss_bytes = par_.micro_batch * m_.seq * 4;
+  for (const model::op_cost& o : ops.ops) {
+    if (!in_pass(o, pk)) continue;
+    const hook_phase ph = phase_of(o);
+    if (tp_ > 1 && par_.sp && o.role == model::op_role::logits) {
+      if (ph == hook_phase::fwd) out.push_back(comm_item("final_norm_all_gather", model::collective::all_gather, B));
+      if (ph == hook_phase::wgrad) out.push_back(comm_item("logits_input_regather", model::collective::all_gather, B));
+    }
+    out.push_back(compute_item(o));
+    if (tp_ > 1 && o.role == model::op_role::cross_entropy && ph == hook_phase::fwd) {
+      // max, target logit and sum of exponentials: three fp32 all-reduces over the tokens
+      for (const char* n :
+           {"cross_entropy_max_all_reduce", "cross_entropy_target_all_reduce", "cross_entropy_sum_all_reduce"}) {
+        out.push_back(comm_item(n, model::collective::all_reduce, loss_bytes, 4));
+      }
+    }
+    if (tp_ > 1 && o.role == model::op_role::logits && ph == hook_phase::dgrad) {
+      out.push_back(par_.sp ? comm_item("logits_dgrad_reduce_scatter", model::collective::reduce_scatter, B)
+                            : comm_item("logits_dgrad_all_reduce", model::collective::all_reduce, B));
+    }
+  }
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+std::int64_t program_builder<Compute, Comm>::activation_message() const {
+  return par_.micro_batch * m_.seq * m_.hidden * static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm> void program_builder<Compute, Comm>::build_templates() {
+  tp_placement_ = model::tensor_parallel_group(par_, hw_);
+  const model::op_list layer = compute_.layer(m_, par_, hw_);
+  const model::op_list embed = compute_.embedding(m_, par_, hw_);
+  const model::op_list head = compute_.head(m_, par_, hw_);
+  for (std::size_t k = 0; k < 4; ++k) {
+    const auto pk = static_cast<pass_kind>(k);
+    layer_template(layer, pk, layer_items_[k]);
+    embed_template(embed, pk, embed_items_[k]);
+    head_template(head, pk, head_items_[k]);
+  }
+  layer_params_ = model::layer_parameters_per_rank(m_, tp_);
+  embed_params_ = m_.vocab * m_.hidden / tp_ + (m_.position == model::position_kind::learned ? m_.seq * m_.hidden : 0);
+  head_params_ = model::norm_parameter_count(m_) + ((!m_.tied_embeddings || pp_ > 1) ? m_.vocab * m_.hidden / tp_ : 0);
+
+  for (std::size_t k = 0; k < 4; ++k) {
+    for (int first = 0; first < 2; ++first) {
+      for (int last = 0; last < 2; ++last) {
+        // In execution order (backward passes run the head first and the embedding last):
+        // the run's lead depends on it, and the per-kernel graph follows this order.
+        const auto pk = static_cast<pass_kind>(k);
+        const bool forward = pk == pass_kind::forward;
+        totals t;
+        if (first && forward) t.add(embed_items_[k]);
+        if (last && !forward) t.add(head_items_[k]);
+        t.add(layer_items_[k], layers_per_chunk_);
+        if (last && forward) t.add(head_items_[k]);
+        if (first && !forward) t.add(embed_items_[k]);
+        pass_totals_[k][static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = t;
+      }
+    }
+  }
+  // Buckets over the backward order of a chunk's segments: head, layers (last first),
+  // embedding; a bucket closes once it holds `bucket_params_`, the rest closes at the end.
+  for (int first = 0; first < 2; ++first) {
+    for (int last = 0; last < 2; ++last) {
+      auto& list = buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)];
+      std::int64_t acc = 0, total = 0;
+      int index = 0;
+      auto add = [&](std::int64_t params) {
+        acc += params;
+        total += params;
+        if (acc >= bucket_params_) {
+          list.emplace_back(index, acc);
+          acc = 0;
+        }
+        ++index;
+      };
+      if (last) add(head_params_);
+      for (int l = 0; l < layers_per_chunk_; ++l) add(layer_params_);
+      if (first) add(embed_params_);
+      if (acc > 0) list.emplace_back(index - 1, acc);
+      chunk_params_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = total;
+    }
+  }
+  optimizer_.clear();
+  for (int s = 0; s < pp_; ++s) optimizer_.push_back(compute_.optimizer(m_, par_, hw_, s));
+
+  p2p_bytes_ = model::pipeline_p2p_bytes(m_, par_);
+  p2p_folded_.assign(static_cast<std::size_t>(pp_), 0);
+  for (int s = 0; s < pp_ && pp_ > 1; ++s) {
+    time_ns worst = 0;
+    for (int col = 0; col < tp_ * dp_; ++col) worst = std::max(worst, p2p_time(s, col));
+    p2p_folded_[static_cast<std::size_t>(s)] = worst;
+  }
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+int program_builder<Compute, Comm>::global_rank(int stage, int col) const noexcept {
+  return stage * tp_ * dp_ + col;
+}
+
+// Transfer from stage s to stage (s + 1) mod p of column `col` (either direction: same pair).
+template <model::ComputeModel Compute, model::CommModel Comm>
+time_ns program_builder<Compute, Comm>::p2p_time(int s, int col) const {
+  const int a = global_rank(s, col);
+  const int b = global_rank((s + 1) % pp_, col);
+  return comm_.p2p_time({p2p_bytes_, a / hw_.gpus_per_node == b / hw_.gpus_per_node}, hw_);
+}
+
+} // namespace lumos::synth::detail
