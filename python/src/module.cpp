@@ -133,7 +133,7 @@ py::dict timeline(const py_replay& r, int rank) {
     kind.push_back(static_cast<std::uint8_t>(g.kind[t]));
     start.push_back(sim.begin_of(t));
     end.push_back(sim.end_of(t));
-    duration.push_back(s.compiled.duration(s.compiled.position[t]));
+    duration.push_back(s.compiled.duration(s.compiled.position_of(t)));
     measured_start.push_back(g.observed_start[t]);
     measured_end.push_back(g.observed_end[t]);
     names.append(py::str(std::string(g.task_name(t))));

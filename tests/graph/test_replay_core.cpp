@@ -15,8 +15,8 @@ struct two_processors {
   processor_id gpu = g.add_processor({processor_kind::gpu_stream, 0, 0, 7, "stream 7"});
 };
 
-time_ns finish_of(const compiled_graph& c, const sim::record_timeline& t, task_id id) { return t.finish[c.position[id]]; }
-time_ns start_of(const compiled_graph& c, const sim::record_timeline& t, task_id id) { return t.start[c.position[id]]; }
+time_ns finish_of(const compiled_graph& c, const sim::record_timeline& t, task_id id) { return t.finish_of(c.position_of(id)); }
+time_ns start_of(const compiled_graph& c, const sim::record_timeline& t, task_id id) { return t.start_of(c.position_of(id)); }
 
 }  // namespace
 

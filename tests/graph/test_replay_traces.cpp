@@ -70,7 +70,7 @@ TEST_CASE("identity: replaying a single-rank trace unchanged reproduces its GPU 
       const auto k = g.kind[t];
       if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm) continue;
       ++ops;
-      within += std::llabs(s.timeline.start[s.compiled.position[t]] - g.observed_start[t]) <= 1000;
+      within += std::llabs(s.timeline.start_of(s.compiled.position_of(t)) - g.observed_start[t]) <= 1000;
     }
     REQUIRE(ops > 0);
     CHECK(static_cast<double>(within) >= 0.99 * static_cast<double>(ops));

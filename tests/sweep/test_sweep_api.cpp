@@ -157,7 +157,7 @@ TEST_CASE("compile_into equals graph::compile, reusing its buffers across graphs
     REQUIRE(c.processor_count == want.processor_count);
     REQUIRE(c.size() == want.size());
     REQUIRE(std::equal(c.task.begin(), c.task.end(), want.task.begin(), want.task.end()));
-    REQUIRE(std::equal(c.position.begin(), c.position.end(), want.position.begin(), want.position.end()));
+    REQUIRE(std::equal(c.positions.begin(), c.positions.end(), want.positions.begin(), want.positions.end()));
     REQUIRE(std::equal(c.busy.begin(), c.busy.end(), want.busy.begin(), want.busy.end()));
     REQUIRE(c.preds.size() == want.preds.size());
     for (std::size_t i = 0; i < c.preds.size(); ++i) {

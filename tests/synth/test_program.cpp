@@ -221,7 +221,7 @@ TEST_CASE("the graph of one layer: ops launched by CPU tasks, TP collectives joi
   // The graph compiles (no cycle) and both ranks end together.
   const auto c = lg::compile(g);
   const auto t = lumos::sim::replay(c);
-  CHECK(t.finish[c.position[p.ranks[0].pipeline_last]] == t.finish[c.position[p.ranks[1].pipeline_last]]);
+  CHECK(t.finish_of(c.position_of(p.ranks[0].pipeline_last)) == t.finish_of(c.position_of(p.ranks[1].pipeline_last)));
 }
 
 TEST_CASE("pipeline p2p, data-parallel buckets and SP collectives are where the issue puts them", "[synth][program]") {

@@ -88,6 +88,12 @@ struct task_record {
 };
 static_assert(sizeof(task_record) == 24);
 
+/// A task's place in the compiled (topological) order, which the replay engine and its timelines
+/// index, as opposed to its `task_id` in the task_graph: a distinct type, so that neither is taken
+/// for the other (`compiled_graph::position_of`, `task_at`; `sim::record_timeline::start_of`).
+enum class position : std::uint32_t {};
+[[nodiscard]] constexpr std::uint32_t index(position p) noexcept { return static_cast<std::uint32_t>(p); }
+
 /// The flat DAG: tasks in a topological order (every predecessor and every earlier task of the
 /// same processor comes first). Hot data the loop reads is one array of 32-byte records; the
 /// predecessors are CSR (the last `finishes()` of a task's range are finish edges) with 32-bit
@@ -98,8 +104,13 @@ struct compiled_graph {
   large_vector<task_record> tasks;      ///< per position
   large_vector<pred_ref> preds;
   large_vector<time_ns> busy;           ///< the busy prelude folded into each record (reports)
-  large_vector<task_id> task;           ///< position → task id in the task_graph
-  large_vector<std::uint32_t> position; ///< task id → position
+  large_vector<task_id> task;           ///< position index → task id in the task_graph
+  large_vector<graph::position> positions;  ///< task id → position
+
+  [[nodiscard]] graph::position position_of(task_id t) const noexcept { return positions[t]; }
+  [[nodiscard]] task_id task_at(graph::position p) const noexcept { return task[index(p)]; }
+  [[nodiscard]] time_ns duration(graph::position p) const noexcept { return tasks[index(p)].duration; }
+  [[nodiscard]] time_ns post(graph::position p) const noexcept { return busy[index(p)]; }
 
   [[nodiscard]] std::size_t size() const noexcept { return tasks.size(); }
   [[nodiscard]] std::size_t edge_count() const noexcept { return preds.size(); }
@@ -112,7 +123,7 @@ struct compiled_graph {
   [[nodiscard]] std::uint32_t finish_count(std::uint32_t i) const noexcept { return tasks[i].finishes(); }
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return tasks.capacity() * sizeof(task_record) + preds.capacity() * sizeof(pred_ref) + busy.capacity() * sizeof(time_ns) +
-           task.capacity() * sizeof(task_id) + position.capacity() * sizeof(std::uint32_t);
+           task.capacity() * sizeof(task_id) + positions.capacity() * sizeof(graph::position);
   }
 };
 
@@ -276,8 +287,8 @@ template <DurationModel Durations = scaled_durations>
   detail::topological_order(indegree, next_on_processor, out_begin, out_to, ready, c.task);
   if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, in_from);
 
-  c.position.resize(n);
-  for (std::uint32_t i = 0; i < n; ++i) c.position[c.task[i]] = i;
+  c.positions.resize(n);
+  for (std::uint32_t i = 0; i < n; ++i) c.positions[c.task[i]] = position{i};
   if (g.processors.size() >= (std::size_t{1} << task_record::processor_bits)) {
     throw error("task_graph: more than 16777215 processors cannot be compiled");
   }
@@ -292,7 +303,7 @@ template <DurationModel Durations = scaled_durations>
     for (std::uint32_t e = in_begin[t]; e < in_begin[t + 1]; ++e) {
       // Start edges carry the busy prelude (see task_record); finish edges do not.
       const time_ns delay = e < first_finish ? in_delay[e] + busy : in_delay[e];
-      c.preds[out++] = {2 * c.position[in_from[e]] + (in_start[e] ? 0U : 1U), clamp_delay(delay)};
+      c.preds[out++] = {2 * index(c.positions[in_from[e]]) + (in_start[e] ? 0U : 1U), clamp_delay(delay)};
     }
     c.busy[i] = busy;
     c.tasks[i] = {g.idle_gap[t] + busy, durations.duration(g, t, s),

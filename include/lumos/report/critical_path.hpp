@@ -98,8 +98,8 @@ namespace detail {
       seen[g.processor[id]] = id;
     }
   }
-  auto start_of = [&](graph::task_id id) { return t.start[c.position[id]]; };
-  auto end_of = [&](graph::task_id id) { return t.finish[c.position[id]]; };
+  auto start_of = [&](graph::task_id id) { return t.start_of(c.position_of(id)); };
+  auto end_of = [&](graph::task_id id) { return t.finish_of(c.position_of(id)); };
   auto add = [&](graph::task_id id, path_category cat, time_ns b, time_ns e) {
     if (e > b) path.segments.push_back({id, cat, b, e});
   };
@@ -113,7 +113,7 @@ namespace detail {
     const time_ns s = start_of(cur), f = end_of(cur);
     if (at_finish) {
       if (f <= stop_at) break;
-      const time_ns own = c.duration(c.position[cur]);
+      const time_ns own = c.duration(c.position_of(cur));
       graph::task_id waited = graph::no_task;
       if (f > s + own) {  // a finish edge (a wait for the GPU) fixed the finish
         for (std::uint32_t k = in_begin[cur]; k < in_begin[cur + 1]; ++k) {
@@ -136,7 +136,7 @@ namespace detail {
     if (s <= stop_at) break;
     // The start: busy CPU time right before it, then a start edge or the processor (its
     // previous task plus the idle gap).
-    const time_ns busy = c.post(c.position[cur]);
+    const time_ns busy = c.post(c.position_of(cur));
     const time_ns ready = s - busy;
     add(cur, path_category::cpu, ready, s);
     graph::task_id next = graph::no_task;

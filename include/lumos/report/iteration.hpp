@@ -24,16 +24,16 @@ struct task_times {
   const graph::compiled_graph* positions = nullptr;  ///< null: indexed by task id directly
 
   [[nodiscard]] time_ns begin_of(graph::task_id t) const noexcept {
-    return (*start)[positions ? positions->position[t] : t];
+    return (*start)[positions ? graph::index(positions->position_of(t)) : t];
   }
   [[nodiscard]] time_ns end_of(graph::task_id t) const noexcept {
-    return (*finish)[positions ? positions->position[t] : t];
+    return (*finish)[positions ? graph::index(positions->position_of(t)) : t];
   }
   /// Own duration of a task on this timeline (a communication op's transfer): the compiled
   /// (scaled) one for a replay, the graph's for the measurement; 0 when unknown.
   const large_vector<time_ns>* durations = nullptr;  ///< by task id, for the measurement
   [[nodiscard]] time_ns duration_of(graph::task_id t) const noexcept {
-    if (positions != nullptr) return positions->duration(positions->position[t]);
+    if (positions != nullptr) return positions->duration(positions->position_of(t));
     return durations != nullptr ? (*durations)[t] : 0;
   }
 };

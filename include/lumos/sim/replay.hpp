@@ -79,6 +79,8 @@ struct record_timeline {
     start[i] = s;
     finish[i] = e;
   }
+  [[nodiscard]] time_ns start_of(graph::position p) const noexcept { return start[graph::index(p)]; }
+  [[nodiscard]] time_ns finish_of(graph::position p) const noexcept { return finish[graph::index(p)]; }
   void end() noexcept {}
 };
 static_assert(ReplayObserver<record_timeline>);
@@ -145,6 +147,8 @@ class basic_replay {
   /// Start and finish of the task at graph position i, from the last run.
   [[nodiscard]] time_ns start(std::uint32_t i) const noexcept { return times_[2 * i]; }
   [[nodiscard]] time_ns finish(std::uint32_t i) const noexcept { return times_[2 * i + 1]; }
+  [[nodiscard]] time_ns start(graph::position p) const noexcept { return start(graph::index(p)); }
+  [[nodiscard]] time_ns finish(graph::position p) const noexcept { return finish(graph::index(p)); }
 
  private:
   Processors processors_;

@@ -432,10 +432,10 @@ class evaluator {
       if (rk.pipeline_first != graph::no_task && rk.pipeline_last != graph::no_task) {
         for (graph::task_id t = rk.pipeline_first; t <= rk.pipeline_last; ++t) {
           if (prog.graph.processor[t] != rk.compute) continue;
-          const std::uint32_t i = w.compiled.position[t];
+          const graph::position i = w.compiled.position_of(t);
           busy += w.engine.finish(i) - w.engine.start(i);
         }
-        x.pipeline_ns = std::max(x.pipeline_ns, w.engine.finish(w.compiled.position[rk.pipeline_last]));
+        x.pipeline_ns = std::max(x.pipeline_ns, w.engine.finish(w.compiled.position_of(rk.pipeline_last)));
       }
       busy_sum += static_cast<double>(busy);
     }
@@ -455,7 +455,7 @@ class evaluator {
       if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm && k != graph::task_kind::comm_complete) {
         continue;
       }
-      const std::uint32_t i = w.compiled.position[id];
+      const graph::position i = w.compiled.position_of(id);
       const report::interval iv{w.engine.start(i), w.engine.finish(i)};
       if (k == graph::task_kind::gpu_compute) {
         if (iv.end > iv.begin) {
@@ -469,7 +469,7 @@ class evaluator {
       report::interval whole = iv;
       if (id > 0 && prog.graph.kind[id - 1] == graph::task_kind::comm_arrive &&
           prog.graph.processor[id - 1] == prog.graph.processor[id]) {
-        whole.begin = w.engine.start(w.compiled.position[id - 1]);
+        whole.begin = w.engine.start(w.compiled.position_of(id - 1));
       }
       if (whole.end > whole.begin) window_end = std::max(window_end, whole.end);
     }

@@ -137,7 +137,7 @@ void gpu_intervals(const graph::task_graph& g, const graph::compiled_graph& c, c
     if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm && k != graph::task_kind::comm_complete) {
       continue;
     }
-    const std::uint32_t i = c.position[id];
+    const graph::position i = c.position_of(id);
     const report::interval iv{t.start(i), t.finish(i)};
     if (k == graph::task_kind::gpu_compute) {
       if (iv.end > iv.begin) compute.push_back(iv);
@@ -147,7 +147,7 @@ void gpu_intervals(const graph::task_graph& g, const graph::compiled_graph& c, c
     // The builder adds each complete right after its arrive on the same stream.
     report::interval whole = iv;
     if (id > 0 && g.kind[id - 1] == graph::task_kind::comm_arrive && g.processor[id - 1] == g.processor[id]) {
-      whole.begin = t.start(c.position[id - 1]);
+      whole.begin = t.start(c.position_of(id - 1));
     }
     if (whole.end > whole.begin) kernel.push_back(whole);
   }
@@ -198,10 +198,10 @@ template <model::ComputeModel Compute = model::roofline, model::CommModel Comm =
     if (r.pipeline_first != graph::no_task && r.pipeline_last != graph::no_task) {
       for (graph::task_id t = r.pipeline_first; t <= r.pipeline_last; ++t) {
         if (prog.graph.processor[t] != r.compute) continue;
-        const std::uint32_t i = c.position[t];
+        const graph::position i = c.position_of(t);
         sp.pipeline_busy_ns += engine.finish(i) - engine.start(i);
       }
-      sp.pipeline_end_ns = engine.finish(c.position[r.pipeline_last]);
+      sp.pipeline_end_ns = engine.finish(c.position_of(r.pipeline_last));
     }
     out.pipeline_ns = std::max(out.pipeline_ns, sp.pipeline_end_ns);
     busy_sum += static_cast<double>(sp.pipeline_busy_ns);

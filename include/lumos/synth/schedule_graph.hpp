@@ -135,8 +135,8 @@ struct schedule_simulation {
   out.end.resize(sg.tasks.size());
   for (std::size_t s = 0; s < sg.tasks.size(); ++s) {
     for (const graph::task_id t : sg.tasks[s]) {
-      out.start[s].push_back(timeline.start[c.position[t]]);
-      out.end[s].push_back(timeline.finish[c.position[t]]);
+      out.start[s].push_back(timeline.start_of(c.position_of(t)));
+      out.end[s].push_back(timeline.finish_of(c.position_of(t)));
     }
   }
   if (!sg.tasks.empty()) {

@@ -368,7 +368,7 @@ struct span {
   double busy = 0;
   for (const auto& [key, t] : task_of) {
     auto& st = out.stages[static_cast<std::size_t>(std::get<0>(key))];
-    st.end = std::max(st.end, timeline.finish[compiled.position[t.second]]);
+    st.end = std::max(st.end, timeline.finish_of(compiled.position_of(t.second)));
   }
   for (const auto& st : out.stages) busy += static_cast<double>(st.busy);
   out.bubble_fraction = out.makespan > 0 ? 1.0 - busy / (static_cast<double>(p) * static_cast<double>(out.makespan)) : 0.0;

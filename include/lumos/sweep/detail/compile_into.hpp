@@ -89,8 +89,8 @@ inline void compile_into(const graph::task_graph& g, graph::compiled_graph& c, c
     c = graph::compile(g);  // throws the error naming the cycle
     return;
   }
-  c.position.resize(n);
-  for (std::uint32_t i = 0; i < n; ++i) c.position[c.task[i]] = i;
+  c.positions.resize(n);
+  for (std::uint32_t i = 0; i < n; ++i) c.positions[c.task[i]] = graph::position{i};
   c.tasks.resize(n);
   c.busy.resize(n);
   c.preds.resize(m);
@@ -103,7 +103,7 @@ inline void compile_into(const graph::task_graph& g, graph::compiled_graph& c, c
     const std::uint32_t first_finish = w.in_begin[t + 1] - w.finishes[t];
     for (std::uint32_t e = w.in_begin[t]; e < w.in_begin[t + 1]; ++e) {
       const time_ns delay = e < first_finish ? w.in_delay[e] + busy : w.in_delay[e];
-      c.preds[out++] = {2 * c.position[w.in_from[e]] + (w.in_start[e] ? 0U : 1U), graph::clamp_delay(delay)};
+      c.preds[out++] = {2 * graph::index(c.positions[w.in_from[e]]) + (w.in_start[e] ? 0U : 1U), graph::clamp_delay(delay)};
     }
     c.busy[i] = busy;
     c.tasks[i] = {g.idle_gap[t] + busy, durations.duration(g, t, unit),
