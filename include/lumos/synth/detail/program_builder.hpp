@@ -34,8 +34,9 @@ namespace lumos::synth {
 
 namespace detail {
 
-template <model::ComputeModel Compute, model::CommModel Comm> class program_builder {
-public:
+template <model::ComputeModel Compute, model::CommModel Comm>
+class program_builder {
+ public:
   program_builder(const job& j, const program_options& opt, const Compute& compute, const Comm& comm)
       : m_(j.model), par_(j.parallel), hw_(j.hardware), opt_(opt), compute_(compute), comm_(comm) {
     policy_ = resolve_policy(j);
@@ -47,8 +48,7 @@ public:
                   " (set the schedule to interleaved or vp = 1)");
     }
     const std::int64_t micro = par_.micro_batches();
-    if (micro > std::numeric_limits<std::int32_t>::max())
-      throw error("too many micro-batches: " + std::to_string(micro));
+    if (micro > std::numeric_limits<std::int32_t>::max()) throw error("too many micro-batches: " + std::to_string(micro));
     shape_ = {par_.pp, static_cast<std::int32_t>(micro), par_.vp};
     policy_.validate(shape_);
     split_ = policy_.splits_backward;
@@ -61,8 +61,7 @@ public:
     world_ = static_cast<int>(par_.world_size());
     launch_cost_ = opt_.launch_cost >= 0 ? opt_.launch_cost : hw_.kernel_launch_overhead;
     collective_cpu_ = opt_.collective_cpu >= 0 ? opt_.collective_cpu : launch_cost_;
-    bucket_params_ =
-        opt_.bucket_params > 0 ? opt_.bucket_params : std::max<std::int64_t>(40'000'000, 1'000'000LL * dp_);
+    bucket_params_ = opt_.bucket_params > 0 ? opt_.bucket_params : std::max<std::int64_t>(40'000'000, 1'000'000LL * dp_);
     layers_per_chunk_ = static_cast<int>(par_.layers_per_chunk(m_));
     if (par_.zero_stage == 3 && dp_ > 1) zero3_ = true;
   }
@@ -132,7 +131,7 @@ public:
     out.notes = {};
   }
 
-private:
+ private:
   // ---- configuration ----
   model::transformer m_;
   model::parallel_config par_;
@@ -176,10 +175,10 @@ private:
 
   // ---- p2p ----
   std::int64_t p2p_bytes_ = 0;
-  std::vector<time_ns> p2p_folded_; ///< [stage boundary s → s+1 mod p]: slowest pair
+  std::vector<time_ns> p2p_folded_;  ///< [stage boundary s → s+1 mod p]: slowest pair
 
   // ---- per stage plan ----
-  std::vector<std::vector<std::uint8_t>> final_grad_; ///< [stage][op index]: last grad op of its chunk
+  std::vector<std::vector<std::uint8_t>> final_grad_;  ///< [stage][op index]: last grad op of its chunk
 
   // ---- groups ----
   std::vector<group_state> groups_;
@@ -191,17 +190,18 @@ private:
     simulated_rank info;
     std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
     std::int64_t seq_norm = 0, seq_embd = 0;
-    std::vector<graph::task_id> pending; ///< start edges into the next compute-stream task
+    std::vector<graph::task_id> pending;  ///< start edges into the next compute-stream task
     graph::task_id last_compute = graph::no_task;
     graph::task_id last_dp = graph::no_task;
     struct pending_launch {
       graph::task_id gpu;
-      time_ns cpu;  ///< host time of its dispatch
-      time_ns lead; ///< launch edge, relative to the start of its dispatch
+      time_ns cpu;   ///< host time of its dispatch
+      time_ns lead;  ///< launch edge, relative to the start of its dispatch
     };
     std::vector<pending_launch> launches;  ///< batched (pass granularity)
-    std::vector<graph::task_id> cpu_tasks; ///< its CPU tasks in order (with notes)
+    std::vector<graph::task_id> cpu_tasks;  ///< its CPU tasks in order (with notes)
   };
+
 
   // ---- names and pass templates: synth/detail/program_templates.hpp ----
   // Where the TP collectives of a layer sit among its ops (comm.hpp lists them; Megatron's
@@ -215,7 +215,7 @@ private:
   // the whole collective beside an independent GEMM of the same size (the dgrad / wgrad pair).
   enum class overlap_kind : std::uint8_t { ring, bulk };
   struct hook {
-    model::op_role role; // the op it attaches to
+    model::op_role role;  // the op it attaches to
     hook_phase phase;
     bool after;
     std::string_view collective_name;
@@ -284,6 +284,6 @@ private:
   void emit_rank(program& out, int rank);
 };
 
-} // namespace detail
+}  // namespace detail
 
-} // namespace lumos::synth
+}  // namespace lumos::synth

@@ -17,11 +17,10 @@ graph::task_id program_builder<Compute, Comm>::add(graph::processor_id p, graph:
 template <model::ComputeModel Compute, model::CommModel Comm>
 graph::processor_id program_builder<Compute, Comm>::stream(const simulated_rank& r, std::int64_t index,
                                                            std::string_view what) {
-  if (!opt_.names)
-    return g_->add_processor({graph::processor_kind::gpu_stream, r.rank, r.rank % hw_.gpus_per_node, index, {}});
-  return g_->add_processor(
-      {graph::processor_kind::gpu_stream, r.rank, r.rank % hw_.gpus_per_node, index,
-       "rank " + std::to_string(r.rank) + " stream " + std::to_string(index) + " (" + std::string(what) + ")"});
+  if (!opt_.names) return g_->add_processor({graph::processor_kind::gpu_stream, r.rank, r.rank % hw_.gpus_per_node, index, {}});
+  return g_->add_processor({graph::processor_kind::gpu_stream, r.rank, r.rank % hw_.gpus_per_node, index,
+                            "rank " + std::to_string(r.rank) + " stream " + std::to_string(index) + " (" +
+                                std::string(what) + ")"});
 }
 
 // A compute-stream GPU task: takes the pending start edges.
@@ -58,9 +57,7 @@ void program_builder<Compute, Comm>::note_task(std::vector<std::uint32_t>& v, gr
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
-std::size_t program_builder<Compute, Comm>::span_mark(const rank_state& rs) const {
-  return rs.cpu_tasks.size();
-}
+std::size_t program_builder<Compute, Comm>::span_mark(const rank_state& rs) const { return rs.cpu_tasks.size(); }
 
 // The CPU tasks of `rs` created since `mark` as one span.
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -196,8 +193,7 @@ void program_builder<Compute, Comm>::emit_items(rank_state& rs, const std::vecto
       in_recompute = i.recompute;
     }
     if (i.comm) {
-      emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu,
-                         i.element_bytes);
+      emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu, i.element_bytes);
     } else {
       emit_compute(rs, i.duration, i.cpu, i.cpu, i.name, i.op);
     }
@@ -276,8 +272,7 @@ void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, boo
       while (next_bucket < buckets->size() && (*buckets)[next_bucket].first == static_cast<int>(si)) {
         // A segment without work still marks the point its gradients are final.
         if (rs.last_compute == before || !rs.pending.empty()) {
-          rs.last_compute =
-              on_compute(rs, graph::task_kind::gpu_compute, 0, n_pass_compute_[static_cast<std::size_t>(pk)]);
+          rs.last_compute = on_compute(rs, graph::task_kind::gpu_compute, 0, n_pass_compute_[static_cast<std::size_t>(pk)]);
         }
         reduce_gradients(rs, (*buckets)[next_bucket].second, rs.last_compute);
         ++next_bucket;
@@ -311,8 +306,7 @@ void program_builder<Compute, Comm>::reduce_gradients(rank_state& rs, std::int64
   if (dp_ <= 1 || params <= 0) return;
   group_state& gs = group(group_type::dp, rs.info.stage, rs.info.tp_index);
   const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.grad_reduce_bytes);
-  const model::collective kind =
-      par_.zero_stage >= 1 ? model::collective::reduce_scatter : model::collective::all_reduce;
+  const model::collective kind = par_.zero_stage >= 1 ? model::collective::reduce_scatter : model::collective::all_reduce;
   const time_ns d = comm_.collective_time({kind, bytes, gs.placement}, hw_);
   const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_dp, collective_kind_name(kind), bytes, d,
                                         par_.zero_stage >= 1 ? n_grad_rs_ : n_grad_ar_, 1, -1, -1,
@@ -323,8 +317,8 @@ void program_builder<Compute, Comm>::reduce_gradients(rank_state& rs, std::int64
 
 // ZeRO all-gather of `params` parameters on the data-parallel stream.
 template <model::ComputeModel Compute, model::CommModel Comm>
-auto program_builder<Compute, Comm>::gather_parameters(rank_state& rs, std::int64_t params, graph::task_id after)
-    -> collective_tasks {
+auto program_builder<Compute, Comm>::gather_parameters(rank_state& rs, std::int64_t params,
+                                                       graph::task_id after) -> collective_tasks {
   group_state& gs = group(group_type::dp, rs.info.stage, rs.info.tp_index);
   const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.param_gather_bytes);
   const time_ns d = comm_.collective_time({model::collective::all_gather, bytes, gs.placement}, hw_);
@@ -396,12 +390,9 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
 
   auto pass_of = [&](const pipeline::op& o) {
     switch (o.kind) {
-    case pipeline::op_kind::forward:
-      return pass_kind::forward;
-    case pipeline::op_kind::backward:
-      return split_ ? pass_kind::input_grad : pass_kind::backward;
-    case pipeline::op_kind::weight:
-      return pass_kind::weight_grad;
+      case pipeline::op_kind::forward: return pass_kind::forward;
+      case pipeline::op_kind::backward: return split_ ? pass_kind::input_grad : pass_kind::backward;
+      case pipeline::op_kind::weight: return pass_kind::weight_grad;
     }
     return pass_kind::forward;
   };
@@ -412,7 +403,7 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   };
 
   in_pipeline_ = true;
-  collective_tasks prefetched{}; // ZeRO-3: the all-gather for the next op
+  collective_tasks prefetched{};  // ZeRO-3: the all-gather for the next op
   if (zero3_ && !order.empty()) {
     const auto [f, l] = chunk_role(order[0]);
     prefetched = gather_parameters(rs, chunk_params_[f][l], graph::no_task);
@@ -442,15 +433,14 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
     const bool bucketed = final_grad[i] != 0 && opt_.overlap_grad_reduce && par_.zero_stage <= 1 && dp_ > 1;
     const std::size_t pass_mark = span_mark(rs);
     emit_pass(rs, pass_of(o), first, last, bucketed ? &buckets_[first][last] : nullptr);
-    span_close(rs, o.kind == pipeline::op_kind::forward ? span_kind::forward : span_kind::backward, o.micro_batch,
-               pass_mark);
+    span_close(rs, o.kind == pipeline::op_kind::forward ? span_kind::forward : span_kind::backward, o.micro_batch, pass_mark);
     const graph::task_id done = rs.last_compute;
     // Send the output if another stage consumes it.
     const int vs = o.chunk * pp_ + s;
     if (o.kind == pipeline::op_kind::forward && vs < virtual_stages - 1) {
       group_state& gs = group(group_type::act, s, col);
-      const collective_tasks c =
-          collective(rs, r.send_next, gs, rs.seq_act_out, "send_recv", p2p_bytes_, p2p_duration(s, col), n_send_fwd_);
+      const collective_tasks c = collective(rs, r.send_next, gs, rs.seq_act_out, "send_recv", p2p_bytes_,
+                                            p2p_duration(s, col), n_send_fwd_);
       g_->add_edge(done, c.arrive, 0, graph::edge_kind::dependency);
     } else if (o.kind == pipeline::op_kind::backward && vs > 0) {
       const int receiver = (s - 1 + pp_) % pp_;
@@ -491,11 +481,10 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   }
   if (m_.tied_embeddings && pp_ > 1 && (s == 0 || s == pp_ - 1)) {
     group_state& gs = group(group_type::embd, col, 0);
-    const auto bytes =
-        static_cast<std::int64_t>(static_cast<double>(m_.vocab * m_.hidden / tp_) * opt_.grad_reduce_bytes);
+    const auto bytes = static_cast<std::int64_t>(static_cast<double>(m_.vocab * m_.hidden / tp_) * opt_.grad_reduce_bytes);
     const time_ns d = comm_.collective_time({model::collective::all_reduce, bytes, gs.placement}, hw_);
-    const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_embd, "allreduce", bytes, d, n_embd_ar_, 1, -1,
-                                          -1, static_cast<std::int64_t>(opt_.grad_reduce_bytes));
+    const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_embd, "allreduce", bytes, d, n_embd_ar_, 1, -1, -1,
+                                          static_cast<std::int64_t>(opt_.grad_reduce_bytes));
     g_->add_edge(r.pipeline_last, c.arrive, 0, graph::edge_kind::dependency);
     rs.last_dp = c.complete;
   }
@@ -505,30 +494,24 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   const model::op_list& opt_ops = optimizer_[static_cast<std::size_t>(s)];
   graph::task_id step = graph::no_task;
   const std::size_t optimizer_mark = span_mark(rs);
+  // The fp32 scalar all-reduce over the model-parallel group that the gradient norm and the
+  // found_inf flag each need.
+  auto norm_all_reduce = [&] {
+    group_state& gs = group(group_type::norm, r.dp_index, 0);
+    if (gs.ranks.size() <= 1) return;
+    const time_ns d = comm_.collective_time({model::collective::all_reduce, 4, gs.placement}, hw_);
+    rs.last_compute = collective(rs, r.compute, gs, rs.seq_norm, "allreduce", 4, d, n_norm_ar_, 1, -1, -1, 4).complete;
+  };
   for (const model::op_cost& o : opt_ops.ops) {
     const time_ns cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
     emit_compute(rs, o.duration, cpu, cpu, intern(o.name), note_op(o));
     step = rs.last_compute;
     if (o.role == model::op_role::found_inf) {
       // found_inf is all-reduced over the model-parallel group, then read by the host.
-      group_state& gs = group(group_type::norm, r.dp_index, 0);
-      if (gs.ranks.size() > 1) {
-        const time_ns d = comm_.collective_time({model::collective::all_reduce, 4, gs.placement}, hw_);
-        const collective_tasks c =
-            collective(rs, r.compute, gs, rs.seq_norm, "allreduce", 4, d, n_norm_ar_, 1, -1, -1, 4);
-        rs.last_compute = c.complete;
-      }
+      norm_all_reduce();
       if (opt_.loss_scale_host_sync) host_wait(rs, rs.last_compute);
     }
-    if (o.role == model::op_role::grad_norm) {
-      group_state& gs = group(group_type::norm, r.dp_index, 0);
-      if (gs.ranks.size() > 1) {
-        const time_ns d = comm_.collective_time({model::collective::all_reduce, 4, gs.placement}, hw_);
-        const collective_tasks c =
-            collective(rs, r.compute, gs, rs.seq_norm, "allreduce", 4, d, n_norm_ar_, 1, -1, -1, 4);
-        rs.last_compute = c.complete;
-      }
-    }
+    if (o.role == model::op_role::grad_norm) norm_all_reduce();
   }
   ensure_task(rs);
   if (step == graph::no_task) step = rs.last_compute;
@@ -550,4 +533,4 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   out.ranks.push_back(r);
 }
 
-} // namespace lumos::synth::detail
+}  // namespace lumos::synth::detail

@@ -6,7 +6,8 @@
 
 namespace lumos::synth::detail {
 
-template <model::ComputeModel Compute, model::CommModel Comm> void program_builder<Compute, Comm>::plan_stages() {
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::plan_stages() {
   final_grad_.assign(static_cast<std::size_t>(pp_), {});
   const pipeline::op_kind grad_kind = split_ ? pipeline::op_kind::weight : pipeline::op_kind::backward;
   for (int s = 0; s < pp_; ++s) {
@@ -23,7 +24,8 @@ template <model::ComputeModel Compute, model::CommModel Comm> void program_build
   }
 }
 
-template <model::ComputeModel Compute, model::CommModel Comm> void program_builder<Compute, Comm>::reserve() {
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::reserve() {
   // Tasks and edges, counted from the templates (exact up to joins, buckets and the tail), so
   // that the big arrays are allocated once and no more than needed.
   const int virtual_stages = pp_ * shape_.chunks;
@@ -32,10 +34,11 @@ template <model::ComputeModel Compute, model::CommModel Comm> void program_build
     std::size_t t = 64, e = 64;
     for (const pipeline::op& o : (*orders_)[static_cast<std::size_t>(s)]) {
       const int vs = o.chunk * pp_ + s;
-      const std::size_t k = static_cast<std::size_t>(o.kind == pipeline::op_kind::forward  ? pass_kind::forward
-                                                     : o.kind == pipeline::op_kind::weight ? pass_kind::weight_grad
-                                                     : split_                              ? pass_kind::input_grad
-                                                                                           : pass_kind::backward);
+      const std::size_t k = static_cast<std::size_t>(
+          o.kind == pipeline::op_kind::forward ? pass_kind::forward
+          : o.kind == pipeline::op_kind::weight ? pass_kind::weight_grad
+          : split_                              ? pass_kind::input_grad
+                                                : pass_kind::backward);
       const totals& tot = pass_totals_[k][vs == 0][vs == virtual_stages - 1];
       if (opt_.detail == granularity::kernel) {
         t += 2 * static_cast<std::size_t>(tot.compute_kernels) + 4 * static_cast<std::size_t>(tot.comm_kernels);
@@ -45,7 +48,7 @@ template <model::ComputeModel Compute, model::CommModel Comm> void program_build
         e += 4;
       }
       if (pp_ > 1) {
-        t += 8; // receive and send: launch, arrive, complete each, and a join per pair
+        t += 8;  // receive and send: launch, arrive, complete each, and a join per pair
         e += 8;
       }
     }
@@ -65,7 +68,8 @@ template <model::ComputeModel Compute, model::CommModel Comm> void program_build
   g_->edges.reserve(edges);
 }
 
-template <model::ComputeModel Compute, model::CommModel Comm> void program_builder<Compute, Comm>::build_groups() {
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::build_groups() {
   // Dense ids: tp (pp·dp groups), dp (pp·tp), act and grad channels (pp·tp·dp each: the
   // sender's stage and column), gradient-norm (dp replicas, or one world group under ZeRO),
   // tied-embedding (tp·dp columns).
@@ -82,24 +86,12 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b) {
   int id = 0;
   switch (type) {
-  case group_type::tp:
-    id = tp_base_ + a * dp_ + b;
-    break; // a = stage, b = dp index
-  case group_type::dp:
-    id = dp_base_ + a * tp_ + b;
-    break; // a = stage, b = tp index
-  case group_type::act:
-    id = act_base_ + a * tp_ * dp_ + b;
-    break; // a = sender stage, b = column
-  case group_type::grad:
-    id = grad_base_ + a * tp_ * dp_ + b;
-    break;
-  case group_type::norm:
-    id = norm_base_ + (par_.zero_stage >= 1 ? 0 : a);
-    break; // a = dp index
-  case group_type::embd:
-    id = embd_base_ + a;
-    break; // a = column
+    case group_type::tp: id = tp_base_ + a * dp_ + b; break;          // a = stage, b = dp index
+    case group_type::dp: id = dp_base_ + a * tp_ + b; break;          // a = stage, b = tp index
+    case group_type::act: id = act_base_ + a * tp_ * dp_ + b; break;  // a = sender stage, b = column
+    case group_type::grad: id = grad_base_ + a * tp_ * dp_ + b; break;
+    case group_type::norm: id = norm_base_ + (par_.zero_stage >= 1 ? 0 : a); break;  // a = dp index
+    case group_type::embd: id = embd_base_ + a; break;                // a = column
   }
   group_state& gs = groups_[static_cast<std::size_t>(id)];
   if (!gs.ready) init_group(gs, type, a, b);
@@ -110,54 +102,54 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type, int a, int b) {
   gs.ready = true;
   switch (type) {
-  case group_type::tp:
-    gs.type = comm_group::tp;
-    gs.name = "tp." + std::to_string(a) + "." + std::to_string(b);
-    for (int t = 0; t < tp_; ++t) gs.ranks.push_back(global_rank(a, b * tp_ + t));
-    gs.participants = opt_.unfold ? tp_ : 1;
-    break;
-  case group_type::dp:
-    gs.type = comm_group::dp;
-    gs.name = "dp." + std::to_string(a) + "." + std::to_string(b);
-    for (int d = 0; d < dp_; ++d) gs.ranks.push_back(global_rank(a, d * tp_ + b));
-    gs.participants = opt_.unfold ? dp_ : 1;
-    break;
-  case group_type::act:
-  case group_type::grad: {
-    const int to = (a + 1) % pp_;
-    gs.type = comm_group::pp;
-    gs.name = std::string(type == group_type::act ? "pp.fwd." : "pp.bwd.") + std::to_string(a) + "-" +
-              std::to_string(to) + "." + std::to_string(b);
-    if (type == group_type::act) {
-      gs.ranks = {global_rank(a, b), global_rank(to, b)};
-    } else {
-      gs.ranks = {global_rank(to, b), global_rank(a, b)};
-    }
-    gs.participants = 2;
-    break;
-  }
-  case group_type::norm:
-    gs.type = par_.zero_stage >= 1 ? comm_group::world : comm_group::model_parallel;
-    if (par_.zero_stage >= 1) {
-      gs.name = "world";
-      for (int r = 0; r < world_; ++r) gs.ranks.push_back(r);
-      gs.participants = opt_.unfold ? world_ : pp_;
-    } else {
-      gs.name = "mp." + std::to_string(a);
-      for (int s = 0; s < pp_; ++s) {
-        for (int t = 0; t < tp_; ++t) gs.ranks.push_back(global_rank(s, a * tp_ + t));
+    case group_type::tp:
+      gs.type = comm_group::tp;
+      gs.name = "tp." + std::to_string(a) + "." + std::to_string(b);
+      for (int t = 0; t < tp_; ++t) gs.ranks.push_back(global_rank(a, b * tp_ + t));
+      gs.participants = opt_.unfold ? tp_ : 1;
+      break;
+    case group_type::dp:
+      gs.type = comm_group::dp;
+      gs.name = "dp." + std::to_string(a) + "." + std::to_string(b);
+      for (int d = 0; d < dp_; ++d) gs.ranks.push_back(global_rank(a, d * tp_ + b));
+      gs.participants = opt_.unfold ? dp_ : 1;
+      break;
+    case group_type::act:
+    case group_type::grad: {
+      const int to = (a + 1) % pp_;
+      gs.type = comm_group::pp;
+      gs.name = std::string(type == group_type::act ? "pp.fwd." : "pp.bwd.") + std::to_string(a) + "-" +
+                std::to_string(to) + "." + std::to_string(b);
+      if (type == group_type::act) {
+        gs.ranks = {global_rank(a, b), global_rank(to, b)};
+      } else {
+        gs.ranks = {global_rank(to, b), global_rank(a, b)};
       }
-      gs.participants = opt_.unfold ? tp_ * pp_ : pp_;
+      gs.participants = 2;
+      break;
     }
-    break;
-  case group_type::embd:
-    gs.type = comm_group::embedding;
-    gs.name = "embd." + std::to_string(a);
-    gs.ranks = {global_rank(0, a), global_rank(pp_ - 1, a)};
-    gs.participants = 2;
-    break;
+    case group_type::norm:
+      gs.type = par_.zero_stage >= 1 ? comm_group::world : comm_group::model_parallel;
+      if (par_.zero_stage >= 1) {
+        gs.name = "world";
+        for (int r = 0; r < world_; ++r) gs.ranks.push_back(r);
+        gs.participants = opt_.unfold ? world_ : pp_;
+      } else {
+        gs.name = "mp." + std::to_string(a);
+        for (int s = 0; s < pp_; ++s) {
+          for (int t = 0; t < tp_; ++t) gs.ranks.push_back(global_rank(s, a * tp_ + t));
+        }
+        gs.participants = opt_.unfold ? tp_ * pp_ : pp_;
+      }
+      break;
+    case group_type::embd:
+      gs.type = comm_group::embedding;
+      gs.name = "embd." + std::to_string(a);
+      gs.ranks = {global_rank(0, a), global_rank(pp_ - 1, a)};
+      gs.participants = 2;
+      break;
   }
   gs.placement = placement_of(gs.ranks, hw_);
 }
 
-} // namespace lumos::synth::detail
+}  // namespace lumos::synth::detail

@@ -7,11 +7,10 @@
 namespace lumos::synth::detail {
 
 template <model::ComputeModel Compute, model::CommModel Comm>
-string_id program_builder<Compute, Comm>::intern(std::string_view s) {
-  return g_->strings.intern(s);
-}
+string_id program_builder<Compute, Comm>::intern(std::string_view s) { return g_->strings.intern(s); }
 
-template <model::ComputeModel Compute, model::CommModel Comm> void program_builder<Compute, Comm>::intern_names() {
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::intern_names() {
   n_unnamed_ = intern("");
   n_launch_ = intern("cudaLaunchKernel");
   n_join_ = intern("join");
@@ -40,14 +39,11 @@ template <model::ComputeModel Compute, model::CommModel Comm> void program_build
 template <model::ComputeModel Compute, model::CommModel Comm>
 bool program_builder<Compute, Comm>::in_pass(const model::op_cost& o, pass_kind pk) noexcept {
   switch (pk) {
-  case pass_kind::forward:
-    return o.phase == model::op_phase::forward;
-  case pass_kind::input_grad:
-    return o.phase == model::op_phase::backward_input;
-  case pass_kind::weight_grad:
-    return o.phase == model::op_phase::backward_weight;
-  case pass_kind::backward:
-    return o.phase == model::op_phase::backward_input || o.phase == model::op_phase::backward_weight;
+    case pass_kind::forward: return o.phase == model::op_phase::forward;
+    case pass_kind::input_grad: return o.phase == model::op_phase::backward_input;
+    case pass_kind::weight_grad: return o.phase == model::op_phase::backward_weight;
+    case pass_kind::backward:
+      return o.phase == model::op_phase::backward_input || o.phase == model::op_phase::backward_weight;
   }
   return false;
 }
@@ -206,8 +202,8 @@ void program_builder<Compute, Comm>::head_template(const model::op_list& ops, pa
     out.push_back(compute_item(o));
     if (tp_ > 1 && o.role == model::op_role::cross_entropy && ph == hook_phase::fwd) {
       // max, target logit and sum of exponentials: three fp32 all-reduces over the tokens
-      for (const char* n :
-           {"cross_entropy_max_all_reduce", "cross_entropy_target_all_reduce", "cross_entropy_sum_all_reduce"}) {
+      for (const char* n : {"cross_entropy_max_all_reduce", "cross_entropy_target_all_reduce",
+                            "cross_entropy_sum_all_reduce"}) {
         out.push_back(comm_item(n, model::collective::all_reduce, loss_bytes, 4));
       }
     }
@@ -223,7 +219,8 @@ std::int64_t program_builder<Compute, Comm>::activation_message() const {
   return par_.micro_batch * m_.seq * m_.hidden * static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
 }
 
-template <model::ComputeModel Compute, model::CommModel Comm> void program_builder<Compute, Comm>::build_templates() {
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::build_templates() {
   tp_placement_ = model::tensor_parallel_group(par_, hw_);
   const model::op_list layer = compute_.layer(m_, par_, hw_);
   const model::op_list embed = compute_.embedding(m_, par_, hw_);
@@ -291,9 +288,7 @@ template <model::ComputeModel Compute, model::CommModel Comm> void program_build
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
-int program_builder<Compute, Comm>::global_rank(int stage, int col) const noexcept {
-  return stage * tp_ * dp_ + col;
-}
+int program_builder<Compute, Comm>::global_rank(int stage, int col) const noexcept { return stage * tp_ * dp_ + col; }
 
 // Transfer from stage s to stage (s + 1) mod p of column `col` (either direction: same pair).
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -303,4 +298,4 @@ time_ns program_builder<Compute, Comm>::p2p_time(int s, int col) const {
   return comm_.p2p_time({p2p_bytes_, a / hw_.gpus_per_node == b / hw_.gpus_per_node}, hw_);
 }
 
-} // namespace lumos::synth::detail
+}  // namespace lumos::synth::detail
