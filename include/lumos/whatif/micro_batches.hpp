@@ -65,8 +65,8 @@ struct micro_batch_rewrite {
   for (const auto& ci : g.collectives) {
     for (const graph::task_id c : ci.complete) collective_of[c] = &ci;
   }
-  // Per micro-batch and processor, its first and last marked task: the layers' tasks, the arrive
-  // before a communication op and the joins of their collectives.
+  // Per micro-batch and processor, its first and last marked task: the layers' tasks and the
+  // arrive before a communication op (joins are added with the period, below).
   constexpr graph::task_id none = graph::no_task;
   std::vector<std::vector<graph::task_id>> first(static_cast<std::size_t>(m), std::vector<graph::task_id>(on.size(), none));
   std::vector<std::vector<graph::task_id>> last = first;
@@ -80,7 +80,6 @@ struct micro_batch_rewrite {
   auto mark_with_comm = [&](int i, graph::task_id t) {
     mark(i, t);
     if (t > 0 && g.kind[t - 1] == graph::task_kind::comm_arrive && g.processor[t - 1] == g.processor[t]) mark(i, t - 1);
-    if (const auto it = collective_of.find(t); it != collective_of.end() && it->second->join != none) mark(i, it->second->join);
   };
   for (const auto& lg : st.layer_groups) {
     const int i = lg.op.micro_batch;
@@ -139,13 +138,13 @@ struct micro_batch_rewrite {
   if (micro_batches > m) {
     std::snprintf(line, sizeof line,
                   "micro-batches per replica %d -> %d (no pipeline stages: gradient accumulation in sequence): micro-batch %d's period "
-                  "(%zu tasks on every rank, from its first task to the next micro-batch's on each processor) repeated %d times in "
+                  "(%zu tasks over all ranks, from its first task to the next micro-batch's on each processor) repeated %d times in "
                   "place, keeping its measured kernels, launches and overheads",
                   m, micro_batches, a, out.groups.front().tasks.size(), micro_batches - m + 1);
   } else {
     std::snprintf(line, sizeof line,
                   "micro-batches per replica %d -> %d (no pipeline stages: gradient accumulation in sequence): micro-batches %d to %d "
-                  "removed (%zu tasks on every rank)",
+                  "removed (%zu tasks over all ranks)",
                   m, micro_batches, a, e - 1, out.groups.front().tasks.size());
   }
   out.change = line;

@@ -168,8 +168,8 @@ struct job_structure {
 /// head and the tied embedding's all-reduce, which end the iteration), a middle stage keeps its
 /// relative position (rounded, and never onto an end it was not).
 [[nodiscard]] constexpr int traced_stage_to(int s, int pp_old, int pp_new) noexcept {
-  if (pp_old == pp_new || pp_old <= 1 || pp_new <= 1) return pp_old == pp_new ? s : (s == 0 ? 0 : pp_new - 1);
-  if (s <= 0) return 0;
+  if (pp_old == pp_new) return s;
+  if (s <= 0 || pp_new <= 1) return 0;
   if (s >= pp_old - 1) return pp_new - 1;
   const int m = (2 * s * (pp_new - 1) + (pp_old - 1)) / (2 * (pp_old - 1));
   return pp_new > 2 ? std::clamp(m, 1, pp_new - 2) : m;

@@ -68,7 +68,8 @@ struct whatif_result {
 };
 
 /// Applies `edited` to a built job: the graph is replaced and every map follows its tasks.
-inline void adopt(graph::built_job& b, edited_graph&& edited) {
+/// Returns where each task of the graph before went (`edited_graph::copies`).
+inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edited_graph&& edited) {
   for (auto& r : b.ranks) {
     for (auto& t : r.task_of_event) t = t == graph::no_task ? t : edited.first(t);
     for (auto& t : r.arrive_of_event) t = t == graph::no_task ? t : edited.first(t);
@@ -79,6 +80,7 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
   }
   b.kept = std::move(kept);
   b.graph = std::move(edited.graph);
+  return std::move(edited.copies);
 }
 
 /// The machine whose links price communication the trace does not measure: the traces' GPU
@@ -273,15 +275,14 @@ inline void adopt(graph::built_job& b, edited_graph&& edited) {
     if (!groups.empty()) {
       edited_graph e = repeat_groups(b.graph, groups);
       edges_dropped += e.edges_dropped;
-      copies = e.copies;
-      adopt(b, std::move(e));
+      copies = adopt(b, std::move(e));
     }
     if (accumulate) {
       const micro_batch_rewrite mr = micro_batches_to(b.graph, *structure, *micro_batches, copies ? &*copies : nullptr);
       out.changes.push_back(mr.change);
       edited_graph e = repeat_groups(b.graph, mr.groups);
       edges_dropped += e.edges_dropped;
-      adopt(b, std::move(e));
+      (void)adopt(b, std::move(e));
     }
     if (edges_dropped > 0) {
       out.changes.push_back(std::to_string(edges_dropped) + " edges of removed tasks dropped (their processors still order the rest)");
