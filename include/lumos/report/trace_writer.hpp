@@ -338,8 +338,10 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   };
   std::map<std::uint32_t, detail::time_warp> warps;  // by lane (trace-built)
   std::vector<std::uint8_t> written(src != nullptr ? src->events.size() : 0, 0);
-  std::int64_t next_corr = 1;
-  detail::task_map<std::int64_t> corr_of(tasks);  // model-built: launch task → correlation
+  // Trace-built jobs keep their own correlation ids; tasks a what-if added (a launch and its
+  // kernel with no source event) are numbered from 2^40 up, clear of any the profiler wrote.
+  std::int64_t next_corr = src != nullptr ? std::int64_t{1} << 40 : 1;
+  detail::task_map<std::int64_t> corr_of(tasks);  // model-built or added: launch task → correlation
   for (const std::size_t i : rank_edges) {
     const auto& e = g.edges[i];
     if (e.kind == graph::edge_kind::launch && g.rank[e.from] == rank && g.source[e.from] == ~0U && !corr_of.find(e.from)) {
@@ -411,7 +413,6 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       write_source_event(ev, begin, end);
       continue;
     }
-    if (src != nullptr) continue;  // trace-built helpers without an event ("thread end")
     // Model-built task.
     const auto& p = g.processors[g.processor[t]];
     if (kind == graph::task_kind::comm_arrive) continue;
@@ -424,6 +425,16 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
           if (ci->complete[k] == t) begin = job.simulated.begin_of(ci->arrive[k]);
         }
       }
+    }
+    if (src != nullptr) {
+      // Trace-built helpers without an event ("thread end") are not written; a launch that a
+      // what-if added and its kernel (a collective's launch goes to its arrive) are, as a
+      // model-built job's.
+      graph::task_id launched = t;
+      for (std::size_t k = 0; ci != nullptr && k < ci->complete.size(); ++k) {
+        if (ci->complete[k] == t) launched = ci->arrive[k];
+      }
+      if (corr_of.find(t) == nullptr && launch_corr.find(launched) == nullptr) continue;
     }
     const bool gpu = p.kind == graph::processor_kind::gpu_stream;
     const task_decoration* deco = job.decorations != nullptr ? job.decorations->find(t) : nullptr;

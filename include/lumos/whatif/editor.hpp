@@ -30,6 +30,8 @@ struct edited_graph {
   std::vector<std::vector<graph::task_id>> copies;
   std::size_t added = 0, removed = 0;  ///< tasks
   std::size_t edges_dropped = 0;       ///< edges into or out of removed tasks
+  /// The new tasks of `insert_after`, in the order of its insertions.
+  std::vector<graph::task_id> inserted;
   [[nodiscard]] graph::task_id first(graph::task_id t) const noexcept {
     return copies[t].empty() ? graph::no_task : copies[t].front();
   }
@@ -134,6 +136,58 @@ struct edited_graph {
       }
       ng.collectives.push_back(std::move(nc));
     }
+  }
+  return out;
+}
+
+/// A task to add right after task `after` of the graph on after's processor (`spec.processor`
+/// is ignored); several after one task follow each other in the order given.
+struct insertion {
+  graph::task_id after = graph::no_task;
+  graph::task_spec spec;
+  std::string name;  ///< owned: `spec.name` is not read
+};
+
+/// Rewrites `g` with `ins` inserted: every original task kept once (`copies`), the new ones in
+/// `inserted`, every edge and collective of `g` kept. The caller adds the edges of the new tasks
+/// to `graph` (edges may come in any order). O(tasks + edges). Throws `lumos::error` for an
+/// insertion after a task that does not exist.
+[[nodiscard]] inline edited_graph insert_after(const graph::task_graph& g, const std::vector<insertion>& ins) {
+  const std::size_t n = g.task_count();
+  std::vector<std::vector<std::uint32_t>> after(n);  // insertions, by the task they follow
+  for (std::uint32_t i = 0; i < ins.size(); ++i) {
+    if (ins[i].after >= n) throw error("whatif: an insertion follows task " + std::to_string(ins[i].after) + ", which does not exist");
+    after[ins[i].after].push_back(i);
+  }
+  std::vector<std::vector<graph::task_id>> on(g.processors.size());
+  for (graph::task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
+  edited_graph out;
+  out.copies.resize(n);
+  out.inserted.assign(ins.size(), graph::no_task);
+  graph::task_graph& ng = out.graph;
+  ng.processors = g.processors;
+  ng.collectives = g.collectives;
+  ng.reserve(n + ins.size(), g.edge_count());
+  for (const auto& tasks : on) {
+    for (const graph::task_id t : tasks) {
+      out.copies[t].push_back(ng.add_task({.kind = g.kind[t], .processor = g.processor[t], .duration = g.duration[t],
+                                           .idle_gap = g.idle_gap[t], .busy_gap = g.busy_gap[t], .name = g.task_name(t),
+                                           .rank = g.rank[t], .source = g.source[t], .observed_start = g.observed_start[t],
+                                           .observed_end = g.observed_end[t]}));
+      for (const std::uint32_t i : after[t]) {
+        graph::task_spec s = ins[i].spec;
+        s.processor = g.processor[t];
+        s.name = ins[i].name;
+        out.inserted[i] = ng.add_task(s);
+      }
+    }
+  }
+  out.added = ins.size();
+  for (const graph::edge& e : g.edges) ng.add_edge(out.copies[e.from].front(), out.copies[e.to].front(), e.delay, e.kind, e.flags());
+  for (auto& ci : ng.collectives) {
+    if (ci.join != graph::no_task) ci.join = out.copies[ci.join].front();
+    for (auto& t : ci.arrive) t = out.copies[t].front();
+    for (auto& t : ci.complete) t = out.copies[t].front();
   }
   return out;
 }
