@@ -47,6 +47,10 @@ CASES = [
     ("micro-batch ×2 (same global batch)", {}, {"--micro-batch": "2"}),
     ("TP 2→4", {}, {"--tp": "4"}),
     ("TP 4→2", {"--tp": "4"}, {"--tp": "2"}),
+    # From TP 1 the all-reduces are inserted into every layer (none to resize in the traces).
+    ("TP 1→2", {"--tp": "1"}, {"--tp": "2"}),
+    ("TP 1→4", {"--tp": "1"}, {"--tp": "4"}),
+    ("TP 1→2 with PP 2→4", {"--tp": "1"}, {"--tp": "2", "--pp": "4"}),
     ("H100 → H200", {}, {"--gpu": "h200-sxm"}),
     ("layers ×2 on H200", {}, {"--layers": "16", "--gpu": "h200-sxm"}),
     ("PP 2→4 with DP ×2", {}, {"--pp": "4", "--dp": "4", "--global-batch": "32"}),

@@ -260,6 +260,30 @@ TEST_CASE("whatif --json: baseline, prediction and changes, and --trace-out repl
   CHECK(unknown.err.find("--from-gpu") != std::string::npos);
 }
 
+TEST_CASE("whatif --tp from 1: the inserted all-reduces are written by --trace-out and replay to the prediction",
+          "[cli][whatif][tp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "tp1", out = dir.path() / "tp2";
+  REQUIRE(run("synth --layers 2 --hidden 1024 --heads 16 --seq 512 --tp 1 --micro-batch 1 --global-batch 2 "
+              "--gpu h100-sxm --detail kernel --out " + a.string()).code == 0);
+  const result r = run("whatif " + a.string() + " --tp 2 --json --trace-out " + out.string());
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(r.out);
+  const std::int64_t predicted = doc["predicted"]["iteration_ns"];
+  bool said = false;
+  for (const auto c : simdjson::dom::array(doc["changes"])) {
+    said = said || std::string_view(c).find("tensor-parallel all-reduces inserted") != std::string_view::npos;
+  }
+  CHECK(said);
+  const result again = run("replay " + out.string() + " --json");
+  REQUIRE(again.code == 0);
+  simdjson::dom::parser parser2;
+  CHECK(int64_t(parser2.parse(again.out)["job"]["simulated_ns"]) == predicted);
+  // Heads that do not divide over the target TP are an error, as before.
+  CHECK(run("whatif " + a.string() + " --tp 3").code == 2);
+}
+
 TEST_CASE("a kernel that starts before its launch is a causality violation: a warning, an error with --strict", "[cli][replay]") {
   lumos_test::temp_dir dir;
   const auto bad = dir.write("before_launch.json", R"({"traceEvents": [
@@ -299,9 +323,9 @@ TEST_CASE("whatif --hidden/--seq/--tp: shape JSON, the traces' own shape is the 
   const result heads = run("whatif " + job + " --heads 7");
   CHECK(heads.code == 2);
   CHECK(heads.err.find("does not divide into 7 heads") != std::string::npos);
-  const result tp = run("whatif " + job + " --tp 2");
-  CHECK(tp.code == 2);
-  CHECK(tp.err.find("TP 1") != std::string::npos);
+  const result tp = run("whatif " + job + " --tp 2");  // from TP 1: all-reduces inserted into the layers
+  CHECK(tp.code == 0);
+  CHECK(tp.out.find("32 tensor-parallel all-reduces inserted") != std::string::npos);
   CHECK(run("whatif " + job + " --seq 0").code == 2);
   CHECK(run("whatif " + job + " --hidden x").code == 2);
 }

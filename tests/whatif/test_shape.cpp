@@ -133,8 +133,8 @@ TEST_CASE("target_shape: head dim follows hidden / heads, and invalid targets ar
   t.ffn = 4100;
   CHECK_THROWS_WITH(whatif::target_shape(tp8, t), Catch::Contains("FFN width 4100 does not divide over 8"));
   t = {};
-  t.tp = 2; // the traces have no TP collectives to resize
-  CHECK_THROWS_WITH(whatif::target_shape(a, t), Catch::Contains("without tensor parallelism"));
+  t.tp = 2; // from TP 1: the all-reduces are inserted (tensor_parallel.hpp), the shape is valid
+  CHECK(whatif::target_shape(a, t).ffn_local() == a.ffn / 2);
 }
 
 TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model ratio, memory-bound ops by bytes",

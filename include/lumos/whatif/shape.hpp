@@ -131,7 +131,7 @@ struct shape_config {
     }
     to.head_dim = to.hidden / to.heads;
   }
-  validate_tp(from.tp, to.tp, to.heads, to.ffn);
+  validate_tp(to.tp, to.heads, to.ffn);
   return to;
 }
 
@@ -212,6 +212,11 @@ struct shape_stats {
   std::int64_t vocab_local = 0;      ///< V/TP from a logits GEMM, when one was seen
   bool sequence_parallel = false;    ///< reduce-scatters in the forward passes: activations between GEMMs are 1/TP
   double parameter_ratio = 1.0;      ///< parameters per rank of rank 0, target / traces
+  /// From TP 1 to more: the GEMM kernels after which Megatron's tensor-parallel all-reduce of the
+  /// activation (tokens x hidden) runs — the row-parallel attention output and FC2 forward (also
+  /// when recomputed), the column-parallel QKV and FC1 input gradients, the logits' input
+  /// gradient — in launch order per rank (`tp_collectives.hpp` inserts them).
+  std::vector<graph::task_id> tp_all_reduce_after;
 };
 
 /// The key/value heads of a grouped-query QKV GEMM of width `w` per rank (q + 2·kv_heads·d/TP),
@@ -424,6 +429,22 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   // Per rank, the traced dims of the last backward GEMM read as a dgrad (tokens out), while its
   // weight gradient has not been seen: see `weight_gradient` below.
   std::vector<std::optional<std::array<std::int64_t, 3>>> open_dgrad(job.ranks.size());
+  // From TP 1: the tokens-out linear GEMMs of the layers in each pass, counted per rank. Forward
+  // runs QKV, attention output, FC1, FC2; backward (after the recomputed forward's four, when
+  // recomputing) the input gradients of FC2, FC1, attention output, QKV: in either direction the
+  // all-reduce follows every second one.
+  const bool insert_tp = from.tp == 1 && to.tp > 1;
+  std::vector<std::size_t> layer_gemms(job.ranks.size(), 0);
+  constexpr std::size_t npos = ~std::size_t{0};
+  std::vector<std::pair<std::uint32_t, std::size_t>> last_gemm(job.ranks.size(), {detail::no_event, npos});
+  auto check_layer_gemms = [&](std::size_t rank) {
+    if (!insert_tp || layer_gemms[rank] % 4 == 0) return;
+    throw error("whatif --tp " + std::to_string(to.tp) + ": pass " + std::to_string(pass_of[rank]) + " of rank " +
+                std::to_string(job.ranks[rank].rank) + " runs " + std::to_string(layer_gemms[rank]) +
+                " activation GEMMs in its layers, not a multiple of 4 (QKV, attention output, FC1, FC2), so the "
+                "tensor-parallel all-reduces cannot be placed (a gated MLP with separate gate and up GEMMs, or GEMMs "
+                "without recorded shapes)");
+  };
   auto set = [&](graph::task_id t, double ns) {
     out.before += g.duration[t];
     g.duration[t] = static_cast<time_ns>(std::llround(ns));
@@ -434,6 +455,8 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     // the previous stage); a backward pass goes on from its forward's last output (the logits
     // for the loss gradient on the last stage).
     if (c.pass >= 0 && c.pass != pass_of[c.rank]) {
+      check_layer_gemms(c.rank);
+      layer_gemms[c.rank] = 0;
       pass_of[c.rank] = c.pass;
       open_dgrad[c.rank].reset();
       const auto& passes = st.ranks[c.rank].passes;
@@ -564,6 +587,23 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
         }
       }
       if (tokens_out) act_old[c.rank] = out_old, act_new[c.rank] = out_new;
+      if (insert_tp && tokens_out && m->from.kind == detail::gemm_shape::role::linear) {
+        // One operator may launch several kernels (split-K and its reduction): it counts once,
+        // and the all-reduce follows its last kernel.
+        auto& [op, hook] = last_gemm[c.rank];
+        if (c.shape_op == op) {
+          if (hook != npos) out.tp_all_reduce_after[hook] = t;
+        } else {
+          op = c.shape_op, hook = npos;
+          const auto& x = m->from;
+          const std::int64_t width = x.m == from.tokens() ? x.n : x.m;
+          // In the layers every second one; outside them the logits' input gradient (the
+          // vocabulary-parallel output layer's, tokens x hidden out of tokens x V/TP).
+          const bool after = c.layer >= 0 ? layer_gemms[c.rank]++ % 2 == 1
+                                          : c.phase == phase_kind::backward && width == from.hidden && x.k != from.hidden;
+          if (after) hook = out.tp_all_reduce_after.size(), out.tp_all_reduce_after.push_back(t);
+        }
+      }
       set(t, d * ratio);
       continue;
     }
@@ -580,6 +620,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
                       lname.find("gammabeta") != std::string::npos;
     set(t, detail::memory_scaled_ns(d, norm ? base_to / base_from : act_new[c.rank] / act_old[c.rank], min_ns));
   }
+  for (std::size_t r = 0; r < job.ranks.size(); ++r) check_layer_gemms(r);
   return out;
 }
 

@@ -6,12 +6,15 @@
 // shard V/t) — column-parallel GEMMs have N/t, row-parallel ones K/t.
 
 #include <lumos/core/error.hpp>
+#include <lumos/graph/task_graph.hpp>
 #include <lumos/model/comm.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/profile.hpp>
+#include <lumos/whatif/editor.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -50,9 +53,8 @@ namespace lumos::whatif {
 }
 
 /// Checks a tensor-parallel target against the full model: heads and FFN must divide by it.
-/// `from_tp` is the traces' TP; going from TP 1 to more would need the TP collectives inserted
-/// into every layer, which the rescaling does not do. Throws `lumos::error`.
-inline void validate_tp(int from_tp, int to_tp, std::int64_t heads, std::int64_t ffn) {
+/// Throws `lumos::error`.
+inline void validate_tp(int to_tp, std::int64_t heads, std::int64_t ffn) {
   if (to_tp <= 0)
     throw error("whatif --tp: the tensor-parallel size must be positive (got " + std::to_string(to_tp) + ")");
   if (heads % to_tp != 0) {
@@ -63,12 +65,65 @@ inline void validate_tp(int from_tp, int to_tp, std::int64_t heads, std::int64_t
     throw error("whatif --tp " + std::to_string(to_tp) + ": the FFN width " + std::to_string(ffn) +
                 " does not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
   }
-  if (from_tp == 1 && to_tp != 1) {
-    throw error("whatif --tp " + std::to_string(to_tp) +
-                ": the traces ran without tensor parallelism (TP 1), so they hold no TP collectives to resize; "
-                "inserting them is not "
-                "built");
+}
+
+/// The tensor-parallel all-reduce that a change from TP 1 adds after a GEMM kernel: its transfer
+/// (NCCL model), the host time of its c10d/NCCL enqueue and the launch call.
+struct tp_all_reduce {
+  time_ns transfer = 0;
+  time_ns host = 0;    ///< CPU time before the launch call
+  time_ns launch = 0;  ///< the launch call itself
+  std::string kernel = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL";
+};
+
+/// Inserts `c` after each GEMM kernel of `after` (`shape_stats::tp_all_reduce_after`): a
+/// collective right after it on its stream (Megatron runs the TP all-reduce in the compute
+/// stream's order) and its launch on the CPU thread right after the GEMM's launch, with the GEMM's
+/// launch latency. A TP group is folded onto its traced rank (TP ranks are symmetric), so each
+/// instance has that one participant, in a group of its own (`tp.folded.R`, no join: no peer to
+/// wait for, the transfer is its time); written out (`--trace-out`) it reads back the same way.
+[[nodiscard]] inline edited_graph insert_tp_all_reduces(const graph::task_graph& g, const std::vector<graph::task_id>& after,
+                                                        const tp_all_reduce& c) {
+  constexpr std::uint32_t none = ~std::uint32_t{0};
+  std::vector<std::uint32_t> launch_of(g.task_count(), none);  // launch edge into a task
+  for (std::uint32_t i = 0; i < g.edges.size(); ++i) {
+    if (g.edges[i].kind == graph::edge_kind::launch) launch_of[g.edges[i].to] = i;
   }
+  std::vector<insertion> ins;
+  ins.reserve(3 * after.size());
+  for (const graph::task_id k : after) {
+    if (launch_of[k] != none) {
+      ins.push_back({.after = g.edges[launch_of[k]].from,
+                     .spec = {.kind = graph::task_kind::cpu, .duration = c.launch, .busy_gap = c.host, .rank = g.rank[k]},
+                     .name = "cudaLaunchKernel"});
+    }
+    ins.push_back({.after = k, .spec = {.kind = graph::task_kind::comm_arrive, .rank = g.rank[k]}, .name = c.kernel});
+    ins.push_back({.after = k, .spec = {.kind = graph::task_kind::comm_complete, .duration = c.transfer, .rank = g.rank[k]},
+                   .name = c.kernel});
+  }
+  edited_graph e = insert_after(g, ins);
+  std::map<int, std::int64_t> sequence;  // per rank's folded group
+  std::size_t i = 0;
+  for (const graph::task_id k : after) {
+    if (launch_of[k] != none) {
+      const graph::edge& l = g.edges[launch_of[k]];
+      e.graph.add_edge(e.inserted[i], e.inserted[i + 1], l.delay, graph::edge_kind::launch, l.flags());
+      ++i;
+    }
+    graph::collective_instance ci;
+    ci.kind = "allreduce";
+    ci.group = "tp.folded." + std::to_string(g.rank[k]);
+    // Left unknown (0): the trace writer states sizes in elements, which it can only do for
+    // model-built jobs; a what-if read from the written traces takes the size from the time.
+    ci.bytes = 0;
+    ci.sequence = sequence[g.rank[k]]++;
+    ci.arrive = {e.inserted[i]};
+    ci.complete = {e.inserted[i + 1]};
+    ci.match = "inserted by a TP change from 1 (the group folded onto its traced rank)";
+    e.graph.collectives.push_back(std::move(ci));
+    i += 2;
+  }
+  return e;
 }
 
 /// How the predicted job stands for a TP change: tensor-parallel ranks are symmetric (each
@@ -88,7 +143,8 @@ inline void validate_tp(int from_tp, int to_tp, std::int64_t heads, std::int64_t
     s += "the first " + std::to_string(to_tp) +
          " ranks of each traced TP group form a new group; the others replay the same";
   }
-  s += "; each TP collective keeps its bytes per rank and runs over " + std::to_string(to_tp) + " ranks";
+  s += from_tp == 1 ? "; the TP all-reduces are inserted (below)"
+                    : "; each TP collective keeps its bytes per rank and runs over " + std::to_string(to_tp) + " ranks";
   return s;
 }
 

@@ -83,6 +83,30 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
   return std::move(edited.copies);
 }
 
+/// From TP 1 to `to.tp`: Megatron's tensor-parallel all-reduces (tokens x hidden of the target
+/// shape, over the TP group by the NCCL model, with the profile's host time per collective)
+/// inserted after the GEMMs `ss` found. Returns the line for `changes`.
+inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats& ss, const shape_config& to,
+                                         const shape_costs& costs) {
+  const double bytes = static_cast<double>(to.tokens()) * static_cast<double>(to.hidden) * costs.element_bytes;
+  const auto& link = to.tp > costs.hw.gpus_per_node ? costs.profile.inter : costs.profile.intra;
+  tp_all_reduce c;
+  c.transfer = static_cast<time_ns>(std::llround(collective_ns(model::collective::all_reduce, bytes, to.tp, link)));
+  c.launch = static_cast<time_ns>(std::llround(costs.profile.cpu_launch_ns));
+  c.host = std::max<time_ns>(0, static_cast<time_ns>(std::llround(costs.profile.cpu_collective_ns)) - c.launch);
+  c.kernel = std::string("ncclDevKernel_AllReduce_Sum_") + (costs.dtype == model::precision::fp16 ? "f16" : "bf16") + "_RING_LL";
+  const std::size_t n = ss.tp_all_reduce_after.size();
+  (void)adopt(b, insert_tp_all_reduces(b.graph, ss.tp_all_reduce_after, c));
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "TP 1 -> %d: %zu tensor-parallel all-reduces inserted (after the attention output and FC2 GEMMs of every "
+                "forward and recomputed forward, the QKV and FC1 input gradients, the logits' input gradient), %.0f bytes "
+                "each, %.3f us by the NCCL model over %d ranks, %.1f us of host time each",
+                to.tp, n, bytes, static_cast<double>(c.transfer) / 1e3, to.tp,
+                static_cast<double>(c.host + c.launch) / 1e3);
+  return line;
+}
+
 /// The machine whose links price communication the trace does not measure: the traces' GPU
 /// preset (or `from`), else the H100 preset, with a sentence saying which.
 [[nodiscard]] inline std::pair<model::hardware, std::string> comm_hardware(const trace::job& job, const std::string& from) {
@@ -129,6 +153,7 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
   if (!o.groups.empty()) out.changes.push_back(o.groups_change);
   const bool pipeline_asked = o.pp || o.vp || o.schedule;
   std::optional<job_structure> structure;
+  std::optional<job_structure> traced_structure;  // set when `structure` is discovered again on an edited graph
   std::optional<int> micro_batches;  // per replica, when DP changes them
   std::optional<shape_config> shape_from, shape_to;
   bool staged = false;  // the traces have pipeline stages
@@ -177,6 +202,16 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
         if (shape_to->tp != shape_from->tp) {
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
           out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
+        }
+        if (!ss.tp_all_reduce_after.empty()) {
+          out.changes.push_back(insert_tp_collectives(b, ss, *shape_to, costs));
+          // Discovered again: the layer groups and pass costs that DP, the layer copies and the
+          // pipeline model read are task ids, and now take in the inserted collectives.
+          // The traces' own stays for what reads the baseline graph (the bubble, the report).
+          structure_options so = o.structure;
+          so.step = o.replay.step;
+          traced_structure = std::move(structure);
+          structure = discover_structure(job, b, so);
         }
       }
     }
@@ -306,6 +341,7 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
     out.predicted.simulated_ns = pp.iteration_ns;
     out.pipeline = std::move(pp);
   }
+  if (traced_structure) structure = std::move(traced_structure);
   if (!structure) {
     try {
       structure_options so = o.structure;
