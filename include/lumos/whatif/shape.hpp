@@ -196,6 +196,16 @@ namespace detail {
   return measured * std::max(measured * ratio, min_ns) / std::max(measured, min_ns);
 }
 
+/// An embedding lookup's forward kernel: what `aten::embedding` launches (ATen's `indexSelect*`;
+/// `vectorized_gather_kernel` in PyTorch 2.x, through index_select) or a kernel named after an
+/// embedding that is not its backward.
+[[nodiscard]] inline bool embedding_lookup(std::string_view kernel) {
+  const std::string l = lower_ascii(kernel);
+  return l.find("indexselect") != std::string::npos || l.find("gather_kernel") != std::string::npos ||
+         (l.find("embedding") != std::string::npos && l.find("backward") == std::string::npos &&
+          l.find("bwd") == std::string::npos);
+}
+
 struct mapped_gemm {
   detail::gemm_shape from, to;
   bool tokens_out = true; ///< the output carries the tokens (else a weight gradient)
@@ -212,11 +222,9 @@ struct shape_stats {
   std::int64_t vocab_local = 0;      ///< V/TP from a logits GEMM, when one was seen
   bool sequence_parallel = false;    ///< reduce-scatters in the forward passes: activations between GEMMs are 1/TP
   double parameter_ratio = 1.0;      ///< parameters per rank of rank 0, target / traces
-  /// From TP 1 to more: the GEMM kernels after which Megatron's tensor-parallel all-reduce of the
-  /// activation (tokens x hidden) runs — the row-parallel attention output and FC2 forward (also
-  /// when recomputed), the column-parallel QKV and FC1 input gradients, the logits' input
-  /// gradient — in launch order per rank (`tp_collectives.hpp` inserts them).
-  std::vector<graph::task_id> tp_all_reduce_after;
+  /// From TP 1 to more: where Megatron's tensor-parallel all-reduces run, in launch order per
+  /// rank (`tensor_parallel.hpp` inserts them): see `tp_hook`.
+  std::vector<tp_hook> tp_all_reduces;
 };
 
 /// The key/value heads of a grouped-query QKV GEMM of width `w` per rank (q + 2·kv_heads·d/TP),
@@ -436,7 +444,10 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   const bool insert_tp = from.tp == 1 && to.tp > 1;
   std::vector<std::size_t> layer_gemms(job.ranks.size(), 0);
   constexpr std::size_t npos = ~std::size_t{0};
+  // Per rank: the GEMM operator seen last and the first of the hooks that follow it.
   std::vector<std::pair<std::uint32_t, std::size_t>> last_gemm(job.ranks.size(), {detail::no_event, npos});
+  // Per rank: whether the current forward pass has had its embedding lookup.
+  std::vector<bool> embedded(job.ranks.size(), false);
   auto check_layer_gemms = [&](std::size_t rank) {
     if (!insert_tp || layer_gemms[rank] % 4 == 0) return;
     throw error("whatif --tp " + std::to_string(to.tp) + ": pass " + std::to_string(pass_of[rank]) + " of rank " +
@@ -457,6 +468,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     if (c.pass >= 0 && c.pass != pass_of[c.rank]) {
       check_layer_gemms(c.rank);
       layer_gemms[c.rank] = 0;
+      embedded[c.rank] = false;
       pass_of[c.rank] = c.pass;
       open_dgrad[c.rank].reset();
       const auto& passes = st.ranks[c.rank].passes;
@@ -571,12 +583,16 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       }
       // When the tokens equal a width (tokens = hidden = FFN/TP, say), the dims do not say
       // whether a backward GEMM is a dgrad (tokens out) or a weight gradient (tokens in K).
-      // Autograd runs a linear layer's dgrad, then its weight gradient: the GEMM right after a
-      // dgrad of the same dims is that weight gradient, and leaves the activation alone.
+      // Autograd runs a linear layer's dgrad, then right away its weight gradient: the GEMM
+      // right after a dgrad of the same dims (no other kernel but a reduction between: see the
+      // memory-bound ops below) is that weight gradient, and leaves the activation alone.
       bool tokens_out = m->tokens_out;
       if (m->from.kind == detail::gemm_shape::role::linear && c.phase == phase_kind::backward) {
         const auto& x = m->from;
-        const std::array<std::int64_t, 3> dims{x.m, x.k, x.n};
+        // A weight gradient's dims are its dgrad's in another order ([in, tokens] x [tokens, out]
+        // against [tokens, out] x [out, in]): compared as a multiset.
+        std::array<std::int64_t, 3> dims{x.m, x.k, x.n};
+        std::sort(dims.begin(), dims.end());
         const bool ambiguous = x.k == from.tokens() && (x.m == from.tokens() || x.n == from.tokens());
         auto& open = open_dgrad[c.rank];
         if (tokens_out && ambiguous && open && *open == dims) {
@@ -592,16 +608,24 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
         // and the all-reduce follows its last kernel.
         auto& [op, hook] = last_gemm[c.rank];
         if (c.shape_op == op) {
-          if (hook != npos) out.tp_all_reduce_after[hook] = t;
+          for (std::size_t h = hook; h != npos && h < out.tp_all_reduces.size(); ++h) out.tp_all_reduces[h].after = t;
         } else {
           op = c.shape_op, hook = npos;
           const auto& x = m->from;
           const std::int64_t width = x.m == from.tokens() ? x.n : x.m;
-          // In the layers every second one; outside them the logits' input gradient (the
-          // vocabulary-parallel output layer's, tokens x hidden out of tokens x V/TP).
-          const bool after = c.layer >= 0 ? layer_gemms[c.rank]++ % 2 == 1
-                                          : c.phase == phase_kind::backward && width == from.hidden && x.k != from.hidden;
-          if (after) hook = out.tp_all_reduce_after.size(), out.tp_all_reduce_after.push_back(t);
+          auto add = [&](tp_message what) {
+            if (hook == npos) hook = out.tp_all_reduces.size();
+            out.tp_all_reduces.push_back({t, what});
+          };
+          if (c.layer >= 0) {
+            if (layer_gemms[c.rank]++ % 2 == 1) add(tp_message::activation);
+          } else if (c.phase == phase_kind::backward && width == from.hidden && x.k != from.hidden) {
+            add(tp_message::activation);  // the logits' input gradient: tokens x hidden out of tokens x V/TP
+          } else if (c.phase == phase_kind::forward && x.k == from.hidden && width != from.hidden &&
+                     width == out.vocab_local) {
+            // The logits: the vocabulary-parallel cross-entropy that follows reduces over TP.
+            add(tp_message::loss_max), add(tp_message::loss_sum), add(tp_message::loss_sum);
+          }
         }
       }
       set(t, d * ratio);
@@ -612,6 +636,17 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       continue;
     }
     ++out.memory;
+    // A recomputed FC2 forward and the FC2 dgrad after it have the same dims when tokens =
+    // hidden: only the kernels between them (the rest of the recomputed forward and the
+    // backward up to the dgrad) tell that the dgrad is not its weight gradient.
+    if (detail::lower_ascii(name).find("reduce") == std::string::npos) open_dgrad[c.rank].reset();
+    if (insert_tp && c.phase == phase_kind::forward && c.layer < 0 && layer_gemms[c.rank] == 0 && !embedded[c.rank] &&
+        detail::embedding_lookup(name)) {
+      // The vocabulary-parallel embedding sums its partial lookups over TP (the word embedding
+      // comes first, before the layers; a position embedding after it is not parallel).
+      embedded[c.rank] = true;
+      out.tp_all_reduces.push_back({t, tp_message::activation});
+    }
     // Norms work on the residual stream (tokens x hidden, 1/TP of the tokens under SP) wherever
     // they sit: after a row-parallel GEMM's all-reduce, or in backward after a weight gradient.
     const std::string lname = detail::lower_ascii(name);

@@ -13,6 +13,7 @@
 #include <lumos/whatif/editor.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -67,8 +68,25 @@ inline void validate_tp(int to_tp, std::int64_t heads, std::int64_t ffn) {
   }
 }
 
-/// The tensor-parallel all-reduce that a change from TP 1 adds after a GEMM kernel: its transfer
-/// (NCCL model), the host time of its c10d/NCCL enqueue and the launch call.
+/// What a tensor-parallel all-reduce inserted by a change from TP 1 carries.
+enum class tp_message : std::uint8_t {
+  activation, ///< tokens x hidden in the activation dtype, summed
+  loss_max,   ///< tokens in fp32, max: the vocabulary-parallel cross-entropy's logit maximum
+  loss_sum,   ///< tokens in fp32, summed: its target logit, then its sum of exponentials
+};
+
+/// A tensor-parallel all-reduce to insert after GPU task `after`. Megatron runs one of the
+/// activation after the row-parallel attention output and FC2 forward (also when recomputed),
+/// the column-parallel QKV and FC1 input gradients, the vocabulary-parallel embedding lookup and
+/// the logits' input gradient; and three fp32 ones over the tokens in the vocabulary-parallel
+/// cross-entropy, which follows the logits GEMM (max, target logit, sum of exponentials).
+struct tp_hook {
+  graph::task_id after = graph::no_task;
+  tp_message message = tp_message::activation;
+};
+
+/// A tensor-parallel all-reduce that a change from TP 1 adds: its transfer (NCCL model), the
+/// host time of its c10d/NCCL enqueue and the launch call.
 struct tp_all_reduce {
   time_ns transfer = 0;
   time_ns host = 0;    ///< CPU time before the launch call
@@ -76,22 +94,26 @@ struct tp_all_reduce {
   std::string kernel = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL";
 };
 
-/// Inserts `c` after each GEMM kernel of `after` (`shape_stats::tp_all_reduce_after`): a
-/// collective right after it on its stream (Megatron runs the TP all-reduce in the compute
-/// stream's order) and its launch on the CPU thread right after the GEMM's launch, with the GEMM's
-/// launch latency. A TP group is folded onto its traced rank (TP ranks are symmetric), so each
-/// instance has that one participant, in a group of its own (`tp.folded.R`, no join: no peer to
-/// wait for, the transfer is its time); written out (`--trace-out`) it reads back the same way.
-[[nodiscard]] inline edited_graph insert_tp_all_reduces(const graph::task_graph& g, const std::vector<graph::task_id>& after,
-                                                        const tp_all_reduce& c) {
+/// Inserts each of `hooks` with its all-reduce `kind[message]`: a collective right after its
+/// GPU task on that stream (Megatron runs the TP all-reduce in the compute stream's order) and
+/// its launch on the CPU thread right after that task's launch, with the same launch latency;
+/// several after one task follow each other in the order given. A TP group is folded onto its
+/// traced rank (TP ranks are symmetric), so each instance has that one participant, in a group of
+/// its own (`tp.folded.R`, no join: no peer to wait for, the transfer is its time); written out
+/// (`--trace-out`) it reads back the same way.
+[[nodiscard]] inline edited_graph insert_tp_all_reduces(const graph::task_graph& g, const std::vector<tp_hook>& hooks,
+                                                        const std::array<tp_all_reduce, 3>& kind) {
   constexpr std::uint32_t none = ~std::uint32_t{0};
   std::vector<std::uint32_t> launch_of(g.task_count(), none);  // launch edge into a task
   for (std::uint32_t i = 0; i < g.edges.size(); ++i) {
     if (g.edges[i].kind == graph::edge_kind::launch) launch_of[g.edges[i].to] = i;
   }
+  auto of = [&](const tp_hook& h) -> const tp_all_reduce& { return kind[static_cast<std::size_t>(h.message)]; };
   std::vector<insertion> ins;
-  ins.reserve(3 * after.size());
-  for (const graph::task_id k : after) {
+  ins.reserve(3 * hooks.size());
+  for (const tp_hook& h : hooks) {
+    const graph::task_id k = h.after;
+    const tp_all_reduce& c = of(h);
     if (launch_of[k] != none) {
       ins.push_back({.after = g.edges[launch_of[k]].from,
                      .spec = {.kind = graph::task_kind::cpu, .duration = c.launch, .busy_gap = c.host, .rank = g.rank[k]},
@@ -104,7 +126,8 @@ struct tp_all_reduce {
   edited_graph e = insert_after(g, ins);
   std::map<int, std::int64_t> sequence;  // per rank's folded group
   std::size_t i = 0;
-  for (const graph::task_id k : after) {
+  for (const tp_hook& h : hooks) {
+    const graph::task_id k = h.after;
     if (launch_of[k] != none) {
       const graph::edge& l = g.edges[launch_of[k]];
       e.graph.add_edge(e.inserted[i], e.inserted[i + 1], l.delay, graph::edge_kind::launch, l.flags());

@@ -83,27 +83,38 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
   return std::move(edited.copies);
 }
 
-/// From TP 1 to `to.tp`: Megatron's tensor-parallel all-reduces (tokens x hidden of the target
-/// shape, over the TP group by the NCCL model, with the profile's host time per collective)
-/// inserted after the GEMMs `ss` found. Returns the line for `changes`.
+/// From TP 1 to `to.tp`: Megatron's tensor-parallel all-reduces (`tp_hook`: tokens x hidden of
+/// the target shape, or the cross-entropy's tokens in fp32, over the TP group by the NCCL model,
+/// with the profile's host time per collective) inserted where `ss` found them. Returns the line
+/// for `changes`.
 inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats& ss, const shape_config& to,
                                          const shape_costs& costs) {
-  const double bytes = static_cast<double>(to.tokens()) * static_cast<double>(to.hidden) * costs.element_bytes;
+  const double tokens = static_cast<double>(to.tokens());
+  const double bytes = tokens * static_cast<double>(to.hidden) * costs.element_bytes;
   const auto& link = to.tp > costs.hw.gpus_per_node ? costs.profile.inter : costs.profile.intra;
-  tp_all_reduce c;
-  c.transfer = static_cast<time_ns>(std::llround(collective_ns(model::collective::all_reduce, bytes, to.tp, link)));
-  c.launch = static_cast<time_ns>(std::llround(costs.profile.cpu_launch_ns));
-  c.host = std::max<time_ns>(0, static_cast<time_ns>(std::llround(costs.profile.cpu_collective_ns)) - c.launch);
-  c.kernel = std::string("ncclDevKernel_AllReduce_Sum_") + (costs.dtype == model::precision::fp16 ? "f16" : "bf16") + "_RING_LL";
-  const std::size_t n = ss.tp_all_reduce_after.size();
-  (void)adopt(b, insert_tp_all_reduces(b.graph, ss.tp_all_reduce_after, c));
-  char line[320];
+  auto made = [&](double size, const std::string& kernel) {
+    tp_all_reduce c;
+    c.transfer = static_cast<time_ns>(std::llround(collective_ns(model::collective::all_reduce, size, to.tp, link)));
+    c.launch = static_cast<time_ns>(std::llround(costs.profile.cpu_launch_ns));
+    c.host = std::max<time_ns>(0, static_cast<time_ns>(std::llround(costs.profile.cpu_collective_ns)) - c.launch);
+    c.kernel = kernel;
+    return c;
+  };
+  const std::array<tp_all_reduce, 3> kind = {
+      made(bytes, std::string("ncclDevKernel_AllReduce_Sum_") + (costs.dtype == model::precision::fp16 ? "f16" : "bf16") + "_RING_LL"),
+      made(tokens * 4, "ncclDevKernel_AllReduce_Max_f32_RING_LL"), made(tokens * 4, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")};
+  std::size_t activation = 0, loss = 0;
+  for (const tp_hook& h : ss.tp_all_reduces) ++(h.message == tp_message::activation ? activation : loss);
+  (void)adopt(b, insert_tp_all_reduces(b.graph, ss.tp_all_reduces, kind));
+  char line[480];
   std::snprintf(line, sizeof line,
-                "TP 1 -> %d: %zu tensor-parallel all-reduces inserted (after the attention output and FC2 GEMMs of every "
-                "forward and recomputed forward, the QKV and FC1 input gradients, the logits' input gradient), %.0f bytes "
-                "each, %.3f us by the NCCL model over %d ranks, %.1f us of host time each",
-                to.tp, n, bytes, static_cast<double>(c.transfer) / 1e3, to.tp,
-                static_cast<double>(c.host + c.launch) / 1e3);
+                "TP 1 -> %d: %zu tensor-parallel all-reduces inserted: %zu of the activation (after the attention output "
+                "and FC2 GEMMs of every forward and recomputed forward, the QKV and FC1 input gradients, the embedding "
+                "lookup, the logits' input gradient), %.0f bytes each, %.3f us by the NCCL model over %d ranks; %zu of "
+                "the cross-entropy (3 after each logits GEMM), %.0f bytes each, %.3f us; %.1f us of host time each",
+                to.tp, activation + loss, activation, bytes, static_cast<double>(kind[0].transfer) / 1e3, to.tp, loss,
+                tokens * 4, static_cast<double>(kind[1].transfer) / 1e3,
+                static_cast<double>(kind[0].host + kind[0].launch) / 1e3);
   return line;
 }
 
@@ -203,7 +214,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
           out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
         }
-        if (!ss.tp_all_reduce_after.empty()) {
+        if (!ss.tp_all_reduces.empty()) {
           out.changes.push_back(insert_tp_collectives(b, ss, *shape_to, costs));
           // Discovered again: the layer groups and pass costs that DP, the layer copies and the
           // pipeline model read are task ids, and now take in the inserted collectives.
