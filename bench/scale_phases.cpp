@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   const time_ns makespan = engine.run(compiled, timeline);
   timer.done("replay");
   const report::task_times measured = report::observed_times(built.graph);
-  const report::task_times simulated{&timeline.start, &timeline.finish, &compiled};
+  const report::task_times simulated = report::simulated_times(timeline, compiled);
   time_ns slowest = 0;
   for (const auto& p : plans) {
     slowest = std::max(slowest, report::evaluate(p, measured).window.length());

@@ -406,7 +406,7 @@ inline synth_output write_synth(const predict_request& req, const std::filesyste
 
   report::simulated_job sj;
   sj.graph = &prog.graph;
-  sj.simulated = {&timeline.start, &timeline.finish, &compiled};
+  sj.simulated = report::simulated_times(timeline, compiled);
   sj.world_size = static_cast<int>(prog.world_size);
   sj.device_name = req.job.hardware.name;
   report::trace_decorations decorations;

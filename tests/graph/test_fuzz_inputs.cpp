@@ -33,7 +33,9 @@ TEST_CASE("graph fuzzer inputs build and replay or are rejected", "[graph][fuzz]
       const auto s = lumos_fuzz::build_and_replay(lumos_test::read_file(f));
       ++built;
       REQUIRE(s.compiled.size() == s.built.graph.task_count());
-      for (std::size_t i = 0; i < s.timeline.start.size(); ++i) CHECK(s.timeline.finish[i] >= s.timeline.start[i]);
+      for (std::uint32_t i = 0; i < s.timeline.size(); ++i) {
+        CHECK(s.timeline.finish_of(lumos::graph::position{i}) >= s.timeline.start_of(lumos::graph::position{i}));
+      }
       CHECK(s.ranks.size() == s.built.ranks.size());
     } catch (const lumos::error& e) {
       CHECK(std::string(e.what()).size() > 10);  // an error that says something

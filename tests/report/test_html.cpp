@@ -111,7 +111,7 @@ TEST_CASE("report of a 32-rank pipeline job stays small and draws the stage diag
   (void)engine.run(compiled, timeline);
   lumos::report::simulated_job sj;
   sj.graph = &prog.graph;
-  sj.simulated = {&timeline.start, &timeline.finish, &compiled};
+  sj.simulated = lumos::report::simulated_times(timeline, compiled);
   sj.world_size = static_cast<int>(prog.world_size);
   sj.device_name = j.hardware.name;
   std::vector<int> ranks;

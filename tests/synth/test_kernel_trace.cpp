@@ -89,16 +89,14 @@ written synthesise(const config& c, const std::filesystem::path& dir) {
       synth::kernel_trace_decorations(prog, j, static_cast<time_ns>(profile.cpu_launch_ns));
   report::simulated_job sj;
   sj.graph = &prog.graph;
-  sj.simulated = {&timeline.start, &timeline.finish, &compiled};
+  sj.simulated = report::simulated_times(timeline, compiled);
   sj.world_size = static_cast<int>(prog.world_size);
   sj.device_name = j.hardware.name;
   sj.decorations = &deco;
   std::vector<int> ranks;
   for (const auto& r : prog.ranks) ranks.push_back(r.rank);
   (void)report::write_kineto(sj, ranks, dir);
-  time_ns end = 0;
-  for (const time_ns f : timeline.finish) end = std::max(end, f);
-  return {end};
+  return {timeline.makespan()};
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ struct simulated_program {
   simulated_program(const synth::job& j, const synth::program_options& opt)
       : prog(synth::build_program(j, opt)), compiled(graph::compile(prog.graph)), timeline(sim::replay(compiled)) {
     sj.graph = &prog.graph;
-    sj.simulated = {&timeline.start, &timeline.finish, &compiled};
+    sj.simulated = report::simulated_times(timeline, compiled);
     sj.world_size = static_cast<int>(prog.world_size);
     sj.device_name = j.hardware.name;
     for (const auto& r : prog.ranks) ranks.push_back(r.rank);

@@ -170,7 +170,7 @@ namespace detail {
 [[nodiscard]] inline critical_path iteration_critical_path(const graph::task_graph& g, const graph::compiled_graph& c,
                                                            const sim::record_timeline& t, const iteration_plan& plan,
                                                            const window_result& simulated) {
-  const task_times times{&t.start, &t.finish, &c};
+  const task_times times = simulated_times(t, c);
   graph::task_id last = plan.last_cpu;
   const time_ns cpu_end = last != graph::no_task ? times.end_of(last) + plan.tail_idle + plan.tail_busy : std::numeric_limits<time_ns>::min();
   time_ns last_end = cpu_end;

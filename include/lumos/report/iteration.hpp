@@ -19,27 +19,33 @@ namespace lumos::report {
 
 /// Times of every task (by task id) in one timeline: the measured one (observed) or a replay.
 struct task_times {
-  const large_vector<time_ns>* start = nullptr;
-  const large_vector<time_ns>* finish = nullptr;
-  const graph::compiled_graph* positions = nullptr;  ///< null: indexed by task id directly
-
-  [[nodiscard]] time_ns begin_of(graph::task_id t) const noexcept {
-    return (*start)[positions ? graph::index(positions->position_of(t)) : t];
-  }
-  [[nodiscard]] time_ns end_of(graph::task_id t) const noexcept {
-    return (*finish)[positions ? graph::index(positions->position_of(t)) : t];
-  }
+  const large_vector<time_ns>* start = nullptr;   ///< the measurement, by task id
+  const large_vector<time_ns>* finish = nullptr;  ///< the measurement, by task id
+  const graph::compiled_graph* positions = nullptr;  ///< a replay: where each task id sits in `timeline`
   /// Own duration of a task on this timeline (a communication op's transfer): the compiled
   /// (scaled) one for a replay, the graph's for the measurement; 0 when unknown.
   const large_vector<time_ns>* durations = nullptr;  ///< by task id, for the measurement
+  const sim::record_timeline* timeline = nullptr;     ///< a replay, by position
+
+  [[nodiscard]] time_ns begin_of(graph::task_id t) const noexcept {
+    return timeline != nullptr ? timeline->start_of(positions->position_of(t)) : (*start)[t];
+  }
+  [[nodiscard]] time_ns end_of(graph::task_id t) const noexcept {
+    return timeline != nullptr ? timeline->finish_of(positions->position_of(t)) : (*finish)[t];
+  }
   [[nodiscard]] time_ns duration_of(graph::task_id t) const noexcept {
     if (positions != nullptr) return positions->duration(positions->position_of(t));
     return durations != nullptr ? (*durations)[t] : 0;
   }
 };
 
+/// The times of replay `timeline` of `compiled` (both must outlive the result).
+[[nodiscard]] inline task_times simulated_times(const sim::record_timeline& timeline, const graph::compiled_graph& compiled) {
+  return {.positions = &compiled, .timeline = &timeline};
+}
+
 [[nodiscard]] inline task_times observed_times(const graph::task_graph& g) {
-  return {&g.observed_start, &g.observed_end, nullptr, &g.duration};
+  return {.start = &g.observed_start, .finish = &g.observed_end, .durations = &g.duration};
 }
 
 /// Where one profiler step ends on a timeline: the later of its annotation's end (the end of its

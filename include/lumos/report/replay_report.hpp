@@ -68,7 +68,7 @@ struct replay_session {
   graph::scales scales;      ///< the scales the replay ran with
   std::vector<held_out_rank> held_out;  ///< per rank, with `durations_from_step`
 
-  [[nodiscard]] task_times simulated_times() const { return {&timeline.start, &timeline.finish, &compiled}; }
+  [[nodiscard]] task_times simulated_times() const { return report::simulated_times(timeline, compiled); }
 };
 
 [[nodiscard]] inline double relative_error(time_ns simulated, time_ns measured) {

@@ -68,20 +68,32 @@ concept ReplayObserver = requires(O& o, std::size_t n, std::uint32_t i, time_ns 
 };
 
 /// Records every task's start and finish (indexed by graph position).
-struct record_timeline {
-  large_vector<time_ns> start;
-  large_vector<time_ns> finish;
+class record_timeline {
+ public:
   void begin(std::size_t n) {
-    start.resize(n);
-    finish.resize(n);
+    start_.resize(n);
+    finish_.resize(n);
   }
   void task(std::uint32_t i, time_ns s, time_ns e) noexcept {
-    start[i] = s;
-    finish[i] = e;
+    start_[i] = s;
+    finish_[i] = e;
   }
-  [[nodiscard]] time_ns start_of(graph::position p) const noexcept { return start[graph::index(p)]; }
-  [[nodiscard]] time_ns finish_of(graph::position p) const noexcept { return finish[graph::index(p)]; }
   void end() noexcept {}
+  /// Times by a task's place in the compiled order (`compiled_graph::position_of(task_id)`);
+  /// the columns are not exposed, so a task id cannot index them by mistake.
+  [[nodiscard]] time_ns start_of(graph::position p) const noexcept { return start_[graph::index(p)]; }
+  [[nodiscard]] time_ns finish_of(graph::position p) const noexcept { return finish_[graph::index(p)]; }
+  [[nodiscard]] std::size_t size() const noexcept { return start_.size(); }
+  /// The latest finish (0 for an empty graph): the replay's makespan.
+  [[nodiscard]] time_ns makespan() const noexcept {
+    time_ns m = 0;
+    for (const time_ns f : finish_) m = std::max(m, f);
+    return m;
+  }
+
+ private:
+  large_vector<time_ns> start_;
+  large_vector<time_ns> finish_;
 };
 static_assert(ReplayObserver<record_timeline>);
 

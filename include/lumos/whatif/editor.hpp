@@ -15,6 +15,16 @@
 
 namespace lumos::whatif {
 
+namespace detail {
+/// Task `t` of `g` as the spec that adds a copy of it (same kind, processor, times, name, rank
+/// and source).
+[[nodiscard]] inline graph::task_spec spec_of(const graph::task_graph& g, graph::task_id t) {
+  return {.kind = g.kind[t], .processor = g.processor[t], .duration = g.duration[t], .idle_gap = g.idle_gap[t],
+          .busy_gap = g.busy_gap[t], .name = g.task_name(t), .rank = g.rank[t], .source = g.source[t],
+          .observed_start = g.observed_start[t], .observed_end = g.observed_end[t]};
+}
+}  // namespace detail
+
 /// A group of tasks to repeat `count` times where it stands (0 removes it). On every processor
 /// the group's tasks must be contiguous (no other task between them), so that the copies can
 /// follow each other there.
@@ -77,10 +87,7 @@ struct edited_graph {
   ng.processors = g.processors;
   ng.collectives = {};
   auto copy_task = [&](graph::task_id t) {
-    const graph::task_id id = ng.add_task({.kind = g.kind[t], .processor = g.processor[t], .duration = g.duration[t],
-                                           .idle_gap = g.idle_gap[t], .busy_gap = g.busy_gap[t], .name = g.task_name(t),
-                                           .rank = g.rank[t], .source = g.source[t], .observed_start = g.observed_start[t],
-                                           .observed_end = g.observed_end[t]});
+    const graph::task_id id = ng.add_task(detail::spec_of(g, t));
     out.copies[t].push_back(id);
   };
   // Emit processor by processor; a group's run is emitted `count` times in a row. Task ids are
@@ -170,10 +177,7 @@ struct insertion {
   ng.reserve(n + ins.size(), g.edge_count());
   for (const auto& tasks : on) {
     for (const graph::task_id t : tasks) {
-      out.copies[t].push_back(ng.add_task({.kind = g.kind[t], .processor = g.processor[t], .duration = g.duration[t],
-                                           .idle_gap = g.idle_gap[t], .busy_gap = g.busy_gap[t], .name = g.task_name(t),
-                                           .rank = g.rank[t], .source = g.source[t], .observed_start = g.observed_start[t],
-                                           .observed_end = g.observed_end[t]}));
+      out.copies[t].push_back(ng.add_task(detail::spec_of(g, t)));
       for (const std::uint32_t i : after[t]) {
         graph::task_spec s = ins[i].spec;
         s.processor = g.processor[t];
