@@ -58,14 +58,16 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
       }
       const auto rows = copy ? std::span<const event_index>{} : s.sync_by_corr.find(call.correlation);
       if (!rows.empty()) {
-        // Exact: the cuda_sync row names the stream waited on.
+        // Exact: the cuda_sync row names the stream waited on. Its last op counts even when it
+        // had ended before the call began (the call did not block): under a what-if that
+        // slows the GPU the same call waits, and in the replay of the trace the edge is slack.
         for (const event_index row : rows) {
           const auto on = t.arg(row, trace::arg_key::wait_on_stream);
           const int stream = on && *on >= 0 ? static_cast<int>(*on) : t.events[row].stream;
           for (const auto& [key, sops] : s.streams) {
             if (!device_sync && key.stream != stream) continue;
             const event_index o = last_enqueued(sops, wait_from);
-            if (o != no_event && t.events[o].end() > wait_from) ops.push_back(o);
+            if (o != no_event) ops.push_back(o);
           }
         }
       }
@@ -77,6 +79,12 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
           const event_index o = last_enqueued(sops, wait_from);
           if (o == no_event) continue;
           const trace::event& op = t.events[o];
+          if (device_sync && op.end() <= call.end()) {
+            // A device sync waits for every stream: each one's last op, also one already done
+            // (as for an exact row above).
+            ops.push_back(o);
+            continue;
+          }
           if (op.end() <= wait_from || op.end() > call.end() || call.end() - op.end() > options_.sync_tolerance) continue;
           if (device_sync) {
             ops.push_back(o);
