@@ -89,7 +89,7 @@ struct pipeline_prediction {
   pipeline_simulation baseline, predicted;  ///< the model for the traces' configuration and the target
   pass_costs costs;
   time_ns baseline_iteration = 0;  ///< the replay the prediction is anchored on
-  time_ns iteration_ns = 0;        ///< baseline_iteration + predicted.makespan − baseline.makespan
+  time_ns iteration_ns = 0;        ///< baseline_iteration + predicted.makespan · (replay span / baseline.makespan) − replay span
   std::vector<std::string> changes;
 };
 
@@ -302,7 +302,8 @@ struct span {
 
 /// Replays the pass-level graph of `kind` on `shape` with `layers_per_chunk` layers per chunk:
 /// per stage a host thread (one task per pass: its launches) and a stream (one task per pass:
-/// its kernels, from the pass's first launch + the launch latency), passes in the schedule
+/// its kernels, from the pass's first launch + the launch latency, ending no earlier than its
+/// last launch + the launch latency), passes in the schedule
 /// policy's order, `pipeline::dependency_of` edges across stages with the measured latency.
 [[nodiscard]] inline pipeline_simulation simulate_passes(const pass_costs& c, pipeline::schedule_kind kind,
                                                          const pipeline::schedule_shape& shape, int layers_per_chunk) {
@@ -342,6 +343,9 @@ struct span {
       const graph::task_id k =
           g.add_task({.kind = graph::task_kind::gpu_compute, .processor = stream, .duration = cost.gpu, .name = name, .rank = s});
       g.add_edge(h, k, c.launch_latency, graph::edge_kind::launch, graph::edge_flags::from_start);
+      // Nor can its kernels end before the last of them is launched: a host-bound pass ends
+      // with its launches (the max-plus bound of the per-kernel FIFO, slack when GPU-bound).
+      g.add_edge(h, k, c.launch_latency, graph::edge_kind::launch, graph::edge_flags::finish);
       task_of[{s, static_cast<int>(o.kind), o.micro_batch, o.chunk}] = {h, k};
       out.stages[static_cast<std::size_t>(s)].busy += cost.gpu;
     }
@@ -421,7 +425,18 @@ struct span {
   out.baseline = simulate_passes(out.costs, from_kind, from, L / (from.stages * from.chunks));
   out.predicted = simulate_passes(out.costs, to_kind, to, L_to / (to.stages * to.chunks));
   out.baseline_iteration = baseline_iteration;
-  out.iteration_ns = std::max<time_ns>(0, baseline_iteration + out.predicted.makespan - out.baseline.makespan);
+  // The model's makespan for the traces' own pipeline is off the replayed span of its passes by
+  // what a pass-level model leaves out per pass (a host-bound pass's launch pattern, say): the
+  // target's is corrected in the same proportion, so the change scales with the passes the
+  // target runs (and the identity stays exact).
+  const double calibration = out.baseline.makespan > 0 && out.costs.replay_span > 0
+                                 ? static_cast<double>(out.costs.replay_span) / static_cast<double>(out.baseline.makespan)
+                                 : 1.0;
+  const auto target_span = static_cast<time_ns>(std::llround(static_cast<double>(out.predicted.makespan) * calibration));
+  const time_ns change = out.predicted.makespan == out.baseline.makespan
+                             ? 0
+                             : target_span - (out.costs.replay_span > 0 ? out.costs.replay_span : out.baseline.makespan);
+  out.iteration_ns = std::max<time_ns>(0, baseline_iteration + change);
   char line[768];
   std::snprintf(line, sizeof line,
                 "PP %d -> %d, %s -> %s, %d -> %d micro-batches, %d -> %d chunk(s): layers re-partitioned %d -> %d per stage%s, "
@@ -436,14 +451,14 @@ struct span {
                 "pass-level model (per stage one host task and one GPU task per pass; not yet the layers' launches and kernels "
                 "copied): a layer %.1f us forward, %.1f us backward on the GPU (replayed); passes %.1f/%.1f us apart on the "
                 "host; the model gives %.3f ms for the "
-                "traces' pipeline (replayed passes span %.3f ms) and %.3f ms for the target, bubble %.1f%% -> %.1f%%; prediction = "
-                "replayed iteration %.3f ms %+.3f ms",
+                "traces' pipeline (replayed passes span %.3f ms) and %.3f ms for the target (%.3f ms in the replay's proportion), bubble "
+                "%.1f%% -> %.1f%%; prediction = replayed iteration %.3f ms %+.3f ms",
                 static_cast<double>(out.costs.layer_forward.gpu) / 1e3, static_cast<double>(out.costs.layer_backward.gpu) / 1e3,
                 static_cast<double>(out.costs.gap_forward) / 1e3, static_cast<double>(out.costs.gap_backward) / 1e3,
                 static_cast<double>(out.baseline.makespan) / 1e6, static_cast<double>(out.costs.replay_span) / 1e6,
-                static_cast<double>(out.predicted.makespan) / 1e6, 100 * out.baseline.bubble_fraction, 100 * out.predicted.bubble_fraction,
-                static_cast<double>(baseline_iteration) / 1e6,
-                static_cast<double>(out.predicted.makespan - out.baseline.makespan) / 1e6);
+                static_cast<double>(out.predicted.makespan) / 1e6, static_cast<double>(target_span) / 1e6,
+                100 * out.baseline.bubble_fraction, 100 * out.predicted.bubble_fraction,
+                static_cast<double>(baseline_iteration) / 1e6, static_cast<double>(change) / 1e6);
   out.changes.emplace_back(line);
   out.changes.insert(out.changes.end(), out.costs.notes.begin(), out.costs.notes.end());
   if (synth::splits_backward(to_kind)) {
