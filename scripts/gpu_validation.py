@@ -234,8 +234,9 @@ def main():
     w("For the runs whose step is bound by the host (the hidden-512 model: its GPU time per step is a small part")
     w("of it), the unprofiled step time over the GPU ops (kernels, copies, sets) one step launches is what the")
     w("framework spends per launched op: Python, dispatch, autograd and the launch call together. The cost")
-    w("presets' host figures (`model/profile.hpp`, `common_host`) are assumptions below this; they describe")
-    w("Megatron, not this plain PyTorch eager model, and docs/model.md says why they stay.\n")
+    w("presets' host figures (`model/profile.hpp`, `common_host`: 50 us per forward op, 25 us per autograd node,")
+    w("5 us per launch, after a framework factor fitted to one host-bound Megatron-LM run on A100; docs/model.md)")
+    w("are of the same order; they describe Megatron, not this plain PyTorch eager model.\n")
     w("| trace | GPU ops per step | GPU time per step (ms) | unprofiled step (ms) | host us per GPU op |")
     w("|---|---:|---:|---:|---:|")
     per_op = []
