@@ -606,7 +606,9 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       if (insert_tp && tokens_out && m->from.kind == detail::gemm_shape::role::linear) {
         // One operator may launch several kernels (split-K and its reduction): it counts once,
         // and the all-reduce follows its last kernel.
-        auto& [op, hook] = last_gemm[c.rank];
+        // Plain references: clang 14 cannot capture structured bindings in lambdas.
+        std::uint32_t& op = last_gemm[c.rank].first;
+        std::size_t& hook = last_gemm[c.rank].second;
         if (c.shape_op == op) {
           for (std::size_t h = hook; h != npos && h < out.tp_all_reduces.size(); ++h) out.tp_all_reduces[h].after = t;
         } else {
