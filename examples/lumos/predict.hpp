@@ -38,8 +38,8 @@ namespace lumos::cli {
 inline constexpr std::string_view predict_usage =
     "usage: lumos predict [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
     "                     [--kv-heads N] [--seq N] [--vocab N] [--tp N] [--pp N] [--dp N] [--vp N]\n"
-    "                     [--sp {on,off}] [--tp-comm-overlap {on,off}] [--micro-batch N]\n"
-    "                     [--global-batch N] [--schedule NAME]\n"
+    "                     [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
+    "                     [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
     "                     [--recompute {none,selective,full}] [--gpu PRESET]\n"
     "                     [--precision {bf16,fp16,fp8}] [--profile FILE] [--attention {flash,unfused}]\n"
     "                     [--cost-model {kernel,roofline}] [--forward-only] [--json] [--unfold]\n"
@@ -54,6 +54,9 @@ inline constexpr std::string_view predict_usage =
     "  --tp/--pp/--dp/--vp  parallel sizes (default 1); --sp sequence parallelism (default off)\n"
     "  --tp-comm-overlap  Megatron's --tp-comm-overlap (Transformer Engine): each sequence-parallel\n"
     "              collective of a layer overlaps its GEMM (default off; needs --sp on when tp > 1)\n"
+    "  --overlap-param-gather  Megatron's --overlap-param-gather: the distributed optimizer's\n"
+    "              parameter all-gathers overlap the next iteration's first forward pass instead\n"
+    "              of ending the step (steady state; default off)\n"
     "  --micro-batch  sequences per micro-batch (default 1)\n"
     "  --global-batch sequences per iteration (default micro-batch x dp x 4pp with pp > 1,\n"
     "              micro-batch x dp otherwise)\n"
@@ -186,6 +189,10 @@ inline predict_request parse_predict(args& a) {
     if (*o != "on" && *o != "off") throw lumos::error("--tp-comm-overlap must be on or off, got '" + *o + "'");
     p.tp_comm_overlap = *o == "on";
   }
+  if (const auto o = a.option("--overlap-param-gather")) {
+    if (*o != "on" && *o != "off") throw lumos::error("--overlap-param-gather must be on or off, got '" + *o + "'");
+    p.overlap_param_gather = *o == "on";
+  }
   p.micro_batch = detail::positive_int(a, "--micro-batch", 1);
   p.global_batch = detail::positive_int(a, "--global-batch", p.micro_batch * p.dp * (p.pp > 1 ? 4 * p.pp : 1));
   if (const auto r = a.option("--recompute")) {
@@ -263,7 +270,7 @@ inline void predict_json(const synth::job& j, const synth::prediction& r, double
   w.field("gpu", j.hardware.name).field("precision", model::to_string(p.dtype)).field("gpus", r.gpus);
   w.field("profile", profile_name);
   w.field("tp", p.tp).field("pp", p.pp).field("dp", p.dp).field("vp", p.vp).field("sp", p.sp);
-  w.field("tp_comm_overlap", p.tp_comm_overlap);
+  w.field("tp_comm_overlap", p.tp_comm_overlap).field("overlap_param_gather", p.overlap_param_gather);
   w.field("micro_batch", p.micro_batch).field("global_batch", p.global_batch);
   w.field("micro_batches_per_pipeline", static_cast<std::int64_t>(r.shape.micro_batches));
   w.field("schedule", pipeline::schedule_name(r.schedule)).field("recompute", model::to_string(p.recompute));
@@ -332,9 +339,10 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       static_cast<long long>(m.vocab));
   std::string sched(pipeline::schedule_name(r.schedule));
   if (r.shape.chunks > 1) sched += " (v = " + std::to_string(r.shape.chunks) + ")";
-  put("  parallelism   TP %d x PP %d x DP %d, %s, sp %s%s, recompute %s, ZeRO-1 (distributed optimizer)\n", p.tp,
+  put("  parallelism   TP %d x PP %d x DP %d, %s, sp %s%s, recompute %s, ZeRO-1 (distributed optimizer%s)\n", p.tp,
       p.pp, p.dp, sched.c_str(), p.sp ? "on" : "off", p.tp_comm_overlap ? " (TP comm overlapped)" : "",
-      std::string(model::to_string(p.recompute)).c_str());
+      std::string(model::to_string(p.recompute)).c_str(),
+      p.overlap_param_gather && p.dp > 1 ? ", parameter all-gather overlapped with the first forward" : "");
   put("  batch         %lld sequences of %lld tokens, micro-batch %lld, %d micro-batches per pipeline\n",
       static_cast<long long>(p.global_batch), static_cast<long long>(m.seq), static_cast<long long>(p.micro_batch),
       r.shape.micro_batches);

@@ -33,7 +33,7 @@ inline constexpr std::string_view sweep_usage =
     "                   [--profile FILE] [--cost-model {kernel,roofline}] [--attention {flash,unfused}]\n"
     "                   [--tp LIST] [--pp LIST] [--dp LIST] [--vp LIST] [--micro-batch LIST]\n"
     "                   [--schedule LIST] [--recompute LIST] [--sp LIST] [--tp-comm-overlap {on,off}]\n"
-    "                   [--global-batch N]\n"
+    "                   [--overlap-param-gather {on,off}] [--global-batch N]\n"
     "                   [--memory-margin F] [--top K] [--threads T] [--csv FILE] [--json]\n"
     "  Enumerates every configuration of the lists whose sizes multiply to N GPUs, rejects those\n"
     "  that cannot run (divisibility of heads/vocab/ffn/seq by tp, layers by pp*vp, the global batch\n"
@@ -49,6 +49,8 @@ inline constexpr std::string_view sweep_usage =
     "  --recompute   none, selective, full (default all three);  --sp off, on (default both)\n"
     "  --tp-comm-overlap  on: configurations with sp overlap their TP collectives with GEMMs, as\n"
     "                `lumos predict --tp-comm-overlap on` (default off)\n"
+    "  --overlap-param-gather  on: the parameter all-gathers overlap the next iteration's first\n"
+    "                forward pass, as `lumos predict --overlap-param-gather on` (default off)\n"
     "  --global-batch sequences per iteration (default 1536, GPT-3's)\n"
     "  --memory-margin fraction of HBM kept free for what the memory model leaves out (default 0.10)\n"
     "  --top K       rows of the ranking (default 10)\n"
@@ -264,7 +266,7 @@ inline void sweep_report(const sweep_request& req, const std::vector<sweep::resu
     w.field("gpu", j.hardware.name).field("gpus", req.gpus).field("precision", model::to_string(j.parallel.dtype));
     w.field("global_batch", req.global_batch).field("memory_margin", req.memory_margin).field("profile", profile);
     w.field("hbm_bytes", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity));
-    w.field("tp_comm_overlap", j.parallel.tp_comm_overlap);
+    w.field("tp_comm_overlap", j.parallel.tp_comm_overlap).field("overlap_param_gather", j.parallel.overlap_param_gather);
     w.end_object();
     w.field("configurations", static_cast<std::int64_t>(rs.size()));
     w.field("accepted", static_cast<std::int64_t>(counts[0]));
@@ -437,6 +439,7 @@ inline sweep::problem sweep_problem(sweep_request& req) {
   p.hardware = req.base.job.hardware;
   p.dtype = req.base.job.parallel.dtype;
   p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
+  p.overlap_param_gather = req.base.job.parallel.overlap_param_gather;
   p.gpus = req.gpus;
   p.global_batch = req.global_batch;
   p.memory_margin = req.memory_margin;

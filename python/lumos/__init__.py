@@ -320,7 +320,8 @@ class Prediction(_Plain):
 _PREDICT_FLAGS = {
     "model": "--model", "layers": "--layers", "hidden": "--hidden", "ffn": "--ffn", "heads": "--heads",
     "kv_heads": "--kv-heads", "seq": "--seq", "vocab": "--vocab", "tp": "--tp", "pp": "--pp", "dp": "--dp",
-    "vp": "--vp", "sp": "--sp", "tp_comm_overlap": "--tp-comm-overlap", "micro_batch": "--micro-batch",
+    "vp": "--vp", "sp": "--sp", "tp_comm_overlap": "--tp-comm-overlap",
+    "overlap_param_gather": "--overlap-param-gather", "micro_batch": "--micro-batch",
     "global_batch": "--global-batch", "schedule": "--schedule", "recompute": "--recompute", "gpu": "--gpu", "precision": "--precision",
     "profile": "--profile", "attention": "--attention", "cost_model": "--cost-model",
     "forward_only": "--forward-only", "unfold": "--unfold",
@@ -334,7 +335,7 @@ _SWEEP_FLAGS = {
     "precision": "--precision", "profile": "--profile", "cost_model": "--cost-model",
     "tp": "--tp", "pp": "--pp", "dp": "--dp", "vp": "--vp", "micro_batch": "--micro-batch",
     "schedule": "--schedule", "recompute": "--recompute", "sp": "--sp", "tp_comm_overlap": "--tp-comm-overlap",
-    "global_batch": "--global-batch", "memory_margin": "--memory-margin", "top": "--top", "threads": "--threads",
+    "overlap_param_gather": "--overlap-param-gather", "global_batch": "--global-batch", "memory_margin": "--memory-margin", "top": "--top", "threads": "--threads",
 }
 
 

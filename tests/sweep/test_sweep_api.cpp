@@ -140,6 +140,23 @@ TEST_CASE("evaluate gives synth::predict's figures, with the kernel-level model 
   }
 }
 
+TEST_CASE("evaluate with overlapped parameter all-gathers gives synth::predict's figures", "[sweep]") {
+  const lm::cost_profile profile = lm::profile_preset("h100-sxm");
+  sw::problem p = small_problem();
+  p.overlap_param_gather = true;
+  const auto kernel = sw::make_evaluator(p, profile);
+  sw::workspace w;
+  std::size_t compared = 0;
+  for (const sw::configuration& c : sw::enumerate(small_space(), p.gpus)) {
+    const sw::result r = kernel.evaluate(c, w);
+    if (!r.ok() || c.dp == 1) continue;
+    REQUIRE(kernel.job_of(c).parallel.overlap_param_gather);
+    require_matches_predict(kernel, r, kernel.fixed().options, kernel.compute_model(), kernel.comm_model());
+    ++compared;
+  }
+  CHECK(compared > 0);
+}
+
 TEST_CASE("compile_into equals graph::compile, reusing its buffers across graphs", "[sweep]") {
   const sw::evaluator<lm::roofline, lm::ring_alpha_beta> ev(small_problem());
   sw::detail::compile_scratch scratch;

@@ -41,6 +41,10 @@ struct parallel_config {
   /// Megatron's `--tp-comm-overlap` (Transformer Engine userbuffers): each sequence-parallel
   /// collective of a layer overlaps the GEMM beside it. Needs sp when tp > 1.
   bool tp_comm_overlap = false;
+  /// Megatron's `--overlap-param-gather` (distributed optimizer, ZeRO-1/2): the parameter
+  /// all-gathers after a step overlap the next iteration's first forward pass instead of ending
+  /// the step. The iteration is then modelled in steady state: the all-gathers start it.
+  bool overlap_param_gather = false;
   std::int64_t micro_batch = 1;   ///< sequences per micro-batch (b)
   std::int64_t global_batch = 1;  ///< sequences per iteration over all replicas (B)
   recompute_kind recompute = recompute_kind::none;

@@ -83,6 +83,9 @@ struct problem {
   /// Overlap TP collectives with GEMMs (`parallel_config::tp_comm_overlap`) in the
   /// configurations with sequence parallelism; the others cannot.
   bool tp_comm_overlap = false;
+  /// The distributed optimizer's parameter all-gathers overlap the next iteration's first
+  /// forward pass (`parallel_config::overlap_param_gather`).
+  bool overlap_param_gather = false;
   double memory_margin = 0.10;
   /// The prediction's options. The sweep forces the folded `pass` program without collective
   /// records or names (what synth::predict uses by default, minus the names).
@@ -222,6 +225,7 @@ class evaluator {
     p.vp = c.vp;
     p.sp = c.sp;
     p.tp_comm_overlap = problem_.tp_comm_overlap && c.sp;
+    p.overlap_param_gather = problem_.overlap_param_gather;
     p.micro_batch = c.micro_batch;
     p.global_batch = problem_.global_batch;
     p.recompute = c.recompute;
@@ -359,6 +363,7 @@ class evaluator {
     p.vp = c.vp;
     p.sp = c.sp;
     p.tp_comm_overlap = problem_.tp_comm_overlap && c.sp;
+    p.overlap_param_gather = problem_.overlap_param_gather;
     p.micro_batch = c.micro_batch;
     p.global_batch = problem_.global_batch;
     p.recompute = c.recompute;

@@ -402,6 +402,29 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
     return std::pair<bool, bool>{vs == 0, vs == virtual_stages - 1};
   };
 
+  // --overlap-param-gather (ZeRO-1/2): the all-gathers of the parameters the previous step
+  // updated start the iteration, in the order the forward passes need them (chunk by chunk, and
+  // in a chunk the buckets in layer order: they fill in backward order, the last layers first).
+  // The first forward pass waits for the first bucket only and runs beside the others; the op
+  // after it waits for all of them (Megatron gates each layer's forward on its bucket).
+  const bool gather_early = par_.overlap_param_gather && (par_.zero_stage == 1 || par_.zero_stage == 2) && dp_ > 1;
+  graph::task_id first_gathered = graph::no_task, all_gathered = graph::no_task;
+  if (gather_early) {
+    std::vector<std::size_t> chunks;  // the op where each chunk's gradients are final, by chunk
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (final_grad[i] != 0) chunks.push_back(i);
+    }
+    std::stable_sort(chunks.begin(), chunks.end(), [&](std::size_t a, std::size_t b) { return order[a].chunk < order[b].chunk; });
+    for (const std::size_t i : chunks) {
+      const auto [f, l] = chunk_role(order[i]);
+      const auto& bs = buckets_[f][l];
+      for (auto b = bs.rbegin(); b != bs.rend(); ++b) {
+        all_gathered = gather_parameters(rs, b->second, graph::no_task).complete;
+        if (first_gathered == graph::no_task) first_gathered = all_gathered;
+      }
+    }
+  }
+
   in_pipeline_ = true;
   collective_tasks prefetched{};  // ZeRO-3: the all-gather for the next op
   if (zero3_ && !order.empty()) {
@@ -425,6 +448,11 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
         host_wait(rs, c.complete);
         if (rs.last_compute != graph::no_task) host_wait(rs, rs.last_compute);
       }
+    }
+    if (gather_early && i == 0 && first_gathered != graph::no_task) rs.pending.push_back(first_gathered);
+    if (gather_early && i > 0 && all_gathered != graph::no_task) {
+      rs.pending.push_back(all_gathered);
+      all_gathered = graph::no_task;
     }
     if (zero3_ && needs_params(o) && prefetched.complete != graph::no_task) {
       rs.pending.push_back(prefetched.complete);
@@ -515,8 +543,9 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   }
   ensure_task(rs);
   if (step == graph::no_task) step = rs.last_compute;
-  // ZeRO-1/2: gather the updated parameter shards, bucket by bucket.
-  if ((par_.zero_stage == 1 || par_.zero_stage == 2) && dp_ > 1) {
+  // ZeRO-1/2: gather the updated parameter shards, bucket by bucket (unless the next
+  // iteration's forward overlaps them: above).
+  if ((par_.zero_stage == 1 || par_.zero_stage == 2) && dp_ > 1 && !gather_early) {
     graph::task_id after = step;
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (final_grad[i] == 0) continue;
