@@ -56,6 +56,21 @@ TEST_CASE("launch latency, stream order, CPU busy time and a blocking sync", "[s
   CHECK(predict(job, {.compute = 0.5, .comm = 1.0, .cpu = 1.0}) == 170.0);
 }
 
+TEST_CASE("synchronize calls that did not block still wait when the GPU gets slower", "[sensitivity]") {
+  // CPU: op1 [0,20] ⊃ L1 [5,10] → K1 s7 [12,62]; op2 [30,50] ⊃ L2 [35,40] → K2 s20 [42,72];
+  // cudaStreamSynchronize [80,84] on s7 (its cuda_sync row), cudaDeviceSynchronize [100,103]
+  // (no row). Both began after the device was done, so neither blocked: each call's whole time
+  // is its own time after the wait. Window: ProfilerStep [0,120], tail 17 after the last call.
+  const auto job = load("nonblocking_sync.json");
+  CHECK(report::replay_job(job).built.stats.blocking_calls == 2);
+  CHECK(predict(job, unchanged) == 120.0);
+  // compute=3: K1 [12,162], K2 [42,132]. The stream sync waits for K1: [80, 162 + 4 = 166]; the
+  // device sync keeps its idle gap of 16 and waits for both streams: [182, 185]; window 202.
+  // (Before, a call that had not blocked had no edge from the GPU: it returned at 84 and 103,
+  // and the window ended with K1 at 162.)
+  CHECK(predict(job, {.compute = 3.0, .comm = 1.0, .cpu = 1.0}) == 202.0);
+}
+
 TEST_CASE("short launch-bound kernels: the CPU sets the pace", "[sensitivity]") {
   // CPU: op_i [20i, 20i+15] ⊃ L_i [20i+5, 20i+10]; sync [80,84] waits for K3 (r = 2).
   // K_i [20i+12, 20i+22], each launch-bound (latency 7). Window [0,100]: lead 5 (busy, inside
