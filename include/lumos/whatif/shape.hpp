@@ -196,11 +196,10 @@ namespace detail {
   return measured * std::max(measured * ratio, min_ns) / std::max(measured, min_ns);
 }
 
-/// An embedding lookup's forward kernel: what `aten::embedding` launches (ATen's `indexSelect*`;
-/// `vectorized_gather_kernel` in PyTorch 2.x, through index_select) or a kernel named after an
-/// embedding that is not its backward.
-[[nodiscard]] inline bool embedding_lookup(std::string_view kernel) {
-  const std::string l = lower_ascii(kernel);
+/// An embedding lookup's forward kernel, by its lowercased name `l`: what `aten::embedding`
+/// launches (ATen's `indexSelect*`; `vectorized_gather_kernel` in PyTorch 2.x, through
+/// index_select) or a kernel named after an embedding that is not its backward.
+[[nodiscard]] inline bool embedding_lookup(std::string_view l) {
   return l.find("indexselect") != std::string::npos || l.find("gather_kernel") != std::string::npos ||
          (l.find("embedding") != std::string::npos && l.find("backward") == std::string::npos &&
           l.find("bwd") == std::string::npos);
@@ -610,7 +609,9 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
         std::uint32_t& op = last_gemm[c.rank].first;
         std::size_t& hook = last_gemm[c.rank].second;
         if (c.shape_op == op) {
-          for (std::size_t h = hook; h != npos && h < out.tp_all_reduces.size(); ++h) out.tp_all_reduces[h].after = t;
+          if (hook != npos) {
+            for (std::size_t h = hook; h < out.tp_all_reduces.size(); ++h) out.tp_all_reduces[h].after = t;
+          }
         } else {
           op = c.shape_op, hook = npos;
           const auto& x = m->from;
@@ -641,9 +642,10 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     // A recomputed FC2 forward and the FC2 dgrad after it have the same dims when tokens =
     // hidden: only the kernels between them (the rest of the recomputed forward and the
     // backward up to the dgrad) tell that the dgrad is not its weight gradient.
-    if (detail::lower_ascii(name).find("reduce") == std::string::npos) open_dgrad[c.rank].reset();
+    const std::string lname = detail::lower_ascii(name);
+    if (lname.find("reduce") == std::string::npos) open_dgrad[c.rank].reset();
     if (insert_tp && c.phase == phase_kind::forward && c.layer < 0 && layer_gemms[c.rank] == 0 && !embedded[c.rank] &&
-        detail::embedding_lookup(name)) {
+        detail::embedding_lookup(lname)) {
       // The vocabulary-parallel embedding sums its partial lookups over TP (the word embedding
       // comes first, before the layers; a position embedding after it is not parallel).
       embedded[c.rank] = true;
@@ -651,7 +653,6 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     }
     // Norms work on the residual stream (tokens x hidden, 1/TP of the tokens under SP) wherever
     // they sit: after a row-parallel GEMM's all-reduce, or in backward after a weight gradient.
-    const std::string lname = detail::lower_ascii(name);
     const bool norm = lname.find("layer_norm") != std::string::npos || lname.find("layernorm") != std::string::npos ||
                       lname.find("rms_norm") != std::string::npos || lname.find("rmsnorm") != std::string::npos ||
                       lname.find("gammabeta") != std::string::npos;
