@@ -51,6 +51,10 @@ CASES = [
     ("TP 1→2", {"--tp": "1"}, {"--tp": "2"}),
     ("TP 1→4", {"--tp": "1"}, {"--tp": "4"}),
     ("TP 1→2 with PP 2→4", {"--tp": "1"}, {"--tp": "2", "--pp": "4"}),
+    # With sequence parallelism reduce-scatters replace them, all-gathers precede the GEMMs that
+    # read the whole activation, and norms, residuals and dropout work on 1/TP of the tokens.
+    ("TP 1→2 with SP", {"--tp": "1"}, {"--tp": "2", "--sp": "on"}),
+    ("TP 1→4 with SP", {"--tp": "1"}, {"--tp": "4", "--sp": "on"}),
     ("H100 → H200", {}, {"--gpu": "h200-sxm"}),
     ("layers ×2 on H200", {}, {"--layers": "16", "--gpu": "h200-sxm"}),
     ("PP 2→4 with DP ×2", {}, {"--pp": "4", "--dp": "4", "--global-batch": "32"}),

@@ -1,7 +1,7 @@
 #pragma once
 // lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]
 //              [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]
-//              [--micro-batch N] [--tp N] [--step N] [--scale ...]... [--json] [--trace-out DIR]
+//              [--micro-batch N] [--tp N] [--sp on|off] [--step N] [--scale ...]... [--json] [--trace-out DIR]
 
 #include "cli.hpp"
 #include "inspect.hpp"
@@ -23,8 +23,8 @@ namespace lumos::cli {
 inline constexpr std::string_view whatif_usage =
     "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]\n"
     "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
-    "                    [--micro-batch N] [--tp N] [--profile FILE] [--step N] [--scale KIND=F]...\n"
-    "                    [--scale op:TEXT=F]... [--json] [--trace-out DIR] [--report FILE]\n"
+    "                    [--micro-batch N] [--tp N] [--sp on|off] [--profile FILE] [--step N]\n"
+    "                    [--scale KIND=F]... [--scale op:TEXT=F]... [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
@@ -40,7 +40,10 @@ inline constexpr std::string_view whatif_usage =
     "                      b·heads·s²·d, other kernels by activation bytes, collectives through the\n"
     "                      NCCL model); needs the shape in the traces (`lumos inspect --structure`)\n"
     "  --tp N              another tensor-parallel size: per-rank GEMMs and heads divided by N, TP\n"
-    "                      collectives over N ranks; the traced ranks stand for the new TP group\n"
+    "                      collectives over N ranks; the traced ranks stand for the new TP group. From\n"
+    "                      TP 1 Megatron's TP collectives are inserted: all-reduces, or with --sp on\n"
+    "                      (sequence parallelism) reduce-scatters and all-gathers, with the norms,\n"
+    "                      residuals and dropout on 1/N of the tokens. A TP > 1 trace keeps its own SP\n"
     "  --dp N              N data-parallel replicas: the gradient collectives resized with a latency +\n"
     "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
     "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica\n"
@@ -199,6 +202,10 @@ inline int run_whatif(args& a) {
   if (const auto tp = a.option("--tp")) {
     o.shape.tp = parse_number<int>(*tp, "--tp");
     if (*o.shape.tp <= 0) throw usage_error("--tp must be positive (got " + *tp + ")");
+  }
+  if (const auto sp = a.option("--sp")) {
+    if (*sp != "on" && *sp != "off") throw usage_error("--sp must be on or off (got '" + *sp + "')");
+    o.shape.sp = *sp == "on";
   }
   for (const auto* preset : {&o.gpu, &o.from_gpu}) {
     if (!preset->empty()) {

@@ -20,6 +20,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -325,5 +326,61 @@ TEST_CASE("whatif --tp from 1 inserts the tensor-parallel all-reduces of every l
         CHECK((r.predicted.simulated_ns < r.baseline.simulated_ns) == (direct.makespan < own.makespan));
       }
     }
+  }
+}
+
+TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collectives", "[whatif][tp][sp][kernel_trace]") {
+  // As above with sequence parallelism in the target, against the job synthesised with it. Per
+  // rank and micro-batch: reduce-scatters where the all-reduces were (2 per layer forward and
+  // recomputed forward, 2 per layer backward, the embedding lookup, the logits' input gradient);
+  // all-gathers before QKV and FC1 in every forward and recomputed forward, before the FC2 and
+  // attention-output input gradients and the QKV and FC1 weight gradients, before the logits
+  // GEMM and its weight gradient, and before the embedding's backward; and the cross-entropy's 3.
+  // Norms, residuals and dropout then work on 1/TP of the tokens.
+  const config jobs[] = {{"gpt3-15b", 4, 2048, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
+                         {"gpt3-15b", 2, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"}};
+  for (const config& base : jobs) {
+    for (const auto rc : {model::recompute_kind::none, model::recompute_kind::full}) {
+      config a = base;
+      a.recompute = rc;
+      lumos_test::temp_dir dir_a;
+      (void)synthesise(a, dir_a.path());
+      const trace::job traced = trace::load_job({dir_a.path()});
+      const std::size_t forwards = rc == model::recompute_kind::full ? 2 : 1;
+      const auto layers = static_cast<std::size_t>(a.layers);
+      const std::size_t scatters = layers * 2 * (forwards + 1) + 2;
+      const std::size_t gathers = layers * (2 * forwards + 4) + 3;
+      for (const int tp : {2, 4}) {
+        INFO(a.layers << " layers, hidden " << a.hidden << ", recompute " << static_cast<int>(rc) << ", TP 1 -> " << tp << " with SP");
+        config b = a;
+        b.tp = tp;
+        b.sp = true;
+        lumos_test::temp_dir dir_b;
+        const written direct = synthesise(b, dir_b.path());
+        whatif::whatif_options o;
+        o.shape.tp = tp;
+        o.shape.sp = true;
+        const whatif::whatif_result r = whatif::run_whatif(traced, o);
+        std::map<std::string, std::size_t> inserted;
+        for (const auto& ci : r.predicted.built.graph.collectives) {
+          if (ci.group.starts_with("tp.folded.")) ++inserted[ci.kind];
+        }
+        CHECK(inserted["reducescatter"] == 2 * scatters);
+        CHECK(inserted["allgather"] == 2 * gathers);
+        CHECK(inserted["allreduce"] == 2 * 3);
+        const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+        INFO("error " << err);
+        CHECK(std::abs(err) < 0.01);
+      }
+    }
+  }
+  SECTION("--sp needs a change from TP 1 to more") {
+    config a = jobs[0];
+    lumos_test::temp_dir dir;
+    (void)synthesise(a, dir.path());
+    const trace::job traced = trace::load_job({dir.path()});
+    whatif::whatif_options o;
+    o.shape.sp = true;
+    CHECK_THROWS_WITH(whatif::run_whatif(traced, o), Catch::Contains("tensor-parallel size above 1"));
   }
 }

@@ -57,14 +57,19 @@ namespace lumos::whatif {
 struct shape_target {
   std::optional<std::int64_t> hidden, ffn, heads, seq, micro_batch;
   std::optional<int> tp;
+  /// Sequence parallelism of the target, for a change from TP 1 (a TP > 1 trace keeps its own).
+  std::optional<bool> sp;
 
-  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp; }
+  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp || sp; }
 };
 
 /// One configuration's transformer shape (full model) and tensor-parallel size.
 struct shape_config {
   std::int64_t hidden = 0, ffn = 0, heads = 0, head_dim = 0, seq = 0, micro_batch = 0;
   int tp = 1;
+  /// Sequence parallelism asked of a target from TP 1. Not read from traces: a TP > 1 trace's own
+  /// (a reduce-scatter in its forward passes) is found and kept by `rescale_shape`.
+  bool sp = false;
 
   [[nodiscard]] std::int64_t tokens() const noexcept { return seq * micro_batch; }
   [[nodiscard]] std::int64_t ffn_local() const noexcept { return ffn / tp; }
@@ -124,6 +129,14 @@ struct shape_config {
   if (t.seq) to.seq = *t.seq;
   if (t.micro_batch) to.micro_batch = *t.micro_batch;
   if (t.tp) to.tp = *t.tp;
+  if (t.sp) {
+    if (from.tp > 1) {
+      throw error("whatif --sp: applies to a change from TP 1; the traces run TP " + std::to_string(from.tp) +
+                  ", whose own sequence parallelism (or its absence) is kept");
+    }
+    if (*t.sp && to.tp <= 1) throw error("whatif --sp on: needs a tensor-parallel size above 1 (--tp)");
+    to.sp = *t.sp;
+  }
   if (from.heads * from.head_dim == from.hidden && (to.hidden != from.hidden || to.heads != from.heads)) {
     if (to.hidden % to.heads != 0) {
       throw error("whatif: hidden " + std::to_string(to.hidden) + " does not divide into " + std::to_string(to.heads) +
@@ -221,9 +234,9 @@ struct shape_stats {
   std::int64_t vocab_local = 0;      ///< V/TP from a logits GEMM, when one was seen
   bool sequence_parallel = false;    ///< reduce-scatters in the forward passes: activations between GEMMs are 1/TP
   double parameter_ratio = 1.0;      ///< parameters per rank of rank 0, target / traces
-  /// From TP 1 to more: where Megatron's tensor-parallel all-reduces run, in launch order per
+  /// From TP 1 to more: where Megatron's tensor-parallel collectives run, in launch order per
   /// rank (`tensor_parallel.hpp` inserts them): see `tp_hook`.
-  std::vector<tp_hook> tp_all_reduces;
+  std::vector<tp_hook> tp_collectives;
 };
 
 /// The key/value heads of a grouped-query QKV GEMM of width `w` per rank (q + 2·kv_heads·d/TP),
@@ -429,8 +442,12 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
                 detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name)) ==
                     "reducescatter");
   }
-  const double base_from = act_from / (sp ? from.tp : 1), base_to = act_to / (sp ? to.tp : 1);
-  if (sp) out.sequence_parallel = true;
+  // From TP 1 the tensor-parallel collectives are inserted (all-reduces, or with sequence
+  // parallelism reduce-scatters and all-gathers): see `tp_hook`.
+  const bool insert_tp = from.tp == 1 && to.tp > 1;
+  const bool insert_sp = insert_tp && to.sp;
+  const double base_from = act_from / (sp ? from.tp : 1), base_to = act_to / (sp || insert_sp ? to.tp : 1);
+  if (sp || insert_sp) out.sequence_parallel = true;
   std::vector<double> act_old(job.ranks.size(), base_from), act_new(job.ranks.size(), base_to);
   std::vector<int> pass_of(job.ranks.size(), -1);
   // Per rank, the traced dims of the last backward GEMM read as a dgrad (tokens out), while its
@@ -439,9 +456,22 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   // From TP 1: the tokens-out linear GEMMs of the layers in each pass, counted per rank. Forward
   // runs QKV, attention output, FC1, FC2; backward (after the recomputed forward's four, when
   // recomputing) the input gradients of FC2, FC1, attention output, QKV: in either direction the
-  // all-reduce follows every second one.
-  const bool insert_tp = from.tp == 1 && to.tp > 1;
+  // all-reduce (or reduce-scatter) follows every second one, and with sequence parallelism an
+  // all-gather precedes the others.
   std::vector<std::size_t> layer_gemms(job.ranks.size(), 0);
+  // Sequence parallelism: per rank, whether the GEMM seen last was an input gradient followed by
+  // a reduce-scatter, whose weight gradient (next) gathers its input again.
+  std::vector<bool> regather(job.ranks.size(), false);
+  // The task before each on its processor: an all-gather goes right before the GEMM it feeds.
+  std::vector<graph::task_id> prev_task;
+  if (insert_sp) {
+    prev_task.assign(g.task_count(), graph::no_task);
+    std::vector<graph::task_id> last(g.processors.size(), graph::no_task);
+    for (graph::task_id t = 0; t < g.task_count(); ++t) prev_task[t] = std::exchange(last[g.processor[t]], t);
+  }
+  auto add_before = [&](graph::task_id t, tp_message what) {
+    out.tp_collectives.push_back({prev_task[t] != graph::no_task ? prev_task[t] : t, what});
+  };
   constexpr std::size_t npos = ~std::size_t{0};
   // Per rank: the GEMM operator seen last and the first of the hooks that follow it.
   std::vector<std::pair<std::uint32_t, std::size_t>> last_gemm(job.ranks.size(), {detail::no_event, npos});
@@ -468,12 +498,16 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       check_layer_gemms(c.rank);
       layer_gemms[c.rank] = 0;
       embedded[c.rank] = false;
+      regather[c.rank] = false;
       pass_of[c.rank] = c.pass;
       open_dgrad[c.rank].reset();
       const auto& passes = st.ranks[c.rank].passes;
       if (static_cast<std::size_t>(c.pass) < passes.size() &&
           passes[static_cast<std::size_t>(c.pass)].op.kind == pipeline::op_kind::forward) {
         act_old[c.rank] = base_from, act_new[c.rank] = base_to;
+        // Inserted sequence parallelism: the embedding lookup's output is whole until its
+        // reduce-scatter (a later stage starts from its scattered input, which only the norm reads).
+        if (insert_sp) act_new[c.rank] = act_to;
       }
     }
     const trace::rank_trace& tr = job.ranks[c.rank];
@@ -602,34 +636,57 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
         }
       }
       if (tokens_out) act_old[c.rank] = out_old, act_new[c.rank] = out_new;
-      if (insert_tp && tokens_out && m->from.kind == detail::gemm_shape::role::linear) {
+      const bool linear = m->from.kind == detail::gemm_shape::role::linear;
+      if (insert_sp && linear && !tokens_out && c.shape_op != last_gemm[c.rank].first && regather[c.rank]) {
+        // The weight gradient of a column-parallel GEMM (FC1, QKV, the logits) reads the
+        // whole input, which sequence parallelism kept scattered: gathered again before it.
+        add_before(t, tp_message::gather);
+      }
+      if (insert_sp && linear && c.shape_op != last_gemm[c.rank].first) regather[c.rank] = false;
+      if (insert_tp && tokens_out && linear) {
         // One operator may launch several kernels (split-K and its reduction): it counts once,
-        // and the all-reduce follows its last kernel.
+        // the collectives before it precede its first kernel and those after it follow its last.
         // Plain references: clang 14 cannot capture structured bindings in lambdas.
         std::uint32_t& op = last_gemm[c.rank].first;
         std::size_t& hook = last_gemm[c.rank].second;
         if (c.shape_op == op) {
           if (hook != npos) {
-            for (std::size_t h = hook; h < out.tp_all_reduces.size(); ++h) out.tp_all_reduces[h].after = t;
+            for (std::size_t h = hook; h < out.tp_collectives.size(); ++h) out.tp_collectives[h].after = t;
           }
         } else {
           op = c.shape_op, hook = npos;
           const auto& x = m->from;
           const std::int64_t width = x.m == from.tokens() ? x.n : x.m;
           auto add = [&](tp_message what) {
-            if (hook == npos) hook = out.tp_all_reduces.size();
-            out.tp_all_reduces.push_back({t, what});
+            if (hook == npos) hook = out.tp_collectives.size();
+            out.tp_collectives.push_back({t, what});
+          };
+          // A row-parallel forward or column-parallel input gradient: summed over TP, or
+          // reduce-scattered over the tokens (the activation after it is 1/TP of them).
+          auto reduce = [&] {
+            if (!insert_sp) return add(tp_message::activation);
+            add(tp_message::scatter);
+            act_old[c.rank] = base_from, act_new[c.rank] = base_to;
+            regather[c.rank] = c.phase == phase_kind::backward;
           };
           if (c.layer >= 0) {
-            if (layer_gemms[c.rank]++ % 2 == 1) add(tp_message::activation);
+            if (layer_gemms[c.rank]++ % 2 == 1) {
+              reduce();
+            } else if (insert_sp) {
+              add_before(t, tp_message::gather);  // QKV and FC1 forward, FC2 and attention-output input gradients
+            }
           } else if (c.phase == phase_kind::backward && width == from.hidden && x.k != from.hidden) {
-            add(tp_message::activation);  // the logits' input gradient: tokens x hidden out of tokens x V/TP
+            reduce();  // the logits' input gradient: tokens x hidden out of tokens x V/TP
           } else if (c.phase == phase_kind::forward && x.k == from.hidden && width != from.hidden &&
                      width == out.vocab_local) {
-            // The logits: the vocabulary-parallel cross-entropy that follows reduces over TP.
+            // The logits (of the gathered final norm's output): the vocabulary-parallel
+            // cross-entropy that follows reduces over TP.
+            if (insert_sp) add_before(t, tp_message::gather);
             add(tp_message::loss_max), add(tp_message::loss_sum), add(tp_message::loss_sum);
           }
         }
+      } else if (linear && c.shape_op != last_gemm[c.rank].first) {
+        last_gemm[c.rank] = {c.shape_op, npos};
       }
       set(t, d * ratio);
       continue;
@@ -644,12 +701,26 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     // backward up to the dgrad) tell that the dgrad is not its weight gradient.
     const std::string lname = detail::lower_ascii(name);
     if (lname.find("reduce") == std::string::npos) open_dgrad[c.rank].reset();
+    bool scattered = false;
     if (insert_tp && c.phase == phase_kind::forward && c.layer < 0 && layer_gemms[c.rank] == 0 && !embedded[c.rank] &&
         detail::embedding_lookup(lname)) {
-      // The vocabulary-parallel embedding sums its partial lookups over TP (the word embedding
-      // comes first, before the layers; a position embedding after it is not parallel).
+      // The vocabulary-parallel embedding sums its partial lookups over TP, or reduce-scatters
+      // them over the tokens (the word embedding comes first, before the layers; a position
+      // embedding after it is not parallel).
       embedded[c.rank] = true;
-      out.tp_all_reduces.push_back({t, tp_message::activation});
+      out.tp_collectives.push_back({t, insert_sp ? tp_message::scatter : tp_message::activation});
+      scattered = insert_sp;
+    }
+    if (insert_sp && c.phase == phase_kind::backward && c.layer < 0 && layer_gemms[c.rank] > 0 && !embedded[c.rank] &&
+        c.cpu_op != detail::no_event) {
+      // After the layers, the embedding's backward (ATen's embedding_dense_backward) reads the
+      // whole gradient: gathered before it.
+      const std::string op = detail::lower_ascii(tr.name(tr.events[c.cpu_op]));
+      if (op.find("embedding") != std::string::npos && op.find("backward") != std::string::npos) {
+        embedded[c.rank] = true;
+        add_before(t, tp_message::gather);
+        act_old[c.rank] = act_from, act_new[c.rank] = act_to;
+      }
     }
     // Norms work on the residual stream (tokens x hidden, 1/TP of the tokens under SP) wherever
     // they sit: after a row-parallel GEMM's all-reduce, or in backward after a weight gradient.
@@ -657,6 +728,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
                       lname.find("rms_norm") != std::string::npos || lname.find("rmsnorm") != std::string::npos ||
                       lname.find("gammabeta") != std::string::npos;
     set(t, detail::memory_scaled_ns(d, norm ? base_to / base_from : act_new[c.rank] / act_old[c.rank], min_ns));
+    if (scattered) act_old[c.rank] = base_from, act_new[c.rank] = base_to;
   }
   for (std::size_t r = 0; r < job.ranks.size(); ++r) check_layer_gemms(r);
   return out;

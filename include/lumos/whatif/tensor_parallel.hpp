@@ -68,52 +68,61 @@ inline void validate_tp(int to_tp, std::int64_t heads, std::int64_t ffn) {
   }
 }
 
-/// What a tensor-parallel all-reduce inserted by a change from TP 1 carries.
+/// What a tensor-parallel collective inserted by a change from TP 1 does.
 enum class tp_message : std::uint8_t {
-  activation, ///< tokens x hidden in the activation dtype, summed
-  loss_max,   ///< tokens in fp32, max: the vocabulary-parallel cross-entropy's logit maximum
-  loss_sum,   ///< tokens in fp32, summed: its target logit, then its sum of exponentials
+  activation, ///< all-reduce of tokens x hidden in the activation dtype
+  loss_max,   ///< all-reduce (max) of the tokens in fp32: the vocabulary-parallel cross-entropy's logit maximum
+  loss_sum,   ///< all-reduce of the tokens in fp32: its target logit, then its sum of exponentials
+  gather,     ///< sequence parallelism: all-gather of tokens x hidden (each rank holds 1/TP of the tokens)
+  scatter,    ///< sequence parallelism: reduce-scatter of tokens x hidden
 };
+inline constexpr std::size_t tp_message_count = 5;
 
-/// A tensor-parallel all-reduce to insert after GPU task `after`. Megatron runs one of the
-/// activation after the row-parallel attention output and FC2 forward (also when recomputed),
-/// the column-parallel QKV and FC1 input gradients, the vocabulary-parallel embedding lookup and
-/// the logits' input gradient; and three fp32 ones over the tokens in the vocabulary-parallel
-/// cross-entropy, which follows the logits GEMM (max, target logit, sum of exponentials).
+/// A tensor-parallel collective to insert after GPU task `after`. Without sequence parallelism
+/// Megatron runs an all-reduce of the activation after the row-parallel attention output and
+/// FC2 forward (also when recomputed), the column-parallel QKV and FC1 input gradients, the
+/// vocabulary-parallel embedding lookup and the logits' input gradient; and three fp32 ones over
+/// the tokens in the vocabulary-parallel cross-entropy, which follows the logits GEMM (max,
+/// target logit, sum of exponentials). With it, each all-reduce of the activation becomes a
+/// reduce-scatter, and an all-gather precedes each column-parallel GEMM forward (QKV, FC1, the
+/// logits), each row-parallel input gradient (FC2, attention output), the weight gradients of
+/// the column-parallel GEMMs (their input, gathered again) and the embedding's backward.
 struct tp_hook {
   graph::task_id after = graph::no_task;
   tp_message message = tp_message::activation;
 };
 
-/// A tensor-parallel all-reduce that a change from TP 1 adds: its transfer (NCCL model), the
-/// host time of its c10d/NCCL enqueue and the launch call.
-struct tp_all_reduce {
+/// A tensor-parallel collective that a change from TP 1 adds: its kind (as a collective instance
+/// names it), its transfer (NCCL model), the host time of its c10d/NCCL enqueue and the launch
+/// call.
+struct tp_collective {
+  std::string kind = "allreduce";
   time_ns transfer = 0;
   time_ns host = 0;    ///< CPU time before the launch call
   time_ns launch = 0;  ///< the launch call itself
   std::string kernel = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL";
 };
 
-/// Inserts each of `hooks` with its all-reduce `kind[message]`: a collective right after its
-/// GPU task on that stream (Megatron runs the TP all-reduce in the compute stream's order) and
+/// Inserts each of `hooks` with its collective `kind[message]`: a collective right after its
+/// GPU task on that stream (Megatron runs the TP collectives in the compute stream's order) and
 /// its launch on the CPU thread right after that task's launch, with the same launch latency;
 /// several after one task follow each other in the order given. A TP group is folded onto its
 /// traced rank (TP ranks are symmetric), so each instance has that one participant, in a group of
 /// its own (`tp.folded.R`, no join: no peer to wait for, the transfer is its time); written out
 /// (`--trace-out`) it reads back the same way.
-[[nodiscard]] inline edited_graph insert_tp_all_reduces(const graph::task_graph& g, const std::vector<tp_hook>& hooks,
-                                                        const std::array<tp_all_reduce, 3>& kind) {
+[[nodiscard]] inline edited_graph insert_tp_hooks(const graph::task_graph& g, const std::vector<tp_hook>& hooks,
+                                                  const std::array<tp_collective, tp_message_count>& kind) {
   constexpr std::uint32_t none = ~std::uint32_t{0};
   std::vector<std::uint32_t> launch_of(g.task_count(), none);  // launch edge into a task
   for (std::uint32_t i = 0; i < g.edges.size(); ++i) {
     if (g.edges[i].kind == graph::edge_kind::launch) launch_of[g.edges[i].to] = i;
   }
-  auto of = [&](const tp_hook& h) -> const tp_all_reduce& { return kind[static_cast<std::size_t>(h.message)]; };
+  auto of = [&](const tp_hook& h) -> const tp_collective& { return kind[static_cast<std::size_t>(h.message)]; };
   std::vector<insertion> ins;
   ins.reserve(3 * hooks.size());
   for (const tp_hook& h : hooks) {
     const graph::task_id k = h.after;
-    const tp_all_reduce& c = of(h);
+    const tp_collective& c = of(h);
     if (launch_of[k] != none) {
       ins.push_back({.after = g.edges[launch_of[k]].from,
                      .spec = {.kind = graph::task_kind::cpu, .duration = c.launch, .busy_gap = c.host, .rank = g.rank[k]},
@@ -134,7 +143,7 @@ struct tp_all_reduce {
       ++i;
     }
     graph::collective_instance ci;
-    ci.kind = "allreduce";
+    ci.kind = of(h).kind;
     ci.group = "tp.folded." + std::to_string(g.rank[k]);
     // Left unknown (0): the trace writer states sizes in elements, which it can only do for
     // model-built jobs; a what-if read from the written traces takes the size from the time.
@@ -166,7 +175,7 @@ struct tp_all_reduce {
     s += "the first " + std::to_string(to_tp) +
          " ranks of each traced TP group form a new group; the others replay the same";
   }
-  s += from_tp == 1 ? "; the TP all-reduces are inserted (below)"
+  s += from_tp == 1 ? "; the TP collectives are inserted (below)"
                     : "; each TP collective keeps its bytes per rank and runs over " + std::to_string(to_tp) + " ranks";
   return s;
 }

@@ -83,7 +83,7 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
   return std::move(edited.copies);
 }
 
-/// From TP 1 to `to.tp`: Megatron's tensor-parallel all-reduces (`tp_hook`: tokens x hidden of
+/// From TP 1 to `to.tp`: Megatron's tensor-parallel collectives (`tp_hook`: tokens x hidden of
 /// the target shape, or the cross-entropy's tokens in fp32, over the TP group by the NCCL model,
 /// with the profile's host time per collective) inserted where `ss` found them. Returns the line
 /// for `changes`.
@@ -92,29 +92,48 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
   const double tokens = static_cast<double>(to.tokens());
   const double bytes = tokens * static_cast<double>(to.hidden) * costs.element_bytes;
   const auto& link = to.tp > costs.hw.gpus_per_node ? costs.profile.inter : costs.profile.intra;
-  auto made = [&](double size, const std::string& kernel) {
-    tp_all_reduce c;
-    c.transfer = static_cast<time_ns>(std::llround(collective_ns(model::collective::all_reduce, size, to.tp, link)));
+  const std::string dtype = costs.dtype == model::precision::fp16 ? "f16" : "bf16";
+  auto made = [&](model::collective coll, double size, std::string kind, std::string kernel) {
+    tp_collective c;
+    c.kind = std::move(kind);
+    c.transfer = static_cast<time_ns>(std::llround(collective_ns(coll, size, to.tp, link)));
     c.launch = static_cast<time_ns>(std::llround(costs.profile.cpu_launch_ns));
     c.host = std::max<time_ns>(0, static_cast<time_ns>(std::llround(costs.profile.cpu_collective_ns)) - c.launch);
-    c.kernel = kernel;
+    c.kernel = std::move(kernel);
     return c;
   };
-  const std::array<tp_all_reduce, 3> kind = {
-      made(bytes, std::string("ncclDevKernel_AllReduce_Sum_") + (costs.dtype == model::precision::fp16 ? "f16" : "bf16") + "_RING_LL"),
-      made(tokens * 4, "ncclDevKernel_AllReduce_Max_f32_RING_LL"), made(tokens * 4, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")};
-  std::size_t activation = 0, loss = 0;
-  for (const tp_hook& h : ss.tp_all_reduces) ++(h.message == tp_message::activation ? activation : loss);
-  (void)adopt(b, insert_tp_all_reduces(b.graph, ss.tp_all_reduces, kind));
-  char line[480];
-  std::snprintf(line, sizeof line,
-                "TP 1 -> %d: %zu tensor-parallel all-reduces inserted: %zu of the activation (after the attention output "
-                "and FC2 GEMMs of every forward and recomputed forward, the QKV and FC1 input gradients, the embedding "
-                "lookup, the logits' input gradient), %.0f bytes each, %.3f us by the NCCL model over %d ranks; %zu of "
-                "the cross-entropy (3 after each logits GEMM), %.0f bytes each, %.3f us; %.1f us of host time each",
-                to.tp, activation + loss, activation, bytes, static_cast<double>(kind[0].transfer) / 1e3, to.tp, loss,
-                tokens * 4, static_cast<double>(kind[1].transfer) / 1e3,
-                static_cast<double>(kind[0].host + kind[0].launch) / 1e3);
+  using model::collective;
+  const std::array<tp_collective, tp_message_count> kind = {
+      made(collective::all_reduce, bytes, "allreduce", "ncclDevKernel_AllReduce_Sum_" + dtype + "_RING_LL"),
+      made(collective::all_reduce, tokens * 4, "allreduce", "ncclDevKernel_AllReduce_Max_f32_RING_LL"),
+      made(collective::all_reduce, tokens * 4, "allreduce", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
+      made(collective::all_gather, bytes, "allgather", "ncclDevKernel_AllGather_RING_LL"),
+      made(collective::reduce_scatter, bytes, "reducescatter", "ncclDevKernel_ReduceScatter_Sum_" + dtype + "_RING_LL")};
+  std::array<std::size_t, tp_message_count> count{};
+  for (const tp_hook& h : ss.tp_collectives) ++count[static_cast<std::size_t>(h.message)];
+  (void)adopt(b, insert_tp_hooks(b.graph, ss.tp_collectives, kind));
+  auto us = [&](tp_message m) { return static_cast<double>(kind[static_cast<std::size_t>(m)].transfer) / 1e3; };
+  const std::size_t loss = count[1] + count[2];
+  char line[768];
+  if (to.sp) {
+    std::snprintf(line, sizeof line,
+                  "TP 1 -> %d with sequence parallelism: %zu tensor-parallel collectives inserted: %zu reduce-scatters of the "
+                  "activation (after the attention output and FC2 GEMMs of every forward and recomputed forward, the QKV and FC1 "
+                  "input gradients, the embedding lookup, the logits' input gradient), %.3f us; %zu all-gathers (before the QKV, "
+                  "FC1 and logits GEMMs, the FC2 and attention-output input gradients, the QKV, FC1 and logits weight gradients, "
+                  "the embedding's backward), %.3f us; %.0f bytes each over %d ranks by the NCCL model; %zu all-reduces of the "
+                  "cross-entropy (3 after each logits GEMM), %.0f bytes each, %.3f us; %.1f us of host time each",
+                  to.tp, count[4] + count[3] + loss, count[4], us(tp_message::scatter), count[3], us(tp_message::gather), bytes,
+                  to.tp, loss, tokens * 4, us(tp_message::loss_max), static_cast<double>(kind[0].host + kind[0].launch) / 1e3);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "TP 1 -> %d: %zu tensor-parallel all-reduces inserted: %zu of the activation (after the attention output "
+                  "and FC2 GEMMs of every forward and recomputed forward, the QKV and FC1 input gradients, the embedding "
+                  "lookup, the logits' input gradient), %.0f bytes each, %.3f us by the NCCL model over %d ranks; %zu of "
+                  "the cross-entropy (3 after each logits GEMM), %.0f bytes each, %.3f us; %.1f us of host time each",
+                  to.tp, count[0] + loss, count[0], bytes, us(tp_message::activation), to.tp, loss, tokens * 4,
+                  us(tp_message::loss_max), static_cast<double>(kind[0].host + kind[0].launch) / 1e3);
+  }
   return line;
 }
 
@@ -214,7 +233,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
           out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
         }
-        if (!ss.tp_all_reduces.empty()) {
+        if (!ss.tp_collectives.empty()) {
           out.changes.push_back(insert_tp_collectives(b, ss, *shape_to, costs));
           // Discovered again: the layer groups and pass costs that DP, the layer copies and the
           // pipeline model read are task ids, and now take in the inserted collectives.
