@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <string>
 
 using namespace lumos;
@@ -327,4 +328,36 @@ TEST_CASE("shape rescaling agrees with the kernel-level cost model that synth us
       CHECK(checked == (llama ? 6u : 5u)); // QKV, attention, output projection, FC1 (gate, up), FC2 (down)
     }
   }
+}
+
+TEST_CASE("whatif --tp 2 from a real TP 1 trace: the collectives of Megatron's TP, with and without sequence parallelism",
+          "[whatif][tp][sp]") {
+  // tests/data/gpu/h100-base: a plain PyTorch GPT recorded on an H100 (8 layers, 1 micro-batch,
+  // tied logits, no recomputation), whose autograd runs the logits' weight gradient before its
+  // input gradient (ATen's MmBackward) and launches the embedding's backward from a copy inside
+  // EmbeddingBackward0. Without SP, per layer 2 all-reduces forward and 2 backward, one after
+  // the embedding lookup, one after the logits' input gradient, 3 for the cross-entropy; with
+  // SP the same places reduce-scatter, and per layer 2 all-gathers forward and 4 backward, one
+  // before the logits, its weight gradient and the embedding's backward.
+  const auto job = trace::load_job({lumos_test::data_dir() / "gpu" / "h100-base"});
+  constexpr std::size_t layers = 8;
+  auto inserted = [&](bool sp) {
+    whatif::whatif_options o;
+    o.shape.tp = 2;
+    if (sp) o.shape.sp = true;
+    const auto r = whatif::run_whatif(job, o);
+    std::map<std::string, std::size_t> n;
+    for (const auto& ci : r.predicted.built.graph.collectives) {
+      if (ci.group.starts_with("tp.folded.")) ++n[ci.kind];
+    }
+    CHECK(r.predicted.simulated_ns < r.baseline.simulated_ns);  // the GEMMs halve: faster, as on the H100
+    return n;
+  };
+  const auto plain = inserted(false);
+  CHECK(plain.at("allreduce") == 4 * layers + 2 + 3);
+  CHECK(plain.size() == 1);
+  const auto sp = inserted(true);
+  CHECK(sp.at("reducescatter") == 4 * layers + 2);
+  CHECK(sp.at("allgather") == 6 * layers + 3);
+  CHECK(sp.at("allreduce") == 3);
 }

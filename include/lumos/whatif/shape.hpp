@@ -637,9 +637,13 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       }
       if (tokens_out) act_old[c.rank] = out_old, act_new[c.rank] = out_new;
       const bool linear = m->from.kind == detail::gemm_shape::role::linear;
-      if (insert_sp && linear && !tokens_out && c.shape_op != last_gemm[c.rank].first && regather[c.rank]) {
+      if (insert_sp && linear && !tokens_out && c.shape_op != last_gemm[c.rank].first &&
+          (c.layer >= 0 ? bool(regather[c.rank])
+                        : out.vocab_local > 0 && (m->from.m == out.vocab_local || m->from.n == out.vocab_local))) {
         // The weight gradient of a column-parallel GEMM (FC1, QKV, the logits) reads the
-        // whole input, which sequence parallelism kept scattered: gathered again before it.
+        // whole input, which sequence parallelism kept scattered: gathered again before it. In
+        // the layers it follows its input gradient (linear layers' autograd order); the logits'
+        // may come first (ATen's MmBackward), so it is known by its vocabulary dim.
         add_before(t, tp_message::gather);
       }
       if (insert_sp && linear && c.shape_op != last_gemm[c.rank].first) regather[c.rank] = false;
@@ -713,8 +717,8 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     }
     if (insert_sp && c.phase == phase_kind::backward && c.layer < 0 && layer_gemms[c.rank] > 0 && !embedded[c.rank] &&
         c.cpu_op != detail::no_event) {
-      // After the layers, the embedding's backward (ATen's embedding_dense_backward) reads the
-      // whole gradient: gathered before it.
+      // After the layers, the embedding's backward (its autograd node, EmbeddingBackward0, or
+      // ATen's embedding_dense_backward) reads the whole gradient: gathered before it.
       const std::string op = detail::lower_ascii(tr.name(tr.events[c.cpu_op]));
       if (op.find("embedding") != std::string::npos && op.find("backward") != std::string::npos) {
         embedded[c.rank] = true;

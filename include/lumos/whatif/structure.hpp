@@ -145,7 +145,9 @@ struct gpu_op_context {
   std::size_t rank = 0;                  ///< index into job.ranks
   std::uint32_t op = ~std::uint32_t{0};  ///< event index of the GPU op
   std::uint32_t shape_op = ~std::uint32_t{0};  ///< innermost enclosing GEMM/attention operator (event index), or none
-  std::uint32_t cpu_op = ~std::uint32_t{0};    ///< innermost enclosing CPU operator (event index), or none
+  /// Outermost enclosing CPU operator (event index), or none: in backward the autograd node
+  /// ("autograd::engine::evaluate_function: EmbeddingBackward0"), whatever ATen op launched it.
+  std::uint32_t cpu_op = ~std::uint32_t{0};
   phase_kind phase = phase_kind::other;
   int pass = -1, layer = -1;  ///< index into the rank's passes, layer within it (-1: outside both)
   bool comm = false, p2p = false;
@@ -269,7 +271,7 @@ struct launch_rec {
   bool comm = false, p2p = false;
   std::int64_t scope = -1;         // outermost enclosing layer-scope event
   std::uint32_t shape_op = no_event;  // innermost enclosing GEMM / attention operator
-  std::uint32_t cpu_op = no_event;    // innermost enclosing CPU operator
+  std::uint32_t cpu_op = no_event;    // outermost enclosing CPU operator
   int pass = -1, layer = -1;
   int instance = -1;               // graph collective instance
 };
@@ -403,7 +405,7 @@ struct rank_work {
               w.markers[*s->marker].insert(std::string(t.name(t.events[s->index])));
             }
             if (s->shape && base.shape_op == no_event) base.shape_op = s->index;
-            if (base.cpu_op == no_event && t.events[s->index].cat == trace::category::cpu_op) base.cpu_op = s->index;
+            if (t.events[s->index].cat == trace::category::cpu_op) base.cpu_op = s->index;  // the last is the outermost
           }
           for (const auto& s : stack) {
             if (s.scope) {
