@@ -7,6 +7,7 @@
 #include <lumos/core/error.hpp>
 #include <lumos/core/json_writer.hpp>
 #include <lumos/core/parallel.hpp>
+#include <lumos/core/sort.hpp>
 #include <lumos/core/strings.hpp>
 #include <lumos/core/time.hpp>
 

@@ -2,6 +2,7 @@
 // The 4-way breakdown and SM utilisation of FIDELITY.md, computed the same way for measured and
 // simulated timelines: from the GPU op intervals of one rank inside its iteration window.
 
+#include <lumos/core/sort.hpp>
 #include <lumos/core/time.hpp>
 
 #include <algorithm>
@@ -38,7 +39,8 @@ inline std::vector<interval> merged(std::vector<interval> v, interval w) {
     i.end = std::min(i.end, w.end);
   }
   std::erase_if(v, [](const interval& i) { return i.end <= i.begin; });
-  std::sort(v.begin(), v.end(), [](const interval& a, const interval& b) { return a.begin < b.begin; });
+  // Gathered processor by processor, so mostly a few sorted runs.
+  sort_runs(v.begin(), v.end(), [](const interval& a, const interval& b) { return a.begin < b.begin; });
   std::vector<interval> out;
   for (const auto& i : v) {
     if (!out.empty() && i.begin <= out.back().end) {

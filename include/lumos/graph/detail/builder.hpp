@@ -6,6 +6,7 @@
 #include <lumos/graph/build_options.hpp>
 #include <lumos/core/error.hpp>
 #include <lumos/core/parallel.hpp>
+#include <lumos/core/sort.hpp>
 #include <lumos/graph/compile.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/trace/comm.hpp>
@@ -331,7 +332,7 @@ class trace_graph_builder {
     };
     std::vector<key> keys(events.size());
     for (std::size_t i = 0; i < events.size(); ++i) keys[i] = {t.events[events[i]].ts, t.events[events[i]].dur, events[i]};
-    std::sort(keys.begin(), keys.end(), [](const key& a, const key& b) {
+    sort_runs(keys.begin(), keys.end(), [](const key& a, const key& b) {
       if (a.ts != b.ts) return a.ts < b.ts;
       if (a.dur != b.dur) return a.dur > b.dur;
       return a.index < b.index;
