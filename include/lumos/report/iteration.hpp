@@ -2,6 +2,7 @@
 // Iteration windows and per-rank / per-job results of a replay (FIDELITY.md "Metrics").
 
 #include <lumos/core/error.hpp>
+#include <lumos/core/parallel.hpp>
 #include <lumos/graph/compile.hpp>
 #include <lumos/graph/trace_builder.hpp>
 #include <lumos/report/breakdown.hpp>
@@ -190,7 +191,9 @@ struct window_result {
   for (const auto& e : g.edges) {
     if (e.kind == graph::edge_kind::launch) launch_time[e.to] = g.observed_start[e.from];
   }
-  for (std::size_t i = 0; i < job.ranks.size(); ++i) {
+  // Each rank's plan reads shared data and writes its own slot: in parallel, the same plans (and
+  // the error of the first failing rank, as one thread would meet it).
+  parallel_for(job.ranks.size(), hardware_threads(), [&](std::size_t i) {
     const trace::rank_trace& r = job.ranks[i];
     const graph::rank_map& map = b.ranks[i];
     iteration_plan& p = plans[i];
@@ -305,7 +308,7 @@ struct window_result {
         if (first != t) p.gpu.push_back(first);
       }
     }
-  }
+  });
   return plans;
 }
 
