@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
   timer.done("load");
   const graph::built_job built = graph::build_graph(job, options);
   timer.done("build");
+  std::printf("            (graph: %zu tasks, %zu edges, %.0f MiB by task_graph::memory_bytes)\n", built.graph.task_count(),
+              built.graph.edge_count(), static_cast<double>(built.graph.memory_bytes()) / 1048576.0);
   const auto plans = report::plan_iterations(job, built, std::nullopt);
   timer.done("plan");
   // As `lumos replay` does when it writes no traces or report (replay_options::events_done).
