@@ -284,6 +284,56 @@ TEST_CASE("whatif --tp from 1: the inserted all-reduces are written by --trace-o
   CHECK(run("whatif " + a.string() + " --tp 3").code == 2);
 }
 
+TEST_CASE("whatif --layers: --trace-out writes every copy of the repeated layers, which read back as that many layers",
+          "[cli][whatif][layers]") {
+  // Two layers to four: each layer's launches, kernels, operators (with their Input Dims) and
+  // module scope are written once per copy. The written job replays to the prediction, structure
+  // discovery finds four layers and the shape in it, and two layers taken away again give back
+  // the replay of the traces (the same graph).
+  lumos_test::temp_dir dir;
+  const auto two = dir.path() / "l2", four = dir.path() / "l4";
+  REQUIRE(run("synth --layers 2 --hidden 1024 --heads 16 --seq 512 --tp 1 --micro-batch 1 --global-batch 2 "
+              "--gpu h100-sxm --detail kernel --out " + two.string()).code == 0);
+  const result r = run("whatif " + two.string() + " --layers 4 --json --trace-out " + four.string());
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser p1, p2, p3, p4, p5;
+  const std::int64_t predicted = p1.parse(r.out)["predicted"]["iteration_ns"];
+  const result again = run("replay " + four.string() + " --json");
+  REQUIRE(again.code == 0);
+  CHECK(int64_t(p2.parse(again.out)["job"]["simulated_ns"]) == predicted);
+  const result st = run("inspect --structure --json " + four.string());
+  REQUIRE(st.code == 0);
+  simdjson::dom::element model = p3.parse(st.out)["model"];
+  CHECK(int64_t(model["layers"]["value"]) == 4);
+  CHECK(int64_t(model["hidden"]["value"]) == 1024);
+  const result back = run("whatif " + four.string() + " --layers 2 --json");
+  REQUIRE(back.code == 0);
+  const result traced = run("replay " + two.string() + " --json");
+  REQUIRE(traced.code == 0);
+  CHECK(int64_t(p4.parse(back.out)["predicted"]["iteration_ns"]) == int64_t(p5.parse(traced.out)["job"]["simulated_ns"]));
+  // A real PyTorch trace (8 layers named TransformerLayer[i], a runtime call between launches
+  // that is no launch): 16 layers written, 16 found, the written job replays to the prediction.
+  const auto sixteen = dir.path() / "h16";
+  const result real = run("whatif " + data("gpu/h100-base") + " --layers 16 --json --trace-out " + sixteen.string());
+  REQUIRE(real.code == 0);
+  simdjson::dom::parser p6, p7, p8;
+  const result real_again = run("replay " + sixteen.string() + " --json");
+  CHECK(int64_t(p7.parse(real_again.out)["job"]["simulated_ns"]) == int64_t(p6.parse(real.out)["predicted"]["iteration_ns"]));
+  const result real_st = run("inspect --structure --json " + sixteen.string());
+  CHECK(int64_t(p8.parse(real_st.out)["model"]["layers"]["value"]) == 16);
+  // Micro-batches repeated (gradient accumulation, no stages): 4 per replica to 16.
+  const auto mb4 = dir.path() / "mb4", mb16 = dir.path() / "mb16";
+  REQUIRE(run("synth --layers 2 --hidden 1024 --heads 16 --seq 512 --tp 2 --dp 2 --micro-batch 1 --global-batch 8 "
+              "--gpu h100-sxm --detail kernel --unfold --out " + mb4.string()).code == 0);
+  const result acc = run("whatif " + mb4.string() + " --dp 1 --global-batch 16 --json --trace-out " + mb16.string());
+  REQUIRE(acc.code == 0);
+  simdjson::dom::parser p9, p10, p11;
+  const result acc_again = run("replay " + mb16.string() + " --json");
+  CHECK(int64_t(p10.parse(acc_again.out)["job"]["simulated_ns"]) == int64_t(p9.parse(acc.out)["predicted"]["iteration_ns"]));
+  const result acc_st = run("inspect --structure --json " + mb16.string());
+  CHECK(int64_t(p11.parse(acc_st.out)["parallel"]["micro_batches"]["value"]) == 16);
+}
+
 TEST_CASE("a kernel that starts before its launch is a causality violation: a warning, an error with --strict", "[cli][replay]") {
   lumos_test::temp_dir dir;
   const auto bad = dir.write("before_launch.json", R"({"traceEvents": [

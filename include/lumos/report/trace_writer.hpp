@@ -90,7 +90,8 @@ struct simulated_job {
 
 namespace detail {
 
-// Piecewise-linear time map of one thread: measured → simulated, through its tasks' ends.
+// Time map of one thread, measured → simulated, through its tasks' ends: linear where a gap
+// shrank, a shift from the task before where it grew.
 class time_warp {
  public:
   void add(time_ns measured, time_ns simulated) { points_.push_back({measured, simulated}); }
@@ -105,6 +106,10 @@ class time_warp {
     const auto& [m0, s0] = *(it - 1);
     const auto& [m1, s1] = *it;
     if (m1 == m0) return s0;
+    // A gap that grew (the thread waited longer, or a what-if put copies of repeated tasks in
+    // it) keeps what it held at its measured distance from the task before: stretching it would
+    // lengthen the operators' busy time and spread them over the copies.
+    if (s1 - s0 >= m1 - m0) return s0 + (x - m0);
     const long double f = static_cast<long double>(x - m0) / static_cast<long double>(m1 - m0);
     return s0 + static_cast<time_ns>(f * static_cast<long double>(s1 - s0));
   }
@@ -113,17 +118,22 @@ class time_warp {
   std::vector<std::pair<time_ns, time_ns>> points_;
 };
 
-inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, std::size_t i) {
+// `ids`: added to the event's correlation and External id (a what-if's copy of a repeated task
+// is written with ids of its own, which pair its launch, kernel and operator as the original's do).
+inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, std::size_t i, std::int64_t ids = 0,
+                                  std::int64_t record_ids = 0) {
   const trace::event& e = r.events[i];
-  if (e.external_id >= 0) w.field("External id", e.external_id);
-  if (e.correlation >= 0 && e.ph == trace::phase::complete) w.field("correlation", e.correlation);
+  if (e.external_id >= 0) w.field("External id", e.external_id + ids);
+  if (e.correlation >= 0 && e.ph == trace::phase::complete) w.field("correlation", e.correlation + ids);
   if (e.stream >= 0) w.field("stream", e.stream);
   if (e.device >= 0) w.field("device", static_cast<int>(e.device));
   const auto [b, en] = r.arg_range(i);
   for (std::uint32_t a = b; a < en; ++a) {
     const trace::arg_key k = r.arg_keys[a];
     w.key(trace::json_key(k));
-    if (!trace::is_string_arg(k)) {
+    if (k == trace::arg_key::wait_on_event_record_correlation) {
+      w.value(r.arg_values[a] + record_ids);  // the copy of the record it waits for, if that was repeated too
+    } else if (!trace::is_string_arg(k)) {
       w.value(r.arg_values[a]);
     } else if (k == trace::arg_key::input_dims || k == trace::arg_key::grid || k == trace::arg_key::block) {
       w.raw(r.str(static_cast<string_id>(r.arg_values[a])));  // stored as raw JSON
@@ -325,17 +335,54 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
                                               index.task_begin[slot + 1] - index.task_begin[slot]);
   const std::span<const std::size_t> rank_edges(index.edges.data() + index.edge_begin[slot],
                                                 index.edge_begin[slot + 1] - index.edge_begin[slot]);
-  // A source event (trace-built jobs) at new times, with its category, name, row and args.
-  auto write_source_event = [&](std::size_t i, time_ns begin, time_ns end) {
+  // A source event (trace-built jobs) at new times, with its category, name, row and args (its
+  // ids shifted for a copy, see below).
+  auto write_source_event = [&](std::size_t i, time_ns begin, time_ns end, std::int64_t ids = 0, std::int64_t record_ids = 0) {
     const trace::event& e = src->events[i];
     const trace::lane& lane = src->lanes[e.lane];
     w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
     w.field("pid", lane.pid_text != no_string ? 0 : lane.pid).field("tid", lane.tid_text != no_string ? 0 : lane.tid);
     w.key("ts").microseconds(us(begin)).key("dur").microseconds(end - begin);
     w.key("args").begin_object();
-    detail::write_args_from_trace(w, *src, i);
+    detail::write_args_from_trace(w, *src, i, ids, record_ids);
     w.end_object().end_object();
   };
+  // Copies: a what-if that repeats layers or micro-batches (whatif/editor.hpp) leaves several
+  // tasks with one source event. The k-th task of an event and kind (id order, which is the
+  // order on its processor) is its copy k. Copy 0 is written as the trace had it; copy k > 0
+  // with its correlation and External id moved up by k * copy_ids, so that its launch, kernel
+  // and operator pair as the original's do; and the CPU events around a repeated run (its
+  // operators, its module scope) are written once per copy, moved with it.
+  constexpr std::int64_t copy_ids = std::int64_t{1} << 42;
+  std::vector<std::uint32_t> copy_k;            // per position in `tasks`
+  std::vector<std::uint32_t> copies;            // per source event: its copies (most over its tasks' kinds)
+  std::unordered_map<std::uint64_t, std::pair<graph::task_id, graph::task_id>> copy_span;  // (event, k) -> first, last task
+  auto copy_key = [](std::uint32_t ev, std::uint32_t k) { return (std::uint64_t{ev} << 21) | k; };
+  if (src != nullptr) {
+    std::unordered_map<std::uint64_t, std::uint32_t> count;  // (event, kind) -> tasks so far
+    copies.assign(src->events.size(), 0);
+    copy_k.assign(tasks.size(), 0);
+    bool repeated = false;
+    for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
+      const std::uint32_t ev = g.source[tasks[ti]];
+      if (ev == ~0U || ev >= copies.size()) continue;
+      const std::uint32_t k = count[(std::uint64_t{ev} << 3) | static_cast<std::uint64_t>(g.kind[tasks[ti]])]++;
+      copy_k[ti] = k;
+      copies[ev] = std::max(copies[ev], k + 1);
+      repeated = repeated || k > 0;
+    }
+    if (repeated) {
+      for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
+        const std::uint32_t ev = g.source[tasks[ti]];
+        if (ev == ~0U || ev >= copies.size()) continue;
+        auto [it, fresh] = copy_span.try_emplace(copy_key(ev, copy_k[ti]), tasks[ti], tasks[ti]);
+        if (!fresh) it->second.second = tasks[ti];
+      }
+    } else {
+      copy_k.clear();  // nothing repeated: the plain path
+    }
+  }
+  std::unordered_map<std::uint64_t, std::uint8_t> written_copy;  // (event, k > 0) written
   std::map<std::uint32_t, detail::time_warp> warps;  // by lane (trace-built)
   std::vector<std::uint8_t> written(src != nullptr ? src->events.size() : 0, 0);
   // Trace-built jobs keep their own correlation ids; tasks a what-if added (a launch and its
@@ -392,14 +439,28 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   };
 
   std::map<graph::processor_id, time_ns> cpu_end;  // model-built: end of each thread's last task
-  for (const graph::task_id t : tasks) {
+  for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
+    const graph::task_id t = tasks[ti];
     const auto kind = g.kind[t];
     const time_ns s = job.simulated.begin_of(t), f = job.simulated.end_of(t);
     const std::uint32_t ev = g.source[t];
     if (src != nullptr && ev != ~0U) {
       const trace::event& e = src->events[ev];
-      if (trace::is_cpu_side(e.cat)) warps[e.lane].add(g.observed_start[t], s), warps[e.lane].add(g.observed_end[t], f);
+      const std::uint32_t k = copy_k.empty() ? 0 : copy_k[ti];
+      // The warp maps the trace's times to copy 0's; copies are moved from there.
+      if (trace::is_cpu_side(e.cat) && k == 0) warps[e.lane].add(g.observed_start[t], s), warps[e.lane].add(g.observed_end[t], f);
       if (kind == graph::task_kind::comm_arrive) continue;  // written with its complete
+      if (k > 0) {
+        // A copy: its whole call (split calls: from the issue half to the wait half) or its op
+        // (from its arrival), written once.
+        const auto& [first, last] = copy_span.at(copy_key(ev, k));
+        if (written_copy[copy_key(ev, k)]++ != 0) continue;
+        const bool comm = kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm;
+        const time_ns begin = trace::is_cpu_side(e.cat) || comm ? job.simulated.begin_of(first) : s;
+        const time_ns end = trace::is_cpu_side(e.cat) ? job.simulated.end_of(last) : f;
+        write_source_event(ev, begin, end, static_cast<std::int64_t>(k) * copy_ids);
+        continue;
+      }
       time_ns begin = s;
       if ((kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm) && map->arrive_of_event[ev] != graph::no_task) {
         begin = job.simulated.begin_of(map->arrive_of_event[ev]);  // the op occupies its stream from its arrival
@@ -513,6 +574,35 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   // Trace-built: the CPU events that are not tasks, warped onto the simulated timeline.
   if (src != nullptr) {
     for (auto& [lane, warp] : warps) warp.finish();
+    // Per thread: its events that are tasks, by start (only when something was repeated).
+    std::map<std::uint32_t, std::vector<std::pair<time_ns, std::uint32_t>>> task_events;
+    if (!copy_k.empty()) {
+      for (std::uint32_t ev = 0; ev < src->events.size(); ++ev) {
+        if (copies[ev] > 0 && trace::is_cpu_side(src->events[ev].cat)) task_events[src->events[ev].lane].push_back({src->events[ev].ts, ev});
+      }
+      for (auto& [lane, v] : task_events) std::sort(v.begin(), v.end());
+    }
+    // How many times to write event `e`: K when every task inside it on its thread has K > 1
+    // copies (a repeated layer's operators and scope), else once (tasks a what-if removed count
+    // for nothing). Sets the first and last of those tasks, whose copies place e's.
+    std::uint32_t enclosed_first = 0, enclosed_last = 0;
+    auto enclosed_copies = [&](const trace::event& e) -> std::uint32_t {
+      const auto it = task_events.find(e.lane);
+      if (it == task_events.end()) return 1;
+      const auto& v = it->second;
+      std::uint32_t n = 0;
+      for (auto p = std::lower_bound(v.begin(), v.end(), std::pair{e.ts, std::uint32_t{0}}); p != v.end() && p->first < e.end(); ++p) {
+        if (src->events[p->second].end() > e.end()) continue;
+        const std::uint32_t c = copies[p->second];
+        if (n == 0) {
+          n = c, enclosed_first = p->second;
+        } else if (c != n) {
+          return 1;
+        }
+        enclosed_last = p->second;
+      }
+      return n > 1 ? n : 1;
+    };
     const iteration_plan* plan = job.plans != nullptr ? &(*job.plans)[plan_index] : nullptr;
     for (std::size_t i = 0; i < src->events.size(); ++i) {
       const trace::event& e = src->events[i];
@@ -533,7 +623,19 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         en = job.simulated.end_of(plan->previous->last_cpu) + plan->previous->tail_idle +
              scaled_part(plan->previous->tail_busy, job.cpu_scale);
       }
-      write_source_event(i, b, std::max(en, b));
+      // Around a repeated run: once per copy, keeping its measured lead before its first task
+      // and tail after its last (the warp, fitted on copy 0, would stretch copy 0 over the others).
+      const std::uint32_t n = copy_k.empty() ? 1 : enclosed_copies(e);
+      if (n == 1) {
+        write_source_event(i, b, std::max(en, b));
+        continue;
+      }
+      const time_ns lead = src->events[enclosed_first].ts - e.ts, tail = e.end() - src->events[enclosed_last].end();
+      for (std::uint32_t k = 0; k < n; ++k) {
+        const time_ns bk = job.simulated.begin_of(copy_span.at(copy_key(enclosed_first, k)).first) - lead;
+        const time_ns ek = job.simulated.end_of(copy_span.at(copy_key(enclosed_last, k)).second) + tail;
+        write_source_event(i, bk, std::max(ek, bk), static_cast<std::int64_t>(k) * copy_ids);
+      }
     }
     // GPU-side sync records, at their runtime call's simulated start (they carry the exact
     // record/wait pairing, which a re-read needs).
@@ -550,6 +652,19 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       const auto call = call_of_correlation.find(e.correlation);
       const time_ns at = call != call_of_correlation.end() ? job.simulated.begin_of(call->second) : e.ts + map->offset;
       write_source_event(i, at, at + e.dur);
+      // A repeated call's record or wait: once per copy, at the copy's call, paired with the
+      // copy of the record it waits for when that was repeated too.
+      if (copy_k.empty() || call == call_of_correlation.end()) continue;
+      const std::uint32_t call_event = g.source[call->second];
+      std::uint32_t record_copies = 1;
+      if (const auto rc = src->arg(i, trace::arg_key::wait_on_event_record_correlation)) {
+        if (const auto r = call_of_correlation.find(*rc); r != call_of_correlation.end()) record_copies = copies[g.source[r->second]];
+      }
+      for (std::uint32_t k = 1; k < copies[call_event]; ++k) {
+        const time_ns ak = job.simulated.begin_of(copy_span.at(copy_key(call_event, k)).first);
+        const std::int64_t ids = static_cast<std::int64_t>(k) * copy_ids;
+        write_source_event(i, ak, ak + e.dur, ids, k < record_copies ? ids : 0);
+      }
     }
   } else {
     // Model-built: one ProfilerStep over the rank's simulated span, on its first CPU thread.
