@@ -3,6 +3,7 @@
 
 #include <lumos/core/allocator.hpp>
 #include <lumos/core/error.hpp>
+#include <lumos/core/parallel.hpp>
 #include <lumos/core/time.hpp>
 #include <lumos/graph/task_graph.hpp>
 
@@ -101,11 +102,11 @@ enum class position : std::uint32_t {};
 /// Memory: 40 bytes per task plus 8 per edge.
 struct compiled_graph {
   std::uint32_t processor_count = 0;
-  large_vector<task_record> tasks;      ///< per position
-  large_vector<pred_ref> preds;
-  large_vector<time_ns> busy;           ///< the busy prelude folded into each record (reports)
+  output_vector<task_record> tasks;     ///< per position
+  output_vector<pred_ref> preds;
+  output_vector<time_ns> busy;          ///< the busy prelude folded into each record (reports)
   large_vector<task_id> task;           ///< position index → task id in the task_graph
-  large_vector<graph::position> positions;  ///< task id → position
+  output_vector<graph::position> positions;  ///< task id → position
 
   [[nodiscard]] graph::position position_of(task_id t) const noexcept { return positions[t]; }
   [[nodiscard]] task_id task_at(graph::position p) const noexcept { return task[index(p)]; }
@@ -287,28 +288,43 @@ template <DurationModel Durations = scaled_durations>
   detail::topological_order(indegree, next_on_processor, out_begin, out_to, ready, c.task);
   if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, in_from);
 
-  c.positions.resize(n);
-  for (std::uint32_t i = 0; i < n; ++i) c.positions[c.task[i]] = position{i};
   if (g.processors.size() >= (std::size_t{1} << task_record::processor_bits)) {
     throw error("task_graph: more than 16777215 processors cannot be compiled");
+  }
+  // The records are independent once each position knows where its predecessors start (a
+  // prefix sum): filled in parallel blocks, the same for any thread count.
+  constexpr std::size_t block = std::size_t{1} << 16;
+  const std::size_t blocks = (n + block - 1) / block;
+  const unsigned threads = n >= 4 * block ? hardware_threads() : 1;
+  c.positions.resize(n);
+  parallel_for(blocks, threads, [&](std::size_t b) {
+    for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) c.positions[c.task[i]] = position{static_cast<std::uint32_t>(i)};
+  });
+  std::vector<std::uint32_t> block_start(blocks + 1, 0);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    std::uint32_t count = 0;
+    for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) count += in_begin[c.task[i] + 1] - in_begin[c.task[i]];
+    block_start[b + 1] = block_start[b] + count;
   }
   c.tasks.resize(n);
   c.busy.resize(n);
   c.preds.resize(g.edges.size());
-  std::uint32_t out = 0;
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const task_id t = c.task[i];
-    const time_ns busy = scale_time(g.busy_gap[t], s.cpu);
-    const std::uint32_t first_finish = in_begin[t + 1] - finishes[t];
-    for (std::uint32_t e = in_begin[t]; e < in_begin[t + 1]; ++e) {
-      // Start edges carry the busy prelude (see task_record); finish edges do not.
-      const time_ns delay = e < first_finish ? in_delay[e] + busy : in_delay[e];
-      c.preds[out++] = {2 * index(c.positions[in_from[e]]) + (in_start[e] ? 0U : 1U), clamp_delay(delay)};
+  parallel_for(blocks, threads, [&](std::size_t b) {
+    std::uint32_t out = block_start[b];
+    for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
+      const task_id t = c.task[i];
+      const time_ns busy = scale_time(g.busy_gap[t], s.cpu);
+      const std::uint32_t first_finish = in_begin[t + 1] - finishes[t];
+      for (std::uint32_t e = in_begin[t]; e < in_begin[t + 1]; ++e) {
+        // Start edges carry the busy prelude (see task_record); finish edges do not.
+        const time_ns delay = e < first_finish ? in_delay[e] + busy : in_delay[e];
+        c.preds[out++] = {2 * index(c.positions[in_from[e]]) + (in_start[e] ? 0U : 1U), clamp_delay(delay)};
+      }
+      c.busy[i] = busy;
+      c.tasks[i] = {g.idle_gap[t] + busy, durations.duration(g, t, s),
+                    g.processor[t] | (static_cast<std::uint32_t>(finishes[t]) << task_record::processor_bits), out};
     }
-    c.busy[i] = busy;
-    c.tasks[i] = {g.idle_gap[t] + busy, durations.duration(g, t, s),
-                  g.processor[t] | (static_cast<std::uint32_t>(finishes[t]) << task_record::processor_bits), out};
-  }
+  });
   return c;
 }
 

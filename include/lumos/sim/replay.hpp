@@ -92,8 +92,8 @@ class record_timeline {
   }
 
  private:
-  large_vector<time_ns> start_;
-  large_vector<time_ns> finish_;
+  output_vector<time_ns> start_;  // written whole by every run
+  output_vector<time_ns> finish_;
 };
 static_assert(ReplayObserver<record_timeline>);
 
@@ -164,7 +164,7 @@ class basic_replay {
 
  private:
   Processors processors_;
-  large_vector<time_ns> times_;
+  output_vector<time_ns> times_;  // written whole by every run
 };
 
 /// The default engine: in-order processors.
