@@ -8,10 +8,26 @@ namespace lumos::graph {
 
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::match_collectives() {
-  // Key per communication op: (group, type, sequence within group and type on its rank).
-  std::map<std::tuple<std::string, std::string, std::int64_t>, std::vector<participant>> by_key;
+  // Key per communication op: (group, type, sequence within group and type on its rank). Groups
+  // and types are numbered, per distinct name, in the order of their text, so that sorting the
+  // keys as numbers orders the instances as their text would (the plans, and the graph's
+  // collectives, keep that order); each rank looks a name up once, not once per op (a 512-rank
+  // job has millions of communication ops).
+  struct entry {
+    std::uint32_t group, type;
+    std::int64_t seq;
+    participant member;
+    event_index source;  // the op, or its record_param_comms op that carries the args
+  };
+  std::vector<entry> entries;
+  std::unordered_map<std::string, std::uint32_t> group_id, type_id;
+  std::vector<std::string> group_text, type_text;
+  auto number = [](std::unordered_map<std::string, std::uint32_t>& ids, std::vector<std::string>& text, std::string name) {
+    const auto [it, fresh] = ids.try_emplace(std::move(name), static_cast<std::uint32_t>(text.size()));
+    if (fresh) text.push_back(it->first);
+    return it->second;
+  };
   bool any_args = false, any_fallback = false;
-  std::map<std::tuple<std::string, std::string, std::int64_t>, std::pair<std::vector<int>, std::int64_t>> meta;
   for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
     const trace::rank_trace& t = job_.ranks[r];
     rank_state& s = ranks_[r];
@@ -24,56 +40,97 @@ void trace_graph_builder<Comm>::match_collectives() {
     std::sort(comm_ops.begin(), comm_ops.end(), [&](event_index a, event_index b) {
       return s.enqueue[a] != s.enqueue[b] ? s.enqueue[a] < s.enqueue[b] : a < b;
     });
-    std::map<std::pair<std::string, std::string>, std::int64_t> counters;
+    std::unordered_map<string_id, std::uint32_t> group_of;                      // the trace's group name → id
+    std::map<std::pair<string_id, string_id>, std::uint32_t> type_of;           // (kernel name, Collective name) → id
+    std::unordered_map<std::uint64_t, std::int64_t> counters;                   // (group, type) → ops so far
     for (const event_index o : comm_ops) {
       // Collective args live on the kernel (newer PyTorch) or on its record_param_comms op.
-      std::size_t source = o;
+      event_index source = o;
       if (!t.arg(o, trace::arg_key::process_group_name) && t.events[o].external_id >= 0) {
         const event_index op = s.collective_op_by_external.first(t.events[o].external_id, no_event);
         if (op != no_event) source = op;
       }
-      std::string group;
+      std::uint32_t group = 0;
       if (const auto g = t.arg(source, trace::arg_key::process_group_name)) {
-        group = std::string(t.str(static_cast<string_id>(*g)));
+        const auto id = static_cast<string_id>(*g);
+        const auto it = group_of.find(id);
+        group = it != group_of.end() ? it->second : group_of[id] = number(group_id, group_text, std::string(t.str(id)));
         any_args = true;
       } else {
+        group = number(group_id, group_text, std::string());
         any_fallback = true;
       }
       // Point-to-point ops (send, recv, and both fused into one kernel) of a communicator are
       // issued in one order on both sides: the k-th of one rank pairs with the k-th of its
       // peer, whatever each side calls it.
-      std::string type = detail::collective_type(t.name(t.events[o]), t.arg_text(source, trace::arg_key::collective_name));
-      if (type == "send" || type == "recv" || type == "sendrecv" || type == "coalesced") type = "sendrecv";
-      const std::int64_t seq = counters[{group, type}]++;
-      const auto key = std::make_tuple(group, type, seq);
-      by_key[key].push_back({r, o});
-      auto& m = meta[key];
-      if (m.first.empty()) m.first = detail::parse_rank_list(t.arg_text(source, trace::arg_key::process_group_ranks));
-      if (m.second == 0) {
-        if (const auto nel = t.arg(source, trace::arg_key::in_msg_nelems)) m.second = *nel;
+      const auto name_arg = t.arg(source, trace::arg_key::collective_name);
+      const std::pair<string_id, string_id> names{t.events[o].name, name_arg ? static_cast<string_id>(*name_arg) : no_string};
+      auto ty = type_of.find(names);
+      if (ty == type_of.end()) {
+        std::string type = detail::collective_type(t.name(t.events[o]), t.arg_text(source, trace::arg_key::collective_name));
+        if (type == "send" || type == "recv" || type == "sendrecv" || type == "coalesced") type = "sendrecv";
+        ty = type_of.emplace(names, number(type_id, type_text, std::move(type))).first;
       }
+      const std::int64_t seq = counters[(std::uint64_t{group} << 32) | ty->second]++;
+      entries.push_back({group, ty->second, seq, {r, o}, source});
     }
   }
-  for (auto& [key, members] : by_key) {
-    // A rank appearing twice under one key means the sequences diverged: keep it unmatched.
-    std::vector<std::size_t> seen;
-    bool clash = false;
-    for (const auto& m : members) {
-      if (std::find(seen.begin(), seen.end(), m.rank_index) != seen.end()) clash = true;
-      seen.push_back(m.rank_index);
+  // Ids in text order.
+  auto text_order = [](const std::vector<std::string>& text) {
+    std::vector<std::uint32_t> by_text(text.size()), rank(text.size());
+    std::iota(by_text.begin(), by_text.end(), 0U);
+    std::sort(by_text.begin(), by_text.end(), [&](std::uint32_t a, std::uint32_t b) { return text[a] < text[b]; });
+    for (std::uint32_t i = 0; i < by_text.size(); ++i) rank[by_text[i]] = i;
+    return rank;
+  };
+  const std::vector<std::uint32_t> group_rank = text_order(group_text), type_rank = text_order(type_text);
+  for (entry& e : entries) e.group = group_rank[e.group], e.type = type_rank[e.type];
+  std::vector<std::string> groups(group_text.size()), types(type_text.size());
+  for (std::size_t i = 0; i < group_text.size(); ++i) groups[group_rank[i]] = group_text[i];
+  for (std::size_t i = 0; i < type_text.size(); ++i) types[type_rank[i]] = type_text[i];
+  // Stable: the members of one instance stay in rank order.
+  std::stable_sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
+    return std::tie(a.group, a.type, a.seq) < std::tie(b.group, b.type, b.seq);
+  });
+  std::vector<std::uint8_t> present(job_.ranks.size(), 0);
+  for (std::size_t i = 0; i < entries.size();) {
+    std::size_t j = i + 1;
+    while (j < entries.size() && entries[j].group == entries[i].group && entries[j].type == entries[i].type &&
+           entries[j].seq == entries[i].seq) {
+      ++j;
     }
-    if (members.size() < 2 || clash) continue;
-    instance_plan plan;
-    plan.info.group = std::get<0>(key).empty() ? "world" : std::get<0>(key);
-    plan.info.kind = std::get<1>(key);
-    plan.info.sequence = std::get<2>(key);
-    plan.info.group_ranks = meta[key].first;
-    plan.info.bytes = meta[key].second;  // elements when only nelems is known; 0 if unknown
-    plan.info.match = std::get<0>(key).empty() ? "world group + order of same-type kernels" : "process group + sequence";
-    plan.members = members;
-    const auto id = static_cast<std::int32_t>(plans_.size());
-    for (const auto& m : members) ranks_[m.rank_index].instance[m.op] = id;
-    plans_.push_back(std::move(plan));
+    // A rank appearing twice under one key means the sequences diverged: keep it unmatched.
+    bool clash = false;
+    for (std::size_t k = i; k < j; ++k) {
+      clash = clash || present[entries[k].member.rank_index] != 0;
+      present[entries[k].member.rank_index] = 1;
+    }
+    for (std::size_t k = i; k < j; ++k) present[entries[k].member.rank_index] = 0;
+    if (j - i >= 2 && !clash) {
+      const std::string& group = groups[entries[i].group];
+      instance_plan plan;
+      plan.info.group = group.empty() ? "world" : group;
+      plan.info.kind = types[entries[i].type];
+      plan.info.sequence = entries[i].seq;
+      // The first member that states them: the group's ranks, and the message size (elements
+      // when only nelems is known; 0 if unknown).
+      for (std::size_t k = i; k < j && plan.info.group_ranks.empty(); ++k) {
+        const trace::rank_trace& t = job_.ranks[entries[k].member.rank_index];
+        plan.info.group_ranks = detail::parse_rank_list(t.arg_text(entries[k].source, trace::arg_key::process_group_ranks));
+      }
+      for (std::size_t k = i; k < j && plan.info.bytes == 0; ++k) {
+        const trace::rank_trace& t = job_.ranks[entries[k].member.rank_index];
+        if (const auto nel = t.arg(entries[k].source, trace::arg_key::in_msg_nelems)) plan.info.bytes = *nel;
+      }
+      plan.info.match = group.empty() ? "world group + order of same-type kernels" : "process group + sequence";
+      const auto id = static_cast<std::int32_t>(plans_.size());
+      for (std::size_t k = i; k < j; ++k) {
+        plan.members.push_back(entries[k].member);
+        ranks_[entries[k].member.rank_index].instance[entries[k].member.op] = id;
+      }
+      plans_.push_back(std::move(plan));
+    }
+    i = j;
   }
   auto& st = out_.stats;
   st.collective_matching = any_args && any_fallback ? "process group + sequence where args exist, else world group + order"
