@@ -80,9 +80,12 @@ int main(int argc, char** argv) {
   timer.done("drop");
   const graph::compiled_graph compiled = graph::compile(built.graph);
   timer.done("compile");
-  sim::replay_engine engine;
   sim::record_timeline timeline;
-  const time_ns makespan = engine.run(compiled, timeline);
+  time_ns makespan = 0;
+  {
+    sim::replay_engine engine;  // freed before the reports, as in report::replay_job
+    makespan = engine.run(compiled, timeline);
+  }
   timer.done("replay");
   const report::task_times measured = report::observed_times(built.graph);
   const report::task_times simulated = report::simulated_times(timeline, compiled);

@@ -114,8 +114,12 @@ template <class Rewrite = no_rewrite>
   }
   if (options.events_done) options.events_done();
   s.compiled = graph::compile(s.built.graph, options.scales);
-  sim::replay_engine engine;
-  s.makespan = engine.run(s.compiled, s.timeline);
+  {
+    // The engine's own copy of every start and finish goes before the reports run: the
+    // timeline holds them.
+    sim::replay_engine engine;
+    s.makespan = engine.run(s.compiled, s.timeline);
+  }
   const task_times measured = observed_times(s.built.graph);
   const task_times simulated = s.simulated_times();
   // Ranks are evaluated independently (each writes its own slot): in parallel, same result.

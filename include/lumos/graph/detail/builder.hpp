@@ -38,6 +38,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace lumos::graph {
 
 namespace detail {
@@ -273,7 +277,10 @@ class trace_graph_builder {
     std::vector<task_id> arrive_of_event;
     std::vector<time_ns> enqueue;        // per GPU op: start of its launch call (or its own start)
     std::vector<time_ns> anchor;         // per GPU op: where its launch latency counts from (rank-local ts)
-    std::vector<double> gpu_factor;      // per GPU op: product of the op_scales that apply to it
+    std::vector<double> gpu_factor;      // per GPU op: product of the op_scales that apply to it (empty: none given)
+    // The factor of op o: 1 without op_scales, whose per-event table (8 bytes an event, kept to
+    // the end of the build) a plain replay then does not hold.
+    [[nodiscard]] double factor(event_index o) const noexcept { return gpu_factor.empty() ? 1.0 : gpu_factor[o]; }
     std::vector<detail::time_warp> warps;        // per CPU lane slot: op_scales over the thread's time
     std::map<stream_key, stream_overheads> overheads;
     std::unordered_map<event_index, time_ns> transfer;  // unmatched communication ops: transfer part
@@ -304,6 +311,17 @@ class trace_graph_builder {
     release(s.sync_by_corr), release(s.collective_op_by_external), release(s.is_comm), release(s.instance);
     release(s.enqueue), release(s.anchor), release(s.warps), release(s.overheads), release(s.transfer);
     release(s.graph_names), release(s.awaited), release(s.producers), release(s.poll_runs);
+  }
+
+  // Every 64 ranks, gives the heap's free pages back to the system: the indexes of all ranks
+  // (made together, before the tasks) are freed rank by rank while the graph's columns grow
+  // elsewhere (mmap), and glibc keeps freed small blocks, so the peak would hold both.
+  static void trim_heap(std::size_t r) noexcept {
+#if defined(__GLIBC__)
+    if (r % 64 == 63) ::malloc_trim(0);
+#else
+    (void)r;
+#endif
   }
 
   // ---- indexing ---------------------------------------------------------------------------

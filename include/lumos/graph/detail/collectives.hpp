@@ -269,7 +269,7 @@ void trace_graph_builder<Comm>::finish_collectives() {
     // The transfer is the shortest participant: the last to arrive waited least.
     time_ns transfer = std::numeric_limits<time_ns>::max();
     for (const participant& m : plan.members) {
-      transfer = std::min(transfer, scale_time(job_.ranks[m.rank_index].events[m.op].dur, ranks_[m.rank_index].gpu_factor[m.op]));
+      transfer = std::min(transfer, scale_time(job_.ranks[m.rank_index].events[m.op].dur, ranks_[m.rank_index].factor(m.op)));
     }
     const task_id join = g.add_task({.kind = task_kind::join, .processor = barrier, .name = plan.info.kind, .rank = -1});
     plan.info.join = join;

@@ -96,9 +96,9 @@ template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::apply_op_scales(std::size_t r) {
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
-  s.gpu_factor.assign(t.events.size(), 1.0);
   s.warps.assign(s.cpu_lanes.size(), {});
   if (options_.op_scales.empty()) return;
+  s.gpu_factor.assign(t.events.size(), 1.0);
   for (std::size_t slot = 0; slot < s.cpu_lanes.size(); ++slot) {
     std::vector<std::tuple<time_ns, time_ns, double>> spans;
     for (const op_scale& pattern : options_.op_scales) {

@@ -19,6 +19,7 @@ void trace_graph_builder<Comm>::build_ranks() {
       analyse_rank(r);
       build_rank(r);
       release_indexes(r);
+      trim_heap(r);
     }
     return;
   }
@@ -74,6 +75,7 @@ void trace_graph_builder<Comm>::build_ranks() {
     if (failed[r]) std::rethrow_exception(failed[r]);
     build_rank(r);
     release_indexes(r);
+    trim_heap(r);
     {
       std::lock_guard lock(m);
       ++built;
@@ -133,7 +135,7 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
     for (const event_index o : ops) {
       const trace::event& e = t.events[o];
       const time_ns b = start_of(r, o), en = end_of(r, o);
-      const time_ns dur = scale_time(e.dur, s.gpu_factor[o]);
+      const time_ns dur = scale_time(e.dur, s.factor(o));
       const string_id name = graph_name(r, e.name);
       if (s.instance[o] >= 0) {
         s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name_id = name, .rank = rank,
@@ -148,9 +150,9 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
         s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name_id = name, .rank = rank,
                                           .source = o, .observed_start = b, .observed_end = b});
         s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_comm, .processor = p,
-                                        .duration = scale_time(transfer, s.gpu_factor[o]), .name_id = name, .rank = rank,
+                                        .duration = scale_time(transfer, s.factor(o)), .name_id = name, .rank = rank,
                                         .source = o, .observed_start = en - transfer, .observed_end = en});
-        const time_ns wait = scale_time(e.dur - transfer, s.gpu_factor[o]);
+        const time_ns wait = scale_time(e.dur - transfer, s.factor(o));
         g.add_edge(s.arrive_of_event[o], s.task_of_event[o], wait, edge_kind::collective);
         if (wait > 0) out_.kept.push_back({s.task_of_event[o], overhead_kind::peer_wait, wait});
       } else {
