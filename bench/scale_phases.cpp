@@ -83,8 +83,9 @@ int main(int argc, char** argv) {
   sim::record_timeline timeline;
   time_ns makespan = 0;
   {
-    sim::replay_engine engine;  // freed before the reports, as in report::replay_job
-    makespan = engine.run(compiled, timeline);
+    sim::replay_engine engine;  // the timeline takes over its times, as in report::replay_job
+    makespan = engine.run(compiled);
+    timeline = sim::record_timeline::from_interleaved(engine.release_times());
   }
   timer.done("replay");
   const report::task_times measured = report::observed_times(built.graph);

@@ -115,10 +115,10 @@ template <class Rewrite = no_rewrite>
   if (options.events_done) options.events_done();
   s.compiled = graph::compile(s.built.graph, options.scales);
   {
-    // The engine's own copy of every start and finish goes before the reports run: the
-    // timeline holds them.
+    // The timeline takes over the engine's times instead of recording a copy of them.
     sim::replay_engine engine;
-    s.makespan = engine.run(s.compiled, s.timeline);
+    s.makespan = engine.run(s.compiled);
+    s.timeline = sim::record_timeline::from_interleaved(engine.release_times());
   }
   const task_times measured = observed_times(s.built.graph);
   const task_times simulated = s.simulated_times();

@@ -70,30 +70,33 @@ concept ReplayObserver = requires(O& o, std::size_t n, std::uint32_t i, time_ns 
 /// Records every task's start and finish (indexed by graph position).
 class record_timeline {
  public:
-  void begin(std::size_t n) {
-    start_.resize(n);
-    finish_.resize(n);
+  /// A timeline of the interleaved start and finish of every position, as the engine keeps them
+  /// (`basic_replay::release_times`): taken over instead of copied.
+  [[nodiscard]] static record_timeline from_interleaved(output_vector<time_ns>&& times) noexcept {
+    record_timeline t;
+    t.times_ = std::move(times);
+    return t;
   }
+  void begin(std::size_t n) { times_.resize(2 * n); }
   void task(std::uint32_t i, time_ns s, time_ns e) noexcept {
-    start_[i] = s;
-    finish_[i] = e;
+    times_[2 * std::size_t{i}] = s;
+    times_[2 * std::size_t{i} + 1] = e;
   }
   void end() noexcept {}
   /// Times by a task's place in the compiled order (`compiled_graph::position_of(task_id)`);
   /// the columns are not exposed, so a task id cannot index them by mistake.
-  [[nodiscard]] time_ns start_of(graph::position p) const noexcept { return start_[graph::index(p)]; }
-  [[nodiscard]] time_ns finish_of(graph::position p) const noexcept { return finish_[graph::index(p)]; }
-  [[nodiscard]] std::size_t size() const noexcept { return start_.size(); }
+  [[nodiscard]] time_ns start_of(graph::position p) const noexcept { return times_[2 * std::size_t{graph::index(p)}]; }
+  [[nodiscard]] time_ns finish_of(graph::position p) const noexcept { return times_[2 * std::size_t{graph::index(p)} + 1]; }
+  [[nodiscard]] std::size_t size() const noexcept { return times_.size() / 2; }
   /// The latest finish (0 for an empty graph): the replay's makespan.
   [[nodiscard]] time_ns makespan() const noexcept {
     time_ns m = 0;
-    for (const time_ns f : finish_) m = std::max(m, f);
+    for (std::size_t i = 1; i < times_.size(); i += 2) m = std::max(m, times_[i]);
     return m;
   }
 
  private:
-  output_vector<time_ns> start_;  // written whole by every run
-  output_vector<time_ns> finish_;
+  output_vector<time_ns> times_;  // start, finish of each position; written whole by every run
 };
 static_assert(ReplayObserver<record_timeline>);
 
@@ -155,6 +158,10 @@ class basic_replay {
     for (std::uint32_t p = 0; p < g.processor_count; ++p) makespan = std::max(makespan, processors_.available(p));
     return makespan;
   }
+
+  /// The start and finish of every position from the last run, interleaved, handed over (for
+  /// `record_timeline::from_interleaved`); the engine keeps nothing until its next run.
+  [[nodiscard]] output_vector<time_ns> release_times() noexcept { return std::move(times_); }
 
   /// Start and finish of the task at graph position i, from the last run.
   [[nodiscard]] time_ns start(std::uint32_t i) const noexcept { return times_[2 * i]; }
