@@ -1,8 +1,12 @@
 // The graph builder's threads (build_options::threads): the graph of a multi-rank job is the
-// same for any number of them. Also run under ThreadSanitizer in CI.
+// same for any number of them; so are the per-rank plans and reports of replay_job and the
+// blocks of compile. Also run under ThreadSanitizer in CI.
 #include "../unit/test_support.hpp"
 
+#include <lumos/graph/compile.hpp>
 #include <lumos/graph/trace_builder.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/sim/replay.hpp>
 #include <lumos/trace/job.hpp>
 
 #include <catch2/catch.hpp>
@@ -60,5 +64,61 @@ TEST_CASE("a multi-rank graph does not depend on the number of build threads", "
       CHECK(a.stats.blocking_calls == b.stats.blocking_calls);
       CHECK(a.stats.launch_edges == b.stats.launch_edges);
     }
+  }
+}
+
+TEST_CASE("replay_job's per-rank reports do not depend on the number of threads", "[replay][threads]") {
+  std::vector<std::vector<fs::path>> jobs = {{fs::path(LUMOS_SOURCE_DIR) / "examples/data/tiny_job"}};
+  if (const auto traces = lumos_test::trace_dir(); !traces.empty()) jobs.push_back({traces / "astra-sim_megatron-gpt-tp8_8xA100"});
+  for (const auto& inputs : jobs) {
+    INFO(inputs.front().string());
+    const auto job = trace::load_job(inputs);
+    report::replay_options one, many;
+    one.build.threads = 1;
+    many.build.threads = 8;
+    const auto a = report::replay_job(job, one);
+    const auto b = report::replay_job(job, many);
+    REQUIRE(a.ranks.size() == b.ranks.size());
+    CHECK(a.simulated_ns == b.simulated_ns);
+    CHECK(a.measured_ns == b.measured_ns);
+    for (std::size_t i = 0; i < a.ranks.size(); ++i) {
+      CHECK(a.ranks[i].step == b.ranks[i].step);
+      CHECK(a.ranks[i].simulated_ns == b.ranks[i].simulated_ns);
+      CHECK(a.ranks[i].simulated.split.exposed_compute == b.ranks[i].simulated.split.exposed_compute);
+      CHECK(a.ranks[i].measured.split.exposed_comm == b.ranks[i].measured.split.exposed_comm);
+      CHECK(a.plans[i].compute == b.plans[i].compute);
+    }
+  }
+}
+
+TEST_CASE("compile fills a large graph's records in parallel blocks: the same order and times as the graph says",
+          "[replay][threads]") {
+  // 4 threads of 70000 unit tasks each (280000: above the size compile splits into blocks),
+  // task i of each waiting for task i of the one before: processor p finishes at 70000 + p.
+  graph::task_graph g;
+  constexpr int lanes = 4, per_lane = 70000;
+  std::vector<graph::processor_id> p;
+  for (int l = 0; l < lanes; ++l) p.push_back(g.add_processor({.kind = graph::processor_kind::cpu_thread, .index = l, .name = "thread " + std::to_string(l)}));
+  for (int l = 0; l < lanes; ++l) {
+    for (int i = 0; i < per_lane; ++i) g.add_task({.kind = graph::task_kind::cpu, .processor = p[static_cast<std::size_t>(l)], .duration = 1});
+  }
+  for (int l = 1; l < lanes; ++l) {
+    for (int i = 0; i < per_lane; ++i) {
+      g.add_edge(static_cast<graph::task_id>((l - 1) * per_lane + i), static_cast<graph::task_id>(l * per_lane + i), 0,
+                 graph::edge_kind::dependency);
+    }
+  }
+  const graph::compiled_graph c = graph::compile(g);
+  REQUIRE(c.size() == g.task_count());
+  bool inverse = true;
+  for (std::uint32_t i = 0; i < c.size(); ++i) inverse = inverse && c.position_of(c.task_at(graph::position{i})) == graph::position{i};
+  CHECK(inverse);
+  CHECK(c.edge_count() == g.edge_count());
+  sim::replay_engine engine;
+  CHECK(engine.run(c) == per_lane + lanes - 1);
+  const sim::record_timeline t = sim::record_timeline::from_interleaved(engine.release_times());
+  for (int l = 0; l < lanes; ++l) {
+    const auto last = static_cast<graph::task_id>((l + 1) * per_lane - 1);
+    CHECK(t.finish_of(c.position_of(last)) == per_lane + l);
   }
 }
