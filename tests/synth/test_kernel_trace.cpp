@@ -288,6 +288,12 @@ TEST_CASE("whatif without pipeline stages: a micro-batch count change repeats or
   CHECK_THROWS_WITH(whatif::micro_batches_to(built.graph, st, 2), Catch::Contains("at least two"));
 }
 
+// The TP 1 jobs the TP-from-1 what-ifs start from: 4 layers of hidden 2048, and 2 of hidden
+// 1024 with as many tokens as hidden (1024), so that a weight gradient's dims are its dgrad's in
+// another order. 2 micro-batches of 1.
+const config tp1_jobs[] = {{"gpt3-15b", 4, 2048, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
+                           {"gpt3-15b", 2, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"}};
+
 TEST_CASE("whatif --tp from 1 inserts the tensor-parallel all-reduces of every layer", "[whatif][tp][kernel_trace]") {
   // A TP 1 job of 2 micro-batches to TP 2 and 4, without and with full recomputation (whose
   // recomputed forwards all-reduce again), against the job synthesised in the target
@@ -296,9 +302,7 @@ TEST_CASE("whatif --tp from 1 inserts the tensor-parallel all-reduces of every l
   // logits' input gradient; and the cross-entropy's 3 small fp32 ones. The second job has as
   // many tokens as its hidden width (1024), so that a weight gradient's dims are its dgrad's in
   // another order: it must not be read as an activation GEMM.
-  const config jobs[] = {{"gpt3-15b", 4, 2048, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
-                         {"gpt3-15b", 2, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"}};
-  for (const config& base : jobs) {
+  for (const config& base : tp1_jobs) {
     for (const auto rc : {model::recompute_kind::none, model::recompute_kind::full}) {
       config a = base;
       a.recompute = rc;
@@ -337,9 +341,7 @@ TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collect
   // attention-output input gradients and the QKV and FC1 weight gradients, before the logits
   // GEMM and its weight gradient, and before the embedding's backward; and the cross-entropy's 3.
   // Norms, residuals and dropout then work on 1/TP of the tokens.
-  const config jobs[] = {{"gpt3-15b", 4, 2048, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
-                         {"gpt3-15b", 2, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"}};
-  for (const config& base : jobs) {
+  for (const config& base : tp1_jobs) {
     for (const auto rc : {model::recompute_kind::none, model::recompute_kind::full}) {
       config a = base;
       a.recompute = rc;
@@ -375,7 +377,7 @@ TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collect
     }
   }
   SECTION("--sp needs a change from TP 1 to more") {
-    config a = jobs[0];
+    config a = tp1_jobs[0];
     lumos_test::temp_dir dir;
     (void)synthesise(a, dir.path());
     const trace::job traced = trace::load_job({dir.path()});
