@@ -282,7 +282,9 @@ inline int run_whatif(args& a) {
     for (const auto& c : r.changes) out += "change: " + c + "\n";
     out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
     for (std::size_t i = 0; i < r.predicted.ranks.size(); ++i) {
-      const auto& b = r.baseline.ranks[i];
+      // Ranks of added pipeline stages compare with the traced rank they copy.
+      const auto& b = r.stages && i >= r.baseline.ranks.size() ? r.baseline.ranks[r.stages->traced_index[i - r.baseline.ranks.size()]]
+                                                               : r.baseline.ranks[i];
       const auto& p = r.predicted.ranks[i];
       const auto& s = p.simulated.split;
       std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %7.3fx  |  %10s %10s %10s %10s\n", p.rank, p.step.c_str(),

@@ -41,6 +41,7 @@ struct config {
   model::recompute_kind recompute = model::recompute_kind::none;
   model::attention_impl attention = model::attention_impl::flash;
   bool unfold = false;
+  bool p2p_host_sync = false;  ///< as `lumos synth` with the profile's p2p sync (Megatron's batch_p2p_sync)
 };
 
 synth::job job_of(const config& c) {
@@ -81,6 +82,7 @@ written synthesise(const config& c, const std::filesystem::path& dir) {
   synth::program_options opt;
   opt.unfold = c.unfold;
   opt.notes = true;
+  opt.p2p_host_sync = c.p2p_host_sync && profile.cpu_p2p_sync > 0;
   opt.launch_cost = static_cast<time_ns>(profile.cpu_launch_ns);
   opt.collective_cpu = static_cast<time_ns>(profile.cpu_collective_ns);
   const synth::program prog = synth::build_program(j, opt, model::kernel_level{profile}, model::nccl_model{profile});
@@ -384,5 +386,59 @@ TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collect
     whatif::whatif_options o;
     o.shape.sp = true;
     CHECK_THROWS_WITH(whatif::run_whatif(traced, o), Catch::Contains("tensor-parallel size above 1"));
+  }
+}
+
+TEST_CASE("whatif --pp from 1 cuts the traced graph into 1F1B stages", "[whatif][pipeline][kernel_trace]") {
+  // A job without stages (4 layers of hidden 2048, TP 2, DP 2, 8 micro-batches of 1) to 2 and 4
+  // stages, against the job synthesised in the target configuration with Megatron's host sync
+  // after each transfer. The rewritten graph has every rank of every stage, each stage's layers'
+  // launches and kernels, and the transfers of 1F1B; its iteration is compared with the target's.
+  config a{"gpt3-15b", 4, 2048, 16, 1024, 2, 1, 2, 1, 1, 16, "1f1b", "h100-sxm"};
+  a.unfold = true;
+  a.p2p_host_sync = true;
+  lumos_test::temp_dir dir_a;
+  (void)synthesise(a, dir_a.path());
+  const trace::job traced = trace::load_job({dir_a.path()});
+  const std::size_t W = traced.ranks.size();
+  for (const int pp : {2, 4}) {
+    config b = a;
+    b.pp = pp;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    o.pp = pp;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    REQUIRE(r.stages);
+    CHECK_FALSE(r.pipeline);  // not the pass-level model
+    CHECK(r.stages->stages == pp);
+    CHECK(r.stages->p2p == static_cast<std::size_t>(2 * (pp - 1) * 8) * W);
+    CHECK(r.stages->edges_dropped == 0);
+    REQUIRE(r.predicted.ranks.size() == static_cast<std::size_t>(pp) * W);
+    for (std::size_t i = 0; i < r.predicted.ranks.size(); ++i) {
+      CHECK(r.predicted.ranks[i].rank == static_cast<int>(i));
+      CHECK(r.predicted.ranks[i].simulated_ns > 0);
+    }
+    // Each stage launches its own layers' GEMMs: over the stages, as many as the traces ran.
+    std::size_t gemms_traced = 0, gemms_predicted = 0;
+    for (graph::task_id t = 0; t < r.baseline.built.graph.task_count(); ++t) {
+      gemms_traced += r.baseline.built.graph.task_name(t).find("gemm") != std::string_view::npos ? 1 : 0;
+    }
+    std::vector<std::size_t> per_stage(static_cast<std::size_t>(pp), 0);
+    const auto& g = r.predicted.built.graph;
+    for (graph::task_id t = 0; t < g.task_count(); ++t) {
+      if (g.task_name(t).find("gemm") == std::string_view::npos || g.rank[t] < 0) continue;
+      ++gemms_predicted;
+      ++per_stage[static_cast<std::size_t>(g.rank[t]) / W];
+    }
+    CHECK(gemms_predicted == gemms_traced);
+    for (int s = 0; s + 1 < pp; ++s) CHECK(per_stage[static_cast<std::size_t>(s)] > 0);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO("PP 1 -> " << pp << ": predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+    // Known shortfall (docs/whatif.md): traces without stages have no all-reduce of the tied
+    // embedding's gradient between the first and last stage, which the target runs at the end of
+    // its step (across nodes at PP 4 here), so the prediction is short by about it.
+    CHECK(err < 0.0);
+    CHECK(err > -0.25);
   }
 }

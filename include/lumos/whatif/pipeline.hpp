@@ -35,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace lumos::whatif {
@@ -379,6 +380,19 @@ struct span {
   return out;
 }
 
+/// A cross-stage transfer by the NCCL model when the trace has none: one activation of
+/// micro-batch × sequence × hidden; with the sentence that says so (or why it is free).
+[[nodiscard]] inline std::pair<time_ns, std::string> p2p_model_time(const job_structure& st, const model::hardware& hw,
+                                                                    bool intra_node = true) {
+  const auto& md = st.model;
+  if (md.hidden.known() && md.seq.known() && md.micro_batch_size.known()) {
+    const std::int64_t elt = md.dtype.value.value_or("bf16") == "fp32" ? 4 : 2;
+    const std::int64_t bytes = *md.hidden.value * *md.seq.value * *md.micro_batch_size.value * elt;
+    return {model::nccl_model{}.p2p_time({bytes, intra_node}, hw), "NCCL model for " + std::to_string(bytes) + " bytes"};
+  }
+  return {0, "no send/recv in the trace and no activation size (hidden, seq, micro-batch unknown): transfers free"};
+}
+
 /// The pipeline what-if of a replayed job (see the header comment). `baseline_iteration` is the
 /// replayed iteration the prediction is anchored on. Throws `lumos::error` (CLI exit 2) when the
 /// traces' schedule or layers are unknown, the layers do not divide over the target's stages and
@@ -408,18 +422,7 @@ struct span {
   }
   if (L % (from.stages * from.chunks) != 0) throw error("whatif --pp: the traces' layers do not divide over their own stages");
   synth::validate_schedule(to_kind, to);
-  // p2p by the NCCL model when the trace has none: one activation of micro-batch × sequence × hidden.
-  time_ns p2p_model = 0;
-  std::string p2p_source;
-  const auto& md = st.model;
-  if (md.hidden.known() && md.seq.known() && md.micro_batch_size.known()) {
-    const std::int64_t elt = md.dtype.value.value_or("bf16") == "fp32" ? 4 : 2;
-    const std::int64_t bytes = *md.hidden.value * *md.seq.value * *md.micro_batch_size.value * elt;
-    p2p_model = model::nccl_model{}.p2p_time({bytes, true}, hw);
-    p2p_source = "NCCL model for " + std::to_string(bytes) + " bytes";
-  } else {
-    p2p_source = "no send/recv in the trace and no activation size (hidden, seq, micro-batch unknown): transfers free";
-  }
+  const auto [p2p_model, p2p_source] = p2p_model_time(st, hw);
   pipeline_prediction out;
   out.costs = measure_pass_costs(g, times, st, p2p_model, p2p_source);
   out.baseline = simulate_passes(out.costs, from_kind, from, L / (from.stages * from.chunks));

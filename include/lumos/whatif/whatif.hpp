@@ -11,6 +11,7 @@
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/pipeline.hpp>
+#include <lumos/whatif/pipeline_graph.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
 
@@ -57,6 +58,9 @@ struct whatif_result {
   /// prediction; `predicted.simulated_ns` is then its iteration and `predicted.ranks` keep the
   /// replay it is anchored on (the traces' stages with any DP change).
   std::optional<pipeline_prediction> pipeline;
+  /// Set when the pipeline change was made in the graph (PP 1 traces to 1F1B or GPipe stages,
+  /// whatif/pipeline_graph.hpp): `predicted.ranks` then hold every rank of every stage.
+  std::optional<stage_split> stages;
   std::optional<shape_summary> shape;  ///< when the traces' model shape is known and a shape or layer change was asked
   /// What structure discovery found in the traces (`lumos inspect --structure`).
   std::optional<job_structure> structure;
@@ -187,6 +191,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
   std::optional<int> micro_batches;  // per replica, when DP changes them
   std::optional<shape_config> shape_from, shape_to;
   bool staged = false;  // the traces have pipeline stages
+  std::optional<stage_split> split;
+  std::string split_refused;  // why the pipeline change was not made in the graph
   out.predicted = report::replay_job(job, o.replay, [&](graph::built_job& b) {
     std::vector<repeat_group> groups = o.groups;
     if (o.dp || o.global_batch || pipeline_asked || o.layers || o.shape.any()) {
@@ -352,6 +358,22 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     if (edges_dropped > 0) {
       out.changes.push_back(std::to_string(edges_dropped) + " edges of removed tasks dropped (their processors still order the rest)");
     }
+    if (pipeline_asked && o.pp && !traced_structure) {
+      // From traces without stages to 1F1B or GPipe stages: the change is made in the graph.
+      const pipeline::schedule_kind kind = o.schedule.value_or(pipeline::schedule_kind::one_f_one_b);
+      split_refused = stage_split_unsupported(*structure, *o.pp, o.vp.value_or(1), kind);
+      if (split_refused.empty() && (o.layers || micro_batches || !groups.empty())) {
+        split_refused = "the layers or micro-batches change with it";
+      }
+      if (split_refused.empty()) {
+        const model::hardware hw = comm_hardware(job, o.from_gpu).first;
+        const auto [intra, source] = p2p_model_time(*structure, hw, true);
+        const p2p_latency p2p{intra, p2p_model_time(*structure, hw, false).first, hw.gpus_per_node};
+        const auto plans = report::plan_iterations(job, b, o.replay.step);
+        split = split_stages(b, job, *structure, plans, *o.pp, kind, p2p, source);
+        out.changes.push_back(split->change);
+      }
+    }
     if (gpu) {
       const gpu_change_stats st = change_gpu(b.graph, *gpu);
       char line[256];
@@ -361,7 +383,31 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       out.changes.emplace_back(line);
     }
   });
-  if (pipeline_asked || (micro_batches && staged)) {
+  if (split) {
+    // The added stages' ranks: their plans evaluated on the prediction's timeline.
+    const report::task_times simulated = out.predicted.simulated_times();
+    const report::task_times measured = report::observed_times(out.predicted.built.graph);
+    for (std::size_t k = 0; k < split->plans.size(); ++k) {
+      const report::iteration_plan& p = split->plans[k];
+      const std::size_t i = split->traced_index[k];
+      report::rank_replay r;
+      r.rank = p.rank;
+      r.file = job.ranks[i].file + " (stage " + std::to_string(split->stage[k]) + ")";
+      r.step = p.step;
+      r.measured = report::evaluate(p, measured);
+      r.simulated = report::evaluate(p, simulated, o.replay.scales.cpu);
+      r.measured_ns = r.measured.window.length();
+      r.simulated_ns = r.simulated.window.length();
+      r.error = report::relative_error(r.simulated_ns, r.measured_ns);
+      out.predicted.simulated_ns = std::max(out.predicted.simulated_ns, r.simulated_ns);
+      out.predicted.ranks.push_back(std::move(r));
+      out.predicted.plans.push_back(p);
+    }
+    out.predicted.error = report::relative_error(out.predicted.simulated_ns, out.predicted.measured_ns);
+    split->plans.clear();
+    out.stages = std::move(split);
+  } else if (pipeline_asked || (micro_batches && staged)) {
+    if (!split_refused.empty() && o.pp) out.changes.push_back("pipeline change by the pass-level model, not in the graph: " + split_refused);
     pipeline_target t;
     t.pp = o.pp, t.vp = o.vp, t.schedule = o.schedule, t.micro_batches = micro_batches, t.layers = o.layers;
     const auto hw = comm_hardware(job, o.from_gpu).first;
@@ -384,6 +430,17 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
   if (out.pipeline) {
     out.bubble_fraction = out.pipeline->predicted.bubble_fraction;
     out.bubble_source = "pass-level pipeline model of the target";
+  } else if (out.stages && structure) {
+    try {
+      pipeline_target t;
+      t.pp = o.pp, t.schedule = o.schedule;
+      const pipeline_prediction model = predict_pipeline(out.baseline.built.graph, out.baseline.simulated_times(), *structure,
+                                                         out.baseline.simulated_ns, t, comm_hardware(job, o.from_gpu).first);
+      out.bubble_fraction = model.predicted.bubble_fraction;
+      out.bubble_source = "pass-level pipeline model of the target with the traces' pass costs (the iteration is the rewritten graph's)";
+    } catch (const error& e) {
+      out.bubble_source = e.what();
+    }
   } else if (structure && structure->parallel.pp.value.value_or(0) == 1) {
     out.bubble_fraction = 0.0;
     out.bubble_source = "no pipeline parallelism";

@@ -1,0 +1,528 @@
+#pragma once
+// The fine-grained pipeline what-if of traces without pipeline stages (`lumos whatif --pp N` on a
+// PP 1 job, 1F1B or GPipe): the traced graph is cut into N stages, each a copy of every traced
+// rank that keeps its own layers' launches and kernels, runs its passes in the order the schedule
+// policy gives, and waits for its neighbour's activation or gradient.
+//
+// Each task is labelled with the pass it belongs to: a GPU op by structure discovery's pass of its
+// launch, a launch call by the op it launched, every other task by the last labelled task before it
+// on its processor (work before the first pass and after the last — the optimizer, say — is kept
+// whole on every stage, at its place). In a pass, a layer's tasks stay on the stage that holds the
+// layer; the other work of a forward pass before its first layer (the embedding) stays on the first
+// stage, after its last layer (head, loss) on the last; in a backward pass the reverse; work between
+// layers, and the data-parallel gradient collectives, stay on every stage. Every edge whose two tasks
+// a stage keeps is kept unless the new order puts its source's pass after its target's (an edge the
+// traces had between passes the schedule now swaps); a cross-stage transfer is a dependency from the
+// producer's last kernel of the pass on its compute stream to the consumer's first host task of the
+// same pass, with the NCCL model's time, and the consumer's host then also waits for its own
+// compute stream to drain (Megatron's torch.cuda.synchronize() after each batched transfer). Stage s of traced rank r is rank s·W + r (pipeline stages
+// outermost, as Megatron numbers them); stage 0 keeps the traced ranks' numbers.
+
+#include <lumos/core/error.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/graph/build_options.hpp>
+#include <lumos/pipeline/schedule.hpp>
+#include <lumos/report/iteration.hpp>
+#include <lumos/synth/schedules.hpp>
+#include <lumos/trace/data.hpp>
+#include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace lumos::whatif {
+
+/// What `split_stages` made: the plans of the ranks it added (stages 1 and up, in rank order,
+/// from the traced ranks' plans) and what it did.
+struct stage_split {
+  int stages = 1;
+  int world = 1;  ///< traced ranks per stage (W)
+  std::vector<report::iteration_plan> plans;
+  std::vector<std::size_t> traced_index;  ///< per plan: index into job.ranks of the rank it copies
+  std::vector<int> stage;                 ///< per plan: its stage
+  std::size_t p2p = 0, edges_dropped = 0, tasks_before = 0, tasks_after = 0;
+  std::string change;
+};
+
+/// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does).
+[[nodiscard]] inline std::string stage_split_unsupported(const job_structure& st, int pp, int vp, pipeline::schedule_kind kind) {
+  const auto& par = st.parallel;
+  if (par.pp.value.value_or(1) != 1) return "the traces have pipeline stages";
+  if (pp < 2) return "the target has one stage";
+  if (vp > 1) return "the target has model chunks (interleaved)";
+  if (kind != pipeline::schedule_kind::one_f_one_b && kind != pipeline::schedule_kind::gpipe) return "the target schedule splits or interleaves passes";
+  if (!par.micro_batches.known()) return "the traces' micro-batches are not known";
+  if (!st.model.layers.known() || st.layer_groups.empty()) return "the traces' layers were not found";
+  if (*st.model.layers.value % pp != 0) return "the layers do not divide over the stages";
+  const int m = *par.micro_batches.value;
+  for (const auto& r : st.ranks) {
+    if (r.passes.size() != static_cast<std::size_t>(2 * m)) return "a rank's passes are not one forward and one backward per micro-batch";
+    for (const auto& p : r.passes) {
+      if (p.op.kind == pipeline::op_kind::weight || p.op.chunk != 0) return "a rank's passes are not plain forward and backward passes";
+    }
+  }
+  return {};
+}
+
+/// The time of one cross-stage transfer, within a node and across nodes.
+struct p2p_latency {
+  time_ns intra = 0, inter = 0;
+  int gpus_per_node = 8;
+  [[nodiscard]] time_ns between(int a, int b) const noexcept {
+    return gpus_per_node > 0 && a / gpus_per_node == b / gpus_per_node ? intra : inter;
+  }
+};
+
+namespace detail {
+
+inline constexpr std::int32_t label_unknown = std::numeric_limits<std::int32_t>::min();
+inline constexpr std::int32_t label_pre = -1;
+inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::max();
+
+// "rank R ..." with R replaced by `to`; other names unchanged.
+[[nodiscard]] inline std::string renumber_name(const std::string& name, int from, int to) {
+  const std::string prefix = "rank " + std::to_string(from);
+  if (from == to || !name.starts_with(prefix)) return name;
+  if (name.size() > prefix.size() && name[prefix.size()] >= '0' && name[prefix.size()] <= '9') return name;
+  return "rank " + std::to_string(to) + name.substr(prefix.size());
+}
+
+}  // namespace detail
+
+/// Rewrites `b` (the graph of a job without pipeline stages whose structure is `st`) into `pp`
+/// stages run by schedule `kind` (see the header comment). `plans` are the traced ranks' plans on
+/// `b` before the rewrite; a cross-stage transfer takes `p2p.intra` between ranks of one node
+/// (`p2p.gpus_per_node` consecutive ranks), `p2p.inter` across nodes. Throws
+/// `lumos::error` when `stage_split_unsupported` says why, or when a processor's passes are not
+/// in pass order.
+[[nodiscard]] inline stage_split split_stages(graph::built_job& b, const trace::job& job, const job_structure& st,
+                                              const std::vector<report::iteration_plan>& plans, int pp, pipeline::schedule_kind kind,
+                                              const p2p_latency& p2p, const std::string& latency_source) {
+  if (const std::string why = stage_split_unsupported(st, pp, 1, kind); !why.empty()) throw error("whatif --pp: " + why);
+  using graph::task_id;
+  using graph::no_task;
+  const graph::task_graph& g = b.graph;
+  const std::size_t n = g.task_count();
+  const std::size_t np = g.processors.size();
+  const int m = *st.parallel.micro_batches.value;
+  const int L = *st.model.layers.value;
+  const int per_stage = L / pp;
+  const std::size_t R = job.ranks.size();
+
+  stage_split out;
+  out.stages = pp;
+  int W = st.parallel.world.value.value_or(0);
+  for (const auto& r : job.ranks) W = std::max(W, r.rank + 1);
+  out.world = W;
+  out.tasks_before = n;
+
+  // Op code of pass k of rank i: kind·m + micro-batch (the same on every rank).
+  auto code_of_pass = [&](std::size_t i, std::int32_t k) -> std::int32_t {
+    const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(k)].op;
+    return (o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch;
+  };
+
+  // Labels: pass code of every task (label_pre / label_post outside the passes).
+  std::vector<std::int32_t> code(n, detail::label_unknown);
+  std::vector<std::uint8_t> explicit_label(n, 0);
+  for (const gpu_op_context& c : st.gpu_ops) {
+    if (c.pass < 0 || c.rank >= R || c.rank >= b.ranks.size()) continue;
+    const auto& map = b.ranks[c.rank];
+    const std::int32_t lab = code_of_pass(c.rank, c.pass);
+    for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
+      if (c.op < of->size() && (*of)[c.op] != no_task) code[(*of)[c.op]] = lab, explicit_label[(*of)[c.op]] = 1;
+    }
+  }
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch && code[e.from] == detail::label_unknown && explicit_label[e.to]) {
+      code[e.from] = code[e.to], explicit_label[e.from] = 1;
+    }
+  }
+  std::vector<std::vector<task_id>> on(np);
+  for (task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
+  // Codes run in pass order on each processor; a code's position in the traced order is its
+  // micro-batch's F then B (F0 B0 F1 B1 ...).
+  auto traced_position = [&](std::int32_t c) -> std::int64_t {
+    if (c == detail::label_pre) return -1;
+    if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
+    return c < m ? 2 * static_cast<std::int64_t>(c) : 2 * static_cast<std::int64_t>(c - m) + 1;
+  };
+  auto fill = [&](graph::processor_id p) {
+    const auto& list = on[p];
+    std::size_t last_explicit = list.size();
+    for (std::size_t x = 0; x < list.size(); ++x) {
+      if (explicit_label[list[x]]) last_explicit = x;
+    }
+    std::int32_t cur = detail::label_pre;
+    for (std::size_t x = 0; x < list.size(); ++x) {
+      const task_id t = list[x];
+      if (last_explicit == list.size() || x > last_explicit) {
+        code[t] = last_explicit == list.size() ? detail::label_pre : detail::label_post;
+        continue;
+      }
+      if (explicit_label[t]) {
+        if (traced_position(code[t]) < traced_position(cur)) {
+          throw error("whatif --pp: the passes on " + g.processors[p].name + " are not in pass order (at " + g.describe(t) + ")");
+        }
+        cur = code[t];
+      } else {
+        code[t] = cur;
+      }
+    }
+  };
+  for (graph::processor_id p = 0; p < np; ++p) {
+    if (g.processors[p].kind != graph::processor_kind::barrier) fill(p);
+  }
+  // Joins follow their participants.
+  std::vector<const graph::collective_instance*> collective_of_join(n, nullptr);
+  for (const auto& ci : g.collectives) {
+    if (ci.join != no_task && !ci.complete.empty()) {
+      collective_of_join[ci.join] = &ci;
+      code[ci.join] = code[ci.complete.front()];
+    }
+  }
+  for (task_id t = 0; t < n; ++t) {
+    if (code[t] == detail::label_unknown) code[t] = detail::label_pre;
+  }
+
+  // Layer of each task, and the tasks every stage keeps: the data-parallel collectives (and
+  // their launches).
+  std::vector<std::int32_t> layer(n, -1);
+  for (const auto& lg : st.layer_groups) {
+    for (const task_id t : lg.tasks) {
+      if (t < n) layer[t] = lg.layer;
+    }
+  }
+  std::vector<std::uint8_t> everywhere(n, 0);
+  // Collectives of the whole world (the gradient norm's, say) span every stage: one join.
+  std::vector<std::uint8_t> world_join(n, 0);
+  {
+    std::vector<std::string> dp_groups, world_groups;
+    for (const auto& pg : st.groups) {
+      for (const auto& role : pg.roles) {
+        if (role.value && *role.value == group_role::dp) dp_groups.push_back(pg.name);
+        if (role.value && *role.value == group_role::world) dp_groups.push_back(pg.name), world_groups.push_back(pg.name);
+      }
+    }
+    for (const auto& ci : g.collectives) {
+      if (std::find(dp_groups.begin(), dp_groups.end(), ci.group) == dp_groups.end()) continue;
+      if (ci.join != no_task && std::find(world_groups.begin(), world_groups.end(), ci.group) != world_groups.end()) world_join[ci.join] = 1;
+      for (const task_id t : ci.arrive) everywhere[t] = 1;
+      for (const task_id t : ci.complete) everywhere[t] = 1;
+      if (ci.join != no_task) everywhere[ci.join] = 1;
+    }
+    for (const graph::edge& e : g.edges) {
+      if (e.kind == graph::edge_kind::launch && everywhere[e.to]) everywhere[e.from] = 1;
+    }
+    for (task_id t = 0; t < n; ++t) {
+      if (everywhere[t]) layer[t] = -1;
+    }
+  }
+  // Where each non-layer task of a pass stands on its processor: before the pass's first layer
+  // task there (0), between (1), after its last (2); 1 when the processor has none in the pass.
+  std::vector<std::uint8_t> where(n, 1);
+  for (graph::processor_id p = 0; p < np; ++p) {
+    const auto& list = on[p];
+    for (std::size_t x = 0; x < list.size();) {
+      std::size_t y = x;
+      while (y < list.size() && code[list[y]] == code[list[x]]) ++y;
+      std::size_t first = y, last = y;
+      for (std::size_t z = x; z < y; ++z) {
+        if (layer[list[z]] >= 0) {
+          if (first == y) first = z;
+          last = z;
+        }
+      }
+      if (first != y) {
+        for (std::size_t z = x; z < y; ++z) where[list[z]] = z < first ? 0 : z > last ? 2 : 1;
+      }
+      x = y;
+    }
+  }
+  auto keeps = [&](int s, task_id t) {
+    if (everywhere[t]) return true;
+    const std::int32_t c = code[t];
+    if (c == detail::label_pre || c == detail::label_post) return true;
+    if (layer[t] >= 0) return layer[t] >= s * per_stage && layer[t] < (s + 1) * per_stage;
+    const bool forward = c < m;
+    const bool first = s == 0, last = s == pp - 1;
+    switch (where[t]) {
+      case 0: return forward ? first : last;
+      case 2: return forward ? last : first;
+      default: return true;
+    }
+  };
+  // A communication op's arrive goes with its complete; a join with its collective's first complete.
+  std::vector<std::vector<std::uint8_t>> kept(static_cast<std::size_t>(pp), std::vector<std::uint8_t>(n, 0));
+  for (int s = 0; s < pp; ++s) {
+    auto& k = kept[static_cast<std::size_t>(s)];
+    for (task_id t = 0; t < n; ++t) {
+      if (g.kind[t] != graph::task_kind::join) k[t] = keeps(s, t) ? 1 : 0;
+    }
+    for (task_id t = 0; t + 1 < n; ++t) {
+      if (g.kind[t] == graph::task_kind::comm_arrive && g.processor[t + 1] == g.processor[t]) k[t] = k[t + 1];
+    }
+    for (task_id t = 0; t < n; ++t) {
+      if (g.kind[t] == graph::task_kind::join) {
+        const auto* ci = collective_of_join[t];
+        k[t] = world_join[t] ? s == 0 : ci != nullptr ? k[ci->complete.front()] : 1;
+      }
+    }
+  }
+
+  // Stage orders and each code's position in them.
+  const pipeline::schedule_shape shape{pp, m, 1};
+  const auto orders = synth::stage_orders(kind, shape);
+  std::vector<std::vector<std::int64_t>> position(static_cast<std::size_t>(pp), std::vector<std::int64_t>(static_cast<std::size_t>(2 * m), 0));
+  for (int s = 0; s < pp; ++s) {
+    const auto& order = orders[static_cast<std::size_t>(s)];
+    for (std::size_t x = 0; x < order.size(); ++x) {
+      const std::int32_t c = (order[x].kind == pipeline::op_kind::forward ? 0 : m) + order[x].micro_batch;
+      position[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)] = static_cast<std::int64_t>(x);
+    }
+  }
+  auto pos = [&](int s, std::int32_t c) -> std::int64_t {
+    if (c == detail::label_pre) return -1;
+    if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
+    return position[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)];
+  };
+
+  // The new graph: per stage, every processor's tasks in the stage's order of passes.
+  graph::task_graph ng;
+  ng.strings = g.strings;
+  std::vector<std::vector<task_id>> copy(static_cast<std::size_t>(pp), std::vector<task_id>(n, no_task));
+  auto new_rank = [&](int rank, int s) { return rank >= 0 ? rank + s * W : rank; };
+  // First and last new task of (stage, processor, code), for the cross-stage transfers.
+  std::map<std::tuple<int, graph::processor_id, std::int32_t>, std::pair<task_id, task_id>> ends;
+  // The last new task of (stage, processor) before the run of a code, for the host's drain.
+  std::map<std::tuple<int, graph::processor_id, std::int32_t>, task_id> before;
+  for (int s = 0; s < pp; ++s) {
+    for (graph::processor_id p = 0; p < np; ++p) {
+      graph::processor_info info = g.processors[p];
+      info.name = detail::renumber_name(info.name, info.rank, new_rank(info.rank, s));
+      info.rank = new_rank(info.rank, s);
+      ng.add_processor(std::move(info));
+    }
+  }
+  std::size_t total = 0;
+  for (int s = 0; s < pp; ++s) total += static_cast<std::size_t>(std::count(kept[static_cast<std::size_t>(s)].begin(), kept[static_cast<std::size_t>(s)].end(), 1));
+  ng.reserve(total, g.edge_count() * static_cast<std::size_t>(pp) + static_cast<std::size_t>(4 * m * pp) * R);
+  for (int s = 0; s < pp; ++s) {
+    const auto& k = kept[static_cast<std::size_t>(s)];
+    auto& cp = copy[static_cast<std::size_t>(s)];
+    for (graph::processor_id p = 0; p < np; ++p) {
+      const auto& list = on[p];
+      // Runs of one code, emitted in the stage's order (stable: runs of equal position keep theirs).
+      std::vector<std::pair<std::size_t, std::size_t>> runs;
+      for (std::size_t x = 0; x < list.size();) {
+        std::size_t y = x;
+        while (y < list.size() && code[list[y]] == code[list[x]]) ++y;
+        runs.emplace_back(x, y);
+        x = y;
+      }
+      std::stable_sort(runs.begin(), runs.end(), [&](const auto& a, const auto& c) {
+        return pos(s, code[list[a.first]]) < pos(s, code[list[c.first]]);
+      });
+      const auto np_id = static_cast<graph::processor_id>(static_cast<std::size_t>(s) * np + p);
+      task_id previous = no_task;
+      for (const auto& [x, y] : runs) {
+        if (previous != no_task) before[{s, p, code[list[x]]}] = previous;
+        task_id first = no_task, last = no_task;
+        for (std::size_t z = x; z < y; ++z) {
+          const task_id t = list[z];
+          if (!k[t]) continue;
+          graph::task_spec spec = detail::spec_of(g, t);
+          spec.processor = np_id;
+          spec.rank = new_rank(g.rank[t], s);
+          spec.name = {};
+          spec.name_id = g.name[t];
+          cp[t] = ng.add_task(spec);
+          if (first == no_task) first = cp[t];
+          last = cp[t];
+        }
+        if (first != no_task) ends[{s, p, code[list[x]]}] = {first, last}, previous = last;
+      }
+    }
+  }
+  out.tasks_after = ng.task_count();
+  // A world collective's join is stage 0's.
+  auto copy_of = [&](int s, task_id t) { return world_join[t] ? copy[0][t] : copy[static_cast<std::size_t>(s)][t]; };
+  for (const graph::edge& e : g.edges) {
+    for (int s = 0; s < pp; ++s) {
+      const task_id from = copy_of(s, e.from), to = copy_of(s, e.to);
+      if (from == no_task || to == no_task) continue;
+      if (pos(s, code[e.from]) > pos(s, code[e.to])) {
+        ++out.edges_dropped;
+        continue;
+      }
+      if (s > 0 && world_join[e.from] && world_join[e.to]) continue;
+      ng.add_edge(from, to, e.delay, e.kind, e.flags());
+    }
+  }
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (ci.join != no_task && world_join[ci.join]) {
+      graph::collective_instance nc = ci;
+      nc.join = copy[0][ci.join];
+      nc.arrive.clear(), nc.complete.clear(), nc.group_ranks.clear();
+      for (int s = 0; s < pp; ++s) {
+        const auto& cp = copy[static_cast<std::size_t>(s)];
+        for (std::size_t x = 0; x < ci.arrive.size(); ++x) {
+          if (cp[ci.arrive[x]] != no_task && cp[ci.complete[x]] != no_task) nc.arrive.push_back(cp[ci.arrive[x]]), nc.complete.push_back(cp[ci.complete[x]]);
+        }
+        for (const int r : ci.group_ranks) nc.group_ranks.push_back(new_rank(r, s));
+      }
+      if (nc.join != no_task) ng.collectives.push_back(std::move(nc));
+      continue;
+    }
+    for (int s = 0; s < pp; ++s) {
+      const auto& cp = copy[static_cast<std::size_t>(s)];
+      graph::collective_instance nc = ci;
+      if (ci.join != no_task && cp[ci.join] == no_task) continue;
+      nc.join = ci.join != no_task ? cp[ci.join] : no_task;
+      nc.arrive.clear(), nc.complete.clear();
+      for (std::size_t x = 0; x < ci.arrive.size(); ++x) {
+        if (cp[ci.arrive[x]] != no_task && cp[ci.complete[x]] != no_task) nc.arrive.push_back(cp[ci.arrive[x]]), nc.complete.push_back(cp[ci.complete[x]]);
+      }
+      if (nc.complete.empty()) continue;
+      for (int& r : nc.group_ranks) r = new_rank(r, s);
+      if (s > 0) nc.group += ".pp" + std::to_string(s);
+      ng.collectives.push_back(std::move(nc));
+    }
+  }
+
+  // Cross-stage transfers, per traced rank: its compute stream (most layer kernels) and the host
+  // thread of each pass kind (most layer launches).
+  for (std::size_t i = 0; i < R; ++i) {
+    const int rank = job.ranks[i].rank;
+    std::map<graph::processor_id, std::size_t> stream_count, thread_count[2];
+    for (const auto& lg : st.layer_groups) {
+      for (const task_id t : lg.tasks) {
+        if (t >= n || g.rank[t] != rank) continue;
+        const auto k = g.kind[t];
+        if (k == graph::task_kind::gpu_compute) ++stream_count[g.processor[t]];
+        if (k == graph::task_kind::cpu || k == graph::task_kind::cpu_blocking) {
+          ++thread_count[lg.op.kind == pipeline::op_kind::forward ? 0 : 1][g.processor[t]];
+        }
+      }
+    }
+    auto most = [](const std::map<graph::processor_id, std::size_t>& c) {
+      graph::processor_id best = ~graph::processor_id{0};
+      std::size_t count = 0;
+      for (const auto& [p, k] : c) {
+        if (k > count) best = p, count = k;
+      }
+      return best;
+    };
+    const graph::processor_id stream = most(stream_count);
+    const graph::processor_id thread[2] = {most(thread_count[0]), most(thread_count[1])};
+    if (stream == ~graph::processor_id{0} || thread[0] == ~graph::processor_id{0} || thread[1] == ~graph::processor_id{0}) {
+      throw error("whatif --pp: rank " + std::to_string(rank) + " has no layer kernels or launches to join its stages by");
+    }
+    for (int s = 0; s + 1 < pp; ++s) {
+      for (int mb = 0; mb < m; ++mb) {
+        for (int kind_index = 0; kind_index < 2; ++kind_index) {
+          const std::int32_t c = kind_index * m + mb;
+          const int producer = kind_index == 0 ? s : s + 1, consumer = kind_index == 0 ? s + 1 : s;
+          const auto from = ends.find({producer, stream, c});
+          const auto to = ends.find({consumer, thread[kind_index], c});
+          if (from == ends.end() || to == ends.end()) continue;
+          ng.add_edge(from->second.second, to->second.first, p2p.between(new_rank(rank, producer), new_rank(rank, consumer)),
+                      graph::edge_kind::dependency);
+          ++out.p2p;
+          // Megatron's torch.cuda.synchronize() after the transfer: the host also waits for its
+          // own device to finish what it queued before this pass.
+          if (const auto drain = before.find({consumer, stream, c}); drain != before.end()) {
+            ng.add_edge(drain->second, to->second.first, 0, graph::edge_kind::sync);
+          }
+        }
+      }
+    }
+  }
+
+  // Maps: the traced ranks read stage 0; kept overheads follow every copy.
+  for (auto& r : b.ranks) {
+    for (auto& t : r.task_of_event) t = t == no_task ? t : copy[0][t];
+    for (auto& t : r.arrive_of_event) t = t == no_task ? t : copy[0][t];
+  }
+  std::vector<graph::kept_delay> kd;
+  for (const auto& k : b.kept) {
+    for (int s = 0; s < pp; ++s) {
+      if (const task_id c = copy[static_cast<std::size_t>(s)][k.task]; c != no_task) kd.push_back({c, k.kind, k.amount});
+    }
+  }
+  b.kept = std::move(kd);
+
+  // Plans of the added ranks: the traced rank's plan on each stage's copies.
+  for (int s = 1; s < pp; ++s) {
+    const auto& cp = copy[static_cast<std::size_t>(s)];
+    for (std::size_t i = 0; i < plans.size() && i < R; ++i) {
+      const report::iteration_plan& from = plans[i];
+      report::iteration_plan p;
+      p.rank = new_rank(from.rank, s);
+      p.step = from.step;
+      p.annotated = from.annotated;
+      p.lead_idle = from.lead_idle, p.lead_busy = from.lead_busy, p.tail_idle = from.tail_idle, p.tail_busy = from.tail_busy;
+      auto map_list = [&](const std::vector<task_id>& v) {
+        std::vector<task_id> o;
+        for (const task_id t : v) {
+          if (cp[t] != no_task) o.push_back(cp[t]);
+        }
+        return o;
+      };
+      p.cpu = map_list(from.cpu);
+      p.gpu = map_list(from.gpu);
+      p.compute = map_list(from.compute);
+      for (const auto& [a, c] : from.comm) {
+        if (cp[a] != no_task && cp[c] != no_task) p.comm.emplace_back(cp[a], cp[c]);
+      }
+      // First and last CPU task: the copies, or the earliest / latest kept task of the same thread.
+      auto pick = [&](task_id t, bool earliest) {
+        if (t == no_task) return no_task;
+        if (cp[t] != no_task) return cp[t];
+        const auto proc = static_cast<graph::processor_id>(static_cast<std::size_t>(s) * np + g.processor[t]);
+        task_id best = no_task;
+        for (const task_id c : p.cpu) {
+          if (ng.processor[c] != proc) continue;
+          if (best == no_task || (earliest ? c < best : c > best)) best = c;
+        }
+        return best;
+      };
+      p.first_cpu = pick(from.first_cpu, true);
+      p.last_cpu = pick(from.last_cpu, false);
+      // The step before keeps its end where its last CPU task is kept.
+      if (from.previous && (from.previous->last_cpu == no_task || cp[from.previous->last_cpu] != no_task)) {
+        report::step_end e = *from.previous;
+        if (e.last_cpu != no_task) e.last_cpu = cp[e.last_cpu];
+        e.gpu = map_list(e.gpu);
+        p.previous = std::move(e);
+      }
+      out.plans.push_back(std::move(p));
+      out.traced_index.push_back(i);
+      out.stage.push_back(s);
+    }
+  }
+  b.graph = std::move(ng);
+
+  char line[768];
+  std::snprintf(line, sizeof line,
+                "PP 1 -> %d, fine-grained (the traced launches and kernels): layers re-partitioned %d -> %d per stage, %d ranks -> "
+                "%d (stage s of traced rank r is rank s*%d + r), each stage's passes in %s order (%d micro-batches), %zu "
+                "cross-stage transfers (%.1f us within a node, %.1f us across nodes of %d GPUs: %s; the receiving host then "
+                "waits for its device), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped",
+                pp, L, per_stage, static_cast<int>(R), static_cast<int>(R) * pp, W,
+                std::string(pipeline::schedule_title(kind)).c_str(), m, out.p2p, static_cast<double>(p2p.intra) / 1e3,
+                static_cast<double>(p2p.inter) / 1e3, p2p.gpus_per_node, latency_source.c_str(), out.tasks_before, out.tasks_after,
+                out.edges_dropped);
+  out.change = line;
+  return out;
+}
+
+}  // namespace lumos::whatif
