@@ -50,7 +50,10 @@ inline constexpr std::string_view whatif_usage =
     "  --global-batch N    global batch in sequences, as for predict (default: kept when it divides over --dp,\n"
     "                      else the per-replica batch is kept); the micro-batches per replica change: with PP\n"
     "                      in the pipeline model, without it by repeating or removing whole micro-batches\n"
-    "  --pp N, --vp N      pipeline stages and model chunks per stage (layers must divide over them)\n"
+    "  --pp N, --vp N      pipeline stages and model chunks per stage (layers must divide over them). From\n"
+    "                      traces without stages to 1F1B or GPipe the graph is cut into N stages (each rank\n"
+    "                      of each stage with its layers' launches and kernels, Megatron's p2p and host sync;\n"
+    "                      a row per rank); otherwise:\n"
     "  --schedule NAME     gpipe, 1f1b, interleaved, zb-h1 or zb-h2: a pass-level model of the new pipeline (each\n"
     "                      pass one task per stage, its replayed layer costs, the trace's own p2p latency)\n"
     "                      added as a difference to the replay; prints the stages and the bubble\n"
@@ -222,7 +225,7 @@ inline int run_whatif(args& a) {
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
   if (trace_out && (o.pp || o.vp || o.schedule)) {
-    throw usage_error("--trace-out: a pipeline change is predicted by a pass-level model, which writes no traces yet");
+    throw usage_error("--trace-out: a pipeline change writes no traces yet (its cross-stage transfers are not send/recv kernels)");
   }
   if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && o.groups.empty() && scaled.ops.empty() &&
       scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 && scaled.scales.cpu == 1.0) {

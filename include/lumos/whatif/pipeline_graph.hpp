@@ -29,6 +29,7 @@
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -76,9 +77,18 @@ struct stage_split {
 struct p2p_latency {
   time_ns intra = 0, inter = 0;
   int gpus_per_node = 8;
+  time_ns host = 0;  ///< host time to post one send or receive (c10d / NCCL enqueue)
   [[nodiscard]] time_ns between(int a, int b) const noexcept {
     return gpus_per_node > 0 && a / gpus_per_node == b / gpus_per_node ? intra : inter;
   }
+};
+
+/// The all-reduce of the tied embedding's gradient between the first and the last stage
+/// (Megatron's embedding group), which a job without stages does not run: its size and its time
+/// within a node and across two.
+struct tied_embedding_reduce {
+  std::int64_t bytes = 0;
+  time_ns intra = 0, inter = 0;
 };
 
 namespace detail {
@@ -105,7 +115,8 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
 /// in pass order.
 [[nodiscard]] inline stage_split split_stages(graph::built_job& b, const trace::job& job, const job_structure& st,
                                               const std::vector<report::iteration_plan>& plans, int pp, pipeline::schedule_kind kind,
-                                              const p2p_latency& p2p, const std::string& latency_source) {
+                                              const p2p_latency& p2p, const std::string& latency_source,
+                                              const tied_embedding_reduce* tied = nullptr) {
   if (const std::string why = stage_split_unsupported(st, pp, 1, kind); !why.empty()) throw error("whatif --pp: " + why);
   using graph::task_id;
   using graph::no_task;
@@ -278,6 +289,58 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     }
   }
 
+  // Per traced rank: its compute stream (most layer kernels), the host thread of each pass kind
+  // (most layer launches) and the stream of its data-parallel collectives (else the compute
+  // stream): the cross-stage transfers and the tied embedding's all-reduce go there.
+  constexpr graph::processor_id no_processor = ~graph::processor_id{0};
+  std::vector<graph::processor_id> main_stream(R, no_processor), dp_stream(R, no_processor);
+  std::vector<std::array<graph::processor_id, 2>> main_thread(R, {no_processor, no_processor});
+  std::unordered_map<graph::processor_id, std::size_t> index_of_processor;
+  // Each main thread's rank and the pass kinds it launches (bit 0 forward, bit 1 backward).
+  std::unordered_map<graph::processor_id, std::pair<std::size_t, int>> index_of_thread;
+  {
+    auto most = [](const std::map<graph::processor_id, std::size_t>& c) {
+      graph::processor_id best = no_processor;
+      std::size_t count = 0;
+      for (const auto& [p, k] : c) {
+        if (k > count) best = p, count = k;
+      }
+      return best;
+    };
+    std::unordered_map<int, std::size_t> index_of_rank;
+    for (std::size_t i = 0; i < R; ++i) index_of_rank[job.ranks[i].rank] = i;
+    std::vector<std::map<graph::processor_id, std::size_t>> stream_count(R), dp_count(R);
+    std::vector<std::array<std::map<graph::processor_id, std::size_t>, 2>> thread_count(R);
+    for (const auto& lg : st.layer_groups) {
+      for (const task_id t : lg.tasks) {
+        const auto it = t < n ? index_of_rank.find(g.rank[t]) : index_of_rank.end();
+        if (it == index_of_rank.end()) continue;
+        const auto k = g.kind[t];
+        if (k == graph::task_kind::gpu_compute) ++stream_count[it->second][g.processor[t]];
+        if (k == graph::task_kind::cpu || k == graph::task_kind::cpu_blocking) {
+          ++thread_count[it->second][lg.op.kind == pipeline::op_kind::forward ? 0 : 1][g.processor[t]];
+        }
+      }
+    }
+    for (task_id t = 0; t < n; ++t) {
+      if (!everywhere[t] || g.kind[t] != graph::task_kind::comm_complete) continue;
+      if (const auto it = index_of_rank.find(g.rank[t]); it != index_of_rank.end()) ++dp_count[it->second][g.processor[t]];
+    }
+    for (std::size_t i = 0; i < R; ++i) {
+      main_stream[i] = most(stream_count[i]);
+      main_thread[i] = {most(thread_count[i][0]), most(thread_count[i][1])};
+      if (main_stream[i] == no_processor || main_thread[i][0] == no_processor || main_thread[i][1] == no_processor) {
+        throw error("whatif --pp: rank " + std::to_string(job.ranks[i].rank) + " has no layer kernels or launches to join its stages by");
+      }
+      dp_stream[i] = dp_count[i].empty() ? main_stream[i] : most(dp_count[i]);
+      index_of_processor[dp_stream[i]] = i;
+      for (int kind_index = 0; kind_index < 2; ++kind_index) {
+        auto& entry = index_of_thread[main_thread[i][static_cast<std::size_t>(kind_index)]];
+        entry.first = i, entry.second |= 1 << kind_index;
+      }
+    }
+  }
+
   // Stage orders and each code's position in them.
   const pipeline::schedule_shape shape{pp, m, 1};
   const auto orders = synth::stage_orders(kind, shape);
@@ -304,6 +367,12 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   std::map<std::tuple<int, graph::processor_id, std::int32_t>, std::pair<task_id, task_id>> ends;
   // The last new task of (stage, processor) before the run of a code, for the host's drain.
   std::map<std::tuple<int, graph::processor_id, std::int32_t>, task_id> before;
+  // The host's posting of each send: (stage, traced rank, task).
+  std::vector<std::tuple<int, std::size_t, task_id>> sends;
+  // The host's wait for a received pass of (stage, traced rank, code).
+  std::map<std::tuple<int, std::size_t, std::int32_t>, task_id> waits;
+  // The tied embedding's all-reduce of (stage, traced rank): arrive and complete.
+  std::map<std::pair<int, std::size_t>, std::pair<task_id, task_id>> tied_tasks;
   for (int s = 0; s < pp; ++s) {
     for (graph::processor_id p = 0; p < np; ++p) {
       graph::processor_info info = g.processors[p];
@@ -333,12 +402,49 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       });
       const auto np_id = static_cast<graph::processor_id>(static_cast<std::size_t>(s) * np + p);
       task_id previous = no_task;
+      // The tied embedding's all-reduce on the end stages: first of the work after the passes.
+      const auto tied_here = tied != nullptr && pp > 1 && (s == 0 || s == pp - 1) ? index_of_processor.find(p) : index_of_processor.end();
+      bool tied_done = tied_here == index_of_processor.end();
+      auto emit_tied = [&] {
+        const std::size_t i = tied_here->second;
+        const int r0 = new_rank(job.ranks[i].rank, 0), r1 = new_rank(job.ranks[i].rank, pp - 1);
+        graph::task_spec spec;
+        spec.processor = np_id;
+        spec.rank = new_rank(job.ranks[i].rank, s);
+        spec.kind = graph::task_kind::comm_arrive;
+        spec.name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL";
+        const task_id a = ng.add_task(spec);
+        spec.kind = graph::task_kind::comm_complete;
+        spec.duration = p2p.gpus_per_node > 0 && r0 / p2p.gpus_per_node == r1 / p2p.gpus_per_node ? tied->intra : tied->inter;
+        const task_id c = ng.add_task(spec);
+        tied_tasks[{s, i}] = {a, c};
+        tied_done = true;
+      };
+      const auto waits_here = index_of_thread.find(p);
       for (const auto& [x, y] : runs) {
         if (previous != no_task) before[{s, p, code[list[x]]}] = previous;
+        if (!tied_done && code[list[x]] == detail::label_post) emit_tied();
         task_id first = no_task, last = no_task;
         for (std::size_t z = x; z < y; ++z) {
           const task_id t = list[z];
           if (!k[t]) continue;
+          if (first == no_task && waits_here != index_of_thread.end()) {
+            // A pass that receives its input: the host blocks on the transfer first (Megatron's
+            // torch.cuda.synchronize() after the batched send/recv), in the step from its start.
+            const std::int32_t c = code[list[x]];
+            const bool forward = c >= 0 && c < m;
+            if (c != detail::label_pre && c != detail::label_post && (waits_here->second.second & (forward ? 1 : 2)) != 0 &&
+                (forward ? s > 0 : s < pp - 1)) {
+              graph::task_spec w;
+              w.kind = graph::task_kind::cpu_blocking;
+              w.processor = np_id;
+              w.name = "cudaDeviceSynchronize";
+              w.rank = new_rank(g.rank[t], s);
+              w.observed_start = w.observed_end = g.observed_start[t];
+              w.busy_gap = p2p.host;  // posting the receive
+              waits[{s, waits_here->second.first, c}] = ng.add_task(w);
+            }
+          }
           graph::task_spec spec = detail::spec_of(g, t);
           spec.processor = np_id;
           spec.rank = new_rank(g.rank[t], s);
@@ -348,8 +454,25 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
           if (first == no_task) first = cp[t];
           last = cp[t];
         }
+        if (first != no_task && waits_here != index_of_thread.end()) {
+          // A pass whose output another stage reads: the host posts the send after it.
+          const std::int32_t c = code[list[x]];
+          const bool forward = c >= 0 && c < m;
+          if (c != detail::label_pre && c != detail::label_post && (waits_here->second.second & (forward ? 1 : 2)) != 0 &&
+              (forward ? s < pp - 1 : s > 0)) {
+            graph::task_spec send;
+            send.kind = graph::task_kind::cpu;
+            send.processor = np_id;
+            send.name = forward ? "send_forward" : "send_backward";
+            send.duration = p2p.host;
+            send.rank = new_rank(job.ranks[waits_here->second.first].rank, s);
+            send.observed_start = send.observed_end = ng.observed_end[last];
+            sends.emplace_back(s, waits_here->second.first, ng.add_task(send));
+          }
+        }
         if (first != no_task) ends[{s, p, code[list[x]]}] = {first, last}, previous = last;
       }
+      if (!tied_done) emit_tied();
     }
   }
   out.tasks_after = ng.task_count();
@@ -398,53 +521,76 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     }
   }
 
-  // Cross-stage transfers, per traced rank: its compute stream (most layer kernels) and the host
-  // thread of each pass kind (most layer launches).
+  // Cross-stage transfers.
   for (std::size_t i = 0; i < R; ++i) {
     const int rank = job.ranks[i].rank;
-    std::map<graph::processor_id, std::size_t> stream_count, thread_count[2];
-    for (const auto& lg : st.layer_groups) {
-      for (const task_id t : lg.tasks) {
-        if (t >= n || g.rank[t] != rank) continue;
-        const auto k = g.kind[t];
-        if (k == graph::task_kind::gpu_compute) ++stream_count[g.processor[t]];
-        if (k == graph::task_kind::cpu || k == graph::task_kind::cpu_blocking) {
-          ++thread_count[lg.op.kind == pipeline::op_kind::forward ? 0 : 1][g.processor[t]];
-        }
-      }
-    }
-    auto most = [](const std::map<graph::processor_id, std::size_t>& c) {
-      graph::processor_id best = ~graph::processor_id{0};
-      std::size_t count = 0;
-      for (const auto& [p, k] : c) {
-        if (k > count) best = p, count = k;
-      }
-      return best;
-    };
-    const graph::processor_id stream = most(stream_count);
-    const graph::processor_id thread[2] = {most(thread_count[0]), most(thread_count[1])};
-    if (stream == ~graph::processor_id{0} || thread[0] == ~graph::processor_id{0} || thread[1] == ~graph::processor_id{0}) {
-      throw error("whatif --pp: rank " + std::to_string(rank) + " has no layer kernels or launches to join its stages by");
-    }
+    const graph::processor_id stream = main_stream[i];
     for (int s = 0; s + 1 < pp; ++s) {
       for (int mb = 0; mb < m; ++mb) {
         for (int kind_index = 0; kind_index < 2; ++kind_index) {
           const std::int32_t c = kind_index * m + mb;
           const int producer = kind_index == 0 ? s : s + 1, consumer = kind_index == 0 ? s + 1 : s;
           const auto from = ends.find({producer, stream, c});
-          const auto to = ends.find({consumer, thread[kind_index], c});
-          if (from == ends.end() || to == ends.end()) continue;
-          ng.add_edge(from->second.second, to->second.first, p2p.between(new_rank(rank, producer), new_rank(rank, consumer)),
-                      graph::edge_kind::dependency);
+          const auto to = waits.find({consumer, i, c});
+          if (from == ends.end() || to == waits.end()) continue;
+          ng.add_edge(from->second.second, to->second, p2p.between(new_rank(rank, producer), new_rank(rank, consumer)),
+                      graph::edge_kind::dependency, graph::edge_flags::finish);
           ++out.p2p;
           // Megatron's torch.cuda.synchronize() after the transfer: the host also waits for its
           // own device to finish what it queued before this pass.
           if (const auto drain = before.find({consumer, stream, c}); drain != before.end()) {
-            ng.add_edge(drain->second, to->second.first, 0, graph::edge_kind::sync);
+            ng.add_edge(drain->second, to->second, 0, graph::edge_kind::sync, graph::edge_flags::finish);
           }
         }
       }
     }
+  }
+
+  // The tied embedding's all-reduce: joined across the end stages, after each one's last pass
+  // (its last kernel on the compute stream), before the work after the passes there.
+  std::size_t tied_count = 0;
+  for (std::size_t i = 0; i < R && tied != nullptr && pp > 1; ++i) {
+    const auto a = tied_tasks.find({0, i}), b_ = tied_tasks.find({pp - 1, i});
+    if (a == tied_tasks.end() || b_ == tied_tasks.end()) continue;
+    graph::processor_info barrier;
+    barrier.kind = graph::processor_kind::barrier;
+    barrier.rank = -1;
+    barrier.name = "embd." + std::to_string(job.ranks[i].rank) + " join";
+    const graph::processor_id bp = ng.add_processor(std::move(barrier));
+    graph::task_spec js;
+    js.kind = graph::task_kind::join;
+    js.processor = bp;
+    js.name = "allreduce";
+    js.rank = -1;
+    const task_id join = ng.add_task(js);
+    graph::collective_instance ci;
+    ci.kind = "allreduce";
+    ci.group = "embd." + std::to_string(job.ranks[i].rank);
+    ci.bytes = tied->bytes;
+    ci.join = join;
+    ci.match = "added by the pipeline what-if (tied embedding)";
+    time_ns last_arrival = 0;
+    for (const auto& [stage, ac] : {std::pair{0, a->second}, std::pair{pp - 1, b_->second}}) {
+      ci.group_ranks.push_back(new_rank(job.ranks[i].rank, stage));
+      ci.arrive.push_back(ac.first);
+      ci.complete.push_back(ac.second);
+      ng.add_edge(ac.first, join, 0, graph::edge_kind::collective);
+      ng.add_edge(join, ac.second, 0, graph::edge_kind::collective);
+      const auto& last_op = orders[static_cast<std::size_t>(stage)].back();
+      const std::int32_t last_code = (last_op.kind == pipeline::op_kind::forward ? 0 : m) + last_op.micro_batch;
+      if (const auto e = ends.find({stage, main_stream[i], last_code}); e != ends.end()) {
+        ng.add_edge(e->second.second, ac.first, 0, graph::edge_kind::dependency);
+        const time_ns at = ng.observed_end[e->second.second];
+        ng.observed_start[ac.first] = ng.observed_end[ac.first] = ng.observed_start[ac.second] = ng.observed_end[ac.second] = at;
+        last_arrival = std::max(last_arrival, at);
+      }
+      if (const auto e = ends.find({stage, main_stream[i], detail::label_post}); e != ends.end()) {
+        ng.add_edge(ac.second, e->second.first, 0, graph::edge_kind::dependency);
+      }
+    }
+    ng.observed_start[join] = ng.observed_end[join] = last_arrival;
+    ng.collectives.push_back(std::move(ci));
+    ++tied_count;
   }
 
   // Maps: the traced ranks read stage 0; kept overheads follow every copy.
@@ -478,6 +624,12 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         return o;
       };
       p.cpu = map_list(from.cpu);
+      for (const auto& [key, w] : waits) {
+        if (std::get<0>(key) == s && std::get<1>(key) == i) p.cpu.push_back(w);
+      }
+      for (const auto& [stage, index, t] : sends) {
+        if (stage == s && index == i) p.cpu.push_back(t);
+      }
       p.gpu = map_list(from.gpu);
       p.compute = map_list(from.compute);
       for (const auto& [a, c] : from.comm) {
@@ -504,6 +656,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         e.gpu = map_list(e.gpu);
         p.previous = std::move(e);
       }
+      if (const auto t = tied_tasks.find({s, i}); t != tied_tasks.end() && s == pp - 1) {
+        p.gpu.push_back(t->second.second);
+        p.comm.emplace_back(t->second.first, t->second.second);
+      }
       out.plans.push_back(std::move(p));
       out.traced_index.push_back(i);
       out.stage.push_back(s);
@@ -511,16 +667,26 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   }
   b.graph = std::move(ng);
 
-  char line[768];
+  std::string tied_note;
+  if (tied != nullptr && tied_count > 0) {
+    char t[256];
+    std::snprintf(t, sizeof t,
+                  "; %zu all-reduces of the tied embedding's gradient between the first and last stage added (%lld bytes, %.1f us "
+                  "within a node, %.1f us across nodes)",
+                  tied_count, static_cast<long long>(tied->bytes), static_cast<double>(tied->intra) / 1e3,
+                  static_cast<double>(tied->inter) / 1e3);
+    tied_note = t;
+  }
+  char line[1024];
   std::snprintf(line, sizeof line,
                 "PP 1 -> %d, fine-grained (the traced launches and kernels): layers re-partitioned %d -> %d per stage, %d ranks -> "
                 "%d (stage s of traced rank r is rank s*%d + r), each stage's passes in %s order (%d micro-batches), %zu "
                 "cross-stage transfers (%.1f us within a node, %.1f us across nodes of %d GPUs: %s; the receiving host then "
-                "waits for its device), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped",
+                "waits for its device), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped%s",
                 pp, L, per_stage, static_cast<int>(R), static_cast<int>(R) * pp, W,
                 std::string(pipeline::schedule_title(kind)).c_str(), m, out.p2p, static_cast<double>(p2p.intra) / 1e3,
                 static_cast<double>(p2p.inter) / 1e3, p2p.gpus_per_node, latency_source.c_str(), out.tasks_before, out.tasks_after,
-                out.edges_dropped);
+                out.edges_dropped, tied_note.c_str());
   out.change = line;
   return out;
 }

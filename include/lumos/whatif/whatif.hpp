@@ -368,9 +368,33 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       if (split_refused.empty()) {
         const model::hardware hw = comm_hardware(job, o.from_gpu).first;
         const auto [intra, source] = p2p_model_time(*structure, hw, true);
-        const p2p_latency p2p{intra, p2p_model_time(*structure, hw, false).first, hw.gpus_per_node};
+        p2p_latency p2p{intra, p2p_model_time(*structure, hw, false).first, hw.gpus_per_node};
+        p2p.host = static_cast<time_ns>(std::llround(
+            costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr).profile.cpu_collective_ns));
+        // Tied input and output embeddings (the GPT-style model the parameter counts assume):
+        // the end stages all-reduce the embedding's fp32 gradient, V/TP x hidden, every step.
+        std::optional<tied_embedding_reduce> tied;
+        std::string tied_missing;
+        try {
+          const shape_config sc = shape_from ? *shape_from : traced_shape(*structure);
+          const std::int64_t vocab_local = traced_vocab_local(job, *structure, sc);
+          if (vocab_local > 0) {
+            const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
+            tied_embedding_reduce t;
+            t.bytes = vocab_local * sc.hidden * 4;
+            const auto bytes = static_cast<double>(t.bytes);
+            t.intra = static_cast<time_ns>(std::llround(collective_ns(model::collective::all_reduce, bytes, 2, costs.profile.intra)));
+            t.inter = static_cast<time_ns>(std::llround(collective_ns(model::collective::all_reduce, bytes, 2, costs.profile.inter)));
+            tied = t;
+          } else {
+            tied_missing = "no logits GEMM found to size it by";
+          }
+        } catch (const error& e) {
+          tied_missing = e.what();
+        }
+        if (!tied) out.changes.push_back("no all-reduce of the tied embedding between the end stages added: " + tied_missing);
         const auto plans = report::plan_iterations(job, b, o.replay.step);
-        split = split_stages(b, job, *structure, plans, *o.pp, kind, p2p, source);
+        split = split_stages(b, job, *structure, plans, *o.pp, kind, p2p, source, tied ? &*tied : nullptr);
         out.changes.push_back(split->change);
       }
     }
