@@ -401,6 +401,7 @@ TEST_CASE("whatif --pp from 1 cuts the traced graph into 1F1B stages", "[whatif]
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
   const std::size_t W = traced.ranks.size();
+  double previous_bubble = 0;
   for (const int pp : {2, 4}) {
     config b = a;
     b.pp = pp;
@@ -442,5 +443,10 @@ TEST_CASE("whatif --pp from 1 cuts the traced graph into 1F1B stages", "[whatif]
     std::size_t tied = 0;
     for (const auto& ci : g.collectives) tied += ci.group.starts_with("embd.") ? 1 : 0;
     CHECK(tied == W);
+    // The bubble, measured on the rewritten graph's replay, grows with the stages.
+    REQUIRE(r.bubble_fraction);
+    CHECK(*r.bubble_fraction > previous_bubble);
+    CHECK(*r.bubble_fraction < 1.0);
+    previous_bubble = *r.bubble_fraction;
   }
 }

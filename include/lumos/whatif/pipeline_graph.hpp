@@ -51,7 +51,34 @@ struct stage_split {
   std::vector<int> stage;                 ///< per plan: its stage
   std::size_t p2p = 0, edges_dropped = 0, tasks_before = 0, tasks_after = 0;
   std::string change;
+  /// Per stage s and traced rank i (index s·R + i): the tasks of its passes on its compute stream,
+  /// in order (the bubble is measured on them).
+  std::vector<std::vector<graph::task_id>> pass_stream_tasks;
 };
+
+/// Pipeline bubble of a replayed split: 1 − mean over its ranks of compute-stream busy time in the
+/// pipeline phase / the phase, the phase running from `begin` (the step's start) to the end of the
+/// last pass of any stage (`lumos predict`'s definition, on the fine-grained graph).
+[[nodiscard]] inline double split_bubble(const stage_split& split, const report::task_times& t, time_ns begin) {
+  time_ns end = begin;
+  for (const auto& tasks : split.pass_stream_tasks) {
+    for (const graph::task_id x : tasks) end = std::max(end, t.end_of(x));
+  }
+  if (end <= begin || split.pass_stream_tasks.empty()) return 0.0;
+  double busy = 0;
+  std::size_t ranks = 0;
+  for (const auto& tasks : split.pass_stream_tasks) {
+    if (tasks.empty()) continue;
+    ++ranks;
+    time_ns reach = begin;
+    for (const graph::task_id x : tasks) {  // in stream order: intervals do not overlap out of order
+      const time_ns b = std::max(reach, std::max(begin, t.begin_of(x))), e = std::min(end, t.end_of(x));
+      if (e > b) busy += static_cast<double>(e - b);
+      reach = std::max(reach, e);
+    }
+  }
+  return ranks > 0 ? 1.0 - busy / (static_cast<double>(ranks) * static_cast<double>(end - begin)) : 0.0;
+}
 
 /// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does).
 [[nodiscard]] inline std::string stage_split_unsupported(const job_structure& st, int pp, int vp, pipeline::schedule_kind kind) {
@@ -296,6 +323,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   std::vector<graph::processor_id> main_stream(R, no_processor), dp_stream(R, no_processor);
   std::vector<std::array<graph::processor_id, 2>> main_thread(R, {no_processor, no_processor});
   std::unordered_map<graph::processor_id, std::size_t> index_of_processor;
+  std::unordered_map<graph::processor_id, std::size_t> stream_rank;  // compute stream -> traced rank
   // Each main thread's rank and the pass kinds it launches (bit 0 forward, bit 1 backward).
   std::unordered_map<graph::processor_id, std::pair<std::size_t, int>> index_of_thread;
   {
@@ -333,6 +361,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         throw error("whatif --pp: rank " + std::to_string(job.ranks[i].rank) + " has no layer kernels or launches to join its stages by");
       }
       dp_stream[i] = dp_count[i].empty() ? main_stream[i] : most(dp_count[i]);
+      stream_rank[main_stream[i]] = i;
       index_of_processor[dp_stream[i]] = i;
       for (int kind_index = 0; kind_index < 2; ++kind_index) {
         auto& entry = index_of_thread[main_thread[i][static_cast<std::size_t>(kind_index)]];
@@ -358,6 +387,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     return position[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)];
   };
 
+  out.pass_stream_tasks.assign(static_cast<std::size_t>(pp) * R, {});
   // The new graph: per stage, every processor's tasks in the stage's order of passes.
   graph::task_graph ng;
   ng.strings = g.strings;
@@ -451,6 +481,9 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
           spec.name = {};
           spec.name_id = g.name[t];
           cp[t] = ng.add_task(spec);
+          if (const auto ms = stream_rank.find(p); ms != stream_rank.end() && code[t] != detail::label_pre && code[t] != detail::label_post) {
+            out.pass_stream_tasks[static_cast<std::size_t>(s) * R + ms->second].push_back(cp[t]);
+          }
           if (first == no_task) first = cp[t];
           last = cp[t];
         }

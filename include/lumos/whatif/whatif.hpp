@@ -16,6 +16,7 @@
 #include <lumos/whatif/structure.hpp>
 
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <string>
@@ -435,8 +436,13 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     pipeline_target t;
     t.pp = o.pp, t.vp = o.vp, t.schedule = o.schedule, t.micro_batches = micro_batches, t.layers = o.layers;
     const auto hw = comm_hardware(job, o.from_gpu).first;
-    pipeline_prediction pp = predict_pipeline(out.predicted.built.graph, out.predicted.simulated_times(), *structure,
-                                              out.predicted.simulated_ns, t, hw);
+    pipeline_prediction pp;
+    try {
+      pp = predict_pipeline(out.predicted.built.graph, out.predicted.simulated_times(), *structure, out.predicted.simulated_ns, t, hw);
+    } catch (const error& e) {
+      if (split_refused.empty() || !o.pp) throw;
+      throw error(std::string(e.what()) + "; nor can the graph be cut into stages: " + split_refused);
+    }
     out.changes.insert(out.changes.end(), pp.changes.begin(), pp.changes.end());
     out.predicted.simulated_ns = pp.iteration_ns;
     out.pipeline = std::move(pp);
@@ -454,17 +460,12 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
   if (out.pipeline) {
     out.bubble_fraction = out.pipeline->predicted.bubble_fraction;
     out.bubble_source = "pass-level pipeline model of the target";
-  } else if (out.stages && structure) {
-    try {
-      pipeline_target t;
-      t.pp = o.pp, t.schedule = o.schedule;
-      const pipeline_prediction model = predict_pipeline(out.baseline.built.graph, out.baseline.simulated_times(), *structure,
-                                                         out.baseline.simulated_ns, t, comm_hardware(job, o.from_gpu).first);
-      out.bubble_fraction = model.predicted.bubble_fraction;
-      out.bubble_source = "pass-level pipeline model of the target with the traces' pass costs (the iteration is the rewritten graph's)";
-    } catch (const error& e) {
-      out.bubble_source = e.what();
-    }
+  } else if (out.stages) {
+    time_ns begin = std::numeric_limits<time_ns>::max();
+    for (const auto& r : out.predicted.ranks) begin = std::min(begin, r.simulated.window.begin);
+    out.bubble_fraction = split_bubble(*out.stages, out.predicted.simulated_times(), begin);
+    out.bubble_source = "the rewritten graph's replay: 1 - mean compute-stream busy time of its ranks / the pipeline phase (step "
+                        "start to the end of the last pass)";
   } else if (structure && structure->parallel.pp.value.value_or(0) == 1) {
     out.bubble_fraction = 0.0;
     out.bubble_source = "no pipeline parallelism";
