@@ -1,8 +1,9 @@
 #pragma once
 // The fine-grained pipeline what-if of traces without pipeline stages (`lumos whatif --pp N` on a
-// PP 1 job, 1F1B or GPipe): the traced graph is cut into N stages, each a copy of every traced
-// rank that keeps its own layers' launches and kernels, runs its passes in the order the schedule
-// policy gives, and waits for its neighbour's activation or gradient.
+// PP 1 job, to GPipe, 1F1B or interleaved 1F1B): the traced graph is cut into N stages, each a
+// copy of every traced rank that keeps its own layers' launches and kernels, runs its passes (per
+// model chunk, interleaved) in the order the schedule policy gives, and waits for its neighbour's
+// activation or gradient.
 //
 // Each task is labelled with the pass it belongs to: a GPU op by structure discovery's pass of its
 // launch, a launch call by the op it launched, every other task by the last labelled task before it
@@ -21,6 +22,7 @@
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/graph/build_options.hpp>
+#include <lumos/pipeline/dependencies.hpp>
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/report/iteration.hpp>
 #include <lumos/synth/schedules.hpp>
@@ -85,12 +87,20 @@ struct stage_split {
   const auto& par = st.parallel;
   if (par.pp.value.value_or(1) != 1) return "the traces have pipeline stages";
   if (pp < 2) return "the target has one stage";
-  if (vp > 1) return "the target has model chunks (interleaved)";
-  if (kind != pipeline::schedule_kind::one_f_one_b && kind != pipeline::schedule_kind::gpipe) return "the target schedule splits or interleaves passes";
+  if (kind == pipeline::schedule_kind::interleaved_one_f_one_b ? vp < 2 : vp != 1) return "model chunks need the interleaved schedule";
+  if (kind != pipeline::schedule_kind::one_f_one_b && kind != pipeline::schedule_kind::gpipe &&
+      kind != pipeline::schedule_kind::interleaved_one_f_one_b) {
+    return "the target schedule splits the backward pass (zero bubble)";
+  }
   if (!par.micro_batches.known()) return "the traces' micro-batches are not known";
   if (!st.model.layers.known() || st.layer_groups.empty()) return "the traces' layers were not found";
-  if (*st.model.layers.value % pp != 0) return "the layers do not divide over the stages";
+  if (*st.model.layers.value % (pp * vp) != 0) return "the layers do not divide over the stages and chunks";
   const int m = *par.micro_batches.value;
+  try {
+    synth::validate_schedule(kind, {pp, m, vp});
+  } catch (const error& e) {
+    return e.what();
+  }
   for (const auto& r : st.ranks) {
     if (r.passes.size() != static_cast<std::size_t>(2 * m)) return "a rank's passes are not one forward and one backward per micro-batch";
     for (const auto& p : r.passes) {
@@ -141,10 +151,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
 /// `lumos::error` when `stage_split_unsupported` says why, or when a processor's passes are not
 /// in pass order.
 [[nodiscard]] inline stage_split split_stages(graph::built_job& b, const trace::job& job, const job_structure& st,
-                                              const std::vector<report::iteration_plan>& plans, int pp, pipeline::schedule_kind kind,
-                                              const p2p_latency& p2p, const std::string& latency_source,
+                                              const std::vector<report::iteration_plan>& plans, int pp, int vp,
+                                              pipeline::schedule_kind kind, const p2p_latency& p2p, const std::string& latency_source,
                                               const tied_embedding_reduce* tied = nullptr) {
-  if (const std::string why = stage_split_unsupported(st, pp, 1, kind); !why.empty()) throw error("whatif --pp: " + why);
+  if (const std::string why = stage_split_unsupported(st, pp, vp, kind); !why.empty()) throw error("whatif --pp: " + why);
   using graph::task_id;
   using graph::no_task;
   const graph::task_graph& g = b.graph;
@@ -152,7 +162,8 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   const std::size_t np = g.processors.size();
   const int m = *st.parallel.micro_batches.value;
   const int L = *st.model.layers.value;
-  const int per_stage = L / pp;
+  const int per_chunk = L / (pp * vp);  // layers of one virtual stage (chunk c of stage s: c·pp + s)
+  const int virtual_stages = pp * vp;
   const std::size_t R = job.ranks.size();
 
   stage_split out;
@@ -285,19 +296,38 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       x = y;
     }
   }
-  auto keeps = [&](int s, task_id t) {
-    if (everywhere[t]) return true;
-    const std::int32_t c = code[t];
-    if (c == detail::label_pre || c == detail::label_post) return true;
-    if (layer[t] >= 0) return layer[t] >= s * per_stage && layer[t] < (s + 1) * per_stage;
-    const bool forward = c < m;
-    const bool first = s == 0, last = s == pp - 1;
-    switch (where[t]) {
-      case 0: return forward ? first : last;
-      case 2: return forward ? last : first;
-      default: return true;
+  // The virtual stage of each task of a pass (−1: every stage): a layer's; the work before a
+  // forward pass's first layer the first virtual stage's, after its last the last's (reversed
+  // for a backward pass); work between layers every stage's, or with chunks the virtual stage
+  // of the layer before it.
+  std::vector<std::int32_t> virtual_stage(n, -1);
+  for (graph::processor_id p = 0; p < np; ++p) {
+    std::int32_t previous_layer = -1;
+    std::int32_t run_code = detail::label_unknown;
+    for (const task_id t : on[p]) {
+      const std::int32_t c = code[t];
+      if (c != run_code) previous_layer = -1, run_code = c;
+      if (everywhere[t] || c == detail::label_pre || c == detail::label_post) continue;
+      const bool forward = c < m;
+      if (layer[t] >= 0) {
+        virtual_stage[t] = previous_layer = layer[t] / per_chunk;
+      } else if (where[t] == 0) {
+        virtual_stage[t] = forward ? 0 : virtual_stages - 1;
+      } else if (where[t] == 2) {
+        virtual_stage[t] = forward ? virtual_stages - 1 : 0;
+      } else {
+        virtual_stage[t] = vp > 1 ? previous_layer : -1;
+      }
     }
+  }
+  auto keeps = [&](int s, task_id t) { return virtual_stage[t] < 0 || virtual_stage[t] % pp == s; };
+  // The unit each task runs in: its pass and chunk (code·vp + chunk), or before / after the passes.
+  auto unit_of = [&](task_id t) -> std::int32_t {
+    const std::int32_t c = code[t];
+    if (c == detail::label_pre || c == detail::label_post) return c;
+    return c * vp + (virtual_stage[t] < 0 ? 0 : virtual_stage[t] / pp);
   };
+  auto unit_of_op = [&](const pipeline::op& o) { return ((o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch) * vp + o.chunk; };
   // A communication op's arrive goes with its complete; a join with its collective's first complete.
   std::vector<std::vector<std::uint8_t>> kept(static_cast<std::size_t>(pp), std::vector<std::uint8_t>(n, 0));
   for (int s = 0; s < pp; ++s) {
@@ -371,20 +401,28 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   }
 
   // Stage orders and each code's position in them.
-  const pipeline::schedule_shape shape{pp, m, 1};
+  const pipeline::schedule_shape shape{pp, m, vp};
   const auto orders = synth::stage_orders(kind, shape);
-  std::vector<std::vector<std::int64_t>> position(static_cast<std::size_t>(pp), std::vector<std::int64_t>(static_cast<std::size_t>(2 * m), 0));
+  const auto units = static_cast<std::size_t>(2 * m * vp);
+  std::vector<std::vector<std::int64_t>> position(static_cast<std::size_t>(pp), std::vector<std::int64_t>(units, 0));
+  // Which units of a stage receive their input from another stage, and which send their output.
+  std::vector<std::vector<std::uint8_t>> receives(static_cast<std::size_t>(pp), std::vector<std::uint8_t>(units, 0));
+  std::vector<std::vector<std::uint8_t>> sends_to(static_cast<std::size_t>(pp), std::vector<std::uint8_t>(units, 0));
   for (int s = 0; s < pp; ++s) {
     const auto& order = orders[static_cast<std::size_t>(s)];
     for (std::size_t x = 0; x < order.size(); ++x) {
-      const std::int32_t c = (order[x].kind == pipeline::op_kind::forward ? 0 : m) + order[x].micro_batch;
-      position[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)] = static_cast<std::int64_t>(x);
+      const auto u = static_cast<std::size_t>(unit_of_op(order[x]));
+      position[static_cast<std::size_t>(s)][u] = static_cast<std::int64_t>(x);
+      if (const auto dep = pipeline::dependency_of(shape, s, order[x]); dep && dep->crosses_stages(s)) {
+        receives[static_cast<std::size_t>(s)][u] = 1;
+        sends_to[static_cast<std::size_t>(dep->on.stage)][static_cast<std::size_t>(unit_of_op(dep->on.what))] = 1;
+      }
     }
   }
-  auto pos = [&](int s, std::int32_t c) -> std::int64_t {
-    if (c == detail::label_pre) return -1;
-    if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
-    return position[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)];
+  auto pos = [&](int s, std::int32_t u) -> std::int64_t {
+    if (u == detail::label_pre) return -1;
+    if (u == detail::label_post) return std::numeric_limits<std::int64_t>::max();
+    return position[static_cast<std::size_t>(s)][static_cast<std::size_t>(u)];
   };
 
   out.pass_stream_tasks.assign(static_cast<std::size_t>(pp) * R, {});
@@ -419,16 +457,16 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     auto& cp = copy[static_cast<std::size_t>(s)];
     for (graph::processor_id p = 0; p < np; ++p) {
       const auto& list = on[p];
-      // Runs of one code, emitted in the stage's order (stable: runs of equal position keep theirs).
+      // Runs of one unit, emitted in the stage's order (stable: runs of equal position keep theirs).
       std::vector<std::pair<std::size_t, std::size_t>> runs;
       for (std::size_t x = 0; x < list.size();) {
         std::size_t y = x;
-        while (y < list.size() && code[list[y]] == code[list[x]]) ++y;
+        while (y < list.size() && unit_of(list[y]) == unit_of(list[x])) ++y;
         runs.emplace_back(x, y);
         x = y;
       }
       std::stable_sort(runs.begin(), runs.end(), [&](const auto& a, const auto& c) {
-        return pos(s, code[list[a.first]]) < pos(s, code[list[c.first]]);
+        return pos(s, unit_of(list[a.first])) < pos(s, unit_of(list[c.first]));
       });
       const auto np_id = static_cast<graph::processor_id>(static_cast<std::size_t>(s) * np + p);
       task_id previous = no_task;
@@ -452,8 +490,9 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       };
       const auto waits_here = index_of_thread.find(p);
       for (const auto& [x, y] : runs) {
-        if (previous != no_task) before[{s, p, code[list[x]]}] = previous;
-        if (!tied_done && code[list[x]] == detail::label_post) emit_tied();
+        const std::int32_t u = unit_of(list[x]);
+        if (previous != no_task) before[{s, p, u}] = previous;
+        if (!tied_done && u == detail::label_post) emit_tied();
         task_id first = no_task, last = no_task;
         for (std::size_t z = x; z < y; ++z) {
           const task_id t = list[z];
@@ -461,10 +500,9 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
           if (first == no_task && waits_here != index_of_thread.end()) {
             // A pass that receives its input: the host blocks on the transfer first (Megatron's
             // torch.cuda.synchronize() after the batched send/recv), in the step from its start.
-            const std::int32_t c = code[list[x]];
-            const bool forward = c >= 0 && c < m;
-            if (c != detail::label_pre && c != detail::label_post && (waits_here->second.second & (forward ? 1 : 2)) != 0 &&
-                (forward ? s > 0 : s < pp - 1)) {
+            const bool forward = u >= 0 && u < m * vp;
+            if (u != detail::label_pre && u != detail::label_post && (waits_here->second.second & (forward ? 1 : 2)) != 0 &&
+                receives[static_cast<std::size_t>(s)][static_cast<std::size_t>(u)]) {
               graph::task_spec w;
               w.kind = graph::task_kind::cpu_blocking;
               w.processor = np_id;
@@ -472,7 +510,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
               w.rank = new_rank(g.rank[t], s);
               w.observed_start = w.observed_end = g.observed_start[t];
               w.busy_gap = p2p.host;  // posting the receive
-              waits[{s, waits_here->second.first, c}] = ng.add_task(w);
+              waits[{s, waits_here->second.first, u}] = ng.add_task(w);
             }
           }
           graph::task_spec spec = detail::spec_of(g, t);
@@ -489,10 +527,9 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         }
         if (first != no_task && waits_here != index_of_thread.end()) {
           // A pass whose output another stage reads: the host posts the send after it.
-          const std::int32_t c = code[list[x]];
-          const bool forward = c >= 0 && c < m;
-          if (c != detail::label_pre && c != detail::label_post && (waits_here->second.second & (forward ? 1 : 2)) != 0 &&
-              (forward ? s < pp - 1 : s > 0)) {
+          const bool forward = u >= 0 && u < m * vp;
+          if (u != detail::label_pre && u != detail::label_post && (waits_here->second.second & (forward ? 1 : 2)) != 0 &&
+              sends_to[static_cast<std::size_t>(s)][static_cast<std::size_t>(u)]) {
             graph::task_spec send;
             send.kind = graph::task_kind::cpu;
             send.processor = np_id;
@@ -503,7 +540,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
             sends.emplace_back(s, waits_here->second.first, ng.add_task(send));
           }
         }
-        if (first != no_task) ends[{s, p, code[list[x]]}] = {first, last}, previous = last;
+        if (first != no_task) ends[{s, p, u}] = {first, last}, previous = last;
       }
       if (!tied_done) emit_tied();
     }
@@ -515,7 +552,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     for (int s = 0; s < pp; ++s) {
       const task_id from = copy_of(s, e.from), to = copy_of(s, e.to);
       if (from == no_task || to == no_task) continue;
-      if (pos(s, code[e.from]) > pos(s, code[e.to])) {
+      if (pos(s, unit_of(e.from)) > pos(s, unit_of(e.to))) {
         ++out.edges_dropped;
         continue;
       }
@@ -558,22 +595,22 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   for (std::size_t i = 0; i < R; ++i) {
     const int rank = job.ranks[i].rank;
     const graph::processor_id stream = main_stream[i];
-    for (int s = 0; s + 1 < pp; ++s) {
-      for (int mb = 0; mb < m; ++mb) {
-        for (int kind_index = 0; kind_index < 2; ++kind_index) {
-          const std::int32_t c = kind_index * m + mb;
-          const int producer = kind_index == 0 ? s : s + 1, consumer = kind_index == 0 ? s + 1 : s;
-          const auto from = ends.find({producer, stream, c});
-          const auto to = waits.find({consumer, i, c});
-          if (from == ends.end() || to == waits.end()) continue;
-          ng.add_edge(from->second.second, to->second, p2p.between(new_rank(rank, producer), new_rank(rank, consumer)),
-                      graph::edge_kind::dependency, graph::edge_flags::finish);
-          ++out.p2p;
-          // Megatron's torch.cuda.synchronize() after the transfer: the host also waits for its
-          // own device to finish what it queued before this pass.
-          if (const auto drain = before.find({consumer, stream, c}); drain != before.end()) {
-            ng.add_edge(drain->second, to->second, 0, graph::edge_kind::sync, graph::edge_flags::finish);
-          }
+    for (int consumer = 0; consumer < pp; ++consumer) {
+      for (const pipeline::op& o : orders[static_cast<std::size_t>(consumer)]) {
+        const auto dep = pipeline::dependency_of(shape, consumer, o);
+        if (!dep || !dep->crosses_stages(consumer)) continue;
+        const int producer = dep->on.stage;
+        const std::int32_t u = unit_of_op(o);
+        const auto from = ends.find({producer, stream, unit_of_op(dep->on.what)});
+        const auto to = waits.find({consumer, i, u});
+        if (from == ends.end() || to == waits.end()) continue;
+        ng.add_edge(from->second.second, to->second, p2p.between(new_rank(rank, producer), new_rank(rank, consumer)),
+                    graph::edge_kind::dependency, graph::edge_flags::finish);
+        ++out.p2p;
+        // Megatron's torch.cuda.synchronize() after the transfer: the host also waits for its
+        // own device to finish what it queued before this pass.
+        if (const auto drain = before.find({consumer, stream, u}); drain != before.end()) {
+          ng.add_edge(drain->second, to->second, 0, graph::edge_kind::sync, graph::edge_flags::finish);
         }
       }
     }
@@ -609,9 +646,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       ci.complete.push_back(ac.second);
       ng.add_edge(ac.first, join, 0, graph::edge_kind::collective);
       ng.add_edge(join, ac.second, 0, graph::edge_kind::collective);
-      const auto& last_op = orders[static_cast<std::size_t>(stage)].back();
-      const std::int32_t last_code = (last_op.kind == pipeline::op_kind::forward ? 0 : m) + last_op.micro_batch;
-      if (const auto e = ends.find({stage, main_stream[i], last_code}); e != ends.end()) {
+      if (const auto e = ends.find({stage, main_stream[i], unit_of_op(orders[static_cast<std::size_t>(stage)].back())}); e != ends.end()) {
         ng.add_edge(e->second.second, ac.first, 0, graph::edge_kind::dependency);
         const time_ns at = ng.observed_end[e->second.second];
         ng.observed_start[ac.first] = ng.observed_end[ac.first] = ng.observed_start[ac.second] = ng.observed_end[ac.second] = at;
@@ -712,11 +747,12 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   }
   char line[1024];
   std::snprintf(line, sizeof line,
-                "PP 1 -> %d, fine-grained (the traced launches and kernels): layers re-partitioned %d -> %d per stage, %d ranks -> "
+                "PP 1 -> %d, fine-grained (the traced launches and kernels): layers re-partitioned %d -> %d per stage%s, %d ranks -> "
                 "%d (stage s of traced rank r is rank s*%d + r), each stage's passes in %s order (%d micro-batches), %zu "
                 "cross-stage transfers (%.1f us within a node, %.1f us across nodes of %d GPUs: %s; the receiving host then "
                 "waits for its device), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped%s",
-                pp, L, per_stage, static_cast<int>(R), static_cast<int>(R) * pp, W,
+                pp, L, per_chunk * vp, vp > 1 ? (" in " + std::to_string(vp) + " chunks of " + std::to_string(per_chunk)).c_str() : "",
+                static_cast<int>(R), static_cast<int>(R) * pp, W,
                 std::string(pipeline::schedule_title(kind)).c_str(), m, out.p2p, static_cast<double>(p2p.intra) / 1e3,
                 static_cast<double>(p2p.inter) / 1e3, p2p.gpus_per_node, latency_source.c_str(), out.tasks_before, out.tasks_after,
                 out.edges_dropped, tied_note.c_str());

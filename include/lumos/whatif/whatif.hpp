@@ -361,8 +361,10 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     }
     if (pipeline_asked && o.pp && !traced_structure) {
       // From traces without stages to 1F1B or GPipe stages: the change is made in the graph.
-      const pipeline::schedule_kind kind = o.schedule.value_or(pipeline::schedule_kind::one_f_one_b);
-      split_refused = stage_split_unsupported(*structure, *o.pp, o.vp.value_or(1), kind);
+      const pipeline::schedule_kind kind = o.schedule.value_or(o.vp.value_or(1) > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b
+                                                                                      : pipeline::schedule_kind::one_f_one_b);
+      const int vp = o.vp.value_or(kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1);
+      split_refused = stage_split_unsupported(*structure, *o.pp, vp, kind);
       if (split_refused.empty() && (o.layers || micro_batches || !groups.empty())) {
         split_refused = "the layers or micro-batches change with it";
       }
@@ -395,7 +397,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         }
         if (!tied) out.changes.push_back("no all-reduce of the tied embedding between the end stages added: " + tied_missing);
         const auto plans = report::plan_iterations(job, b, o.replay.step);
-        split = split_stages(b, job, *structure, plans, *o.pp, kind, p2p, source, tied ? &*tied : nullptr);
+        split = split_stages(b, job, *structure, plans, *o.pp, vp, kind, p2p, source, tied ? &*tied : nullptr);
         out.changes.push_back(split->change);
       }
     }
