@@ -63,6 +63,8 @@ CASES = [
     ("PP 1→2 (in the graph)", {"--pp": "1"}, {"--pp": "2"}),
     ("PP 1→4 (in the graph)", {"--pp": "1"}, {"--pp": "4"}),
     ("PP 1→4, GPipe (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "gpipe"}),
+    ("PP 1→2 with DP ×2 (in the graph)", {"--pp": "1"}, {"--pp": "2", "--dp": "4", "--global-batch": "32"}),
+    ("PP 1→2 with TP 2→4 (in the graph)", {"--pp": "1"}, {"--pp": "2", "--tp": "4"}),
     # Without pipeline stages the micro-batches run in sequence (gradient accumulation): a count
     # change repeats or removes whole micro-batches in the graph.
     ("DP ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--dp": "4"}),

@@ -147,13 +147,14 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
 /// Rewrites `b` (the graph of a job without pipeline stages whose structure is `st`) into `pp`
 /// stages run by schedule `kind` (see the header comment). `plans` are the traced ranks' plans on
 /// `b` before the rewrite; a cross-stage transfer takes `p2p.intra` between ranks of one node
-/// (`p2p.gpus_per_node` consecutive ranks), `p2p.inter` across nodes. Throws
+/// (`p2p.gpus_per_node` consecutive ranks), `p2p.inter` across nodes; stage s of traced rank r is
+/// rank s·W + r, W the larger of `ranks_per_stage` and the traced world. Throws
 /// `lumos::error` when `stage_split_unsupported` says why, or when a processor's passes are not
 /// in pass order.
 [[nodiscard]] inline stage_split split_stages(graph::built_job& b, const trace::job& job, const job_structure& st,
                                               const std::vector<report::iteration_plan>& plans, int pp, int vp,
                                               pipeline::schedule_kind kind, const p2p_latency& p2p, const std::string& latency_source,
-                                              const tied_embedding_reduce* tied = nullptr) {
+                                              const tied_embedding_reduce* tied = nullptr, int ranks_per_stage = 0) {
   if (const std::string why = stage_split_unsupported(st, pp, vp, kind); !why.empty()) throw error("whatif --pp: " + why);
   using graph::task_id;
   using graph::no_task;
@@ -168,7 +169,9 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
 
   stage_split out;
   out.stages = pp;
-  int W = st.parallel.world.value.value_or(0);
+  // Ranks per stage: the target's TP x DP when given (a DP change keeps the traced ranks, which
+  // stand for every replica, but places the stages that far apart), else the traced world.
+  int W = std::max(ranks_per_stage, st.parallel.world.value.value_or(0));
   for (const auto& r : job.ranks) W = std::max(W, r.rank + 1);
   out.world = W;
   out.tasks_before = n;

@@ -359,8 +359,10 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     if (edges_dropped > 0) {
       out.changes.push_back(std::to_string(edges_dropped) + " edges of removed tasks dropped (their processors still order the rest)");
     }
-    if (pipeline_asked && o.pp && !traced_structure) {
-      // From traces without stages to 1F1B or GPipe stages: the change is made in the graph.
+    if (pipeline_asked && o.pp && traced_structure) {
+      split_refused = "tensor-parallel collectives were inserted into the graph first";
+    } else if (pipeline_asked && o.pp) {
+      // From traces without stages to GPipe, 1F1B or interleaved stages: the change is made in the graph.
       const pipeline::schedule_kind kind = o.schedule.value_or(o.vp.value_or(1) > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b
                                                                                       : pipeline::schedule_kind::one_f_one_b);
       const int vp = o.vp.value_or(kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1);
@@ -397,7 +399,9 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         }
         if (!tied) out.changes.push_back("no all-reduce of the tied embedding between the end stages added: " + tied_missing);
         const auto plans = report::plan_iterations(job, b, o.replay.step);
-        split = split_stages(b, job, *structure, plans, *o.pp, vp, kind, p2p, source, tied ? &*tied : nullptr);
+        const int tp_to = shape_to ? shape_to->tp : structure->parallel.tp.value.value_or(1);
+        const int dp_to = o.dp.value_or(structure->parallel.dp.value.value_or(1));
+        split = split_stages(b, job, *structure, plans, *o.pp, vp, kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to);
         out.changes.push_back(split->change);
       }
     }
