@@ -389,14 +389,22 @@ TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collect
   }
 }
 
+// The job without stages the PP-from-1 what-ifs start from: 4 layers of hidden 2048, TP 2, DP 2,
+// 8 micro-batches of 1, every rank written, with Megatron's host sync after each transfer in the
+// targets synthesised from it.
+const config pp1_job = [] {
+  config c{"gpt3-15b", 4, 2048, 16, 1024, 2, 1, 2, 1, 1, 16, "1f1b", "h100-sxm"};
+  c.unfold = true;
+  c.p2p_host_sync = true;
+  return c;
+}();
+
 TEST_CASE("whatif --pp from 1 cuts the traced graph into 1F1B stages", "[whatif][pipeline][kernel_trace]") {
   // A job without stages (4 layers of hidden 2048, TP 2, DP 2, 8 micro-batches of 1) to 2 and 4
   // stages, against the job synthesised in the target configuration with Megatron's host sync
   // after each transfer. The rewritten graph has every rank of every stage, each stage's layers'
   // launches and kernels, and the transfers of 1F1B; its iteration is compared with the target's.
-  config a{"gpt3-15b", 4, 2048, 16, 1024, 2, 1, 2, 1, 1, 16, "1f1b", "h100-sxm"};
-  a.unfold = true;
-  a.p2p_host_sync = true;
+  const config a = pp1_job;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
@@ -455,9 +463,7 @@ TEST_CASE("whatif --pp --vp from 1 cuts the traced graph into interleaved stages
   // The job of the test above to 2 stages of 2 model chunks (one layer each), against the job
   // synthesised so: each stage runs its chunks' passes in the interleaved order, and the last
   // stage's chunk 0 feeds the first stage's chunk 1.
-  config a{"gpt3-15b", 4, 2048, 16, 1024, 2, 1, 2, 1, 1, 16, "1f1b", "h100-sxm"};
-  a.unfold = true;
-  a.p2p_host_sync = true;
+  const config a = pp1_job;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});

@@ -492,6 +492,13 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         tied_done = true;
       };
       const auto waits_here = index_of_thread.find(p);
+      // Whether this processor is the host thread that launches unit u's pass, and u is marked in
+      // `of` (the units that receive, or send).
+      auto launches = [&](std::int32_t u, const std::vector<std::vector<std::uint8_t>>& of) {
+        if (waits_here == index_of_thread.end() || u == detail::label_pre || u == detail::label_post) return false;
+        const bool forward = u < m * vp;
+        return (waits_here->second.second & (forward ? 1 : 2)) != 0 && of[static_cast<std::size_t>(s)][static_cast<std::size_t>(u)] != 0;
+      };
       for (const auto& [x, y] : runs) {
         const std::int32_t u = unit_of(list[x]);
         if (previous != no_task) before[{s, p, u}] = previous;
@@ -500,21 +507,17 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         for (std::size_t z = x; z < y; ++z) {
           const task_id t = list[z];
           if (!k[t]) continue;
-          if (first == no_task && waits_here != index_of_thread.end()) {
+          if (first == no_task && launches(u, receives)) {
             // A pass that receives its input: the host blocks on the transfer first (Megatron's
             // torch.cuda.synchronize() after the batched send/recv), in the step from its start.
-            const bool forward = u >= 0 && u < m * vp;
-            if (u != detail::label_pre && u != detail::label_post && (waits_here->second.second & (forward ? 1 : 2)) != 0 &&
-                receives[static_cast<std::size_t>(s)][static_cast<std::size_t>(u)]) {
-              graph::task_spec w;
-              w.kind = graph::task_kind::cpu_blocking;
-              w.processor = np_id;
-              w.name = "cudaDeviceSynchronize";
-              w.rank = new_rank(g.rank[t], s);
-              w.observed_start = w.observed_end = g.observed_start[t];
-              w.busy_gap = p2p.host;  // posting the receive
-              waits[{s, waits_here->second.first, u}] = ng.add_task(w);
-            }
+            graph::task_spec w;
+            w.kind = graph::task_kind::cpu_blocking;
+            w.processor = np_id;
+            w.name = "cudaDeviceSynchronize";
+            w.rank = new_rank(g.rank[t], s);
+            w.observed_start = w.observed_end = g.observed_start[t];
+            w.busy_gap = p2p.host;  // posting the receive
+            waits[{s, waits_here->second.first, u}] = ng.add_task(w);
           }
           graph::task_spec spec = detail::spec_of(g, t);
           spec.processor = np_id;
@@ -528,20 +531,16 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
           if (first == no_task) first = cp[t];
           last = cp[t];
         }
-        if (first != no_task && waits_here != index_of_thread.end()) {
+        if (first != no_task && launches(u, sends_to)) {
           // A pass whose output another stage reads: the host posts the send after it.
-          const bool forward = u >= 0 && u < m * vp;
-          if (u != detail::label_pre && u != detail::label_post && (waits_here->second.second & (forward ? 1 : 2)) != 0 &&
-              sends_to[static_cast<std::size_t>(s)][static_cast<std::size_t>(u)]) {
-            graph::task_spec send;
-            send.kind = graph::task_kind::cpu;
-            send.processor = np_id;
-            send.name = forward ? "send_forward" : "send_backward";
-            send.duration = p2p.host;
-            send.rank = new_rank(job.ranks[waits_here->second.first].rank, s);
-            send.observed_start = send.observed_end = ng.observed_end[last];
-            sends.emplace_back(s, waits_here->second.first, ng.add_task(send));
-          }
+          graph::task_spec send;
+          send.kind = graph::task_kind::cpu;
+          send.processor = np_id;
+          send.name = u < m * vp ? "send_forward" : "send_backward";
+          send.duration = p2p.host;
+          send.rank = new_rank(job.ranks[waits_here->second.first].rank, s);
+          send.observed_start = send.observed_end = ng.observed_end[last];
+          sends.emplace_back(s, waits_here->second.first, ng.add_task(send));
         }
         if (first != no_task) ends[{s, p, u}] = {first, last}, previous = last;
       }
