@@ -62,6 +62,7 @@ inline constexpr std::string_view whatif_usage =
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
     "  --json              {\"baseline\":{...},\"predicted\":{\"iteration_ns\",\"breakdown\",\"bubble_fraction\",\n"
     "                      \"memory_bytes_per_gpu\",\"ranks\":[...]},\"changes\":[...],\"shape\":{...},\"structure\":{...}}\n"
+    "                      and \"pipeline\":{\"model\":\"pass-level\" or \"graph\",...} after a pipeline change\n"
     "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
     "                      `lumos replay` reads back and replays to the same prediction\n"
     "  --report FILE       the HTML report of the prediction, with the baseline beside it\n";
@@ -146,6 +147,20 @@ inline void pipeline_json(json_writer& w, const whatif::pipeline_prediction& p) 
   sim(p.baseline);
   w.key("predicted");
   sim(p.predicted);
+  w.end_object();
+}
+
+// A pipeline change made in the graph (whatif/pipeline_graph.hpp).
+inline void split_json(json_writer& w, const whatif::stage_split& s, time_ns iteration, const std::optional<double>& bubble) {
+  w.key("pipeline").begin_object().field("model", "graph").field("iteration_ns", iteration);
+  if (bubble) {
+    w.field("bubble_fraction", *bubble);
+  } else {
+    w.key("bubble_fraction").null();
+  }
+  w.field("schedule", std::string(pipeline::schedule_name(s.schedule))).field("stages", s.stages).field("chunks", s.chunks);
+  w.field("micro_batches", s.micro_batches).field("ranks_per_stage", s.world).field("p2p_transfers", s.p2p);
+  w.field("edges_dropped", s.edges_dropped).field("tasks_before", s.tasks_before).field("tasks_after", s.tasks_after);
   w.end_object();
 }
 
@@ -264,6 +279,7 @@ inline int run_whatif(args& a) {
     w.end_array();
     if (r.shape) shape_json(w, *r.shape);
     if (r.pipeline) pipeline_json(w, *r.pipeline);
+    if (r.stages) split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);
     if (r.structure) {
       std::string st;
       structure_json(*r.structure, false, st);
@@ -302,6 +318,12 @@ inline int run_whatif(args& a) {
     out += line;
     if (r.shape) out += shape_text(*r.shape);
     if (r.pipeline) out += pipeline_text(*r.pipeline);
+    if (r.stages) {
+      std::snprintf(line, sizeof line, "\npipeline (in the graph): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
+                    std::string(pipeline::schedule_title(r.stages->schedule)).c_str(), r.stages->stages, r.stages->micro_batches,
+                    r.stages->chunks, ms(r.predicted.simulated_ns).c_str(), 100 * r.bubble_fraction.value_or(0.0));
+      out += line;
+    }
     for (const auto& f : written) out += "wrote " + f.string() + "\n";
   }
   write_stdout(out);

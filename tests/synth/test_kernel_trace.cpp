@@ -479,6 +479,7 @@ TEST_CASE("whatif --pp --vp from 1 cuts the traced graph into interleaved stages
   // Per rank and micro-batch, forward: stage 0 -> 1 twice (chunk 0, chunk 1) and 1 -> 0 once
   // (chunk 0 to chunk 1); backward the reverse: 6 transfers.
   CHECK(r.stages->p2p == 6 * 8 * traced.ranks.size());
+  CHECK(r.stages->edges_dropped == 0);  // a tensor-parallel join runs in its participants' chunk
   const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
   INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
   CHECK(std::abs(err) < 0.05);

@@ -46,8 +46,9 @@ namespace lumos::whatif {
 /// What `split_stages` made: the plans of the ranks it added (stages 1 and up, in rank order,
 /// from the traced ranks' plans) and what it did.
 struct stage_split {
-  int stages = 1;
-  int world = 1;  ///< traced ranks per stage (W)
+  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  int stages = 1, chunks = 1, micro_batches = 1;
+  int world = 1;  ///< ranks per stage (W): stage s of traced rank r is rank s·W + r
   std::vector<report::iteration_plan> plans;
   std::vector<std::size_t> traced_index;  ///< per plan: index into job.ranks of the rank it copies
   std::vector<int> stage;                 ///< per plan: its stage
@@ -168,7 +169,8 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   const std::size_t R = job.ranks.size();
 
   stage_split out;
-  out.stages = pp;
+  out.schedule = kind;
+  out.stages = pp, out.chunks = vp, out.micro_batches = m;
   // Ranks per stage: the target's TP x DP when given (a DP change keeps the traced ranks, which
   // stand for every replica, but places the stages that far apart), else the traced world.
   int W = std::max(ranks_per_stage, st.parallel.world.value.value_or(0));
@@ -305,6 +307,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   // of the layer before it.
   std::vector<std::int32_t> virtual_stage(n, -1);
   for (graph::processor_id p = 0; p < np; ++p) {
+    if (g.processors[p].kind == graph::processor_kind::barrier) continue;  // joins: below
     std::int32_t previous_layer = -1;
     std::int32_t run_code = detail::label_unknown;
     for (const task_id t : on[p]) {
@@ -322,6 +325,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         virtual_stage[t] = vp > 1 ? previous_layer : -1;
       }
     }
+  }
+  // A join runs in its participants' unit.
+  for (task_id t = 0; t < n; ++t) {
+    if (collective_of_join[t] != nullptr) virtual_stage[t] = virtual_stage[collective_of_join[t]->complete.front()];
   }
   auto keeps = [&](int s, task_id t) { return virtual_stage[t] < 0 || virtual_stage[t] % pp == s; };
   // The unit each task runs in: its pass and chunk (code·vp + chunk), or before / after the passes.
