@@ -372,10 +372,10 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       }
       if (split_refused.empty()) {
         const model::hardware hw = comm_hardware(job, o.from_gpu).first;
+        const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
         const auto [intra, source] = p2p_model_time(*structure, hw, true);
         p2p_latency p2p{intra, p2p_model_time(*structure, hw, false).first, hw.gpus_per_node};
-        p2p.host = static_cast<time_ns>(std::llround(
-            costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr).profile.cpu_collective_ns));
+        p2p.host = static_cast<time_ns>(std::llround(costs.profile.cpu_collective_ns));
         // Tied input and output embeddings (the GPT-style model the parameter counts assume):
         // the end stages all-reduce the embedding's fp32 gradient, V/TP x hidden, every step.
         std::optional<tied_embedding_reduce> tied;
@@ -384,7 +384,6 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           const shape_config sc = shape_from ? *shape_from : traced_shape(*structure);
           const std::int64_t vocab_local = traced_vocab_local(job, *structure, sc);
           if (vocab_local > 0) {
-            const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
             tied_embedding_reduce t;
             t.bytes = vocab_local * sc.hidden * 4;
             const auto bytes = static_cast<double>(t.bytes);
