@@ -63,8 +63,9 @@ inline constexpr std::string_view whatif_usage =
     "  --json              {\"baseline\":{...},\"predicted\":{\"iteration_ns\",\"breakdown\",\"bubble_fraction\",\n"
     "                      \"memory_bytes_per_gpu\",\"ranks\":[...]},\"changes\":[...],\"shape\":{...},\"structure\":{...}}\n"
     "                      and \"pipeline\":{\"model\":\"pass-level\" or \"graph\",...} after a pipeline change\n"
-    "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank), which\n"
-    "                      `lumos replay` reads back and replays to the same prediction\n"
+    "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank; with --pp in\n"
+    "                      the graph every rank of every stage), which `lumos replay` reads back and\n"
+    "                      replays to the same prediction; not after a pass-level pipeline model\n"
     "  --report FILE       the HTML report of the prediction, with the baseline beside it\n";
 
 // One replay of the what-if: the job's iteration and the breakdown of its slowest rank (the one
@@ -239,9 +240,6 @@ inline int run_whatif(args& a) {
   const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
-  if (trace_out && (o.pp || o.vp || o.schedule)) {
-    throw usage_error("--trace-out: a pipeline change writes no traces yet (its cross-stage transfers are not send/recv kernels)");
-  }
   if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && o.groups.empty() && scaled.ops.empty() &&
       scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 && scaled.scales.cpu == 1.0) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
@@ -250,10 +248,27 @@ inline int run_whatif(args& a) {
   const trace::job job = trace::load_job(paths(inputs));
   const whatif::whatif_result r = whatif::run_whatif(job, o);
   if (trace_out && r.pipeline) {
-    throw usage_error("--trace-out: the micro-batches per replica changed, which a pass-level model predicts; it writes no traces yet");
+    throw usage_error("--trace-out: the pipeline change was predicted by the pass-level model (" +
+                      std::string(r.pipeline_reason.empty() ? "the pipeline of the traces is kept" : r.pipeline_reason) +
+                      "), which has no per-rank graph to write");
   }
   std::vector<std::filesystem::path> written;
-  if (trace_out) written = report::write_kineto(report::simulated_from(r.predicted, job), report::rank_numbers(job), *trace_out);
+  if (trace_out) {
+    report::simulated_job sj = report::simulated_from(r.predicted, job);
+    std::vector<int> ranks = report::rank_numbers(job);
+    if (r.stages) {
+      // The added stages' ranks are written from the traced rank each copies, every rank with
+      // the events its stage kept.
+      sj.subset = true;
+      sj.world_size = r.stages->world * r.stages->stages;
+      for (std::size_t k = 0; k < r.stages->maps.size(); ++k) {
+        const int rank = r.stages->maps[k].rank;
+        sj.aliases.push_back({rank, r.stages->traced_index[k], &r.stages->maps[k], job.ranks.size() + k});
+        ranks.push_back(rank);
+      }
+    }
+    written = report::write_kineto(sj, ranks, *trace_out);
+  }
   if (html) {
     report::html_options ho;
     ho.title = "lumos whatif";

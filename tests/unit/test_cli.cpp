@@ -441,7 +441,53 @@ TEST_CASE("whatif --pp --schedule --dp: the pipeline section of the JSON, and ba
   CHECK(run("whatif " + job + " --pp 3").code == 2);  // 8 layers over 3 stages
   CHECK(run("whatif " + job + " --schedule round-robin").code == 2);
   CHECK(run("whatif " + job + " --dp 0").code == 2);
-  CHECK(run("whatif " + job + " --pp 2 --trace-out /tmp/x").code == 2);
+  // A pass-level prediction has no per-rank graph to write.
+  lumos_test::temp_dir out;
+  const result refused = run("whatif " + job + " --pp 2 --trace-out " + (out.path() / "x").string());
+  CHECK(refused.code == 2);
+  CHECK(refused.err.find("pass-level model (the traces have pipeline stages)") != std::string::npos);
+}
+
+TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which replay to the prediction", "[cli][whatif][pipeline]") {
+  // A job without stages cut into 2 stages (1F1B) and into 2 stages of 2 chunks (interleaved): a
+  // file per rank of every stage, with its layers' launches and kernels, the send/recv kernels
+  // of its transfers and the host's synchronizations; replayed, every rank's iteration is the
+  // prediction's, and structure discovery finds the stages in them.
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "pp1";
+  REQUIRE(run("synth --layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --dp 1 --micro-batch 1 --global-batch 4 "
+              "--gpu h100-sxm --detail kernel --unfold --out " + a.string()).code == 0);
+  for (const std::string target : {"--pp 2", "--pp 2 --vp 2 --schedule interleaved"}) {
+    CAPTURE(target);
+    const auto out = dir.path() / (target.size() > 6 ? "pp2v2" : "pp2");
+    const result r = run("whatif " + a.string() + " " + target + " --json --trace-out " + out.string());
+    REQUIRE(r.code == 0);
+    simdjson::dom::parser p1, p2, p3;
+    simdjson::dom::element doc = p1.parse(r.out);
+    CHECK(std::string_view(doc["pipeline"]["model"]) == "graph");
+    CHECK(simdjson::dom::array(doc["trace_out"]).size() == 4);  // 2 traced ranks x 2 stages
+    const result again = run("replay " + out.string() + " --json");
+    REQUIRE(again.code == 0);
+    simdjson::dom::element back = p2.parse(again.out);
+    CHECK(int64_t(back["job"]["simulated_ns"]) == int64_t(doc["predicted"]["iteration_ns"]));
+    std::vector<std::int64_t> predicted, replayed;
+    for (const auto rank : simdjson::dom::array(doc["predicted"]["ranks"])) predicted.push_back(int64_t(rank["iteration_ns"]));
+    for (const auto rank : simdjson::dom::array(back["ranks"])) replayed.push_back(int64_t(rank["simulated_ns"]));
+    CHECK(replayed == predicted);
+    const result st = run("inspect --structure --json " + out.string());
+    REQUIRE(st.code == 0);
+    simdjson::dom::element par = p3.parse(st.out)["parallel"];
+    CHECK(int64_t(par["pp"]["value"]) == 2);
+    CHECK(int64_t(par["tp"]["value"]) == 2);
+  }
+  // A real PyTorch trace (one GPU, one micro-batch, three profiled steps) into 4 stages.
+  const auto four = dir.path() / "h4";
+  const result real = run("whatif " + data("gpu/h100-base") + " --pp 4 --json --trace-out " + four.string());
+  REQUIRE(real.code == 0);
+  const result real_again = run("replay " + four.string() + " --json");
+  REQUIRE(real_again.code == 0);
+  simdjson::dom::parser p4, p5;
+  CHECK(int64_t(p5.parse(real_again.out)["job"]["simulated_ns"]) == int64_t(p4.parse(real.out)["predicted"]["iteration_ns"]));
 }
 
 TEST_CASE("replay, whatif and predict write the HTML report with --report", "[cli][report]") {

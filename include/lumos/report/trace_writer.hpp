@@ -8,7 +8,9 @@
 // are not tasks (operators, annotations) are placed by a piecewise-linear map of their thread's
 // time from the measured to the simulated timeline. Tasks built from a model (no source event)
 // are written as runtime calls and kernels, with correlation ids from their launch edges and
-// collective args from their `collective_instance`.
+// collective args from their `collective_instance`. The ranks a pipeline what-if added are
+// written from the traced rank each copies (`simulated_job::aliases`), each rank with only the
+// events its stage kept (`simulated_job::subset`).
 
 #include <lumos/core/error.hpp>
 #include <lumos/core/json_writer.hpp>
@@ -86,6 +88,20 @@ struct simulated_job {
   std::string device_name;                       ///< for deviceProperties of model-built jobs
   double cpu_scale = 1.0;                        ///< the replay's `cpu` scale (busy lead and tail of a step)
   const trace_decorations* decorations = nullptr;  ///< model-built jobs: kernel-level detail
+  /// A rank written from another rank's trace (a pipeline what-if's added stages): its number,
+  /// the index in `source` of the traced rank it copies, its event ↔ task map, and its plan's
+  /// index in `plans`.
+  struct rank_source {
+    int rank = 0;
+    std::size_t source = 0;
+    const graph::rank_map* map = nullptr;
+    std::size_t plan = 0;
+  };
+  std::vector<rank_source> aliases;
+  /// Each rank keeps only some of its trace's events, reordered (a pipeline what-if's stages):
+  /// a CPU event that is no task is written around the written tasks it encloses, or not at all;
+  /// the collective args of a communication op are its instance's in the graph.
+  bool subset = false;
 };
 
 namespace detail {
@@ -121,8 +137,17 @@ class time_warp {
 // `ids`: added to the event's correlation and External id (a what-if's copy of a repeated task
 // is written with ids of its own, which pair its launch, kernel and operator as the original's do).
 inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, std::size_t i, std::int64_t ids = 0,
-                                  std::int64_t record_ids = 0) {
+                                  std::int64_t record_ids = 0, const graph::collective_instance* group = nullptr) {
   const trace::event& e = r.events[i];
+  if (group != nullptr) {
+    // The op's group as the graph has it (a what-if that made stages renamed and renumbered it).
+    w.field("Process Group Name", group->group);
+    if (!group->group_ranks.empty()) {
+      std::string ranks = "[";
+      for (std::size_t k = 0; k < group->group_ranks.size(); ++k) ranks += (k ? ", " : "") + std::to_string(group->group_ranks[k]);
+      w.field("Process Group Ranks", ranks + "]").field("Group size", group->group_ranks.size());
+    }
+  }
   if (e.external_id >= 0) w.field("External id", e.external_id + ids);
   if (e.correlation >= 0 && e.ph == trace::phase::complete) w.field("correlation", e.correlation + ids);
   if (e.stream >= 0) w.field("stream", e.stream);
@@ -130,6 +155,10 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
   const auto [b, en] = r.arg_range(i);
   for (std::uint32_t a = b; a < en; ++a) {
     const trace::arg_key k = r.arg_keys[a];
+    if (group != nullptr && (k == trace::arg_key::process_group_name || k == trace::arg_key::process_group_ranks ||
+                             k == trace::arg_key::group_size)) {
+      continue;
+    }
     w.key(trace::json_key(k));
     if (k == trace::arg_key::wait_on_event_record_correlation) {
       w.value(r.arg_values[a] + record_ids);  // the copy of the record it waits for, if that was repeated too
@@ -287,6 +316,13 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         plan_index = i;
       }
     }
+    for (const auto& a : job.aliases) {
+      if (src == nullptr && a.rank == rank) {
+        src = &job.source->ranks[a.source];
+        map = a.map;
+        plan_index = a.plan;
+      }
+    }
   } else if (job.plans != nullptr) {
     for (std::size_t i = 0; i < job.plans->size(); ++i) {
       if ((*job.plans)[i].rank == rank) plan_index = i;
@@ -308,10 +344,10 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   w.end_array();
   w.key("distributedInfo").begin_object().field("backend", src != nullptr && !src->backend.empty() ? src->backend : "nccl");
   w.field("rank", rank);
-  if (src != nullptr && src->world_size) {
-    w.field("world_size", *src->world_size);
-  } else if (job.world_size > 0) {
+  if (job.world_size > 0) {
     w.field("world_size", job.world_size);
+  } else if (src != nullptr && src->world_size) {
+    w.field("world_size", *src->world_size);
   }
   w.end_object();
   w.field("traceName", "simulated by lumos");
@@ -337,14 +373,15 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
                                                 index.edge_begin[slot + 1] - index.edge_begin[slot]);
   // A source event (trace-built jobs) at new times, with its category, name, row and args (its
   // ids shifted for a copy, see below).
-  auto write_source_event = [&](std::size_t i, time_ns begin, time_ns end, std::int64_t ids = 0, std::int64_t record_ids = 0) {
+  auto write_source_event = [&](std::size_t i, time_ns begin, time_ns end, std::int64_t ids = 0, std::int64_t record_ids = 0,
+                                const graph::collective_instance* group = nullptr) {
     const trace::event& e = src->events[i];
     const trace::lane& lane = src->lanes[e.lane];
     w.begin_object().field("ph", "X").field("cat", src->str(e.cat_name)).field("name", src->name(e));
     w.field("pid", lane.pid_text != no_string ? 0 : lane.pid).field("tid", lane.tid_text != no_string ? 0 : lane.tid);
     w.key("ts").microseconds(us(begin)).key("dur").microseconds(end - begin);
     w.key("args").begin_object();
-    detail::write_args_from_trace(w, *src, i, ids, record_ids);
+    detail::write_args_from_trace(w, *src, i, ids, record_ids, group);
     w.end_object().end_object();
   };
   // Copies: a what-if that repeats layers or micro-batches (whatif/editor.hpp) leaves several
@@ -407,6 +444,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   struct stream_wait {
     graph::task_id producer, consumer;
     std::int64_t record_corr, wait_corr;
+    bool record_with_wait = false;  // trace-built: the record is written just before the wait
   };
   detail::task_map<graph::task_id> launch_of(tasks);  // GPU task → its launch call
   for (const std::size_t i : rank_edges) {
@@ -431,6 +469,41 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       records_after.insert({*la, sw});
       waits_before.insert({*lb, sw});
     }
+  } else {
+    // Trace-built: a dependency of a GPU op a what-if added (no source event) on another stream
+    // of this rank, recorded and waited for just before the added op's launch; the last op
+    // queued on the producer's stream by then is the producer.
+    for (const std::size_t i : rank_edges) {
+      const auto& e = g.edges[i];
+      if ((e.kind != graph::edge_kind::dependency && e.kind != graph::edge_kind::cross_stream) || e.finish) continue;
+      if (g.rank[e.from] != rank || g.rank[e.to] != rank || g.processor[e.from] == g.processor[e.to] || g.source[e.to] != ~0U) continue;
+      if (g.processors[g.processor[e.from]].kind != graph::processor_kind::gpu_stream ||
+          g.processors[g.processor[e.to]].kind != graph::processor_kind::gpu_stream) {
+        continue;
+      }
+      const graph::task_id* lb = launch_of.find(e.to);
+      if (lb == nullptr) continue;
+      waits_before.insert({*lb, stream_wait{e.from, e.to, next_corr, next_corr + 1, true}});
+      next_corr += 2;
+    }
+  }
+  // Trace-built: a host task a what-if added that waits for GPU ops (sync edges) is written as a
+  // synchronize call, with the cuda_sync row that names what it waited for.
+  struct host_wait {
+    graph::task_id on = graph::no_task;
+    bool device = false;  // it waits for several streams
+  };
+  detail::task_map<host_wait> waits_on(tasks);
+  if (src != nullptr) {
+    for (const std::size_t i : rank_edges) {
+      const auto& e = g.edges[i];
+      if (e.kind != graph::edge_kind::sync || g.rank[e.to] != rank || g.source[e.to] != ~0U) continue;
+      if (const host_wait* h = waits_on.find(e.to)) {
+        waits_on.set(e.to, {h->on, h->device || g.processor[h->on] != g.processor[e.from]});
+      } else {
+        waits_on.set(e.to, {e.from, false});
+      }
+    }
   }
   auto write_runtime = [&](std::string_view name, const graph::processor_info& p, time_ns at, std::int64_t corr) {
     w.begin_object().field("ph", "X").field("cat", "cuda_runtime").field("name", name).field("pid", p.owner).field("tid", p.index);
@@ -438,7 +511,12 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
     w.key("args").begin_object().field("correlation", corr).end_object().end_object();
   };
 
-  std::map<graph::processor_id, time_ns> cpu_end;  // model-built: end of each thread's last task
+  std::map<graph::processor_id, time_ns> cpu_end;  // end of each thread's last task written
+  // Subset: per lane, the written CPU tasks' source events and where they were written.
+  struct placed {
+    time_ns ts, end, begin, finish;
+  };
+  std::map<std::uint32_t, std::vector<placed>> enclosed;
   for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
     const graph::task_id t = tasks[ti];
     const auto kind = g.kind[t];
@@ -447,6 +525,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
     if (src != nullptr && ev != ~0U) {
       const trace::event& e = src->events[ev];
       const std::uint32_t k = copy_k.empty() ? 0 : copy_k[ti];
+      if (trace::is_cpu_side(e.cat)) cpu_end[g.processor[t]] = f;
       // The warp maps the trace's times to copy 0's; copies are moved from there.
       if (trace::is_cpu_side(e.cat) && k == 0) warps[e.lane].add(g.observed_start[t], s), warps[e.lane].add(g.observed_end[t], f);
       if (kind == graph::task_kind::comm_arrive) continue;  // written with its complete
@@ -471,7 +550,11 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       time_ns end = f;
       if (trace::is_cpu_side(e.cat) && map->task_of_event[ev] != t) end = job.simulated.end_of(map->task_of_event[ev]);
       written[ev] = 1;
-      write_source_event(ev, begin, end);
+      const bool comm = kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm;
+      const graph::collective_instance* group =
+          job.subset && comm && index.instance_of[t] != rank_index::none ? &g.collectives[index.instance_of[t]] : nullptr;
+      write_source_event(ev, begin, end, 0, 0, group);
+      if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end});
       continue;
     }
     // Model-built task.
@@ -495,7 +578,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       for (std::size_t k = 0; ci != nullptr && k < ci->complete.size(); ++k) {
         if (ci->complete[k] == t) launched = ci->arrive[k];
       }
-      if (corr_of.find(t) == nullptr && launch_corr.find(launched) == nullptr) continue;
+      if (corr_of.find(t) == nullptr && launch_corr.find(launched) == nullptr && waits_on.find(t) == nullptr) continue;
     }
     const bool gpu = p.kind == graph::processor_kind::gpu_stream;
     const task_decoration* deco = job.decorations != nullptr ? job.decorations->find(t) : nullptr;
@@ -503,6 +586,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       const stream_wait& sw = it->second;
       const auto& consumer = g.processors[g.processor[sw.consumer]];
       const auto& producer = g.processors[g.processor[sw.producer]];
+      if (sw.record_with_wait) write_runtime("cudaEventRecord", p, s - 1, sw.record_corr);
       write_runtime("cudaStreamWaitEvent", p, s - 1, sw.wait_corr);
       w.begin_object().field("ph", "X").field("cat", "cuda_sync").field("name", "Stream Wait Event");
       w.field("pid", consumer.owner).field("tid", consumer.index).key("ts").microseconds(us(s - 1)).key("dur").microseconds(0);
@@ -515,6 +599,14 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
     if (deco != nullptr && !gpu && deco->blocking) {
       if (const auto it = cpu_end.find(g.processor[t]); it != cpu_end.end()) begin = std::min(begin, it->second);
       name = deco->runtime;
+    }
+    const host_wait* waiting = gpu ? nullptr : waits_on.find(t);
+    std::int64_t sync_corr = -1;
+    if (waiting != nullptr) {
+      // From the thread's previous task, when the call was issued, to the end of the wait.
+      if (const auto it = cpu_end.find(g.processor[t]); it != cpu_end.end()) begin = std::min(begin, it->second);
+      name = waiting->device ? "cudaDeviceSynchronize" : "cudaStreamSynchronize";
+      sync_corr = next_corr++;
     }
     if (!gpu) cpu_end[g.processor[t]] = f;
     if (deco != nullptr && !gpu && !deco->cpu_op.empty()) {
@@ -564,8 +656,18 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
     } else if (const std::int64_t* c = corr_of.find(t)) {
       w.field("correlation", *c);
       if (deco != nullptr && !deco->cpu_op.empty()) w.field("External id", *c);
+    } else if (sync_corr >= 0) {
+      w.field("correlation", sync_corr);
     }
     w.end_object().end_object();
+    if (waiting != nullptr) {
+      const auto& on = g.processors[g.processor[waiting->on]];
+      w.begin_object().field("ph", "X").field("cat", "cuda_sync").field("name", waiting->device ? "Device Synchronize" : "Stream Synchronize");
+      w.field("pid", on.owner).field("tid", on.index).key("ts").microseconds(us(f)).key("dur").microseconds(0);
+      w.key("args").begin_object().field("cuda_sync_kind", waiting->device ? "Device Synchronize" : "Stream Synchronize");
+      w.field("stream", waiting->device ? std::int64_t{-1} : on.index).field("correlation", sync_corr).field("device", on.owner);
+      w.end_object().end_object();
+    }
     for (auto [it, stop] = records_after.equal_range(t); it != stop; ++it) {
       write_runtime("cudaEventRecord", p, std::max(s, f - 1), it->second.record_corr);
     }
@@ -574,6 +676,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   // Trace-built: the CPU events that are not tasks, warped onto the simulated timeline.
   if (src != nullptr) {
     for (auto& [lane, warp] : warps) warp.finish();
+    for (auto& [lane, v] : enclosed) std::sort(v.begin(), v.end(), [](const placed& a, const placed& c) { return a.ts < c.ts; });
     // Per thread: its events that are tasks, by start (only when something was repeated).
     std::map<std::uint32_t, std::vector<std::pair<time_ns, std::uint32_t>>> task_events;
     if (!copy_k.empty()) {
@@ -623,6 +726,24 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         en = job.simulated.end_of(plan->previous->last_cpu) + plan->previous->tail_idle +
              scaled_part(plan->previous->tail_busy, job.cpu_scale);
       }
+      if (job.subset && !step) {
+        // Around the written tasks it encloses, with its measured lead before the first of them
+        // and tail after the last; not at all when it encloses none.
+        const auto lt = enclosed.find(e.lane);
+        if (lt == enclosed.end()) continue;
+        time_ns lo = std::numeric_limits<time_ns>::max(), hi = std::numeric_limits<time_ns>::min();
+        time_ns first_ts = std::numeric_limits<time_ns>::max(), last_end = std::numeric_limits<time_ns>::min();
+        for (auto q = std::lower_bound(lt->second.begin(), lt->second.end(), e.ts, [](const placed& x, time_ns v) { return x.ts < v; });
+             q != lt->second.end() && q->ts < e.end(); ++q) {
+          if (q->end > e.end()) continue;
+          lo = std::min(lo, q->begin), hi = std::max(hi, q->finish);
+          first_ts = std::min(first_ts, q->ts), last_end = std::max(last_end, q->end);
+        }
+        if (lo > hi) continue;
+        const time_ns pb = lo - (first_ts - e.ts), pe = hi + (e.end() - last_end);
+        b = pb;
+        if (!previous) en = pe;
+      }
       // Around a repeated run: once per copy, keeping its measured lead before its first task
       // and tail after its last (the warp, fitted on copy 0, would stretch copy 0 over the others).
       const std::uint32_t n = copy_k.empty() ? 1 : enclosed_copies(e);
@@ -650,6 +771,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       const trace::event& e = src->events[i];
       if (e.ph != trace::phase::complete || (e.cat != trace::category::cuda_sync && e.cat != trace::category::cuda_event)) continue;
       const auto call = call_of_correlation.find(e.correlation);
+      if (job.subset && call == call_of_correlation.end()) continue;  // its call is another stage's
       const time_ns at = call != call_of_correlation.end() ? job.simulated.begin_of(call->second) : e.ts + map->offset;
       write_source_event(i, at, at + e.dur);
       // A repeated call's record or wait: once per copy, at the copy's call, paired with the

@@ -380,14 +380,20 @@ struct span {
   return out;
 }
 
+/// Bytes of the activation one cross-stage transfer moves (hidden x sequence x micro-batch, at the
+/// traces' precision); 0 when the shape is not known.
+[[nodiscard]] inline std::int64_t p2p_bytes(const job_structure& st) {
+  const auto& md = st.model;
+  if (!md.hidden.known() || !md.seq.known() || !md.micro_batch_size.known()) return 0;
+  const std::int64_t elt = md.dtype.value.value_or("bf16") == "fp32" ? 4 : 2;
+  return *md.hidden.value * *md.seq.value * *md.micro_batch_size.value * elt;
+}
+
 /// A cross-stage transfer by the NCCL model when the trace has none: one activation of
 /// micro-batch × sequence × hidden; with the sentence that says so (or why it is free).
 [[nodiscard]] inline std::pair<time_ns, std::string> p2p_model_time(const job_structure& st, const model::hardware& hw,
                                                                     bool intra_node = true) {
-  const auto& md = st.model;
-  if (md.hidden.known() && md.seq.known() && md.micro_batch_size.known()) {
-    const std::int64_t elt = md.dtype.value.value_or("bf16") == "fp32" ? 4 : 2;
-    const std::int64_t bytes = *md.hidden.value * *md.seq.value * *md.micro_batch_size.value * elt;
+  if (const std::int64_t bytes = p2p_bytes(st); bytes > 0) {
     return {model::nccl_model{}.p2p_time({bytes, intra_node}, hw), "NCCL model for " + std::to_string(bytes) + " bytes"};
   }
   return {0, "no send/recv in the trace and no activation size (hidden, seq, micro-batch unknown): transfers free"};

@@ -13,11 +13,15 @@
 // stage, after its last layer (head, loss) on the last; in a backward pass the reverse; work between
 // layers, and the data-parallel gradient collectives, stay on every stage. Every edge whose two tasks
 // a stage keeps is kept unless the new order puts its source's pass after its target's (an edge the
-// traces had between passes the schedule now swaps); a cross-stage transfer is a dependency from the
-// producer's last kernel of the pass on its compute stream to the consumer's first host task of the
-// same pass, with the NCCL model's time, and the consumer's host then also waits for its own
-// compute stream to drain (Megatron's torch.cuda.synchronize() after each batched transfer). Stage s of traced rank r is rank s·W + r (pipeline stages
-// outermost, as Megatron numbers them); stage 0 keeps the traced ranks' numbers.
+// traces had between passes the schedule now swaps). A cross-stage transfer is what Megatron runs:
+// the producer's host launches a send kernel on a p2p stream after the pass, which waits for the
+// pass's last kernel on the compute stream; the consumer's host launches the receive on its own p2p
+// stream before the pass and then waits for it and for its compute stream to drain (the
+// torch.cuda.synchronize() after each batched transfer); send and receive are one p2p instance,
+// joined, with the NCCL model's time. `lumos whatif --trace-out` writes them as the
+// ncclDevKernel_SendRecv kernels, launches, event waits and stream synchronizations a trace
+// shows, so the written job replays to the prediction. Stage s of traced rank r is rank s·W + r
+// (pipeline stages outermost, as Megatron numbers them); stage 0 keeps the traced ranks' numbers.
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
@@ -36,8 +40,10 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -52,6 +58,7 @@ struct stage_split {
   std::vector<report::iteration_plan> plans;
   std::vector<std::size_t> traced_index;  ///< per plan: index into job.ranks of the rank it copies
   std::vector<int> stage;                 ///< per plan: its stage
+  std::vector<graph::rank_map> maps;      ///< per plan: its events ↔ its stage's tasks (for writing it)
   std::size_t p2p = 0, edges_dropped = 0, tasks_before = 0, tasks_after = 0;
   std::string change;
   /// Per stage s and traced rank i (index s·R + i): the tasks of its passes on its compute stream,
@@ -116,6 +123,7 @@ struct p2p_latency {
   time_ns intra = 0, inter = 0;
   int gpus_per_node = 8;
   time_ns host = 0;  ///< host time to post one send or receive (c10d / NCCL enqueue)
+  std::int64_t bytes = 0;  ///< the activation (or its gradient) one transfer moves
   [[nodiscard]] time_ns between(int a, int b) const noexcept {
     return gpus_per_node > 0 && a / gpus_per_node == b / gpus_per_node ? intra : inter;
   }
@@ -260,11 +268,18 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   std::vector<std::uint8_t> world_join(n, 0);
   {
     std::vector<std::string> dp_groups, world_groups;
+    // A group that spans the world but has a narrower role too (the TP group of a job with
+    // one replica, the DP group of a job without TP) is that role's: split per stage.
     for (const auto& pg : st.groups) {
+      bool dp = false, world = false, other = false;
       for (const auto& role : pg.roles) {
-        if (role.value && *role.value == group_role::dp) dp_groups.push_back(pg.name);
-        if (role.value && *role.value == group_role::world) dp_groups.push_back(pg.name), world_groups.push_back(pg.name);
+        if (!role.value) continue;
+        dp = dp || *role.value == group_role::dp;
+        world = world || *role.value == group_role::world;
+        other = other || (*role.value != group_role::dp && *role.value != group_role::world);
       }
+      if (dp && !other) dp_groups.push_back(pg.name);
+      if (world && !dp && !other) dp_groups.push_back(pg.name), world_groups.push_back(pg.name);
     }
     for (const auto& ci : g.collectives) {
       if (std::find(dp_groups.begin(), dp_groups.end(), ci.group) == dp_groups.end()) continue;
@@ -445,12 +460,24 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   std::map<std::tuple<int, graph::processor_id, std::int32_t>, std::pair<task_id, task_id>> ends;
   // The last new task of (stage, processor) before the run of a code, for the host's drain.
   std::map<std::tuple<int, graph::processor_id, std::int32_t>, task_id> before;
-  // The host's posting of each send: (stage, traced rank, task).
-  std::vector<std::tuple<int, std::size_t, task_id>> sends;
-  // The host's wait for a received pass of (stage, traced rank, code).
-  std::map<std::tuple<int, std::size_t, std::int32_t>, task_id> waits;
-  // The tied embedding's all-reduce of (stage, traced rank): arrive and complete.
+  // The host's launch of the send of (stage, traced rank, unit).
+  std::map<std::tuple<int, std::size_t, std::int32_t>, task_id> send_launch;
+  // The host's receive of (stage, traced rank, unit): its launch, then the synchronisation on the
+  // receive's stream, then on the compute stream.
+  struct receive_post {
+    task_id launch = graph::no_task, on_transfer = graph::no_task, on_compute = graph::no_task;
+    graph::processor_id thread = 0;  // the traced thread
+  };
+  std::map<std::tuple<int, std::size_t, std::int32_t>, receive_post> receives_posted;
+  // Every host task the transfers added, per (stage, traced rank), for the added ranks' plans.
+  std::map<std::pair<int, std::size_t>, std::vector<task_id>> host_added;
+  // The tied embedding's all-reduce of (stage, traced rank): arrive and complete; its launch.
   std::map<std::pair<int, std::size_t>, std::pair<task_id, task_id>> tied_tasks;
+  std::map<std::pair<int, std::size_t>, task_id> tied_launch;
+  // Host tasks added right before a copied task (stage, original task): they take that task's
+  // edges from other threads (a hand-off into the autograd thread, say), so that they run no
+  // earlier than it could.
+  std::map<std::pair<int, task_id>, task_id> placed_before;
   for (int s = 0; s < pp; ++s) {
     for (graph::processor_id p = 0; p < np; ++p) {
       graph::processor_info info = g.processors[p];
@@ -499,6 +526,28 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         tied_done = true;
       };
       const auto waits_here = index_of_thread.find(p);
+      // The host thread that launches a traced rank's forward passes launches the tied
+      // embedding's all-reduce, first of its work after the passes.
+      const bool tied_host = tied != nullptr && pp > 1 && (s == 0 || s == pp - 1) && waits_here != index_of_thread.end() &&
+                             (waits_here->second.second & 1) != 0;
+      bool tied_launched = !tied_host;
+      auto host_task = [&](std::string_view name, time_ns duration, int rank, time_ns at) {
+        graph::task_spec spec;
+        spec.kind = graph::task_kind::cpu;
+        spec.processor = np_id;
+        spec.name = name;
+        spec.duration = duration;
+        spec.rank = rank;
+        spec.observed_start = spec.observed_end = at;
+        const task_id t = ng.add_task(spec);
+        host_added[{s, waits_here->second.first}].push_back(t);
+        return t;
+      };
+      auto launch_tied = [&](time_ns at) {
+        const std::size_t i = waits_here->second.first;
+        tied_launch[{s, i}] = host_task("cudaLaunchKernel", p2p.host, new_rank(job.ranks[i].rank, s), at);
+        tied_launched = true;
+      };
       // Whether this processor is the host thread that launches unit u's pass, and u is marked in
       // `of` (the units that receive, or send).
       auto launches = [&](std::int32_t u, const std::vector<std::vector<std::uint8_t>>& of) {
@@ -510,21 +559,26 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         const std::int32_t u = unit_of(list[x]);
         if (previous != no_task) before[{s, p, u}] = previous;
         if (!tied_done && u == detail::label_post) emit_tied();
+        if (!tied_launched && u == detail::label_post && x < y) {
+          launch_tied(g.observed_start[list[x]]);
+          placed_before[{s, list[x]}] = tied_launch[{s, waits_here->second.first}];
+        }
         task_id first = no_task, last = no_task;
         for (std::size_t z = x; z < y; ++z) {
           const task_id t = list[z];
           if (!k[t]) continue;
           if (first == no_task && launches(u, receives)) {
-            // A pass that receives its input: the host blocks on the transfer first (Megatron's
-            // torch.cuda.synchronize() after the batched send/recv), in the step from its start.
-            graph::task_spec w;
-            w.kind = graph::task_kind::cpu_blocking;
-            w.processor = np_id;
-            w.name = "cudaDeviceSynchronize";
-            w.rank = new_rank(g.rank[t], s);
-            w.observed_start = w.observed_end = g.observed_start[t];
-            w.busy_gap = p2p.host;  // posting the receive
-            waits[{s, waits_here->second.first, u}] = ng.add_task(w);
+            // A pass that receives its input: the host launches the receive, then waits for it
+            // and for its compute stream to drain (Megatron's torch.cuda.synchronize() after the
+            // batched send/recv), in the step from its start.
+            const int rank = new_rank(g.rank[t], s);
+            receive_post rp;
+            rp.launch = host_task("cudaLaunchKernel", p2p.host, rank, g.observed_start[t]);
+            rp.on_transfer = host_task("cudaStreamSynchronize", 0, rank, g.observed_start[t]);
+            rp.on_compute = host_task("cudaStreamSynchronize", 0, rank, g.observed_start[t]);
+            rp.thread = p;
+            receives_posted[{s, waits_here->second.first, u}] = rp;
+            placed_before[{s, t}] = rp.launch;
           }
           graph::task_spec spec = detail::spec_of(g, t);
           spec.processor = np_id;
@@ -539,19 +593,14 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
           last = cp[t];
         }
         if (first != no_task && launches(u, sends_to)) {
-          // A pass whose output another stage reads: the host posts the send after it.
-          graph::task_spec send;
-          send.kind = graph::task_kind::cpu;
-          send.processor = np_id;
-          send.name = u < m * vp ? "send_forward" : "send_backward";
-          send.duration = p2p.host;
-          send.rank = new_rank(job.ranks[waits_here->second.first].rank, s);
-          send.observed_start = send.observed_end = ng.observed_end[last];
-          sends.emplace_back(s, waits_here->second.first, ng.add_task(send));
+          // A pass whose output another stage reads: the host launches the send after it.
+          send_launch[{s, waits_here->second.first, u}] =
+              host_task("cudaLaunchKernel", p2p.host, new_rank(job.ranks[waits_here->second.first].rank, s), ng.observed_end[last]);
         }
         if (first != no_task) ends[{s, p, u}] = {first, last}, previous = last;
       }
       if (!tied_done) emit_tied();
+      if (!tied_launched) launch_tied(list.empty() ? 0 : g.observed_end[list.back()]);
     }
   }
   out.tasks_after = ng.task_count();
@@ -567,6 +616,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       }
       if (s > 0 && world_join[e.from] && world_join[e.to]) continue;
       ng.add_edge(from, to, e.delay, e.kind, e.flags());
+      if (g.processor[e.from] == g.processor[e.to]) continue;
+      if (const auto pb = placed_before.find({s, e.to}); pb != placed_before.end()) {
+        ng.add_edge(from, pb->second, e.delay, e.kind, e.flags());
+      }
     }
   }
   for (const graph::collective_instance& ci : g.collectives) {
@@ -600,29 +653,161 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     }
   }
 
-  // Cross-stage transfers.
+  // Cross-stage transfers: a send kernel on the producer's stream to the next (or previous)
+  // stage, after the producer's last kernel of the pass, and a receive kernel on the consumer's
+  // stream from it, joined as one p2p instance; the consumer's host waits for the receive and
+  // for its compute stream. Sends are queued in the producer's order, receives in the
+  // consumer's, and each (direction, producer stage and chunk, traced rank) is one group whose
+  // k-th send pairs with its k-th receive, as NCCL orders a communicator's p2p operations.
+  struct transfer {
+    std::size_t i = 0;
+    int from = 0, to = 0, chunk = 0;
+    std::int32_t from_unit = 0, to_unit = 0;
+    bool forward = true;
+    task_id producer = no_task, send = no_task;
+    receive_post receive;
+    task_id send_arrive = no_task, recv_arrive = no_task;
+  };
+  // A receive is posted once the stage's previous pass has been launched on the other host
+  // thread too (the autograd thread's backward, say, follows the forward the main thread
+  // launched), not as soon as its own thread is free.
+  for (const auto& [key, rp] : receives_posted) {
+    const auto& [s, i, u] = key;
+    const std::int64_t at = pos(s, u);
+    if (at <= 0) continue;
+    const std::int32_t previous_unit = unit_of_op(orders[static_cast<std::size_t>(s)][static_cast<std::size_t>(at - 1)]);
+    for (const graph::processor_id q : main_thread[i]) {
+      if (q == rp.thread) continue;
+      if (const auto e = ends.find({s, q, previous_unit}); e != ends.end()) {
+        ng.add_edge(e->second.second, rp.launch, 0, graph::edge_kind::thread_handoff);
+      }
+    }
+  }
+  std::vector<transfer> transfers;
   for (std::size_t i = 0; i < R; ++i) {
-    const int rank = job.ranks[i].rank;
-    const graph::processor_id stream = main_stream[i];
     for (int consumer = 0; consumer < pp; ++consumer) {
       for (const pipeline::op& o : orders[static_cast<std::size_t>(consumer)]) {
         const auto dep = pipeline::dependency_of(shape, consumer, o);
         if (!dep || !dep->crosses_stages(consumer)) continue;
-        const int producer = dep->on.stage;
-        const std::int32_t u = unit_of_op(o);
-        const auto from = ends.find({producer, stream, unit_of_op(dep->on.what)});
-        const auto to = waits.find({consumer, i, u});
-        if (from == ends.end() || to == waits.end()) continue;
-        ng.add_edge(from->second.second, to->second, p2p.between(new_rank(rank, producer), new_rank(rank, consumer)),
-                    graph::edge_kind::dependency, graph::edge_flags::finish);
-        ++out.p2p;
-        // Megatron's torch.cuda.synchronize() after the transfer: the host also waits for its
-        // own device to finish what it queued before this pass.
-        if (const auto drain = before.find({consumer, stream, u}); drain != before.end()) {
-          ng.add_edge(drain->second, to->second, 0, graph::edge_kind::sync, graph::edge_flags::finish);
-        }
+        transfer x;
+        x.i = i, x.from = dep->on.stage, x.to = consumer;
+        x.from_unit = unit_of_op(dep->on.what), x.to_unit = unit_of_op(o);
+        x.chunk = dep->on.what.chunk;
+        x.forward = o.kind == pipeline::op_kind::forward;
+        const auto from = ends.find({x.from, main_stream[i], x.from_unit});
+        const auto send = send_launch.find({x.from, i, x.from_unit});
+        const auto receive = receives_posted.find({x.to, i, x.to_unit});
+        if (from == ends.end() || send == send_launch.end() || receive == receives_posted.end()) continue;
+        x.producer = from->second.second, x.send = send->second, x.receive = receive->second;
+        transfers.push_back(x);
       }
     }
+  }
+  // The p2p streams of (stage, traced rank): 0 receives from the previous stage, 1 from the
+  // next, 2 sends to the next, 3 to the previous; numbered after the rank's traced streams.
+  std::map<std::tuple<int, std::size_t, int>, graph::processor_id> p2p_streams;
+  std::vector<std::int64_t> stream_base(R, 0);
+  for (graph::processor_id p = 0; p < np; ++p) {
+    const auto& info = g.processors[p];
+    if (info.kind != graph::processor_kind::gpu_stream) continue;
+    for (std::size_t i = 0; i < R; ++i) {
+      if (info.rank == job.ranks[i].rank) stream_base[i] = std::max(stream_base[i], info.index + 1);
+    }
+  }
+  auto p2p_stream = [&](int s, std::size_t i, int which) {
+    const auto [it, fresh] = p2p_streams.try_emplace({s, i, which}, 0);
+    if (fresh) {
+      static constexpr std::array<const char*, 4> what = {"p2p recv prev", "p2p recv next", "p2p send next", "p2p send prev"};
+      graph::processor_info info;
+      info.kind = graph::processor_kind::gpu_stream;
+      info.rank = new_rank(job.ranks[i].rank, s);
+      info.owner = g.processors[main_stream[i]].owner;
+      info.index = stream_base[i] + which;
+      info.name = "rank " + std::to_string(info.rank) + " stream " + std::to_string(info.index) + " (" +
+                  what[static_cast<std::size_t>(which)] + ")";
+      it->second = ng.add_processor(std::move(info));
+    }
+    return it->second;
+  };
+  const string_id p2p_kernel = ng.strings.intern("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)");
+  auto comm_pair = [&](graph::processor_id stream, int rank, time_ns duration, time_ns at) {
+    graph::task_spec spec;
+    spec.processor = stream;
+    spec.rank = rank;
+    spec.name_id = p2p_kernel;
+    spec.kind = graph::task_kind::comm_arrive;
+    spec.observed_start = spec.observed_end = at;
+    const task_id a = ng.add_task(spec);
+    spec.kind = graph::task_kind::comm_complete;
+    spec.duration = duration;
+    (void)ng.add_task(spec);  // the complete: the arrive's next id
+    return a;
+  };
+  std::vector<std::size_t> by(transfers.size());
+  std::iota(by.begin(), by.end(), std::size_t{0});
+  auto order_by = [&](auto key) { std::stable_sort(by.begin(), by.end(), [&](std::size_t a, std::size_t c) { return key(transfers[a]) < key(transfers[c]); }); };
+  auto time_of = [&](const transfer& x) {
+    return p2p.between(new_rank(job.ranks[x.i].rank, x.from), new_rank(job.ranks[x.i].rank, x.to));
+  };
+  order_by([&](const transfer& x) { return std::tuple(x.from, x.i, x.forward, pos(x.from, x.from_unit)); });
+  for (const std::size_t k : by) {
+    transfer& x = transfers[k];
+    const int rank = new_rank(job.ranks[x.i].rank, x.from);
+    x.send_arrive = comm_pair(p2p_stream(x.from, x.i, x.forward ? 2 : 3), rank, time_of(x), ng.observed_end[x.send]);
+    ng.add_edge(x.send, x.send_arrive, p2p.host, graph::edge_kind::launch, graph::edge_flags::from_start);
+    ng.add_edge(x.producer, x.send_arrive, 0, graph::edge_kind::dependency);
+  }
+  order_by([&](const transfer& x) { return std::tuple(x.to, x.i, x.forward, pos(x.to, x.to_unit)); });
+  for (const std::size_t k : by) {
+    transfer& x = transfers[k];
+    const int rank = new_rank(job.ranks[x.i].rank, x.to);
+    x.recv_arrive = comm_pair(p2p_stream(x.to, x.i, x.forward ? 0 : 1), rank, time_of(x), ng.observed_end[x.receive.launch]);
+    ng.add_edge(x.receive.launch, x.recv_arrive, p2p.host, graph::edge_kind::launch, graph::edge_flags::from_start);
+    ng.add_edge(x.recv_arrive + 1, x.receive.on_transfer, 0, graph::edge_kind::sync);
+    if (const auto drain = before.find({x.to, main_stream[x.i], x.to_unit}); drain != before.end()) {
+      ng.add_edge(drain->second, x.receive.on_compute, 0, graph::edge_kind::sync);
+    }
+  }
+  order_by([&](const transfer& x) { return std::tuple(x.i, x.forward, x.from, x.chunk, pos(x.from, x.from_unit)); });
+  std::string group;
+  graph::processor_id group_barrier = 0;
+  std::int64_t sequence = 0;
+  for (const std::size_t k : by) {
+    const transfer& x = transfers[k];
+    const int rank = job.ranks[x.i].rank;
+    const std::string name = std::string(x.forward ? "pp.fwd." : "pp.bwd.") + std::to_string(x.from) + "-" + std::to_string(x.to) +
+                             ".c" + std::to_string(x.chunk) + ".r" + std::to_string(rank);
+    if (name != group) {
+      group = name, sequence = 0;
+      graph::processor_info info;
+      info.kind = graph::processor_kind::barrier;
+      info.rank = -1;
+      info.name = "group " + name;
+      group_barrier = ng.add_processor(std::move(info));
+    }
+    graph::task_spec js;
+    js.kind = graph::task_kind::join;
+    js.processor = group_barrier;
+    js.name = "send_recv";
+    js.rank = -1;
+    js.observed_start = js.observed_end = std::max(ng.observed_end[x.send], ng.observed_end[x.receive.launch]);
+    const task_id join = ng.add_task(js);
+    graph::collective_instance ci;
+    ci.kind = "send_recv";
+    ci.group = name;
+    ci.group_ranks = {new_rank(rank, x.from), new_rank(rank, x.to)};
+    ci.bytes = p2p.bytes;
+    ci.sequence = sequence++;
+    ci.join = join;
+    ci.match = "added by the pipeline what-if (cross-stage transfer)";
+    for (const task_id a : {x.send_arrive, x.recv_arrive}) {
+      ci.arrive.push_back(a);
+      ci.complete.push_back(a + 1);
+      ng.add_edge(a, join, 0, graph::edge_kind::collective);
+      ng.add_edge(join, a + 1, 0, graph::edge_kind::collective);
+    }
+    ng.collectives.push_back(std::move(ci));
+    ++out.p2p;
   }
 
   // The tied embedding's all-reduce: joined across the end stages, after each one's last pass
@@ -655,6 +840,9 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       ci.complete.push_back(ac.second);
       ng.add_edge(ac.first, join, 0, graph::edge_kind::collective);
       ng.add_edge(join, ac.second, 0, graph::edge_kind::collective);
+      if (const auto l = tied_launch.find({stage, i}); l != tied_launch.end()) {
+        ng.add_edge(l->second, ac.first, p2p.host, graph::edge_kind::launch, graph::edge_flags::from_start);
+      }
       if (const auto e = ends.find({stage, main_stream[i], unit_of_op(orders[static_cast<std::size_t>(stage)].back())}); e != ends.end()) {
         ng.add_edge(e->second.second, ac.first, 0, graph::edge_kind::dependency);
         const time_ns at = ng.observed_end[e->second.second];
@@ -670,7 +858,18 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     ++tied_count;
   }
 
-  // Maps: the traced ranks read stage 0; kept overheads follow every copy.
+  // Maps: the traced ranks read stage 0, the added ranks their own stage; kept overheads follow
+  // every copy.
+  for (int s = 1; s < pp; ++s) {
+    const auto& cp = copy[static_cast<std::size_t>(s)];
+    for (std::size_t i = 0; i < plans.size() && i < R; ++i) {
+      graph::rank_map m2 = b.ranks[i];
+      m2.rank = new_rank(m2.rank, s);
+      for (auto& t : m2.task_of_event) t = t == no_task ? t : cp[t];
+      for (auto& t : m2.arrive_of_event) t = t == no_task ? t : cp[t];
+      out.maps.push_back(std::move(m2));
+    }
+  }
   for (auto& r : b.ranks) {
     for (auto& t : r.task_of_event) t = t == no_task ? t : copy[0][t];
     for (auto& t : r.arrive_of_event) t = t == no_task ? t : copy[0][t];
@@ -701,16 +900,17 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         return o;
       };
       p.cpu = map_list(from.cpu);
-      for (const auto& [key, w] : waits) {
-        if (std::get<0>(key) == s && std::get<1>(key) == i) p.cpu.push_back(w);
-      }
-      for (const auto& [stage, index, t] : sends) {
-        if (stage == s && index == i) p.cpu.push_back(t);
-      }
+      if (const auto h = host_added.find({s, i}); h != host_added.end()) p.cpu.insert(p.cpu.end(), h->second.begin(), h->second.end());
       p.gpu = map_list(from.gpu);
       p.compute = map_list(from.compute);
       for (const auto& [a, c] : from.comm) {
         if (cp[a] != no_task && cp[c] != no_task) p.comm.emplace_back(cp[a], cp[c]);
+      }
+      for (const transfer& x : transfers) {
+        if (x.i != i || (x.from != s && x.to != s)) continue;
+        for (const task_id a : {x.from == s ? x.send_arrive : no_task, x.to == s ? x.recv_arrive : no_task}) {
+          if (a != no_task) p.gpu.push_back(a + 1), p.comm.emplace_back(a, a + 1);
+        }
       }
       // First and last CPU task: the copies, or the earliest / latest kept task of the same thread.
       auto pick = [&](task_id t, bool earliest) {
@@ -758,8 +958,8 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   std::snprintf(line, sizeof line,
                 "PP 1 -> %d, fine-grained (the traced launches and kernels): layers re-partitioned %d -> %d per stage%s, %d ranks -> "
                 "%d (stage s of traced rank r is rank s*%d + r), each stage's passes in %s order (%d micro-batches), %zu "
-                "cross-stage transfers (%.1f us within a node, %.1f us across nodes of %d GPUs: %s; the receiving host then "
-                "waits for its device), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped%s",
+                "cross-stage transfers as send/recv kernels on p2p streams (%.1f us within a node, %.1f us across nodes of %d GPUs: "
+                "%s; the receiving host then waits for the receive and its compute stream), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped%s",
                 pp, L, per_chunk * vp, vp > 1 ? (" in " + std::to_string(vp) + " chunks of " + std::to_string(per_chunk)).c_str() : "",
                 static_cast<int>(R), static_cast<int>(R) * pp, W,
                 std::string(pipeline::schedule_title(kind)).c_str(), m, out.p2p, static_cast<double>(p2p.intra) / 1e3,

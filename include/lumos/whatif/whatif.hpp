@@ -62,6 +62,8 @@ struct whatif_result {
   /// Set when the pipeline change was made in the graph (PP 1 traces to 1F1B or GPipe stages,
   /// whatif/pipeline_graph.hpp): `predicted.ranks` then hold every rank of every stage.
   std::optional<stage_split> stages;
+  /// With `pipeline`: why the change was not made in the graph (empty: no stage count asked for).
+  std::string pipeline_reason;
   std::optional<shape_summary> shape;  ///< when the traces' model shape is known and a shape or layer change was asked
   /// What structure discovery found in the traces (`lumos inspect --structure`).
   std::optional<job_structure> structure;
@@ -376,6 +378,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         const auto [intra, source] = p2p_model_time(*structure, hw, true);
         p2p_latency p2p{intra, p2p_model_time(*structure, hw, false).first, hw.gpus_per_node};
         p2p.host = static_cast<time_ns>(std::llround(costs.profile.cpu_collective_ns));
+        p2p.bytes = p2p_bytes(*structure);
         // Tied input and output embeddings (the GPT-style model the parameter counts assume):
         // the end stages all-reduce the embedding's fp32 gradient, V/TP x hidden, every step.
         std::optional<tied_embedding_reduce> tied;
@@ -438,6 +441,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     out.stages = std::move(split);
   } else if (pipeline_asked || (micro_batches && staged)) {
     if (!split_refused.empty() && o.pp) out.changes.push_back("pipeline change by the pass-level model, not in the graph: " + split_refused);
+    out.pipeline_reason = o.pp ? split_refused : std::string();
     pipeline_target t;
     t.pp = o.pp, t.vp = o.vp, t.schedule = o.schedule, t.micro_batches = micro_batches, t.layers = o.layers;
     const auto hw = comm_hardware(job, o.from_gpu).first;
