@@ -67,6 +67,9 @@ CASES = [
     ("PP 1→2 with TP 2→4 (in the graph)", {"--pp": "1"}, {"--pp": "2", "--tp": "4"}),
     ("PP 1→2, interleaved 2 chunks (in the graph)", {"--pp": "1"}, {"--pp": "2", "--vp": "2", "--schedule": "interleaved"}),
     ("PP 1→4, interleaved 2 chunks (in the graph)", {"--pp": "1"}, {"--pp": "4", "--vp": "2", "--schedule": "interleaved"}),
+    # With another count of micro-batches per replica: the periods repeated or removed first.
+    ("PP 1→2 with DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--dp": "4"}),
+    ("PP 1→2, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--global-batch": "32"}),
     # Without pipeline stages the micro-batches run in sequence (gradient accumulation): a count
     # change repeats or removes whole micro-batches in the graph.
     ("DP ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--dp": "4"}),

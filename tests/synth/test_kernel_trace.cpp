@@ -23,6 +23,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
 
 using namespace lumos;
 
@@ -456,6 +457,35 @@ TEST_CASE("whatif --pp from 1 cuts the traced graph into 1F1B stages", "[whatif]
     CHECK(*r.bubble_fraction > previous_bubble);
     CHECK(*r.bubble_fraction < 1.0);
     previous_bubble = *r.bubble_fraction;
+  }
+}
+
+TEST_CASE("whatif --pp from 1 with another count of micro-batches per replica, in the graph", "[whatif][pipeline][kernel_trace]") {
+  // The job of the tests above (8 micro-batches per replica) to 2 stages with DP x2 at the same
+  // global batch (4 micro-batches: periods removed) and with the global batch x2 (16: a period
+  // repeated), each against the job synthesised so: the micro-batch change is made in the graph
+  // first, then the split orders the new count.
+  const config a = pp1_job;
+  lumos_test::temp_dir dir_a;
+  (void)synthesise(a, dir_a.path());
+  const trace::job traced = trace::load_job({dir_a.path()});
+  for (const auto& [dp, global_batch, micro_batches] : {std::tuple{4, 16, 4}, std::tuple{2, 32, 16}}) {
+    config b = a;
+    b.pp = 2, b.dp = dp, b.global_batch = global_batch;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    o.pp = 2, o.dp = dp, o.global_batch = global_batch;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    REQUIRE(r.stages);
+    CHECK_FALSE(r.pipeline);
+    CHECK(r.stages->micro_batches == micro_batches);
+    CHECK(r.stages->p2p == static_cast<std::size_t>(2 * micro_batches) * traced.ranks.size());
+    CHECK(r.stages->edges_dropped == 0);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO("DP " << dp << ", global batch " << global_batch << ": predicted " << r.predicted.simulated_ns << " ns, synthesised "
+               << direct.makespan << " ns, error " << err);
+    CHECK(std::abs(err) < 0.05);
   }
 }
 

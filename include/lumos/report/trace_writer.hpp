@@ -515,8 +515,14 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   // Subset: per lane, the written CPU tasks' source events and where they were written.
   struct placed {
     time_ns ts, end, begin, finish;
+    std::uint32_t order = 0;  // its place among the lane's written tasks, in written time
   };
   std::map<std::uint32_t, std::vector<placed>> enclosed;
+  // Subset: a communication op's group as the graph has it (stages rename and renumber them).
+  auto group_of = [&](graph::task_id t, graph::task_kind kind) -> const graph::collective_instance* {
+    const bool comm = kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm;
+    return job.subset && comm && index.instance_of[t] != rank_index::none ? &g.collectives[index.instance_of[t]] : nullptr;
+  };
   for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
     const graph::task_id t = tasks[ti];
     const auto kind = g.kind[t];
@@ -537,7 +543,8 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         const bool comm = kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm;
         const time_ns begin = trace::is_cpu_side(e.cat) || comm ? job.simulated.begin_of(first) : s;
         const time_ns end = trace::is_cpu_side(e.cat) ? job.simulated.end_of(last) : f;
-        write_source_event(ev, begin, end, static_cast<std::int64_t>(k) * copy_ids);
+        write_source_event(ev, begin, end, static_cast<std::int64_t>(k) * copy_ids, 0, group_of(t, kind));
+        if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end});
         continue;
       }
       time_ns begin = s;
@@ -550,10 +557,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       time_ns end = f;
       if (trace::is_cpu_side(e.cat) && map->task_of_event[ev] != t) end = job.simulated.end_of(map->task_of_event[ev]);
       written[ev] = 1;
-      const bool comm = kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm;
-      const graph::collective_instance* group =
-          job.subset && comm && index.instance_of[t] != rank_index::none ? &g.collectives[index.instance_of[t]] : nullptr;
-      write_source_event(ev, begin, end, 0, 0, group);
+      write_source_event(ev, begin, end, 0, 0, group_of(t, kind));
       if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end});
       continue;
     }
@@ -676,7 +680,23 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   // Trace-built: the CPU events that are not tasks, warped onto the simulated timeline.
   if (src != nullptr) {
     for (auto& [lane, warp] : warps) warp.finish();
-    for (auto& [lane, v] : enclosed) std::sort(v.begin(), v.end(), [](const placed& a, const placed& c) { return a.ts < c.ts; });
+    for (auto& [lane, v] : enclosed) {
+      std::stable_sort(v.begin(), v.end(), [](const placed& a, const placed& c) { return a.begin < c.begin; });
+      for (std::size_t k = 0; k < v.size(); ++k) v[k].order = static_cast<std::uint32_t>(k);
+      std::stable_sort(v.begin(), v.end(), [](const placed& a, const placed& c) { return a.ts < c.ts; });
+    }
+    // Subset: per lane, the runtime calls of the whole trace, by start: an event's lead and tail
+    // are measured to the first and last of them inside it, written here or not (a pass marker
+    // keeps its own overhead, not the time of the layers another stage took).
+    std::map<std::uint32_t, std::vector<std::pair<time_ns, time_ns>>> calls;
+    if (job.subset) {
+      for (const trace::event& e : src->events) {
+        if (e.ph == trace::phase::complete && (e.cat == trace::category::cuda_runtime || e.cat == trace::category::cuda_driver)) {
+          calls[e.lane].emplace_back(e.ts, e.end());
+        }
+      }
+      for (auto& [lane, v] : calls) std::sort(v.begin(), v.end());
+    }
     // Per thread: its events that are tasks, by start (only when something was repeated).
     std::map<std::uint32_t, std::vector<std::pair<time_ns, std::uint32_t>>> task_events;
     if (!copy_k.empty()) {
@@ -729,20 +749,45 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       if (job.subset && !step) {
         // Around the written tasks it encloses, with its measured lead before the first of them
         // and tail after the last; not at all when it encloses none.
+        // Written tasks it encloses that another one separates (the two chunks of a pass marker
+        // in an interleaved order) make one event each.
         const auto lt = enclosed.find(e.lane);
         if (lt == enclosed.end()) continue;
-        time_ns lo = std::numeric_limits<time_ns>::max(), hi = std::numeric_limits<time_ns>::min();
-        time_ns first_ts = std::numeric_limits<time_ns>::max(), last_end = std::numeric_limits<time_ns>::min();
+        std::vector<const placed*> inside;
         for (auto q = std::lower_bound(lt->second.begin(), lt->second.end(), e.ts, [](const placed& x, time_ns v) { return x.ts < v; });
              q != lt->second.end() && q->ts < e.end(); ++q) {
-          if (q->end > e.end()) continue;
-          lo = std::min(lo, q->begin), hi = std::max(hi, q->finish);
-          first_ts = std::min(first_ts, q->ts), last_end = std::max(last_end, q->end);
+          if (q->end <= e.end()) inside.push_back(&*q);
         }
-        if (lo > hi) continue;
-        const time_ns pb = lo - (first_ts - e.ts), pe = hi + (e.end() - last_end);
-        b = pb;
-        if (!previous) en = pe;
+        if (inside.empty()) continue;
+        std::sort(inside.begin(), inside.end(), [](const placed* a, const placed* c) { return a->order < c->order; });
+        std::vector<std::pair<time_ns, time_ns>> runs;  // simulated span of each run
+        for (std::size_t k = 0; k < inside.size(); ++k) {
+          if (k == 0 || inside[k]->order != inside[k - 1]->order + 1) runs.emplace_back(inside[k]->begin, inside[k]->finish);
+          runs.back().first = std::min(runs.back().first, inside[k]->begin);
+          runs.back().second = std::max(runs.back().second, inside[k]->finish);
+        }
+        if (previous) runs.resize(1);
+        const time_ns lo = runs.front().first, hi = runs.back().second;
+        time_ns first_ts = e.ts, last_end = e.end();
+        if (const auto c = calls.find(e.lane); c != calls.end()) {
+          const auto& v = c->second;
+          const auto from = std::lower_bound(v.begin(), v.end(), std::pair{e.ts, std::numeric_limits<time_ns>::min()});
+          const auto to = std::lower_bound(from, v.end(), std::pair{e.end(), std::numeric_limits<time_ns>::min()});
+          time_ns first = std::numeric_limits<time_ns>::max(), last = std::numeric_limits<time_ns>::min();
+          for (auto q = from; q != to; ++q) {
+            if (q->second <= e.end()) first = std::min(first, q->first), last = std::max(last, q->second);
+          }
+          if (first <= last) first_ts = first, last_end = last;
+        }
+        const time_ns lead = first_ts - e.ts, tail = e.end() - last_end;
+        if (runs.size() > 1) {
+          for (const auto& [rb, re] : runs) write_source_event(i, rb - lead, re + tail);
+          continue;
+        }
+        b = lo - lead;
+        if (!previous) en = hi + tail;
+        write_source_event(i, b, std::max(en, b));
+        continue;
       }
       // Around a repeated run: once per copy, keeping its measured lead before its first task
       // and tail after its last (the warp, fitted on copy 0, would stretch copy 0 over the others).

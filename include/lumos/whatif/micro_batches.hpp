@@ -27,6 +27,8 @@ namespace lumos::whatif {
 struct micro_batch_rewrite {
   std::vector<repeat_group> groups;
   std::string change;
+  int from = 0, to = 0;    ///< micro-batches per replica before and after
+  int first = 0, end = 0;  ///< micro-batches [first, end) repeated (end = first + 1) or removed
 };
 
 /// Builds the group (see the header comment) on `g`: from m traced micro-batches to
@@ -50,6 +52,7 @@ struct micro_batch_rewrite {
   }
   const int m = *par.micro_batches.value;
   micro_batch_rewrite out;
+  out.from = m, out.to = micro_batches;
   if (micro_batches == m) {
     out.change = "micro-batches per replica: " + std::to_string(m) + " as traced";
     return out;
@@ -121,6 +124,7 @@ struct micro_batch_rewrite {
     a = remove <= m - 2 ? 1 : 0, e = a + remove;
     rg.count = 0;
   }
+  out.first = a, out.end = e;
   for (graph::processor_id p = 0; p < on.size(); ++p) span(a, e, p, rg.tasks);
   // The joins of every collective in the period (the loss's all-reduces, say, outside the layers),
   // each on a processor of its own: a join left out would be entered by a copy and left by

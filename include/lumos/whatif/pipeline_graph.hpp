@@ -90,8 +90,30 @@ struct stage_split {
   return ranks > 0 ? 1.0 - busy / (static_cast<double>(ranks) * static_cast<double>(end - begin)) : 0.0;
 }
 
-/// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does).
-[[nodiscard]] inline std::string stage_split_unsupported(const job_structure& st, int pp, int vp, pipeline::schedule_kind kind) {
+/// A change of the micro-batches per replica made in the graph before the split (repeated or
+/// removed micro-batch periods, whatif/micro_batches.hpp): where each task of the graph before
+/// went, and which micro-batches it repeated or removed.
+struct micro_batch_remap {
+  const std::vector<std::vector<graph::task_id>>* copies = nullptr;  ///< per task before: its copies, in order
+  int from = 0, to = 0;    ///< micro-batches per replica before and after
+  int first = 0, end = 0;  ///< micro-batches [first, end) repeated (end = first + 1) or removed
+  /// The micro-batch that copy k (of `copies`) of a task of micro-batch `mb` belongs to. A period
+  /// runs from a micro-batch's first layer task to the next one's, so it also holds the work of
+  /// the next micro-batch before its layers (its embedding): a copy of that is the next copy's.
+  [[nodiscard]] int micro_batch(int mb, std::size_t k, std::size_t copies_of_task) const noexcept {
+    if (to > from) {
+      if (copies_of_task > 1) return mb + static_cast<int>(k);  // in the repeated period
+      return mb <= first ? mb : mb + (to - from);
+    }
+    // Removed: what is left of micro-batches [first, end) is the first's work before its layers.
+    return mb < end ? mb : mb - (end - first);
+  }
+};
+
+/// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does);
+/// `micro_batches`: per replica in the target when it changes (0: the traces').
+[[nodiscard]] inline std::string stage_split_unsupported(const job_structure& st, int pp, int vp, pipeline::schedule_kind kind,
+                                                         int micro_batches = 0) {
   const auto& par = st.parallel;
   if (par.pp.value.value_or(1) != 1) return "the traces have pipeline stages";
   if (pp < 2) return "the target has one stage";
@@ -105,10 +127,11 @@ struct stage_split {
   if (*st.model.layers.value % (pp * vp) != 0) return "the layers do not divide over the stages and chunks";
   const int m = *par.micro_batches.value;
   try {
-    synth::validate_schedule(kind, {pp, m, vp});
+    synth::validate_schedule(kind, {pp, micro_batches > 0 ? micro_batches : m, vp});
   } catch (const error& e) {
     return e.what();
   }
+  if (micro_batches > 0 && micro_batches != m && m < 2) return "the traces ran one micro-batch, so its period cannot be repeated";
   for (const auto& r : st.ranks) {
     if (r.passes.size() != static_cast<std::size_t>(2 * m)) return "a rank's passes are not one forward and one backward per micro-batch";
     for (const auto& p : r.passes) {
@@ -163,15 +186,30 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
 [[nodiscard]] inline stage_split split_stages(graph::built_job& b, const trace::job& job, const job_structure& st,
                                               const std::vector<report::iteration_plan>& plans, int pp, int vp,
                                               pipeline::schedule_kind kind, const p2p_latency& p2p, const std::string& latency_source,
-                                              const tied_embedding_reduce* tied = nullptr, int ranks_per_stage = 0) {
-  if (const std::string why = stage_split_unsupported(st, pp, vp, kind); !why.empty()) throw error("whatif --pp: " + why);
+                                              const tied_embedding_reduce* tied = nullptr, int ranks_per_stage = 0,
+                                              const micro_batch_remap* remap = nullptr) {
+  if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0); !why.empty()) {
+    throw error("whatif --pp: " + why);
+  }
   using graph::task_id;
   using graph::no_task;
   const graph::task_graph& g = b.graph;
   const std::size_t n = g.task_count();
   const std::size_t np = g.processors.size();
-  const int m = *st.parallel.micro_batches.value;
+  const int m = remap != nullptr ? remap->to : *st.parallel.micro_batches.value;
   const int L = *st.model.layers.value;
+  // The tasks the structure's task `t` (of the graph before a micro-batch change) became.
+  std::vector<task_id> inverse;  // with a remap: first copy -> task before
+  if (remap != nullptr) {
+    inverse.assign(n, no_task);
+    for (task_id t = 0; t < remap->copies->size(); ++t) {
+      if (!(*remap->copies)[t].empty()) inverse[(*remap->copies)[t].front()] = t;
+    }
+  }
+  auto copies_of = [&](task_id t) -> std::vector<task_id> {
+    if (remap == nullptr) return {t};
+    return t < remap->copies->size() ? (*remap->copies)[t] : std::vector<task_id>{};
+  };
   const int per_chunk = L / (pp * vp);  // layers of one virtual stage (chunk c of stage s: c·pp + s)
   const int virtual_stages = pp * vp;
   const std::size_t R = job.ranks.size();
@@ -186,10 +224,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   out.world = W;
   out.tasks_before = n;
 
-  // Op code of pass k of rank i: kind·m + micro-batch (the same on every rank).
-  auto code_of_pass = [&](std::size_t i, std::int32_t k) -> std::int32_t {
+  // Op code of copy c of pass k of rank i: kind·m + micro-batch (the same on every rank).
+  auto code_of_pass = [&](std::size_t i, std::int32_t k, std::size_t c, std::size_t copies) -> std::int32_t {
     const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(k)].op;
-    return (o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch;
+    return (o.kind == pipeline::op_kind::forward ? 0 : m) + (remap != nullptr ? remap->micro_batch(o.micro_batch, c, copies) : o.micro_batch);
   };
 
   // Labels: pass code of every task (label_pre / label_post outside the passes).
@@ -198,9 +236,11 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   for (const gpu_op_context& c : st.gpu_ops) {
     if (c.pass < 0 || c.rank >= R || c.rank >= b.ranks.size()) continue;
     const auto& map = b.ranks[c.rank];
-    const std::int32_t lab = code_of_pass(c.rank, c.pass);
     for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
-      if (c.op < of->size() && (*of)[c.op] != no_task) code[(*of)[c.op]] = lab, explicit_label[(*of)[c.op]] = 1;
+      if (c.op >= of->size() || (*of)[c.op] == no_task) continue;
+      const task_id first = (*of)[c.op];
+      const std::vector<task_id> all = remap != nullptr && inverse[first] != no_task ? copies_of(inverse[first]) : std::vector<task_id>{first};
+      for (std::size_t k = 0; k < all.size(); ++k) code[all[k]] = code_of_pass(c.rank, c.pass, k, all.size()), explicit_label[all[k]] = 1;
     }
   }
   for (const graph::edge& e : g.edges) {
@@ -260,7 +300,9 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   std::vector<std::int32_t> layer(n, -1);
   for (const auto& lg : st.layer_groups) {
     for (const task_id t : lg.tasks) {
-      if (t < n) layer[t] = lg.layer;
+      for (const task_id c : copies_of(t)) {
+        if (c < n) layer[c] = lg.layer;
+      }
     }
   }
   std::vector<std::uint8_t> everywhere(n, 0);
@@ -395,13 +437,15 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     std::vector<std::map<graph::processor_id, std::size_t>> stream_count(R), dp_count(R);
     std::vector<std::array<std::map<graph::processor_id, std::size_t>, 2>> thread_count(R);
     for (const auto& lg : st.layer_groups) {
-      for (const task_id t : lg.tasks) {
-        const auto it = t < n ? index_of_rank.find(g.rank[t]) : index_of_rank.end();
-        if (it == index_of_rank.end()) continue;
-        const auto k = g.kind[t];
-        if (k == graph::task_kind::gpu_compute) ++stream_count[it->second][g.processor[t]];
-        if (k == graph::task_kind::cpu || k == graph::task_kind::cpu_blocking) {
-          ++thread_count[it->second][lg.op.kind == pipeline::op_kind::forward ? 0 : 1][g.processor[t]];
+      for (const task_id t0 : lg.tasks) {
+        for (const task_id t : copies_of(t0)) {
+          const auto it = t < n ? index_of_rank.find(g.rank[t]) : index_of_rank.end();
+          if (it == index_of_rank.end()) continue;
+          const auto k = g.kind[t];
+          if (k == graph::task_kind::gpu_compute) ++stream_count[it->second][g.processor[t]];
+          if (k == graph::task_kind::cpu || k == graph::task_kind::cpu_blocking) {
+            ++thread_count[it->second][lg.op.kind == pipeline::op_kind::forward ? 0 : 1][g.processor[t]];
+          }
         }
       }
     }

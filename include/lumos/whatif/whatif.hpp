@@ -335,7 +335,20 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     // Without pipeline stages the micro-batches run one after the other (gradient accumulation):
     // a count change repeats or removes whole micro-batches in the graph (micro_batches.hpp).
     staged = structure && structure->parallel.pp.value.value_or(1) > 1;
-    const bool accumulate = micro_batches && !staged && !pipeline_asked;
+    // From traces without stages to GPipe, 1F1B or interleaved stages the change is made in the
+    // graph; with another count of micro-batches per replica, their periods are repeated or
+    // removed first, as without stages, and the split then orders the new count.
+    const pipeline::schedule_kind split_kind = o.schedule.value_or(
+        o.vp.value_or(1) > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b : pipeline::schedule_kind::one_f_one_b);
+    const int split_vp = o.vp.value_or(split_kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1);
+    if (pipeline_asked && o.pp && traced_structure) {
+      split_refused = "tensor-parallel collectives were inserted into the graph first";
+    } else if (pipeline_asked && o.pp) {
+      split_refused = stage_split_unsupported(*structure, *o.pp, split_vp, split_kind, micro_batches.value_or(0));
+      if (split_refused.empty() && (o.layers || !groups.empty())) split_refused = "the layers change with it";
+    }
+    const bool split_in_graph = pipeline_asked && o.pp && split_refused.empty();
+    const bool accumulate = micro_batches && !staged && (!pipeline_asked || split_in_graph);
     if (o.layers && !(pipeline_asked || (micro_batches && staged))) {
       // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
       structure_options so = o.structure;
@@ -351,28 +364,23 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       edges_dropped += e.edges_dropped;
       copies = adopt(b, std::move(e));
     }
+    std::vector<std::vector<graph::task_id>> period_copies;  // where the micro-batch change put each task
+    std::optional<micro_batch_remap> remap;
     if (accumulate) {
       const micro_batch_rewrite mr = micro_batches_to(b.graph, *structure, *micro_batches, copies ? &*copies : nullptr);
       out.changes.push_back(mr.change);
       edited_graph e = repeat_groups(b.graph, mr.groups);
       edges_dropped += e.edges_dropped;
-      (void)adopt(b, std::move(e));
+      period_copies = adopt(b, std::move(e));
+      if (split_in_graph && mr.from != mr.to) remap = micro_batch_remap{&period_copies, mr.from, mr.to, mr.first, mr.end};
     }
     if (edges_dropped > 0) {
       out.changes.push_back(std::to_string(edges_dropped) + " edges of removed tasks dropped (their processors still order the rest)");
     }
-    if (pipeline_asked && o.pp && traced_structure) {
-      split_refused = "tensor-parallel collectives were inserted into the graph first";
-    } else if (pipeline_asked && o.pp) {
-      // From traces without stages to GPipe, 1F1B or interleaved stages: the change is made in the graph.
-      const pipeline::schedule_kind kind = o.schedule.value_or(o.vp.value_or(1) > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b
-                                                                                      : pipeline::schedule_kind::one_f_one_b);
-      const int vp = o.vp.value_or(kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1);
-      split_refused = stage_split_unsupported(*structure, *o.pp, vp, kind);
-      if (split_refused.empty() && (o.layers || micro_batches || !groups.empty())) {
-        split_refused = "the layers or micro-batches change with it";
-      }
-      if (split_refused.empty()) {
+    if (split_in_graph) {
+      const pipeline::schedule_kind kind = split_kind;
+      const int vp = split_vp;
+      {
         const model::hardware hw = comm_hardware(job, o.from_gpu).first;
         const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
         const auto [intra, source] = p2p_model_time(*structure, hw, true);
@@ -403,7 +411,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         const auto plans = report::plan_iterations(job, b, o.replay.step);
         const int tp_to = shape_to ? shape_to->tp : structure->parallel.tp.value.value_or(1);
         const int dp_to = o.dp.value_or(structure->parallel.dp.value.value_or(1));
-        split = split_stages(b, job, *structure, plans, *o.pp, vp, kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to);
+        split = split_stages(b, job, *structure, plans, *o.pp, vp, kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to,
+                             remap ? &*remap : nullptr);
         out.changes.push_back(split->change);
       }
     }
