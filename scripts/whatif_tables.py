@@ -67,6 +67,10 @@ CASES = [
     ("PP 1→2 with TP 2→4 (in the graph)", {"--pp": "1"}, {"--pp": "2", "--tp": "4"}),
     ("PP 1→2, interleaved 2 chunks (in the graph)", {"--pp": "1"}, {"--pp": "2", "--vp": "2", "--schedule": "interleaved"}),
     ("PP 1→4, interleaved 2 chunks (in the graph)", {"--pp": "1"}, {"--pp": "4", "--vp": "2", "--schedule": "interleaved"}),
+    # Zero bubble: each backward pass split into B and W by its weight-gradient kernels.
+    ("PP 1→2, ZB-H1 (in the graph)", {"--pp": "1"}, {"--pp": "2", "--schedule": "zb-h1"}),
+    ("PP 1→4, ZB-H1 (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "zb-h1"}),
+    ("PP 1→4, ZB-H2 (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "zb-h2"}),
     # With another count of micro-batches per replica: the periods repeated or removed first.
     ("PP 1→2 with DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--dp": "4"}),
     ("PP 1→2, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--global-batch": "32"}),

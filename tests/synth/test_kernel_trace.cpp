@@ -489,6 +489,38 @@ TEST_CASE("whatif --pp from 1 with another count of micro-batches per replica, i
   }
 }
 
+TEST_CASE("whatif --pp from 1 to a zero-bubble schedule splits each backward pass into B and W, in the graph",
+          "[whatif][pipeline][kernel_trace]") {
+  // The job of the tests above to 2 stages of ZB-H1 and ZB-H2, against the jobs synthesised so:
+  // the weight gradients (GEMMs with the tokens in K, LayerNorm weight gradients) of each
+  // backward pass run in its W, where the schedule puts it.
+  const config a = pp1_job;
+  lumos_test::temp_dir dir_a;
+  (void)synthesise(a, dir_a.path());
+  const trace::job traced = trace::load_job({dir_a.path()});
+  for (const auto& [name, kind] : {std::pair{"zb-h1", pipeline::schedule_kind::zero_bubble_h1},
+                                   std::pair{"zb-h2", pipeline::schedule_kind::zero_bubble_h2}}) {
+    config b = a;
+    b.pp = 2, b.schedule = name;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    o.pp = 2, o.schedule = kind;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    REQUIRE(r.stages);
+    CHECK_FALSE(r.pipeline);
+    CHECK(r.stages->schedule == kind);
+    // Per micro-batch: in each of the 4 layers the 4 linear layers' weight-gradient GEMMs, their
+    // 4 bias sums and the 2 LayerNorms'; outside them the logits', the final LayerNorm's and the
+    // word embedding's.
+    CHECK(r.stages->weight_ops == static_cast<std::size_t>((4 * 10 + 3) * 8) * traced.ranks.size());
+    CHECK(r.stages->edges_dropped == 0);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO(name << ": predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+    CHECK(std::abs(err) < 0.05);
+  }
+}
+
 TEST_CASE("whatif --pp --vp from 1 cuts the traced graph into interleaved stages", "[whatif][pipeline][kernel_trace]") {
   // The job of the test above to 2 stages of 2 model chunks (one layer each), against the job
   // synthesised so: each stage runs its chunks' passes in the interleaved order, and the last

@@ -449,18 +449,20 @@ TEST_CASE("whatif --pp --schedule --dp: the pipeline section of the JSON, and ba
 }
 
 TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which replay to the prediction", "[cli][whatif][pipeline]") {
-  // A job without stages cut into 2 stages (1F1B), into 2 stages of 2 chunks (interleaved), and
-  // into 2 stages with twice the micro-batches (the global batch x2): a file per rank of every stage, with its layers' launches and kernels, the send/recv kernels
+  // A job without stages cut into 2 stages (1F1B), into 2 stages of 2 chunks (interleaved), into
+  // 2 stages with twice the micro-batches (the global batch x2), and into 2 stages of ZB-H1 (each
+  // backward pass split into B and W): a file per rank of every stage, with its layers' launches and kernels, the send/recv kernels
   // of its transfers and the host's synchronizations; replayed, every rank's iteration is the
   // prediction's, and structure discovery finds the stages and the schedule in them.
   lumos_test::temp_dir dir;
   const auto a = dir.path() / "pp1";
   REQUIRE(run("synth --layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --dp 1 --micro-batch 1 --global-batch 4 "
               "--gpu h100-sxm --detail kernel --unfold --out " + a.string()).code == 0);
-  for (const std::string target : {"--pp 2", "--pp 2 --vp 2 --schedule interleaved", "--pp 2 --global-batch 8"}) {
+  for (const std::string target : {"--pp 2", "--pp 2 --vp 2 --schedule interleaved", "--pp 2 --global-batch 8", "--pp 2 --schedule zb-h1"}) {
     CAPTURE(target);
     const bool interleaved = target.find("interleaved") != std::string::npos, doubled = target.find("global") != std::string::npos;
-    const auto out = dir.path() / (interleaved ? "pp2v2" : doubled ? "pp2m8" : "pp2");
+    const bool zero_bubble = target.find("zb") != std::string::npos;
+    const auto out = dir.path() / (interleaved ? "pp2v2" : doubled ? "pp2m8" : zero_bubble ? "pp2zb" : "pp2");
     const result r = run("whatif " + a.string() + " " + target + " --json --trace-out " + out.string());
     REQUIRE(r.code == 0);
     simdjson::dom::parser p1, p2, p3;
@@ -480,6 +482,7 @@ TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which rep
     simdjson::dom::element par = p3.parse(st.out)["parallel"];
     CHECK(int64_t(par["pp"]["value"]) == 2);
     CHECK(int64_t(par["tp"]["value"]) == 2);
+    if (zero_bubble) continue;  // structure discovery does not tell W passes yet
     CHECK(int64_t(par["micro_batches"]["value"]) == (doubled ? 8 : 4));  // the global batch x2: periods repeated
     CHECK(std::string_view(par["schedule"]["value"]) == (interleaved ? "interleaved-1f1b" : "1f1b"));
   }

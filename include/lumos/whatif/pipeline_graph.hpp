@@ -60,6 +60,7 @@ struct stage_split {
   std::vector<int> stage;                 ///< per plan: its stage
   std::vector<graph::rank_map> maps;      ///< per plan: its events ↔ its stage's tasks (for writing it)
   std::size_t p2p = 0, edges_dropped = 0, tasks_before = 0, tasks_after = 0;
+  std::size_t weight_ops = 0;  ///< zero bubble: GPU ops of the backward passes moved to their W
   std::string change;
   /// Per stage s and traced rank i (index s·R + i): the tasks of its passes on its compute stream,
   /// in order (the bubble is measured on them).
@@ -118,10 +119,7 @@ struct micro_batch_remap {
   if (par.pp.value.value_or(1) != 1) return "the traces have pipeline stages";
   if (pp < 2) return "the target has one stage";
   if (kind == pipeline::schedule_kind::interleaved_one_f_one_b ? vp < 2 : vp != 1) return "model chunks need the interleaved schedule";
-  if (kind != pipeline::schedule_kind::one_f_one_b && kind != pipeline::schedule_kind::gpipe &&
-      kind != pipeline::schedule_kind::interleaved_one_f_one_b) {
-    return "the target schedule splits the backward pass (zero bubble)";
-  }
+
   if (!par.micro_batches.known()) return "the traces' micro-batches are not known";
   if (!st.model.layers.known() || st.layer_groups.empty()) return "the traces' layers were not found";
   if (*st.model.layers.value % (pp * vp) != 0) return "the layers do not divide over the stages and chunks";
@@ -187,10 +185,13 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
                                               const std::vector<report::iteration_plan>& plans, int pp, int vp,
                                               pipeline::schedule_kind kind, const p2p_latency& p2p, const std::string& latency_source,
                                               const tied_embedding_reduce* tied = nullptr, int ranks_per_stage = 0,
-                                              const micro_batch_remap* remap = nullptr) {
+                                              const micro_batch_remap* remap = nullptr,
+                                              const std::vector<std::uint8_t>* weight = nullptr) {
   if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0); !why.empty()) {
     throw error("whatif --pp: " + why);
   }
+  const bool zero_bubble = kind == pipeline::schedule_kind::zero_bubble_h1 || kind == pipeline::schedule_kind::zero_bubble_h2;
+  if (zero_bubble && weight == nullptr) throw error("whatif --pp: a zero-bubble schedule needs the weight-gradient kernels");
   using graph::task_id;
   using graph::no_task;
   const graph::task_graph& g = b.graph;
@@ -243,11 +244,28 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       for (std::size_t k = 0; k < all.size(); ++k) code[all[k]] = code_of_pass(c.rank, c.pass, k, all.size()), explicit_label[all[k]] = 1;
     }
   }
+  // Zero bubble: the weight gradients of a backward pass are its W (code 2m + micro-batch).
+  std::vector<std::uint8_t> is_weight(zero_bubble ? n : 0, 0);
+  if (zero_bubble) {
+    for (task_id t = 0; t < weight->size(); ++t) {
+      if (!(*weight)[t]) continue;
+      for (const task_id c : copies_of(t)) {
+        if (c < n) is_weight[c] = 1;
+      }
+    }
+    for (task_id t = 0; t < n; ++t) {
+      if (is_weight[t] && explicit_label[t] && code[t] >= m && code[t] < 2 * m) code[t] += m, ++out.weight_ops;
+    }
+  }
   for (const graph::edge& e : g.edges) {
     if (e.kind == graph::edge_kind::launch && code[e.from] == detail::label_unknown && explicit_label[e.to]) {
       code[e.from] = code[e.to], explicit_label[e.from] = 1;
     }
   }
+  // The pass a code belongs to: a W is part of its backward pass.
+  auto pass_code = [&](std::int32_t c) {
+    return c != detail::label_pre && c != detail::label_post && c >= 2 * m ? c - m : c;
+  };
   std::vector<std::vector<task_id>> on(np);
   for (task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
   // Codes run in pass order on each processor; a code's position in the traced order is its
@@ -255,6 +273,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   auto traced_position = [&](std::int32_t c) -> std::int64_t {
     if (c == detail::label_pre) return -1;
     if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
+    c = pass_code(c);
     return c < m ? 2 * static_cast<std::int64_t>(c) : 2 * static_cast<std::int64_t>(c - m) + 1;
   };
   auto fill = [&](graph::processor_id p) {
@@ -337,6 +356,23 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       if (everywhere[t]) layer[t] = -1;
     }
   }
+  // Zero bubble: a gradient collective that waits for a weight gradient runs after that W.
+  if (zero_bubble) {
+    for (const graph::edge& e : g.edges) {
+      if (e.kind != graph::edge_kind::dependency && e.kind != graph::edge_kind::cross_stream) continue;
+      if (!everywhere[e.to] || code[e.from] < 2 * m || code[e.from] == detail::label_post || code[e.to] != code[e.from] - m) continue;
+      code[e.to] = code[e.from];
+      const bool arrive = g.kind[e.to] == graph::task_kind::comm_arrive;
+      const task_id pair = arrive ? e.to + 1 : e.to - 1;  // its arrive or complete, beside it on its stream
+      if (pair < n && g.processor[pair] == g.processor[e.to] &&
+          g.kind[pair] == (arrive ? graph::task_kind::comm_complete : graph::task_kind::comm_arrive)) {
+        code[pair] = code[e.from];
+      }
+    }
+    for (const auto& ci : g.collectives) {
+      if (ci.join != no_task && !ci.complete.empty()) code[ci.join] = code[ci.complete.front()];
+    }
+  }
   // Where each non-layer task of a pass stands on its processor: before the pass's first layer
   // task there (0), between (1), after its last (2); 1 when the processor has none in the pass.
   std::vector<std::uint8_t> where(n, 1);
@@ -344,7 +380,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     const auto& list = on[p];
     for (std::size_t x = 0; x < list.size();) {
       std::size_t y = x;
-      while (y < list.size() && code[list[y]] == code[list[x]]) ++y;
+      while (y < list.size() && pass_code(code[list[y]]) == pass_code(code[list[x]])) ++y;
       std::size_t first = y, last = y;
       for (std::size_t z = x; z < y; ++z) {
         if (layer[list[z]] >= 0) {
@@ -368,7 +404,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     std::int32_t previous_layer = -1;
     std::int32_t run_code = detail::label_unknown;
     for (const task_id t : on[p]) {
-      const std::int32_t c = code[t];
+      const std::int32_t c = pass_code(code[t]);
       if (c != run_code) previous_layer = -1, run_code = c;
       if (everywhere[t] || c == detail::label_pre || c == detail::label_post) continue;
       const bool forward = c < m;
@@ -394,7 +430,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     if (c == detail::label_pre || c == detail::label_post) return c;
     return c * vp + (virtual_stage[t] < 0 ? 0 : virtual_stage[t] / pp);
   };
-  auto unit_of_op = [&](const pipeline::op& o) { return ((o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch) * vp + o.chunk; };
+  auto unit_of_op = [&](const pipeline::op& o) {
+    const int kind_offset = o.kind == pipeline::op_kind::forward ? 0 : o.kind == pipeline::op_kind::weight ? 2 * m : m;
+    return (kind_offset + o.micro_batch) * vp + o.chunk;
+  };
   // A communication op's arrive goes with its complete; a join with its collective's first complete.
   std::vector<std::vector<std::uint8_t>> kept(static_cast<std::size_t>(pp), std::vector<std::uint8_t>(n, 0));
   for (int s = 0; s < pp; ++s) {
@@ -472,7 +511,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   // Stage orders and each code's position in them.
   const pipeline::schedule_shape shape{pp, m, vp};
   const auto orders = synth::stage_orders(kind, shape);
-  const auto units = static_cast<std::size_t>(2 * m * vp);
+  const auto units = static_cast<std::size_t>((zero_bubble ? 3 : 2) * m * vp);
   std::vector<std::vector<std::int64_t>> position(static_cast<std::size_t>(pp), std::vector<std::int64_t>(units, 0));
   // Which units of a stage receive their input from another stage, and which send their output.
   std::vector<std::vector<std::uint8_t>> receives(static_cast<std::size_t>(pp), std::vector<std::uint8_t>(units, 0));
@@ -599,9 +638,14 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         const bool forward = u < m * vp;
         return (waits_here->second.second & (forward ? 1 : 2)) != 0 && of[static_cast<std::size_t>(s)][static_cast<std::size_t>(u)] != 0;
       };
-      for (const auto& [x, y] : runs) {
+      // A unit can have several runs on a processor (a backward pass's B and W alternate): its
+      // receive goes before the first kept task of its first run, its send after its last run.
+      std::int32_t received = detail::label_unknown;
+      for (std::size_t r = 0; r < runs.size(); ++r) {
+        const auto [x, y] = runs[r];
         const std::int32_t u = unit_of(list[x]);
-        if (previous != no_task) before[{s, p, u}] = previous;
+        const bool last_run = r + 1 == runs.size() || unit_of(list[runs[r + 1].first]) != u;
+        if (previous != no_task) before.try_emplace({s, p, u}, previous);  // before the first run of the unit
         if (!tied_done && u == detail::label_post) emit_tied();
         if (!tied_launched && u == detail::label_post && x < y) {
           launch_tied(g.observed_start[list[x]]);
@@ -611,7 +655,8 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         for (std::size_t z = x; z < y; ++z) {
           const task_id t = list[z];
           if (!k[t]) continue;
-          if (first == no_task && launches(u, receives)) {
+          if (received != u && launches(u, receives)) {
+            received = u;
             // A pass that receives its input: the host launches the receive, then waits for it
             // and for its compute stream to drain (Megatron's torch.cuda.synchronize() after the
             // batched send/recv), in the step from its start.
@@ -636,12 +681,17 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
           if (first == no_task) first = cp[t];
           last = cp[t];
         }
-        if (first != no_task && launches(u, sends_to)) {
-          // A pass whose output another stage reads: the host launches the send after it.
-          send_launch[{s, waits_here->second.first, u}] =
-              host_task("cudaLaunchKernel", p2p.host, new_rank(job.ranks[waits_here->second.first].rank, s), ng.observed_end[last]);
+        if (first != no_task) {
+          const auto [e, fresh] = ends.try_emplace({s, p, u}, first, last);
+          if (!fresh) e->second.second = last;
+          previous = last;
         }
-        if (first != no_task) ends[{s, p, u}] = {first, last}, previous = last;
+        const auto unit_end = ends.find({s, p, u});
+        if (last_run && unit_end != ends.end() && launches(u, sends_to)) {
+          // A pass whose output another stage reads: the host launches the send after it.
+          send_launch[{s, waits_here->second.first, u}] = host_task(
+              "cudaLaunchKernel", p2p.host, new_rank(job.ranks[waits_here->second.first].rank, s), ng.observed_end[unit_end->second.second]);
+        }
       }
       if (!tied_done) emit_tied();
       if (!tied_launched) launch_tied(list.empty() ? 0 : g.observed_end[list.back()]);
@@ -998,7 +1048,11 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
                   static_cast<double>(tied->inter) / 1e3);
     tied_note = t;
   }
-  char line[1024];
+  if (zero_bubble) {
+    tied_note += "; each backward pass split into B and W: " + std::to_string(out.weight_ops) +
+                 " weight-gradient kernels (GEMMs with the tokens in K, bias sums, LayerNorm and embedding weight gradients) run in the W passes";
+  }
+  char line[1280];
   std::snprintf(line, sizeof line,
                 "PP 1 -> %d, fine-grained (the traced launches and kernels): layers re-partitioned %d -> %d per stage%s, %d ranks -> "
                 "%d (stage s of traced rank r is rank s*%d + r), each stage's passes in %s order (%d micro-batches), %zu "

@@ -364,6 +364,16 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       edges_dropped += e.edges_dropped;
       copies = adopt(b, std::move(e));
     }
+    // Zero bubble: the weight gradients, found on the graph before a micro-batch change.
+    std::vector<std::uint8_t> weight_tasks;
+    if (split_in_graph && (split_kind == pipeline::schedule_kind::zero_bubble_h1 || split_kind == pipeline::schedule_kind::zero_bubble_h2)) {
+      weight_tasks = weight_gradient_tasks(job, b, *structure, traced_shape(*structure));
+      if (std::find(weight_tasks.begin(), weight_tasks.end(), std::uint8_t{1}) == weight_tasks.end()) {
+        throw error("whatif --schedule " + std::string(pipeline::schedule_title(split_kind)) +
+                    ": no weight-gradient GEMM found in the layers' backward passes (their operators need recorded shapes, "
+                    "`lumos inspect --structure`), so the backward passes cannot be split into B and W");
+      }
+    }
     std::vector<std::vector<graph::task_id>> period_copies;  // where the micro-batch change put each task
     std::optional<micro_batch_remap> remap;
     if (accumulate) {
@@ -412,7 +422,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         const int tp_to = shape_to ? shape_to->tp : structure->parallel.tp.value.value_or(1);
         const int dp_to = o.dp.value_or(structure->parallel.dp.value.value_or(1));
         split = split_stages(b, job, *structure, plans, *o.pp, vp, kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to,
-                             remap ? &*remap : nullptr);
+                             remap ? &*remap : nullptr, weight_tasks.empty() ? nullptr : &weight_tasks);
         out.changes.push_back(split->change);
       }
     }
