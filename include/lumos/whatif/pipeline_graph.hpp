@@ -1,9 +1,11 @@
 #pragma once
 // The fine-grained pipeline what-if of traces without pipeline stages (`lumos whatif --pp N` on a
-// PP 1 job, to GPipe, 1F1B or interleaved 1F1B): the traced graph is cut into N stages, each a
-// copy of every traced rank that keeps its own layers' launches and kernels, runs its passes (per
-// model chunk, interleaved) in the order the schedule policy gives, and waits for its neighbour's
-// activation or gradient.
+// PP 1 job, to GPipe, 1F1B, interleaved 1F1B, ZB-H1 or ZB-H2): the traced graph is cut into N
+// stages, each a copy of every traced rank that keeps its own layers' launches and kernels, runs
+// its passes (per model chunk, interleaved; each backward pass split into B and W by its weight
+// gradients, zero bubble) in the order the schedule policy gives, and waits for its neighbour's
+// activation or gradient. A change of the micro-batches per replica is made on the graph first
+// (whatif/micro_batches.hpp) and reaches the split as a `micro_batch_remap`.
 //
 // Each task is labelled with the pass it belongs to: a GPU op by structure discovery's pass of its
 // launch, a launch call by the op it launched, every other task by the last labelled task before it
@@ -119,7 +121,6 @@ struct micro_batch_remap {
   if (par.pp.value.value_or(1) != 1) return "the traces have pipeline stages";
   if (pp < 2) return "the target has one stage";
   if (kind == pipeline::schedule_kind::interleaved_one_f_one_b ? vp < 2 : vp != 1) return "model chunks need the interleaved schedule";
-
   if (!par.micro_batches.known()) return "the traces' micro-batches are not known";
   if (!st.model.layers.known() || st.layer_groups.empty()) return "the traces' layers were not found";
   if (*st.model.layers.value % (pp * vp) != 0) return "the layers do not divide over the stages and chunks";
@@ -178,9 +179,11 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
 /// stages run by schedule `kind` (see the header comment). `plans` are the traced ranks' plans on
 /// `b` before the rewrite; a cross-stage transfer takes `p2p.intra` between ranks of one node
 /// (`p2p.gpus_per_node` consecutive ranks), `p2p.inter` across nodes; stage s of traced rank r is
-/// rank s·W + r, W the larger of `ranks_per_stage` and the traced world. Throws
-/// `lumos::error` when `stage_split_unsupported` says why, or when a processor's passes are not
-/// in pass order.
+/// rank s·W + r, W the larger of `ranks_per_stage` and the traced world. `remap`: the
+/// micro-batch change already made on `b` (the structure's tasks are those before it). `weight`:
+/// per task of the structure's graph, 1 for a weight gradient (`weight_gradient_tasks`; needed by
+/// the zero-bubble schedules). Throws `lumos::error` when `stage_split_unsupported` says why, or
+/// when a processor's passes are not in pass order.
 [[nodiscard]] inline stage_split split_stages(graph::built_job& b, const trace::job& job, const job_structure& st,
                                               const std::vector<report::iteration_plan>& plans, int pp, int vp,
                                               pipeline::schedule_kind kind, const p2p_latency& p2p, const std::string& latency_source,
