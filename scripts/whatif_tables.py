@@ -35,11 +35,16 @@ BASE = {
 CASES = [
     ("DP ×2", {}, {"--dp": "4", "--global-batch": "32"}),
     ("DP ×4", {}, {"--dp": "8", "--global-batch": "64"}),
-    ("PP 2→4", {}, {"--pp": "4"}),
+    # From traces with stages, each traced stage is cut into the target stages of its block, in
+    # the graph (the traced transfers between blocks kept); merging stages, model chunks and ZB-H2
+    # take the pass-level pipeline model.
+    ("PP 2→4 (in the graph)", {}, {"--pp": "4"}),
     ("PP 4→2", {"--pp": "4"}, {"--pp": "2"}),
     ("1F1B → interleaved (2 chunks)", {}, {"--vp": "2", "--schedule": "interleaved"}),
-    ("1F1B → ZB-H1", {}, {"--schedule": "zb-h1"}),
+    ("1F1B → GPipe (in the graph)", {}, {"--schedule": "gpipe"}),
+    ("1F1B → ZB-H1 (in the graph)", {}, {"--schedule": "zb-h1"}),
     ("1F1B → ZB-H2", {}, {"--schedule": "zb-h2"}),
+    ("PP 2→4, ZB-H1 (in the graph)", {}, {"--pp": "4", "--schedule": "zb-h1"}),
     ("layers ×2", {}, {"--layers": "16"}),
     ("layers ×0.5", {}, {"--layers": "4"}),
     ("hidden ×2 (FFN 4h)", {}, {"--hidden": "4096", "--ffn": "16384"}),
@@ -57,7 +62,7 @@ CASES = [
     ("TP 1→4 with SP", {"--tp": "1"}, {"--tp": "4", "--sp": "on"}),
     ("H100 → H200", {}, {"--gpu": "h200-sxm"}),
     ("layers ×2 on H200", {}, {"--layers": "16", "--gpu": "h200-sxm"}),
-    ("PP 2→4 with DP ×2", {}, {"--pp": "4", "--dp": "4", "--global-batch": "32"}),
+    ("PP 2→4 with DP ×2 (in the graph)", {}, {"--pp": "4", "--dp": "4", "--global-batch": "32"}),
     # From traces without pipeline stages a PP change is made in the graph itself: every rank of
     # every stage with its own layers' launches and kernels (whatif/pipeline_graph.hpp).
     ("PP 1→2 (in the graph)", {"--pp": "1"}, {"--pp": "2"}),
@@ -131,6 +136,7 @@ def main():
         raise SystemExit(lumos + ": not an executable (build it: cmake --build build/release --target lumos)")
 
     rows = []
+    wrong_model = []  # cases named "(in the graph)" that were not, or the reverse
     within = built = 0
     errors = []
     with tempfile.TemporaryDirectory(prefix="lumos-whatif-tables-") as tmp:
@@ -160,7 +166,11 @@ def main():
                             (name, a_text, shown, ms(base_ns), r.returncode, first.replace("|", "\\|"), ms(direct_ns)))
                 continue
             built += 1
-            pred_ns = json.loads(r.stdout)["predicted"]["iteration_ns"]
+            out = json.loads(r.stdout)
+            pred_ns = out["predicted"]["iteration_ns"]
+            model = (out.get("pipeline") or {}).get("model")
+            if ("in the graph" in name) != (model == "graph"):
+                wrong_model.append("%s: pipeline model %s" % (name, model))
             err = 100.0 * (pred_ns - direct_ns) / direct_ns
             ok = abs(err) <= TARGET
             within += ok
@@ -192,6 +202,7 @@ def main():
         problems = []
         if built != len(CASES):
             problems.append("%d of %d cases built" % (built, len(CASES)))
+        problems += wrong_model
         if errors and max(errors) > CHECK_EACH:
             problems.append("a case misses by %.2f %% (> %g %%)" % (max(errors), CHECK_EACH))
         if mean > CHECK_MEAN:

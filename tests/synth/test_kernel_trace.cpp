@@ -22,6 +22,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -545,4 +546,84 @@ TEST_CASE("whatif --pp --vp from 1 cuts the traced graph into interleaved stages
   const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
   INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
   CHECK(std::abs(err) < 0.05);
+}
+
+TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[whatif][pipeline][kernel_trace]") {
+  // The job of the tests above on 2 stages of 1F1B (2 layers each). Each traced stage is cut
+  // into the target's stages of its block; the traced transfers between the two stay, and the
+  // transfers within a block are added. Against the jobs synthesised in the target configuration.
+  config a = pp1_job;
+  a.pp = 2;
+  lumos_test::temp_dir dir_a;
+  (void)synthesise(a, dir_a.path());
+  const trace::job traced = trace::load_job({dir_a.path()});
+  const std::size_t R = traced.ranks.size();
+  const std::size_t W0 = R / 2;
+  SECTION("the traces' own schedule is the identity") {
+    whatif::whatif_options o;
+    o.schedule = pipeline::schedule_kind::one_f_one_b;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    REQUIRE(r.stages);
+    CHECK(r.stages->p2p == 0);
+    CHECK(r.stages->edges_dropped == 0);
+    CHECK(r.stages->tasks_after == r.stages->tasks_before);
+    CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
+  }
+  struct target {
+    int pp;
+    const char* name;
+    pipeline::schedule_kind kind;
+  };
+  for (const target t : {target{4, "1f1b", pipeline::schedule_kind::one_f_one_b}, target{2, "gpipe", pipeline::schedule_kind::gpipe},
+                         target{2, "zb-h1", pipeline::schedule_kind::zero_bubble_h1},
+                         target{4, "zb-h1", pipeline::schedule_kind::zero_bubble_h1}}) {
+    config b = a;
+    b.pp = t.pp, b.schedule = t.name;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    o.pp = t.pp, o.schedule = t.kind;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    INFO("PP 2 -> " << t.pp << " " << t.name);
+    REQUIRE(r.stages);
+    CHECK_FALSE(r.pipeline);
+    CHECK(r.stages->stages == t.pp);
+    // Added: both directions of every micro-batch across each boundary within a block.
+    CHECK(r.stages->p2p == static_cast<std::size_t>(2 * (t.pp - 2) * 8) * W0);
+    // One row per rank of the target: the traced numbers and the added ones, each once.
+    REQUIRE(r.predicted.ranks.size() == static_cast<std::size_t>(t.pp) * W0);
+    std::set<int> numbers;
+    for (const auto& row : r.predicted.ranks) numbers.insert(row.rank);
+    CHECK(numbers.size() == r.predicted.ranks.size());
+    CHECK(*numbers.rbegin() == static_cast<int>(r.predicted.ranks.size()) - 1);
+    // The layers' GEMMs are conserved: each stage launches its own.
+    std::size_t gemms_traced = 0, gemms_predicted = 0;
+    for (graph::task_id x = 0; x < r.baseline.built.graph.task_count(); ++x) {
+      gemms_traced += r.baseline.built.graph.task_name(x).find("gemm") != std::string_view::npos ? 1 : 0;
+    }
+    const auto& g = r.predicted.built.graph;
+    for (graph::task_id x = 0; x < g.task_count(); ++x) gemms_predicted += g.task_name(x).find("gemm") != std::string_view::npos ? 1 : 0;
+    CHECK(gemms_predicted == gemms_traced);
+    // The tied embedding's all-reduce of the traces stays one instance between the end stages.
+    std::size_t tied = 0;
+    for (const auto& ci : g.collectives) {
+      if (!ci.group.starts_with("embd.")) continue;
+      ++tied;
+      CHECK(ci.complete.size() == 2);
+    }
+    CHECK(tied == W0);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+    CHECK(std::abs(err) < 0.03);
+  }
+  SECTION("ZB-H2 and merging stages take the pass-level model, which says why") {
+    for (const auto& [pp, kind] : {std::pair{2, pipeline::schedule_kind::zero_bubble_h2}, std::pair{1, pipeline::schedule_kind::one_f_one_b}}) {
+      whatif::whatif_options o;
+      o.pp = pp, o.schedule = kind;
+      const whatif::whatif_result r = whatif::run_whatif(traced, o);
+      CHECK_FALSE(r.stages);
+      CHECK(r.pipeline);
+      CHECK_FALSE(r.pipeline_reason.empty());
+    }
+  }
 }

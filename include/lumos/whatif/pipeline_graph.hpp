@@ -34,6 +34,7 @@
 #include <lumos/synth/schedules.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>
@@ -115,11 +116,39 @@ struct micro_batch_remap {
 
 /// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does);
 /// `micro_batches`: per replica in the target when it changes (0: the traces').
+/// `job` (the traces `st` was discovered on), when given, is read for what a traced transfer is.
 [[nodiscard]] inline std::string stage_split_unsupported(const job_structure& st, int pp, int vp, pipeline::schedule_kind kind,
-                                                         int micro_batches = 0) {
+                                                         int micro_batches = 0, const trace::job* job = nullptr) {
   const auto& par = st.parallel;
-  if (par.pp.value.value_or(1) != 1) return "the traces have pipeline stages";
-  if (pp < 2) return "the target has one stage";
+  const int traced_pp = par.pp.value.value_or(1);
+  if (traced_pp > 1) {
+    // From traces with stages each traced stage is cut into pp / traced_pp stages (one: the
+    // schedule alone changes); merging stages, model chunks and a micro-batch change are not built.
+    if (!par.pp.known() || !par.world.known()) return "the traces' stages or world size are not known";
+    if (pp % traced_pp != 0) return "the target's stages are not a multiple of the traces' (merging stages is not built)";
+    if (kind == pipeline::schedule_kind::interleaved_one_f_one_b || vp != 1) return "from traces with stages, model chunks are not built";
+    if (kind == pipeline::schedule_kind::zero_bubble_h2) {
+      return "ZB-H2 from traces with stages is not made in the graph (it missed the synthesised target, docs/whatif.md)";
+    }
+    if (par.chunks.value.value_or(1) != 1) return "the traces run model chunks";
+    if (micro_batches > 0 && micro_batches != par.micro_batches.value.value_or(0)) return "the micro-batches per replica change with the traced stages";
+    if (*par.world.value % traced_pp != 0) return "the traces' world does not divide over their stages";
+    const int per_stage = *par.world.value / traced_pp;
+    for (const auto& r : st.ranks) {
+      if (!r.stage.known()) return "a rank's stage is not known";
+      if (r.rank / per_stage != *r.stage.value) return "the ranks are not numbered with the stages outermost (Megatron's order)";
+    }
+    for (const gpu_op_context& c : st.gpu_ops) {
+      if (!c.p2p || job == nullptr || c.rank >= job->ranks.size()) continue;
+      const auto& tr = job->ranks[c.rank];
+      const std::string op = c.cpu_op != detail::no_event ? detail::lower_ascii(tr.name(tr.events[c.cpu_op])) : std::string();
+      if ((op.find("recv") != std::string::npos) == (op.find("send") != std::string::npos)) {
+        return "a traced transfer is not under a CPU operator that names it a send or a receive (nccl:send / nccl:recv)";
+      }
+    }
+  } else if (pp < 2) {
+    return "the target has one stage";
+  }
   if (kind == pipeline::schedule_kind::interleaved_one_f_one_b ? vp < 2 : vp != 1) return "model chunks need the interleaved schedule";
   if (!par.micro_batches.known()) return "the traces' micro-batches are not known";
   if (!st.model.layers.known() || st.layer_groups.empty()) return "the traces' layers were not found";
@@ -190,7 +219,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
                                               const tied_embedding_reduce* tied = nullptr, int ranks_per_stage = 0,
                                               const micro_batch_remap* remap = nullptr,
                                               const std::vector<std::uint8_t>* weight = nullptr) {
-  if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0); !why.empty()) {
+  if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0, &job); !why.empty()) {
     throw error("whatif --pp: " + why);
   }
   const bool zero_bubble = kind == pipeline::schedule_kind::zero_bubble_h1 || kind == pipeline::schedule_kind::zero_bubble_h2;
@@ -217,14 +246,29 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   const int per_chunk = L / (pp * vp);  // layers of one virtual stage (chunk c of stage s: c·pp + s)
   const int virtual_stages = pp * vp;
   const std::size_t R = job.ranks.size();
+  // Traces with stages: traced stage σ becomes the block of target stages [σ·k, σ·k + k), each
+  // holding L / pp of its layers; a transfer between two traced stages is the traced one, kept
+  // between the blocks' end stages, and only transfers within a block are added.
+  const int P = st.parallel.pp.value.value_or(1);
+  const int k_sub = pp / P;
+  const int W0 = P > 1 ? *st.parallel.world.value / P : 0;  // traced ranks per stage
+  std::vector<int> stage_of(R, 0);
+  std::unordered_map<int, std::size_t> index_of_rank;
+  for (std::size_t i = 0; i < R; ++i) {
+    index_of_rank[job.ranks[i].rank] = i;
+    if (P > 1) stage_of[i] = *st.ranks[i].stage.value;
+  }
+  auto traced_stage = [&](int rank) { return P > 1 && rank >= 0 ? rank / W0 : 0; };
 
   stage_split out;
   out.schedule = kind;
   out.stages = pp, out.chunks = vp, out.micro_batches = m;
   // Ranks per stage: the target's TP x DP when given (a DP change keeps the traced ranks, which
   // stand for every replica, but places the stages that far apart), else the traced world.
-  int W = std::max(ranks_per_stage, st.parallel.world.value.value_or(0));
-  for (const auto& r : job.ranks) W = std::max(W, r.rank + 1);
+  int W = std::max(ranks_per_stage, P > 1 ? W0 : st.parallel.world.value.value_or(0));
+  if (P == 1) {
+    for (const auto& r : job.ranks) W = std::max(W, r.rank + 1);
+  }
   out.world = W;
   out.tasks_before = n;
 
@@ -247,6 +291,44 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       for (std::size_t k = 0; k < all.size(); ++k) code[all[k]] = code_of_pass(c.rank, c.pass, k, all.size()), explicit_label[all[k]] = 1;
     }
   }
+  // Traces with stages: a traced transfer belongs to the pass it feeds (a receive: the next pass
+  // its rank launches) or drains (a send: the pass before it), told apart by the CPU operator that
+  // posted it (c10d's `nccl:recv` / `nccl:send`). It stays on the end stage of its block that faces
+  // its peer: placed as the pass's work before its layers (a receive) or after them (a send).
+  std::vector<std::uint8_t> p2p_where(n, 1);  // 0: a traced receive, 2: a traced send, 1: neither
+  if (P > 1) {
+    const auto& ops = st.gpu_ops;
+    std::vector<int> before_pass(ops.size(), -1), after_pass(ops.size(), -1);
+    for (std::size_t x = 0; x < ops.size(); ++x) {
+      const bool same = x > 0 && ops[x - 1].rank == ops[x].rank;
+      before_pass[x] = same ? (ops[x - 1].pass >= 0 && !ops[x - 1].p2p ? ops[x - 1].pass : before_pass[x - 1]) : -1;
+    }
+    for (std::size_t x = ops.size(); x-- > 0;) {
+      const bool same = x + 1 < ops.size() && ops[x + 1].rank == ops[x].rank;
+      after_pass[x] = same ? (ops[x + 1].pass >= 0 && !ops[x + 1].p2p ? ops[x + 1].pass : after_pass[x + 1]) : -1;
+    }
+    for (std::size_t x = 0; x < ops.size(); ++x) {
+      const gpu_op_context& c = ops[x];
+      if (!c.p2p || c.rank >= R || c.rank >= b.ranks.size()) continue;
+      const auto& tr = job.ranks[c.rank];
+      const std::string op = c.cpu_op != detail::no_event ? detail::lower_ascii(tr.name(tr.events[c.cpu_op])) : std::string();
+      const bool recv = op.find("recv") != std::string::npos, send = op.find("send") != std::string::npos;
+      if (recv == send) {
+        throw error("whatif --pp: a point-to-point transfer of rank " + std::to_string(tr.rank) +
+                    " is not under a CPU operator that names it a send or a receive (nccl:send / nccl:recv; batched transfers "
+                    "are not split)");
+      }
+      const int pass = recv ? after_pass[x] : before_pass[x];
+      if (pass < 0) continue;  // outside the passes
+      const auto& map = b.ranks[c.rank];
+      for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
+        if (c.op >= of->size() || (*of)[c.op] == no_task) continue;
+        const task_id t = (*of)[c.op];
+        code[t] = code_of_pass(c.rank, pass, 0, 1), explicit_label[t] = 1;
+        p2p_where[t] = recv ? 0 : 2;
+      }
+    }
+  }
   // Zero bubble: the weight gradients of a backward pass are its W (code 2m + micro-batch).
   std::vector<std::uint8_t> is_weight(zero_bubble ? n : 0, 0);
   if (zero_bubble) {
@@ -263,6 +345,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   for (const graph::edge& e : g.edges) {
     if (e.kind == graph::edge_kind::launch && code[e.from] == detail::label_unknown && explicit_label[e.to]) {
       code[e.from] = code[e.to], explicit_label[e.from] = 1;
+      p2p_where[e.from] = p2p_where[e.to];
     }
   }
   // The pass a code belongs to: a W is part of its backward pass.
@@ -273,13 +356,24 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   for (task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
   // Codes run in pass order on each processor; a code's position in the traced order is its
   // micro-batch's F then B (F0 B0 F1 B1 ...).
-  auto traced_position = [&](std::int32_t c) -> std::int64_t {
+  // With stages, a rank's traced order is its schedule's: the position of each code in its passes.
+  std::vector<std::vector<std::int64_t>> traced_order(P > 1 ? R : 0, std::vector<std::int64_t>(static_cast<std::size_t>(2 * m), 0));
+  for (std::size_t i = 0; i < traced_order.size(); ++i) {
+    const auto& passes = st.ranks[i].passes;
+    for (std::size_t x = 0; x < passes.size(); ++x) {
+      const auto& o = passes[x].op;
+      traced_order[i][static_cast<std::size_t>((o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch)] = static_cast<std::int64_t>(x);
+    }
+  }
+  auto traced_position = [&](std::int32_t c, int rank) -> std::int64_t {
     if (c == detail::label_pre) return -1;
     if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
     c = pass_code(c);
+    if (const auto it = index_of_rank.find(rank); P > 1 && it != index_of_rank.end()) return traced_order[it->second][static_cast<std::size_t>(c)];
     return c < m ? 2 * static_cast<std::int64_t>(c) : 2 * static_cast<std::int64_t>(c - m) + 1;
   };
   auto fill = [&](graph::processor_id p) {
+    const int rank = g.processors[p].rank;
     const auto& list = on[p];
     std::size_t last_explicit = list.size();
     for (std::size_t x = 0; x < list.size(); ++x) {
@@ -293,7 +387,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         continue;
       }
       if (explicit_label[t]) {
-        if (traced_position(code[t]) < traced_position(cur)) {
+        if (traced_position(code[t], rank) < traced_position(cur, rank)) {
           throw error("whatif --pp: the passes on " + g.processors[p].name + " are not in pass order (at " + g.describe(t) + ")");
         }
         cur = code[t];
@@ -406,17 +500,21 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     if (g.processors[p].kind == graph::processor_kind::barrier) continue;  // joins: below
     std::int32_t previous_layer = -1;
     std::int32_t run_code = detail::label_unknown;
+    // The first and last virtual stage this processor's rank reaches (its traced stage's block).
+    const int base = traced_stage(g.processors[p].rank) * k_sub;
+    const int first_vs = P > 1 ? base : 0, last_vs = P > 1 ? base + k_sub - 1 : virtual_stages - 1;
     for (const task_id t : on[p]) {
       const std::int32_t c = pass_code(code[t]);
       if (c != run_code) previous_layer = -1, run_code = c;
       if (everywhere[t] || c == detail::label_pre || c == detail::label_post) continue;
       const bool forward = c < m;
+      const std::uint8_t at = p2p_where[t] != 1 ? p2p_where[t] : where[t];
       if (layer[t] >= 0) {
-        virtual_stage[t] = previous_layer = layer[t] / per_chunk;
-      } else if (where[t] == 0) {
-        virtual_stage[t] = forward ? 0 : virtual_stages - 1;
-      } else if (where[t] == 2) {
-        virtual_stage[t] = forward ? virtual_stages - 1 : 0;
+        virtual_stage[t] = previous_layer = base + layer[t] / per_chunk;
+      } else if (at == 0) {
+        virtual_stage[t] = forward ? first_vs : last_vs;
+      } else if (at == 2) {
+        virtual_stage[t] = forward ? last_vs : first_vs;
       } else {
         virtual_stage[t] = vp > 1 ? previous_layer : -1;
       }
@@ -425,6 +523,31 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   // A join runs in its participants' unit.
   for (task_id t = 0; t < n; ++t) {
     if (collective_of_join[t] != nullptr) virtual_stage[t] = virtual_stage[collective_of_join[t]->complete.front()];
+  }
+  // Traces with stages: a collective between traced stages (a traced transfer, the tied
+  // embedding's all-reduce) stays one instance across the blocks, its join kept where its first
+  // participant is. A transfer's participants are placed by their pass (above); the others (the
+  // tied embedding's) on the first stage for traced stage 0, the last for the last, else the first
+  // of their block, with their launches.
+  std::vector<std::int32_t> join_stage(n, -1);
+  if (P > 1) {
+    std::vector<std::uint8_t> fixed(n, 0);
+    for (const auto& ci : g.collectives) {
+      if (ci.join == no_task || ci.complete.empty() || world_join[ci.join]) continue;
+      int lo = std::numeric_limits<int>::max(), hi = -1;
+      for (const task_id c : ci.complete) lo = std::min(lo, traced_stage(g.rank[c])), hi = std::max(hi, traced_stage(g.rank[c]));
+      if (lo == hi) continue;
+      const bool transfer = p2p_where[ci.complete.front()] != 1 && virtual_stage[ci.complete.front()] >= 0;
+      for (std::size_t x = 0; x < ci.complete.size() && !transfer; ++x) {
+        const int sigma = traced_stage(g.rank[ci.complete[x]]);
+        const int vs = sigma == 0 ? 0 : sigma == P - 1 ? pp - 1 : sigma * k_sub;
+        for (const task_id a : {ci.arrive[x], ci.complete[x]}) virtual_stage[a] = vs, fixed[a] = 1;
+      }
+      virtual_stage[ci.join] = join_stage[ci.join] = virtual_stage[ci.complete.front()];
+    }
+    for (const graph::edge& e : g.edges) {
+      if (e.kind == graph::edge_kind::launch && fixed[e.to]) virtual_stage[e.from] = virtual_stage[e.to];
+    }
   }
   auto keeps = [&](int s, task_id t) { return virtual_stage[t] < 0 || virtual_stage[t] % pp == s; };
   // The unit each task runs in: its pass and chunk (code·vp + chunk), or before / after the passes.
@@ -450,7 +573,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     for (task_id t = 0; t < n; ++t) {
       if (g.kind[t] == graph::task_kind::join) {
         const auto* ci = collective_of_join[t];
-        k[t] = world_join[t] ? s == 0 : ci != nullptr ? k[ci->complete.front()] : 1;
+        // With traced stages a stage holds only its block's ranks: a join whose first participant
+        // is elsewhere is not its.
+        const bool here = ci == nullptr || traced_stage(g.rank[ci->complete.front()]) == s / k_sub;
+        k[t] = world_join[t] ? s == 0 : ci != nullptr ? k[ci->complete.front()] && here : 1;
       }
     }
   }
@@ -474,8 +600,6 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       }
       return best;
     };
-    std::unordered_map<int, std::size_t> index_of_rank;
-    for (std::size_t i = 0; i < R; ++i) index_of_rank[job.ranks[i].rank] = i;
     std::vector<std::map<graph::processor_id, std::size_t>> stream_count(R), dp_count(R);
     std::vector<std::array<std::map<graph::processor_id, std::size_t>, 2>> thread_count(R);
     for (const auto& lg : st.layer_groups) {
@@ -524,7 +648,8 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     for (std::size_t x = 0; x < order.size(); ++x) {
       const auto u = static_cast<std::size_t>(unit_of_op(order[x]));
       position[static_cast<std::size_t>(s)][u] = static_cast<std::int64_t>(x);
-      if (const auto dep = pipeline::dependency_of(shape, s, order[x]); dep && dep->crosses_stages(s)) {
+      // Between traced stages the traced transfer stays: only transfers within a block are added.
+      if (const auto dep = pipeline::dependency_of(shape, s, order[x]); dep && dep->crosses_stages(s) && dep->on.stage / k_sub == s / k_sub) {
         receives[static_cast<std::size_t>(s)][u] = 1;
         sends_to[static_cast<std::size_t>(dep->on.stage)][static_cast<std::size_t>(unit_of_op(dep->on.what))] = 1;
       }
@@ -541,7 +666,17 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   graph::task_graph ng;
   ng.strings = g.strings;
   std::vector<std::vector<task_id>> copy(static_cast<std::size_t>(pp), std::vector<task_id>(n, no_task));
-  auto new_rank = [&](int rank, int s) { return rank >= 0 ? rank + s * W : rank; };
+  // Megatron's number of stage s of traced rank `rank` (pipeline stages outermost), which places
+  // it on its node; from traces without stages also its number in the output.
+  auto megatron_rank = [&](int rank, int s) { return rank < 0 ? rank : (P > 1 ? rank % W0 : rank) + s * W; };
+  // The number of stage s of traced rank `rank` in the output. With traced stages, each traced
+  // rank keeps its number on the first stage of its block (its files, plans and maps are the
+  // job's), and the other stages of the block are numbered from the traced world up.
+  auto new_rank = [&](int rank, int s) -> int {
+    if (rank < 0 || P == 1) return megatron_rank(rank, s);
+    const int sigma = rank / W0, j = s - sigma * k_sub;
+    return j == 0 ? rank : P * W0 + (sigma * (k_sub - 1) + j - 1) * W0 + rank % W0;
+  };
   // First and last new task of (stage, processor, code), for the cross-stage transfers.
   std::map<std::tuple<int, graph::processor_id, std::int32_t>, std::pair<task_id, task_id>> ends;
   // The last new task of (stage, processor) before the run of a code, for the host's drain.
@@ -564,14 +699,19 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   // edges from other threads (a hand-off into the autograd thread, say), so that they run no
   // earlier than it could.
   std::map<std::pair<int, task_id>, task_id> placed_before;
+  // The processors of each stage: with traced stages, only those of its block's traced ranks.
+  std::vector<graph::processor_id> processor_at(static_cast<std::size_t>(pp) * np, no_processor);
   for (int s = 0; s < pp; ++s) {
     for (graph::processor_id p = 0; p < np; ++p) {
       graph::processor_info info = g.processors[p];
+      if (P > 1 && info.rank >= 0 && traced_stage(info.rank) != s / k_sub) continue;
       info.name = detail::renumber_name(info.name, info.rank, new_rank(info.rank, s));
       info.rank = new_rank(info.rank, s);
-      ng.add_processor(std::move(info));
+      processor_at[static_cast<std::size_t>(s) * np + p] = ng.add_processor(std::move(info));
     }
   }
+  // With traced stages: each stage's processors' original tasks in their new order.
+  std::vector<std::vector<task_id>> emitted(P > 1 ? static_cast<std::size_t>(pp) * np : 0);
   std::size_t total = 0;
   for (int s = 0; s < pp; ++s) total += static_cast<std::size_t>(std::count(kept[static_cast<std::size_t>(s)].begin(), kept[static_cast<std::size_t>(s)].end(), 1));
   ng.reserve(total, g.edge_count() * static_cast<std::size_t>(pp) + static_cast<std::size_t>(4 * m * pp) * R);
@@ -591,14 +731,15 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       std::stable_sort(runs.begin(), runs.end(), [&](const auto& a, const auto& c) {
         return pos(s, unit_of(list[a.first])) < pos(s, unit_of(list[c.first]));
       });
-      const auto np_id = static_cast<graph::processor_id>(static_cast<std::size_t>(s) * np + p);
+      const graph::processor_id np_id = processor_at[static_cast<std::size_t>(s) * np + p];
+      if (np_id == no_processor) continue;
       task_id previous = no_task;
       // The tied embedding's all-reduce on the end stages: first of the work after the passes.
       const auto tied_here = tied != nullptr && pp > 1 && (s == 0 || s == pp - 1) ? index_of_processor.find(p) : index_of_processor.end();
       bool tied_done = tied_here == index_of_processor.end();
       auto emit_tied = [&] {
         const std::size_t i = tied_here->second;
-        const int r0 = new_rank(job.ranks[i].rank, 0), r1 = new_rank(job.ranks[i].rank, pp - 1);
+        const int r0 = megatron_rank(job.ranks[i].rank, 0), r1 = megatron_rank(job.ranks[i].rank, pp - 1);
         graph::task_spec spec;
         spec.processor = np_id;
         spec.rank = new_rank(job.ranks[i].rank, s);
@@ -678,6 +819,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
           spec.name = {};
           spec.name_id = g.name[t];
           cp[t] = ng.add_task(spec);
+          if (P > 1) emitted[static_cast<std::size_t>(s) * np + p].push_back(t);
           if (const auto ms = stream_rank.find(p); ms != stream_rank.end() && code[t] != detail::label_pre && code[t] != detail::label_post) {
             out.pass_stream_tasks[static_cast<std::size_t>(s) * R + ms->second].push_back(cp[t]);
           }
@@ -701,10 +843,60 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     }
   }
   out.tasks_after = ng.task_count();
-  // A world collective's join is stage 0's.
-  auto copy_of = [&](int s, task_id t) { return world_join[t] ? copy[0][t] : copy[static_cast<std::size_t>(s)][t]; };
-  for (const graph::edge& e : g.edges) {
+  // With traced stages, a host synchronization waits for what its thread enqueued before it in the
+  // new order, not in the traced one: a synchronize after a traced receive waited for the pass the
+  // traced schedule ran before it (torch.cuda.synchronize() drains every stream). Each traced
+  // edge from a stream op its own thread launched into a synchronization is re-targeted to the
+  // last op the thread has launched on that stream by then on the stage (none: dropped).
+  std::map<std::pair<int, std::size_t>, task_id> resync;  // (stage, edge index) -> new source
+  if (P > 1) {
+    std::vector<task_id> launched_by(n, no_task);
+    std::vector<std::vector<task_id>> launches_of(n);
+    std::vector<std::vector<std::size_t>> sync_in(n);
+    for (std::size_t x = 0; x < g.edges.size(); ++x) {
+      const graph::edge& e = g.edges[x];
+      if (e.kind == graph::edge_kind::launch) launched_by[e.to] = e.from, launches_of[e.from].push_back(e.to);
+    }
+    for (std::size_t x = 0; x < g.edges.size(); ++x) {
+      const graph::edge& e = g.edges[x];
+      if (e.kind == graph::edge_kind::sync && launched_by[e.from] != no_task && g.processor[launched_by[e.from]] == g.processor[e.to]) {
+        sync_in[e.to].push_back(x);
+      }
+    }
     for (int s = 0; s < pp; ++s) {
+      const auto& cp = copy[static_cast<std::size_t>(s)];
+      for (graph::processor_id p = 0; p < np; ++p) {
+        const auto pk = g.processors[p].kind;
+        if (pk == graph::processor_kind::gpu_stream || pk == graph::processor_kind::barrier) continue;
+        std::unordered_map<graph::processor_id, task_id> last;  // per stream: the last op launched on it
+        for (const task_id y : emitted[static_cast<std::size_t>(s) * np + p]) {
+          for (const std::size_t x : sync_in[y]) {
+            const auto it = last.find(g.processor[g.edges[x].from]);
+            resync[{s, x}] = it == last.end() ? no_task : it->second;
+          }
+          for (task_id z : launches_of[y]) {
+            if (cp[z] == no_task) continue;
+            // A communication op is waited for at its complete, beside its arrive on the stream.
+            if (g.kind[z] == graph::task_kind::comm_arrive && z + 1 < n && g.processor[z + 1] == g.processor[z]) ++z;
+            last[g.processor[z]] = z;
+          }
+        }
+      }
+    }
+  }
+  // A world collective's join is stage 0's.
+  // A join across traced stages is its kept stage's.
+  auto copy_of = [&](int s, task_id t) {
+    return world_join[t] ? copy[0][t] : join_stage[t] >= 0 ? copy[static_cast<std::size_t>(join_stage[t])][t] : copy[static_cast<std::size_t>(s)][t];
+  };
+  for (std::size_t x = 0; x < g.edges.size(); ++x) {
+    const graph::edge& traced_edge = g.edges[x];
+    for (int s = 0; s < pp; ++s) {
+      graph::edge e = traced_edge;
+      if (const auto r = resync.find({s, x}); r != resync.end()) {
+        if (r->second == no_task) continue;
+        e.from = r->second;
+      }
       const task_id from = copy_of(s, e.from), to = copy_of(s, e.to);
       if (from == no_task || to == no_task) continue;
       if (pos(s, unit_of(e.from)) > pos(s, unit_of(e.to))) {
@@ -712,6 +904,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
         continue;
       }
       if (s > 0 && world_join[e.from] && world_join[e.to]) continue;
+      if (join_stage[e.from] >= 0 && join_stage[e.to] >= 0 && s != join_stage[e.from]) continue;
       ng.add_edge(from, to, e.delay, e.kind, e.flags());
       if (g.processor[e.from] == g.processor[e.to]) continue;
       if (const auto pb = placed_before.find({s, e.to}); pb != placed_before.end()) {
@@ -720,16 +913,38 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     }
   }
   for (const graph::collective_instance& ci : g.collectives) {
-    if (ci.join != no_task && world_join[ci.join]) {
+    if (ci.join != no_task && (world_join[ci.join] || join_stage[ci.join] >= 0)) {
+      const bool world = world_join[ci.join] != 0;
       graph::collective_instance nc = ci;
-      nc.join = copy[0][ci.join];
+      nc.join = copy_of(0, ci.join);
       nc.arrive.clear(), nc.complete.clear(), nc.group_ranks.clear();
       for (int s = 0; s < pp; ++s) {
         const auto& cp = copy[static_cast<std::size_t>(s)];
         for (std::size_t x = 0; x < ci.arrive.size(); ++x) {
-          if (cp[ci.arrive[x]] != no_task && cp[ci.complete[x]] != no_task) nc.arrive.push_back(cp[ci.arrive[x]]), nc.complete.push_back(cp[ci.complete[x]]);
+          if (cp[ci.arrive[x]] != no_task && cp[ci.complete[x]] != no_task) {
+            nc.arrive.push_back(cp[ci.arrive[x]]), nc.complete.push_back(cp[ci.complete[x]]);
+            if (!world) nc.group_ranks.push_back(ng.rank[cp[ci.complete[x]]]);
+          }
         }
-        for (const int r : ci.group_ranks) nc.group_ranks.push_back(new_rank(r, s));
+        for (const int r : ci.group_ranks) {
+          if (world && (P == 1 || traced_stage(r) == s / k_sub)) nc.group_ranks.push_back(new_rank(r, s));
+        }
+      }
+      if (!world && p2p_where[ci.complete.front()] != 1 && ci.complete.size() == 2 && nc.complete.size() == 2) {
+        // A traced transfer whose two stages now sit on nodes of another kind (within one, across
+        // two): its transfer time scaled by the model's ratio.
+        const time_ns traced_time = p2p.between(g.rank[ci.complete[0]], g.rank[ci.complete[1]]);
+        auto megatron_of = [&](task_id c) {
+          int s = 0;
+          while (s + 1 < pp && copy[static_cast<std::size_t>(s)][c] == no_task) ++s;
+          return megatron_rank(g.rank[c], s);
+        };
+        const time_ns after = p2p.between(megatron_of(ci.complete[0]), megatron_of(ci.complete[1]));
+        if (traced_time > 0 && after != traced_time) {
+          for (const task_id c : nc.complete) {
+            ng.duration[c] = static_cast<time_ns>(std::llround(static_cast<double>(ng.duration[c]) * static_cast<double>(after) / static_cast<double>(traced_time)));
+          }
+        }
       }
       if (nc.join != no_task) ng.collectives.push_back(std::move(nc));
       continue;
@@ -785,7 +1000,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     for (int consumer = 0; consumer < pp; ++consumer) {
       for (const pipeline::op& o : orders[static_cast<std::size_t>(consumer)]) {
         const auto dep = pipeline::dependency_of(shape, consumer, o);
-        if (!dep || !dep->crosses_stages(consumer)) continue;
+        if (!dep || !dep->crosses_stages(consumer) || dep->on.stage / k_sub != consumer / k_sub || consumer / k_sub != stage_of[i]) continue;
         transfer x;
         x.i = i, x.from = dep->on.stage, x.to = consumer;
         x.from_unit = unit_of_op(dep->on.what), x.to_unit = unit_of_op(o);
@@ -844,7 +1059,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   std::iota(by.begin(), by.end(), std::size_t{0});
   auto order_by = [&](auto key) { std::stable_sort(by.begin(), by.end(), [&](std::size_t a, std::size_t c) { return key(transfers[a]) < key(transfers[c]); }); };
   auto time_of = [&](const transfer& x) {
-    return p2p.between(new_rank(job.ranks[x.i].rank, x.from), new_rank(job.ranks[x.i].rank, x.to));
+    return p2p.between(megatron_rank(job.ranks[x.i].rank, x.from), megatron_rank(job.ranks[x.i].rank, x.to));
   };
   order_by([&](const transfer& x) { return std::tuple(x.from, x.i, x.forward, pos(x.from, x.from_unit)); });
   for (const std::size_t k : by) {
@@ -955,11 +1170,14 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     ++tied_count;
   }
 
-  // Maps: the traced ranks read stage 0, the added ranks their own stage; kept overheads follow
-  // every copy.
-  for (int s = 1; s < pp; ++s) {
+  // Maps: the traced ranks read their home stage (stage 0; with traced stages the first of their
+  // block), the added ranks their own stage; kept overheads follow every copy.
+  auto home = [&](std::size_t i) { return stage_of[i] * k_sub; };
+  auto added = [&](std::size_t i, int s) { return P > 1 ? s / k_sub == stage_of[i] && s != home(i) : s > 0; };
+  for (int s = 0; s < pp; ++s) {
     const auto& cp = copy[static_cast<std::size_t>(s)];
     for (std::size_t i = 0; i < plans.size() && i < R; ++i) {
+      if (!added(i, s)) continue;
       graph::rank_map m2 = b.ranks[i];
       m2.rank = new_rank(m2.rank, s);
       for (auto& t : m2.task_of_event) t = t == no_task ? t : cp[t];
@@ -967,9 +1185,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       out.maps.push_back(std::move(m2));
     }
   }
-  for (auto& r : b.ranks) {
-    for (auto& t : r.task_of_event) t = t == no_task ? t : copy[0][t];
-    for (auto& t : r.arrive_of_event) t = t == no_task ? t : copy[0][t];
+  for (std::size_t i = 0; i < b.ranks.size(); ++i) {
+    const auto& cp = copy[static_cast<std::size_t>(i < R ? home(i) : 0)];
+    for (auto& t : b.ranks[i].task_of_event) t = t == no_task ? t : cp[t];
+    for (auto& t : b.ranks[i].arrive_of_event) t = t == no_task ? t : cp[t];
   }
   std::vector<graph::kept_delay> kd;
   for (const auto& k : b.kept) {
@@ -980,9 +1199,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   b.kept = std::move(kd);
 
   // Plans of the added ranks: the traced rank's plan on each stage's copies.
-  for (int s = 1; s < pp; ++s) {
+  for (int s = 0; s < pp; ++s) {
     const auto& cp = copy[static_cast<std::size_t>(s)];
     for (std::size_t i = 0; i < plans.size() && i < R; ++i) {
+      if (!added(i, s)) continue;
       const report::iteration_plan& from = plans[i];
       report::iteration_plan p;
       p.rank = new_rank(from.rank, s);
@@ -1013,7 +1233,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       auto pick = [&](task_id t, bool earliest) {
         if (t == no_task) return no_task;
         if (cp[t] != no_task) return cp[t];
-        const auto proc = static_cast<graph::processor_id>(static_cast<std::size_t>(s) * np + g.processor[t]);
+        const graph::processor_id proc = processor_at[static_cast<std::size_t>(s) * np + g.processor[t]];
         task_id best = no_task;
         for (const task_id c : p.cpu) {
           if (ng.processor[c] != proc) continue;
@@ -1055,14 +1275,21 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     tied_note += "; each backward pass split into B and W: " + std::to_string(out.weight_ops) +
                  " weight-gradient kernels (GEMMs with the tokens in K, bias sums, LayerNorm and embedding weight gradients) run in the W passes";
   }
-  char line[1280];
+  std::string numbering = "stage s of traced rank r is rank s*" + std::to_string(W) + " + r";
+  if (P > 1) {
+    numbering = "traced stage s is stages " + std::to_string(k_sub) + "s.." + std::to_string(k_sub) + "s+" + std::to_string(k_sub - 1) +
+                ", each traced rank on the first of them, the others numbered from " + std::to_string(P * W0) +
+                " up; nodes placed as Megatron's rank s*" + std::to_string(W) + " + r mod " + std::to_string(W0) +
+                "; the traced transfers between stages kept, re-timed when their stages' nodes change";
+  }
+  char line[1536];
   std::snprintf(line, sizeof line,
-                "PP 1 -> %d, fine-grained (the traced launches and kernels): layers re-partitioned %d -> %d per stage%s, %d ranks -> "
-                "%d (stage s of traced rank r is rank s*%d + r), each stage's passes in %s order (%d micro-batches), %zu "
+                "PP %d -> %d, fine-grained (the traced launches and kernels): layers re-partitioned %d -> %d per stage%s, %d ranks -> "
+                "%d (%s), each stage's passes in %s order (%d micro-batches), %zu added "
                 "cross-stage transfers as send/recv kernels on p2p streams (%.1f us within a node, %.1f us across nodes of %d GPUs: "
                 "%s; the receiving host then waits for the receive and its compute stream), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped%s",
-                pp, L, per_chunk * vp, vp > 1 ? (" in " + std::to_string(vp) + " chunks of " + std::to_string(per_chunk)).c_str() : "",
-                static_cast<int>(R), static_cast<int>(R) * pp, W,
+                P, pp, L / P, per_chunk * vp, vp > 1 ? (" in " + std::to_string(vp) + " chunks of " + std::to_string(per_chunk)).c_str() : "",
+                static_cast<int>(R), static_cast<int>(R) * k_sub, numbering.c_str(),
                 std::string(pipeline::schedule_title(kind)).c_str(), m, out.p2p, static_cast<double>(p2p.intra) / 1e3,
                 static_cast<double>(p2p.inter) / 1e3, p2p.gpus_per_node, latency_source.c_str(), out.tasks_before, out.tasks_after,
                 out.edges_dropped, tied_note.c_str());

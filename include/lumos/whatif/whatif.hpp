@@ -341,13 +341,15 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     const pipeline::schedule_kind split_kind = o.schedule.value_or(
         o.vp.value_or(1) > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b : pipeline::schedule_kind::one_f_one_b);
     const int split_vp = o.vp.value_or(split_kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1);
-    if (pipeline_asked && o.pp && traced_structure) {
+    // The target's stages: the traces' own when only the schedule changes.
+    const int split_pp = o.pp ? *o.pp : staged ? traced_pp : 0;  // 0: no target stages
+    if (pipeline_asked && split_pp > 0 && traced_structure) {
       split_refused = "tensor-parallel collectives were inserted into the graph first";
-    } else if (pipeline_asked && o.pp) {
-      split_refused = stage_split_unsupported(*structure, *o.pp, split_vp, split_kind, micro_batches.value_or(0));
+    } else if (pipeline_asked && split_pp > 0) {
+      split_refused = stage_split_unsupported(*structure, split_pp, split_vp, split_kind, micro_batches.value_or(0), &job);
       if (split_refused.empty() && (o.layers || !groups.empty())) split_refused = "the layers change with it";
     }
-    const bool split_in_graph = pipeline_asked && o.pp && split_refused.empty();
+    const bool split_in_graph = pipeline_asked && split_pp > 0 && split_refused.empty();
     const bool accumulate = micro_batches && !staged && (!pipeline_asked || split_in_graph);
     if (o.layers && !(pipeline_asked || (micro_batches && staged))) {
       // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
@@ -399,9 +401,11 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         p2p.bytes = p2p_bytes(*structure);
         // Tied input and output embeddings (the GPT-style model the parameter counts assume):
         // the end stages all-reduce the embedding's fp32 gradient, V/TP x hidden, every step.
+        // Traces with stages run it already (kept, and re-timed above for the new layout).
         std::optional<tied_embedding_reduce> tied;
         std::string tied_missing;
         try {
+          if (staged) throw error("the traces' own is kept");
           const shape_config sc = shape_from ? *shape_from : traced_shape(*structure);
           const std::int64_t vocab_local = traced_vocab_local(job, *structure, sc);
           if (vocab_local > 0) {
@@ -417,11 +421,11 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         } catch (const error& e) {
           tied_missing = e.what();
         }
-        if (!tied) out.changes.push_back("no all-reduce of the tied embedding between the end stages added: " + tied_missing);
+        if (!tied && !staged) out.changes.push_back("no all-reduce of the tied embedding between the end stages added: " + tied_missing);
         const auto plans = report::plan_iterations(job, b, o.replay.step);
         const int tp_to = shape_to ? shape_to->tp : structure->parallel.tp.value.value_or(1);
         const int dp_to = o.dp.value_or(structure->parallel.dp.value.value_or(1));
-        split = split_stages(b, job, *structure, plans, *o.pp, vp, kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to,
+        split = split_stages(b, job, *structure, plans, split_pp, vp, kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to,
                              remap ? &*remap : nullptr, weight_tasks.empty() ? nullptr : &weight_tasks);
         out.changes.push_back(split->change);
       }
@@ -459,8 +463,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     split->plans.clear();
     out.stages = std::move(split);
   } else if (pipeline_asked || (micro_batches && staged)) {
-    if (!split_refused.empty() && o.pp) out.changes.push_back("pipeline change by the pass-level model, not in the graph: " + split_refused);
-    out.pipeline_reason = o.pp ? split_refused : std::string();
+    if (!split_refused.empty()) out.changes.push_back("pipeline change by the pass-level model, not in the graph: " + split_refused);
+    out.pipeline_reason = split_refused;
     pipeline_target t;
     t.pp = o.pp, t.vp = o.vp, t.schedule = o.schedule, t.micro_batches = micro_batches, t.layers = o.layers;
     const auto hw = comm_hardware(job, o.from_gpu).first;
@@ -468,7 +472,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     try {
       pp = predict_pipeline(out.predicted.built.graph, out.predicted.simulated_times(), *structure, out.predicted.simulated_ns, t, hw);
     } catch (const error& e) {
-      if (split_refused.empty() || !o.pp) throw;
+      if (split_refused.empty()) throw;
       throw error(std::string(e.what()) + "; nor can the graph be cut into stages: " + split_refused);
     }
     out.changes.insert(out.changes.end(), pp.changes.begin(), pp.changes.end());
