@@ -7,6 +7,13 @@
 // activation or gradient. A change of the micro-batches per replica is made on the graph first
 // (whatif/micro_batches.hpp) and reaches the split as a `micro_batch_remap`.
 //
+// From traces with P stages to a multiple of them (or another schedule on the same P), each traced
+// stage σ is cut the same way into the block of target stages [σ·k, σ·k + k): a traced transfer
+// between two stages stays, on the end stage of each block that faces its peer (it belongs to the
+// pass it feeds or drains, told by its nccl:recv / nccl:send operator), only transfers within a
+// block are added, and a host synchronization waits for what its thread enqueued before it in
+// the new order. Each traced rank keeps its number on the first stage of its block.
+//
 // Each task is labelled with the pass it belongs to: a GPU op by structure discovery's pass of its
 // launch, a launch call by the op it launched, every other task by the last labelled task before it
 // on its processor (work before the first pass and after the last — the optimizer, say — is kept
