@@ -480,9 +480,12 @@ TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which rep
     CHECK(replayed == predicted);
     const result st = run("inspect --structure --json " + out.string());
     REQUIRE(st.code == 0);
-    simdjson::dom::element par = p3.parse(st.out)["parallel"];
+    simdjson::dom::element structure = p3.parse(st.out);
+    simdjson::dom::element par = structure["parallel"];
     CHECK(int64_t(par["pp"]["value"]) == 2);
     CHECK(int64_t(par["tp"]["value"]) == 2);
+    // Every stage's layers read back: a pass marker is written around the layer scopes it encloses.
+    CHECK(int64_t(structure["model"]["layers"]["value"]) == 4);
     if (zero_bubble) continue;  // structure discovery does not tell W passes yet
     CHECK(int64_t(par["micro_batches"]["value"]) == (doubled ? 8 : 4));  // the global batch x2: periods repeated
     CHECK(std::string_view(par["schedule"]["value"]) == (interleaved ? "interleaved-1f1b" : "1f1b"));
@@ -527,9 +530,11 @@ TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's
     if (!four) continue;  // structure discovery does not tell W passes yet
     const result st = run("inspect --structure --json " + out.string());
     REQUIRE(st.code == 0);
-    simdjson::dom::element par = p3.parse(st.out)["parallel"];
+    simdjson::dom::element structure = p3.parse(st.out);
+    simdjson::dom::element par = structure["parallel"];
     CHECK(int64_t(par["pp"]["value"]) == 4);
     CHECK(std::string_view(par["schedule"]["value"]) == "1f1b");
+    CHECK(int64_t(structure["model"]["layers"]["value"]) == 4);
   }
 }
 

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -727,6 +728,14 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       return n > 1 ? n : 1;
     };
     const iteration_plan* plan = job.plans != nullptr ? &(*job.plans)[plan_index] : nullptr;
+    // Subset: the events placed around their written tasks, written once all are placed, each
+    // then widened to the placed events it encloses in the trace (a pass marker whose first
+    // written task is a later layer's launch starts no later than that layer's scope).
+    struct around {
+      std::size_t event;
+      time_ns begin, end;
+    };
+    std::vector<around> placed_around;
     for (std::size_t i = 0; i < src->events.size(); ++i) {
       const trace::event& e = src->events[i];
       if (written[i] || e.ph != trace::phase::complete || !trace::is_cpu_side(e.cat)) continue;
@@ -786,7 +795,11 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         }
         b = lo - lead;
         if (!previous) en = hi + tail;
-        write_source_event(i, b, std::max(en, b));
+        if (previous) {
+          write_source_event(i, b, std::max(en, b));
+        } else {
+          placed_around.push_back({i, b, std::max(en, b)});
+        }
         continue;
       }
       // Around a repeated run: once per copy, keeping its measured lead before its first task
@@ -802,6 +815,34 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         const time_ns ek = job.simulated.end_of(copy_span.at(copy_key(enclosed_last, k)).second) + tail;
         write_source_event(i, bk, std::max(ek, bk), static_cast<std::int64_t>(k) * copy_ids);
       }
+    }
+    if (!placed_around.empty()) {
+      // Inner events first (shorter in the trace), so that a widened one widens what encloses it.
+      std::vector<std::size_t> by_length(placed_around.size());
+      std::iota(by_length.begin(), by_length.end(), std::size_t{0});
+      std::stable_sort(by_length.begin(), by_length.end(), [&](std::size_t a, std::size_t c) {
+        return src->events[placed_around[a].event].dur < src->events[placed_around[c].event].dur;
+      });
+      std::map<std::uint32_t, std::vector<std::size_t>> on_lane;  // per lane, by start in the trace
+      for (std::size_t k = 0; k < placed_around.size(); ++k) on_lane[src->events[placed_around[k].event].lane].push_back(k);
+      for (auto& [lane, v] : on_lane) {
+        std::stable_sort(v.begin(), v.end(), [&](std::size_t a, std::size_t c) {
+          return src->events[placed_around[a].event].ts < src->events[placed_around[c].event].ts;
+        });
+      }
+      for (const std::size_t k : by_length) {
+        around& outer = placed_around[k];
+        const trace::event& e = src->events[outer.event];
+        const auto& v = on_lane[e.lane];
+        auto q = std::lower_bound(v.begin(), v.end(), e.ts, [&](std::size_t x, time_ns t) { return src->events[placed_around[x].event].ts < t; });
+        for (; q != v.end() && src->events[placed_around[*q].event].ts < e.end(); ++q) {
+          const trace::event& inner = src->events[placed_around[*q].event];
+          if (*q == k || inner.end() > e.end() || inner.dur >= e.dur) continue;
+          outer.begin = std::min(outer.begin, placed_around[*q].begin);
+          outer.end = std::max(outer.end, placed_around[*q].end);
+        }
+      }
+      for (const around& a : placed_around) write_source_event(a.event, a.begin, a.end);
     }
     // GPU-side sync records, at their runtime call's simulated start (they carry the exact
     // record/wait pairing, which a re-read needs).
