@@ -55,7 +55,7 @@ CASES = [
     # From TP 1 the all-reduces are inserted into every layer (none to resize in the traces).
     ("TP 1→2", {"--tp": "1"}, {"--tp": "2"}),
     ("TP 1→4", {"--tp": "1"}, {"--tp": "4"}),
-    ("TP 1→2 with PP 2→4", {"--tp": "1"}, {"--tp": "2", "--pp": "4"}),
+    ("TP 1→2 with PP 2→4 (in the graph)", {"--tp": "1"}, {"--tp": "2", "--pp": "4"}),
     # With sequence parallelism reduce-scatters replace them, all-gathers precede the GEMMs that
     # read the whole activation, and norms, residuals and dropout work on 1/TP of the tokens.
     ("TP 1→2 with SP", {"--tp": "1"}, {"--tp": "2", "--sp": "on"}),
@@ -70,6 +70,8 @@ CASES = [
     ("PP 1→4, GPipe (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "gpipe"}),
     ("PP 1→2 with DP ×2 (in the graph)", {"--pp": "1"}, {"--pp": "2", "--dp": "4", "--global-batch": "32"}),
     ("PP 1→2 with TP 2→4 (in the graph)", {"--pp": "1"}, {"--pp": "2", "--tp": "4"}),
+    ("PP 1→2 with TP 1→2 (in the graph)", {"--pp": "1", "--tp": "1"}, {"--pp": "2", "--tp": "2"}),
+    ("PP 1→2 with TP 1→2 and SP (in the graph)", {"--pp": "1", "--tp": "1"}, {"--pp": "2", "--tp": "2", "--sp": "on"}),
     ("PP 1→2, interleaved 2 chunks (in the graph)", {"--pp": "1"}, {"--pp": "2", "--vp": "2", "--schedule": "interleaved"}),
     ("PP 1→4, interleaved 2 chunks (in the graph)", {"--pp": "1"}, {"--pp": "4", "--vp": "2", "--schedule": "interleaved"}),
     # Zero bubble: each backward pass split into B and W by its weight-gradient kernels.

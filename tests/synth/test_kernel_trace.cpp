@@ -627,3 +627,41 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
     }
   }
 }
+
+TEST_CASE("whatif --tp from 1 with --pp: the inserted collectives go with their layers' stage, in the graph",
+          "[whatif][pipeline][tp][kernel_trace]") {
+  // The job of the tests above without TP (TP 1, DP 2, 1 and 2 stages), to TP 2 on 2 and 4 stages:
+  // the tensor-parallel collectives inserted into the layers (which no event groups) run on the
+  // stage of the layer they sit in, each once: over the stages as many as TP alone inserts.
+  for (const int traced_pp : {1, 2}) {
+    config a = pp1_job;
+    a.tp = 1, a.pp = traced_pp;
+    lumos_test::temp_dir dir_a;
+    (void)synthesise(a, dir_a.path());
+    const trace::job traced = trace::load_job({dir_a.path()});
+    auto inserted = [](const whatif::whatif_result& r) {
+      std::size_t n = 0;
+      for (const auto& ci : r.predicted.built.graph.collectives) n += ci.group.starts_with("tp.folded.") ? 1 : 0;
+      return n;
+    };
+    whatif::whatif_options tp_only;
+    tp_only.shape.tp = 2;
+    const std::size_t alone = inserted(whatif::run_whatif(traced, tp_only));
+    REQUIRE(alone > 0);
+    const int pp = 2 * traced_pp;
+    config b = a;
+    b.tp = 2, b.pp = pp;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o = tp_only;
+    o.pp = pp;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    INFO("TP 1 -> 2, PP " << traced_pp << " -> " << pp);
+    REQUIRE(r.stages);
+    CHECK_FALSE(r.pipeline);
+    CHECK(inserted(r) == alone);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+    CHECK(std::abs(err) < 0.03);
+  }
+}

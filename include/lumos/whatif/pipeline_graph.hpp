@@ -477,6 +477,32 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       if (ci.join != no_task && !ci.complete.empty()) code[ci.join] = code[ci.complete.front()];
     }
   }
+  // A task that a rewrite inserted into a layer (a tensor-parallel all-reduce after its GEMM, its
+  // launch) has no event for structure discovery to group: on its processor, between two tasks of
+  // one layer in one pass, it is that layer's. (The traces' own tasks there are in the layer's
+  // group already: a group takes everything from its first task to its last.)
+  for (graph::processor_id p = 0; p < np; ++p) {
+    const auto& list = on[p];
+    std::vector<std::int32_t> before_layer(list.size(), -1);
+    for (std::size_t x = 1; x < list.size(); ++x) {
+      const task_id prev = list[x - 1];
+      const bool same_pass = pass_code(code[prev]) == pass_code(code[list[x]]);
+      before_layer[x] = !same_pass ? -1 : layer[prev] >= 0 ? layer[prev] : before_layer[x - 1];
+    }
+    std::int32_t after = -1;
+    for (std::size_t x = list.size(); x-- > 0;) {
+      const task_id t = list[x];
+      const bool same_pass = x + 1 < list.size() && pass_code(code[list[x + 1]]) == pass_code(code[t]);
+      if (!same_pass) after = -1;
+      if (layer[t] >= 0) {
+        after = layer[t];
+        continue;
+      }
+      if (!everywhere[t] && code[t] != detail::label_pre && code[t] != detail::label_post && after >= 0 && before_layer[x] == after) {
+        layer[t] = after;
+      }
+    }
+  }
   // Where each non-layer task of a pass stands on its processor: before the pass's first layer
   // task there (0), between (1), after its last (2); 1 when the processor has none in the pass.
   std::vector<std::uint8_t> where(n, 1);

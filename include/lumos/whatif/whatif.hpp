@@ -343,9 +343,9 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     const int split_vp = o.vp.value_or(split_kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1);
     // The target's stages: the traces' own when only the schedule changes.
     const int split_pp = o.pp ? *o.pp : staged ? traced_pp : 0;  // 0: no target stages
-    if (pipeline_asked && split_pp > 0 && traced_structure) {
-      split_refused = "tensor-parallel collectives were inserted into the graph first";
-    } else if (pipeline_asked && split_pp > 0) {
+    // After TP collectives were inserted (TP from 1) the structure is the edited graph's, and the
+    // inserted tasks go with the layer they sit in.
+    if (pipeline_asked && split_pp > 0) {
       split_refused = stage_split_unsupported(*structure, split_pp, split_vp, split_kind, micro_batches.value_or(0), &job);
       if (split_refused.empty() && (o.layers || !groups.empty())) split_refused = "the layers change with it";
     }
