@@ -665,3 +665,33 @@ TEST_CASE("whatif --tp from 1 with --pp: the inserted collectives go with their 
     CHECK(std::abs(err) < 0.03);
   }
 }
+
+TEST_CASE("whatif --layers with --pp: the layers repeated or removed first, then the split, in the graph",
+          "[whatif][pipeline][layers][kernel_trace]") {
+  // The job of the tests above (4 layers) without stages and on 2 stages, to another layer count
+  // on more stages: each copy of a layer is numbered in place, so the stages hold consecutive
+  // layers; against the jobs synthesised in the target configuration.
+  struct target {
+    int traced_pp, layers, pp;
+  };
+  for (const target t : {target{1, 8, 2}, target{1, 2, 2}, target{2, 8, 4}}) {
+    config a = pp1_job;
+    a.pp = t.traced_pp;
+    lumos_test::temp_dir dir_a;
+    (void)synthesise(a, dir_a.path());
+    const trace::job traced = trace::load_job({dir_a.path()});
+    config b = a;
+    b.layers = t.layers, b.pp = t.pp;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    o.layers = t.layers, o.pp = t.pp;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    INFO("PP " << t.traced_pp << " -> " << t.pp << ", 4 -> " << t.layers << " layers");
+    REQUIRE(r.stages);
+    CHECK_FALSE(r.pipeline);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+    CHECK(std::abs(err) < 0.03);
+  }
+}

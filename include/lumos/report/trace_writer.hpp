@@ -556,7 +556,10 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         continue;  // the wait half of a split call: the issue half wrote the whole call
       }
       time_ns end = f;
-      if (trace::is_cpu_side(e.cat) && map->task_of_event[ev] != t) end = job.simulated.end_of(map->task_of_event[ev]);
+      // A split call (issue and wait halves) ends with its wait half, unless a rewrite left that out.
+      if (trace::is_cpu_side(e.cat) && map->task_of_event[ev] != t && map->task_of_event[ev] != graph::no_task) {
+        end = job.simulated.end_of(map->task_of_event[ev]);
+      }
       written[ev] = 1;
       write_source_event(ev, begin, end, 0, 0, group_of(t, kind));
       if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end});

@@ -125,7 +125,7 @@ struct micro_batch_remap {
 /// `micro_batches`: per replica in the target when it changes (0: the traces').
 /// `job` (the traces `st` was discovered on), when given, is read for what a traced transfer is.
 [[nodiscard]] inline std::string stage_split_unsupported(const job_structure& st, int pp, int vp, pipeline::schedule_kind kind,
-                                                         int micro_batches = 0, const trace::job* job = nullptr) {
+                                                         int micro_batches = 0, const trace::job* job = nullptr, int layers = 0) {
   const auto& par = st.parallel;
   const int traced_pp = par.pp.value.value_or(1);
   if (traced_pp > 1) {
@@ -159,7 +159,7 @@ struct micro_batch_remap {
   if (kind == pipeline::schedule_kind::interleaved_one_f_one_b ? vp < 2 : vp != 1) return "model chunks need the interleaved schedule";
   if (!par.micro_batches.known()) return "the traces' micro-batches are not known";
   if (!st.model.layers.known() || st.layer_groups.empty()) return "the traces' layers were not found";
-  if (*st.model.layers.value % (pp * vp) != 0) return "the layers do not divide over the stages and chunks";
+  if ((layers > 0 ? layers : *st.model.layers.value) % (pp * vp) != 0) return "the layers do not divide over the stages and chunks";
   const int m = *par.micro_batches.value;
   try {
     synth::validate_schedule(kind, {pp, micro_batches > 0 ? micro_batches : m, vp});
@@ -225,8 +225,11 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
                                               pipeline::schedule_kind kind, const p2p_latency& p2p, const std::string& latency_source,
                                               const tied_embedding_reduce* tied = nullptr, int ranks_per_stage = 0,
                                               const micro_batch_remap* remap = nullptr,
-                                              const std::vector<std::uint8_t>* weight = nullptr) {
-  if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0, &job); !why.empty()) {
+                                              const std::vector<std::uint8_t>* weight = nullptr,
+                                              const std::vector<std::vector<graph::task_id>>* layer_copies = nullptr,
+                                              int layers_to = 0) {
+  if (layer_copies != nullptr && (remap != nullptr || layers_to <= 0)) throw error("whatif --pp: a layer change needs its layer count and no micro-batch change");
+  if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0, &job, layers_to); !why.empty()) {
     throw error("whatif --pp: " + why);
   }
   const bool zero_bubble = kind == pipeline::schedule_kind::zero_bubble_h1 || kind == pipeline::schedule_kind::zero_bubble_h2;
@@ -237,18 +240,19 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   const std::size_t n = g.task_count();
   const std::size_t np = g.processors.size();
   const int m = remap != nullptr ? remap->to : *st.parallel.micro_batches.value;
-  const int L = *st.model.layers.value;
-  // The tasks the structure's task `t` (of the graph before a micro-batch change) became.
-  std::vector<task_id> inverse;  // with a remap: first copy -> task before
-  if (remap != nullptr) {
+  const int L = layers_to > 0 ? layers_to : *st.model.layers.value;
+  // The tasks the structure's task `t` (of the graph before a micro-batch or layer change) became.
+  const std::vector<std::vector<task_id>>* task_copies = remap != nullptr ? remap->copies : layer_copies;
+  std::vector<task_id> inverse;  // with copies: first copy -> task before
+  if (task_copies != nullptr) {
     inverse.assign(n, no_task);
-    for (task_id t = 0; t < remap->copies->size(); ++t) {
-      if (!(*remap->copies)[t].empty()) inverse[(*remap->copies)[t].front()] = t;
+    for (task_id t = 0; t < task_copies->size(); ++t) {
+      if (!(*task_copies)[t].empty()) inverse[(*task_copies)[t].front()] = t;
     }
   }
   auto copies_of = [&](task_id t) -> std::vector<task_id> {
-    if (remap == nullptr) return {t};
-    return t < remap->copies->size() ? (*remap->copies)[t] : std::vector<task_id>{};
+    if (task_copies == nullptr) return {t};
+    return t < task_copies->size() ? (*task_copies)[t] : std::vector<task_id>{};
   };
   const int per_chunk = L / (pp * vp);  // layers of one virtual stage (chunk c of stage s: c·pp + s)
   const int virtual_stages = pp * vp;
@@ -294,7 +298,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
       if (c.op >= of->size() || (*of)[c.op] == no_task) continue;
       const task_id first = (*of)[c.op];
-      const std::vector<task_id> all = remap != nullptr && inverse[first] != no_task ? copies_of(inverse[first]) : std::vector<task_id>{first};
+      const std::vector<task_id> all = task_copies != nullptr && inverse[first] != no_task ? copies_of(inverse[first]) : std::vector<task_id>{first};
       for (std::size_t k = 0; k < all.size(); ++k) code[all[k]] = code_of_pass(c.rank, c.pass, k, all.size()), explicit_label[all[k]] = 1;
     }
   }
@@ -421,10 +425,28 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   // Layer of each task, and the tasks every stage keeps: the data-parallel collectives (and
   // their launches).
   std::vector<std::int32_t> layer(n, -1);
+  // With a layer change, copy j of traced layer k of a rank's chunk is layer (copies of the layers
+  // before k) + j: repeated in place.
+  std::map<std::tuple<int, int, int>, std::int32_t> first_index;  // (rank, chunk, traced layer) -> new index of its copy 0
+  if (layer_copies != nullptr) {
+    std::map<std::tuple<int, int, int>, std::int32_t> count;
+    for (const auto& lg : st.layer_groups) {
+      if (!lg.tasks.empty()) count[{lg.rank, lg.op.chunk, lg.layer}] = static_cast<std::int32_t>(copies_of(lg.tasks.front()).size());
+    }
+    std::int32_t next = 0;
+    std::pair<int, int> chunk{std::numeric_limits<int>::min(), 0};
+    for (const auto& [key, c] : count) {  // in (rank, chunk, layer) order
+      if (std::pair{std::get<0>(key), std::get<1>(key)} != chunk) chunk = {std::get<0>(key), std::get<1>(key)}, next = 0;
+      first_index[key] = next;
+      next += c;
+    }
+  }
   for (const auto& lg : st.layer_groups) {
     for (const task_id t : lg.tasks) {
-      for (const task_id c : copies_of(t)) {
-        if (c < n) layer[c] = lg.layer;
+      const auto all = copies_of(t);
+      for (std::size_t j = 0; j < all.size(); ++j) {
+        if (all[j] >= n) continue;
+        layer[all[j]] = layer_copies != nullptr ? first_index[{lg.rank, lg.op.chunk, lg.layer}] + static_cast<std::int32_t>(j) : lg.layer;
       }
     }
   }
@@ -1321,7 +1343,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
                 "%d (%s), each stage's passes in %s order (%d micro-batches), %zu added "
                 "cross-stage transfers as send/recv kernels on p2p streams (%.1f us within a node, %.1f us across nodes of %d GPUs: "
                 "%s; the receiving host then waits for the receive and its compute stream), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped%s",
-                P, pp, L / P, per_chunk * vp, vp > 1 ? (" in " + std::to_string(vp) + " chunks of " + std::to_string(per_chunk)).c_str() : "",
+                P, pp, *st.model.layers.value / P, per_chunk * vp, vp > 1 ? (" in " + std::to_string(vp) + " chunks of " + std::to_string(per_chunk)).c_str() : "",
                 static_cast<int>(R), static_cast<int>(R) * k_sub, numbering.c_str(),
                 std::string(pipeline::schedule_title(kind)).c_str(), m, out.p2p, static_cast<double>(p2p.intra) / 1e3,
                 static_cast<double>(p2p.inter) / 1e3, p2p.gpus_per_node, latency_source.c_str(), out.tasks_before, out.tasks_after,

@@ -346,12 +346,18 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     // After TP collectives were inserted (TP from 1) the structure is the edited graph's, and the
     // inserted tasks go with the layer they sit in.
     if (pipeline_asked && split_pp > 0) {
-      split_refused = stage_split_unsupported(*structure, split_pp, split_vp, split_kind, micro_batches.value_or(0), &job);
-      if (split_refused.empty() && (o.layers || !groups.empty())) split_refused = "the layers change with it";
+      split_refused = stage_split_unsupported(*structure, split_pp, split_vp, split_kind, micro_batches.value_or(0), &job, o.layers.value_or(0));
+      // A layer change is made first (layers repeated or removed in place), then the split
+      // numbers the copies; not with a micro-batch change or zero bubble's W split too, nor the
+      // API's own task groups.
+      const bool zero_bubble = split_kind == pipeline::schedule_kind::zero_bubble_h1 || split_kind == pipeline::schedule_kind::zero_bubble_h2;
+      if (split_refused.empty() && !groups.empty()) split_refused = "task groups are repeated with it";
+      if (split_refused.empty() && o.layers && micro_batches) split_refused = "the layers and the micro-batches per replica change together";
+      if (split_refused.empty() && o.layers && zero_bubble) split_refused = "the layers change with a zero-bubble schedule";
     }
     const bool split_in_graph = pipeline_asked && split_pp > 0 && split_refused.empty();
     const bool accumulate = micro_batches && !staged && (!pipeline_asked || split_in_graph);
-    if (o.layers && !(pipeline_asked || (micro_batches && staged))) {
+    if (o.layers && (split_in_graph || !(pipeline_asked || (micro_batches && staged)))) {
       // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
       structure_options so = o.structure;
       so.step = o.replay.step;
@@ -426,7 +432,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         const int tp_to = shape_to ? shape_to->tp : structure->parallel.tp.value.value_or(1);
         const int dp_to = o.dp.value_or(structure->parallel.dp.value.value_or(1));
         split = split_stages(b, job, *structure, plans, split_pp, vp, kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to,
-                             remap ? &*remap : nullptr, weight_tasks.empty() ? nullptr : &weight_tasks);
+                             remap ? &*remap : nullptr, weight_tasks.empty() ? nullptr : &weight_tasks,
+                             o.layers && copies ? &*copies : nullptr, o.layers.value_or(0));
         out.changes.push_back(split->change);
       }
     }
