@@ -64,7 +64,7 @@ namespace lumos::whatif {
 struct stage_split {
   pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
   int stages = 1, chunks = 1, micro_batches = 1;
-  int world = 1;  ///< ranks per stage (W): stage s of traced rank r is rank s·W + r
+  int world = 1;  ///< ranks per stage (W) as Megatron places them: stage s of column r is rank s·W + r
   std::vector<report::iteration_plan> plans;
   std::vector<std::size_t> traced_index;  ///< per plan: index into job.ranks of the rank it copies
   std::vector<int> stage;                 ///< per plan: its stage
@@ -211,15 +211,20 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
 
 }  // namespace detail
 
-/// Rewrites `b` (the graph of a job without pipeline stages whose structure is `st`) into `pp`
-/// stages run by schedule `kind` (see the header comment). `plans` are the traced ranks' plans on
-/// `b` before the rewrite; a cross-stage transfer takes `p2p.intra` between ranks of one node
-/// (`p2p.gpus_per_node` consecutive ranks), `p2p.inter` across nodes; stage s of traced rank r is
-/// rank s·W + r, W the larger of `ranks_per_stage` and the traced world. `remap`: the
-/// micro-batch change already made on `b` (the structure's tasks are those before it). `weight`:
-/// per task of the structure's graph, 1 for a weight gradient (`weight_gradient_tasks`; needed by
-/// the zero-bubble schedules). Throws `lumos::error` when `stage_split_unsupported` says why, or
-/// when a processor's passes are not in pass order.
+/// Rewrites `b` (the graph of a job whose structure is `st`: without pipeline stages, or with
+/// stages that `pp` is a multiple of) into `pp` stages run by schedule `kind` (see the header
+/// comment). `plans` are the traced ranks' plans on `b` before the rewrite; a cross-stage transfer
+/// takes `p2p.intra` between ranks of one node (`p2p.gpus_per_node` consecutive ranks),
+/// `p2p.inter` across nodes, placed as Megatron numbers ranks: stage s of column r is rank s·W + r,
+/// W the larger of `ranks_per_stage` and the traced ranks per stage (without traced stages that
+/// is also the output's number; with them each traced rank keeps its own on the first stage of its
+/// block and the others are numbered from the traced world up). `remap`: the micro-batch change
+/// already made on `b` (the structure's tasks are those before it); `layer_copies` and
+/// `layers_to`: a layer change already made on `b` instead (`edited_graph::copies` of
+/// `repeat_groups`, the new layer count). `weight`: per task of the structure's graph, 1 for a
+/// weight gradient (`weight_gradient_tasks`; needed by the zero-bubble schedules). Throws
+/// `lumos::error` when `stage_split_unsupported` says why, or when a processor's passes are not in
+/// pass order.
 [[nodiscard]] inline stage_split split_stages(graph::built_job& b, const trace::job& job, const job_structure& st,
                                               const std::vector<report::iteration_plan>& plans, int pp, int vp,
                                               pipeline::schedule_kind kind, const p2p_latency& p2p, const std::string& latency_source,
