@@ -121,6 +121,19 @@ struct micro_batch_remap {
   }
 };
 
+namespace detail {
+
+/// What a traced point-to-point op is, by the CPU operator that posted it (c10d names it
+/// `nccl:send` / `nccl:recv`): 1 a send, -1 a receive, 0 neither (or both: a batched transfer).
+[[nodiscard]] inline int transfer_side(const trace::rank_trace& tr, const gpu_op_context& c) {
+  if (c.cpu_op == no_event) return 0;
+  const std::string op = lower_ascii(tr.name(tr.events[c.cpu_op]));
+  const bool recv = op.find("recv") != std::string::npos, send = op.find("send") != std::string::npos;
+  return send == recv ? 0 : send ? 1 : -1;
+}
+
+}  // namespace detail
+
 /// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does);
 /// `micro_batches`: per replica in the target when it changes (0: the traces').
 /// `job` (the traces `st` was discovered on), when given, is read for what a traced transfer is.
@@ -151,10 +164,7 @@ struct micro_batch_remap {
       if (r.rank / per_stage != *r.stage.value) return "the ranks are not numbered with the stages outermost (Megatron's order)";
     }
     for (const gpu_op_context& c : st.gpu_ops) {
-      if (!c.p2p || job == nullptr || c.rank >= job->ranks.size()) continue;
-      const auto& tr = job->ranks[c.rank];
-      const std::string op = c.cpu_op != detail::no_event ? detail::lower_ascii(tr.name(tr.events[c.cpu_op])) : std::string();
-      if ((op.find("recv") != std::string::npos) == (op.find("send") != std::string::npos)) {
+      if (c.p2p && job != nullptr && c.rank < job->ranks.size() && detail::transfer_side(job->ranks[c.rank], c) == 0) {
         return "a traced transfer is not under a CPU operator that names it a send or a receive (nccl:send / nccl:recv)";
       }
     }
@@ -273,13 +283,14 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   const int P = st.parallel.pp.value.value_or(1);
   const int k_sub = pp / P;
   const int W0 = P > 1 ? *st.parallel.world.value / P : 0;  // traced ranks per stage
-  std::vector<int> stage_of(R, 0);
+  // A traced rank's stage, from its number (stage_split_unsupported checked that discovery agrees).
+  auto traced_stage = [&](int rank) { return P > 1 && rank >= 0 ? rank / W0 : 0; };
+  std::vector<int> stage_of(R, 0);  // per index into job.ranks
   std::unordered_map<int, std::size_t> index_of_rank;
   for (std::size_t i = 0; i < R; ++i) {
     index_of_rank[job.ranks[i].rank] = i;
-    if (P > 1) stage_of[i] = *st.ranks[i].stage.value;
+    stage_of[i] = traced_stage(job.ranks[i].rank);
   }
-  auto traced_stage = [&](int rank) { return P > 1 && rank >= 0 ? rank / W0 : 0; };
 
   stage_split out;
   out.schedule = kind;
@@ -331,16 +342,10 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     for (std::size_t x = 0; x < ops.size(); ++x) {
       const gpu_op_context& c = ops[x];
       if (!c.p2p || c.rank >= R || c.rank >= b.ranks.size()) continue;
-      const auto& tr = job.ranks[c.rank];
-      const std::string op = c.cpu_op != detail::no_event ? detail::lower_ascii(tr.name(tr.events[c.cpu_op])) : std::string();
-      const bool recv = op.find("recv") != std::string::npos, send = op.find("send") != std::string::npos;
-      if (recv == send) {
-        throw error("whatif --pp: a point-to-point transfer of rank " + std::to_string(tr.rank) +
-                    " is not under a CPU operator that names it a send or a receive (nccl:send / nccl:recv; batched transfers "
-                    "are not split)");
-      }
+      const int side = detail::transfer_side(job.ranks[c.rank], c);  // never 0: stage_split_unsupported checked
+      const bool recv = side < 0;
       const int pass = recv ? after_pass[x] : before_pass[x];
-      if (pass < 0) continue;  // outside the passes
+      if (side == 0 || pass < 0) continue;  // outside the passes
       const auto& map = b.ranks[c.rank];
       for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
         if (c.op >= of->size() || (*of)[c.op] == no_task) continue;
