@@ -517,6 +517,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   struct placed {
     time_ns ts, end, begin, finish;
     std::uint32_t order = 0;  // its place among the lane's written tasks, in written time
+    std::uint32_t copy = 0;   // its copy of a repeated event (0: the traced one)
   };
   std::map<std::uint32_t, std::vector<placed>> enclosed;
   // Subset: a communication op's group as the graph has it (stages rename and renumber them).
@@ -545,7 +546,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         const time_ns begin = trace::is_cpu_side(e.cat) || comm ? job.simulated.begin_of(first) : s;
         const time_ns end = trace::is_cpu_side(e.cat) ? job.simulated.end_of(last) : f;
         write_source_event(ev, begin, end, static_cast<std::int64_t>(k) * copy_ids, 0, group_of(t, kind));
-        if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end});
+        if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end, 0, k});
         continue;
       }
       time_ns begin = s;
@@ -720,6 +721,9 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       std::uint32_t n = 0;
       for (auto p = std::lower_bound(v.begin(), v.end(), std::pair{e.ts, std::uint32_t{0}}); p != v.end() && p->first < e.end(); ++p) {
         if (src->events[p->second].end() > e.end()) continue;
+        // A zero-length call at the instant e opens (a synchronize before a pass, at its first
+        // layer's start) is not inside e by its times: it does not decide e's copies.
+        if (src->events[p->second].dur == 0 && p->first == e.ts) continue;
         const std::uint32_t c = copies[p->second];
         if (n == 0) {
           n = c, enclosed_first = p->second;
@@ -730,13 +734,32 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       }
       return n > 1 ? n : 1;
     };
+    // The end of the last copy of the repeated tasks inside e, each with e's measured tail after
+    // that task: an event written once around copied work (a pass marker around repeated layers)
+    // ends after the copies, not where the warp, fitted on copy 0, puts the traced end.
+    auto last_copy_end = [&](const trace::event& e) -> time_ns {
+      time_ns last = std::numeric_limits<time_ns>::min();
+      const auto it = task_events.find(e.lane);
+      if (it == task_events.end()) return last;
+      const auto& v = it->second;
+      for (auto p = std::lower_bound(v.begin(), v.end(), std::pair{e.ts, std::uint32_t{0}}); p != v.end() && p->first < e.end(); ++p) {
+        const trace::event& x = src->events[p->second];
+        if (x.end() > e.end() || copies[p->second] < 2) continue;
+        const time_ns end = job.simulated.end_of(copy_span.at(copy_key(p->second, copies[p->second] - 1)).second);
+        last = std::max(last, end + (e.end() - x.end()));
+      }
+      return last;
+    };
     const iteration_plan* plan = job.plans != nullptr ? &(*job.plans)[plan_index] : nullptr;
     // Subset: the events placed around their written tasks, written once all are placed, each
     // then widened to the placed events it encloses in the trace (a pass marker whose first
     // written task is a later layer's launch starts no later than that layer's scope).
+    static constexpr std::uint32_t every_copy = ~0U;
     struct around {
       std::size_t event;
       time_ns begin, end;
+      std::uint32_t copy = every_copy;  // the copy of a repeated run it stands around, if it is one
+      bool part = false;                // one of several runs of the event (an interleaved pass's chunk)
     };
     std::vector<around> placed_around;
     for (std::size_t i = 0; i < src->events.size(); ++i) {
@@ -772,9 +795,16 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         }
         if (inside.empty()) continue;
         std::sort(inside.begin(), inside.end(), [](const placed* a, const placed* c) { return a->order < c->order; });
+        // Around a repeated run (a layer's scope and operators, every task inside it copied n
+        // times): once per copy, with the copy's ids, as without stages.
+        const bool per_copy = !copy_k.empty() && enclosed_copies(e) > 1;
         std::vector<std::pair<time_ns, time_ns>> runs;  // simulated span of each run
+        std::vector<std::uint32_t> run_copy;            // per run: its copy
         for (std::size_t k = 0; k < inside.size(); ++k) {
-          if (k == 0 || inside[k]->order != inside[k - 1]->order + 1) runs.emplace_back(inside[k]->begin, inside[k]->finish);
+          if (k == 0 || inside[k]->order != inside[k - 1]->order + 1 || (per_copy && inside[k]->copy != inside[k - 1]->copy)) {
+            runs.emplace_back(inside[k]->begin, inside[k]->finish);
+            run_copy.push_back(per_copy ? inside[k]->copy : 0);
+          }
           runs.back().first = std::min(runs.back().first, inside[k]->begin);
           runs.back().second = std::max(runs.back().second, inside[k]->finish);
         }
@@ -792,8 +822,12 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
           if (first <= last) first_ts = first, last_end = last;
         }
         const time_ns lead = first_ts - e.ts, tail = e.end() - last_end;
+        if (per_copy && !previous) {  // widened below, as one copy of the events inside it
+          for (std::size_t k = 0; k < runs.size(); ++k) placed_around.push_back({i, runs[k].first - lead, runs[k].second + tail, run_copy[k]});
+          continue;
+        }
         if (runs.size() > 1) {
-          for (const auto& [rb, re] : runs) write_source_event(i, rb - lead, re + tail);
+          for (const auto& [rb, re] : runs) placed_around.push_back({i, rb - lead, re + tail, every_copy, true});
           continue;
         }
         b = lo - lead;
@@ -809,6 +843,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       // and tail after its last (the warp, fitted on copy 0, would stretch copy 0 over the others).
       const std::uint32_t n = copy_k.empty() ? 1 : enclosed_copies(e);
       if (n == 1) {
+        if (!copy_k.empty() && !step && !previous) en = std::max(en, last_copy_end(e));
         write_source_event(i, b, std::max(en, b));
         continue;
       }
@@ -841,11 +876,17 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         for (; q != v.end() && src->events[placed_around[*q].event].ts < e.end(); ++q) {
           const trace::event& inner = src->events[placed_around[*q].event];
           if (*q == k || inner.end() > e.end() || inner.dur >= e.dur) continue;
+          const std::uint32_t inner_copy = placed_around[*q].copy;
+          if (outer.copy != every_copy && inner_copy != every_copy && inner_copy != outer.copy) continue;
+          // A run of several widens only to what overlaps it (the other runs' layers are not its).
+          if (outer.part && (placed_around[*q].begin >= outer.end || placed_around[*q].end <= outer.begin)) continue;
           outer.begin = std::min(outer.begin, placed_around[*q].begin);
           outer.end = std::max(outer.end, placed_around[*q].end);
         }
       }
-      for (const around& a : placed_around) write_source_event(a.event, a.begin, a.end);
+      for (const around& a : placed_around) {
+        write_source_event(a.event, a.begin, a.end, a.copy == every_copy ? 0 : static_cast<std::int64_t>(a.copy) * copy_ids);
+      }
     }
     // GPU-side sync records, at their runtime call's simulated start (they carry the exact
     // record/wait pairing, which a re-read needs).
