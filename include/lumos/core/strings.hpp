@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -173,5 +174,14 @@ class string_table {
   std::size_t chunk_left_ = 0;
   std::size_t text_bytes_ = 0;
 };
+
+/// `s` with ASCII letters lowered (names of kernels and operators, matched case-insensitively).
+[[nodiscard]] inline std::string lower_ascii(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
 
 }  // namespace lumos

@@ -7,6 +7,7 @@
 // GPU's per-kernel overhead, that no faster GPU removes.
 
 #include <lumos/core/error.hpp>
+#include <lumos/core/strings.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/hardware.hpp>
 #include <lumos/trace/data.hpp>
@@ -34,11 +35,7 @@ enum class op_bound : std::uint8_t { compute, memory, host_copy, communication }
 }
 
 namespace detail {
-[[nodiscard]] inline std::string lower_ascii(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
+using lumos::lower_ascii;
 }  // namespace detail
 
 /// Classifies a GPU op by its kind and name: library GEMM/convolution/attention kernels are

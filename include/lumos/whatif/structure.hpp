@@ -915,11 +915,31 @@ struct rank_work {
         }
         found.push_back(std::move(c));
       };
-      if (!topology_ring || p <= 2) {
+      // With two stages the partners cannot tell a chain from a ring; the receives of stage 0
+      // can: in a chain it receives only gradients (before a backward pass), in a ring (model
+      // chunks) also the last stage's activations (before a forward pass). A receive is told by
+      // the CPU operator that posted it (c10d's nccl:recv); unknown when none says.
+      std::optional<bool> receives_activations;
+      if (p == 2) {
+        const std::size_t ri = stage_ranks.front().front();
+        const auto& ls = work[ri].launches;
+        for (std::size_t k = 0; k < ls.size(); ++k) {
+          if (!ls[k].p2p || ls[k].cpu_op == no_event) continue;
+          const std::string op = lower_ascii(job.ranks[ri].name(job.ranks[ri].events[ls[k].cpu_op]));
+          if (op.find("recv") == std::string::npos || op.find("send") != std::string::npos) continue;
+          for (std::size_t j = k + 1; j < ls.size(); ++j) {
+            if (ls[j].pass < 0 || ls[j].p2p) continue;
+            const bool forward = out.ranks[ri].passes[static_cast<std::size_t>(ls[j].pass)].op.kind == pipeline::op_kind::forward;
+            receives_activations = receives_activations.value_or(false) || forward;
+            break;
+          }
+        }
+      }
+      if ((!topology_ring || p <= 2) && receives_activations != true) {
         try_kind(pipeline::gpipe{}, {p, n, 1});
         try_kind(pipeline::one_f_one_b{}, {p, n, 1});
       }
-      if (!topology_chain || p <= 2) {
+      if ((!topology_chain || p <= 2) && receives_activations != false) {
         for (std::int32_t v = 2; v <= n; ++v) {
           if (n % v == 0 && p > 1) try_kind(pipeline::interleaved_one_f_one_b{}, {p, n / v, v});
         }
