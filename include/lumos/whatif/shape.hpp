@@ -228,6 +228,7 @@ struct mapped_gemm {
 /// What a shape rewrite did.
 struct shape_stats {
   std::size_t gemm = 0, attention = 0, memory = 0, optimizer = 0, communication = 0;
+  std::size_t gradient_communication = 0;  ///< of `communication`: gradient (and tied-embedding) collectives
   std::size_t unchanged_outside = 0; ///< outside the passes and the optimizer, or host copies
   std::size_t unattributed = 0;      ///< compute ops in the passes whose shape did not map: unchanged
   time_ns before = 0, after = 0;     ///< summed GPU op time
@@ -566,6 +567,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
       if (sp && !gradients && coll == model::collective::reduce_scatter)
         act_old[c.rank] = base_from, act_new[c.rank] = base_to;
       ++out.communication;
+      if (gradients || embedding) ++out.gradient_communication;
       set(t, ns);
       continue;
     }

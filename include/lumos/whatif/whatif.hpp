@@ -233,7 +233,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
                       "parameters per rank x%.3f (rank 0) with the %s: %zu optimizer ops and %zu gradient collectives rescaled, %.3f -> "
                       "%.3f ms of GPU time",
                       ss.parameter_ratio, layer_params && pp_params ? "layers and stages" : pp_params ? "stages" : "layers",
-                      ss.optimizer, ss.communication, static_cast<double>(ss.before) / 1e6, static_cast<double>(ss.after) / 1e6);
+                      ss.optimizer, ss.gradient_communication, static_cast<double>(ss.before) / 1e6, static_cast<double>(ss.after) / 1e6);
         out.changes.emplace_back(line);
       } else {
         const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params, pp_params);
