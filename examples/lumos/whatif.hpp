@@ -255,6 +255,7 @@ inline int run_whatif(args& a) {
                       "), which has no per-rank graph to write");
   }
   std::vector<std::filesystem::path> written;
+  report::trace_decorations transfers;
   if (trace_out) {
     report::simulated_job sj = report::simulated_from(r.predicted, job);
     std::vector<int> ranks = report::rank_numbers(job);
@@ -268,6 +269,16 @@ inline int run_whatif(args& a) {
         sj.aliases.push_back({rank, r.stages->traced_index[k], &r.stages->maps[k], job.ranks.size() + k});
         ranks.push_back(rank);
       }
+      // The added transfers under c10d's operators; their kernels carry the operator's id.
+      transfers.list.resize(3);
+      transfers.list[0].cpu_op = "nccl:send";
+      transfers.list[1].cpu_op = "nccl:recv";
+      transfers.of_task.assign(r.predicted.built.graph.task_count(), report::trace_decorations::none);
+      for (const auto& t : r.stages->transfer_launches) {
+        transfers.of_task[t.launch] = t.send ? 0 : 1;
+        transfers.of_task[t.kernel] = 2;
+      }
+      sj.decorations = &transfers;
     }
     written = report::write_kineto(sj, ranks, *trace_out);
   }

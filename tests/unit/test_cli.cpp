@@ -459,11 +459,14 @@ TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which rep
   const auto a = dir.path() / "pp1";
   REQUIRE(run("synth --layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --dp 1 --micro-batch 1 --global-batch 4 "
               "--gpu h100-sxm --detail kernel --unfold --out " + a.string()).code == 0);
-  for (const std::string target : {"--pp 2", "--pp 2 --vp 2 --schedule interleaved", "--pp 2 --global-batch 8", "--pp 2 --schedule zb-h1"}) {
+  for (const std::string target : {"--pp 2", "--pp 2 --vp 2 --schedule interleaved", "--pp 2 --global-batch 8", "--pp 2 --schedule zb-h1",
+                                   "--pp 2 --schedule gpipe", "--pp 2 --layers 8", "--pp 2 --vp 2 --schedule interleaved --layers 8"}) {
     CAPTURE(target);
     const bool interleaved = target.find("interleaved") != std::string::npos, doubled = target.find("global") != std::string::npos;
-    const bool zero_bubble = target.find("zb") != std::string::npos;
-    const auto out = dir.path() / (interleaved ? "pp2v2" : doubled ? "pp2m8" : zero_bubble ? "pp2zb" : "pp2");
+    const bool zero_bubble = target.find("zb") != std::string::npos, gpipe = target.find("gpipe") != std::string::npos;
+    const bool layers = target.find("--layers") != std::string::npos;
+    const auto out = dir.path() / ("pp2" + std::string(interleaved ? "v2" : "") + (doubled ? "m8" : "") + (zero_bubble ? "zb" : "") +
+                                   (gpipe ? "gpipe" : "") + (layers ? "l8" : ""));
     const result r = run("whatif " + a.string() + " " + target + " --json --trace-out " + out.string());
     REQUIRE(r.code == 0);
     simdjson::dom::parser p1, p2, p3;
@@ -484,11 +487,21 @@ TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which rep
     simdjson::dom::element par = structure["parallel"];
     CHECK(int64_t(par["pp"]["value"]) == 2);
     CHECK(int64_t(par["tp"]["value"]) == 2);
-    // Every stage's layers read back: a pass marker is written around the layer scopes it encloses.
-    CHECK(int64_t(structure["model"]["layers"]["value"]) == 4);
+    // Every stage's layers read back: a pass marker is written around the layer scopes it
+    // encloses, and each copy of a repeated layer with its own scope.
+    CHECK(int64_t(structure["model"]["layers"]["value"]) == (layers ? 8 : 4));
     if (zero_bubble) continue;  // structure discovery does not tell W passes yet
     CHECK(int64_t(par["micro_batches"]["value"]) == (doubled ? 8 : 4));  // the global batch x2: periods repeated
-    CHECK(std::string_view(par["schedule"]["value"]) == (interleaved ? "interleaved-1f1b" : "1f1b"));
+    // GPipe on 2 stages runs the order of interleaved 1F1B with 4 chunks; the written receives
+    // (nccl:recv, only of gradients on stage 0) tell the chain.
+    CHECK(std::string_view(par["schedule"]["value"]) == (interleaved ? "interleaved-1f1b" : gpipe ? "gpipe" : "1f1b"));
+    if (target != "--pp 2") continue;
+    // The written transfers read back as traced ones (c10d's nccl:send / nccl:recv around their
+    // launches), so a what-if of the written job splits its stages in the graph again.
+    const result deeper = run("whatif " + out.string() + " --pp 4 --json");
+    REQUIRE(deeper.code == 0);
+    simdjson::dom::parser p6;
+    CHECK(std::string_view(p6.parse(deeper.out)["pipeline"]["model"]) == "graph");
   }
   // A real PyTorch trace (one GPU, one micro-batch, three profiled steps) into 4 stages.
   const auto four = dir.path() / "h4";
@@ -509,15 +522,16 @@ TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's
   const auto a = dir.path() / "pp2";
   REQUIRE(run("synth --layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --pp 2 --dp 1 --micro-batch 1 --global-batch 4 "
               "--gpu h100-sxm --detail kernel --unfold --out " + a.string()).code == 0);
-  for (const std::string target : {"--pp 4", "--pp 4 --layers 8", "--schedule zb-h1"}) {
+  for (const std::string target : {"--pp 4", "--pp 4 --layers 8", "--schedule zb-h1", "--layers 8"}) {
     CAPTURE(target);
     const bool four = target.starts_with("--pp 4"), layers = target.find("--layers") != std::string::npos;
-    const auto out = dir.path() / (layers ? "pp4l8" : four ? "pp4" : "zb");
+    const bool zero_bubble = target.find("zb") != std::string::npos;
+    const auto out = dir.path() / ((four ? "pp4" : zero_bubble ? "zb" : "pp2") + std::string(layers ? "l8" : ""));
     const result r = run("whatif " + a.string() + " " + target + " --json --trace-out " + out.string());
     REQUIRE(r.code == 0);
     simdjson::dom::parser p1, p2, p3;
     simdjson::dom::element doc = p1.parse(r.out);
-    CHECK(std::string_view(doc["pipeline"]["model"]) == "graph");
+    if (four || zero_bubble) CHECK(std::string_view(doc["pipeline"]["model"]) == "graph");
     CHECK(simdjson::dom::array(doc["trace_out"]).size() == (four ? 8u : 4u));  // 2 TP ranks per stage
     const result again = run("replay " + out.string() + " --json");
     REQUIRE(again.code == 0);
@@ -527,16 +541,16 @@ TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's
     for (const auto rank : simdjson::dom::array(doc["predicted"]["ranks"])) predicted[int64_t(rank["rank"])] = int64_t(rank["iteration_ns"]);
     for (const auto rank : simdjson::dom::array(back["ranks"])) replayed[int64_t(rank["rank"])] = int64_t(rank["simulated_ns"]);
     CHECK(replayed == predicted);
-    // Structure discovery does not tell W passes yet; the copies of repeated layers are written
-    // without their layer scopes (docs/whatif.md).
-    if (!four || layers) continue;
+    if (zero_bubble) continue;  // structure discovery does not tell W passes yet
+    // Each copy of a repeated layer is written with its own scope, inside its pass's marker
+    // (with and without the stages changing).
     const result st = run("inspect --structure --json " + out.string());
     REQUIRE(st.code == 0);
     simdjson::dom::element structure = p3.parse(st.out);
     simdjson::dom::element par = structure["parallel"];
-    CHECK(int64_t(par["pp"]["value"]) == 4);
+    CHECK(int64_t(par["pp"]["value"]) == (four ? 4 : 2));
     CHECK(std::string_view(par["schedule"]["value"]) == "1f1b");
-    CHECK(int64_t(structure["model"]["layers"]["value"]) == 4);
+    CHECK(int64_t(structure["model"]["layers"]["value"]) == (layers ? 8 : 4));
   }
 }
 

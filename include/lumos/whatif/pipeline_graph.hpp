@@ -75,6 +75,14 @@ struct stage_split {
   /// Per stage s and traced rank i (index s·R + i): the tasks of its passes on its compute stream,
   /// in order (the bubble is measured on them).
   std::vector<std::vector<graph::task_id>> pass_stream_tasks;
+  /// Each added cross-stage transfer's host launch and the kernel it launched, per side: written
+  /// by `--trace-out` under c10d's operator (`nccl:send` / `nccl:recv`), so that the written job
+  /// tells its transfers apart as a traced one does (and a what-if of it can split its stages).
+  struct transfer_launch {
+    graph::task_id launch = graph::no_task, kernel = graph::no_task;
+    bool send = false;
+  };
+  std::vector<transfer_launch> transfer_launches;
 };
 
 /// Pipeline bubble of a replayed split: 1 − mean over its ranks of compute-stream busy time in the
@@ -1182,6 +1190,8 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     ci.sequence = sequence++;
     ci.join = join;
     ci.match = "added by the pipeline what-if (cross-stage transfer)";
+    out.transfer_launches.push_back({x.send, x.send_arrive + 1, true});
+    out.transfer_launches.push_back({x.receive.launch, x.recv_arrive + 1, false});
     for (const task_id a : {x.send_arrive, x.recv_arrive}) {
       ci.arrive.push_back(a);
       ci.complete.push_back(a + 1);
