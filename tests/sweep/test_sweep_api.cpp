@@ -190,6 +190,24 @@ TEST_CASE("compile_into equals graph::compile, reusing its buffers across graphs
   }
 }
 
+TEST_CASE("sm_utilization: 1 ms buckets, and a window too long for them takes wider ones", "[sweep][report]") {
+  using lumos::report::interval;
+  const auto u = lumos::report::sm_utilization({{0, 1'500'000}}, interval{0, 3'000'000});
+  CHECK(u.bucket == 1'000'000);
+  REQUIRE(u.series.size() == 3);
+  CHECK(u.series[0] == 1.0);
+  CHECK(u.series[1] == 0.5);
+  CHECK(u.series[2] == 0.0);
+  // Ten hours (a what-if of a huge model): 36 million 1 ms buckets would take 288 MB; a whole
+  // number of milliseconds per bucket keeps the series to 65536 at most.
+  const lumos::time_ns hours = 36'000'000'000'000;
+  const auto w = lumos::report::sm_utilization({{0, hours / 2}}, interval{0, hours});
+  CHECK(w.series.size() <= 65536);
+  CHECK(w.series.size() > 32768);
+  CHECK(w.bucket % 1'000'000 == 0);
+  CHECK(w.mean == Approx(0.5));
+}
+
 TEST_CASE("the in-place breakdown equals report::compute_breakdown", "[sweep]") {
   using lumos::report::interval;
   std::vector<interval> compute = {{5, 9}, {0, 3}, {2, 4}, {20, 30}, {8, 8}, {-5, 1}};

@@ -110,19 +110,27 @@ inline time_ns overlap(const std::vector<interval>& a, const std::vector<interva
 
 /// SM utilisation as Lumos defines it: for each bucket (1 ms by default) of the window, the
 /// fraction of it during which at least one GPU op is active; `mean` is the fraction of the
-/// whole window.
+/// whole window. A window of more than `max_utilization_buckets` buckets (over a minute at
+/// 1 ms) takes a multiple of the bucket that makes it that many, so that a long window (a
+/// what-if of a huge model: hours) does not make a series of billions.
 struct utilization {
   time_ns bucket = 1'000'000;
   std::vector<double> series;
   double mean = 0.0;
 };
 
+inline constexpr time_ns max_utilization_buckets = time_ns{1} << 16;
+
 [[nodiscard]] inline utilization sm_utilization(std::vector<interval> ops, interval window,
                                                time_ns bucket = 1'000'000) {
   utilization u;
-  u.bucket = bucket;
   const auto busy = detail::merged(std::move(ops), window);
   const time_ns length = window.length();
+  if (bucket > 0 && length / bucket >= max_utilization_buckets) {
+    const time_ns per = (length + max_utilization_buckets * bucket - 1) / (max_utilization_buckets * bucket);
+    bucket *= per;
+  }
+  u.bucket = bucket;
   if (length <= 0 || bucket <= 0) return u;
   u.mean = static_cast<double>(detail::total_length(busy)) / static_cast<double>(length);
   const auto buckets = static_cast<std::size_t>((length + bucket - 1) / bucket);
