@@ -192,12 +192,17 @@ inline int run_whatif(args& a) {
   if (const auto layers = a.option("--layers")) {
     o.layers = parse_number<int>(*layers, "--layers");
     if (*o.layers <= 0) throw usage_error("--layers must be a positive number of layers (got " + *layers + ")");
+    if (*o.layers > model::transformer::max_layers) {
+      throw usage_error("--layers " + *layers + " is more than the supported " + std::to_string(model::transformer::max_layers));
+    }
   }
+  // Counts of ranks, stages and sequences: at most the ranks lumos reads (2^24), as predict.
   auto positive = [&](const char* flag) -> std::optional<int> {
     const auto v = a.option(flag);
     if (!v) return std::nullopt;
     const int n = parse_number<int>(*v, flag);
     if (n <= 0) throw usage_error(std::string(flag) + " must be a positive number (got " + *v + ")");
+    if (n > trace::max_world_size) throw usage_error(std::string(flag) + " is too large: " + *v);
     return n;
   };
   o.dp = positive("--dp");
@@ -218,11 +223,15 @@ inline int run_whatif(args& a) {
     if (const auto v = a.option(flag)) {
       *field = parse_number<std::int64_t>(*v, flag);
       if (**field <= 0) throw usage_error(std::string(flag) + " must be positive (got " + *v + ")");
+      if (**field > model::transformer::max_size) {
+        throw usage_error(std::string(flag) + " " + *v + " is more than the supported " + std::to_string(model::transformer::max_size));
+      }
     }
   }
   if (const auto tp = a.option("--tp")) {
     o.shape.tp = parse_number<int>(*tp, "--tp");
     if (*o.shape.tp <= 0) throw usage_error("--tp must be positive (got " + *tp + ")");
+    if (*o.shape.tp > trace::max_world_size) throw usage_error("--tp is too large: " + *tp);
   }
   if (const auto sp = a.option("--sp")) {
     if (*sp != "on" && *sp != "off") throw usage_error("--sp must be on or off (got '" + *sp + "')");

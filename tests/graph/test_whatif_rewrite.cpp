@@ -71,6 +71,9 @@ TEST_CASE("repeat_groups rejects overlapping and scattered groups", "[whatif][re
   CHECK_THROWS_WITH(whatif::repeat_groups(x.g, {{{x.a}, 2}, {{x.a}, 2}}), Catch::Contains("belongs to two groups"));
   CHECK_THROWS_WITH(whatif::repeat_groups(x.g, {{{x.a, x.c}, 2}}), Catch::Contains("not contiguous"));
   CHECK_THROWS_WITH(whatif::repeat_groups(x.g, {{{99}, 2}}), Catch::Contains("does not exist"));
+  // Copies past what a graph numbers: an error before any is made (not a process that grows
+  // until the system kills it).
+  CHECK_THROWS_WITH(whatif::repeat_groups(x.g, {{{x.la, x.a}, std::size_t{1} << 40}}), Catch::Contains("more than a graph numbers"));
 }
 
 TEST_CASE("GPU change: compute-bound by the peak ratio, memory-bound by bandwidth, a fixed part kept", "[whatif][gpu]") {

@@ -382,6 +382,16 @@ TEST_CASE("whatif --hidden/--seq/--tp: shape JSON, the traces' own shape is the 
   CHECK(tp.out.find("36 tensor-parallel all-reduces inserted: 36 of the activation") != std::string::npos);
   CHECK(run("whatif " + job + " --seq 0").code == 2);
   CHECK(run("whatif " + job + " --hidden x").code == 2);
+  // Beyond the supported sizes: a clear error at once, not minutes of work and gigabytes.
+  for (const char* huge : {"--seq 99999999999", "--layers 100000000", "--dp 100000000", "--tp 100000000"}) {
+    CAPTURE(huge);
+    const result r = run("whatif " + job + " " + huge);
+    CHECK(r.code == 2);
+    CHECK((r.err.find("supported") != std::string::npos || r.err.find("too large") != std::string::npos));
+  }
+  const result deep = run("predict --model gpt3-15b --layers 100000000");
+  CHECK(deep.code == 2);
+  CHECK(deep.err.find("more than the supported 65536") != std::string::npos);
 }
 
 TEST_CASE("whatif --json has the fields the issue names, and --profile takes a calibrated profile", "[cli][whatif]") {

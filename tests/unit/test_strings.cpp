@@ -48,3 +48,9 @@ TEST_CASE("a copied table keeps every id and owns its text", "[strings]") {
   CHECK(copy.intern("new in the copy") == 1001);
   CHECK(copy[1001] == "new in the copy");
 }
+
+TEST_CASE("lower_ascii lowers ASCII letters only", "[strings]") {
+  CHECK(lumos::lower_ascii("NCCL:Recv_42") == "nccl:recv_42");
+  CHECK(lumos::lower_ascii("") == "");
+  CHECK(lumos::lower_ascii("\xc3\x89t\xc3\xa9") == "\xc3\x89t\xc3\xa9");  // UTF-8 bytes untouched
+}

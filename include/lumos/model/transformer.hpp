@@ -24,6 +24,9 @@ enum class position_kind : std::uint8_t { learned, rotary };
 /// Invariants checked by `validate()`: all sizes positive, hidden % heads == 0,
 /// heads % kv_heads == 0.
 struct transformer {
+  static constexpr std::int64_t max_layers = std::int64_t{1} << 16;  ///< `validate()`'s bound on layers
+  static constexpr std::int64_t max_size = std::int64_t{1} << 24;    ///< and on every width, count and length
+
   std::string name;
   std::int64_t layers = 0;    ///< l
   std::int64_t hidden = 0;    ///< h (model width)
@@ -60,6 +63,19 @@ struct transformer {
     positive(kv_heads, "kv_heads");
     positive(seq, "seq");
     positive(vocab, "vocab");
+    // Far beyond any model trained, and small enough that products of sizes (FLOPs, bytes)
+    // stay exact in 64 bits and a prediction stays quick.
+    auto at_most = [&](std::int64_t v, std::int64_t limit, const char* field) {
+      if (v > limit) {
+        throw error("model '" + name + "': " + field + " " + std::to_string(v) + " is more than the supported " +
+                    std::to_string(limit));
+      }
+    };
+    at_most(layers, max_layers, "layers");
+    for (const auto& [v, field] : {std::pair{hidden, "hidden"}, std::pair{ffn, "ffn"}, std::pair{heads, "heads"},
+                                   std::pair{kv_heads, "kv_heads"}, std::pair{seq, "seq"}, std::pair{vocab, "vocab"}}) {
+      at_most(v, max_size, field);
+    }
     if (hidden % heads != 0) {
       throw error("model '" + name + "': hidden (" + std::to_string(hidden) +
                   ") must be divisible by heads (" + std::to_string(heads) + ")");
