@@ -23,6 +23,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <string>
@@ -181,7 +182,12 @@ class program_builder {
   std::vector<std::vector<std::uint8_t>> final_grad_;  ///< [stage][op index]: last grad op of its chunk
 
   // ---- groups ----
-  std::vector<group_state> groups_;
+  // Made when first used, in `groups_` (a deque: references stay valid as more are made), and
+  // found by dense id (see build_groups) through `group_slot_` (−1: not made yet). A folded job
+  // of a huge world uses a handful of its ~3·world groups, which a dense table of groups held
+  // whole (7 GB at 2^24 ranks); the slots take 4 bytes a group.
+  std::vector<std::int32_t> group_slot_;
+  std::deque<group_state> groups_;
   int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0;
   model::group_placement tp_placement_;
 

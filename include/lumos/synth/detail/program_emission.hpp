@@ -122,7 +122,7 @@ auto program_builder<Compute, Comm>::collective(rank_state& rs, graph::processor
     if (gs.joins.size() <= k) {
       if (gs.barrier == no_processor) {
         gs.barrier = g_->add_processor({graph::processor_kind::barrier, gs.ranks.front(),
-                                        static_cast<std::int64_t>(&gs - groups_.data()), 0,
+                                        gs.id, 0,
                                         opt_.names ? "group " + gs.name : std::string()});
       }
       gs.joins.push_back(add(gs.barrier, graph::task_kind::join, 0, n_join_, gs.ranks.front()));

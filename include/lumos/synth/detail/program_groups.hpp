@@ -79,7 +79,8 @@ void program_builder<Compute, Comm>::build_groups() {
   grad_base_ = act_base_ + pp_ * tp_ * dp_;
   norm_base_ = grad_base_ + pp_ * tp_ * dp_;
   embd_base_ = norm_base_ + dp_;
-  groups_.assign(static_cast<std::size_t>(embd_base_ + tp_ * dp_), {});
+  groups_.clear();
+  group_slot_.assign(static_cast<std::size_t>(embd_base_ + tp_ * dp_), -1);
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -93,8 +94,14 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
     case group_type::norm: id = norm_base_ + (par_.zero_stage >= 1 ? 0 : a); break;  // a = dp index
     case group_type::embd: id = embd_base_ + a; break;                // a = column
   }
-  group_state& gs = groups_[static_cast<std::size_t>(id)];
-  if (!gs.ready) init_group(gs, type, a, b);
+  std::int32_t& slot = group_slot_[static_cast<std::size_t>(id)];
+  if (slot < 0) {
+    slot = static_cast<std::int32_t>(groups_.size());
+    group_state& made = groups_.emplace_back();
+    made.id = id;
+    init_group(made, type, a, b);
+  }
+  group_state& gs = groups_[static_cast<std::size_t>(slot)];
   return gs;
 }
 

@@ -114,6 +114,7 @@ struct totals {
 /// A process group of the job, created when first used.
 struct group_state {
   bool ready = false;
+  std::int64_t id = 0;  ///< dense id (program_builder::group): the owner of its barrier
   comm_group type = comm_group::tp;
   std::string name;
   std::vector<int> ranks;  ///< global ranks of all members
