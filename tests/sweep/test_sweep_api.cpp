@@ -190,6 +190,20 @@ TEST_CASE("compile_into equals graph::compile, reusing its buffers across graphs
   }
 }
 
+TEST_CASE("enumerate: a value listed twice counts once", "[sweep]") {
+  const sw::space once = small_space();
+  sw::space twice = once;
+  twice.tp = {1, 2, 1, 4, 8, 8};
+  twice.micro_batch = {3, 1, 2, 3};
+  twice.schedules.push_back(twice.schedules.front());
+  twice.sp = {false, true, false};
+  const auto a = sw::enumerate(once, 16), b = sw::enumerate(twice, 16);
+  CHECK(b.size() == a.size());
+  // The first occurrence keeps its place: micro-batch 3 now comes first.
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) CHECK(b[i].tp == a[i].tp);
+  CHECK(b.front().micro_batch == 3);
+}
+
 TEST_CASE("sm_utilization: 1 ms buckets, and a window too long for them takes wider ones", "[sweep][report]") {
   using lumos::report::interval;
   const auto u = lumos::report::sm_utilization({{0, 1'500'000}}, interval{0, 3'000'000});

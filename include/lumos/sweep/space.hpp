@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace lumos::sweep {
@@ -33,8 +34,19 @@ struct space {
 /// not multiply to `gpus` are left out (they are not configurations of this machine); vp > 1
 /// with a schedule that has no chunks, are kept and rejected by `validate` with their reason.
 /// sp on with tp = 1 shards nothing (the same job as sp off) and is left out when off is listed.
-/// O(product of the list sizes).
-[[nodiscard]] inline std::vector<configuration> enumerate(const space& s, std::int64_t gpus) {
+/// A value listed twice counts once (`--tp 1,1` is the configurations of `--tp 1`, not each
+/// of them twice). O(product of the list sizes).
+[[nodiscard]] inline std::vector<configuration> enumerate(const space& listed, std::int64_t gpus) {
+  auto once = [](const auto& v) {  // first occurrences, in order
+    std::remove_cvref_t<decltype(v)> out;
+    out.reserve(v.size());
+    for (const auto& x : v) {
+      if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+    }
+    return out;
+  };
+  const space s{once(listed.tp), once(listed.pp), once(listed.dp), once(listed.vp), once(listed.micro_batch),
+                once(listed.schedules), once(listed.recompute), once(listed.sp)};
   std::vector<configuration> out;
   for (const int tp : s.tp) {
     for (const int pp : s.pp) {
