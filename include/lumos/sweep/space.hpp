@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 namespace lumos::sweep {
@@ -36,42 +35,49 @@ struct space {
 /// sp on with tp = 1 shards nothing (the same job as sp off) and is left out when off is listed.
 /// A value listed twice counts once (`--tp 1,1` is the configurations of `--tp 1`, not each
 /// of them twice). O(product of the list sizes).
-[[nodiscard]] inline std::vector<configuration> enumerate(const space& listed, std::int64_t gpus) {
-  auto once = [](const auto& v) {  // first occurrences, in order
-    std::remove_cvref_t<decltype(v)> out;
-    out.reserve(v.size());
-    for (const auto& x : v) {
-      if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
-    }
-    return out;
+[[nodiscard]] inline std::vector<configuration> enumerate(const space& s, std::int64_t gpus) {
+  // Whether v[i] is listed before index i too (then it counts once, at its first place).
+  auto again = [](const auto& v, std::size_t i) {
+    const auto at = v.begin() + static_cast<std::ptrdiff_t>(i);
+    return std::find(v.begin(), at, v[i]) != at;
   };
-  const space s{once(listed.tp), once(listed.pp), once(listed.dp), once(listed.vp), once(listed.micro_batch),
-                once(listed.schedules), once(listed.recompute), once(listed.sp)};
   std::vector<configuration> out;
-  for (const int tp : s.tp) {
-    for (const int pp : s.pp) {
+  for (std::size_t itp = 0; itp < s.tp.size(); ++itp) {
+    if (again(s.tp, itp)) continue;
+    const int tp = s.tp[itp];
+    for (std::size_t ipp = 0; ipp < s.pp.size(); ++ipp) {
+      if (again(s.pp, ipp)) continue;
+      const int pp = s.pp[ipp];
       std::vector<int> dps = s.dp;
       if (dps.empty()) {
         const std::int64_t tp_pp = std::int64_t{tp} * pp;
         if (gpus <= 0 || tp_pp <= 0 || gpus % tp_pp != 0) continue;
         dps.push_back(static_cast<int>(gpus / tp_pp));
       }
-      for (const int dp : dps) {
+      for (std::size_t idp = 0; idp < dps.size(); ++idp) {
+        if (again(dps, idp)) continue;
+        const int dp = dps[idp];
         if (gpus > 0 && std::int64_t{tp} * pp * dp != gpus) continue;
-        for (const int vp : s.vp) {
-          for (const std::int64_t mb : s.micro_batch) {
-            for (const synth::schedule_policy& sched : s.schedules) {
-              for (const model::recompute_kind rc : s.recompute) {
-                for (const bool sp : s.sp) {
+        for (std::size_t ivp = 0; ivp < s.vp.size(); ++ivp) {
+          if (again(s.vp, ivp)) continue;
+          for (std::size_t imb = 0; imb < s.micro_batch.size(); ++imb) {
+            if (again(s.micro_batch, imb)) continue;
+            for (std::size_t isc = 0; isc < s.schedules.size(); ++isc) {
+              if (again(s.schedules, isc)) continue;
+              for (std::size_t irc = 0; irc < s.recompute.size(); ++irc) {
+                if (again(s.recompute, irc)) continue;
+                for (std::size_t isp = 0; isp < s.sp.size(); ++isp) {
+                  if (again(s.sp, isp)) continue;
+                  const bool sp = s.sp[isp];
                   if (sp && tp == 1 && std::find(s.sp.begin(), s.sp.end(), false) != s.sp.end()) continue;
                   configuration c;
                   c.tp = tp;
                   c.pp = pp;
                   c.dp = dp;
-                  c.vp = vp;
-                  c.micro_batch = mb;
-                  c.schedule = sched;
-                  c.recompute = rc;
+                  c.vp = s.vp[ivp];
+                  c.micro_batch = s.micro_batch[imb];
+                  c.schedule = s.schedules[isc];
+                  c.recompute = s.recompute[irc];
                   c.sp = sp;
                   out.push_back(c);
                 }
