@@ -281,6 +281,22 @@ TEST_CASE("whatif --tp from 1: the inserted all-reduces are written by --trace-o
   REQUIRE(again.code == 0);
   simdjson::dom::parser parser2;
   CHECK(int64_t(parser2.parse(again.out)["job"]["simulated_ns"]) == predicted);
+  // On a recorded trace (its step starts after the trace's origin) the prediction's breakdown
+  // counts the inserted all-reduces as communication, as the replay of the written traces does
+  // (they had counted as idle, "other": their observed time was 0, outside every step).
+  const auto real_out = dir.path() / "h100tp2";
+  const result real = run("whatif " + data("gpu/h100-base") + " --tp 2 --json --trace-out " + real_out.string());
+  REQUIRE(real.code == 0);
+  const result real_again = run("replay " + real_out.string() + " --json");
+  REQUIRE(real_again.code == 0);
+  simdjson::dom::parser parser3, parser4;
+  simdjson::dom::element got = parser3.parse(real.out)["predicted"]["ranks"].at(0)["breakdown"];
+  simdjson::dom::element want = parser4.parse(real_again.out)["ranks"].at(0)["breakdown"];
+  CHECK(int64_t(got["exposed_comm_ns"]) > 0);
+  for (const char* part : {"exposed_compute_ns", "overlapped_ns", "exposed_comm_ns", "other_ns"}) {
+    CAPTURE(part);
+    CHECK(int64_t(got[part]) == int64_t(want[part]));
+  }
   // Heads that do not divide over the target TP are an error, as before.
   CHECK(run("whatif " + a.string() + " --tp 3").code == 2);
 }

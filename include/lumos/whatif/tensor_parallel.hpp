@@ -123,13 +123,22 @@ struct tp_collective {
   for (const tp_hook& h : hooks) {
     const graph::task_id k = h.after;
     const tp_collective& c = of(h);
+    // Observed at the instant the task they follow ended: the reports place a task in its
+    // iteration by these (an inserted collective at time 0 fell outside every step, so its
+    // time counted as idle in the breakdown).
     if (launch_of[k] != none) {
-      ins.push_back({.after = g.edges[launch_of[k]].from,
-                     .spec = {.kind = graph::task_kind::cpu, .duration = c.launch, .busy_gap = c.host, .rank = g.rank[k]},
+      const graph::task_id from = g.edges[launch_of[k]].from;
+      ins.push_back({.after = from,
+                     .spec = {.kind = graph::task_kind::cpu, .duration = c.launch, .busy_gap = c.host, .rank = g.rank[k],
+                              .observed_start = g.observed_end[from], .observed_end = g.observed_end[from]},
                      .name = "cudaLaunchKernel"});
     }
-    ins.push_back({.after = k, .spec = {.kind = graph::task_kind::comm_arrive, .rank = g.rank[k]}, .name = c.kernel});
-    ins.push_back({.after = k, .spec = {.kind = graph::task_kind::comm_complete, .duration = c.transfer, .rank = g.rank[k]},
+    const time_ns at = g.observed_end[k];
+    ins.push_back({.after = k, .spec = {.kind = graph::task_kind::comm_arrive, .rank = g.rank[k], .observed_start = at, .observed_end = at},
+                   .name = c.kernel});
+    ins.push_back({.after = k,
+                   .spec = {.kind = graph::task_kind::comm_complete, .duration = c.transfer, .rank = g.rank[k],
+                            .observed_start = at, .observed_end = at},
                    .name = c.kernel});
   }
   edited_graph e = insert_after(g, ins);
