@@ -58,11 +58,11 @@ inline what_if parse_scales(const std::vector<std::string>& items) {
     const double f = parse_number<double>(std::string_view(item).substr(eq + 1), "--scale " + kind);
     if (kind.starts_with("op:")) {
       if (kind.size() == 3) throw usage_error("--scale op:TEXT=F needs a non-empty TEXT (got '" + item + "')");
-      if (!(f >= 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a factor >= 0 (got " + item.substr(eq + 1) + ")");
+      if (!(f >= 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a factor from 0 to 1e6 (got " + item.substr(eq + 1) + ")");
       w.ops.push_back({kind.substr(3), f});
       continue;
     }
-    if (!(f > 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a positive factor (got " + item.substr(eq + 1) + ")");
+    if (!(f > 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a factor above 0, at most 1e6 (got " + item.substr(eq + 1) + ")");
     if (kind == "compute") w.scales.compute = f;
     else if (kind == "comm") w.scales.comm = f;
     else if (kind == "cpu") w.scales.cpu = f;
