@@ -129,19 +129,6 @@ struct micro_batch_remap {
   }
 };
 
-namespace detail {
-
-/// What a traced point-to-point op is, by the CPU operator that posted it (c10d names it
-/// `nccl:send` / `nccl:recv`): 1 a send, -1 a receive, 0 neither (or both: a batched transfer).
-[[nodiscard]] inline int transfer_side(const trace::rank_trace& tr, const gpu_op_context& c) {
-  if (c.cpu_op == no_event) return 0;
-  const std::string op = lower_ascii(tr.name(tr.events[c.cpu_op]));
-  const bool recv = op.find("recv") != std::string::npos, send = op.find("send") != std::string::npos;
-  return send == recv ? 0 : send ? 1 : -1;
-}
-
-}  // namespace detail
-
 /// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does);
 /// `micro_batches`: per replica in the target when it changes (0: the traces').
 /// `job` (the traces `st` was discovered on), when given, is read for what a traced transfer is.
@@ -172,7 +159,7 @@ namespace detail {
       if (r.rank / per_stage != *r.stage.value) return "the ranks are not numbered with the stages outermost (Megatron's order)";
     }
     for (const gpu_op_context& c : st.gpu_ops) {
-      if (c.p2p && job != nullptr && c.rank < job->ranks.size() && detail::transfer_side(job->ranks[c.rank], c) == 0) {
+      if (c.p2p && job != nullptr && c.rank < job->ranks.size() && detail::transfer_side(job->ranks[c.rank], c.cpu_op) == 0) {
         return "a traced transfer is not under a CPU operator that names it a send or a receive (nccl:send / nccl:recv)";
       }
     }
@@ -350,7 +337,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     for (std::size_t x = 0; x < ops.size(); ++x) {
       const gpu_op_context& c = ops[x];
       if (!c.p2p || c.rank >= R || c.rank >= b.ranks.size()) continue;
-      const int side = detail::transfer_side(job.ranks[c.rank], c);  // never 0: stage_split_unsupported checked
+      const int side = detail::transfer_side(job.ranks[c.rank], c.cpu_op);  // never 0: stage_split_unsupported checked
       const bool recv = side < 0;
       const int pass = recv ? after_pass[x] : before_pass[x];
       if (side == 0 || pass < 0) continue;  // outside the passes

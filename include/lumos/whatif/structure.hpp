@@ -5,6 +5,7 @@
 // docs/whatif.md, section "Structure discovery".
 
 #include <lumos/core/error.hpp>
+#include <lumos/core/strings.hpp>
 #include <lumos/graph/trace_builder.hpp>
 #include <lumos/pipeline/gpipe.hpp>
 #include <lumos/pipeline/interleaved_one_f_one_b.hpp>
@@ -194,6 +195,16 @@ struct structure_options {
 namespace detail {
 
 inline constexpr std::uint32_t no_event = ~std::uint32_t{0};
+
+/// What a traced point-to-point op is, by the CPU operator that posted it (`cpu_op`, an event
+/// index; c10d names it `nccl:send` / `nccl:recv`): 1 a send, -1 a receive, 0 neither (or both: a
+/// batched transfer).
+[[nodiscard]] inline int transfer_side(const trace::rank_trace& tr, std::uint32_t cpu_op) {
+  if (cpu_op == no_event) return 0;
+  const std::string op = lower_ascii(tr.name(tr.events[cpu_op]));
+  const bool recv = op.find("recv") != std::string::npos, send = op.find("send") != std::string::npos;
+  return send == recv ? 0 : send ? 1 : -1;
+}
 
 [[nodiscard]] inline std::string lower(std::string_view s) {
   std::string out(s);
@@ -924,9 +935,7 @@ struct rank_work {
         const std::size_t ri = stage_ranks.front().front();
         const auto& ls = work[ri].launches;
         for (std::size_t k = 0; k < ls.size(); ++k) {
-          if (!ls[k].p2p || ls[k].cpu_op == no_event) continue;
-          const std::string op = lower_ascii(job.ranks[ri].name(job.ranks[ri].events[ls[k].cpu_op]));
-          if (op.find("recv") == std::string::npos || op.find("send") != std::string::npos) continue;
+          if (!ls[k].p2p || detail::transfer_side(job.ranks[ri], ls[k].cpu_op) != -1) continue;
           for (std::size_t j = k + 1; j < ls.size(); ++j) {
             if (ls[j].pass < 0 || ls[j].p2p) continue;
             const bool forward = out.ranks[ri].passes[static_cast<std::size_t>(ls[j].pass)].op.kind == pipeline::op_kind::forward;
