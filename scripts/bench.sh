@@ -3,15 +3,22 @@
 #   bash scripts/bench.sh reader      # bench_reader: BM_read*, BM_inflate*
 #   bash scripts/bench.sh replay      # bench_replay (once the replay engine exists)
 #   bash scripts/bench.sh scale       # the 512-rank job of issue 14: lumos synth, replay and
-#                                     # inspect timed with their peak RSS (/usr/bin/time), then
+#                                     # inspect timed with their peak RSS (/usr/bin/time), replay
+#                                     # also with LUMOS_HUGE_PAGES=1, then
 #                                     # replay's phases (bench/scale_phases.cpp), with the default
 #                                     # build threads and with one
+#   bash scripts/bench.sh touch       # first writes to fresh memory, with and without huge pages
+#                                     # (bench/first_touch.cpp; why LUMOS_HUGE_PAGES is opt-in)
 # Extra arguments go to Google Benchmark (e.g. --benchmark_filter=BM_read_mem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 suite=${1:-reader}
 shift || true
 cmake --preset bench >/dev/null
+if [ "$suite" = touch ]; then
+  cmake --build --preset bench --target first_touch >/dev/null
+  exec build/bench/bench/first_touch "$@"
+fi
 if [ "$suite" = scale ]; then
   # GPT-3 175B on 512 GPUs (TP 8 x PP 8 x DP 8, 32 micro-batches), every rank written.
   cmake --build --preset bench --target lumos scale_phases >/dev/null
@@ -23,12 +30,13 @@ if [ "$suite" = scale ]; then
     shift
     /usr/bin/time -f "%e %M" -o "$dir/time" "$@" >"$dir/out" 2>&1 || { cat "$dir/out"; exit 1; }
     read -r wall kb <"$dir/time"
-    printf '%-8s %8.2f s  %8.0f MiB peak RSS\n' "$label" "$wall" "$(awk -v k="$kb" 'BEGIN { print k / 1024 }')"
+    printf '%-9s %8.2f s  %8.0f MiB peak RSS\n' "$label" "$wall" "$(awk -v k="$kb" 'BEGIN { print k / 1024 }')"
   }
   echo "lumos synth --model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip; $(nproc) cores"
   timed synth "$lumos" synth --model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip --out "$dir/job"
-  printf '%-8s %8s MiB on disk, %s files\n' traces "$(du -sm "$dir/job" | cut -f1)" "$(ls "$dir/job" | wc -l)"
+  printf '%-9s %8s MiB on disk, %s files\n' traces "$(du -sm "$dir/job" | cut -f1)" "$(ls "$dir/job" | wc -l)"
   timed replay "$lumos" replay "$dir/job"
+  timed replay+hp env LUMOS_HUGE_PAGES=1 "$lumos" replay "$dir/job"  # huge pages (allocator.hpp)
   timed inspect "$lumos" inspect "$dir/job"
   build/bench/bench/scale_phases "$dir/job"
   build/bench/bench/scale_phases "$dir/job" 1

@@ -1,9 +1,17 @@
 #pragma once
-// large_allocator — std::allocator for the big flat arrays (event stores, compiled graphs):
-// large blocks are 2 MiB aligned and marked for transparent huge pages, so that filling them
-// takes ~500x fewer page faults and walking them far fewer TLB misses.
+// large_allocator — std::allocator for the big flat arrays (event stores, graph columns,
+// compiled graphs): large blocks are 2 MiB aligned and, when LUMOS_HUGE_PAGES=1 is set in the
+// environment, marked for transparent huge pages.
+//
+// Huge pages are opt-in because first touch decides: each array here is written once, right
+// after it is allocated. On the virtual machines this project is built and measured on, a
+// huge page touched for the first time costs several times what 4 KiB pages do (the host backs
+// each 2 MiB page on demand), which made `lumos replay` of a 512-rank job a third slower
+// (docs/replay.md, `bash scripts/bench.sh touch` and `scale`). Where huge pages come cheap,
+// the setting gives ~500x fewer page faults and fewer TLB misses in the walks.
 
 #include <cstddef>
+#include <cstdlib>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -15,9 +23,20 @@
 
 namespace lumos {
 
+/// Whether large blocks are advised onto transparent huge pages: LUMOS_HUGE_PAGES=1 in the
+/// environment (read once per process; see the top of this file for why it is off by default).
+[[nodiscard]] inline bool huge_pages_enabled() noexcept {
+  static const bool enabled = [] {
+    const char* v = std::getenv("LUMOS_HUGE_PAGES");  // NOLINT(concurrency-mt-unsafe): read once
+    return v != nullptr && v[0] == '1' && v[1] == '\0';
+  }();
+  return enabled;
+}
+
 /// Stateless allocator: blocks of at least `huge_threshold` bytes come from the aligned
-/// global operator new with `MADV_HUGEPAGE` (Linux; a no-op elsewhere), smaller ones from the
-/// plain operator new. Interchangeable instances (always equal), so containers move freely.
+/// global operator new (with `MADV_HUGEPAGE` when `huge_pages_enabled()`, on Linux), smaller
+/// ones from the plain operator new. Interchangeable instances (always equal), so containers
+/// move freely.
 template <class T>
 struct large_allocator {
   using value_type = T;
@@ -35,7 +54,7 @@ struct large_allocator {
     void* p = ::operator new(bytes, std::align_val_t{huge_page});
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     // Advice only: failure (THP disabled) leaves ordinary pages, which is still correct.
-    (void)::madvise(p, bytes / huge_page * huge_page, MADV_HUGEPAGE);
+    if (huge_pages_enabled()) (void)::madvise(p, bytes / huge_page * huge_page, MADV_HUGEPAGE);
 #endif
     return static_cast<T*>(p);
   }
