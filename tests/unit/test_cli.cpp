@@ -537,6 +537,13 @@ TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which rep
   REQUIRE(real_again.code == 0);
   simdjson::dom::parser p4, p5;
   CHECK(int64_t(p5.parse(real_again.out)["job"]["simulated_ns"]) == int64_t(p4.parse(real.out)["predicted"]["iteration_ns"]));
+  // A schedule needs stages to order: without --pp on traces that have none, exit 2 and say so.
+  for (const char* flags : {" --schedule zb-h1", " --vp 2"}) {
+    const result alone = run("whatif " + data("gpu/h100-base") + flags);
+    CHECK(alone.code == 2);
+    CHECK(alone.err.find("no pipeline stages") != std::string::npos);
+    CHECK(alone.err.find("--pp N") != std::string::npos);
+  }
 }
 
 TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's ranks, which replay to the prediction",

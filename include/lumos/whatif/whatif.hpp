@@ -335,6 +335,13 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     // Without pipeline stages the micro-batches run one after the other (gradient accumulation):
     // a count change repeats or removes whole micro-batches in the graph (micro_batches.hpp).
     staged = structure && structure->parallel.pp.value.value_or(1) > 1;
+    // A schedule orders stages: on traces without them it needs the stages to make.
+    if (pipeline_asked && !o.pp && !staged) {
+      throw error(std::string("whatif ") + (o.schedule ? "--schedule" : "--vp") +
+                  " without --pp: the traces have no pipeline stages (" +
+                  (structure->parallel.pp.value ? "PP 1" : "PP unknown") + ", " + structure->parallel.pp.source +
+                  "); give --pp N (N >= 2) for the stages to schedule");
+    }
     // From traces without stages to GPipe, 1F1B or interleaved stages the change is made in the
     // graph; with another count of micro-batches per replica, their periods are repeated or
     // removed first, as without stages, and the split then orders the new count.
