@@ -51,7 +51,7 @@ CASES = [
     ("layers ×0.5", {}, {"--layers": "4"}),
     ("hidden ×2 (FFN 4h)", {}, {"--hidden": "4096", "--ffn": "16384"}),
     ("sequence ×2", {}, {"--seq": "4096"}),
-    ("micro-batch ×2 (same global batch)", {}, {"--micro-batch": "2"}),
+    ("micro-batch ×2 (same global batch, 8 → 4 micro-batches, in the graph)", {}, {"--micro-batch": "2"}),
     ("TP 2→4", {}, {"--tp": "4"}),
     ("TP 4→2", {"--tp": "4"}, {"--tp": "2"}),
     # From TP 1 the all-reduces are inserted into every layer (none to resize in the traces).
@@ -84,6 +84,13 @@ CASES = [
     # With another count of micro-batches per replica: the periods repeated or removed first.
     ("PP 1→2 with DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--dp": "4"}),
     ("PP 1→2, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--global-batch": "32"}),
+    # With traced stages a count change repeats or removes a micro-batch's forward and backward
+    # passes on every stage, then the traces' schedule orders the new count.
+    ("DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {}, {"--dp": "4"}),
+    ("global batch ×2 (8 → 16 micro-batches, in the graph)", {}, {"--global-batch": "32"}),
+    ("GPipe, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--schedule": "gpipe"}, {"--global-batch": "32"}),
+    ("PP 4, micro-batch ×2 (8 → 4 micro-batches, in the graph)", {"--pp": "4"}, {"--micro-batch": "2"}),
+    ("PP 2→4, global batch ×2 (8 → 16 micro-batches, in the graph)", {}, {"--pp": "4", "--global-batch": "32"}),
     # Without pipeline stages the micro-batches run in sequence (gradient accumulation): a count
     # change repeats or removes whole micro-batches in the graph.
     ("DP ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--dp": "4"}),

@@ -19,11 +19,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
 #include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 using namespace lumos;
@@ -278,7 +280,7 @@ TEST_CASE("whatif without pipeline stages: a micro-batch count change repeats or
     const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
     CHECK(std::abs(err) < 0.005);
   }
-  // The same count is no change; a pipeline job's count belongs to the pipeline model.
+  // The same count is no change; a pipeline job's count is stage_micro_batches_to's.
   whatif::whatif_options same;
   same.global_batch = 8;
   CHECK(whatif::run_whatif(traced, same).predicted.simulated_ns == report::replay_job(traced).simulated_ns);
@@ -624,6 +626,43 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
       CHECK_FALSE(r.stages);
       CHECK(r.pipeline);
       CHECK_FALSE(r.pipeline_reason.empty());
+    }
+  }
+}
+
+TEST_CASE("whatif with traced stages and another count of micro-batches per replica, in the graph",
+          "[whatif][pipeline][kernel_trace]") {
+  // The job of the tests above on 2 stages (8 micro-batches per replica), in 1F1B and in GPipe,
+  // to 4 micro-batches (DP x2 at the same global batch: passes removed) and 16 (global batch x2:
+  // a micro-batch's passes repeated), and to 4 stages with 16: each against the job synthesised
+  // so. The passes are repeated or removed on every stage first; then the split orders the new
+  // count, by the traces' own schedule when none is asked for.
+  for (const char* schedule : {"1f1b", "gpipe"}) {
+    config a = pp1_job;
+    a.pp = 2, a.schedule = schedule;
+    lumos_test::temp_dir dir_a;
+    (void)synthesise(a, dir_a.path());
+    const trace::job traced = trace::load_job({dir_a.path()});
+    const auto kind = std::string_view(schedule) == "gpipe" ? pipeline::schedule_kind::gpipe : pipeline::schedule_kind::one_f_one_b;
+    for (const auto& [pp, dp, global_batch, micro_batches] : {std::tuple{2, 4, 16, 4}, std::tuple{2, 2, 32, 16}, std::tuple{4, 2, 32, 16}}) {
+      config b = a;
+      b.pp = pp, b.dp = dp, b.global_batch = global_batch;
+      lumos_test::temp_dir dir_b;
+      const written direct = synthesise(b, dir_b.path());
+      whatif::whatif_options o;
+      if (pp != 2) o.pp = pp;
+      o.dp = dp, o.global_batch = global_batch;
+      const whatif::whatif_result r = whatif::run_whatif(traced, o);
+      INFO(schedule << " PP 2 -> " << pp << ", DP " << dp << ", global batch " << global_batch);
+      REQUIRE(r.stages);
+      CHECK_FALSE(r.pipeline);
+      CHECK(r.stages->schedule == kind);
+      CHECK(r.stages->micro_batches == micro_batches);
+      CHECK(std::any_of(r.changes.begin(), r.changes.end(),
+                        [](const std::string& c) { return c.find("with the traced 2 stages") != std::string::npos; }));
+      const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+      INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+      CHECK(std::abs(err) < 0.03);
     }
   }
 }

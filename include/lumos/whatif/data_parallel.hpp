@@ -143,10 +143,11 @@ struct rank_layout {
 /// are re-timed by the profile's NCCL model (hierarchical placement), send/recv pairs too (intra-
 /// or inter-node link) unless the depth changes (then the pipeline model times the transfers
 /// between the new stages), when their node count changes, anchored on the measured time; groups
-/// whose role is TP or DP are left to their own rewrites. Returns a sentence for `changes`
-/// (empty: nothing moved).
+/// whose role is TP or DP are left to their own rewrites; `p2p_to_split`: the send/recv pairs are
+/// left to the stage split, which re-times them itself (`split_stages`). Returns a sentence for
+/// `changes` (empty: nothing moved).
 inline std::string retime_across_nodes(graph::task_graph& g, const job_structure& st, rank_layout from, rank_layout to,
-                                       const model::nccl_model& nccl, const model::hardware& hw) {
+                                       const model::nccl_model& nccl, const model::hardware& hw, bool p2p_to_split = false) {
   if (st.parallel.pp.value.value_or(1) <= 1) return {};
   std::set<std::string> own_rewrite;
   for (const auto& pg : st.groups) {
@@ -169,7 +170,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     if (ci.bytes <= 0 || ci.group_ranks.size() < 2 || own_rewrite.count(ci.group)) continue;
     const bool p2p = ci.kind == "sendrecv" || ci.kind == "send_recv";
     const auto kind = collective_of_kind(ci.kind);
-    if ((!p2p && !kind) || (p2p && depth_changes)) continue;
+    if ((!p2p && !kind) || (p2p && (depth_changes || p2p_to_split))) continue;
     std::vector<std::int64_t> nodes_old, nodes_new;
     for (const int r : ci.group_ranks) {
       nodes_old.push_back(r / G);

@@ -85,6 +85,7 @@ struct edited_graph {
   std::vector<std::vector<graph::task_id>> copies;
   std::size_t added = 0, removed = 0;  ///< tasks
   std::size_t edges_dropped = 0;       ///< edges into or out of removed tasks
+  std::size_t edges_bridged = 0;       ///< edges out of removed tasks moved to a kept task (group_edges::passes)
   /// The new tasks of `insert_after`, in the order of its insertions.
   std::vector<graph::task_id> inserted;
   [[nodiscard]] graph::task_id first(graph::task_id t) const noexcept {
@@ -92,13 +93,26 @@ struct edited_graph {
   }
 };
 
+/// How the edges of a rewritten group's boundary are carried over.
+enum class group_edges : std::uint8_t {
+  /// an edge entering a group enters its first copy; an edge out of a removed task is dropped
+  plain,
+  /// for pipeline passes that a stage split reorders next: an edge entering a group enters every
+  /// copy (each copy waits for what the original waited for), and an edge out of a removed task
+  /// leaves the last kept task before it on its processor, so that what waited for a removed
+  /// kernel (a `cudaDeviceSynchronize`, an event wait) still waits for the work its stream ran
+  /// before it; the split then re-targets host synchronizations to the new order
+  passes,
+};
+
 /// Rewrites `g` with `groups` (disjoint). Edges between two tasks of one group are repeated
 /// in every copy; an edge leaving a group leaves its last copy; an edge entering a group enters
 /// its first copy; edges of removed tasks are dropped (their processors still order what
-/// remains). Copies keep the observed times, names and sources of their originals (reports
+/// remains); `edges` = group_edges::passes changes both (see there). Copies keep the observed times, names and sources of their originals (reports
 /// count them inside the same step). O(tasks + edges). Throws `lumos::error` when groups
 /// overlap or a group is not contiguous on a processor.
-[[nodiscard]] inline edited_graph repeat_groups(const graph::task_graph& g, const std::vector<repeat_group>& groups) {
+[[nodiscard]] inline edited_graph repeat_groups(const graph::task_graph& g, const std::vector<repeat_group>& groups,
+                                                group_edges edges = group_edges::plain) {
   const std::size_t n = g.task_count();
   constexpr std::uint32_t none = ~std::uint32_t{0};
   std::vector<std::uint32_t> group_of(n, none);
@@ -163,15 +177,34 @@ struct edited_graph {
       i = k == none ? i + 1 : j;
     }
   }
+  // group_edges::passes: per task, the last copy of the last kept task before it on its processor.
+  std::vector<graph::task_id> kept_before;
+  if (edges == group_edges::passes) {
+    kept_before.assign(n, graph::no_task);
+    for (const auto& tasks : on) {
+      graph::task_id last = graph::no_task;
+      for (const graph::task_id t : tasks) {
+        kept_before[t] = last;
+        if (!out.copies[t].empty()) last = out.copies[t].back();
+      }
+    }
+  }
   for (const graph::edge& e : g.edges) {
     const auto& from = out.copies[e.from];
     const auto& to = out.copies[e.to];
+    if (from.empty() && !to.empty() && !kept_before.empty() && kept_before[e.from] != graph::no_task) {
+      ng.add_edge(kept_before[e.from], to.front(), e.delay, e.kind, e.flags());
+      ++out.edges_bridged;
+      continue;
+    }
     if (from.empty() || to.empty()) {
       ++out.edges_dropped;
       continue;
     }
     if (group_of[e.from] != none && group_of[e.from] == group_of[e.to]) {
       for (std::size_t c = 0; c < from.size() && c < to.size(); ++c) ng.add_edge(from[c], to[c], e.delay, e.kind, e.flags());
+    } else if (edges == group_edges::passes && group_of[e.to] != none) {
+      for (const graph::task_id t : to) ng.add_edge(from.back(), t, e.delay, e.kind, e.flags());
     } else {
       ng.add_edge(from.back(), to.front(), e.delay, e.kind, e.flags());
     }

@@ -31,6 +31,34 @@ struct micro_batch_rewrite {
   int first = 0, end = 0;  ///< micro-batches [first, end) repeated (end = first + 1) or removed
 };
 
+namespace detail {
+
+/// The traces' micro-batches per replica, for a change to `micro_batches`: throws when the target
+/// is not positive or the traces' count is not known.
+[[nodiscard]] inline int traced_micro_batches(const parallel_layout& par, int micro_batches) {
+  if (micro_batches <= 0) throw error("whatif: the count of micro-batches must be positive (got " + std::to_string(micro_batches) + ")");
+  if (!par.micro_batches.known()) {
+    throw error("whatif: the traces' micro-batches per iteration are not known (" + par.micro_batches.source + ")");
+  }
+  return *par.micro_batches.value;
+}
+
+/// Which micro-batches a change from m (at least 2) to `to` repeats or removes, into `out`:
+/// micro-batch 1 (0 when the traces ran two) repeated to − m + 1 times, or micro-batches 1.. (0..
+/// when only one is left) removed, so that the first and the last stay whenever the count allows.
+/// Returns the count of each group (0: removed).
+inline std::size_t choose_micro_batches(int m, int to, micro_batch_rewrite& out) {
+  if (to > m) {
+    out.first = m >= 3 ? 1 : 0, out.end = out.first + 1;
+    return static_cast<std::size_t>(to - m + 1);
+  }
+  const int remove = m - to;
+  out.first = remove <= m - 2 ? 1 : 0, out.end = out.first + remove;
+  return 0;
+}
+
+}  // namespace detail
+
 /// Builds the group (see the header comment) on `g`: from m traced micro-batches to
 /// `micro_batches`, micro-batch 1 (0 when the trace has two) is repeated, or micro-batches 1..
 /// (0.. when only one is left) removed, on every rank together. `st` is the structure of the
@@ -41,16 +69,12 @@ struct micro_batch_rewrite {
 [[nodiscard]] inline micro_batch_rewrite micro_batches_to(const graph::task_graph& g, const job_structure& st, int micro_batches,
                                                           const std::vector<std::vector<graph::task_id>>* copies = nullptr) {
   const auto& par = st.parallel;
-  if (micro_batches <= 0) throw error("whatif: the count of micro-batches must be positive (got " + std::to_string(micro_batches) + ")");
-  if (par.pp.value.value_or(1) > 1) throw error("whatif: a micro-batch count change with pipeline stages belongs to the pipeline model");
-  if (!par.micro_batches.known()) {
-    throw error("whatif: the traces' micro-batches per iteration are not known (" + par.micro_batches.source + ")");
-  }
+  if (par.pp.value.value_or(1) > 1) throw error("whatif: a micro-batch count change with pipeline stages is stage_micro_batches_to's");
+  const int m = detail::traced_micro_batches(par, micro_batches);
   if (st.layer_groups.empty()) {
     throw error("whatif: the traces' transformer layers were not found (" + st.model.layers.source +
                 "), so no micro-batch can be told from the next; `lumos inspect --structure` shows what was found");
   }
-  const int m = *par.micro_batches.value;
   micro_batch_rewrite out;
   out.from = m, out.to = micro_batches;
   if (micro_batches == m) {
@@ -115,16 +139,8 @@ struct micro_batch_rewrite {
     }
   };
   repeat_group rg;
-  int a = 0, e = 0;
-  if (micro_batches > m) {
-    a = m >= 3 ? 1 : 0, e = a + 1;
-    rg.count = static_cast<std::size_t>(micro_batches - m + 1);
-  } else {
-    const int remove = m - micro_batches;
-    a = remove <= m - 2 ? 1 : 0, e = a + remove;
-    rg.count = 0;
-  }
-  out.first = a, out.end = e;
+  rg.count = detail::choose_micro_batches(m, micro_batches, out);
+  const int a = out.first, e = out.end;
   for (graph::processor_id p = 0; p < on.size(); ++p) span(a, e, p, rg.tasks);
   // The joins of every collective in the period (the loss's all-reduces, say, outside the layers),
   // each on a processor of its own: a join left out would be entered by a copy and left by

@@ -12,7 +12,10 @@
 // between two stages stays, on the end stage of each block that faces its peer (it belongs to the
 // pass it feeds or drains, told by its nccl:recv / nccl:send operator), only transfers within a
 // block are added, and a host synchronization waits for what its thread enqueued before it in
-// the new order. Each traced rank keeps its number on the first stage of its block.
+// the new order. Each traced rank keeps its number on the first stage of its block. Another
+// count of micro-batches per replica on traces with stages is made first by repeating or removing
+// passes in place (`stage_micro_batches_to`), and the split (on the same stages, or more) orders
+// the new count.
 //
 // Each task is labelled with the pass it belongs to: a GPU op by structure discovery's pass of its
 // launch, a launch call by the op it launched, every other task by the last labelled task before it
@@ -42,6 +45,7 @@
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>
@@ -138,7 +142,8 @@ struct micro_batch_remap {
   const int traced_pp = par.pp.value.value_or(1);
   if (traced_pp > 1) {
     // From traces with stages each traced stage is cut into pp / traced_pp stages (one: the
-    // schedule alone changes); merging stages, model chunks and a micro-batch change are not built.
+    // schedule alone changes, or the micro-batches: stage_micro_batches_to); merging stages and
+    // model chunks are not built.
     if (!par.pp.known() || !par.world.known()) return "the traces' stages or world size are not known";
     if (pp % traced_pp != 0) return "the target's stages are not a multiple of the traces' (merging stages is not built)";
     if (kind == pipeline::schedule_kind::interleaved_one_f_one_b || vp != 1) return "from traces with stages, model chunks are not built";
@@ -151,7 +156,6 @@ struct micro_batch_remap {
              "the previous send, which ZB-H2 defers; docs/whatif.md)";
     }
     if (par.chunks.value.value_or(1) != 1) return "the traces run model chunks";
-    if (micro_batches > 0 && micro_batches != par.micro_batches.value.value_or(0)) return "the micro-batches per replica change with the traced stages";
     if (*par.world.value % traced_pp != 0) return "the traces' world does not divide over their stages";
     const int per_stage = *par.world.value / traced_pp;
     for (const auto& r : st.ranks) {
@@ -217,6 +221,125 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   if (from == to || !name.starts_with(prefix)) return name;
   if (name.size() > prefix.size() && name[prefix.size()] >= '0' && name[prefix.size()] <= '9') return name;
   return "rank " + std::to_string(to) + name.substr(prefix.size());
+}
+
+// Each task's pass (see the header comment): `code[t]` is kind·m + micro-batch of its pass
+// (forward 0, backward m; zero bubble adds W at 2m), label_pre / label_post outside the passes.
+struct pass_labels {
+  std::vector<std::int32_t> code;
+  std::vector<std::uint8_t> explicit_label;  // labelled by its own op, not by the task before it
+  std::vector<std::uint8_t> p2p_where;       // 0: a traced receive, 2: a traced send, 1: neither
+};
+
+// The labels tasks get from their own op: a GPU op (and its arrive) from structure discovery's pass,
+// and, with traced stages (P > 1), a traced transfer from the pass it feeds (a receive: the next
+// pass its rank launches) or drains (a send: the pass before it), told apart by the CPU operator
+// that posted it (c10d's `nccl:recv` / `nccl:send`). `copies(t)`: the tasks that the task an event
+// maps to stands for (itself on a graph not edited since discovery); `code_of(rank index, pass
+// index, copy, copies)`: the code of that copy.
+template <class Copies, class CodeOf>
+[[nodiscard]] pass_labels explicit_pass_labels(const graph::built_job& b, const trace::job& job, const job_structure& st, int P,
+                                               Copies&& copies, CodeOf&& code_of) {
+  const std::size_t n = b.graph.task_count(), R = job.ranks.size();
+  pass_labels l{std::vector<std::int32_t>(n, label_unknown), std::vector<std::uint8_t>(n, 0), std::vector<std::uint8_t>(n, 1)};
+  auto label = [&](const gpu_op_context& c, int pass, std::uint8_t where) {
+    const auto& map = b.ranks[c.rank];
+    for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
+      if (c.op >= of->size() || (*of)[c.op] == graph::no_task) continue;
+      const std::vector<graph::task_id> all = copies((*of)[c.op]);
+      for (std::size_t k = 0; k < all.size(); ++k) {
+        l.code[all[k]] = code_of(c.rank, pass, k, all.size()), l.explicit_label[all[k]] = 1, l.p2p_where[all[k]] = where;
+      }
+    }
+  };
+  for (const gpu_op_context& c : st.gpu_ops) {
+    if (c.pass >= 0 && c.rank < R && c.rank < b.ranks.size()) label(c, c.pass, 1);
+  }
+  if (P > 1) {
+    const auto& ops = st.gpu_ops;
+    std::vector<int> before_pass(ops.size(), -1), after_pass(ops.size(), -1);
+    for (std::size_t x = 0; x < ops.size(); ++x) {
+      const bool same = x > 0 && ops[x - 1].rank == ops[x].rank;
+      before_pass[x] = same ? (ops[x - 1].pass >= 0 && !ops[x - 1].p2p ? ops[x - 1].pass : before_pass[x - 1]) : -1;
+    }
+    for (std::size_t x = ops.size(); x-- > 0;) {
+      const bool same = x + 1 < ops.size() && ops[x + 1].rank == ops[x].rank;
+      after_pass[x] = same ? (ops[x + 1].pass >= 0 && !ops[x + 1].p2p ? ops[x + 1].pass : after_pass[x + 1]) : -1;
+    }
+    for (std::size_t x = 0; x < ops.size(); ++x) {
+      const gpu_op_context& c = ops[x];
+      if (!c.p2p || c.rank >= R || c.rank >= b.ranks.size()) continue;
+      const int side = transfer_side(job.ranks[c.rank], c.cpu_op);  // never 0: stage_split_unsupported checked
+      const int pass = side < 0 ? after_pass[x] : before_pass[x];
+      if (side != 0 && pass >= 0) label(c, pass, side < 0 ? 0 : 2);  // else outside the passes
+    }
+  }
+  return l;
+}
+
+// The labels of the other tasks: a launch call takes its op's; any other task that of the last
+// labelled task before it on its processor (label_pre before the first, label_post after the last;
+// barriers are left to the caller). `position(code, rank)` orders a rank's codes: a processor whose
+// labels go back in that order is an error. `on`: each processor's tasks, in order.
+template <class Position>
+void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vector<std::vector<graph::task_id>>& on, Position&& position) {
+  auto& code = l.code;
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch && code[e.from] == label_unknown && l.explicit_label[e.to]) {
+      code[e.from] = code[e.to], l.explicit_label[e.from] = 1;
+      l.p2p_where[e.from] = l.p2p_where[e.to];
+    }
+  }
+  for (graph::processor_id p = 0; p < g.processors.size(); ++p) {
+    if (g.processors[p].kind == graph::processor_kind::barrier) continue;
+    const int rank = g.processors[p].rank;
+    const auto& list = on[p];
+    std::size_t last_explicit = list.size();
+    for (std::size_t x = 0; x < list.size(); ++x) {
+      if (l.explicit_label[list[x]]) last_explicit = x;
+    }
+    std::int32_t cur = label_pre;
+    for (std::size_t x = 0; x < list.size(); ++x) {
+      const graph::task_id t = list[x];
+      if (last_explicit == list.size() || x > last_explicit) {
+        code[t] = last_explicit == list.size() ? label_pre : label_post;
+        continue;
+      }
+      if (l.explicit_label[t]) {
+        if (position(code[t], rank) < position(cur, rank)) {
+          throw error("whatif --pp: the passes on " + g.processors[p].name + " are not in pass order (at " + g.describe(t) + ")");
+        }
+        cur = code[t];
+      } else {
+        code[t] = cur;
+      }
+    }
+  }
+}
+
+// Per rank index, the position of each code (forward: micro-batch; backward: m + micro-batch) in
+// the rank's traced passes: its schedule's order. With `remap` (a micro-batch change made on the
+// graph, its passes repeated or removed in place), of the new codes, m being the new count.
+[[nodiscard]] inline std::vector<std::vector<std::int64_t>> traced_pass_positions(const job_structure& st, std::size_t R, int m,
+                                                                                  const micro_batch_remap* remap) {
+  std::vector<std::vector<std::int64_t>> order(R, std::vector<std::int64_t>(static_cast<std::size_t>(2 * m), 0));
+  for (std::size_t i = 0; i < R && i < st.ranks.size(); ++i) {
+    std::int64_t at = 0;
+    for (const auto& pass : st.ranks[i].passes) {
+      const auto& o = pass.op;
+      std::size_t copies = 1;
+      if (remap != nullptr && remap->to > remap->from && o.micro_batch == remap->first) {
+        copies = static_cast<std::size_t>(remap->to - remap->from + 1);
+      } else if (remap != nullptr && remap->to < remap->from && o.micro_batch >= remap->first && o.micro_batch < remap->end) {
+        copies = 0;
+      }
+      for (std::size_t k = 0; k < copies; ++k) {
+        const int mb = remap != nullptr ? remap->micro_batch(o.micro_batch, k, copies) : o.micro_batch;
+        order[i][static_cast<std::size_t>((o.kind == pipeline::op_kind::forward ? 0 : m) + mb)] = at++;
+      }
+    }
+  }
+  return order;
 }
 
 }  // namespace detail
@@ -305,51 +428,18 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     return (o.kind == pipeline::op_kind::forward ? 0 : m) + (remap != nullptr ? remap->micro_batch(o.micro_batch, c, copies) : o.micro_batch);
   };
 
-  // Labels: pass code of every task (label_pre / label_post outside the passes).
-  std::vector<std::int32_t> code(n, detail::label_unknown);
-  std::vector<std::uint8_t> explicit_label(n, 0);
-  for (const gpu_op_context& c : st.gpu_ops) {
-    if (c.pass < 0 || c.rank >= R || c.rank >= b.ranks.size()) continue;
-    const auto& map = b.ranks[c.rank];
-    for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
-      if (c.op >= of->size() || (*of)[c.op] == no_task) continue;
-      const task_id first = (*of)[c.op];
-      const std::vector<task_id> all = task_copies != nullptr && inverse[first] != no_task ? copies_of(inverse[first]) : std::vector<task_id>{first};
-      for (std::size_t k = 0; k < all.size(); ++k) code[all[k]] = code_of_pass(c.rank, c.pass, k, all.size()), explicit_label[all[k]] = 1;
-    }
-  }
-  // Traces with stages: a traced transfer belongs to the pass it feeds (a receive: the next pass
-  // its rank launches) or drains (a send: the pass before it), told apart by the CPU operator that
-  // posted it (c10d's `nccl:recv` / `nccl:send`). It stays on the end stage of its block that faces
-  // its peer: placed as the pass's work before its layers (a receive) or after them (a send).
-  std::vector<std::uint8_t> p2p_where(n, 1);  // 0: a traced receive, 2: a traced send, 1: neither
-  if (P > 1) {
-    const auto& ops = st.gpu_ops;
-    std::vector<int> before_pass(ops.size(), -1), after_pass(ops.size(), -1);
-    for (std::size_t x = 0; x < ops.size(); ++x) {
-      const bool same = x > 0 && ops[x - 1].rank == ops[x].rank;
-      before_pass[x] = same ? (ops[x - 1].pass >= 0 && !ops[x - 1].p2p ? ops[x - 1].pass : before_pass[x - 1]) : -1;
-    }
-    for (std::size_t x = ops.size(); x-- > 0;) {
-      const bool same = x + 1 < ops.size() && ops[x + 1].rank == ops[x].rank;
-      after_pass[x] = same ? (ops[x + 1].pass >= 0 && !ops[x + 1].p2p ? ops[x + 1].pass : after_pass[x + 1]) : -1;
-    }
-    for (std::size_t x = 0; x < ops.size(); ++x) {
-      const gpu_op_context& c = ops[x];
-      if (!c.p2p || c.rank >= R || c.rank >= b.ranks.size()) continue;
-      const int side = detail::transfer_side(job.ranks[c.rank], c.cpu_op);  // never 0: stage_split_unsupported checked
-      const bool recv = side < 0;
-      const int pass = recv ? after_pass[x] : before_pass[x];
-      if (side == 0 || pass < 0) continue;  // outside the passes
-      const auto& map = b.ranks[c.rank];
-      for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
-        if (c.op >= of->size() || (*of)[c.op] == no_task) continue;
-        const task_id t = (*of)[c.op];
-        code[t] = code_of_pass(c.rank, pass, 0, 1), explicit_label[t] = 1;
-        p2p_where[t] = recv ? 0 : 2;
-      }
-    }
-  }
+  // Labels: pass code of every task (label_pre / label_post outside the passes). A traced transfer
+  // stays on the end stage of its block that faces its peer: placed as the pass's work before its
+  // layers (a receive) or after them (a send).
+  detail::pass_labels labels = detail::explicit_pass_labels(
+      b, job, st, P,
+      [&](task_id first) {
+        return task_copies != nullptr && inverse[first] != no_task ? copies_of(inverse[first]) : std::vector<task_id>{first};
+      },
+      [&](std::size_t i, int pass, std::size_t c, std::size_t copies) { return code_of_pass(i, pass, c, copies); });
+  std::vector<std::int32_t>& code = labels.code;
+  std::vector<std::uint8_t>& explicit_label = labels.explicit_label;
+  const std::vector<std::uint8_t>& p2p_where = labels.p2p_where;
   // Zero bubble: the weight gradients of a backward pass are its W (code 2m + micro-batch).
   std::vector<std::uint8_t> is_weight(zero_bubble ? n : 0, 0);
   if (zero_bubble) {
@@ -363,29 +453,16 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
       if (is_weight[t] && explicit_label[t] && code[t] >= m && code[t] < 2 * m) code[t] += m, ++out.weight_ops;
     }
   }
-  for (const graph::edge& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch && code[e.from] == detail::label_unknown && explicit_label[e.to]) {
-      code[e.from] = code[e.to], explicit_label[e.from] = 1;
-      p2p_where[e.from] = p2p_where[e.to];
-    }
-  }
   // The pass a code belongs to: a W is part of its backward pass.
   auto pass_code = [&](std::int32_t c) {
     return c != detail::label_pre && c != detail::label_post && c >= 2 * m ? c - m : c;
   };
   std::vector<std::vector<task_id>> on(np);
   for (task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
-  // Codes run in pass order on each processor; a code's position in the traced order is its
-  // micro-batch's F then B (F0 B0 F1 B1 ...).
-  // With stages, a rank's traced order is its schedule's: the position of each code in its passes.
-  std::vector<std::vector<std::int64_t>> traced_order(P > 1 ? R : 0, std::vector<std::int64_t>(static_cast<std::size_t>(2 * m), 0));
-  for (std::size_t i = 0; i < traced_order.size(); ++i) {
-    const auto& passes = st.ranks[i].passes;
-    for (std::size_t x = 0; x < passes.size(); ++x) {
-      const auto& o = passes[x].op;
-      traced_order[i][static_cast<std::size_t>((o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch)] = static_cast<std::int64_t>(x);
-    }
-  }
+  // Codes run in pass order on each processor: without stages a micro-batch's F then B (F0 B0 F1
+  // B1 ...); with stages, a rank's traced order is its schedule's.
+  const std::vector<std::vector<std::int64_t>> traced_order = P > 1 ? detail::traced_pass_positions(st, R, m, remap)
+                                                                    : std::vector<std::vector<std::int64_t>>{};
   auto traced_position = [&](std::int32_t c, int rank) -> std::int64_t {
     if (c == detail::label_pre) return -1;
     if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
@@ -393,33 +470,7 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
     if (const auto it = index_of_rank.find(rank); P > 1 && it != index_of_rank.end()) return traced_order[it->second][static_cast<std::size_t>(c)];
     return c < m ? 2 * static_cast<std::int64_t>(c) : 2 * static_cast<std::int64_t>(c - m) + 1;
   };
-  auto fill = [&](graph::processor_id p) {
-    const int rank = g.processors[p].rank;
-    const auto& list = on[p];
-    std::size_t last_explicit = list.size();
-    for (std::size_t x = 0; x < list.size(); ++x) {
-      if (explicit_label[list[x]]) last_explicit = x;
-    }
-    std::int32_t cur = detail::label_pre;
-    for (std::size_t x = 0; x < list.size(); ++x) {
-      const task_id t = list[x];
-      if (last_explicit == list.size() || x > last_explicit) {
-        code[t] = last_explicit == list.size() ? detail::label_pre : detail::label_post;
-        continue;
-      }
-      if (explicit_label[t]) {
-        if (traced_position(code[t], rank) < traced_position(cur, rank)) {
-          throw error("whatif --pp: the passes on " + g.processors[p].name + " are not in pass order (at " + g.describe(t) + ")");
-        }
-        cur = code[t];
-      } else {
-        code[t] = cur;
-      }
-    }
-  };
-  for (graph::processor_id p = 0; p < np; ++p) {
-    if (g.processors[p].kind != graph::processor_kind::barrier) fill(p);
-  }
+  detail::fill_pass_labels(g, labels, on, traced_position);
   // Joins follow their participants.
   std::vector<const graph::collective_instance*> collective_of_join(n, nullptr);
   for (const auto& ci : g.collectives) {
@@ -912,20 +963,26 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
   // new order, not in the traced one: a synchronize after a traced receive waited for the pass the
   // traced schedule ran before it (torch.cuda.synchronize() drains every stream). Each traced
   // edge from a stream op its own thread launched into a synchronization is re-targeted to the
-  // last op the thread has launched on that stream by then on the stage (none: dropped).
+  // last op the thread has launched on that stream by then on the stage (none: dropped). An edge
+  // from an op another thread launched (the backward's, on the autograd thread) in another pass
+  // is re-targeted to the last op of the stream in the passes the stage runs before the
+  // synchronization's.
   std::map<std::pair<int, std::size_t>, task_id> resync;  // (stage, edge index) -> new source
   if (P > 1) {
     std::vector<task_id> launched_by(n, no_task);
     std::vector<std::vector<task_id>> launches_of(n);
-    std::vector<std::vector<std::size_t>> sync_in(n);
+    std::vector<std::vector<std::size_t>> sync_in(n), sync_other(n);
     for (std::size_t x = 0; x < g.edges.size(); ++x) {
       const graph::edge& e = g.edges[x];
       if (e.kind == graph::edge_kind::launch) launched_by[e.to] = e.from, launches_of[e.from].push_back(e.to);
     }
     for (std::size_t x = 0; x < g.edges.size(); ++x) {
       const graph::edge& e = g.edges[x];
-      if (e.kind == graph::edge_kind::sync && launched_by[e.from] != no_task && g.processor[launched_by[e.from]] == g.processor[e.to]) {
+      if (e.kind != graph::edge_kind::sync || launched_by[e.from] == no_task) continue;
+      if (g.processor[launched_by[e.from]] == g.processor[e.to]) {
         sync_in[e.to].push_back(x);
+      } else if (unit_of(e.from) != unit_of(e.to)) {
+        sync_other[e.to].push_back(x);
       }
     }
     for (int s = 0; s < pp; ++s) {
@@ -938,6 +995,13 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
           for (const std::size_t x : sync_in[y]) {
             const auto it = last.find(g.processor[g.edges[x].from]);
             resync[{s, x}] = it == last.end() ? no_task : it->second;
+          }
+          for (const std::size_t x : sync_other[y]) {
+            // The stream's tasks on the stage run in the order of their passes.
+            const auto& on_stream = emitted[static_cast<std::size_t>(s) * np + g.processor[g.edges[x].from]];
+            const std::int64_t at = pos(s, unit_of(y));
+            const auto end = std::partition_point(on_stream.begin(), on_stream.end(), [&](task_id t) { return pos(s, unit_of(t)) < at; });
+            resync[{s, x}] = end == on_stream.begin() ? no_task : *(end - 1);
           }
           for (task_id z : launches_of[y]) {
             if (cp[z] == no_task) continue;
@@ -1360,6 +1424,89 @@ inline constexpr std::int32_t label_post = std::numeric_limits<std::int32_t>::ma
                 std::string(pipeline::schedule_title(kind)).c_str(), m, out.p2p, static_cast<double>(p2p.intra) / 1e3,
                 static_cast<double>(p2p.inter) / 1e3, p2p.gpus_per_node, latency_source.c_str(), out.tasks_before, out.tasks_after,
                 out.edges_dropped, tied_note.c_str());
+  out.change = line;
+  return out;
+}
+
+/// The micro-batch count change on traces with pipeline stages (`--dp`, `--global-batch` or
+/// `--micro-batch` when the micro-batches per replica change), made on the graph before
+/// `split_stages` orders the new count by the schedule: a micro-batch's forward pass and its
+/// backward pass, on every stage, each with its launches, host work, kernels, traced transfers
+/// (a send goes with the pass it drains, a receive with the pass it feeds) and the joins of its
+/// collectives, are repeated in place, or removed. As without stages (micro_batches_to), the
+/// micro-batch repeated is 1 (0 when the traces ran two), and the ones removed are 1.. (0.. when
+/// only one is left), so the first and the last micro-batch, which can carry work of their own,
+/// stay when the count allows. One group per pass code and count: a pass's tasks are contiguous
+/// on each processor, passes never are. `st` is the structure of `b`'s graph, not edited since;
+/// its ranks must run one forward and one backward pass per micro-batch (stage_split_unsupported).
+[[nodiscard]] inline micro_batch_rewrite stage_micro_batches_to(const graph::built_job& b, const trace::job& job, const job_structure& st,
+                                                                int micro_batches) {
+  using graph::task_id;
+  const auto& par = st.parallel;
+  const int P = par.pp.value.value_or(1);
+  if (P < 2) throw error("whatif: stage_micro_batches_to needs traces with pipeline stages");
+  const int m = detail::traced_micro_batches(par, micro_batches);
+  micro_batch_rewrite out;
+  out.from = m, out.to = micro_batches;
+  if (micro_batches == m) {
+    out.change = "micro-batches per replica: " + std::to_string(m) + " as traced";
+    return out;
+  }
+  if (m < 2) throw error("whatif: the traces ran one micro-batch per iteration, so no pass of a middle micro-batch can be copied");
+  const graph::task_graph& g = b.graph;
+  const std::size_t n = g.task_count(), R = job.ranks.size();
+  detail::pass_labels labels = detail::explicit_pass_labels(
+      b, job, st, P, [](task_id t) { return std::vector<task_id>{t}; },
+      [&](std::size_t i, int pass, std::size_t, std::size_t) -> std::int32_t {
+        const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(pass)].op;
+        return (o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch;
+      });
+  std::vector<std::vector<task_id>> on(g.processors.size());
+  for (task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
+  std::unordered_map<int, std::size_t> index_of_rank;
+  for (std::size_t i = 0; i < R; ++i) index_of_rank[job.ranks[i].rank] = i;
+  const auto order = detail::traced_pass_positions(st, R, m, nullptr);
+  detail::fill_pass_labels(g, labels, on, [&](std::int32_t c, int rank) -> std::int64_t {
+    if (c == detail::label_pre) return -1;
+    if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
+    const auto it = index_of_rank.find(rank);
+    return it == index_of_rank.end() || c < 0 || c >= 2 * m ? 0 : order[it->second][static_cast<std::size_t>(c)];
+  });
+  // A join goes with its collective's first participant (each join is alone on its processor).
+  for (const auto& ci : g.collectives) {
+    if (ci.join != graph::no_task && !ci.complete.empty()) labels.code[ci.join] = labels.code[ci.complete.front()];
+  }
+  const std::size_t count = detail::choose_micro_batches(m, micro_batches, out);
+  const int a = out.first, e = out.end;
+  // Groups: forward of micro-batch a.., then backward of a.. (codes mb and m + mb).
+  std::vector<std::int32_t> group_of_code(static_cast<std::size_t>(2 * m), -1);
+  for (int mb = a; mb < e; ++mb) {
+    for (const int kind_offset : {0, m}) {
+      group_of_code[static_cast<std::size_t>(kind_offset + mb)] = static_cast<std::int32_t>(out.groups.size());
+      out.groups.push_back({{}, count});
+    }
+  }
+  std::size_t tasks = 0;
+  for (task_id t = 0; t < n; ++t) {
+    const std::int32_t c = labels.code[t];
+    if (c < 0 || c >= 2 * m || group_of_code[static_cast<std::size_t>(c)] < 0) continue;
+    out.groups[static_cast<std::size_t>(group_of_code[static_cast<std::size_t>(c)])].tasks.push_back(t);
+    ++tasks;
+  }
+  char line[512];
+  if (micro_batches > m) {
+    std::snprintf(line, sizeof line,
+                  "micro-batches per replica %d -> %d with the traced %d stages: micro-batch %d's forward and backward passes on every "
+                  "stage (%zu tasks: launches, kernels, host work and the traced transfers they feed or drain) repeated %zu times in "
+                  "place, keeping their measured kernels, launches and overheads; the schedule then orders the new count",
+                  m, micro_batches, P, a, tasks, count);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "micro-batches per replica %d -> %d with the traced %d stages: the forward and backward passes of micro-batches %d to "
+                  "%d removed on every stage (%zu tasks, with the traced transfers they feed or drain); the schedule then orders the "
+                  "new count",
+                  m, micro_batches, P, a, e - 1, tasks);
+  }
   out.change = line;
   return out;
 }

@@ -299,19 +299,6 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         }
       }
     }
-    if (structure) {
-      // Larger stages move pipeline neighbours (and the tied embedding's stages) apart; a deeper
-      // pipeline moves the last stage. Without a profile, cross-stage transfers keep their time.
-      const auto& par = structure->parallel;
-      const rank_layout from{shape_from ? shape_from->tp : par.tp.value.value_or(1), par.dp.value.value_or(1), traced_pp};
-      const rank_layout to{shape_to ? shape_to->tp : from.tp, o.dp.value_or(from.dp), o.pp.value_or(from.pp)};
-      if (from.tp != to.tp || from.dp != to.dp || from.pp != to.pp) {
-        if (const auto n = traced_nccl(job, o)) {
-          const std::string moved = retime_across_nodes(b.graph, *structure, from, to, n->first, n->second);
-          if (!moved.empty()) out.changes.push_back(moved);
-        }
-      }
-    }
     if (shape_from && shape_to && shape_to->micro_batch != shape_from->micro_batch && structure->parallel.micro_batches.known()) {
       // Sequences per micro-batch changed: the global batch stays, so the count of micro-batches
       // per replica changes inversely (as `lumos predict --micro-batch` with the same --global-batch).
@@ -344,15 +331,23 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     }
     // From traces without stages to GPipe, 1F1B or interleaved stages the change is made in the
     // graph; with another count of micro-batches per replica, their periods are repeated or
-    // removed first, as without stages, and the split then orders the new count.
+    // removed first, as without stages, and the split then orders the new count. With traced
+    // stages a micro-batch change alone is a split too: the traced passes repeated or removed
+    // (stage_micro_batches_to), then ordered by the traces' schedule.
+    const bool staged_batches = micro_batches && staged;
+    const bool split_asked = pipeline_asked || staged_batches;
+    // The default schedule: the traces' own when they have stages, else 1F1B (interleaved with --vp).
+    const auto& traced_schedule = structure ? structure->parallel.schedule.value : std::nullopt;
     const pipeline::schedule_kind split_kind = o.schedule.value_or(
-        o.vp.value_or(1) > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b : pipeline::schedule_kind::one_f_one_b);
+        o.vp.value_or(1) > 1   ? pipeline::schedule_kind::interleaved_one_f_one_b
+        : staged && traced_schedule ? *traced_schedule
+                                    : pipeline::schedule_kind::one_f_one_b);
     const int split_vp = o.vp.value_or(split_kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1);
     // The target's stages: the traces' own when only the schedule changes.
     const int split_pp = o.pp ? *o.pp : staged ? traced_pp : 0;  // 0: no target stages
     // After TP collectives were inserted (TP from 1) the structure is the edited graph's, and the
     // inserted tasks go with the layer they sit in.
-    if (pipeline_asked && split_pp > 0) {
+    if (split_asked && split_pp > 0) {
       split_refused = stage_split_unsupported(*structure, split_pp, split_vp, split_kind, micro_batches.value_or(0), &job, o.layers.value_or(0));
       // A layer change is made first (layers repeated or removed in place), then the split
       // numbers the copies; not with a micro-batch change or zero bubble's W split too, nor the
@@ -362,8 +357,22 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       if (split_refused.empty() && o.layers && micro_batches) split_refused = "the layers and the micro-batches per replica change together";
       if (split_refused.empty() && o.layers && zero_bubble) split_refused = "the layers change with a zero-bubble schedule";
     }
-    const bool split_in_graph = pipeline_asked && split_pp > 0 && split_refused.empty();
-    const bool accumulate = micro_batches && !staged && (!pipeline_asked || split_in_graph);
+    const bool split_in_graph = split_asked && split_pp > 0 && split_refused.empty();
+    const bool accumulate = micro_batches && (staged ? split_in_graph : !pipeline_asked || split_in_graph);
+    if (structure) {
+      // Larger stages move pipeline neighbours (and the tied embedding's stages) apart; a deeper
+      // pipeline moves the last stage. Without a profile, cross-stage transfers keep their time.
+      // The split re-times the traced send/recv pairs itself.
+      const auto& par = structure->parallel;
+      const rank_layout from{shape_from ? shape_from->tp : par.tp.value.value_or(1), par.dp.value.value_or(1), traced_pp};
+      const rank_layout to{shape_to ? shape_to->tp : from.tp, o.dp.value_or(from.dp), o.pp.value_or(from.pp)};
+      if (from.tp != to.tp || from.dp != to.dp || from.pp != to.pp) {
+        if (const auto n = traced_nccl(job, o)) {
+          const std::string moved = retime_across_nodes(b.graph, *structure, from, to, n->first, n->second, split_in_graph);
+          if (!moved.empty()) out.changes.push_back(moved);
+        }
+      }
+    }
     if (o.layers && (split_in_graph || !(pipeline_asked || (micro_batches && staged)))) {
       // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
       structure_options so = o.structure;
@@ -392,10 +401,16 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     std::vector<std::vector<graph::task_id>> period_copies;  // where the micro-batch change put each task
     std::optional<micro_batch_remap> remap;
     if (accumulate) {
-      const micro_batch_rewrite mr = micro_batches_to(b.graph, *structure, *micro_batches, copies ? &*copies : nullptr);
+      const micro_batch_rewrite mr = staged ? stage_micro_batches_to(b, job, *structure, *micro_batches)
+                                            : micro_batches_to(b.graph, *structure, *micro_batches, copies ? &*copies : nullptr);
       out.changes.push_back(mr.change);
-      edited_graph e = repeat_groups(b.graph, mr.groups);
+      // With stages the passes are reordered next (group_edges::passes).
+      edited_graph e = repeat_groups(b.graph, mr.groups, staged ? group_edges::passes : group_edges::plain);
       edges_dropped += e.edges_dropped;
+      if (e.edges_bridged > 0) {
+        out.changes.push_back(std::to_string(e.edges_bridged) +
+                              " edges out of removed tasks moved to the last kept task before them on their processor");
+      }
       period_copies = adopt(b, std::move(e));
       if (split_in_graph && mr.from != mr.to) remap = micro_batch_remap{&period_copies, mr.from, mr.to, mr.first, mr.end};
     }
