@@ -664,6 +664,14 @@ TEST_CASE("whatif with traced stages and another count of micro-batches per repl
       INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
       CHECK(std::abs(err) < 0.03);
     }
+    // To one micro-batch per replica the first and the last cannot both stay: the pass-level model,
+    // which says why.
+    whatif::whatif_options one;
+    one.dp = 16;
+    const whatif::whatif_result r = whatif::run_whatif(traced, one);
+    CHECK_FALSE(r.stages);
+    REQUIRE(r.pipeline);
+    CHECK(r.pipeline_reason.find("one micro-batch per replica") != std::string::npos);
   }
 }
 

@@ -156,6 +156,12 @@ struct micro_batch_remap {
              "the previous send, which ZB-H2 defers; docs/whatif.md)";
     }
     if (par.chunks.value.value_or(1) != 1) return "the traces run model chunks";
+    // The first micro-batch's forward pass holds the step's first host work (the step's window is
+    // measured from it) and the last's backward the overlapped gradient reduction: both must stay.
+    if (micro_batches == 1 && par.micro_batches.value.value_or(1) > 1) {
+      return "one micro-batch per replica would be left, and the traces' first (the step's first host work) and last (the "
+             "gradient reduction it overlaps) must both stay";
+    }
     if (*par.world.value % traced_pp != 0) return "the traces' world does not divide over their stages";
     const int per_stage = *par.world.value / traced_pp;
     for (const auto& r : st.ranks) {
@@ -1434,9 +1440,9 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
 /// backward pass, on every stage, each with its launches, host work, kernels, traced transfers
 /// (a send goes with the pass it drains, a receive with the pass it feeds) and the joins of its
 /// collectives, are repeated in place, or removed. As without stages (micro_batches_to), the
-/// micro-batch repeated is 1 (0 when the traces ran two), and the ones removed are 1.. (0.. when
-/// only one is left), so the first and the last micro-batch, which can carry work of their own,
-/// stay when the count allows. One group per pass code and count: a pass's tasks are contiguous
+/// micro-batch repeated is 1 (0 when the traces ran two), and the ones removed are 1.., so the
+/// first and the last micro-batch, which carry work of their own, stay (a change to one
+/// micro-batch is not made here: stage_split_unsupported). One group per pass code and count: a pass's tasks are contiguous
 /// on each processor, passes never are. `st` is the structure of `b`'s graph, not edited since;
 /// its ranks must run one forward and one backward pass per micro-batch (stage_split_unsupported).
 [[nodiscard]] inline micro_batch_rewrite stage_micro_batches_to(const graph::built_job& b, const trace::job& job, const job_structure& st,
