@@ -36,11 +36,13 @@ CASES = [
     ("DP ×2", {}, {"--dp": "4", "--global-batch": "32"}),
     ("DP ×4", {}, {"--dp": "8", "--global-batch": "64"}),
     # From traces with stages, each traced stage is cut into the target stages of its block, in
-    # the graph (the traced transfers between blocks kept); merging stages, model chunks and ZB-H2
-    # take the pass-level pipeline model.
+    # the graph (the traced transfers between blocks kept; with model chunks replaced); merging
+    # stages and ZB-H2 take the pass-level pipeline model.
     ("PP 2→4 (in the graph)", {}, {"--pp": "4"}),
     ("PP 4→2", {"--pp": "4"}, {"--pp": "2"}),
-    ("1F1B → interleaved (2 chunks)", {}, {"--vp": "2", "--schedule": "interleaved"}),
+    ("1F1B → interleaved (2 chunks, in the graph)", {}, {"--vp": "2", "--schedule": "interleaved"}),
+    ("PP 4, 1F1B → interleaved (2 chunks, in the graph)", {"--pp": "4"}, {"--vp": "2", "--schedule": "interleaved"}),
+    ("PP 2→4, interleaved 2 chunks (in the graph)", {}, {"--pp": "4", "--vp": "2", "--schedule": "interleaved"}),
     ("1F1B → GPipe (in the graph)", {}, {"--schedule": "gpipe"}),
     ("1F1B → ZB-H1 (in the graph)", {}, {"--schedule": "zb-h1"}),
     ("1F1B → ZB-H2", {}, {"--schedule": "zb-h2"}),

@@ -618,6 +618,27 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
     INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
     CHECK(std::abs(err) < 0.03);
   }
+  SECTION("model chunks: each traced stage's layers fill its stages' chunks; every transfer added") {
+    for (const int pp : {2}) {  // 4 layers: 2 chunks of one on each of 2 stages
+      config b = a;
+      b.pp = pp, b.vp = 2, b.schedule = "interleaved";
+      lumos_test::temp_dir dir_b;
+      const written direct = synthesise(b, dir_b.path());
+      whatif::whatif_options o;
+      o.pp = pp, o.vp = 2, o.schedule = pipeline::schedule_kind::interleaved_one_f_one_b;
+      const whatif::whatif_result r = whatif::run_whatif(traced, o);
+      INFO("PP 2 -> " << pp << ", 2 chunks");
+      REQUIRE(r.stages);
+      CHECK_FALSE(r.pipeline);
+      CHECK(r.stages->chunks == 2);
+      // Per column and micro-batch, each direction: one transfer between every two neighbouring
+      // virtual stages (pp x 2 of them); the traced ones dropped.
+      CHECK(r.stages->p2p == static_cast<std::size_t>(2 * (2 * pp - 1) * 8) * W0);
+      const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+      INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+      CHECK(std::abs(err) < 0.03);
+    }
+  }
   SECTION("ZB-H2 and merging stages take the pass-level model, which says why") {
     for (const auto& [pp, kind] : {std::pair{2, pipeline::schedule_kind::zero_bubble_h2}, std::pair{1, pipeline::schedule_kind::one_f_one_b}}) {
       whatif::whatif_options o;

@@ -556,16 +556,18 @@ TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's
   const auto a = dir.path() / "pp2";
   REQUIRE(run("synth --layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --pp 2 --dp 1 --micro-batch 1 --global-batch 4 "
               "--gpu h100-sxm --detail kernel --unfold --out " + a.string()).code == 0);
-  for (const std::string target : {"--pp 4", "--pp 4 --layers 8", "--schedule zb-h1", "--layers 8", "--global-batch 8"}) {
+  for (const std::string target :
+       {"--pp 4", "--pp 4 --layers 8", "--schedule zb-h1", "--layers 8", "--global-batch 8", "--vp 2 --schedule interleaved"}) {
     CAPTURE(target);
     const bool four = target.starts_with("--pp 4"), layers = target.find("--layers") != std::string::npos;
     const bool zero_bubble = target.find("zb") != std::string::npos, batches = target.starts_with("--global-batch");
-    const auto out = dir.path() / ((four ? "pp4" : zero_bubble ? "zb" : batches ? "gb8" : "pp2") + std::string(layers ? "l8" : ""));
+    const bool chunks = target.starts_with("--vp");
+    const auto out = dir.path() / ((four ? "pp4" : zero_bubble ? "zb" : batches ? "gb8" : chunks ? "vp2" : "pp2") + std::string(layers ? "l8" : ""));
     const result r = run("whatif " + a.string() + " " + target + " --json --trace-out " + out.string());
     REQUIRE(r.code == 0);
     simdjson::dom::parser p1, p2, p3;
     simdjson::dom::element doc = p1.parse(r.out);
-    if (four || zero_bubble || batches) CHECK(std::string_view(doc["pipeline"]["model"]) == "graph");
+    if (four || zero_bubble || batches || chunks) CHECK(std::string_view(doc["pipeline"]["model"]) == "graph");
     CHECK(simdjson::dom::array(doc["trace_out"]).size() == (four ? 8u : 4u));  // 2 TP ranks per stage
     const result again = run("replay " + out.string() + " --json");
     REQUIRE(again.code == 0);
@@ -583,7 +585,8 @@ TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's
     simdjson::dom::element structure = p3.parse(st.out);
     simdjson::dom::element par = structure["parallel"];
     CHECK(int64_t(par["pp"]["value"]) == (four ? 4 : 2));
-    CHECK(std::string_view(par["schedule"]["value"]) == "1f1b");
+    CHECK(std::string_view(par["schedule"]["value"]) == (chunks ? "interleaved-1f1b" : "1f1b"));
+    CHECK(int64_t(par["chunks"]["value"]) == (chunks ? 2 : 1));
     CHECK(int64_t(structure["model"]["layers"]["value"]) == (layers ? 8 : 4));
     CHECK(int64_t(par["micro_batches"]["value"]) == (batches ? 8 : 4));
   }

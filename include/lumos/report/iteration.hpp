@@ -239,11 +239,21 @@ struct window_result {
       step_tasks st;
       const time_ns a_begin = a.start + map.offset, a_end = a.start + a.dur + map.offset;
       const std::uint32_t lane = r.events[a.event].lane;
+      // The thread of the annotation's lane: a task a rewrite added there (no event of its own,
+      // e.g. the receive a pipeline what-if posts before a rank's first pass) is on the lane too.
+      constexpr graph::processor_id no_processor = ~graph::processor_id{0};
+      graph::processor_id lane_processor = no_processor;
+      for (const auto t : cpu_of[i]) {
+        if (g.source[t] != ~0U && r.events[g.source[t]].lane == lane) {
+          lane_processor = g.processor[t];
+          break;
+        }
+      }
       for (const auto t : cpu_of[i]) {
         if (g.observed_start[t] < a_begin || g.observed_end[t] > a_end) continue;
         st.cpu.push_back(t);
         const auto src = g.source[t];
-        const bool on_lane = src != ~0U ? r.events[src].lane == lane : false;
+        const bool on_lane = src != ~0U ? r.events[src].lane == lane : g.processor[t] == lane_processor;
         if (!on_lane) continue;
         if (st.first_cpu == graph::no_task || g.observed_start[t] < g.observed_start[st.first_cpu]) st.first_cpu = t;
         if (st.last_cpu == graph::no_task || g.observed_end[t] >= g.observed_end[st.last_cpu]) st.last_cpu = t;

@@ -142,11 +142,10 @@ struct micro_batch_remap {
   const int traced_pp = par.pp.value.value_or(1);
   if (traced_pp > 1) {
     // From traces with stages each traced stage is cut into pp / traced_pp stages (one: the
-    // schedule alone changes, or the micro-batches: stage_micro_batches_to); merging stages and
-    // model chunks are not built.
+    // schedule alone changes, or the micro-batches: stage_micro_batches_to), each with model
+    // chunks too; merging stages is not built.
     if (!par.pp.known() || !par.world.known()) return "the traces' stages or world size are not known";
     if (pp % traced_pp != 0) return "the target's stages are not a multiple of the traces' (merging stages is not built)";
-    if (kind == pipeline::schedule_kind::interleaved_one_f_one_b || vp != 1) return "from traces with stages, model chunks are not built";
     if (kind == pipeline::schedule_kind::zero_bubble_h2) {
       // The traces' synchronize after a receive drains every stream, also the send of the backward
       // before it, which ZB-H2's deferred order leaves waiting for the peer's receive; lumos
@@ -406,6 +405,12 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   // between the blocks' end stages, and only transfers within a block are added.
   const int P = st.parallel.pp.value.value_or(1);
   const int k_sub = pp / P;
+  // Model chunks from traces with stages: each traced stage's layers fill its block's chunks (the
+  // layers are alike, so which traced layer stands for which does not matter); every transfer of
+  // the interleaved order is added, across blocks too, and the traced ones are dropped (each
+  // carried one pass's activation, where chunks need one per chunk and one from the last stage
+  // back to the first).
+  const bool cross_blocks = P > 1 && vp > 1;
   const int W0 = P > 1 ? *st.parallel.world.value / P : 0;  // traced ranks per stage
   // A traced rank's stage, from its number (stage_split_unsupported checked that discovery agrees).
   auto traced_stage = [&](int rank) { return P > 1 && rank >= 0 ? rank / W0 : 0; };
@@ -624,7 +629,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     std::int32_t run_code = detail::label_unknown;
     // The first and last virtual stage this processor's rank reaches (its traced stage's block).
     const int base = traced_stage(g.processors[p].rank) * k_sub;
-    const int first_vs = P > 1 ? base : 0, last_vs = P > 1 ? base + k_sub - 1 : virtual_stages - 1;
+    const int first_vs = P > 1 ? base : 0, last_vs = P > 1 ? (vp - 1) * pp + base + k_sub - 1 : virtual_stages - 1;
     for (const task_id t : on[p]) {
       const std::int32_t c = pass_code(code[t]);
       if (c != run_code) previous_layer = -1, run_code = c;
@@ -632,7 +637,9 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       const bool forward = c < m;
       const std::uint8_t at = p2p_where[t] != 1 ? p2p_where[t] : where[t];
       if (layer[t] >= 0) {
-        virtual_stage[t] = previous_layer = base + layer[t] / per_chunk;
+        // With traced stages, slot q of the block: stage base + q mod k of chunk q / k.
+        const int q = layer[t] / per_chunk;
+        virtual_stage[t] = previous_layer = P > 1 ? q / k_sub * pp + base + q % k_sub : q;
       } else if (at == 0) {
         virtual_stage[t] = forward ? first_vs : last_vs;
       } else if (at == 2) {
@@ -665,13 +672,17 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
         const int vs = sigma == 0 ? 0 : sigma == P - 1 ? pp - 1 : sigma * k_sub;
         for (const task_id a : {ci.arrive[x], ci.complete[x]}) virtual_stage[a] = vs, fixed[a] = 1;
       }
-      virtual_stage[ci.join] = join_stage[ci.join] = virtual_stage[ci.complete.front()];
+      virtual_stage[ci.join] = virtual_stage[ci.complete.front()];
+      join_stage[ci.join] = virtual_stage[ci.join] < 0 ? -1 : virtual_stage[ci.join] % pp;  // a stage, not a chunk's virtual stage
     }
     for (const graph::edge& e : g.edges) {
       if (e.kind == graph::edge_kind::launch && fixed[e.to]) virtual_stage[e.from] = virtual_stage[e.to];
     }
   }
-  auto keeps = [&](int s, task_id t) { return virtual_stage[t] < 0 || virtual_stage[t] % pp == s; };
+  auto keeps = [&](int s, task_id t) {
+    if (cross_blocks && p2p_where[t] != 1) return false;  // a traced transfer (and its launch): replaced
+    return virtual_stage[t] < 0 || virtual_stage[t] % pp == s;
+  };
   // The unit each task runs in: its pass and chunk (code·vp + chunk), or before / after the passes.
   auto unit_of = [&](task_id t) -> std::int32_t {
     const std::int32_t c = code[t];
@@ -771,7 +782,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       const auto u = static_cast<std::size_t>(unit_of_op(order[x]));
       position[static_cast<std::size_t>(s)][u] = static_cast<std::int64_t>(x);
       // Between traced stages the traced transfer stays: only transfers within a block are added.
-      if (const auto dep = pipeline::dependency_of(shape, s, order[x]); dep && dep->crosses_stages(s) && dep->on.stage / k_sub == s / k_sub) {
+      if (const auto dep = pipeline::dependency_of(shape, s, order[x]); dep && dep->crosses_stages(s) && (cross_blocks || dep->on.stage / k_sub == s / k_sub)) {
         receives[static_cast<std::size_t>(s)][u] = 1;
         sends_to[static_cast<std::size_t>(dep->on.stage)][static_cast<std::size_t>(unit_of_op(dep->on.what))] = 1;
       }
@@ -1107,7 +1118,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   // consumer's, and each (direction, producer stage and chunk, traced rank) is one group whose
   // k-th send pairs with its k-th receive, as NCCL orders a communicator's p2p operations.
   struct transfer {
-    std::size_t i = 0;
+    std::size_t i = 0, i_from = 0;  // the traced ranks of the receiving and the sending stage
     int from = 0, to = 0, chunk = 0;
     std::int32_t from_unit = 0, to_unit = 0;
     bool forward = true;
@@ -1135,14 +1146,21 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     for (int consumer = 0; consumer < pp; ++consumer) {
       for (const pipeline::op& o : orders[static_cast<std::size_t>(consumer)]) {
         const auto dep = pipeline::dependency_of(shape, consumer, o);
-        if (!dep || !dep->crosses_stages(consumer) || dep->on.stage / k_sub != consumer / k_sub || consumer / k_sub != stage_of[i]) continue;
+        if (!dep || !dep->crosses_stages(consumer) || consumer / k_sub != stage_of[i]) continue;
+        if (!cross_blocks && dep->on.stage / k_sub != consumer / k_sub) continue;
         transfer x;
-        x.i = i, x.from = dep->on.stage, x.to = consumer;
+        x.i = x.i_from = i, x.from = dep->on.stage, x.to = consumer;
+        if (P > 1 && dep->on.stage / k_sub != stage_of[i]) {
+          // The sender is the traced rank of the same column on the producing block's stage.
+          const auto it = index_of_rank.find(dep->on.stage / k_sub * W0 + job.ranks[i].rank % W0);
+          if (it == index_of_rank.end()) continue;
+          x.i_from = it->second;
+        }
         x.from_unit = unit_of_op(dep->on.what), x.to_unit = unit_of_op(o);
         x.chunk = dep->on.what.chunk;
         x.forward = o.kind == pipeline::op_kind::forward;
-        const auto from = ends.find({x.from, main_stream[i], x.from_unit});
-        const auto send = send_launch.find({x.from, i, x.from_unit});
+        const auto from = ends.find({x.from, main_stream[x.i_from], x.from_unit});
+        const auto send = send_launch.find({x.from, x.i_from, x.from_unit});
         const auto receive = receives_posted.find({x.to, i, x.to_unit});
         if (from == ends.end() || send == send_launch.end() || receive == receives_posted.end()) continue;
         x.producer = from->second.second, x.send = send->second, x.receive = receive->second;
@@ -1194,13 +1212,13 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   std::iota(by.begin(), by.end(), std::size_t{0});
   auto order_by = [&](auto key) { std::stable_sort(by.begin(), by.end(), [&](std::size_t a, std::size_t c) { return key(transfers[a]) < key(transfers[c]); }); };
   auto time_of = [&](const transfer& x) {
-    return p2p.between(megatron_rank(job.ranks[x.i].rank, x.from), megatron_rank(job.ranks[x.i].rank, x.to));
+    return p2p.between(megatron_rank(job.ranks[x.i_from].rank, x.from), megatron_rank(job.ranks[x.i].rank, x.to));
   };
-  order_by([&](const transfer& x) { return std::tuple(x.from, x.i, x.forward, pos(x.from, x.from_unit)); });
+  order_by([&](const transfer& x) { return std::tuple(x.from, x.i_from, x.forward, pos(x.from, x.from_unit)); });
   for (const std::size_t k : by) {
     transfer& x = transfers[k];
-    const int rank = new_rank(job.ranks[x.i].rank, x.from);
-    x.send_arrive = comm_pair(p2p_stream(x.from, x.i, x.forward ? 2 : 3), rank, time_of(x), ng.observed_end[x.send]);
+    const int rank = new_rank(job.ranks[x.i_from].rank, x.from);
+    x.send_arrive = comm_pair(p2p_stream(x.from, x.i_from, x.forward ? 2 : 3), rank, time_of(x), ng.observed_end[x.send]);
     ng.add_edge(x.send, x.send_arrive, p2p.host, graph::edge_kind::launch, graph::edge_flags::from_start);
     ng.add_edge(x.producer, x.send_arrive, 0, graph::edge_kind::dependency);
   }
@@ -1242,7 +1260,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     graph::collective_instance ci;
     ci.kind = "send_recv";
     ci.group = name;
-    ci.group_ranks = {new_rank(rank, x.from), new_rank(rank, x.to)};
+    ci.group_ranks = {new_rank(job.ranks[x.i_from].rank, x.from), new_rank(rank, x.to)};
     ci.bytes = p2p.bytes;
     ci.sequence = sequence++;
     ci.join = join;
@@ -1417,7 +1435,9 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     numbering = "traced stage s is stages " + std::to_string(k_sub) + "s.." + std::to_string(k_sub) + "s+" + std::to_string(k_sub - 1) +
                 ", each traced rank on the first of them, the others numbered from " + std::to_string(P * W0) +
                 " up; nodes placed as Megatron's rank s*" + std::to_string(W) + " + r mod " + std::to_string(W0) +
-                "; the traced transfers between stages kept, re-timed when their stages' nodes change";
+                (cross_blocks ? "; each traced stage's layers fill its stages' " + std::to_string(vp) +
+                                    " chunks, the traced transfers replaced by the interleaved order's (added, as within a block)"
+                              : std::string("; the traced transfers between stages kept, re-timed when their stages' nodes change"));
   }
   char line[1536];
   std::snprintf(line, sizeof line,
