@@ -4,8 +4,8 @@
 // times the first write of every page (the kernel zeroes it, and on a virtual machine the host
 // may have to back it), then a second write of the whole block (no faults). Each mapping is
 // made and unmapped twice: the second round shows memory that this process gave back and got
-// again. Run by `bash scripts/bench.sh touch`; the reason large_allocator leaves huge pages
-// opt-in (LUMOS_HUGE_PAGES, include/lumos/core/allocator.hpp). Linux only.
+// again. Run by `bash scripts/bench.sh touch`; the reason the `lumos` CLI turns large_allocator's
+// huge pages off (include/lumos/core/allocator.hpp). Linux only.
 #include <sys/mman.h>
 
 #include <chrono>

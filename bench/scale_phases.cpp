@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
 #if defined(__GLIBC__)
   ::mallopt(M_MMAP_THRESHOLD, 1 << 20);  // as the CLI (examples/lumos/main.cpp)
 #endif
+  set_huge_pages_default(false);  // as the CLI
   phase_timer timer;
   trace::job job = trace::load_job({argv[1]});
   timer.done("load");

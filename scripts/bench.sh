@@ -8,7 +8,7 @@
 #                                     # replay's phases (bench/scale_phases.cpp), with the default
 #                                     # build threads and with one
 #   bash scripts/bench.sh touch       # first writes to fresh memory, with and without huge pages
-#                                     # (bench/first_touch.cpp; why LUMOS_HUGE_PAGES is opt-in)
+#                                     # (bench/first_touch.cpp; why the CLI turns huge pages off)
 # Extra arguments go to Google Benchmark (e.g. --benchmark_filter=BM_read_mem).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,6 +10,8 @@
 #include "report.hpp"
 #include "whatif.hpp"
 
+#include <lumos/core/allocator.hpp>
+
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -117,6 +119,9 @@ int main(int argc, char** argv) {
   // graph's huge blocks, through the replay (`bash scripts/bench.sh scale`: peak RSS).
   ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
 #endif
+  // One-shot runs write each large array once: 4 KiB pages come cheaper than huge pages on first
+  // touch (include/lumos/core/allocator.hpp; LUMOS_HUGE_PAGES=1 overrides).
+  lumos::set_huge_pages_default(false);
   try {
     return dispatch(argc, argv);
   } catch (const lumos::error& e) {

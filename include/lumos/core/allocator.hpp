@@ -1,15 +1,18 @@
 #pragma once
 // large_allocator — std::allocator for the big flat arrays (event stores, graph columns,
-// compiled graphs): large blocks are 2 MiB aligned and, when LUMOS_HUGE_PAGES=1 is set in the
-// environment, marked for transparent huge pages.
+// compiled graphs): large blocks are 2 MiB aligned and, unless turned off, marked for transparent
+// huge pages.
 //
-// Huge pages are opt-in because first touch decides: each array here is written once, right
-// after it is allocated. On the virtual machines this project is built and measured on, a
-// huge page touched for the first time costs several times what 4 KiB pages do (the host backs
-// each 2 MiB page on demand), which made `lumos replay` of a 512-rank job a third slower
-// (docs/replay.md, `bash scripts/bench.sh touch` and `scale`). Where huge pages come cheap,
-// the setting gives ~500x fewer page faults and fewer TLB misses in the walks.
+// Which pages are faster depends on how the memory is used. A huge page a process touches for the
+// first time costs several times its 512 small pages on the virtual machines this project runs on
+// (the host backs each 2 MiB on demand), and a one-shot run writes each array once: `lumos replay`
+// of a 512-rank job took a third longer with them. A program that allocates again and again (a
+// sweep, an autotuner, the benchmarks) gets its huge pages back cheaply and walks them with fewer
+// TLB misses: `bench_replay`'s compile of a generated graph ran 1.4-1.8x faster with them. So the
+// library default is on, the `lumos` CLI turns it off, and LUMOS_HUGE_PAGES=1 or 0 in the
+// environment overrides both (docs/replay.md, `bash scripts/bench.sh touch` and `scale`).
 
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <new>
@@ -23,14 +26,31 @@
 
 namespace lumos {
 
-/// Whether large blocks are advised onto transparent huge pages: LUMOS_HUGE_PAGES=1 in the
-/// environment (read once per process; see the top of this file for why it is off by default).
-[[nodiscard]] inline bool huge_pages_enabled() noexcept {
-  static const bool enabled = [] {
+namespace detail {
+// LUMOS_HUGE_PAGES: 1 (on), 0 (off), else -1 (unset: the process default decides). Read once.
+[[nodiscard]] inline int huge_pages_from_environment() noexcept {
+  static const int value = [] {
     const char* v = std::getenv("LUMOS_HUGE_PAGES");  // NOLINT(concurrency-mt-unsafe): read once
-    return v != nullptr && v[0] == '1' && v[1] == '\0';
+    if (v == nullptr || v[0] == '\0' || v[1] != '\0') return -1;
+    return v[0] == '1' ? 1 : v[0] == '0' ? 0 : -1;
   }();
-  return enabled;
+  return value;
+}
+[[nodiscard]] inline std::atomic<bool>& huge_pages_default() noexcept {
+  static std::atomic<bool> on{true};
+  return on;
+}
+}  // namespace detail
+
+/// Sets whether large blocks go on transparent huge pages when LUMOS_HUGE_PAGES does not say (on
+/// by default; see the top of this file). Blocks allocated before keep theirs.
+inline void set_huge_pages_default(bool on) noexcept { detail::huge_pages_default().store(on, std::memory_order_relaxed); }
+
+/// Whether large blocks are advised onto transparent huge pages: LUMOS_HUGE_PAGES=1 or 0 in the
+/// environment, else the process default (`set_huge_pages_default`).
+[[nodiscard]] inline bool huge_pages_enabled() noexcept {
+  const int env = detail::huge_pages_from_environment();
+  return env >= 0 ? env == 1 : detail::huge_pages_default().load(std::memory_order_relaxed);
 }
 
 /// Stateless allocator: blocks of at least `huge_threshold` bytes come from the aligned
