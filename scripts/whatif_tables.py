@@ -36,10 +36,17 @@ CASES = [
     ("DP ×2", {}, {"--dp": "4", "--global-batch": "32"}),
     ("DP ×4", {}, {"--dp": "8", "--global-batch": "64"}),
     # From traces with stages, each traced stage is cut into the target stages of its block, in
-    # the graph (the traced transfers between blocks kept; with model chunks replaced); merging
-    # stages and ZB-H2 take the pass-level pipeline model.
+    # the graph (the traced transfers between blocks kept; with model chunks replaced); merged
+    # stages are each made from one traced stage with its layers repeated; ZB-H2 takes the
+    # pass-level pipeline model.
     ("PP 2→4 (in the graph)", {}, {"--pp": "4"}),
-    ("PP 4→2", {"--pp": "4"}, {"--pp": "2"}),
+    ("PP 4→2 (in the graph)", {"--pp": "4"}, {"--pp": "2"}),
+    ("PP 4→2, GPipe (in the graph)", {"--pp": "4"}, {"--pp": "2", "--schedule": "gpipe"}),
+    ("PP 4→2, interleaved 2 chunks (in the graph)", {"--pp": "4"}, {"--pp": "2", "--vp": "2", "--schedule": "interleaved"}),
+    ("PP 4→2 with layers ×2 (in the graph)", {"--pp": "4"}, {"--pp": "2", "--layers": "16"}),
+    ("PP 8→2, 16 layers (in the graph)", {"--pp": "8", "--layers": "16"}, {"--pp": "2"}),
+    ("PP 8→4, 16 layers (in the graph)", {"--pp": "8", "--layers": "16"}, {"--pp": "4"}),
+    ("PP 4→2 with DP ×2, same global batch (pass-level)", {"--pp": "4"}, {"--pp": "2", "--dp": "4"}),
     ("1F1B → interleaved (2 chunks, in the graph)", {}, {"--vp": "2", "--schedule": "interleaved"}),
     ("PP 4, 1F1B → interleaved (2 chunks, in the graph)", {"--pp": "4"}, {"--vp": "2", "--schedule": "interleaved"}),
     ("PP 2→4, interleaved 2 chunks (in the graph)", {}, {"--pp": "4", "--vp": "2", "--schedule": "interleaved"}),

@@ -55,7 +55,9 @@ inline constexpr std::string_view whatif_usage =
     "                      into N stages (each rank of each stage with its layers' launches and kernels,\n"
     "                      Megatron's send/recv kernels and host sync, zero bubble's W passes; a row per\n"
     "                      rank); from traces with stages likewise to a multiple of their stages or another\n"
-    "                      schedule (GPipe, 1F1B, ZB-H1), each traced stage cut into its block; otherwise:\n"
+    "                      schedule (GPipe, 1F1B, ZB-H1), each traced stage cut into its block, or to a\n"
+    "                      divisor of them (at least 2), each merged stage made from one traced stage with\n"
+    "                      its layers repeated, the other stages' ranks dropped; otherwise:\n"
     "  --schedule NAME     gpipe, 1f1b, interleaved, zb-h1 or zb-h2: a pass-level model of the new pipeline (each\n"
     "                      pass one task per stage, its replayed layer costs, the trace's own p2p latency)\n"
     "                      added as a difference to the replay; prints the stages and the bubble\n"
@@ -273,9 +275,19 @@ inline int run_whatif(args& a) {
       // the events its stage kept.
       sj.subset = true;
       sj.world_size = r.stages->world * r.stages->stages;
+      // Merged stages: the ranks of the stages dropped are not written; the kept ones keep their
+      // traced numbers, so the world reaches past the last of them.
+      std::vector<int> kept;
+      for (std::size_t i = 0; i < ranks.size(); ++i) {
+        if (i >= r.stages->dropped.size() || !r.stages->dropped[i]) kept.push_back(ranks[i]);
+      }
+      ranks = std::move(kept);
+      for (const int k : ranks) sj.world_size = std::max(sj.world_size, k + 1);
+      // The added ranks' plans follow the traced ranks' kept in the prediction.
+      const std::size_t traced_plans = r.predicted.plans.size() - r.stages->maps.size();
       for (std::size_t k = 0; k < r.stages->maps.size(); ++k) {
         const int rank = r.stages->maps[k].rank;
-        sj.aliases.push_back({rank, r.stages->traced_index[k], &r.stages->maps[k], job.ranks.size() + k});
+        sj.aliases.push_back({rank, r.stages->traced_index[k], &r.stages->maps[k], traced_plans + k});
         ranks.push_back(rank);
       }
       // The added transfers under c10d's operators; their kernels carry the operator's id.
@@ -337,10 +349,15 @@ inline int run_whatif(args& a) {
     out += line;
     for (const auto& c : r.changes) out += "change: " + c + "\n";
     out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
+    // The traced ranks the prediction kept come first (all of them unless stages were merged),
+    // then the ranks of added pipeline stages, which compare with the traced rank they copy.
+    const std::size_t traced_kept = r.predicted.ranks.size() - (r.stages ? r.stages->traced_index.size() : 0);
+    std::size_t b_at = 0;
     for (std::size_t i = 0; i < r.predicted.ranks.size(); ++i) {
-      // Ranks of added pipeline stages compare with the traced rank they copy.
-      const auto& b = r.stages && i >= r.baseline.ranks.size() ? r.baseline.ranks[r.stages->traced_index[i - r.baseline.ranks.size()]]
-                                                               : r.baseline.ranks[i];
+      if (i < traced_kept) {
+        while (b_at + 1 < r.baseline.ranks.size() && r.baseline.ranks[b_at].rank != r.predicted.ranks[i].rank) ++b_at;
+      }
+      const auto& b = i >= traced_kept ? r.baseline.ranks[r.stages->traced_index[i - traced_kept]] : r.baseline.ranks[b_at];
       const auto& p = r.predicted.ranks[i];
       const auto& s = p.simulated.split;
       std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %7.3fx  |  %10s %10s %10s %10s\n", p.rank, p.step.c_str(),

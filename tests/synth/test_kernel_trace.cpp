@@ -106,6 +106,13 @@ written synthesise(const config& c, const std::filesystem::path& dir) {
   return {timeline.makespan()};
 }
 
+// GEMM kernels of a graph (by name): what a pipeline rewrite must conserve.
+std::size_t gemm_tasks(const graph::task_graph& g) {
+  std::size_t n = 0;
+  for (graph::task_id x = 0; x < g.task_count(); ++x) n += g.task_name(x).find("gemm") != std::string_view::npos ? 1 : 0;
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level job", "[synth][kernel_trace][structure]") {
@@ -599,13 +606,8 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
     CHECK(numbers.size() == r.predicted.ranks.size());
     CHECK(*numbers.rbegin() == static_cast<int>(r.predicted.ranks.size()) - 1);
     // The layers' GEMMs are conserved: each stage launches its own.
-    std::size_t gemms_traced = 0, gemms_predicted = 0;
-    for (graph::task_id x = 0; x < r.baseline.built.graph.task_count(); ++x) {
-      gemms_traced += r.baseline.built.graph.task_name(x).find("gemm") != std::string_view::npos ? 1 : 0;
-    }
     const auto& g = r.predicted.built.graph;
-    for (graph::task_id x = 0; x < g.task_count(); ++x) gemms_predicted += g.task_name(x).find("gemm") != std::string_view::npos ? 1 : 0;
-    CHECK(gemms_predicted == gemms_traced);
+    CHECK(gemm_tasks(g) == gemm_tasks(r.baseline.built.graph));
     // The tied embedding's all-reduce of the traces stays one instance between the end stages.
     std::size_t tied = 0;
     for (const auto& ci : g.collectives) {
@@ -639,7 +641,7 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
       CHECK(std::abs(err) < 0.03);
     }
   }
-  SECTION("ZB-H2 and merging stages take the pass-level model, which says why") {
+  SECTION("ZB-H2 and merging every stage into one take the pass-level model, which says why") {
     for (const auto& [pp, kind] : {std::pair{2, pipeline::schedule_kind::zero_bubble_h2}, std::pair{1, pipeline::schedule_kind::one_f_one_b}}) {
       whatif::whatif_options o;
       o.pp = pp, o.schedule = kind;
@@ -648,6 +650,70 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
       CHECK(r.pipeline);
       CHECK_FALSE(r.pipeline_reason.empty());
     }
+  }
+}
+
+TEST_CASE("whatif --pp to fewer stages than traced merges them, in the graph", "[whatif][pipeline][kernel_trace]") {
+  // 8 layers on 4 stages of 1F1B, to 2 stages: each target stage is made from one traced stage
+  // (stage 0 for the first, the traced last for the last: the embedding and the head stay where
+  // they were) with its layers repeated twice; the ranks of traced stages 1 and 2 are dropped and
+  // every transfer is added. Against the jobs synthesised on 2 stages.
+  config a = pp1_job;
+  a.layers = 8, a.pp = 4;
+  lumos_test::temp_dir dir_a;
+  (void)synthesise(a, dir_a.path());
+  const trace::job traced = trace::load_job({dir_a.path()});
+  const std::size_t R = traced.ranks.size();
+  const std::size_t W0 = R / 4;
+  struct target {
+    int vp;
+    const char* name;
+    pipeline::schedule_kind kind;
+  };
+  for (const target t : {target{1, "1f1b", pipeline::schedule_kind::one_f_one_b}, target{1, "gpipe", pipeline::schedule_kind::gpipe},
+                         target{2, "interleaved", pipeline::schedule_kind::interleaved_one_f_one_b}}) {
+    config b = a;
+    b.pp = 2, b.vp = t.vp, b.schedule = t.name;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    o.pp = 2, o.schedule = t.kind;
+    if (t.vp > 1) o.vp = t.vp;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    INFO("PP 4 -> 2 " << t.name);
+    REQUIRE(r.stages);
+    CHECK_FALSE(r.pipeline);
+    CHECK(r.stages->stages == 2);
+    // Per column and micro-batch, each direction: one transfer between every two neighbouring
+    // virtual stages; the traced ones dropped.
+    CHECK(r.stages->p2p == static_cast<std::size_t>(2 * (2 * t.vp - 1) * 8) * W0);
+    // The kept ranks are the traced ones of stages 0 and 3, with their numbers; nothing added.
+    CHECK(r.stages->plans.empty());
+    REQUIRE(r.predicted.ranks.size() == 2 * W0);
+    std::set<int> numbers, expected;
+    for (const auto& row : r.predicted.ranks) numbers.insert(row.rank);
+    for (std::size_t c = 0; c < W0; ++c) expected.insert(static_cast<int>(c)), expected.insert(static_cast<int>(3 * W0 + c));
+    CHECK(numbers == expected);
+    CHECK(std::count(r.stages->dropped.begin(), r.stages->dropped.end(), std::uint8_t{1}) == static_cast<std::ptrdiff_t>(2 * W0));
+    for (const auto& row : r.predicted.ranks) CHECK(row.simulated_ns > 0);
+    // The layers' GEMMs are conserved: stage 0 and the last now hold four layers each.
+    const auto& g = r.predicted.built.graph;
+    CHECK(gemm_tasks(g) == gemm_tasks(r.baseline.built.graph));
+    // No task of a dropped rank is left.
+    for (graph::task_id x = 0; x < g.task_count(); ++x) {
+      if (g.rank[x] >= 0) CHECK(expected.count(g.rank[x]) == 1);
+    }
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+    CHECK(std::abs(err) < 0.03);
+  }
+  SECTION("with another count of micro-batches per replica it takes the pass-level model, which says why") {
+    whatif::whatif_options o;
+    o.pp = 2, o.dp = 4;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    CHECK_FALSE(r.stages);
+    CHECK(r.pipeline);
+    CHECK(r.pipeline_reason.find("merging stages") != std::string::npos);
   }
 }
 

@@ -587,7 +587,11 @@ struct pipeline_block {
   if (!s.ranks.empty()) path = iteration_critical_path(g, s.compiled, s.timeline, s.plans[slowest], s.ranks[slowest].simulated);
   for (const std::size_t i : shown) {
     const rank_replay& r = s.ranks[i];
-    const trace::rank_trace* src = i < job.ranks.size() ? &job.ranks[i] : nullptr;
+    // By number: a what-if's ranks need not be the job's, in its order (merged pipeline stages).
+    const trace::rank_trace* src = nullptr;
+    for (const auto& t : job.ranks) {
+      if (t.rank == r.rank) src = &t;
+    }
     const interval w = r.simulated.window;
     const time_ns len = std::max<time_ns>(w.length(), 1);
     const double width = opt.timeline_width;

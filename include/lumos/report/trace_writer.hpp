@@ -311,12 +311,20 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   std::size_t plan_index = 0;
   if (job.source != nullptr) {
     for (std::size_t i = 0; i < job.source->ranks.size(); ++i) {
-      if (job.source->ranks[i].rank == rank) {
-        src = &job.source->ranks[i];
-        map = &(*job.maps)[i];
+      if (job.source->ranks[i].rank == rank) src = &job.source->ranks[i];
+    }
+    // The maps and plans of the traced ranks written, by rank number: a what-if that drops
+    // traced ranks (merged pipeline stages) keeps the others, in order, not at their index.
+    for (std::size_t i = 0; src != nullptr && job.maps != nullptr && i < job.maps->size(); ++i) {
+      if ((*job.maps)[i].rank == rank) map = &(*job.maps)[i];
+    }
+    for (std::size_t i = 0; src != nullptr && job.plans != nullptr && i < job.plans->size(); ++i) {
+      if ((*job.plans)[i].rank == rank) {
         plan_index = i;
+        break;
       }
     }
+    if (src != nullptr && map == nullptr) src = nullptr;
     for (const auto& a : job.aliases) {
       if (src == nullptr && a.rank == rank) {
         src = &job.source->ranks[a.source];

@@ -15,7 +15,10 @@
 // the new order. Each traced rank keeps its number on the first stage of its block. Another
 // count of micro-batches per replica on traces with stages is made first by repeating or removing
 // passes in place (`stage_micro_batches_to`), and the split (on the same stages, or more) orders
-// the new count.
+// the new count. To fewer stages (a divisor of P, at least 2), each target stage is made from one
+// traced stage of the block it merges (`merge_source_stage`: the first, and the traced last for the
+// last target stage), whose layers the caller has repeated to the block's count; the other traced
+// ranks are dropped and every transfer of the new order is added.
 //
 // Each task is labelled with the pass it belongs to: a GPU op by structure discovery's pass of its
 // launch, a launch call by the op it launched, every other task by the last labelled task before it
@@ -73,6 +76,9 @@ struct stage_split {
   std::vector<std::size_t> traced_index;  ///< per plan: index into job.ranks of the rank it copies
   std::vector<int> stage;                 ///< per plan: its stage
   std::vector<graph::rank_map> maps;      ///< per plan: its events ↔ its stage's tasks (for writing it)
+  /// Per index into job.ranks: 1 for a traced rank that is in no target stage (merging stages
+  /// keeps one traced stage per merged block); its tasks are gone and its map points nowhere.
+  std::vector<std::uint8_t> dropped;
   std::size_t p2p = 0, edges_dropped = 0, tasks_before = 0, tasks_after = 0;
   std::size_t weight_ops = 0;  ///< zero bubble: GPU ops of the backward passes moved to their W
   std::string change;
@@ -133,6 +139,13 @@ struct micro_batch_remap {
   }
 };
 
+/// Merging `traced` pipeline stages into `pp` (a divisor of them, at least 2): the traced stage whose
+/// ranks target stage s is made from — the first of the block it merges, but for the last target
+/// stage the traced last, which holds the head and the loss (split_stages).
+[[nodiscard]] constexpr int merge_source_stage(int traced, int pp, int s) noexcept {
+  return s == pp - 1 ? traced - 1 : s * (traced / pp);
+}
+
 /// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does);
 /// `micro_batches`: per replica in the target when it changes (0: the traces').
 /// `job` (the traces `st` was discovered on), when given, is read for what a traced transfer is.
@@ -143,9 +156,20 @@ struct micro_batch_remap {
   if (traced_pp > 1) {
     // From traces with stages each traced stage is cut into pp / traced_pp stages (one: the
     // schedule alone changes, or the micro-batches: stage_micro_batches_to), each with model
-    // chunks too; merging stages is not built.
+    // chunks too; or blocks of traced_pp / pp stages are merged, each made from one of them.
     if (!par.pp.known() || !par.world.known()) return "the traces' stages or world size are not known";
-    if (pp % traced_pp != 0) return "the target's stages are not a multiple of the traces' (merging stages is not built)";
+    const bool merging = traced_pp > pp;
+    if (merging ? traced_pp % pp != 0 : pp % traced_pp != 0) return "the target's stages are neither a multiple nor a divisor of the traces'";
+    if (merging && pp < 2) {
+      return "merging every stage into one is not built (no traced rank holds both the embedding and the head; the pass-level "
+             "model has no stages to keep apart)";
+    }
+    if (merging && micro_batches > 0 && micro_batches != par.micro_batches.value.value_or(0)) {
+      return "merging stages repeats the layers, which is not built together with another count of micro-batches";
+    }
+    if (merging && (kind == pipeline::schedule_kind::zero_bubble_h1 || kind == pipeline::schedule_kind::zero_bubble_h2)) {
+      return "merging stages repeats the layers, which is not built together with a zero-bubble schedule";
+    }
     if (kind == pipeline::schedule_kind::zero_bubble_h2) {
       // The traces' synchronize after a receive drains every stream, also the send of the backward
       // before it, which ZB-H2's deferred order leaves waiting for the peer's receive; lumos
@@ -190,6 +214,12 @@ struct micro_batch_remap {
     if (r.passes.size() != static_cast<std::size_t>(2 * m)) return "a rank's passes are not one forward and one backward per micro-batch";
     for (const auto& p : r.passes) {
       if (p.op.kind == pipeline::op_kind::weight || p.op.chunk != 0) return "a rank's passes are not plain forward and backward passes";
+      // A stage takes its layers' work from every pass: the backward's must be delimited too (by
+      // a block repeated once per layer, which one layer per pass does not show).
+      if (!p.layers.known() || *p.layers.value <= 0) {
+        return "rank " + std::to_string(r.rank) + ": the layers of its " + (p.op.kind == pipeline::op_kind::forward ? "forward" : "backward") +
+               " passes are not delimited (" + p.layers.source + ")";
+      }
     }
   }
   return {};
@@ -377,6 +407,9 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   }
   const bool zero_bubble = kind == pipeline::schedule_kind::zero_bubble_h1 || kind == pipeline::schedule_kind::zero_bubble_h2;
   if (zero_bubble && weight == nullptr) throw error("whatif --pp: a zero-bubble schedule needs the weight-gradient kernels");
+  if (st.parallel.pp.value.value_or(1) > pp && layer_copies == nullptr) {
+    throw error("whatif --pp: merging stages needs the kept stages' layers repeated first (layer_copies)");
+  }
   using graph::task_id;
   using graph::no_task;
   const graph::task_graph& g = b.graph;
@@ -404,13 +437,28 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   // holding L / pp of its layers; a transfer between two traced stages is the traced one, kept
   // between the blocks' end stages, and only transfers within a block are added.
   const int P = st.parallel.pp.value.value_or(1);
-  const int k_sub = pp / P;
+  // Fewer stages than traced (a divisor of them): each target stage is made from one traced stage
+  // of the block it merges, whose layers the caller repeated (layer_copies) to the block's count;
+  // the first target stage from traced stage 0 (the embedding), the last from the traced last (the
+  // head and the loss), the others from their block's first. The other traced ranks are dropped.
+  const bool merging = P > pp;
+  const int k_sub = merging ? 1 : pp / P;
+  const int k_merge = merging ? P / pp : 1;
+  // The traced stage target stage s is made from, and the target stage traced stage σ is on (the
+  // first of its block when it is cut; −1 when merging drops it).
+  auto source_stage = [&](int s) { return merging ? merge_source_stage(P, pp, s) : s / k_sub; };
+  auto first_stage = [&](int sigma) {
+    if (!merging) return sigma * k_sub;
+    const int s = sigma / k_merge;
+    return source_stage(s) == sigma ? s : -1;
+  };
   // Model chunks from traces with stages: each traced stage's layers fill its block's chunks (the
   // layers are alike, so which traced layer stands for which does not matter); every transfer of
   // the interleaved order is added, across blocks too, and the traced ones are dropped (each
   // carried one pass's activation, where chunks need one per chunk and one from the last stage
   // back to the first).
-  const bool cross_blocks = P > 1 && vp > 1;
+  // Merging stages likewise replaces every transfer: the traced ones ran to the dropped stages.
+  const bool cross_blocks = P > 1 && (vp > 1 || merging);
   const int W0 = P > 1 ? *st.parallel.world.value / P : 0;  // traced ranks per stage
   // A traced rank's stage, from its number (stage_split_unsupported checked that discovery agrees).
   auto traced_stage = [&](int rank) { return P > 1 && rank >= 0 ? rank / W0 : 0; };
@@ -628,7 +676,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     std::int32_t previous_layer = -1;
     std::int32_t run_code = detail::label_unknown;
     // The first and last virtual stage this processor's rank reaches (its traced stage's block).
-    const int base = traced_stage(g.processors[p].rank) * k_sub;
+    const int base = std::max(0, first_stage(traced_stage(g.processors[p].rank)));
     const int first_vs = P > 1 ? base : 0, last_vs = P > 1 ? (vp - 1) * pp + base + k_sub - 1 : virtual_stages - 1;
     for (const task_id t : on[p]) {
       const std::int32_t c = pass_code(code[t]);
@@ -669,7 +717,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       const bool transfer = p2p_where[ci.complete.front()] != 1 && virtual_stage[ci.complete.front()] >= 0;
       for (std::size_t x = 0; x < ci.complete.size() && !transfer; ++x) {
         const int sigma = traced_stage(g.rank[ci.complete[x]]);
-        const int vs = sigma == 0 ? 0 : sigma == P - 1 ? pp - 1 : sigma * k_sub;
+        const int vs = sigma == 0 ? 0 : sigma == P - 1 ? pp - 1 : std::max(0, first_stage(sigma));
         for (const task_id a : {ci.arrive[x], ci.complete[x]}) virtual_stage[a] = vs, fixed[a] = 1;
       }
       virtual_stage[ci.join] = virtual_stage[ci.complete.front()];
@@ -708,7 +756,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
         const auto* ci = collective_of_join[t];
         // With traced stages a stage holds only its block's ranks: a join whose first participant
         // is elsewhere is not its.
-        const bool here = ci == nullptr || traced_stage(g.rank[ci->complete.front()]) == s / k_sub;
+        const bool here = ci == nullptr || traced_stage(g.rank[ci->complete.front()]) == source_stage(s);
         k[t] = world_join[t] ? s == 0 : ci != nullptr ? k[ci->complete.front()] && here : 1;
       }
     }
@@ -782,7 +830,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       const auto u = static_cast<std::size_t>(unit_of_op(order[x]));
       position[static_cast<std::size_t>(s)][u] = static_cast<std::int64_t>(x);
       // Between traced stages the traced transfer stays: only transfers within a block are added.
-      if (const auto dep = pipeline::dependency_of(shape, s, order[x]); dep && dep->crosses_stages(s) && (cross_blocks || dep->on.stage / k_sub == s / k_sub)) {
+      if (const auto dep = pipeline::dependency_of(shape, s, order[x]); dep && dep->crosses_stages(s) && (cross_blocks || source_stage(dep->on.stage) == source_stage(s))) {
         receives[static_cast<std::size_t>(s)][u] = 1;
         sends_to[static_cast<std::size_t>(dep->on.stage)][static_cast<std::size_t>(unit_of_op(dep->on.what))] = 1;
       }
@@ -807,6 +855,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   // job's), and the other stages of the block are numbered from the traced world up.
   auto new_rank = [&](int rank, int s) -> int {
     if (rank < 0 || P == 1) return megatron_rank(rank, s);
+    if (merging) return rank;
     const int sigma = rank / W0, j = s - sigma * k_sub;
     return j == 0 ? rank : P * W0 + (sigma * (k_sub - 1) + j - 1) * W0 + rank % W0;
   };
@@ -837,7 +886,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   for (int s = 0; s < pp; ++s) {
     for (graph::processor_id p = 0; p < np; ++p) {
       graph::processor_info info = g.processors[p];
-      if (P > 1 && info.rank >= 0 && traced_stage(info.rank) != s / k_sub) continue;
+      if (P > 1 && info.rank >= 0 && traced_stage(info.rank) != source_stage(s)) continue;
       info.name = detail::renumber_name(info.name, info.rank, new_rank(info.rank, s));
       info.rank = new_rank(info.rank, s);
       processor_at[static_cast<std::size_t>(s) * np + p] = ng.add_processor(std::move(info));
@@ -1073,7 +1122,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
           }
         }
         for (const int r : ci.group_ranks) {
-          if (world && (P == 1 || traced_stage(r) == s / k_sub)) nc.group_ranks.push_back(new_rank(r, s));
+          if (world && (P == 1 || traced_stage(r) == source_stage(s))) nc.group_ranks.push_back(new_rank(r, s));
         }
       }
       if (!world && p2p_where[ci.complete.front()] != 1 && ci.complete.size() == 2 && nc.complete.size() == 2) {
@@ -1106,7 +1155,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       }
       if (nc.complete.empty()) continue;
       for (int& r : nc.group_ranks) r = new_rank(r, s);
-      if (s > 0) nc.group += ".pp" + std::to_string(s);
+      if (s > 0 && !merging) nc.group += ".pp" + std::to_string(s);  // merged: each traced group is on one stage
       ng.collectives.push_back(std::move(nc));
     }
   }
@@ -1146,13 +1195,13 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     for (int consumer = 0; consumer < pp; ++consumer) {
       for (const pipeline::op& o : orders[static_cast<std::size_t>(consumer)]) {
         const auto dep = pipeline::dependency_of(shape, consumer, o);
-        if (!dep || !dep->crosses_stages(consumer) || consumer / k_sub != stage_of[i]) continue;
-        if (!cross_blocks && dep->on.stage / k_sub != consumer / k_sub) continue;
+        if (!dep || !dep->crosses_stages(consumer) || source_stage(consumer) != stage_of[i]) continue;
+        if (!cross_blocks && source_stage(dep->on.stage) != source_stage(consumer)) continue;
         transfer x;
         x.i = x.i_from = i, x.from = dep->on.stage, x.to = consumer;
-        if (P > 1 && dep->on.stage / k_sub != stage_of[i]) {
+        if (P > 1 && source_stage(dep->on.stage) != stage_of[i]) {
           // The sender is the traced rank of the same column on the producing block's stage.
-          const auto it = index_of_rank.find(dep->on.stage / k_sub * W0 + job.ranks[i].rank % W0);
+          const auto it = index_of_rank.find(source_stage(dep->on.stage) * W0 + job.ranks[i].rank % W0);
           if (it == index_of_rank.end()) continue;
           x.i_from = it->second;
         }
@@ -1327,8 +1376,8 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
 
   // Maps: the traced ranks read their home stage (stage 0; with traced stages the first of their
   // block), the added ranks their own stage; kept overheads follow every copy.
-  auto home = [&](std::size_t i) { return stage_of[i] * k_sub; };
-  auto added = [&](std::size_t i, int s) { return P > 1 ? s / k_sub == stage_of[i] && s != home(i) : s > 0; };
+  auto home = [&](std::size_t i) { return first_stage(stage_of[i]); };
+  auto added = [&](std::size_t i, int s) { return P > 1 ? source_stage(s) == stage_of[i] && s != home(i) : s > 0; };
   for (int s = 0; s < pp; ++s) {
     const auto& cp = copy[static_cast<std::size_t>(s)];
     for (std::size_t i = 0; i < plans.size() && i < R; ++i) {
@@ -1340,8 +1389,16 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       out.maps.push_back(std::move(m2));
     }
   }
+  out.dropped.assign(R, 0);
   for (std::size_t i = 0; i < b.ranks.size(); ++i) {
-    const auto& cp = copy[static_cast<std::size_t>(i < R ? home(i) : 0)];
+    const int at = i < R ? home(i) : 0;
+    if (at < 0) {  // merged away: none of its tasks is in the new graph
+      out.dropped[i] = 1;
+      std::fill(b.ranks[i].task_of_event.begin(), b.ranks[i].task_of_event.end(), no_task);
+      std::fill(b.ranks[i].arrive_of_event.begin(), b.ranks[i].arrive_of_event.end(), no_task);
+      continue;
+    }
+    const auto& cp = copy[static_cast<std::size_t>(at)];
     for (auto& t : b.ranks[i].task_of_event) t = t == no_task ? t : cp[t];
     for (auto& t : b.ranks[i].arrive_of_event) t = t == no_task ? t : cp[t];
   }
@@ -1431,7 +1488,14 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
                  " weight-gradient kernels (GEMMs with the tokens in K, bias sums, LayerNorm and embedding weight gradients) run in the W passes";
   }
   std::string numbering = "stage s of traced rank r is rank s*" + std::to_string(W) + " + r";
-  if (P > 1) {
+  if (merging) {
+    numbering = "stages " + std::to_string(k_merge) + "s.." + std::to_string(k_merge) + "s+" + std::to_string(k_merge - 1) +
+                " of the traces merged into stage s, made from the traced ranks of stage " + std::to_string(k_merge) +
+                "s (of stage " + std::to_string(P - 1) + " for the last: the head and the loss) with their layers repeated " +
+                std::to_string(k_merge) + " times, which keep their numbers; the ranks of the other traced stages dropped; nodes "
+                "placed as Megatron's rank s*" + std::to_string(W) + " + r mod " + std::to_string(W0) +
+                "; the traced transfers replaced by the new order's (added)";
+  } else if (P > 1) {
     numbering = "traced stage s is stages " + std::to_string(k_sub) + "s.." + std::to_string(k_sub) + "s+" + std::to_string(k_sub - 1) +
                 ", each traced rank on the first of them, the others numbered from " + std::to_string(P * W0) +
                 " up; nodes placed as Megatron's rank s*" + std::to_string(W) + " + r mod " + std::to_string(W0) +
@@ -1446,7 +1510,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
                 "cross-stage transfers as send/recv kernels on p2p streams (%.1f us within a node, %.1f us across nodes of %d GPUs: "
                 "%s; the receiving host then waits for the receive and its compute stream), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped%s",
                 P, pp, *st.model.layers.value / P, per_chunk * vp, vp > 1 ? (" in " + std::to_string(vp) + " chunks of " + std::to_string(per_chunk)).c_str() : "",
-                static_cast<int>(R), static_cast<int>(R) * k_sub, numbering.c_str(),
+                static_cast<int>(R), static_cast<int>(R) * k_sub / k_merge, numbering.c_str(),
                 std::string(pipeline::schedule_title(kind)).c_str(), m, out.p2p, static_cast<double>(p2p.intra) / 1e3,
                 static_cast<double>(p2p.inter) / 1e3, p2p.gpus_per_node, latency_source.c_str(), out.tasks_before, out.tasks_after,
                 out.edges_dropped, tied_note.c_str());

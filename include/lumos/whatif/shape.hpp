@@ -848,13 +848,21 @@ struct shape_summary {
   std::string memory_warning; ///< when the prediction does not fit in the target GPU's memory: by how much
 };
 
+/// The target's pipeline and data parallelism, for `summarize` (unset: the traces').
+struct parallel_target {
+  std::optional<int> pp, dp, chunks;
+  std::optional<int> micro_batches;  ///< per replica
+  std::optional<pipeline::schedule_kind> schedule;
+};
+
 /// Memory and MFU of the traced and the predicted configuration. MFU counts the model FLOPs of
 /// the transformer layers (and the logits GEMM when a logits GEMM named the vocabulary) that one
 /// rank runs per iteration, against the dense peak of the target GPU in the traces' precision.
+/// `target`: the predicted configuration's stages, replicas, chunks, micro-batches and schedule.
 [[nodiscard]] inline shape_summary summarize(const trace::job& job, const job_structure& st, const shape_config& from,
                                              const shape_config& to, std::optional<int> layers,
                                              std::string_view from_gpu, std::string_view gpu, time_ns baseline_ns,
-                                             time_ns predicted_ns) {
+                                             time_ns predicted_ns, const parallel_target& target = {}) {
   shape_summary s;
   s.from = from, s.to = to;
   const int pp = st.parallel.pp.value.value_or(1);
@@ -871,13 +879,18 @@ struct shape_summary {
   const std::int64_t layers_to_n = layers ? *layers : layers_from;
   const int chunks = st.parallel.chunks.value.value_or(1);
   const std::int64_t m = std::max<std::int64_t>(passes / std::max(chunks, 1), 1);
-  const bool gpipe = st.parallel.schedule.value && *st.parallel.schedule.value == pipeline::schedule_kind::gpipe;
-  const double in_flight = static_cast<double>(gpipe ? m : std::min<std::int64_t>(pp, m));
+  auto in_flight = [](std::optional<pipeline::schedule_kind> kind, int stages, std::int64_t micro_batches) {
+    const bool gpipe = kind && *kind == pipeline::schedule_kind::gpipe;
+    return static_cast<double>(gpipe ? micro_batches : std::min<std::int64_t>(stages, micro_batches));
+  };
   const std::int64_t vocab_local = traced_vocab_local(job, st, from);
   const std::int64_t vocab = vocab_local * from.tp;
   if (layers_from > 0) {
-    s.baseline = figures_of(from, layers_from, pp, dp, passes, backward, vocab, in_flight);
-    s.predicted = figures_of(to, layers_to_n, pp, dp, passes, backward, vocab, in_flight);
+    const int pp_to = target.pp.value_or(pp), dp_to = target.dp.value_or(dp), chunks_to = target.chunks.value_or(chunks);
+    const std::int64_t m_to = target.micro_batches.value_or(m);
+    const auto kind_to = target.schedule ? target.schedule : st.parallel.schedule.value;
+    s.baseline = figures_of(from, layers_from, pp, dp, passes, backward, vocab, in_flight(st.parallel.schedule.value, pp, m));
+    s.predicted = figures_of(to, layers_to_n, pp_to, dp_to, m_to * chunks_to, backward, vocab, in_flight(kind_to, pp_to, m_to));
   }
   std::string from_preset(from_gpu);
   if (from_preset.empty()) {

@@ -358,6 +358,9 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       if (split_refused.empty() && o.layers && zero_bubble) split_refused = "the layers change with a zero-bubble schedule";
     }
     const bool split_in_graph = split_asked && split_pp > 0 && split_refused.empty();
+    // Fewer stages than traced: each merged stage is made from one traced stage, its layers
+    // repeated to the block's count here, then the split drops the other traced stages' ranks.
+    const bool merging = split_in_graph && split_pp < traced_pp;
     const bool accumulate = micro_batches && (staged ? split_in_graph : !pipeline_asked || split_in_graph);
     if (structure) {
       // Larger stages move pipeline neighbours (and the tied embedding's stages) apart; a deeper
@@ -373,13 +376,40 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         }
       }
     }
-    if (o.layers && (split_in_graph || !(pipeline_asked || (micro_batches && staged)))) {
+    // The model's layers in the split (0: the traces').
+    const int split_layers = merging ? o.layers.value_or(*structure->model.layers.value) : o.layers.value_or(0);
+    if ((o.layers || merging) && (split_in_graph || !(pipeline_asked || (micro_batches && staged)))) {
       // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
       structure_options so = o.structure;
       so.step = o.replay.step;
-      const layer_rewrite lr = layers_to(b, o.dp ? discover_structure(job, b, so) : *structure, *o.layers);
-      groups.insert(groups.end(), lr.groups.begin(), lr.groups.end());
-      out.changes.push_back(lr.change);
+      const job_structure& st = o.dp ? discover_structure(job, b, so) : *structure;
+      if (merging) {
+        // Each kept traced stage runs its block's layers: the model's split_layers over split_pp
+        // stages, which is what layers_to makes of split_layers x (traced_pp / split_pp) over the
+        // traced stages. The stages the split drops are left as they are.
+        const int k = traced_pp / split_pp;
+        layer_rewrite lr = layers_to(b, st, split_layers * k);
+        const int per_stage = *structure->parallel.world.value / traced_pp;
+        std::vector<std::uint8_t> kept_stage(static_cast<std::size_t>(traced_pp), 0);
+        for (int s = 0; s < split_pp; ++s) kept_stage[static_cast<std::size_t>(merge_source_stage(traced_pp, split_pp, s))] = 1;
+        std::erase_if(lr.groups, [&](const repeat_group& g) {
+          // A group is one stage's (its joins have no rank).
+          const auto t = std::find_if(g.tasks.begin(), g.tasks.end(), [&](graph::task_id x) { return b.graph.rank[x] >= 0; });
+          if (t == g.tasks.end()) return true;
+          const auto stage = static_cast<std::size_t>(b.graph.rank[*t] / per_stage);
+          return stage >= kept_stage.size() || !kept_stage[stage];
+        });
+        out.changes.push_back("PP " + std::to_string(traced_pp) + " -> " + std::to_string(split_pp) + ": the layers of each kept traced stage (" +
+                              std::to_string(*structure->model.layers.value / traced_pp) + ") repeated in place to " +
+                              std::to_string(split_layers / split_pp) + ", the stage's share of " + std::to_string(split_layers) +
+                              " layers over " + std::to_string(split_pp) + " stages (" + std::to_string(lr.groups.size()) +
+                              " layer task groups); each copy keeps the layer's measured kernels, launches and overheads");
+        groups.insert(groups.end(), lr.groups.begin(), lr.groups.end());
+      } else {
+        const layer_rewrite lr = layers_to(b, st, *o.layers);
+        groups.insert(groups.end(), lr.groups.begin(), lr.groups.end());
+        out.changes.push_back(lr.change);
+      }
     }
     std::size_t edges_dropped = 0;
     std::optional<std::vector<std::vector<graph::task_id>>> copies;  // where the structure's tasks went
@@ -455,7 +485,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         const int dp_to = o.dp.value_or(structure->parallel.dp.value.value_or(1));
         split = split_stages(b, job, *structure, plans, split_pp, vp, kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to,
                              remap ? &*remap : nullptr, weight_tasks.empty() ? nullptr : &weight_tasks,
-                             o.layers && copies ? &*copies : nullptr, o.layers.value_or(0));
+                             (o.layers || merging) && copies ? &*copies : nullptr, split_layers);
         out.changes.push_back(split->change);
       }
     }
@@ -469,6 +499,26 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     }
   });
   if (split) {
+    // Ranks of merged stages that the split dropped are not in the predicted job: the session keeps
+    // the others, in order (their maps and plans with them).
+    if (std::find(split->dropped.begin(), split->dropped.end(), std::uint8_t{1}) != split->dropped.end()) {
+      auto& p = out.predicted;
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < p.ranks.size(); ++i) {
+        if (i < split->dropped.size() && split->dropped[i]) continue;
+        if (kept != i) {
+          p.ranks[kept] = std::move(p.ranks[i]);
+          p.plans[kept] = std::move(p.plans[i]);
+          p.built.ranks[kept] = std::move(p.built.ranks[i]);
+          if (i < p.held_out.size()) p.held_out[kept] = std::move(p.held_out[i]);
+        }
+        ++kept;
+      }
+      p.ranks.resize(kept), p.plans.resize(kept), p.built.ranks.resize(kept);
+      if (!p.held_out.empty()) p.held_out.resize(kept);
+      p.measured_ns = p.simulated_ns = 0;
+      for (const auto& r : p.ranks) p.measured_ns = std::max(p.measured_ns, r.measured_ns), p.simulated_ns = std::max(p.simulated_ns, r.simulated_ns);
+    }
     // The added stages' ranks: their plans evaluated on the prediction's timeline.
     const report::task_times simulated = out.predicted.simulated_times();
     const report::task_times measured = report::observed_times(out.predicted.built.graph);
@@ -555,8 +605,19 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     }
   }
   if (structure && shape_from) {
+    parallel_target target;
+    target.pp = o.pp, target.dp = o.dp, target.micro_batches = micro_batches, target.chunks = o.vp, target.schedule = o.schedule;
+    if (pipeline_asked) {
+      // As the pipeline change: the traces' schedule when they have stages, else 1F1B; interleaved
+      // with --vp, and with two chunks without it.
+      const auto& traced = structure->parallel.schedule.value;
+      target.schedule = o.schedule.value_or(o.vp.value_or(1) > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b
+                                            : staged && traced ? *traced
+                                                               : pipeline::schedule_kind::one_f_one_b);
+      if (!o.vp) target.chunks = *target.schedule == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1;
+    }
     out.shape = summarize(job, *structure, *shape_from, *shape_to, o.layers, o.from_gpu, o.gpu, out.baseline.simulated_ns,
-                          out.predicted.simulated_ns);
+                          out.predicted.simulated_ns, target);
     if (!out.shape->memory_warning.empty()) out.changes.push_back(out.shape->memory_warning);
   }
   out.structure = std::move(structure);
