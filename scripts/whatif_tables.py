@@ -44,6 +44,7 @@ CASES = [
     ("PP 4→2, GPipe (in the graph)", {"--pp": "4"}, {"--pp": "2", "--schedule": "gpipe"}),
     ("PP 4→2, interleaved 2 chunks (in the graph)", {"--pp": "4"}, {"--pp": "2", "--vp": "2", "--schedule": "interleaved"}),
     ("PP 4→2 with layers ×2 (in the graph)", {"--pp": "4"}, {"--pp": "2", "--layers": "16"}),
+    ("PP 4→2, ZB-H1 (in the graph)", {"--pp": "4"}, {"--pp": "2", "--schedule": "zb-h1"}),
     ("PP 8→2, 16 layers (in the graph)", {"--pp": "8", "--layers": "16"}, {"--pp": "2"}),
     ("PP 8→4, 16 layers (in the graph)", {"--pp": "8", "--layers": "16"}, {"--pp": "4"}),
     ("PP 4→2 with DP ×2, same global batch (pass-level)", {"--pp": "4"}, {"--pp": "2", "--dp": "4"}),
@@ -56,6 +57,7 @@ CASES = [
     ("PP 2→4, ZB-H1 (in the graph)", {}, {"--pp": "4", "--schedule": "zb-h1"}),
     ("PP 2→4 with layers ×2 (in the graph)", {}, {"--pp": "4", "--layers": "16"}),
     ("PP 2→4 with layers ×0.5 (in the graph)", {}, {"--pp": "4", "--layers": "4"}),
+    ("1F1B → ZB-H1 with layers ×2 (in the graph)", {}, {"--schedule": "zb-h1", "--layers": "16"}),
     ("layers ×2", {}, {"--layers": "16"}),
     ("layers ×0.5", {}, {"--layers": "4"}),
     ("hidden ×2 (FFN 4h)", {}, {"--hidden": "4096", "--ffn": "16384"}),
@@ -90,6 +92,7 @@ CASES = [
     ("PP 1→2, ZB-H1 (in the graph)", {"--pp": "1"}, {"--pp": "2", "--schedule": "zb-h1"}),
     ("PP 1→4, ZB-H1 (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "zb-h1"}),
     ("PP 1→4, ZB-H2 (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "zb-h2"}),
+    ("PP 1→4, ZB-H2 with layers ×2 (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "zb-h2", "--layers": "16"}),
     # With another count of micro-batches per replica: the periods repeated or removed first.
     ("PP 1→2 with DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--dp": "4"}),
     ("PP 1→2, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--global-batch": "32"}),

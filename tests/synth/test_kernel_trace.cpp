@@ -671,7 +671,8 @@ TEST_CASE("whatif --pp to fewer stages than traced merges them, in the graph", "
     pipeline::schedule_kind kind;
   };
   for (const target t : {target{1, "1f1b", pipeline::schedule_kind::one_f_one_b}, target{1, "gpipe", pipeline::schedule_kind::gpipe},
-                         target{2, "interleaved", pipeline::schedule_kind::interleaved_one_f_one_b}}) {
+                         target{2, "interleaved", pipeline::schedule_kind::interleaved_one_f_one_b},
+                         target{1, "zb-h1", pipeline::schedule_kind::zero_bubble_h1}}) {
     config b = a;
     b.pp = 2, b.vp = t.vp, b.schedule = t.name;
     lumos_test::temp_dir dir_b;
@@ -803,25 +804,28 @@ TEST_CASE("whatif --tp from 1 with --pp: the inserted collectives go with their 
 TEST_CASE("whatif --layers with --pp: the layers repeated or removed first, then the split, in the graph",
           "[whatif][pipeline][layers][kernel_trace]") {
   // The job of the tests above (4 layers) without stages and on 2 stages, to another layer count
-  // on more stages: each copy of a layer is numbered in place, so the stages hold consecutive
-  // layers; against the jobs synthesised in the target configuration.
+  // on more stages, also by ZB-H1 (the weight gradients, found before the layer change, are
+  // marked in every copy): each copy of a layer is numbered in place, so the stages hold
+  // consecutive layers; against the jobs synthesised in the target configuration.
   struct target {
     int traced_pp, layers, pp;
+    const char* schedule = "1f1b";
   };
-  for (const target t : {target{1, 8, 2}, target{1, 2, 2}, target{2, 8, 4}}) {
+  for (const target t : {target{1, 8, 2}, target{1, 2, 2}, target{2, 8, 4}, target{1, 8, 2, "zb-h1"}, target{2, 8, 2, "zb-h1"}}) {
     config a = pp1_job;
     a.pp = t.traced_pp;
     lumos_test::temp_dir dir_a;
     (void)synthesise(a, dir_a.path());
     const trace::job traced = trace::load_job({dir_a.path()});
     config b = a;
-    b.layers = t.layers, b.pp = t.pp;
+    b.layers = t.layers, b.pp = t.pp, b.schedule = t.schedule;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
     whatif::whatif_options o;
     o.layers = t.layers, o.pp = t.pp;
+    if (std::string_view(t.schedule) == "zb-h1") o.schedule = pipeline::schedule_kind::zero_bubble_h1;
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
-    INFO("PP " << t.traced_pp << " -> " << t.pp << ", 4 -> " << t.layers << " layers");
+    INFO("PP " << t.traced_pp << " -> " << t.pp << ", 4 -> " << t.layers << " layers, " << t.schedule);
     REQUIRE(r.stages);
     CHECK_FALSE(r.pipeline);
     const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);

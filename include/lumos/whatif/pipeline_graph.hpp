@@ -167,9 +167,6 @@ struct micro_batch_remap {
     if (merging && micro_batches > 0 && micro_batches != par.micro_batches.value.value_or(0)) {
       return "merging stages repeats the layers, which is not built together with another count of micro-batches";
     }
-    if (merging && (kind == pipeline::schedule_kind::zero_bubble_h1 || kind == pipeline::schedule_kind::zero_bubble_h2)) {
-      return "merging stages repeats the layers, which is not built together with a zero-bubble schedule";
-    }
     if (kind == pipeline::schedule_kind::zero_bubble_h2) {
       // The traces' synchronize after a receive drains every stream, also the send of the backward
       // before it, which ZB-H2's deferred order leaves waiting for the peer's receive; lumos

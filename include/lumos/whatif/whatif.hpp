@@ -350,12 +350,9 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     if (split_asked && split_pp > 0) {
       split_refused = stage_split_unsupported(*structure, split_pp, split_vp, split_kind, micro_batches.value_or(0), &job, o.layers.value_or(0));
       // A layer change is made first (layers repeated or removed in place), then the split
-      // numbers the copies; not with a micro-batch change or zero bubble's W split too, nor the
-      // API's own task groups.
-      const bool zero_bubble = split_kind == pipeline::schedule_kind::zero_bubble_h1 || split_kind == pipeline::schedule_kind::zero_bubble_h2;
+      // numbers the copies; not with a micro-batch change too, nor the API's own task groups.
       if (split_refused.empty() && !groups.empty()) split_refused = "task groups are repeated with it";
       if (split_refused.empty() && o.layers && micro_batches) split_refused = "the layers and the micro-batches per replica change together";
-      if (split_refused.empty() && o.layers && zero_bubble) split_refused = "the layers change with a zero-bubble schedule";
     }
     const bool split_in_graph = split_asked && split_pp > 0 && split_refused.empty();
     // Fewer stages than traced: each merged stage is made from one traced stage, its layers
@@ -413,12 +410,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     }
     std::size_t edges_dropped = 0;
     std::optional<std::vector<std::vector<graph::task_id>>> copies;  // where the structure's tasks went
-    if (!groups.empty()) {
-      edited_graph e = repeat_groups(b.graph, groups);
-      edges_dropped += e.edges_dropped;
-      copies = adopt(b, std::move(e));
-    }
-    // Zero bubble: the weight gradients, found on the graph before a micro-batch change.
+    // Zero bubble: the weight gradients, found on the graph before a layer or micro-batch change
+    // (the split marks every copy of one).
     std::vector<std::uint8_t> weight_tasks;
     if (split_in_graph && (split_kind == pipeline::schedule_kind::zero_bubble_h1 || split_kind == pipeline::schedule_kind::zero_bubble_h2)) {
       weight_tasks = weight_gradient_tasks(job, b, *structure, traced_shape(*structure));
@@ -427,6 +420,11 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
                     ": no weight-gradient GEMM found in the layers' backward passes (their operators need recorded shapes, "
                     "`lumos inspect --structure`), so the backward passes cannot be split into B and W");
       }
+    }
+    if (!groups.empty()) {
+      edited_graph e = repeat_groups(b.graph, groups);
+      edges_dropped += e.edges_dropped;
+      copies = adopt(b, std::move(e));
     }
     std::vector<std::vector<graph::task_id>> period_copies;  // where the micro-batch change put each task
     std::optional<micro_batch_remap> remap;
