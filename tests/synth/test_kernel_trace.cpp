@@ -132,6 +132,9 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
        model::attention_impl::unfused, true},
       // a gated-MLP, grouped-query model
       {"llama3-8b", 2, 0, 0, 512, 2, 2, 2, 1, 1, 8, "1f1b", "h200-sxm"},
+      // zero bubble: each backward pass's B and W marked on their own
+      {"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "zb-h1", "h100-sxm"},
+      {"gpt3-15b", 8, 1024, 16, 512, 1, 4, 1, 1, 1, 8, "zb-h2", "h100-sxm"},
   };
   for (const config& c : configs) {
     const synth::job j = job_of(c);
@@ -154,6 +157,8 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
     const std::string schedule = c.schedule;
     const auto want = schedule == "gpipe"       ? pipeline::schedule_kind::gpipe
                       : schedule == "interleaved" ? pipeline::schedule_kind::interleaved_one_f_one_b
+                      : schedule == "zb-h1"       ? pipeline::schedule_kind::zero_bubble_h1
+                      : schedule == "zb-h2"       ? pipeline::schedule_kind::zero_bubble_h2
                                                   : pipeline::schedule_kind::one_f_one_b;
     CHECK(par.schedule.value == want);
     CHECK(par.chunks.value == c.vp);
@@ -194,9 +199,15 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
     // groups the --layers what-if copies. Backward layers are found by periodicity, which needs
     // two layers or more per chunk (with one, only the forward's annotation delimits it).
     const std::int64_t m = c.global_batch / (c.micro_batch * c.dp);
-    const std::size_t passes_per_rank = static_cast<std::size_t>(2 * m * c.vp);
+    const bool zero_bubble = schedule.starts_with("zb");  // a W pass per backward pass
+    const std::size_t passes_per_rank = static_cast<std::size_t>((zero_bubble ? 3 : 2) * m * c.vp);
+    if (zero_bubble) {
+      for (const auto& r : st.ranks) {
+        CHECK(std::count_if(r.passes.begin(), r.passes.end(), [](const auto& p) { return p.op.kind == pipeline::op_kind::weight; }) == m);
+      }
+    }
     const std::size_t layers_per_chunk = static_cast<std::size_t>(c.layers / (c.pp * c.vp));
-    const std::size_t delimited_passes = layers_per_chunk >= 2 ? passes_per_rank : passes_per_rank / 2;
+    const std::size_t delimited_passes = layers_per_chunk >= 2 ? passes_per_rank : static_cast<std::size_t>(m * c.vp);
     CHECK(st.layer_groups.size() == read.ranks.size() * delimited_passes * layers_per_chunk);
     // Groups: one per role, named by their description.
     for (const auto& g : st.groups) {

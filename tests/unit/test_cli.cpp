@@ -532,7 +532,7 @@ TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which rep
     // Every stage's layers read back: a pass marker is written around the layer scopes it
     // encloses, and each copy of a repeated layer with its own scope.
     CHECK(int64_t(structure["model"]["layers"]["value"]) == (layers ? 8 : 4));
-    if (zero_bubble) continue;  // structure discovery does not tell W passes yet
+    if (zero_bubble) continue;  // W passes are told from B only when each is marked on its own, not so when written
     CHECK(int64_t(par["micro_batches"]["value"]) == (doubled ? 8 : 4));  // the global batch x2: periods repeated
     // GPipe on 2 stages runs the order of interleaved 1F1B with 4 chunks; the written receives
     // (nccl:recv, only of gradients on stage 0) tell the chain.
@@ -586,7 +586,7 @@ TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's
     if (four || zero_bubble || batches || chunks) CHECK(std::string_view(doc["pipeline"]["model"]) == "graph");
     CHECK(simdjson::dom::array(doc["trace_out"]).size() == (four ? 8u : 4u));  // 2 TP ranks per stage
     check_replays_to_prediction(doc, out);
-    if (zero_bubble) continue;  // structure discovery does not tell W passes yet
+    if (zero_bubble) continue;  // W passes are told from B only when each is marked on its own, not so when written
     // Each copy of a repeated layer is written with its own scope, inside its pass's marker
     // (with and without the stages changing).
     const result st = run("inspect --structure --json " + out.string());

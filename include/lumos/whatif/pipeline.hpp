@@ -203,7 +203,8 @@ struct span {
     if (k.empty() || c.empty()) continue;
     layer_span[{lg.rank, static_cast<int>(lg.op.kind), lg.op.micro_batch * 4096 + lg.op.chunk, lg.layer}] = {c, k};
   }
-  double sum_cpu[2] = {0, 0}, sum_gpu[2] = {0, 0}, count[2] = {0, 0};
+  // Per pass kind: forward, backward and (traces that ran a zero-bubble schedule) W.
+  double sum_cpu[3] = {0, 0, 0}, sum_gpu[3] = {0, 0, 0}, count[3] = {0, 0, 0};
   for (const auto& [key, sp] : layer_span) {
     const auto [rank, kind, pass, layer] = key;
     const auto prev = layer_span.find({rank, kind, pass, kind == 0 ? layer - 1 : layer + 1});  // backward runs layers in reverse
@@ -234,7 +235,15 @@ struct span {
   auto mean = [](double s, double n) { return static_cast<time_ns>(std::llround(s / n)); };
   out.layer_forward = {mean(sum_cpu[0], count[0]), mean(sum_gpu[0], count[0])};
   out.layer_backward = {mean(sum_cpu[1], count[1]), mean(sum_gpu[1], count[1])};
-  if (wgrad > 0) {
+  // What a backward pass of the traces runs per layer: all of the layer's backward, or its B.
+  const host_device traced_backward = out.layer_backward;
+  if (count[2] > 0) {
+    // The traces' own W passes: a layer's backward is its B and its W.
+    const host_device w{mean(sum_cpu[2], count[2]), mean(sum_gpu[2], count[2])};
+    out.layer_backward = {traced_backward.cpu + w.cpu, traced_backward.gpu + w.gpu};
+    out.weight_fraction = out.layer_backward.gpu > 0 ? static_cast<double>(w.gpu) / static_cast<double>(out.layer_backward.gpu) : 0.5;
+    out.weight_source = "the traces' own W passes (zero bubble): their share of a layer's backward GPU time";
+  } else if (wgrad > 0) {
     out.weight_fraction = wgrad / (wgrad + bgrad);
     out.weight_source = "GPU time of the layers' backward kernels named wgrad";
   } else {
@@ -258,7 +267,7 @@ struct span {
       if (x.empty() || c.empty() || ps.op.kind == pipeline::op_kind::weight) continue;
       const int kind = ps.op.kind == pipeline::op_kind::forward ? 0 : 1;
       const int vs = ps.op.chunk * p + stage;
-      const host_device& layer = kind == 0 ? out.layer_forward : out.layer_backward;
+      const host_device& layer = kind == 0 ? out.layer_forward : traced_backward;
       auto& acc = extra[{kind, vs == 0, vs == V - 1}];
       acc[0] += static_cast<double>(std::max<time_ns>(0, c.end - c.begin - lpp * layer.cpu));
       acc[1] += static_cast<double>(std::max<time_ns>(0, x.end - x.begin - lpp * layer.gpu));

@@ -10,6 +10,7 @@
 #include <lumos/pipeline/gpipe.hpp>
 #include <lumos/pipeline/interleaved_one_f_one_b.hpp>
 #include <lumos/pipeline/one_f_one_b.hpp>
+#include <lumos/pipeline/zero_bubble.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/trace/summary.hpp>
 #include <lumos/whatif/detail/periodicity.hpp>
@@ -283,6 +284,7 @@ struct launch_rec {
   std::int64_t scope = -1;         // outermost enclosing layer-scope event
   std::uint32_t shape_op = no_event;  // innermost enclosing GEMM / attention operator
   std::uint32_t cpu_op = no_event;    // outermost enclosing CPU operator
+  std::uint32_t pass_marker = no_event;  // outermost enclosing user annotation that marks a phase
   int pass = -1, layer = -1;
   int instance = -1;               // graph collective instance
 };
@@ -292,6 +294,53 @@ struct rank_work {
   std::map<phase_kind, std::set<std::string>> markers;  // phase → marker names that set it
   std::vector<std::vector<std::size_t>> pass_launches;  // per pass: indices into launches
 };
+
+// Passes of one rank from its launches in enqueue order: runs of forward or backward launches,
+// a new pass at each change of kind and after a point-to-point transfer that followed compute;
+// with `by_marker` also where the outermost user annotation that marks the phase changes. Sets
+// each launch's `pass` (−1: in none) and, per pass, its launches and its span (`offset`: the
+// rank's clock offset); micro-batches in order (the k-th forward, the k-th backward).
+inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_trace& t, time_ns offset, bool by_marker,
+                        std::vector<pass_info>& passes, std::vector<std::vector<std::size_t>>& pass_launches) {
+  passes.clear(), pass_launches.clear();
+  int cur = -1;
+  bool split = false, has_compute = false;
+  std::uint32_t cur_marker = no_event;
+  for (std::size_t li = 0; li < launches.size(); ++li) {
+    auto& l = launches[li];
+    l.pass = -1;
+    if (l.p2p) {
+      if (cur >= 0 && has_compute) split = true;
+      continue;
+    }
+    if (l.phase == phase_kind::optimizer) {
+      cur = -1;
+      continue;
+    }
+    if (l.phase != phase_kind::forward && l.phase != phase_kind::backward) continue;
+    const auto kind = l.phase == phase_kind::forward ? pipeline::op_kind::forward : pipeline::op_kind::backward;
+    const bool new_marker = by_marker && l.pass_marker != no_event && cur_marker != no_event && l.pass_marker != cur_marker;
+    if (l.pass_marker != no_event) cur_marker = l.pass_marker;
+    if (cur < 0 || split || new_marker || passes[static_cast<std::size_t>(cur)].op.kind != kind) {
+      pass_info p;
+      p.op.kind = kind;
+      p.start = l.enqueue + offset;
+      passes.push_back(p);
+      pass_launches.emplace_back();
+      cur = static_cast<int>(passes.size()) - 1;
+      split = false;
+      has_compute = false;
+    }
+    has_compute = has_compute || !l.comm;
+    l.pass = cur;
+    pass_launches[static_cast<std::size_t>(cur)].push_back(li);
+    auto& p = passes[static_cast<std::size_t>(cur)];
+    ++p.gpu_ops;
+    p.end = std::max(p.end, t.events[l.op].end() + offset);
+  }
+  int nf = 0, nb = 0;
+  for (auto& p : passes) p.op.micro_batch = p.op.kind == pipeline::op_kind::forward ? nf++ : nb++;
+}
 
 }  // namespace detail
 
@@ -343,6 +392,13 @@ struct rank_work {
     }
   }
 
+  // Per rank: its passes split also where the annotation that marks their phase changes.
+  struct marked_split {
+    std::vector<pass_info> passes;
+    std::vector<std::vector<std::size_t>> pass_launches;
+    std::vector<int> pass_of;  // per launch
+  };
+  std::vector<marked_split> marked_passes(nr);
   for (std::size_t ri = 0; ri < nr; ++ri) {
     const trace::rank_trace& t = job.ranks[ri];
     const graph::rank_map& map = built.ranks[ri];
@@ -415,6 +471,7 @@ struct rank_work {
               base.phase = *s->marker, base.marked = true;
               w.markers[*s->marker].insert(std::string(t.name(t.events[s->index])));
             }
+            if (s->marker && t.events[s->index].cat == trace::category::user_annotation) base.pass_marker = s->index;
             if (s->shape && base.shape_op == no_event) base.shape_op = s->index;
             if (t.events[s->index].cat == trace::category::cpu_op) base.cpu_op = s->index;  // the last is the outermost
           }
@@ -502,42 +559,43 @@ struct rank_work {
     }
 
     // ---- passes: runs of forward or backward launches, split at point-to-point transfers ----
-    int cur = -1;
-    bool split = false, has_compute = false;
-    for (std::size_t li = 0; li < launches.size(); ++li) {
-      auto& l = launches[li];
-      if (l.p2p) {
-        if (cur >= 0 && has_compute) split = true;
-        continue;
-      }
-      if (l.phase == phase_kind::optimizer) {
-        cur = -1;
-        continue;
-      }
-      if (l.phase != phase_kind::forward && l.phase != phase_kind::backward) continue;
-      const auto kind = l.phase == phase_kind::forward ? pipeline::op_kind::forward : pipeline::op_kind::backward;
-      if (cur < 0 || split || rs.passes[static_cast<std::size_t>(cur)].op.kind != kind) {
-        pass_info p;
-        p.op.kind = kind;
-        p.start = l.enqueue + map.offset;
-        rs.passes.push_back(p);
-        w.pass_launches.emplace_back();
-        cur = static_cast<int>(rs.passes.size()) - 1;
-        split = false;
-        has_compute = false;
-      }
-      has_compute = has_compute || !l.comm;
-      l.pass = cur;
-      w.pass_launches[static_cast<std::size_t>(cur)].push_back(li);
-      auto& p = rs.passes[static_cast<std::size_t>(cur)];
-      ++p.gpu_ops;
-      p.end = std::max(p.end, t.events[l.op].end() + map.offset);
+    // (and, the alternative below, where the annotation that marks their phase changes)
+    detail::form_passes(launches, t, map.offset, false, rs.passes, w.pass_launches);
+    detail::form_passes(launches, t, map.offset, true, marked_passes[ri].passes, marked_passes[ri].pass_launches);
+    marked_passes[ri].pass_of.resize(launches.size());
+    for (std::size_t li = 0; li < launches.size(); ++li) marked_passes[ri].pass_of[li] = launches[li].pass;
+    for (std::size_t k = 0; k < w.pass_launches.size(); ++k) {
+      for (const std::size_t li : w.pass_launches[k]) launches[li].pass = static_cast<int>(k);
     }
-    // In-order labels: the k-th forward (backward) is micro-batch k; a recognised schedule
-    // relabels below.
-    int nf = 0, nb = 0;
-    for (auto& p : rs.passes) p.op.micro_batch = p.op.kind == pipeline::op_kind::forward ? nf++ : nb++;
     w.launches = std::move(launches);
+  }
+  // A zero-bubble schedule's B and the W right after it (no transfer between them on stage 0)
+  // are one run of backward launches: when that leaves the ranks with different numbers of
+  // passes, and a script marked each pass (as `lumos synth` does), the passes split where the
+  // marking annotation changes are taken if every rank then runs two backward passes per
+  // forward one. Not by default: a job written by a what-if keeps the traced markers at their
+  // traced times, which need not bracket its passes.
+  {
+    auto counts = [](const std::vector<pass_info>& passes) {
+      std::pair<std::size_t, std::size_t> fb{0, 0};
+      for (const auto& p : passes) (p.op.kind == pipeline::op_kind::forward ? fb.first : fb.second) += 1;
+      return fb;
+    };
+    bool coarse_alike = true, marked_zero_bubble = nr > 0;
+    for (std::size_t ri = 0; ri < nr; ++ri) {
+      coarse_alike = coarse_alike && counts(out.ranks[ri].passes) == counts(out.ranks[0].passes);
+      const auto fb = counts(marked_passes[ri].passes);
+      marked_zero_bubble = marked_zero_bubble && fb == counts(marked_passes[0].passes) && fb.first > 0 && fb.second == 2 * fb.first;
+    }
+    if (!coarse_alike && marked_zero_bubble) {
+      for (std::size_t ri = 0; ri < nr; ++ri) {
+        out.ranks[ri].passes = std::move(marked_passes[ri].passes);
+        work[ri].pass_launches = std::move(marked_passes[ri].pass_launches);
+        for (std::size_t li = 0; li < work[ri].launches.size(); ++li) work[ri].launches[li].pass = marked_passes[ri].pass_of[li];
+      }
+      out.notes.push_back("passes split where the annotation that marks their phase changes: every rank then runs two backward "
+                          "passes (B and W) per forward pass");
+    }
   }
 
   // ---- transformer layers per pass --------------------------------------------------------
@@ -894,10 +952,14 @@ struct rank_work {
       par.micro_batches.source = std::to_string(forwards) + " forward pass(es) per rank";
       par.chunks.value = 1;
       par.chunks.source = "forward only";
-    } else if (backwards != forwards) {
+    } else if (backwards != forwards && backwards != 2 * forwards) {
       par.schedule.source = std::to_string(forwards) + " forward and " + std::to_string(backwards) +
                             " backward passes per rank: passes are not delimited one per micro-batch";
     } else {
+      // Twice as many backward passes as forward: a zero-bubble schedule, each backward split in
+      // B and W (its weight gradients), which the traces tell apart only as two passes (each
+      // marked on its own); its order is compared with W read as a backward pass.
+      const bool split_backward = backwards == 2 * forwards;
       struct candidate {
         pipeline::schedule_kind kind;
         pipeline::schedule_shape shape;
@@ -918,7 +980,7 @@ struct rank_work {
           for (std::size_t s = 0; s < pl.size(); ++s) {
             auto ops = S::stage_ops(shape, static_cast<std::int32_t>(s));
             std::string want;
-            for (const auto& o : ops) want += pipeline::op_letter(o.kind);
+            for (const auto& o : ops) want += pipeline::op_letter(o.kind == pipeline::op_kind::weight ? pipeline::op_kind::backward : o.kind);
             if (want != letters(pl[s])) return;
             per_stage.push_back(std::move(ops));
           }
@@ -944,11 +1006,16 @@ struct rank_work {
           }
         }
       }
-      if ((!topology_ring || p <= 2) && receives_activations != true) {
+      if (split_backward) {
+        if (!topology_ring || p <= 2) {
+          try_kind(pipeline::zero_bubble_h1{}, {p, n, 1});
+          try_kind(pipeline::zero_bubble_h2{}, {p, n, 1});
+        }
+      } else if ((!topology_ring || p <= 2) && receives_activations != true) {
         try_kind(pipeline::gpipe{}, {p, n, 1});
         try_kind(pipeline::one_f_one_b{}, {p, n, 1});
       }
-      if ((!topology_chain || p <= 2) && receives_activations != false) {
+      if (!split_backward && (!topology_chain || p <= 2) && receives_activations != false) {
         for (std::int32_t v = 2; v <= n; ++v) {
           if (n % v == 0 && p > 1) try_kind(pipeline::interleaved_one_f_one_b{}, {p, n / v, v});
         }
@@ -980,9 +1047,13 @@ struct rank_work {
           }
         }
       } else if (found.empty()) {
-        par.schedule.source = observed + ": matches no GPipe, 1F1B or interleaved 1F1B order of p " + std::to_string(p) + " with " +
-                              std::to_string(n) + " forward passes per stage (ZB schedules are not recognised: their W passes "
-                              "are not separable from B without annotations)";
+        par.schedule.source = split_backward
+                                  ? observed + ": two backward passes per forward pass, but matches no ZB-H1 or ZB-H2 order of p " +
+                                        std::to_string(p) + " with " + std::to_string(n) + " micro-batches"
+                                  : observed + ": matches no GPipe, 1F1B or interleaved 1F1B order of p " + std::to_string(p) + " with " +
+                                        std::to_string(n) +
+                                        " forward passes per stage (a zero-bubble schedule's W passes are told from its B passes "
+                                        "only when an annotation marks each pass)";
       } else {
         // Candidates that agree on the shape still give the micro-batches and chunks.
         const bool same_shape = std::all_of(found.begin(), found.end(), [&](const candidate& c) { return c.shape == found.front().shape; });
