@@ -47,6 +47,8 @@ CASES = [
     ("PP 4→2, ZB-H1 (in the graph)", {"--pp": "4"}, {"--pp": "2", "--schedule": "zb-h1"}),
     ("PP 8→2, 16 layers (in the graph)", {"--pp": "8", "--layers": "16"}, {"--pp": "2"}),
     ("PP 8→4, 16 layers (in the graph)", {"--pp": "8", "--layers": "16"}, {"--pp": "4"}),
+    ("PP 4→2 with DP ×2 (in the graph)", {"--pp": "4"}, {"--pp": "2", "--dp": "4", "--global-batch": "32"}),
+    ("PP 4→2 with TP 2→4 (in the graph)", {"--pp": "4"}, {"--pp": "2", "--tp": "4"}),
     ("PP 4→2 with DP ×2, same global batch (pass-level)", {"--pp": "4"}, {"--pp": "2", "--dp": "4"}),
     ("1F1B → interleaved (2 chunks, in the graph)", {}, {"--vp": "2", "--schedule": "interleaved"}),
     ("PP 4, 1F1B → interleaved (2 chunks, in the graph)", {"--pp": "4"}, {"--vp": "2", "--schedule": "interleaved"}),
