@@ -3,21 +3,29 @@
 // `--global-batch N` or `--micro-batch N` when the count of micro-batches per replica changes and
 // the job has one stage): gradient accumulation runs the micro-batches one after the other, each
 // a forward and a backward pass, so a count change repeats or removes whole micro-batches in
-// place. One micro-batch's period, on every processor its layers use, runs from its first task
-// there to the first task of the next micro-batch (so its embedding, loss, head and the host work
-// between passes travel with it); the copies keep the period's measured kernels, launches and
-// overheads. The first micro-batch (which can carry first-step work such as a parameter
+// place. One micro-batch's period, on every processor its passes use, runs from its first task
+// there (a GPU op of one of its passes, or that op's launch) to the first task of the next
+// micro-batch (so its embedding, loss, head and the host work between passes travel with it); the
+// copies keep the period's measured kernels, launches and overheads. Each processor's period is
+// bounded by the passes' own tasks, not by their first layer, because a thread may run only part
+// of a micro-batch: PyTorch's autograd thread launches a backward pass's loss and head gradients
+// before its first layer, and a period that started at that layer would hold the kernels of
+// those launches on the stream but not the launches. The first micro-batch (which can carry first-step work such as a parameter
 // all-gather) and the last (which carries the gradient reduction of Megatron's overlapped DP) are
-// kept whenever the count allows.
+// kept whenever the count allows. Traces of one micro-batch have no next micro-batch to end the
+// period at: there it runs up to the first task of the work after the passes (the optimizer's),
+// so the host time between the backward and that work travels with it too.
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/trace_builder.hpp>
+#include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,7 +37,33 @@ struct micro_batch_rewrite {
   std::string change;
   int from = 0, to = 0;    ///< micro-batches per replica before and after
   int first = 0, end = 0;  ///< micro-batches [first, end) repeated (end = first + 1) or removed
+  /// The data-parallel gradient collectives in the period of a lone micro-batch: Megatron reduces
+  /// the gradients once, in the last micro-batch's backward, so only the last copy keeps their
+  /// time (`keep_in_last_copy`): their transfers (comm_complete tasks) and their launches with
+  /// the host time before them (the collective's enqueue).
+  std::vector<graph::task_id> last_copy_only, last_copy_only_host;
 };
+
+/// Zeroes the transfers and launches of `mr.last_copy_only` in every copy but the last (`copies`:
+/// where the repeat put each task). Returns how many transfers it zeroed.
+inline std::size_t keep_in_last_copy(graph::task_graph& g, const micro_batch_rewrite& mr,
+                                     const std::vector<std::vector<graph::task_id>>& copies) {
+  std::size_t zeroed = 0;
+  auto zero = [&](const std::vector<graph::task_id>& tasks, bool host) {
+    for (const graph::task_id t : tasks) {
+      if (t >= copies.size() || copies[t].size() < 2) continue;
+      for (std::size_t k = 0; k + 1 < copies[t].size(); ++k) {
+        const graph::task_id c = copies[t][k];
+        g.duration[c] = 0;
+        if (host) g.busy_gap[c] = 0;
+        zeroed += host ? 0 : 1;
+      }
+    }
+  };
+  zero(mr.last_copy_only, false);
+  zero(mr.last_copy_only_host, true);
+  return zeroed;
+}
 
 namespace detail {
 
@@ -57,33 +91,80 @@ inline std::size_t choose_micro_batches(int m, int to, micro_batch_rewrite& out)
   return 0;
 }
 
+/// Marks (`mark(i, task)`) every GPU op of micro-batch i's passes and its launch, and (`mark(m,
+/// task)`) those of the work after the passes, whose first task on a processor ends the period of
+/// the last micro-batch there. Without `forward_heads`, a forward pass's ops before its first
+/// layer (the embedding) are left to the layers' bounds: a period then starts at the forward's
+/// first layer, so that removing micro-batch 0 keeps the step's first tasks, which anchor its
+/// window (report::plan_iterations), and the kept micro-batch runs one embedding. Throws when no
+/// op of a pass is found.
+template <class Mark>
+void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bool forward_heads, Mark&& mark) {
+  const graph::task_graph& g = b.graph;
+  std::vector<graph::task_id> launcher(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch) launcher[e.to] = e.from;
+  }
+  auto micro_batch = [&](const gpu_op_context& c) {
+    const auto& passes = st.ranks[c.rank].passes;
+    if (c.pass < 0 || static_cast<std::size_t>(c.pass) >= passes.size()) return -1;
+    const int i = passes[static_cast<std::size_t>(c.pass)].op.micro_batch;
+    return i >= 0 && i < m ? i : -1;
+  };
+  // Per rank, the last op of its passes: ops outside the passes before it (between a forward and
+  // a backward, or before the first pass) are not the work after them.
+  std::vector<std::size_t> last_in_pass(b.ranks.size(), st.gpu_ops.size());
+  for (std::size_t x = 0; x < st.gpu_ops.size(); ++x) {
+    const gpu_op_context& c = st.gpu_ops[x];
+    if (c.rank < b.ranks.size() && c.rank < st.ranks.size() && micro_batch(c) >= 0) last_in_pass[c.rank] = x;
+  }
+  bool any = false;
+  std::vector<int> layer_seen_in(b.ranks.size(), -1);  // per rank, the last pass a layer op was seen in
+  for (std::size_t x = 0; x < st.gpu_ops.size(); ++x) {
+    const gpu_op_context& c = st.gpu_ops[x];
+    if (c.rank >= b.ranks.size() || c.rank >= st.ranks.size() || last_in_pass[c.rank] == st.gpu_ops.size()) continue;
+    const int i = micro_batch(c);
+    if (i < 0 && x < last_in_pass[c.rank]) continue;
+    if (i >= 0 && c.layer >= 0) layer_seen_in[c.rank] = c.pass;
+    if (i >= 0 && !forward_heads && layer_seen_in[c.rank] != c.pass &&
+        st.ranks[c.rank].passes[static_cast<std::size_t>(c.pass)].op.kind == pipeline::op_kind::forward) {
+      continue;
+    }
+    const int row = i >= 0 ? i : m;
+    const auto& map = b.ranks[c.rank];
+    for (const auto* of : {&map.task_of_event, &map.arrive_of_event}) {
+      if (c.op >= of->size() || (*of)[c.op] == graph::no_task) continue;
+      const graph::task_id t = (*of)[c.op];
+      mark(row, t), any = any || i >= 0;
+      if (launcher[t] != graph::no_task) mark(row, launcher[t]);
+    }
+  }
+  if (!any) {
+    throw error("whatif: the traces' forward and backward passes were not found (`lumos inspect --structure`), so no "
+                "micro-batch's period can be told");
+  }
+}
+
 }  // namespace detail
 
-/// Builds the group (see the header comment) on `g`: from m traced micro-batches to
+/// Builds the group (see the header comment) on `b.graph`: from m traced micro-batches to
 /// `micro_batches`, micro-batch 1 (0 when the trace has two) is repeated, or micro-batches 1..
 /// (0.. when only one is left) removed, on every rank together. `st` is the structure of the
 /// traces' graph; when `g` was edited since (layer copies), `copies` gives where each of its tasks
-/// went (`edited_graph::copies`). Throws `lumos::error` when the traces have pipeline stages (the
-/// pipeline model takes the count there), their micro-batches or layers are unknown, or they ran
-/// fewer than two micro-batches (no period to copy).
-[[nodiscard]] inline micro_batch_rewrite micro_batches_to(const graph::task_graph& g, const job_structure& st, int micro_batches,
+/// went (`edited_graph::copies`; `b.ranks` then maps events to the first copies, as `adopt`
+/// leaves them). Throws `lumos::error` when the traces have pipeline stages (the pipeline model
+/// takes the count there), or their micro-batches or passes are unknown.
+[[nodiscard]] inline micro_batch_rewrite micro_batches_to(const graph::built_job& b, const job_structure& st, int micro_batches,
                                                           const std::vector<std::vector<graph::task_id>>* copies = nullptr) {
+  const graph::task_graph& g = b.graph;
   const auto& par = st.parallel;
   if (par.pp.value.value_or(1) > 1) throw error("whatif: a micro-batch count change with pipeline stages is stage_micro_batches_to's");
   const int m = detail::traced_micro_batches(par, micro_batches);
-  if (st.layer_groups.empty()) {
-    throw error("whatif: the traces' transformer layers were not found (" + st.model.layers.source +
-                "), so no micro-batch can be told from the next; `lumos inspect --structure` shows what was found");
-  }
   micro_batch_rewrite out;
   out.from = m, out.to = micro_batches;
   if (micro_batches == m) {
     out.change = "micro-batches per replica: " + std::to_string(m) + " as traced";
     return out;
-  }
-  if (m < 2) {
-    throw error("whatif: the traces ran one micro-batch per iteration, so the period of one micro-batch (up to the next) "
-                "cannot be told; a count change needs traces of at least two");
   }
   const std::size_t n = g.task_count();
   std::vector<std::vector<graph::task_id>> on(g.processors.size());
@@ -93,9 +174,10 @@ inline std::size_t choose_micro_batches(int m, int to, micro_batch_rewrite& out)
     for (const graph::task_id c : ci.complete) collective_of[c] = &ci;
   }
   // Per micro-batch and processor, its first and last marked task: the layers' tasks and the
-  // arrive before a communication op (joins are added with the period, below).
+  // arrive before a communication op (joins are added with the period, below). Row m: the first
+  // task of the work after the passes, which ends the period of a lone micro-batch.
   constexpr graph::task_id none = graph::no_task;
-  std::vector<std::vector<graph::task_id>> first(static_cast<std::size_t>(m), std::vector<graph::task_id>(on.size(), none));
+  std::vector<std::vector<graph::task_id>> first(static_cast<std::size_t>(m) + 1, std::vector<graph::task_id>(on.size(), none));
   std::vector<std::vector<graph::task_id>> last = first;
   auto mark = [&](int i, graph::task_id t) {
     const auto p = g.processor[t];
@@ -119,8 +201,15 @@ inline std::size_t choose_micro_batches(int m, int to, micro_batch_rewrite& out)
       }
     }
   }
+  detail::mark_pass_ops(b, st, m, m == 1 || st.layer_groups.empty(), mark);
   // Micro-batches [a, e) on processor p: from the first of them that has a task there to the
   // next later micro-batch's first task (or their last task when none follows).
+  auto iteration_end = [&](graph::processor_id p) {
+    for (const auto& r : st.ranks) {
+      if (r.rank == g.processors[p].rank) return r.iteration_end;
+    }
+    return time_ns{0};
+  };
   auto span = [&](int a, int e, graph::processor_id p, std::vector<graph::task_id>& into) {
     graph::task_id lo = none, hi = none;
     for (int i = a; i < e; ++i) {
@@ -131,10 +220,13 @@ inline std::size_t choose_micro_batches(int m, int to, micro_batch_rewrite& out)
     }
     if (lo == none) return;
     graph::task_id end = none;  // exclusive
-    for (int j = e; j < m && end == none; ++j) end = first[static_cast<std::size_t>(j)][p];
+    for (int j = e; j <= m && end == none; ++j) end = first[static_cast<std::size_t>(j)][p];
     const auto& list = on[p];
     for (auto it = std::lower_bound(list.begin(), list.end(), lo); it != list.end(); ++it) {
-      if (end != none ? *it >= end : *it > hi) break;
+      // The last micro-batch where nothing follows on the processor (a lone micro-batch's autograd
+      // thread): up to the end of the iteration, so its thread end, which the launching thread
+      // waits for, is in.
+      if (end != none ? *it >= end : (e < m ? *it > hi : g.observed_start[*it] >= iteration_end(p))) break;
       into.push_back(*it);
     }
   };
@@ -151,6 +243,32 @@ inline std::size_t choose_micro_batches(int m, int to, micro_batch_rewrite& out)
     if (const auto it = collective_of.find(rg.tasks[k]); it != collective_of.end()) {
       const graph::task_id j = it->second->join;
       if (j != none && !in[j]) in[j] = true, rg.tasks.push_back(j);
+    }
+  }
+  if (m == 1 && micro_batches > m) {
+    std::set<std::string> dp_groups;
+    for (const auto& pg : st.groups) {
+      for (const auto& r : pg.roles) {
+        if (r.value == group_role::dp) dp_groups.insert(pg.name);
+      }
+    }
+    std::vector<graph::task_id> launcher(n, none);
+    for (const graph::edge& ed : g.edges) {
+      if (ed.kind == graph::edge_kind::launch) launcher[ed.to] = ed.from;
+    }
+    for (const auto& ci : g.collectives) {
+      const auto kind = collective_of_kind(ci.kind);
+      const bool gradient = kind && (*kind == model::collective::all_reduce || *kind == model::collective::reduce_scatter ||
+                                     *kind == model::collective::all_gather);
+      if (!dp_groups.count(ci.group) || !gradient) continue;
+      for (const graph::task_id c : ci.complete) {
+        if (in[c]) out.last_copy_only.push_back(c);
+      }
+      for (const auto* side : {&ci.arrive, &ci.complete}) {
+        for (const graph::task_id c : *side) {
+          if (c != none && in[c] && launcher[c] != none && in[launcher[c]]) out.last_copy_only_host.push_back(launcher[c]);
+        }
+      }
     }
   }
   out.groups.push_back(std::move(rg));

@@ -281,14 +281,16 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         const int m = par.micro_batches.value.value_or(1);
         std::optional<std::int64_t> global_micro_batches;
         if (o.global_batch) {
+          // In sequences: counted in micro-batches of the target's size (--micro-batch), else the traces'.
           const auto& mbs = structure->model.micro_batch_size;
-          const std::int64_t sequences = mbs.value.value_or(1);
+          const bool resized = shape_to && shape_from && shape_to->micro_batch != shape_from->micro_batch;
+          const std::int64_t sequences = resized ? shape_to->micro_batch : mbs.value.value_or(1);
           if (*o.global_batch % sequences != 0) {
-            throw error("whatif --global-batch " + std::to_string(*o.global_batch) + ": not a multiple of the traces' micro-batch size " +
-                        std::to_string(sequences));
+            throw error("whatif --global-batch " + std::to_string(*o.global_batch) + ": not a multiple of the " +
+                        (resized ? "target's" : "traces'") + " micro-batch size " + std::to_string(sequences));
           }
           global_micro_batches = *o.global_batch / sequences;
-          if (!mbs.known()) out.changes.push_back("--global-batch counted in micro-batches of 1 sequence: the traces' micro-batch size is not known (" + mbs.source + ")");
+          if (!resized && !mbs.known()) out.changes.push_back("--global-batch counted in micro-batches of 1 sequence: the traces' micro-batch size is not known (" + mbs.source + ")");
         }
         const micro_batch_plan mp = plan_micro_batches(m, d.from, d.to, global_micro_batches);
         if (mp.micro_batches != m) {
@@ -299,7 +301,9 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         }
       }
     }
-    if (shape_from && shape_to && shape_to->micro_batch != shape_from->micro_batch && structure->parallel.micro_batches.known()) {
+    // With --global-batch the count was set above, in micro-batches of the target's size.
+    if (shape_from && shape_to && shape_to->micro_batch != shape_from->micro_batch && !o.global_batch &&
+        structure->parallel.micro_batches.known()) {
       // Sequences per micro-batch changed: the global batch stays, so the count of micro-batches
       // per replica changes inversely (as `lumos predict --micro-batch` with the same --global-batch).
       const std::int64_t m = micro_batches.value_or(*structure->parallel.micro_batches.value);
@@ -430,7 +434,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     std::optional<micro_batch_remap> remap;
     if (accumulate) {
       const micro_batch_rewrite mr = staged ? stage_micro_batches_to(b, job, *structure, *micro_batches)
-                                            : micro_batches_to(b.graph, *structure, *micro_batches, copies ? &*copies : nullptr);
+                                            : micro_batches_to(b, *structure, *micro_batches, copies ? &*copies : nullptr);
       out.changes.push_back(mr.change);
       // With stages the passes are reordered next (group_edges::passes).
       edited_graph e = repeat_groups(b.graph, mr.groups, staged ? group_edges::passes : group_edges::plain);
@@ -440,6 +444,12 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
                               " edges out of removed tasks moved to the last kept task before them on their processor");
       }
       period_copies = adopt(b, std::move(e));
+      if (const std::size_t zeroed = keep_in_last_copy(b.graph, mr, period_copies); zeroed > 0) {
+        out.changes.push_back(std::to_string(mr.last_copy_only.size()) +
+                              " data-parallel gradient collectives in the traced micro-batch's backward kept in its last copy only "
+                              "(gradients are reduced once, after the last micro-batch): " +
+                              std::to_string(zeroed) + " copies take no transfer time");
+      }
       if (split_in_graph && mr.from != mr.to) remap = micro_batch_remap{&period_copies, mr.from, mr.to, mr.first, mr.end};
     }
     if (edges_dropped > 0) {
