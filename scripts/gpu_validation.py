@@ -9,7 +9,8 @@ prediction from A's trace is compared with B's measured step:
 * replay identity: each trace replayed unchanged (exact by construction; a check, not evidence);
 * held-out steps: `lumos replay --durations-from-step M` predicts step N of the same trace;
 * `--scale`: a scoped op of A made k times longer (`op:NAME=k`) against the run that did it;
-* `lumos whatif`: layers, hidden/FFN/heads, sequence, micro-batch, GPU (H100 <-> H200);
+* `lumos whatif`: layers, hidden/FFN/heads, sequence, micro-batch, GPU (H100 <-> H200), micro-batches
+  per step (gradient accumulation, `--global-batch`), alone and with micro-batch size or layers;
 * `lumos predict --profile` (calibrated on one trace of the set) for every eager configuration.
 
 Errors are (predicted - measured) / measured of the mean over the 3 recorded steps (a what-if is
@@ -145,6 +146,30 @@ def what_if_rows(lumos, manifest):
             if a_ in manifest:
                 pair("whatif " + gpu.upper(), f"layers {manifest[a_]['shape']['layers']} -> {bshape['layers']}", a_, base, "whatif",
                      shape_flags(manifest[a_]["shape"], bshape))
+    # Micro-batches per step (gradient accumulation, as a data-parallel or global-batch change does on
+    # every rank): --global-batch in sequences, with the micro-batch size and the layers too.
+    batch = (("acc1", "acc2", []), ("acc1", "acc4", []), ("acc2", "acc4", []), ("acc2", "acc1", []), ("acc4", "acc2", []),
+             ("acc4", "acc1", []), ("acc1", "mb2-acc2", ["--micro-batch", "2"]), ("acc1", "l16-acc2", ["--layers", "16"]),
+             ("acc2", "l16-acc2", ["--layers", "16"]), ("small-acc1", "small-acc2", []), ("small-acc2", "small-acc1", []))
+    for gpu in ("h100", "h200"):
+        for src, dst, more in batch:
+            a_, b = f"{gpu}-{src}", f"{gpu}-{dst}"
+            if a_ not in manifest or b not in manifest:
+                continue
+            sa, sb = manifest[a_]["shape"], manifest[b]["shape"]
+            ma, mb = sa.get("accum", 1), sb.get("accum", 1)
+            flags = list(more)
+            if ma * sa["micro_batch"] != mb * sb["micro_batch"] or sa["micro_batch"] != sb["micro_batch"]:
+                flags += ["--global-batch", str(mb * sb["micro_batch"])]
+            parts = [f"micro-batches per step {ma} -> {mb}"] if ma != mb else []
+            if sa["micro_batch"] != sb["micro_batch"]:
+                parts.append(f"micro-batch {sa['micro_batch']} -> {sb['micro_batch']}")
+            if sa["layers"] != sb["layers"]:
+                parts.append(f"layers {sa['layers']} -> {sb['layers']}")
+            label = ", ".join(parts) + (f", {ma} micro-batches per step" if ma == mb else "")
+            if sa["hidden"] == 512:
+                label += " (CPU-bound model)"
+            pair(f"whatif {gpu.upper()} batch", label, a_, b, "whatif", flags)
     if "h100-small-l8" in manifest and "h100-small-l16" in manifest:
         pair("whatif H100", "layers 8 -> 16, CPU-bound model (hidden 512)", "h100-small-l8", "h100-small-l16", "whatif", ["--layers", "16"])
         pair("whatif H100", "layers 16 -> 8, CPU-bound model (hidden 512)", "h100-small-l16", "h100-small-l8", "whatif", ["--layers", "8"])
@@ -167,14 +192,16 @@ def check(lumos, manifest, names):
         e = manifest[n]
         if e["mode"] != "eager":
             continue
-        model = json.loads(run([lumos, "inspect", "--structure", "--json", trace(n)]))["model"]
+        found = json.loads(run([lumos, "inspect", "--structure", "--json", trace(n)]))
+        model, par = found["model"], found["parallel"]
         for k, v in e["shape"].items():
             key = {"micro_batch": "micro_batch_size"}.get(k, k)
             if k == "vocab":
                 continue
-            got = model.get(key, {}).get("value")
+            # micro-batches per step: the parallel layout's count (one stage)
+            got = (par if k == "accum" else model).get("micro_batches" if k == "accum" else key, {}).get("value")
             if got != v:
-                problems.append(f"{n}: structure discovery found {k} {got}, the run had {v} ({model.get(key, {}).get('source')})")
+                problems.append(f"{n}: structure discovery found {k} {got}, the run had {v}")
     meas = {n: measured_ms(lumos, n) for n in names}
     rows = what_if_rows(lumos, manifest)
     at_speed = [abs(pct(r[7], meas[r[3]])) for r in rows]
@@ -217,17 +244,28 @@ def main():
 
     # ---- the runs ---------------------------------------------------------------------------
     w("## The recorded runs\n")
-    w("| trace | GPU | layers | hidden | heads | seq | micro-batch | what differs | profiled step (ms) | unprofiled step (ms) |")
-    w("|---|---|---:|---:|---:|---:|---:|---|---:|---:|")
+    w("| trace | GPU | layers | hidden | heads | seq | micro-batch | micro-batches per step | what differs | profiled step (ms) | unprofiled step (ms) |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for n in names:
         e = manifest[n]
         s = e["shape"]
         w(f"| {n} | {e['gpu'].replace('NVIDIA ', '')} | {s['layers']} | {s['hidden']} | {s['heads']} | {s['seq']} | "
-          f"{s['micro_batch']} | {e['differs']} | {meas[n]:.2f} | {e['unprofiled_step_ms_median']:.2f} |")
+          f"{s['micro_batch']} | {s.get('accum', 1)} | {e['differs']} | {meas[n]:.2f} | {e['unprofiled_step_ms_median']:.2f} |")
     w("")
     w("The profiler itself slows the CPU side (per op); CPU-bound runs (small hidden, micro-batch 1, the")
     w("hidden-512 model) are up to 2x slower profiled than unprofiled, GPU-bound ones within a few percent.")
     w("lumos predicts the profiled run from a profiled trace; the unprofiled column is for reference.\n")
+
+    rerun = [n for n in names if "repeat_unprofiled_step_ms_median" in manifest[n]]
+    if rerun:
+        w("The accumulation set (`--set h200-accum`) was recorded twice in one session; only the first run's traces")
+        w("are kept. Its unprofiled step, run 1 and run 2 (`repeat_unprofiled_step_ms_median` in the manifest):\n")
+        w("| trace | run 1 (ms) | run 2 (ms) | run 2 vs 1 |")
+        w("|---|---:|---:|---:|")
+        for n in rerun:
+            u1, u2 = manifest[n]["unprofiled_step_ms_median"], manifest[n]["repeat_unprofiled_step_ms_median"]
+            w(f"| {n} | {u1:.2f} | {u2:.2f} | {pct(u2, u1):+.2f} % |")
+        w("")
 
     # ---- host time per launched GPU op --------------------------------------------------------------
     w("## Host time per launched GPU op, without the profiler\n")
@@ -344,7 +382,7 @@ def main():
             s = e["shape"]
             cmd = [lumos, "predict", "--layers", str(s["layers"]), "--hidden", str(s["hidden"]), "--heads", str(s["heads"]),
                    "--ffn", str(s["ffn"]), "--seq", str(s["seq"]), "--vocab", str(s["vocab"]), "--micro-batch", str(s["micro_batch"]),
-                   "--global-batch", str(s["micro_batch"]), "--gpu", f"{gpu}-sxm", "--profile", prof[gpu], "--json"]
+                   "--global-batch", str(s["micro_batch"] * s.get("accum", 1)), "--gpu", f"{gpu}-sxm", "--profile", prof[gpu], "--json"]
             d = json.loads(run(cmd))
             p = d["iteration_ns"] / 1e6 if "iteration_ns" in d else d["iteration"]["time_ns"] / 1e6
             er = pct(p, meas[n])

@@ -15,7 +15,9 @@ Controlled variants for measured what-if truth:
   --cpu-wait-us N    a CPU busy-wait of N microseconds at the start of every layer's forward
                      (``cpu_wait`` scope);
   --cuda-graphs      the whole step (forward, backward, optimizer) captured once as a CUDA graph
-                     and replayed.
+                     and replayed;
+  --accum N          N micro-batches per step (gradient accumulation): each runs its own
+                     ``## forward ##`` and ``## backward ##``, the optimizer runs once after the last.
 
 Prints one JSON line ``{"result": {...}}`` with the shape, the versions and the step times
 measured without the profiler (``loss.item()`` makes each step end on the host).
@@ -100,6 +102,7 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per step (gradient accumulation)")
     p.add_argument("--dup-fc1", action="store_true")
     p.add_argument("--cpu-wait-us", type=float, default=0.0)
     p.add_argument("--cuda-graphs", action="store_true")
@@ -109,6 +112,9 @@ def main() -> int:
     a = p.parse_args()
     a.heads = a.heads or max(1, a.hidden // 128)
     a.ffn = a.ffn or 4 * a.hidden
+    if a.accum < 1 or (a.accum > 1 and a.cuda_graphs):
+        print("gpt_train.py: --accum must be >= 1, and 1 with --cuda-graphs", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gpt_train.py needs a CUDA device", file=sys.stderr)
         return 2
@@ -126,11 +132,14 @@ def main() -> int:
         return F.cross_entropy(logits.float().view(-1, a.vocab), tokens[:, 1:].reshape(-1))
 
     def eager_step() -> float:
-        tokens = host_batch.to(dev, non_blocking=True)
-        with record_function("## forward ##"):
-            loss = loss_of(tokens)
-        with record_function("## backward ##"):
-            loss.backward()
+        for _ in range(a.accum):
+            tokens = host_batch.to(dev, non_blocking=True)
+            with record_function("## forward ##"):
+                loss = loss_of(tokens)
+                if a.accum > 1:
+                    loss = loss / a.accum
+            with record_function("## backward ##"):
+                loss.backward()
         with record_function("## optimizer ##"):
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -178,7 +187,7 @@ def main() -> int:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "shape": {"layers": a.layers, "hidden": a.hidden, "heads": a.heads, "ffn": a.ffn, "seq": a.seq,
-                  "micro_batch": a.micro_batch, "vocab": a.vocab},
+                  "micro_batch": a.micro_batch, "vocab": a.vocab, "accum": a.accum},
         "mode": "cuda_graphs" if a.cuda_graphs else "eager",
         "dup_fc1": a.dup_fc1,
         "cpu_wait_us": a.cpu_wait_us,

@@ -3,6 +3,7 @@
 
     python3 scripts/gpu/record_pairs.py --set h100 --out DIR     # then --set h200 on an H200
     python3 scripts/gpu/record_pairs.py --set h100-repeat --out DIR   # a few again: run-to-run spread
+    python3 scripts/gpu/record_pairs.py --set h200-accum --out DIR    # micro-batches per step
 
 Runs examples/capture/gpt_train.py once per configuration of the set, each in its own process
 (a failed or hung configuration costs only itself), and writes DIR/NAME/rank0.json.gz plus
@@ -35,6 +36,22 @@ REPEATED = ("base", "h1024", "mb1", "l16", "small-l8")
 
 
 def grid(gpu: str):
+    if gpu.endswith("-accum"):
+        # Gradient accumulation: the micro-batches per step change (as a data-parallel or global-batch
+        # change does on every rank), with a base of its own recorded in the same session.
+        p = gpu[: -len("-accum")] + "-"
+        b = p + "acc1"
+        out = [cfg(b, None, "base of the accumulation set (as base, recorded with it)", dict(BASE, accum=1))]
+        for n in (2, 4):
+            out.append(cfg(f"{p}acc{n}", b, f"micro-batches per step 1 -> {n}", dict(BASE, accum=n)))
+        out.append(cfg(p + "mb2-acc2", b, "micro-batch 4 -> 2, micro-batches per step 1 -> 2",
+                       dict(BASE, micro_batch=2, accum=2)))
+        out.append(cfg(p + "l16-acc2", b, "layers 8 -> 16, micro-batches per step 1 -> 2",
+                       dict(BASE, layers=16, accum=2)))
+        out.append(cfg(p + "small-acc1", None, "CPU-bound base of the accumulation set", dict(CPU_BASE, accum=1)))
+        out.append(cfg(p + "small-acc2", p + "small-acc1", "micro-batches per step 1 -> 2 (CPU-bound)",
+                       dict(CPU_BASE, accum=2)))
+        return out
     if gpu.endswith("-repeat"):
         # The same configurations again in fresh processes: the run-to-run spread of the truth.
         g = gpu[: -len("-repeat")]
@@ -65,7 +82,7 @@ def grid(gpu: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", choices=["h100", "h200", "h100-repeat", "h200-repeat"], required=True)
+    ap.add_argument("--set", choices=["h100", "h200", "h100-repeat", "h200-repeat", "h100-accum", "h200-accum"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="", help="comma-separated names (default: the whole set)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per configuration")

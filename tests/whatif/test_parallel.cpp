@@ -225,3 +225,28 @@ TEST_CASE("whatif --dp on the DLRM trace: identity, and DP x2 scales the gradien
   CHECK(kept > 0u);
   CHECK(r.predicted.simulated_ns >= r.baseline.simulated_ns);
 }
+
+TEST_CASE("whatif --global-batch on recorded PyTorch runs: micro-batches per step against the runs that did them",
+          "[whatif][dp][gpu]") {
+  // tests/data/gpu/h200-acc*: one GPT recorded with 1, 2 and 4 micro-batches per step (gradient
+  // accumulation). PyTorch's autograd thread launches each backward's loss and head gradients
+  // before its first layer, so a period bounded by the layers splits launches from their kernels
+  // (a cycle). Step 3 of each, against the step 3 the target run measured.
+  auto measured = [](const char* name) {
+    return static_cast<double>(report::replay_job(trace::load_job({lumos_test::data_dir() / "gpu" / name}), {}).measured_ns);
+  };
+  struct pair_case {
+    const char* from;
+    std::int64_t global_batch;
+    const char* truth;
+  };
+  for (const pair_case c : {pair_case{"h200-acc1", 8, "h200-acc2"}, pair_case{"h200-acc2", 16, "h200-acc4"},
+                            pair_case{"h200-acc4", 4, "h200-acc1"}}) {
+    INFO(c.from << " --global-batch " << c.global_batch << " against " << c.truth);
+    whatif::whatif_options o;
+    o.global_batch = c.global_batch;
+    const auto r = whatif::run_whatif(trace::load_job({lumos_test::data_dir() / "gpu" / c.from}), o);
+    const double err = (static_cast<double>(r.predicted.simulated_ns) - measured(c.truth)) / measured(c.truth);
+    CHECK(std::abs(err) < 0.08);
+  }
+}
