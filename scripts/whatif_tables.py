@@ -105,6 +105,12 @@ CASES = [
     # With another count of micro-batches per replica: the periods repeated or removed first.
     ("PP 1→2 with DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--dp": "4"}),
     ("PP 1→2, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--global-batch": "32"}),
+    ("PP 1→2 with layers ×2, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--pp": "1"},
+     {"--pp": "2", "--layers": "16", "--global-batch": "32"}),
+    ("PP 1→4 with layers ×2, ZB-H1, global batch ×0.5 (8 → 4 micro-batches, in the graph)", {"--pp": "1"},
+     {"--pp": "4", "--layers": "16", "--schedule": "zb-h1", "--global-batch": "8"}),
+    ("PP 1→4 from one micro-batch per replica (1 → 8, in the graph)", {"--pp": "1", "--global-batch": "2"},
+     {"--pp": "4", "--global-batch": "16"}),
     # With traced stages a count change repeats or removes a micro-batch's forward and backward
     # passes on every stage, then the traces' schedule orders the new count.
     ("DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {}, {"--dp": "4"}),
@@ -117,6 +123,12 @@ CASES = [
     ("DP ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--dp": "4"}),
     ("global batch ×2 (8 → 16 micro-batches)", {"--pp": "1"}, {"--global-batch": "32"}),
     ("micro-batch ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--micro-batch": "2"}),
+    ("layers ×2, global batch ×2 (8 → 16 micro-batches)", {"--pp": "1"}, {"--layers": "16", "--global-batch": "32"}),
+    # One micro-batch per replica (a plain training loop): its passes are the period.
+    ("global batch ×8 from one micro-batch per replica (1 → 8 micro-batches)", {"--pp": "1", "--global-batch": "2"},
+     {"--global-batch": "16"}),
+    ("micro-batch ×2 and global batch ×4 from one micro-batch per replica (1 → 2 micro-batches)",
+     {"--pp": "1", "--global-batch": "2"}, {"--micro-batch": "2", "--global-batch": "8"}),
 ]
 
 TARGET = 3.0  # percent

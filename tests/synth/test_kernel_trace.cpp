@@ -875,3 +875,38 @@ TEST_CASE("whatif --layers with --pp: the layers repeated or removed first, then
     CHECK(std::abs(err) < 0.03);
   }
 }
+
+TEST_CASE("whatif --layers and the micro-batches with --pp from traces without stages, in the graph",
+          "[whatif][pipeline][layers][dp][kernel_trace]") {
+  // Layers repeated first, then the micro-batch periods over the layer copies, then the split,
+  // which numbers each copy of a layer in each copy of a period: 4 -> 8 layers with twice the
+  // micro-batches on 2 stages, by 1F1B and ZB-H1; and from one micro-batch per replica to 4 on 2
+  // stages. Against the jobs synthesised in the target configuration.
+  struct target {
+    int layers;
+    std::int64_t traced_batch, global_batch;  // sequences (traced 0: pp1_job's 16)
+    const char* schedule = "1f1b";
+  };
+  for (const target t : {target{8, 0, 32}, target{8, 0, 32, "zb-h1"}, target{4, 2, 8}}) {
+    config a = pp1_job;
+    if (t.traced_batch > 0) a.global_batch = t.traced_batch;
+    lumos_test::temp_dir dir_a;
+    (void)synthesise(a, dir_a.path());
+    const trace::job traced = trace::load_job({dir_a.path()});
+    config b = a;
+    b.layers = t.layers, b.pp = 2, b.schedule = t.schedule, b.global_batch = t.global_batch;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    if (t.layers != a.layers) o.layers = t.layers;
+    o.pp = 2, o.global_batch = b.global_batch;
+    if (std::string_view(t.schedule) == "zb-h1") o.schedule = pipeline::schedule_kind::zero_bubble_h1;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    INFO(a.layers << " -> " << t.layers << " layers, global batch " << a.global_batch << " -> " << b.global_batch << ", " << t.schedule);
+    REQUIRE(r.stages);
+    CHECK_FALSE(r.pipeline);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+    CHECK(std::abs(err) < 0.03);
+  }
+}

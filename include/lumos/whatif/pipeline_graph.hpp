@@ -206,7 +206,7 @@ struct micro_batch_remap {
   } catch (const error& e) {
     return e.what();
   }
-  if (micro_batches > 0 && micro_batches != m && m < 2) return "the traces ran one micro-batch, so its period cannot be repeated";
+  if (micro_batches > 0 && micro_batches != m && m < 2 && traced_pp > 1) return "the traces ran one micro-batch, so its period cannot be repeated";
   for (const auto& r : st.ranks) {
     if (r.passes.size() != static_cast<std::size_t>(2 * m)) return "a rank's passes are not one forward and one backward per micro-batch";
     for (const auto& p : r.passes) {
@@ -268,7 +268,7 @@ struct pass_labels {
 // pass its rank launches) or drains (a send: the pass before it), told apart by the CPU operator
 // that posted it (c10d's `nccl:recv` / `nccl:send`). `copies(t)`: the tasks that the task an event
 // maps to stands for (itself on a graph not edited since discovery); `code_of(rank index, pass
-// index, copy, copies)`: the code of that copy.
+// index, copy, copies, task)`: the code of that copy, which is `task`.
 template <class Copies, class CodeOf>
 [[nodiscard]] pass_labels explicit_pass_labels(const graph::built_job& b, const trace::job& job, const job_structure& st, int P,
                                                Copies&& copies, CodeOf&& code_of) {
@@ -280,7 +280,7 @@ template <class Copies, class CodeOf>
       if (c.op >= of->size() || (*of)[c.op] == graph::no_task) continue;
       const std::vector<graph::task_id> all = copies((*of)[c.op]);
       for (std::size_t k = 0; k < all.size(); ++k) {
-        l.code[all[k]] = code_of(c.rank, pass, k, all.size()), l.explicit_label[all[k]] = 1, l.p2p_where[all[k]] = where;
+        l.code[all[k]] = code_of(c.rank, pass, k, all.size(), all[k]), l.explicit_label[all[k]] = 1, l.p2p_where[all[k]] = where;
       }
     }
   };
@@ -398,7 +398,10 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
                                               const std::vector<std::uint8_t>* weight = nullptr,
                                               const std::vector<std::vector<graph::task_id>>* layer_copies = nullptr,
                                               int layers_to = 0) {
-  if (layer_copies != nullptr && (remap != nullptr || layers_to <= 0)) throw error("whatif --pp: a layer change needs its layer count and no micro-batch change");
+  if (layer_copies != nullptr && layers_to <= 0) throw error("whatif --pp: a layer change needs its layer count");
+  if (layer_copies != nullptr && remap != nullptr && st.parallel.pp.value.value_or(1) > 1) {
+    throw error("whatif --pp: a layer change together with a micro-batch change needs traces without stages");
+  }
   if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0, &job, layers_to); !why.empty()) {
     throw error("whatif --pp: " + why);
   }
@@ -415,7 +418,26 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   const int m = remap != nullptr ? remap->to : *st.parallel.micro_batches.value;
   const int L = layers_to > 0 ? layers_to : *st.model.layers.value;
   // The tasks the structure's task `t` (of the graph before a micro-batch or layer change) became.
-  const std::vector<std::vector<task_id>>* task_copies = remap != nullptr ? remap->copies : layer_copies;
+  // With both (layers first, then micro-batch periods over the layer copies): every period copy of
+  // every layer copy, layer copy by layer copy; `period_copy` gives each final task's index among
+  // its period copies and their count, for the micro-batch it runs.
+  std::vector<std::vector<task_id>> composed;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> period_copy;
+  if (remap != nullptr && layer_copies != nullptr) {
+    composed.resize(layer_copies->size());
+    for (task_id t = 0; t < layer_copies->size(); ++t) {
+      for (const task_id c : (*layer_copies)[t]) {
+        if (c < remap->copies->size()) composed[t].insert(composed[t].end(), (*remap->copies)[c].begin(), (*remap->copies)[c].end());
+      }
+    }
+    period_copy.assign(n, {0, 1});
+    for (const auto& all : *remap->copies) {
+      for (std::size_t k = 0; k < all.size(); ++k) {
+        if (all[k] < n) period_copy[all[k]] = {static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(all.size())};
+      }
+    }
+  }
+  const std::vector<std::vector<task_id>>* task_copies = !composed.empty() ? &composed : remap != nullptr ? remap->copies : layer_copies;
   std::vector<task_id> inverse;  // with copies: first copy -> task before
   if (task_copies != nullptr) {
     inverse.assign(n, no_task);
@@ -478,9 +500,10 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   out.world = W;
   out.tasks_before = n;
 
-  // Op code of copy c of pass k of rank i: kind·m + micro-batch (the same on every rank).
-  auto code_of_pass = [&](std::size_t i, std::int32_t k, std::size_t c, std::size_t copies) -> std::int32_t {
+  // Op code of copy c of pass k of rank i (task `t`): kind·m + micro-batch (the same on every rank).
+  auto code_of_pass = [&](std::size_t i, std::int32_t k, std::size_t c, std::size_t copies, task_id t) -> std::int32_t {
     const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(k)].op;
+    if (!period_copy.empty() && t < n) c = period_copy[t].first, copies = period_copy[t].second;
     return (o.kind == pipeline::op_kind::forward ? 0 : m) + (remap != nullptr ? remap->micro_batch(o.micro_batch, c, copies) : o.micro_batch);
   };
 
@@ -492,7 +515,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       [&](task_id first) {
         return task_copies != nullptr && inverse[first] != no_task ? copies_of(inverse[first]) : std::vector<task_id>{first};
       },
-      [&](std::size_t i, int pass, std::size_t c, std::size_t copies) { return code_of_pass(i, pass, c, copies); });
+      [&](std::size_t i, int pass, std::size_t c, std::size_t copies, task_id t) { return code_of_pass(i, pass, c, copies, t); });
   std::vector<std::int32_t>& code = labels.code;
   std::vector<std::uint8_t>& explicit_label = labels.explicit_label;
   const std::vector<std::uint8_t>& p2p_where = labels.p2p_where;
@@ -548,7 +571,8 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   if (layer_copies != nullptr) {
     std::map<std::tuple<int, int, int>, std::int32_t> count;
     for (const auto& lg : st.layer_groups) {
-      if (!lg.tasks.empty()) count[{lg.rank, lg.op.chunk, lg.layer}] = static_cast<std::int32_t>(copies_of(lg.tasks.front()).size());
+      if (lg.tasks.empty() || lg.tasks.front() >= layer_copies->size()) continue;
+      count[{lg.rank, lg.op.chunk, lg.layer}] = static_cast<std::int32_t>((*layer_copies)[lg.tasks.front()].size());
     }
     std::int32_t next = 0;
     std::pair<int, int> chunk{std::numeric_limits<int>::min(), 0};
@@ -560,10 +584,21 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   }
   for (const auto& lg : st.layer_groups) {
     for (const task_id t : lg.tasks) {
-      const auto all = copies_of(t);
-      for (std::size_t j = 0; j < all.size(); ++j) {
-        if (all[j] >= n) continue;
-        layer[all[j]] = layer_copies != nullptr ? first_index[{lg.rank, lg.op.chunk, lg.layer}] + static_cast<std::int32_t>(j) : lg.layer;
+      if (layer_copies == nullptr) {
+        for (const task_id c : copies_of(t)) {
+          if (c < n) layer[c] = lg.layer;
+        }
+        continue;
+      }
+      if (t >= layer_copies->size()) continue;
+      const auto& lc = (*layer_copies)[t];
+      const std::int32_t first = first_index[{lg.rank, lg.op.chunk, lg.layer}];
+      for (std::size_t j = 0; j < lc.size(); ++j) {
+        // Copy j of the layer, and each micro-batch period copy of it.
+        const std::vector<task_id> own{lc[j]};
+        for (const task_id c : remap != nullptr && lc[j] < remap->copies->size() ? (*remap->copies)[lc[j]] : own) {
+          if (c < n) layer[c] = first + static_cast<std::int32_t>(j);
+        }
       }
     }
   }
@@ -1544,7 +1579,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   const std::size_t n = g.task_count(), R = job.ranks.size();
   detail::pass_labels labels = detail::explicit_pass_labels(
       b, job, st, P, [](task_id t) { return std::vector<task_id>{t}; },
-      [&](std::size_t i, int pass, std::size_t, std::size_t) -> std::int32_t {
+      [&](std::size_t i, int pass, std::size_t, std::size_t, task_id) -> std::int32_t {
         const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(pass)].op;
         return (o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch;
       });
