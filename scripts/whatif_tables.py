@@ -49,7 +49,7 @@ CASES = [
     ("PP 8→4, 16 layers (in the graph)", {"--pp": "8", "--layers": "16"}, {"--pp": "4"}),
     ("PP 4→2 with DP ×2 (in the graph)", {"--pp": "4"}, {"--pp": "2", "--dp": "4", "--global-batch": "32"}),
     ("PP 4→2 with TP 2→4 (in the graph)", {"--pp": "4"}, {"--pp": "2", "--tp": "4"}),
-    ("PP 4→2 with DP ×2, same global batch (pass-level)", {"--pp": "4"}, {"--pp": "2", "--dp": "4"}),
+    ("PP 4→2 with DP ×2, same global batch (merged stages, 8 → 4 micro-batches, in the graph)", {"--pp": "4"}, {"--pp": "2", "--dp": "4"}),
     ("1F1B → interleaved (2 chunks, in the graph)", {}, {"--vp": "2", "--schedule": "interleaved"}),
     ("PP 4, 1F1B → interleaved (2 chunks, in the graph)", {"--pp": "4"}, {"--vp": "2", "--schedule": "interleaved"}),
     ("PP 2→4, interleaved 2 chunks (in the graph)", {}, {"--pp": "4", "--vp": "2", "--schedule": "interleaved"}),
@@ -118,6 +118,13 @@ CASES = [
     ("GPipe, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--schedule": "gpipe"}, {"--global-batch": "32"}),
     ("PP 4, micro-batch ×2 (8 → 4 micro-batches, in the graph)", {"--pp": "4"}, {"--micro-batch": "2"}),
     ("PP 2→4, global batch ×2 (8 → 16 micro-batches, in the graph)", {}, {"--pp": "4", "--global-batch": "32"}),
+    # A layer change too: the layers repeated first, then the passes over their copies.
+    ("layers ×2, global batch ×2 (8 → 16 micro-batches, in the graph)", {}, {"--layers": "16", "--global-batch": "32"}),
+    ("1F1B → GPipe, layers ×2, global batch ×2 (in the graph)", {}, {"--schedule": "gpipe", "--layers": "16", "--global-batch": "32"}),
+    ("PP 2→4, layers ×2, global batch ×2 (in the graph)", {}, {"--pp": "4", "--layers": "16", "--global-batch": "32"}),
+    ("PP 4→2, global batch ×2 (merged stages, in the graph)", {"--pp": "4"}, {"--pp": "2", "--global-batch": "32"}),
+    ("PP 4→2, layers ×2, global batch ×0.5 (merged stages, in the graph)", {"--pp": "4"},
+     {"--pp": "2", "--layers": "16", "--global-batch": "8"}),
     # Without pipeline stages the micro-batches run in sequence (gradient accumulation): a count
     # change repeats or removes whole micro-batches in the graph.
     ("DP ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--dp": "4"}),

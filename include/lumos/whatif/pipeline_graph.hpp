@@ -164,9 +164,6 @@ struct micro_batch_remap {
       return "merging every stage into one is not built (no traced rank holds both the embedding and the head; the pass-level "
              "model has no stages to keep apart)";
     }
-    if (merging && micro_batches > 0 && micro_batches != par.micro_batches.value.value_or(0)) {
-      return "merging stages repeats the layers, which is not built together with another count of micro-batches";
-    }
     if (kind == pipeline::schedule_kind::zero_bubble_h2) {
       // The traces' synchronize after a receive drains every stream, also the send of the backward
       // before it, which ZB-H2's deferred order leaves waiting for the peer's receive; lumos
@@ -399,9 +396,6 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
                                               const std::vector<std::vector<graph::task_id>>* layer_copies = nullptr,
                                               int layers_to = 0) {
   if (layer_copies != nullptr && layers_to <= 0) throw error("whatif --pp: a layer change needs its layer count");
-  if (layer_copies != nullptr && remap != nullptr && st.parallel.pp.value.value_or(1) > 1) {
-    throw error("whatif --pp: a layer change together with a micro-batch change needs traces without stages");
-  }
   if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0, &job, layers_to); !why.empty()) {
     throw error("whatif --pp: " + why);
   }
@@ -1562,7 +1556,8 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
 /// on each processor, passes never are. `st` is the structure of `b`'s graph, not edited since;
 /// its ranks must run one forward and one backward pass per micro-batch (stage_split_unsupported).
 [[nodiscard]] inline micro_batch_rewrite stage_micro_batches_to(const graph::built_job& b, const trace::job& job, const job_structure& st,
-                                                                int micro_batches) {
+                                                                int micro_batches,
+                                                                const std::vector<std::vector<graph::task_id>>* layer_copies = nullptr) {
   using graph::task_id;
   const auto& par = st.parallel;
   const int P = par.pp.value.value_or(1);
@@ -1577,8 +1572,19 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   if (m < 2) throw error("whatif: the traces ran one micro-batch per iteration, so no pass of a middle micro-batch can be copied");
   const graph::task_graph& g = b.graph;
   const std::size_t n = g.task_count(), R = job.ranks.size();
+  // After a layer change (`layer_copies`), an event's task stands for all its copies.
+  std::vector<task_id> inverse;
+  if (layer_copies != nullptr) {
+    inverse.assign(n, graph::no_task);
+    for (task_id t = 0; t < layer_copies->size(); ++t) {
+      if (!(*layer_copies)[t].empty() && (*layer_copies)[t].front() < n) inverse[(*layer_copies)[t].front()] = t;
+    }
+  }
   detail::pass_labels labels = detail::explicit_pass_labels(
-      b, job, st, P, [](task_id t) { return std::vector<task_id>{t}; },
+      b, job, st, P,
+      [&](task_id t) {
+        return layer_copies != nullptr && t < n && inverse[t] != graph::no_task ? (*layer_copies)[inverse[t]] : std::vector<task_id>{t};
+      },
       [&](std::size_t i, int pass, std::size_t, std::size_t, task_id) -> std::int32_t {
         const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(pass)].op;
         return (o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch;

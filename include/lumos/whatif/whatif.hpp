@@ -353,13 +353,10 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     // inserted tasks go with the layer they sit in.
     if (split_asked && split_pp > 0) {
       split_refused = stage_split_unsupported(*structure, split_pp, split_vp, split_kind, micro_batches.value_or(0), &job, o.layers.value_or(0));
-      // A layer change is made first (layers repeated or removed in place), then (traces without
-      // stages) the micro-batch periods over its copies, and the split numbers the copies; not
-      // with a micro-batch change on traces with stages, nor with the API's own task groups.
+      // A layer change is made first (layers repeated or removed in place), then the micro-batch
+      // periods (or passes, with traced stages) over its copies, and the split numbers the
+      // copies; not with the API's own task groups.
       if (split_refused.empty() && !groups.empty()) split_refused = "task groups are repeated with it";
-      if (split_refused.empty() && o.layers && micro_batches && staged) {
-        split_refused = "the layers and the micro-batches per replica change together on traces with stages";
-      }
     }
     const bool split_in_graph = split_asked && split_pp > 0 && split_refused.empty();
     // Fewer stages than traced: each merged stage is made from one traced stage, its layers
@@ -436,7 +433,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     std::vector<std::vector<graph::task_id>> period_copies;  // where the micro-batch change put each task
     std::optional<micro_batch_remap> remap;
     if (accumulate) {
-      const micro_batch_rewrite mr = staged ? stage_micro_batches_to(b, job, *structure, *micro_batches)
+      const micro_batch_rewrite mr = staged ? stage_micro_batches_to(b, job, *structure, *micro_batches, copies ? &*copies : nullptr)
                                             : micro_batches_to(b, *structure, *micro_batches, copies ? &*copies : nullptr);
       out.changes.push_back(mr.change);
       // With stages the passes are reordered next (group_edges::passes).
