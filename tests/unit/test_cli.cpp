@@ -532,11 +532,12 @@ TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which rep
     // Every stage's layers read back: a pass marker is written around the layer scopes it
     // encloses, and each copy of a repeated layer with its own scope.
     CHECK(int64_t(structure["model"]["layers"]["value"]) == (layers ? 8 : 4));
-    if (zero_bubble) continue;  // W passes are told from B only when each is marked on its own, not so when written
     CHECK(int64_t(par["micro_batches"]["value"]) == (doubled ? 8 : 4));  // the global batch x2: periods repeated
     // GPipe on 2 stages runs the order of interleaved 1F1B with 4 chunks; the written receives
-    // (nccl:recv, only of gradients on stage 0) tell the chain.
-    CHECK(std::string_view(par["schedule"]["value"]) == (interleaved ? "interleaved-1f1b" : gpipe ? "gpipe" : "1f1b"));
+    // (nccl:recv, only of gradients on stage 0) tell the chain. A W pass is written with its own
+    // markers, so the written ZB-H1 job reads back as one.
+    CHECK(std::string_view(par["schedule"]["value"]) ==
+          (interleaved ? "interleaved-1f1b" : gpipe ? "gpipe" : zero_bubble ? "zb-h1" : "1f1b"));
     if (target != "--pp 2") continue;
     // The written transfers read back as traced ones (c10d's nccl:send / nccl:recv around their
     // launches), so a what-if of the written job splits its stages in the graph again.
@@ -586,15 +587,14 @@ TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's
     if (four || zero_bubble || batches || chunks) CHECK(std::string_view(doc["pipeline"]["model"]) == "graph");
     CHECK(simdjson::dom::array(doc["trace_out"]).size() == (four ? 8u : 4u));  // 2 TP ranks per stage
     check_replays_to_prediction(doc, out);
-    if (zero_bubble) continue;  // W passes are told from B only when each is marked on its own, not so when written
     // Each copy of a repeated layer is written with its own scope, inside its pass's marker
-    // (with and without the stages changing).
+    // (with and without the stages changing); a W pass with its own markers (ZB-H1 reads back).
     const result st = run("inspect --structure --json " + out.string());
     REQUIRE(st.code == 0);
     simdjson::dom::element structure = p3.parse(st.out);
     simdjson::dom::element par = structure["parallel"];
     CHECK(int64_t(par["pp"]["value"]) == (four ? 4 : 2));
-    CHECK(std::string_view(par["schedule"]["value"]) == (chunks ? "interleaved-1f1b" : "1f1b"));
+    CHECK(std::string_view(par["schedule"]["value"]) == (chunks ? "interleaved-1f1b" : zero_bubble ? "zb-h1" : "1f1b"));
     CHECK(int64_t(par["chunks"]["value"]) == (chunks ? 2 : 1));
     CHECK(int64_t(structure["model"]["layers"]["value"]) == (layers ? 8 : 4));
     CHECK(int64_t(par["micro_batches"]["value"]) == (batches ? 8 : 4));

@@ -103,6 +103,9 @@ struct simulated_job {
   /// a CPU event that is no task is written around the written tasks it encloses, or not at all;
   /// the collective args of a communication op are its instance's in the graph.
   bool subset = false;
+  /// Subset: per task, 1 when it runs in a zero-bubble W pass; an event around tasks of a B and a
+  /// W pass (the backward's marker, a layer's scope) is written once around each.
+  const std::vector<std::uint8_t>* weight_pass = nullptr;
 };
 
 namespace detail {
@@ -526,6 +529,10 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
     time_ns ts, end, begin, finish;
     std::uint32_t order = 0;  // its place among the lane's written tasks, in written time
     std::uint32_t copy = 0;   // its copy of a repeated event (0: the traced one)
+    std::uint8_t weight = 0;  // in a zero-bubble W pass (simulated_job::weight_pass)
+  };
+  auto weight_of = [&](graph::task_id t) -> std::uint8_t {
+    return job.weight_pass != nullptr && t < job.weight_pass->size() ? (*job.weight_pass)[t] : std::uint8_t{0};
   };
   std::map<std::uint32_t, std::vector<placed>> enclosed;
   // Subset: a communication op's group as the graph has it (stages rename and renumber them).
@@ -554,7 +561,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         const time_ns begin = trace::is_cpu_side(e.cat) || comm ? job.simulated.begin_of(first) : s;
         const time_ns end = trace::is_cpu_side(e.cat) ? job.simulated.end_of(last) : f;
         write_source_event(ev, begin, end, static_cast<std::int64_t>(k) * copy_ids, 0, group_of(t, kind));
-        if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end, 0, k});
+        if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end, 0, k, weight_of(t)});
         continue;
       }
       time_ns begin = s;
@@ -571,7 +578,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       }
       written[ev] = 1;
       write_source_event(ev, begin, end, 0, 0, group_of(t, kind));
-      if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end});
+      if (job.subset && trace::is_cpu_side(e.cat)) enclosed[e.lane].push_back({e.ts, e.end(), begin, end, 0, 0, weight_of(t)});
       continue;
     }
     // Model-built task.
@@ -793,7 +800,7 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         // Around the written tasks it encloses, with its measured lead before the first of them
         // and tail after the last; not at all when it encloses none.
         // Written tasks it encloses that another one separates (the two chunks of a pass marker
-        // in an interleaved order) make one event each.
+        // in an interleaved order), or that run in a B and a W pass, make one event each.
         const auto lt = enclosed.find(e.lane);
         if (lt == enclosed.end()) continue;
         std::vector<const placed*> inside;
@@ -809,7 +816,8 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
         std::vector<std::pair<time_ns, time_ns>> runs;  // simulated span of each run
         std::vector<std::uint32_t> run_copy;            // per run: its copy
         for (std::size_t k = 0; k < inside.size(); ++k) {
-          if (k == 0 || inside[k]->order != inside[k - 1]->order + 1 || (per_copy && inside[k]->copy != inside[k - 1]->copy)) {
+          if (k == 0 || inside[k]->order != inside[k - 1]->order + 1 || (per_copy && inside[k]->copy != inside[k - 1]->copy) ||
+              inside[k]->weight != inside[k - 1]->weight) {
             runs.emplace_back(inside[k]->begin, inside[k]->finish);
             run_copy.push_back(per_copy ? inside[k]->copy : 0);
           }

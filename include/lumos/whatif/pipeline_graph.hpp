@@ -81,6 +81,10 @@ struct stage_split {
   std::vector<std::uint8_t> dropped;
   std::size_t p2p = 0, edges_dropped = 0, tasks_before = 0, tasks_after = 0;
   std::size_t weight_ops = 0;  ///< zero bubble: GPU ops of the backward passes moved to their W
+  /// Zero bubble: per task of the split graph, 1 when it runs in a W pass (`--trace-out` writes
+  /// the events around a backward's B and W tasks once around each, so that the written job's
+  /// W passes are marked on their own).
+  std::vector<std::uint8_t> weight_pass;
   std::string change;
   /// Per stage s and traced rank i (index s·R + i): the tasks of its passes on its compute stream,
   /// in order (the bubble is measured on them).
@@ -1495,6 +1499,14 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       out.plans.push_back(std::move(p));
       out.traced_index.push_back(i);
       out.stage.push_back(s);
+    }
+  }
+  if (zero_bubble) {
+    out.weight_pass.assign(ng.task_count(), 0);
+    for (const auto& cp : copy) {
+      for (task_id t = 0; t < n; ++t) {
+        if (cp[t] != no_task && code[t] != detail::label_pre && code[t] != detail::label_post && code[t] >= 2 * m) out.weight_pass[cp[t]] = 1;
+      }
     }
   }
   b.graph = std::move(ng);
