@@ -266,6 +266,7 @@ inline int run_whatif(args& a) {
                       "), which has no per-rank graph to write");
   }
   std::vector<std::filesystem::path> written;
+  std::string folded_note;
   report::trace_decorations transfers;
   if (trace_out) {
     report::simulated_job sj = report::simulated_from(r.predicted, job);
@@ -301,6 +302,27 @@ inline int run_whatif(args& a) {
         transfers.of_task[t.kernel] = 2;
       }
       sj.decorations = &transfers;
+    } else if ((o.dp || o.shape.tp) && r.structure) {
+      // A folded TP or DP change: the traced ranks stand for the target's, written with the
+      // target's group sizes and world, so that the written job reads back as the target.
+      const auto& par = r.structure->parallel;
+      const int tp_from = par.tp.value.value_or(1), dp_from = par.dp.value.value_or(1);
+      const int world = par.world.value.value_or(static_cast<int>(job.ranks.size()));
+      const int target = tp_from > 0 && dp_from > 0 ? world / tp_from * o.shape.tp.value_or(tp_from) / dp_from * o.dp.value_or(dp_from) : 0;
+      int written_ranks = 0;
+      for (const int k : ranks) written_ranks = std::max(written_ranks, k + 1);
+      if (par.tp.known() && par.dp.known() && target >= written_ranks) {
+        sj.groups_from_graph = true;
+        sj.world_size = target;
+        if (target > static_cast<int>(ranks.size())) {
+          folded_note = "the written job has " + std::to_string(ranks.size()) + " of its " + std::to_string(target) +
+                        " ranks (folded: tensor- and data-parallel ranks are symmetric, the traced ones stand for the rest; "
+                        "their collectives name the target's groups)";
+        }
+      } else if (target > 0 && target < written_ranks) {
+        folded_note = "the target has " + std::to_string(target) + " ranks, fewer than the " + std::to_string(written_ranks) +
+                      " traced ones written: each keeps its traced number, world size and collective groups";
+      }
     }
     written = report::write_kineto(sj, ranks, *trace_out);
   }
@@ -341,6 +363,7 @@ inline int run_whatif(args& a) {
       w.key("trace_out").begin_array();
       for (const auto& f : written) w.value(f.string());
       w.end_array();
+      if (!folded_note.empty()) w.field("trace_out_note", folded_note);
     }
     w.end_object();
     out += '\n';
@@ -380,6 +403,7 @@ inline int run_whatif(args& a) {
       out += line;
     }
     for (const auto& f : written) out += "wrote " + f.string() + "\n";
+    if (!folded_note.empty()) out += "note: " + folded_note + "\n";
   }
   write_stdout(out);
   return 0;

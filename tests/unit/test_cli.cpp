@@ -645,6 +645,37 @@ TEST_CASE("whatif --pp to fewer stages than traced: --trace-out writes the kept 
   CHECK(one.err.find("merging every stage into one") != std::string::npos);
 }
 
+TEST_CASE("whatif --tp and --dp: the written (folded) job names the target's groups and world", "[cli][whatif][tp][dp]") {
+  // The traced ranks stand for the target's (tensor- and data-parallel ranks are symmetric): the
+  // files are the traced ranks', their collectives over the target's group sizes, the world the
+  // target's; replayed they give the prediction, and structure discovery finds the target.
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "tp2";
+  REQUIRE(run("synth --layers 2 --hidden 1024 --heads 16 --seq 512 --tp 2 --dp 2 --micro-batch 1 --global-batch 4 "
+              "--gpu h100-sxm --detail kernel --unfold --out " + a.string()).code == 0);
+  struct target {
+    const char* flags;
+    std::int64_t tp, dp, world;
+  };
+  for (const target t : {target{"--tp 4", 4, 2, 8}, target{"--dp 4 --global-batch 8", 2, 4, 8}, target{"--tp 4 --dp 4 --global-batch 8", 4, 4, 16}}) {
+    CAPTURE(t.flags);
+    const auto out = dir.path() / ("t" + std::to_string(t.tp) + "d" + std::to_string(t.dp));
+    const result r = run("whatif " + a.string() + " " + t.flags + " --json --trace-out " + out.string());
+    REQUIRE(r.code == 0);
+    simdjson::dom::parser p1, p2;
+    simdjson::dom::element doc = p1.parse(r.out);
+    CHECK(simdjson::dom::array(doc["trace_out"]).size() == 4u);  // the traced ranks
+    CHECK(std::string_view(doc["trace_out_note"]).find("folded") != std::string_view::npos);
+    check_replays_to_prediction(doc, out);
+    const result st = run("inspect --structure --json " + out.string());
+    REQUIRE(st.code == 0);
+    simdjson::dom::element par = p2.parse(st.out)["parallel"];
+    CHECK(int64_t(par["tp"]["value"]) == t.tp);
+    CHECK(int64_t(par["dp"]["value"]) == t.dp);
+    CHECK(int64_t(par["world"]["value"]) == t.world);
+  }
+}
+
 TEST_CASE("replay, whatif and predict write the HTML report with --report", "[cli][report]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
   lumos_test::temp_dir dir;

@@ -106,6 +106,9 @@ struct simulated_job {
   /// Subset: per task, 1 when it runs in a zero-bubble W pass; an event around tasks of a B and a
   /// W pass (the backward's marker, a layer's scope) is written once around each.
   const std::vector<std::uint8_t>* weight_pass = nullptr;
+  /// The collective args of a communication op are its instance's in the graph (as with
+  /// `subset`): a what-if that folded a TP or DP change writes the target's group sizes.
+  bool groups_from_graph = false;
 };
 
 namespace detail {
@@ -159,8 +162,8 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
   const auto [b, en] = r.arg_range(i);
   for (std::uint32_t a = b; a < en; ++a) {
     const trace::arg_key k = r.arg_keys[a];
-    if (group != nullptr && (k == trace::arg_key::process_group_name || k == trace::arg_key::process_group_ranks ||
-                             k == trace::arg_key::group_size)) {
+    if (group != nullptr && (k == trace::arg_key::process_group_name ||
+                             (!group->group_ranks.empty() && (k == trace::arg_key::process_group_ranks || k == trace::arg_key::group_size)))) {
       continue;
     }
     w.key(trace::json_key(k));
@@ -538,7 +541,8 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   // Subset: a communication op's group as the graph has it (stages rename and renumber them).
   auto group_of = [&](graph::task_id t, graph::task_kind kind) -> const graph::collective_instance* {
     const bool comm = kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm;
-    return job.subset && comm && index.instance_of[t] != rank_index::none ? &g.collectives[index.instance_of[t]] : nullptr;
+    return (job.subset || job.groups_from_graph) && comm && index.instance_of[t] != rank_index::none ? &g.collectives[index.instance_of[t]]
+                                                                                                      : nullptr;
   };
   for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
     const graph::task_id t = tasks[ti];

@@ -19,6 +19,7 @@
 #include <limits>
 #include <optional>
 #include <utility>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,24 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
   b.kept = std::move(kept);
   b.graph = std::move(edited.graph);
   return std::move(edited.copies);
+}
+
+/// The traced TP groups' members, `from` of them, as `to` (the members beyond the traced ranks
+/// numbered past the largest, as `resize_data_parallel` numbers a DP group's): what `--trace-out`
+/// writes as the collectives' group, so that the written (folded) job reads back as the target.
+inline void resize_tp_groups(graph::task_graph& g, const job_structure& st, int from, int to) {
+  std::set<std::string> tp_groups;
+  for (const auto& pg : st.groups) {
+    for (const auto& r : pg.roles) {
+      if (r.value == group_role::tp) tp_groups.insert(pg.name);
+    }
+  }
+  for (auto& ci : g.collectives) {
+    if (!tp_groups.count(ci.group) || static_cast<int>(ci.group_ranks.size()) != from) continue;
+    int next = *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
+    while (static_cast<int>(ci.group_ranks.size()) < to) ci.group_ranks.push_back(next++);
+    ci.group_ranks.resize(static_cast<std::size_t>(to));
+  }
 }
 
 /// From TP 1 to `to.tp`: Megatron's tensor-parallel collectives (`tp_hook`: tokens x hidden of
@@ -241,6 +260,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         if (shape_to->tp != shape_from->tp) {
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
           out.changes.push_back(tp_fold_note(shape_from->tp, shape_to->tp, job.ranks.size(), world));
+          resize_tp_groups(b.graph, *structure, shape_from->tp, shape_to->tp);
         }
         if (!ss.tp_collectives.empty()) {
           out.changes.push_back(insert_tp_collectives(b, ss, *shape_to, costs));
