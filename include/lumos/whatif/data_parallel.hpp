@@ -38,6 +38,17 @@ struct comm_fit {
 };
 
 /// The model kind of a graph collective's kind string, if it is one the fit knows.
+/// The names of the process groups structure discovery gave `role`.
+[[nodiscard]] inline std::set<std::string> groups_with_role(const job_structure& st, group_role role) {
+  std::set<std::string> out;
+  for (const auto& pg : st.groups) {
+    for (const auto& r : pg.roles) {
+      if (r.value == role) out.insert(pg.name);
+    }
+  }
+  return out;
+}
+
 [[nodiscard]] inline std::optional<model::collective> collective_of_kind(std::string_view kind) {
   std::string k(kind);
   std::erase(k, '_');
@@ -235,12 +246,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   dp_rewrite_stats out;
   out.from = *st.parallel.dp.value;
   out.to = dp;
-  std::set<std::string> dp_groups;
-  for (const auto& pg : st.groups) {
-    for (const auto& r : pg.roles) {
-      if (r.value == group_role::dp) dp_groups.insert(pg.name);
-    }
-  }
+  const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
   if (out.from == dp) {
     out.changes.push_back("DP " + std::to_string(dp) + " -> " + std::to_string(dp) + ": unchanged");
     return out;

@@ -10,9 +10,9 @@
 // bounded by the passes' own tasks, not by their first layer, because a thread may run only part
 // of a micro-batch: PyTorch's autograd thread launches a backward pass's loss and head gradients
 // before its first layer, and a period that started at that layer would hold the kernels of
-// those launches on the stream but not the launches. The first micro-batch (which can carry first-step work such as a parameter
-// all-gather) and the last (which carries the gradient reduction of Megatron's overlapped DP) are
-// kept whenever the count allows. Traces of one micro-batch have no next micro-batch to end the
+// those launches on the stream but not the launches. The first micro-batch (which can carry
+// first-step work such as a parameter all-gather) and the last (which carries the gradient
+// reduction of Megatron's overlapped DP) are kept whenever the count allows. Traces of one micro-batch have no next micro-batch to end the
 // period at: there it runs up to the first task of the work after the passes (the optimizer's),
 // so the host time between the backward and that work travels with it too.
 
@@ -96,15 +96,11 @@ inline std::size_t choose_micro_batches(int m, int to, micro_batch_rewrite& out)
 /// the last micro-batch there. Without `forward_heads`, a forward pass's ops before its first
 /// layer (the embedding) are left to the layers' bounds: a period then starts at the forward's
 /// first layer, so that removing micro-batch 0 keeps the step's first tasks, which anchor its
-/// window (report::plan_iterations), and the kept micro-batch runs one embedding. Throws when no
-/// op of a pass is found.
+/// window (report::plan_iterations), and the kept micro-batch runs one embedding. `launcher`: per
+/// task, the task that launched it (or none). Throws when no op of a pass is found.
 template <class Mark>
-void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bool forward_heads, Mark&& mark) {
-  const graph::task_graph& g = b.graph;
-  std::vector<graph::task_id> launcher(g.task_count(), graph::no_task);
-  for (const graph::edge& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch) launcher[e.to] = e.from;
-  }
+void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bool forward_heads,
+                   const std::vector<graph::task_id>& launcher, Mark&& mark) {
   auto micro_batch = [&](const gpu_op_context& c) {
     const auto& passes = st.ranks[c.rank].passes;
     if (c.pass < 0 || static_cast<std::size_t>(c.pass) >= passes.size()) return -1;
@@ -201,7 +197,11 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
       }
     }
   }
-  detail::mark_pass_ops(b, st, m, m == 1 || st.layer_groups.empty(), mark);
+  std::vector<graph::task_id> launcher(n, none);
+  for (const graph::edge& ed : g.edges) {
+    if (ed.kind == graph::edge_kind::launch) launcher[ed.to] = ed.from;
+  }
+  detail::mark_pass_ops(b, st, m, m == 1 || st.layer_groups.empty(), launcher, mark);
   // Micro-batches [a, e) on processor p: from the first of them that has a task there to the
   // next later micro-batch's first task (or their last task when none follows).
   auto iteration_end = [&](graph::processor_id p) {
@@ -246,16 +246,7 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
     }
   }
   if (m == 1 && micro_batches > m) {
-    std::set<std::string> dp_groups;
-    for (const auto& pg : st.groups) {
-      for (const auto& r : pg.roles) {
-        if (r.value == group_role::dp) dp_groups.insert(pg.name);
-      }
-    }
-    std::vector<graph::task_id> launcher(n, none);
-    for (const graph::edge& ed : g.edges) {
-      if (ed.kind == graph::edge_kind::launch) launcher[ed.to] = ed.from;
-    }
+    const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
     for (const auto& ci : g.collectives) {
       const auto kind = collective_of_kind(ci.kind);
       const bool gradient = kind && (*kind == model::collective::all_reduce || *kind == model::collective::reduce_scatter ||

@@ -95,12 +95,7 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
 /// numbered past the largest, as `resize_data_parallel` numbers a DP group's): what `--trace-out`
 /// writes as the collectives' group, so that the written (folded) job reads back as the target.
 inline void resize_tp_groups(graph::task_graph& g, const job_structure& st, int from, int to) {
-  std::set<std::string> tp_groups;
-  for (const auto& pg : st.groups) {
-    for (const auto& r : pg.roles) {
-      if (r.value == group_role::tp) tp_groups.insert(pg.name);
-    }
-  }
+  const std::set<std::string> tp_groups = groups_with_role(st, group_role::tp);
   for (auto& ci : g.collectives) {
     if (!tp_groups.count(ci.group) || static_cast<int>(ci.group_ranks.size()) != from) continue;
     int next = *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
