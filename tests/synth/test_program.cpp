@@ -635,6 +635,35 @@ TEST_CASE("kernel-level model: GEMM efficiency falls for small and skinny shapes
   CHECK(lm::gemm_efficiency(p, 8192, 4096, 512) < lm::gemm_efficiency(p, 8192, 4096, 4096));
 }
 
+TEST_CASE("kernel-level model: the at-scale fraction slows the tensor-core kernels only", "[model][kernel_level]") {
+  lm::cost_profile one = lm::h100_profile();
+  one.at_scale = 1.0;
+  lm::cost_profile half = one;
+  half.at_scale = 0.5;
+  ls::job j = make_job(1, 1, 1, 1);
+  j.model = lm::gpt3_with_layers("gpt3-layer", 1);  // hidden 12288: GEMMs far above the minimum kernel time
+  const auto a = lm::kernel_level{one}.layer(j.model, j.parallel, j.hardware);
+  const auto b = lm::kernel_level{half}.layer(j.model, j.parallel, j.hardware);
+  REQUIRE(a.ops.size() == b.ops.size());
+  std::size_t slowed = 0;
+  for (std::size_t i = 0; i < a.ops.size(); ++i) {
+    const auto& x = a.ops[i];
+    const auto& y = b.ops[i];
+    const bool tensor_core = (x.kind == lm::op_class::gemm || x.kind == lm::op_class::attention) && !x.memory_bound;
+    if (tensor_core) {
+      ++slowed;
+      // Twice the compute time; the per-kernel overhead is not scaled.
+      CHECK(y.duration > 1.8 * static_cast<double>(x.duration));
+    } else {
+      CHECK(y.duration == x.duration);
+    }
+  }
+  CHECK(slowed >= 5);
+  // The preset carries the fraction fitted in docs/model.md; calibrated profiles are the traced run's own.
+  CHECK(lm::h100_profile().at_scale < 1.0);
+  CHECK(lm::a100_profile().at_scale == 1.0);
+}
+
 TEST_CASE("NCCL model: latency-bound small messages, busbw-bound large ones, NIC slower than NVLink", "[model][nccl]") {
   const lm::nccl_model m{lm::a100_profile()};
   const lm::hardware hw = lm::a100_sxm_80gb();

@@ -455,6 +455,12 @@ TEST_CASE("whatif --json has the fields the issue names, and --profile takes a c
   lumos_test::temp_dir dir;
   const std::string profile = (dir.path() / "profile.json").string();
   REQUIRE(run("calibrate " + job + " -o " + profile).code == 0);
+  {
+    // Its efficiencies are the traced run's own: no at-scale fraction on top (the H100 preset's is 0.79).
+    std::ifstream in(profile);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text.find("\"compute.at_scale_fraction\": 1,") != std::string::npos);
+  }
   CHECK(run("whatif " + job + " --hidden 2048 --profile " + profile + " --json").code == 0);
   CHECK(run("whatif " + job + " --hidden 2048 --profile " + (dir.path() / "none.json").string()).code == 2);
 }

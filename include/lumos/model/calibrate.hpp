@@ -174,6 +174,9 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
   if (detail::contains(out.gpu_name, "A100")) p = a100_profile();
   if (detail::contains(out.gpu_name, "H100")) p = h100_profile();
   if (detail::contains(out.gpu_name, "H200")) p = h200_profile();
+  // The traces' own kernels set the efficiencies below: they are the speed of the traced run.
+  p.at_scale = 1.0;
+  p.provenance["compute.at_scale_fraction"] = "1: the efficiencies are measured on the traced run";
   const hardware hw = hardware_preset(p.hardware);
   const double peak = hw.gpu.fp16_flops;
 

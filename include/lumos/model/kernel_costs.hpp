@@ -21,10 +21,10 @@ namespace lumos::model {
 
 /// GEMM efficiency of C[M x N] = A[M x K] B[K x N] under `p`: gemm_max times, per dimension,
 /// d / (d + gemm_half_dim) (a tile that is mostly padding, or a K too short to amortise the
-/// epilogue, wastes the tensor cores). In (0, gemm_max].
+/// epilogue, wastes the tensor cores), times the profile's at-scale fraction. In (0, gemm_max].
 [[nodiscard]] constexpr double gemm_efficiency(const cost_profile& p, double M, double N, double K) noexcept {
   const double h = p.gemm_half_dim;
-  return p.gemm_max * (M / (M + h)) * (N / (N + h)) * (K / (K + h));
+  return p.gemm_max * p.at_scale * (M / (M + h)) * (N / (N + h)) * (K / (K + h));
 }
 
 /// The kernel-level `ComputeModel`. Ops keep the names the program builder hooks collectives
@@ -225,7 +225,7 @@ struct kernel_level {
         op.flops = attention_dense_flops() * k.attention_causal_factor;
         op.model_flops = rc ? 0.0 : attention_dense_flops();
         op.bytes = e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
-        push(op, op.flops / (peak16 * pr.flash_forward) * 1e9);
+        push(op, op.flops / (peak16 * pr.flash_forward * pr.at_scale) * 1e9);
         return;
       }
       const double batch = b * heads;
@@ -249,7 +249,7 @@ struct kernel_level {
         op.flops = attention_dense_flops() * k.attention_causal_factor * 2.5;
         op.model_flops = 2.0 * attention_dense_flops();
         op.bytes = e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
-        push(op, op.flops / (peak16 * pr.flash_backward) * 1e9);
+        push(op, op.flops / (peak16 * pr.flash_backward * pr.at_scale) * 1e9);
         return;
       }
       const double batch = b * heads;

@@ -199,7 +199,7 @@ namespace detail {
 
 [[nodiscard]] inline double attention_model_ns(const shape_costs& c, double b, double heads, double s, double d) {
   const double flops = 4.0 * b * s * s * heads * d * 0.5; // causal: half the dense FLOPs
-  return std::max(flops / (c.hw.peak_flops(c.dtype) * c.profile.flash_forward) * 1e9, c.profile.min_kernel_ns);
+  return std::max(flops / (c.hw.peak_flops(c.dtype) * c.profile.flash_forward * c.profile.at_scale) * 1e9, c.profile.min_kernel_ns);
 }
 
 /// A memory-bound kernel measured at `measured` ns whose bytes change by `ratio`: its time is
