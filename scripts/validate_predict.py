@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Validation of `lumos predict` against the published Megatron-LM tables (PUBLISHED.md) and the
+"""Validation of `lumos predict` against the published Megatron-LM tables and MLPerf runs (PUBLISHED.md) and the
 shared Megatron GPT TP8 8xA100 traces. Writes the section between the validation markers of
 docs/model.md. Usage: scripts/validate_predict.py [LUMOS_BINARY] (default build/release/examples/lumos).
 Two figures are fitted, each to rows named here, and the others are held out: the presets' host
@@ -69,6 +69,20 @@ H100 = [
     h100("462B", 144, 18432, 112, 8, 16, 3072, 12.716),
 ]
 
+def mlperf(gpus, gbs, t):
+    # GPT-3 175B, TP 4 x PP 8, 12 model chunks (one layer each), MBS 1, SP, selective recompute,
+    # fp8, TP comm and parameter all-gather overlap; vocabulary 50257 padded to a multiple of
+    # 128 x TP (Megatron's --make-vocab-size-divisible-by) = 50688.
+    return dict(name=f"{gpus} GPUs", a=96, h=12288, l=96, tp=4, pp=8, dp=gpus // 32, mbs=1, gbs=gbs, vp=12, t=t,
+                s=2048, V=50688, gpu="h100-sxm", prec="fp8", rc="selective", sp="on", tp_comm_overlap="on",
+                overlap_param_gather="on")
+
+
+MLPERF = [  # PUBLISHED.md 7: logged train_step_timing, medians of three seeds
+    mlperf(512, 2048, 11.05), mlperf(768, 3072, 11.07), mlperf(4096, 2048, 1.608), mlperf(6144, 3072, 1.615),
+    mlperf(8192, 4096, 1.619), mlperf(10240, 2560, 0.926), mlperf(10752, 2688, 0.930),
+]
+
 # The H100 preset's compute.at_scale_fraction is fitted to these rows (every other row of the
 # table, from the first); the rest are held out.
 H100_FIT = H100[0::2]
@@ -108,6 +122,7 @@ def at_scale_section():
                  "set it in h100_profile() (include/lumos/model/profile.hpp)")
     k_rev = at_scale_fit(H100_HELD)
     held, rev = at_scale_errors(k, H100_HELD), at_scale_errors(k_rev, H100_FIT)
+    mlperf_one = at_scale_errors(1.0, MLPERF)
     fmt = lambda rows, errs: ", ".join(f"{r['name']} {100 * e:+.1f} %" for r, e in zip(rows, errs))
     return ["**The H100 preset's at-scale fraction** (`compute.at_scale_fraction`: the tensor-core kernels, GEMMs and",
             "attention, run at this fraction of the speed the single-GPU efficiencies give). Fitted to the rows "
@@ -117,6 +132,10 @@ def at_scale_section():
             f"{100 * statistics.mean(map(abs, held)):.1f} %, worst {100 * max(map(abs, held)):.1f} %.",
             f"- The other way round (fitted to {names(H100_HELD)}: {k_rev:.2f}), held out {names(H100_FIT)}: "
             f"{fmt(H100_FIT, rev)}; mean |error| {100 * statistics.mean(map(abs, rev)):.1f} %.",
+            f"- Held out from every fit, in another precision (fp8) and layout: the MLPerf rows above (mean |error| "
+            f"{100 * statistics.mean(map(abs, at_scale_errors(k, MLPERF))):.1f} %). With the fraction set to 1 they are "
+            f"{fmt(MLPERF, mlperf_one)} (mean |error| {100 * statistics.mean(map(abs, mlperf_one)):.1f} %), and the "
+            f"H100 table's mean |error| is {100 * statistics.mean(map(abs, at_scale_errors(1.0, H100))):.1f} %.",
             ""]
 
 
@@ -220,7 +239,9 @@ def main():
     for title, rows in (("SC21 Table 1, A100 (fp16, full recompute)", SC21),
                         ("Korthikanti et al. 2022 Table 5, A100 (fp16; full recompute, and SP + selective)", K5),
                         ("NVIDIA Megatron-Core H100 table (bf16; TP comm and parameter all-gather overlap as stated; assumed "
-                         "MBS 1, no recompute, SP when TP > 1, 1F1B)", H100)):
+                         "MBS 1, no recompute, SP when TP > 1, 1F1B)", H100),
+                        ("MLPerf Training v3.1, NVIDIA GPT-3 175B on DGX H100 (fp8; TP 4, PP 8, 12 chunks, MBS 1, SP, "
+                         "selective recompute; held out from every fit)", MLPERF)):
         for model in ("kernel", "roofline"):
             lines, mean, worst, rho = table(title, rows, model)
             out += lines
