@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Validation of `lumos predict` against the published Megatron-LM tables and MLPerf runs (PUBLISHED.md) and the
 shared Megatron GPT TP8 8xA100 traces. Writes the section between the validation markers of
-docs/model.md. Usage: scripts/validate_predict.py [LUMOS_BINARY] (default build/release/examples/lumos).
+docs/model.md. Usage: scripts/validate_predict.py [--check] [LUMOS_BINARY] (default
+build/release/examples/lumos). --check writes nothing and fails when the section it generates differs
+from the one in docs/model.md, or when the H100 preset does not carry the fit (ctest validate_predict);
+without the shared traces it compares the part before their section.
 Two figures are fitted, each to rows named here, and the others are held out: the presets' host
 framework factor (to the host-bound A100 run) and the H100 preset's at-scale fraction (to every other
 row of the H100 table: `at_scale_fit`, whose result the preset must carry)."""
 import json, os, subprocess, sys, statistics, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LUMOS = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build/release/examples/lumos")
+CHECK = "--check" in sys.argv[1:]
+ARGS = [a for a in sys.argv[1:] if a != "--check"]
+LUMOS = ARGS[0] if ARGS else os.path.join(ROOT, "build/release/examples/lumos")
 TRACES = os.environ.get("LUMOS_TRACE_DIR", os.path.join(ROOT, "..", "shared", "traces"))
 MEGATRON = os.path.join(TRACES, "astra-sim_megatron-gpt-tp8_8xA100")
 
@@ -268,6 +273,19 @@ def main():
     text = open(doc).read()
     b, e = text.find("<!-- validation:begin"), text.find("<!-- validation:end -->")
     block = "\n".join(out)
+    if CHECK:
+        have = text[b:e + len("<!-- validation:end -->")] if b >= 0 and e >= 0 else ""
+        if not os.path.isdir(MEGATRON):  # compare what this machine can generate
+            cut = lambda t: t.split("**Megatron GPT TP8 8xA100 traces**")[0].replace("<!-- validation:end -->", "")
+            have, block = cut(have), cut(block)
+        if have != block:
+            for n, (x, y) in enumerate(zip(have.splitlines(), block.splitlines())):
+                if x != y:
+                    sys.exit(f"docs/model.md's validation section is stale (line {n + 1} of it):\n  doc: {x}\n  now: {y}\n"
+                             "run python3 scripts/validate_predict.py")
+            sys.exit("docs/model.md's validation section is stale (its length differs); run python3 scripts/validate_predict.py")
+        print("docs/model.md's validation section is up to date")
+        return
     text = text[:b] + block + text[e + len("<!-- validation:end -->"):] if b >= 0 and e >= 0 else text.rstrip() + "\n\n## Validation\n\n" + block + "\n"
     open(doc, "w").write(text)
     print("\n".join(out))
