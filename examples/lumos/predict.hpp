@@ -323,7 +323,9 @@ inline void predict_json(const synth::job& j, const synth::prediction& r, double
   out += '\n';
 }
 
-inline void predict_text(const synth::job& j, const synth::prediction& r, double wall_ms, std::string& out) {
+/// `profile`: the kernel-level model's profile, or null for the roofline model.
+inline void predict_text(const synth::job& j, const synth::prediction& r, double wall_ms, std::string& out,
+                         const model::cost_profile* profile) {
   const auto& m = j.model;
   const auto& p = j.parallel;
   char line[768];
@@ -346,6 +348,16 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
   put("  batch         %lld sequences of %lld tokens, micro-batch %lld, %d micro-batches per pipeline\n",
       static_cast<long long>(p.global_batch), static_cast<long long>(m.seq), static_cast<long long>(p.micro_batch),
       r.shape.micro_batches);
+  if (profile == nullptr) {
+    out += "  costs         roofline model\n";
+  } else if (profile->at_scale != 1.0) {
+    // Said where it applies: a user comparing with one GPU's run should know why it is slower.
+    put("  costs         kernel-level model, profile %s; GEMMs and attention at %.2f of its efficiencies\n"
+        "                (its at-scale fraction for jobs of many GPUs: docs/model.md)\n",
+        profile->name.c_str(), profile->at_scale);
+  } else {
+    put("  costs         kernel-level model, profile %s\n", profile->name.c_str());
+  }
   put("  iteration     %.3f s (%lld ns)\n", static_cast<double>(r.iteration_ns) / 1e9,
       static_cast<long long>(r.iteration_ns));
   put("  throughput    %.0f tokens/s\n", r.tokens_per_s);
@@ -468,7 +480,7 @@ inline int run_predict(args& a) {
   if (json) {
     predict_json(req.job, r, wall_ms, out, req.roofline ? std::string("roofline") : req.profile.name);
   } else {
-    predict_text(req.job, r, wall_ms, out);
+    predict_text(req.job, r, wall_ms, out, req.roofline ? nullptr : &req.profile);
   }
   if (html) {
     predict_report(req, *html);

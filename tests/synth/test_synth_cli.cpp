@@ -134,6 +134,21 @@ TEST_CASE("lumos predict prints a readable summary with units and conventions", 
   }
 }
 
+TEST_CASE("lumos predict names its cost model, and the H100 preset's at-scale fraction where it applies", "[cli][synth]") {
+  const std::string args = "predict --model gpt3-15b --tp 2 --pp 2 --global-batch 8";
+  const result h100 = run(args);
+  REQUIRE(h100.code == 0);
+  CHECK(h100.out.find("costs         kernel-level model, profile h100-sxm; GEMMs and attention at 0.79 of its efficiencies") !=
+        std::string::npos);
+  const result a100 = run(args + " --gpu a100-sxm-80gb");
+  REQUIRE(a100.code == 0);
+  CHECK(a100.out.find("costs         kernel-level model, profile a100-sxm-80gb\n") != std::string::npos);
+  CHECK(a100.out.find("at-scale") == std::string::npos);
+  const result roof = run(args + " --cost-model roofline");
+  REQUIRE(roof.code == 0);
+  CHECK(roof.out.find("costs         roofline model\n") != std::string::npos);
+}
+
 TEST_CASE("lumos predict --unfold agrees with the folded run", "[cli][synth]") {
   const std::string args = "predict --model gpt3-15b --tp 2 --pp 2 --dp 2 --seq 1024 --global-batch 16 --json";
   simdjson::dom::parser p1, p2;
