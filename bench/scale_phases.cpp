@@ -30,6 +30,19 @@ rusage usage() {
   return u;
 }
 
+// VmRSS of /proc/self/status, MiB (0 where there is no such file).
+double resident_mib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib / 1024.0;
+}
+
 class phase_timer {
  public:
   void done(const char* name) {
@@ -37,9 +50,11 @@ class phase_timer {
     const rusage u = usage();
     // Page faults count the memory a phase touches for the first time (each one zeroes a page
     // or a huge page): the part of the time that a smaller or reused store saves.
-    std::printf("  %-9s %7.2f s  %7.0f MiB peak RSS so far  %8ld page faults\n", name,
+    // The resident memory now, beside the peak so far: what a phase leaves for the next (the
+    // peak of a later phase is that plus what it allocates).
+    std::printf("  %-9s %7.2f s  %7.0f MiB peak RSS so far  %7.0f MiB now  %8ld page faults\n", name,
                 std::chrono::duration<double>(now - last_).count(), static_cast<double>(u.ru_maxrss) / 1024.0,
-                u.ru_minflt - faults_);
+                resident_mib(), u.ru_minflt - faults_);
     last_ = now;
     faults_ = u.ru_minflt;
   }
