@@ -94,14 +94,19 @@ H100_FIT = H100[0::2]
 H100_HELD = H100[1::2]
 
 
-def at_scale_errors(k, rows):
-    """Signed errors of `rows` with the H100 preset's at-scale fraction set to k (a profile file)."""
+def at_scale_times(k, rows):
+    """Predicted iteration_ns of `rows` with the H100 preset's at-scale fraction set to k (a profile file)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"hardware": "h100-sxm", "compute.at_scale_fraction": k}, f)
     try:
-        return [(predict(flags(r) + ["--profile", f.name])["iteration_ns"] / 1e9 - r["t"]) / r["t"] for r in rows]
+        return [predict(flags(r) + ["--profile", f.name])["iteration_ns"] for r in rows]
     finally:
         os.unlink(f.name)
+
+
+def at_scale_errors(k, rows):
+    """Signed errors of `rows` with the H100 preset's at-scale fraction set to k."""
+    return [(t / 1e9 - r["t"]) / r["t"] for r, t in zip(rows, at_scale_times(k, rows))]
 
 
 def at_scale_fit(rows):
@@ -117,12 +122,7 @@ def at_scale_fit(rows):
 def at_scale_section():
     names = lambda rows: ", ".join(r["name"] for r in rows)
     k = at_scale_fit(H100_FIT)
-    preset = [predict(flags(r))["iteration_ns"] for r in H100]
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"hardware": "h100-sxm", "compute.at_scale_fraction": k}, f)
-    fitted = [predict(flags(r) + ["--profile", f.name])["iteration_ns"] for r in H100]
-    os.unlink(f.name)
-    if preset != fitted:
+    if [predict(flags(r))["iteration_ns"] for r in H100] != at_scale_times(k, H100):
         sys.exit(f"the fit gives compute.at_scale_fraction {k:.2f} and the H100 preset predicts otherwise: "
                  "set it in h100_profile() (include/lumos/model/profile.hpp)")
     k_rev = at_scale_fit(H100_HELD)
