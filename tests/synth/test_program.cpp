@@ -151,11 +151,15 @@ TEST_CASE("the graph of one layer: ops launched by CPU tasks, TP collectives joi
   // TP collectives per micro-batch: 4 in the layer, 1 after the embedding, 3 in the loss and 1 in
   // the logits backward; plus the gradient-norm all-reduce over the model-parallel group.
   const std::size_t tp_collectives = 4 + 1 + 3 + 1;
-  std::size_t compute = 0, launches = 0, arrives = 0, completes = 0, joins = 0;
+  std::size_t compute = 0, launches = 0, host_waits = 0, arrives = 0, completes = 0, joins = 0;
   for (lg::task_id t = 0; t < g.task_count(); ++t) {
     switch (g.kind[t]) {
       case lg::task_kind::gpu_compute: ++compute; break;
       case lg::task_kind::cpu:
+        if (g.task_name(t) == "host_sync") {
+          ++host_waits;
+          break;
+        }
         ++launches;
         CHECK(g.task_name(t) == "cudaLaunchKernel");
         break;
@@ -173,6 +177,7 @@ TEST_CASE("the graph of one layer: ops launched by CPU tasks, TP collectives joi
   CHECK(completes == arrives);
   CHECK(joins == arrives / 2);  // one join per collective, shared by the two TP ranks
   CHECK(launches == compute + arrives);
+  CHECK(host_waits == p.ranks.size());  // each rank's step ends with the host waiting for its device
   // Every GPU task has exactly one launch edge, from a CPU task of its rank, counted from the
   // call's start.
   std::map<lg::task_id, int> launched;

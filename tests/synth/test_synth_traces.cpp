@@ -125,3 +125,50 @@ TEST_CASE("written traces do not depend on the writer's thread count", "[synth][
     CHECK(read.ranks.size() == ranks.size());
   }
 }
+
+TEST_CASE("a written host wait is a synchronize call, and moves with the GPU work when read back", "[synth][roundtrip]") {
+  // Megatron's p2p sync and fp16's found-inf read: the launching thread waits for the GPU. Written
+  // as an idle gap before a zero-length call, a replay of the traces would keep each wait as
+  // measured, and a faster GPU would leave the host waiting as long as before.
+  synth::job j = small_job(1, 2, 1, 1, "1f1b");
+  j.parallel.dtype = model::precision::fp16;
+  synth::program_options opt;
+  opt.p2p_host_sync = true;
+  opt.loss_scale_host_sync = true;
+  const simulated_program sp(j, opt);
+  lumos_test::temp_dir dir;
+  (void)report::write_kineto(sp.sj, sp.ranks, dir.path(), false);
+  const trace::job read = trace::load_job({dir.path()});
+
+  // Every host wait is a synchronize call lasting from the thread's previous task to the wait's
+  // end, with the cuda_sync row that names what it waited for.
+  std::size_t calls = 0, waited = 0, rows = 0;
+  for (const auto& r : read.ranks) {
+    for (const auto& e : r.events) {
+      const std::string_view name = r.name(e);
+      if (e.cat == trace::category::cuda_runtime && name.find("Synchronize") != std::string_view::npos) {
+        ++calls;
+        waited += e.dur > 0 ? 1 : 0;
+      }
+      rows += e.cat == trace::category::cuda_sync && name.find("Synchronize") != std::string_view::npos ? 1 : 0;
+      CHECK(name != "host_sync");
+    }
+  }
+  CHECK(calls > 0);
+  CHECK(waited > 0);
+  CHECK(rows == calls);
+
+  // Read back, the waits follow the GPU: the replay under compute=F is the model's own graph
+  // under compute=F (which the traces did not see), at F = 1 and at F = 0.5.
+  for (const double f : {1.0, 0.5}) {
+    INFO("compute=" << f);
+    const graph::scales s{.compute = f};
+    const time_ns truth = sim::replay(graph::compile(sp.prog.graph, s)).makespan();
+    report::replay_options ro;
+    ro.scales = s;
+    const auto replay = report::replay_job(read, ro);
+    CHECK(replay.built.stats.blocking_calls > 0);
+    UNSCOPED_INFO("replay " << replay.simulated_ns << " truth " << truth);
+    CHECK(report::relative_error(replay.simulated_ns, truth) <= 0.005);
+  }
+}

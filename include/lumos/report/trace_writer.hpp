@@ -502,22 +502,23 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       next_corr += 2;
     }
   }
-  // Trace-built: a host task a what-if added that waits for GPU ops (sync edges) is written as a
-  // synchronize call, with the cuda_sync row that names what it waited for.
+  // A host task without an event that waits for GPU ops (sync edges: one a what-if added to a
+  // trace-built job, or a model-built job's host wait) is written as the synchronize call it
+  // stands for, lasting the wait, with the cuda_sync row that names what it waited for: read
+  // back, the wait moves with the GPU work, where an idle gap before a zero-length call would
+  // be kept as it was.
   struct host_wait {
     graph::task_id on = graph::no_task;
     bool device = false;  // it waits for several streams
   };
   detail::task_map<host_wait> waits_on(tasks);
-  if (src != nullptr) {
-    for (const std::size_t i : rank_edges) {
-      const auto& e = g.edges[i];
-      if (e.kind != graph::edge_kind::sync || g.rank[e.to] != rank || g.source[e.to] != ~0U) continue;
-      if (const host_wait* h = waits_on.find(e.to)) {
-        waits_on.set(e.to, {h->on, h->device || g.processor[h->on] != g.processor[e.from]});
-      } else {
-        waits_on.set(e.to, {e.from, false});
-      }
+  for (const std::size_t i : rank_edges) {
+    const auto& e = g.edges[i];
+    if (e.kind != graph::edge_kind::sync || g.rank[e.to] != rank || g.source[e.to] != ~0U) continue;
+    if (const host_wait* h = waits_on.find(e.to)) {
+      waits_on.set(e.to, {h->on, h->device || g.processor[h->on] != g.processor[e.from]});
+    } else {
+      waits_on.set(e.to, {e.from, false});
     }
   }
   auto write_runtime = [&](std::string_view name, const graph::processor_info& p, time_ns at, std::int64_t corr) {
@@ -628,7 +629,8 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
       if (const auto it = cpu_end.find(g.processor[t]); it != cpu_end.end()) begin = std::min(begin, it->second);
       name = deco->runtime;
     }
-    const host_wait* waiting = gpu ? nullptr : waits_on.find(t);
+    // A decoration that names the call (a kernel-level job's synchronize) is written as it says.
+    const host_wait* waiting = gpu || (deco != nullptr && deco->blocking) ? nullptr : waits_on.find(t);
     std::int64_t sync_corr = -1;
     if (waiting != nullptr) {
       // From the thread's previous task, when the call was issued, to the end of the wait.

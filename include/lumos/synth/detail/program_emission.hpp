@@ -503,7 +503,7 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   // Tied embeddings across stages: the first and last stage add their gradients.
   if (opt_.forward_only) {
     flush_launches(rs);
-    if (notes_) final_device_sync(rs, rank_first);
+    final_device_sync(rs, rank_first);
     out.ranks.push_back(r);
     return;
   }
@@ -558,7 +558,7 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   }
   flush_launches(rs);
   span_close(rs, span_kind::optimizer, 0, optimizer_mark);
-  if (notes_) final_device_sync(rs, rank_first);
+  final_device_sync(rs, rank_first);
   out.ranks.push_back(r);
 }
 
