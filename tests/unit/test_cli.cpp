@@ -497,6 +497,21 @@ TEST_CASE("whatif --pp --schedule --dp: the pipeline section of the JSON, and ba
   CHECK(refused.err.find("nccl:send") != std::string::npos);  // why: its transfers are not named
 }
 
+TEST_CASE("whatif --dp on traces whose micro-batches are not known: the per-replica batch is kept and said so", "[cli][whatif][dp]") {
+  // `synth --detail op` writes no pass markers, so structure discovery finds no schedule and no
+  // count of micro-batches; the what-if once took such traces for one micro-batch.
+  lumos_test::temp_dir dir;
+  const std::string job = (dir.path() / "job").string();
+  REQUIRE(run("synth --model gpt3-15b --layers 4 --tp 2 --pp 2 --global-batch 8 --out " + job).code == 0);
+  const result kept = run("whatif " + job + " --dp 2");
+  REQUIRE(kept.code == 0);
+  CHECK(kept.out.find("micro-batches per replica: not known in the traces") != std::string::npos);
+  CHECK(kept.out.find("global batch of 1 micro-batches") == std::string::npos);
+  const result global = run("whatif " + job + " --dp 2 --global-batch 8");
+  CHECK(global.code == 2);
+  CHECK(global.err.find("micro-batches per replica are not known") != std::string::npos);
+}
+
 TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which replay to the prediction", "[cli][whatif][pipeline]") {
   // A job without stages cut into 2 stages (1F1B), into 2 stages of 2 chunks (interleaved), into
   // 2 stages with twice the micro-batches (the global batch x2), and into 2 stages of ZB-H1 (each

@@ -292,8 +292,19 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         }
       }
       const auto& par = structure->parallel;
-      if (d.from != d.to || o.global_batch) {
-        const int m = par.micro_batches.value.value_or(1);
+      if ((d.from != d.to || o.global_batch) && !par.micro_batches.known()) {
+        // Without the traces' count neither the global batch nor a new count per replica can be
+        // made: say so, rather than take the traces for one micro-batch.
+        const std::string& why = par.micro_batches.source.empty() ? par.schedule.source : par.micro_batches.source;
+        if (o.global_batch) {
+          throw error("whatif --global-batch: the traces' micro-batches per replica are not known (" + why +
+                      "); `lumos inspect --structure` shows what was found");
+        }
+        out.changes.push_back("micro-batches per replica: not known in the traces (" + why +
+                              "): the per-replica batch is kept, so the global batch goes with the replicas (x" +
+                              std::to_string(d.to) + "/" + std::to_string(d.from) + ")");
+      } else if (d.from != d.to || o.global_batch) {
+        const int m = *par.micro_batches.value;
         std::optional<std::int64_t> global_micro_batches;
         if (o.global_batch) {
           // In sequences: counted in micro-batches of the target's size (--micro-batch), else the traces'.
