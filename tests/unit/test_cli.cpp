@@ -80,6 +80,20 @@ TEST_CASE("bad input: one line on stderr and exit code 2", "[cli]") {
   CHECK(run("inspect " + dir.path().string() + "/empty_dir_does_not_exist").code == 2);
   const auto empty = dir.write("empty.json.gz", "");
   CHECK(run("inspect " + empty.string()).code == 2);
+  // A trace without operations (no events, or metadata only) has nothing to replay: not a 0 ms
+  // iteration. `inspect` still summarises it.
+  const auto no_events = dir.write("no_events.json", R"({"traceEvents": []})");
+  const auto metadata_only = dir.write(
+      "metadata_only.json", R"({"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}]})");
+  for (const auto& f : {no_events, metadata_only}) {
+    for (const std::string& command : {"replay " + f.string(), "report " + f.string() + " -o " + (dir.path() / "r.html").string(),
+                                       "whatif " + f.string() + " --scale compute=0.5"}) {
+      const result e = run(command);
+      CHECK(e.code == 2);
+      CHECK(e.err.find(f.string() + ": the trace holds no operations") != std::string::npos);
+    }
+    CHECK(run("inspect " + f.string()).code == 0);
+  }
 }
 
 TEST_CASE("usage errors exit with 2 and say what is wrong", "[cli]") {

@@ -223,6 +223,12 @@ class trace_graph_builder {
       : job_(job), options_(options), is_comm_(is_comm) {}
 
   [[nodiscard]] built_job build() {
+    // An empty trace (no events, or metadata only) would replay as a 0 ms iteration: bad input.
+    for (const trace::rank_trace& t : job_.ranks) {
+      if (std::none_of(t.events.begin(), t.events.end(), [](const trace::event& e) { return e.ph == trace::phase::complete; })) {
+        throw error(t.file + ": the trace holds no operations (no complete 'X' event): nothing to build an execution graph from");
+      }
+    }
     out_.origin = job_origin();
     ranks_.resize(job_.ranks.size());
     for_each_rank([this](std::size_t r) { index_rank(r); });
