@@ -240,7 +240,9 @@ struct task_graph {
 
   /// Bytes held (for reports and tests).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    const std::size_t per_task = sizeof(processor_id) + sizeof(task_kind) + 4 * sizeof(time_ns) + sizeof(string_id) +
+    // processor, kind, the three own times (duration, idle and busy gaps), name, rank, source,
+    // and the two observed times.
+    const std::size_t per_task = sizeof(processor_id) + sizeof(task_kind) + 3 * sizeof(time_ns) + sizeof(string_id) +
                                  sizeof(std::int32_t) + sizeof(std::uint32_t) + 2 * sizeof(time_ns);
     return processor.capacity() * per_task + edges.capacity() * sizeof(edge) + strings.memory_bytes();
   }
