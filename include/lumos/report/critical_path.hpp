@@ -136,7 +136,7 @@ namespace detail {
     if (s <= stop_at) break;
     // The start: busy CPU time right before it, then a start edge or the processor (its
     // previous task plus the idle gap).
-    const time_ns busy = c.post(c.position_of(cur));
+    const time_ns busy = c.post(g, c.position_of(cur));
     const time_ns ready = s - busy;
     add(cur, path_category::cpu, ready, s);
     graph::task_id next = graph::no_task;

@@ -92,7 +92,6 @@ inline void compile_into(const graph::task_graph& g, graph::compiled_graph& c, c
   c.positions.resize(n);
   for (std::uint32_t i = 0; i < n; ++i) c.positions[c.task[i]] = graph::position{i};
   c.tasks.resize(n);
-  c.busy.resize(n);
   c.preds.resize(m);
   const graph::scales unit{};
   const graph::scaled_durations durations{};
@@ -105,7 +104,6 @@ inline void compile_into(const graph::task_graph& g, graph::compiled_graph& c, c
       const time_ns delay = e < first_finish ? w.in_delay[e] + busy : w.in_delay[e];
       c.preds[out++] = {2 * graph::index(c.positions[w.in_from[e]]) + (w.in_start[e] ? 0U : 1U), graph::clamp_delay(delay)};
     }
-    c.busy[i] = busy;
     c.tasks[i] = {g.idle_gap[t] + busy, durations.duration(g, t, unit),
                   g.processor[t] | (static_cast<std::uint32_t>(w.finishes[t]) << graph::task_record::processor_bits),
                   out};
