@@ -82,18 +82,31 @@ int main(int argc, char** argv) {
   phase_timer timer;
   trace::job job = trace::load_job({argv[1]});
   timer.done("load");
+  // As `lumos replay` does when it writes no traces or report (report::replay_options::
+  // release_events): the steps are taken from the events, then each rank's events go once its
+  // tasks are added.
+  const std::vector<report::rank_steps> steps = report::find_steps(job);
+  options.events_done = [&job](std::size_t i) { job.ranks[i].drop_events(); };
   const graph::built_job built = graph::build_graph(job, options);
   timer.done("build");
   std::printf("            (graph: %zu tasks, %zu edges, %.0f MiB by task_graph::memory_bytes)\n", built.graph.task_count(),
               built.graph.edge_count(), static_cast<double>(built.graph.memory_bytes()) / 1048576.0);
-  const auto plans = report::plan_iterations(job, built, std::nullopt);
+  const auto plans = report::plan_iterations(job, steps, built, std::nullopt);
   timer.done("plan");
-  // As `lumos replay` does when it writes no traces or report (replay_options::events_done).
-  job.drop_events();
-#if defined(__GLIBC__)
-  ::malloc_trim(0);
-#endif
-  timer.done("drop");
+  {
+    // What stays held from here to the end, besides the graph (MiB, by capacity).
+    auto mib = [](std::size_t bytes) { return static_cast<double>(bytes) / 1048576.0; };
+    std::size_t maps = 0, plan_bytes = 0;
+    for (const graph::rank_map& m : built.ranks) {
+      maps += (m.task_of_event.capacity() + m.arrive_of_event.capacity()) * sizeof(graph::task_id);
+    }
+    for (const report::iteration_plan& p : plans) {
+      plan_bytes += (p.cpu.capacity() + p.gpu.capacity() + p.compute.capacity()) * sizeof(graph::task_id) +
+                    p.comm.capacity() * sizeof(p.comm[0]) + (p.previous ? p.previous->gpu.capacity() * sizeof(graph::task_id) : 0);
+    }
+    std::printf("            (held: event-task maps %.0f MiB, kept delays %.0f MiB, plans %.0f MiB, events left %.0f MiB)\n",
+                mib(maps), mib(built.kept.capacity() * sizeof(graph::kept_delay)), mib(plan_bytes), mib(job.memory_bytes()));
+  }
   const graph::compiled_graph compiled = graph::compile(built.graph);
   timer.done("compile");
   sim::record_timeline timeline;

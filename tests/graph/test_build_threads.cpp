@@ -11,6 +11,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <numeric>
+
 namespace fs = std::filesystem;
 using namespace lumos;
 
@@ -87,6 +90,65 @@ TEST_CASE("replay_job's per-rank reports do not depend on the number of threads"
       CHECK(a.ranks[i].simulated.split.exposed_compute == b.ranks[i].simulated.split.exposed_compute);
       CHECK(a.ranks[i].measured.split.exposed_comm == b.ranks[i].measured.split.exposed_comm);
       CHECK(a.plans[i].compute == b.plans[i].compute);
+    }
+  }
+}
+
+TEST_CASE("replay_job with release_events frees each rank's events as its tasks are added, with the same results",
+          "[replay][threads]") {
+  std::vector<std::vector<fs::path>> jobs = {{fs::path(LUMOS_SOURCE_DIR) / "examples/data/tiny_job"}};
+  if (const auto traces = lumos_test::trace_dir(); !traces.empty()) {
+    jobs.push_back({traces / "astra-sim_megatron-gpt-tp8_8xA100"});  // matched collectives
+    jobs.push_back({traces / "param_dlrm_8xV100"});
+  }
+  for (const auto& inputs : jobs) {
+    INFO(inputs.front().string());
+    const trace::job kept = trace::load_job(inputs);
+    const auto want = report::replay_job(kept, {});
+    for (const unsigned threads : {1U, 3U}) {
+      INFO(threads << " threads");
+      trace::job job = trace::load_job(inputs);
+      std::vector<std::size_t> released;
+      bool in_order = true;  // when rank i goes, every rank after it still has its events
+      report::replay_options opt;
+      opt.build.threads = threads;
+      opt.release_events = [&](std::size_t i) {
+        for (std::size_t k = i; k < job.ranks.size(); ++k) in_order = in_order && !job.ranks[k].events.empty();
+        released.push_back(i);
+        job.ranks[i].drop_events();
+      };
+      const auto got = report::replay_job(job, opt);
+      std::vector<std::size_t> every(job.ranks.size());
+      std::iota(every.begin(), every.end(), std::size_t{0});
+      CHECK(released == every);
+      CHECK(in_order);
+      CHECK(std::all_of(job.ranks.begin(), job.ranks.end(), [](const trace::rank_trace& r) { return r.events.empty(); }));
+      // The graph (collective transfers, violation text included) and every rank's plan and
+      // result are those of the replay that kept the events.
+      CHECK(got.built.graph.duration == want.built.graph.duration);
+      CHECK(got.built.graph.observed_end == want.built.graph.observed_end);
+      CHECK(got.built.stats.causality_violations == want.built.stats.causality_violations);
+      CHECK(got.built.stats.worst_violation_text == want.built.stats.worst_violation_text);
+      CHECK(got.simulated_ns == want.simulated_ns);
+      CHECK(got.measured_ns == want.measured_ns);
+      REQUIRE(got.ranks.size() == want.ranks.size());
+      for (std::size_t i = 0; i < got.ranks.size(); ++i) {
+        const auto &p = got.plans[i], &q = want.plans[i];
+        CHECK(p.step == q.step);
+        CHECK(p.annotated == q.annotated);
+        CHECK(p.first_cpu == q.first_cpu);
+        CHECK(p.last_cpu == q.last_cpu);
+        CHECK(p.lead_busy == q.lead_busy);
+        CHECK(p.lead_idle == q.lead_idle);
+        CHECK(p.tail_busy == q.tail_busy);
+        CHECK(p.tail_idle == q.tail_idle);
+        CHECK(p.previous.has_value() == q.previous.has_value());
+        if (p.previous && q.previous) CHECK(p.previous->tail_busy == q.previous->tail_busy);
+        CHECK(p.cpu == q.cpu);
+        CHECK(p.gpu == q.gpu);
+        CHECK(got.ranks[i].simulated_ns == want.ranks[i].simulated_ns);
+        CHECK(got.ranks[i].measured.split.exposed_comm == want.ranks[i].measured.split.exposed_comm);
+      }
     }
   }
 }

@@ -188,7 +188,7 @@ TEST_CASE("leave-one-step-out: a step's graph with another step's durations pred
   }
 }
 
-TEST_CASE("events_done is called once, after planning, and dropping the events there changes nothing", "[traces][replay]") {
+TEST_CASE("release_events is called once per rank, and dropping the events there frees them and changes nothing", "[traces][replay]") {
   LUMOS_REQUIRE_TRACES(traces);
   for (const auto& inputs : {std::vector<fs::path>{traces / "astra-sim_megatron-gpt-tp8_8xA100"},
                              std::vector<fs::path>{fs::path(LUMOS_SOURCE_DIR) / "examples" / "data" / "tiny_job"}}) {
@@ -201,15 +201,15 @@ TEST_CASE("events_done is called once, after planning, and dropping the events t
       event_bytes += r.events.capacity() * sizeof(trace::event) + r.arg_keys.capacity() * sizeof(trace::arg_key) +
                      r.arg_values.capacity() * sizeof(std::int64_t);
     }
-    int calls = 0;
+    std::size_t calls = 0;
     report::replay_options o;
-    o.events_done = [&] {
+    o.release_events = [&](std::size_t i) {
       ++calls;
-      dropped.drop_events();
+      dropped.ranks[i].drop_events();
     };
     const auto a = report::replay_job(kept);
     const auto b = report::replay_job(dropped, o);
-    CHECK(calls == 1);
+    CHECK(calls == dropped.ranks.size());
     CHECK(dropped.memory_bytes() == full - event_bytes);  // freed, not just cleared
     for (const auto& r : dropped.ranks) CHECK(!r.file.empty());
     REQUIRE(a.ranks.size() == b.ranks.size());

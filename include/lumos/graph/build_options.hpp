@@ -16,6 +16,7 @@
 #include <cmath>
 #include <tuple>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -77,6 +78,13 @@ struct build_options {
   /// thread. The graph does not depend on it. A custom `CommClassifier` is called from
   /// several threads at once (through a const reference).
   unsigned threads = 0;
+  /// Called with a rank's index (in `job.ranks`) once the builder reads none of its events
+  /// again: on the calling thread, in rank order, right after the rank's tasks are added. A
+  /// caller that owns the job and needs no events afterwards frees them there
+  /// (`trace::rank_trace::drop_events`), so that the events of the ranks still to come and
+  /// the graph of those done are held at once, never all of both (`lumos replay`:
+  /// `report::replay_options::release_events`).
+  std::function<void(std::size_t)> events_done;
 };
 
 /// A delay kept from the trace that a what-if does not move (FIDELITY.md item 8), by kind.

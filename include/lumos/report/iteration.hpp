@@ -136,17 +136,75 @@ struct window_result {
   return r;
 }
 
-/// Plans every rank's iteration: `step` picks ProfilerStep#N (default: the last one every rank
-/// has); a rank without ProfilerStep annotations uses its whole trace window.
-[[nodiscard]] inline std::vector<iteration_plan> plan_iterations(const trace::job& job, const graph::built_job& b,
-                                                                 std::optional<int> step = std::nullopt) {
+/// What planning reads of one rank's events, taken from them before they may be freed: the
+/// rank's ProfilerStep annotations and the operator time on their threads.
+struct rank_steps {
+  std::vector<trace::profiler_step> steps;  ///< sorted by start (trace::profiler_steps)
+  std::vector<std::uint32_t> lane;          ///< per step: its thread (index into rank_trace::lanes)
+  /// Per thread that has a step: the union of its operator (cpu_op) intervals, rank-local,
+  /// sorted and disjoint; the busy part of a step's lead and tail is its overlap with them.
+  std::vector<std::pair<std::uint32_t, std::vector<std::pair<time_ns, time_ns>>>> busy;
+
+  /// Operator time on thread `lane` within [from, to) of rank-local time.
+  [[nodiscard]] time_ns busy_within(std::uint32_t on, time_ns from, time_ns to) const noexcept {
+    time_ns total = 0;
+    for (const auto& [l, spans] : busy) {
+      if (l != on) continue;
+      auto it = std::upper_bound(spans.begin(), spans.end(), from, [](time_ns t, const auto& s) { return t < s.second; });
+      for (; it != spans.end() && it->first < to; ++it) total += std::min(to, it->second) - std::max(from, it->first);
+    }
+    return total;
+  }
+};
+
+/// The steps of rank `r` (see `rank_steps`).
+[[nodiscard]] inline rank_steps find_steps(const trace::rank_trace& r) {
+  rank_steps out;
+  out.steps = trace::profiler_steps(r);
+  for (const auto& a : out.steps) {
+    const std::uint32_t lane = r.events[a.event].lane;
+    out.lane.push_back(lane);
+    if (std::none_of(out.busy.begin(), out.busy.end(), [&](const auto& b) { return b.first == lane; })) out.busy.push_back({lane, {}});
+  }
+  for (auto& [lane, spans] : out.busy) {
+    for (const auto& e : r.events) {
+      if (e.ph == trace::phase::complete && e.cat == trace::category::cpu_op && e.lane == lane && e.dur > 0) spans.push_back({e.ts, e.end()});
+    }
+    std::sort(spans.begin(), spans.end());
+    std::size_t kept = 0;
+    for (const auto& sp : spans) {
+      if (kept > 0 && sp.first <= spans[kept - 1].second) {
+        spans[kept - 1].second = std::max(spans[kept - 1].second, sp.second);
+      } else {
+        spans[kept++] = sp;
+      }
+    }
+    spans.resize(kept);
+    spans.shrink_to_fit();
+  }
+  return out;
+}
+
+/// The steps of every rank of `job`, in its order (ranks in parallel).
+[[nodiscard]] inline std::vector<rank_steps> find_steps(const trace::job& job) {
+  std::vector<rank_steps> out(job.ranks.size());
+  parallel_for(job.ranks.size(), hardware_threads(), [&](std::size_t i) { out[i] = find_steps(job.ranks[i]); });
+  return out;
+}
+
+/// Plans every rank's iteration from `steps` (`find_steps(job)`; the job's events are not read,
+/// and may be gone): `step` picks ProfilerStep#N (default: the last one every rank has); a rank
+/// without ProfilerStep annotations uses its whole trace window.
+[[nodiscard]] inline std::vector<iteration_plan> plan_iterations(const trace::job& job, const std::vector<rank_steps>& found,
+                                                                 const graph::built_job& b, std::optional<int> step = std::nullopt) {
   const graph::task_graph& g = b.graph;
+  if (found.size() != job.ranks.size()) throw error("plan_iterations: steps of " + std::to_string(found.size()) + " ranks for a job of " + std::to_string(job.ranks.size()));
   // Default step: the largest number present on every rank that has steps.
   std::optional<int> chosen = step;
   if (!chosen) {
     std::optional<int> common;
-    for (const auto& r : job.ranks) {
-      const auto steps = trace::profiler_steps(r);
+    for (const rank_steps& f : found) {
+      const auto& steps = f.steps;
       if (steps.empty()) continue;
       int best = std::numeric_limits<int>::min();
       for (const auto& s : steps) best = std::max(best, s.number);
@@ -196,12 +254,13 @@ struct window_result {
   parallel_for(job.ranks.size(), hardware_threads(), [&](std::size_t i) {
     const trace::rank_trace& r = job.ranks[i];
     const graph::rank_map& map = b.ranks[i];
+    const rank_steps& f = found[i];
     iteration_plan& p = plans[i];
     p.rank = r.rank;
-    const auto steps = trace::profiler_steps(r);
+    const auto& steps = f.steps;
     if (step && !steps.empty()) {
-      const bool found = std::any_of(steps.begin(), steps.end(), [&](const auto& s) { return s.number == *step; });
-      if (!found) throw error(r.file + ": no ProfilerStep#" + std::to_string(*step) + " (the trace has " +
+      const bool present = std::any_of(steps.begin(), steps.end(), [&](const auto& s) { return s.number == *step; });
+      if (!present) throw error(r.file + ": no ProfilerStep#" + std::to_string(*step) + " (the trace has " +
                               steps.front().name + " to " + steps.back().name + ")");
     }
     std::size_t chosen_index = steps.size();
@@ -214,20 +273,20 @@ struct window_result {
     // Operator time on the annotation's thread between two instants (job time): the busy part
     // of a lead or tail, which `cpu=F` scales like every other busy time.
     auto busy_on_lane = [&](std::uint32_t lane, time_ns from, time_ns to) {
-      std::vector<std::pair<time_ns, time_ns>> spans;
-      for (const auto& e : r.events) {
-        if (e.ph != trace::phase::complete || e.cat != trace::category::cpu_op || e.lane != lane) continue;
-        const time_ns sb = std::max(from, e.ts + map.offset), se = std::min(to, e.end() + map.offset);
-        if (se > sb) spans.push_back({sb, se});
+      return to > from ? f.busy_within(lane, from - map.offset, to - map.offset) : time_ns{0};
+    };
+    // The thread of a lane: the processor of the rank's first CPU task on a thread with the
+    // lane's (pid, tid); none when the thread has no task. A task a rewrite added there (no event
+    // of its own, e.g. the receive a pipeline what-if posts before a rank's first pass) is on the
+    // lane too.
+    constexpr graph::processor_id no_processor = ~graph::processor_id{0};
+    auto processor_of_lane = [&](std::uint32_t lane) {
+      const trace::lane& l = r.lanes.at(lane);
+      for (const auto t : cpu_of[i]) {
+        const graph::processor_info& info = g.processors[g.processor[t]];
+        if (info.kind == graph::processor_kind::cpu_thread && info.owner == l.pid && info.index == l.tid) return g.processor[t];
       }
-      std::sort(spans.begin(), spans.end());
-      time_ns total = 0, reach = from;
-      for (const auto& [sb, se] : spans) {
-        if (se <= reach) continue;
-        total += se - std::max(sb, reach);
-        reach = se;
-      }
-      return total;
+      return no_processor;
     };
     // The tasks of one annotation: CPU tasks inside it (first and last on its own thread) and
     // the GPU ops launched inside it.
@@ -235,26 +294,15 @@ struct window_result {
       graph::task_id first_cpu = graph::no_task, last_cpu = graph::no_task;
       std::vector<graph::task_id> cpu, gpu;
     };
-    auto tasks_of = [&](const trace::profiler_step& a) {
+    auto tasks_of = [&](std::size_t k) {
+      const trace::profiler_step& a = steps[k];
       step_tasks st;
       const time_ns a_begin = a.start + map.offset, a_end = a.start + a.dur + map.offset;
-      const std::uint32_t lane = r.events[a.event].lane;
-      // The thread of the annotation's lane: a task a rewrite added there (no event of its own,
-      // e.g. the receive a pipeline what-if posts before a rank's first pass) is on the lane too.
-      constexpr graph::processor_id no_processor = ~graph::processor_id{0};
-      graph::processor_id lane_processor = no_processor;
-      for (const auto t : cpu_of[i]) {
-        if (g.source[t] != ~0U && r.events[g.source[t]].lane == lane) {
-          lane_processor = g.processor[t];
-          break;
-        }
-      }
+      const graph::processor_id lane_processor = processor_of_lane(f.lane[k]);
       for (const auto t : cpu_of[i]) {
         if (g.observed_start[t] < a_begin || g.observed_end[t] > a_end) continue;
         st.cpu.push_back(t);
-        const auto src = g.source[t];
-        const bool on_lane = src != ~0U ? r.events[src].lane == lane : g.processor[t] == lane_processor;
-        if (!on_lane) continue;
+        if (lane_processor == no_processor || g.processor[t] != lane_processor) continue;
         if (st.first_cpu == graph::no_task || g.observed_start[t] < g.observed_start[st.first_cpu]) st.first_cpu = t;
         if (st.last_cpu == graph::no_task || g.observed_end[t] >= g.observed_end[st.last_cpu]) st.last_cpu = t;
       }
@@ -276,11 +324,11 @@ struct window_result {
     };
 
     step_tasks st;
-    if (annotation != nullptr) st = tasks_of(*annotation);
+    if (annotation != nullptr) st = tasks_of(chosen_index);
     p.annotated = annotation != nullptr && st.first_cpu != graph::no_task;
     if (p.annotated) {
       const time_ns a_begin = annotation->start + map.offset, a_end = annotation->start + annotation->dur + map.offset;
-      const std::uint32_t lane = r.events[annotation->event].lane;
+      const std::uint32_t lane = f.lane[chosen_index];
       p.first_cpu = st.first_cpu;
       p.last_cpu = st.last_cpu;
       p.cpu = std::move(st.cpu);
@@ -290,13 +338,13 @@ struct window_result {
       p.tail_idle = a_end - g.observed_end[p.last_cpu] - p.tail_busy;
       if (chosen_index > 0) {
         const trace::profiler_step& before = steps[chosen_index - 1];
-        step_tasks prev = tasks_of(before);
+        step_tasks prev = tasks_of(chosen_index - 1);
         if (prev.last_cpu != graph::no_task) {
           step_end e;
           e.name = before.name;
           e.last_cpu = prev.last_cpu;
           const time_ns b_end = before.start + before.dur + map.offset;
-          e.tail_busy = busy_on_lane(r.events[before.event].lane, g.observed_end[prev.last_cpu], b_end);
+          e.tail_busy = busy_on_lane(f.lane[chosen_index - 1], g.observed_end[prev.last_cpu], b_end);
           e.tail_idle = b_end - g.observed_end[prev.last_cpu] - e.tail_busy;
           e.gpu = std::move(prev.gpu);
           p.previous = std::move(e);
@@ -320,6 +368,12 @@ struct window_result {
     }
   });
   return plans;
+}
+
+/// The same, reading the steps from the job's events (which must be there).
+[[nodiscard]] inline std::vector<iteration_plan> plan_iterations(const trace::job& job, const graph::built_job& b,
+                                                                 std::optional<int> step = std::nullopt) {
+  return plan_iterations(job, find_steps(job), b, step);
 }
 
 }  // namespace lumos::report

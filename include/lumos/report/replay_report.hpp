@@ -25,11 +25,13 @@ struct replay_options {
   /// Leave-one-step-out: replay the step with the measured op durations of this other step
   /// (report/held_out.hpp); the simulated iteration then predicts that step.
   std::optional<int> durations_from_step;
-  /// Called once `replay_job` no longer reads the job's events (the graph is built and the
-  /// iterations planned), before the graph is compiled and replayed: a caller that does not
-  /// need them afterwards frees them here (`trace::job::drop_events`), which takes them out
-  /// of the replay's peak memory.
-  std::function<void()> events_done;
+  /// Called with a rank's index (in `job.ranks`) once `replay_job` reads none of its events
+  /// again: during the build, right after the rank's tasks are added (the steps the iterations
+  /// are planned from are taken from the events first, `find_steps`). A caller that does not
+  /// need the events afterwards frees them here (`trace::rank_trace::drop_events`): a rank's
+  /// graph then replaces its events in memory, instead of the two being held together at the
+  /// replay's peak. `rewrite` must not read the events when this is set.
+  std::function<void(std::size_t)> release_events;
 };
 
 /// One rank's leave-one-step-out result (`replay_options::durations_from_step`).
@@ -88,13 +90,18 @@ template <class Rewrite = no_rewrite>
 [[nodiscard]] replay_session replay_job(const trace::job& job, const replay_options& options = {}, Rewrite&& rewrite = {}) {
   replay_session s;
   s.scales = options.scales;
-  s.built = graph::build_graph(job, options.build);
+  const std::vector<rank_steps> steps = find_steps(job);
+  {
+    graph::build_options build = options.build;
+    if (options.release_events) build.events_done = options.release_events;
+    s.built = graph::build_graph(job, build);
+  }
   rewrite(s.built);
-  s.plans = plan_iterations(job, s.built, options.step);
+  s.plans = plan_iterations(job, steps, s.built, options.step);
   std::vector<iteration_plan> sources;
   std::vector<time_ns> same_step;
   if (options.durations_from_step) {
-    sources = plan_iterations(job, s.built, options.durations_from_step);
+    sources = plan_iterations(job, steps, s.built, options.durations_from_step);
     const task_times measured = observed_times(s.built.graph);
     for (std::size_t i = 0; i < job.ranks.size(); ++i) {
       held_out_rank h;
@@ -112,7 +119,6 @@ template <class Rewrite = no_rewrite>
     // Durations change after the measured values above were taken from the observed times.
     for (std::size_t i = 0; i < job.ranks.size(); ++i) s.held_out[i].tasks = substitute_durations(s.built.graph, s.plans[i], sources[i]);
   }
-  if (options.events_done) options.events_done();
   s.compiled = graph::compile(s.built.graph, options.scales);
   {
     // The timeline takes over the engine's times instead of recording a copy of them.

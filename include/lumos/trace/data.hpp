@@ -26,16 +26,11 @@ struct job {
     return total;
   }
   /// Frees every rank's events and their args, keeping the rest (files, rank numbers, strings,
-  /// lanes, process groups): for a caller done with the events, e.g. once a graph is built and
-  /// its iterations planned (`report::replay_options::events_done`). Events are most of a job's
-  /// memory.
+  /// lanes, process groups): for a caller done with the events, e.g. once a graph is built
+  /// (`report::replay_options::release_events` frees them rank by rank during the build). Events
+  /// are most of a job's memory.
   void drop_events() noexcept {
-    for (auto& r : ranks) {
-      // Swapped out (`= {}` would keep the capacity).
-      decltype(r.events)().swap(r.events);
-      decltype(r.arg_keys)().swap(r.arg_keys);
-      decltype(r.arg_values)().swap(r.arg_values);
-    }
+    for (auto& r : ranks) r.drop_events();
   }
 };
 

@@ -259,6 +259,16 @@ struct rank_trace {
     return v ? str(static_cast<string_id>(*v)) : std::string_view{};
   }
 
+  /// Frees the events and their args, keeping the rest (file, rank, strings, lanes, process
+  /// groups): for a caller done with them (`trace::job::drop_events`,
+  /// `graph::build_options::events_done`).
+  void drop_events() noexcept {
+    // Swapped out (`= {}` would keep the capacity).
+    decltype(events)().swap(events);
+    decltype(arg_keys)().swap(arg_keys);
+    decltype(arg_values)().swap(arg_values);
+  }
+
   /// Bytes held by the event store of this rank (events, args, lanes, strings).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return events.capacity() * sizeof(event) + arg_keys.capacity() * sizeof(arg_key) +

@@ -128,7 +128,7 @@ class event_multimap {
       keys_.resize(entries_.size());
       for (std::size_t i = 0; i < entries_.size(); ++i) keys_[i] = entries_[i].key;
     }
-    entries_ = {};
+    entries_ = std::vector<entry>{};  // freed (`= {}` would keep the capacity)
   }
   // Every value of `key` (empty when it has none).
   [[nodiscard]] std::span<const std::uint32_t> find(std::int64_t key) const noexcept {
@@ -373,10 +373,16 @@ class trace_graph_builder {
 
   // ---- collectives ------------------------------------------------------------------------
 
+  // A collective's participant, with its op's times (rank-local): joining the participants
+  // reads no event, so a rank's events can go once its tasks are added
+  // (`build_options::events_done`).
   struct participant {
     std::size_t rank_index;
     event_index op;
+    time_ns ts, dur;
   };
+  [[nodiscard]] time_ns start_of(const participant& m) const noexcept { return job_time(m.rank_index, m.ts); }
+  [[nodiscard]] time_ns end_of(const participant& m) const noexcept { return job_time(m.rank_index, m.ts + m.dur); }
   struct instance_plan {
     collective_instance info;
     std::vector<participant> members;
@@ -436,6 +442,11 @@ class trace_graph_builder {
   [[nodiscard]] std::string where(std::size_t r, event_index i) const {
     const trace::rank_trace& t = job_.ranks[r];
     return t.file + ": event #" + std::to_string(i) + " '" + std::string(t.name(t.events[i])) + "'";
+  }
+  // The same for a collective's participant, named after its task (its events may be gone).
+  [[nodiscard]] std::string where(const participant& m) const {
+    return job_.ranks[m.rank_index].file + ": event #" + std::to_string(m.op) + " '" +
+           std::string(out_.graph.task_name(ranks_[m.rank_index].task_of_event[m.op])) + "'";
   }
 
   [[nodiscard]] task_id launch_task_for(std::size_t r, event_index call) const {

@@ -72,7 +72,7 @@ void trace_graph_builder<Comm>::match_collectives() {
         ty = type_of.emplace(names, number(type_id, type_text, std::move(type))).first;
       }
       const std::int64_t seq = counters[(std::uint64_t{group} << 32) | ty->second]++;
-      entries.push_back({group, ty->second, seq, {r, o}, source});
+      entries.push_back({group, ty->second, seq, {r, o, t.events[o].ts, t.events[o].dur}, source});
     }
   }
   // Ids in text order.
@@ -154,9 +154,9 @@ void trace_graph_builder<Comm>::estimate_clock_offsets() {
     changed = false;
     for (const instance_plan& plan : plans_) {
       time_ns earliest_end = std::numeric_limits<time_ns>::max();
-      for (const participant& m : plan.members) earliest_end = std::min(earliest_end, d[m.rank_index] + end_of(m.rank_index, m.op));
+      for (const participant& m : plan.members) earliest_end = std::min(earliest_end, d[m.rank_index] + end_of(m));
       for (const participant& m : plan.members) {
-        const time_ns bound = earliest_end - start_of(m.rank_index, m.op);
+        const time_ns bound = earliest_end - start_of(m);
         if (bound < d[m.rank_index]) {
           d[m.rank_index] = bound;
           changed = true;
@@ -242,8 +242,8 @@ void trace_graph_builder<Comm>::finish_collectives() {
     if (plan.info.kind == "sendrecv" && plan.members.size() == 2) {
       const participant& x = plan.members[0];
       const participant& y = plan.members[1];
-      const bool x_first = end_of(x.rank_index, x.op) <= start_of(y.rank_index, y.op);
-      const bool y_first = end_of(y.rank_index, y.op) <= start_of(x.rank_index, x.op);
+      const bool x_first = end_of(x) <= start_of(y);
+      const bool y_first = end_of(y) <= start_of(x);
       if (x_first || y_first) {
         const participant& sender = x_first ? x : y;
         const participant& receiver = x_first ? y : x;
@@ -269,7 +269,7 @@ void trace_graph_builder<Comm>::finish_collectives() {
     // The transfer is the shortest participant: the last to arrive waited least.
     time_ns transfer = std::numeric_limits<time_ns>::max();
     for (const participant& m : plan.members) {
-      transfer = std::min(transfer, scale_time(job_.ranks[m.rank_index].events[m.op].dur, ranks_[m.rank_index].factor(m.op)));
+      transfer = std::min(transfer, scale_time(m.dur, ranks_[m.rank_index].factor(m.op)));
     }
     const task_id join = g.add_task({.kind = task_kind::join, .processor = barrier, .name = plan.info.kind, .rank = -1});
     plan.info.join = join;
@@ -289,7 +289,7 @@ void trace_graph_builder<Comm>::finish_collectives() {
     for (const participant& m : plan.members) {
       const task_id c = ranks_[m.rank_index].task_of_event[m.op];
       if (g.observed_end[c] < last) {
-        violation(last - g.observed_end[c], where(m.rank_index, m.op) + " (" + plan.info.kind + " #" + std::to_string(plan.info.sequence) +
+        violation(last - g.observed_end[c], where(m) + " (" + plan.info.kind + " #" + std::to_string(plan.info.sequence) +
                                                 " of group " + plan.info.group + ") ends " + std::to_string(last - g.observed_end[c]) +
                                                 " ns before the last participant arrives (clock skew between hosts?)");
       }

@@ -19,6 +19,7 @@ void trace_graph_builder<Comm>::build_ranks() {
       analyse_rank(r);
       build_rank(r);
       release_indexes(r);
+      if (options_.events_done) options_.events_done(r);
       trim_heap(r);
     }
     return;
@@ -75,6 +76,7 @@ void trace_graph_builder<Comm>::build_ranks() {
     if (failed[r]) std::rethrow_exception(failed[r]);
     build_rank(r);
     release_indexes(r);
+    if (options_.events_done) options_.events_done(r);
     trim_heap(r);
     {
       std::lock_guard lock(m);
