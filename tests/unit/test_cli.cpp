@@ -524,6 +524,17 @@ TEST_CASE("whatif --dp on traces whose micro-batches are not known: the per-repl
   const result global = run("whatif " + job + " --dp 2 --global-batch 8");
   CHECK(global.code == 2);
   CHECK(global.err.find("micro-batches per replica are not known") != std::string::npos);
+  // Without stages the unmarked step read as one forward pass, hence one micro-batch: --dp 2
+  // --global-batch 8 on a job of 4 micro-batches per replica made it 4 and predicted 4x the
+  // iteration (the count the traces do not give is now unknown there too).
+  const std::string flat = (dir.path() / "flat").string();
+  REQUIRE(run("synth --model gpt3-15b --layers 4 --tp 2 --global-batch 4 --out " + flat).code == 0);
+  const result flat_kept = run("whatif " + flat + " --dp 2");
+  REQUIRE(flat_kept.code == 0);
+  CHECK(flat_kept.out.find("micro-batches per replica: not known in the traces") != std::string::npos);
+  const result flat_global = run("whatif " + flat + " --dp 2 --global-batch 8");
+  CHECK(flat_global.code == 2);
+  CHECK(flat_global.err.find("micro-batches per replica are not known") != std::string::npos);
 }
 
 TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which replay to the prediction", "[cli][whatif][pipeline]") {

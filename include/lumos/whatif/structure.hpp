@@ -76,6 +76,7 @@ struct phase_span {
   time_ns start = 0, end = 0;  ///< first launch call → last GPU op end
   std::size_t gpu_ops = 0;
   std::string source;  ///< the annotations / op names that marked it
+  bool marked = false;  ///< annotations or ops marked it (else: launches under no marker, taken as forward)
 };
 
 /// One forward or backward pass over one micro-batch (and model chunk) on one rank.
@@ -542,6 +543,7 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
       }
       if (span.gpu_ops == 0) continue;
       const auto& names = w.markers[k];
+      span.marked = !names.empty();
       if (names.empty()) {
         span.source = "launches under no forward/backward/optimizer annotation or op";
       } else {
@@ -946,6 +948,18 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
       par.schedule.source = stage_ranks.empty() ? "pipeline stages unknown" : "ranks run different numbers of passes";
     } else if (forwards == 0) {
       par.schedule.source = "no forward pass in the iteration";
+    } else if (backwards == 0 && std::none_of(stage_ranks.begin(), stage_ranks.end(), [&](const auto& p) {
+                 return std::any_of(p.begin(), p.end(), [&](std::size_t ri) {
+                   const auto& phases = out.ranks[ri].phases;
+                   return std::any_of(phases.begin(), phases.end(), [](const phase_span& ph) { return ph.marked; });
+                 });
+               })) {
+      // Nothing marks a pass: the whole step reads as one forward pass, which says neither that
+      // it is forward only nor over how many micro-batches it runs (a training step of a trace
+      // with kernels and launches only reads the same).
+      par.schedule.source = "no forward/backward annotation or op marks the passes (the step reads as one forward pass)";
+      par.micro_batches.source = par.schedule.source;
+      par.chunks.source = par.schedule.source;
     } else if (backwards == 0) {
       par.schedule.source = "forward only (no backward pass): no training schedule";
       par.micro_batches.value = static_cast<int>(forwards);
