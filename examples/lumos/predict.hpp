@@ -285,8 +285,10 @@ inline void predict_json(const synth::job& j, const synth::prediction& r, double
   w.field("model_flops_per_iteration", r.model_flops);
   w.field("hardware_flops_per_iteration", r.hardware_flops);
   w.field("flops_convention",
-          "Megatron: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)) model FLOPs per iteration (generalised to "
-          "GQA/SwiGLU); hardware FLOPs add recomputed forward work; dense tensor-core peak");
+          r.forward_only ? "Megatron's forward third: 24*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)) model FLOPs per forward-only "
+                             "iteration (generalised to GQA/SwiGLU); nothing recomputed; dense tensor-core peak"
+                           : "Megatron: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)) model FLOPs per iteration (generalised to "
+                             "GQA/SwiGLU); hardware FLOPs add recomputed forward work; dense tensor-core peak");
   w.field("bubble_fraction", r.bubble_fraction);
   w.field("pipeline_ns", r.pipeline_ns);
   w.field("bubble_definition",
@@ -361,8 +363,8 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
   put("  iteration     %.3f s (%lld ns)\n", static_cast<double>(r.iteration_ns) / 1e9,
       static_cast<long long>(r.iteration_ns));
   put("  throughput    %.0f tokens/s\n", r.tokens_per_s);
-  put("  model FLOPs   %.1f TFLOP/s per GPU, MFU %s   (Megatron: 72*B*s*l*h^2*(1 + s/6h + V/12lh) per iteration;\n",
-      r.model_tflops_per_gpu, detail::pct(r.mfu).c_str());
+  put("  model FLOPs   %.1f TFLOP/s per GPU, MFU %s   (Megatron: %s*B*s*l*h^2*(1 + s/6h + V/12lh) per %siteration;\n",
+      r.model_tflops_per_gpu, detail::pct(r.mfu).c_str(), r.forward_only ? "24" : "72", r.forward_only ? "forward-only " : "");
   put("                peak %.1f TFLOP/s dense %s)\n", r.peak_flops_per_gpu / 1e12,
       std::string(model::to_string(p.dtype)).c_str());
   put("  hardware FLOPs %.1f TFLOP/s per GPU, HFU %s   (adds the forward work recomputation reruns)\n",

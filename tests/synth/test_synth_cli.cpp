@@ -111,6 +111,34 @@ TEST_CASE("lumos predict --json prints the documented fields", "[cli][synth]") {
   CHECK(std::string_view(doc["flops_convention"]).find("72*B*s*l*h^2") != std::string_view::npos);
 }
 
+TEST_CASE("lumos predict --forward-only counts the forward's FLOPs: 24*B*s*l*h^2*(1 + s/6h + V/12lh)", "[cli][synth]") {
+  // A GPT shape (ffn 4h, as many KV heads as heads), 8 layers, seq 2048, batch 4: the FLOPs per
+  // iteration follow from Megatron's closed form, written out here. They were the training
+  // step's (72*...) for a forward-only step too, so MFU read 3x too high.
+  const std::string args = "predict --model gpt3-15b --layers 8 --tp 2 --global-batch 4 --json";
+  simdjson::dom::parser p1, p2;
+  const result train = run(args);
+  const result forward = run(args + " --forward-only");
+  REQUIRE(train.code == 0);
+  REQUIRE(forward.code == 0);
+  const simdjson::dom::element a = p1.parse(train.out), b = p2.parse(forward.out);
+  const auto h_int = int64_t(b["job"]["hidden"]);
+  REQUIRE(int64_t(b["job"]["ffn"]) == 4 * h_int);
+  REQUIRE(int64_t(b["job"]["kv_heads"]) == int64_t(b["job"]["heads"]));
+  REQUIRE(int64_t(b["job"]["seq"]) == 2048);
+  const double B = 4, s = 2048, l = 8, h = double(h_int), V = double(int64_t(b["job"]["vocab"]));
+  const double megatron = B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+  CHECK(double(a["model_flops_per_iteration"]) == Approx(72 * megatron).epsilon(1e-9));
+  CHECK(double(b["model_flops_per_iteration"]) == Approx(24 * megatron).epsilon(1e-9));
+  CHECK(double(b["hardware_flops_per_iteration"]) == Approx(24 * megatron).epsilon(1e-9));
+  // MFU: those FLOPs over the iteration on every GPU at the dense peak.
+  const double seconds = double(int64_t(b["iteration_ns"])) / 1e9;
+  CHECK(double(b["mfu"]) == Approx(24 * megatron / (seconds * double(int64_t(b["job"]["gpus"])) *
+                                                    double(b["peak_tflops_per_gpu"]) * 1e12)).epsilon(1e-9));
+  CHECK(std::string_view(b["flops_convention"]).find("24*B*s*l*h^2") != std::string_view::npos);
+  CHECK(int64_t(b["iteration_ns"]) < int64_t(a["iteration_ns"]));
+}
+
 TEST_CASE("lumos predict --tp-comm-overlap on hides TP collectives behind GEMMs", "[cli][synth]") {
   const std::string args = "predict --model gpt3-15b --tp 4 --sp on --seq 2048 --global-batch 8 --json";
   simdjson::dom::parser p1, p2;

@@ -80,9 +80,11 @@ struct prediction {
   double tokens_per_s = 0;
   /// FLOPs of one iteration: model FLOPs by Megatron's convention
   /// 72·B·s·l·h²·(1 + s/6h + V/12lh) (exact for GPT shapes; `model::model_flops` generalises it
-  /// to GQA/SwiGLU), hardware FLOPs adding the forward work recomputation reruns.
+  /// to GQA/SwiGLU), hardware FLOPs adding the forward work recomputation reruns. A forward-only
+  /// step (`program_options::forward_only`) counts a third of it: 24·B·s·l·h²·(...).
   double model_flops = 0;
   double hardware_flops = 0;
+  bool forward_only = false;  ///< the step was forward only (the FLOPs above count a third)
   double peak_flops_per_gpu = 0;  ///< dense tensor-core peak of the training precision
   double model_tflops_per_gpu = 0;
   double hardware_tflops_per_gpu = 0;
@@ -181,6 +183,13 @@ template <model::ComputeModel Compute = model::roofline, model::CommModel Comm =
   out.tokens_per_s = model::tokens_per_second(m, par.global_batch, makespan);
   out.model_flops = model::model_flops(m, par.global_batch);
   out.hardware_flops = model::hardware_flops(m, par.global_batch, par.recompute);
+  out.forward_only = opt.program.forward_only;
+  if (out.forward_only) {
+    // The forward third of a training step's work (its backward does twice the forward's), and
+    // nothing is recomputed: 24·B·s·l·h²·(1 + s/6h + V/12lh) for GPT shapes.
+    out.model_flops /= 3.0;
+    out.hardware_flops = out.model_flops;
+  }
   out.peak_flops_per_gpu = hw.peak_flops(par.dtype);
   out.model_tflops_per_gpu = model::tflops_per_gpu(out.model_flops, makespan, out.gpus);
   out.hardware_tflops_per_gpu = model::tflops_per_gpu(out.hardware_flops, makespan, out.gpus);
