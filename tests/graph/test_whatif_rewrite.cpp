@@ -66,6 +66,37 @@ TEST_CASE("repeat_groups: a group repeated in place keeps its edges in every cop
   CHECK(makespan(whatif::repeat_groups(x.g, {{{x.la, x.a}, 1}, {{x.lb, x.b}, 1}}).graph) == 305);
 }
 
+TEST_CASE("repeat_groups: a task before the group's run on its thread waits for the first copy, not the last",
+          "[whatif][rewrite]") {
+  // As on the DLRM traces (whatif --global-batch): a forward thread launches K; the backward
+  // thread, whose first task Q (an event query) comes before the period's tasks there, waits
+  // for K, then launches K2 in the period. Q waiting for K's last copy (the plain "an edge
+  // leaving a group leaves its last copy") made a cycle: Q -> L2 (copy 1) -> K2 (copy 1) ->
+  // K (copy 2) -> Q.
+  task_graph g;
+  const processor_id forward = g.add_processor({processor_kind::cpu_thread, 0, 1, 1, "forward thread"});
+  const processor_id backward = g.add_processor({processor_kind::cpu_thread, 0, 1, 2, "backward thread"});
+  const processor_id stream = g.add_processor({processor_kind::gpu_stream, 0, 0, 7, "stream 7"});
+  const task_id l = g.add_task({.kind = task_kind::cpu, .processor = forward, .duration = 5, .name = "launch K"});
+  const task_id q = g.add_task({.kind = task_kind::cpu, .processor = backward, .duration = 1, .name = "cudaEventQuery"});
+  const task_id l2 = g.add_task({.kind = task_kind::cpu, .processor = backward, .duration = 5, .name = "launch K2"});
+  const task_id k = g.add_task({.kind = task_kind::gpu_compute, .processor = stream, .duration = 100, .name = "K"});
+  const task_id k2 = g.add_task({.kind = task_kind::gpu_compute, .processor = stream, .duration = 100, .name = "K2"});
+  g.add_edge(l, k, 5, edge_kind::launch, edge_flags::from_start);
+  g.add_edge(k, q, 0, edge_kind::dependency);
+  g.add_edge(l2, k2, 5, edge_kind::launch, edge_flags::from_start);
+  // K [5,105]; Q [105,106]; L2 [106,111]; K2 [111,211].
+  CHECK(makespan(g) == 211);
+  const whatif::edited_graph e = whatif::repeat_groups(g, {{{l, k, l2, k2}, 2}});
+  REQUIRE(e.copies[k].size() == 2);
+  bool first_copy = false;
+  for (const auto& ed : e.graph.edges) first_copy = first_copy || (ed.from == e.copies[k].front() && ed.to == e.copies[q].front());
+  CHECK(first_copy);
+  // Copy 1 as above; copy 2: K [211,311] (launched at 10, queued behind K2), L2 [111,116]
+  // after copy 1's L2 on the backward thread, K2 [311,411].
+  CHECK(makespan(e.graph) == 411);
+}
+
 TEST_CASE("repeat_groups rejects overlapping and scattered groups", "[whatif][rewrite]") {
   three_launches x;
   CHECK_THROWS_WITH(whatif::repeat_groups(x.g, {{{x.a}, 2}, {{x.a}, 2}}), Catch::Contains("belongs to two groups"));

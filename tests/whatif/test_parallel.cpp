@@ -224,6 +224,15 @@ TEST_CASE("whatif --dp on the DLRM trace: identity, and DP x2 scales the gradien
   CHECK(resized == 3u * 8u);  // 3 buckets on each of the 8 ranks (README)
   CHECK(kept > 0u);
   CHECK(r.predicted.simulated_ns >= r.baseline.simulated_ns);
+  // Two micro-batches per replica (the traced one repeated): the backward thread's first task,
+  // an event query before the period, waits for a forward kernel, and its rewrite made a cycle
+  // ("the execution graph has a cycle of 298 tasks") until an edge from a group to a task before
+  // its run bound the first copy. One more micro-batch is more work, less than twice the step.
+  whatif::whatif_options two;
+  two.global_batch = 16;
+  const auto doubled = whatif::run_whatif(job, two);
+  CHECK(doubled.predicted.simulated_ns > doubled.baseline.simulated_ns);
+  CHECK(doubled.predicted.simulated_ns < 2 * doubled.baseline.simulated_ns);
 }
 
 TEST_CASE("whatif --global-batch on recorded PyTorch runs: micro-batches per step against the runs that did them",

@@ -106,8 +106,9 @@ enum class group_edges : std::uint8_t {
 };
 
 /// Rewrites `g` with `groups` (disjoint). Edges between two tasks of one group are repeated
-/// in every copy; an edge leaving a group leaves its last copy; an edge entering a group enters
-/// its first copy; edges of removed tasks are dropped (their processors still order what
+/// in every copy; an edge leaving a group leaves its last copy (its first when the task it
+/// enters stands before the groups' runs on its processor); an edge entering a group enters its
+/// first copy (its last when the task it leaves stands after them); edges of removed tasks are dropped (their processors still order what
 /// remains); `edges` = group_edges::passes changes both (see there). Copies keep the observed times, names and sources of their originals (reports
 /// count them inside the same step). O(tasks + edges). Throws `lumos::error` when groups
 /// overlap or a group is not contiguous on a processor.
@@ -189,6 +190,23 @@ enum class group_edges : std::uint8_t {
       }
     }
   }
+  // Per task outside the groups, where it stands on its processor against the groups' runs
+  // there: before the first run (it runs before every copy) or after the last (after every
+  // copy). An edge between such a task and a group binds the copy next to it: a task before the
+  // runs that waited for a group task waits for its first copy, not its last (which runs after
+  // the copies of whatever the task itself launched or released: a cycle); a group task that
+  // waited for a task after the runs waits in its last copy.
+  enum class side : std::uint8_t { between, before, after };
+  std::vector<side> side_of(n, side::between);
+  for (const auto& tasks : on) {
+    const auto first = std::find_if(tasks.begin(), tasks.end(), [&](graph::task_id t) { return group_of[t] != none; });
+    if (first == tasks.end()) continue;
+    const auto last = std::find_if(tasks.rbegin(), tasks.rend(), [&](graph::task_id t) { return group_of[t] != none; }).base();
+    for (auto it = tasks.begin(); it != first; ++it) side_of[*it] = side::before;
+    for (auto it = last; it != tasks.end(); ++it) {
+      if (group_of[*it] == none) side_of[*it] = side::after;
+    }
+  }
   for (const graph::edge& e : g.edges) {
     const auto& from = out.copies[e.from];
     const auto& to = out.copies[e.to];
@@ -206,7 +224,9 @@ enum class group_edges : std::uint8_t {
     } else if (edges == group_edges::passes && group_of[e.to] != none) {
       for (const graph::task_id t : to) ng.add_edge(from.back(), t, e.delay, e.kind, e.flags());
     } else {
-      ng.add_edge(from.back(), to.front(), e.delay, e.kind, e.flags());
+      const graph::task_id a = group_of[e.from] != none && side_of[e.to] == side::before ? from.front() : from.back();
+      const graph::task_id b = group_of[e.to] != none && side_of[e.from] == side::after ? to.back() : to.front();
+      ng.add_edge(a, b, e.delay, e.kind, e.flags());
     }
   }
   // Collectives: each copy of a participant's tasks is one more instance of the collective.
