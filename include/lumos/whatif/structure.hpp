@@ -1453,7 +1453,10 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
                             std::to_string(3 * ls.heads_local * ls.head_dim) + "): grouped-query attention?");
       }
     } else {
-      md.heads.source = ls.heads_local ? "heads per rank " + std::to_string(ls.heads_local) + " × TP (unknown)" : ls.why_attention;
+      md.heads.source = ls.heads_local  ? "heads per rank " + std::to_string(ls.heads_local) + " × TP (unknown)"
+                        : ls.seq == 0   ? ls.why_attention
+                        : ls.micro_batch ? ls.attention_from + ": its batch is not a multiple of the micro-batch size " + std::to_string(ls.micro_batch)
+                                         : ls.attention_from + ", with the micro-batch size unknown (" + md.micro_batch_size.source + ")";
     }
     if (tp && ls.hidden && ls.attn_local && ls.attn_local * *tp != ls.hidden) {
       out.notes.push_back("attention width per rank " + std::to_string(ls.attn_local) + tp_txt + " ≠ hidden " + std::to_string(ls.hidden));
