@@ -30,8 +30,8 @@ namespace detail {
 }
 
 /// Memory a what-if's graph of `tasks` tasks and `edges` edges takes at its peak: its columns
-/// (57 bytes a task, 16 an edge; up to twice that while they grow), the compiled graph (40 and
-/// 8), the replay's times and the reports' copies of them. Measured: `/usr/bin/time lumos
+/// (57 bytes a task, 16 an edge; up to twice that while they grow), the compiled graph (32 and
+/// 8; 40 and 8 when the bound was measured), the replay's times and the reports' copies of them. Measured: `/usr/bin/time lumos
 /// whatif A --layers 3200` (configuration A of docs/whatif.md; a graph of 7.79 million tasks and
 /// 4.41 million edges) peaks at 1.22 GB, 157 bytes a task; this bound takes 192 and 32 an edge.
 [[nodiscard]] constexpr double graph_replay_bytes(double tasks, double edges) noexcept {
