@@ -185,6 +185,8 @@ inline int run_replay(args& a) {
   if (!trace_out && !html) {
     opt.release_events = [&job](std::size_t i) { job.ranks[i].drop_events(); };
   }
+  // Nothing below compiles the graph again (the compiled records hold its durations).
+  opt.release_durations = true;
   const report::replay_session s = report::replay_job(job, opt);
   const auto& st = s.built.stats;
 

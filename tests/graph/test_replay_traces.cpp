@@ -1,6 +1,7 @@
 // Replay on the shared real traces: accuracy targets, identity, and the trace-writer round trip.
 #include "../unit/test_support.hpp"
 
+#include <lumos/report/critical_path.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/trace/job.hpp>
@@ -207,11 +208,20 @@ TEST_CASE("release_events is called once per rank, and dropping the events there
       ++calls;
       dropped.ranks[i].drop_events();
     };
+    o.release_durations = true;  // as `lumos replay`
     const auto a = report::replay_job(kept);
     const auto b = report::replay_job(dropped, o);
     CHECK(calls == dropped.ranks.size());
     CHECK(dropped.memory_bytes() == full - event_bytes);  // freed, not just cleared
     for (const auto& r : dropped.ranks) CHECK(!r.file.empty());
+    // The maps from events to tasks went with the events; the durations once compiled.
+    for (const auto& m : a.built.ranks) CHECK(!m.task_of_event.empty());
+    for (const auto& m : b.built.ranks) CHECK((m.task_of_event.empty() && m.arrive_of_event.empty()));
+    CHECK(!a.built.graph.durations_released());
+    CHECK(b.built.graph.durations_released());
+    CHECK((b.built.graph.duration.capacity() == 0 && b.built.graph.busy_gap.capacity() == 0));
+    CHECK(b.built.graph.task_count() == a.built.graph.task_count());
+    CHECK_THROWS_WITH(graph::compile(b.built.graph), Catch::Contains("cannot be compiled again"));
     REQUIRE(a.ranks.size() == b.ranks.size());
     for (std::size_t i = 0; i < a.ranks.size(); ++i) {
       CHECK(a.ranks[i].rank == b.ranks[i].rank);
@@ -219,7 +229,14 @@ TEST_CASE("release_events is called once per rank, and dropping the events there
       CHECK(a.ranks[i].step == b.ranks[i].step);
       CHECK(a.ranks[i].measured_ns == b.ranks[i].measured_ns);
       CHECK(a.ranks[i].simulated_ns == b.ranks[i].simulated_ns);
+      CHECK(a.ranks[i].measured.split.exposed_comm == b.ranks[i].measured.split.exposed_comm);
+      CHECK(a.ranks[i].simulated.sm.mean == b.ranks[i].simulated.sm.mean);
     }
     CHECK(a.makespan == b.makespan);
+    // The reports that follow a replay read the compiled records, not the released columns.
+    const auto pa = report::iteration_critical_path(a.built.graph, a.compiled, a.timeline, a.plans[0], a.ranks[0].simulated);
+    const auto pb = report::iteration_critical_path(b.built.graph, b.compiled, b.timeline, b.plans[0], b.ranks[0].simulated);
+    REQUIRE(pa.segments.size() == pb.segments.size());
+    for (std::size_t k = 0; k < pa.segments.size(); ++k) CHECK((pa.segments[k].task == pb.segments[k].task && pa.segments[k].end == pb.segments[k].end));
   }
 }

@@ -231,6 +231,9 @@ template <DurationModel Durations = scaled_durations>
 [[nodiscard]] compiled_graph compile(const task_graph& g, const scales& s = {}, const Durations& durations = {}) {
   const std::size_t n = g.task_count();
   if (n >= (std::size_t{1} << 31)) throw error("task_graph: more than 2^31 tasks cannot be compiled");
+  if (g.durations_released()) {
+    throw error("task_graph: its durations were released after an earlier compile (task_graph::release_durations); it cannot be compiled again");
+  }
   for (const edge& e : g.edges) {
     if (e.from >= n || e.to >= n) throw error("task_graph: an edge refers to a task that does not exist");
   }

@@ -30,8 +30,14 @@ struct replay_options {
   /// are planned from are taken from the events first, `find_steps`). A caller that does not
   /// need the events afterwards frees them here (`trace::rank_trace::drop_events`): a rank's
   /// graph then replaces its events in memory, instead of the two being held together at the
-  /// replay's peak. `rewrite` must not read the events when this is set.
+  /// replay's peak. The maps from events to tasks go too (`build_options::keep_event_maps`):
+  /// `rewrite` must read neither the events nor `built_job::ranks`' maps when this is set.
   std::function<void(std::size_t)> release_events;
+  /// Frees the graph's durations and busy gaps once it is compiled (`task_graph::release_durations`):
+  /// the measured windows are evaluated before, and nothing after reads them but another compile,
+  /// so `replay_session::built.graph` then serves reports (the critical path, the frozen
+  /// overheads) but not a second compile or a what-if. Off by default; `lumos replay` sets it.
+  bool release_durations = false;
 };
 
 /// One rank's leave-one-step-out result (`replay_options::durations_from_step`).
@@ -93,7 +99,7 @@ template <class Rewrite = no_rewrite>
   const std::vector<rank_steps> steps = find_steps(job);
   {
     graph::build_options build = options.build;
-    if (options.release_events) build.events_done = options.release_events;
+    if (options.release_events) build.events_done = options.release_events, build.keep_event_maps = false;
     s.built = graph::build_graph(job, build);
   }
   rewrite(s.built);
@@ -119,23 +125,28 @@ template <class Rewrite = no_rewrite>
     // Durations change after the measured values above were taken from the observed times.
     for (std::size_t i = 0; i < job.ranks.size(); ++i) s.held_out[i].tasks = substitute_durations(s.built.graph, s.plans[i], sources[i]);
   }
+  // Ranks are evaluated independently (each writes its own slot): in parallel, same result.
+  // The measured windows first: they read the graph's durations, which may go after compiling.
+  s.ranks.resize(job.ranks.size());
+  const unsigned threads = hardware_threads(options.build.threads);
+  {
+    const task_times measured = observed_times(s.built.graph);
+    parallel_for(job.ranks.size(), threads, [&](std::size_t i) { s.ranks[i].measured = evaluate(s.plans[i], measured); });
+  }
   s.compiled = graph::compile(s.built.graph, options.scales);
+  if (options.release_durations) s.built.graph.release_durations();
   {
     // The timeline takes over the engine's times instead of recording a copy of them.
     sim::replay_engine engine;
     s.makespan = engine.run(s.compiled);
     s.timeline = sim::record_timeline::from_interleaved(engine.release_times());
   }
-  const task_times measured = observed_times(s.built.graph);
   const task_times simulated = s.simulated_times();
-  // Ranks are evaluated independently (each writes its own slot): in parallel, same result.
-  s.ranks.resize(job.ranks.size());
-  parallel_for(job.ranks.size(), hardware_threads(options.build.threads), [&](std::size_t i) {
+  parallel_for(job.ranks.size(), threads, [&](std::size_t i) {
     rank_replay& r = s.ranks[i];
     r.rank = job.ranks[i].rank;
     r.file = job.ranks[i].file;
     r.step = s.plans[i].step;
-    r.measured = evaluate(s.plans[i], measured);
     r.simulated = evaluate(s.plans[i], simulated, options.scales.cpu);
     r.measured_ns = r.measured.window.length();
     r.simulated_ns = r.simulated.window.length();

@@ -249,6 +249,7 @@ class trace_graph_builder {
     for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
       out_.ranks[r].rank = job_.ranks[r].rank;
       out_.ranks[r].offset = ranks_[r].offset;
+      if (!options_.keep_event_maps) continue;
       out_.ranks[r].task_of_event = std::move(ranks_[r].task_of_event);
       out_.ranks[r].arrive_of_event = std::move(ranks_[r].arrive_of_event);
     }
