@@ -808,3 +808,46 @@ TEST_CASE("synth --detail kernel writes traces whose structure is the configurat
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--detail must be op or kernel") != std::string::npos);
 }
+
+TEST_CASE("calibrate on a job lumos synth wrote: its GPU, its collectives, and predict --profile gives predict back", "[cli][calibrate]") {
+  // The traces name their GPU by its preset ("h100-sxm"), which calibrate took for an unknown
+  // GPU (the A100 preset: H100 kernels at 1.96 of the A100 peak, clipped to 1; predict --profile
+  // 2x too slow); the NCCL fit read neither the kernels' own message sizes nor their group; the
+  // cross-entropy kernels' Input Dims were the hidden activations', not the vocabulary shard's.
+  const std::string config = "--layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --pp 2 --micro-batch 1 --global-batch 8";
+  lumos_test::temp_dir dir;
+  const std::string job = (dir.path() / "job").string(), profile = (dir.path() / "profile.json").string();
+  REQUIRE(run("synth " + config + " --detail kernel --out " + job).code == 0);
+  const result fit = run("calibrate " + job + " -o " + profile);
+  REQUIRE(fit.code == 0);
+  CHECK(fit.out.find("(h100-sxm)") != std::string::npos);
+  CHECK(lumos_test::read_file(profile).find("\"hardware\": \"h100-sxm\"") != std::string::npos);
+  const auto nccl = fit.out.find("NCCL: ");
+  REQUIRE(nccl != std::string::npos);
+  CHECK(std::stoi(fit.out.substr(nccl + 6)) > 0);  // the TP all-reduces, by group
+  CHECK(fit.out.find("names no preset") == std::string::npos);
+
+  auto iteration = [](const result& r) {
+    simdjson::dom::parser p;
+    return double(std::int64_t(p.parse(r.out)["iteration_ns"]));
+  };
+  const result plain = run("predict " + config + " --json");
+  const result calibrated = run("predict " + config + " --profile " + profile + " --json");
+  REQUIRE((plain.code == 0 && calibrated.code == 0));
+  CHECK(calibrated.out != plain.out);  // the profile is read
+  CHECK(std::abs(iteration(calibrated) / iteration(plain) - 1.0) < 0.02);
+
+  // A GPU with no preset: the A100's is the base, and calibrate says so.
+  const std::filesystem::path other = dir.path() / "v100";
+  std::filesystem::create_directories(other);
+  for (const auto& f : std::filesystem::directory_iterator(job)) {
+    std::string text = lumos_test::read_file(f.path());
+    const auto at = text.find("\"name\":\"h100-sxm\"");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, 17, "\"name\":\"Tesla V100-SXM2-32GB\"");
+    std::ofstream(other / f.path().filename(), std::ios::binary) << text;
+  }
+  const result unknown = run("calibrate " + other.string() + " -o " + (dir.path() / "v100.json").string());
+  REQUIRE(unknown.code == 0);
+  CHECK(unknown.out.find("the traces' GPU 'Tesla V100-SXM2-32GB' names no preset") != std::string::npos);
+}

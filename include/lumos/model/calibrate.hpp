@@ -143,7 +143,8 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
 }
 
 /// Calibrates on `ranks` (one or more ranks of one run, e.g. `trace::load_job(...).ranks`). The base profile is the preset of the GPU
-/// the traces name (deviceProperties: A100, H100, H200; else `fallback`); fitted values replace
+/// the traces name (deviceProperties, `preset_of_device`: A100, H100, H200; else `fallback`,
+/// with a note); fitted values replace
 /// it where the traces carry the evidence, each with its provenance:
 ///  - GEMM efficiency: every kernel launched inside aten::mm/addmm/bmm/baddbmm with Input Dims,
 ///    median time per shape, fitted by `fit_gemm` against the 16-bit dense peak;
@@ -155,10 +156,13 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
 ///    op dispatch = top-level CPU op time / kernels launched - one launch (what the traced host
 ///    really spent per kernel, profiler overhead included; backward ops keep the preset when the
 ///    traces have none);
-///  - NCCL: the i-th NCCL kernel of every rank is one collective (ranks of one group issue them
-///    in the same order); its transfer is the shortest participant; size from the enclosing
-///    record_param_comms Input Dims (2 or 4 B by the kernel's dtype). The smallest message
-///    gives the latency, messages >= 1 MiB the bandwidth (LL kernels: the LL fraction).
+///  - NCCL: the k-th all-reduce, all-gather or reduce-scatter kernel of a process group on each
+///    rank is one collective (a group's ranks issue them in the same order; point-to-point,
+///    all-to-all and broadcast kernels are left out); its transfer is the shortest participant;
+///    its size the kernel's "In msg nelems" ("Out msg nelems" for an all-gather) times the size
+///    of its dtype, else the enclosing record_param_comms Input Dims; its group the kernel's
+///    "Group size", else the world. The smallest message gives the latency, messages >= 1 MiB
+///    the bandwidth (LL kernels: the LL fraction).
 /// Throws `lumos::error` when no rank has kernels.
 [[nodiscard]] inline calibration calibrate(const std::vector<trace::rank_trace>& ranks, const std::string& source,
                                            const cost_profile& fallback = a100_profile()) {
@@ -170,10 +174,16 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
       break;
     }
   }
-  cost_profile p = fallback;
-  if (detail::contains(out.gpu_name, "A100")) p = a100_profile();
-  if (detail::contains(out.gpu_name, "H100")) p = h100_profile();
-  if (detail::contains(out.gpu_name, "H200")) p = h200_profile();
+  // The preset of the traced GPU: the peak the efficiencies are measured against, and what the
+  // parameters the traces do not show keep. Matched as whatif matches it ("h100-sxm", which
+  // `lumos synth` writes, was taken for an unknown GPU: H100 kernels measured against the A100's
+  // peak, efficiencies of 1.96 clipped to 1, and `predict --profile` twice too slow).
+  const std::string preset = preset_of_device(out.gpu_name);
+  cost_profile p = preset.empty() ? fallback : profile_preset(preset);
+  if (preset.empty()) {
+    out.notes.push_back("the traces' GPU " + (out.gpu_name.empty() ? std::string("is not named") : "'" + out.gpu_name + "' names no preset") +
+                        ": efficiencies are measured against the " + p.hardware + " peak, and what the traces do not show keeps its preset");
+  }
   // The traces' own kernels set the efficiencies below: they are the speed of the traced run.
   p.at_scale = 1.0;
   p.provenance["compute.at_scale_fraction"] = "1: the efficiencies are measured on the traced run";
@@ -185,7 +195,9 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
   std::map<std::string, std::vector<double>> mem_fracs;
   std::vector<double> kernel_durs, launches;
   double host_busy = 0;  // top-level CPU op time, all ranks
-  std::vector<std::vector<collective_sample>> per_rank_comm;
+  // Each collective by (process group, position among the group's collectives on its rank):
+  // the participants of one instance share the key, whichever ranks the traces hold.
+  std::map<std::pair<std::string, std::size_t>, collective_sample> instances;
 
   for (const trace::rank_trace& r : ranks) {
     const auto& ev = r.events;
@@ -257,7 +269,7 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
         }
       }
     }
-    std::vector<collective_sample> comm;
+    std::map<std::string, std::size_t, std::less<>> seen_in_group;
     for (std::size_t i = 0; i < ev.size(); ++i) {
       const auto& e = ev[i];
       if (e.cat != trace::category::kernel || e.ph != trace::phase::complete || e.dur <= 0) continue;
@@ -271,16 +283,37 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
       const auto dims = op >= 0 ? detail::parse_dims(r.arg_text(static_cast<std::size_t>(op), trace::arg_key::input_dims))
                                 : std::vector<std::vector<double>>{};
       if (kname.substr(0, 4) == "nccl") {
+        // Point-to-point kernels (pipeline send/recv, all-to-all as SendRecv) are no ring
+        // collective: they would be fitted as all-reduces.
+        if (detail::contains(kname, "SendRecv") || detail::contains(kname, "_Send") || detail::contains(kname, "_Recv") ||
+            detail::contains(kname, "AllToAll") || detail::contains(kname, "Broadcast")) {
+          continue;
+        }
         collective_sample c;
         c.kind = detail::contains(kname, "AllGather")       ? collective::all_gather
                  : detail::contains(kname, "ReduceScatter") ? collective::reduce_scatter
                                                             : collective::all_reduce;
-        const double elem = detail::contains(kname, "f32") || detail::contains(kname, "float") ? 4.0 : 2.0;
-        c.bytes = dims.empty() ? 0.0 : detail::elements(dims.front()) * elem;
+        const std::string_view dtype = r.arg_text(i, trace::arg_key::dtype);
+        const double elem = dtype == "Float" || dtype == "Int" || detail::contains(kname, "f32") || detail::contains(kname, "float") ? 4.0
+                            : dtype == "Double" || dtype == "Long"                                                               ? 8.0
+                                                                                                                                 : 2.0;
+        // The group: the kernel's own "Group size" (PyTorch >= 2.1), else the world.
         c.group = r.world_size.value_or(static_cast<int>(ranks.size()));
+        if (const auto g = r.arg(i, trace::arg_key::group_size); g && *g > 0) c.group = *g;
+        // The size by the convention of `collective` (all-gather: the gathered output): the
+        // kernel's own message size when it has one, else its operator's Input Dims.
+        const auto nelems = r.arg(i, c.kind == collective::all_gather ? trace::arg_key::out_msg_nelems : trace::arg_key::in_msg_nelems);
+        if (nelems && *nelems > 0) {
+          c.bytes = static_cast<double>(*nelems) * elem;
+        } else if (!dims.empty()) {
+          c.bytes = detail::elements(dims.front()) * elem * (c.kind == collective::all_gather ? static_cast<double>(c.group) : 1.0);
+        }
         c.ns = static_cast<double>(e.dur);
         c.ll = detail::contains(kname, "_LL") && !detail::contains(kname, "LL128");
-        comm.push_back(c);
+        std::string group(r.arg_text(i, trace::arg_key::process_group_name));
+        const std::size_t k = seen_in_group[group]++;
+        auto [it, added] = instances.try_emplace({std::move(group), k}, c);
+        if (!added) it->second.ns = std::min(it->second.ns, c.ns);  // the shortest participant is the transfer
         continue;
       }
       gemm_sample g;
@@ -292,6 +325,14 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
         continue;
       }
       if (dims.empty() || e.dur < 20000) continue;
+      // Multi-tensor (optimizer, gradient-norm, unscale) kernels sweep every parameter, not their
+      // op's Input Dims (one tensor of the list): their bandwidth is the optimizer's, fitted on
+      // the optimizer phase (whatif::fit_to_traced_configuration). As elementwise or norm
+      // kernels ("multi_tensor_l2norm") they made those fractions 0.02 on a small model.
+      if (detail::contains(kname, "multi_tensor") || detail::contains(op_name, "multi_tensor") || detail::contains(op_name, "_foreach_") ||
+          detail::contains(op_name, "non_finite_check")) {
+        continue;
+      }
       double in = 0, largest = 0;
       for (const auto& d : dims) {
         in += detail::elements(d);
@@ -304,7 +345,6 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
                                                                                                       : "elementwise";
       if (frac > 0 && frac <= 1.0) mem_fracs[cls].push_back(frac);
     }
-    per_rank_comm.push_back(std::move(comm));
   }
   if (out.kernels == 0) throw error("calibrate: no GPU kernels in " + source);
 
@@ -350,40 +390,52 @@ inline double fit_gemm(const std::vector<gemm_sample>& samples, double peak, cos
     p.provenance["cpu.collective_ns"] = what;
     p.provenance["cpu.layer_glue_ns"] = from + "0: folded into cpu.forward_op_ns";
   }
-  // Collectives: the i-th of every rank is one instance; the shortest participant is the transfer.
-  std::size_t n = per_rank_comm.empty() ? 0 : per_rank_comm.front().size();
-  for (const auto& c : per_rank_comm) n = std::min(n, c.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    collective_sample s = per_rank_comm.front()[i];
-    for (const auto& c : per_rank_comm) s.ns = std::min(s.ns, c[i].ns);
-    if (s.bytes > 0) out.collectives.push_back(s);
+  // Collectives: one sample per instance, its shortest participant's time (the others waited).
+  for (const auto& [key, c] : instances) {
+    if (c.bytes > 0 && c.group > 1) out.collectives.push_back(c);
   }
   if (!out.collectives.empty() && out.ranks > 1) {
+    // The first of the smallest, in the order of (group name, position in the group): deterministic.
     const auto smallest = std::min_element(out.collectives.begin(), out.collectives.end(),
                                            [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
     const double lat = smallest->ns;
-    std::vector<double> bw;
-    bool ll = false;
+    // Bus bandwidths of the messages >= 1 MiB, by what the model reads them as (model/nccl.hpp):
+    // Simple all-reduces the all-reduce busbw when the profile has one (NVLS), other Simple
+    // collectives the busbw, LL kernels a fraction of whichever of the two their kind uses (all
+    // were once taken as LL of the busbw: an H100 job's LL all-reduces at 0.87 of the NVLS 480
+    // GB/s fitted a fraction above 1 of 370, clipped to 1).
+    std::vector<double> simple_allreduce, simple_other, ll_bw;
+    std::vector<bool> ll_allreduce;
     for (const auto& c : out.collectives) {
       if (c.bytes < 1048576.0 || c.ns <= lat) continue;
-      bw.push_back(bus_factor(c.kind, c.group) * c.bytes / ((c.ns - lat) * 1e-9));
-      ll = ll || c.ll;
+      const double b = bus_factor(c.kind, c.group) * c.bytes / ((c.ns - lat) * 1e-9);
+      const bool nvls = c.kind == collective::all_reduce && p.intra.allreduce_busbw > 0;
+      if (c.ll) {
+        ll_bw.push_back(b), ll_allreduce.push_back(nvls);
+      } else {
+        (nvls ? simple_allreduce : simple_other).push_back(b);
+      }
+    }
+    const std::string simple_why = " messages >= 1 MiB (shortest participant)";
+    if (!simple_other.empty()) {
+      p.intra.busbw = detail::median(simple_other);
+      p.provenance["nccl.intra.busbw"] = from + "busbw of " + std::to_string(simple_other.size()) + simple_why;
+    }
+    if (!simple_allreduce.empty()) {
+      p.intra.allreduce_busbw = detail::median(simple_allreduce);
+      p.provenance["nccl.intra.allreduce_busbw"] = from + "all-reduce busbw of " + std::to_string(simple_allreduce.size()) + simple_why;
     }
     const double steps = static_cast<double>(ring_steps(smallest->kind, smallest->group));
     if (smallest->ll) {
       p.intra.ll_base_ns = std::max(0.0, lat - steps * p.intra.ll_step_ns);
       p.provenance["nccl.intra.ll_base_ns"] = from + "shortest participant of the smallest collective minus the steps";
     }
-    if (!bw.empty()) {
-      const double b = detail::median(bw);
-      if (ll) {
-        p.intra.ll_fraction = std::min(1.0, b / p.intra.busbw);
-        p.provenance["nccl.intra.ll_fraction"] = from + "LL all-reduce busbw " + std::to_string(b / 1e9) + " GB/s (shortest participant, " +
-                                                 std::to_string(bw.size()) + " messages >= 1 MiB) / preset busbw";
-      } else {
-        p.intra.busbw = b;
-        p.provenance["nccl.intra.busbw"] = from + "busbw of " + std::to_string(bw.size()) + " messages >= 1 MiB (shortest participant)";
-      }
+    if (!ll_bw.empty()) {
+      std::vector<double> fraction;
+      for (std::size_t i = 0; i < ll_bw.size(); ++i) fraction.push_back(ll_bw[i] / (ll_allreduce[i] ? p.intra.allreduce_busbw : p.intra.busbw));
+      p.intra.ll_fraction = std::min(1.0, detail::median(fraction));
+      p.provenance["nccl.intra.ll_fraction"] = from + "LL busbw of " + std::to_string(ll_bw.size()) +
+                                               " messages >= 1 MiB (shortest participant) / the busbw of their kind";
     }
   }
   p.name = "calibrated";

@@ -2,6 +2,7 @@
 // GPU, node and network description for the cost models, with vendor presets.
 
 #include <lumos/core/error.hpp>
+#include <lumos/core/strings.hpp>
 #include <lumos/core/time.hpp>
 
 #include <array>
@@ -223,6 +224,16 @@ inline constexpr std::array<std::string_view, 3> hardware_preset_names = {
     msg += n;
   }
   throw error(msg);
+}
+
+/// The hardware preset of a trace's GPU, from its `deviceProperties` name ("NVIDIA H100 80GB
+/// HBM3", or a preset name such as "h100-sxm", which `lumos synth` writes); empty when unknown.
+[[nodiscard]] inline std::string preset_of_device(std::string_view device) {
+  const std::string n = lower_ascii(device);
+  if (n.find("a100") != std::string::npos) return "a100-sxm-80gb";
+  if (n.find("h100") != std::string::npos) return "h100-sxm";
+  if (n.find("h200") != std::string::npos) return "h200-sxm";
+  return {};
 }
 
 }  // namespace lumos::model

@@ -186,7 +186,12 @@ class kernel_names {
         for (const part& p : parts) {
           if (o.name.ends_with(p.suffix)) d.kernel = elementwise(p.functor, 3), d.cpu_op = std::string(p.op);
         }
-        break;
+        // They sweep the logits' vocabulary shard, all tokens by vocab / TP (fp32 working
+        // copies), not the hidden activations (which made `lumos calibrate` read them as 25x
+        // too slow for their bytes).
+        d.input_dims = "[[" + std::to_string(par_.micro_batch * m_.seq) + ", " + std::to_string(m_.vocab / par_.tp) + "]]";
+        d.input_type = "[\"float\"]";
+        return d;
       }
       case R::loss_scale_unscale:
       case R::grad_clip:

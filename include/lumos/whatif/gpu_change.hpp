@@ -61,14 +61,7 @@ using lumos::lower_ascii;
   return op_bound::memory;
 }
 
-/// The hardware preset of a trace's GPU, from its `deviceProperties` name; empty when unknown.
-[[nodiscard]] inline std::string preset_of_device(std::string_view device) {
-  const std::string n = detail::lower_ascii(device);
-  if (n.find("a100") != std::string::npos) return "a100-sxm-80gb";
-  if (n.find("h100") != std::string::npos) return "h100-sxm";
-  if (n.find("h200") != std::string::npos) return "h200-sxm";
-  return {};
-}
+using model::preset_of_device;
 
 /// The source GPU of a job: `from` when given, else the GPU its first trace names.
 [[nodiscard]] inline model::hardware source_gpu(const trace::job& job, std::string_view from = {}) {
