@@ -70,6 +70,29 @@ TEST_CASE("periodicity finds the repeated block and its count", "[whatif][struct
   CHECK_FALSE(whatif::detail::find_period(std::vector<std::uint32_t>{1, 2, 3, 4}, 2, 2).found());
 }
 
+TEST_CASE("periodicity: where names allow several starts, durations choose the layers' own", "[whatif][structure]") {
+  // The backward pass of a last pipeline stage: the loss's gradient (9), the output layer's input
+  // and weight gradient GEMMs (1 2: named as a layer's, 20x longer) and the final norm's
+  // backward (3), then four layers of 6 1 2 3 (each ending with its norm's backward). Names
+  // allow starts 1 to 4; the earliest took the output layer's GEMMs into the last layer.
+  std::vector<std::uint32_t> seq = {9, 1, 2, 3};
+  std::vector<double> ns = {50, 400, 400, 10};
+  for (int i = 0; i < 4; ++i) seq.insert(seq.end(), {6, 1, 2, 3}), ns.insert(ns.end(), {30, 20, 20, 10});
+  const auto run = whatif::detail::find_period(seq, 2, 64, 4);
+  REQUIRE(run.found());
+  CHECK(run.period == 4);
+  CHECK(run.start == 1);
+  CHECK(run.slack == 3);
+  // Starts 1 and 2 put a 400 us GEMM in a copy of 20 us ones; 3 and 4 both give copies of equal
+  // times (the two norms' backwards take as long), and the later one is the layers'.
+  CHECK(whatif::detail::align_by_duration(run, [&](std::size_t k) { return ns[k]; }) == 4);
+  CHECK(whatif::detail::align_by_duration(run, [](std::size_t) { return 1.0; }) == 4);
+  // A run with one start keeps it.
+  const auto exact = whatif::detail::find_period(std::vector<std::uint32_t>{9, 1, 2, 1, 2, 1, 2}, 2, 3);
+  CHECK((exact.start == 1 && exact.slack == 0));
+  CHECK(whatif::detail::align_by_duration(exact, [](std::size_t k) { return double(k + 1); }) == 1);
+}
+
 TEST_CASE("GEMM shapes of a Megatron layer give hidden, FFN, heads, sequence", "[whatif][structure]") {
   using whatif::detail::gemm_of;
   using whatif::detail::parse_dims;

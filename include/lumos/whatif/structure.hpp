@@ -734,6 +734,7 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
           p.layers.source = "no block repeated " + std::to_string(L) + " times in the backward pass: its layers are not delimited";
           continue;
         }
+        run.start = detail::align_by_duration(run, [&](std::size_t k) { return t.events[w.launches[idx[k]].op].dur; });
         for (std::size_t k = run.start; k < run.start + run.covered(); ++k) {
           w.launches[idx[k]].layer = static_cast<int>(L - 1 - (k - run.start) / run.period);
         }
