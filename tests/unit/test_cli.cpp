@@ -851,3 +851,23 @@ TEST_CASE("calibrate on a job lumos synth wrote: its GPU, its collectives, and p
   REQUIRE(unknown.code == 0);
   CHECK(unknown.out.find("the traces' GPU 'Tesla V100-SXM2-32GB' names no preset") != std::string::npos);
 }
+
+TEST_CASE("whatif --pp from 1 adds the tied embedding's all-reduce at the predicted TP and hidden", "[cli][whatif][pipeline]") {
+  // Megatron's end stages all-reduce the fp32 gradient of the tied embedding, V / TP x hidden.
+  // It was sized by the traced TP: from TP 2 to 4 it moved twice the bytes.
+  lumos_test::temp_dir dir;
+  const std::string job = (dir.path() / "job").string();
+  REQUIRE(run("synth --layers 4 --hidden 1024 --heads 16 --seq 512 --vocab 51200 --tp 2 --pp 1 --micro-batch 1 --global-batch 4 "
+              "--detail kernel --out " + job).code == 0);
+  auto tied_bytes = [&](const std::string& flags) {
+    const result r = run("whatif " + job + " " + flags);
+    REQUIRE(r.code == 0);
+    const std::string mark = "all-reduces of the tied embedding's gradient between the first and last stage added (";
+    const auto at = r.out.find(mark);
+    REQUIRE(at != std::string::npos);
+    return std::stoll(r.out.substr(at + mark.size()));
+  };
+  CHECK(tied_bytes("--pp 2") == 51200LL / 2 * 1024 * 4);
+  CHECK(tied_bytes("--pp 2 --tp 4") == 51200LL / 4 * 1024 * 4);
+  CHECK(tied_bytes("--pp 2 --hidden 2048") == 51200LL / 2 * 2048 * 4);
+}
