@@ -323,7 +323,21 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       l.p2p_where[e.from] = l.p2p_where[e.to];
     }
   }
-  for (graph::processor_id p = 0; p < g.processors.size(); ++p) {
+  std::vector<graph::task_id> launched_by(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch) launched_by[e.to] = e.from;
+  }
+  // Threads first: a stream none of whose ops is in a pass (the tied embedding's all-reduce, a
+  // data-parallel stream's collectives) takes the labels of its ops' launches, in its order. It
+  // was all "before the passes", so the launch from after them and the wait for the last
+  // backward's kernel went back in the order and were dropped: the op ran at time 0.
+  std::vector<graph::processor_id> order;
+  for (const bool streams : {false, true}) {
+    for (graph::processor_id p = 0; p < g.processors.size(); ++p) {
+      if ((g.processors[p].kind == graph::processor_kind::gpu_stream) == streams) order.push_back(p);
+    }
+  }
+  for (const graph::processor_id p : order) {
     if (g.processors[p].kind == graph::processor_kind::barrier) continue;
     const int rank = g.processors[p].rank;
     const auto& list = on[p];
@@ -334,6 +348,12 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     std::int32_t cur = label_pre;
     for (std::size_t x = 0; x < list.size(); ++x) {
       const graph::task_id t = list[x];
+      if (last_explicit == list.size() && g.processors[p].kind == graph::processor_kind::gpu_stream) {
+        const graph::task_id by = launched_by[t];
+        if (by != graph::no_task && code[by] != label_unknown && position(code[by], rank) >= position(cur, rank)) cur = code[by];
+        code[t] = cur;
+        continue;
+      }
       if (last_explicit == list.size() || x > last_explicit) {
         code[t] = last_explicit == list.size() ? label_pre : label_post;
         continue;
