@@ -85,7 +85,7 @@ struct edited_graph {
   std::vector<std::vector<graph::task_id>> copies;
   std::size_t added = 0, removed = 0;  ///< tasks
   std::size_t edges_dropped = 0;       ///< edges into or out of removed tasks
-  std::size_t edges_bridged = 0;       ///< edges out of removed tasks moved to a kept task (group_edges::passes)
+  std::size_t edges_bridged = 0;       ///< edges out of removed tasks moved to a kept task
   /// The new tasks of `insert_after`, in the order of its insertions.
   std::vector<graph::task_id> inserted;
   [[nodiscard]] graph::task_id first(graph::task_id t) const noexcept {
@@ -95,21 +95,22 @@ struct edited_graph {
 
 /// How the edges of a rewritten group's boundary are carried over.
 enum class group_edges : std::uint8_t {
-  /// an edge entering a group enters its first copy; an edge out of a removed task is dropped
+  /// an edge entering a group enters its first copy
   plain,
   /// for pipeline passes that a stage split reorders next: an edge entering a group enters every
-  /// copy (each copy waits for what the original waited for), and an edge out of a removed task
-  /// leaves the last kept task before it on its processor, so that what waited for a removed
-  /// kernel (a `cudaDeviceSynchronize`, an event wait) still waits for the work its stream ran
-  /// before it; the split then re-targets host synchronizations to the new order
+  /// copy (each copy waits for what the original waited for); the split then re-targets host
+  /// synchronizations to the new order
   passes,
 };
 
 /// Rewrites `g` with `groups` (disjoint). Edges between two tasks of one group are repeated
 /// in every copy; an edge leaving a group leaves its last copy (its first when the task it
 /// enters stands before the groups' runs on its processor); an edge entering a group enters its
-/// first copy (its last when the task it leaves stands after them); edges of removed tasks are dropped (their processors still order what
-/// remains); `edges` = group_edges::passes changes both (see there). Copies keep the observed times, names and sources of their originals (reports
+/// first copy (its last when the task it leaves stands after them); an edge out of a removed task
+/// leaves the last kept task before it on its processor instead, so that what waited for a
+/// removed kernel (a send, a `cudaDeviceSynchronize`, an event wait) still waits for the work its
+/// stream ran before it; other edges of removed tasks are dropped (their processors still order
+/// what remains); `edges` = group_edges::passes changes the entering edges (see there). Copies keep the observed times, names and sources of their originals (reports
 /// count them inside the same step). O(tasks + edges). Throws `lumos::error` when groups
 /// overlap or a group is not contiguous on a processor.
 [[nodiscard]] inline edited_graph repeat_groups(const graph::task_graph& g, const std::vector<repeat_group>& groups,
@@ -178,9 +179,11 @@ enum class group_edges : std::uint8_t {
       i = k == none ? i + 1 : j;
     }
   }
-  // group_edges::passes: per task, the last copy of the last kept task before it on its processor.
+  // Per task, the last copy of the last kept task before it on its processor: an edge out of a
+  // removed task leaves it instead (in both modes: dropped, a send that waited for the last
+  // kernel of a removed layer, the last of its pass, was sent while the pass still ran).
   std::vector<graph::task_id> kept_before;
-  if (edges == group_edges::passes) {
+  {
     kept_before.assign(n, graph::no_task);
     for (const auto& tasks : on) {
       graph::task_id last = graph::no_task;

@@ -454,6 +454,10 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     if (!groups.empty()) {
       edited_graph e = repeat_groups(b.graph, groups);
       edges_dropped += e.edges_dropped;
+      if (e.edges_bridged > 0) {
+        out.changes.push_back(std::to_string(e.edges_bridged) +
+                              " edges out of removed tasks moved to the last kept task before them on their processor");
+      }
       copies = adopt(b, std::move(e));
     }
     std::vector<std::vector<graph::task_id>> period_copies;  // where the micro-batch change put each task
