@@ -108,8 +108,10 @@ int main(int argc, char** argv) {
     std::printf("            (held: event-task maps %.0f MiB, kept delays %.0f MiB, plans %.0f MiB, events left %.0f MiB)\n",
                 mib(maps), mib(built.kept.capacity() * sizeof(graph::kept_delay)), mib(plan_bytes), mib(job.memory_bytes()));
   }
-  // As report::replay_job: the measured windows are evaluated before the compile, after which
-  // the graph's durations go (replay_options::release_durations, set by the CLI).
+  // As report::replay_job: the measured windows are evaluated before the compile; then the
+  // graph's observed times go, its durations once the records hold them and its edges once the
+  // predecessor lists do (replay_options::release_observations, release_durations and
+  // release_edges, set by the CLI).
   std::vector<time_ns> longest(plans.size(), 0);
   {
     const report::task_times measured = report::observed_times(built.graph);
@@ -117,8 +119,9 @@ int main(int argc, char** argv) {
                  [&](std::size_t i) { longest[i] = report::evaluate(plans[i], measured).window.length(); });
   }
   timer.done("measure");
-  const graph::compiled_graph compiled = graph::compile(built.graph);
-  built.graph.release_durations();
+  built.graph.release_observations();
+  trim_heap();
+  const graph::compiled_graph compiled = graph::compile_releasing(built.graph, {.durations = true, .edges = true});
   timer.done("compile");
   sim::record_timeline timeline;
   time_ns makespan = 0;

@@ -89,7 +89,7 @@ inline void frozen_json(json_writer& w, const graph::task_graph& g, const report
   w.key("largest").begin_array();
   for (const auto& d : f.largest) {
     w.begin_object().field("kind", graph::to_string(d.kind)).field("amount_ns", d.amount).field("task", g.task_name(d.task));
-    w.field("processor", g.processors[g.processor[d.task]].name).field("observed_start_ns", g.observed_start[d.task]).end_object();
+    w.field("processor", g.processors[g.processor[d.task]].name).field("observed_start_ns", d.at).end_object();
   }
   w.end_array().end_object();
 }
@@ -184,6 +184,8 @@ inline int run_replay(args& a) {
   // as its tasks are added (the events of a 512-rank job are 822 MiB, its graph about 1 GiB).
   if (!trace_out && !html) {
     opt.release_events = [&job](std::size_t i) { job.ranks[i].drop_events(); };
+    opt.release_observations = true;  // they read the observed times and source events too
+    opt.release_edges = !critical;     // and, as the critical path, the edges
   }
   // Nothing below compiles the graph again (the compiled records hold its durations).
   opt.release_durations = true;

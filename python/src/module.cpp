@@ -306,7 +306,7 @@ PYBIND11_MODULE(_lumos, m) {
           w.end_object().key("largest").begin_array();
           for (const auto& d : f.largest) {
             w.begin_object().field("kind", lumos::graph::to_string(d.kind)).field("amount_ns", d.amount).field("task", g.task_name(d.task));
-            w.field("processor", g.processors[g.processor[d.task]].name).field("observed_start_ns", g.observed_start[d.task]).end_object();
+            w.field("processor", g.processors[g.processor[d.task]].name).field("observed_start_ns", d.at).end_object();
           }
           w.end_array().end_object();
         }

@@ -184,3 +184,64 @@ TEST_CASE("the compiled order is topological and deterministic, and memory per t
   REQUIRE(ta.size() == tb.size());
   for (std::uint32_t i = 0; i < ta.size(); ++i) CHECK(ta.finish_of(position{i}) == tb.finish_of(position{i}));
 }
+
+TEST_CASE("compile_releasing compiles what compile does, then frees the columns it was asked to", "[graph]") {
+  // Out of insertion order (a join fed by later tasks), with busy gaps under a CPU scale, finish
+  // edges and launch edges counted from the caller's start: every part of a record and of a
+  // predecessor list that either order of the release could get wrong.
+  two_processors x;
+  auto& g = x.g;
+  const processor_id other = g.add_processor({processor_kind::cpu_thread, 0, 1, 2, "other thread"});
+  const task_id join = g.add_task({.kind = task_kind::cpu, .processor = other, .duration = 3, .idle_gap = 2, .busy_gap = 5, .name = "wait"});
+  const task_id launch = g.add_task({.kind = task_kind::cpu, .processor = x.cpu, .duration = 4, .busy_gap = 7, .name = "launch"});
+  const task_id k1 = g.add_task({.kind = task_kind::gpu_compute, .processor = x.gpu, .duration = 40, .idle_gap = 1, .name = "k1"});
+  const task_id k2 = g.add_task({.kind = task_kind::gpu_comm, .processor = x.gpu, .duration = 20, .busy_gap = 3, .name = "k2"});
+  g.add_edge(launch, k1, 6, edge_kind::launch, edge_flags::from_start);
+  g.add_edge(k1, k2, 2, edge_kind::dependency);
+  g.add_edge(k2, join, 1, edge_kind::sync, edge_flags::finish);
+  g.add_edge(launch, join, -50, edge_kind::thread_handoff);
+  const scales s{.compute = 1.5, .comm = 2.0, .cpu = 3.0};
+  const compiled_graph want = compile(g, s);
+  const std::size_t edges = g.edge_count();
+  for (const compile_release what : {compile_release{.durations = true}, compile_release{.edges = true},
+                                     compile_release{.durations = true, .edges = true}, compile_release{}}) {
+    INFO("durations " << what.durations << ", edges " << what.edges);
+    task_graph h = g;
+    const compiled_graph got = compile_releasing(h, what, s);
+    REQUIRE(got.size() == want.size());
+    REQUIRE(got.edge_count() == want.edge_count());
+    for (std::uint32_t i = 0; i < want.size(); ++i) {
+      CHECK(got.task[i] == want.task[i]);
+      CHECK(got.tasks[i].gap == want.tasks[i].gap);
+      CHECK(got.tasks[i].duration == want.tasks[i].duration);
+      CHECK(got.tasks[i].processor_and_finishes == want.tasks[i].processor_and_finishes);
+      CHECK(got.tasks[i].pred_end == want.tasks[i].pred_end);
+    }
+    for (std::size_t j = 0; j < want.edge_count(); ++j) CHECK((got.preds[j].time == want.preds[j].time && got.preds[j].delay == want.preds[j].delay));
+    CHECK(h.durations_released() == what.durations);
+    CHECK(h.edges_released() == what.edges);
+    CHECK(h.edge_count() == edges);  // still counted
+    CHECK(h.task_count() == g.task_count());
+    if (what.durations || what.edges) {
+      CHECK_THROWS_WITH(compile(h), Catch::Contains("cannot be compiled again"));
+    }
+    if (what.edges) CHECK_THROWS_WITH(h.add_edge(k1, k2, 0, edge_kind::dependency), Catch::Contains("released"));
+  }
+}
+
+TEST_CASE("a graph whose observed times are released keeps the rest and takes no more tasks", "[graph]") {
+  two_processors x;
+  auto& g = x.g;
+  const task_id a = g.add_task({.kind = task_kind::cpu, .processor = x.cpu, .duration = 3, .name = "a", .source = 4, .observed_start = 10, .observed_end = 13});
+  const std::size_t before = g.memory_bytes();
+  CHECK(!g.observations_released());
+  g.release_observations();
+  CHECK(g.observations_released());
+  CHECK((g.observed_start.capacity() == 0 && g.observed_end.capacity() == 0 && g.source.capacity() == 0));
+  CHECK(g.memory_bytes() < before);
+  CHECK(g.task_name(a) == "a");
+  CHECK(g.duration[a] == 3);
+  CHECK_THROWS_WITH(g.add_task({.kind = task_kind::cpu, .processor = x.cpu}), Catch::Contains("released"));
+  const compiled_graph c = compile(g);  // the replay reads none of them
+  CHECK(sim::replay(c).finish_of(c.position_of(a)) == 3);
+}

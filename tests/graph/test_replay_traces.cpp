@@ -2,6 +2,7 @@
 #include "../unit/test_support.hpp"
 
 #include <lumos/report/critical_path.hpp>
+#include <lumos/report/frozen.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/trace/job.hpp>
@@ -238,5 +239,40 @@ TEST_CASE("release_events is called once per rank, and dropping the events there
     const auto pb = report::iteration_critical_path(b.built.graph, b.compiled, b.timeline, b.plans[0], b.ranks[0].simulated);
     REQUIRE(pa.segments.size() == pb.segments.size());
     for (std::size_t k = 0; k < pa.segments.size(); ++k) CHECK((pa.segments[k].task == pb.segments[k].task && pa.segments[k].end == pb.segments[k].end));
+
+    // As `lumos replay` without a critical path, written traces or a report: the observed times
+    // and source events go before the compile, the edges once compiled. Same results, and the
+    // frozen overheads (which place each kept delay by its task's measured start) too.
+    trace::job third = trace::load_job(inputs);
+    o.release_events = [&](std::size_t i) { third.ranks[i].drop_events(); };
+    o.release_observations = true;
+    o.release_edges = true;
+    const auto c = report::replay_job(third, o);
+    CHECK(c.built.graph.observations_released());
+    CHECK(c.built.graph.edges_released());
+    CHECK(c.built.graph.edge_count() == a.built.graph.edge_count());
+    CHECK(c.built.graph.memory_bytes() < b.built.graph.memory_bytes());
+    REQUIRE(c.ranks.size() == a.ranks.size());
+    std::vector<report::interval> windows;
+    for (std::size_t i = 0; i < a.ranks.size(); ++i) {
+      CHECK(c.ranks[i].measured_ns == a.ranks[i].measured_ns);
+      CHECK(c.ranks[i].simulated_ns == a.ranks[i].simulated_ns);
+      CHECK(c.ranks[i].simulated.split.exposed_comm == a.ranks[i].simulated.split.exposed_comm);
+      windows.push_back(a.ranks[i].measured.window);
+    }
+    CHECK(c.makespan == a.makespan);
+    const auto fa = report::frozen_overheads(a.built, a.plans, windows);
+    const auto fc = report::frozen_overheads(c.built, c.plans, windows);
+    REQUIRE(fa.size() == fc.size());
+    for (std::size_t i = 0; i < fa.size(); ++i) {
+      CHECK(fa[i].by_kind == fc[i].by_kind);
+      REQUIRE(fa[i].largest.size() == fc[i].largest.size());
+      for (std::size_t k = 0; k < fa[i].largest.size(); ++k) {
+        CHECK(fc[i].largest[k].task == fa[i].largest[k].task);
+        CHECK(fc[i].largest[k].at == a.built.graph.observed_start[fa[i].largest[k].task]);
+      }
+    }
+    CHECK_THROWS_WITH(report::iteration_critical_path(c.built.graph, c.compiled, c.timeline, c.plans[0], c.ranks[0].simulated),
+                      Catch::Contains("edges were released"));
   }
 }

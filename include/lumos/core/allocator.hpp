@@ -24,6 +24,10 @@
 #include <sys/mman.h>
 #endif
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace lumos {
 
 namespace detail {
@@ -41,6 +45,16 @@ namespace detail {
   return on;
 }
 }  // namespace detail
+
+/// Gives the heap's free pages back to the system. glibc keeps the pages of freed small blocks
+/// resident until later allocations reuse them, so a phase that frees many (a graph build's
+/// per-rank indexes, the planning's per-rank lists) leaves them counted in the process's memory
+/// while the next phase allocates elsewhere (large blocks come from mmap). A no-op without glibc.
+inline void trim_heap() noexcept {
+#if defined(__GLIBC__)
+  ::malloc_trim(0);
+#endif
+}
 
 /// Sets whether large blocks go on transparent huge pages when LUMOS_HUGE_PAGES does not say (on
 /// by default; see the top of this file). Blocks allocated before keep theirs.

@@ -115,6 +115,10 @@ struct kept_delay {
   task_id task = no_task;
   overhead_kind kind = overhead_kind::cpu_idle;
   time_ns amount = 0;
+  /// The task's measured start (job time), which the delay lies right before: set when the
+  /// graph is built, so that reports place it after the graph's observed times are released
+  /// (`task_graph::release_observations`).
+  time_ns at = 0;
 };
 
 /// The overheads learnt from one stream's measured timeline.

@@ -224,44 +224,57 @@ void topological_order(Counts& indegree, const Next& next_on_processor, const Of
 
 }  // namespace detail
 
-/// Orders and flattens `g`, applying `durations` (scales by default). Deterministic: among
-/// ready tasks the one added first goes first (detail::topological_order). O(tasks + edges). A cycle (e.g. a wait on
-/// an event recorded later on the same thread) is a lumos::error naming the tasks on it.
-template <DurationModel Durations = scaled_durations>
-[[nodiscard]] compiled_graph compile(const task_graph& g, const scales& s = {}, const Durations& durations = {}) {
+/// What `compile_releasing` frees of the graph it compiles.
+struct compile_release {
+  bool durations = false;  ///< the durations and busy gaps (`task_graph::release_durations`)
+  bool edges = false;      ///< the edges (`task_graph::release_edges`)
+};
+
+namespace detail {
+
+// compile() and compile_releasing(): `release(what)` is called with the durations once the
+// records hold them, and with the edges once the predecessor lists do; the predecessor lists
+// come first with `preds_first`.
+template <class Durations, class Release>
+[[nodiscard]] compiled_graph compile_graph(const task_graph& g, const scales& s, const Durations& durations, bool preds_first,
+                                           Release&& release) {
   const std::size_t n = g.task_count();
   if (n >= (std::size_t{1} << 31)) throw error("task_graph: more than 2^31 tasks cannot be compiled");
-  if (g.durations_released()) {
-    throw error("task_graph: its durations were released after an earlier compile (task_graph::release_durations); it cannot be compiled again");
+  if (g.durations_released() || g.edges_released()) {
+    throw error("task_graph: its durations or edges were released after an earlier compile (graph::compile_releasing); it cannot be compiled again");
   }
   for (const edge& e : g.edges) {
     if (e.from >= n || e.to >= n) throw error("task_graph: an edge refers to a task that does not exist");
   }
 
-  // Predecessor lists by target (CSR of edge indices: 4 bytes an edge where a copy of the
-  // source, delay and kind took 9, at the compile's peak), start edges before finish edges, in
-  // insertion order.
+  // Where each task's predecessors start (a prefix sum of their counts), and how many of them
+  // are finish edges.
   large_vector<std::uint32_t> in_begin(n + 1, 0);
-  for (const edge& e : g.edges) ++in_begin[e.to + 1];
-  for (std::size_t i = 0; i < n; ++i) in_begin[i + 1] += in_begin[i];
-  large_vector<std::uint32_t> in_edge(g.edges.size());
   std::vector<std::uint8_t> finishes(n, 0);
-  {
+  for (const edge& e : g.edges) {
+    ++in_begin[e.to + 1];
+    if (e.finish) {
+      if (finishes[e.to] == 255) throw error("task_graph: more than 255 finish edges into " + g.describe(e.to));
+      ++finishes[e.to];
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) in_begin[i + 1] += in_begin[i];
+  // The predecessor lists themselves (CSR of edge indices: 4 bytes an edge), start edges before
+  // finish edges, in insertion order. Made only once the records are (or for a cycle report):
+  // they are not held beside the records and the graph's durations, the compile's peak.
+  auto predecessor_edges = [&] {
+    large_vector<std::uint32_t> in_edge(g.edges.size());
     // Filled from the back (finish edges, then start edges, each in reverse), so each list
     // ends in insertion order, start edges first, and in_begin[t] is back at t's first entry.
     for (std::size_t i = 0; i < n; ++i) in_begin[i] = in_begin[i + 1];
     for (int pass = 1; pass >= 0; --pass) {
       for (std::size_t k = g.edges.size(); k-- > 0;) {
         const edge& e = g.edges[k];
-        if (e.finish != (pass == 1)) continue;
-        if (e.finish) {
-          if (finishes[e.to] == 255) throw error("task_graph: more than 255 finish edges into " + g.describe(e.to));
-          ++finishes[e.to];
-        }
-        in_edge[--in_begin[e.to]] = static_cast<std::uint32_t>(k);
+        if (e.finish == (pass == 1)) in_edge[--in_begin[e.to]] = static_cast<std::uint32_t>(k);
       }
     }
-  }
+    return in_edge;
+  };
 
   // Successors (CSR by source) for Kahn's algorithm; processor order adds one implicit edge.
   std::vector<task_id> next_on_processor(n, no_task);
@@ -287,7 +300,7 @@ template <DurationModel Durations = scaled_durations>
   c.task.reserve(n);
   std::vector<task_id> ready;
   detail::topological_order(indegree, next_on_processor, out_begin, out_to, ready, c.task);
-  if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, in_edge);
+  if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, predecessor_edges());
   // Only the predecessor lists are read from here on: the successor lists and counts go before
   // the records are allocated (a 512-rank job's compile peaked with both). Each is assigned an
   // empty vector, which frees it (`v = {}` would assign an empty list and keep the capacity:
@@ -299,39 +312,96 @@ template <DurationModel Durations = scaled_durations>
     throw error("task_graph: more than 16777215 processors cannot be compiled");
   }
   // The records are independent once each position knows where its predecessors start (a
-  // prefix sum): filled in parallel blocks, the same for any thread count.
+  // prefix sum): filled in parallel blocks, the same for any thread count. So are the
+  // predecessor lists. Only the records read the durations, and only the lists the edges: which
+  // comes first depends on what is released (see compile_releasing).
   constexpr std::size_t block = std::size_t{1} << 16;
   const std::size_t blocks = (n + block - 1) / block;
   const unsigned threads = n >= 4 * block ? hardware_threads() : 1;
-  c.positions.resize(n);
-  parallel_for(blocks, threads, [&](std::size_t b) {
-    for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) c.positions[c.task[i]] = position{static_cast<std::uint32_t>(i)};
-  });
+  auto positions_of = [&](std::size_t b) { return std::pair{b * block, std::min(n, (b + 1) * block)}; };
   std::vector<std::uint32_t> block_start(blocks + 1, 0);
   for (std::size_t b = 0; b < blocks; ++b) {
     std::uint32_t count = 0;
-    for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) count += in_begin[c.task[i] + 1] - in_begin[c.task[i]];
+    const auto [first, last] = positions_of(b);
+    for (std::size_t i = first; i < last; ++i) count += in_begin[c.task[i] + 1] - in_begin[c.task[i]];
     block_start[b + 1] = block_start[b] + count;
   }
-  c.tasks.resize(n);
-  c.preds.resize(g.edges.size());
-  parallel_for(blocks, threads, [&](std::size_t b) {
-    std::uint32_t out = block_start[b];
-    for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
-      const task_id t = c.task[i];
-      const time_ns busy = scale_time(g.busy_gap[t], s.cpu);
-      const std::uint32_t first_finish = in_begin[t + 1] - finishes[t];
-      for (std::uint32_t e = in_begin[t]; e < in_begin[t + 1]; ++e) {
-        const edge& in = g.edges[in_edge[e]];
-        // Start edges carry the busy prelude (see task_record); finish edges do not.
-        const time_ns delay = e < first_finish ? in.delay + busy : in.delay;
-        c.preds[out++] = {2 * index(c.positions[in.from]) + (in.from_start ? 0U : 1U), clamp_delay(delay)};
+  auto fill_records = [&] {
+    c.tasks.resize(n);
+    parallel_for(blocks, threads, [&](std::size_t b) {
+      std::uint32_t out = block_start[b];
+      const auto [first, last] = positions_of(b);
+      for (std::size_t i = first; i < last; ++i) {
+        const task_id t = c.task[i];
+        out += in_begin[t + 1] - in_begin[t];
+        c.tasks[i] = {g.idle_gap[t] + scale_time(g.busy_gap[t], s.cpu), durations.duration(g, t, s),
+                      g.processor[t] | (static_cast<std::uint32_t>(finishes[t]) << task_record::processor_bits), out};
       }
-      c.tasks[i] = {g.idle_gap[t] + busy, durations.duration(g, t, s),
-                    g.processor[t] | (static_cast<std::uint32_t>(finishes[t]) << task_record::processor_bits), out};
-    }
-  });
+    });
+  };
+  // `busy(i, t)`: the busy prelude of task t at position i, which start edges carry (see
+  // task_record); finish edges do not.
+  auto fill_preds = [&](auto busy) {
+    const large_vector<std::uint32_t> in_edge = predecessor_edges();
+    c.positions.resize(n);
+    parallel_for(blocks, threads, [&](std::size_t b) {
+      const auto [first, last] = positions_of(b);
+      for (std::size_t i = first; i < last; ++i) c.positions[c.task[i]] = position{static_cast<std::uint32_t>(i)};
+    });
+    c.preds.resize(g.edges.size());
+    parallel_for(blocks, threads, [&](std::size_t b) {
+      std::uint32_t out = block_start[b];
+      const auto [first, last] = positions_of(b);
+      for (std::size_t i = first; i < last; ++i) {
+        const task_id t = c.task[i];
+        const time_ns prelude = busy(i, t);
+        const std::uint32_t first_finish = in_begin[t + 1] - finishes[t];
+        for (std::uint32_t e = in_begin[t]; e < in_begin[t + 1]; ++e) {
+          const edge& in = g.edges[in_edge[e]];
+          const time_ns delay = e < first_finish ? in.delay + prelude : in.delay;
+          c.preds[out++] = {2 * index(c.positions[in.from]) + (in.from_start ? 0U : 1U), clamp_delay(delay)};
+        }
+      }
+    });
+  };
+  if (preds_first) {
+    fill_preds([&](std::size_t, task_id t) { return scale_time(g.busy_gap[t], s.cpu); });
+    release(compile_release{.edges = true});
+    fill_records();
+    release(compile_release{.durations = true});
+  } else {
+    fill_records();
+    release(compile_release{.durations = true});
+    fill_preds([&](std::size_t i, task_id t) { return c.tasks[i].gap - g.idle_gap[t]; });
+    release(compile_release{.edges = true});
+  }
   return c;
+}
+
+}  // namespace detail
+
+/// Orders and flattens `g`, applying `durations` (scales by default). Deterministic: among
+/// ready tasks the one added first goes first (detail::topological_order). O(tasks + edges). A
+/// cycle (e.g. a wait on an event recorded later on the same thread) is a lumos::error naming
+/// the tasks on it.
+template <DurationModel Durations = scaled_durations>
+[[nodiscard]] compiled_graph compile(const task_graph& g, const scales& s = {}, const Durations& durations = {}) {
+  return detail::compile_graph(g, s, durations, false, [](compile_release) {});
+}
+
+/// The same, for a caller that reads some of the graph's columns no more (`lumos replay`):
+/// frees the durations and busy gaps as soon as the records hold them, and the edges as soon as
+/// the predecessor lists do, so that the graph and its compiled form do not hold the same
+/// values at the compile's peak and after. The part whose columns go is made first: with the
+/// edges released, the predecessor lists (their 141 MiB of a 512-rank job are gone before the
+/// 343 MiB of records are made); otherwise the records. The graph then serves reports, but no
+/// second compile.
+template <DurationModel Durations = scaled_durations>
+[[nodiscard]] compiled_graph compile_releasing(task_graph& g, compile_release what, const scales& s = {}, const Durations& durations = {}) {
+  return detail::compile_graph(g, s, durations, what.edges, [&](compile_release now) {
+    if (now.durations && what.durations) g.release_durations();
+    if (now.edges && what.edges) g.release_edges();
+  });
 }
 
 }  // namespace lumos::graph

@@ -189,7 +189,8 @@ struct task_graph {
   string_table strings;
 
   [[nodiscard]] std::size_t task_count() const noexcept { return processor.size(); }
-  [[nodiscard]] std::size_t edge_count() const noexcept { return edges.size(); }
+  /// The edges added, including any that `release_edges` freed.
+  [[nodiscard]] std::size_t edge_count() const noexcept { return edges.size() + released_edges_; }
 
   /// Makes room for `tasks` more tasks and `more_edges` more edges (a builder that knows its
   /// size avoids the copies and page faults of growing ten columns one task at a time).
@@ -211,6 +212,7 @@ struct task_graph {
       throw error("task_graph: processor " + std::to_string(spec.processor) + " does not exist");
     }
     if (processor.size() >= no_task) throw error("task_graph: more than 4294967294 tasks");
+    if (durations_released() || observations_released()) throw error("task_graph: a task added after its columns were released");
     if (spec.name_id != no_string && spec.name_id >= strings.size()) {
       throw error("task_graph: name id " + std::to_string(spec.name_id) + " is not in the graph's strings");
     }
@@ -228,6 +230,7 @@ struct task_graph {
   }
 
   void add_edge(task_id from, task_id to, time_ns delay, edge_kind k, edge_flags flags = edge_flags::none) {
+    if (edges_released_) throw error("task_graph: an edge added after the edges were released");
     edges.push_back({from, to, clamp_delay(delay), k, has(flags, edge_flags::finish), has(flags, edge_flags::from_start)});
   }
 
@@ -242,6 +245,31 @@ struct task_graph {
   }
   [[nodiscard]] bool durations_released() const noexcept { return duration.size() != processor.size(); }
 
+  /// Frees what ties the tasks to the trace: the observed start and end times and the source
+  /// event indices. The replay and its breakdowns read neither (they read the compiled records
+  /// and the simulated times); the measured windows, the iteration plans, written traces and the
+  /// HTML report do. `report::replay_options::release_observations` does this for `lumos
+  /// replay` once the measured windows are evaluated, before the compile (286 MiB of a 512-rank
+  /// job's 15 M tasks, at the compile's peak). Reading a released column is out of bounds:
+  /// callers check `observations_released()`.
+  void release_observations() {
+    observed_start = decltype(observed_start){};
+    observed_end = decltype(observed_end){};
+    source = decltype(source){};
+  }
+  [[nodiscard]] bool observations_released() const noexcept { return observed_start.size() != processor.size(); }
+
+  /// Frees the edges, once the compiled graph's predecessor lists hold them
+  /// (`compile_releasing`): the replay and its breakdowns read those; the critical path,
+  /// written traces, the HTML report and what-ifs read the edges (141 MiB of a 512-rank job).
+  /// `edge_count()` still counts them.
+  void release_edges() {
+    released_edges_ += edges.size();
+    edges = decltype(edges){};
+    edges_released_ = true;
+  }
+  [[nodiscard]] bool edges_released() const noexcept { return edges_released_; }
+
   [[nodiscard]] std::string_view task_name(task_id t) const noexcept { return strings[name[t]]; }
 
   /// "rank R <processor name>: <task name> (task T)", for messages.
@@ -255,9 +283,14 @@ struct task_graph {
     // and the two observed times.
     const std::size_t per_task = sizeof(processor_id) + sizeof(task_kind) + 3 * sizeof(time_ns) + sizeof(string_id) +
                                  sizeof(std::int32_t) + sizeof(std::uint32_t) + 2 * sizeof(time_ns);
-    const std::size_t released = durations_released() ? 2 * sizeof(time_ns) : 0;
+    const std::size_t released = (durations_released() ? 2 * sizeof(time_ns) : 0) +
+                                 (observations_released() ? 2 * sizeof(time_ns) + sizeof(std::uint32_t) : 0);
     return processor.capacity() * (per_task - released) + edges.capacity() * sizeof(edge) + strings.memory_bytes();
   }
+
+ private:
+  std::size_t released_edges_ = 0;
+  bool edges_released_ = false;
 };
 
 static_assert(std::is_copy_constructible_v<task_graph> && std::is_copy_assignable_v<task_graph>);

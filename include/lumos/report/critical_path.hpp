@@ -79,6 +79,9 @@ namespace detail {
                                                        time_ns stop_at) {
   critical_path path;
   if (last == graph::no_task) return path;
+  if (g.edges_released()) {
+    throw error("critical path: the graph's edges were released after the compile (report::replay_options::release_edges)");
+  }
   const std::size_t n = g.task_count();
   // Incoming edges by task, and the previous task of each task on its processor.
   std::vector<std::uint32_t> in_begin(n + 1, 0);

@@ -51,11 +51,11 @@ struct frozen_report {
     if (r < 0 || static_cast<std::size_t>(r) >= plan_of_rank.size() || plan_of_rank[static_cast<std::size_t>(r)] < 0) continue;
     const auto i = static_cast<std::size_t>(plan_of_rank[static_cast<std::size_t>(r)]);
     if (!std::binary_search(members[i].begin(), members[i].end(), k.task)) continue;
-    const time_ns at = g.observed_start[k.task];
+    const time_ns at = k.at;
     const time_ns inside = std::min(at, windows[i].end) - std::max(at - k.amount, windows[i].begin);
     if (inside <= 0) continue;
     out[i].by_kind[static_cast<std::size_t>(k.kind)] += inside;
-    out[i].largest.push_back({k.task, k.kind, inside});
+    out[i].largest.push_back({k.task, k.kind, inside, at});
   }
   for (auto& f : out) {
     auto longer = [](const graph::kept_delay& x, const graph::kept_delay& y) {

@@ -2,6 +2,7 @@
 // Replays a job and reports, per rank and per job, measured vs simulated iteration time, the
 // 4-way breakdown and SM utilisation (what `lumos replay` prints).
 
+#include <lumos/core/allocator.hpp>
 #include <lumos/core/parallel.hpp>
 #include <lumos/graph/compile.hpp>
 #include <lumos/graph/trace_builder.hpp>
@@ -33,11 +34,23 @@ struct replay_options {
   /// replay's peak. The maps from events to tasks go too (`build_options::keep_event_maps`):
   /// `rewrite` must read neither the events nor `built_job::ranks`' maps when this is set.
   std::function<void(std::size_t)> release_events;
-  /// Frees the graph's durations and busy gaps once it is compiled (`task_graph::release_durations`):
-  /// the measured windows are evaluated before, and nothing after reads them but another compile,
-  /// so `replay_session::built.graph` then serves reports (the critical path, the frozen
-  /// overheads) but not a second compile or a what-if. Off by default; `lumos replay` sets it.
+  /// Frees the graph's durations and busy gaps as soon as the compiled records hold them
+  /// (`graph::compile_releasing`): the measured windows are evaluated before, and
+  /// nothing after reads them but another compile, so `replay_session::built.graph` then serves
+  /// reports (the critical path, the frozen overheads) but not a second compile or a what-if.
+  /// Off by default; `lumos replay` sets it.
   bool release_durations = false;
+  /// Frees the graph's observed times and source events (`task_graph::release_observations`)
+  /// once the measured windows are evaluated, before the compile. The replay, its breakdowns,
+  /// the critical path and the frozen overheads read neither; written traces, the HTML report
+  /// and held-out plans made afterwards do. Off by default; `lumos replay` sets it when it
+  /// writes neither.
+  bool release_observations = false;
+  /// Frees the graph's edges once the compiled predecessor lists hold them
+  /// (`graph::compile_releasing`). The replay and its breakdowns read those; the critical path,
+  /// written traces and the HTML report read the edges. Off by default; `lumos replay` sets it
+  /// when it writes none of them.
+  bool release_edges = false;
 };
 
 /// One rank's leave-one-step-out result (`replay_options::durations_from_step`).
@@ -133,8 +146,11 @@ template <class Rewrite = no_rewrite>
     const task_times measured = observed_times(s.built.graph);
     parallel_for(job.ranks.size(), threads, [&](std::size_t i) { s.ranks[i].measured = evaluate(s.plans[i], measured); });
   }
-  s.compiled = graph::compile(s.built.graph, options.scales);
-  if (options.release_durations) s.built.graph.release_durations();
+  if (options.release_observations) s.built.graph.release_observations();
+  // Planning leaves the pages of its per-rank lists in the heap (144 MiB of a 512-rank job),
+  // which the compile, allocating from mmap, would not reuse.
+  trim_heap();
+  s.compiled = graph::compile_releasing(s.built.graph, {.durations = options.release_durations, .edges = options.release_edges}, options.scales);
   {
     // The timeline takes over the engine's times instead of recording a copy of them.
     sim::replay_engine engine;

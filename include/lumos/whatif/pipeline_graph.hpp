@@ -1455,7 +1455,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   std::vector<graph::kept_delay> kd;
   for (const auto& k : b.kept) {
     for (int s = 0; s < pp; ++s) {
-      if (const task_id c = copy[static_cast<std::size_t>(s)][k.task]; c != no_task) kd.push_back({c, k.kind, k.amount});
+      if (const task_id c = copy[static_cast<std::size_t>(s)][k.task]; c != no_task) kd.push_back({c, k.kind, k.amount, k.at});
     }
   }
   b.kept = std::move(kd);

@@ -84,7 +84,7 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
   }
   std::vector<graph::kept_delay> kept;
   for (const auto& k : b.kept) {
-    for (const graph::task_id c : edited.copies[k.task]) kept.push_back({c, k.kind, k.amount});
+    for (const graph::task_id c : edited.copies[k.task]) kept.push_back({c, k.kind, k.amount, k.at});
   }
   b.kept = std::move(kept);
   b.graph = std::move(edited.graph);

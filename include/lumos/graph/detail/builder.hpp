@@ -38,10 +38,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 namespace lumos::graph {
 
 namespace detail {
@@ -241,6 +237,7 @@ class trace_graph_builder {
     out_.graph.reserve(events + events / 16, events);
     build_ranks();
     finish_collectives();
+    for (kept_delay& k : out_.kept) k.at = out_.graph.observed_start[k.task];
     if (options_.strict && out_.stats.causality_violations > 0) {
       throw error(std::to_string(out_.stats.causality_violations) + " causality violation" +
                   (out_.stats.causality_violations == 1 ? "" : "s") + " (--strict); the worst: " + out_.stats.worst_violation_text);
@@ -279,6 +276,7 @@ class trace_graph_builder {
     detail::event_multimap sync_by_corr;               // cuda_sync rows
     detail::event_multimap collective_op_by_external;  // record_param_comms (the first counts)
     std::vector<std::uint8_t> is_comm;                                           // per event
+    std::vector<event_index> comm_ops;   // communication ops by enqueue time (then index)
     std::vector<std::int32_t> instance;  // per event: collective instance (matched ops), or -1
     std::vector<task_id> task_of_event;
     std::vector<task_id> arrive_of_event;
@@ -315,7 +313,7 @@ class trace_graph_builder {
     rank_state& s = ranks_[r];
     auto release = [](auto& x) { x = std::remove_reference_t<decltype(x)>{}; };
     release(s.cpu_lanes), release(s.streams), release(s.runtime_by_corr), release(s.ops_by_corr);
-    release(s.sync_by_corr), release(s.collective_op_by_external), release(s.is_comm), release(s.instance);
+    release(s.sync_by_corr), release(s.collective_op_by_external), release(s.is_comm), release(s.comm_ops), release(s.instance);
     release(s.enqueue), release(s.anchor), release(s.warps), release(s.overheads), release(s.transfer);
     release(s.graph_names), release(s.awaited), release(s.producers), release(s.poll_runs);
   }
@@ -324,11 +322,7 @@ class trace_graph_builder {
   // (made together, before the tasks) are freed rank by rank while the graph's columns grow
   // elsewhere (mmap), and glibc keeps freed small blocks, so the peak would hold both.
   static void trim_heap(std::size_t r) noexcept {
-#if defined(__GLIBC__)
-    if (r % 64 == 63) ::malloc_trim(0);
-#else
-    (void)r;
-#endif
+    if (r % 64 == 63) lumos::trim_heap();
   }
 
   // ---- indexing ---------------------------------------------------------------------------
@@ -336,6 +330,7 @@ class trace_graph_builder {
   [[nodiscard]] time_ns job_origin() const;
 
   void index_rank(std::size_t r);
+  void index_streams(std::size_t r);
   void index_launches(std::size_t r);
 
   // Event order on a timeline: by start, the longer (enclosing) first, then by index.

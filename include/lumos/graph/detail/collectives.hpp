@@ -31,15 +31,7 @@ void trace_graph_builder<Comm>::match_collectives() {
   for (std::size_t r = 0; r < job_.ranks.size(); ++r) {
     const trace::rank_trace& t = job_.ranks[r];
     rank_state& s = ranks_[r];
-    std::vector<event_index> comm_ops;
-    for (const auto& [key, ops] : s.streams) {
-      for (const event_index o : ops) {
-        if (s.is_comm[o]) comm_ops.push_back(o);
-      }
-    }
-    std::sort(comm_ops.begin(), comm_ops.end(), [&](event_index a, event_index b) {
-      return s.enqueue[a] != s.enqueue[b] ? s.enqueue[a] < s.enqueue[b] : a < b;
-    });
+    const std::vector<event_index>& comm_ops = s.comm_ops;
     std::unordered_map<string_id, std::uint32_t> group_of;                      // the trace's group name → id
     std::map<std::pair<string_id, string_id>, std::uint32_t> type_of;           // (kernel name, Collective name) → id
     std::unordered_map<std::uint64_t, std::int64_t> counters;                   // (group, type) → ops so far

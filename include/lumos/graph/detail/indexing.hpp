@@ -19,6 +19,10 @@ template <trace::CommClassifier Comm>
   return origin == std::numeric_limits<time_ns>::max() ? 0 : origin;
 }
 
+// What matching the collectives across ranks reads, made for every rank before any is built:
+// which ops communicate, their order of enqueueing, and the ops that carry their arguments. The
+// rest of a rank's indexes (`index_streams`) is made with its analysis, a few ranks at a time:
+// made here for all ranks, they held 550 MiB of a 512-rank job beside its events.
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::index_rank(std::size_t r) {
   const trace::rank_trace& t = job_.ranks[r];
@@ -27,6 +31,51 @@ void trace_graph_builder<Comm>::index_rank(std::size_t r) {
   const std::size_t n = t.events.size();
   s.is_comm.assign(n, 0);
   s.instance.assign(n, -1);
+  // (correlation, op) of the communication ops, to find the call that launched each (the
+  // first runtime call of its correlation, as runtime_by_corr.first).
+  std::vector<std::pair<std::int64_t, event_index>> by_corr;
+  for (event_index i = 0; i < n; ++i) {
+    const trace::event& e = t.events[i];
+    if (e.ph != trace::phase::complete) continue;
+    if (trace::is_cpu_side(e.cat)) {
+      if (e.cat == trace::category::cpu_op && e.external_id >= 0 && t.arg(i, trace::arg_key::collective_name)) {
+        s.collective_op_by_external.add(e.external_id, i);
+      }
+    } else if (trace::is_gpu_op(e.cat) && is_comm_(t, i)) {
+      s.is_comm[i] = 1;
+      by_corr.push_back({e.correlation, i});
+    }
+  }
+  s.collective_op_by_external.seal();
+  std::sort(by_corr.begin(), by_corr.end());
+  std::vector<time_ns> enqueue(by_corr.size(), std::numeric_limits<time_ns>::min());
+  for (event_index i = 0; i < n && !by_corr.empty(); ++i) {
+    const trace::event& e = t.events[i];
+    if (e.ph != trace::phase::complete || !trace::is_cpu_side(e.cat) || !detail::is_runtime(e.cat) || e.correlation < 0) continue;
+    auto it = std::lower_bound(by_corr.begin(), by_corr.end(), std::pair{e.correlation, event_index{0}});
+    for (; it != by_corr.end() && it->first == e.correlation; ++it) {
+      time_ns& q = enqueue[static_cast<std::size_t>(it - by_corr.begin())];
+      if (q == std::numeric_limits<time_ns>::min()) q = e.ts;
+    }
+  }
+  std::vector<std::pair<time_ns, event_index>> order(by_corr.size());
+  for (std::size_t k = 0; k < by_corr.size(); ++k) {
+    const event_index o = by_corr[k].second;
+    order[k] = {enqueue[k] != std::numeric_limits<time_ns>::min() ? enqueue[k] : t.events[o].ts, o};
+  }
+  std::sort(order.begin(), order.end());
+  s.comm_ops.resize(order.size());
+  for (std::size_t k = 0; k < order.size(); ++k) s.comm_ops[k] = order[k].second;
+}
+
+// The rest of a rank's indexes, made when its analysis starts (and released once its tasks are
+// added): the task maps, its streams with each op's enqueue time and launch anchor, and the
+// runtime calls by correlation.
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::index_streams(std::size_t r) {
+  const trace::rank_trace& t = job_.ranks[r];
+  rank_state& s = ranks_[r];
+  const std::size_t n = t.events.size();
   s.task_of_event.assign(n, no_task);
   s.arrive_of_event.assign(n, no_task);
   s.enqueue.assign(n, 0);
@@ -35,16 +84,11 @@ void trace_graph_builder<Comm>::index_rank(std::size_t r) {
     if (e.ph != trace::phase::complete) continue;
     if (trace::is_cpu_side(e.cat)) {
       if (detail::is_runtime(e.cat) && e.correlation >= 0) s.runtime_by_corr.add(e.correlation, i);
-      if (e.cat == trace::category::cpu_op && e.external_id >= 0 && t.arg(i, trace::arg_key::collective_name)) {
-        s.collective_op_by_external.add(e.external_id, i);
-      }
     } else if (trace::is_gpu_op(e.cat)) {
       s.streams[{e.device, e.stream}].push_back(i);
-      s.is_comm[i] = is_comm_(t, i) ? 1 : 0;
     }
   }
   s.runtime_by_corr.seal();
-  s.collective_op_by_external.seal();
   s.anchor.assign(n, no_anchor);
   for (auto& [key, ops] : s.streams) {
     sort_by_start(t, ops);

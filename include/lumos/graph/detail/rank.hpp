@@ -93,6 +93,7 @@ void trace_graph_builder<Comm>::build_ranks() {
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::analyse_rank(std::size_t r) {
   rank_state& s = ranks_[r];
+  index_streams(r);
   index_launches(r);
   apply_op_scales(r);
   s.awaited = find_blocking_calls(r);
