@@ -20,6 +20,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace lumos::whatif {
@@ -96,10 +98,57 @@ struct comm_fit {
   return f;
 }
 
+/// A communication op whose peers are absent from the job (traces written one rank per pipeline
+/// stage: its DP partners were not written), with what its arguments say. Unmatched, it is a
+/// single gpu_comm task, not a `collective_instance`, and `resize_data_parallel` resizes it as it
+/// does the matched ones.
+struct lone_collective {
+  graph::task_id task = graph::no_task;  ///< its gpu_comm task
+  std::string group;                     ///< Process Group Name ("" when not recorded)
+  std::string kind;                      ///< "allreduce", "reducescatter", ... (detail::comm_kind)
+  std::int64_t elements = 0;             ///< In msg nelems, as collective_instance::bytes (0: unknown)
+  std::int64_t group_size = 0;           ///< Group size (0: unknown)
+};
+
+/// The communication ops of `job` that matched no peer, read from their args or from those of
+/// the record_param_comms op that carries them. Needs the event-to-task maps (`b.ranks`).
+[[nodiscard]] inline std::vector<lone_collective> lone_collectives(const trace::job& job, const graph::built_job& b) {
+  std::vector<lone_collective> out;
+  for (std::size_t ri = 0; ri < job.ranks.size() && ri < b.ranks.size(); ++ri) {
+    const trace::rank_trace& t = job.ranks[ri];
+    const auto& task_of = b.ranks[ri].task_of_event;
+    std::unordered_map<std::int64_t, std::uint32_t> by_external;  // the record_param_comms op of a kernel
+    for (std::uint32_t i = 0; i < t.events.size(); ++i) {
+      const auto& e = t.events[i];
+      if (e.cat == trace::category::cpu_op && e.external_id >= 0 &&
+          (t.arg(i, trace::arg_key::collective_name) || t.arg(i, trace::arg_key::process_group_name))) {
+        by_external.try_emplace(e.external_id, i);
+      }
+    }
+    for (std::uint32_t i = 0; i < t.events.size() && i < task_of.size(); ++i) {
+      const graph::task_id task = task_of[i];
+      if (task == graph::no_task || task >= b.graph.task_count() || b.graph.kind[task] != graph::task_kind::gpu_comm) continue;
+      std::uint32_t src = i;
+      if (!t.arg(i, trace::arg_key::process_group_name) && !t.arg(i, trace::arg_key::collective_name)) {
+        if (const auto it = by_external.find(t.events[i].external_id); it != by_external.end()) src = it->second;
+      }
+      lone_collective c;
+      c.task = task;
+      c.group = std::string(t.arg_text(src, trace::arg_key::process_group_name));
+      c.kind = detail::comm_kind(t.name(t.events[i]), t.arg_text(src, trace::arg_key::collective_name));
+      if (const auto v = t.arg(src, trace::arg_key::in_msg_nelems)) c.elements = *v;
+      if (const auto v = t.arg(src, trace::arg_key::group_size)) c.group_size = *v;
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
 /// What the DP rewrite did.
 struct dp_rewrite_stats {
   int from = 1, to = 1;
   std::size_t collectives = 0;  ///< instances resized
+  std::size_t lone = 0;         ///< of them, ops whose peers are absent from the job (`lone_collective`)
   std::size_t modelled = 0;     ///< of them, by the profile's NCCL model
   time_ns before = 0, after = 0;  ///< their transfer time, summed over participants
   std::vector<std::string> changes;
@@ -238,9 +287,14 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
 /// collective's ratio is the profile's NCCL model (protocols, hierarchical intra/inter-node
 /// placement, as `lumos synth` and `predict` time it) of the new group over the old one, with
 /// the members TP apart: min(n, gpus_per_node / TP) of them on a node.
+///
+/// `lone`: the gradient collectives whose peers are absent from the job (`lone_collectives`),
+/// resized the same way; without them, traces written one rank per stage keep their gradient
+/// collectives' measured time whatever the new DP.
 [[nodiscard]] inline dp_rewrite_stats resize_data_parallel(graph::task_graph& g, const job_structure& st, int dp, int gpus_per_node,
                                                            double inter_over_intra, const std::string& inter_source,
-                                                           const model::nccl_model* nccl = nullptr, const model::hardware* hw = nullptr) {
+                                                           const model::nccl_model* nccl = nullptr, const model::hardware* hw = nullptr,
+                                                           const std::vector<lone_collective>& lone = {}) {
   if (dp <= 0) throw error("whatif --dp: the data-parallel size must be positive (got " + std::to_string(dp) + ")");
   if (!st.parallel.dp.known()) throw error("whatif --dp: the traces' data-parallel size is unknown (" + st.parallel.dp.source + ")");
   dp_rewrite_stats out;
@@ -259,59 +313,78 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   const int tp = st.parallel.tp.value.value_or(1);
   std::map<model::collective, comm_fit> fits;
   bool unsized = false, others = false;
-  for (auto& ci : g.collectives) {
-    if (!dp_groups.count(ci.group)) continue;
-    const auto kind = collective_of_kind(ci.kind);
-    // Gradient collectives only: an all-to-all or broadcast in the same group (embedding
-    // exchange, parameter broadcast) is not data-parallel traffic and keeps its measured time.
+  // Gradient collectives only: an all-to-all or broadcast in the same group (embedding
+  // exchange, parameter broadcast) is not data-parallel traffic and keeps its measured time.
+  auto gradient_kind = [&](std::string_view k) -> std::optional<model::collective> {
+    const auto kind = collective_of_kind(k);
     if (!kind || !(*kind == model::collective::all_reduce || *kind == model::collective::reduce_scatter ||
                    *kind == model::collective::all_gather)) {
       others = true;
-      continue;
+      return std::nullopt;
     }
-    const auto n = static_cast<std::int64_t>(ci.group_ranks.empty() ? out.from : static_cast<int>(ci.group_ranks.size()));
-    // A DP group of n replicas: scaled by the DP ratio (a world group that is also DP grows the same way).
-    const std::int64_t n_new = std::max<std::int64_t>(1, n * dp / out.from);
+    return kind;
+  };
+  // The factor on the transfer time of a collective of `kind` and `bytes` (0: unknown) from n
+  // to n_new members.
+  auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new) {
     // GPUs a group's ranks occupy: its members are TP apart, so it leaves a node once n · tp
     // exceeds the node.
     const bool crossed_before = n * tp > gpus_per_node, crossed_after = n_new * tp > gpus_per_node;
     const double slower = crossed_after && !crossed_before ? inter_over_intra : 1.0;
-    double ratio = 1.0;
-    if (ci.bytes > 0 && nccl != nullptr && hw != nullptr) {
+    if (bytes > 0 && nccl != nullptr && hw != nullptr) {
       const std::int64_t per_node = std::max<std::int64_t>(1, hw->gpus_per_node / std::max(1, tp));
       auto placed = [&](std::int64_t members) {
         const std::int64_t r = std::min(members, per_node);
         return model::group_placement{members - members % r, r};
       };
-      const auto t_old = nccl->collective_time({*kind, ci.bytes, placed(n)}, *hw);
-      const auto t_new = nccl->collective_time({*kind, ci.bytes, placed(n_new)}, *hw);
-      ratio = t_old > 0 ? static_cast<double>(t_new) / static_cast<double>(t_old) : 1.0;
+      const auto t_old = nccl->collective_time({kind, bytes, placed(n)}, *hw);
+      const auto t_new = nccl->collective_time({kind, bytes, placed(n_new)}, *hw);
       ++out.modelled;
-    } else if (ci.bytes > 0) {
-      if (!fits.count(*kind)) fits.emplace(*kind, fit_collective(g, *kind));
-      const comm_fit& f = fits.at(*kind);
+      return t_old > 0 ? static_cast<double>(t_new) / static_cast<double>(t_old) : 1.0;
+    }
+    if (bytes > 0) {
+      if (!fits.count(kind)) fits.emplace(kind, fit_collective(g, kind));
+      const comm_fit& f = fits.at(kind);
       comm_fit after = f;
       after.busbw = f.busbw * slower;
-      const double bytes = static_cast<double>(ci.bytes);
-      const double t_old = f.time_ns(*kind, bytes, n), t_new = after.time_ns(*kind, bytes, n_new);
-      ratio = t_old > 0 ? t_new / t_old : 1.0;
-    } else {
-      // No size recorded: no latency can be told from bandwidth, so the whole measured time is
-      // taken as bandwidth time (an upper bound on the change for small messages).
-      unsized = true;
-      const double b_old = model::bus_factor(*kind, n);
-      ratio = b_old > 0 ? model::bus_factor(*kind, n_new) / b_old / slower : 1.0;
+      const auto b = static_cast<double>(bytes);
+      const double t_old = f.time_ns(kind, b, n), t_new = after.time_ns(kind, b, n_new);
+      return t_old > 0 ? t_new / t_old : 1.0;
     }
-    for (const graph::task_id t : ci.complete) {
-      out.before += g.duration[t];
-      g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * ratio));
-      out.after += g.duration[t];
-    }
+    // No size recorded: no latency can be told from bandwidth, so the whole measured time is
+    // taken as bandwidth time (an upper bound on the change for small messages).
+    unsized = true;
+    const double b_old = model::bus_factor(kind, n);
+    return b_old > 0 ? model::bus_factor(kind, n_new) / b_old / slower : 1.0;
+  };
+  auto rescale = [&](graph::task_id t, double ratio) {
+    out.before += g.duration[t];
+    g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * ratio));
+    out.after += g.duration[t];
+  };
+  for (auto& ci : g.collectives) {
+    if (!dp_groups.count(ci.group)) continue;
+    const auto kind = gradient_kind(ci.kind);
+    if (!kind) continue;
+    const auto n = static_cast<std::int64_t>(ci.group_ranks.empty() ? out.from : static_cast<int>(ci.group_ranks.size()));
+    // A DP group of n replicas: scaled by the DP ratio (a world group that is also DP grows the same way).
+    const std::int64_t n_new = std::max<std::int64_t>(1, n * dp / out.from);
+    const double ratio = ratio_of(*kind, ci.bytes, n, n_new);
+    for (const graph::task_id t : ci.complete) rescale(t, ratio);
     // Members beyond the traced ranks get numbers past the largest (they are not in the graph).
     int next = ci.group_ranks.empty() ? 0 : *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
     while (static_cast<std::int64_t>(ci.group_ranks.size()) < n_new) ci.group_ranks.push_back(next++);
     if (static_cast<std::int64_t>(ci.group_ranks.size()) > n_new) ci.group_ranks.resize(static_cast<std::size_t>(n_new));
     ++out.collectives;
+  }
+  for (const lone_collective& c : lone) {
+    if (!dp_groups.count(c.group) || c.task >= g.task_count() || g.kind[c.task] != graph::task_kind::gpu_comm) continue;
+    const auto kind = gradient_kind(c.kind);
+    if (!kind) continue;
+    const std::int64_t n = c.group_size > 0 ? c.group_size : out.from;
+    const double ratio = ratio_of(*kind, c.elements, n, std::max<std::int64_t>(1, n * dp / out.from));
+    rescale(c.task, ratio);
+    ++out.collectives, ++out.lone;
   }
   if (out.modelled > 0) {
     out.changes.push_back(std::to_string(out.modelled) + " sized gradient collectives resized by the " + (nccl != nullptr ? nccl->profile.name : std::string()) +
@@ -333,10 +406,11 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     out.changes.emplace_back(line);
   }
   std::snprintf(line, sizeof line,
-                "DP %d -> %d: %zu gradient collectives resized (ring factor 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter "
+                "DP %d -> %d: %zu gradient collectives resized%s (ring factor 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter "
                 "and all-gather%s): %.3f -> %.3f ms of transfer time over the traced ranks; the traced ranks stand for every "
                 "replica (replicas are symmetric), so the predicted job keeps %zu ranks rather than growing x%.2f",
                 out.from, dp, out.collectives,
+                out.lone > 0 ? (", " + std::to_string(out.lone) + " of them ops whose peers are absent from the job").c_str() : "",
                 (static_cast<long long>(dp) * tp > gpus_per_node && static_cast<long long>(out.from) * tp <= gpus_per_node)
                     ? ("; beyond " + std::to_string(gpus_per_node) + " GPUs per node the bandwidth term uses the inter-node link, x" +
                        std::to_string(inter_over_intra).substr(0, 5) + " of the fitted one (" + inter_source + ")")

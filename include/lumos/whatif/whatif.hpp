@@ -277,7 +277,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       // without a preset falls back on the fit of the trace's own collectives.
       const auto nccl = traced_nccl(job, o);
       const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, dp, hw.gpus_per_node, ratio, hw_note,
-                                                      nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr);
+                                                      nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr,
+                                                      lone_collectives(job, b));
       out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
       if (d.from != d.to) {
         const double min_ns = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr).profile.min_kernel_ns;
