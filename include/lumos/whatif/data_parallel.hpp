@@ -291,17 +291,25 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
 /// `lone`: the gradient collectives whose peers are absent from the job (`lone_collectives`),
 /// resized the same way; without them, traces written one rank per stage keep their gradient
 /// collectives' measured time whatever the new DP.
+///
+/// `tp_to`: the target's TP (0: the traces'). A group's members are TP apart, so a larger TP
+/// spreads a DP group over more nodes even at the same DP (TP 2 -> 8 with DP 2: from one node to
+/// two); the ratio then places the old group at the traced TP and the new one at `tp_to`, both
+/// with the message the target's TP leaves each rank (the traced one x TP / tp_to: the shape
+/// rewrite has already scaled the measured time by the size at the old placement).
 [[nodiscard]] inline dp_rewrite_stats resize_data_parallel(graph::task_graph& g, const job_structure& st, int dp, int gpus_per_node,
                                                            double inter_over_intra, const std::string& inter_source,
                                                            const model::nccl_model* nccl = nullptr, const model::hardware* hw = nullptr,
-                                                           const std::vector<lone_collective>& lone = {}) {
+                                                           const std::vector<lone_collective>& lone = {}, int tp_to = 0) {
   if (dp <= 0) throw error("whatif --dp: the data-parallel size must be positive (got " + std::to_string(dp) + ")");
   if (!st.parallel.dp.known()) throw error("whatif --dp: the traces' data-parallel size is unknown (" + st.parallel.dp.source + ")");
   dp_rewrite_stats out;
   out.from = *st.parallel.dp.value;
   out.to = dp;
   const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
-  if (out.from == dp) {
+  const int tp = st.parallel.tp.value.value_or(1);
+  const int tp_new = tp_to > 0 ? tp_to : tp;
+  if (out.from == dp && tp_new == tp) {
     out.changes.push_back("DP " + std::to_string(dp) + " -> " + std::to_string(dp) + ": unchanged");
     return out;
   }
@@ -310,7 +318,6 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
                           ": the trace has no gradient collective (no DP group), nothing to resize");
     return out;
   }
-  const int tp = st.parallel.tp.value.value_or(1);
   std::map<model::collective, comm_fit> fits;
   bool unsized = false, others = false;
   // Gradient collectives only: an all-to-all or broadcast in the same group (embedding
@@ -329,16 +336,17 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new) {
     // GPUs a group's ranks occupy: its members are TP apart, so it leaves a node once n · tp
     // exceeds the node.
-    const bool crossed_before = n * tp > gpus_per_node, crossed_after = n_new * tp > gpus_per_node;
+    const bool crossed_before = n * tp > gpus_per_node, crossed_after = n_new * tp_new > gpus_per_node;
     const double slower = crossed_after && !crossed_before ? inter_over_intra : 1.0;
     if (bytes > 0 && nccl != nullptr && hw != nullptr) {
-      const std::int64_t per_node = std::max<std::int64_t>(1, hw->gpus_per_node / std::max(1, tp));
-      auto placed = [&](std::int64_t members) {
+      auto placed = [&](std::int64_t members, int tp_of) {
+        const std::int64_t per_node = std::max<std::int64_t>(1, hw->gpus_per_node / std::max(1, tp_of));
         const std::int64_t r = std::min(members, per_node);
         return model::group_placement{members - members % r, r};
       };
-      const auto t_old = nccl->collective_time({kind, bytes, placed(n)}, *hw);
-      const auto t_new = nccl->collective_time({kind, bytes, placed(n_new)}, *hw);
+      const std::int64_t size = std::max<std::int64_t>(1, bytes * tp / tp_new);
+      const auto t_old = nccl->collective_time({kind, size, placed(n, tp)}, *hw);
+      const auto t_new = nccl->collective_time({kind, size, placed(n_new, tp_new)}, *hw);
       ++out.modelled;
       return t_old > 0 ? static_cast<double>(t_new) / static_cast<double>(t_old) : 1.0;
     }
@@ -388,8 +396,9 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   }
   if (out.modelled > 0) {
     out.changes.push_back(std::to_string(out.modelled) + " sized gradient collectives resized by the " + (nccl != nullptr ? nccl->profile.name : std::string()) +
-                          " profile's NCCL model (new group over old, " + std::to_string(std::max(1, hw->gpus_per_node / std::max(1, tp))) +
-                          " members per node), anchored on each measured time");
+                          " profile's NCCL model (new group over old, " + std::to_string(std::max(1, hw->gpus_per_node / std::max(1, tp_new))) +
+                          " members per node" + (tp_new != tp ? " at TP " + std::to_string(tp_new) + ", " + std::to_string(std::max(1, hw->gpus_per_node / std::max(1, tp))) + " at the traced TP " + std::to_string(tp) : std::string()) +
+                          "), anchored on each measured time");
   }
   if (unsized) {
     out.changes.push_back("the trace records no message size for some gradient collectives: their measured time is scaled by the "
@@ -406,12 +415,13 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     out.changes.emplace_back(line);
   }
   std::snprintf(line, sizeof line,
-                "DP %d -> %d: %zu gradient collectives resized%s (ring factor 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter "
+                "DP %d -> %d%s: %zu gradient collectives resized%s (ring factor 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter "
                 "and all-gather%s): %.3f -> %.3f ms of transfer time over the traced ranks; the traced ranks stand for every "
                 "replica (replicas are symmetric), so the predicted job keeps %zu ranks rather than growing x%.2f",
-                out.from, dp, out.collectives,
+                out.from, dp, tp_new != tp ? (" with TP " + std::to_string(tp) + " -> " + std::to_string(tp_new) + " (a group's members are TP apart)").c_str() : "",
+                out.collectives,
                 out.lone > 0 ? (", " + std::to_string(out.lone) + " of them ops whose peers are absent from the job").c_str() : "",
-                (static_cast<long long>(dp) * tp > gpus_per_node && static_cast<long long>(out.from) * tp <= gpus_per_node)
+                (static_cast<long long>(dp) * tp_new > gpus_per_node && static_cast<long long>(out.from) * tp <= gpus_per_node)
                     ? ("; beyond " + std::to_string(gpus_per_node) + " GPUs per node the bandwidth term uses the inter-node link, x" +
                        std::to_string(inter_over_intra).substr(0, 5) + " of the fitted one (" + inter_source + ")")
                           .c_str()

@@ -269,7 +269,9 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         }
       }
     }
-    if (o.dp || o.global_batch) {  // --global-batch alone: the traces' DP
+    // A TP change alone moves the DP groups' members (TP apart) across nodes.
+    const bool tp_moves_dp = shape_from && shape_to && shape_from->tp != shape_to->tp && structure->parallel.dp.value.value_or(1) > 1;
+    if (o.dp || o.global_batch || tp_moves_dp) {  // --global-batch alone: the traces' DP
       const int dp = o.dp ? *o.dp : structure->parallel.dp.value.value_or(1);
       const auto [hw, hw_note] = comm_hardware(job, o.from_gpu);
       const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
@@ -278,7 +280,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       const auto nccl = traced_nccl(job, o);
       const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, dp, hw.gpus_per_node, ratio, hw_note,
                                                       nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr,
-                                                      lone_collectives(job, b));
+                                                      lone_collectives(job, b), shape_to ? shape_to->tp : 0);
       out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
       if (d.from != d.to) {
         const double min_ns = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr).profile.min_kernel_ns;
