@@ -683,6 +683,35 @@ TEST_CASE("whatif --dp and --tp on traces written one rank per stage resize the 
   }
 }
 
+TEST_CASE("a Group size arg that is no group size is noted and ignored rather than divided by", "[cli][whatif][bad-input]") {
+  // 2^40 is 0 as an int: the DP size read from it made `whatif --dp` divide by zero (SIGFPE).
+  lumos_test::temp_dir dir;
+  const auto job = dir.path() / "job";
+  REQUIRE(run("synth --model gpt3-15b --tp 2 --pp 4 --dp 2 --global-batch 16 --detail kernel --out " + job.string()).code == 0);
+  for (const char* bad : {"1099511627776", "-3"}) {
+    CAPTURE(bad);
+    for (const auto& f : std::filesystem::directory_iterator(job)) {
+      std::ifstream in(f.path());
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      in.close();
+      for (std::size_t at = text.find("\"Group size\":"); at != std::string::npos; at = text.find("\"Group size\":", at + 1)) {
+        const std::size_t value = at + 13, end = text.find_first_of(",}", value);
+        text.replace(value, end - value, bad);
+      }
+      std::ofstream(f.path()) << text;
+    }
+    for (const char* flags : {" --dp 4", " --tp 8"}) {
+      const result r = run("whatif " + job.string() + flags);
+      CHECK(r.code == 0);
+    }
+    const result st = run("inspect --structure " + job.string());
+    CHECK(st.code == 0);
+    const std::string said = st.out + st.err;
+    CHECK(said.find(std::string("Group size ") + bad) != std::string::npos);
+    CHECK(said.find("is not a group size") != std::string::npos);
+  }
+}
+
 TEST_CASE("whatif --schedule zb-h1 from a 1F1B trace predicts the ZB-H1 schedule traced directly", "[cli][whatif][pipeline]") {
   // Llama's backward ends each stage's pass with a weight gradient (the first layer's norm), which
   // the pass's send waited for. Moved to the W pass, the wait was dropped as going back in the

@@ -137,7 +137,7 @@ struct lone_collective {
       c.group = std::string(t.arg_text(src, trace::arg_key::process_group_name));
       c.kind = detail::comm_kind(t.name(t.events[i]), t.arg_text(src, trace::arg_key::collective_name));
       if (const auto v = t.arg(src, trace::arg_key::in_msg_nelems)) c.elements = *v;
-      if (const auto v = t.arg(src, trace::arg_key::group_size)) c.group_size = *v;
+      if (const auto v = t.arg(src, trace::arg_key::group_size)) c.group_size = detail::group_size_of(*v).value_or(0);
       out.push_back(std::move(c));
     }
   }
@@ -305,6 +305,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   if (!st.parallel.dp.known()) throw error("whatif --dp: the traces' data-parallel size is unknown (" + st.parallel.dp.source + ")");
   dp_rewrite_stats out;
   out.from = *st.parallel.dp.value;
+  if (out.from <= 0) throw error("whatif --dp: the traces' data-parallel size " + std::to_string(out.from) + " is not a size (" + st.parallel.dp.source + ")");
   out.to = dp;
   const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
   const int tp = st.parallel.tp.value.value_or(1);

@@ -544,7 +544,7 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
         n = static_cast<std::int64_t>(inst->second->group_ranks.empty() ? inst->second->arrive.size()
                                                                         : inst->second->group_ranks.size());
       } else if (const auto gs = tr.arg(c.op, trace::arg_key::group_size)) {
-        n = *gs;
+        n = detail::group_size_of(*gs).value_or(2);
       }
       const std::int64_t n_to = !c.p2p && !gradients && !embedding && n == from.tp ? to.tp : n;
       const bool cross_node = n > costs.hw.gpus_per_node;

@@ -196,6 +196,13 @@ struct structure_options {
 
 namespace detail {
 
+/// A Group size arg as a group size: 1 to 2^24 ranks; anything else (a corrupt or hostile trace:
+/// negative, or 2^40, which as an int is 0) is no size at all.
+[[nodiscard]] inline std::optional<int> group_size_of(std::int64_t arg) noexcept {
+  if (arg < 1 || arg > (std::int64_t{1} << 24)) return std::nullopt;
+  return static_cast<int>(arg);
+}
+
 inline constexpr std::uint32_t no_event = ~std::uint32_t{0};
 
 /// What a traced point-to-point op is, by the CPU operator that posted it (`cpu_op`, an event
@@ -1099,6 +1106,7 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
     // (elements) and whether any has none recorded.
     std::int64_t grad_elements = 0;
     bool grad_size_unknown = false;
+    std::string bad_size;  // a Group size arg out of range, noted once
   };
   std::map<std::string, group_acc> groups;
   struct dp_op {
@@ -1152,8 +1160,14 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
       rs.insert(seen_ranks.begin(), seen_ranks.end());
       acc.g.ranks.assign(rs.begin(), rs.end());
       if (const auto gs = t.arg(src, trace::arg_key::group_size); gs && !acc.g.size.known()) {
-        acc.g.size.value = static_cast<int>(*gs);
-        acc.g.size.source = "Group size arg";
+        if (const auto size = detail::group_size_of(*gs)) {
+          acc.g.size.value = *size;
+          acc.g.size.source = "Group size arg";
+        } else if (acc.bad_size.empty()) {
+          acc.bad_size = "group '" + name + "': Group size " + std::to_string(*gs) + " (" + t.file +
+                         ") is not a group size; taken from the ranks seen instead";
+          out.notes.push_back(acc.bad_size);
+        }
       }
       const std::string kp = kind + " in " + std::string(to_string(l.phase));
       ++acc.counts[kp][t.rank];
