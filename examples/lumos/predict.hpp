@@ -156,7 +156,9 @@ inline predict_request parse_predict(args& a) {
   const bool mha = m.kv_heads == m.heads;
   const bool ffn_4h = m.ffn == 4 * m.hidden;
   m.layers = detail::positive_int(a, "--layers", m.layers);
-  m.hidden = detail::positive_int(a, "--hidden", m.hidden);
+  // At most 2^24 (positive_small), as --micro-batch below, so that the products made of them here
+  // (4h, the default global batch) cannot overflow: the CLI fuzzer found --hidden 3.3e18.
+  m.hidden = detail::positive_small(a, "--hidden", static_cast<int>(m.hidden));
   if (const auto ffn = a.option("--ffn")) {
     m.ffn = detail::positive_value(*ffn, "--ffn");
   } else if (ffn_4h) {
@@ -193,8 +195,13 @@ inline predict_request parse_predict(args& a) {
     if (*o != "on" && *o != "off") throw lumos::error("--overlap-param-gather must be on or off, got '" + *o + "'");
     p.overlap_param_gather = *o == "on";
   }
-  p.micro_batch = detail::positive_int(a, "--micro-batch", 1);
-  p.global_batch = detail::positive_int(a, "--global-batch", p.micro_batch * p.dp * (p.pp > 1 ? 4 * p.pp : 1));
+  p.micro_batch = detail::positive_small(a, "--micro-batch", 1);
+  if (const auto gb = a.option("--global-batch")) {
+    p.global_batch = detail::positive_value(*gb, "--global-batch");
+  } else if (__builtin_mul_overflow(p.micro_batch * p.dp, p.pp > 1 ? 4 * std::int64_t{p.pp} : 1, &p.global_batch)) {
+    // Default: 4·pp micro-batches per replica (2^24 · 2^24 · 2^26 at most: more than 64 bits).
+    throw lumos::error("--micro-batch x --dp x 4 --pp is too large for the default global batch; give --global-batch");
+  }
   if (const auto r = a.option("--recompute")) {
     if (*r == "none") {
       p.recompute = model::recompute_kind::none;

@@ -438,6 +438,14 @@ TEST_CASE("whatif --hidden/--seq/--tp: shape JSON, the traces' own shape is the 
   const result deep = run("predict --model gpt3-15b --layers 100000000");
   CHECK(deep.code == 2);
   CHECK(deep.err.find("more than the supported 65536") != std::string::npos);
+  // Products of the arguments made while parsing them stay within 64 bits (the CLI fuzzer found
+  // --hidden 3333333333333333332, whose 4h overflowed; tests/fuzz/seeds-cli keeps the input).
+  for (const char* huge : {"--hidden 3333333333333333332", "--micro-batch 16777216 --dp 16777216 --pp 16777216"}) {
+    CAPTURE(huge);
+    const result r = run(std::string("predict ") + huge);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("too large") != std::string::npos);
+  }
 }
 
 TEST_CASE("whatif --json has the fields the issue names, and --profile takes a calibrated profile", "[cli][whatif]") {
