@@ -43,6 +43,8 @@ double resident_mib() {
   return kib / 1024.0;
 }
 
+double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; }
+
 class phase_timer {
  public:
   void done(const char* name) {
@@ -52,16 +54,21 @@ class phase_timer {
     // or a huge page): the part of the time that a smaller or reused store saves.
     // The resident memory now, beside the peak so far: what a phase leaves for the next (the
     // peak of a later phase is that plus what it allocates).
-    std::printf("  %-9s %7.2f s  %7.0f MiB peak RSS so far  %7.0f MiB now  %8ld page faults\n", name,
-                std::chrono::duration<double>(now - last_).count(), static_cast<double>(u.ru_maxrss) / 1024.0,
+    // CPU seconds (user + system, all threads) beside the wall time: how parallel a phase is, and
+    // what it would take on this many cores if it were perfectly so.
+    const double cpu = seconds(u.ru_utime) + seconds(u.ru_stime);
+    std::printf("  %-9s %7.2f s  %6.2f s CPU  %7.0f MiB peak RSS so far  %7.0f MiB now  %8ld page faults\n", name,
+                std::chrono::duration<double>(now - last_).count(), cpu - cpu_, static_cast<double>(u.ru_maxrss) / 1024.0,
                 resident_mib(), u.ru_minflt - faults_);
     last_ = now;
     faults_ = u.ru_minflt;
+    cpu_ = cpu;
   }
 
  private:
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
   long faults_ = usage().ru_minflt;
+  double cpu_ = seconds(usage().ru_utime) + seconds(usage().ru_stime);
 };
 
 }  // namespace
