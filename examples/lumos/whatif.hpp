@@ -276,6 +276,7 @@ inline int run_whatif(args& a) {
       // the events its stage kept.
       sj.subset = true;
       if (!r.stages->weight_pass.empty()) sj.weight_pass = &r.stages->weight_pass;
+      sj.lone_groups = &r.stages->lone_groups;
       sj.world_size = r.stages->world * r.stages->stages;
       // Merged stages: the ranks of the stages dropped are not written; the kept ones keep their
       // traced numbers, so the world reaches past the last of them.

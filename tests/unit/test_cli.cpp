@@ -656,6 +656,41 @@ TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's
   }
 }
 
+TEST_CASE("whatif --pp on traces written one rank per stage: --trace-out gives each stage's TP ops a group of its own",
+          "[cli][whatif][pipeline]") {
+  // Without --unfold a TP 2 job is written one rank per stage: its TP all-reduces have no peer in
+  // the job. The stages a --pp change adds copy them; written back under the traced group's name,
+  // a stage's all-reduces were joined with the traced stage's on reading, and the replay found a
+  // cycle through the pipeline's transfers.
+  lumos_test::temp_dir dir;
+  const auto pp1 = dir.path() / "pp1", pp2 = dir.path() / "pp2";
+  const std::string model = "synth --layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --dp 1 --micro-batch 1 --global-batch 4 "
+                            "--gpu h100-sxm --detail kernel --out ";
+  REQUIRE(run(model + pp1.string()).code == 0);
+  REQUIRE(run(model + pp2.string() + " --pp 2").code == 0);
+  struct probe {
+    std::filesystem::path base;
+    std::string flags;
+    std::string added_rank, ranks;  // the first stage added (the traced stage 0's copy), its TP group's ranks
+  };
+  for (const probe& t : {probe{pp1, "--pp 2", "2", "[2, 3]"}, probe{pp1, "--pp 4", "2", "[2, 3]"},
+                         probe{pp1, "--pp 2 --schedule zb-h1", "2", "[2, 3]"}, probe{pp2, "--pp 4", "4", "[4, 5]"}}) {
+    CAPTURE(t.base.filename().string(), t.flags);
+    const auto out = dir.path() / "out";
+    std::filesystem::remove_all(out);
+    const result r = run("whatif " + t.base.string() + " " + t.flags + " --json --trace-out " + out.string());
+    REQUIRE(r.code == 0);
+    simdjson::dom::parser p;
+    check_replays_to_prediction(p.parse(r.out), out);
+    // The traced rank 0 keeps its group; the copy of its stage has its own, with its own ranks.
+    CHECK(lumos_test::read_file(out / "rank0.json").find(R"("Process Group Name":"tp.0.0")") != std::string::npos);
+    const std::string added = lumos_test::read_file(out / ("rank" + t.added_rank + ".json"));
+    CHECK(added.find(R"("Process Group Name":"tp.0.0.pp1")") != std::string::npos);
+    CHECK(added.find(R"("Process Group Name":"tp.0.0")") == std::string::npos);
+    CHECK(added.find(R"("Process Group Ranks":")" + t.ranks + "\"") != std::string::npos);
+  }
+}
+
 TEST_CASE("whatif --dp and --tp on traces written one rank per stage resize the gradient collectives whose peers are absent",
           "[cli][whatif]") {
   // lumos synth writes one rank per pipeline stage unless --unfold: the DP partners are absent,

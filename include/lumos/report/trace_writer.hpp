@@ -109,6 +109,10 @@ struct simulated_job {
   /// The collective args of a communication op are its instance's in the graph (as with
   /// `subset`): a what-if that folded a TP or DP change writes the target's group sizes.
   bool groups_from_graph = false;
+  /// Subset: the groups of communication ops that are no collective instance, where the graph
+  /// renamed them (each `complete` lists its ops; a pipeline what-if's stage copies of a TP group
+  /// whose other ranks the traces lack). Other such ops keep their trace's args.
+  const std::vector<graph::collective_instance>* lone_groups = nullptr;
 };
 
 namespace detail {
@@ -540,10 +544,18 @@ inline void kineto_json(std::string& out, const simulated_job& job, int rank, co
   };
   std::map<std::uint32_t, std::vector<placed>> enclosed;
   // Subset: a communication op's group as the graph has it (stages rename and renumber them).
+  std::unordered_map<graph::task_id, const graph::collective_instance*> lone_group;
+  if (job.subset && job.lone_groups != nullptr) {
+    for (const graph::collective_instance& ci : *job.lone_groups) {
+      for (const graph::task_id t : ci.complete) lone_group[t] = &ci;
+    }
+  }
   auto group_of = [&](graph::task_id t, graph::task_kind kind) -> const graph::collective_instance* {
     const bool comm = kind == graph::task_kind::comm_complete || kind == graph::task_kind::gpu_comm;
-    return (job.subset || job.groups_from_graph) && comm && index.instance_of[t] != rank_index::none ? &g.collectives[index.instance_of[t]]
-                                                                                                      : nullptr;
+    if (!(job.subset || job.groups_from_graph) || !comm) return nullptr;
+    if (index.instance_of[t] != rank_index::none) return &g.collectives[index.instance_of[t]];
+    const auto it = lone_group.find(t);
+    return it != lone_group.end() ? it->second : nullptr;
   };
   for (std::size_t ti = 0; ti < tasks.size(); ++ti) {
     const graph::task_id t = tasks[ti];

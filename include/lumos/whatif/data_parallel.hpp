@@ -117,21 +117,11 @@ struct lone_collective {
   for (std::size_t ri = 0; ri < job.ranks.size() && ri < b.ranks.size(); ++ri) {
     const trace::rank_trace& t = job.ranks[ri];
     const auto& task_of = b.ranks[ri].task_of_event;
-    std::unordered_map<std::int64_t, std::uint32_t> by_external;  // the record_param_comms op of a kernel
-    for (std::uint32_t i = 0; i < t.events.size(); ++i) {
-      const auto& e = t.events[i];
-      if (e.cat == trace::category::cpu_op && e.external_id >= 0 &&
-          (t.arg(i, trace::arg_key::collective_name) || t.arg(i, trace::arg_key::process_group_name))) {
-        by_external.try_emplace(e.external_id, i);
-      }
-    }
+    const detail::comm_args_source args_of(t);
     for (std::uint32_t i = 0; i < t.events.size() && i < task_of.size(); ++i) {
       const graph::task_id task = task_of[i];
       if (task == graph::no_task || task >= b.graph.task_count() || b.graph.kind[task] != graph::task_kind::gpu_comm) continue;
-      std::uint32_t src = i;
-      if (!t.arg(i, trace::arg_key::process_group_name) && !t.arg(i, trace::arg_key::collective_name)) {
-        if (const auto it = by_external.find(t.events[i].external_id); it != by_external.end()) src = it->second;
-      }
+      const std::uint32_t src = args_of.of(i);
       lone_collective c;
       c.task = task;
       c.group = std::string(t.arg_text(src, trace::arg_key::process_group_name));

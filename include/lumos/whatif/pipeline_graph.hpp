@@ -97,6 +97,11 @@ struct stage_split {
     bool send = false;
   };
   std::vector<transfer_launch> transfer_launches;
+  /// The groups of the added stages' copies of communication ops that are no collective instance
+  /// (their peers are absent from the job), renamed and renumbered as instances' copies are: one
+  /// per copy, `complete` its task, `arrive` empty. `--trace-out` writes them
+  /// (`report::simulated_job::lone_groups`).
+  std::vector<graph::collective_instance> lone_groups;
 };
 
 /// Pipeline bubble of a replayed split: 1 − mean over its ranks of compute-stream busy time in the
@@ -1227,6 +1232,36 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       for (int& r : nc.group_ranks) r = new_rank(r, s);
       if (s > 0 && !merging) nc.group += ".pp" + std::to_string(s);  // merged: each traced group is on one stage
       ng.collectives.push_back(std::move(nc));
+    }
+  }
+  // Communication ops whose peers are absent from the job (traces of one rank per stage hold a
+  // TP group's ops without its other ranks) are no instance: each stage's copy is named and
+  // numbered here as an instance's copy is above. Written back under the traced name, a stage's
+  // TP all-reduces would be joined with the traced stage's on reading (a cycle through the
+  // pipeline's transfers).
+  if (!merging) {
+    std::vector<std::optional<detail::comm_args_source>> args(R);
+    for (task_id t = 0; t < n; ++t) {
+      if (g.kind[t] != graph::task_kind::gpu_comm || t >= g.source.size() || g.source[t] == ~0U) continue;
+      const auto at = index_of_rank.find(g.rank[t]);
+      if (at == index_of_rank.end()) continue;
+      const trace::rank_trace& tr = job.ranks[at->second];
+      if (g.source[t] >= tr.events.size()) continue;
+      if (!args[at->second]) args[at->second].emplace(tr);
+      const std::uint32_t src = args[at->second]->of(g.source[t]);
+      const std::string_view group = tr.arg_text(src, trace::arg_key::process_group_name);
+      if (group.empty()) continue;
+      const std::vector<int> ranks = graph::detail::parse_rank_list(tr.arg_text(src, trace::arg_key::process_group_ranks));
+      for (int s = 1; s < pp; ++s) {
+        const task_id c = copy[static_cast<std::size_t>(s)][t];
+        if (c == no_task) continue;
+        graph::collective_instance nc;
+        nc.kind = detail::comm_kind(tr.name(tr.events[g.source[t]]), tr.arg_text(src, trace::arg_key::collective_name));
+        nc.group = std::string(group) + ".pp" + std::to_string(s);
+        for (const int r : ranks) nc.group_ranks.push_back(new_rank(r, s));
+        nc.complete = {c};
+        out.lone_groups.push_back(std::move(nc));
+      }
     }
   }
 

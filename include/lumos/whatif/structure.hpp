@@ -232,6 +232,31 @@ inline constexpr std::uint32_t no_event = ~std::uint32_t{0};
   return std::nullopt;
 }
 
+/// Where the args of a rank's communication kernels are: on the kernel itself (newer PyTorch
+/// writes `Collective name`, `Process Group Name`... there) or on the `record_param_comms`
+/// operator that launched it, found by its External id. `of(op)` is the event to read them from.
+class comm_args_source {
+ public:
+  explicit comm_args_source(const trace::rank_trace& t) : t_(t) {
+    for (std::uint32_t i = 0; i < t.events.size(); ++i) {
+      const trace::event& e = t.events[i];
+      if (e.cat == trace::category::cpu_op && e.external_id >= 0 && has_args(i)) by_external_.try_emplace(e.external_id, i);
+    }
+  }
+  [[nodiscard]] std::uint32_t of(std::uint32_t op) const {
+    if (has_args(op)) return op;
+    const auto it = by_external_.find(t_.events[op].external_id);
+    return it != by_external_.end() ? it->second : op;
+  }
+
+ private:
+  [[nodiscard]] bool has_args(std::uint32_t i) const {
+    return t_.arg(i, trace::arg_key::collective_name) || t_.arg(i, trace::arg_key::process_group_name);
+  }
+  const trace::rank_trace& t_;
+  std::unordered_map<std::int64_t, std::uint32_t> by_external_;  // the first operator per External id
+};
+
 /// Collective kind of a communication op from its `Collective name` arg or its kernel name.
 [[nodiscard]] inline std::string comm_kind(std::string_view kernel, std::string_view arg) {
   std::string s = lower(arg);
@@ -432,7 +457,6 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
 
     // ---- launch contexts: a sweep over each CPU thread with a stack of enclosing events ----
     std::unordered_map<std::int64_t, std::vector<std::uint32_t>> ops_by_corr;
-    std::unordered_map<std::int64_t, std::uint32_t> comm_op_by_external;  // record_param_comms etc.
     std::map<std::uint32_t, std::vector<std::uint32_t>> lanes;
     for (std::uint32_t i = 0; i < t.events.size(); ++i) {
       const trace::event& e = t.events[i];
@@ -441,10 +465,6 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
         if (e.correlation >= 0) ops_by_corr[e.correlation].push_back(i);
       } else if (trace::is_cpu_side(e.cat)) {
         lanes[e.lane].push_back(i);
-        if (e.cat == trace::category::cpu_op && e.external_id >= 0 &&
-            (t.arg(i, trace::arg_key::collective_name) || t.arg(i, trace::arg_key::process_group_name))) {
-          comm_op_by_external.try_emplace(e.external_id, i);
-        }
       }
     }
     struct open_event {
@@ -1117,20 +1137,10 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
   std::map<int, std::vector<dp_op>> grad_ops;  // rank → DP collectives in backward/optimizer
   for (std::size_t ri = 0; ri < nr; ++ri) {
     const trace::rank_trace& t = job.ranks[ri];
-    std::unordered_map<std::int64_t, std::uint32_t> by_external;
-    for (std::uint32_t i = 0; i < t.events.size(); ++i) {
-      const auto& e = t.events[i];
-      if (e.cat == trace::category::cpu_op && e.external_id >= 0 &&
-          (t.arg(i, trace::arg_key::collective_name) || t.arg(i, trace::arg_key::process_group_name))) {
-        by_external.try_emplace(e.external_id, i);
-      }
-    }
+    const detail::comm_args_source args_of(t);
     for (const auto& l : work[ri].launches) {
       if (!l.comm) continue;
-      std::size_t src = l.op;
-      if (!t.arg(l.op, trace::arg_key::process_group_name) && !t.arg(l.op, trace::arg_key::collective_name)) {
-        if (const auto it = by_external.find(t.events[l.op].external_id); it != by_external.end()) src = it->second;
-      }
+      const std::size_t src = args_of.of(l.op);
       std::string kind = detail::comm_kind(t.name(t.events[l.op]), t.arg_text(src, trace::arg_key::collective_name));
       std::vector<int> ranks = graph::detail::parse_rank_list(t.arg_text(src, trace::arg_key::process_group_ranks));
       std::string name(t.arg_text(src, trace::arg_key::process_group_name));
