@@ -415,6 +415,13 @@ TEST_CASE("whatif --hidden/--seq/--tp: shape JSON, the traces' own shape is the 
   CHECK(std::int64_t(w["shape"]["baseline"]["hidden"]) == 1024);
   CHECK(std::int64_t(w["shape"]["predicted"]["hidden"]) == 2048);
   CHECK(std::int64_t(w["shape"]["predicted"]["head_dim"]) == 128);  // 16 heads kept
+  // The traced FFN is 4x hidden: it stays 4x, as `predict --hidden` makes it; --ffn overrides.
+  REQUIRE(std::int64_t(w["shape"]["baseline"]["ffn"]) == 4096);
+  CHECK(std::int64_t(w["shape"]["predicted"]["ffn"]) == 8192);
+  const result kept = run("whatif " + job + " --hidden 2048 --ffn 4096 --json");
+  REQUIRE(kept.code == 0);
+  simdjson::dom::parser p3;
+  CHECK(std::int64_t(p3.parse(kept.out)["shape"]["predicted"]["ffn"]) == 4096);
   CHECK(double(w["shape"]["predicted"]["memory_bytes_per_gpu"]) > double(w["shape"]["baseline"]["memory_bytes_per_gpu"]));
   CHECK(double(w["shape"]["predicted"]["mfu"]) > 0.0);
   const result heads = run("whatif " + job + " --heads 7");
@@ -435,6 +442,15 @@ TEST_CASE("whatif --hidden/--seq/--tp: shape JSON, the traces' own shape is the 
     CHECK(r.code == 2);
     CHECK((r.err.find("supported") != std::string::npos || r.err.find("too large") != std::string::npos));
   }
+  // Grouped-query attention: 4 key/value heads shard over TP 2 and 4, not 8 (as synth refuses).
+  lumos_test::temp_dir dir;
+  const auto gqa = dir.path() / "gqa";
+  REQUIRE(run("synth --layers 2 --hidden 1024 --heads 16 --kv-heads 4 --seq 512 --tp 2 --global-batch 2 --detail kernel --out " +
+              gqa.string()).code == 0);
+  CHECK(run("whatif " + gqa.string() + " --tp 4").code == 0);
+  const result gqa8 = run("whatif " + gqa.string() + " --tp 8");
+  CHECK(gqa8.code == 2);
+  CHECK(gqa8.err.find("4 key/value heads (grouped-query attention), which do not divide over 8") != std::string::npos);
   const result deep = run("predict --model gpt3-15b --layers 100000000");
   CHECK(deep.code == 2);
   CHECK(deep.err.find("more than the supported 65536") != std::string::npos);

@@ -162,6 +162,7 @@ TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model
 
   whatif::whatif_options wide;
   wide.shape.hidden = 2048;
+  wide.shape.ffn = 4096;  // kept: without it, the traced 4h FFN would follow hidden (below)
   const auto w = whatif::run_whatif(job, wide);
   // QKV [1024 x 1024] x [1024 x 3072] -> [1024 x 2048] x [2048 x 6144]: 4x the FLOPs, both
   // compute-bound on the H100 (about 9.5 us and 38 us against 5.5 us and 16 us of HBM traffic),
@@ -185,6 +186,18 @@ TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model
   for (const auto& c : w.changes)
     counted = counted || c.find("compute ops whose shape did not map unchanged") != std::string::npos;
   CHECK(counted);
+
+  // Without --ffn the traced FFN (4096 = 4h) stays 4h: FC1 -> [1024 x 2048] x [2048 x 8192], 4x
+  // the FLOPs, and the GeLU on tokens x FFN twice the bytes.
+  whatif::whatif_options wide4h;
+  wide4h.shape.hidden = 2048;
+  const auto w4 = whatif::run_whatif(job, wide4h);
+  REQUIRE(w4.shape);
+  CHECK(w4.shape->to.ffn == 8192);
+  const double fc1_4h = 4.0 * (eff(1024) * eff(1024) * eff(4096)) / (eff(1024) * eff(2048) * eff(8192));
+  for (const auto& [before, after] : durations(w4, "tn_n_fc1"))
+    CHECK(after == Approx(static_cast<double>(before) * fc1_4h).margin(1));
+  for (const auto& [before, after] : durations(w4, "gelu_kernel")) CHECK(after == 2 * before);
 
   // Sequence x2: the softmax works on b·heads·s², 4x.
   whatif::whatif_options longer;

@@ -63,17 +63,20 @@ using lumos::lower_ascii;
 
 using model::preset_of_device;
 
+/// The GPU the first trace of `job` names in its deviceProperties ("" when none does).
+[[nodiscard]] inline std::string traced_device(const trace::job& job) {
+  for (const auto& r : job.ranks) {
+    for (const auto& d : r.devices) {
+      if (!d.name.empty()) return d.name;
+    }
+  }
+  return {};
+}
+
 /// The source GPU of a job: `from` when given, else the GPU its first trace names.
 [[nodiscard]] inline model::hardware source_gpu(const trace::job& job, std::string_view from = {}) {
   if (!from.empty()) return model::hardware_preset(from);
-  std::string device;
-  for (const auto& r : job.ranks) {
-    for (const auto& d : r.devices) {
-      if (!d.name.empty()) device = d.name;
-      if (!device.empty()) break;
-    }
-    if (!device.empty()) break;
-  }
+  const std::string device = traced_device(job);
   const std::string preset = preset_of_device(device);
   if (preset.empty()) {
     throw error("whatif --gpu: the traces' GPU " + (device.empty() ? std::string("is not named") : "'" + device + "'") +

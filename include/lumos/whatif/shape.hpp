@@ -124,7 +124,11 @@ struct shape_config {
   positive(t.hidden, "--hidden"), positive(t.ffn, "--ffn"), positive(t.heads, "--heads"), positive(t.seq, "--seq");
   positive(t.micro_batch, "--micro-batch"), positive(t.tp, "--tp");
   if (t.hidden) to.hidden = *t.hidden;
-  if (t.ffn) to.ffn = *t.ffn;
+  if (t.ffn) {
+    to.ffn = *t.ffn;
+  } else if (t.hidden && from.ffn == 4 * from.hidden) {
+    to.ffn = 4 * to.hidden;  // as `lumos predict --hidden` on a model whose FFN is 4h (GPT-3)
+  }
   if (t.heads) to.heads = *t.heads;
   if (t.seq) to.seq = *t.seq;
   if (t.micro_batch) to.micro_batch = *t.micro_batch;
@@ -311,6 +315,11 @@ struct shape_stats {
   } else if (const auto kv = gqa_kv_heads(old_other, a); kv && *kv % b.tp == 0) {
     // Grouped-query attention: QKV writes q + 2·kv_heads·d per rank; the KV heads stay.
     *other = b.q_local() + 2 * (*kv / b.tp) * b.head_dim;
+  } else if (kv && !outside) {
+    // Megatron shards whole key/value groups: no such TP exists (synth and predict refuse it too).
+    throw error("whatif --tp " + std::to_string(b.tp) + ": the traced QKV GEMMs hold " + std::to_string(*kv) +
+                " key/value heads (grouped-query attention), which do not divide over " + std::to_string(b.tp) +
+                " tensor-parallel ranks");
   } else if (outside) {
     // The logits GEMM: the vocabulary shard, V/TP.
     if (vocab_local) *vocab_local = old_other;

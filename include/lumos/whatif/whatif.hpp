@@ -188,6 +188,15 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
 [[nodiscard]] inline whatif_result run_whatif(const trace::job& job, const whatif_options& o) {
   whatif_result out;
   out.baseline = report::replay_job(job, o.replay);
+  if (!o.from_gpu.empty()) {
+    // Meant for traces that name no preset; over one they name, say which was taken.
+    const std::string device = traced_device(job);
+    const std::string named = preset_of_device(device);
+    if (!named.empty() && named != model::hardware_preset(o.from_gpu).name) {
+      out.changes.push_back("--from-gpu " + o.from_gpu + ": the traces name '" + device + "' (" + named + "); the costs of the " +
+                            o.from_gpu + " preset are taken for the traced GPU");
+    }
+  }
   std::optional<gpu_ratios> gpu;
   if (!o.gpu.empty()) {
     const model::hardware from = source_gpu(job, o.from_gpu);
