@@ -346,8 +346,11 @@ TEST_CASE("whatif without pipeline stages: from one micro-batch per replica, its
 // The TP 1 jobs the TP-from-1 what-ifs start from: 4 layers of hidden 2048, and 2 of hidden
 // 1024 with as many tokens as hidden (1024), so that a weight gradient's dims are its dgrad's in
 // another order. 2 micro-batches of 1.
+// The third is Llama 3 8B's layer (hidden 0: the preset's shape): a gated MLP whose gate and up
+// GEMMs are separate (FC1 as two GEMMs of the same dims), and grouped-query attention.
 const config tp1_jobs[] = {{"gpt3-15b", 4, 2048, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
-                           {"gpt3-15b", 2, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"}};
+                           {"gpt3-15b", 2, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
+                           {"llama3-8b", 2, 0, 0, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"}};
 
 TEST_CASE("whatif --tp from 1 inserts the tensor-parallel all-reduces of every layer", "[whatif][tp][kernel_trace]") {
   // A TP 1 job of 2 micro-batches to TP 2 and 4, without and with full recomputation (whose

@@ -467,8 +467,18 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   // runs QKV, attention output, FC1, FC2; backward (after the recomputed forward's four, when
   // recomputing) the input gradients of FC2, FC1, attention output, QKV: in either direction the
   // all-reduce (or reduce-scatter) follows every second one, and with sequence parallelism an
-  // all-gather precedes the others.
+  // all-gather precedes the others. A gated MLP (SwiGLU: Llama) with separate gate and up GEMMs
+  // runs FC1 as two GEMMs of the same dims, one right after the other: the second is not counted
+  // (forward: it reads the input the first gathered; backward: the two input gradients sum into
+  // one, so the reduce that followed the first follows the second).
   std::vector<std::size_t> layer_gemms(job.ranks.size(), 0);
+  // Per rank: the layer being counted and the count at its start (each layer runs a multiple of 4).
+  std::vector<int> layer_of(job.ranks.size(), -1);
+  std::vector<std::size_t> layer_begin(job.ranks.size(), 0);
+  // Per rank: the dims, layer and pass of the last tokens-out GEMM of a layer, and the index in
+  // `tp_collectives` of the reduce that followed it (npos: none), for the second half of FC1.
+  std::vector<std::optional<std::array<std::int64_t, 5>>> fc1_first(job.ranks.size());
+  std::vector<std::size_t> last_reduce(job.ranks.size(), ~std::size_t{0});
   // Sequence parallelism: per rank, whether the GEMM seen last was an input gradient followed by
   // a reduce-scatter, whose weight gradient (next) gathers its input again.
   std::vector<bool> regather(job.ranks.size(), false);
@@ -487,13 +497,17 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
   std::vector<std::pair<std::uint32_t, std::size_t>> last_gemm(job.ranks.size(), {detail::no_event, npos});
   // Per rank: whether the current forward pass has had its embedding lookup.
   std::vector<bool> embedded(job.ranks.size(), false);
+  // Checked per layer: a count that is wrong in every layer can still add up to a multiple of 4.
   auto check_layer_gemms = [&](std::size_t rank) {
-    if (!insert_tp || layer_gemms[rank] % 4 == 0) return;
-    throw error("whatif --tp " + std::to_string(to.tp) + ": pass " + std::to_string(pass_of[rank]) + " of rank " +
-                std::to_string(job.ranks[rank].rank) + " runs " + std::to_string(layer_gemms[rank]) +
-                " activation GEMMs in its layers, not a multiple of 4 (QKV, attention output, FC1, FC2), so the "
-                "tensor-parallel all-reduces cannot be placed (a gated MLP with separate gate and up GEMMs, or GEMMs "
-                "without recorded shapes)");
+    const std::size_t n = layer_gemms[rank] - layer_begin[rank];
+    layer_begin[rank] = layer_gemms[rank];
+    if (!insert_tp || n % 4 == 0) return;
+    throw error("whatif --tp " + std::to_string(to.tp) + ": layer " + std::to_string(layer_of[rank]) + " in pass " +
+                std::to_string(pass_of[rank]) + " of rank " + std::to_string(job.ranks[rank].rank) + " runs " +
+                std::to_string(n) +
+                " activation GEMMs, not a multiple of 4 (QKV, attention output, FC1, FC2), so the "
+                "tensor-parallel all-reduces cannot be placed (GEMMs without recorded shapes, or a layer of "
+                "another kind)");
   };
   auto set = [&](graph::task_id t, double ns) {
     out.before += g.duration[t];
@@ -507,6 +521,10 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
     if (c.pass >= 0 && c.pass != pass_of[c.rank]) {
       check_layer_gemms(c.rank);
       layer_gemms[c.rank] = 0;
+      layer_begin[c.rank] = 0;
+      layer_of[c.rank] = -1;
+      fc1_first[c.rank].reset();
+      last_reduce[c.rank] = npos;
       embedded[c.rank] = false;
       regather[c.rank] = false;
       pass_of[c.rank] = c.pass;
@@ -684,8 +702,25 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
             act_old[c.rank] = base_from, act_new[c.rank] = base_to;
             regather[c.rank] = c.phase == phase_kind::backward;
           };
-          if (c.layer >= 0) {
+          if (c.layer >= 0 && c.layer != layer_of[c.rank]) {
+            check_layer_gemms(c.rank);
+            layer_of[c.rank] = c.layer;
+          }
+          const std::array<std::int64_t, 5> key{x.m, x.n, x.k, c.layer, c.pass};
+          const bool ffn_dim = x.m == from.ffn_local() || x.n == from.ffn_local() || x.k == from.ffn_local();
+          const bool fc1_second = c.layer >= 0 && ffn_dim && from.ffn_local() != from.hidden && fc1_first[c.rank] == key;
+          if (c.layer >= 0) fc1_first[c.rank] = fc1_second ? std::nullopt : std::optional(key);
+          if (fc1_second) {
+            if (c.phase == phase_kind::backward && last_reduce[c.rank] != npos) {
+              // The reduce moves to after this GEMM: last in the rank's launch order again.
+              const tp_message what = out.tp_collectives[last_reduce[c.rank]].message;
+              out.tp_collectives.erase(out.tp_collectives.begin() + static_cast<std::ptrdiff_t>(last_reduce[c.rank]));
+              last_reduce[c.rank] = npos;
+              add(what);
+            }
+          } else if (c.layer >= 0) {
             if (layer_gemms[c.rank]++ % 2 == 1) {
+              last_reduce[c.rank] = out.tp_collectives.size();
               reduce();
             } else if (insert_sp) {
               add_before(t, tp_message::gather);  // QKV and FC1 forward, FC2 and attention-output input gradients
