@@ -155,8 +155,26 @@ TEST_CASE("GPU change: compute-bound by the peak ratio, memory-bound by bandwidt
   const auto a100 = model::hardware_preset("a100-sxm-80gb");
   const auto h100 = model::hardware_preset("h100-sxm");
   const auto up = whatif::ratios(a100, h100);
-  CHECK(up.compute == Approx(a100.gpu.bf16_flops / h100.gpu.bf16_flops));
-  CHECK(up.memory == Approx(a100.gpu.hbm_bandwidth / h100.gpu.hbm_bandwidth));
+  // Each kind of kernel by its own ratio: the names the profiles' classes are known by.
+  using whatif::ratio_of;
+  CHECK(ratio_of(up, op_bound::compute, "sm80_xmma_gemm_bf16bf16") == up.compute);
+  CHECK(ratio_of(up, op_bound::compute, "flash_fwd_kernel<...>") == up.attention_forward);
+  CHECK(ratio_of(up, op_bound::compute, "flash_bwd_dq_dk_dv_loop_kernel<...>") == up.attention_backward);
+  CHECK(ratio_of(up, op_bound::memory, "vectorized_layer_norm_kernel") == up.norm);
+  CHECK(ratio_of(up, op_bound::memory, "softmax_warp_forward") == up.softmax);
+  CHECK(ratio_of(up, op_bound::memory, "multi_tensor_apply_kernel") == up.optimizer);
+  CHECK(ratio_of(up, op_bound::memory, "vectorized_elementwise_kernel") == up.memory);
+  CHECK(ratio_of(up, op_bound::communication, "nccldevkernel_allreduce_sum_bf16_ring_ll") == up.allreduce);
+  CHECK(ratio_of(up, op_bound::communication, "nccldevkernel_sendrecv") == up.communication);
+  CHECK(ratio_of(up, op_bound::host_copy, "memcpy htod") == 1.0);
+  // A faster GPU shortens every kind; H100 and H200 share their compute efficiencies and peak.
+  for (const double f : {up.compute, up.attention_forward, up.attention_backward, up.memory, up.norm, up.softmax, up.optimizer,
+                         up.communication, up.allreduce}) {
+    CHECK(f < 1.0);
+  }
+  const auto h200 = whatif::ratios(h100, model::hardware_preset("h200-sxm"));
+  CHECK(h200.compute == Approx(1.0));
+  CHECK(h200.memory < 1.0);  // HBM3e
 }
 
 TEST_CASE("whatif to the traces' own GPU reproduces their replay, and a faster GPU never slows the job", "[whatif][gpu]") {

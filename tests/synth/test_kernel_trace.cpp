@@ -256,6 +256,37 @@ TEST_CASE("a faster GPU shortens a synthesised kernel-level step", "[synth][kern
   CHECK(faster.simulated_ns < base.simulated_ns);
 }
 
+TEST_CASE("whatif --gpu rescales each kernel at the rate the target's cost profile gives it", "[whatif][gpu][kernel_trace]") {
+  // A job synthesised on one GPU, moved to another by whatif, against the job synthesised on that
+  // GPU with the same attention algorithm (whatif keeps the traced kernels: the A100 preset's
+  // default is unfused attention, so FlashAttention is asked for). GEMMs, FlashAttention, each
+  // class of memory-bound kernel and the collectives run at different fractions of their peaks on
+  // each GPU; the peak ratios alone missed by -9 % to +28 % on Llama 3 8B and GPT-3 layers.
+  const config jobs[] = {{"llama3-8b", 2, 0, 0, 2048, 2, 2, 1, 1, 1, 4, "1f1b", "h100-sxm"},
+                         {"gpt3-15b", 2, 2048, 16, 2048, 2, 2, 1, 1, 1, 4, "1f1b", "h100-sxm"}};
+  for (const config& base : jobs) {
+    for (const auto& [from, to] : {std::pair{"h100-sxm", "a100-sxm-80gb"}, std::pair{"a100-sxm-80gb", "h100-sxm"},
+                                   std::pair{"h100-sxm", "h200-sxm"}}) {
+      INFO(base.preset << ": " << from << " -> " << to);
+      config a = base, b = base;
+      a.gpu = from, b.gpu = to;
+      a.p2p_host_sync = b.p2p_host_sync = true;  // as `lumos synth` writes them
+      lumos_test::temp_dir dir_a, dir_b;
+      (void)synthesise(a, dir_a.path());
+      const written direct = synthesise(b, dir_b.path());
+      whatif::whatif_options o;
+      o.gpu = to;
+      const whatif::whatif_result r = whatif::run_whatif(trace::load_job({dir_a.path()}), o);
+      const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+      INFO("error " << err);
+      // Within 1.5 %: this small model's kernels last a few us, where synth's 2.5 us minimum and
+      // the per-kernel overhead whatif keeps differ (the full-size models of docs/whatif.md are
+      // within 0.2 %); the peak ratios missed it by 7.7 % (GPT-3 H100 -> A100).
+      CHECK(std::abs(err) < 0.015);
+    }
+  }
+}
+
 TEST_CASE("a pipeline stage of the traces stands for the first, last or a middle stage of another depth", "[whatif][pipeline]") {
   using whatif::traced_stage_to;
   for (const int pp : {1, 2, 4}) {

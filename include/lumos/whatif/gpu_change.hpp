@@ -1,21 +1,30 @@
 #pragma once
 // The GPU what-if (`lumos whatif --gpu PRESET`): every measured GPU op is rescaled by what bounds
-// it on the source GPU — compute-bound kernels (GEMMs, convolutions, attention) by the ratio of
-// dense tensor-core peaks, memory-bound kernels and device copies by the ratio of HBM bandwidths,
-// communication transfers by the ratio of NCCL link bandwidths — while CPU time, launches and the
-// kept overheads stay (the host does not change). Each kernel keeps a fixed part, the source
-// GPU's per-kernel overhead, that no faster GPU removes.
+// it on the source GPU, at the speed the cost profiles (model/profile.hpp) give each kind of
+// kernel on each GPU — GEMMs and other tensor-core kernels by dense peak × GEMM efficiency,
+// FlashAttention by peak × its forward or backward efficiency, memory-bound kernels by HBM
+// bandwidth × the fraction their class reaches (elementwise, norms and reductions, softmax,
+// optimizer), communication transfers by the NCCL bus bandwidth (all-reduce's own, which NVLS
+// raises) — while CPU time, launches and the kept overheads stay (the host does not change).
+// These are the rates `lumos synth` and `predict` time the same kernels with, so a job the model
+// wrote for one GPU and rescaled to another matches the one it writes for that GPU, the
+// algorithm unchanged (a trace's attention stays FlashAttention or unfused, as traced). Each
+// kernel keeps a fixed part, the source GPU's per-kernel overhead, that no faster GPU removes.
 
 #include <lumos/core/error.hpp>
 #include <lumos/core/strings.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/profile.hpp>
 #include <lumos/trace/data.hpp>
 
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
 #include <string>
 #include <string_view>
 
@@ -85,19 +94,79 @@ using model::preset_of_device;
   return model::hardware_preset(preset);
 }
 
-/// The duration multipliers of a GPU change, per bound.
+/// The duration multipliers of a GPU change (time on the target / time on the source), per kind
+/// of GPU op.
 struct gpu_ratios {
-  double compute = 1.0, memory = 1.0, communication = 1.0;
-  time_ns fixed = 0;  ///< per-kernel overhead of the source GPU, kept
+  double compute = 1.0;             ///< GEMMs, convolutions and other tensor-core kernels
+  double attention_forward = 1.0;   ///< FlashAttention / fused attention forward
+  double attention_backward = 1.0;  ///< and backward
+  double memory = 1.0;              ///< elementwise kernels, device copies and sets
+  double norm = 1.0;                ///< norms and reductions
+  double softmax = 1.0;
+  double optimizer = 1.0;           ///< multi-tensor optimizer steps
+  double communication = 1.0;       ///< transfers of collectives other than all-reduce, and p2p
+  double allreduce = 1.0;           ///< all-reduce transfers
+  time_ns fixed = 0;                ///< per-kernel overhead of the source GPU, kept
 };
 
-[[nodiscard]] inline gpu_ratios ratios(const model::hardware& from, const model::hardware& to) {
+/// The ratios of a change from `from` (its costs `pf`: its preset's profile, or the user's
+/// calibrated one) to `to` (`pt`). Each is the source's rate over the target's, the rate being
+/// the peak times the efficiency the profile gives that kind of kernel (model/kernel_costs.hpp).
+[[nodiscard]] inline gpu_ratios ratios(const model::hardware& from, const model::cost_profile& pf, const model::hardware& to,
+                                       const model::cost_profile& pt) {
+  auto over = [](double source_rate, double target_rate) { return source_rate > 0 && target_rate > 0 ? source_rate / target_rate : 1.0; };
+  const double tf = from.gpu.bf16_flops * pf.at_scale, tt = to.gpu.bf16_flops * pt.at_scale;
+  const double hf = from.gpu.hbm_bandwidth, ht = to.gpu.hbm_bandwidth;
+  auto allreduce_bw = [](const model::nccl_link& l) { return l.allreduce_busbw > 0 ? l.allreduce_busbw : l.busbw; };
   gpu_ratios r;
-  r.compute = from.gpu.bf16_flops / to.gpu.bf16_flops;
-  r.memory = from.gpu.hbm_bandwidth / to.gpu.hbm_bandwidth;
-  r.communication = from.intra_node.effective_bandwidth() / to.intra_node.effective_bandwidth();
+  r.compute = over(tf * pf.gemm_max, tt * pt.gemm_max);
+  r.attention_forward = over(tf * pf.flash_forward, tt * pt.flash_forward);
+  r.attention_backward = over(tf * pf.flash_backward, tt * pt.flash_backward);
+  r.memory = over(hf * pf.elementwise_bw, ht * pt.elementwise_bw);
+  r.norm = over(hf * pf.norm_bw, ht * pt.norm_bw);
+  r.softmax = over(hf * pf.softmax_bw, ht * pt.softmax_bw);
+  r.optimizer = over(hf * pf.optimizer_bw, ht * pt.optimizer_bw);
+  r.communication = over(pf.intra.busbw, pt.intra.busbw);
+  r.allreduce = over(allreduce_bw(pf.intra), allreduce_bw(pt.intra));
   r.fixed = from.kernel_launch_overhead;
   return r;
+}
+
+/// The ratios between two hardware presets, with their preset profiles.
+[[nodiscard]] inline gpu_ratios ratios(const model::hardware& from, const model::hardware& to) {
+  return ratios(from, model::profile_preset(from.name), to, model::profile_preset(to.name));
+}
+
+/// The multiplier of one GPU op of `bound` called `name` (lower case).
+[[nodiscard]] inline double ratio_of(const gpu_ratios& r, op_bound bound, std::string_view name) {
+  auto has = [&](std::string_view s) { return name.find(s) != std::string_view::npos; };
+  switch (bound) {
+    case op_bound::host_copy: return 1.0;
+    case op_bound::communication: return has("allreduce") || has("all_reduce") ? r.allreduce : r.communication;
+    case op_bound::compute:
+      if (has("flash") || has("fmha") || has("attention") || has("sdpa")) {
+        return has("bwd") || has("backward") ? r.attention_backward : r.attention_forward;
+      }
+      return r.compute;
+    case op_bound::memory:
+      if (has("softmax")) return r.softmax;
+      if (has("norm") || has("gammabeta") || has("reduce_kernel")) return r.norm;
+      if (has("multi_tensor") || has("adam")) return r.optimizer;
+      return r.memory;
+  }
+  return 1.0;
+}
+
+/// Whether the traces run FlashAttention (or another fused attention kernel): a name of theirs
+/// says so (their string tables, a few thousand names, not their events).
+[[nodiscard]] inline bool traced_flash_attention(const trace::job& job) {
+  for (const auto& r : job.ranks) {
+    for (string_id i = 0; i < r.strings.size(); ++i) {
+      const std::string n = detail::lower_ascii(r.strings[i]);
+      if (n.find("flash") != std::string::npos || n.find("fmha") != std::string::npos) return true;
+    }
+  }
+  return false;
 }
 
 /// What a GPU change did.
@@ -109,17 +178,25 @@ struct gpu_change_stats {
 /// Rescales every GPU op of `g` (see the header comment). Deterministic; O(tasks).
 inline gpu_change_stats change_gpu(graph::task_graph& g, const gpu_ratios& r) {
   gpu_change_stats st;
+  std::vector<std::optional<std::pair<op_bound, double>>> cached;
   for (graph::task_id t = 0; t < g.task_count(); ++t) {
     const auto k = g.kind[t];
     if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm && k != graph::task_kind::comm_complete) continue;
     const time_ns d = g.duration[t];
     st.before += d;
-    double f = 1.0;
-    switch (classify(k, g.task_name(t))) {
-      case op_bound::compute: f = r.compute, ++st.compute; break;
-      case op_bound::memory: f = r.memory, ++st.memory; break;
+    // Classified once per (name, communication or not): a job repeats a few hundred names.
+    const std::size_t key = 2 * std::size_t{g.name[t]} + (k == graph::task_kind::gpu_compute ? 0 : 1);
+    if (key >= cached.size()) cached.resize(std::max(key + 1, 2 * g.strings.size()));
+    if (!cached[key]) {
+      const op_bound b = classify(k, g.task_name(t));
+      cached[key] = std::pair{b, ratio_of(r, b, detail::lower_ascii(g.task_name(t)))};
+    }
+    const auto [bound, f] = *cached[key];
+    switch (bound) {
+      case op_bound::compute: ++st.compute; break;
+      case op_bound::memory: ++st.memory; break;
       case op_bound::host_copy: ++st.host_copy; break;
-      case op_bound::communication: f = r.communication, ++st.communication; break;
+      case op_bound::communication: ++st.communication; break;
     }
     const time_ns fixed = k == graph::task_kind::gpu_compute ? std::min(d, r.fixed) : 0;
     g.duration[t] = fixed + static_cast<time_ns>(std::llround(static_cast<double>(d - fixed) * f));

@@ -201,14 +201,23 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
   if (!o.gpu.empty()) {
     const model::hardware from = source_gpu(job, o.from_gpu);
     const model::hardware to = model::hardware_preset(o.gpu);
-    gpu = ratios(from, to);
-    char line[256];
+    // The source's costs: the user's calibrated profile when given, else the preset's.
+    gpu = ratios(from, o.profile ? *o.profile : model::profile_preset(from.name), to, model::profile_preset(to.name));
+    char line[512];
     std::snprintf(line, sizeof line,
-                  "GPU %s -> %s: compute-bound kernels x%.3f (tensor peak), memory-bound x%.3f (HBM bandwidth), transfers x%.3f "
-                  "(NVLink), %.1f us per kernel kept",
-                  from.name.c_str(), to.name.c_str(), gpu->compute, gpu->memory, gpu->communication,
-                  static_cast<double>(gpu->fixed) / 1e3);
+                  "GPU %s -> %s (peaks x the profiles' efficiencies): GEMMs x%.3f, attention x%.3f forward x%.3f backward, "
+                  "memory-bound x%.3f (norms x%.3f, softmax x%.3f, optimizer x%.3f), all-reduce x%.3f, other transfers x%.3f, "
+                  "%.1f us per kernel kept",
+                  from.name.c_str(), to.name.c_str(), gpu->compute, gpu->attention_forward, gpu->attention_backward, gpu->memory,
+                  gpu->norm, gpu->softmax, gpu->optimizer, gpu->allreduce, gpu->communication, static_cast<double>(gpu->fixed) / 1e3);
     out.changes.emplace_back(line);
+    // The algorithm is the trace's: FlashAttention stays FlashAttention on a GPU whose preset
+    // profile (and so `lumos synth` and `predict` by default) runs Megatron's unfused attention.
+    const model::cost_profile target_costs = model::profile_preset(to.name);
+    if (target_costs.attention == model::attention_impl::unfused && traced_flash_attention(job)) {
+      out.changes.push_back("the traces' FlashAttention kernels are kept (rescaled); lumos predict and synth model the " + to.name +
+                            " with unfused attention unless given --attention flash");
+    }
   }
   if (!o.groups.empty()) out.changes.push_back(o.groups_change);
   const bool pipeline_asked = o.pp || o.vp || o.schedule;
