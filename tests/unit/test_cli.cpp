@@ -344,7 +344,20 @@ TEST_CASE("whatif --layers: --trace-out writes every copy of the repeated layers
   const result r = run("whatif " + two.string() + " --layers 4 --json --trace-out " + four.string());
   REQUIRE(r.code == 0);
   simdjson::dom::parser p1, p2, p3, p4, p5;
-  const std::int64_t predicted = p1.parse(r.out)["predicted"]["iteration_ns"];
+  const simdjson::dom::element doc = p1.parse(r.out);
+  const std::int64_t predicted = doc["predicted"]["iteration_ns"];
+  // The change says how much of the GPU work the layers hold: here a small part (a vocabulary of
+  // 51200 against hidden 1024: the embedding, head and optimizer stay), more with four layers.
+  auto held = [](const simdjson::dom::element& d) {
+    for (const auto c : simdjson::dom::array(d["changes"])) {
+      const std::string_view text(c);
+      if (const auto at = text.find("holding "); at != std::string_view::npos) return std::stod(std::string(text.substr(at + 8, 8)));
+    }
+    return -1.0;
+  };
+  const double held_two = held(doc);
+  CHECK(held_two > 0.0);
+  CHECK(held_two < 100.0);
   const result again = run("replay " + four.string() + " --json");
   REQUIRE(again.code == 0);
   CHECK(int64_t(p2.parse(again.out)["job"]["simulated_ns"]) == predicted);
@@ -354,6 +367,10 @@ TEST_CASE("whatif --layers: --trace-out writes every copy of the repeated layers
   CHECK(int64_t(model["layers"]["value"]) == 4);
   CHECK(int64_t(model["hidden"]["value"]) == 1024);
   const result back = run("whatif " + four.string() + " --layers 2 --json");
+  {
+    simdjson::dom::parser p6;
+    CHECK(held(p6.parse(back.out)) > held_two);
+  }
   REQUIRE(back.code == 0);
   const result traced = run("replay " + two.string() + " --json");
   REQUIRE(traced.code == 0);

@@ -169,12 +169,20 @@ struct layer_rewrite {
     removed += count == 0;
     out.groups.push_back(std::move(rg));
   }
-  char line[512];
+  // How much of the GPU work the layers found hold: the rest (embedding, head, optimizer,
+  // gradient collectives, and any layer work no group took, e.g. a backward without markers
+  // whose kernels do not repeat the forward's block) keeps its time whatever the layer count.
+  time_ns gpu = 0, in_layers = 0;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (graph::is_gpu(g.kind[t])) gpu += g.duration[t], in_layers += owner[t] >= 0 ? g.duration[t] : 0;
+  }
+  char line[640];
   std::snprintf(line, sizeof line,
-                "layers %d -> %d: %zu layer task groups (layer x pass x stage, tensor-parallel ranks together) from %s; %zu layer "
-                "copies added, %zu layers removed; each copy keeps the layer's measured kernels, launches and overheads",
+                "layers %d -> %d: %zu layer task groups (layer x pass x stage, tensor-parallel ranks together) from %s, holding "
+                "%.1f %% of the GPU op time; %zu layer copies added, %zu layers removed; each copy keeps the layer's measured "
+                "kernels, launches and overheads",
                 total, layers, out.groups.size(), st.layers_method.known() ? st.layers_method.value->c_str() : "structure discovery",
-                copies, removed);
+                gpu > 0 ? 100.0 * static_cast<double>(in_layers) / static_cast<double>(gpu) : 0.0, copies, removed);
   out.change = line;
   return out;
 }
