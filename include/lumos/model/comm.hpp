@@ -145,6 +145,27 @@ struct group_placement {
   }
 };
 
+/// Group placement from member ranks; groups whose nodes hold unequal numbers of members (which
+/// the hierarchical model does not describe) are priced as if every member were on its own node.
+[[nodiscard]] inline group_placement placement_of(const std::vector<int>& ranks, const hardware& hw) {
+  std::vector<std::int64_t> nodes;
+  nodes.reserve(ranks.size());
+  for (const int r : ranks) nodes.push_back(r / hw.gpus_per_node);
+  std::sort(nodes.begin(), nodes.end());
+  std::int64_t per = 0;
+  bool even = true;
+  for (std::size_t i = 0; i < nodes.size();) {
+    std::size_t j = i;
+    while (j < nodes.size() && nodes[j] == nodes[i]) ++j;
+    const auto count = static_cast<std::int64_t>(j - i);
+    if (per == 0) per = count;
+    even = even && count == per;
+    i = j;
+  }
+  if (!even || per < 1 || per > hw.gpus_per_node) per = 1;
+  return {static_cast<std::int64_t>(ranks.size()), per};
+}
+
 /// One collective call: kind, bytes (see `collective` for the convention) and group.
 struct collective_op {
   collective kind = collective::all_reduce;

@@ -322,9 +322,22 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     }
     return kind;
   };
+  // The members of the DP group of traced rank `rank` with `members` replicas at TP `tp_of`, as
+  // Megatron numbers ranks (TP innermost, then DP, then PP): the rank's stage and TP column kept.
+  // A group need not start at a node boundary (TP 2, DP 3: stage 1's groups are {6, 8, 10} and
+  // {7, 9, 11}, two members on one node and one on the next), which the placement then prices
+  // as lumos synth does (`model::placement_of`).
+  auto members_of = [&](int rank, std::int64_t members, int tp_of) {
+    const std::int64_t stage = rank / (static_cast<std::int64_t>(tp) * out.from);
+    const std::int64_t first = stage * tp_of * members + rank % tp % std::max(1, tp_of);
+    std::vector<int> ranks;
+    for (std::int64_t i = 0; i < members; ++i) ranks.push_back(static_cast<int>(first + i * tp_of));
+    return ranks;
+  };
   // The factor on the transfer time of a collective of `kind` and `bytes` (0: unknown) from n
-  // to n_new members.
-  auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new) {
+  // to n_new members; `rank`, a traced member's number (-1: unknown, the groups then start at a
+  // node boundary).
+  auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new, int rank) {
     // GPUs a group's ranks occupy: its members are TP apart, so it leaves a node once n · tp
     // exceeds the node.
     const bool crossed_before = n * tp > gpus_per_node, crossed_after = n_new * tp_new > gpus_per_node;
@@ -336,8 +349,12 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
         return model::group_placement{members - members % r, r};
       };
       const std::int64_t size = std::max<std::int64_t>(1, bytes * tp / tp_new);
-      const auto t_old = nccl->collective_time({kind, size, placed(n, tp)}, *hw);
-      const auto t_new = nccl->collective_time({kind, size, placed(n_new, tp_new)}, *hw);
+      // (Groups whose ranks would pass 2^30 are placed from a node boundary instead.)
+      const std::int64_t stages = rank / (static_cast<std::int64_t>(tp) * out.from) + 1;
+      const bool at_ranks = rank >= 0 && std::max(n * tp, n_new * tp_new) <= (std::int64_t{1} << 30) / stages;
+      const auto t_old = nccl->collective_time({kind, size, at_ranks ? model::placement_of(members_of(rank, n, tp), *hw) : placed(n, tp)}, *hw);
+      const auto t_new =
+          nccl->collective_time({kind, size, at_ranks ? model::placement_of(members_of(rank, n_new, tp_new), *hw) : placed(n_new, tp_new)}, *hw);
       ++out.modelled;
       return t_old > 0 ? static_cast<double>(t_new) / static_cast<double>(t_old) : 1.0;
     }
@@ -368,7 +385,8 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     const auto n = static_cast<std::int64_t>(ci.group_ranks.empty() ? out.from : static_cast<int>(ci.group_ranks.size()));
     // A DP group of n replicas: scaled by the DP ratio (a world group that is also DP grows the same way).
     const std::int64_t n_new = std::max<std::int64_t>(1, n * dp / out.from);
-    const double ratio = ratio_of(*kind, ci.bytes, n, n_new);
+    const int member = ci.complete.empty() ? -1 : g.rank[ci.complete.front()];
+    const double ratio = ratio_of(*kind, ci.bytes, n, n_new, member);
     for (const graph::task_id t : ci.complete) rescale(t, ratio);
     // Members beyond the traced ranks get numbers past the largest (they are not in the graph).
     int next = ci.group_ranks.empty() ? 0 : *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
@@ -381,7 +399,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     const auto kind = gradient_kind(c.kind);
     if (!kind) continue;
     const std::int64_t n = c.group_size > 0 ? c.group_size : out.from;
-    const double ratio = ratio_of(*kind, c.elements, n, std::max<std::int64_t>(1, n * dp / out.from));
+    const double ratio = ratio_of(*kind, c.elements, n, std::max<std::int64_t>(1, n * dp / out.from), g.rank[c.task]);
     rescale(c.task, ratio);
     ++out.collectives, ++out.lone;
   }

@@ -129,6 +129,7 @@ struct model_shape {
   fact<int> layers;
   fact<std::int64_t> hidden, ffn, heads, head_dim, seq, micro_batch_size;
   fact<std::string> dtype;
+  bool gated_mlp = false;  ///< FC1 writes twice the FFN width (gate and up: SwiGLU, Llama's layer)
 };
 
 /// The graph tasks of layer `layer` in one pass on one rank: the CPU launch calls and the GPU
@@ -1446,6 +1447,7 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
     } else {
       md.hidden.source = (gemms.empty() ? std::string("no GEMM with recorded Input Dims in the layer") : ls.why_hidden) + where;
     }
+    md.gated_mlp = ls.gated;
     if (ls.ffn_local && tp) {
       md.ffn.value = ls.ffn_local * *tp;
       md.ffn.source = ls.ffn_from + tp_txt + where;

@@ -259,7 +259,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       if (*shape_from == *shape_to && !layer_params && !pp_params) {
         out.changes.emplace_back("shape: the traces' own (nothing rescaled)");
       } else if (*shape_from == *shape_to) {
-        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params, pp_params);
+        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, structure->model.gated_mlp, layer_params, pp_params);
         char line[256];
         std::snprintf(line, sizeof line,
                       "parameters per rank x%.3f (rank 0) with the %s: %zu optimizer ops and %zu gradient collectives rescaled, %.3f -> "
@@ -268,7 +268,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
                       ss.optimizer, ss.gradient_communication, static_cast<double>(ss.before) / 1e6, static_cast<double>(ss.after) / 1e6);
         out.changes.emplace_back(line);
       } else {
-        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, false, layer_params, pp_params);
+        const shape_stats ss = rescale_shape(b, job, *structure, *shape_from, *shape_to, costs, structure->model.gated_mlp, layer_params, pp_params);
         out.changes.push_back(describe(*shape_from, *shape_to, ss));
         if (shape_to->tp != shape_from->tp) {
           const auto world = structure->parallel.world.value.value_or(static_cast<int>(job.ranks.size()));
@@ -523,6 +523,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         std::string tied_missing;
         try {
           if (staged) throw error("the traces' own is kept");
+          // Llama's layers (a gated MLP) come with untied embeddings: nothing to all-reduce.
+          if (structure->model.gated_mlp) throw error("the layers' MLP is gated (Llama-style), whose models untie their embeddings");
           const shape_config sc = shape_from ? *shape_from : traced_shape(*structure);
           const shape_config to = shape_to ? *shape_to : sc;
           const std::int64_t vocab_local = traced_vocab_local(job, *structure, sc);

@@ -90,26 +90,7 @@ struct totals {
   }
 };
 
-/// Group placement from member ranks; groups whose nodes hold unequal numbers of members (which
-/// the hierarchical model does not describe) are priced as if every member were on its own node.
-[[nodiscard]] inline model::group_placement placement_of(const std::vector<int>& ranks, const model::hardware& hw) {
-  std::vector<std::int64_t> nodes;
-  nodes.reserve(ranks.size());
-  for (const int r : ranks) nodes.push_back(r / hw.gpus_per_node);
-  std::sort(nodes.begin(), nodes.end());
-  std::int64_t per = 0;
-  bool even = true;
-  for (std::size_t i = 0; i < nodes.size();) {
-    std::size_t j = i;
-    while (j < nodes.size() && nodes[j] == nodes[i]) ++j;
-    const auto count = static_cast<std::int64_t>(j - i);
-    if (per == 0) per = count;
-    even = even && count == per;
-    i = j;
-  }
-  if (!even || per < 1 || per > hw.gpus_per_node) per = 1;
-  return {static_cast<std::int64_t>(ranks.size()), per};
-}
+using model::placement_of;
 
 /// A process group of the job, created when first used.
 struct group_state {
