@@ -405,9 +405,10 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   }
   if (out.modelled > 0) {
     out.changes.push_back(std::to_string(out.modelled) + " sized gradient collectives resized by the " + (nccl != nullptr ? nccl->profile.name : std::string()) +
-                          " profile's NCCL model (new group over old, " + std::to_string(std::max(1, hw->gpus_per_node / std::max(1, tp_new))) +
-                          " members per node" + (tp_new != tp ? " at TP " + std::to_string(tp_new) + ", " + std::to_string(std::max(1, hw->gpus_per_node / std::max(1, tp))) + " at the traced TP " + std::to_string(tp) : std::string()) +
-                          "), anchored on each measured time");
+                          " profile's NCCL model (new group over old, each placed at its members' ranks: TP " + std::to_string(tp_new) +
+                          (tp_new != tp ? " apart, the traced TP " + std::to_string(tp) : std::string(" apart")) +
+                          ", up to " + std::to_string(std::max(1, hw->gpus_per_node / std::max(1, tp_new))) +
+                          " on a node), anchored on each measured time");
   }
   if (unsized) {
     out.changes.push_back("the trace records no message size for some gradient collectives: their measured time is scaled by the "
