@@ -131,6 +131,13 @@ CASES = [
     ("global batch ×2 (8 → 16 micro-batches)", {"--pp": "1"}, {"--global-batch": "32"}),
     ("micro-batch ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--micro-batch": "2"}),
     ("layers ×2, global batch ×2 (8 → 16 micro-batches)", {"--pp": "1"}, {"--layers": "16", "--global-batch": "32"}),
+    # From one replica the traces reduce no gradients: the distributed optimizer's buckets are
+    # inserted (reduce-scatters as the backward completes their layers, all-gathers after the step).
+    ("DP 1→2, same global batch (buckets inserted, 8 → 4 micro-batches)", {"--pp": "1", "--dp": "1", "--global-batch": "8"}, {"--dp": "2"}),
+    ("DP 1→4, global batch ×4 (buckets inserted)", {"--pp": "1", "--dp": "1", "--global-batch": "8"}, {"--dp": "4", "--global-batch": "32"}),
+    ("DP 1→2 with traced stages, global batch ×2 (buckets inserted)", {"--dp": "1", "--global-batch": "8"}, {"--dp": "2", "--global-batch": "16"}),
+    ("DP 1→2 with PP 1→2 (buckets inserted, in the graph)", {"--pp": "1", "--dp": "1", "--global-batch": "8"}, {"--dp": "2", "--pp": "2"}),
+    ("DP 1→2 with TP 2→4 (buckets inserted)", {"--pp": "1", "--dp": "1", "--global-batch": "8"}, {"--dp": "2", "--tp": "4"}),
     # One micro-batch per replica (a plain training loop): its passes are the period.
     ("global batch ×8 from one micro-batch per replica (1 → 8 micro-batches)", {"--pp": "1", "--global-batch": "2"},
      {"--global-batch": "16"}),

@@ -70,6 +70,7 @@
 #include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/model_fit.hpp>

@@ -951,3 +951,41 @@ TEST_CASE("whatif --layers and the micro-batches with --pp, in the graph",
     CHECK(std::abs(err) < 0.03);
   }
 }
+
+TEST_CASE("whatif --dp from 1 inserts the distributed optimizer's gradient buckets", "[whatif][dp][kernel_trace]") {
+  // Jobs of one replica reduce no gradients: the what-if inserts Megatron's (ZeRO-1, as lumos synth:
+  // a reduce-scatter per bucket of max(40e6, 1e6 x DP) parameters as the final backward computes
+  // the layers that close it, an all-gather per bucket after the optimizer, the optimizer stepping
+  // 1/DP of the parameters). Against the job synthesised at the target: without stages (4 layers
+  // of 25 M parameters per rank, so a bucket spans two), with traced stages, and with a split into
+  // stages made in the graph, each bucket on the stage of the layer that closes it.
+  struct target {
+    int traced_pp, dp, pp;
+    std::int64_t global_batch;
+  };
+  for (const target t : {target{1, 2, 1, 8}, target{1, 4, 1, 8}, target{2, 2, 2, 8}, target{1, 2, 2, 8}, target{1, 2, 4, 16}}) {
+    config a = pp1_job;
+    a.dp = 1, a.pp = t.traced_pp, a.global_batch = t.global_batch, a.unfold = false;
+    lumos_test::temp_dir dir_a;
+    (void)synthesise(a, dir_a.path());
+    const trace::job traced = trace::load_job({dir_a.path()});
+    config b = a;
+    b.dp = t.dp, b.pp = t.pp;
+    lumos_test::temp_dir dir_b;
+    const written direct = synthesise(b, dir_b.path());
+    whatif::whatif_options o;
+    o.dp = t.dp;
+    if (t.pp != t.traced_pp) o.pp = t.pp;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    INFO("PP " << t.traced_pp << " -> " << t.pp << ", DP 1 -> " << t.dp);
+    std::map<std::string, std::size_t> inserted;
+    for (const auto& ci : r.predicted.built.graph.collectives) {
+      if (ci.group.starts_with("dp.inserted.")) ++inserted[ci.kind];
+    }
+    CHECK(inserted["reducescatter"] > 0);
+    if (t.pp == t.traced_pp) CHECK(inserted["allgather"] == inserted["reducescatter"]);
+    const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
+    INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
+    CHECK(std::abs(err) < 0.005);
+  }
+}

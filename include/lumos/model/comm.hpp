@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace lumos::model {
@@ -164,6 +165,30 @@ struct group_placement {
   }
   if (!even || per < 1 || per > hw.gpus_per_node) per = 1;
   return {static_cast<std::int64_t>(ranks.size()), per};
+}
+
+/// Parameters per data-parallel gradient bucket in Megatron-LM: max(40e6, 1e6 x dp).
+[[nodiscard]] constexpr std::int64_t megatron_bucket_params(int dp) noexcept {
+  return std::max<std::int64_t>(40'000'000, 1'000'000LL * dp);
+}
+
+/// Megatron's gradient buckets over a model chunk's parameter segments, given in the order the
+/// backward computes their gradients (the head, the layers last first, the embedding): a bucket
+/// closes once it holds `bucket_params`, the rest closes with the last segment. Each bucket as
+/// (index of the segment that closes it, its parameters).
+[[nodiscard]] inline std::vector<std::pair<int, std::int64_t>> gradient_buckets(std::span<const std::int64_t> segments,
+                                                                                std::int64_t bucket_params) {
+  std::vector<std::pair<int, std::int64_t>> out;
+  std::int64_t acc = 0;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    acc += segments[i];
+    if (acc >= bucket_params) {
+      out.emplace_back(static_cast<int>(i), acc);
+      acc = 0;
+    }
+  }
+  if (acc > 0) out.emplace_back(static_cast<int>(segments.size()) - 1, acc);
+  return out;
 }
 
 /// One collective call: kind, bytes (see `collective` for the convention) and group.

@@ -5,6 +5,7 @@
 // kind and delay, so the measured overheads of the group travel with each copy.
 
 #include <lumos/core/error.hpp>
+#include <lumos/graph/build_options.hpp>
 #include <lumos/graph/task_graph.hpp>
 
 #include <algorithm>
@@ -304,6 +305,22 @@ struct insertion {
     for (auto& t : ci.complete) t = out.copies[t].front();
   }
   return out;
+}
+
+/// Applies `edited` to a built job: the graph is replaced and every map follows its tasks.
+/// Returns where each task of the graph before went (`edited_graph::copies`).
+inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edited_graph&& edited) {
+  for (auto& r : b.ranks) {
+    for (auto& t : r.task_of_event) t = t == graph::no_task ? t : edited.first(t);
+    for (auto& t : r.arrive_of_event) t = t == graph::no_task ? t : edited.first(t);
+  }
+  std::vector<graph::kept_delay> kept;
+  for (const auto& k : b.kept) {
+    for (const graph::task_id c : edited.copies[k.task]) kept.push_back({c, k.kind, k.amount, k.at});
+  }
+  b.kept = std::move(kept);
+  b.graph = std::move(edited.graph);
+  return std::move(edited.copies);
 }
 
 }  // namespace lumos::whatif

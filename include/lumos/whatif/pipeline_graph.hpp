@@ -700,6 +700,18 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       }
     }
   }
+  // A GPU op that a rewrite inserted on a stream of its own (a data-parallel bucket's
+  // reduce-scatter, launched inside the layer that closes the bucket) is its launch's layer's; an
+  // arrive takes its complete, beside it on its stream, along.
+  for (const graph::edge& e : g.edges) {
+    if (e.kind != graph::edge_kind::launch || layer[e.from] < 0 || layer[e.to] >= 0 || everywhere[e.to]) continue;
+    layer[e.to] = layer[e.from];
+    const task_id pair = e.to + 1;
+    if (g.kind[e.to] == graph::task_kind::comm_arrive && pair < n && g.processor[pair] == g.processor[e.to] &&
+        g.kind[pair] == graph::task_kind::comm_complete && layer[pair] < 0) {
+      layer[pair] = layer[e.from];
+    }
+  }
   // Where each non-layer task of a pass stands on its processor: before the pass's first layer
   // task there (0), between (1), after its last (2); 1 when the processor has none in the pass.
   std::vector<std::uint8_t> where(n, 1);
@@ -818,8 +830,9 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   }
 
   // Per traced rank: its compute stream (most layer kernels), the host thread of each pass kind
-  // (most layer launches) and the stream of its data-parallel collectives (else the compute
-  // stream): the cross-stage transfers and the tied embedding's all-reduce go there.
+  // (most layer launches) and the stream of its data-parallel collectives (else of its other
+  // collectives off the compute stream, else the compute stream): the cross-stage transfers and
+  // the tied embedding's all-reduce go there.
   constexpr graph::processor_id no_processor = ~graph::processor_id{0};
   std::vector<graph::processor_id> main_stream(R, no_processor), dp_stream(R, no_processor);
   std::vector<std::array<graph::processor_id, 2>> main_thread(R, {no_processor, no_processor});
@@ -855,13 +868,25 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       if (!everywhere[t] || g.kind[t] != graph::task_kind::comm_complete) continue;
       if (const auto it = index_of_rank.find(g.rank[t]); it != index_of_rank.end()) ++dp_count[it->second][g.processor[t]];
     }
+    // Without traced data-parallel collectives, the stream of the rank's other collectives off its
+    // compute stream (those a DP change from one replica inserted), if any.
+    std::vector<std::map<graph::processor_id, std::size_t>> other_count(R);
+    for (const auto& ci : g.collectives) {
+      if (ci.kind == "sendrecv" || ci.kind == "send_recv") continue;
+      for (const task_id t : ci.complete) {
+        if (const auto it = t < n ? index_of_rank.find(g.rank[t]) : index_of_rank.end(); it != index_of_rank.end()) {
+          ++other_count[it->second][g.processor[t]];
+        }
+      }
+    }
     for (std::size_t i = 0; i < R; ++i) {
       main_stream[i] = most(stream_count[i]);
       main_thread[i] = {most(thread_count[i][0]), most(thread_count[i][1])};
       if (main_stream[i] == no_processor || main_thread[i][0] == no_processor || main_thread[i][1] == no_processor) {
         throw error("whatif --pp: rank " + std::to_string(job.ranks[i].rank) + " has no layer kernels or launches to join its stages by");
       }
-      dp_stream[i] = dp_count[i].empty() ? main_stream[i] : most(dp_count[i]);
+      other_count[i].erase(main_stream[i]);
+      dp_stream[i] = !dp_count[i].empty() ? most(dp_count[i]) : !other_count[i].empty() ? most(other_count[i]) : main_stream[i];
       stream_rank[main_stream[i]] = i;
       index_of_processor[dp_stream[i]] = i;
       for (int kind_index = 0; kind_index < 2; ++kind_index) {

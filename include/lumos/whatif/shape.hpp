@@ -359,11 +359,10 @@ struct shape_stats {
   return vocab_local;
 }
 
-/// Parameters one rank of `stage` holds (model::stage_parameters_per_rank of a GPT-style
-/// transformer, or with `gated` a Llama-style one, with this shape, `layers` layers (0: the traces') and `pp` stages (0: the traces');
-/// `vocab` 0 when unknown).
-[[nodiscard]] inline double parameters_per_rank(const shape_config& c, const job_structure& st, int stage,
-                                                std::int64_t vocab, bool gated, int layers = 0, int pp = 0) {
+/// The transformer whose parameters a what-if counts: a GPT-style one with this shape, or with
+/// `gated` a Llama-style one, `layers` layers (0: the traces'), `vocab` 0 when unknown.
+[[nodiscard]] inline model::transformer counted_transformer(const shape_config& c, const job_structure& st, std::int64_t vocab,
+                                                            bool gated, int layers = 0) {
   model::transformer m;
   m.layers = std::max<std::int64_t>(layers > 0 ? layers : st.model.layers.value.value_or(1), 1);
   m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
@@ -371,6 +370,14 @@ struct shape_stats {
   m.mlp = gated ? model::mlp_kind::swiglu : model::mlp_kind::gelu;
   // A gated MLP is Llama's layer, whose model has rotary positions and untied embeddings.
   if (gated) m.position = model::position_kind::rotary, m.tied_embeddings = false;
+  return m;
+}
+
+/// Parameters one rank of `stage` holds (model::stage_parameters_per_rank of
+/// `counted_transformer`) with `pp` stages (0: the traces').
+[[nodiscard]] inline double parameters_per_rank(const shape_config& c, const job_structure& st, int stage,
+                                                std::int64_t vocab, bool gated, int layers = 0, int pp = 0) {
+  model::transformer m = counted_transformer(c, st, vocab, gated, layers);
   model::parallel_config par;
   par.tp = c.tp;
   par.pp = std::max(pp > 0 ? pp : st.parallel.pp.value.value_or(1), 1);
@@ -806,10 +813,13 @@ inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, con
 /// only its rank's 1/DP of the parameters: with DP `dp_from` -> `dp_to` the optimizer phase's
 /// kernels work on dp_from/dp_to of their bytes (memory-bound, down to `min_ns`). Any other
 /// gradient reduction (all-reduce: every rank steps every parameter) leaves them as they are;
-/// `optimizer` in the result is 0 then. The collectives are the DP rewrite's.
-inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st, int dp_from, int dp_to, double min_ns) {
+/// `optimizer` in the result is 0 then. The collectives are the DP rewrite's. `inserted`: the
+/// traces had one replica and the DP rewrite inserted a distributed optimizer's collectives.
+inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st, int dp_from, int dp_to, double min_ns,
+                                   bool inserted = false) {
   shape_stats out;
-  if (dp_from == dp_to || dp_from <= 0 || dp_to <= 0 || st.gradients.method.value != std::string("reduce-scatter + all-gather")) return out;
+  const bool distributed = inserted || st.gradients.method.value == std::string("reduce-scatter + all-gather");
+  if (dp_from == dp_to || dp_from <= 0 || dp_to <= 0 || !distributed) return out;
   const double ratio = static_cast<double>(dp_from) / static_cast<double>(dp_to);
   graph::task_graph& g = b.graph;
   for (const gpu_op_context& c : st.gpu_ops) {

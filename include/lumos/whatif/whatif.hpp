@@ -8,6 +8,7 @@
 #include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/pipeline.hpp>
@@ -74,22 +75,6 @@ struct whatif_result {
   std::optional<double> bubble_fraction;
   std::string bubble_source;
 };
-
-/// Applies `edited` to a built job: the graph is replaced and every map follows its tasks.
-/// Returns where each task of the graph before went (`edited_graph::copies`).
-inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edited_graph&& edited) {
-  for (auto& r : b.ranks) {
-    for (auto& t : r.task_of_event) t = t == graph::no_task ? t : edited.first(t);
-    for (auto& t : r.arrive_of_event) t = t == graph::no_task ? t : edited.first(t);
-  }
-  std::vector<graph::kept_delay> kept;
-  for (const auto& k : b.kept) {
-    for (const graph::task_id c : edited.copies[k.task]) kept.push_back({c, k.kind, k.amount, k.at});
-  }
-  b.kept = std::move(kept);
-  b.graph = std::move(edited.graph);
-  return std::move(edited.copies);
-}
 
 /// The traced TP groups' members, `from` of them, as `to` (the members beyond the traced ranks
 /// numbered past the largest, as `resize_data_parallel` numbers a DP group's): what `--trace-out`
@@ -300,9 +285,40 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
                                                       nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr,
                                                       lone_collectives(job, b), shape_to ? shape_to->tp : 0);
       out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
+      bool inserted = false;  // a distributed optimizer's collectives, the traces having none
+      if (d.from == 1 && d.to > 1 && groups_with_role(*structure, group_role::dp).empty()) {
+        // One replica traced: no gradient reduction to resize, so Megatron's is inserted.
+        try {
+          const shape_config from = shape_from ? *shape_from : traced_shape(*structure);
+          const shape_config to = shape_to ? *shape_to : from;
+          const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
+          const model::nccl_model model_of_costs{costs.profile};
+          // Traces without stages that the pipeline change will split: the buckets of the target's chunks.
+          bucket_target bt;
+          bt.layers = o.layers.value_or(0);
+          if (o.pp && *o.pp > 1 && structure->parallel.pp.value.value_or(1) == 1) {
+            bt.pp = *o.pp;
+            const bool interleaved = o.vp.value_or(1) > 1 || (o.schedule && *o.schedule == pipeline::schedule_kind::interleaved_one_f_one_b);
+            bt.vp = interleaved ? o.vp.value_or(2) : 1;
+          }
+          const bucket_insertion bi =
+              insert_gradient_buckets(b, *structure, to, traced_vocab_local(job, *structure, from) * from.tp, structure->model.gated_mlp,
+                                      d.to, nccl ? nccl->first : model_of_costs, nccl ? nccl->second : costs.hw, costs.profile, bt);
+          out.changes.push_back(describe_buckets(bi, d.to, nccl ? nccl->first.profile.name : costs.profile.name, o.layers.has_value()));
+          if (bi.buckets > 0) {
+            inserted = true;
+            structure_options so = o.structure;
+            so.step = o.replay.step;
+            if (!traced_structure) traced_structure = std::move(structure);
+            structure = discover_structure(job, b, so);
+          }
+        } catch (const error& e) {
+          out.changes.push_back("DP 1 -> " + std::to_string(d.to) + ": no gradient reduction inserted (" + e.what() + ")");
+        }
+      }
       if (d.from != d.to) {
         const double min_ns = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr).profile.min_kernel_ns;
-        const shape_stats sh = shard_optimizer(b, *structure, d.from, d.to, min_ns);
+        const shape_stats sh = shard_optimizer(b, *structure, d.from, d.to, min_ns, inserted);
         if (sh.optimizer > 0) {
           char line[256];
           std::snprintf(line, sizeof line,

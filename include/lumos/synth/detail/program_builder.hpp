@@ -62,7 +62,7 @@ class program_builder {
     world_ = static_cast<int>(par_.world_size());
     launch_cost_ = opt_.launch_cost >= 0 ? opt_.launch_cost : hw_.kernel_launch_overhead;
     collective_cpu_ = opt_.collective_cpu >= 0 ? opt_.collective_cpu : launch_cost_;
-    bucket_params_ = opt_.bucket_params > 0 ? opt_.bucket_params : std::max<std::int64_t>(40'000'000, 1'000'000LL * dp_);
+    bucket_params_ = opt_.bucket_params > 0 ? opt_.bucket_params : model::megatron_bucket_params(dp_);
     layers_per_chunk_ = static_cast<int>(par_.layers_per_chunk(m_));
     if (par_.zero_stage == 3 && dp_ > 1) zero3_ = true;
   }

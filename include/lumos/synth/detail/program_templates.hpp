@@ -4,6 +4,8 @@
 
 #include <lumos/synth/detail/program_builder.hpp>
 
+#include <numeric>
+
 namespace lumos::synth::detail {
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -252,27 +254,16 @@ void program_builder<Compute, Comm>::build_templates() {
       }
     }
   }
-  // Buckets over the backward order of a chunk's segments: head, layers (last first),
-  // embedding; a bucket closes once it holds `bucket_params_`, the rest closes at the end.
+  // Buckets over the backward order of a chunk's segments: head, layers (last first), embedding.
   for (int first = 0; first < 2; ++first) {
     for (int last = 0; last < 2; ++last) {
-      auto& list = buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)];
-      std::int64_t acc = 0, total = 0;
-      int index = 0;
-      auto add = [&](std::int64_t params) {
-        acc += params;
-        total += params;
-        if (acc >= bucket_params_) {
-          list.emplace_back(index, acc);
-          acc = 0;
-        }
-        ++index;
-      };
-      if (last) add(head_params_);
-      for (int l = 0; l < layers_per_chunk_; ++l) add(layer_params_);
-      if (first) add(embed_params_);
-      if (acc > 0) list.emplace_back(index - 1, acc);
-      chunk_params_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = total;
+      std::vector<std::int64_t> segments;
+      if (last) segments.push_back(head_params_);
+      segments.insert(segments.end(), static_cast<std::size_t>(layers_per_chunk_), layer_params_);
+      if (first) segments.push_back(embed_params_);
+      buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = model::gradient_buckets(segments, bucket_params_);
+      chunk_params_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] =
+          std::accumulate(segments.begin(), segments.end(), std::int64_t{0});
     }
   }
   optimizer_.clear();
