@@ -132,6 +132,7 @@ inline void structure_json(const whatif::job_structure& st, bool with_groups, st
   structure_fact_json(w, "layers", st.model.layers);
   structure_fact_json(w, "hidden", st.model.hidden);
   structure_fact_json(w, "ffn", st.model.ffn);
+  structure_fact_json(w, "mlp", st.model.mlp);
   structure_fact_json(w, "heads", st.model.heads);
   structure_fact_json(w, "head_dim", st.model.head_dim);
   structure_fact_json(w, "seq", st.model.seq);
@@ -240,6 +241,7 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
   structure_fact_text(out, "layers found by", st.layers_method);
   structure_fact_text(out, "hidden", st.model.hidden);
   structure_fact_text(out, "FFN", st.model.ffn);
+  structure_fact_text(out, "MLP", st.model.mlp);
   structure_fact_text(out, "heads", st.model.heads);
   structure_fact_text(out, "head dim", st.model.head_dim);
   structure_fact_text(out, "sequence", st.model.seq);

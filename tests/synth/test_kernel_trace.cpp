@@ -169,6 +169,11 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
     CHECK(md.layers.value == c.layers);
     CHECK(md.hidden.value == j.model.hidden);
     CHECK(md.ffn.value == j.model.ffn);
+    const bool gated = j.model.mlp != model::mlp_kind::gelu;
+    CHECK(md.gated_mlp == gated);
+    REQUIRE(md.mlp.value);
+    CHECK(md.mlp.value->starts_with(gated ? "gated" : "not gated"));
+    CHECK_THAT(md.mlp.source, Catch::Contains("FC2"));
     CHECK(md.heads.value == j.model.heads);
     CHECK(md.head_dim.value == j.model.hidden / j.model.heads);
     CHECK(md.seq.value == c.seq);

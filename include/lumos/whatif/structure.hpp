@@ -130,6 +130,8 @@ struct model_shape {
   fact<std::int64_t> hidden, ffn, heads, head_dim, seq, micro_batch_size;
   fact<std::string> dtype;
   bool gated_mlp = false;  ///< FC1 writes twice the FFN width (gate and up: SwiGLU, Llama's layer)
+  /// `gated_mlp` as shown: "gated (gate and up projections)" or "not gated", with where it was read.
+  fact<std::string> mlp;
 };
 
 /// The graph tasks of layer `layer` in one pass on one rank: the CPU launch calls and the GPU
@@ -1448,6 +1450,12 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
       md.hidden.source = (gemms.empty() ? std::string("no GEMM with recorded Input Dims in the layer") : ls.why_hidden) + where;
     }
     md.gated_mlp = ls.gated;
+    if (ls.ffn_local) {
+      md.mlp.value = ls.gated ? "gated (gate and up projections: SwiGLU, Llama-style; untied embeddings assumed)" : "not gated";
+      md.mlp.source = ls.ffn_from + where;
+    } else {
+      md.mlp.source = ls.why_ffn + where;
+    }
     if (ls.ffn_local && tp) {
       md.ffn.value = ls.ffn_local * *tp;
       md.ffn.source = ls.ffn_from + tp_txt + where;
