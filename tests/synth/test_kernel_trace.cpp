@@ -175,6 +175,7 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
     CHECK(md.mlp.value->starts_with(gated ? "gated" : "not gated"));
     CHECK_THAT(md.mlp.source, Catch::Contains("FC2"));
     CHECK(md.heads.value == j.model.heads);
+    CHECK(md.kv_heads.value == j.model.kv_heads);
     CHECK(md.head_dim.value == j.model.hidden / j.model.heads);
     CHECK(md.seq.value == c.seq);
     CHECK(md.micro_batch_size.value == c.micro_batch);

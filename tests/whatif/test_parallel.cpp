@@ -9,7 +9,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 namespace fs = std::filesystem;
 using namespace lumos;
@@ -136,14 +138,29 @@ TEST_CASE("whatif PP and schedule changes against the traces of the target confi
 
 TEST_CASE("whatif --dp doubles the replicas of a pipeline job: half the micro-batches per replica", "[whatif][pipeline][dp]") {
   // pp4_1f1b has m 8 and no gradient reduction (DP 1). DP 2 keeping the global batch of 8 runs 4
-  // micro-batches per replica; with GPipe that is pp4_gpipe's configuration exactly.
+  // micro-batches per replica; with GPipe that is pp4_gpipe's configuration, which has no
+  // gradient reduction either, plus the distributed optimizer's reduction the DP change inserts
+  // (gradient_buckets.hpp): the prediction exceeds pp4_gpipe's replay by no more than a rank's
+  // inserted transfers, and by most of them (this tiny job's GPU has little to hide them behind).
   whatif::whatif_options o;
   o.dp = 2;
   o.schedule = pipeline::schedule_kind::gpipe;
   const auto r = what_if("pp4_1f1b", o);
   REQUIRE(r.pipeline);
   CHECK(r.pipeline->predicted.shape.micro_batches == 4);
-  CHECK(rel(r.predicted.simulated_ns, replayed("pp4_gpipe")) < 0.03);
+  const auto& g = r.predicted.built.graph;
+  std::map<int, time_ns> inserted;  // per rank
+  for (const auto& ci : g.collectives) {
+    if (!ci.group.starts_with("dp.inserted.")) continue;
+    for (const graph::task_id c : ci.complete) inserted[g.rank[c]] += g.duration[c];
+  }
+  REQUIRE(!inserted.empty());
+  time_ns most = 0;
+  for (const auto& [rank, t] : inserted) most = std::max(most, t);
+  const time_ns extra = r.predicted.simulated_ns - replayed("pp4_gpipe");
+  INFO("prediction - pp4_gpipe " << extra << " ns, a rank's inserted transfers up to " << most << " ns");
+  CHECK(extra > most / 2);
+  CHECK(extra <= most + most / 20);
   // Global batch 20 sequences (10 micro-batches of the traces' 2) over 2 replicas: 5 each.
   o.global_batch = 20;
   CHECK(what_if("pp4_1f1b", o).pipeline->predicted.shape.micro_batches == 5);

@@ -141,6 +141,7 @@ struct dp_rewrite_stats {
   std::size_t lone = 0;         ///< of them, ops whose peers are absent from the job (`lone_collective`)
   std::size_t modelled = 0;     ///< of them, by the profile's NCCL model
   time_ns before = 0, after = 0;  ///< their transfer time, summed over participants
+  bool no_dp_group = false;       ///< the traces have no gradient collective: nothing was resized
   std::vector<std::string> changes;
 };
 
@@ -305,6 +306,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     return out;
   }
   if (dp_groups.empty()) {
+    out.no_dp_group = true;
     out.changes.push_back("DP " + std::to_string(out.from) + " -> " + std::to_string(dp) +
                           ": the trace has no gradient collective (no DP group), nothing to resize");
     return out;

@@ -32,10 +32,13 @@
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <numeric>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace lumos::whatif {
@@ -50,15 +53,38 @@ struct bucket_insertion {
   time_ns gather_first = 0;       ///< their all-gathers'
   std::size_t buckets_first = 0;  ///< their count
   std::vector<std::string> skipped;  ///< chunks without a final backward pass, and why
+  /// Each reduce-scatter as the tasks a layer change must copy with the layer that closes its
+  /// bucket: the GPU op it follows, its launch call (or no_task), its arrive and complete.
+  std::vector<std::array<graph::task_id, 4>> in_layers;
 };
+
+/// Adds each reduce-scatter of `bi` to the layer task group that holds the op it follows (the
+/// layer that closes its bucket), so that a layer change repeats or removes it with the layer and
+/// a pipeline split puts it on that layer's stage. `st` is the structure discovered after the
+/// insertion.
+inline void attach_to_layers(job_structure& st, const bucket_insertion& bi) {
+  std::unordered_map<graph::task_id, std::size_t> group_of;
+  for (std::size_t i = 0; i < st.layer_groups.size(); ++i) {
+    for (const graph::task_id t : st.layer_groups[i].tasks) group_of.emplace(t, i);
+  }
+  for (const auto& [hook, call, arrive, complete] : bi.in_layers) {
+    const auto it = group_of.find(hook);
+    if (it == group_of.end()) continue;
+    auto& tasks = st.layer_groups[it->second].tasks;
+    if (call != graph::no_task) tasks.push_back(call);
+    tasks.push_back(arrive);
+    tasks.push_back(complete);
+  }
+}
 
 /// The layout the buckets are formed for when it is not the traces' own.
 struct bucket_target {
-  /// Stages and chunks the pipeline split will make of traces without stages (0: none): the
-  /// buckets are then those of each target chunk, over its layers, each placed in the traced
-  /// layer that closes it, which the split puts on that chunk's stage.
+  /// Stages and chunks of the target when a pipeline change is asked (0: the traces'). From
+  /// traces without stages the buckets are then those of each target chunk, over its layers,
+  /// each placed in the traced layer that closes it, which the split puts on that chunk's stage.
+  /// The all-gathers after the step are those of the target's stage.
   int pp = 0, vp = 1;
-  int layers = 0;  ///< the target's layer count (0: the traces'); each traced layer stands for layers / traced ones
+  int layers = 0;  ///< the target's layer count (0: the traces'), for the all-gathers
 };
 
 /// Inserts the gradient reduction of `dp` data-parallel replicas into `b`, whose traces reduce
@@ -82,12 +108,35 @@ struct bucket_target {
   const bool split = pp == 1 && chunks == 1 && target.pp > 1;
   const int pp_to = split ? target.pp : pp;
   const int virtual_to = split ? target.pp * std::max(1, target.vp) : pp * chunks;
-  const double copies = target.layers > 0 ? static_cast<double>(target.layers) / static_cast<double>(m.layers) : 1.0;
-  const auto layer_params = static_cast<std::int64_t>(std::llround(static_cast<double>(model::layer_parameters_per_rank(m, shape.tp)) * copies));
+  const std::int64_t layer_params = model::layer_parameters_per_rank(m, shape.tp);
   const std::int64_t embed_params =
       m.vocab * m.hidden / shape.tp + (m.position == model::position_kind::learned ? m.seq * m.hidden : 0);
-  const std::int64_t head_params =
-      model::norm_parameter_count(m) + ((!m.tied_embeddings || pp_to > 1) ? m.vocab * m.hidden / shape.tp : 0);
+  auto head_params = [&](int stages) {
+    return model::norm_parameter_count(m) + ((!m.tied_embeddings || stages > 1) ? m.vocab * m.hidden / shape.tp : 0);
+  };
+  // The buckets of one chunk of a layout of `virtual_stages` chunks over `stages` stages, each
+  // of `layers` layers: the head's, the layers' (last first), the embedding's parameters.
+  auto segments_of = [&](bool first, bool last, std::int64_t layers, int stages) {
+    std::vector<std::int64_t> params;
+    if (last) params.push_back(head_params(stages));
+    params.insert(params.end(), static_cast<std::size_t>(std::max<std::int64_t>(layers, 0)), layer_params);
+    if (first) params.push_back(embed_params);
+    return params;
+  };
+  // The all-gathers after the step follow the target's layout and layers (the reduce-scatters
+  // sit in the traced layers, which a layer change repeats or removes with them).
+  const int gather_pp = target.pp > 0 ? target.pp : pp;
+  const int gather_chunks = target.pp > 0 ? std::max(1, target.vp) : chunks;
+  const std::int64_t gather_layers = (target.layers > 0 ? target.layers : m.layers) / (static_cast<std::int64_t>(gather_pp) * gather_chunks);
+  auto stage_gathers = [&](int s) {
+    std::vector<std::int64_t> out_params;
+    for (int c = 0; c < gather_chunks; ++c) {
+      const int vs = c * gather_pp + s;
+      const auto seg = segments_of(vs == 0, vs == gather_pp * gather_chunks - 1, gather_layers, gather_pp);
+      for (const auto& [segment, count] : model::gradient_buckets(seg, out.bucket_params)) out_params.push_back(count);
+    }
+    return out_params;
+  };
   const auto launch_ns = static_cast<time_ns>(std::llround(profile.cpu_launch_ns));
   const time_ns host_ns = std::max<time_ns>(0, static_cast<time_ns>(std::llround(profile.cpu_collective_ns)) - launch_ns);
 
@@ -99,7 +148,7 @@ struct bucket_target {
   struct bucket {
     graph::task_id after = graph::no_task;  // the GPU op that completes its gradients
     std::int64_t params = 0;
-    time_ns scatter = 0, gather = 0;
+    time_ns scatter = 0;
     int stage = 0;  // of the target, with a split
   };
   struct rank_plan {
@@ -107,6 +156,7 @@ struct bucket_target {
     graph::task_id gate = graph::no_task;       // first GPU op after the final backward
     graph::task_id step = graph::no_task;       // the optimizer's last GPU op
     graph::task_id host_wait = graph::no_task;  // the host's wait for the device that ends the step
+    std::uint32_t host_wait_edge = 0;           // its sync edge from the step's stream (its tail, its flags)
     std::vector<graph::task_id> after_sync;     // collectives that follow the gradient sync
     std::vector<time_ns> gathers;               // the all-gathers' transfers, in order
     std::vector<int> members;
@@ -180,31 +230,26 @@ struct bucket_target {
           last_layer = k;
         }
       }
-      std::vector<std::int64_t> params;
+      const std::vector<std::int64_t> params = segments_of(first, last, tc.to - tc.from, pp_to);
       std::vector<std::size_t> end_of;  // index into ops of each segment's last op
       std::size_t reached = 0;
       auto ends = [&](std::size_t k) { return reached = std::max(reached, k); };
-      if (last) {
-        params.push_back(head_params);
-        end_of.push_back(ends(first_layer == ops.size() || first_layer == 0 ? 0 : first_layer - 1));
-      }
+      if (last) end_of.push_back(ends(first_layer == ops.size() || first_layer == 0 ? 0 : first_layer - 1));
       for (std::int64_t l = tc.to - 1; l >= tc.from; --l) {
         std::size_t e = ops.size();
         for (std::size_t k = 0; k < ops.size(); ++k) {
           if (st.gpu_ops[ops[k]].layer == l) e = k;
         }
-        params.push_back(layer_params);
         end_of.push_back(ends(e == ops.size() ? reached : e));
       }
       if (first) {
-        params.push_back(embed_params);
         end_of.push_back(ends(ops.size() - 1));
-      } else if (!params.empty() && !split) {
+      } else if (!end_of.empty() && !split) {
         end_of.back() = ends(last_layer == ops.size() ? ops.size() - 1 : last_layer);
       }
       for (const auto& [segment, count] : model::gradient_buckets(params, out.bucket_params)) {
         const graph::task_id t = task_of(ops[end_of[static_cast<std::size_t>(segment)]]);
-        if (t != graph::no_task) plan.buckets.push_back({t, count, 0, 0, tc.stage});
+        if (t != graph::no_task) plan.buckets.push_back({t, count, 0, tc.stage});
       }
     }
     if (plan.buckets.empty()) continue;
@@ -241,10 +286,12 @@ struct bucket_target {
     // The host's last wait for the step's stream (a device synchronize ends a Megatron step).
     if (plan.step != graph::no_task) {
       const graph::processor_id p = g.processor[plan.step];
-      for (const graph::edge& e : g.edges) {
+      for (std::uint32_t i = 0; i < g.edges.size(); ++i) {
+        const graph::edge& e = g.edges[i];
         if (e.kind == graph::edge_kind::sync && g.processor[e.from] == p && e.from >= plan.step &&
             (plan.host_wait == graph::no_task || g.observed_start[e.to] > g.observed_start[plan.host_wait])) {
           plan.host_wait = e.to;
+          plan.host_wait_edge = i;
         }
       }
     }
@@ -260,18 +307,24 @@ struct bucket_target {
     for (bucket& k : plan.buckets) {
       const model::group_placement placement = model::placement_of(members_of(split ? k.stage : stage), hw);
       k.scatter = nccl.collective_time({model::collective::reduce_scatter, k.params * 4, placement}, hw);
-      k.gather = nccl.collective_time({model::collective::all_gather, k.params * 2, placement}, hw);
     }
     // In the order they run: by when the op each follows ended in the trace.
     std::stable_sort(plan.buckets.begin(), plan.buckets.end(),
                      [&](const bucket& x, const bucket& y) { return g.observed_end[x.after] < g.observed_end[y.after]; });
-    // The parameters' all-gathers after the optimizer. A split keeps the work after the passes
-    // whole on every stage: each then gathers the buckets of the stage with the most parameters.
-    std::vector<std::int64_t> per_stage(static_cast<std::size_t>(pp_to), 0);
-    for (const bucket& k : plan.buckets) per_stage[static_cast<std::size_t>(k.stage)] += k.params;
-    const auto largest = static_cast<int>(std::max_element(per_stage.begin(), per_stage.end()) - per_stage.begin());
-    for (const bucket& k : plan.buckets) {
-      if (!split || k.stage == largest) plan.gathers.push_back(k.gather);
+    // The parameters' all-gathers after the optimizer, the target stage's buckets. A pipeline
+    // change keeps the work after the passes whole on every stage of a traced one: each then
+    // gathers the buckets of the stage with the most parameters.
+    std::vector<std::int64_t> gathered = stage_gathers(gather_pp == pp ? stage : 0);
+    if (gather_pp != pp) {
+      auto total = [](const std::vector<std::int64_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); };
+      for (int s2 = 1; s2 < gather_pp; ++s2) {
+        std::vector<std::int64_t> other = stage_gathers(s2);
+        if (total(other) > total(gathered)) gathered = std::move(other);
+      }
+    }
+    const model::group_placement home = model::placement_of(plan.members, hw);
+    for (const std::int64_t params : gathered) {
+      plan.gathers.push_back(nccl.collective_time({model::collective::all_gather, params * 2, home}, hw));
     }
     plans.push_back(std::move(plan));
   }
@@ -349,8 +402,10 @@ struct bucket_target {
       return arrive;
     };
     for (const bucket& k : p.buckets) {
+      const graph::task_id call = launched(k.after) ? e.inserted[next_call] : graph::no_task;
       const graph::task_id a = collective(k.after, "reducescatter", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", k.scatter);
       ng.add_edge(e.first(k.after), a, 0, graph::edge_kind::cross_stream);
+      out.in_layers.push_back({e.first(k.after), call, a, a + 1});
     }
     if (p.gate != graph::no_task) ng.add_edge(previous, e.first(p.gate), 0, graph::edge_kind::cross_stream);
     for (const graph::task_id t : p.after_sync) ng.add_edge(previous, e.first(t), 0, graph::edge_kind::cross_stream);
@@ -359,7 +414,12 @@ struct bucket_target {
         const graph::task_id a = collective(p.step, "allgather", "ncclDevKernel_AllGather_RING_LL", p.gathers[i]);
         if (i == 0) ng.add_edge(e.first(p.step), a, 0, graph::edge_kind::cross_stream);
       }
-      if (p.host_wait != graph::no_task) ng.add_edge(previous, e.first(p.host_wait), 0, graph::edge_kind::sync);
+      if (p.host_wait != graph::no_task) {
+        // As the call waits for its other streams: it returns (its finish, not its start) its
+        // own measured tail after the last all-gather.
+        const graph::edge& w = g.edges[p.host_wait_edge];
+        ng.add_edge(previous, e.first(p.host_wait), w.delay, graph::edge_kind::sync, w.flags());
+      }
     }
     out.buckets += p.buckets.size();
     ++out.ranks;
@@ -391,7 +451,9 @@ struct bucket_target {
                 dp, bi.buckets, static_cast<long long>(bi.bucket_params), bi.ranks, bi.buckets_first,
                 static_cast<double>(bi.params_first) / 1e6, static_cast<double>(bi.scatter_first) / 1e6,
                 static_cast<double>(bi.gather_first) / 1e6, profile.c_str(), dp,
-                layers ? "; the buckets are those of the traced layers, which the layer change then repeats or removes" : "");
+                layers ? "; each reduce-scatter goes with the traced layer that closes its bucket, which the layer change repeats "
+                         "or removes, the all-gathers are those of the target's layers"
+                       : "");
   std::string s = line;
   if (!bi.skipped.empty()) s += "; not on " + std::to_string(bi.skipped.size()) + " chunk(s): " + bi.skipped.front();
   return s;

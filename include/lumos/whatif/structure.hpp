@@ -128,6 +128,9 @@ struct parallel_layout {
 struct model_shape {
   fact<int> layers;
   fact<std::int64_t> hidden, ffn, heads, head_dim, seq, micro_batch_size;
+  /// Key/value heads (fewer than the heads under grouped-query attention): from the width the
+  /// QKV GEMMs write beyond the queries.
+  fact<std::int64_t> kv_heads;
   fact<std::string> dtype;
   bool gated_mlp = false;  ///< FC1 writes twice the FFN width (gate and up: SwiGLU, Llama's layer)
   /// `gated_mlp` as shown: "gated (gate and up projections)" or "not gated", with where it was read.
@@ -1411,7 +1414,7 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
   const std::string unknown_no_layers = "no transformer layer found to read shapes from";
   if (ref == nr) {
     md.hidden.source = md.ffn.source = md.heads.source = md.head_dim.source = md.seq.source = md.micro_batch_size.source =
-        md.dtype.source = unknown_no_layers;
+        md.dtype.source = md.kv_heads.source = unknown_no_layers;
   } else {
     const trace::rank_trace& t = job.ranks[ref];
     const auto& rs = out.ranks[ref];
@@ -1483,15 +1486,30 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
         out.notes.push_back("attention output GEMM reads " + std::to_string(ls.attn_local) + " per rank but heads × head dim = " +
                             std::to_string(ls.heads_local * ls.head_dim));
       }
-      if (ls.qkv_local && ls.qkv_local != 3 * ls.heads_local * ls.head_dim) {
-        out.notes.push_back("QKV GEMM writes " + std::to_string(ls.qkv_local) + " per rank, not 3 × heads × head dim (" +
-                            std::to_string(3 * ls.heads_local * ls.head_dim) + "): grouped-query attention?");
+      // The QKV GEMMs write the queries (heads × head dim) and a key and a value per KV head.
+      const std::int64_t q_local = ls.heads_local * ls.head_dim;
+      const std::int64_t kv_width = ls.qkv_local > q_local ? (ls.qkv_local - q_local) / 2 : 0;
+      if (ls.head_dim > 0 && kv_width > 0 && kv_width % ls.head_dim == 0 && ls.qkv_local == q_local + 2 * kv_width &&
+          kv_width <= q_local) {
+        md.kv_heads.value = kv_width / ls.head_dim * *tp;
+        md.kv_heads.source = "QKV GEMM(s) write " + std::to_string(ls.qkv_local) + " per rank: queries " + std::to_string(q_local) +
+                             " + 2 × " + std::to_string(kv_width) + " (keys and values of " + std::to_string(kv_width / ls.head_dim) +
+                             " heads of " + std::to_string(ls.head_dim) + ")" + tp_txt + where;
+      } else {
+        md.kv_heads.source = ls.qkv_local ? "QKV GEMM(s) write " + std::to_string(ls.qkv_local) + " per rank, not queries " +
+                                                std::to_string(q_local) + " + keys and values of whole heads" + where
+                                          : "no QKV GEMM before the attention output projection" + where;
+        if (ls.qkv_local) {
+          out.notes.push_back("QKV GEMM writes " + std::to_string(ls.qkv_local) + " per rank, not heads × head dim (" +
+                              std::to_string(q_local) + ") plus keys and values of whole heads");
+        }
       }
     } else {
       md.heads.source = ls.heads_local  ? "heads per rank " + std::to_string(ls.heads_local) + " × TP (unknown)"
                         : ls.seq == 0   ? ls.why_attention
                         : ls.micro_batch ? ls.attention_from + ": its batch is not a multiple of the micro-batch size " + std::to_string(ls.micro_batch)
                                          : ls.attention_from + ", with the micro-batch size unknown (" + md.micro_batch_size.source + ")";
+      md.kv_heads.source = "the heads are not known (" + md.heads.source + ")";
     }
     if (tp && ls.hidden && ls.attn_local && ls.attn_local * *tp != ls.hidden) {
       out.notes.push_back("attention width per rank " + std::to_string(ls.attn_local) + tp_txt + " ≠ hidden " + std::to_string(ls.hidden));

@@ -213,6 +213,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
   bool staged = false;  // the traces have pipeline stages
   std::optional<stage_split> split;
   std::string split_refused;  // why the pipeline change was not made in the graph
+  bool buckets_inserted = false;  // a DP change from one replica inserted gradient buckets (gradient_buckets.hpp)
   out.predicted = report::replay_job(job, o.replay, [&](graph::built_job& b) {
     std::vector<repeat_group> groups = o.groups;
     if (o.dp || o.global_batch || pipeline_asked || o.layers || o.shape.any()) {
@@ -284,9 +285,10 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, dp, hw.gpus_per_node, ratio, hw_note,
                                                       nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr,
                                                       lone_collectives(job, b), shape_to ? shape_to->tp : 0);
-      out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
       bool inserted = false;  // a distributed optimizer's collectives, the traces having none
-      if (d.from == 1 && d.to > 1 && groups_with_role(*structure, group_role::dp).empty()) {
+      // One replica traced and more asked: the line below says what is inserted instead.
+      if (!(d.no_dp_group && d.from == 1 && d.to > 1)) out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
+      if (d.from == 1 && d.to > 1 && d.no_dp_group) {
         // One replica traced: no gradient reduction to resize, so Megatron's is inserted.
         try {
           const shape_config from = shape_from ? *shape_from : traced_shape(*structure);
@@ -296,8 +298,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           // Traces without stages that the pipeline change will split: the buckets of the target's chunks.
           bucket_target bt;
           bt.layers = o.layers.value_or(0);
-          if (o.pp && *o.pp > 1 && structure->parallel.pp.value.value_or(1) == 1) {
-            bt.pp = *o.pp;
+          if (pipeline_asked) {
+            bt.pp = o.pp.value_or(structure->parallel.pp.value.value_or(1));
             const bool interleaved = o.vp.value_or(1) > 1 || (o.schedule && *o.schedule == pipeline::schedule_kind::interleaved_one_f_one_b);
             bt.vp = interleaved ? o.vp.value_or(2) : 1;
           }
@@ -306,11 +308,12 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
                                       d.to, nccl ? nccl->first : model_of_costs, nccl ? nccl->second : costs.hw, costs.profile, bt);
           out.changes.push_back(describe_buckets(bi, d.to, nccl ? nccl->first.profile.name : costs.profile.name, o.layers.has_value()));
           if (bi.buckets > 0) {
-            inserted = true;
+            inserted = buckets_inserted = true;
             structure_options so = o.structure;
             so.step = o.replay.step;
             if (!traced_structure) traced_structure = std::move(structure);
             structure = discover_structure(job, b, so);
+            attach_to_layers(*structure, bi);
           }
         } catch (const error& e) {
           out.changes.push_back("DP 1 -> " + std::to_string(d.to) + ": no gradient reduction inserted (" + e.what() + ")");
@@ -446,7 +449,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks).
       structure_options so = o.structure;
       so.step = o.replay.step;
-      const job_structure& st = o.dp ? discover_structure(job, b, so) : *structure;
+      // (Not after gradient buckets were inserted: that structure holds them in their layers.)
+      const job_structure& st = o.dp && !buckets_inserted ? discover_structure(job, b, so) : *structure;
       if (merging) {
         // Each kept traced stage runs its block's layers: the model's split_layers over split_pp
         // stages, which is what layers_to makes of split_layers x (traced_pp / split_pp) over the
@@ -687,6 +691,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
   if (structure && shape_from) {
     parallel_target target;
     target.pp = o.pp, target.dp = o.dp, target.micro_batches = micro_batches, target.chunks = o.vp, target.schedule = o.schedule;
+    if (buckets_inserted) target.distributed_optimizer = true;
     if (pipeline_asked) {
       // As the pipeline change: the traces' schedule when they have stages, else 1F1B; interleaved
       // with --vp, and with two chunks without it.
