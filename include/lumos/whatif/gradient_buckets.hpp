@@ -114,8 +114,9 @@ struct bucket_target {
   auto head_params = [&](int stages) {
     return model::norm_parameter_count(m) + ((!m.tied_embeddings || stages > 1) ? m.vocab * m.hidden / shape.tp : 0);
   };
-  // The buckets of one chunk of a layout of `virtual_stages` chunks over `stages` stages, each
-  // of `layers` layers: the head's, the layers' (last first), the embedding's parameters.
+  // The parameter segments of one chunk of `layers` layers in backward order: the head's (on the
+  // last virtual stage; with `stages` > 1 it holds its own copy of a tied embedding), the
+  // layers' (last first), the embedding's (on the first).
   auto segments_of = [&](bool first, bool last, std::int64_t layers, int stages) {
     std::vector<std::int64_t> params;
     if (last) params.push_back(head_params(stages));

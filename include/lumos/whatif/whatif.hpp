@@ -285,7 +285,6 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       const dp_rewrite_stats d = resize_data_parallel(b.graph, *structure, dp, hw.gpus_per_node, ratio, hw_note,
                                                       nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr,
                                                       lone_collectives(job, b), shape_to ? shape_to->tp : 0);
-      bool inserted = false;  // a distributed optimizer's collectives, the traces having none
       // One replica traced and more asked: the line below says what is inserted instead.
       if (!(d.no_dp_group && d.from == 1 && d.to > 1)) out.changes.insert(out.changes.end(), d.changes.begin(), d.changes.end());
       if (d.from == 1 && d.to > 1 && d.no_dp_group) {
@@ -295,7 +294,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           const shape_config to = shape_to ? *shape_to : from;
           const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
           const model::nccl_model model_of_costs{costs.profile};
-          // Traces without stages that the pipeline change will split: the buckets of the target's chunks.
+          // With a pipeline change, the buckets of the target's chunks and stages.
           bucket_target bt;
           bt.layers = o.layers.value_or(0);
           if (pipeline_asked) {
@@ -308,7 +307,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
                                       d.to, nccl ? nccl->first : model_of_costs, nccl ? nccl->second : costs.hw, costs.profile, bt);
           out.changes.push_back(describe_buckets(bi, d.to, nccl ? nccl->first.profile.name : costs.profile.name, o.layers.has_value()));
           if (bi.buckets > 0) {
-            inserted = buckets_inserted = true;
+            buckets_inserted = true;
             structure_options so = o.structure;
             so.step = o.replay.step;
             if (!traced_structure) traced_structure = std::move(structure);
@@ -321,7 +320,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
       }
       if (d.from != d.to) {
         const double min_ns = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr).profile.min_kernel_ns;
-        const shape_stats sh = shard_optimizer(b, *structure, d.from, d.to, min_ns, inserted);
+        const shape_stats sh = shard_optimizer(b, *structure, d.from, d.to, min_ns, buckets_inserted);
         if (sh.optimizer > 0) {
           char line[256];
           std::snprintf(line, sizeof line,
