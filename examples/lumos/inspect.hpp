@@ -133,6 +133,7 @@ inline void structure_json(const whatif::job_structure& st, bool with_groups, st
   structure_fact_json(w, "hidden", st.model.hidden);
   structure_fact_json(w, "ffn", st.model.ffn);
   structure_fact_json(w, "mlp", st.model.mlp);
+  structure_fact_json(w, "dropout", st.model.dropout);
   structure_fact_json(w, "heads", st.model.heads);
   structure_fact_json(w, "kv_heads", st.model.kv_heads);
   structure_fact_json(w, "head_dim", st.model.head_dim);
@@ -243,6 +244,7 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
   structure_fact_text(out, "hidden", st.model.hidden);
   structure_fact_text(out, "FFN", st.model.ffn);
   structure_fact_text(out, "MLP", st.model.mlp);
+  structure_fact_text(out, "dropout", st.model.dropout);
   structure_fact_text(out, "heads", st.model.heads);
   structure_fact_text(out, "KV heads", st.model.kv_heads);
   structure_fact_text(out, "head dim", st.model.head_dim);

@@ -995,3 +995,40 @@ TEST_CASE("whatif --dp from 1 inserts the distributed optimizer's gradient bucke
     CHECK(std::abs(err) < 0.005);
   }
 }
+
+TEST_CASE("whatif's memory per GPU and model FLOPs of a traced job are those of the model it ran", "[whatif][shape][memory][kernel_trace]") {
+  // The figures whatif reports are computed from the transformer that structure discovery reads
+  // (KV heads, a gated MLP, dropout, the vocabulary from the logits GEMM): for a GPT job
+  // (dropout, GELU, a KV head per head) on 2 stages and a Llama one (no dropout, SwiGLU, 8 KV
+  // heads of 32) on 2 replicas with the distributed optimizer, they must be the memory model's
+  // and the FLOP count's for the preset and configuration the job was synthesised from.
+  struct job_case {
+    config c;
+    double in_flight;  // 1F1B's on stage 0: min(stages, micro-batches per replica)
+    int zero_stage;
+  };
+  const job_case cases[] = {{{"gpt3-15b", 4, 0, 0, 1024, 2, 2, 1, 1, 1, 8, "1f1b", "h100-sxm"}, 2.0, 0},
+                            {{"llama3-8b", 4, 0, 0, 1024, 2, 1, 2, 1, 1, 8, "1f1b", "h100-sxm", model::precision::bf16, false,
+                              model::recompute_kind::none, model::attention_impl::flash, true},
+                             1.0, 1}};
+  for (const job_case& k : cases) {
+    INFO(k.c.preset);
+    lumos_test::temp_dir dir;
+    (void)synthesise(k.c, dir.path());
+    const trace::job traced = trace::load_job({dir.path()});
+    const graph::built_job built = graph::build_graph(traced);
+    const whatif::job_structure st = whatif::discover_structure(traced, built);
+    const whatif::shape_config shape = whatif::traced_shape(st);
+    const whatif::shape_summary s = whatif::summarize(traced, st, shape, shape, std::nullopt, "", "", 1, 1);
+    const synth::job j = job_of(k.c);
+    model::parallel_config par = j.parallel;
+    par.zero_stage = k.zero_stage;
+    model::memory_options mo;
+    mo.in_flight_microbatches = k.in_flight;
+    mo.per_param = model::megatron_state_bytes;
+    CHECK(st.model.has_dropout == j.model.dropout);
+    CHECK(s.baseline.memory_bytes_per_gpu == Approx(model::memory_per_gpu(j.model, par, 0, mo).total()).epsilon(1e-12));
+    CHECK(s.baseline.model_flops_per_rank * static_cast<double>(par.world_size()) ==
+          Approx(model::model_flops(j.model, par.global_batch)).epsilon(1e-12));
+  }
+}

@@ -21,6 +21,10 @@ struct state_bytes {
   double optimizer = 12;
 };
 
+/// Megatron-LM's mixed-precision training: bf16 weights (2), fp32 main gradients (4), Adam's fp32
+/// master copy and two moments (12).
+inline constexpr state_bytes megatron_state_bytes{2, 4, 12};
+
 /// Inputs of `memory_per_gpu` beyond the configuration.
 struct memory_options {
   /// Micro-batches whose activations the stage holds at its peak, in units of the stage's

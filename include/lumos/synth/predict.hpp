@@ -32,9 +32,9 @@ struct predict_options {
     o.record_collectives = false;
     return o;
   }();
-  /// Bytes of model state per parameter: bf16 weights (2), fp32 main gradients (4, as Megatron
-  /// keeps them with bf16), Adam's fp32 master copy and two moments (12).
-  model::state_bytes state{2, 4, 12};
+  /// Bytes of model state per parameter (Megatron's: bf16 weights, fp32 main gradients, Adam's
+  /// fp32 master copy and two moments).
+  model::state_bytes state = model::megatron_state_bytes;
   /// FlashAttention keeps no s×s attention matrices (see model/memory.hpp).
   bool flash_attention = true;
 };

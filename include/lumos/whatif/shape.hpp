@@ -75,18 +75,6 @@ struct shape_config {
   [[nodiscard]] std::int64_t ffn_local() const noexcept { return ffn / tp; }
   [[nodiscard]] std::int64_t heads_local() const noexcept { return heads / tp; }
   [[nodiscard]] std::int64_t q_local() const noexcept { return heads_local() * head_dim; }
-  /// Weight elements of one layer's four GEMMs on one rank (QKV, attention output, FC1, FC2).
-  [[nodiscard]] double layer_weights_local(bool gated) const noexcept {
-    const double h = static_cast<double>(hidden), q = static_cast<double>(q_local()),
-                 f = static_cast<double>(ffn_local());
-    return h * 3.0 * q + q * h + h * f * (gated ? 2.0 : 1.0) + f * h;
-  }
-  /// Model FLOPs of one layer's forward over one micro-batch on one rank: 2·tokens per weight
-  /// element and the dense attention core 4·b·s²·heads·d (flops.hpp's convention).
-  [[nodiscard]] double layer_forward_flops_local(bool gated) const noexcept {
-    const double T = static_cast<double>(tokens()), s = static_cast<double>(seq);
-    return 2.0 * T * layer_weights_local(gated) + 4.0 * T * s * static_cast<double>(q_local());
-  }
   friend bool operator==(const shape_config&, const shape_config&) = default;
 };
 
@@ -372,8 +360,14 @@ struct shape_stats {
   if (kv && heads && *kv > 0 && *heads % *kv == 0 && c.heads % (*heads / *kv) == 0) m.kv_heads = c.heads / (*heads / *kv);
   m.vocab = vocab > 0 ? vocab : 0;
   m.mlp = gated ? model::mlp_kind::swiglu : model::mlp_kind::gelu;
-  // A gated MLP is Llama's layer, whose model has rotary positions and untied embeddings.
-  if (gated) m.position = model::position_kind::rotary, m.tied_embeddings = false;
+  // A gated MLP is Llama's layer, whose model has rotary positions, untied embeddings, RMSNorm
+  // and no biases.
+  if (gated) {
+    m.position = model::position_kind::rotary, m.tied_embeddings = false;
+    m.norm = model::norm_kind::rmsnorm, m.linear_bias = false;
+  }
+  // Dropout as the layer's ops show it; unread, as the model family has it (GPT's, not Llama's).
+  m.dropout = st.model.dropout.known() ? st.model.has_dropout : !gated;
   return m;
 }
 
@@ -888,16 +882,16 @@ struct shape_figures {
   bool vocab_known = false;
 };
 
-/// `layers` of the whole model over `pp` stages, `passes` forward passes per rank per iteration
-/// (micro-batches × chunks), `backward` whether the iteration trains; `vocab` 0 when unknown.
-[[nodiscard]] inline shape_figures figures_of(const shape_config& c, std::int64_t layers, int pp, int dp,
-                                              std::int64_t passes, bool backward, std::int64_t vocab,
-                                              double in_flight, bool distributed_optimizer = false) {
+/// The figures of `m` (a `counted_transformer`: its layers, KV heads, MLP and embeddings; `vocab`
+/// 0 when unknown) under TP `c.tp` over `pp` stages and `dp` replicas, `passes` forward passes
+/// per rank per iteration (micro-batches × chunks), `backward` whether the iteration trains.
+[[nodiscard]] inline shape_figures figures_of(const shape_config& c, model::transformer m, int pp, int dp,
+                                              std::int64_t passes, bool backward, double in_flight,
+                                              bool distributed_optimizer = false) {
   shape_figures f;
   f.world = static_cast<std::int64_t>(c.tp) * pp * dp;
-  model::transformer m;
   m.name = "whatif";
-  m.layers = layers, m.hidden = c.hidden, m.ffn = c.ffn, m.heads = c.heads, m.kv_heads = c.heads, m.seq = c.seq;
+  const std::int64_t vocab = m.vocab;
   f.vocab_known = vocab > 0;
   // Unknown: a vocabulary of one row per rank, i.e. none; known: padded to a multiple of TP
   // as Megatron pads it.
@@ -909,14 +903,17 @@ struct shape_figures {
   if (m.hidden % m.heads == 0 && m.layers % pp == 0) {
     model::memory_options mo;
     mo.in_flight_microbatches = in_flight;
+    mo.per_param = model::megatron_state_bytes;  // as predict: the traces are of Megatron's training
     try {
       f.memory_bytes_per_gpu = model::memory_per_gpu(m, par, 0, mo).total();
     } catch (const error&) {
-      f.memory_bytes_per_gpu = 0; // a shape the memory model does not take (e.g. KV heads): no figure
+      f.memory_bytes_per_gpu = 0; // a shape the memory model does not take: no figure
     }
   }
+  // flops.hpp's count (GQA's narrower K and V, a gated MLP's third GEMM) for the rank's share.
+  const double layer_flops = model::layer_forward_flops_per_sequence(m) * static_cast<double>(c.micro_batch) / static_cast<double>(c.tp);
   const double per_pass =
-      static_cast<double>(layers / pp) * c.layer_forward_flops_local(false) +
+      static_cast<double>(m.layers / pp) * layer_flops +
       (vocab > 0 ? 2.0 * static_cast<double>(c.tokens()) * static_cast<double>(c.hidden) * static_cast<double>(vocab) /
                        static_cast<double>(c.tp) / static_cast<double>(pp)
                  : 0.0);
@@ -977,9 +974,11 @@ struct parallel_target {
     const std::int64_t m_to = target.micro_batches.value_or(m);
     const auto kind_to = target.schedule ? target.schedule : st.parallel.schedule.value;
     const bool distributed = st.gradients.method.value == std::string("reduce-scatter + all-gather");
-    s.baseline = figures_of(from, layers_from, pp, dp, passes, backward, vocab, in_flight(st.parallel.schedule.value, pp, m), distributed);
-    s.predicted = figures_of(to, layers_to_n, pp_to, dp_to, m_to * chunks_to, backward, vocab, in_flight(kind_to, pp_to, m_to),
-                             target.distributed_optimizer.value_or(distributed));
+    const bool gated = st.model.gated_mlp;
+    s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
+                            in_flight(st.parallel.schedule.value, pp, m), distributed);
+    s.predicted = figures_of(to, counted_transformer(to, st, vocab, gated, static_cast<int>(layers_to_n)), pp_to, dp_to, m_to * chunks_to,
+                             backward, in_flight(kind_to, pp_to, m_to), target.distributed_optimizer.value_or(distributed));
   }
   std::string from_preset(from_gpu);
   if (from_preset.empty()) {

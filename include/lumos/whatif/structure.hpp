@@ -135,6 +135,11 @@ struct model_shape {
   bool gated_mlp = false;  ///< FC1 writes twice the FFN width (gate and up: SwiGLU, Llama's layer)
   /// `gated_mlp` as shown: "gated (gate and up projections)" or "not gated", with where it was read.
   fact<std::string> mlp;
+  /// A GPU op of the first forward pass is named dropout (GPT-style training; Llama's has none):
+  /// the masks of the layers' dropout count in the activation memory. Known when the pass's
+  /// launches were read.
+  bool has_dropout = false;
+  fact<std::string> dropout;  ///< `has_dropout` as shown, with the op it was read from
 };
 
 /// The graph tasks of layer `layer` in one pass on one rank: the CPU launch calls and the GPU
@@ -1414,7 +1419,7 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
   const std::string unknown_no_layers = "no transformer layer found to read shapes from";
   if (ref == nr) {
     md.hidden.source = md.ffn.source = md.heads.source = md.head_dim.source = md.seq.source = md.micro_batch_size.source =
-        md.dtype.source = md.kv_heads.source = unknown_no_layers;
+        md.dtype.source = md.kv_heads.source = md.dropout.source = unknown_no_layers;
   } else {
     const trace::rank_trace& t = job.ranks[ref];
     const auto& rs = out.ranks[ref];
@@ -1426,9 +1431,16 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
     }
     std::vector<detail::gemm_shape> gemms;
     std::uint32_t last_shape = no_event;
-    std::string dtype_src;
+    std::string dtype_src, dropout_op;
+    bool pass_read = false;
     for (const std::size_t li : work[ref].pass_launches[static_cast<std::size_t>(fwd)]) {
       const auto& l = work[ref].launches[li];
+      // Dropout anywhere in the pass: Megatron fuses the layers' into bias-dropout-add kernels
+      // whose names do not say it, but not the embedding's.
+      if (dropout_op.empty() && detail::lower(t.name(t.events[l.op])).find("dropout") != std::string::npos) {
+        dropout_op = t.name(t.events[l.op]).substr(0, 60);
+      }
+      pass_read = true;
       if (l.layer != mid) continue;
       const std::string_view kname = t.name(t.events[l.op]);
       if (dtype_src.empty() && detail::is_gemm_kernel(kname) && !detail::dtype_of_kernel(kname).empty()) {
@@ -1452,9 +1464,17 @@ inline void form_passes(std::vector<launch_rec>& launches, const trace::rank_tra
     } else {
       md.hidden.source = (gemms.empty() ? std::string("no GEMM with recorded Input Dims in the layer") : ls.why_hidden) + where;
     }
+    const std::string pass_where = " (the first forward pass on rank " + std::to_string(rs.rank) + ")";
+    if (pass_read) {
+      md.has_dropout = !dropout_op.empty();
+      md.dropout.value = md.has_dropout ? "present (its masks are kept for backward)" : "none";
+      md.dropout.source = (md.has_dropout ? "GPU op '" + dropout_op + "'" : std::string("no GPU op named dropout")) + pass_where;
+    } else {
+      md.dropout.source = "no launch" + pass_where;
+    }
     md.gated_mlp = ls.gated;
     if (ls.ffn_local) {
-      md.mlp.value = ls.gated ? "gated (gate and up projections: SwiGLU, Llama-style; untied embeddings assumed)" : "not gated";
+      md.mlp.value = ls.gated ? "gated (gate and up projections: SwiGLU, Llama-style; untied embeddings, RMSNorm and no biases assumed)" : "not gated";
       md.mlp.source = ls.ffn_from + where;
     } else {
       md.mlp.source = ls.why_ffn + where;
