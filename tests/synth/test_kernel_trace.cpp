@@ -965,11 +965,16 @@ TEST_CASE("whatif --dp from 1 inserts the distributed optimizer's gradient bucke
   // 1/DP of the parameters). Against the job synthesised at the target: without stages (4 layers
   // of 25 M parameters per rank, so a bucket spans two), with traced stages, and with a split into
   // stages made in the graph, each bucket on the stage of the layer that closes it.
+  // A zero-bubble target split in the graph from 1F1B (or from no stages): each bucket waits for
+  // its layer's last weight gradient, in the W pass (hooked on the layer's last kernel, in B, the
+  // reduce-scatters started early: -1.45 % on gpt3-15b TP 2 PP 2 -> DP 2 ZB-H1).
   struct target {
     int traced_pp, dp, pp;
     std::int64_t global_batch;
+    bool zero_bubble = false;
   };
-  for (const target t : {target{1, 2, 1, 8}, target{1, 4, 1, 8}, target{2, 2, 2, 8}, target{1, 2, 2, 8}, target{1, 2, 4, 16}}) {
+  for (const target t : {target{1, 2, 1, 8}, target{1, 4, 1, 8}, target{2, 2, 2, 8}, target{1, 2, 2, 8}, target{1, 2, 4, 16},
+                         target{2, 2, 2, 8, true}, target{1, 2, 2, 8, true}}) {
     config a = pp1_job;
     a.dp = 1, a.pp = t.traced_pp, a.global_batch = t.global_batch, a.unfold = false;
     lumos_test::temp_dir dir_a;
@@ -977,13 +982,15 @@ TEST_CASE("whatif --dp from 1 inserts the distributed optimizer's gradient bucke
     const trace::job traced = trace::load_job({dir_a.path()});
     config b = a;
     b.dp = t.dp, b.pp = t.pp;
+    if (t.zero_bubble) b.schedule = "zb-h1";
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
     whatif::whatif_options o;
     o.dp = t.dp;
     if (t.pp != t.traced_pp) o.pp = t.pp;
+    if (t.zero_bubble) o.schedule = pipeline::schedule_kind::zero_bubble_h1;
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
-    INFO("PP " << t.traced_pp << " -> " << t.pp << ", DP 1 -> " << t.dp);
+    INFO("PP " << t.traced_pp << " -> " << t.pp << ", DP 1 -> " << t.dp << (t.zero_bubble ? " ZB-H1" : ""));
     std::map<std::string, std::size_t> inserted;
     for (const auto& ci : r.predicted.built.graph.collectives) {
       if (ci.group.starts_with("dp.inserted.")) ++inserted[ci.kind];

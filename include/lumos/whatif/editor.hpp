@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -20,6 +21,11 @@
 #endif
 
 namespace lumos::whatif {
+
+/// The group name (and a rank after it) of the gradient collectives a DP change from one replica
+/// inserts (gradient_buckets.hpp). The pipeline split knows them by it: under a zero-bubble
+/// schedule their gradients are the W passes', so they run after them.
+inline constexpr std::string_view inserted_gradient_group = "dp.inserted.";
 
 namespace detail {
 /// Task `t` of `g` as the spec that adds a copy of it (same kind, processor, times, name, rank

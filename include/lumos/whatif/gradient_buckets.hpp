@@ -85,6 +85,10 @@ struct bucket_target {
   /// The all-gathers after the step are those of the target's stage.
   int pp = 0, vp = 1;
   int layers = 0;  ///< the target's layer count (0: the traces'), for the all-gathers
+  /// A zero-bubble target split in the graph: per task of the graph, 1 for a weight gradient
+  /// (`weight_gradient_tasks`). Each bucket then waits for its segment's last weight gradient,
+  /// which the split puts in the W pass, instead of the segment's last kernel (in B).
+  const std::vector<std::uint8_t>* weight_gradients = nullptr;
 };
 
 /// Inserts the gradient reduction of `dp` data-parallel replicas into `b`, whose traces reduce
@@ -235,18 +239,38 @@ struct bucket_target {
       std::vector<std::size_t> end_of;  // index into ops of each segment's last op
       std::size_t reached = 0;
       auto ends = [&](std::size_t k) { return reached = std::max(reached, k); };
-      if (last) end_of.push_back(ends(first_layer == ops.size() || first_layer == 0 ? 0 : first_layer - 1));
-      for (std::int64_t l = tc.to - 1; l >= tc.from; --l) {
-        std::size_t e = ops.size();
-        for (std::size_t k = 0; k < ops.size(); ++k) {
-          if (st.gpu_ops[ops[k]].layer == l) e = k;
+      // With weight gradients marked (a zero-bubble target), a segment ends at its last one.
+      auto weight = [&](std::size_t k) {
+        const graph::task_id t = task_of(ops[k]);
+        return target.weight_gradients == nullptr || (t < target.weight_gradients->size() && (*target.weight_gradients)[t] != 0);
+      };
+      // The last op of [from, to) that ends a segment: its last weight gradient, else its last op.
+      auto last_in = [&](std::size_t from, std::size_t to) {
+        std::size_t any = ops.size(), grad = ops.size();
+        for (std::size_t k = from; k < to; ++k) {
+          any = k;
+          if (weight(k)) grad = k;
         }
+        return grad != ops.size() ? grad : any;
+      };
+      if (last) {
+        const std::size_t head_end = first_layer == ops.size() || first_layer == 0 ? 1 : first_layer;
+        end_of.push_back(ends(last_in(0, head_end)));
+      }
+      for (std::int64_t l = tc.to - 1; l >= tc.from; --l) {
+        std::size_t e = ops.size(), grad = ops.size();
+        for (std::size_t k = 0; k < ops.size(); ++k) {
+          if (st.gpu_ops[ops[k]].layer != l) continue;
+          e = k;
+          if (weight(k)) grad = k;
+        }
+        if (grad != ops.size()) e = grad;
         end_of.push_back(ends(e == ops.size() ? reached : e));
       }
       if (first) {
-        end_of.push_back(ends(ops.size() - 1));
+        end_of.push_back(ends(last_in(last_layer == ops.size() ? 0 : last_layer, ops.size())));
       } else if (!end_of.empty() && !split) {
-        end_of.back() = ends(last_layer == ops.size() ? ops.size() - 1 : last_layer);
+        end_of.back() = ends(last_layer == ops.size() ? ops.size() - 1 : last_in(0, last_layer + 1));
       }
       for (const auto& [segment, count] : model::gradient_buckets(params, out.bucket_params)) {
         const graph::task_id t = task_of(ops[end_of[static_cast<std::size_t>(segment)]]);
@@ -391,7 +415,7 @@ struct bucket_target {
       }
       graph::collective_instance ci;
       ci.kind = kind;
-      ci.group = "dp.inserted." + std::to_string(rank);
+      ci.group = std::string(inserted_gradient_group) + std::to_string(rank);
       ci.group_ranks = p.members;
       ci.bytes = 0;  // as the TP insertion's: a what-if of written traces takes the size from the time
       ci.sequence = sequence++;

@@ -297,10 +297,16 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           // With a pipeline change, the buckets of the target's chunks and stages.
           bucket_target bt;
           bt.layers = o.layers.value_or(0);
+          std::vector<std::uint8_t> weight_gradients;
           if (pipeline_asked) {
             bt.pp = o.pp.value_or(structure->parallel.pp.value.value_or(1));
             const bool interleaved = o.vp.value_or(1) > 1 || (o.schedule && *o.schedule == pipeline::schedule_kind::interleaved_one_f_one_b);
             bt.vp = interleaved ? o.vp.value_or(2) : 1;
+            // A zero-bubble target: each bucket waits for its weight gradients, in the W passes.
+            if (o.schedule && (*o.schedule == pipeline::schedule_kind::zero_bubble_h1 || *o.schedule == pipeline::schedule_kind::zero_bubble_h2)) {
+              weight_gradients = weight_gradient_tasks(job, b, *structure, from);
+              bt.weight_gradients = &weight_gradients;
+            }
           }
           const bucket_insertion bi =
               insert_gradient_buckets(b, *structure, to, traced_vocab_local(job, *structure, from) * from.tp, structure->model.gated_mlp,
