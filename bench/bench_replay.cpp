@@ -19,6 +19,8 @@
 #include <lumos/sim/replay.hpp>
 #include <lumos/trace/job.hpp>
 
+#include <algorithm>
+#include <functional>
 #include <random>
 
 namespace {
@@ -111,6 +113,72 @@ void BM_compile(benchmark::State& state, const bench_graph* b) {
   state.counters["tasks_per_second"] = benchmark::Counter(static_cast<double>(state.iterations() * b->tasks.task_count()), benchmark::Counter::kIsRate);
 }
 
+// What compile() hands graph::detail::topological_order: successor lists, each task's next on its
+// processor, and its count of predecessors (consumed by the order, so copied per run).
+struct order_inputs {
+  std::vector<std::uint32_t> indegree;
+  std::vector<graph::task_id> next_on_processor;
+  std::vector<std::uint32_t> out_begin;
+  std::vector<graph::task_id> out_to;
+};
+
+order_inputs order_inputs_of(const graph::task_graph& g) {
+  const std::size_t n = g.task_count();
+  order_inputs in;
+  in.indegree.assign(n, 0);
+  in.next_on_processor.assign(n, graph::no_task);
+  in.out_begin.assign(n + 1, 0);
+  std::vector<graph::task_id> last(g.processors.size(), graph::no_task);
+  for (graph::task_id t = 0; t < n; ++t) {
+    if (last[g.processor[t]] != graph::no_task) in.next_on_processor[last[g.processor[t]]] = t, ++in.indegree[t];
+    last[g.processor[t]] = t;
+  }
+  for (const graph::edge& e : g.edges) ++in.indegree[e.to], ++in.out_begin[e.from + 1];
+  for (std::size_t i = 0; i < n; ++i) in.out_begin[i + 1] += in.out_begin[i];
+  in.out_to.resize(g.edges.size());
+  std::vector<std::uint32_t> at(in.out_begin.begin(), in.out_begin.end() - 1);
+  for (const graph::edge& e : g.edges) in.out_to[at[e.from]++] = e.to;
+  return in;
+}
+
+// The order before 2026-11-29: Kahn's algorithm with every ready task in a min-heap of ids. The
+// same order as topological_order, whose heap holds only the tasks released behind its scan.
+void heap_order(std::vector<std::uint32_t>& indegree, const order_inputs& in, std::vector<graph::task_id>& ready,
+                std::vector<graph::task_id>& order) {
+  const auto first_added = std::greater<>{};
+  ready.clear();
+  for (graph::task_id t = 0; t < indegree.size(); ++t) {
+    if (indegree[t] == 0) ready.push_back(t);
+  }
+  auto release = [&](graph::task_id u) {
+    if (--indegree[u] == 0) ready.push_back(u), std::push_heap(ready.begin(), ready.end(), first_added);
+  };
+  while (!ready.empty()) {
+    std::pop_heap(ready.begin(), ready.end(), first_added);
+    const graph::task_id t = ready.back();
+    ready.pop_back();
+    order.push_back(t);
+    if (in.next_on_processor[t] != graph::no_task) release(in.next_on_processor[t]);
+    for (std::uint32_t e = in.out_begin[t]; e < in.out_begin[t + 1]; ++e) release(in.out_to[e]);
+  }
+}
+
+void BM_order(benchmark::State& state, const order_inputs* in, bool heap) {
+  std::vector<std::uint32_t> indegree;
+  std::vector<graph::task_id> ready, order;
+  for (auto _ : state) {
+    indegree = in->indegree;
+    order.clear();
+    if (heap) {
+      heap_order(indegree, *in, ready, order);
+    } else {
+      graph::detail::topological_order(indegree, in->next_on_processor, in->out_begin, in->out_to, ready, order);
+    }
+    benchmark::DoNotOptimize(order.data());
+  }
+  state.counters["tasks_per_second"] = benchmark::Counter(static_cast<double>(state.iterations() * in->indegree.size()), benchmark::Counter::kIsRate);
+}
+
 void BM_breakdown(benchmark::State& state, const report::replay_session* s) {
   const auto times = s->simulated_times();
   for (auto _ : state) {
@@ -162,6 +230,23 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("BM_build/" + name).c_str(), BM_build, job)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("BM_breakdown/" + name).c_str(), BM_breakdown, sessions.back().get())->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("BM_critical_path/" + name).c_str(), BM_critical_path, sessions.back().get())->Unit(benchmark::kMicrosecond);
+    // Trace graphs are not in insertion order (a host wait comes before the GPU ops it waits
+    // for), so their compile runs Kahn's algorithm: the scan against the heap of every ready task.
+    static std::vector<std::unique_ptr<order_inputs>> orders;
+    const order_inputs* in = orders.emplace_back(std::make_unique<order_inputs>(order_inputs_of(b->tasks))).get();
+    {
+      std::vector<std::uint32_t> a = in->indegree, h = in->indegree;
+      std::vector<graph::task_id> ready, scanned, heaped;
+      graph::detail::topological_order(a, in->next_on_processor, in->out_begin, in->out_to, ready, scanned);
+      heap_order(h, *in, ready, heaped);
+      if (scanned != heaped) {
+        std::fprintf(stderr, "bench_replay: %s: topological_order differs from the heap's order\n", name.c_str());
+        return 1;
+      }
+    }
+    benchmark::RegisterBenchmark(("BM_order/" + name).c_str(), BM_order, in, false)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("BM_order_heap/" + name).c_str(), BM_order, in, true)->Unit(benchmark::kMicrosecond);
+    reporter.compare("BM_order/" + name, "BM_order_heap/" + name, "tasks_per_second");
   }
   for (const auto& [name, size] : {std::pair<std::string, std::size_t>{"generated_1e6", 1'000'000}, {"generated_1e7", 10'000'000}}) {
     auto* b = graphs.emplace_back(std::make_unique<bench_graph>()).get();

@@ -181,7 +181,7 @@ namespace detail {
   throw error(msg);
 }
 
-// Kahn's algorithm, taking among the ready tasks the one added first (a min-heap of ids):
+// Kahn's algorithm, taking among the ready tasks the one added first (the smallest id):
 // the order is the insertion order wherever that is topological, and stays close to it
 // elsewhere. Builders add a processor's tasks together (a trace rank's thread, then its
 // streams) or in time order (generated jobs), so neighbouring positions read neighbouring
@@ -201,21 +201,30 @@ void topological_order(Counts& indegree, const Next& next_on_processor, const Of
     for (task_id t = 0; t < n; ++t) order.push_back(t);
     return;
   }
+  // The smallest ready id, without a heap of every ready task: a scan in id order finds those
+  // at or above it, and only a task released behind the scan (a host wait for the GPU ops after
+  // it, say) goes into the heap `ready`, whose tasks are then all below any the scan finds. The
+  // order is the same; the 512-rank job's heap held thousands of tasks at a time.
   const auto first_added = std::greater<>{};
   ready.clear();
-  for (task_id t = 0; t < n; ++t) {
-    if (indegree[t] == 0) ready.push_back(t);  // ascending: already a heap
-  }
+  task_id scan = 0;
   auto release = [&](task_id u) {
-    if (--indegree[u] == 0) {
+    if (--indegree[u] == 0 && u < scan) {
       ready.push_back(u);
       std::push_heap(ready.begin(), ready.end(), first_added);
     }
   };
-  while (!ready.empty()) {
-    std::pop_heap(ready.begin(), ready.end(), first_added);
-    const task_id t = ready.back();
-    ready.pop_back();
+  while (true) {
+    task_id t = 0;
+    if (!ready.empty()) {
+      std::pop_heap(ready.begin(), ready.end(), first_added);
+      t = ready.back();
+      ready.pop_back();
+    } else {
+      while (scan < n && indegree[scan] != 0) ++scan;
+      if (scan == n) break;
+      t = scan++;
+    }
     order.push_back(t);
     if (next_on_processor[t] != no_task) release(next_on_processor[t]);
     for (std::uint32_t e = out_begin[t]; e < out_begin[t + 1]; ++e) release(out_to[e]);
