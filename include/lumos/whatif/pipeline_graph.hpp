@@ -428,7 +428,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   if (const std::string why = stage_split_unsupported(st, pp, vp, kind, remap != nullptr ? remap->to : 0, &job, layers_to); !why.empty()) {
     throw error("whatif --pp: " + why);
   }
-  const bool zero_bubble = kind == pipeline::schedule_kind::zero_bubble_h1 || kind == pipeline::schedule_kind::zero_bubble_h2;
+  const bool zero_bubble = synth::splits_backward(kind);
   if (zero_bubble && weight == nullptr) throw error("whatif --pp: a zero-bubble schedule needs the weight-gradient kernels");
   if (st.parallel.pp.value.value_or(1) > pp && layer_copies == nullptr) {
     throw error("whatif --pp: merging stages needs the kept stages' layers repeated first (layer_copies)");

@@ -303,7 +303,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
             const bool interleaved = o.vp.value_or(1) > 1 || (o.schedule && *o.schedule == pipeline::schedule_kind::interleaved_one_f_one_b);
             bt.vp = interleaved ? o.vp.value_or(2) : 1;
             // A zero-bubble target: each bucket waits for its weight gradients, in the W passes.
-            if (o.schedule && (*o.schedule == pipeline::schedule_kind::zero_bubble_h1 || *o.schedule == pipeline::schedule_kind::zero_bubble_h2)) {
+            if (o.schedule && synth::splits_backward(*o.schedule)) {
               weight_gradients = weight_gradient_tasks(job, b, *structure, from);
               bt.weight_gradients = &weight_gradients;
             }
@@ -489,7 +489,7 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     // Zero bubble: the weight gradients, found on the graph before a layer or micro-batch change
     // (the split marks every copy of one).
     std::vector<std::uint8_t> weight_tasks;
-    if (split_in_graph && (split_kind == pipeline::schedule_kind::zero_bubble_h1 || split_kind == pipeline::schedule_kind::zero_bubble_h2)) {
+    if (split_in_graph && synth::splits_backward(split_kind)) {
       weight_tasks = weight_gradient_tasks(job, b, *structure, traced_shape(*structure));
       if (std::find(weight_tasks.begin(), weight_tasks.end(), std::uint8_t{1}) == weight_tasks.end()) {
         throw error("whatif --schedule " + std::string(pipeline::schedule_title(split_kind)) +
