@@ -130,7 +130,8 @@ class kineto_reader {
 
   void parse_batch();
 
-  void reserve_from_first_batch(std::size_t first_batch_bytes);
+  void reserve_events(std::size_t first_batch_bytes);
+  void reserve_args();
 
   [[noreturn]] void locate_batch_error();
 
@@ -216,6 +217,7 @@ class kineto_reader {
   const char* batch_end_ = nullptr;
   std::uint64_t size_hint_ = 0;
   bool reserved_ = false;
+  double expected_events_ = 0;
   std::uint64_t event_index_ = 0;
   rank_trace out_;
   std::vector<std::uint8_t> cat_kind_;
