@@ -104,6 +104,7 @@ struct comm_fit {
 /// does the matched ones.
 struct lone_collective {
   graph::task_id task = graph::no_task;  ///< its gpu_comm task
+  graph::task_id arrive = graph::no_task;  ///< its comm_arrive task (its peer wait leads to `task`)
   std::string group;                     ///< Process Group Name ("" when not recorded)
   std::string kind;                      ///< "allreduce", "reducescatter", ... (detail::comm_kind)
   std::int64_t elements = 0;             ///< In msg nelems, as collective_instance::bytes (0: unknown)
@@ -124,6 +125,8 @@ struct lone_collective {
       const std::uint32_t src = args_of.of(i);
       lone_collective c;
       c.task = task;
+      const auto& arrive_of = b.ranks[ri].arrive_of_event;
+      if (i < arrive_of.size()) c.arrive = arrive_of[i];
       c.group = std::string(t.arg_text(src, trace::arg_key::process_group_name));
       c.kind = detail::comm_kind(t.name(t.events[i]), t.arg_text(src, trace::arg_key::collective_name));
       if (const auto v = t.arg(src, trace::arg_key::in_msg_nelems)) c.elements = *v;
