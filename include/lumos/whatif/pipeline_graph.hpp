@@ -156,6 +156,19 @@ struct micro_batch_remap {
   return s == pp - 1 ? traced - 1 : s * (traced / pp);
 }
 
+namespace detail {
+// The W passes of the first rank (traces that ran a zero-bubble schedule: one per micro-batch).
+[[nodiscard]] inline std::size_t weight_passes(const job_structure& st) {
+  if (st.ranks.empty()) return 0;
+  const auto& passes = st.ranks.front().passes;
+  return static_cast<std::size_t>(std::count_if(passes.begin(), passes.end(), [](const auto& p) { return p.op.kind == pipeline::op_kind::weight; }));
+}
+// A pass's code: forward micro-batch, m + backward's, 2m + W's (see pass_labels).
+[[nodiscard]] inline std::int32_t pass_code_of(const pipeline::op& o, int m, int micro_batch) noexcept {
+  return (o.kind == pipeline::op_kind::forward ? 0 : o.kind == pipeline::op_kind::weight ? 2 * m : m) + micro_batch;
+}
+}  // namespace detail
+
 /// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does);
 /// `micro_batches`: per replica in the target when it changes (0: the traces').
 /// `job` (the traces `st` was discovered on), when given, is read for what a traced transfer is.
@@ -214,14 +227,26 @@ struct micro_batch_remap {
     return e.what();
   }
   if (micro_batches > 0 && micro_batches != m && m < 2 && traced_pp > 1) return "the traces ran one micro-batch, so its period cannot be repeated";
+  // Traces that ran a zero-bubble schedule have a W pass per micro-batch beside its B (on every
+  // rank, or on none).
+  const std::size_t w = detail::weight_passes(st);
+  if (w != 0 && traced_pp < 2) return "the traces have W passes but no stages";
+  // Merged back into their backward passes, the traces' sends would still leave after B, where a
+  // schedule without W passes sends after the whole backward (tried: ZB-H1 traces of gpt3-15b TP 2
+  // PP 2 to 1F1B were -3.2 %, -0.5 % by the pass-level model).
+  if (w != 0 && !synth::splits_backward(kind)) return "from the traces' W passes to a schedule without them is not made in the graph";
   for (const auto& r : st.ranks) {
-    if (r.passes.size() != static_cast<std::size_t>(2 * m)) return "a rank's passes are not one forward and one backward per micro-batch";
+    const auto own_w = static_cast<std::size_t>(std::count_if(r.passes.begin(), r.passes.end(), [](const auto& p) { return p.op.kind == pipeline::op_kind::weight; }));
+    if (r.passes.size() != static_cast<std::size_t>((w != 0 ? 3 : 2) * m) || own_w != (w != 0 ? static_cast<std::size_t>(m) : 0)) {
+      return "a rank's passes are not one forward and one backward (and, zero bubble, one W) per micro-batch";
+    }
     for (const auto& p : r.passes) {
-      if (p.op.kind == pipeline::op_kind::weight || p.op.chunk != 0) return "a rank's passes are not plain forward and backward passes";
+      if (p.op.chunk != 0) return "a rank's passes are not of one model chunk";
       // A stage takes its layers' work from every pass: the backward's must be delimited too (by
       // a block repeated once per layer, which one layer per pass does not show).
       if (!p.layers.known() || *p.layers.value <= 0) {
-        return "rank " + std::to_string(r.rank) + ": the layers of its " + (p.op.kind == pipeline::op_kind::forward ? "forward" : "backward") +
+        return "rank " + std::to_string(r.rank) + ": the layers of its " +
+               (p.op.kind == pipeline::op_kind::forward ? "forward" : p.op.kind == pipeline::op_kind::weight ? "W" : "backward") +
                " passes are not delimited (" + p.layers.source + ")";
       }
     }
@@ -296,14 +321,20 @@ template <class Copies, class CodeOf>
   }
   if (P > 1) {
     const auto& ops = st.gpu_ops;
+    // A transfer feeds or drains a forward or backward pass, never a W (which sends nothing): a
+    // W launched between a receive and its pass is looked past.
+    auto feeds = [&](const gpu_op_context& c) {
+      return c.pass >= 0 && !c.p2p && c.rank < st.ranks.size() &&
+             st.ranks[c.rank].passes[static_cast<std::size_t>(c.pass)].op.kind != pipeline::op_kind::weight;
+    };
     std::vector<int> before_pass(ops.size(), -1), after_pass(ops.size(), -1);
     for (std::size_t x = 0; x < ops.size(); ++x) {
       const bool same = x > 0 && ops[x - 1].rank == ops[x].rank;
-      before_pass[x] = same ? (ops[x - 1].pass >= 0 && !ops[x - 1].p2p ? ops[x - 1].pass : before_pass[x - 1]) : -1;
+      before_pass[x] = same ? (feeds(ops[x - 1]) ? ops[x - 1].pass : before_pass[x - 1]) : -1;
     }
     for (std::size_t x = ops.size(); x-- > 0;) {
       const bool same = x + 1 < ops.size() && ops[x + 1].rank == ops[x].rank;
-      after_pass[x] = same ? (ops[x + 1].pass >= 0 && !ops[x + 1].p2p ? ops[x + 1].pass : after_pass[x + 1]) : -1;
+      after_pass[x] = same ? (feeds(ops[x + 1]) ? ops[x + 1].pass : after_pass[x + 1]) : -1;
     }
     for (std::size_t x = 0; x < ops.size(); ++x) {
       const gpu_op_context& c = ops[x];
@@ -376,12 +407,13 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   }
 }
 
-// Per rank index, the position of each code (forward: micro-batch; backward: m + micro-batch) in
+// Per rank index, the position of each code (forward: micro-batch; backward: m + micro-batch; W of
+// traces that ran a zero-bubble schedule: 2m + micro-batch) in
 // the rank's traced passes: its schedule's order. With `remap` (a micro-batch change made on the
 // graph, its passes repeated or removed in place), of the new codes, m being the new count.
 [[nodiscard]] inline std::vector<std::vector<std::int64_t>> traced_pass_positions(const job_structure& st, std::size_t R, int m,
                                                                                   const micro_batch_remap* remap) {
-  std::vector<std::vector<std::int64_t>> order(R, std::vector<std::int64_t>(static_cast<std::size_t>(2 * m), 0));
+  std::vector<std::vector<std::int64_t>> order(R, std::vector<std::int64_t>(static_cast<std::size_t>(3 * m), 0));
   for (std::size_t i = 0; i < R && i < st.ranks.size(); ++i) {
     std::int64_t at = 0;
     for (const auto& pass : st.ranks[i].passes) {
@@ -394,7 +426,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       }
       for (std::size_t k = 0; k < copies; ++k) {
         const int mb = remap != nullptr ? remap->micro_batch(o.micro_batch, k, copies) : o.micro_batch;
-        order[i][static_cast<std::size_t>((o.kind == pipeline::op_kind::forward ? 0 : m) + mb)] = at++;
+        order[i][static_cast<std::size_t>(pass_code_of(o, m, mb))] = at++;
       }
     }
   }
@@ -528,7 +560,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   auto code_of_pass = [&](std::size_t i, std::int32_t k, std::size_t c, std::size_t copies, task_id t) -> std::int32_t {
     const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(k)].op;
     if (!period_copy.empty() && t < n) c = period_copy[t].first, copies = period_copy[t].second;
-    return (o.kind == pipeline::op_kind::forward ? 0 : m) + (remap != nullptr ? remap->micro_batch(o.micro_batch, c, copies) : o.micro_batch);
+    return detail::pass_code_of(o, m, remap != nullptr ? remap->micro_batch(o.micro_batch, c, copies) : o.micro_batch);
   };
 
   // Labels: pass code of every task (label_pre / label_post outside the passes). A traced transfer
@@ -544,9 +576,13 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   std::vector<std::int32_t>& code = labels.code;
   std::vector<std::uint8_t>& explicit_label = labels.explicit_label;
   const std::vector<std::uint8_t>& p2p_where = labels.p2p_where;
-  // Zero bubble: the weight gradients of a backward pass are its W (code 2m + micro-batch).
-  std::vector<std::uint8_t> is_weight(zero_bubble ? n : 0, 0);
-  if (zero_bubble) {
+  // Zero bubble: the weight gradients of a backward pass are its W (code 2m + micro-batch). Traces
+  // that ran a zero-bubble schedule label their W passes themselves.
+  const bool traced_weight = detail::weight_passes(st) > 0;
+  std::vector<std::uint8_t> is_weight(zero_bubble && !traced_weight ? n : 0, 0);
+  if (zero_bubble && traced_weight) {
+    for (task_id t = 0; t < n; ++t) out.weight_ops += explicit_label[t] && code[t] >= 2 * m && code[t] < 3 * m && g.kind[t] != graph::task_kind::cpu;
+  } else if (zero_bubble) {
     for (task_id t = 0; t < weight->size(); ++t) {
       if (!(*weight)[t]) continue;
       for (const task_id c : copies_of(t)) {
@@ -570,7 +606,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   auto traced_position = [&](std::int32_t c, int rank) -> std::int64_t {
     if (c == detail::label_pre) return -1;
     if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
-    c = pass_code(c);
+    if (!traced_weight) c = pass_code(c);  // a W the split made sits in its backward pass
     if (const auto it = index_of_rank.find(rank); P > 1 && it != index_of_rank.end()) return traced_order[it->second][static_cast<std::size_t>(c)];
     return c < m ? 2 * static_cast<std::int64_t>(c) : 2 * static_cast<std::int64_t>(c - m) + 1;
   };
@@ -1657,7 +1693,9 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
                   static_cast<double>(tied->inter) / 1e3);
     tied_note = t;
   }
-  if (zero_bubble) {
+  if (zero_bubble && traced_weight) {
+    tied_note += "; the traces' own W passes kept (" + std::to_string(out.weight_ops) + " GPU ops)";
+  } else if (zero_bubble) {
     tied_note += "; each backward pass split into B and W: " + std::to_string(out.weight_ops) +
                  " weight-gradient kernels (GEMMs with the tokens in K, bias sums, LayerNorm and embedding weight gradients) run in the W passes";
   }
@@ -1702,7 +1740,8 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
 /// first and the last micro-batch, which carry work of their own, stay (a change to one
 /// micro-batch is not made here: stage_split_unsupported). One group per pass code and count: a pass's tasks are contiguous
 /// on each processor, passes never are. `st` is the structure of `b`'s graph, not edited since;
-/// its ranks must run one forward and one backward pass per micro-batch (stage_split_unsupported).
+/// its ranks must run one forward and one backward pass per micro-batch, and with a zero-bubble
+/// schedule one W pass, which is repeated or removed with them (stage_split_unsupported).
 [[nodiscard]] inline micro_batch_rewrite stage_micro_batches_to(const graph::built_job& b, const trace::job& job, const job_structure& st,
                                                                 int micro_batches,
                                                                 const std::vector<std::vector<graph::task_id>>* layer_copies = nullptr) {
@@ -1735,18 +1774,19 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       },
       [&](std::size_t i, int pass, std::size_t, std::size_t, task_id) -> std::int32_t {
         const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(pass)].op;
-        return (o.kind == pipeline::op_kind::forward ? 0 : m) + o.micro_batch;
+        return detail::pass_code_of(o, m, o.micro_batch);
       });
   std::vector<std::vector<task_id>> on(g.processors.size());
   for (task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
   std::unordered_map<int, std::size_t> index_of_rank;
   for (std::size_t i = 0; i < R; ++i) index_of_rank[job.ranks[i].rank] = i;
   const auto order = detail::traced_pass_positions(st, R, m, nullptr);
+  const int codes = (detail::weight_passes(st) > 0 ? 3 : 2) * m;  // with the traces' W passes
   detail::fill_pass_labels(g, labels, on, [&](std::int32_t c, int rank) -> std::int64_t {
     if (c == detail::label_pre) return -1;
     if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
     const auto it = index_of_rank.find(rank);
-    return it == index_of_rank.end() || c < 0 || c >= 2 * m ? 0 : order[it->second][static_cast<std::size_t>(c)];
+    return it == index_of_rank.end() || c < 0 || c >= codes ? 0 : order[it->second][static_cast<std::size_t>(c)];
   });
   // A join goes with its collective's first participant (each join is alone on its processor).
   for (const auto& ci : g.collectives) {
@@ -1754,10 +1794,10 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   }
   const std::size_t count = detail::choose_micro_batches(m, micro_batches, out);
   const int a = out.first, e = out.end;
-  // Groups: forward of micro-batch a.., then backward of a.. (codes mb and m + mb).
-  std::vector<std::int32_t> group_of_code(static_cast<std::size_t>(2 * m), -1);
+  // Groups: forward of micro-batch a.., then backward of a.. (codes mb and m + mb), and W (2m + mb).
+  std::vector<std::int32_t> group_of_code(static_cast<std::size_t>(codes), -1);
   for (int mb = a; mb < e; ++mb) {
-    for (const int kind_offset : {0, m}) {
+    for (int kind_offset = 0; kind_offset < codes; kind_offset += m) {
       group_of_code[static_cast<std::size_t>(kind_offset + mb)] = static_cast<std::int32_t>(out.groups.size());
       out.groups.push_back({{}, count});
     }
@@ -1765,7 +1805,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   std::size_t tasks = 0;
   for (task_id t = 0; t < n; ++t) {
     const std::int32_t c = labels.code[t];
-    if (c < 0 || c >= 2 * m || group_of_code[static_cast<std::size_t>(c)] < 0) continue;
+    if (c < 0 || c >= codes || group_of_code[static_cast<std::size_t>(c)] < 0) continue;
     out.groups[static_cast<std::size_t>(group_of_code[static_cast<std::size_t>(c)])].tasks.push_back(t);
     ++tasks;
   }
