@@ -157,12 +157,12 @@ struct micro_batch_remap {
 }
 
 namespace detail {
-// The W passes of the first rank (traces that ran a zero-bubble schedule: one per micro-batch).
-[[nodiscard]] inline std::size_t weight_passes(const job_structure& st) {
-  if (st.ranks.empty()) return 0;
-  const auto& passes = st.ranks.front().passes;
-  return static_cast<std::size_t>(std::count_if(passes.begin(), passes.end(), [](const auto& p) { return p.op.kind == pipeline::op_kind::weight; }));
+// The W passes of a rank (traces that ran a zero-bubble schedule: one per micro-batch).
+[[nodiscard]] inline std::size_t weight_passes(const rank_structure& r) {
+  return static_cast<std::size_t>(std::count_if(r.passes.begin(), r.passes.end(), [](const auto& p) { return p.op.kind == pipeline::op_kind::weight; }));
 }
+// Those of the first rank: whether the traces ran a zero-bubble schedule.
+[[nodiscard]] inline std::size_t weight_passes(const job_structure& st) { return st.ranks.empty() ? 0 : weight_passes(st.ranks.front()); }
 // A pass's code: forward micro-batch, m + backward's, 2m + W's (see pass_labels).
 [[nodiscard]] inline std::int32_t pass_code_of(const pipeline::op& o, int m, int micro_batch) noexcept {
   return (o.kind == pipeline::op_kind::forward ? 0 : o.kind == pipeline::op_kind::weight ? 2 * m : m) + micro_batch;
@@ -236,8 +236,7 @@ namespace detail {
   // PP 2 to 1F1B were -3.2 %, -0.5 % by the pass-level model).
   if (w != 0 && !synth::splits_backward(kind)) return "from the traces' W passes to a schedule without them is not made in the graph";
   for (const auto& r : st.ranks) {
-    const auto own_w = static_cast<std::size_t>(std::count_if(r.passes.begin(), r.passes.end(), [](const auto& p) { return p.op.kind == pipeline::op_kind::weight; }));
-    if (r.passes.size() != static_cast<std::size_t>((w != 0 ? 3 : 2) * m) || own_w != (w != 0 ? static_cast<std::size_t>(m) : 0)) {
+    if (r.passes.size() != static_cast<std::size_t>((w != 0 ? 3 : 2) * m) || detail::weight_passes(r) != (w != 0 ? static_cast<std::size_t>(m) : 0)) {
       return "a rank's passes are not one forward and one backward (and, zero bubble, one W) per micro-batch";
     }
     for (const auto& p : r.passes) {
@@ -876,10 +875,7 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     if (c == detail::label_pre || c == detail::label_post) return c;
     return c * vp + (virtual_stage[t] < 0 ? 0 : virtual_stage[t] / pp);
   };
-  auto unit_of_op = [&](const pipeline::op& o) {
-    const int kind_offset = o.kind == pipeline::op_kind::forward ? 0 : o.kind == pipeline::op_kind::weight ? 2 * m : m;
-    return (kind_offset + o.micro_batch) * vp + o.chunk;
-  };
+  auto unit_of_op = [&](const pipeline::op& o) { return detail::pass_code_of(o, m, o.micro_batch) * vp + o.chunk; };
   // A communication op's arrive goes with its complete; a join with its collective's first complete.
   std::vector<std::vector<std::uint8_t>> kept(static_cast<std::size_t>(pp), std::vector<std::uint8_t>(n, 0));
   for (int s = 0; s < pp; ++s) {
