@@ -37,8 +37,7 @@ CASES = [
     ("DP ×4", {}, {"--dp": "8", "--global-batch": "64"}),
     # From traces with stages, each traced stage is cut into the target stages of its block, in
     # the graph (the traced transfers between blocks kept; with model chunks replaced); merged
-    # stages are each made from one traced stage with its layers repeated; ZB-H2 takes the
-    # pass-level pipeline model.
+    # stages are each made from one traced stage with its layers repeated.
     ("PP 2→4 (in the graph)", {}, {"--pp": "4"}),
     ("PP 4→2 (in the graph)", {"--pp": "4"}, {"--pp": "2"}),
     ("PP 4→2, GPipe (in the graph)", {"--pp": "4"}, {"--pp": "2", "--schedule": "gpipe"}),
@@ -55,7 +54,7 @@ CASES = [
     ("PP 2→4, interleaved 2 chunks (in the graph)", {}, {"--pp": "4", "--vp": "2", "--schedule": "interleaved"}),
     ("1F1B → GPipe (in the graph)", {}, {"--schedule": "gpipe"}),
     ("1F1B → ZB-H1 (in the graph)", {}, {"--schedule": "zb-h1"}),
-    ("1F1B → ZB-H2", {}, {"--schedule": "zb-h2"}),
+    ("1F1B → ZB-H2 (in the graph)", {}, {"--schedule": "zb-h2"}),
     ("PP 2→4, ZB-H1 (in the graph)", {}, {"--pp": "4", "--schedule": "zb-h1"}),
     ("PP 2→4 with layers ×2 (in the graph)", {}, {"--pp": "4", "--layers": "16"}),
     ("PP 2→4 with layers ×0.5 (in the graph)", {}, {"--pp": "4", "--layers": "4"}),
@@ -96,20 +95,19 @@ CASES = [
     ("PP 1→4, ZB-H2 (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "zb-h2"}),
     ("PP 1→4, ZB-H2 with layers ×2 (in the graph)", {"--pp": "1"}, {"--pp": "4", "--schedule": "zb-h2", "--layers": "16"}),
     # Traces that ran a zero-bubble schedule (each pass marked on its own, as lumos synth writes
-    # them): structure discovery tells their W passes. To ZB-H1 the split orders them in the graph
-    # (their own W passes kept); to a schedule without W passes, or to ZB-H2, the pass-level model
-    # measures them (ZB-H2 targets from traces with stages are not made in the graph: see the
-    # --pp rows of docs/whatif.md).
+    # them): structure discovery tells their W passes. To ZB-H1 or ZB-H2 the split orders them in
+    # the graph (their own W passes kept); to a schedule without W passes the pass-level model
+    # measures them.
     ("ZB-H1 traces → 1F1B (pass-level)", {"--schedule": "zb-h1"}, {"--schedule": "1f1b"}),
-    ("ZB-H1 traces → ZB-H2 (pass-level)", {"--schedule": "zb-h1"}, {"--schedule": "zb-h2"}),
+    ("ZB-H1 traces → ZB-H2 (in the graph)", {"--schedule": "zb-h1"}, {"--schedule": "zb-h2"}),
     ("ZB-H1 traces, PP 2→4 (in the graph)", {"--schedule": "zb-h1"}, {"--pp": "4"}),
     ("ZB-H1 traces, DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {"--schedule": "zb-h1"}, {"--dp": "4"}),
     ("ZB-H1 traces, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--schedule": "zb-h1"}, {"--global-batch": "32"}),
     ("ZB-H1 traces, layers ×2", {"--schedule": "zb-h1"}, {"--layers": "16"}),
     ("ZB-H2 traces → ZB-H1 (in the graph)", {"--schedule": "zb-h2"}, {"--schedule": "zb-h1"}),
-    ("ZB-H2 traces, PP 2→4 (pass-level)", {"--schedule": "zb-h2"}, {"--pp": "4"}),
-    ("ZB-H2 traces, DP ×2, same global batch (pass-level)", {"--schedule": "zb-h2"}, {"--dp": "4"}),
-    ("ZB-H2 traces, global batch ×2 (pass-level)", {"--schedule": "zb-h2"}, {"--global-batch": "32"}),
+    ("ZB-H2 traces, PP 2→4 (in the graph)", {"--schedule": "zb-h2"}, {"--pp": "4"}),
+    ("ZB-H2 traces, DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {"--schedule": "zb-h2"}, {"--dp": "4"}),
+    ("ZB-H2 traces, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--schedule": "zb-h2"}, {"--global-batch": "32"}),
     # With another count of micro-batches per replica: the periods repeated or removed first.
     ("PP 1→2 with DP ×2, same global batch (8 → 4 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--dp": "4"}),
     ("PP 1→2, global batch ×2 (8 → 16 micro-batches, in the graph)", {"--pp": "1"}, {"--pp": "2", "--global-batch": "32"}),

@@ -62,7 +62,7 @@ inline constexpr std::string_view whatif_usage =
     "                      into N stages (each rank of each stage with its layers' launches and kernels,\n"
     "                      Megatron's send/recv kernels and host sync, zero bubble's W passes; a row per\n"
     "                      rank); from traces with stages likewise to a multiple of their stages or another\n"
-    "                      schedule (GPipe, 1F1B, ZB-H1), each traced stage cut into its block, or to a\n"
+    "                      schedule (GPipe, 1F1B, ZB-H1, ZB-H2), each traced stage cut into its block, or to a\n"
     "                      divisor of them (at least 2), each merged stage made from one traced stage with\n"
     "                      its layers repeated, the other stages' ranks dropped; otherwise:\n"
     "  --schedule NAME     gpipe, 1f1b, interleaved, zb-h1 or zb-h2: a pass-level model of the new pipeline (each\n"

@@ -101,8 +101,9 @@ struct program_notes {
     graph::task_id first = graph::no_task, last = graph::no_task;  ///< CPU tasks
   };
   std::vector<span> spans;
-  /// CPU tasks that block until the device has finished work (written as cudaDeviceSynchronize
-  /// calls that last from their issue to the device's completion).
+  /// CPU tasks that block until GPU work has finished (written as the synchronize their sync
+  /// edges make: a cudaStreamSynchronize of one stream, a cudaDeviceSynchronize of several,
+  /// lasting from their issue to the end of what they wait for).
   std::vector<graph::task_id> host_syncs;
 };
 

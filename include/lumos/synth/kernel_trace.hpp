@@ -332,14 +332,13 @@ class kernel_names {
     out.of_task[gpu] = deco;
     out.of_task[e.from] = deco;
   }
-  {
-    report::task_decoration sync;
-    sync.runtime = "cudaDeviceSynchronize";
-    sync.blocking = true;
-    out.list.push_back(sync);
-    const auto idx = static_cast<std::uint32_t>(out.list.size() - 1);
-    for (const graph::task_id t : notes.host_syncs) out.of_task[t] = idx;
-  }
+  // Host waits are left undecorated: the writer writes each as the call its sync edges make it
+  // (report/trace_writer.hpp), a cudaStreamSynchronize of the one stream it waits for (a receive's,
+  // the compute stream) or a cudaDeviceSynchronize of several (the step's end), with its cuda_sync
+  // row. Megatron calls torch.cuda.synchronize() after a receive, which drains every stream (the
+  // sends, the data-parallel reductions too); the model waits for the receive and the compute
+  // stream only, and a trace that named its wait a device synchronize would give the graph builder
+  // edges from streams the model never waited for (docs/model.md).
   for (const auto& s : notes.spans) out.spans.push_back({s.rank, kernel_names::span_name(s.kind), "user_annotation", s.first, s.last});
   return out;
 }

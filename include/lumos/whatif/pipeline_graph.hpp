@@ -187,14 +187,6 @@ namespace detail {
       return "merging every stage into one is not built (no traced rank holds both the embedding and the head; the pass-level "
              "model has no stages to keep apart)";
     }
-    if (kind == pipeline::schedule_kind::zero_bubble_h2) {
-      // The traces' synchronize after a receive drains every stream, also the send of the backward
-      // before it, which ZB-H2's deferred order leaves waiting for the peer's receive; lumos
-      // synth's ZB-H2 waits for the receive and the compute stream only, and the two part by more
-      // than the validation target (docs/whatif.md).
-      return "ZB-H2 from traces with stages is not made in the graph (their host synchronizations after a receive also wait for "
-             "the previous send, which ZB-H2 defers; docs/whatif.md)";
-    }
     if (par.chunks.value.value_or(1) != 1) return "the traces run model chunks";
     // The first micro-batch's forward pass holds the step's first host work (the step's window is
     // measured from it) and the last's backward the overlapped gradient reduction: both must stay.
