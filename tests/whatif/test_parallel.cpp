@@ -204,6 +204,20 @@ TEST_CASE("communication fit recovers latency and bandwidth from the trace's own
   CHECK(f.time_ns(model::collective::all_reduce, 4e6, 8) == Approx(20'000 + 1.75 * 4e6 / 100.0));
 }
 
+TEST_CASE("a traced collective's element size from its NCCL kernel's name", "[whatif][dp]") {
+  // In msg nelems counts elements; the NCCL model that re-times a collective moved across nodes
+  // wants bytes (tests/synth/test_kernel_trace.cpp "its bytes").
+  using lumos::whatif::element_bytes_of_kernel;
+  CHECK(element_bytes_of_kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == 4);
+  CHECK(element_bytes_of_kernel("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == 2);
+  CHECK(element_bytes_of_kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == 4);
+  CHECK(element_bytes_of_kernel("ncclKernel_AllReduce_RING_LL_Sum_half(ncclWorkElem)") == 2);
+  CHECK(element_bytes_of_kernel("ncclKernel_AllReduce_RING_LL_Sum_bfloat16(ncclWorkElem)") == 2);
+  // Kernels that copy bytes whatever the type: their elements are taken as bytes.
+  CHECK(element_bytes_of_kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == 1);
+  CHECK(element_bytes_of_kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == 1);
+}
+
 TEST_CASE("whatif --dp on the DLRM trace: identity, and DP x2 scales the gradient all-reduces", "[whatif][dp][traces]") {
   const auto traces = lumos_test::trace_dir();
   if (traces.empty()) {
