@@ -1078,6 +1078,24 @@ TEST_CASE("whatif --pp from 1 adds the tied embedding's all-reduce at the predic
   CHECK(tied_bytes("--pp 2") == 51200LL / 2 * 1024 * 4);
   CHECK(tied_bytes("--pp 2 --tp 4") == 51200LL / 4 * 1024 * 4);
   CHECK(tied_bytes("--pp 2 --hidden 2048") == 51200LL / 2 * 2048 * 4);
+  // Written, its In msg nelems counts fp32 elements, as a traced one's: a what-if of the written
+  // job prices each at the 4 bytes its kernel's name says (it was written as the byte count).
+  const std::string out = (dir.path() / "out").string();
+  REQUIRE(run("whatif " + job + " --pp 2 --trace-out " + out).code == 0);
+  std::size_t seen = 0;
+  for (const auto& f : std::filesystem::directory_iterator(out)) {
+    simdjson::dom::parser parser;
+    for (simdjson::dom::element e : parser.load(f.path().string())["traceEvents"].get_array()) {
+      std::string_view cat, group;
+      if (e["cat"].get(cat) != simdjson::SUCCESS || cat != "kernel" ||
+          e["args"]["Process Group Name"].get(group) != simdjson::SUCCESS || !group.starts_with("embd")) {
+        continue;
+      }
+      CHECK(std::int64_t(e["args"]["In msg nelems"]) == 51200LL / 2 * 1024);
+      ++seen;
+    }
+  }
+  CHECK(seen == 2);  // the first and the last stage of the traced rank
 }
 
 TEST_CASE("whatif --pp from traces with stages keeps the tied embedding's all-reduce after the backward passes", "[cli][whatif][pipeline]") {

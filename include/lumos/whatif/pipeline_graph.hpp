@@ -1536,7 +1536,9 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
     graph::collective_instance ci;
     ci.kind = "allreduce";
     ci.group = "embd." + std::to_string(job.ranks[i].rank);
-    ci.bytes = tied->bytes;
+    // Its fp32 elements, as a traced instance counts them (In msg nelems): the size `--trace-out`
+    // writes, which a what-if of the written job prices at 4 bytes each by the kernel's name.
+    ci.bytes = tied->bytes / 4;
     ci.join = join;
     ci.match = "added by the pipeline what-if (tied embedding)";
     time_ns last_arrival = 0;
