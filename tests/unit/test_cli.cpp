@@ -651,6 +651,45 @@ TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which rep
   }
 }
 
+TEST_CASE("whatif --pp from one traced rank joins the whole world's collective across the stages", "[cli][whatif][pipeline]") {
+  // Symmetric ranks written once (no --unfold): the gradient norm's all-reduce over the world has
+  // no peer in the traces. Cut into stages, the stages are its peers: a stage that finishes its
+  // backward passes first waits there for the last, so every stage's step ends together, as in
+  // the job synthesised with the stages (before, the middle stages ended ~10 % early).
+  lumos_test::temp_dir dir;
+  const std::string job = "--layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --dp 2 --micro-batch 1 --global-batch 8 "
+                          "--gpu h100-sxm --detail kernel";
+  const auto a = dir.path() / "pp1", out = dir.path() / "pp4", direct = dir.path() / "direct";
+  REQUIRE(run("synth " + job + " --out " + a.string()).code == 0);
+  REQUIRE(run("synth " + job + " --pp 4 --out " + direct.string()).code == 0);
+  const result r = run("whatif " + a.string() + " --pp 4 --json --trace-out " + out.string());
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser p1, p2, p3;
+  simdjson::dom::element doc = p1.parse(r.out);
+  bool said = false;
+  for (const auto c : simdjson::dom::array(doc["changes"])) {
+    said = said || std::string_view(c).find("of the whole world whose peers the traces lack joined across the stages") != std::string_view::npos;
+  }
+  CHECK(said);
+  auto spread = [](const std::vector<std::int64_t>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return static_cast<double>(*hi - *lo) / static_cast<double>(*hi);
+  };
+  std::vector<std::int64_t> predicted, replayed, synthesised;
+  for (const auto rank : simdjson::dom::array(doc["predicted"]["ranks"])) predicted.push_back(int64_t(rank["iteration_ns"]));
+  REQUIRE(predicted.size() == 4);  // one traced rank x 4 stages
+  const result again = run("replay " + out.string() + " --json");
+  REQUIRE(again.code == 0);
+  for (const auto rank : simdjson::dom::array(p2.parse(again.out)["ranks"])) replayed.push_back(int64_t(rank["simulated_ns"]));
+  CHECK(replayed == predicted);
+  const result truth = run("replay " + direct.string() + " --json");
+  REQUIRE(truth.code == 0);
+  for (const auto rank : simdjson::dom::array(p3.parse(truth.out)["ranks"])) synthesised.push_back(int64_t(rank["simulated_ns"]));
+  INFO("predicted spread " << spread(predicted) << ", synthesised " << spread(synthesised));
+  CHECK(spread(synthesised) < 0.02);
+  CHECK(spread(predicted) < 0.02);
+}
+
 TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's ranks, which replay to the prediction",
           "[cli][whatif][pipeline]") {
   // A 2-stage job cut into 4 stages (1F1B, also with twice the layers), run by ZB-H1 on its own

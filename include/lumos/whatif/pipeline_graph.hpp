@@ -81,6 +81,8 @@ struct stage_split {
   /// keeps one traced stage per merged block); its tasks are gone and its map points nowhere.
   std::vector<std::uint8_t> dropped;
   std::size_t p2p = 0, edges_dropped = 0, tasks_before = 0, tasks_after = 0;
+  /// Collectives of the whole world without their peers in the traces, joined across the stages.
+  std::size_t world_joined = 0;
   std::size_t weight_ops = 0;  ///< zero bubble: GPU ops of the backward passes moved to their W
   /// Zero bubble: per task of the split graph, 1 when it runs in a W pass (`--trace-out` writes
   /// the events around a backward's B and W tasks once around each, so that the written job's
@@ -657,8 +659,9 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
   std::vector<std::uint8_t> everywhere(n, 0);
   // Collectives of the whole world (the gradient norm's, say) span every stage: one join.
   std::vector<std::uint8_t> world_join(n, 0);
+  std::vector<std::string> world_groups;
   {
-    std::vector<std::string> dp_groups, world_groups;
+    std::vector<std::string> dp_groups;
     // A group that spans the world but has a narrower role too (the TP group of a job with
     // one replica, the DP group of a job without TP) is that role's: split per stage.
     for (const auto& pg : st.groups) {
@@ -1337,11 +1340,53 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       const std::string_view group = tr.arg_text(src, trace::arg_key::process_group_name);
       if (group.empty()) continue;
       const std::vector<int> ranks = graph::detail::parse_rank_list(tr.arg_text(src, trace::arg_key::process_group_ranks));
+      const std::string comm = detail::comm_kind(tr.name(tr.events[g.source[t]]), tr.arg_text(src, trace::arg_key::collective_name));
+      if (P == 1 && std::find(world_groups.begin(), world_groups.end(), group) != world_groups.end()) {
+        // A collective of the whole world (the gradient norm's) whose peers the traces do not
+        // hold (one traced rank for symmetric ones): the stages are its peers now, so their
+        // copies are one instance that completes once the last stage arrives, as in a job with
+        // stages, where the stage that finishes its backward passes first waits there.
+        const std::uint32_t ev = g.source[t];
+        const auto& arrive_of = b.ranks[at->second].arrive_of_event;
+        const task_id arrive = ev < arrive_of.size() ? arrive_of[ev] : no_task;
+        if (arrive == no_task) continue;
+        graph::processor_info barrier;
+        barrier.kind = graph::processor_kind::barrier;
+        barrier.rank = -1;
+        barrier.name = std::string(group) + " join";
+        graph::task_spec js;
+        js.kind = graph::task_kind::join;
+        js.processor = ng.add_processor(std::move(barrier));
+        js.name = comm;
+        js.rank = -1;
+        const task_id join = ng.add_task(js);
+        graph::collective_instance nc;
+        nc.kind = comm;
+        nc.group = std::string(group);
+        nc.bytes = tr.arg(src, trace::arg_key::in_msg_nelems).value_or(0);
+        nc.join = join;
+        nc.match = "added by the pipeline what-if (a collective of the whole world, joined across the stages)";
+        time_ns last = std::numeric_limits<time_ns>::min();
+        for (int s = 0; s < pp; ++s) {
+          const task_id a = copy[static_cast<std::size_t>(s)][arrive], c = copy[static_cast<std::size_t>(s)][t];
+          if (a == no_task || c == no_task) continue;
+          for (const int r : ranks) nc.group_ranks.push_back(new_rank(r, s));
+          nc.arrive.push_back(a);
+          nc.complete.push_back(c);
+          ng.add_edge(a, join, 0, graph::edge_kind::collective);
+          ng.add_edge(join, c, 0, graph::edge_kind::collective);
+          last = std::max(last, ng.observed_start[a]);
+        }
+        ng.observed_start[join] = ng.observed_end[join] = nc.arrive.empty() ? 0 : last;
+        ++out.world_joined;
+        ng.collectives.push_back(std::move(nc));
+        continue;
+      }
       for (int s = 1; s < pp; ++s) {
         const task_id c = copy[static_cast<std::size_t>(s)][t];
         if (c == no_task) continue;
         graph::collective_instance nc;
-        nc.kind = detail::comm_kind(tr.name(tr.events[g.source[t]]), tr.arg_text(src, trace::arg_key::collective_name));
+        nc.kind = comm;
         nc.group = std::string(group) + ".pp" + std::to_string(s);
         for (const int r : ranks) nc.group_ranks.push_back(new_rank(r, s));
         nc.complete = {c};
@@ -1682,6 +1727,10 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
                   tied_count, static_cast<long long>(tied->bytes), static_cast<double>(tied->intra) / 1e3,
                   static_cast<double>(tied->inter) / 1e3);
     tied_note = t;
+  }
+  if (out.world_joined > 0) {
+    tied_note += "; " + std::to_string(out.world_joined) + " collective" + (out.world_joined == 1 ? "" : "s") +
+                 " of the whole world whose peers the traces lack joined across the stages";
   }
   if (zero_bubble && traced_weight) {
     tied_note += "; the traces' own W passes kept (" + std::to_string(out.weight_ops) + " GPU ops)";
