@@ -690,6 +690,40 @@ TEST_CASE("whatif --pp from one traced rank joins the whole world's collective a
   CHECK(spread(predicted) < 0.02);
 }
 
+TEST_CASE("whatif --pp from 1 with DP: the written job holds each stage's own buckets, which a DP change resizes",
+          "[cli][whatif][pipeline][dp]") {
+  // The traced job (DP 2, the distributed optimizer) reduces gradients in buckets over the whole
+  // model; cut into 2 stages, each stage reduce-scatters its own parameters' buckets and
+  // all-gathers them in the optimizer step. Written and read back, the job is a distributed-
+  // optimizer job again, so --dp 4 of it resizes those buckets and shards the optimizer, as a
+  // what-if of the job synthesised with 2 stages does.
+  lumos_test::temp_dir dir;
+  const std::string job = "--layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --dp 2 --micro-batch 1 --global-batch 8 "
+                          "--gpu h100-sxm --detail kernel";
+  const auto a = dir.path() / "pp1", written = dir.path() / "pp2", direct = dir.path() / "pp2dp4";
+  REQUIRE(run("synth " + job + " --out " + a.string()).code == 0);
+  REQUIRE(run("synth " + job + " --pp 2 --dp 4 --out " + direct.string()).code == 0);
+  REQUIRE(run("whatif " + a.string() + " --pp 2 --trace-out " + written.string()).code == 0);
+  const result st = run("inspect --structure --json " + written.string());
+  REQUIRE(st.code == 0);
+  simdjson::dom::parser p1, p2, p3;
+  CHECK(std::string_view(p1.parse(st.out)["gradient_reduction"]["method"]["value"]) == "reduce-scatter + all-gather");
+  const result r = run("whatif " + written.string() + " --dp 4 --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::element doc = p2.parse(r.out);
+  bool sharded = false;
+  for (const auto c : simdjson::dom::array(doc["changes"])) {
+    sharded = sharded || std::string_view(c).find("distributed optimizer") != std::string_view::npos;
+  }
+  CHECK(sharded);
+  const result truth = run("replay " + direct.string() + " --json");
+  REQUIRE(truth.code == 0);
+  const auto want = static_cast<double>(int64_t(p3.parse(truth.out)["job"]["simulated_ns"]));
+  const double err = (static_cast<double>(int64_t(doc["predicted"]["iteration_ns"])) - want) / want;
+  INFO("written PP 2 job, then --dp 4: error " << err);
+  CHECK(std::abs(err) < 0.005);
+}
+
 TEST_CASE("whatif --pp from traces with stages: --trace-out writes every stage's ranks, which replay to the prediction",
           "[cli][whatif][pipeline]") {
   // A 2-stage job cut into 4 stages (1F1B, also with twice the layers), run by ZB-H1 on its own

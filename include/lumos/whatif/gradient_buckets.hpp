@@ -27,6 +27,7 @@
 #include <lumos/model/flops.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/profile.hpp>
+#include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -164,6 +165,7 @@ struct bucket_target {
     std::uint32_t host_wait_edge = 0;           // its sync edge from the step's stream (its tail, its flags)
     std::vector<graph::task_id> after_sync;     // collectives that follow the gradient sync
     std::vector<time_ns> gathers;               // the all-gathers' transfers, in order
+    std::vector<std::int64_t> gathered;         // and their parameters
     std::vector<int> members;
     graph::processor_id stream = 0;
   };
@@ -350,6 +352,7 @@ struct bucket_target {
     const model::group_placement home = model::placement_of(plan.members, hw);
     for (const std::int64_t params : gathered) {
       plan.gathers.push_back(nccl.collective_time({model::collective::all_gather, params * 2, home}, hw));
+      plan.gathered.push_back(params);
     }
     plans.push_back(std::move(plan));
   }
@@ -367,8 +370,10 @@ struct bucket_target {
                                           " (data-parallel, inserted)"});
   }
   // The host launches: each reduce-scatter just before the launch of the op it follows (so that
-  // it sits inside that op's layer, whose stage a pipeline split gives it), the all-gathers after
-  // the optimizer's last launch.
+  // it sits inside that op's layer, whose stage a pipeline split gives it), the all-gathers just
+  // before the optimizer's last launch, inside its step as Megatron's distributed optimizer runs
+  // them (their kernels still follow its last kernel), so that a written job reads them back in
+  // the optimizer phase (after it, a DP change of the written job did not shard the optimizer).
   std::vector<graph::task_id> before(g.task_count(), graph::no_task);  // the task before each on its processor
   {
     std::vector<graph::task_id> last(g.processors.size(), graph::no_task);
@@ -391,7 +396,7 @@ struct bucket_target {
       if (launched(k.after)) call_after(k.after, true);
     }
     if (p.step != graph::no_task && launched(p.step)) {
-      for (std::size_t i = 0; i < p.gathers.size(); ++i) call_after(p.step, false);
+      for (std::size_t i = 0; i < p.gathers.size(); ++i) call_after(p.step, true);
     }
   }
   edited_graph e = insert_after(b.graph, ins);
@@ -402,7 +407,7 @@ struct bucket_target {
     std::int64_t sequence = 0;
     graph::task_id previous = graph::no_task;
     // One collective on the rank's data-parallel stream, after `op` (launched with it when `op` was).
-    auto collective = [&](graph::task_id op, const char* kind, const std::string& kernel, time_ns transfer) {
+    auto collective = [&](graph::task_id op, const char* kind, const std::string& kernel, time_ns transfer, std::int64_t elements) {
       const time_ns at = g.observed_end[op];
       const graph::task_id arrive = ng.add_task({.kind = graph::task_kind::comm_arrive, .processor = p.stream, .name = kernel,
                                                  .rank = rank, .observed_start = at, .observed_end = at});
@@ -417,7 +422,9 @@ struct bucket_target {
       ci.kind = kind;
       ci.group = std::string(inserted_gradient_group) + std::to_string(rank);
       ci.group_ranks = p.members;
-      ci.bytes = 0;  // as the TP insertion's: a what-if of written traces takes the size from the time
+      // Its elements, as a traced instance counts them (In msg nelems), so that a what-if of the
+      // written job resizes it as it resizes a traced bucket.
+      ci.bytes = elements;
       ci.sequence = sequence++;
       ci.arrive = {arrive};
       ci.complete = {complete};
@@ -428,7 +435,7 @@ struct bucket_target {
     };
     for (const bucket& k : p.buckets) {
       const graph::task_id call = launched(k.after) ? e.inserted[next_call] : graph::no_task;
-      const graph::task_id a = collective(k.after, "reducescatter", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", k.scatter);
+      const graph::task_id a = collective(k.after, "reducescatter", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", k.scatter, k.params);
       ng.add_edge(e.first(k.after), a, 0, graph::edge_kind::cross_stream);
       out.in_layers.push_back({e.first(k.after), call, a, a + 1});
     }
@@ -436,7 +443,7 @@ struct bucket_target {
     for (const graph::task_id t : p.after_sync) ng.add_edge(previous, e.first(t), 0, graph::edge_kind::cross_stream);
     if (p.step != graph::no_task) {
       for (std::size_t i = 0; i < p.gathers.size(); ++i) {
-        const graph::task_id a = collective(p.step, "allgather", "ncclDevKernel_AllGather_RING_LL", p.gathers[i]);
+        const graph::task_id a = collective(p.step, "allgather", "ncclDevKernel_AllGather_RING_LL", p.gathers[i], p.gathered[i]);
         if (i == 0) ng.add_edge(e.first(p.step), a, 0, graph::edge_kind::cross_stream);
       }
       if (p.host_wait != graph::no_task) {
@@ -457,29 +464,83 @@ struct bucket_target {
   return out;
 }
 
+/// Removes the traces' gradient reduction when it is the distributed optimizer's: the
+/// reduce-scatters and all-gathers of the data-parallel groups, each with its launch call and
+/// join, matched or not (`lone_collectives`), so that `insert_gradient_buckets` can form the
+/// buckets of another layout (a pipeline split: Megatron forms each stage's buckets from its own
+/// parameters, where the traced buckets span the whole model). Other collectives of those groups
+/// (an all-reduce of the gradient norm) stay. Returns the collectives removed: 0, with `b`
+/// unchanged, when the groups reduce no gradient by reduce-scatter (all-reduce buckets, or no DP).
+/// Task ids of `b` change (`adopt`); the caller discovers the structure again.
+inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::job& job, const job_structure& st) {
+  const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
+  if (dp_groups.empty()) return 0;
+  const graph::task_graph& g = b.graph;
+  auto stripped = [](std::string_view kind) {
+    const auto k = collective_of_kind(kind);
+    return k && (*k == model::collective::reduce_scatter || *k == model::collective::all_gather);
+  };
+  std::vector<graph::task_id> launch_of(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch) launch_of[e.to] = e.from;
+  }
+  std::vector<repeat_group> groups;
+  bool scatter = false;
+  // One group per collective: its GPU tasks, their launch calls and its join (each alone or
+  // adjacent on its processor).
+  auto drop = [&](std::string_view kind, std::vector<graph::task_id> tasks) {
+    scatter = scatter || collective_of_kind(kind) == model::collective::reduce_scatter;
+    const std::size_t gpu = tasks.size();
+    for (std::size_t k = 0; k < gpu; ++k) {
+      if (tasks[k] != graph::no_task && launch_of[tasks[k]] != graph::no_task) tasks.push_back(launch_of[tasks[k]]);
+    }
+    std::erase(tasks, graph::no_task);
+    std::sort(tasks.begin(), tasks.end());
+    tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
+    if (!tasks.empty()) groups.push_back({std::move(tasks), 0});
+  };
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (!dp_groups.contains(ci.group) || !stripped(ci.kind)) continue;
+    std::vector<graph::task_id> tasks = ci.arrive;
+    tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
+    tasks.push_back(ci.join);
+    drop(ci.kind, std::move(tasks));
+  }
+  for (const lone_collective& c : lone_collectives(job, b)) {
+    if (dp_groups.contains(c.group) && stripped(c.kind)) drop(c.kind, {c.arrive, c.task});
+  }
+  if (!scatter || groups.empty()) return 0;
+  const std::size_t removed = groups.size();
+  (void)adopt(b, repeat_groups(g, groups));
+  return removed;
+}
+
 /// The `changes` line of an insertion to `dp` replicas, timed by the NCCL model of `profile`;
-/// `layers` when a layer change follows (the buckets are those of the traced layers).
-[[nodiscard]] inline std::string describe_buckets(const bucket_insertion& bi, int dp, const std::string& profile, bool layers) {
+/// `layers` when a layer change follows (the buckets are those of the traced layers). `why`
+/// says what the insertion stands for; by default a DP change from one replica.
+[[nodiscard]] inline std::string describe_buckets(const bucket_insertion& bi, int dp, const std::string& profile, bool layers,
+                                                  std::string why = {}) {
+  if (why.empty()) {
+    why = "DP 1 -> " + std::to_string(dp) + ": the traces reduce no gradients (one replica), so Megatron's reduction is inserted";
+  }
   if (bi.buckets == 0) {
-    std::string why = bi.skipped.empty() ? "no backward pass found" : bi.skipped.front();
-    return "DP 1 -> " + std::to_string(dp) + ": the traces reduce no gradients and none were inserted (" + why + ")";
+    return why + ", but none was (" + (bi.skipped.empty() ? std::string("no backward pass found") : bi.skipped.front()) + ")";
   }
   char line[1024];
   std::snprintf(line, sizeof line,
-                "DP 1 -> %d: the traces reduce no gradients (one replica), so Megatron's reduction is inserted as lumos synth "
-                "and predict build it (the distributed optimizer, ZeRO-1): %zu buckets of up to %lld parameters on %zu rank(s), "
+                " as lumos synth and predict build it (the distributed optimizer, ZeRO-1): %zu buckets of up to %lld parameters on %zu rank(s), "
                 "each reduce-scattered (fp32 gradients) on a data-parallel stream of its own once the chunk's final backward "
                 "pass has computed the layer that closes it (overlap_grad_reduce), the optimizer waiting for the last, then "
                 "all-gathered (bf16 parameters) after the optimizer (the first rank: %zu buckets, %.1f M parameters, %.3f ms of "
                 "reduce-scatters and %.3f ms of all-gathers by the %s profile's NCCL model over %d ranks placed at their "
                 "Megatron ranks)%s",
-                dp, bi.buckets, static_cast<long long>(bi.bucket_params), bi.ranks, bi.buckets_first,
+                bi.buckets, static_cast<long long>(bi.bucket_params), bi.ranks, bi.buckets_first,
                 static_cast<double>(bi.params_first) / 1e6, static_cast<double>(bi.scatter_first) / 1e6,
                 static_cast<double>(bi.gather_first) / 1e6, profile.c_str(), dp,
                 layers ? "; each reduce-scatter goes with the traced layer that closes its bucket, which the layer change repeats "
                          "or removes, the all-gathers are those of the target's layers"
                        : "");
-  std::string s = line;
+  std::string s = why + line;
   if (!bi.skipped.empty()) s += "; not on " + std::to_string(bi.skipped.size()) + " chunk(s): " + bi.skipped.front();
   return s;
 }

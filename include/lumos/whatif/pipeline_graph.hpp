@@ -931,6 +931,16 @@ void fill_pass_labels(const graph::task_graph& g, pass_labels& l, const std::vec
       if (!everywhere[t] || g.kind[t] != graph::task_kind::comm_complete) continue;
       if (const auto it = index_of_rank.find(g.rank[t]); it != index_of_rank.end()) ++dp_count[it->second][g.processor[t]];
     }
+    // Inserted gradient buckets are the data-parallel collectives too: with the traced ones
+    // removed (gradient_buckets.hpp), the world's all-reduce alone must not pick its stream.
+    for (const auto& ci : g.collectives) {
+      if (!ci.group.starts_with(inserted_gradient_group)) continue;
+      for (const task_id t : ci.complete) {
+        if (const auto it = t < n ? index_of_rank.find(g.rank[t]) : index_of_rank.end(); it != index_of_rank.end()) {
+          ++dp_count[it->second][g.processor[t]];
+        }
+      }
+    }
     // Without traced data-parallel collectives, the stream of the rank's other collectives off its
     // compute stream (those a DP change from one replica inserted), if any.
     std::vector<std::map<graph::processor_id, std::size_t>> other_count(R);

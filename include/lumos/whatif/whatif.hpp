@@ -273,6 +273,59 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
         }
       }
     }
+    // The layout inserted gradient buckets are formed for: with a pipeline change, the target's
+    // chunks and stages; to a zero-bubble target each bucket waits for its weight gradients, in
+    // the W passes. `weight_gradients` holds what `bucket_target` points to.
+    auto target_layout = [&](const shape_config& from, std::vector<std::uint8_t>& weight_gradients) {
+      bucket_target bt;
+      bt.layers = o.layers.value_or(0);
+      if (!pipeline_asked) return bt;
+      bt.pp = o.pp.value_or(structure->parallel.pp.value.value_or(1));
+      const bool interleaved = o.vp.value_or(1) > 1 || (o.schedule && *o.schedule == pipeline::schedule_kind::interleaved_one_f_one_b);
+      bt.vp = interleaved ? o.vp.value_or(2) : 1;
+      if (o.schedule && synth::splits_backward(*o.schedule)) {
+        weight_gradients = weight_gradient_tasks(job, b, *structure, from);
+        bt.weight_gradients = &weight_gradients;
+      }
+      return bt;
+    };
+    // A pipeline split of traces without stages that ran the distributed optimizer: Megatron
+    // forms each stage's buckets from the stage's own parameters, where the traced ones span the
+    // whole model, so they are replaced by the target chunks' as for DP from one replica
+    // (gradient_buckets.hpp). With a DP or shape change too they stay as traced, their time
+    // scaled with the stage's parameters (above).
+    const int traced_dp = structure ? structure->parallel.dp.value.value_or(1) : 1;
+    if (o.pp && *o.pp > 1 && traced_pp == 1 && traced_dp > 1 && (!o.dp || *o.dp == traced_dp) && !o.shape.any()) {
+      try {
+        const shape_config from = shape_from ? *shape_from : traced_shape(*structure);
+        const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
+        const model::nccl_model model_of_costs{costs.profile};
+        const auto nccl = traced_nccl(job, o);
+        const std::int64_t vocab = traced_vocab_local(job, *structure, from) * from.tp;
+        const std::size_t removed = strip_gradient_collectives(b, job, *structure);
+        if (removed > 0) {
+          structure_options so = o.structure;
+          so.step = o.replay.step;
+          if (!traced_structure) traced_structure = std::move(structure);
+          structure = discover_structure(job, b, so);
+          std::vector<std::uint8_t> weight_gradients;
+          const bucket_target bt = target_layout(from, weight_gradients);
+          const bucket_insertion bi = insert_gradient_buckets(b, *structure, from, vocab, structure->model.gated_mlp, traced_dp,
+                                                              nccl ? nccl->first : model_of_costs, nccl ? nccl->second : costs.hw,
+                                                              costs.profile, bt);
+          out.changes.push_back(describe_buckets(
+              bi, traced_dp, nccl ? nccl->first.profile.name : costs.profile.name, o.layers.has_value(),
+              "PP 1 -> " + std::to_string(*o.pp) + ": the traces' " + std::to_string(removed) +
+                  " data-parallel reduce-scatters and all-gathers (buckets over the whole model) removed and each target stage's "
+                  "own inserted, as Megatron forms them from the stage's parameters,"));
+          buckets_inserted = true;
+          structure = discover_structure(job, b, so);
+          attach_to_layers(*structure, bi);
+        }
+      } catch (const error& e) {
+        out.changes.push_back(std::string("gradient buckets kept as traced: ") + e.what());
+      }
+    }
     // A TP change alone moves the DP groups' members (TP apart) across nodes.
     const bool tp_moves_dp = shape_from && shape_to && shape_from->tp != shape_to->tp && structure->parallel.dp.value.value_or(1) > 1;
     if (o.dp || o.global_batch || tp_moves_dp) {  // --global-batch alone: the traces' DP
@@ -294,20 +347,8 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           const shape_config to = shape_to ? *shape_to : from;
           const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
           const model::nccl_model model_of_costs{costs.profile};
-          // With a pipeline change, the buckets of the target's chunks and stages.
-          bucket_target bt;
-          bt.layers = o.layers.value_or(0);
           std::vector<std::uint8_t> weight_gradients;
-          if (pipeline_asked) {
-            bt.pp = o.pp.value_or(structure->parallel.pp.value.value_or(1));
-            const bool interleaved = o.vp.value_or(1) > 1 || (o.schedule && *o.schedule == pipeline::schedule_kind::interleaved_one_f_one_b);
-            bt.vp = interleaved ? o.vp.value_or(2) : 1;
-            // A zero-bubble target: each bucket waits for its weight gradients, in the W passes.
-            if (o.schedule && synth::splits_backward(*o.schedule)) {
-              weight_gradients = weight_gradient_tasks(job, b, *structure, from);
-              bt.weight_gradients = &weight_gradients;
-            }
-          }
+          const bucket_target bt = target_layout(from, weight_gradients);
           const bucket_insertion bi =
               insert_gradient_buckets(b, *structure, to, traced_vocab_local(job, *structure, from) * from.tp, structure->model.gated_mlp,
                                       d.to, nccl ? nccl->first : model_of_costs, nccl ? nccl->second : costs.hw, costs.profile, bt);
