@@ -573,7 +573,7 @@ TEST_CASE("whatif --pp from 1 forms each stage's gradient buckets from its own p
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     REQUIRE(r.stages);
     const bool said = std::any_of(r.changes.begin(), r.changes.end(), [](const std::string& c) {
-      return c.find("each target stage's own inserted") != std::string::npos;
+      return c.find("each target stage's reduction inserted") != std::string::npos;
     });
     CHECK(said);
     // Reduce-scatters per rank: the direct job's (a rank's file) against the prediction's.

@@ -292,10 +292,10 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     // A pipeline split of traces without stages that ran the distributed optimizer: Megatron
     // forms each stage's buckets from the stage's own parameters, where the traced ones span the
     // whole model, so they are replaced by the target chunks' as for DP from one replica
-    // (gradient_buckets.hpp). With a DP or shape change too they stay as traced, their time
-    // scaled with the stage's parameters (above).
+    // (gradient_buckets.hpp), of the target's shape. With a DP change too they stay as traced,
+    // their time scaled with the stage's parameters (above), and the DP change resizes them.
     const int traced_dp = structure ? structure->parallel.dp.value.value_or(1) : 1;
-    if (o.pp && *o.pp > 1 && traced_pp == 1 && traced_dp > 1 && (!o.dp || *o.dp == traced_dp) && !o.shape.any()) {
+    if (o.pp && *o.pp > 1 && traced_pp == 1 && traced_dp > 1 && (!o.dp || *o.dp == traced_dp)) {
       try {
         const shape_config from = shape_from ? *shape_from : traced_shape(*structure);
         const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
@@ -310,14 +310,14 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           structure = discover_structure(job, b, so);
           std::vector<std::uint8_t> weight_gradients;
           const bucket_target bt = target_layout(from, weight_gradients);
-          const bucket_insertion bi = insert_gradient_buckets(b, *structure, from, vocab, structure->model.gated_mlp, traced_dp,
+          const bucket_insertion bi = insert_gradient_buckets(b, *structure, shape_to ? *shape_to : from, vocab, structure->model.gated_mlp, traced_dp,
                                                               nccl ? nccl->first : model_of_costs, nccl ? nccl->second : costs.hw,
                                                               costs.profile, bt);
           out.changes.push_back(describe_buckets(
               bi, traced_dp, nccl ? nccl->first.profile.name : costs.profile.name, o.layers.has_value(),
               "PP 1 -> " + std::to_string(*o.pp) + ": the traces' " + std::to_string(removed) +
-                  " data-parallel reduce-scatters and all-gathers (buckets over the whole model) removed and each target stage's "
-                  "own inserted, as Megatron forms them from the stage's parameters,"));
+                  " data-parallel reduce-scatters and all-gathers (buckets over the whole model) removed, since Megatron forms each "
+                  "stage's buckets from its own parameters, and each target stage's reduction inserted"));
           buckets_inserted = true;
           structure = discover_structure(job, b, so);
           attach_to_layers(*structure, bi);
