@@ -295,7 +295,22 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
     // (gradient_buckets.hpp), of the target's shape. With a DP change too they stay as traced,
     // their time scaled with the stage's parameters (above), and the DP change resizes them.
     const int traced_dp = structure ? structure->parallel.dp.value.value_or(1) : 1;
-    if (o.pp && *o.pp > 1 && traced_pp == 1 && traced_dp > 1 && (!o.dp || *o.dp == traced_dp)) {
+    // The distributed optimizer's reduction: reduce-scatters in the backward and all-gathers in the
+    // optimizer step, and no DP collective in a forward pass (FSDP gathers parameters there).
+    auto distributed_optimizer = [](const job_structure& st) {
+      if (st.gradients.method.value.value_or("") != "reduce-scatter + all-gather") return false;
+      for (const auto& pg : st.groups) {
+        const bool dp = std::any_of(pg.roles.begin(), pg.roles.end(), [](const fact<group_role>& r) { return r.value == group_role::dp; });
+        for (const auto& [what, count] : pg.collectives) {
+          if (dp && count > 0 && what.ends_with("in forward")) return false;
+        }
+      }
+      return true;
+    };
+    if (o.pp && *o.pp > 1 && traced_pp == 1 && traced_dp > 1 && (!o.dp || *o.dp == traced_dp) && distributed_optimizer(*structure)) {
+      // Restored when no bucket could be formed: the traced ones are then better than none.
+      graph::built_job kept = b;
+      std::optional<job_structure> kept_structure = structure, kept_traced = traced_structure;
       try {
         const shape_config from = shape_from ? *shape_from : traced_shape(*structure);
         const shape_costs costs = costs_of(job, *structure, o.from_gpu, nullptr, o.profile ? &*o.profile : nullptr);
@@ -313,6 +328,9 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           const bucket_insertion bi = insert_gradient_buckets(b, *structure, shape_to ? *shape_to : from, vocab, structure->model.gated_mlp, traced_dp,
                                                               nccl ? nccl->first : model_of_costs, nccl ? nccl->second : costs.hw,
                                                               costs.profile, bt);
+          if (bi.buckets == 0 || !bi.skipped.empty()) {
+            throw error(bi.skipped.empty() ? "no bucket formed" : "no bucket formed on " + bi.skipped.front());
+          }
           out.changes.push_back(describe_buckets(
               bi, traced_dp, nccl ? nccl->first.profile.name : costs.profile.name, o.layers.has_value(),
               "PP 1 -> " + std::to_string(*o.pp) + ": the traces' " + std::to_string(removed) +
@@ -323,6 +341,9 @@ inline std::string insert_tp_collectives(graph::built_job& b, const shape_stats&
           attach_to_layers(*structure, bi);
         }
       } catch (const error& e) {
+        b = std::move(kept);
+        structure = std::move(kept_structure);
+        traced_structure = std::move(kept_traced);
         out.changes.push_back(std::string("gradient buckets kept as traced: ") + e.what());
       }
     }
