@@ -2,6 +2,8 @@
 // file plus the event store (issue requirement). This executable counts every allocation made
 // through operator new (simdjson, the reader, the event store); zlib/ISA-L state is allocated
 // through the reader too. Not built under sanitizers, which replace the allocator.
+// Large blocks too: built with LUMOS_NO_BLOCK_CACHE (tests/CMakeLists.txt), they come from the
+// aligned operator new instead of mmap.
 #include "test_support.hpp"
 #include "../fuzz/fuzz_options.hpp"
 
