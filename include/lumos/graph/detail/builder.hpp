@@ -219,12 +219,6 @@ class trace_graph_builder {
       : job_(job), options_(options), is_comm_(is_comm) {}
 
   [[nodiscard]] built_job build() {
-    // An empty trace (no events, or metadata only) would replay as a 0 ms iteration: bad input.
-    for (const trace::rank_trace& t : job_.ranks) {
-      if (std::none_of(t.events.begin(), t.events.end(), [](const trace::event& e) { return e.ph == trace::phase::complete; })) {
-        throw error(t.file + ": the trace holds no operations (no complete 'X' event): nothing to build an execution graph from");
-      }
-    }
     out_.origin = job_origin();
     ranks_.resize(job_.ranks.size());
     for_each_rank([this](std::size_t r) { index_rank(r); });
@@ -404,7 +398,7 @@ class trace_graph_builder {
   // must touch only rank r's state. The exception of the first failing rank (in rank order,
   // as one thread would have met it) is rethrown once every thread is done.
   template <class Fn>
-  void for_each_rank(Fn fn) {
+  void for_each_rank(Fn fn) const {
     parallel_for(job_.ranks.size(), thread_count(), fn);
   }
 
