@@ -132,7 +132,7 @@ struct compiled_graph {
 namespace detail {
 
 // Names the tasks of one cycle among the tasks Kahn's algorithm could not order.
-[[noreturn]] inline void report_cycle(const task_graph& g, const std::vector<std::uint32_t>& indegree,
+[[noreturn]] inline void report_cycle(const task_graph& g, const large_vector<std::uint32_t>& indegree,
                                       const large_vector<std::uint32_t>& in_begin,
                                       const large_vector<std::uint32_t>& in_edge) {
   const std::size_t n = g.task_count();
@@ -256,21 +256,53 @@ template <class Durations, class Release>
     if (e.from >= n || e.to >= n) throw error("task_graph: an edge refers to a task that does not exist");
   }
 
+  constexpr std::size_t block = std::size_t{1} << 16;
+  const unsigned threads = n >= 4 * block ? hardware_threads() : 1;
+
   // Where each task's predecessors start (a prefix sum of their counts), and how many of them
-  // are finish edges.
+  // are finish edges; and, for Kahn's algorithm, the successors (CSR by source; processor order
+  // adds one implicit edge). The two read the edges independently: on two threads.
   large_vector<std::uint32_t> in_begin(n + 1, 0);
-  std::vector<std::uint8_t> finishes(n, 0);
-  for (const edge& e : g.edges) {
-    ++in_begin[e.to + 1];
-    if (e.finish) {
-      if (finishes[e.to] == 255) throw error("task_graph: more than 255 finish edges into " + g.describe(e.to));
-      ++finishes[e.to];
+  large_vector<std::uint8_t> finishes(n, 0);
+  // Large vectors, as the graph's columns: their pages come back from the block cache that the
+  // arrays freed before the compile went to (set_block_cache_limit).
+  large_vector<task_id> next_on_processor;
+  large_vector<std::uint32_t> indegree;
+  large_vector<std::uint32_t> out_begin;
+  large_vector<task_id> out_to;
+  parallel_for(2, threads, [&](std::size_t part) {
+    if (part == 0) {
+      for (const edge& e : g.edges) {
+        ++in_begin[e.to + 1];
+        if (e.finish) {
+          if (finishes[e.to] == 255) throw error("task_graph: more than 255 finish edges into " + g.describe(e.to));
+          ++finishes[e.to];
+        }
+      }
+      for (std::size_t i = 0; i < n; ++i) in_begin[i + 1] += in_begin[i];
+      next_on_processor.assign(n, no_task);
+      indegree.assign(n, 0);
+      std::vector<task_id> last(g.processors.size(), no_task);
+      for (task_id t = 0; t < n; ++t) {
+        const processor_id p = g.processor[t];
+        indegree[t] = (in_begin[t + 1] - in_begin[t]) + (last[p] != no_task ? 1U : 0U);
+        if (last[p] != no_task) next_on_processor[last[p]] = t;
+        last[p] = t;
+      }
+    } else {
+      out_begin.assign(n + 1, 0);
+      for (const edge& e : g.edges) ++out_begin[e.from + 1];
+      for (std::size_t i = 0; i < n; ++i) out_begin[i + 1] += out_begin[i];
+      out_to.resize(g.edges.size());
+      for (std::size_t i = 0; i < n; ++i) out_begin[i] = out_begin[i + 1];
+      for (std::size_t k = g.edges.size(); k-- > 0;) out_to[--out_begin[g.edges[k].from]] = g.edges[k].to;
     }
-  }
-  for (std::size_t i = 0; i < n; ++i) in_begin[i + 1] += in_begin[i];
+  });
   // The predecessor lists themselves (CSR of edge indices: 4 bytes an edge), start edges before
-  // finish edges, in insertion order. Made only once the records are (or for a cycle report):
-  // they are not held beside the records and the graph's durations, the compile's peak.
+  // finish edges, in insertion order. Made beside the order when the lists are filled first
+  // (they read nothing the order does); otherwise only once the records are (or for a cycle
+  // report), so that they are not held beside the records and the graph's durations, the
+  // compile's peak.
   auto predecessor_edges = [&] {
     large_vector<std::uint32_t> in_edge(g.edges.size());
     // Filled from the back (finish edges, then start edges, each in reverse), so each list
@@ -285,31 +317,21 @@ template <class Durations, class Release>
     return in_edge;
   };
 
-  // Successors (CSR by source) for Kahn's algorithm; processor order adds one implicit edge.
-  std::vector<task_id> next_on_processor(n, no_task);
-  std::vector<std::uint32_t> indegree(n, 0);
-  {
-    std::vector<task_id> last(g.processors.size(), no_task);
-    for (task_id t = 0; t < n; ++t) {
-      const processor_id p = g.processor[t];
-      indegree[t] = (in_begin[t + 1] - in_begin[t]) + (last[p] != no_task ? 1U : 0U);
-      if (last[p] != no_task) next_on_processor[last[p]] = t;
-      last[p] = t;
-    }
-  }
-  large_vector<std::uint32_t> out_begin(n + 1, 0);
-  for (const edge& e : g.edges) ++out_begin[e.from + 1];
-  for (std::size_t i = 0; i < n; ++i) out_begin[i + 1] += out_begin[i];
-  large_vector<task_id> out_to(g.edges.size());
-  for (std::size_t i = 0; i < n; ++i) out_begin[i] = out_begin[i + 1];
-  for (std::size_t k = g.edges.size(); k-- > 0;) out_to[--out_begin[g.edges[k].from]] = g.edges[k].to;
-
   compiled_graph c;
   c.processor_count = static_cast<std::uint32_t>(g.processors.size());
   c.task.reserve(n);
   std::vector<task_id> ready;
-  detail::topological_order(indegree, next_on_processor, out_begin, out_to, ready, c.task);
-  if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, predecessor_edges());
+  large_vector<std::uint32_t> in_edge;
+  bool have_in_edge = false;
+  parallel_for(preds_first ? 2 : 1, threads, [&](std::size_t part) {
+    if (part == 0) {
+      detail::topological_order(indegree, next_on_processor, out_begin, out_to, ready, c.task);
+    } else {
+      in_edge = predecessor_edges();
+      have_in_edge = true;
+    }
+  });
+  if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, have_in_edge ? in_edge : predecessor_edges());
   // Only the predecessor lists are read from here on: the successor lists and counts go before
   // the records are allocated (a 512-rank job's compile peaked with both). Each is assigned an
   // empty vector, which frees it (`v = {}` would assign an empty list and keep the capacity:
@@ -324,9 +346,7 @@ template <class Durations, class Release>
   // prefix sum): filled in parallel blocks, the same for any thread count. So are the
   // predecessor lists. Only the records read the durations, and only the lists the edges: which
   // comes first depends on what is released (see compile_releasing).
-  constexpr std::size_t block = std::size_t{1} << 16;
   const std::size_t blocks = (n + block - 1) / block;
-  const unsigned threads = n >= 4 * block ? hardware_threads() : 1;
   auto positions_of = [&](std::size_t b) { return std::pair{b * block, std::min(n, (b + 1) * block)}; };
   std::vector<std::uint32_t> block_start(blocks + 1, 0);
   for (std::size_t b = 0; b < blocks; ++b) {
@@ -351,7 +371,7 @@ template <class Durations, class Release>
   // `busy(i, t)`: the busy prelude of task t at position i, which start edges carry (see
   // task_record); finish edges do not.
   auto fill_preds = [&](auto busy) {
-    const large_vector<std::uint32_t> in_edge = predecessor_edges();
+    if (!have_in_edge) in_edge = predecessor_edges();
     c.positions.resize(n);
     parallel_for(blocks, threads, [&](std::size_t b) {
       const auto [first, last] = positions_of(b);
@@ -372,6 +392,7 @@ template <class Durations, class Release>
         }
       }
     });
+    in_edge = decltype(in_edge){};
   };
   if (preds_first) {
     fill_preds([&](std::size_t, task_id t) { return scale_time(g.busy_gap[t], s.cpu); });
