@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -232,6 +233,53 @@ TEST_CASE("the in-place breakdown equals report::compute_breakdown", "[sweep]") 
   CHECK(got.overlapped == want.overlapped);
   CHECK(got.exposed_comm == want.exposed_comm);
   CHECK(got.other == want.other);
+}
+
+TEST_CASE("compute_breakdown with waits and sm_utilization match a nanosecond-by-nanosecond count", "[sweep][report]") {
+  // The truth: each instant of the window classified on its own, from the raw intervals (the
+  // library merges sorted lists instead: compute with transfers, compute with communication).
+  using lumos::report::interval;
+  std::mt19937 rng(7);
+  for (int round = 0; round < 50; ++round) {
+    std::uniform_int_distribution<int> at(-50, 1050), len(0, 120), count(0, 40);
+    auto some = [&](int n) {
+      std::vector<interval> v;
+      for (int i = 0; i < n; ++i) {
+        const int b = at(rng);
+        v.push_back({b, b + len(rng)});
+      }
+      return v;
+    };
+    const std::vector<interval> compute = some(count(rng));
+    const std::vector<interval> comm = some(count(rng));
+    std::vector<interval> waits;  // a prefix of each op: the wait before its transfer
+    for (const interval& c : comm) waits.push_back({c.begin, c.begin + (c.end - c.begin) * static_cast<int>(rng() % 3) / 2});
+    const interval window{0, 1000};
+    auto covers = [](const std::vector<interval>& v, lumos::time_ns t) {
+      return std::any_of(v.begin(), v.end(), [&](const interval& i) { return i.begin <= t && t < i.end; });
+    };
+    lumos::report::breakdown want;
+    lumos::time_ns busy = 0;
+    for (lumos::time_ns t = window.begin; t < window.end; ++t) {
+      const bool c = covers(compute, t), m = covers(comm, t), w = covers(waits, t);
+      bool transfer = false;
+      for (std::size_t i = 0; i < comm.size(); ++i) transfer = transfer || (waits[i].end <= t && t < comm[i].end);
+      (c && m ? want.overlapped : c ? want.exposed_compute : m ? want.exposed_comm : want.other) += 1;
+      want.exposed_comm_wait += w && !c && !transfer ? 1 : 0;
+      busy += c || m ? 1 : 0;
+    }
+    const auto got = lumos::report::compute_breakdown(compute, comm, waits, window);
+    INFO("round " << round);
+    CHECK(got.exposed_compute == want.exposed_compute);
+    CHECK(got.overlapped == want.overlapped);
+    CHECK(got.exposed_comm == want.exposed_comm);
+    CHECK(got.other == want.other);
+    CHECK(got.exposed_comm_wait == want.exposed_comm_wait);
+    std::vector<interval> all = compute;
+    all.insert(all.end(), comm.begin(), comm.end());
+    const auto u = lumos::report::sm_utilization(all, window);
+    CHECK(u.mean == Approx(static_cast<double>(busy) / 1000.0).epsilon(1e-12));
+  }
 }
 
 TEST_CASE("validate rejects exactly what the program builder refuses, with a reason", "[sweep]") {

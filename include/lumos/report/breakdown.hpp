@@ -52,6 +52,23 @@ inline std::vector<interval> merged(std::vector<interval> v, interval w) {
   return out;
 }
 
+// The union of two sorted disjoint lists (from `merged`), as `merged` of both together would
+// give it: a linear pass instead of sorting the two again.
+inline std::vector<interval> united(const std::vector<interval>& a, const std::vector<interval>& b) {
+  std::vector<interval> out;
+  out.reserve(a.size() + b.size());
+  std::size_t i = 0, j = 0;
+  while (i < a.size() || j < b.size()) {
+    const interval& x = j == b.size() || (i < a.size() && a[i].begin <= b[j].begin) ? a[i++] : b[j++];
+    if (!out.empty() && x.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, x.end);
+    } else {
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+
 inline time_ns total_length(const std::vector<interval>& v) {
   time_ns t = 0;
   for (const auto& i : v) t += i.length();
@@ -77,19 +94,41 @@ inline time_ns overlap(const std::vector<interval>& a, const std::vector<interva
 
 }  // namespace detail
 
+namespace detail {
+
+// The breakdown from the merged lists (`merged`) of compute, communication, peer waits and
+// compute or transfer (`busy`).
+[[nodiscard]] inline breakdown breakdown_of(const std::vector<interval>& c, const std::vector<interval>& m, interval window) {
+  const time_ns both = overlap(c, m);
+  breakdown b;
+  b.overlapped = both;
+  b.exposed_compute = total_length(c) - both;
+  b.exposed_comm = total_length(m) - both;
+  b.other = window.length() - b.exposed_compute - b.exposed_comm - both;
+  return b;
+}
+[[nodiscard]] inline breakdown breakdown_of(const std::vector<interval>& c, const std::vector<interval>& m,
+                                            const std::vector<interval>& waits, const std::vector<interval>& busy, interval window) {
+  breakdown b = breakdown_of(c, m, window);
+  b.exposed_comm_wait = total_length(waits) - overlap(waits, busy);
+  return b;
+}
+
+// comm minus waits, per op: [wait end, op end).
+[[nodiscard]] inline std::vector<interval> transfers_of(const std::vector<interval>& comm, const std::vector<interval>& waits) {
+  std::vector<interval> transfers;
+  transfers.reserve(comm.size());
+  for (std::size_t i = 0; i < comm.size() && i < waits.size(); ++i) transfers.push_back({waits[i].end, comm[i].end});
+  return transfers;
+}
+
+}  // namespace detail
+
 /// Breakdown of `window` given the intervals of compute ops and of communication ops (any
 /// order, may overlap each other or the window's edges). O(n log n).
 [[nodiscard]] inline breakdown compute_breakdown(std::vector<interval> compute, std::vector<interval> comm,
                                                  interval window) {
-  const auto c = detail::merged(std::move(compute), window);
-  const auto m = detail::merged(std::move(comm), window);
-  const time_ns both = detail::overlap(c, m);
-  breakdown b;
-  b.overlapped = both;
-  b.exposed_compute = detail::total_length(c) - both;
-  b.exposed_comm = detail::total_length(m) - both;
-  b.other = window.length() - b.exposed_compute - b.exposed_comm - both;
-  return b;
+  return detail::breakdown_of(detail::merged(std::move(compute), window), detail::merged(std::move(comm), window), window);
 }
 
 /// As above, with the peer-wait part of each communication op (`waits`, a sub-interval of
@@ -97,15 +136,10 @@ inline time_ns overlap(const std::vector<interval>& a, const std::vector<interva
 /// transfer is active.
 [[nodiscard]] inline breakdown compute_breakdown(std::vector<interval> compute, std::vector<interval> comm,
                                                  std::vector<interval> waits, interval window) {
-  std::vector<interval> transfers;  // comm minus waits, per op: [wait end, op end)
-  transfers.reserve(comm.size());
-  for (std::size_t i = 0; i < comm.size() && i < waits.size(); ++i) transfers.push_back({waits[i].end, comm[i].end});
-  std::vector<interval> busy = compute;
-  busy.insert(busy.end(), transfers.begin(), transfers.end());
-  breakdown b = compute_breakdown(std::move(compute), std::move(comm), window);
-  const auto w = detail::merged(std::move(waits), window);
-  b.exposed_comm_wait = detail::total_length(w) - detail::overlap(w, detail::merged(std::move(busy), window));
-  return b;
+  const auto transfers = detail::merged(detail::transfers_of(comm, waits), window);
+  const auto c = detail::merged(std::move(compute), window);
+  return detail::breakdown_of(c, detail::merged(std::move(comm), window), detail::merged(std::move(waits), window),
+                              detail::united(c, transfers), window);
 }
 
 /// SM utilisation as Lumos defines it: for each bucket (1 ms by default) of the window, the
@@ -121,10 +155,11 @@ struct utilization {
 
 inline constexpr time_ns max_utilization_buckets = time_ns{1} << 16;
 
-[[nodiscard]] inline utilization sm_utilization(std::vector<interval> ops, interval window,
-                                               time_ns bucket = 1'000'000) {
+namespace detail {
+
+// SM utilisation from the merged list (`merged`) of the GPU ops' intervals.
+[[nodiscard]] inline utilization utilization_of(const std::vector<interval>& busy, interval window, time_ns bucket = 1'000'000) {
   utilization u;
-  const auto busy = detail::merged(std::move(ops), window);
   const time_ns length = window.length();
   if (bucket > 0 && length / bucket >= max_utilization_buckets) {
     const time_ns per = (length + max_utilization_buckets * bucket - 1) / (max_utilization_buckets * bucket);
@@ -151,6 +186,13 @@ inline constexpr time_ns max_utilization_buckets = time_ns{1} << 16;
     u.series[k] = static_cast<double>(active[k]) / static_cast<double>(size);
   }
   return u;
+}
+
+}  // namespace detail
+
+[[nodiscard]] inline utilization sm_utilization(std::vector<interval> ops, interval window,
+                                               time_ns bucket = 1'000'000) {
+  return detail::utilization_of(detail::merged(std::move(ops), window), window, bucket);
 }
 
 }  // namespace lumos::report

@@ -120,8 +120,10 @@ struct window_result {
   for (const auto id : p.gpu) end = std::max(end, t.end_of(id));
   if (begin > end) begin = end = 0;
   r.window = {begin, end};
-  std::vector<interval> compute, comm, waits, all;
+  std::vector<interval> compute, comm, waits;
   compute.reserve(p.compute.size());
+  comm.reserve(p.comm.size());
+  waits.reserve(p.comm.size());
   for (const auto id : p.compute) compute.push_back({t.begin_of(id), t.end_of(id)});
   for (const auto& [a, c] : p.comm) {
     comm.push_back({t.begin_of(a), t.end_of(c)});
@@ -129,10 +131,13 @@ struct window_result {
     const time_ns transfer = t.duration_of(c);
     waits.push_back({t.begin_of(a), std::max(t.begin_of(a), t.end_of(c) - transfer)});
   }
-  all = compute;
-  all.insert(all.end(), comm.begin(), comm.end());
-  r.split = compute_breakdown(std::move(compute), std::move(comm), std::move(waits), r.window);
-  r.sm = sm_utilization(std::move(all), r.window);
+  // As compute_breakdown and sm_utilization, each list sorted once: the unions they take of
+  // compute with transfers and with communication are merges of the sorted lists.
+  const auto transfers = detail::merged(detail::transfers_of(comm, waits), r.window);
+  const auto c = detail::merged(std::move(compute), r.window);
+  const auto m = detail::merged(std::move(comm), r.window);
+  r.split = detail::breakdown_of(c, m, detail::merged(std::move(waits), r.window), detail::united(c, transfers), r.window);
+  r.sm = detail::utilization_of(detail::united(c, m), r.window);
   return r;
 }
 
@@ -234,12 +239,23 @@ struct rank_steps {
       take(static_cast<std::size_t>(rank_index_of[static_cast<std::size_t>(rk)]), k == graph::task_kind::cpu || k == graph::task_kind::cpu_blocking, t);
     }
   };
-  {
+  // When each GPU op was launched: the observed start of its launching call, kept as the call
+  // (4 bytes a task where its start took 8, at planning's peak). Read from the edges while the
+  // tasks are split (two passes over the tasks): on a second thread.
+  std::vector<graph::task_id> launched_by;
+  parallel_for(2, g.task_count() >= (std::size_t{1} << 18) ? 2U : 1U, [&](std::size_t part) {
+    if (part == 1) {
+      launched_by.assign(g.task_count(), graph::no_task);
+      for (const auto& e : g.edges) {
+        if (e.kind == graph::edge_kind::launch) launched_by[e.to] = e.from;
+      }
+      return;
+    }
     std::vector<std::pair<std::size_t, std::size_t>> counts(job.ranks.size());
     split_by_side([&](std::size_t i, bool cpu, graph::task_id) { ++(cpu ? counts[i].first : counts[i].second); });
     for (std::size_t i = 0; i < counts.size(); ++i) cpu_of[i].reserve(counts[i].first), gpu_of[i].reserve(counts[i].second);
-  }
-  split_by_side([&](std::size_t i, bool cpu, graph::task_id t) { (cpu ? cpu_of[i] : gpu_of[i]).push_back(t); });
+    split_by_side([&](std::size_t i, bool cpu, graph::task_id t) { (cpu ? cpu_of[i] : gpu_of[i]).push_back(t); });
+  });
   // A GPU op's first task: the arrive of a communication op that has one, else the op itself;
   // no_task for arrives (they are taken with their op).
   // A communication op's arrive is the task right before it on its stream (builders add the
@@ -253,12 +269,6 @@ struct rank_steps {
     }
     return t;
   };
-  // When each GPU op was launched: the observed start of its launching call, kept as the call
-  // (4 bytes a task where its start took 8, at planning's peak).
-  std::vector<graph::task_id> launched_by(g.task_count(), graph::no_task);
-  for (const auto& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch) launched_by[e.to] = e.from;
-  }
   // Each rank's plan reads shared data and writes its own slot: in parallel, the same plans (and
   // the error of the first failing rank, as one thread would meet it).
   parallel_for(job.ranks.size(), hardware_threads(), [&](std::size_t i) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <optional>
 #include <set>
 #include <string>
@@ -27,9 +28,17 @@ struct profiler_step {
 [[nodiscard]] inline std::vector<profiler_step> profiler_steps(const rank_trace& t) {
   std::vector<profiler_step> steps;
   constexpr std::string_view prefix = "ProfilerStep#";
+  // Whether each name is a step's, decided once per name: a rank has a few thousand names for
+  // its tens of thousands of CPU events, and reading each event's name text missed the cache.
+  std::vector<std::int8_t> is_step(t.strings.size(), -1);
   for (std::size_t i = 0; i < t.events.size(); ++i) {
     const event& e = t.events[i];
     if (e.ph != phase::complete || !is_cpu_side(e.cat)) continue;
+    if (e.name < is_step.size()) {
+      std::int8_t& known = is_step[e.name];
+      if (known < 0) known = t.strings[e.name].starts_with(prefix) ? 1 : 0;
+      if (known == 0) continue;
+    }
     const std::string_view name = t.name(e);
     if (!name.starts_with(prefix)) continue;
     int number = -1;
