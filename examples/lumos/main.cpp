@@ -112,14 +112,10 @@ int main(int argc, char** argv) {
   // One-shot runs write each large array once: 4 KiB pages come cheaper than huge pages on first
   // touch (include/lumos/core/allocator.hpp; LUMOS_HUGE_PAGES=1 overrides).
   lumos::set_huge_pages_default(false);
-  // A replay frees large arrays phase by phase (the graph's observed times, its durations and
-  // edges as the compile takes them) as the next phase makes others of about the same size:
-  // kept mapped, their pages serve the next arrays without a page fault each. 256 MiB: on the
-  // 512-rank job of `bash scripts/bench.sh scale` a larger cache saved few more faults and
-  // held up to 80 MiB more at the peak (what is left in it when the run ends). glibc's own
-  // mmap threshold is left as it is: the event stores (a megabyte or two a rank) then come back
-  // from its heap for the build's indexes instead of being mapped and unmapped rank by rank.
-  lumos::set_block_cache_limit(std::size_t{256} << 20);
+  // glibc's mmap threshold is left as it is: the event stores (a megabyte or two a rank) then
+  // come back from its heap for the build's indexes instead of being mapped and unmapped rank by
+  // rank (`bash scripts/bench.sh scale`: a third fewer page faults in the build). Large arrays
+  // reuse each other's pages through large_allocator's block cache (core/allocator.hpp).
   try {
     return dispatch(argc, argv);
   } catch (const lumos::error& e) {

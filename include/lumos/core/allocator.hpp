@@ -1,8 +1,8 @@
 #pragma once
 // large_allocator — std::allocator for the big flat arrays (event stores, graph columns,
 // compiled graphs): large blocks are 2 MiB aligned and, unless turned off, marked for transparent
-// huge pages; on Linux they are mapped directly, and freed ones can be kept for the next
-// (`set_block_cache_limit`, off unless a program turns it on, as the `lumos` CLI does).
+// huge pages; on Linux the largest are mapped directly, and freed ones can be kept for the next
+// (`set_block_cache_limit`, 256 MiB unless a program says otherwise).
 //
 // Which pages are faster depends on how the memory is used. A huge page a process touches for the
 // first time costs several times its 512 small pages on the virtual machines this project runs on
@@ -85,6 +85,9 @@ inline void set_huge_pages_default(bool on) noexcept { detail::huge_pages_defaul
 #define LUMOS_BLOCK_CACHE 1
 #endif
 #endif
+
+/// The block cache's limit until `set_block_cache_limit` says otherwise.
+inline constexpr std::size_t default_block_cache_limit = std::size_t{256} << 20;
 
 namespace detail {
 
@@ -223,20 +226,21 @@ class block_cache {
   std::mutex mutex_;
   std::vector<block> blocks_;
   std::size_t held_ = 0;
-  std::size_t limit_ = 0;
+  std::size_t limit_ = default_block_cache_limit;
 };
 #endif
 
 }  // namespace detail
 
-/// Keeps up to `bytes` of freed large blocks (those of `large_allocator`) mapped, for the next
-/// large blocks to reuse without touching fresh pages; 0, the default, gives every freed block
-/// back at once (and lowering the limit gives back what is over it). For a program whose phases
-/// free big arrays and then allocate others, as `lumos replay` does (the graph's observed times,
-/// then the compiled graph, then the replay's times). Held blocks count in the process's
-/// resident memory: its peak does not grow (a block is reused before fresh pages are taken) but
-/// it does not fall when blocks are freed. A no-op where large blocks do not come from mmap
-/// (not Linux, or under a sanitizer).
+/// Keeps up to `bytes` of freed large blocks (`large_allocator`'s of its `mapped_threshold` and
+/// more) mapped, for the next ones to reuse without touching fresh pages
+/// (`default_block_cache_limit` until this is called); 0 gives every freed block back at once,
+/// and lowering the limit gives back what is over it. Phases that free big arrays and then make
+/// others reuse their pages, as `lumos replay` does (the graph's observed times, then the
+/// compiled graph, then the replay's times), and so do programs that build graph after graph (a
+/// sweep, the benchmarks). Held blocks count in the process's resident memory: its peak does not
+/// grow (a block is reused before fresh pages are taken) but it does not fall when blocks are
+/// freed. A no-op where large blocks do not come from mmap (not Linux, or under a sanitizer).
 inline void set_block_cache_limit([[maybe_unused]] std::size_t bytes) noexcept {
 #if defined(LUMOS_BLOCK_CACHE)
   detail::block_cache::instance().set_limit(bytes);
@@ -252,16 +256,22 @@ inline void set_block_cache_limit([[maybe_unused]] std::size_t bytes) noexcept {
 #endif
 }
 
-/// Stateless allocator: blocks of at least `huge_threshold` bytes come from mmap on Linux (2 MiB
-/// aligned when fresh; freed ones kept for reuse up to `set_block_cache_limit`), elsewhere from
-/// the 2 MiB aligned global operator new, with `MADV_HUGEPAGE` when `huge_pages_enabled()`;
-/// smaller ones from the plain operator new. Interchangeable instances (always equal), so
-/// containers move freely.
+/// Stateless allocator: blocks of at least `huge_threshold` bytes are 2 MiB aligned (with
+/// `MADV_HUGEPAGE` when `huge_pages_enabled()`), smaller ones from the plain operator new. On
+/// Linux blocks of `mapped_threshold` and more come from mmap (2 MiB aligned when fresh; freed
+/// ones kept for reuse up to `set_block_cache_limit`), the others from the aligned global
+/// operator new. Interchangeable instances (always equal), so containers move freely.
 template <class T>
 struct large_allocator {
   using value_type = T;
   static constexpr std::size_t huge_page = std::size_t{2} << 20;
   static constexpr std::size_t huge_threshold = std::size_t{4} << 20;
+  /// glibc's largest mmap threshold: below it, its heap keeps freed blocks for the next ones by
+  /// itself, and seeing them freed is what raises its threshold and the point at which it trims
+  /// the heap (taken away from it, the blocks of a few megabytes of a graph built again and again
+  /// came back as fresh pages each time: `bench_replay`'s BM_build of a 200 000-event trace ran
+  /// 18 % slower); above it, glibc maps and unmaps every block, and the cache reuses them.
+  static constexpr std::size_t mapped_threshold = std::size_t{32} << 20;
 
   large_allocator() noexcept = default;
   template <class U>
@@ -272,8 +282,13 @@ struct large_allocator {
     const std::size_t bytes = n * sizeof(T);
     if (bytes < huge_threshold) return static_cast<T*>(::operator new(bytes));
 #if defined(LUMOS_BLOCK_CACHE)
-    detail::block_cache& cache = detail::block_cache::instance();
-    void* p = cache.allocate(cache.round(bytes), huge_page);
+    void* p = nullptr;
+    if (bytes >= mapped_threshold) {
+      detail::block_cache& cache = detail::block_cache::instance();
+      p = cache.allocate(cache.round(bytes), huge_page);
+    } else {
+      p = ::operator new(bytes, std::align_val_t{huge_page});
+    }
 #else
     void* p = ::operator new(bytes, std::align_val_t{huge_page});
 #endif
@@ -289,13 +304,13 @@ struct large_allocator {
     const std::size_t bytes = n * sizeof(T);
     if (bytes < huge_threshold) {
       ::operator delete(p);
-    } else {
 #if defined(LUMOS_BLOCK_CACHE)
+    } else if (bytes >= mapped_threshold) {
       detail::block_cache& cache = detail::block_cache::instance();
       cache.deallocate(p, cache.round(bytes));
-#else
-      ::operator delete(p, std::align_val_t{huge_page});
 #endif
+    } else {
+      ::operator delete(p, std::align_val_t{huge_page});
     }
   }
 
