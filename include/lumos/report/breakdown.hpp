@@ -131,15 +131,30 @@ namespace detail {
   return detail::breakdown_of(detail::merged(std::move(compute), window), detail::merged(std::move(comm), window), window);
 }
 
+namespace detail {
+
+// The breakdown with peer waits (below), and the union of compute and communication inside the
+// window (what SM utilisation reads): each list sorted once, the unions merges of sorted lists.
+struct window_split {
+  breakdown split;
+  std::vector<interval> busy;
+};
+[[nodiscard]] inline window_split split_window(std::vector<interval> compute, std::vector<interval> comm,
+                                               std::vector<interval> waits, interval window) {
+  const auto transfers = merged(transfers_of(comm, waits), window);
+  const auto c = merged(std::move(compute), window);
+  const auto m = merged(std::move(comm), window);
+  return {breakdown_of(c, m, merged(std::move(waits), window), united(c, transfers), window), united(c, m)};
+}
+
+}  // namespace detail
+
 /// As above, with the peer-wait part of each communication op (`waits`, a sub-interval of
 /// its op): `exposed_comm_wait` is the time in which some op waits and no compute op and no
 /// transfer is active.
 [[nodiscard]] inline breakdown compute_breakdown(std::vector<interval> compute, std::vector<interval> comm,
                                                  std::vector<interval> waits, interval window) {
-  const auto transfers = detail::merged(detail::transfers_of(comm, waits), window);
-  const auto c = detail::merged(std::move(compute), window);
-  return detail::breakdown_of(c, detail::merged(std::move(comm), window), detail::merged(std::move(waits), window),
-                              detail::united(c, transfers), window);
+  return detail::split_window(std::move(compute), std::move(comm), std::move(waits), window).split;
 }
 
 /// SM utilisation as Lumos defines it: for each bucket (1 ms by default) of the window, the

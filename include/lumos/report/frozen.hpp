@@ -38,7 +38,7 @@ struct frozen_report {
   std::vector<std::vector<graph::task_id>> members(plans.size());
   parallel_for(plans.size(), hardware_threads(), [&](std::size_t i) {
     members[i].reserve(plans[i].cpu.size() + plans[i].gpu.size());
-    members[i] = plans[i].cpu;
+    members[i].assign(plans[i].cpu.begin(), plans[i].cpu.end());
     members[i].insert(members[i].end(), plans[i].gpu.begin(), plans[i].gpu.end());
     std::sort(members[i].begin(), members[i].end());
   });
