@@ -201,9 +201,13 @@ inline int run_replay(args& a) {
   if (critical && !s.ranks.empty()) {
     path = report::iteration_critical_path(s.built.graph, s.compiled, s.timeline, s.plans[slowest], s.ranks[slowest].simulated);
   }
-  std::vector<report::interval> windows;
-  for (const auto& r : s.ranks) windows.push_back(r.measured.window);
-  const std::vector<report::frozen_report> frozen = report::frozen_overheads(s.built, s.plans, windows);
+  // The kept overheads are printed by --explain and --json only: a pass over every plan's tasks.
+  std::vector<report::frozen_report> frozen;
+  if (json || explain) {
+    std::vector<report::interval> windows;
+    for (const auto& r : s.ranks) windows.push_back(r.measured.window);
+    frozen = report::frozen_overheads(s.built, s.plans, windows);
+  }
   std::vector<std::filesystem::path> written;
   if (trace_out) written = report::write_kineto(report::simulated_from(s, job), report::rank_numbers(job), *trace_out);
   if (html) {

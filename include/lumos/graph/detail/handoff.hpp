@@ -12,9 +12,9 @@ void trace_graph_builder<Comm>::handoffs(std::size_t r, std::vector<cpu_task_inf
   if (tasks.empty()) return;
   std::vector<std::size_t> by_end(tasks.size());
   for (std::size_t i = 0; i < tasks.size(); ++i) by_end[i] = i;
-  std::sort(by_end.begin(), by_end.end(), [&](std::size_t a, std::size_t b) {
-    return tasks[a].end != tasks[b].end ? tasks[a].end < tasks[b].end : a < b;
-  });
+  // Stably by end (ties in task order): each thread's tasks, in the order they were made, end
+  // nearly in order, so the sort merges a few runs.
+  sort_runs(by_end.begin(), by_end.end(), [&](std::size_t a, std::size_t b) { return tasks[a].end < tasks[b].end; });
   std::vector<bool> first_on_lane(tasks.size(), false);
   {
     std::vector<bool> seen;

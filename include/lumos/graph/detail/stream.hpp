@@ -29,7 +29,7 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
     for (const auto& [key, ops] : s.streams) {
       for (const event_index o : ops) by_end.push_back({end_of(r, o), o});
     }
-    std::sort(by_end.begin(), by_end.end());
+    sort_runs(by_end.begin(), by_end.end(), std::less<>{});  // stream by stream, ends are nearly in order
   }
   // Per launch call, the last stream (numbered from 1) that one of its ops ran on: a launch met
   // again on the same stream launched several ops (a CUDA graph).
