@@ -159,6 +159,44 @@ class event_multimap {
   std::vector<std::int64_t> keys_;    // sparse keys: parallel to values_
 };
 
+// Lists of event indices keyed by an event index of the same rank (a blocking call → the GPU
+// ops it waited for, a GPU op → its cross-stream producers): filled once on an analysis thread,
+// then looked up for nearly every event while the rank's tasks are made, one thread for the
+// whole job. A dense offset table (4 bytes an event) makes a lookup two loads, where a hash
+// table of vectors costs a hash, a bucket and a node. Values of a key keep the order added.
+class event_lists {
+ public:
+  void add(std::uint32_t key, std::uint32_t value) { pairs_.push_back({key, value}); }
+  // Every key added is below `bound` (the rank's event count).
+  void seal(std::size_t bound) {
+    // begin_[k + 1] counts key k, then, summed, is where its values start; filling moves it to
+    // where they end, which is where key k + 1's start.
+    begin_.assign(bound + 2, 0);
+    for (const auto& [k, v] : pairs_) ++begin_[std::size_t{k} + 2];
+    for (std::size_t k = 2; k < begin_.size(); ++k) begin_[k] += begin_[k - 1];
+    values_.resize(pairs_.size());
+    for (const auto& [k, v] : pairs_) values_[begin_[std::size_t{k} + 1]++] = v;
+    begin_.pop_back();
+    keys_.clear();
+    for (std::size_t k = 0; k < bound; ++k) {
+      if (begin_[k + 1] != begin_[k]) keys_.push_back(static_cast<std::uint32_t>(k));
+    }
+    pairs_ = {};
+  }
+  [[nodiscard]] std::span<const std::uint32_t> find(std::uint32_t key) const noexcept {
+    if (std::size_t{key} + 1 >= begin_.size()) return {};
+    return {values_.data() + begin_[key], begin_[std::size_t{key} + 1] - begin_[key]};
+  }
+  // The keys that have values, ascending.
+  [[nodiscard]] const std::vector<std::uint32_t>& keys() const noexcept { return keys_; }
+
+ private:
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> pairs_;  // until sealed
+  std::vector<std::uint32_t> begin_;
+  std::vector<std::uint32_t> values_;
+  std::vector<std::uint32_t> keys_;
+};
+
 // Piecewise-constant multiplier over one thread's time line: the product of the factors of the
 // `op_scales` whose events cover each instant. Identity (and free) when no pattern matched.
 class time_warp {
@@ -258,8 +296,8 @@ class trace_graph_builder {
     auto operator<=>(const stream_key&) const = default;
   };
 
-  using producer_map = std::unordered_map<event_index, std::vector<event_index>>;
-  using awaited_map = std::unordered_map<event_index, std::vector<event_index>>;
+  using producer_map = detail::event_lists;
+  using awaited_map = detail::event_lists;
 
   // Everything indexed about one rank before tasks are made.
   struct rank_state {
@@ -415,7 +453,7 @@ class trace_graph_builder {
 
   void build_thread(std::size_t r, std::uint32_t slot, const awaited_map& awaited, std::vector<cpu_task_info>& cpu_tasks);
 
-  std::unordered_map<event_index, std::vector<event_index>> find_cross_stream(std::size_t r);
+  producer_map find_cross_stream(std::size_t r);
 
   void gpu_edges(std::size_t r, const producer_map& producers);
 

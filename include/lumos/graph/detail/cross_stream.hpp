@@ -7,10 +7,10 @@ namespace lumos::graph {
 
 // Cross-stream producers of each GPU op (consumer event → producer events).
 template <trace::CommClassifier Comm>
-auto trace_graph_builder<Comm>::find_cross_stream(std::size_t r) -> std::unordered_map<event_index, std::vector<event_index>> {
+auto trace_graph_builder<Comm>::find_cross_stream(std::size_t r) -> producer_map {
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
-  std::unordered_map<event_index, std::vector<event_index>> producers;
+  producer_map producers;
   auto last_enqueued_on = [&](int stream, int device, time_ns at) -> event_index {
     const auto it = s.streams.find({device, stream});
     if (it == s.streams.end()) return no_event;
@@ -86,10 +86,11 @@ auto trace_graph_builder<Comm>::find_cross_stream(std::size_t r) -> std::unorder
         ++s.counts.cross_stream_unresolved;
         continue;
       }
-      producers[consumer].push_back(producer);
+      producers.add(consumer, producer);
       ++(exact ? s.counts.cross_stream_exact : s.counts.cross_stream_inferred);
     }
   }
+  producers.seal(t.events.size());
   return producers;
 }
 

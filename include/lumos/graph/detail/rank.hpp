@@ -171,7 +171,8 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
 
   // 5. GPU → CPU: finish edges into the blocking calls; the return after the wait is the
   //    call's tail, an overhead (FIDELITY.md item 3).
-  for (const auto& [call, ops] : awaited) {
+  for (const event_index call : awaited.keys()) {
+    const auto ops = awaited.find(call);
     const task_id wait = s.task_of_event[call];
     if (removed_calls_.count(wait) != 0) continue;  // inside an op scaled to 0: no wait left
     const time_ns tail = g.duration[wait];
@@ -200,10 +201,8 @@ void trace_graph_builder<Comm>::learn_overheads(std::size_t r, const producer_ma
   std::vector<time_ns> all_latencies, all_gaps;
   auto producers_end = [&](event_index o) {
     time_ns latest = std::numeric_limits<time_ns>::min();
-    if (const auto it = producers.find(o); it != producers.end()) {
-      for (const event_index p : it->second) {
-        if (t.events[p].end() <= t.events[o].ts) latest = std::max(latest, end_of(r, p));
-      }
+    for (const event_index p : producers.find(o)) {
+      if (t.events[p].end() <= t.events[o].ts) latest = std::max(latest, end_of(r, p));
     }
     return latest;
   };

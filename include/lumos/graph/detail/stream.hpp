@@ -51,17 +51,15 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
       if (k > 0) consider(stream, prev_end + oh.gap);
       std::vector<std::pair<event_index, time_ns>> deps;
       event_index dep_binding = no_event;
-      if (const auto it = producers.find(o); it != producers.end()) {
-        for (const event_index pr : it->second) {
-          const time_ns pe = end_of(r, pr);
-          if (pe > start) {  // the producer ended after the consumer began: not a real wait
-            ++out_.stats.cross_stream_unresolved;
-            continue;
-          }
-          deps.push_back({pr, pe});
-          if (pe + oh.gap > expected) dep_binding = pr;
-          consider(dep, pe + oh.gap);
+      for (const event_index pr : producers.find(o)) {
+        const time_ns pe = end_of(r, pr);
+        if (pe > start) {  // the producer ended after the consumer began: not a real wait
+          ++out_.stats.cross_stream_unresolved;
+          continue;
         }
+        deps.push_back({pr, pe});
+        if (pe + oh.gap > expected) dep_binding = pr;
+        consider(dep, pe + oh.gap);
       }
       const event_index l = launch_of(o);
       const time_ns anchor = s.anchor[o] == no_anchor ? no_anchor : job_time(r, s.anchor[o]);

@@ -97,10 +97,11 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
       std::sort(ops.begin(), ops.end());
       ops.erase(std::unique(ops.begin(), ops.end()), ops.end());
       if (ops.empty()) continue;
-      awaited[c] = std::move(ops);
+      for (const event_index o : ops) awaited.add(c, o);  // each call is on one lane: met once
       if (poll) s.poll_runs[run_first] = c;
     }
   }
+  awaited.seal(t.events.size());
   return awaited;
 }
 

@@ -75,10 +75,12 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
     }
     // A poll: the run of queries from this one to its successful last query is one wait.
     event_index call = i;
-    if (const auto run = s.poll_runs.find(i); run != s.poll_runs.end()) call = run->second;
+    if (!s.poll_runs.empty()) {
+      if (const auto run = s.poll_runs.find(i); run != s.poll_runs.end()) call = run->second;
+    }
     const time_ns call_end = end_of(r, call);
-    const auto wait = awaited.find(call);
-    if (wait == awaited.end()) {
+    const auto waited = awaited.find(call);
+    if (waited.empty()) {
       owner = add(task_kind::cpu, own(b, en), b, en, graph_name(r, e.name), i);
       owner_end = en;
       s.task_of_event[i] = owner;
@@ -90,14 +92,14 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
     // synchronous copy) is split: it issues the copy in about a launch latency, then waits.
     time_ns latest = std::numeric_limits<time_ns>::min();
     bool own_op = false;
-    for (const event_index o : wait->second) {
+    for (const event_index o : waited) {
       latest = std::max(latest, end_of(r, o));
       own_op = own_op || t.events[o].correlation == t.events[call].correlation;
     }
     const bool removed = !warp.empty() && warp.at(b) == 0.0;  // inside an op scaled to 0
     if (own_op) {
       time_ns issue_end = call_end;
-      for (const event_index o : wait->second) {
+      for (const event_index o : waited) {
         const stream_overheads& oh = s.overheads[{t.events[o].device, t.events[o].stream}];
         issue_end = std::min(issue_end, std::max(b, std::min(start_of(r, o), b + oh.launch_latency)));
       }
