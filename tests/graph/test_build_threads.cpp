@@ -1,6 +1,7 @@
 // The graph builder's threads (build_options::threads): the graph of a multi-rank job is the
 // same for any number of them; so are the per-rank plans and reports of replay_job and the
-// blocks of compile. Also run under ThreadSanitizer in CI.
+// blocks of compile. Also run under ThreadSanitizer in CI. Also the per-rank lists that the
+// analysis threads hand to the thread that makes the tasks (detail::event_lists).
 #include "../unit/test_support.hpp"
 
 #include <lumos/graph/compile.hpp>
@@ -183,4 +184,29 @@ TEST_CASE("compile fills a large graph's records in parallel blocks: the same or
     const auto last = static_cast<graph::task_id>((l + 1) * per_lane - 1);
     CHECK(t.finish_of(c.position_of(last)) == per_lane + l);
   }
+}
+
+TEST_CASE("event_lists: each key's values in the order added, keys ascending", "[graph][threads]") {
+  graph::detail::event_lists lists;
+  // Keys out of order and interleaved, as a thread's blocking calls and the streams' consumers
+  // are met; 9 is the last key the bound allows.
+  const std::vector<std::pair<std::uint32_t, std::uint32_t>> added = {{7, 70}, {2, 20}, {7, 71}, {9, 90}, {2, 21}, {7, 72}, {0, 1}};
+  for (const auto& [k, v] : added) lists.add(k, v);
+  lists.seal(10);
+  CHECK(lists.keys() == std::vector<std::uint32_t>{0, 2, 7, 9});
+  for (std::uint32_t k = 0; k < 12; ++k) {
+    INFO("key " << k);
+    std::vector<std::uint32_t> expected;
+    for (const auto& [key, v] : added) {
+      if (key == k) expected.push_back(v);
+    }
+    const auto found = lists.find(k);
+    CHECK(std::vector<std::uint32_t>(found.begin(), found.end()) == expected);  // keys 10 and 11: past the bound, empty
+  }
+  graph::detail::event_lists none;
+  none.seal(0);
+  CHECK(none.keys().empty());
+  CHECK(none.find(0).empty());
+  graph::detail::event_lists unsealed;  // nothing sealed: every lookup is empty
+  CHECK(unsealed.find(3).empty());
 }
