@@ -75,9 +75,7 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
     }
     // A poll: the run of queries from this one to its successful last query is one wait.
     event_index call = i;
-    if (!s.poll_runs.empty()) {
-      if (const auto run = s.poll_runs.find(i); run != s.poll_runs.end()) call = run->second;
-    }
+    if (const auto run = s.poll_runs.find(i); run != s.poll_runs.end()) call = run->second;
     const time_ns call_end = end_of(r, call);
     const auto waited = awaited.find(call);
     if (waited.empty()) {
