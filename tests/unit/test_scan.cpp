@@ -1,5 +1,7 @@
-// The SIMD element scanner must agree with the byte-at-a-time reference on every input.
+// The SIMD element scanner must agree with the byte-at-a-time reference on every input; the
+// key lookups the reader does in place must agree with each other.
 #include <lumos/detail/json_scan.hpp>
+#include <lumos/trace/detail/keys.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -78,4 +80,44 @@ TEST_CASE("SIMD and scalar scanners agree on well-formed event arrays of every a
     REQUIRE(simd.starts.size() == static_cast<std::size_t>(events));
     REQUIRE(simd.array_end == static_cast<long>(text.size()) - 1);
   }
+}
+
+// The reader matches field keys in place: its one-probe lookup of short keys must give what the
+// general lookup gives, for every known key and for near misses around each.
+
+namespace {
+
+template <class Index>
+void check_key_lookup(const Index& index) {
+  using namespace lumos::trace::detail;
+  std::vector<std::string> keys;
+  for (const auto& e : index.entries) {
+    const std::string k(e.text);
+    keys.push_back(k);
+    keys.push_back(k.substr(0, k.size() - 1));
+    keys.push_back(k + "x");
+    keys.push_back("x" + k);
+    keys.push_back(k.substr(0, k.size() - 1) + "\\" + k.back());
+    std::string upper = k;
+    upper[0] = static_cast<char>(upper[0] ^ 0x20);
+    keys.push_back(upper);
+  }
+  for (const char* k : {"", "\\", "\\\"", "a", "abcdefg", "abcdefgh", "ph\x01"}) keys.emplace_back(k);
+  keys.emplace_back(std::string("ph\0", 3));  // "ph" and a NUL: one word with "ph", another length
+  for (const auto& k : keys) {
+    const std::string text = k + "\":1}" + std::string(64, '\0');  // the key after its opening quote, padded
+    INFO("key \"" << k << "\"");
+    CHECK(index.find_raw(text.data()) == index.find(raw_key(text.data())));
+  }
+  for (const auto& e : index.entries) {
+    const std::string text = std::string(e.text) + "\"" + std::string(64, '\0');
+    CHECK(index.find_raw(text.data()) == e.code);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("short keys are found in one probe, as the general key lookup finds them", "[scan]") {
+  check_key_lookup(lumos::trace::detail::event_index);
+  check_key_lookup(lumos::trace::detail::args_index);
 }

@@ -329,7 +329,7 @@ inline void kineto_reader::parse_args(simdjson::ondemand::value& v, event& e, pe
   for (auto f : obj) {
     if (f.error() != simdjson::SUCCESS) event_fail("malformed \"args\"");
     od::field& field = f.value_unsafe();
-    const int code = detail::args_index.find(detail::raw_key(field.key().raw()));
+    const int code = detail::args_index.find_raw(field.key().raw());
     if (code == detail::k_unknown) continue;
     od::value& value = field.value();
     switch (code) {
@@ -393,7 +393,7 @@ inline void kineto_reader::parse_event(simdjson::ondemand::object& obj) {
   for (auto f : obj) {
     if (f.error() != simdjson::SUCCESS) event_fail("malformed event");
     od::field& field = f.value_unsafe();
-    const int code = detail::event_index.find(detail::raw_key(field.key().raw()));
+    const int code = detail::event_index.find_raw(field.key().raw());
     if (code == detail::k_unknown) continue;
     od::value& value = field.value();
     switch (code) {

@@ -120,13 +120,62 @@ struct key_index {
   std::array<key_entry, N> entries{};
   std::array<std::array<std::uint64_t, words_per_key>, N> words{};  // zero-padded key text
 
+  // Keys of up to 7 bytes fit in one word with their closing quote: a perfect hash of that word
+  // finds them with one probe, no loop over the keys of a length (`find_raw`).
+  static constexpr int short_bits = 6;
+  struct short_slot {
+    std::uint64_t word = 0;
+    std::int8_t length = 0;  // 0: empty
+    std::int8_t code = k_unknown;
+  };
+  std::array<short_slot, std::size_t{1} << short_bits> short_keys{};
+  std::uint64_t short_multiplier = 0;
+
+  [[nodiscard]] constexpr std::size_t short_slot_of(std::uint64_t word) const noexcept {
+    return static_cast<std::size_t>((word * short_multiplier) >> (64 - short_bits));
+  }
+
   constexpr explicit key_index(const std::array<key_entry, N>& e) : entries(e) {
     for (std::size_t i = 0; i < N; ++i) {
       const std::size_t len = e[i].text.size();
       by_length[len][count[len]++] = static_cast<std::int8_t>(i);
       for (std::size_t w = 0; w * 8 < len; ++w) words[i][w] = prefix_word(e[i].text.substr(w * 8));
     }
+    // The first multiplier of a fixed pseudo-random sequence that puts every short key in a slot
+    // of its own; a table without one does not compile (constant evaluation runs out).
+    for (std::uint64_t m = 0x9E3779B97F4A7C15ULL;; m = m * 6364136223846793005ULL + 1442695040888963407ULL) {
+      short_multiplier = m | 1;
+      short_keys = {};
+      bool distinct = true;
+      for (std::size_t i = 0; i < N && distinct; ++i) {
+        const std::size_t len = e[i].text.size();
+        if (len == 0 || len > 7) continue;
+        short_slot& s = short_keys[short_slot_of(words[i][0])];
+        if (s.length != 0) distinct = false;
+        s = {words[i][0], static_cast<std::int8_t>(len), static_cast<std::int8_t>(e[i].code)};
+      }
+      if (distinct) break;
+    }
   }
+
+  /// `find(raw_key(k))`: the code of the key whose text starts at `k` (after its opening quote).
+  [[nodiscard]] int find_raw(const char* k) const noexcept {
+    std::uint64_t w;
+    std::memcpy(&w, k, 8);  // padded input: see raw_key
+    const std::uint64_t quote = bytes_equal(w, '"');
+    const std::uint64_t slash = bytes_equal(w, '\\');
+    if ((quote | slash) == 0) return find(raw_key(k));  // 8 bytes or more
+    // As raw_key: the lowest hit of each is exact; a backslash first makes the key unknown.
+    const int q = quote != 0 ? __builtin_ctzll(quote) : 64;
+    const int b = slash != 0 ? __builtin_ctzll(slash) : 64;
+    if (b < q) return k_unknown;
+    const int len = q / 8;
+    if (len == 0) return k_unknown;
+    const std::uint64_t word = w & ((std::uint64_t{1} << (8 * len)) - 1);
+    const short_slot& s = short_keys[short_slot_of(word)];
+    return s.length == len && s.word == word ? static_cast<int>(s.code) : static_cast<int>(k_unknown);
+  }
+
   // Compares whole words, the last one masked to the key's length: no call, no byte loop.
   [[nodiscard]] int find(std::string_view key) const noexcept {
     const std::size_t len = key.size();
