@@ -527,9 +527,15 @@ inline void kineto_reader::record_metadata(const event& e, const pending& p) {
   }
 }
 
+// Kineto writes a kernel next to its launch, so consecutive events alternate between two lanes
+// more often than they stay on one: the two lanes used last are remembered.
 inline auto kineto_reader::lane_of(std::int64_t pid, std::int64_t tid, string_id pid_text, string_id tid_text) -> std::uint32_t {
   const lane_key key{pid, tid, pid_text, tid_text};
-  if (last_lane_ != ~std::uint32_t{0} && last_lane_key_ == key) return last_lane_;
+  if (recent_lanes_[0].lane != ~std::uint32_t{0} && recent_lanes_[0].key == key) return recent_lanes_[0].lane;
+  if (recent_lanes_[1].lane != ~std::uint32_t{0} && recent_lanes_[1].key == key) {
+    std::swap(recent_lanes_[0], recent_lanes_[1]);
+    return recent_lanes_[0].lane;
+  }
   auto [it, inserted] = lane_ids_.try_emplace(key, static_cast<std::uint32_t>(out_.lanes.size()));
   if (inserted) {
     lane l;
@@ -539,8 +545,8 @@ inline auto kineto_reader::lane_of(std::int64_t pid, std::int64_t tid, string_id
     l.tid_text = tid_text;
     out_.lanes.push_back(l);
   }
-  last_lane_key_ = key;
-  last_lane_ = it->second;
+  recent_lanes_[1] = recent_lanes_[0];
+  recent_lanes_[0] = {key, it->second};
   return it->second;
 }
 

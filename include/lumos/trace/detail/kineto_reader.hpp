@@ -225,8 +225,11 @@ class kineto_reader {
   string_id last_cat_ = no_string;
   std::string_view last_cat_text_;
   std::unordered_map<lane_key, std::uint32_t, lane_hash> lane_ids_;
-  lane_key last_lane_key_{};
-  std::uint32_t last_lane_ = ~std::uint32_t{0};
+  struct recent_lane {
+    lane_key key{};
+    std::uint32_t lane = ~std::uint32_t{0};
+  };
+  std::array<recent_lane, 2> recent_lanes_{};  // the lane used last first
   std::vector<std::pair<lane_key, string_id>> thread_names_;
   std::vector<process_name_entry> process_names_;
 };
