@@ -3,6 +3,7 @@
 
 #include <lumos/trace/event.hpp>
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <string_view>
@@ -26,6 +27,10 @@ struct default_comm_classifier {
 
   [[nodiscard]] static bool is_comm_name(std::string_view name) noexcept {
     if (name.starts_with("nccl") || name.starts_with("rccl")) return true;
+    // Called for every GPU op: a name shorter than the substrings (all of one length) holds none.
+    static_assert(std::all_of(known_substrings.begin(), known_substrings.end(),
+                              [](std::string_view s) { return s.size() == known_substrings[0].size(); }));
+    if (name.size() < known_substrings[0].size()) return false;
     for (auto s : known_substrings) {
       if (name.find(s) != std::string_view::npos) return true;
     }
