@@ -160,20 +160,14 @@ struct key_index {
 
   /// `find(raw_key(k))`: the code of the key whose text starts at `k` (after its opening quote).
   [[nodiscard]] int find_raw(const char* k) const noexcept {
+    const std::string_view key = raw_key(k);
+    if (key.empty() || key.size() > 7) return find(key);
     std::uint64_t w;
     std::memcpy(&w, k, 8);  // padded input: see raw_key
-    const std::uint64_t quote = bytes_equal(w, '"');
-    const std::uint64_t slash = bytes_equal(w, '\\');
-    if ((quote | slash) == 0) return find(raw_key(k));  // 8 bytes or more
-    // As raw_key: the lowest hit of each is exact; a backslash first makes the key unknown.
-    const int q = quote != 0 ? __builtin_ctzll(quote) : 64;
-    const int b = slash != 0 ? __builtin_ctzll(slash) : 64;
-    if (b < q) return k_unknown;
-    const int len = q / 8;
-    if (len == 0) return k_unknown;
-    const std::uint64_t word = w & ((std::uint64_t{1} << (8 * len)) - 1);
+    const std::uint64_t word = w & ((std::uint64_t{1} << (8 * key.size())) - 1);
     const short_slot& s = short_keys[short_slot_of(word)];
-    return s.length == len && s.word == word ? static_cast<int>(s.code) : static_cast<int>(k_unknown);
+    return static_cast<std::size_t>(s.length) == key.size() && s.word == word ? static_cast<int>(s.code)
+                                                                                : static_cast<int>(k_unknown);
   }
 
   // Compares whole words, the last one masked to the key's length: no call, no byte loop.
