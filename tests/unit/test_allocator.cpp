@@ -35,6 +35,15 @@ struct cache_limit {
   cache_limit& operator=(const cache_limit&) = delete;
 };
 
+// Small pages for one test (lent pages are small ones; huge pages would make every first touch
+// resident 2 MiB at a time), then the library default again.
+struct small_pages {
+  small_pages() { lumos::set_huge_pages_default(false); }
+  ~small_pages() { lumos::set_huge_pages_default(true); }
+  small_pages(const small_pages&) = delete;
+  small_pages& operator=(const small_pages&) = delete;
+};
+
 #if defined(LUMOS_BLOCK_CACHE)
 // Bytes of [p, p + bytes) whose pages are resident (p at a page boundary).
 std::size_t resident_bytes(const void* p, std::size_t bytes) {
@@ -142,4 +151,100 @@ TEST_CASE("block cache: threads allocating and freeing large blocks keep their o
   }
   CHECK(std::all_of(bad.begin(), bad.end(), [](int b) { return b == 0; }));
   CHECK(lumos::block_cache_bytes() <= 4 * unit);
+}
+
+TEST_CASE("recyclable blocks go to the block cache, and lent pages take a vector's next elements", "[memory]") {
+  const cache_limit on(8 * unit);
+  const small_pages off;
+  if (lumos::huge_pages_enabled()) {
+    WARN("LUMOS_HUGE_PAGES=1 in the environment: nothing is lent on huge pages");
+    return;
+  }
+  constexpr std::size_t small = lumos::recyclable_allocator<char>::mapped_threshold;
+#if !defined(LUMOS_BLOCK_CACHE)
+  { const lumos::recyclable_vector<std::uint64_t> a(unit / 8, 7); }
+  CHECK(lumos::block_cache_bytes() == 0);
+  lumos::large_vector<std::uint64_t> v;
+  v.reserve(unit / 8);
+  lumos::lent_capacity<std::uint64_t> lent;
+  CHECK(lent.lend(v, unit) == 0);
+#else
+  REQUIRE(lumos::block_cache_bytes() == 0);
+  // Below its threshold a recyclable block is the heap's; from it on, whole pages of the cache.
+  { const lumos::recyclable_vector<std::uint8_t> tiny(small / 2, 1); }
+  CHECK(lumos::block_cache_bytes() == 0);
+  // A column being filled: a fresh cache block, its first elements written.
+  lumos::large_vector<std::uint64_t> column;
+  column.reserve(2 * unit / 8);
+  for (std::uint64_t i = 0; i < 1000; ++i) column.push_back(i);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t used = (1000 * 8 + page - 1) / page * page;  // pages the elements are on
+  CHECK(resident_bytes(column.data(), 2 * unit) == used);
+  {
+    // A store freed meanwhile, every page of it written: the cache keeps it.
+    const lumos::recyclable_vector<std::uint64_t> events(3 * small / 8 + 5, 9);
+  }
+  const std::size_t freed = lumos::block_cache_bytes();
+  CHECK(freed == (3 * small + 40 + page - 1) / page * page);
+  lumos::lent_capacity<std::uint64_t> lent;
+  CHECK(lent.ahead(column) == 0);
+  // Asking for more than is held lends what is held, past the elements' last page.
+  CHECK(lent.lend(column, 4 * small) == freed);
+  CHECK(lumos::block_cache_bytes() == 0);
+  CHECK(lent.ahead(column) == used + freed - 1000 * 8);
+  CHECK(resident_bytes(column.data(), 2 * unit) == used + freed);
+  CHECK(lent.lend(column, small) == 0);  // nothing left to lend
+  // The column writes its next elements over the lent pages (old contents are not read).
+  const std::size_t lent_elements = lent.ahead(column) / 8;
+  for (std::uint64_t i = 1000; i < 1000 + lent_elements; ++i) column.push_back(i);
+  bool ok = true;
+  for (std::size_t i = 0; i < column.size(); ++i) ok = ok && column[i] == i;
+  CHECK(ok);
+  CHECK(resident_bytes(column.data(), 2 * unit) == used + freed);
+  CHECK(lent.ahead(column) == 0);
+  // A buffer below the large blocks' threshold is not the cache's: it is lent nothing.
+  { const lumos::recyclable_vector<std::uint64_t> more(small / 8, 3); }
+  lumos::large_vector<std::uint64_t> heap_block;
+  heap_block.reserve(unit / 16);
+  lumos::lent_capacity<std::uint64_t> none;
+  CHECK(none.lend(heap_block, small) == 0);
+  CHECK(lumos::block_cache_bytes() == small);
+#endif
+}
+
+TEST_CASE("block cache: a block made of several mappings (lent pages) is moved whole into the next", "[memory]") {
+  const cache_limit on(8 * unit);
+  const small_pages off;
+  if (lumos::huge_pages_enabled()) {
+    WARN("LUMOS_HUGE_PAGES=1 in the environment: nothing is lent on huge pages");
+    return;
+  }
+#if !defined(LUMOS_BLOCK_CACHE)
+  SUCCEED("large blocks do not come from mmap in this build");
+#else
+  constexpr std::size_t small = lumos::recyclable_allocator<char>::mapped_threshold;
+  {
+    // The column's block holds lent pages in three places: four mappings, and fresh pages around.
+    lumos::large_vector<std::uint32_t> column;
+    column.reserve(unit / 4);
+    lumos::lent_capacity<std::uint32_t> lent;
+    for (int part = 0; part < 3; ++part) {
+      { const lumos::recyclable_vector<std::uint8_t> events(small, 5); }
+      REQUIRE(lent.lend(column, small) == small);
+      column.resize(column.size() + small / 4 + 1000, static_cast<std::uint32_t>(part));
+    }
+  }
+  REQUIRE(lumos::block_cache_bytes() == unit);
+  // Larger than it: assembled from its pages and fresh ones (before Linux 6.17 one mremap moves
+  // one mapping, so the block moves in parts). Every page of it moved: none were lost.
+  lumos::large_vector<std::uint64_t> next;
+  next.reserve(3 * unit / 2 / 8);
+  CHECK(lumos::block_cache_bytes() == 0);
+  CHECK(resident_bytes(next.data(), 3 * unit / 2) >= 3 * small);
+  next.resize(3 * unit / 2 / 8);
+  std::iota(next.begin(), next.end(), std::uint64_t{0});
+  bool ok = true;
+  for (std::size_t i = 0; i < next.size(); ++i) ok = ok && next[i] == i;
+  CHECK(ok);
+#endif
 }

@@ -1,8 +1,10 @@
 #pragma once
-// large_allocator — std::allocator for the big flat arrays (event stores, graph columns,
-// compiled graphs): large blocks are 2 MiB aligned and, unless turned off, marked for transparent
-// huge pages; on Linux the largest are mapped directly, and freed ones can be kept for the next
-// (`set_block_cache_limit`, 256 MiB unless a program says otherwise).
+// large_allocator — std::allocator for the big flat arrays (graph columns, compiled graphs):
+// large blocks are 2 MiB aligned and, unless turned off, marked for transparent huge pages; on
+// Linux the largest are mapped directly, and freed ones can be kept for the next
+// (`set_block_cache_limit`, 256 MiB unless a program says otherwise). recyclable_allocator (a
+// trace's event stores) gives its blocks of 64 KiB and more to the same cache, and
+// `lent_capacity` moves cached pages under the spare capacity of a vector being filled.
 //
 // Which pages are faster depends on how the memory is used. A huge page a process touches for the
 // first time costs several times its 512 small pages on the virtual machines this project runs on
@@ -17,6 +19,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -98,12 +101,14 @@ namespace detail {
 // and the memory cgroup's accounting); a 512-rank replay touched 4.4 GB for a 1.4 GB peak, a
 // fifth of its CPU time in the kernel. A block is carved from the head of a cached block that
 // holds it, or assembled from several: their pages are moved under one fresh range (mremap moves
-// page-table entries, it copies nothing), and what they do not cover is fresh memory. Every
-// block is a whole number of pages, mapped exactly; reused pages hold old contents, which
-// allocators need not clear (containers construct their elements).
+// page-table entries, it copies nothing), and what they do not cover is fresh memory; `lend`
+// moves cached pages under the unwritten capacity of a live block instead. Every block is a
+// whole number of pages, mapped exactly; reused pages hold old contents, which allocators need
+// not clear (containers construct their elements).
 class block_cache {
  public:
   static constexpr std::size_t max_blocks = 256;
+  static constexpr std::size_t max_moves = 16384;  // moves made by `lend`: a mapping or two each
 
   // Never destroyed: a static object elsewhere may free its blocks after this one would be.
   static block_cache& instance() noexcept {
@@ -148,6 +153,27 @@ class block_cache {
     return held_;
   }
 
+  // Moves cached pages under [at, end): page-aligned, inside a block this cache handed out, and
+  // pages there never written (a vector's spare capacity), which the moved ones replace. Returns
+  // where the lent pages end (`at` when the cache is empty). Each move splits the block's
+  // mapping, and a process may hold only so many (vm.max_map_count, 65530 by default): after
+  // `max_moves` the cache lends no more.
+  char* lend(char* at, char* end) noexcept {
+    std::lock_guard lock(mutex_);
+    if (at >= end || blocks_.empty() || moves_ >= max_moves) return at;
+    // Largest first: the fewest moves, so the fewest mappings.
+    std::sort(blocks_.begin(), blocks_.end(), [](const block& a, const block& b) { return a.bytes < b.bytes; });
+    const auto want = static_cast<std::size_t>(end - at);
+    bool failed = false;
+    const std::size_t filled = move_cached(at, want, failed, moves_);
+    // What a failed move left unmapped, inside a live block, must be memory again.
+    if (failed && !map_fixed(at + filled, want - filled)) {
+      std::fputs("lumos: block_cache: cannot map memory back under a vector's capacity\n", stderr);
+      std::abort();
+    }
+    return at + filled;
+  }
+
  private:
   struct block {
     char* p;
@@ -157,7 +183,12 @@ class block_cache {
   block_cache() { blocks_.reserve(max_blocks); }  // deallocate never allocates
 
   // A fresh mapping of `bytes` at a multiple of `align` (over-mapped, then trimmed).
-  [[nodiscard]] static void* fresh(std::size_t bytes, std::size_t align) {
+  [[nodiscard]] void* fresh(std::size_t bytes, std::size_t align) const {
+    if (align <= page_) {
+      void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) throw std::bad_alloc();
+      return m;
+    }
     const std::size_t span = bytes + align;
     void* m = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) throw std::bad_alloc();
@@ -197,35 +228,65 @@ class block_cache {
     // None does: move the cached blocks, largest first, under a fresh range.
     char* const p = static_cast<char*>(fresh(bytes, align));
     std::sort(blocks_.begin(), blocks_.end(), [](const block& a, const block& b) { return a.bytes < b.bytes; });
+    bool failed = false;
+    std::size_t pieces = 0;
+    const std::size_t filled = move_cached(p, bytes, failed, pieces);
+    if (failed && !map_fixed(p + filled, bytes - filled)) {
+      ::munmap(p, bytes);
+      throw std::bad_alloc();
+    }
+    return p;
+  }
+
+  // Called with the lock held: moves cached pages, from the back of `blocks_`, under
+  // [to, to + bytes) (page-aligned, and a range this process maps or one it may map over) until
+  // that is covered or the cache is empty, counting the moves in `pieces`. Returns how much of it
+  // is covered from `to` on; after a move that `failed`, the rest may have lost its mapping, which the caller maps fresh.
+  std::size_t move_cached(char* to, std::size_t bytes, bool& failed, std::size_t& pieces) noexcept {
     std::size_t filled = 0;
+    failed = false;
     while (!blocks_.empty() && filled < bytes) {
       block& b = blocks_.back();
       const std::size_t n = std::min(b.bytes, bytes - filled);
-      if (::mremap(b.p, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, p + filled) == MAP_FAILED) {
-        // The rest stays fresh: mapped again, as a failed move may have unmapped its target.
-        if (::mmap(p + filled, bytes - filled, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
-            MAP_FAILED) {
-          ::munmap(p, bytes);
-          throw std::bad_alloc();
-        }
-        break;
-      }
-      filled += n;
-      held_ -= n;
-      if (n == b.bytes) {
+      const std::size_t moved = move_pages(b.p, n, to + filled);
+      ++pieces;
+      failed = moved < n;
+      filled += moved;
+      held_ -= moved;
+      if (moved == b.bytes) {
         blocks_.pop_back();
       } else {
-        b.p += n;
-        b.bytes -= n;
+        b.p += moved;
+        b.bytes -= moved;
       }
+      if (moved < n) break;
     }
-    return p;
+    return filled;
+  }
+
+  // Moves the pages of [from, from + bytes) under [to, to + bytes) (page-aligned; mremap moves
+  // page-table entries, it copies nothing). One mremap moves a range of one mapping; a block
+  // made of several (assembled from cached blocks, or lent pages) is moved in halves, and so on
+  // down to pages. Returns how much was moved from the start: the source of the rest is still
+  // mapped where it was, its target may be unmapped (a failed mremap unmaps its target first).
+  std::size_t move_pages(char* from, std::size_t bytes, char* to) const noexcept {
+    if (::mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to) != MAP_FAILED) return bytes;
+    if (bytes <= page_) return 0;
+    const std::size_t half = bytes / 2 / page_ * page_;
+    const std::size_t first = move_pages(from, half, to);
+    return first < half ? first : half + move_pages(from + half, bytes - half, to + half);
+  }
+
+  // Fresh anonymous pages over [p, p + bytes), whatever is mapped there now.
+  [[nodiscard]] static bool map_fixed(char* p, std::size_t bytes) noexcept {
+    return ::mmap(p, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED;
   }
 
   const std::size_t page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   std::mutex mutex_;
   std::vector<block> blocks_;
   std::size_t held_ = 0;
+  std::size_t moves_ = 0;  // made by `lend` so far
   std::size_t limit_ = default_block_cache_limit;
 };
 #endif
@@ -323,6 +384,104 @@ struct large_allocator {
 /// A vector for big flat arrays.
 template <class T>
 using large_vector = std::vector<T, large_allocator<T>>;
+
+/// Allocator for stores that are freed while other big arrays fill (a trace's events, freed rank
+/// by rank as the graph's columns grow): on Linux, blocks of `mapped_threshold` (64 KiB) and more
+/// are whole pages of the block cache, so that, freed, their pages serve the next large blocks or
+/// are lent to the spare capacity of growing ones (`lent_capacity`) instead of going back to the
+/// system while fresh pages are taken elsewhere. Smaller blocks, and every block without the
+/// cache (a sanitizer build, not Linux), come from the global operator new.
+template <class T>
+struct recyclable_allocator {
+  using value_type = T;
+  static constexpr std::size_t mapped_threshold = std::size_t{64} << 10;
+
+  recyclable_allocator() noexcept = default;
+  template <class U>
+  recyclable_allocator(const recyclable_allocator<U>&) noexcept {}  // NOLINT: rebinding is implicit
+
+  [[nodiscard]] T* allocate(std::size_t n) {
+    if (n > static_cast<std::size_t>(-1) / sizeof(T)) throw std::bad_array_new_length();
+    const std::size_t bytes = n * sizeof(T);
+#if defined(LUMOS_BLOCK_CACHE)
+    if (bytes >= mapped_threshold) {
+      detail::block_cache& cache = detail::block_cache::instance();
+      return static_cast<T*>(cache.allocate(cache.round(bytes), 1));
+    }
+#endif
+    return static_cast<T*>(::operator new(bytes));
+  }
+
+  void deallocate(T* p, std::size_t n) noexcept {
+#if defined(LUMOS_BLOCK_CACHE)
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes >= mapped_threshold) {
+      detail::block_cache& cache = detail::block_cache::instance();
+      cache.deallocate(p, cache.round(bytes));
+      return;
+    }
+#else
+    (void)n;
+#endif
+    ::operator delete(p);
+  }
+
+  template <class U>
+  bool operator==(const recyclable_allocator<U>&) const noexcept {
+    return true;
+  }
+};
+
+/// A vector for big stores freed while others fill (see `recyclable_allocator`).
+template <class T>
+using recyclable_vector = std::vector<T, recyclable_allocator<T>>;
+
+/// How far past its elements a `large_vector`'s spare capacity has been lent pages of freed
+/// blocks (the block cache's, `set_block_cache_limit`): a vector that a builder fills while it
+/// frees other stores (the graph's columns, as a trace's events go rank by rank) then writes its
+/// next elements to pages that are resident already, instead of the kernel zeroing fresh ones
+/// (which also costs a fault each, and a host fault on a virtual machine that gave them back).
+/// Appending never writes a lent page twice, so a page lent once serves once; the capacity must
+/// not be reallocated meanwhile (a new buffer starts with nothing lent). Only a buffer that the
+/// cache handed out, of `large_allocator::mapped_threshold` bytes and more, can be lent pages;
+/// for others, with huge pages on (`huge_pages_enabled`), and in builds without the cache,
+/// `lend` lends nothing.
+template <class T>
+class lent_capacity {
+ public:
+  /// Bytes of lent pages past the elements of `v`.
+  [[nodiscard]] std::size_t ahead(const large_vector<T>& v) const noexcept {
+    const std::size_t used = v.size() * sizeof(T);
+    return v.data() == buffer_ && end_ > used ? end_ - used : 0;
+  }
+
+  /// Lends `v` up to `bytes` more (whole pages past its last element's page, within its
+  /// capacity), as far as the cache holds; returns how much was lent.
+  std::size_t lend([[maybe_unused]] large_vector<T>& v, [[maybe_unused]] std::size_t bytes) noexcept {
+#if defined(LUMOS_BLOCK_CACHE)
+    // On huge pages a fresh page costs little per byte, and small pages moved in would split them.
+    const std::size_t capacity = v.capacity() * sizeof(T);
+    if (capacity < large_allocator<T>::mapped_threshold || huge_pages_enabled()) return 0;
+    detail::block_cache& cache = detail::block_cache::instance();
+    if (v.data() != buffer_) buffer_ = v.data(), end_ = 0;
+    // From the page after the one the last element is on (that one is written), to the end of
+    // the block (its capacity up to a page: the cache maps whole pages).
+    const std::size_t from = std::max(end_, cache.round(v.size() * sizeof(T)));
+    const std::size_t to = std::min(cache.round(capacity), from + cache.round(bytes));
+    if (from >= to) return 0;
+    char* const base = reinterpret_cast<char*>(v.data());
+    const auto lent = static_cast<std::size_t>(cache.lend(base + from, base + to) - (base + from));
+    if (lent > 0) end_ = from + lent;
+    return lent;
+#else
+    return 0;
+#endif
+  }
+
+ private:
+  const T* buffer_ = nullptr;
+  std::size_t end_ = 0;  // bytes from buffer_
+};
 
 /// large_allocator whose `resize` leaves trivially constructible elements uninitialised (it
 /// default-initialises instead of value-initialising): for the outputs of the compile and the
