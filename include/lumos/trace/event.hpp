@@ -226,9 +226,11 @@ struct rank_trace {
   std::uint64_t metadata_entries = 0;
   std::uint64_t skipped_entries = 0;  ///< entries of unknown phase: counted, not stored
   std::uint64_t ignored_args = 0;     ///< known args with an unexpected type: counted, dropped
-  large_vector<event> events;         ///< in file order
-  large_vector<arg_key> arg_keys;     ///< args side table (CSR by event::args_begin)
-  large_vector<std::int64_t> arg_values;
+  // Recyclable: a replay frees them rank by rank while the graph's columns fill, which take
+  // their pages (`lent_capacity`).
+  recyclable_vector<event> events;         ///< in file order
+  recyclable_vector<arg_key> arg_keys;     ///< args side table (CSR by event::args_begin)
+  recyclable_vector<std::int64_t> arg_values;
   std::vector<lane> lanes;
   std::vector<std::uint64_t> category_counts;  ///< by `cat` string id; 0 for other strings
   string_table strings;

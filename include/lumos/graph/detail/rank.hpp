@@ -19,7 +19,7 @@ void trace_graph_builder<Comm>::build_ranks() {
       analyse_rank(r);
       build_rank(r);
       release_indexes(r);
-      if (options_.events_done) options_.events_done(r);
+      if (options_.events_done) options_.events_done(r), lend_freed_pages(r);
       trim_heap(r);
     }
     return;
@@ -76,7 +76,7 @@ void trace_graph_builder<Comm>::build_ranks() {
     if (failed[r]) std::rethrow_exception(failed[r]);
     build_rank(r);
     release_indexes(r);
-    if (options_.events_done) options_.events_done(r);
+    if (options_.events_done) options_.events_done(r), lend_freed_pages(r);
     trim_heap(r);
     {
       std::lock_guard lock(m);
