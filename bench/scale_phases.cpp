@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   if (argc > 2) options.threads = static_cast<unsigned>(std::atoi(argv[2]));
   std::printf("phases of lumos replay (graph build threads: %s)\n", argc > 2 ? argv[2] : "default");
   set_huge_pages_default(false);  // as the CLI (examples/lumos/main.cpp)
+  set_block_cache_limit(std::size_t{1} << 30);
   phase_timer timer;
   trace::job job = trace::load_job({argv[1]});
   timer.done("load");

@@ -112,10 +112,12 @@ int main(int argc, char** argv) {
   // One-shot runs write each large array once: 4 KiB pages come cheaper than huge pages on first
   // touch (include/lumos/core/allocator.hpp; LUMOS_HUGE_PAGES=1 overrides).
   lumos::set_huge_pages_default(false);
-  // glibc's mmap threshold is left as it is: the event stores (a megabyte or two a rank) then
-  // come back from its heap for the build's indexes instead of being mapped and unmapped rank by
-  // rank (`bash scripts/bench.sh scale`: a third fewer page faults in the build). Large arrays
-  // reuse each other's pages through large_allocator's block cache (core/allocator.hpp).
+  // Large arrays reuse each other's pages through large_allocator's block cache, and the graph's
+  // columns take the pages of the event stores freed as they fill (core/allocator.hpp,
+  // `lent_capacity`). A one-shot run ends soon after its peak, so the cache may hold what the
+  // phases free for the next ones: the compile of a 512-rank job then takes half as many fresh
+  // pages as with the library's 256 MiB (`bash scripts/bench.sh scale`), at the same peak.
+  lumos::set_block_cache_limit(std::size_t{1} << 30);
   try {
     return dispatch(argc, argv);
   } catch (const lumos::error& e) {
