@@ -408,8 +408,8 @@ class trace_graph_builder {
   // Once rank r's events are freed (`build_options::events_done`), the graph's columns take
   // their pages for the tasks and edges of the next ranks (`detail::column_pages`): the graph
   // then fills pages that are resident already, instead of the events' going back to the system
-  // while the kernel zeroes as many fresh ones (a 512-rank job: about 800 MB, the tasks of its
-  // build's one serial thread).
+  // while the kernel zeroes as many fresh ones (a 512-rank job: about 800 MB, faulted in by the
+  // build's one serial thread before).
   void lend_freed_pages(std::size_t r) {
     constexpr std::size_t ahead = 8;  // ranks: a freed block goes to one or two columns
     events_built_ += event_counts_[r];
