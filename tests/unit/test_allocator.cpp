@@ -160,7 +160,6 @@ TEST_CASE("recyclable blocks go to the block cache, and lent pages take a vector
     WARN("LUMOS_HUGE_PAGES=1 in the environment: nothing is lent on huge pages");
     return;
   }
-  constexpr std::size_t small = lumos::recyclable_allocator<char>::mapped_threshold;
 #if !defined(LUMOS_BLOCK_CACHE)
   { const lumos::recyclable_vector<std::uint64_t> a(unit / 8, 7); }
   CHECK(lumos::block_cache_bytes() == 0);
@@ -169,6 +168,7 @@ TEST_CASE("recyclable blocks go to the block cache, and lent pages take a vector
   lumos::lent_capacity<std::uint64_t> lent;
   CHECK(lent.lend(v, unit) == 0);
 #else
+  constexpr std::size_t small = lumos::recyclable_allocator<char>::mapped_threshold;
   REQUIRE(lumos::block_cache_bytes() == 0);
   // Below its threshold a recyclable block is the heap's; from it on, whole pages of the cache.
   { const lumos::recyclable_vector<std::uint8_t> tiny(small / 2, 1); }
