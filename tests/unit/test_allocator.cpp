@@ -44,6 +44,14 @@ struct small_pages {
   small_pages& operator=(const small_pages&) = delete;
 };
 
+// False, with a warning, when LUMOS_HUGE_PAGES=1 in the environment keeps huge pages on whatever
+// the test sets: nothing is lent on them.
+bool small_pages_in_use() {
+  if (!lumos::huge_pages_enabled()) return true;
+  WARN("LUMOS_HUGE_PAGES=1 in the environment: nothing is lent on huge pages");
+  return false;
+}
+
 #if defined(LUMOS_BLOCK_CACHE)
 // Bytes of [p, p + bytes) whose pages are resident (p at a page boundary).
 std::size_t resident_bytes(const void* p, std::size_t bytes) {
@@ -156,10 +164,7 @@ TEST_CASE("block cache: threads allocating and freeing large blocks keep their o
 TEST_CASE("recyclable blocks go to the block cache, and lent pages take a vector's next elements", "[memory]") {
   const cache_limit on(8 * unit);
   const small_pages off;
-  if (lumos::huge_pages_enabled()) {
-    WARN("LUMOS_HUGE_PAGES=1 in the environment: nothing is lent on huge pages");
-    return;
-  }
+  if (!small_pages_in_use()) return;
 #if !defined(LUMOS_BLOCK_CACHE)
   { const lumos::recyclable_vector<std::uint64_t> a(unit / 8, 7); }
   CHECK(lumos::block_cache_bytes() == 0);
@@ -215,10 +220,7 @@ TEST_CASE("recyclable blocks go to the block cache, and lent pages take a vector
 TEST_CASE("block cache: a block made of several mappings (lent pages) is moved whole into the next", "[memory]") {
   const cache_limit on(8 * unit);
   const small_pages off;
-  if (lumos::huge_pages_enabled()) {
-    WARN("LUMOS_HUGE_PAGES=1 in the environment: nothing is lent on huge pages");
-    return;
-  }
+  if (!small_pages_in_use()) return;
 #if !defined(LUMOS_BLOCK_CACHE)
   SUCCEED("large blocks do not come from mmap in this build");
 #else
