@@ -45,7 +45,14 @@ TEST_CASE("a multi-rank graph does not depend on the number of build threads", "
       CHECK(x.idle_gap == y.idle_gap);
       CHECK(x.busy_gap == y.busy_gap);
       CHECK(x.observed_start == y.observed_start);
+      CHECK(x.observed_end == y.observed_end);
       CHECK(x.source == y.source);
+      CHECK(x.rank == y.rank);
+      CHECK(x.name == y.name);  // the same string ids, not only the same names
+      REQUIRE(x.processors.size() == y.processors.size());
+      bool processors = true;
+      for (std::size_t p = 0; p < x.processors.size(); ++p) processors = processors && x.processors[p].name == y.processors[p].name;
+      CHECK(processors);
       bool names = true;
       for (graph::task_id t = 0; t < x.task_count(); ++t) names = names && x.task_name(t) == y.task_name(t);
       CHECK(names);
@@ -67,6 +74,18 @@ TEST_CASE("a multi-rank graph does not depend on the number of build threads", "
       CHECK(a.stats.unmatched_kept_whole == b.stats.unmatched_kept_whole);
       CHECK(a.stats.blocking_calls == b.stats.blocking_calls);
       CHECK(a.stats.launch_edges == b.stats.launch_edges);
+      CHECK(a.stats.cpu_tasks == b.stats.cpu_tasks);
+      CHECK(a.stats.gpu_tasks == b.stats.gpu_tasks);
+      CHECK(a.stats.handoffs == b.stats.handoffs);
+      CHECK(a.stats.sync_edges == b.stats.sync_edges);
+      CHECK(a.stats.ops_queued == b.stats.ops_queued);
+      CHECK(a.stats.causality_violations == b.stats.causality_violations);
+      CHECK(a.stats.worst_violation_text == b.stats.worst_violation_text);
+      CHECK(a.stats.overheads.size() == b.stats.overheads.size());
+      for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+        CHECK(a.ranks[r].task_of_event == b.ranks[r].task_of_event);
+        CHECK(a.ranks[r].arrive_of_event == b.ranks[r].arrive_of_event);
+      }
     }
   }
 }

@@ -88,6 +88,72 @@ TEST_CASE("a copied task_graph is independent of its source", "[graph]") {
   CHECK(finish_of(c, t, 1) == 112);
 }
 
+TEST_CASE("task_graph::append adds a part after the graph, as if built in one piece", "[graph]") {
+  // One graph built in one piece, and the same tasks built as two parts appended in order.
+  auto first = [](task_graph& g) {
+    const processor_id cpu = g.add_processor({processor_kind::cpu_thread, 0, 1, 1, "cpu 0"});
+    const task_id a = g.add_task({.kind = task_kind::cpu, .processor = cpu, .duration = 5, .name = "launch"});
+    const task_id b = g.add_task({.kind = task_kind::cpu, .processor = cpu, .duration = 3, .idle_gap = 2, .name = "A"});
+    g.add_edge(a, b, 1, edge_kind::dependency);
+  };
+  auto second = [](task_graph& g) {
+    const processor_id cpu = g.add_processor({processor_kind::cpu_thread, 1, 2, 2, "cpu 1"});
+    const processor_id gpu = g.add_processor({processor_kind::gpu_stream, 1, 0, 7, "gpu 1"});
+    const task_id a = g.add_task({.kind = task_kind::cpu, .processor = cpu, .duration = 4, .name = "B", .rank = 1});
+    const task_id b = g.add_task({.kind = task_kind::gpu_compute, .processor = gpu, .duration = 50, .name = "launch",
+                                  .rank = 1, .source = 9, .observed_start = 10, .observed_end = 60});
+    g.add_edge(a, b, 6, edge_kind::launch, edge_flags::from_start);
+    collective_instance c;
+    c.kind = "allreduce", c.arrive = {a}, c.complete = {b};
+    g.collectives.push_back(c);
+  };
+  task_graph whole;
+  first(whole);
+  second(whole);
+  task_graph parts, part;
+  first(parts);
+  part.reserve(100, 100);
+  second(part);
+  const task_graph::appended at = parts.append(part);
+  CHECK(at.first_processor == 1);
+  CHECK(at.first_task == 2);
+  REQUIRE(parts.task_count() == whole.task_count());
+  REQUIRE(parts.processors.size() == 3);
+  CHECK(parts.processors[2].name == "gpu 1");
+  CHECK(parts.processor == whole.processor);
+  CHECK(parts.kind == whole.kind);
+  CHECK(parts.duration == whole.duration);
+  CHECK(parts.idle_gap == whole.idle_gap);
+  CHECK(parts.rank == whole.rank);
+  CHECK(parts.source == whole.source);
+  CHECK(parts.observed_start == whole.observed_start);
+  CHECK(parts.observed_end == whole.observed_end);
+  CHECK(parts.name == whole.name);  // the same ids: "launch" is interned once, by the first part
+  CHECK(parts.strings.size() == whole.strings.size());
+  REQUIRE(parts.edges.size() == 2);
+  CHECK((parts.edges[1].from == 2 && parts.edges[1].to == 3 && parts.edges[1].delay == 6 && parts.edges[1].from_start));
+  REQUIRE(parts.collectives.size() == 1);
+  CHECK((parts.collectives[0].arrive == std::vector<task_id>{2} && parts.collectives[0].complete == std::vector<task_id>{3}));
+  const compiled_graph c = compile(parts), d = compile(whole);
+  const auto t = sim::replay(c), u = sim::replay(d);
+  CHECK(finish_of(c, t, 3) == finish_of(d, u, 3));
+
+  // Emptied, the part keeps its columns' memory and takes the next part's tasks from id 0.
+  const std::size_t capacity = part.duration.capacity();
+  part.clear();
+  CHECK(part.task_count() == 0);
+  CHECK(part.edges.empty());
+  CHECK(part.processors.empty());
+  CHECK(part.strings.size() == 0);
+  CHECK(part.duration.capacity() == capacity);
+  second(part);
+  CHECK(part.task_name(0) == "B");
+
+  // A graph whose columns were released takes no parts.
+  whole.release_durations();
+  CHECK_THROWS_WITH(whole.append(part), Catch::Contains("released"));
+}
+
 TEST_CASE("processor order with gaps, launch edges and a blocking sync", "[graph][replay]") {
   two_processors x;
   auto& g = x.g;

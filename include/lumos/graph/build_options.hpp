@@ -72,10 +72,10 @@ struct build_options {
   /// Shift each rank's clock by the offset its collectives imply (`lumos replay --align-clocks`).
   bool align_clocks = false;
   /// Threads for building a multi-rank graph: ranks are indexed on all of them, and each
-  /// rank's analysis of its trace runs on threads - 1 workers ahead of the calling thread,
-  /// which adds the tasks in rank order. 0: one worker per hardware thread (the analysis is
-  /// the longer part, so the calling thread mostly waits); 1: everything on the calling
-  /// thread. The graph does not depend on it. A custom `CommClassifier` is called from
+  /// rank's analysis of its trace and its tasks and edges are made on threads - 1 workers
+  /// ahead of the calling thread, which appends them to the graph in rank order. 0: one worker
+  /// per hardware thread (the appending is the short part, so the calling thread mostly
+  /// waits); 1: everything on the calling thread. The graph does not depend on it. A custom `CommClassifier` is called from
   /// several threads at once (through a const reference).
   unsigned threads = 0;
   /// Called with a rank's index (in `job.ranks`) once the builder reads none of its events

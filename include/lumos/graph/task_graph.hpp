@@ -236,6 +236,67 @@ struct task_graph {
     edges.push_back({from, to, clamp_delay(delay), k, has(flags, edge_flags::finish), has(flags, edge_flags::from_start)});
   }
 
+  /// Where `append` put the other graph's first processor and first task.
+  struct appended {
+    processor_id first_processor = 0;
+    task_id first_task = 0;
+  };
+
+  /// Appends every processor, task, edge and collective of `part` after this graph's: its
+  /// processor and task ids offset by this graph's counts, its names interned here in the order
+  /// of `part`'s ids (so a graph built in parts, appended in order, names its strings exactly as
+  /// the graph built in one piece). Builders make parts on several threads, then append them.
+  appended append(const task_graph& part) {
+    if (durations_released() || observations_released() || edges_released_ || part.durations_released() ||
+        part.observations_released() || part.edges_released()) {
+      throw error("task_graph: append to or from a graph whose columns were released");
+    }
+    const appended at{static_cast<processor_id>(processors.size()), static_cast<task_id>(task_count())};
+    const std::size_t n = part.task_count();
+    if (n >= std::size_t{no_task} - at.first_task) throw error("task_graph: more than 4294967294 tasks");
+    std::vector<string_id> names(part.strings.size());
+    for (string_id i = 0; i < names.size(); ++i) names[i] = strings.intern(part.strings[i]);
+    processors.insert(processors.end(), part.processors.begin(), part.processors.end());
+    const auto append_mapped = [n](auto& column, const auto& from, auto&& map) {
+      const std::size_t old = column.size();
+      column.resize(old + n);
+      for (std::size_t i = 0; i < n; ++i) column[old + i] = map(from[i]);
+    };
+    append_mapped(processor, part.processor, [&](processor_id p) { return static_cast<processor_id>(p + at.first_processor); });
+    append_mapped(name, part.name, [&](string_id s) { return names[s]; });
+    for (auto [column, from] : {std::pair{&duration, &part.duration}, {&idle_gap, &part.idle_gap}, {&busy_gap, &part.busy_gap},
+                                {&observed_start, &part.observed_start}, {&observed_end, &part.observed_end}}) {
+      column->insert(column->end(), from->begin(), from->end());
+    }
+    kind.insert(kind.end(), part.kind.begin(), part.kind.end());
+    rank.insert(rank.end(), part.rank.begin(), part.rank.end());
+    source.insert(source.end(), part.source.begin(), part.source.end());
+    const std::size_t first_edge = edges.size();
+    edges.insert(edges.end(), part.edges.begin(), part.edges.end());
+    for (std::size_t i = first_edge; i < edges.size(); ++i) edges[i].from += at.first_task, edges[i].to += at.first_task;
+    for (collective_instance c : part.collectives) {
+      for (auto* ids : {&c.arrive, &c.complete}) {
+        for (task_id& t : *ids) t += at.first_task;
+      }
+      if (c.join != no_task) c.join += at.first_task;
+      collectives.push_back(std::move(c));
+    }
+    return at;
+  }
+
+  /// Empties the graph and its strings, keeping the columns' capacity (a builder that makes
+  /// parts one after another reuses their memory).
+  void clear() {
+    processors.clear();
+    for (auto* column : {&duration, &idle_gap, &busy_gap, &observed_start, &observed_end}) column->clear();
+    processor.clear(), kind.clear(), name.clear(), rank.clear(), source.clear();
+    edges.clear();
+    collectives.clear();
+    strings = string_table{};
+    released_edges_ = 0;
+    edges_released_ = false;
+  }
+
   /// Frees the duration and busy-gap columns, once the graph is compiled and nothing will read
   /// them again: the compiled records hold both (scaled), and the reports read those. Every
   /// other column stays. A graph without them cannot be compiled again (`compile` says so) and

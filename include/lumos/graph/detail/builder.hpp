@@ -248,6 +248,29 @@ class time_warp {
   std::vector<double> factor_;  // factor_[i] applies on [points_[i], points_[i + 1])
 };
 
+// Adds the counters of `from` (one rank's) to `to` (the job's, built from the ranks before it),
+// keeping the first worst causality violation, and appends its streams' overheads.
+inline void add_counts(build_stats& to, build_stats&& from) {
+  for (auto field : {&build_stats::cpu_tasks, &build_stats::gpu_tasks, &build_stats::threads, &build_stats::streams,
+                     &build_stats::launch_edges, &build_stats::graph_launch_ops, &build_stats::ops_without_launch,
+                     &build_stats::cross_stream_exact, &build_stats::cross_stream_inferred, &build_stats::cross_stream_implicit,
+                     &build_stats::cross_stream_unresolved, &build_stats::blocking_calls, &build_stats::poll_waits,
+                     &build_stats::sync_edges, &build_stats::handoffs, &build_stats::collectives_matched,
+                     &build_stats::collective_participants, &build_stats::collectives_unmatched, &build_stats::p2p_eager,
+                     &build_stats::unmatched_transfer_same_op, &build_stats::unmatched_transfer_same_size,
+                     &build_stats::unmatched_kept_whole, &build_stats::stream_overlaps, &build_stats::ops_queued,
+                     &build_stats::ops_launch_bound, &build_stats::ops_dependency_bound, &build_stats::ops_unexplained,
+                     &build_stats::op_scaled_gpu, &build_stats::op_scaled_cpu}) {
+    to.*field += from.*field;
+  }
+  if (from.causality_violations > 0 && (from.worst_violation > to.worst_violation || to.worst_violation_text.empty())) {
+    to.worst_violation = from.worst_violation;
+    to.worst_violation_text = std::move(from.worst_violation_text);
+  }
+  to.causality_violations += from.causality_violations;
+  to.overheads.insert(to.overheads.end(), from.overheads.begin(), from.overheads.end());
+}
+
 // Lends the graph's columns, as they fill, the pages of stores freed meanwhile (a trace's
 // events, rank by rank: `lent_capacity`). Each step gives the column with the least lent ahead,
 // relative to what it needs for the coming tasks and edges, the bytes it lacks, until the block
@@ -369,26 +392,52 @@ class trace_graph_builder {
     std::vector<detail::time_warp> warps;        // per CPU lane slot: op_scales over the thread's time
     std::map<stream_key, stream_overheads> overheads;
     std::unordered_map<event_index, time_ns> transfer;  // unmatched communication ops: transfer part
-    std::vector<string_id> graph_names;  // the trace's string id → the graph's (no_string: not yet added)
+    std::vector<string_id> graph_names;  // the trace's string id → the part's (no_string: not yet added)
+    // What `build_rank` makes, on a worker, for `merge_rank` to add to the graph in rank order:
+    // tasks and edges in `part_of(r)`, and these, with the part's task ids.
+    std::vector<kept_delay> kept;
+    std::map<std::int64_t, task_id> launch_task;  // split blocking copies: correlation → the issue task
+    std::unordered_set<task_id> removed_calls;    // blocking calls inside an op scaled to 0
     // What `analyse_rank` hands to `build_rank` (made on an analysis thread).
     awaited_map awaited;                                     // blocking call → the GPU ops it waited for
     producer_map producers;                                  // GPU op → its cross-stream producers
     std::unordered_map<event_index, event_index> poll_runs;  // first query of a poll → its last
-    build_stats counts;                                      // the analysis's counters, added in rank order
+    build_stats counts;  // the rank's counters (analysis and build), added in rank order
   };
 
-  // The graph's id of a name of rank r's trace: interned once per distinct name, not per task.
+  // The part's id of a name of rank r's trace: interned once per distinct name, not per task.
   [[nodiscard]] string_id graph_name(std::size_t r, string_id name) {
     std::vector<string_id>& ids = ranks_[r].graph_names;
     if (ids.size() <= name) ids.resize(job_.ranks[r].strings.size(), no_string);
-    if (ids[name] == no_string) ids[name] = out_.graph.strings.intern(job_.ranks[r].strings[name]);
+    if (ids[name] == no_string) ids[name] = part_of(r).strings.intern(job_.ranks[r].strings[name]);
     return ids[name];
+  }
+
+  // The graph that `build_rank(r)` fills: one of a few reused in turn (a rank's part is
+  // emptied once merged, and `build_ranks` builds at most `parts_.size()` ranks ahead of the
+  // merge), so their pages stay resident from rank to rank.
+  [[nodiscard]] task_graph& part_of(std::size_t r) noexcept { return parts_[r % parts_.size()]; }
+
+  // Adds rank r's part to the graph: its tasks, edges and names after those of the ranks
+  // before it, its task ids in the event maps and kept delays offset to the graph's, and its
+  // counters (the causality violation reported is the first worst, as if built in one piece).
+  void merge_rank(std::size_t r) {
+    rank_state& s = ranks_[r];
+    task_graph& part = part_of(r);
+    const task_id base = out_.graph.append(part).first_task;
+    for (auto* ids : {&s.task_of_event, &s.arrive_of_event}) {
+      for (task_id& t : *ids) t = t == no_task ? no_task : t + base;
+    }
+    for (kept_delay k : s.kept) k.task += base, out_.kept.push_back(k);
+    s.kept = {};
+    detail::add_counts(out_.stats, std::move(s.counts));
+    part.clear();
   }
   static constexpr time_ns no_anchor = std::numeric_limits<time_ns>::min();
 
   // Frees what only `build_rank(r)` reads (the correlation maps and per-event scratch dominate
-  // a large job's memory); `finish_collectives` still needs the offset, the task maps and the
-  // GPU factors.
+  // a large job's memory); `merge_rank` still needs the task maps, kept delays and counters,
+  // and `finish_collectives` the offset, the task maps and the GPU factors.
   void release_indexes(std::size_t r) {
     rank_state& s = ranks_[r];
     auto release = [](auto& x) { x = std::remove_reference_t<decltype(x)>{}; };
@@ -396,6 +445,7 @@ class trace_graph_builder {
     release(s.sync_by_corr), release(s.collective_op_by_external), release(s.is_comm), release(s.comm_ops), release(s.instance);
     release(s.enqueue), release(s.anchor), release(s.warps), release(s.overheads), release(s.transfer);
     release(s.graph_names), release(s.awaited), release(s.producers), release(s.poll_runs);
+    release(s.launch_task), release(s.removed_calls);
   }
 
   // Every 64 ranks, gives the heap's free pages back to the system: the indexes of all ranks
@@ -524,8 +574,9 @@ class trace_graph_builder {
 
   [[nodiscard]] task_id task_of(std::size_t r, event_index o) const { return ranks_[r].task_of_event[o]; }
 
-  void violation(time_ns amount, std::string text) {
-    auto& st = out_.stats;
+  // Counts a causality violation in `st` (a rank's counters, or the job's), which describes the
+  // first worst.
+  static void violation(build_stats& st, time_ns amount, std::string text) {
     ++st.causality_violations;
     if (amount > st.worst_violation || st.worst_violation_text.empty()) {
       st.worst_violation = amount;
@@ -544,8 +595,9 @@ class trace_graph_builder {
   }
 
   [[nodiscard]] task_id launch_task_for(std::size_t r, event_index call) const {
-    const auto it = launch_task_.find({r, job_.ranks[r].events[call].correlation});
-    return it != launch_task_.end() ? it->second : ranks_[r].task_of_event[call];
+    const rank_state& s = ranks_[r];
+    const auto it = s.launch_task.find(job_.ranks[r].events[call].correlation);
+    return it != s.launch_task.end() ? it->second : s.task_of_event[call];
   }
 
   void handoffs(std::size_t r, std::vector<cpu_task_info>& tasks);
@@ -559,8 +611,7 @@ class trace_graph_builder {
   Comm is_comm_;
   std::vector<rank_state> ranks_;
   std::vector<instance_plan> plans_;
-  std::map<std::pair<std::size_t, std::int64_t>, task_id> launch_task_;  // split blocking copies
-  std::unordered_set<task_id> removed_calls_;  // blocking calls inside an op scaled to 0
+  std::vector<task_graph> parts_;  // `part_of`
   built_job out_;
   std::vector<std::size_t> event_counts_;  // per rank, read before any is freed
   std::size_t events_built_ = 0;           // of the ranks built so far

@@ -324,7 +324,7 @@ void trace_graph_builder<Comm>::finish_collectives() {
     for (const participant& m : plan.members) {
       const task_id c = ranks_[m.rank_index].task_of_event[m.op];
       if (g.observed_end[c] < last) {
-        violation(last - g.observed_end[c], where(m) + " (" + plan.info.kind + " #" + std::to_string(plan.info.sequence) +
+        violation(out_.stats, last - g.observed_end[c], where(m) + " (" + plan.info.kind + " #" + std::to_string(plan.info.sequence) +
                                                 " of group " + plan.info.group + ") ends " + std::to_string(last - g.observed_end[c]) +
                                                 " ns before the last participant arrives (clock skew between hosts?)");
       }

@@ -7,8 +7,8 @@ namespace lumos::graph {
 
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::handoffs(std::size_t r, std::vector<cpu_task_info>& tasks) {
-  task_graph& g = out_.graph;
-  const rank_state& s = ranks_[r];
+  task_graph& g = part_of(r);
+  rank_state& s = ranks_[r];
   if (tasks.empty()) return;
   std::vector<std::size_t> by_end(tasks.size());
   for (std::size_t i = 0; i < tasks.size(); ++i) by_end[i] = i;
@@ -47,7 +47,7 @@ void trace_graph_builder<Comm>::handoffs(std::size_t r, std::vector<cpu_task_inf
     const time_ns delay = warp.empty() ? ready - tasks[source].end : warp.length(tasks[source].end, ready);
     g.add_edge(tasks[source].task, t, delay, edge_kind::thread_handoff);
     g.idle_gap[t] = 0;
-    ++out_.stats.handoffs;
+    ++s.counts.handoffs;
   }
 }
 

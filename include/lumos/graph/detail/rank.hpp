@@ -6,42 +6,49 @@
 
 namespace lumos::graph {
 
-// Each rank's analysis reads only its own trace and state, so worker threads run it up to a
-// few ranks ahead of the calling thread, which adds the ranks' tasks to the graph in rank
-// order: the graph is the same for any number of threads, and only a few ranks' analyses are
-// alive at a time. An analysis that throws is rethrown when its rank's turn comes.
+// Each rank's analysis and tasks read only its own trace and state, so worker threads make
+// them, each rank in a graph of its own (`part_of`), up to a few ranks ahead of the calling
+// thread, which appends the parts to the graph in rank order (`merge_rank`): the graph is the
+// same for any number of threads, and only a few ranks' indexes are alive at a time. A rank
+// whose analysis or build throws is rethrown when its turn comes.
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::build_ranks() {
   const std::size_t n = job_.ranks.size();
   const std::size_t workers = std::min<std::size_t>(thread_count() - 1, n > 1 ? n - 1 : 0);
+  auto make = [this](std::size_t r) {
+    analyse_rank(r);
+    build_rank(r);
+    release_indexes(r);
+  };
+  auto merge = [this](std::size_t r) {
+    merge_rank(r);
+    if (options_.events_done) options_.events_done(r), lend_freed_pages(r);
+    trim_heap(r);
+  };
   if (workers == 0) {
-    for (std::size_t r = 0; r < n; ++r) {
-      analyse_rank(r);
-      build_rank(r);
-      release_indexes(r);
-      if (options_.events_done) options_.events_done(r), lend_freed_pages(r);
-      trim_heap(r);
-    }
+    parts_.resize(1);
+    for (std::size_t r = 0; r < n; ++r) make(r), merge(r);
     return;
   }
-  const std::size_t window = 2 * workers;  // ranks analysed ahead of the one being built
+  const std::size_t window = 2 * workers;  // ranks made ahead of the one being merged
+  parts_.resize(window);
   std::mutex m;
   std::condition_variable cv;
   std::vector<std::uint8_t> ready(n, 0);
   std::vector<std::exception_ptr> failed(n);
-  std::size_t next = 0, built = 0;
+  std::size_t next = 0, merged = 0;
   bool stop = false;
   auto work = [&] {
     while (true) {
       std::size_t r = 0;
       {
         std::unique_lock lock(m);
-        cv.wait(lock, [&] { return stop || next >= n || next < built + window; });
+        cv.wait(lock, [&] { return stop || next >= n || next < merged + window; });
         if (stop || next >= n) return;
         r = next++;
       }
       try {
-        analyse_rank(r);
+        make(r);
       } catch (...) {
         failed[r] = std::current_exception();
       }
@@ -74,13 +81,10 @@ void trace_graph_builder<Comm>::build_ranks() {
       cv.wait(lock, [&] { return ready[r] != 0; });
     }
     if (failed[r]) std::rethrow_exception(failed[r]);
-    build_rank(r);
-    release_indexes(r);
-    if (options_.events_done) options_.events_done(r), lend_freed_pages(r);
-    trim_heap(r);
+    merge(r);
     {
       std::lock_guard lock(m);
-      ++built;
+      ++merged;
     }
     cv.notify_all();
   }
@@ -106,20 +110,11 @@ template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::build_rank(std::size_t r) {
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
-  task_graph& g = out_.graph;
+  task_graph& g = part_of(r);
   const int rank = t.rank;
   const awaited_map& awaited = s.awaited;
   const producer_map& producers = s.producers;
-  {
-    build_stats& st = out_.stats;
-    const build_stats& c = s.counts;
-    st.op_scaled_cpu += c.op_scaled_cpu, st.op_scaled_gpu += c.op_scaled_gpu;
-    st.cross_stream_exact += c.cross_stream_exact, st.cross_stream_inferred += c.cross_stream_inferred;
-    st.cross_stream_unresolved += c.cross_stream_unresolved;
-    st.unmatched_transfer_same_op += c.unmatched_transfer_same_op;
-    st.unmatched_transfer_same_size += c.unmatched_transfer_same_size;
-    st.unmatched_kept_whole += c.unmatched_kept_whole;
-  }
+  g.reserve(t.events.size() + t.events.size() / 16, t.events.size());  // as `build` does for the graph
 
   // 2. CPU tasks, thread by thread (1. is the rank's analysis).
   std::vector<cpu_task_info> cpu_tasks;
@@ -131,10 +126,10 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
   for (const auto& [key, ops] : s.streams) {
     const processor_id p = g.add_processor({processor_kind::gpu_stream, rank, key.device, key.stream,
                                             "rank " + std::to_string(rank) + " stream " + std::to_string(key.stream)});
-    ++out_.stats.streams;
+    ++s.counts.streams;
     stream_overheads oh = s.overheads[key];
     oh.rank = rank;
-    out_.stats.overheads.push_back(oh);
+    s.counts.overheads.push_back(oh);
     for (const event_index o : ops) {
       const trace::event& e = t.events[o];
       const time_ns b = start_of(r, o), en = end_of(r, o);
@@ -148,7 +143,7 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
       } else if (s.is_comm[o]) {
         // Partners absent: the op is its arrival, a peer wait kept as measured, then the
         // transfer (the only part `comm=F` scales).
-        ++out_.stats.collectives_unmatched;
+        ++s.counts.collectives_unmatched;
         const time_ns transfer = std::min(e.dur, s.transfer[o]);
         s.arrive_of_event[o] = g.add_task({.kind = task_kind::comm_arrive, .processor = p, .name_id = name, .rank = rank,
                                           .source = o, .observed_start = b, .observed_end = b});
@@ -157,12 +152,12 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
                                         .source = o, .observed_start = en - transfer, .observed_end = en});
         const time_ns wait = scale_time(e.dur - transfer, s.factor(o));
         g.add_edge(s.arrive_of_event[o], s.task_of_event[o], wait, edge_kind::collective);
-        if (wait > 0) out_.kept.push_back({s.task_of_event[o], overhead_kind::peer_wait, wait});
+        if (wait > 0) s.kept.push_back({s.task_of_event[o], overhead_kind::peer_wait, wait});
       } else {
         s.task_of_event[o] = g.add_task({.kind = task_kind::gpu_compute, .processor = p, .duration = dur, .name_id = name,
                                         .rank = rank, .source = o, .observed_start = b, .observed_end = en});
       }
-      ++out_.stats.gpu_tasks;
+      ++s.counts.gpu_tasks;
     }
   }
 
@@ -174,11 +169,11 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
   for (const event_index call : awaited.keys()) {
     const auto ops = awaited.find(call);
     const task_id wait = s.task_of_event[call];
-    if (removed_calls_.count(wait) != 0) continue;  // inside an op scaled to 0: no wait left
+    if (s.removed_calls.count(wait) != 0) continue;  // inside an op scaled to 0: no wait left
     const time_ns tail = g.duration[wait];
     for (const event_index o : ops) {
       g.add_edge(s.task_of_event[o], wait, tail, edge_kind::sync, edge_flags::finish);
-      ++out_.stats.sync_edges;
+      ++s.counts.sync_edges;
     }
   }
 

@@ -19,7 +19,7 @@ template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& producers) {
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
-  task_graph& g = out_.graph;
+  task_graph& g = part_of(r);
   auto launch_of = [&](event_index o) -> event_index {
     return s.runtime_by_corr.first(t.events[o].correlation, no_event);
   };
@@ -54,7 +54,7 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
       for (const event_index pr : producers.find(o)) {
         const time_ns pe = end_of(r, pr);
         if (pe > start) {  // the producer ended after the consumer began: not a real wait
-          ++out_.stats.cross_stream_unresolved;
+          ++s.counts.cross_stream_unresolved;
           continue;
         }
         deps.push_back({pr, pe});
@@ -65,7 +65,7 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
       const time_ns anchor = s.anchor[o] == no_anchor ? no_anchor : job_time(r, s.anchor[o]);
       if (anchor != no_anchor) consider(launch, anchor + oh.launch_latency);
       if (l != no_event && start < start_of(r, l)) {
-        violation(start_of(r, l) - start, where(r, o) + " starts " + std::to_string(start_of(r, l) - start) +
+        violation(s.counts, start_of(r, l) - start, where(r, o) + " starts " + std::to_string(start_of(r, l) - start) +
                                               " ns before its launch call (" + std::string(t.name(t.events[l])) + ")");
       }
       // A delay beyond what its kind allows: look for the op that held this one back.
@@ -81,25 +81,25 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
           dep_binding = it->second;
           binding = dep;
           expected = it->first + oh.gap;
-          ++out_.stats.cross_stream_implicit;
+          ++s.counts.cross_stream_implicit;
           break;
         }
       }
       const time_ns excess = binding == none ? 0 : start - expected;
       const bool unexplained = binding != none && excess > (binding == launch ? oh.launch_high - oh.launch_latency : oh.gap_high - oh.gap);
       if (unexplained) {
-        ++out_.stats.ops_unexplained;
-        out_.kept.push_back({first, overhead_kind::unexplained, excess});
+        ++s.counts.ops_unexplained;
+        s.kept.push_back({first, overhead_kind::unexplained, excess});
       }
       switch (binding) {
-        case stream: ++out_.stats.ops_queued; break;
-        case launch: ++out_.stats.ops_launch_bound; break;
-        case dep: ++out_.stats.ops_dependency_bound; break;
+        case stream: ++s.counts.ops_queued; break;
+        case launch: ++s.counts.ops_launch_bound; break;
+        case dep: ++s.counts.ops_dependency_bound; break;
         case none: break;
       }
       auto keep = [&](overhead_kind kind, time_ns amount) {
         amount -= unexplained ? excess : 0;
-        if (amount > 0) out_.kept.push_back({first, kind, amount});
+        if (amount > 0) s.kept.push_back({first, kind, amount});
       };
       // Stream order: the measured gap when it bound the op, else the typical gap. A negative
       // slack is a measured overlap with the predecessor (programmatic dependent launch on
@@ -108,9 +108,9 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
         g.idle_gap[first] = binding == none ? start : 0;  // nothing else anchors it
       } else {
         const time_ns slack = start - prev_end;
-        if (slack < 0) ++out_.stats.stream_overlaps;
+        if (slack < 0) ++s.counts.stream_overlaps;
         if (-slack > options_.overlap_tolerance) {
-          violation(-slack, where(r, o) + " starts " + std::to_string(-slack) + " ns before the op before it on stream " +
+          violation(s.counts, -slack, where(r, o) + " starts " + std::to_string(-slack) + " ns before the op before it on stream " +
                                 std::to_string(key.stream) + " ends");
         }
         g.idle_gap[first] = binding == stream ? slack : std::min(oh.gap, slack);
@@ -125,12 +125,12 @@ void trace_graph_builder<Comm>::gpu_edges(std::size_t r, const producer_map& pro
         const time_ns delay = binding == launch ? latency : std::min(oh.launch_latency, latency);
         g.add_edge(launch_task, first, delay, edge_kind::launch, from_start ? edge_flags::from_start : edge_flags::none);
         if (binding == launch) keep(overhead_kind::launch_latency, latency);
-        ++out_.stats.launch_edges;
+        ++s.counts.launch_edges;
         const bool shared_launch = std::exchange(launched_on[l], stream_number) == stream_number ||
                                    s.ops_by_corr.find(t.events[o].correlation).size() > 1;
-        if (shared_launch) ++out_.stats.graph_launch_ops;
+        if (shared_launch) ++s.counts.graph_launch_ops;
       } else {
-        ++out_.stats.ops_without_launch;
+        ++s.counts.ops_without_launch;
       }
       for (const auto& [pr, pe] : deps) {
         const time_ns delay = pr == dep_binding && binding == dep ? start - pe : std::min(oh.gap, start - pe);

@@ -9,13 +9,13 @@ template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, const awaited_map& awaited, std::vector<cpu_task_info>& cpu_tasks) {
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
-  task_graph& g = out_.graph;
+  task_graph& g = part_of(r);
   const auto& [lane_id, events] = s.cpu_lanes[slot];
   const trace::lane& lane = t.lanes[lane_id];
   std::string pname = "rank " + std::to_string(t.rank) + " thread " + std::to_string(lane.tid);
   if (lane.thread_name != no_string) pname += " (" + std::string(t.str(lane.thread_name)) + ")";
   const processor_id p = g.add_processor({processor_kind::cpu_thread, t.rank, lane.pid, lane.tid, pname});
-  ++out_.stats.threads;
+  ++s.counts.threads;
 
   // Busy time: the union of the thread's operator intervals.
   std::vector<std::pair<time_ns, time_ns>> busy;
@@ -56,9 +56,9 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
     const auto [idle, b] = split_gap(previous_end, begin);
     const task_id id = g.add_task({.kind = kind, .processor = p, .duration = duration, .idle_gap = idle, .busy_gap = b, .name_id = name,
                                   .rank = t.rank, .source = source, .observed_start = begin, .observed_end = end});
-    if (idle > 0) out_.kept.push_back({id, overhead_kind::cpu_idle, idle});
+    if (idle > 0) s.kept.push_back({id, overhead_kind::cpu_idle, idle});
     cpu_tasks.push_back({id, slot, begin, end, b});
-    ++out_.stats.cpu_tasks;
+    ++s.counts.cpu_tasks;
     previous_end = std::max(previous_end, end);
     return id;
   };
@@ -84,7 +84,7 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
       s.task_of_event[i] = owner;
       continue;
     }
-    ++out_.stats.blocking_calls;
+    ++s.counts.blocking_calls;
     // The call's own time after the wait (FIDELITY.md item 3) is its tail, an overhead; the
     // wait comes from the finish edges. A call that waits for an op it launched itself (a
     // synchronous copy) is split: it issues the copy in about a launch latency, then waits.
@@ -102,15 +102,15 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
         issue_end = std::min(issue_end, std::max(b, std::min(start_of(r, o), b + oh.launch_latency)));
       }
       const task_id issue = add(task_kind::cpu, own(b, issue_end), b, issue_end, graph_name(r, e.name), i);
-      launch_task_[{r, e.correlation}] = issue;
+      s.launch_task[e.correlation] = issue;
       b = issue_end;
     }
     const time_ns tail = std::max<time_ns>(0, call_end - std::max(latest, b));
     owner = add(task_kind::cpu_blocking, removed ? 0 : own(call_end - tail, call_end), b, call_end, graph_name(r, t.events[call].name), call);
-    if (removed) removed_calls_.insert(owner);
-    if (tail > 0 && !removed) out_.kept.push_back({owner, overhead_kind::sync_tail, g.duration[owner]});
+    if (removed) s.removed_calls.insert(owner);
+    if (tail > 0 && !removed) s.kept.push_back({owner, overhead_kind::sync_tail, g.duration[owner]});
     if (call != i) {
-      ++out_.stats.poll_waits;
+      ++s.counts.poll_waits;
       s.task_of_event[i] = owner;
       run_last = call;
     }
