@@ -262,77 +262,115 @@ void trace_graph_builder<Comm>::unmatched_transfers(std::size_t r) {
   }
 }
 
+// The joins, made in three passes so that the middle one, which reads and writes the
+// participants' tasks all over the graph (a 512-rank job has a million participants), runs on
+// every thread: first, in plan order, what fixes ids and string ids (each join's processor and
+// task, each plan's first edge); then, per plan in parallel, the participants' edges, transfer
+// times and the join's time; last, in plan order, the causality violations and the collectives.
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::finish_collectives() {
   task_graph& g = out_.graph;
+  const std::size_t n = plans_.size();
+  if (n == 0) return;
+  // A point-to-point transfer whose sender finished before its receiver started was sent
+  // eagerly (NCCL buffers small messages): the receiver waits for the sender, the sender for
+  // nobody. Joining them would make the traced order a deadlock (two ranks that each send
+  // before they receive on one stream), so only the receiver depends on the sender.
+  auto eager_sender = [&](const instance_plan& plan) -> const participant* {
+    if (plan.info.kind != "sendrecv" || plan.members.size() != 2) return nullptr;
+    const participant& x = plan.members[0];
+    const participant& y = plan.members[1];
+    if (end_of(x) <= start_of(y)) return &x;
+    if (end_of(y) <= start_of(x)) return &y;
+    return nullptr;
+  };
+  constexpr task_id eager = no_task;  // join_of: an eager transfer has none
+  std::vector<task_id> join_of(n);
+  std::vector<std::size_t> first_edge(n + 1);
   // At most one join processor and one instance a plan: grown one at a time, both lists would
   // move their strings at each doubling (a 512-rank job has 130 000 instances).
-  g.processors.reserve(g.processors.size() + plans_.size());
-  g.collectives.reserve(g.collectives.size() + plans_.size());
-  for (instance_plan& plan : plans_) {
-    // A point-to-point transfer whose sender finished before its receiver started was sent
-    // eagerly (NCCL buffers small messages): the receiver waits for the sender, the sender for
-    // nobody. Joining them would make the traced order a deadlock (two ranks that each send
-    // before they receive on one stream), so only the receiver depends on the sender.
-    if (plan.info.kind == "sendrecv" && plan.members.size() == 2) {
-      const participant& x = plan.members[0];
-      const participant& y = plan.members[1];
-      const bool x_first = end_of(x) <= start_of(y);
-      const bool y_first = end_of(y) <= start_of(x);
-      if (x_first || y_first) {
-        const participant& sender = x_first ? x : y;
-        const participant& receiver = x_first ? y : x;
-        for (const participant& m : plan.members) {
-          plan.info.arrive.push_back(ranks_[m.rank_index].arrive_of_event[m.op]);
-          plan.info.complete.push_back(ranks_[m.rank_index].task_of_event[m.op]);
-          ++out_.stats.collective_participants;
-        }
-        g.add_edge(ranks_[sender.rank_index].task_of_event[sender.op], ranks_[receiver.rank_index].task_of_event[receiver.op], 0,
-                   edge_kind::collective);
-        plan.info.match += " (eager: the receiver waits for the sender)";
-        g.collectives.push_back(std::move(plan.info));
-        ++out_.stats.collectives_matched;
-        ++out_.stats.p2p_eager;
-        continue;
-      }
+  g.processors.reserve(g.processors.size() + n);
+  g.collectives.reserve(g.collectives.size() + n);
+  std::size_t edges = g.edges.size();
+  string_id kind_name = no_string;
+  for (std::size_t x = 0; x < n; ++x) {
+    const instance_plan& plan = plans_[x];
+    first_edge[x] = edges;
+    out_.stats.collective_participants += plan.members.size();
+    ++out_.stats.collectives_matched;
+    if (eager_sender(plan) != nullptr) {
+      join_of[x] = eager;
+      ++edges;
+      ++out_.stats.p2p_eager;
+      continue;
     }
     // Each join gets a processor of its own: joins must not be ordered among themselves (the
     // participants' streams already order a group's collectives).
     const processor_id barrier = g.add_processor(
-        {processor_kind::barrier, -1, 0, static_cast<std::int64_t>(g.collectives.size()),
+        {processor_kind::barrier, -1, 0, static_cast<std::int64_t>(g.collectives.size() + x),
          plan.info.kind + " #" + std::to_string(plan.info.sequence) + " of group " + plan.info.group});
-    // The transfer is the shortest participant: the last to arrive waited least.
-    time_ns transfer = std::numeric_limits<time_ns>::max();
-    for (const participant& m : plan.members) {
-      transfer = std::min(transfer, scale_time(m.dur, ranks_[m.rank_index].factor(m.op)));
-    }
-    const task_id join = g.add_task({.kind = task_kind::join, .processor = barrier, .name = plan.info.kind, .rank = -1});
-    plan.info.join = join;
-    for (const participant& m : plan.members) {
-      const task_id a = ranks_[m.rank_index].arrive_of_event[m.op];
-      const task_id c = ranks_[m.rank_index].task_of_event[m.op];
-      g.duration[c] = transfer;
-      g.add_edge(a, join, 0, edge_kind::collective);
-      g.add_edge(join, c, 0, edge_kind::collective);
-      plan.info.arrive.push_back(a);
-      plan.info.complete.push_back(c);
-      ++out_.stats.collective_participants;
-    }
-    // The join happens when the last participant arrives; no participant can end before it.
-    time_ns last = std::numeric_limits<time_ns>::min();
-    for (const task_id a : plan.info.arrive) last = std::max(last, g.observed_start[a]);
-    for (const participant& m : plan.members) {
-      const task_id c = ranks_[m.rank_index].task_of_event[m.op];
-      if (g.observed_end[c] < last) {
-        violation(out_.stats, last - g.observed_end[c], where(m) + " (" + plan.info.kind + " #" + std::to_string(plan.info.sequence) +
-                                                " of group " + plan.info.group + ") ends " + std::to_string(last - g.observed_end[c]) +
-                                                " ns before the last participant arrives (clock skew between hosts?)");
-      }
-    }
-    g.observed_start[join] = g.observed_end[join] = last;
-    g.collectives.push_back(std::move(plan.info));
-    ++out_.stats.collectives_matched;
+    if (kind_name == no_string || g.strings[kind_name] != plan.info.kind) kind_name = g.strings.intern(plan.info.kind);
+    join_of[x] = g.add_task({.kind = task_kind::join, .processor = barrier, .name_id = kind_name, .rank = -1});
+    edges += 2 * plan.members.size();
   }
+  first_edge[n] = edges;
+  g.edges.resize(edges);
+
+  struct late_end {  // a participant that ends before the last one arrives
+    std::size_t plan;
+    time_ns amount;
+    std::string text;
+  };
+  constexpr std::size_t chunk = 1024;
+  std::vector<std::vector<late_end>> late((n + chunk - 1) / chunk);
+  parallel_for(late.size(), thread_count(), [&](std::size_t c) {
+    for (std::size_t x = c * chunk; x < std::min(n, (c + 1) * chunk); ++x) {
+      instance_plan& plan = plans_[x];
+      collective_instance& info = plan.info;
+      info.arrive.reserve(plan.members.size());
+      info.complete.reserve(plan.members.size());
+      for (const participant& m : plan.members) {
+        info.arrive.push_back(ranks_[m.rank_index].arrive_of_event[m.op]);
+        info.complete.push_back(ranks_[m.rank_index].task_of_event[m.op]);
+      }
+      edge* e = g.edges.data() + first_edge[x];
+      const task_id join = join_of[x];
+      if (join == eager) {
+        const participant* sender = eager_sender(plan);
+        const participant& receiver = sender == &plan.members[0] ? plan.members[1] : plan.members[0];
+        *e = {ranks_[sender->rank_index].task_of_event[sender->op], ranks_[receiver.rank_index].task_of_event[receiver.op], 0,
+              edge_kind::collective, false, false};
+        info.match += " (eager: the receiver waits for the sender)";
+        continue;
+      }
+      info.join = join;
+      // The transfer is the shortest participant: the last to arrive waited least.
+      time_ns transfer = std::numeric_limits<time_ns>::max();
+      for (const participant& m : plan.members) {
+        transfer = std::min(transfer, scale_time(m.dur, ranks_[m.rank_index].factor(m.op)));
+      }
+      for (std::size_t k = 0; k < plan.members.size(); ++k) {
+        g.duration[info.complete[k]] = transfer;
+        *e++ = {info.arrive[k], join, 0, edge_kind::collective, false, false};
+        *e++ = {join, info.complete[k], 0, edge_kind::collective, false, false};
+      }
+      // The join happens when the last participant arrives; no participant can end before it.
+      time_ns last = std::numeric_limits<time_ns>::min();
+      for (const task_id a : info.arrive) last = std::max(last, g.observed_start[a]);
+      for (std::size_t k = 0; k < plan.members.size(); ++k) {
+        const time_ns end = g.observed_end[info.complete[k]];
+        if (end >= last) continue;
+        late[c].push_back({x, last - end, where(plan.members[k]) + " (" + info.kind + " #" + std::to_string(info.sequence) +
+                                              " of group " + info.group + ") ends " + std::to_string(last - end) +
+                                              " ns before the last participant arrives (clock skew between hosts?)"});
+      }
+      g.observed_start[join] = g.observed_end[join] = last;
+    }
+  });
+  for (std::vector<late_end>& in_chunk : late) {
+    for (late_end& v : in_chunk) violation(out_.stats, v.amount, std::move(v.text));
+  }
+  for (instance_plan& plan : plans_) g.collectives.push_back(std::move(plan.info));
 }
 
 }  // namespace lumos::graph
