@@ -527,8 +527,9 @@ class trace_graph_builder {
   };
   [[nodiscard]] time_ns start_of(const participant& m) const noexcept { return job_time(m.rank_index, m.ts); }
   [[nodiscard]] time_ns end_of(const participant& m) const noexcept { return job_time(m.rank_index, m.ts + m.dur); }
+  // What the graph's collective `instances_[i]` joins (the two lists stay parallel: the
+  // instances become the graph's without a copy).
   struct instance_plan {
-    collective_instance info;
     std::vector<participant> members;
   };
 
@@ -611,6 +612,7 @@ class trace_graph_builder {
   Comm is_comm_;
   std::vector<rank_state> ranks_;
   std::vector<instance_plan> plans_;
+  std::vector<collective_instance> instances_;  // per plan
   std::vector<task_graph> parts_;  // `part_of`
   built_job out_;
   std::vector<std::size_t> event_counts_;  // per rank, read before any is freed

@@ -132,26 +132,28 @@ void trace_graph_builder<Comm>::match_collectives() {
   // Each instance's plan is its own, and so is each member's slot in `instance`: in parallel.
   const std::size_t first_id = plans_.size();
   plans_.resize(first_id + runs.size());
+  instances_.resize(first_id + runs.size());
   constexpr std::size_t chunk = 1024;
   parallel_for((runs.size() + chunk - 1) / chunk, thread_count(), [&](std::size_t c) {
     for (std::size_t x = c * chunk; x < std::min(runs.size(), (c + 1) * chunk); ++x) {
       const auto [i, j] = runs[x];
       const std::string& group = groups[entries[i].group];
       instance_plan& plan = plans_[first_id + x];
-      plan.info.group = group.empty() ? "world" : group;
-      plan.info.kind = types[entries[i].type];
-      plan.info.sequence = entries[i].seq;
+      collective_instance& info = instances_[first_id + x];
+      info.group = group.empty() ? "world" : group;
+      info.kind = types[entries[i].type];
+      info.sequence = entries[i].seq;
       // The first member that states them: the group's ranks, and the message size (elements
       // when only nelems is known; 0 if unknown).
-      for (std::size_t k = i; k < j && plan.info.group_ranks.empty(); ++k) {
+      for (std::size_t k = i; k < j && info.group_ranks.empty(); ++k) {
         const trace::rank_trace& t = job_.ranks[entries[k].member.rank_index];
-        plan.info.group_ranks = detail::parse_rank_list(t.arg_text(entries[k].source, trace::arg_key::process_group_ranks));
+        info.group_ranks = detail::parse_rank_list(t.arg_text(entries[k].source, trace::arg_key::process_group_ranks));
       }
-      for (std::size_t k = i; k < j && plan.info.bytes == 0; ++k) {
+      for (std::size_t k = i; k < j && info.bytes == 0; ++k) {
         const trace::rank_trace& t = job_.ranks[entries[k].member.rank_index];
-        if (const auto nel = t.arg(entries[k].source, trace::arg_key::in_msg_nelems)) plan.info.bytes = *nel;
+        if (const auto nel = t.arg(entries[k].source, trace::arg_key::in_msg_nelems)) info.bytes = *nel;
       }
-      plan.info.match = group.empty() ? "world group + order of same-type kernels" : "process group + sequence";
+      info.match = group.empty() ? "world group + order of same-type kernels" : "process group + sequence";
       const auto id = static_cast<std::int32_t>(first_id + x);
       plan.members.reserve(j - i);
       for (std::size_t k = i; k < j; ++k) {
@@ -276,8 +278,9 @@ void trace_graph_builder<Comm>::finish_collectives() {
   // eagerly (NCCL buffers small messages): the receiver waits for the sender, the sender for
   // nobody. Joining them would make the traced order a deadlock (two ranks that each send
   // before they receive on one stream), so only the receiver depends on the sender.
-  auto eager_sender = [&](const instance_plan& plan) -> const participant* {
-    if (plan.info.kind != "sendrecv" || plan.members.size() != 2) return nullptr;
+  auto eager_sender = [&](std::size_t i) -> const participant* {
+    const instance_plan& plan = plans_[i];
+    if (instances_[i].kind != "sendrecv" || plan.members.size() != 2) return nullptr;
     const participant& x = plan.members[0];
     const participant& y = plan.members[1];
     if (end_of(x) <= start_of(y)) return &x;
@@ -287,29 +290,29 @@ void trace_graph_builder<Comm>::finish_collectives() {
   constexpr task_id eager = no_task;  // join_of: an eager transfer has none
   std::vector<task_id> join_of(n);
   std::vector<std::size_t> first_edge(n + 1);
-  // At most one join processor and one instance a plan: grown one at a time, both lists would
-  // move their strings at each doubling (a 512-rank job has 130 000 instances).
+  // At most one join processor a plan: grown one at a time, the list would move its strings
+  // at each doubling (a 512-rank job has 130 000 instances).
   g.processors.reserve(g.processors.size() + n);
-  g.collectives.reserve(g.collectives.size() + n);
+  const std::size_t first_collective = g.collectives.size();
   std::size_t edges = g.edges.size();
   string_id kind_name = no_string;
   for (std::size_t x = 0; x < n; ++x) {
     const instance_plan& plan = plans_[x];
+    const collective_instance& info = instances_[x];
     first_edge[x] = edges;
     out_.stats.collective_participants += plan.members.size();
     ++out_.stats.collectives_matched;
-    if (eager_sender(plan) != nullptr) {
+    if (eager_sender(x) != nullptr) {
       join_of[x] = eager;
       ++edges;
       ++out_.stats.p2p_eager;
       continue;
     }
     // Each join gets a processor of its own: joins must not be ordered among themselves (the
-    // participants' streams already order a group's collectives).
-    const processor_id barrier = g.add_processor(
-        {processor_kind::barrier, -1, 0, static_cast<std::int64_t>(g.collectives.size() + x),
-         plan.info.kind + " #" + std::to_string(plan.info.sequence) + " of group " + plan.info.group});
-    if (kind_name == no_string || g.strings[kind_name] != plan.info.kind) kind_name = g.strings.intern(plan.info.kind);
+    // participants' streams already order a group's collectives). Named in the parallel pass.
+    const processor_id barrier =
+        g.add_processor({processor_kind::barrier, -1, 0, static_cast<std::int64_t>(first_collective + x), {}});
+    if (kind_name == no_string || g.strings[kind_name] != info.kind) kind_name = g.strings.intern(info.kind);
     join_of[x] = g.add_task({.kind = task_kind::join, .processor = barrier, .name_id = kind_name, .rank = -1});
     edges += 2 * plan.members.size();
   }
@@ -325,8 +328,8 @@ void trace_graph_builder<Comm>::finish_collectives() {
   std::vector<std::vector<late_end>> late((n + chunk - 1) / chunk);
   parallel_for(late.size(), thread_count(), [&](std::size_t c) {
     for (std::size_t x = c * chunk; x < std::min(n, (c + 1) * chunk); ++x) {
-      instance_plan& plan = plans_[x];
-      collective_instance& info = plan.info;
+      const instance_plan& plan = plans_[x];
+      collective_instance& info = instances_[x];
       info.arrive.reserve(plan.members.size());
       info.complete.reserve(plan.members.size());
       for (const participant& m : plan.members) {
@@ -336,7 +339,7 @@ void trace_graph_builder<Comm>::finish_collectives() {
       edge* e = g.edges.data() + first_edge[x];
       const task_id join = join_of[x];
       if (join == eager) {
-        const participant* sender = eager_sender(plan);
+        const participant* sender = eager_sender(x);
         const participant& receiver = sender == &plan.members[0] ? plan.members[1] : plan.members[0];
         *e = {ranks_[sender->rank_index].task_of_event[sender->op], ranks_[receiver.rank_index].task_of_event[receiver.op], 0,
               edge_kind::collective, false, false};
@@ -344,6 +347,7 @@ void trace_graph_builder<Comm>::finish_collectives() {
         continue;
       }
       info.join = join;
+      g.processors[g.processor[join]].name = info.kind + " #" + std::to_string(info.sequence) + " of group " + info.group;
       // The transfer is the shortest participant: the last to arrive waited least.
       time_ns transfer = std::numeric_limits<time_ns>::max();
       for (const participant& m : plan.members) {
@@ -370,7 +374,12 @@ void trace_graph_builder<Comm>::finish_collectives() {
   for (std::vector<late_end>& in_chunk : late) {
     for (late_end& v : in_chunk) violation(out_.stats, v.amount, std::move(v.text));
   }
-  for (instance_plan& plan : plans_) g.collectives.push_back(std::move(plan.info));
+  if (g.collectives.empty()) {
+    g.collectives = std::move(instances_);
+  } else {
+    g.collectives.insert(g.collectives.end(), std::make_move_iterator(instances_.begin()), std::make_move_iterator(instances_.end()));
+  }
+  instances_ = {};
 }
 
 }  // namespace lumos::graph
