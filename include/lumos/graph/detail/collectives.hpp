@@ -93,40 +93,57 @@ void trace_graph_builder<Comm>::match_collectives() {
     return rank;
   };
   const std::vector<std::uint32_t> group_rank = text_order(group_text), type_rank = text_order(type_text);
-  std::vector<entry> entries;
-  entries.reserve(total);
-  for (std::size_t r = 0; r < keys.size(); ++r) {
-    for (entry e : keys[r].entries) {
-      e.group = group_rank[group_map[r][e.group]];
-      e.type = type_rank[type_map[r][e.type]];
-      entries.push_back(e);
-    }
-    keys[r] = rank_keys{};
-  }
   std::vector<std::string> groups(group_text.size()), types(type_text.size());
   for (std::size_t i = 0; i < group_text.size(); ++i) groups[group_rank[i]] = group_text[i];
   for (std::size_t i = 0; i < type_text.size(); ++i) types[type_rank[i]] = type_text[i];
-  // Stable: the members of one instance stay in rank order.
-  std::stable_sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
-    return std::tie(a.group, a.type, a.seq) < std::tie(b.group, b.type, b.seq);
+  // Each rank's keys under the job's numbers, sorted (a rank has each key once: its sequence
+  // counts its ops of one group and type).
+  for_each_rank([&](std::size_t r) {
+    std::vector<entry>& rank_entries = keys[r].entries;
+    for (entry& e : rank_entries) e.group = group_rank[group_map[r][e.group]], e.type = type_rank[type_map[r][e.type]];
+    std::sort(rank_entries.begin(), rank_entries.end(),
+              [](const entry& x, const entry& y) { return std::tie(x.group, x.type, x.seq) < std::tie(y.group, y.type, y.seq); });
   });
-  // The instances: runs of one key over at least two ranks, each rank at most once (a rank
-  // appearing twice under one key means the sequences diverged: it stays unmatched).
-  std::vector<std::pair<std::size_t, std::size_t>> runs;
-  std::vector<std::uint8_t> present(job_.ranks.size(), 0);
-  for (std::size_t i = 0; i < entries.size();) {
-    std::size_t j = i + 1;
-    while (j < entries.size() && entries[j].group == entries[i].group && entries[j].type == entries[i].type &&
-           entries[j].seq == entries[i].seq) {
+  // The instances, in key order, each one's members in rank order: the ops of one key on at
+  // least two ranks. A rank's ops of one group and type are numbered 0, 1, 2, ... in its
+  // sorted keys, so the k-th op of every rank that has that group and type forms the k-th
+  // instance, without sorting the job's keys together (a 512-rank job has 870 000).
+  struct segment {
+    std::uint32_t group, type;
+    std::size_t rank, begin, count;  // keys[rank].entries[begin, begin + count)
+  };
+  std::vector<segment> segments;
+  for (std::size_t r = 0; r < keys.size(); ++r) {
+    const std::vector<entry>& rank_entries = keys[r].entries;
+    for (std::size_t i = 0; i < rank_entries.size();) {
+      std::size_t j = i + 1;
+      while (j < rank_entries.size() && rank_entries[j].group == rank_entries[i].group && rank_entries[j].type == rank_entries[i].type) ++j;
+      segments.push_back({rank_entries[i].group, rank_entries[i].type, r, i, j - i});
+      i = j;
+    }
+  }
+  std::sort(segments.begin(), segments.end(),
+            [](const segment& x, const segment& y) { return std::tie(x.group, x.type, x.rank) < std::tie(y.group, y.type, y.rank); });
+  std::vector<const entry*> members;                   // of every instance, instance by instance
+  std::vector<std::pair<std::size_t, std::size_t>> runs;  // each instance's range of `members`
+  members.reserve(total);
+  for (std::size_t i = 0; i < segments.size();) {
+    std::size_t j = i + 1, most = segments[i].count;
+    while (j < segments.size() && segments[j].group == segments[i].group && segments[j].type == segments[i].type) {
+      most = std::max(most, segments[j].count);
       ++j;
     }
-    bool clash = false;
-    for (std::size_t k = i; k < j; ++k) {
-      clash = clash || present[entries[k].member.rank_index] != 0;
-      present[entries[k].member.rank_index] = 1;
+    for (std::size_t k = 0; k < most; ++k) {
+      const std::size_t first = members.size();
+      for (std::size_t g = i; g < j; ++g) {
+        if (k < segments[g].count) members.push_back(&keys[segments[g].rank].entries[segments[g].begin + k]);
+      }
+      if (members.size() - first >= 2) {
+        runs.emplace_back(first, members.size());
+      } else {
+        members.resize(first);
+      }
     }
-    for (std::size_t k = i; k < j; ++k) present[entries[k].member.rank_index] = 0;
-    if (j - i >= 2 && !clash) runs.emplace_back(i, j);
     i = j;
   }
   // Each instance's plan is its own, and so is each member's slot in `instance`: in parallel.
@@ -137,28 +154,28 @@ void trace_graph_builder<Comm>::match_collectives() {
   parallel_for((runs.size() + chunk - 1) / chunk, thread_count(), [&](std::size_t c) {
     for (std::size_t x = c * chunk; x < std::min(runs.size(), (c + 1) * chunk); ++x) {
       const auto [i, j] = runs[x];
-      const std::string& group = groups[entries[i].group];
+      const std::string& group = groups[members[i]->group];
       instance_plan& plan = plans_[first_id + x];
       collective_instance& info = instances_[first_id + x];
       info.group = group.empty() ? "world" : group;
-      info.kind = types[entries[i].type];
-      info.sequence = entries[i].seq;
+      info.kind = types[members[i]->type];
+      info.sequence = members[i]->seq;
       // The first member that states them: the group's ranks, and the message size (elements
       // when only nelems is known; 0 if unknown).
       for (std::size_t k = i; k < j && info.group_ranks.empty(); ++k) {
-        const trace::rank_trace& t = job_.ranks[entries[k].member.rank_index];
-        info.group_ranks = detail::parse_rank_list(t.arg_text(entries[k].source, trace::arg_key::process_group_ranks));
+        const trace::rank_trace& t = job_.ranks[members[k]->member.rank_index];
+        info.group_ranks = detail::parse_rank_list(t.arg_text(members[k]->source, trace::arg_key::process_group_ranks));
       }
       for (std::size_t k = i; k < j && info.bytes == 0; ++k) {
-        const trace::rank_trace& t = job_.ranks[entries[k].member.rank_index];
-        if (const auto nel = t.arg(entries[k].source, trace::arg_key::in_msg_nelems)) info.bytes = *nel;
+        const trace::rank_trace& t = job_.ranks[members[k]->member.rank_index];
+        if (const auto nel = t.arg(members[k]->source, trace::arg_key::in_msg_nelems)) info.bytes = *nel;
       }
       info.match = group.empty() ? "world group + order of same-type kernels" : "process group + sequence";
       const auto id = static_cast<std::int32_t>(first_id + x);
       plan.members.reserve(j - i);
       for (std::size_t k = i; k < j; ++k) {
-        plan.members.push_back(entries[k].member);
-        ranks_[entries[k].member.rank_index].instance[entries[k].member.op] = id;
+        plan.members.push_back(members[k]->member);
+        ranks_[members[k]->member.rank_index].instance[members[k]->member.op] = id;
       }
     }
   });
