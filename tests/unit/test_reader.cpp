@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <map>
+
 using namespace lumos::trace;
 using lumos_test::data_dir;
 
@@ -269,6 +271,35 @@ TEST_CASE("string pids, unknown categories and phases are counted, not errors", 
   const auto& mystery = find(t, "mystery");
   CHECK(t.str(t.lanes[mystery.lane].thread_name) == "main thread");
   CHECK(t.str(t.lanes[mystery.lane].process_name) == "python");
+}
+
+TEST_CASE("names and categories met again are matched on their raw text only when nothing was escaped", "[reader]") {
+  // The reader matches a repeated name or category on its raw JSON token; the text ab\ (read
+  // from "ab\\") must not match the token "ab\"", which is the string ab" (it once did, for
+  // categories: all three events were counted under ab\).
+  const std::string text = R"({"traceEvents":[)"
+                           R"({"ph":"X","cat":"ab\\","name":"k\\","pid":1,"tid":1,"ts":1,"dur":1},)"
+                           R"({"ph":"X","cat":"ab\"","name":"k\"","pid":1,"tid":1,"ts":3,"dur":1},)"
+                           R"({"ph":"X","cat":"ab\"","name":"k\"","pid":1,"tid":1,"ts":5,"dur":1},)"
+                           R"({"ph":"X","cat":"kernel","name":"gemm","pid":1,"tid":1,"ts":7,"dur":1},)"
+                           R"({"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":9,"dur":1},)"
+                           R"({"ph":"X","cat":"kernel","name":"gemm","pid":1,"tid":1,"ts":11,"dur":1}]})";
+  const auto t = read_trace_bytes(text, "escapes");
+  REQUIRE(t.events.size() == 6);
+  CHECK(t.str(t.events[0].cat_name) == "ab\\");
+  CHECK(t.str(t.events[0].name) == "k\\");
+  for (const std::size_t i : {1, 2}) {
+    CHECK(t.str(t.events[i].cat_name) == "ab\"");
+    CHECK(t.str(t.events[i].name) == "k\"");
+  }
+  CHECK(t.events[5].name == t.events[3].name);  // the same id, through the raw match
+  CHECK(t.events[5].cat_name == t.events[3].cat_name);
+  CHECK(t.str(t.events[4].name) == "cudaLaunchKernel");
+  const auto s = summarize(t);
+  std::map<std::string, std::uint64_t> by_category(s.by_category.begin(), s.by_category.end());
+  CHECK(by_category["ab\\"] == 1);
+  CHECK(by_category["ab\""] == 2);
+  CHECK(by_category["kernel"] == 2);
 }
 
 TEST_CASE("collective args, process groups and device properties are read", "[reader]") {

@@ -409,24 +409,21 @@ inline void kineto_reader::parse_event(simdjson::ondemand::object& obj) {
         p.has_ph = true;
         break;
       }
-      case detail::k_cat: {
-        // Consecutive events mostly share a category: compare the raw bytes first.
-        const std::string_view token = value.raw_json_token();
-        if (last_cat_ != no_string && token.size() > last_cat_text_.size() + 1 && token[0] == '"' &&
-            token[last_cat_text_.size() + 1] == '"' &&
-            std::memcmp(token.data() + 1, last_cat_text_.data(), last_cat_text_.size()) == 0) {
-          e.cat_name = last_cat_;
-          break;
+      case detail::k_cat:
+      case detail::k_name: {
+        // Consecutive events mostly share a category, and alternate a few names: compare the
+        // raw bytes first.
+        const bool cat = code == detail::k_cat;
+        detail::recent_strings& recent = cat ? recent_cats_ : recent_names_;
+        string_id id = recent.find(value.raw_json_token());
+        if (id == no_string) {
+          id = out_.strings.intern(read_string(value, cat ? "cat" : "name"));
+          recent.add(id, out_.strings[id]);
         }
-        last_cat_ = out_.strings.intern(read_string(value, "cat"));
-        last_cat_text_ = out_.strings[last_cat_];
-        e.cat_name = last_cat_;
+        (cat ? e.cat_name : e.name) = id;
+        p.has_name = p.has_name || !cat;
         break;
       }
-      case detail::k_name:
-        e.name = out_.strings.intern(read_string(value, "name"));
-        p.has_name = true;
-        break;
       case detail::k_pid:
         read_id(value, "pid", p.pid, p.pid_text);
         p.has_pid = true;

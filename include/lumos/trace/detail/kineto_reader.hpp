@@ -29,6 +29,43 @@
 
 namespace lumos::trace {
 
+namespace detail {
+
+// The strings a reader met last (a trace alternates kernels and their launch calls, so two),
+// matched on an event's raw JSON token before it pays for a string read and an intern. A token
+// "TEXT" is the string TEXT only when nothing in TEXT was escaped, so a string with a backslash
+// is never kept: ab\ (read from "ab\\") would match the token "ab\"", which is the string ab".
+class recent_strings {
+ public:
+  [[nodiscard]] string_id find(std::string_view token) noexcept {
+    for (unsigned i = 0; i < slots_.size(); ++i) {
+      const slot& s = slots_[i];
+      if (s.id != no_string && token.size() >= s.text.size() + 2 && token[0] == '"' && token[s.text.size() + 1] == '"' &&
+          token.substr(1, s.text.size()) == s.text) {
+        last_ = i;
+        return s.id;
+      }
+    }
+    return no_string;
+  }
+  // `text` must outlive the reader (a view into its string table).
+  void add(string_id id, std::string_view text) noexcept {
+    if (text.find('\\') != std::string_view::npos) return;
+    last_ ^= 1U;  // replaces the one used less recently
+    slots_[last_] = {id, text};
+  }
+
+ private:
+  struct slot {
+    string_id id = no_string;
+    std::string_view text;
+  };
+  std::array<slot, 2> slots_{};
+  unsigned last_ = 0;  // the slot matched or added last
+};
+
+}  // namespace detail
+
 /// Options for reading one trace file.
 struct read_options {
   /// Bytes of decompressed text held at once; the window grows only for a single event larger
@@ -222,8 +259,7 @@ class kineto_reader {
   rank_trace out_;
   std::vector<std::uint8_t> cat_kind_;
   std::string meta_name_;
-  string_id last_cat_ = no_string;
-  std::string_view last_cat_text_;
+  detail::recent_strings recent_cats_, recent_names_;
   std::unordered_map<lane_key, std::uint32_t, lane_hash> lane_ids_;
   struct recent_lane {
     lane_key key{};
