@@ -429,7 +429,7 @@ class trace_graph_builder {
       for (task_id& t : *ids) t = t == no_task ? no_task : t + base;
     }
     for (kept_delay k : s.kept) k.task += base, out_.kept.push_back(k);
-    s.kept = {};
+    s.kept = decltype(s.kept){};  // freed (`= {}` would keep the capacity)
     detail::add_counts(out_.stats, std::move(s.counts));
     part.clear();
   }
