@@ -229,3 +229,34 @@ TEST_CASE("event_lists: each key's values in the order added, keys ascending", "
   graph::detail::event_lists unsealed;  // nothing sealed: every lookup is empty
   CHECK(unsealed.find(3).empty());
 }
+
+// detail::add_counts lists build_stats' per-rank counters by hand (30 of them, the causality
+// violations included): a counter added to build_stats but not there would read 0 for every
+// job, whatever the thread count, so no comparison across thread counts would notice.
+static_assert(sizeof(void*) != 8 ||
+                  sizeof(graph::build_stats) == 30 * sizeof(std::size_t) + sizeof(time_ns) + 2 * sizeof(std::string) +
+                                                    2 * sizeof(std::vector<time_ns>) + 8 /* two bools, padded */,
+              "build_stats changed: add its new per-rank counters to detail::add_counts, then update this check");
+
+TEST_CASE("add_counts sums the ranks' counters and keeps the first worst causality violation", "[graph][threads]") {
+  graph::build_stats job;
+  graph::build_stats a;
+  a.cpu_tasks = 3, a.op_scaled_cpu = 1, a.causality_violations = 2, a.worst_violation = 50, a.worst_violation_text = "a";
+  a.overheads.resize(2);
+  graph::build_stats b;
+  b.cpu_tasks = 4, b.op_scaled_cpu = 2, b.causality_violations = 1, b.worst_violation = 50, b.worst_violation_text = "b";
+  b.overheads.resize(1);
+  graph::build_stats c;
+  c.causality_violations = 1, c.worst_violation = 70, c.worst_violation_text = "c";
+  graph::detail::add_counts(job, std::move(a));
+  graph::detail::add_counts(job, std::move(b));
+  CHECK(job.cpu_tasks == 7);
+  CHECK(job.op_scaled_cpu == 3);
+  CHECK(job.causality_violations == 3);
+  CHECK(job.worst_violation_text == "a");  // b's is as bad, not worse
+  CHECK(job.overheads.size() == 3);
+  graph::detail::add_counts(job, std::move(c));
+  CHECK(job.worst_violation == 70);
+  CHECK(job.worst_violation_text == "c");
+  CHECK(job.causality_violations == 4);
+}
