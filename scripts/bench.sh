@@ -2,9 +2,9 @@
 # Builds the benchmarks (Release) and runs one suite with the settings the docs quote:
 #   bash scripts/bench.sh reader      # bench_reader: BM_read*, BM_inflate*
 #   bash scripts/bench.sh replay      # bench_replay (once the replay engine exists)
-#   bash scripts/bench.sh scale       # the 512-rank job of issue 14: lumos synth, replay and
-#                                     # inspect timed with their peak RSS (/usr/bin/time), replay
-#                                     # also with LUMOS_HUGE_PAGES=1, then
+#   bash scripts/bench.sh scale       # the 512-rank job of issue 14: lumos synth, replay (five
+#                                     # runs and their median) and inspect timed with their peak
+#                                     # RSS (/usr/bin/time), replay also with LUMOS_HUGE_PAGES=1, then
 #                                     # replay's phases (bench/scale_phases.cpp), with the default
 #                                     # build threads and with one
 #   bash scripts/bench.sh touch       # first writes to fresh memory, with and without huge pages
@@ -35,7 +35,20 @@ if [ "$suite" = scale ]; then
   echo "lumos synth --model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip; $(nproc) cores"
   timed synth "$lumos" synth --model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip --out "$dir/job"
   printf '%-9s %8s MiB on disk, %s files\n' traces "$(du -sm "$dir/job" | cut -f1)" "$(ls "$dir/job" | wc -l)"
-  timed replay "$lumos" replay "$dir/job"
+  # A baseline from the same run, since the machines of this kind differ by twice and more from
+  # one session to the next: gzip -dc of every file of the job, one process per core.
+  timed baseline sh -c "ls '$dir/job'/*.json.gz | xargs -P $(nproc) -n 16 gzip -dc >/dev/null"
+  baseline=$wall
+  # Five runs of replay, the median reported with the range: on this kind of machine (a
+  # virtual one whose freed memory goes back to the host) one run varies by a tenth or more, the
+  # first after synth most (its 2.2 GB have just been freed).
+  walls=()
+  for i in 1 2 3 4 5; do
+    timed "replay#$i" "$lumos" replay "$dir/job"
+    walls+=("$wall")
+  done
+  printf '%s\n' "${walls[@]}" | sort -n | awk '{ w[NR] = $1 } END { printf "replay    %8.2f s  median of %d runs (%.2f to %.2f s)\n", w[(NR + 1) / 2], NR, w[1], w[NR] }'
+  printf '%s\n' "${walls[@]}" | sort -n | awk -v b="$baseline" '{ w[NR] = $1 } END { printf "replay    %8.2f x the baseline (median)\n", w[(NR + 1) / 2] / b }'
   timed replay+hp env LUMOS_HUGE_PAGES=1 "$lumos" replay "$dir/job"  # huge pages (allocator.hpp)
   timed inspect "$lumos" inspect "$dir/job"
   build/bench/bench/scale_phases "$dir/job"
