@@ -47,8 +47,10 @@ if [ "$suite" = scale ]; then
     timed "replay#$i" "$lumos" replay "$dir/job"
     walls+=("$wall")
   done
-  printf '%s\n' "${walls[@]}" | sort -n | awk '{ w[NR] = $1 } END { printf "replay    %8.2f s  median of %d runs (%.2f to %.2f s)\n", w[(NR + 1) / 2], NR, w[1], w[NR] }'
-  printf '%s\n' "${walls[@]}" | sort -n | awk -v b="$baseline" '{ w[NR] = $1 } END { printf "replay    %8.2f x the baseline (median)\n", w[(NR + 1) / 2] / b }'
+  printf '%s\n' "${walls[@]}" | sort -n | awk -v b="$baseline" '{ w[NR] = $1 } END {
+    m = w[(NR + 1) / 2]
+    printf "replay    %8.2f s  median of %d runs (%.2f to %.2f s)\n", m, NR, w[1], w[NR]
+    printf "replay    %8.2f x the baseline (median)\n", m / b }'
   timed replay+hp env LUMOS_HUGE_PAGES=1 "$lumos" replay "$dir/job"  # huge pages (allocator.hpp)
   timed inspect "$lumos" inspect "$dir/job"
   build/bench/bench/scale_phases "$dir/job"
