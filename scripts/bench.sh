@@ -7,6 +7,8 @@
 #                                     # RSS (/usr/bin/time), replay also with LUMOS_HUGE_PAGES=1, then
 #                                     # replay's phases (bench/scale_phases.cpp), with the default
 #                                     # build threads and with one
+#   bash scripts/bench.sh filed       # issue 14's scale targets on this machine: the code the issue
+#                                     # measured (7c0b8c7) and this checkout, alternating, on its job
 #   bash scripts/bench.sh touch       # first writes to fresh memory, with and without huge pages
 #                                     # (bench/first_touch.cpp; why the CLI turns huge pages off)
 # Extra arguments go to Google Benchmark (e.g. --benchmark_filter=BM_read_mem).
@@ -55,6 +57,74 @@ if [ "$suite" = scale ]; then
   timed inspect "$lumos" inspect "$dir/job"
   build/bench/bench/scale_phases "$dir/job"
   build/bench/bench/scale_phases "$dir/job" 1
+  exit 0
+fi
+if [ "$suite" = filed ]; then
+  # Issue 14's scale targets (replay <= 4 s, synth <= 15 s) are times on the machine of the
+  # session that filed it, and the machines of this kind differ by two to three times from one
+  # session to the next. So the code the issue measured (7c0b8c7, its parent commit) is built
+  # again and run here beside this checkout's, on the job it measured: what each command takes
+  # here against what the issue says it took there is this machine's factor, and this
+  # checkout's times divided by it are what they would be on the issue's machine.
+  # Needs the history (a full clone) and, for 7c0b8c7's CMakeLists, the Boost and range-v3
+  # headers (apt-get install libboost-dev librange-v3-dev).
+  filed=7c0b8c7
+  issue_synth=167 issue_replay=13.4 issue_inspect=1.7  # the issue's text: seconds on its machine
+  git cat-file -e "$filed^{commit}" 2>/dev/null || { echo "bench.sh filed: needs the history to $filed (a full clone)" >&2; exit 1; }
+  cmake --build --preset bench --target lumos >/dev/null
+  now=build/bench/examples/lumos
+  dir=$(mktemp -d)
+  trap 'git worktree remove --force "$dir/src" 2>/dev/null; rm -rf "$dir"' EXIT
+  git worktree add --detach "$dir/src" "$filed" >/dev/null 2>&1
+  cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUMOS_BUILD_TESTS=OFF >/dev/null ||
+    { echo "bench.sh filed: $filed does not configure (it needs libboost-dev and librange-v3-dev)" >&2; exit 1; }
+  cmake --build "$dir/build" --target lumos >/dev/null
+  then=$dir/build/examples/lumos
+  job=(--model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip)
+  run() {  # label, command...: appends "label wall" to $dir/times
+    /usr/bin/time -f "%e %M" -o "$dir/time" "${@:2}" >"$dir/out" 2>&1 || { cat "$dir/out"; exit 1; }
+    read -r wall kb <"$dir/time"
+    printf '%s %s %s\n' "$1" "$wall" "$kb" >>"$dir/times"
+  }
+  echo "lumos synth ${job[*]}; $(nproc) cores; $filed (the issue's code) against $(git rev-parse --short HEAD)"
+  run synth-then "$then" synth "${job[@]}" --out "$dir/job-then"
+  run synth-now "$now" synth "${job[@]}" --out "$dir/job-now"
+  for i in 1 2 3; do  # alternating, so that a drift of the machine's speed reaches both alike
+    run replay-then "$then" replay "$dir/job-then"
+    run replay-now "$now" replay "$dir/job-then"
+    run replay-now-own "$now" replay "$dir/job-now"
+    run inspect-then "$then" inspect "$dir/job-then"
+    run inspect-now "$now" inspect "$dir/job-then"
+    run inspect-now-own "$now" inspect "$dir/job-now"
+  done
+  printf 'traces: %s MiB (%s), %s MiB (%s)\n' "$(du -sm "$dir/job-then" | cut -f1)" "$filed's synth" \
+    "$(du -sm "$dir/job-now" | cut -f1)" "this checkout's synth"
+  awk -v is="$issue_synth" -v ir="$issue_replay" -v ii="$issue_inspect" -v then="$filed" -v now="$(git rev-parse --short HEAD)" '
+    { n[$1]++; t[$1, n[$1]] = $2; if ($3 + 0 > kb[$1] + 0) kb[$1] = $3 + 0 }
+    function median(k,   a, i, j, x, m) {  # of the runs of label k
+      m = n[k]
+      for (i = 1; i <= m; i++) a[i] = t[k, i]
+      for (i = 2; i <= m; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
+      return m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
+    }
+    END {
+      s = median("synth-then"); r = median("replay-then"); p = median("inspect-then")
+      rn = median("replay-now"); ro = median("replay-now-own")
+      printf "%-40s %9s %9s %9s\n", "seconds (medians)", "synth", "replay", "inspect"
+      printf "%-40s %9.2f %9.2f %9.2f\n", "issue 14, on its machine (its text)", is, ir, ii
+      printf "%-40s %9.2f %9.2f %9.2f\n", then " here", s, r, p
+      printf "%-40s %9s %9.2f %9.2f\n", now " here, on the job of " then, "", rn, median("inspect-now")
+      printf "%-40s %9.2f %9.2f %9.2f\n", now " here, on its own synth job", median("synth-now"), ro, median("inspect-now-own")
+      printf "%-40s %7.0f M %7.0f M %7.0f M\n", "peak RSS of " then, kb["synth-then"] / 1024, kb["replay-then"] / 1024, kb["inspect-then"] / 1024
+      printf "%-40s %9s %7.0f M %7.0f M\n", "peak RSS of " now ", the job of " then, "", kb["replay-now"] / 1024, kb["inspect-now"] / 1024
+      printf "%-40s %7.0f M %7.0f M %7.0f M\n", "peak RSS of " now ", its own job", kb["synth-now"] / 1024, kb["replay-now-own"] / 1024, kb["inspect-now-own"] / 1024
+      printf "this machine against the issue machine, %s by command: synth %.2f x, replay %.2f x, inspect %.2f x\n", then, s / is, r / ir, p / ii
+      printf "replay of %s on the issue machine, by each factor (on the job of %s; on its own synth job):\n", now, then
+      printf "  by synth   %5.2f s; %5.2f s\n", rn * is / s, ro * is / s
+      printf "  by replay  %5.2f s; %5.2f s\n", rn * ir / r, ro * ir / r
+      printf "  by inspect %5.2f s; %5.2f s\n", rn * ii / p, ro * ii / p
+      printf "replay here: %s %.2f x faster than %s (the issue asks %.1f s / 4 s = %.2f x)\n", now, r / rn, then, ir, ir / 4
+    }' "$dir/times"
   exit 0
 fi
 cmake --build --preset bench --target "bench_${suite}" >/dev/null
