@@ -60,14 +60,14 @@ if [ "$suite" = scale ]; then
   exit 0
 fi
 if [ "$suite" = filed ]; then
-  # Issue 14's scale targets (replay <= 4 s, synth <= 15 s) are times on the machine of the
-  # session that filed it, and the machines of this kind differ by two to three times from one
-  # session to the next. So the code the issue measured (7c0b8c7, its parent commit) is built
-  # again and run here beside this checkout's, on the job it measured: what each command takes
-  # here against what the issue says it took there is this machine's factor, and this
+  # Issue 14's scale targets (replay <= 4 s, synth <= 15 s) are times on the machine of the session
+  # that filed it, and the machines of this kind differ by up to two and a half times from one
+  # session to the next. So the code the issue measured (7c0b8c7, the commit before its first fix)
+  # is built again and run here beside this checkout's, on the job it measured: what each command
+  # takes here against what the issue says it took there is this machine's factor, and this
   # checkout's times divided by it are what they would be on the issue's machine.
-  # Needs the history (a full clone) and, for 7c0b8c7's CMakeLists, the Boost and range-v3
-  # headers (apt-get install libboost-dev librange-v3-dev).
+  # Needs the history (a full clone) and, for 7c0b8c7's CMakeLists, the Boost and range-v3 headers
+  # (apt-get install libboost-dev librange-v3-dev).
   filed=7c0b8c7
   issue_synth=167 issue_replay=13.4 issue_inspect=1.7  # the issue's text: seconds on its machine
   git cat-file -e "$filed^{commit}" 2>/dev/null || { echo "bench.sh filed: needs the history to $filed (a full clone)" >&2; exit 1; }
@@ -81,7 +81,7 @@ if [ "$suite" = filed ]; then
   cmake --build "$dir/build" --target lumos >/dev/null
   then=$dir/build/examples/lumos
   job=(--model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip)
-  run() {  # label, command...: appends "label wall" to $dir/times
+  run() {  # label, command...: appends "label wall-seconds peak-KB" to $dir/times
     /usr/bin/time -f "%e %M" -o "$dir/time" "${@:2}" >"$dir/out" 2>&1 || { cat "$dir/out"; exit 1; }
     read -r wall kb <"$dir/time"
     printf '%s %s %s\n' "$1" "$wall" "$kb" >>"$dir/times"
