@@ -114,6 +114,20 @@ inline void session_json(json_writer& w, const report::replay_session& s, time_n
   w.end_array().end_object();
 }
 
+// The changes as records (whatif/change.hpp): pass, subject, from -> to, figures and the sentence.
+inline void change_records_json(json_writer& w, const std::vector<whatif::change>& changes) {
+  w.key("change_records").begin_array();
+  for (const auto& c : changes) {
+    w.begin_object().field("pass", c.pass).field("subject", c.subject).field("from", c.from).field("to", c.to);
+    w.key("figures").begin_array();
+    for (const auto& f : c.figures) {
+      w.begin_object().field("name", f.name).field("before", f.before).field("after", f.after).field("unit", f.unit).end_object();
+    }
+    w.end_array().field("text", c.text).end_object();
+  }
+  w.end_array();
+}
+
 inline void shape_json(json_writer& w, const whatif::shape_summary& s) {
   auto config = [&](const char* key, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
     w.key(key).begin_object();
@@ -192,10 +206,10 @@ inline std::string pipeline_text(const whatif::pipeline_prediction& p) {
   return out;
 }
 
-inline int run_whatif(args& a) {
+// The what-if's target from the command line (everything but the inputs and outputs).
+inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) {
   whatif::whatif_options o;
   if (const auto step = a.option("--step")) o.replay.step = parse_number<int>(*step, "--step");
-  const what_if scaled = parse_scales(a.options("--scale"));
   o.replay.scales = scaled.scales;
   o.replay.build.op_scales = scaled.ops;
   if (const auto gpu = a.option("--gpu")) o.gpu = *gpu;
@@ -256,12 +270,177 @@ inline int run_whatif(args& a) {
       }
     }
   }
+  return o;
+}
+
+// The predicted job written as Kineto traces (`--trace-out`): the files written, and a note on
+// how the written ranks stand for the target's.
+struct written_traces {
+  std::vector<std::filesystem::path> files;
+  std::string folded_note;
+};
+
+// `--trace-out` after a split in the graph: every rank of every stage, the added stages' ranks
+// written from the traced rank each copies, their transfers under c10d's operators.
+inline void stage_ranks_out(const whatif::stage_split& st, const report::replay_session& predicted, report::simulated_job& sj,
+                            std::vector<int>& ranks, report::trace_decorations& transfers) {
+  sj.subset = true;
+  if (!st.weight_pass.empty()) sj.weight_pass = &st.weight_pass;
+  sj.lone_groups = &st.lone_groups;
+  sj.world_size = st.world * st.stages;
+  // Merged stages: the ranks of the stages dropped are not written; the kept ones keep their
+  // traced numbers, so the world reaches past the last of them.
+  std::vector<int> kept;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i >= st.dropped.size() || !st.dropped[i]) kept.push_back(ranks[i]);
+  }
+  ranks = std::move(kept);
+  for (const int k : ranks) sj.world_size = std::max(sj.world_size, k + 1);
+  // The added ranks' plans follow the traced ranks' kept in the prediction.
+  const std::size_t traced_plans = predicted.plans.size() - st.maps.size();
+  for (std::size_t k = 0; k < st.maps.size(); ++k) {
+    const int rank = st.maps[k].rank;
+    sj.aliases.push_back({rank, st.traced_index[k], &st.maps[k], traced_plans + k});
+    ranks.push_back(rank);
+  }
+  // The added transfers under c10d's operators; their kernels carry the operator's id.
+  transfers.list.resize(3);
+  transfers.list[0].cpu_op = "nccl:send";
+  transfers.list[1].cpu_op = "nccl:recv";
+  transfers.of_task.assign(predicted.built.graph.task_count(), report::trace_decorations::none);
+  for (const auto& t : st.transfer_launches) {
+    transfers.of_task[t.launch] = t.send ? 0 : 1;
+    transfers.of_task[t.kernel] = 2;
+  }
+  sj.decorations = &transfers;
+}
+
+// A folded TP or DP change: the traced ranks stand for the target's, written with the target's
+// group sizes and world, so that the written job reads back as the target. Returns the note.
+inline std::string folded_ranks_out(const whatif::whatif_options& o, const whatif::job_structure& structure, const trace::job& job,
+                                    const std::vector<int>& ranks, report::simulated_job& sj) {
+  const auto& par = structure.parallel;
+  const int tp_from = par.tp.value.value_or(1), dp_from = par.dp.value.value_or(1);
+  const int world = par.world.value.value_or(static_cast<int>(job.ranks.size()));
+  const int target = tp_from > 0 && dp_from > 0 ? world / tp_from * o.shape.tp.value_or(tp_from) / dp_from * o.dp.value_or(dp_from) : 0;
+  int written_ranks = 0;
+  for (const int k : ranks) written_ranks = std::max(written_ranks, k + 1);
+  if (par.tp.known() && par.dp.known() && target >= written_ranks) {
+    sj.groups_from_graph = true;
+    sj.world_size = target;
+    if (target > static_cast<int>(ranks.size())) {
+      return "the written job has " + std::to_string(ranks.size()) + " of its " + std::to_string(target) +
+             " ranks (folded: tensor- and data-parallel ranks are symmetric, the traced ones stand for the rest; "
+             "their collectives name the target's groups)";
+    }
+  } else if (target > 0 && target < written_ranks) {
+    return "the target has " + std::to_string(target) + " ranks, fewer than the " + std::to_string(written_ranks) +
+           " traced ones written: each keeps its traced number, world size and collective groups";
+  }
+  return {};
+}
+
+inline written_traces write_whatif_traces(const whatif::whatif_options& o, const whatif::whatif_result& r, const trace::job& job,
+                                          const std::string& dir) {
+  written_traces out;
+  report::trace_decorations transfers;
+  report::simulated_job sj = report::simulated_from(r.predicted, job);
+  std::vector<int> ranks = report::rank_numbers(job);
+  if (r.stages) {
+    stage_ranks_out(*r.stages, r.predicted, sj, ranks, transfers);
+  } else if ((o.dp || o.shape.tp) && r.structure) {
+    out.folded_note = folded_ranks_out(o, *r.structure, job, ranks, sj);
+  }
+  out.files = report::write_kineto(sj, ranks, dir);
+  return out;
+}
+
+inline std::string whatif_json(const whatif::whatif_result& r, const std::optional<std::string>& trace_out, const written_traces& written) {
+  std::string out;
+  json_writer w(out);
+  w.begin_object();
+  w.key("baseline");
+  const std::optional<double> base_bubble = r.pipeline ? std::optional<double>(r.pipeline->baseline.bubble_fraction) : std::nullopt;
+  session_json(w, r.baseline, r.baseline.simulated_ns, r.shape ? &r.shape->baseline : nullptr, base_bubble,
+               r.pipeline ? "pass-level pipeline model of the traces' configuration" : "see predicted");
+  w.key("predicted");
+  session_json(w, r.predicted, r.predicted.simulated_ns, r.shape ? &r.shape->predicted : nullptr, r.bubble_fraction, r.bubble_source);
+  w.field("speedup", r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
+  w.key("changes").begin_array();
+  for (const auto& c : r.changes) w.value(c.text);
+  w.end_array();
+  change_records_json(w, r.changes);
+  if (r.shape) shape_json(w, *r.shape);
+  if (r.pipeline) pipeline_json(w, *r.pipeline);
+  if (r.stages) split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);
+  if (r.structure) {
+    std::string st;
+    structure_json(*r.structure, false, st);
+    w.key("structure").raw(st);
+  } else {
+    w.key("structure").null();
+  }
+  if (trace_out) {
+    w.key("trace_out").begin_array();
+    for (const auto& f : written.files) w.value(f.string());
+    w.end_array();
+    if (!written.folded_note.empty()) w.field("trace_out_note", written.folded_note);
+  }
+  w.end_object();
+  out += '\n';
+  return out;
+}
+
+inline std::string whatif_text(const whatif::whatif_result& r, const trace::job& job, const written_traces& written) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "lumos whatif: %zu rank%s\n", job.ranks.size(), job.ranks.size() == 1 ? "" : "s");
+  out += line;
+  for (const auto& c : r.changes) out += "change: " + c.text + "\n";
+  out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
+  // The traced ranks the prediction kept come first (all of them unless stages were merged),
+  // then the ranks of added pipeline stages, which compare with the traced rank they copy.
+  const std::size_t traced_kept = r.predicted.ranks.size() - (r.stages ? r.stages->traced_index.size() : 0);
+  std::size_t b_at = 0;
+  for (std::size_t i = 0; i < r.predicted.ranks.size(); ++i) {
+    if (i < traced_kept) {
+      while (b_at + 1 < r.baseline.ranks.size() && r.baseline.ranks[b_at].rank != r.predicted.ranks[i].rank) ++b_at;
+    }
+    const auto& b = i >= traced_kept ? r.baseline.ranks[r.stages->traced_index[i - traced_kept]] : r.baseline.ranks[b_at];
+    const auto& p = r.predicted.ranks[i];
+    const auto& s = p.simulated.split;
+    std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %7.3fx  |  %10s %10s %10s %10s\n", p.rank, p.step.c_str(),
+                  ms(b.simulated_ns).c_str(), ms(p.simulated_ns).c_str(),
+                  p.simulated_ns > 0 ? static_cast<double>(b.simulated_ns) / static_cast<double>(p.simulated_ns) : 0.0,
+                  ms(s.exposed_compute).c_str(), ms(s.overlapped).c_str(), ms(s.exposed_comm).c_str(), ms(s.other).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %7.3fx\n", "", ms(r.baseline.simulated_ns).c_str(),
+                ms(r.predicted.simulated_ns).c_str(),
+                r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
+  out += line;
+  if (r.shape) out += shape_text(*r.shape);
+  if (r.pipeline) out += pipeline_text(*r.pipeline);
+  if (r.stages) {
+    std::snprintf(line, sizeof line, "\npipeline (in the graph): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
+                  std::string(pipeline::schedule_title(r.stages->schedule)).c_str(), r.stages->stages, r.stages->micro_batches,
+                  r.stages->chunks, ms(r.predicted.simulated_ns).c_str(), 100 * r.bubble_fraction.value_or(0.0));
+    out += line;
+  }
+  for (const auto& f : written.files) out += "wrote " + f.string() + "\n";
+  if (!written.folded_note.empty()) out += "note: " + written.folded_note + "\n";
+  return out;
+}
+
+inline int run_whatif(args& a) {
+  const what_if scaled = parse_scales(a.options("--scale"));
+  const whatif::whatif_options o = whatif_options_of(a, scaled);
   const bool json = a.flag("--json");
   const auto trace_out = a.option("--trace-out");
   const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
-  if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && o.groups.empty() && scaled.ops.empty() &&
+  if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && scaled.ops.empty() &&
       scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 && scaled.scales.cpu == 1.0) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
                       "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
@@ -273,148 +452,16 @@ inline int run_whatif(args& a) {
                       std::string(r.pipeline_reason.empty() ? "the pipeline of the traces is kept" : r.pipeline_reason) +
                       "), which has no per-rank graph to write");
   }
-  std::vector<std::filesystem::path> written;
-  std::string folded_note;
-  report::trace_decorations transfers;
-  if (trace_out) {
-    report::simulated_job sj = report::simulated_from(r.predicted, job);
-    std::vector<int> ranks = report::rank_numbers(job);
-    if (r.stages) {
-      // The added stages' ranks are written from the traced rank each copies, every rank with
-      // the events its stage kept.
-      sj.subset = true;
-      if (!r.stages->weight_pass.empty()) sj.weight_pass = &r.stages->weight_pass;
-      sj.lone_groups = &r.stages->lone_groups;
-      sj.world_size = r.stages->world * r.stages->stages;
-      // Merged stages: the ranks of the stages dropped are not written; the kept ones keep their
-      // traced numbers, so the world reaches past the last of them.
-      std::vector<int> kept;
-      for (std::size_t i = 0; i < ranks.size(); ++i) {
-        if (i >= r.stages->dropped.size() || !r.stages->dropped[i]) kept.push_back(ranks[i]);
-      }
-      ranks = std::move(kept);
-      for (const int k : ranks) sj.world_size = std::max(sj.world_size, k + 1);
-      // The added ranks' plans follow the traced ranks' kept in the prediction.
-      const std::size_t traced_plans = r.predicted.plans.size() - r.stages->maps.size();
-      for (std::size_t k = 0; k < r.stages->maps.size(); ++k) {
-        const int rank = r.stages->maps[k].rank;
-        sj.aliases.push_back({rank, r.stages->traced_index[k], &r.stages->maps[k], traced_plans + k});
-        ranks.push_back(rank);
-      }
-      // The added transfers under c10d's operators; their kernels carry the operator's id.
-      transfers.list.resize(3);
-      transfers.list[0].cpu_op = "nccl:send";
-      transfers.list[1].cpu_op = "nccl:recv";
-      transfers.of_task.assign(r.predicted.built.graph.task_count(), report::trace_decorations::none);
-      for (const auto& t : r.stages->transfer_launches) {
-        transfers.of_task[t.launch] = t.send ? 0 : 1;
-        transfers.of_task[t.kernel] = 2;
-      }
-      sj.decorations = &transfers;
-    } else if ((o.dp || o.shape.tp) && r.structure) {
-      // A folded TP or DP change: the traced ranks stand for the target's, written with the
-      // target's group sizes and world, so that the written job reads back as the target.
-      const auto& par = r.structure->parallel;
-      const int tp_from = par.tp.value.value_or(1), dp_from = par.dp.value.value_or(1);
-      const int world = par.world.value.value_or(static_cast<int>(job.ranks.size()));
-      const int target = tp_from > 0 && dp_from > 0 ? world / tp_from * o.shape.tp.value_or(tp_from) / dp_from * o.dp.value_or(dp_from) : 0;
-      int written_ranks = 0;
-      for (const int k : ranks) written_ranks = std::max(written_ranks, k + 1);
-      if (par.tp.known() && par.dp.known() && target >= written_ranks) {
-        sj.groups_from_graph = true;
-        sj.world_size = target;
-        if (target > static_cast<int>(ranks.size())) {
-          folded_note = "the written job has " + std::to_string(ranks.size()) + " of its " + std::to_string(target) +
-                        " ranks (folded: tensor- and data-parallel ranks are symmetric, the traced ones stand for the rest; "
-                        "their collectives name the target's groups)";
-        }
-      } else if (target > 0 && target < written_ranks) {
-        folded_note = "the target has " + std::to_string(target) + " ranks, fewer than the " + std::to_string(written_ranks) +
-                      " traced ones written: each keeps its traced number, world size and collective groups";
-      }
-    }
-    written = report::write_kineto(sj, ranks, *trace_out);
-  }
+  written_traces written;
+  if (trace_out) written = write_whatif_traces(o, r, job, *trace_out);
   if (html) {
     report::html_options ho;
     ho.title = "lumos whatif";
     ho.inputs = inputs;
     report::detail::write_file(*html, report::html_report(job, r.predicted, ho, &r.baseline));
-    written.emplace_back(*html);
+    written.files.emplace_back(*html);
   }
-
-  std::string out;
-  if (json) {
-    json_writer w(out);
-    w.begin_object();
-    w.key("baseline");
-    const std::optional<double> base_bubble =
-        r.pipeline ? std::optional<double>(r.pipeline->baseline.bubble_fraction) : std::nullopt;
-    session_json(w, r.baseline, r.baseline.simulated_ns, r.shape ? &r.shape->baseline : nullptr, base_bubble,
-                 r.pipeline ? "pass-level pipeline model of the traces' configuration" : "see predicted");
-    w.key("predicted");
-    session_json(w, r.predicted, r.predicted.simulated_ns, r.shape ? &r.shape->predicted : nullptr, r.bubble_fraction, r.bubble_source);
-    w.field("speedup", r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
-    w.key("changes").begin_array();
-    for (const auto& c : r.changes) w.value(c);
-    w.end_array();
-    if (r.shape) shape_json(w, *r.shape);
-    if (r.pipeline) pipeline_json(w, *r.pipeline);
-    if (r.stages) split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);
-    if (r.structure) {
-      std::string st;
-      structure_json(*r.structure, false, st);
-      w.key("structure").raw(st);
-    } else {
-      w.key("structure").null();
-    }
-    if (trace_out) {
-      w.key("trace_out").begin_array();
-      for (const auto& f : written) w.value(f.string());
-      w.end_array();
-      if (!folded_note.empty()) w.field("trace_out_note", folded_note);
-    }
-    w.end_object();
-    out += '\n';
-  } else {
-    char line[512];
-    std::snprintf(line, sizeof line, "lumos whatif: %zu rank%s\n", job.ranks.size(), job.ranks.size() == 1 ? "" : "s");
-    out += line;
-    for (const auto& c : r.changes) out += "change: " + c + "\n";
-    out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
-    // The traced ranks the prediction kept come first (all of them unless stages were merged),
-    // then the ranks of added pipeline stages, which compare with the traced rank they copy.
-    const std::size_t traced_kept = r.predicted.ranks.size() - (r.stages ? r.stages->traced_index.size() : 0);
-    std::size_t b_at = 0;
-    for (std::size_t i = 0; i < r.predicted.ranks.size(); ++i) {
-      if (i < traced_kept) {
-        while (b_at + 1 < r.baseline.ranks.size() && r.baseline.ranks[b_at].rank != r.predicted.ranks[i].rank) ++b_at;
-      }
-      const auto& b = i >= traced_kept ? r.baseline.ranks[r.stages->traced_index[i - traced_kept]] : r.baseline.ranks[b_at];
-      const auto& p = r.predicted.ranks[i];
-      const auto& s = p.simulated.split;
-      std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %7.3fx  |  %10s %10s %10s %10s\n", p.rank, p.step.c_str(),
-                    ms(b.simulated_ns).c_str(), ms(p.simulated_ns).c_str(),
-                    p.simulated_ns > 0 ? static_cast<double>(b.simulated_ns) / static_cast<double>(p.simulated_ns) : 0.0,
-                    ms(s.exposed_compute).c_str(), ms(s.overlapped).c_str(), ms(s.exposed_comm).c_str(), ms(s.other).c_str());
-      out += line;
-    }
-    std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %7.3fx\n", "", ms(r.baseline.simulated_ns).c_str(),
-                  ms(r.predicted.simulated_ns).c_str(),
-                  r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
-    out += line;
-    if (r.shape) out += shape_text(*r.shape);
-    if (r.pipeline) out += pipeline_text(*r.pipeline);
-    if (r.stages) {
-      std::snprintf(line, sizeof line, "\npipeline (in the graph): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
-                    std::string(pipeline::schedule_title(r.stages->schedule)).c_str(), r.stages->stages, r.stages->micro_batches,
-                    r.stages->chunks, ms(r.predicted.simulated_ns).c_str(), 100 * r.bubble_fraction.value_or(0.0));
-      out += line;
-    }
-    for (const auto& f : written) out += "wrote " + f.string() + "\n";
-    if (!folded_note.empty()) out += "note: " + folded_note + "\n";
-  }
-  write_stdout(out);
+  write_stdout(json ? whatif_json(r, trace_out, written) : whatif_text(r, job, written));
   return 0;
 }
 

@@ -49,9 +49,11 @@ struct program;
 }  // namespace synth
 
 namespace whatif {
-struct whatif_options;
-struct whatif_result;
+struct whatif_options;  // whatif/options.hpp
+struct whatif_result;   // whatif/result.hpp
 struct job_structure;
+struct change;          // whatif/change.hpp
+class context;          // whatif/context.hpp
 }  // namespace whatif
 
 }  // namespace lumos

@@ -67,6 +67,10 @@
 #include <lumos/sweep/space.hpp>
 #include <lumos/sweep/sweep.hpp>
 
+#include <lumos/whatif/change.hpp>
+#include <lumos/whatif/collectives.hpp>
+#include <lumos/whatif/configuration.hpp>
+#include <lumos/whatif/context.hpp>
 #include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gpu_change.hpp>
@@ -74,9 +78,14 @@
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/model_fit.hpp>
+#include <lumos/whatif/options.hpp>
 #include <lumos/whatif/pipeline.hpp>
+#include <lumos/whatif/pipeline_change.hpp>
 #include <lumos/whatif/pipeline_graph.hpp>
+#include <lumos/whatif/result.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
+#include <lumos/whatif/summary.hpp>
 #include <lumos/whatif/tensor_parallel.hpp>
+#include <lumos/whatif/weight_gradients.hpp>
 #include <lumos/whatif/whatif.hpp>

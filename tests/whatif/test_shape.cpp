@@ -184,7 +184,7 @@ TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model
   for (const auto& [before, after] : durations(w, "dgrad")) CHECK(after == before);
   bool counted = false;
   for (const auto& c : w.changes)
-    counted = counted || c.find("compute ops whose shape did not map unchanged") != std::string::npos;
+    counted = counted || c.text.find("compute ops whose shape did not map unchanged") != std::string::npos;
   CHECK(counted);
 
   // Without --ffn the traced FFN (4096 = 4h) stays 4h: FC1 -> [1024 x 2048] x [2048 x 8192], 4x

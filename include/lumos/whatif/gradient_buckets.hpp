@@ -27,10 +27,13 @@
 #include <lumos/model/flops.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/profile.hpp>
-#include <lumos/whatif/data_parallel.hpp>
+#include <lumos/whatif/context.hpp>
+#include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
+#include <lumos/synth/schedules.hpp>
+#include <lumos/whatif/weight_gradients.hpp>
 
 #include <algorithm>
 #include <array>
@@ -544,5 +547,116 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
   if (!bi.skipped.empty()) s += "; not on " + std::to_string(bi.skipped.size()) + " chunk(s): " + bi.skipped.front();
   return s;
 }
+
+/// The insertion as a change record (its text: `describe_buckets`).
+[[nodiscard]] inline change bucket_change(const bucket_insertion& bi, int dp, const std::string& profile, bool layers, std::string why = {}) {
+  return note("gradient buckets", "gradient buckets", describe_buckets(bi, dp, profile, layers, std::move(why)))
+      .with({count_figure("buckets", bi.buckets), time_figure("reduce-scatters of the first rank", 0, bi.scatter_first),
+             time_figure("all-gathers of the first rank", 0, bi.gather_first)});
+}
+
+/// Whether the traces ran Megatron's distributed optimizer: reduce-scatters in the backward and
+/// all-gathers in the optimizer step, and no DP collective in a forward pass (FSDP gathers
+/// parameters there).
+[[nodiscard]] inline bool runs_distributed_optimizer(const job_structure& st) {
+  if (st.gradients.method.value.value_or("") != "reduce-scatter + all-gather") return false;
+  for (const auto& pg : st.groups) {
+    const bool dp = std::any_of(pg.roles.begin(), pg.roles.end(), [](const fact<group_role>& r) { return r.value == group_role::dp; });
+    for (const auto& [what, count] : pg.collectives) {
+      if (dp && count > 0 && what.ends_with("in forward")) return false;
+    }
+  }
+  return true;
+}
+
+/// The layout inserted gradient buckets are formed for: with a pipeline change, the target's
+/// chunks and stages; to a zero-bubble target each bucket waits for its weight gradients, in the
+/// W passes (found in `weight_gradients`, which the result points to). `from`: the traces' shape.
+[[nodiscard]] inline bucket_target bucket_layout(context& ctx, const graph::built_job& b, const shape_config& from,
+                                                 std::vector<std::uint8_t>& weight_gradients) {
+  const whatif_options& o = ctx.options;
+  bucket_target bt;
+  bt.layers = o.layers.value_or(0);
+  if (!o.pipeline_asked()) return bt;
+  const job_structure& st = ctx.structure(b);
+  bt.pp = o.pp.value_or(st.parallel.pp.value.value_or(1));
+  const bool interleaved = o.vp.value_or(1) > 1 || (o.schedule && *o.schedule == pipeline::schedule_kind::interleaved_one_f_one_b);
+  bt.vp = interleaved ? o.vp.value_or(2) : 1;
+  if (o.schedule && synth::splits_backward(*o.schedule)) {
+    weight_gradients = weight_gradient_tasks(ctx.job, b, st, from);
+    bt.weight_gradients = &weight_gradients;
+  }
+  return bt;
+}
+
+/// Inserts the reduction of `dp` replicas for `ctx`'s target (`insert_gradient_buckets` with the
+/// target's shape and layout, the traced cluster's NCCL model), and discovers the structure again
+/// with the buckets in their layers. `from`: the traces' shape; `vocab`: their full vocabulary.
+[[nodiscard]] inline bucket_insertion insert_target_buckets(context& ctx, graph::built_job& b, int dp, const shape_config& from,
+                                                            std::int64_t vocab) {
+  const job_structure& st = ctx.structure(b);
+  const shape_config to = ctx.shape_to ? *ctx.shape_to : from;
+  const shape_costs& costs = ctx.costs(b);
+  const model::nccl_model model_of_costs{costs.profile};
+  std::vector<std::uint8_t> weight_gradients;
+  const bucket_target bt = bucket_layout(ctx, b, from, weight_gradients);
+  const bucket_insertion bi = insert_gradient_buckets(b, st, to, vocab, st.model.gated_mlp, dp,
+                                                      ctx.nccl ? ctx.nccl->first : model_of_costs, ctx.nccl ? ctx.nccl->second : costs.hw,
+                                                      costs.profile, bt);
+  if (bi.buckets > 0) {
+    ctx.buckets_inserted = true;
+    ctx.refresh(b);
+    attach_to_layers(ctx.structure(b), bi);
+  }
+  return bi;
+}
+
+/// The name of the profile whose NCCL model times inserted buckets.
+[[nodiscard]] inline std::string bucket_profile_name(context& ctx, const graph::built_job& b) {
+  return ctx.nccl ? ctx.nccl->first.profile.name : ctx.costs(b).profile.name;
+}
+
+/// Pass: a pipeline split of traces without stages that ran the distributed optimizer. Megatron
+/// forms each stage's buckets from the stage's own parameters, where the traced ones span the
+/// whole model, so they are replaced by the target chunks' (as for DP from one replica), of the
+/// target's shape. With a DP change too they stay as traced (the DP pass resizes them). When no
+/// bucket can be formed the traced ones are restored: better than none.
+struct gradient_bucket_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const {
+    const whatif_options& o = ctx.options;
+    const auto& st = ctx.known_structure();
+    if (!o.pp || *o.pp <= 1 || ctx.traced_pp() != 1 || !st) return false;
+    const int traced_dp = st->parallel.dp.value.value_or(1);
+    return traced_dp > 1 && (!o.dp || *o.dp == traced_dp) && runs_distributed_optimizer(*st);
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const int traced_dp = ctx.structure(b).parallel.dp.value.value_or(1);
+    graph::built_job kept = b;
+    std::optional<job_structure> kept_structure = ctx.known_structure(), kept_traced = ctx.refreshed_from();
+    const bool kept_inserted = ctx.buckets_inserted;
+    try {
+      const job_structure& st = ctx.structure(b);
+      const shape_config from = ctx.shape_from ? *ctx.shape_from : traced_shape(st);
+      const std::int64_t vocab = traced_vocab_local(ctx.job, st, from) * from.tp;
+      const std::size_t removed = strip_gradient_collectives(b, ctx.job, st);
+      if (removed == 0) return {};
+      ctx.refresh(b);  // the buckets are placed in the layers of the stripped graph
+      const bucket_insertion bi = insert_target_buckets(ctx, b, traced_dp, from, vocab);
+      if (bi.buckets == 0 || !bi.skipped.empty()) {
+        throw error(bi.skipped.empty() ? "no bucket formed" : "no bucket formed on " + bi.skipped.front());
+      }
+      return {bucket_change(bi, traced_dp, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
+                            "PP 1 -> " + std::to_string(*ctx.options.pp) + ": the traces' " + std::to_string(removed) +
+                                " data-parallel reduce-scatters and all-gathers (buckets over the whole model) removed, since Megatron "
+                                "forms each stage's buckets from its own parameters, and each target stage's reduction inserted")};
+    } catch (const error& e) {
+      b = std::move(kept);
+      ctx.restore_structure(std::move(kept_structure), std::move(kept_traced));
+      ctx.buckets_inserted = kept_inserted;
+      return {note("gradient buckets", "gradient buckets", std::string("gradient buckets kept as traced: ") + e.what())};
+    }
+  }
+};
+static_assert(Rewrite<gradient_bucket_pass>);
 
 }  // namespace lumos::whatif

@@ -7,7 +7,9 @@
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/trace_builder.hpp>
+#include <lumos/whatif/context.hpp>
 #include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/pipeline_graph.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>
@@ -22,10 +24,10 @@
 
 namespace lumos::whatif {
 
-/// The repeat groups for `layers` transformer layers, and a sentence saying what they do.
+/// The repeat groups for `layers` transformer layers, and what they do.
 struct layer_rewrite {
   std::vector<repeat_group> groups;
-  std::string change;
+  whatif::change change;
 };
 
 /// Builds the groups (see the header comment). Layer k of a chunk with Lc layers is repeated
@@ -183,8 +185,90 @@ struct layer_rewrite {
                 "kernels, launches and overheads",
                 total, layers, out.groups.size(), st.layers_method.known() ? st.layers_method.value->c_str() : "structure discovery",
                 gpu > 0 ? 100.0 * static_cast<double>(in_layers) / static_cast<double>(gpu) : 0.0, copies, removed);
-  out.change = line;
+  out.change = changed("layers", "layers", std::to_string(total), std::to_string(layers), line,
+                       {count_figure("layer task groups", out.groups.size()), count_figure("layer copies added", copies),
+                        count_figure("layers removed", removed)});
   return out;
 }
+
+/// The notes of a repeat: edges out of removed tasks moved or dropped (`pass` made it).
+[[nodiscard]] inline change_list repeat_notes(const std::string& pass, const edited_graph& e) {
+  change_list out;
+  if (e.edges_bridged > 0) {
+    out.push_back(note(pass, "edges", std::to_string(e.edges_bridged) +
+                                          " edges out of removed tasks moved to the last kept task before them on their processor"));
+  }
+  if (e.edges_dropped > 0) {
+    out.push_back(note(pass, "edges",
+                       std::to_string(e.edges_dropped) + " edges of removed tasks dropped (their processors still order the rest)"));
+  }
+  return out;
+}
+
+/// Pass: the layer count (`--layers`), each layer repeated or removed in place (`layers_to`); and,
+/// for a split into fewer stages than traced, each kept traced stage's layers repeated to its
+/// merged block's count (the split drops the other stages). Not when the pipeline change is made
+/// by the pass-level model, which takes the layer count itself. Sets `ctx.layer_copies` (the
+/// structure stays that of the graph before the copies: the later passes map through them).
+struct layers_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept {
+    const whatif_options& o = ctx.options;
+    const split_choice& s = ctx.split;
+    return (o.layers || s.merging) && (s.in_graph || !(o.pipeline_asked() || (ctx.micro_batches && s.staged)));
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    // Discovered again when DP rewrote the graph (its maps follow the rewritten tasks); not after
+    // gradient buckets were inserted, whose structure holds them in their layers.
+    std::optional<job_structure> fresh;
+    if (ctx.options.dp && !ctx.buckets_inserted) fresh = discover_structure(ctx.job, b, ctx.discovery_options());
+    const job_structure& st = fresh ? *fresh : ctx.structure(b);
+    change_list out;
+    std::vector<repeat_group> groups;
+    if (ctx.split.merging) {
+      groups = merged_stage_layers(ctx, b, st, out);
+    } else {
+      layer_rewrite lr = layers_to(b, st, *ctx.options.layers);
+      groups = std::move(lr.groups);
+      out.push_back(std::move(lr.change));
+    }
+    if (groups.empty()) return out;
+    edited_graph e = repeat_groups(b.graph, groups);
+    change_list notes = repeat_notes("layers", e);
+    out.insert(out.end(), notes.begin(), notes.end());
+    ctx.layer_copies = adopt(b, std::move(e));
+    return out;
+  }
+
+  /// Each kept traced stage runs its block's layers: the model's layers over the target's stages,
+  /// which is what `layers_to` makes of them x (traced stages / target stages) over the traced
+  /// stages. The stages the split drops are left as they are.
+  [[nodiscard]] static std::vector<repeat_group> merged_stage_layers(context& ctx, const graph::built_job& b, const job_structure& st,
+                                                                     change_list& out) {
+    const job_structure& current = ctx.structure(b);
+    const int traced_pp = ctx.traced_pp(), split_pp = ctx.split.pp, split_layers = ctx.split.layers;
+    const int k = traced_pp / split_pp;
+    layer_rewrite lr = layers_to(b, st, split_layers * k);
+    const int per_stage = *current.parallel.world.value / traced_pp;
+    std::vector<std::uint8_t> kept_stage(static_cast<std::size_t>(traced_pp), 0);
+    for (int s = 0; s < split_pp; ++s) kept_stage[static_cast<std::size_t>(merge_source_stage(traced_pp, split_pp, s))] = 1;
+    std::erase_if(lr.groups, [&](const repeat_group& g) {
+      // A group is one stage's (its joins have no rank).
+      const auto t = std::find_if(g.tasks.begin(), g.tasks.end(), [&](graph::task_id x) { return b.graph.rank[x] >= 0; });
+      if (t == g.tasks.end()) return true;
+      const auto stage = static_cast<std::size_t>(b.graph.rank[*t] / per_stage);
+      return stage >= kept_stage.size() || !kept_stage[stage];
+    });
+    const int traced_per_stage = *current.model.layers.value / traced_pp;
+    out.push_back(changed("layers", "layers per stage", std::to_string(traced_per_stage), std::to_string(split_layers / split_pp),
+                          "PP " + std::to_string(traced_pp) + " -> " + std::to_string(split_pp) + ": the layers of each kept traced stage (" +
+                              std::to_string(traced_per_stage) + ") repeated in place to " + std::to_string(split_layers / split_pp) +
+                              ", the stage's share of " + std::to_string(split_layers) + " layers over " + std::to_string(split_pp) +
+                              " stages (" + std::to_string(lr.groups.size()) +
+                              " layer task groups); each copy keeps the layer's measured kernels, launches and overheads",
+                          {count_figure("layer task groups", lr.groups.size())}));
+    return std::move(lr.groups);
+  }
+};
+static_assert(Rewrite<layers_pass>);
 
 }  // namespace lumos::whatif

@@ -18,7 +18,7 @@
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/trace_builder.hpp>
-#include <lumos/whatif/data_parallel.hpp>
+#include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/structure.hpp>
 

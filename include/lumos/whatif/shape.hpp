@@ -37,6 +37,8 @@
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/configuration.hpp>
+#include <lumos/whatif/context.hpp>
 #include <lumos/whatif/structure.hpp>
 #include <lumos/whatif/tensor_parallel.hpp>
 
@@ -52,130 +54,6 @@
 #include <vector>
 
 namespace lumos::whatif {
-
-/// Target model shape; unset fields keep the traces' own.
-struct shape_target {
-  std::optional<std::int64_t> hidden, ffn, heads, seq, micro_batch;
-  std::optional<int> tp;
-  /// Sequence parallelism of the target, for a change from TP 1 (a TP > 1 trace keeps its own).
-  std::optional<bool> sp;
-
-  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp || sp; }
-};
-
-/// One configuration's transformer shape (full model) and tensor-parallel size.
-struct shape_config {
-  std::int64_t hidden = 0, ffn = 0, heads = 0, head_dim = 0, seq = 0, micro_batch = 0;
-  int tp = 1;
-  /// Sequence parallelism asked of a target from TP 1. Not read from traces: a TP > 1 trace's own
-  /// (a reduce-scatter in its forward passes) is found and kept by `rescale_shape`.
-  bool sp = false;
-
-  [[nodiscard]] std::int64_t tokens() const noexcept { return seq * micro_batch; }
-  [[nodiscard]] std::int64_t ffn_local() const noexcept { return ffn / tp; }
-  [[nodiscard]] std::int64_t heads_local() const noexcept { return heads / tp; }
-  [[nodiscard]] std::int64_t q_local() const noexcept { return heads_local() * head_dim; }
-  friend bool operator==(const shape_config&, const shape_config&) = default;
-};
-
-/// The traces' shape from structure discovery; throws `lumos::error` naming what is unknown.
-[[nodiscard]] inline shape_config traced_shape(const job_structure& st) {
-  const auto& m = st.model;
-  auto need = [](const auto& f, const char* what) {
-    if (!f.known()) {
-      throw error(std::string("whatif: the traces' ") + what + " is unknown (" + f.source +
-                  "); the model-shape rewrites read it from the Input Dims of the layers' GEMMs (record_shapes=True)");
-    }
-    return static_cast<std::int64_t>(*f.value);
-  };
-  shape_config c;
-  c.hidden = need(m.hidden, "hidden size");
-  c.ffn = need(m.ffn, "FFN size");
-  c.heads = need(m.heads, "head count");
-  c.head_dim = need(m.head_dim, "head dimension");
-  c.seq = need(m.seq, "sequence length");
-  c.micro_batch = need(m.micro_batch_size, "micro-batch size");
-  c.tp = static_cast<int>(need(st.parallel.tp, "tensor-parallel size"));
-  return c;
-}
-
-/// The target shape: `t` applied to `from`. The head dimension follows hidden / heads when the
-/// traced model has heads·d = hidden (Megatron's default), else it stays. Throws `lumos::error`
-/// for a target that is not a valid transformer (non-positive sizes, hidden not divisible by
-/// heads, heads or FFN not divisible by TP).
-[[nodiscard]] inline shape_config target_shape(const shape_config& from, const shape_target& t) {
-  shape_config to = from;
-  auto positive = [](const auto& v, const char* flag) {
-    if (v && *v <= 0)
-      throw error(std::string("whatif ") + flag + ": must be positive (got " + std::to_string(*v) + ")");
-  };
-  positive(t.hidden, "--hidden"), positive(t.ffn, "--ffn"), positive(t.heads, "--heads"), positive(t.seq, "--seq");
-  positive(t.micro_batch, "--micro-batch"), positive(t.tp, "--tp");
-  if (t.hidden) to.hidden = *t.hidden;
-  if (t.ffn) {
-    to.ffn = *t.ffn;
-  } else if (t.hidden && from.ffn == 4 * from.hidden) {
-    to.ffn = 4 * to.hidden;  // as `lumos predict --hidden` on a model whose FFN is 4h (GPT-3)
-  }
-  if (t.heads) to.heads = *t.heads;
-  if (t.seq) to.seq = *t.seq;
-  if (t.micro_batch) to.micro_batch = *t.micro_batch;
-  if (t.tp) to.tp = *t.tp;
-  if (t.sp) {
-    if (from.tp > 1) {
-      throw error("whatif --sp: applies to a change from TP 1; the traces run TP " + std::to_string(from.tp) +
-                  ", whose own sequence parallelism (or its absence) is kept");
-    }
-    if (*t.sp && to.tp <= 1) throw error("whatif --sp on: needs a tensor-parallel size above 1 (--tp)");
-    to.sp = *t.sp;
-  }
-  if (from.heads * from.head_dim == from.hidden && (to.hidden != from.hidden || to.heads != from.heads)) {
-    if (to.hidden % to.heads != 0) {
-      throw error("whatif: hidden " + std::to_string(to.hidden) + " does not divide into " + std::to_string(to.heads) +
-                  " heads (the traced model has head dim = hidden / heads)");
-    }
-    to.head_dim = to.hidden / to.heads;
-  }
-  validate_tp(to.tp, to.heads, to.ffn);
-  return to;
-}
-
-/// The cost-model context of a rescaling: the source GPU's kernel-level profile and peaks.
-struct shape_costs {
-  model::cost_profile profile = model::h100_profile();
-  model::hardware hw = model::hardware_preset("h100-sxm");
-  model::precision dtype = model::precision::bf16;
-  double element_bytes = 2; ///< activation element size
-};
-
-/// The cost context of a job: the kernel-level profile and peaks of its GPU (`from_gpu`, else
-/// the traces' device name; H100 when neither names a preset, said in `note`) and the dtype of
-/// its GEMM kernels.
-[[nodiscard]] inline shape_costs costs_of(const trace::job& job, const job_structure& st, std::string_view from_gpu,
-                                          std::string* note, const model::cost_profile* profile = nullptr) {
-  shape_costs c;
-  std::string preset(profile != nullptr ? profile->hardware : std::string(from_gpu));
-  if (preset.empty()) {
-    for (const auto& r : job.ranks) {
-      for (const auto& d : r.devices) {
-        if (preset.empty() && !d.name.empty()) preset = preset_of_device(d.name);
-      }
-    }
-  }
-  if (preset.empty()) {
-    if (note)
-      *note =
-          "the traces' GPU names no preset: the shape rescaling uses the h100-sxm cost profile (--from-gpu chooses)";
-    preset = "h100-sxm";
-  }
-  c.profile = profile != nullptr ? *profile : model::profile_preset(preset);  // a calibrated cluster, else the preset
-  c.hw = model::hardware_preset(preset);
-  const std::string dt = st.model.dtype.value.value_or("bf16");
-  c.dtype = dt == "fp16" ? model::precision::fp16 : dt == "fp8" ? model::precision::fp8 : model::precision::bf16;
-  c.element_bytes = dt == "fp32" || dt == "tf32" ? 4.0 : dt == "fp8" ? 1.0 : 2.0;
-  if (dt == "fp8" && c.hw.gpu.fp8_flops <= 0) c.dtype = model::precision::bf16;
-  return c;
-}
 
 /// Modelled times (ns) of the kernel-level model (kernel_costs.hpp) at a shape.
 namespace detail {
@@ -872,199 +750,85 @@ inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st,
   return line;
 }
 
-/// The shape-dependent figures of a configuration: memory per GPU (model/memory.hpp) and the
-/// model FLOPs one rank runs per iteration (transformer layers; the logits GEMM when the
-/// vocabulary is known).
-struct shape_figures {
-  double memory_bytes_per_gpu = 0;
-  double model_flops_per_rank = 0;
-  std::int64_t world = 0;
-  bool vocab_known = false;
-};
-
-/// The figures of `m` (a `counted_transformer`: its layers, KV heads, MLP and embeddings; `vocab`
-/// 0 when unknown) under TP `c.tp` over `pp` stages and `dp` replicas, `passes` forward passes
-/// per rank per iteration (micro-batches × chunks), `backward` whether the iteration trains.
-[[nodiscard]] inline shape_figures figures_of(const shape_config& c, model::transformer m, int pp, int dp,
-                                              std::int64_t passes, bool backward, double in_flight,
-                                              bool distributed_optimizer = false) {
-  shape_figures f;
-  f.world = static_cast<std::int64_t>(c.tp) * pp * dp;
-  m.name = "whatif";
-  const std::int64_t vocab = m.vocab;
-  f.vocab_known = vocab > 0;
-  // Unknown: a vocabulary of one row per rank, i.e. none; known: padded to a multiple of TP
-  // as Megatron pads it.
-  m.vocab = vocab > 0 ? (vocab + c.tp - 1) / c.tp * c.tp : c.tp;
-  model::parallel_config par;
-  par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
-  par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
-  par.zero_stage = distributed_optimizer ? 1 : 0;  // the optimizer's states sharded over DP
-  if (m.hidden % m.heads == 0 && m.layers % pp == 0) {
-    model::memory_options mo;
-    mo.in_flight_microbatches = in_flight;
-    mo.per_param = model::megatron_state_bytes;  // as predict: the traces are of Megatron's training
-    try {
-      f.memory_bytes_per_gpu = model::memory_per_gpu(m, par, 0, mo).total();
-    } catch (const error&) {
-      f.memory_bytes_per_gpu = 0; // a shape the memory model does not take: no figure
-    }
-  }
-  // flops.hpp's count (GQA's narrower K and V, a gated MLP's third GEMM) for the rank's share.
-  const double layer_flops = model::layer_forward_flops_per_sequence(m) * static_cast<double>(c.micro_batch) / static_cast<double>(c.tp);
-  const double per_pass =
-      static_cast<double>(m.layers / pp) * layer_flops +
-      (vocab > 0 ? 2.0 * static_cast<double>(c.tokens()) * static_cast<double>(c.hidden) * static_cast<double>(vocab) /
-                       static_cast<double>(c.tp) / static_cast<double>(pp)
-                 : 0.0);
-  f.model_flops_per_rank = per_pass * static_cast<double>(passes) * (backward ? 3.0 : 1.0);
-  return f;
+/// The shape change as a record: the fields that changed (their traced and target values) and
+/// what the rescaling did.
+[[nodiscard]] inline change shape_change(const shape_config& a, const shape_config& b, const shape_stats& s) {
+  std::string from, to;
+  auto field = [&](const char* name, std::int64_t x, std::int64_t y) {
+    if (x == y) return;
+    from += (from.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(x);
+    to += (to.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(y);
+  };
+  field("hidden", a.hidden, b.hidden);
+  field("FFN", a.ffn, b.ffn);
+  field("heads", a.heads, b.heads);
+  field("head dim", a.head_dim, b.head_dim);
+  field("sequence", a.seq, b.seq);
+  field("micro-batch", a.micro_batch, b.micro_batch);
+  field("TP", a.tp, b.tp);
+  return changed("shape", "shape", from, to, describe(a, b, s),
+                 {time_figure("GPU op time", s.before, s.after), count_figure("GEMM ops rescaled", s.gemm),
+                  count_figure("attention ops rescaled", s.attention), count_figure("memory-bound ops rescaled", s.memory),
+                  count_figure("optimizer ops rescaled", s.optimizer), count_figure("communication ops rescaled", s.communication)});
 }
 
-/// Memory per GPU and MFU of the traced and the predicted configuration (shape.hpp).
-struct shape_summary {
-  shape_config from, to;
-  shape_figures baseline, predicted;
-  double mfu_baseline = 0, mfu_predicted = 0; ///< 0 when the GPU's peak is unknown
-  std::string memory_warning; ///< when the prediction does not fit in the target GPU's memory: by how much
-};
-
-/// The target's pipeline and data parallelism, for `summarize` (unset: the traces').
-struct parallel_target {
-  std::optional<int> pp, dp, chunks;
-  /// The target runs a distributed optimizer (ZeRO-1; default: as the traces, whose gradients it
-  /// tells by a reduce-scatter + all-gather reduction).
-  std::optional<bool> distributed_optimizer;
-  std::optional<int> micro_batches;  ///< per replica
-  std::optional<pipeline::schedule_kind> schedule;
-};
-
-/// Memory and MFU of the traced and the predicted configuration. MFU counts the model FLOPs of
-/// the transformer layers (and the logits GEMM when a logits GEMM named the vocabulary) that one
-/// rank runs per iteration, against the dense peak of the target GPU in the traces' precision.
-/// `target`: the predicted configuration's stages, replicas, chunks, micro-batches and schedule.
-[[nodiscard]] inline shape_summary summarize(const trace::job& job, const job_structure& st, const shape_config& from,
-                                             const shape_config& to, std::optional<int> layers,
-                                             std::string_view from_gpu, std::string_view gpu, time_ns baseline_ns,
-                                             time_ns predicted_ns, const parallel_target& target = {}) {
-  shape_summary s;
-  s.from = from, s.to = to;
-  const int pp = st.parallel.pp.value.value_or(1);
-  const int dp = st.parallel.dp.value.value_or(1);
-  std::int64_t passes = 0;
-  bool backward = false;
-  if (!st.ranks.empty()) {
-    for (const auto& p : st.ranks.front().passes) {
-      passes += p.op.kind == pipeline::op_kind::forward;
-      backward = backward || p.op.kind == pipeline::op_kind::backward;
-    }
+/// Pass: the model-shape rewrite (`--hidden/--ffn/--heads/--seq/--micro-batch/--tp`), and the
+/// work that follows the parameter count (optimizer kernels, gradient collectives) for a layer or
+/// stage change, whose layer copies (or pipeline model) repeat each layer's own work only. It runs
+/// first, so that the later passes start from the rescaled durations. Sets `ctx.shape_from`,
+/// `ctx.shape_to` and, from TP 1, `ctx.tp_hooks`.
+struct shape_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept {
+    return ctx.options.shape.any() || ctx.options.layers || ctx.options.pp;
   }
-  const std::int64_t layers_from = st.model.layers.value.value_or(0);
-  const std::int64_t layers_to_n = layers ? *layers : layers_from;
-  const int chunks = st.parallel.chunks.value.value_or(1);
-  const std::int64_t m = std::max<std::int64_t>(passes / std::max(chunks, 1), 1);
-  auto in_flight = [](std::optional<pipeline::schedule_kind> kind, int stages, std::int64_t micro_batches) {
-    const bool gpipe = kind && *kind == pipeline::schedule_kind::gpipe;
-    return static_cast<double>(gpipe ? micro_batches : std::min<std::int64_t>(stages, micro_batches));
-  };
-  const std::int64_t vocab_local = traced_vocab_local(job, st, from);
-  const std::int64_t vocab = vocab_local * from.tp;
-  if (layers_from > 0) {
-    const int pp_to = target.pp.value_or(pp), dp_to = target.dp.value_or(dp), chunks_to = target.chunks.value_or(chunks);
-    const std::int64_t m_to = target.micro_batches.value_or(m);
-    const auto kind_to = target.schedule ? target.schedule : st.parallel.schedule.value;
-    const bool distributed = st.gradients.method.value == std::string("reduce-scatter + all-gather");
-    const bool gated = st.model.gated_mlp;
-    s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
-                            in_flight(st.parallel.schedule.value, pp, m), distributed);
-    s.predicted = figures_of(to, counted_transformer(to, st, vocab, gated, static_cast<int>(layers_to_n)), pp_to, dp_to, m_to * chunks_to,
-                             backward, in_flight(kind_to, pp_to, m_to), target.distributed_optimizer.value_or(distributed));
-  }
-  std::string from_preset(from_gpu);
-  if (from_preset.empty()) {
-    for (const auto& r : job.ranks) {
-      for (const auto& d : r.devices) {
-        if (from_preset.empty() && !d.name.empty()) from_preset = preset_of_device(d.name);
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const whatif_options& o = ctx.options;
+    const job_structure& st = ctx.structure(b);
+    change_list out;
+    const int layer_params = o.layers.value_or(0);
+    const int pp_params = o.pp && *o.pp != ctx.traced_pp() ? *o.pp : 0;
+    std::optional<shape_config> layers_shape;
+    if ((layer_params || pp_params) && !o.shape.any()) {
+      try {
+        layers_shape = traced_shape(st);
+      } catch (const error& e) {
+        out.push_back(note("shape", "optimizer and gradient work", std::string("optimizer and gradient work kept as traced: ") + e.what()));
       }
     }
-  }
-  const std::string preset = !gpu.empty() ? std::string(gpu) : from_preset;
-  auto mfu = [&](const std::string& p, double flops, time_ns t) {
-    if (p.empty() || t <= 0 || flops <= 0) return 0.0;
-    const model::hardware hw = model::hardware_preset(p);
-    const std::string dt = st.model.dtype.value.value_or("bf16");
-    const double peak = dt == "fp16" ? hw.gpu.fp16_flops : hw.gpu.bf16_flops;
-    return flops / (static_cast<double>(t) * 1e-9 * peak);
-  };
-  s.mfu_baseline = mfu(from_preset, s.baseline.model_flops_per_rank, baseline_ns);
-  s.mfu_predicted = mfu(preset, s.predicted.model_flops_per_rank, predicted_ns);
-  if (!preset.empty() && s.predicted.memory_bytes_per_gpu > 0) {
-    const model::hardware hw = model::hardware_preset(preset);
-    const double cap = static_cast<double>(hw.gpu.hbm_capacity);
-    if (s.predicted.memory_bytes_per_gpu > cap) {
-      char line[256];
-      std::snprintf(
-          line, sizeof line,
-          "warning: the predicted configuration needs %.1f GiB per GPU, %.1f GiB more than the %.0f GiB of the %s",
-          s.predicted.memory_bytes_per_gpu / 1073741824.0, (s.predicted.memory_bytes_per_gpu - cap) / 1073741824.0,
-          cap / 1073741824.0, hw.name.c_str());
-      s.memory_warning = line;
+    if (!o.shape.any() && !layers_shape) return out;
+    ctx.shape_from = layers_shape ? *layers_shape : traced_shape(st);
+    ctx.shape_to = layers_shape ? *layers_shape : target_shape(*ctx.shape_from, o.shape);
+    const shape_config& from = *ctx.shape_from;
+    const shape_config& to = *ctx.shape_to;
+    const shape_costs& costs = ctx.costs(b);
+    if (!ctx.costs_note().empty()) out.push_back(note("shape", "cost profile", ctx.costs_note()));
+    if (from == to && !layer_params && !pp_params) {
+      out.push_back(note("shape", "shape", "shape: the traces' own (nothing rescaled)"));
+      return out;
     }
+    const shape_stats ss = rescale_shape(b, ctx.job, st, from, to, costs, st.model.gated_mlp, layer_params, pp_params);
+    if (from == to) {
+      out.push_back(parameter_change(ss, layer_params && pp_params ? "layers and stages" : pp_params ? "stages" : "layers"));
+    } else {
+      out.push_back(shape_change(from, to, ss));
+      ctx.tp_hooks = ss.tp_collectives;
+    }
+    return out;
   }
-  return s;
-}
 
-/// The GPU ops of the backward passes that a zero-bubble schedule defers to its W passes, per
-/// task of `b`'s graph (1: weight gradient): the linear layers' and the logits' weight-gradient
-/// GEMMs (the tokens are their K: [in, tokens] x [tokens, out]), the biases' (a sum over the
-/// tokens: a reduction under aten::sum or a linear layer's autograd node, AddmmBackward), the
-/// LayerNorms' (PyTorch's GammaBetaBackward, or a kernel named wgrad) and the embedding's
-/// (embedding_dense_backward). When the tokens equal a width, a GEMM with the dims of the dgrad
-/// right before it is that dgrad's weight gradient (autograd runs them back to back). `a` is the
-/// traces' shape (`traced_shape`).
-[[nodiscard]] inline std::vector<std::uint8_t> weight_gradient_tasks(const trace::job& job, const graph::built_job& b,
-                                                                     const job_structure& st, const shape_config& a) {
-  std::vector<std::uint8_t> weight(b.graph.task_count(), 0);
-  const std::int64_t tokens = a.tokens();
-  struct last_gemm {
-    std::uint32_t op = detail::no_event;  // its operator (split-K kernels share it)
-    bool weight = false;
-    std::optional<std::array<std::int64_t, 3>> dgrad;  // dims of an open dgrad, as a multiset
-  };
-  std::vector<last_gemm> last(job.ranks.size());
-  for (const gpu_op_context& c : st.gpu_ops) {
-    if (c.rank >= job.ranks.size() || c.rank >= b.ranks.size() || c.phase != phase_kind::backward || c.pass < 0 || c.comm) continue;
-    const trace::rank_trace& tr = job.ranks[c.rank];
-    const auto& map = b.ranks[c.rank].task_of_event;
-    const graph::task_id t = c.op < map.size() ? map[c.op] : graph::no_task;
-    last_gemm& l = last[c.rank];
-    const std::string lname = detail::lower_ascii(tr.name(tr.events[c.op]));
-    const std::string op = c.cpu_op != detail::no_event ? detail::lower_ascii(tr.name(tr.events[c.cpu_op])) : std::string();
-    bool w = lname.find("gammabetabackward") != std::string::npos || lname.find("wgrad") != std::string::npos ||
-             lname.find("embedding_backward") != std::string::npos || op.find("embedding_dense_backward") != std::string::npos ||
-             (c.shape_op == detail::no_event && lname.find("reduce_kernel") != std::string::npos &&
-              (op == "aten::sum" || op.find("addmmbackward") != std::string::npos));
-    std::optional<detail::gemm_shape> gs;
-    if (!w && c.shape_op != detail::no_event) {
-      gs = detail::gemm_of(tr.name(tr.events[c.shape_op]), detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
-    }
-    if (gs && gs->kind == detail::gemm_shape::role::linear) {
-      if (c.shape_op == l.op) {
-        w = l.weight;  // another kernel of the same operator
-      } else {
-        std::array<std::int64_t, 3> dims{gs->m, gs->k, gs->n};
-        std::sort(dims.begin(), dims.end());
-        const bool tokens_in_k = gs->k == tokens, tokens_out = gs->m == tokens || gs->n == tokens;
-        w = tokens_in_k && (!tokens_out || (l.dgrad && *l.dgrad == dims));
-        l.op = c.shape_op, l.weight = w;
-        l.dgrad = !w && tokens_out ? std::optional(dims) : std::nullopt;
-      }
-    } else if (lname.find("reduce") == std::string::npos) {
-      l.dgrad.reset();  // another kernel between them: not a dgrad and its weight gradient
-    }
-    if (w && t != graph::no_task) weight[t] = 1;
+  /// The work that follows the parameters, rescaled with `what` (the layers, the stages or both).
+  [[nodiscard]] static change parameter_change(const shape_stats& ss, const char* what) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "parameters per rank x%.3f (rank 0) with the %s: %zu optimizer ops and %zu gradient collectives rescaled, %.3f -> "
+                  "%.3f ms of GPU time",
+                  ss.parameter_ratio, what, ss.optimizer, ss.gradient_communication, static_cast<double>(ss.before) / 1e6,
+                  static_cast<double>(ss.after) / 1e6);
+    return changed("shape", "parameters per rank", "x1", "x" + decimal(ss.parameter_ratio, 3), line,
+                   {time_figure("GPU op time", ss.before, ss.after), count_figure("optimizer ops rescaled", ss.optimizer),
+                    count_figure("gradient collectives rescaled", ss.gradient_communication)});
   }
-  return weight;
-}
+};
+static_assert(Rewrite<shape_pass>);
 
 } // namespace lumos::whatif
