@@ -51,7 +51,9 @@ struct program;
 namespace whatif {
 struct whatif_options;
 struct whatif_result;
-struct job_structure;
+struct job_structure;       // whatif/structure/types.hpp
+struct structure_options;
+struct discovery_inputs;    // whatif/structure/inputs.hpp
 }  // namespace whatif
 
 }  // namespace lumos
