@@ -49,11 +49,13 @@ struct program;
 }  // namespace synth
 
 namespace whatif {
-struct whatif_options;  // whatif/options.hpp
-struct whatif_result;   // whatif/result.hpp
-struct job_structure;
-struct change;          // whatif/change.hpp
-class context;          // whatif/context.hpp
+struct whatif_options;      // whatif/options.hpp
+struct whatif_result;       // whatif/result.hpp
+struct job_structure;       // whatif/structure/types.hpp
+struct structure_options;
+struct discovery_inputs;    // whatif/structure/inputs.hpp
+struct change;              // whatif/change.hpp
+class context;              // whatif/context.hpp
 }  // namespace whatif
 
 }  // namespace lumos
