@@ -74,6 +74,7 @@
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/model_fit.hpp>
+#include <lumos/whatif/pass_labels.hpp>
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/pipeline_graph.hpp>
 #include <lumos/whatif/shape.hpp>
