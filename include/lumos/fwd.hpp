@@ -52,6 +52,10 @@ namespace whatif {
 struct whatif_options;
 struct whatif_result;
 struct job_structure;
+struct stage_split_target;  // whatif/stage_geometry.hpp
+struct stage_geometry;
+struct stage_plan;          // whatif/stage_plan.hpp
+struct stage_split;         // whatif/stage_split.hpp
 }  // namespace whatif
 
 }  // namespace lumos

@@ -78,6 +78,10 @@
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/pipeline_graph.hpp>
 #include <lumos/whatif/shape.hpp>
+#include <lumos/whatif/stage_emission.hpp>
+#include <lumos/whatif/stage_geometry.hpp>
+#include <lumos/whatif/stage_plan.hpp>
+#include <lumos/whatif/stage_split.hpp>
 #include <lumos/whatif/structure.hpp>
 #include <lumos/whatif/tensor_parallel.hpp>
 #include <lumos/whatif/whatif.hpp>
