@@ -56,6 +56,10 @@ struct structure_options;
 struct discovery_inputs;    // whatif/structure/inputs.hpp
 struct change;              // whatif/change.hpp
 class context;              // whatif/context.hpp
+struct stage_split_target;  // whatif/stage_geometry.hpp
+struct stage_geometry;
+struct stage_plan;          // whatif/stage_plan.hpp
+struct stage_split;         // whatif/stage_split.hpp
 }  // namespace whatif
 
 }  // namespace lumos

@@ -79,11 +79,16 @@
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/model_fit.hpp>
 #include <lumos/whatif/options.hpp>
+#include <lumos/whatif/pass_labels.hpp>
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/pipeline_change.hpp>
 #include <lumos/whatif/pipeline_graph.hpp>
 #include <lumos/whatif/result.hpp>
 #include <lumos/whatif/shape.hpp>
+#include <lumos/whatif/stage_emission.hpp>
+#include <lumos/whatif/stage_geometry.hpp>
+#include <lumos/whatif/stage_plan.hpp>
+#include <lumos/whatif/stage_split.hpp>
 #include <lumos/whatif/structure.hpp>
 #include <lumos/whatif/structure/classify.hpp>
 #include <lumos/whatif/structure/gradients.hpp>

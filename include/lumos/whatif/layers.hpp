@@ -9,7 +9,7 @@
 #include <lumos/graph/trace_builder.hpp>
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/editor.hpp>
-#include <lumos/whatif/pipeline_graph.hpp>
+#include <lumos/whatif/stage_geometry.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>

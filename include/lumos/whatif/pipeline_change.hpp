@@ -9,7 +9,6 @@
 #include <lumos/report/iteration.hpp>
 #include <lumos/synth/schedules.hpp>
 #include <lumos/whatif/context.hpp>
-#include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/pipeline_graph.hpp>
@@ -75,47 +74,6 @@ struct stage_plan_pass {
   }
 };
 static_assert(Rewrite<stage_plan_pass>);
-
-/// Pass: the micro-batches per replica that the passes before it changed (`ctx.micro_batches`),
-/// made in the graph when `stage_plan_pass` says so: without stages whole micro-batch periods are
-/// repeated or removed (`micro_batches_to`: gradient accumulation runs them in sequence); with
-/// traced stages, a micro-batch's forward and backward passes on every stage
-/// (`stage_micro_batches_to`), which the split then orders. Copies of the layer pass are followed.
-/// Sets `ctx.period_copies`.
-struct micro_batch_pass {
-  [[nodiscard]] bool wanted(const context& ctx) const noexcept { return ctx.split.accumulate; }
-  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
-    const job_structure& st = ctx.structure(b);
-    const bool staged = ctx.split.staged;
-    const auto* copies = ctx.layer_copies ? &*ctx.layer_copies : nullptr;
-    const micro_batch_rewrite mr = staged ? stage_micro_batches_to(b, ctx.job, st, *ctx.micro_batches, copies)
-                                          : micro_batches_to(b, st, *ctx.micro_batches, copies);
-    change_list out;
-    out.push_back(changed("micro-batches", "micro-batches per replica", std::to_string(mr.from), std::to_string(mr.to), mr.change));
-    // With stages the passes are reordered next (group_edges::passes).
-    edited_graph e = repeat_groups(b.graph, mr.groups, staged ? group_edges::passes : group_edges::plain);
-    const std::size_t bridged = e.edges_bridged, dropped = e.edges_dropped;
-    micro_batch_copies pc{adopt(b, std::move(e)), mr.from, mr.to, mr.first, mr.end};
-    if (bridged > 0) {
-      out.push_back(note("micro-batches", "edges",
-                         std::to_string(bridged) + " edges out of removed tasks moved to the last kept task before them on their processor"));
-    }
-    if (const std::size_t zeroed = keep_in_last_copy(b.graph, mr, pc.copies); zeroed > 0) {
-      out.push_back(note("micro-batches", "gradient collectives",
-                         std::to_string(mr.last_copy_only.size()) +
-                             " data-parallel gradient collectives in the traced micro-batch's backward kept in its last copy only "
-                             "(gradients are reduced once, after the last micro-batch): " +
-                             std::to_string(zeroed) + " copies take no transfer time"));
-    }
-    if (dropped > 0) {
-      out.push_back(note("micro-batches", "edges",
-                         std::to_string(dropped) + " edges of removed tasks dropped (their processors still order the rest)"));
-    }
-    ctx.period_copies = std::move(pc);
-    return out;
-  }
-};
-static_assert(Rewrite<micro_batch_pass>);
 
 /// The all-reduce of the tied input and output embeddings between the end stages of a split of
 /// traces without stages (the GPT-style model the parameter counts assume): the embedding's fp32

@@ -15,7 +15,7 @@
 //   stage plan       pipeline_change.hpp   how the pipeline change is made (graph or model)
 //   node placement   data_parallel.hpp     transfers whose node span changes, re-timed
 //   layers           layers.hpp            layers repeated or removed in place
-//   micro-batches    pipeline_change.hpp   micro-batch periods or passes repeated or removed
+//   micro-batches    micro_batches.hpp     micro-batch periods or passes repeated or removed
 //   stage split      pipeline_change.hpp   the stages cut in the graph, or the pass-level model
 //   GPU              gpu_change.hpp        every GPU op at the target GPU's rates
 // A pass sees what the passes before it decided (the shapes, the micro-batch count, where layers
