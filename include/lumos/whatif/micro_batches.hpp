@@ -160,7 +160,8 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
 /// leaves them). Throws `lumos::error` when the traces have pipeline stages (the pipeline model
 /// takes the count there), or their micro-batches or passes are unknown.
 [[nodiscard]] inline micro_batch_rewrite micro_batches_to(const graph::built_job& b, const job_structure& st, int micro_batches,
-                                                          const std::vector<std::vector<graph::task_id>>* copies = nullptr) {
+                                                          const std::vector<std::vector<graph::task_id>>* copies = nullptr,
+                                                          const std::vector<lone_collective>& lone = {}) {
   const graph::task_graph& g = b.graph;
   const auto& par = st.parallel;
   if (par.pp.value.value_or(1) > 1) throw error("whatif: a micro-batch count change with pipeline stages is stage_micro_batches_to's");
@@ -256,19 +257,29 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
   }
   if (m == 1 && micro_batches > m) {
     const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
+    auto gradient = [&](const std::string& group, std::string_view kind) {
+      const auto k = collective_of_kind(kind);
+      return dp_groups.count(group) && k &&
+             (*k == model::collective::all_reduce || *k == model::collective::reduce_scatter || *k == model::collective::all_gather);
+    };
+    auto host_of = [&](graph::task_id c) {
+      if (c != none && in[c] && launcher[c] != none && in[launcher[c]]) out.last_copy_only_host.push_back(launcher[c]);
+    };
     for (const auto& ci : g.collectives) {
-      const auto kind = collective_of_kind(ci.kind);
-      const bool gradient = kind && (*kind == model::collective::all_reduce || *kind == model::collective::reduce_scatter ||
-                                     *kind == model::collective::all_gather);
-      if (!dp_groups.count(ci.group) || !gradient) continue;
+      if (!gradient(ci.group, ci.kind)) continue;
       for (const graph::task_id c : ci.complete) {
         if (in[c]) out.last_copy_only.push_back(c);
       }
       for (const auto* side : {&ci.arrive, &ci.complete}) {
-        for (const graph::task_id c : *side) {
-          if (c != none && in[c] && launcher[c] != none && in[launcher[c]]) out.last_copy_only_host.push_back(launcher[c]);
-        }
+        for (const graph::task_id c : *side) host_of(c);
       }
+    }
+    // The same collectives of ranks written one per class (their peers absent from the job):
+    // each is its own op, its transfer and its peer wait in one task.
+    for (const lone_collective& c : lone) {
+      if (!gradient(c.group, c.kind) || c.task >= n || !in[c.task]) continue;
+      out.last_copy_only.push_back(c.task);
+      host_of(c.arrive), host_of(c.task);
     }
   }
   out.groups.push_back(std::move(rg));
@@ -399,7 +410,7 @@ struct micro_batch_pass {
     const bool staged = ctx.split.staged;
     const auto* copies = ctx.layer_copies ? &*ctx.layer_copies : nullptr;
     const micro_batch_rewrite mr = staged ? stage_micro_batches_to(b, ctx.job, st, *ctx.micro_batches, copies)
-                                          : micro_batches_to(b, st, *ctx.micro_batches, copies);
+                                          : micro_batches_to(b, st, *ctx.micro_batches, copies, lone_collectives(ctx.job, b));
     change_list out;
     out.push_back(changed("micro-batches", "micro-batches per replica", std::to_string(mr.from), std::to_string(mr.to), mr.change));
     // With stages the passes are reordered next (group_edges::passes).

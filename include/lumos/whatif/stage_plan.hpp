@@ -590,8 +590,12 @@ inline void plan_rank_processors(stage_plan& p, const graph::task_graph& g, cons
       }
     }
   }
+  // The collectives every stage keeps (the gradients' after the passes); a communication op whose
+  // peers are absent from the job (a rank folded onto one of its group) is one task, no instance.
   for (task_id t = 0; t < n; ++t) {
-    if (!p.everywhere[t] || g.kind[t] != graph::task_kind::comm_complete) continue;
+    if (!p.everywhere[t]) continue;
+    const bool lone = g.kind[t] == graph::task_kind::gpu_comm && detail::comm_kind(g.task_name(t), {}) != "sendrecv";
+    if (g.kind[t] != graph::task_kind::comm_complete && !lone) continue;
     if (const auto it = index_of_rank.find(g.rank[t]); it != index_of_rank.end()) ++dp_count[it->second][g.processor[t]];
   }
   // Inserted gradient buckets are the data-parallel collectives too: with the traced ones
