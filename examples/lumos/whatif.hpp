@@ -12,10 +12,12 @@
 #include <lumos/report/html.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/synth/schedules.hpp>
+#include <lumos/trace/fold.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
 #include <cstdio>
+#include <map>
 #include <string>
 
 namespace lumos::cli {
@@ -24,7 +26,7 @@ inline constexpr std::string_view whatif_usage =
     "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]\n"
     "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
     "                    [--micro-batch N] [--tp N] [--sp on|off] [--profile FILE] [--step N]\n"
-    "                    [--scale KIND=F]... [--scale op:TEXT=F]... [--json] [--trace-out DIR] [--report FILE]\n"
+    "                    [--scale KIND=F]... [--scale op:TEXT=F]... [--no-fold] [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
@@ -72,6 +74,10 @@ inline constexpr std::string_view whatif_usage =
     "  --profile FILE      the cluster's cost profile (`lumos calibrate -o FILE`) for the shape, TP and DP\n"
     "                      rewrites' kernel and NCCL models (default: the preset of the traced GPU)\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
+    "  --no-fold           replay every traced rank: by default ranks whose traces are identical (the\n"
+    "                      ranks of a job `lumos synth --unfold` writes) are folded onto one of each\n"
+    "                      class, which stands for the rest (\"folded\" in --json; rows show those kept);\n"
+    "                      not with --trace-out, which writes every rank\n"
     "  --json              {\"baseline\":{...},\"predicted\":{\"iteration_ns\",\"breakdown\",\"bubble_fraction\",\n"
     "                      \"memory_bytes_per_gpu\",\"ranks\":[...]},\"changes\":[...],\"shape\":{...},\"structure\":{...}}\n"
     "                      and \"pipeline\":{\"model\":\"pass-level\" or \"graph\",...} after a pipeline change\n"
@@ -82,8 +88,34 @@ inline constexpr std::string_view whatif_usage =
 
 // One replay of the what-if: the job's iteration and the breakdown of its slowest rank (the one
 // that sets the iteration), then every rank.
+// The rows of a replay's ranks: with identical ranks folded, every traced rank a kept one stood
+// for gets the kept one's row, in rank order. A rank that a pipeline split added (`stages`)
+// copies a kept traced rank r; the ranks it stands for are the copies of r's class, as far from
+// it as their traced ranks are from r.
+inline std::vector<std::pair<int, const report::rank_replay*>> rank_rows(const report::replay_session& s, const trace::rank_folding& folding,
+                                                                         const trace::job& job, const whatif::stage_split* stages) {
+  std::map<int, const std::vector<int>*> members;
+  for (const auto& ranks : folding.stands_for) members[ranks.front()] = &ranks;
+  const std::size_t added = stages != nullptr ? stages->traced_index.size() : 0;
+  const std::size_t traced_kept = s.ranks.size() - std::min(added, s.ranks.size());
+  std::vector<std::pair<int, const report::rank_replay*>> rows;
+  for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+    const report::rank_replay& r = s.ranks[i];
+    const int source = i < traced_kept ? r.rank : job.ranks[stages->traced_index[i - traced_kept]].rank;
+    const auto it = members.find(source);
+    if (it == members.end()) {
+      rows.emplace_back(r.rank, &r);
+      continue;
+    }
+    for (const int k : *it->second) rows.emplace_back(r.rank - source + k, &r);
+  }
+  if (folding.folded()) std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return rows;
+}
+
 inline void session_json(json_writer& w, const report::replay_session& s, time_ns iteration, const whatif::shape_figures* figures,
-                         const std::optional<double>& bubble, const std::string& bubble_source) {
+                         const std::optional<double>& bubble, const std::string& bubble_source, const trace::rank_folding& folding,
+                         const trace::job& job, const whatif::stage_split* stages) {
   w.begin_object().field("iteration_ns", iteration).field("measured_ns", s.measured_ns);
   const report::rank_replay* slowest = nullptr;
   for (const auto& r : s.ranks) {
@@ -105,8 +137,9 @@ inline void session_json(json_writer& w, const report::replay_session& s, time_n
     w.key("memory_bytes_per_gpu").null();
   }
   w.key("ranks").begin_array();
-  for (const auto& r : s.ranks) {
-    w.begin_object().field("rank", r.rank).field("step", r.step).field("iteration_ns", r.simulated_ns);
+  for (const auto& [rank, row] : rank_rows(s, folding, job, stages)) {
+    const report::rank_replay& r = *row;
+    w.begin_object().field("rank", rank).field("step", r.step).field("iteration_ns", r.simulated_ns);
     w.key("breakdown");
     breakdown_json(w, r.simulated.split);
     w.field("sm_utilization", r.simulated.sm.mean).end_object();
@@ -355,16 +388,43 @@ inline written_traces write_whatif_traces(const whatif::whatif_options& o, const
   return out;
 }
 
-inline std::string whatif_json(const whatif::whatif_result& r, const std::optional<std::string>& trace_out, const written_traces& written) {
+// Which traced ranks each replayed rank stands for, when identical ranks were folded.
+inline void folding_json(json_writer& w, const trace::rank_folding& folding) {
+  if (!folding.folded()) return;
+  w.key("folded").begin_object().field("traced_ranks", folding.traced).field("replayed_ranks", folding.stands_for.size());
+  w.key("stands_for").begin_array();
+  for (const auto& ranks : folding.stands_for) {
+    w.begin_array();
+    for (const int r : ranks) w.value(r);
+    w.end_array();
+  }
+  w.end_array().end_object();
+}
+
+inline std::string folding_text(const trace::rank_folding& folding) {
+  if (!folding.folded()) return {};
+  std::string out = "note: " + std::to_string(folding.traced) + " traced ranks folded onto " + std::to_string(folding.stands_for.size()) +
+                    " (ranks with identical traces replay as one):";
+  for (const auto& ranks : folding.stands_for) {
+    out += " rank " + std::to_string(ranks.front()) + " stands for " + std::to_string(ranks.size()) + (ranks.size() == 1 ? " rank;" : " ranks;");
+  }
+  out.back() = '\n';
+  return out;
+}
+
+inline std::string whatif_json(const whatif::whatif_result& r, const trace::job& job, const std::optional<std::string>& trace_out,
+                               const written_traces& written, const trace::rank_folding& folding) {
   std::string out;
   json_writer w(out);
   w.begin_object();
+  folding_json(w, folding);
   w.key("baseline");
   const std::optional<double> base_bubble = r.pipeline ? std::optional<double>(r.pipeline->baseline.bubble_fraction) : std::nullopt;
   session_json(w, r.baseline, r.baseline.simulated_ns, r.shape ? &r.shape->baseline : nullptr, base_bubble,
-               r.pipeline ? "pass-level pipeline model of the traces' configuration" : "see predicted");
+               r.pipeline ? "pass-level pipeline model of the traces' configuration" : "see predicted", folding, job, nullptr);
   w.key("predicted");
-  session_json(w, r.predicted, r.predicted.simulated_ns, r.shape ? &r.shape->predicted : nullptr, r.bubble_fraction, r.bubble_source);
+  session_json(w, r.predicted, r.predicted.simulated_ns, r.shape ? &r.shape->predicted : nullptr, r.bubble_fraction, r.bubble_source,
+               folding, job, r.stages ? &*r.stages : nullptr);
   w.field("speedup", r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
   w.key("changes").begin_array();
   for (const auto& c : r.changes) w.value(c.text);
@@ -391,25 +451,30 @@ inline std::string whatif_json(const whatif::whatif_result& r, const std::option
   return out;
 }
 
-inline std::string whatif_text(const whatif::whatif_result& r, const trace::job& job, const written_traces& written) {
+inline std::string whatif_text(const whatif::whatif_result& r, const trace::job& job, const written_traces& written,
+                               const trace::rank_folding& folding) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "lumos whatif: %zu rank%s\n", job.ranks.size(), job.ranks.size() == 1 ? "" : "s");
+  const std::size_t traced = folding.folded() ? folding.traced : job.ranks.size();
+  std::snprintf(line, sizeof line, "lumos whatif: %zu rank%s\n", traced, traced == 1 ? "" : "s");
   out += line;
+  out += folding_text(folding);
   for (const auto& c : r.changes) out += "change: " + c.text + "\n";
   out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
-  // The traced ranks the prediction kept come first (all of them unless stages were merged),
-  // then the ranks of added pipeline stages, which compare with the traced rank they copy.
+  // The traced ranks the prediction kept compare with their baseline (all of them unless stages
+  // were merged); the ranks of added pipeline stages with the traced rank they copy.
   const std::size_t traced_kept = r.predicted.ranks.size() - (r.stages ? r.stages->traced_index.size() : 0);
-  std::size_t b_at = 0;
-  for (std::size_t i = 0; i < r.predicted.ranks.size(); ++i) {
-    if (i < traced_kept) {
-      while (b_at + 1 < r.baseline.ranks.size() && r.baseline.ranks[b_at].rank != r.predicted.ranks[i].rank) ++b_at;
-    }
-    const auto& b = i >= traced_kept ? r.baseline.ranks[r.stages->traced_index[i - traced_kept]] : r.baseline.ranks[b_at];
-    const auto& p = r.predicted.ranks[i];
+  std::map<int, const report::rank_replay*> baseline_of;
+  for (const auto& [rank, row] : rank_rows(r.baseline, folding, job, nullptr)) baseline_of.emplace(rank, row);
+  for (const auto& [rank, row] : rank_rows(r.predicted, folding, job, r.stages ? &*r.stages : nullptr)) {
+    const auto i = static_cast<std::size_t>(row - r.predicted.ranks.data());
+    const auto found = baseline_of.find(rank);
+    const auto& b = i >= traced_kept ? r.baseline.ranks[r.stages->traced_index[i - traced_kept]]
+                    : found != baseline_of.end() ? *found->second
+                                                 : r.baseline.ranks.back();
+    const auto& p = *row;
     const auto& s = p.simulated.split;
-    std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %7.3fx  |  %10s %10s %10s %10s\n", p.rank, p.step.c_str(),
+    std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %7.3fx  |  %10s %10s %10s %10s\n", rank, p.step.c_str(),
                   ms(b.simulated_ns).c_str(), ms(p.simulated_ns).c_str(),
                   p.simulated_ns > 0 ? static_cast<double>(b.simulated_ns) / static_cast<double>(p.simulated_ns) : 0.0,
                   ms(s.exposed_compute).c_str(), ms(s.overlapped).c_str(), ms(s.exposed_comm).c_str(), ms(s.other).c_str());
@@ -436,7 +501,10 @@ inline int run_whatif(args& a) {
   const what_if scaled = parse_scales(a.options("--scale"));
   const whatif::whatif_options o = whatif_options_of(a, scaled);
   const bool json = a.flag("--json");
+  const bool no_fold = a.flag("--no-fold");
   const auto trace_out = a.option("--trace-out");
+  // A written job keeps every traced rank: folded, it would hold one of each class.
+  const bool fold = !no_fold && !trace_out;
   const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
@@ -445,7 +513,9 @@ inline int run_whatif(args& a) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
                       "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
   }
-  const trace::job job = trace::load_job(paths(inputs));
+  trace::job job = trace::load_job(paths(inputs));
+  // Every shipped rewrite changes identical ranks alike: one of each class stands for the rest.
+  const trace::rank_folding folding = fold ? trace::fold_identical_ranks(job) : trace::rank_folding{};
   const whatif::whatif_result r = whatif::run_whatif(job, o);
   if (trace_out && r.pipeline) {
     throw usage_error("--trace-out: the pipeline change was predicted by the pass-level model (" +
@@ -461,7 +531,7 @@ inline int run_whatif(args& a) {
     report::detail::write_file(*html, report::html_report(job, r.predicted, ho, &r.baseline));
     written.files.emplace_back(*html);
   }
-  write_stdout(json ? whatif_json(r, trace_out, written) : whatif_text(r, job, written));
+  write_stdout(json ? whatif_json(r, job, trace_out, written, folding) : whatif_text(r, job, written, folding));
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include <lumos/trace/comm.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/trace/event.hpp>
+#include <lumos/trace/fold.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/trace/reader.hpp>
 #include <lumos/trace/summary.hpp>
