@@ -318,9 +318,9 @@ struct shape_rank_state {
 class shape_rescaler {
  public:
   shape_rescaler(graph::built_job& b, const trace::job& job, const job_structure& st, const shape_config& from, const shape_config& to,
-                 const shape_costs& costs, bool gated, int layers_to, int pp_to)
-      : b_(b), g_(b.graph), job_(job), st_(st), from_(from), to_(to), costs_(costs), tied_embedding_(job, st), rank_(job.ranks.size()) {
-    min_ns_ = costs.profile.min_kernel_ns;
+                 const shape_costs& cost_context, bool gated, int layers_to, int pp_to)
+      : b_(b), g_(b.graph), job_(job), st_(st), from_(from), to_(to), costs_(cost_context), tied_embedding_(job, st), rank_(job.ranks.size()) {
+    min_ns_ = cost_context.profile.min_kernel_ns;
     act_from_ = static_cast<double>(from.tokens()) * static_cast<double>(from.hidden);
     act_to_ = static_cast<double>(to.tokens()) * static_cast<double>(to.hidden);
     param_ratio_ = parameter_ratios(job, st, from, to, gated, layers_to, pp_to);
