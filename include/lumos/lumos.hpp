@@ -66,6 +66,7 @@
 #include <lumos/report/json/sweep.hpp>
 #include <lumos/report/json/whatif.hpp>
 #include <lumos/report/replay_report.hpp>
+#include <lumos/report/simulated_job.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/report/trace_writer.hpp>
 #include <lumos/report/whatif_rows.hpp>
