@@ -1,21 +1,17 @@
 #pragma once
-// lumos calibrate TRACE_DIR|FILE... -o profile.json [--json]
+// lumos calibrate TRACE_DIR|FILE... -o profile.json [--rank N]
 
 #include "cli.hpp"
 
+#include <lumos/cli/calibrate.hpp>
 #include <lumos/model/calibrate.hpp>
+#include <lumos/model/hardware.hpp>
 #include <lumos/model/kernel_costs.hpp>
 #include <lumos/model/profile.hpp>
-#include <lumos/trace/job.hpp>
-#include <lumos/whatif/model_fit.hpp>
 
-#include <charconv>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
-#include <optional>
 #include <string>
-#include <vector>
 
 namespace lumos::cli {
 
@@ -29,35 +25,6 @@ inline constexpr std::string_view calibrate_usage =
     "  spends the traces' host and optimizer time per iteration. Parameters the traces do not\n"
     "  show keep the preset of the traced GPU. Prints the fit; 'lumos predict --profile FILE' uses it.\n"
     "  --rank N   use only rank N's file (e.g. to predict the other ranks from one)\n";
-
-/// Loads `inputs` (all ranks, or only rank `only`) and fits the cost profile, as
-/// `lumos calibrate` does; the CLI and the Python binding share it.
-inline model::calibration calibrate_inputs(const std::vector<std::string>& inputs, const std::optional<std::string>& only) {
-  if (inputs.empty()) throw usage_error("calibrate needs at least one trace directory or file");
-  std::vector<std::filesystem::path> paths(inputs.begin(), inputs.end());
-  trace::job job = trace::load_job(paths);
-  std::string source;
-  for (const auto& p : inputs) source += (source.empty() ? "" : " ") + std::filesystem::path(p).filename().string();
-  // The per-kernel fit reads the chosen rank alone; the configuration (TP, stages) needs them all.
-  std::vector<trace::rank_trace> kept;
-  std::size_t index = 0;
-  if (only) {
-    int r = -1;
-    const auto [end, ec] = std::from_chars(only->data(), only->data() + only->size(), r);
-    if (ec != std::errc{} || end != only->data() + only->size() || r < 0) {
-      throw lumos::error("--rank must be a non-negative integer, got '" + *only + "'");
-    }
-    for (std::size_t i = 0; i < job.ranks.size(); ++i) {
-      if (job.ranks[i].rank == r && kept.empty()) kept.push_back(job.ranks[i]), index = i;
-    }
-    if (kept.empty()) throw lumos::error("--rank " + *only + ": no such rank in the traces");
-    source += " rank " + *only;
-  }
-  model::calibration c = model::calibrate(only ? kept : job.ranks, source);
-  const whatif::model_fit fit = whatif::fit_to_traced_configuration(c, job, source, index);
-  c.notes.insert(c.notes.end(), fit.notes.begin(), fit.notes.end());
-  return c;
-}
 
 inline int run_calibrate(args& a) {
   const auto out_path = a.option("-o");

@@ -3,7 +3,8 @@
 
 #include "cli.hpp"
 
-#include <lumos/core/json_writer.hpp>
+#include <lumos/pipeline/format.hpp>
+#include <lumos/report/json/inspect.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/trace/summary.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -22,38 +23,6 @@ inline constexpr std::string_view inspect_usage =
     "  --structure: iteration, phases, micro-batches, pipeline stages and schedule, layers, process\n"
     "    groups and model shape, each with what it was inferred from; the options supply what the\n"
     "    traces do not say (or override them, with a note). --groups lists the per-layer task groups.\n";
-
-inline void inspect_json(const trace::job& job, std::string& out) {
-  json_writer w(out);
-  w.begin_object().key("ranks").begin_array();
-  for (const auto& r : job.ranks) {
-    const auto s = trace::summarize(r);
-    w.begin_object();
-    w.field("rank", r.rank).field("file", r.file).field("events", r.entries);
-    w.key("by_category").begin_object();
-    for (const auto& [cat, n] : s.by_category) w.field(cat, n);
-    w.end_object();
-    w.field("gpu_ops", s.gpu_ops).field("comm_ops", s.comm_ops).field("streams", s.streams);
-    w.field("threads", s.threads).field("device", s.device);
-    w.key("world_size");
-    if (r.world_size) {
-      w.value(*r.world_size);
-    } else {
-      w.null();
-    }
-    w.field("rank_from", trace::to_string(r.origin));
-    w.field("base_time_ns", r.base_ns);
-    w.key("steps").begin_array();
-    for (const auto& st : s.steps) {
-      w.begin_object().field("name", st.name).field("start_ns", r.base_ns + st.start).field("dur_ns", st.dur).end_object();
-    }
-    w.end_array();
-    w.field("unknown_phase_entries", r.skipped_entries);
-    w.end_object();
-  }
-  w.end_array().end_object();
-  out += '\n';
-}
 
 inline void inspect_text(const trace::job& job, std::string& out) {
   char line[512];
@@ -86,126 +55,6 @@ inline void inspect_text(const trace::job& job, std::string& out) {
       out += line;
     }
   }
-}
-
-template <class T>
-void structure_fact_json(json_writer& w, std::string_view name, const whatif::fact<T>& f) {
-  w.key(name).begin_object().key("value");
-  if (!f.value) {
-    w.null();
-  } else if constexpr (std::is_same_v<T, pipeline::schedule_kind>) {
-    w.value(pipeline::schedule_name(*f.value));
-  } else if constexpr (std::is_same_v<T, whatif::group_role>) {
-    w.value(whatif::to_string(*f.value));
-  } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
-    w.begin_array();
-    for (const auto v : *f.value) w.value(v);
-    w.end_array();
-  } else {
-    w.value(*f.value);
-  }
-  w.field("source", f.source);
-  if (!f.value && !f.flag.empty()) w.field("flag", f.flag);
-  w.end_object();
-}
-
-inline std::string op_text(const pipeline::op& o, bool chunk) {
-  std::string s;
-  pipeline::detail::append_op_text(s, o, chunk);
-  return s;
-}
-
-inline void structure_json(const whatif::job_structure& st, bool with_groups, std::string& out) {
-  json_writer w(out);
-  w.begin_object();
-  w.key("parallel").begin_object();
-  structure_fact_json(w, "world", st.parallel.world);
-  structure_fact_json(w, "tp", st.parallel.tp);
-  structure_fact_json(w, "pp", st.parallel.pp);
-  structure_fact_json(w, "dp", st.parallel.dp);
-  structure_fact_json(w, "ep", st.parallel.ep);
-  structure_fact_json(w, "schedule", st.parallel.schedule);
-  structure_fact_json(w, "chunks", st.parallel.chunks);
-  structure_fact_json(w, "micro_batches", st.parallel.micro_batches);
-  w.end_object();
-  w.key("model").begin_object();
-  structure_fact_json(w, "layers", st.model.layers);
-  structure_fact_json(w, "hidden", st.model.hidden);
-  structure_fact_json(w, "ffn", st.model.ffn);
-  structure_fact_json(w, "mlp", st.model.mlp);
-  structure_fact_json(w, "dropout", st.model.dropout);
-  structure_fact_json(w, "heads", st.model.heads);
-  structure_fact_json(w, "kv_heads", st.model.kv_heads);
-  structure_fact_json(w, "head_dim", st.model.head_dim);
-  structure_fact_json(w, "seq", st.model.seq);
-  structure_fact_json(w, "micro_batch_size", st.model.micro_batch_size);
-  structure_fact_json(w, "dtype", st.model.dtype);
-  w.end_object();
-  structure_fact_json(w, "layers_method", st.layers_method);
-  w.key("gradient_reduction").begin_object();
-  structure_fact_json(w, "method", st.gradients.method);
-  structure_fact_json(w, "buckets", st.gradients.buckets);
-  structure_fact_json(w, "bucket_elements", st.gradients.bucket_elements);
-  w.end_object();
-  w.key("groups").begin_array();
-  for (const auto& g : st.groups) {
-    w.begin_object().field("name", g.name).field("description", g.description);
-    w.key("ranks").begin_array();
-    for (const int r : g.ranks) w.value(r);
-    w.end_array();
-    structure_fact_json(w, "size", g.size);
-    w.key("collectives").begin_object();
-    for (const auto& [k, n] : g.collectives) w.field(k, n);
-    w.end_object();
-    w.key("roles").begin_array();
-    for (const auto& r : g.roles) w.begin_object().field("role", whatif::to_string(*r.value)).field("source", r.source).end_object();
-    w.end_array().end_object();
-  }
-  w.end_array();
-  const bool chunks = st.parallel.chunks.value.value_or(1) > 1;
-  w.key("ranks").begin_array();
-  for (const auto& r : st.ranks) {
-    w.begin_object().field("rank", r.rank);
-    structure_fact_json(w, "iteration", r.iteration);
-    w.field("iteration_start_ns", r.iteration_start).field("iteration_end_ns", r.iteration_end);
-    w.key("phases").begin_array();
-    for (const auto& p : r.phases) {
-      w.begin_object().field("phase", whatif::to_string(p.kind)).field("start_ns", p.start).field("end_ns", p.end);
-      w.field("gpu_ops", p.gpu_ops).field("source", p.source).end_object();
-    }
-    w.end_array();
-    structure_fact_json(w, "stage", r.stage);
-    w.key("p2p_partners").begin_array();
-    for (const int p : r.p2p_partners) w.value(p);
-    w.end_array();
-    structure_fact_json(w, "layers_per_pass", r.layers_per_pass);
-    w.key("passes").begin_array();
-    for (const auto& p : r.passes) {
-      w.begin_object().field("op", op_text(p.op, chunks)).field("start_ns", p.start).field("end_ns", p.end);
-      w.field("gpu_ops", p.gpu_ops);
-      w.key("layers");
-      if (p.layers.value) w.value(*p.layers.value); else w.null();
-      w.end_object();
-    }
-    w.end_array().end_object();
-  }
-  w.end_array();
-  w.field("layer_task_groups", st.layer_groups.size());
-  if (with_groups) {
-    w.key("layer_groups").begin_array();
-    for (const auto& lg : st.layer_groups) {
-      w.begin_object().field("rank", lg.rank).field("op", op_text(lg.op, chunks)).field("layer", lg.layer);
-      w.key("tasks").begin_array();
-      for (const auto t : lg.tasks) w.value(t);
-      w.end_array().end_object();
-    }
-    w.end_array();
-  }
-  w.key("notes").begin_array();
-  for (const auto& n : st.notes) w.value(n);
-  w.end_array();
-  w.end_object();
-  out += '\n';
 }
 
 template <class T>
@@ -267,7 +116,7 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
     if (g.roles.empty()) out += "    role: unknown\n";
     for (const auto& r : g.roles) out += "    role " + std::string(whatif::to_string(*r.value)) + "    [" + r.source + "]\n";
   }
-  const bool chunks = st.parallel.chunks.value.value_or(1) > 1;
+  const bool chunks = report::structure_shows_chunks(st);
   out += "ranks\n";
   for (const auto& r : st.ranks) {
     char line[256];
@@ -288,7 +137,7 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
     structure_fact_text(out, "layers per pass", r.layers_per_pass);
     out += "    passes:";
     for (const auto& p : r.passes) {
-      out += " " + op_text(p.op, chunks);
+      out += " " + pipeline::format_op(p.op, chunks);
       if (p.layers.value) out += "(" + std::to_string(*p.layers.value) + "L)";
     }
     out += "\n";
@@ -296,7 +145,7 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
   out += "layer task groups: " + std::to_string(st.layer_groups.size()) + "\n";
   if (with_groups) {
     for (const auto& lg : st.layer_groups) {
-      out += "  rank " + std::to_string(lg.rank) + " " + op_text(lg.op, chunks) + " layer " + std::to_string(lg.layer) + ": " +
+      out += "  rank " + std::to_string(lg.rank) + " " + pipeline::format_op(lg.op, chunks) + " layer " + std::to_string(lg.layer) + ": " +
              std::to_string(lg.tasks.size()) + " tasks\n";
     }
   }
@@ -350,12 +199,12 @@ inline int run_inspect(args& a) {
     const graph::built_job built = graph::build_graph(job);
     const whatif::job_structure st = whatif::discover_structure(job, built, so);
     if (json) {
-      structure_json(st, with_groups, out);
+      report::structure_json(st, with_groups ? report::layer_groups::listed : report::layer_groups::count_only, out);
     } else {
       structure_text(st, with_groups, out);
     }
   } else if (json) {
-    inspect_json(job, out);
+    report::inspect_json(job, out);
   } else {
     inspect_text(job, out);
   }

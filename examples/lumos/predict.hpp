@@ -3,32 +3,23 @@
 
 #include "cli.hpp"
 
-#include <lumos/core/json_writer.hpp>
-#include <lumos/model/hardware.hpp>
-#include <lumos/model/kernel_costs.hpp>
-#include <lumos/model/nccl.hpp>
-#include <lumos/model/parallel.hpp>
-#include <lumos/model/profile.hpp>
-#include <lumos/trace/job.hpp>
-#include <lumos/synth/program.hpp>
-#include <lumos/sim/replay.hpp>
-#include <lumos/report/replay_report.hpp>
-#include <lumos/report/html.hpp>
-#include <lumos/report/trace_files.hpp>
+#include <lumos/cli/predict.hpp>
 #include <lumos/graph/compile.hpp>
-#include <lumos/model/transformer.hpp>
+#include <lumos/report/html.hpp>
+#include <lumos/report/json/predict.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/report/trace_files.hpp>
+#include <lumos/sim/replay.hpp>
 #include <lumos/synth/kernel_trace.hpp>
 #include <lumos/synth/predict.hpp>
-#include <lumos/synth/schedules.hpp>
+#include <lumos/synth/program.hpp>
+#include <lumos/trace/job.hpp>
 
 #include "calibrate.hpp"  // so that main.cpp registers `calibrate` with one line of its table
 
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <unistd.h>
@@ -76,29 +67,7 @@ inline constexpr std::string_view predict_usage =
     "  Fixed: Megatron's distributed optimizer (ZeRO-1) with fp32 main gradients, gradient\n"
     "  reduction in buckets overlapped with the backward, FlashAttention.\n";
 
-// Bad values are `lumos::error`s (one line on stderr, exit code 2); unknown flags and stray
-// arguments are usage errors (the message and the usage).
 namespace detail {
-
-inline std::int64_t positive_value(const std::string& text, std::string_view name) {
-  std::int64_t x = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
-  if (ec != std::errc{} || end != text.data() + text.size() || x <= 0) {
-    throw lumos::error(std::string(name) + " must be a positive integer, got '" + text + "'");
-  }
-  return x;
-}
-
-inline std::int64_t positive_int(args& a, std::string_view name, std::int64_t fallback) {
-  const auto v = a.option(name);
-  return v ? positive_value(*v, name) : fallback;
-}
-
-inline int positive_small(args& a, std::string_view name, int fallback) {
-  const std::int64_t x = positive_int(a, name, fallback);
-  if (x > (1 << 24)) throw lumos::error(std::string(name) + " is too large: " + std::to_string(x));
-  return static_cast<int>(x);
-}
 
 inline std::string bytes_text(double b) {
   char buf[64];
@@ -119,218 +88,6 @@ inline std::string pct(double f) {
 }
 
 }  // namespace detail
-
-/// What `lumos predict` parsed, for the report.
-struct predict_request {
-  synth::job job;
-  bool unfold = false;
-  bool roofline = false;
-  bool forward_only = false;
-  model::cost_profile profile;
-};
-
-/// Reads a profile file (`lumos calibrate -o`), on top of the preset it names or `fallback`.
-inline model::cost_profile read_profile_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw lumos::error("cannot read profile '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  // The preset of the profile's hardware gives every value the file leaves out.
-  model::cost_profile base = model::a100_profile();
-  if (const auto at = text.find("\"hardware\""); at != std::string::npos) {
-    for (auto n : model::profile_preset_names) {
-      const auto v = text.find('"' + std::string(n) + '"', at);
-      if (v != std::string::npos && v < text.find(',', at)) base = model::profile_preset(n);
-    }
-  }
-  return model::profile_from_json(text, base, path);
-}
-
-inline predict_request parse_predict(args& a) {
-  predict_request req;
-  synth::job& j = req.job;
-  j.model = model::model_preset(a.option("--model").value_or("gpt3-175b"));
-  const model::transformer preset = j.model;
-  model::transformer& m = j.model;
-  const bool mha = m.kv_heads == m.heads;
-  const bool ffn_4h = m.ffn == 4 * m.hidden;
-  m.layers = detail::positive_int(a, "--layers", m.layers);
-  // At most 2^24 (positive_small), as --micro-batch below, so that the products made of them here
-  // (4h, the default global batch) cannot overflow: the CLI fuzzer found --hidden 3.3e18.
-  m.hidden = detail::positive_small(a, "--hidden", static_cast<int>(m.hidden));
-  if (const auto ffn = a.option("--ffn")) {
-    m.ffn = detail::positive_value(*ffn, "--ffn");
-  } else if (ffn_4h) {
-    m.ffn = 4 * m.hidden;
-  }
-  m.heads = detail::positive_int(a, "--heads", m.heads);
-  if (const auto kv = a.option("--kv-heads")) {
-    m.kv_heads = detail::positive_value(*kv, "--kv-heads");
-  } else if (mha) {
-    m.kv_heads = m.heads;
-  }
-  m.seq = detail::positive_int(a, "--seq", m.seq);
-  m.vocab = detail::positive_int(a, "--vocab", m.vocab);
-  // A shape that is not the preset's is not the preset: say so instead of its name.
-  if (m.layers != preset.layers || m.hidden != preset.hidden || m.ffn != preset.ffn || m.heads != preset.heads ||
-      m.kv_heads != preset.kv_heads || m.seq != preset.seq || m.vocab != preset.vocab) {
-    m.name = "custom";
-  }
-
-  model::parallel_config& p = j.parallel;
-  p.tp = detail::positive_small(a, "--tp", 1);
-  p.pp = detail::positive_small(a, "--pp", 1);
-  p.dp = detail::positive_small(a, "--dp", 1);
-  p.vp = detail::positive_small(a, "--vp", 1);
-  if (const auto sp = a.option("--sp")) {
-    if (*sp != "on" && *sp != "off") throw lumos::error("--sp must be on or off, got '" + *sp + "'");
-    p.sp = *sp == "on";
-  }
-  if (const auto o = a.option("--tp-comm-overlap")) {
-    if (*o != "on" && *o != "off") throw lumos::error("--tp-comm-overlap must be on or off, got '" + *o + "'");
-    p.tp_comm_overlap = *o == "on";
-  }
-  if (const auto o = a.option("--overlap-param-gather")) {
-    if (*o != "on" && *o != "off") throw lumos::error("--overlap-param-gather must be on or off, got '" + *o + "'");
-    p.overlap_param_gather = *o == "on";
-  }
-  p.micro_batch = detail::positive_small(a, "--micro-batch", 1);
-  if (const auto gb = a.option("--global-batch")) {
-    p.global_batch = detail::positive_value(*gb, "--global-batch");
-  } else if (__builtin_mul_overflow(p.micro_batch * p.dp, p.pp > 1 ? 4 * std::int64_t{p.pp} : 1, &p.global_batch)) {
-    // Default: 4·pp micro-batches per replica (2^24 · 2^24 · 2^26 at most: more than 64 bits).
-    throw lumos::error("--micro-batch x --dp x 4 --pp is too large for the default global batch; give --global-batch");
-  }
-  if (const auto r = a.option("--recompute")) {
-    if (*r == "none") {
-      p.recompute = model::recompute_kind::none;
-    } else if (*r == "selective") {
-      p.recompute = model::recompute_kind::selective;
-    } else if (*r == "full") {
-      p.recompute = model::recompute_kind::full;
-    } else {
-      throw lumos::error("--recompute must be none, selective or full, got '" + *r + "'");
-    }
-  }
-  if (const auto prec = a.option("--precision")) {
-    if (*prec == "bf16") {
-      p.dtype = model::precision::bf16;
-    } else if (*prec == "fp16") {
-      p.dtype = model::precision::fp16;
-    } else if (*prec == "fp8") {
-      p.dtype = model::precision::fp8;
-    } else {
-      throw lumos::error("--precision must be bf16, fp16 or fp8, got '" + *prec + "'");
-    }
-  }
-  p.zero_stage = 1;
-  if (const auto s = a.option("--schedule")) j.schedule = synth::parse_schedule_name(*s);
-  const auto gpu = a.option("--gpu");
-  if (const auto file = a.option("--profile")) {
-    req.profile = read_profile_file(*file);
-    j.hardware = model::hardware_preset(gpu.value_or(req.profile.hardware));
-  } else {
-    j.hardware = model::hardware_preset(gpu.value_or("h100-sxm"));
-    req.profile = model::profile_preset(j.hardware.name);
-  }
-  if (const auto att = a.option("--attention")) {
-    if (*att != "flash" && *att != "unfused") throw lumos::error("--attention must be flash or unfused, got '" + *att + "'");
-    req.profile.attention = *att == "flash" ? model::attention_impl::flash : model::attention_impl::unfused;
-  }
-  if (const auto cm = a.option("--cost-model")) {
-    if (*cm != "kernel" && *cm != "roofline") throw lumos::error("--cost-model must be kernel or roofline, got '" + *cm + "'");
-    req.roofline = *cm == "roofline";
-  }
-  req.unfold = a.flag("--unfold");
-  req.forward_only = a.flag("--forward-only");
-  return req;
-}
-
-/// The host-side options of the program builder that a profile fixes (collective enqueue time,
-/// the p2p and fp16 loss-scale host syncs).
-inline void apply_profile(const predict_request& req, synth::program_options& o) {
-  o.forward_only = req.forward_only;
-  if (req.roofline) return;
-  o.collective_cpu = static_cast<time_ns>(req.profile.cpu_collective_ns);
-  o.launch_cost = static_cast<time_ns>(req.profile.cpu_launch_ns);
-  o.p2p_host_sync = req.profile.cpu_p2p_sync > 0;
-  o.loss_scale_host_sync = req.profile.cpu_loss_scale_sync > 0 && req.job.parallel.dtype == model::precision::fp16;
-}
-
-/// `predict` with the cost model the request asks for.
-inline synth::prediction run_model(const predict_request& req, synth::predict_options opt) {
-  apply_profile(req, opt.program);
-  if (req.roofline) return synth::predict(req.job, opt);
-  return synth::predict(req.job, opt, model::kernel_level{req.profile}, model::nccl_model{req.profile});
-}
-
-inline void predict_json(const synth::job& j, const synth::prediction& r, double wall_ms, std::string& out,
-                         const std::string& profile_name = "") {
-  const auto& m = j.model;
-  const auto& p = j.parallel;
-  json_writer w(out);
-  w.begin_object();
-  w.key("job").begin_object();
-  w.field("model", m.name).field("layers", m.layers).field("hidden", m.hidden).field("ffn", m.ffn);
-  w.field("heads", m.heads).field("kv_heads", m.kv_heads).field("seq", m.seq).field("vocab", m.vocab);
-  w.field("gpu", j.hardware.name).field("precision", model::to_string(p.dtype)).field("gpus", r.gpus);
-  w.field("profile", profile_name);
-  w.field("tp", p.tp).field("pp", p.pp).field("dp", p.dp).field("vp", p.vp).field("sp", p.sp);
-  w.field("tp_comm_overlap", p.tp_comm_overlap).field("overlap_param_gather", p.overlap_param_gather);
-  w.field("micro_batch", p.micro_batch).field("global_batch", p.global_batch);
-  w.field("micro_batches_per_pipeline", static_cast<std::int64_t>(r.shape.micro_batches));
-  w.field("schedule", pipeline::schedule_name(r.schedule)).field("recompute", model::to_string(p.recompute));
-  w.field("zero_stage", p.zero_stage);
-  w.end_object();
-  w.field("iteration_ns", r.iteration_ns);
-  w.field("tokens_per_s", r.tokens_per_s);
-  w.field("tflops_per_gpu", r.model_tflops_per_gpu);
-  w.field("hardware_tflops_per_gpu", r.hardware_tflops_per_gpu);
-  w.field("mfu", r.mfu).field("hfu", r.hfu);
-  w.field("peak_tflops_per_gpu", r.peak_flops_per_gpu / 1e12);
-  w.field("model_flops_per_iteration", r.model_flops);
-  w.field("hardware_flops_per_iteration", r.hardware_flops);
-  w.field("flops_convention",
-          r.forward_only ? "Megatron's forward third: 24*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)) model FLOPs per forward-only "
-                             "iteration (generalised to GQA/SwiGLU); nothing recomputed; dense tensor-core peak"
-                           : "Megatron: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)) model FLOPs per iteration (generalised to "
-                             "GQA/SwiGLU); hardware FLOPs add recomputed forward work; dense tensor-core peak");
-  w.field("bubble_fraction", r.bubble_fraction);
-  w.field("pipeline_ns", r.pipeline_ns);
-  w.field("bubble_definition",
-          "1 - mean over stages of compute-stream busy time during the pipeline phase / pipeline_ns "
-          "(pipeline phase: from 0 to the end of the last forward/backward op of any stage)");
-  w.key("breakdown").begin_object();
-  w.field("rank", r.breakdown_rank).field("window_ns", r.breakdown_window_ns);
-  w.field("exposed_compute_ns", r.breakdown.exposed_compute).field("overlapped_ns", r.breakdown.overlapped);
-  w.field("exposed_comm_ns", r.breakdown.exposed_comm).field("other_ns", r.breakdown.other);
-  w.end_object();
-  w.field("sm_utilization", r.sm_utilization);
-  const auto& mem = r.memory;
-  w.key("memory_bytes_per_gpu").begin_object();
-  w.field("stage", r.memory_stage).field("in_flight_microbatches", r.in_flight_microbatches);
-  w.field("parameters", mem.parameters).field("gradients", mem.gradients).field("optimizer", mem.optimizer_states);
-  w.field("activations", mem.activations + mem.io_activations + mem.recompute_working);
-  w.field("total", mem.total());
-  w.field("capacity", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity)).field("fits", mem.fits(j.hardware));
-  w.end_object();
-  w.key("stages").begin_array();
-  for (const auto& s : r.stages) {
-    w.begin_object().field("stage", s.stage).field("rank", s.rank).field("pipeline_busy_ns", s.pipeline_busy_ns);
-    w.field("pipeline_end_ns", s.pipeline_end_ns).field("in_flight_microbatches", s.in_flight_microbatches);
-    w.field("memory_total_bytes", s.memory.total()).end_object();
-  }
-  w.end_array();
-  w.key("graph").begin_object();
-  w.field("unfolded", r.unfolded).field("granularity", synth::to_string(r.detail));
-  w.field("simulated_ranks", static_cast<std::int64_t>(r.simulated_ranks)).field("tasks", static_cast<std::int64_t>(r.tasks));
-  w.field("edges", static_cast<std::int64_t>(r.edges)).field("processors", static_cast<std::int64_t>(r.processors));
-  w.field("wall_ms", wall_ms);
-  w.end_object();
-  w.end_object();
-  out += '\n';
-}
 
 /// `profile`: the kernel-level model's profile, or null for the roofline model.
 inline void predict_text(const synth::job& j, const synth::prediction& r, double wall_ms, std::string& out,
@@ -479,7 +236,7 @@ inline int run_predict(args& a) {
   const bool json = a.flag("--json");
   const auto html = a.option("--report");
   predict_request req = parse_predict(a);
-  if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
+  a.no_positionals();
   synth::predict_options opt;
   opt.program.unfold = req.unfold;
   const auto t0 = std::chrono::steady_clock::now();
@@ -487,7 +244,7 @@ inline int run_predict(args& a) {
   const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::string out;
   if (json) {
-    predict_json(req.job, r, wall_ms, out, req.roofline ? std::string("roofline") : req.profile.name);
+    report::predict_json(req.job, r, wall_ms, out, req.profile_name());
   } else {
     predict_text(req.job, r, wall_ms, out, req.roofline ? nullptr : &req.profile);
   }

@@ -4,16 +4,19 @@
 
 #include "cli.hpp"
 
-#include <lumos/core/json_writer.hpp>
 #include <lumos/report/critical_path.hpp>
 #include <lumos/report/frozen.hpp>
 #include <lumos/report/html.hpp>
+#include <lumos/report/json/replay.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/trace/job.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -71,44 +74,6 @@ inline what_if parse_scales(const std::vector<std::string>& items) {
   return w;
 }
 
-inline void breakdown_json(json_writer& w, const report::breakdown& b) {
-  w.begin_object();
-  w.field("exposed_compute_ns", b.exposed_compute).field("overlapped_ns", b.overlapped);
-  w.field("exposed_comm_ns", b.exposed_comm).field("other_ns", b.other);
-  w.field("exposed_comm_wait_ns", b.exposed_comm_wait);
-  w.end_object();
-}
-
-inline void frozen_json(json_writer& w, const graph::task_graph& g, const report::frozen_report& f) {
-  w.begin_object().field("total_ns", f.total());
-  w.key("by_kind").begin_object();
-  for (std::size_t k = 0; k < graph::overhead_kind_count; ++k) {
-    w.field(std::string(graph::to_string(static_cast<graph::overhead_kind>(k))) + "_ns", f.by_kind[k]);
-  }
-  w.end_object();
-  w.key("largest").begin_array();
-  for (const auto& d : f.largest) {
-    w.begin_object().field("kind", graph::to_string(d.kind)).field("amount_ns", d.amount).field("task", g.task_name(d.task));
-    w.field("processor", g.processors[g.processor[d.task]].name).field("observed_start_ns", d.at).end_object();
-  }
-  w.end_array().end_object();
-}
-
-inline void critical_path_json(json_writer& w, const graph::task_graph& g, const report::critical_path& p) {
-  w.begin_object().field("begin_ns", p.begin).field("end_ns", p.end);
-  w.key("attribution").begin_object();
-  for (std::size_t c = 0; c < report::path_category_count; ++c) {
-    w.field(std::string(report::to_string(static_cast<report::path_category>(c))) + "_ns", p.total[c]);
-  }
-  w.end_object();
-  w.key("segments").begin_array();
-  for (const auto& s : p.segments) {
-    w.begin_object().field("task", g.task_name(s.task)).field("processor", g.processors[g.processor[s.task]].name);
-    w.field("category", report::to_string(s.category)).field("begin_ns", s.begin).field("end_ns", s.end).end_object();
-  }
-  w.end_array().end_object();
-}
-
 inline std::string percent(time_ns part, time_ns whole) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%5.1f%%", whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0);
@@ -157,8 +122,170 @@ inline std::string explain_text(const report::replay_session& s, const std::vect
   return out;
 }
 
-inline int run_replay(args& a) {
+// The build's findings: graph size, dependencies by rule, collectives, what bounds the GPU ops,
+// clock skew, causality and the selective scales' reach.
+inline std::string build_text(const report::replay_session& s, const trace::job& job, const report::replay_options& opt) {
+  const auto& st = s.built.stats;
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "lumos replay: %zu rank%s, scales compute=%g comm=%g cpu=%g\n", job.ranks.size(),
+                job.ranks.size() == 1 ? "" : "s", opt.scales.compute, opt.scales.comm, opt.scales.cpu);
+  out += line;
+  std::snprintf(line, sizeof line, "graph: %zu tasks, %zu edges, %zu processors (%zu threads, %zu streams)\n",
+                s.built.graph.task_count(), s.built.graph.edge_count(), s.built.graph.processors.size(), st.threads, st.streams);
+  out += line;
+  std::snprintf(line, sizeof line,
+                "dependencies: %zu launches (%zu ops launched before the window), %zu cross-stream (%zu exact, %zu inferred, %zu "
+                "unresolved), %zu blocking calls, %zu thread hand-offs\n",
+                st.launch_edges, st.ops_without_launch, st.cross_stream_exact + st.cross_stream_inferred, st.cross_stream_exact,
+                st.cross_stream_inferred, st.cross_stream_unresolved, st.blocking_calls, st.handoffs);
+  out += line;
+  if (st.collectives_matched > 0) {
+    std::snprintf(line, sizeof line, "collectives: %zu joined across ranks (%zu participants), matched by %s\n", st.collectives_matched,
+                  st.collective_participants, st.collective_matching.c_str());
+    out += line;
+  }
+  if (st.collectives_unmatched > 0) {
+    std::snprintf(line, sizeof line,
+                  "note: %zu communication ops have no partner rank in this job (partners absent): transfer (scaled by comm) from "
+                  "the same op in another step for %zu, from ops of the same size and group for %zu, the whole duration for %zu; "
+                  "the rest is peer wait, kept\n",
+                  st.collectives_unmatched, st.unmatched_transfer_same_op, st.unmatched_transfer_same_size, st.unmatched_kept_whole);
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "GPU ops bound by: stream %zu (queued), launch %zu, cross-stream %zu (%zu waits found from timing alone), "
+                "unexplained delay kept %zu; %zu poll loops folded into their wait\n",
+                st.ops_queued, st.ops_launch_bound, st.ops_dependency_bound, st.cross_stream_implicit, st.ops_unexplained,
+                st.poll_waits);
+  out += line;
+  return out;
+}
+
+// Clock skew between hosts, causality violations and the selective scales' reach.
+inline std::string warnings_text(const report::replay_session& s, const trace::job& job, const report::replay_options& opt) {
+  const auto& st = s.built.stats;
+  std::string out;
+  if (!st.clock_offsets_consistent) {
+    out += "clocks: the matched collectives admit no clock offsets (collectives matched wrongly?); none applied\n";
+  } else {
+    std::string skewed;
+    for (std::size_t i = 0; i < st.clock_offsets.size(); ++i) {
+      if (st.clock_offsets[i] == 0) continue;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%srank %d %+.1f us", skewed.empty() ? "" : ", ", job.ranks[i].rank,
+                    static_cast<double>(st.clock_offsets[i]) / 1e3);
+      skewed += buf;
+    }
+    if (!skewed.empty()) {
+      out += std::string("clocks: the collectives imply skew between hosts: ") + skewed +
+             (st.clocks_aligned ? " (applied: --align-clocks)\n" : " (--align-clocks applies it)\n");
+    }
+  }
+  if (st.causality_violations > 0) {
+    out += "warning: " + std::to_string(st.causality_violations) + " causality violation" + (st.causality_violations == 1 ? "" : "s") +
+           " in the traces (timestamps no execution can produce; --strict makes them errors); the worst: " + st.worst_violation_text + "\n";
+  }
+  if (!opt.build.op_scales.empty()) {
+    std::string ops;
+    for (const auto& o : opt.build.op_scales) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "=%g", o.factor);
+      ops += (ops.empty() ? "'" : ", '") + o.text + "'" + buf;
+    }
+    char line[512];
+    std::snprintf(line, sizeof line, "selective what-if %s: %zu GPU ops and %zu threads touched\n", ops.c_str(), st.op_scaled_gpu,
+                  st.op_scaled_cpu);
+    out += line;
+  }
+  return out;
+}
+
+// One row per rank (iterations, error, simulated breakdown, SM utilisation) and the job's row.
+inline std::string ranks_text(const report::replay_session& s) {
+  std::string out;
+  char line[512];
+  out += "\n rank  step              measured     simulated    error  | simulated: exposed-compute  overlapped  exposed-comm   other   SM util\n";
+  for (const auto& r : s.ranks) {
+    const auto& b = r.simulated.split;
+    const time_ns w = r.simulated.window.length();
+    std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %6.2f%%  |  %10s %s %10s %s %10s %s %10s %s  %5.1f%%\n", r.rank,
+                  r.step.c_str(), ms(r.measured_ns).c_str(), ms(r.simulated_ns).c_str(), 100.0 * r.error,
+                  ms(b.exposed_compute).c_str(), percent(b.exposed_compute, w).c_str(), ms(b.overlapped).c_str(),
+                  percent(b.overlapped, w).c_str(), ms(b.exposed_comm).c_str(), percent(b.exposed_comm, w).c_str(),
+                  ms(b.other).c_str(), percent(b.other, w).c_str(), 100.0 * r.simulated.sm.mean);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %6.2f%%   (iteration time of a job: its slowest rank)\n", "",
+                ms(s.measured_ns).c_str(), ms(s.simulated_ns).c_str(), 100.0 * s.error);
+  out += line;
+  return out;
+}
+
+// The critical path of rank `slowest` (an index): time per category and the longest segments.
+inline std::string critical_path_text(const report::replay_session& s, const report::critical_path& path, std::size_t slowest) {
+  std::string out;
+  char line[512];
+  const time_ns total = path.end - path.begin;
+  std::snprintf(line, sizeof line, "\ncritical path of rank %d (%s, %s):\n", s.ranks[slowest].rank, s.ranks[slowest].step.c_str(),
+                ms(total).c_str());
+  out += line;
+  for (std::size_t c = 0; c < report::path_category_count; ++c) {
+    std::snprintf(line, sizeof line, "  %-12s %12s %s\n", std::string(report::to_string(static_cast<report::path_category>(c))).c_str(),
+                  ms(path.total[c]).c_str(), percent(path.total[c], total).c_str());
+    out += line;
+  }
+  // The longest segments, longest first.
+  std::vector<std::size_t> idx(path.segments.size());
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) {
+    return path.segments[x].end - path.segments[x].begin > path.segments[y].end - path.segments[y].begin;
+  });
+  idx.resize(std::min<std::size_t>(idx.size(), 10));
+  out += "  longest segments:\n";
+  for (const auto i : idx) {
+    const auto& seg = path.segments[i];
+    std::snprintf(line, sizeof line, "    %10s  %-11s %s: %.80s\n", ms(seg.end - seg.begin).c_str(),
+                  std::string(report::to_string(seg.category)).c_str(),
+                  s.built.graph.processors[s.built.graph.processor[seg.task]].name.c_str(),
+                  std::string(s.built.graph.task_name(seg.task)).c_str());
+    out += line;
+  }
+  return out;
+}
+
+// Leave-one-step-out: each rank's prediction of the other step, with the two baselines.
+inline std::string held_out_text(const report::replay_session& s) {
+  std::string out;
+  char line[512];
+  for (std::size_t i = 0; i < s.held_out.size(); ++i) {
+    const auto& h = s.held_out[i];
+    std::snprintf(line, sizeof line,
+                  "held out: rank %d, %s with the durations of %s predicts %s; measured %s (error %.2f%%; baselines: same "
+                  "step %.2f%%, scaled by GPU busy time %.2f%%); %zu tasks matched, %zu kept%s\n",
+                  s.ranks[i].rank, s.ranks[i].step.c_str(), h.from_step.c_str(), ms(h.predicted_ns).c_str(), ms(h.measured_ns).c_str(),
+                  100.0 * report::relative_error(h.predicted_ns, h.measured_ns), 100.0 * report::relative_error(h.same_step_ns, h.measured_ns),
+                  100.0 * report::relative_error(h.gpu_busy_ratio_ns, h.measured_ns), h.tasks.matched, h.tasks.unmatched,
+                  h.tasks.comparable() ? "" : " (the two steps ran different ops: not comparable)");
+    out += line;
+  }
+  return out;
+}
+
+/// What `lumos replay` was asked.
+struct replay_request {
   report::replay_options opt;
+  bool json = false;
+  bool explain = false;
+  bool critical = false;
+  std::optional<std::string> trace_out;
+  std::optional<std::string> html;
+  std::vector<std::string> inputs;
+};
+
+inline replay_request parse_replay(args& a) {
+  replay_request req;
+  report::replay_options& opt = req.opt;
   if (const auto step = a.option("--step")) opt.step = parse_number<int>(*step, "--step");
   const what_if scaled = parse_scales(a.options("--scale"));
   opt.scales = scaled.scales;
@@ -166,31 +293,41 @@ inline int run_replay(args& a) {
   if (const auto from = a.option("--durations-from-step")) opt.durations_from_step = parse_number<int>(*from, "--durations-from-step");
   opt.build.strict = a.flag("--strict");
   opt.build.align_clocks = a.flag("--align-clocks");
-  const bool json = a.flag("--json");
-  const bool explain = a.flag("--explain");
-  const bool critical = a.flag("--critical-path");
-  const auto trace_out = a.option("--trace-out");
-  const auto html = a.option("--report");
-  const auto inputs = a.positionals();
-  if (inputs.empty()) throw usage_error("replay needs at least one PATH");
+  req.json = a.flag("--json");
+  req.explain = a.flag("--explain");
+  req.critical = a.flag("--critical-path");
+  req.trace_out = a.option("--trace-out");
+  req.html = a.option("--report");
+  req.inputs = a.positionals();
+  if (req.inputs.empty()) throw usage_error("replay needs at least one PATH");
+  return req;
+}
+
+/// Loads the traces of `inputs`, counting the files read on stderr when it is a terminal.
+inline trace::job load_inputs(const std::vector<std::string>& inputs) {
   trace::load_options load;
   if (stderr_is_terminal()) {
     load.on_loaded = [](const trace::rank_trace&, std::size_t done, std::size_t total) {
       if (total > 1) std::fprintf(stderr, "\rlumos: read %zu/%zu files\x1b[K%s", done, total, done == total ? "\n" : "");
     };
   }
-  trace::job job = trace::load_job(paths(inputs), load);
+  return trace::load_job(paths(inputs), load);
+}
+
+inline int run_replay(args& a) {
+  replay_request req = parse_replay(a);
+  report::replay_options& opt = req.opt;
+  trace::job job = load_inputs(req.inputs);
   // Written traces and the HTML report read the events again; otherwise each rank's go as soon
   // as its tasks are added (the events of a 512-rank job are 822 MiB, its graph about 1 GiB).
-  if (!trace_out && !html) {
+  if (!req.trace_out && !req.html) {
     opt.release_events = [&job](std::size_t i) { job.ranks[i].drop_events(); };
-    opt.release_observations = true;  // they read the observed times and source events too
-    opt.release_edges = !critical;     // and, as the critical path, the edges
+    opt.release_observations = true;    // they read the observed times and source events too
+    opt.release_edges = !req.critical;  // and, as the critical path, the edges
   }
   // Nothing below compiles the graph again (the compiled records hold its durations).
   opt.release_durations = true;
   const report::replay_session s = report::replay_job(job, opt);
-  const auto& st = s.built.stats;
 
   // The slowest rank's critical path, when asked.
   std::size_t slowest = 0;
@@ -198,224 +335,42 @@ inline int run_replay(args& a) {
     if (s.ranks[i].simulated_ns > s.ranks[slowest].simulated_ns) slowest = i;
   }
   report::critical_path path;
-  if (critical && !s.ranks.empty()) {
+  if (req.critical && !s.ranks.empty()) {
     path = report::iteration_critical_path(s.built.graph, s.compiled, s.timeline, s.plans[slowest], s.ranks[slowest].simulated);
   }
   // The kept overheads are printed by --explain and --json only: a pass over every plan's tasks.
   std::vector<report::frozen_report> frozen;
-  if (json || explain) {
+  if (req.json || req.explain) {
     std::vector<report::interval> windows;
     for (const auto& r : s.ranks) windows.push_back(r.measured.window);
     frozen = report::frozen_overheads(s.built, s.plans, windows);
   }
   std::vector<std::filesystem::path> written;
-  if (trace_out) written = report::write_kineto(report::simulated_from(s, job), report::rank_numbers(job), *trace_out);
-  if (html) {
+  if (req.trace_out) written = report::write_kineto(report::simulated_from(s, job), report::rank_numbers(job), *req.trace_out);
+  if (req.html) {
     report::html_options ho;
-    ho.inputs = inputs;
-    report::detail::write_file(*html, report::html_report(job, s, ho));
-    written.emplace_back(*html);
+    ho.inputs = req.inputs;
+    report::detail::write_file(*req.html, report::html_report(job, s, ho));
+    written.emplace_back(*req.html);
   }
 
   std::string out;
-  if (json) {
-    json_writer w(out);
-    w.begin_object();
-    w.key("job").begin_object().field("measured_ns", s.measured_ns).field("simulated_ns", s.simulated_ns).field("error", s.error).end_object();
-    w.key("scales").begin_object().field("compute", opt.scales.compute).field("comm", opt.scales.comm).field("cpu", opt.scales.cpu);
-    w.key("ops").begin_array();
-    for (const auto& o : opt.build.op_scales) w.begin_object().field("text", o.text).field("factor", o.factor).end_object();
-    w.end_array().end_object();
-    w.key("ranks").begin_array();
-    for (std::size_t i = 0; i < s.ranks.size(); ++i) {
-      const auto& r = s.ranks[i];
-      w.begin_object().field("rank", r.rank).field("file", r.file).field("step", r.step);
-      w.field("measured_ns", r.measured_ns).field("simulated_ns", r.simulated_ns).field("error", r.error);
-      w.key("breakdown");
-      breakdown_json(w, r.simulated.split);
-      w.key("breakdown_measured");
-      breakdown_json(w, r.measured.split);
-      w.field("sm_utilization", r.simulated.sm.mean).field("sm_utilization_measured", r.measured.sm.mean);
-      w.key("sm_utilization_series").begin_array();
-      for (const double v : r.simulated.sm.series) w.value(v);
-      w.end_array();
-      w.key("frozen");
-      frozen_json(w, s.built.graph, frozen[i]);
-      w.end_object();
+  if (req.json) {
+    report::replay_json_parts parts;
+    parts.ops = opt.build.op_scales;
+    parts.sm_series = true;
+    parts.frozen = frozen;
+    if (req.critical) {
+      parts.path = &path;
+      parts.path_rank = s.ranks.empty() ? 0 : s.ranks[slowest].rank;
     }
-    w.end_array();
-    w.key("graph").begin_object().field("tasks", s.built.graph.task_count()).field("edges", s.built.graph.edge_count());
-    w.field("processors", s.built.graph.processors.size()).end_object();
-    w.key("dependencies").begin_object();
-    w.field("launch", st.launch_edges).field("ops_without_launch", st.ops_without_launch).field("cuda_graph_ops", st.graph_launch_ops);
-    w.field("cross_stream_exact", st.cross_stream_exact).field("cross_stream_inferred", st.cross_stream_inferred);
-    w.field("cross_stream_implicit", st.cross_stream_implicit);
-    w.field("cross_stream_unresolved", st.cross_stream_unresolved).field("blocking_calls", st.blocking_calls);
-    w.field("poll_waits", st.poll_waits);
-    w.field("thread_handoffs", st.handoffs).field("stream_overlaps", st.stream_overlaps).end_object();
-    w.key("causality").begin_object().field("violations", st.causality_violations).field("worst_ns", st.worst_violation);
-    w.field("worst", st.worst_violation_text).end_object();
-    w.key("clocks").begin_object().field("consistent", st.clock_offsets_consistent).field("aligned", st.clocks_aligned);
-    w.key("offsets_ns").begin_array();
-    for (const time_ns d : st.clock_offsets) w.value(d);
-    w.end_array().end_object();
-    w.key("gpu_ops_bound_by").begin_object().field("stream", st.ops_queued).field("launch", st.ops_launch_bound);
-    w.field("dependency", st.ops_dependency_bound).field("unexplained", st.ops_unexplained).end_object();
-    w.key("overheads").begin_array();
-    for (const auto& oh : st.overheads) {
-      w.begin_object().field("rank", oh.rank).field("device", oh.device).field("stream", oh.stream);
-      w.field("launch_latency_ns", oh.launch_latency).field("launch_latency_p95_ns", oh.launch_high).field("launch_samples", oh.launch_samples);
-      w.field("gap_ns", oh.gap).field("gap_p95_ns", oh.gap_high).field("gap_samples", oh.gap_samples).end_object();
-    }
-    w.end_array();
-    w.key("collectives").begin_object().field("matched", st.collectives_matched).field("participants", st.collective_participants);
-    w.field("unmatched_ops", st.collectives_unmatched).field("p2p_eager", st.p2p_eager).field("matching", st.collective_matching);
-    w.key("unmatched_transfer").begin_object().field("same_op_other_step", st.unmatched_transfer_same_op);
-    w.field("same_size_and_group", st.unmatched_transfer_same_size).field("kept_whole", st.unmatched_kept_whole).end_object();
-    w.end_object();
-    if (!s.held_out.empty()) {
-      w.key("held_out").begin_array();
-      for (std::size_t i = 0; i < s.held_out.size(); ++i) {
-        const auto& h = s.held_out[i];
-        w.begin_object().field("rank", s.ranks[i].rank).field("structure_step", s.ranks[i].step).field("durations_step", h.from_step);
-        w.field("measured_ns", h.measured_ns).field("predicted_ns", h.predicted_ns);
-        w.field("error", report::relative_error(h.predicted_ns, h.measured_ns));
-        w.field("baseline_same_step_ns", h.same_step_ns).field("baseline_same_step_error", report::relative_error(h.same_step_ns, h.measured_ns));
-        w.field("baseline_gpu_busy_ns", h.gpu_busy_ratio_ns).field("baseline_gpu_busy_error", report::relative_error(h.gpu_busy_ratio_ns, h.measured_ns));
-        w.field("tasks_matched", h.tasks.matched).field("tasks_unmatched", h.tasks.unmatched).field("tasks_source", h.tasks.source);
-        w.field("comparable", h.tasks.comparable()).end_object();
-      }
-      w.end_array();
-    }
-    if (critical) {
-      w.key("critical_path");
-      critical_path_json(w, s.built.graph, path);
-      w.field("critical_path_rank", s.ranks[slowest].rank);
-    }
-    if (trace_out) {
-      w.key("trace_out").begin_array();
-      for (const auto& f : written) w.value(f.string());
-      w.end_array();
-    }
-    w.end_object();
-    out += '\n';
+    if (req.trace_out) parts.trace_out = &written;
+    out = report::replay_json(s, parts);
   } else {
-    char line[512];
-    std::snprintf(line, sizeof line, "lumos replay: %zu rank%s, scales compute=%g comm=%g cpu=%g\n", job.ranks.size(),
-                  job.ranks.size() == 1 ? "" : "s", opt.scales.compute, opt.scales.comm, opt.scales.cpu);
-    out += line;
-    std::snprintf(line, sizeof line, "graph: %zu tasks, %zu edges, %zu processors (%zu threads, %zu streams)\n",
-                  s.built.graph.task_count(), s.built.graph.edge_count(), s.built.graph.processors.size(), st.threads, st.streams);
-    out += line;
-    std::snprintf(line, sizeof line,
-                  "dependencies: %zu launches (%zu ops launched before the window), %zu cross-stream (%zu exact, %zu inferred, %zu "
-                  "unresolved), %zu blocking calls, %zu thread hand-offs\n",
-                  st.launch_edges, st.ops_without_launch, st.cross_stream_exact + st.cross_stream_inferred, st.cross_stream_exact,
-                  st.cross_stream_inferred, st.cross_stream_unresolved, st.blocking_calls, st.handoffs);
-    out += line;
-    if (st.collectives_matched > 0) {
-      std::snprintf(line, sizeof line, "collectives: %zu joined across ranks (%zu participants), matched by %s\n", st.collectives_matched,
-                    st.collective_participants, st.collective_matching.c_str());
-      out += line;
-    }
-    if (st.collectives_unmatched > 0) {
-      std::snprintf(line, sizeof line,
-                    "note: %zu communication ops have no partner rank in this job (partners absent): transfer (scaled by comm) from "
-                    "the same op in another step for %zu, from ops of the same size and group for %zu, the whole duration for %zu; "
-                    "the rest is peer wait, kept\n",
-                    st.collectives_unmatched, st.unmatched_transfer_same_op, st.unmatched_transfer_same_size, st.unmatched_kept_whole);
-      out += line;
-    }
-    std::snprintf(line, sizeof line,
-                  "GPU ops bound by: stream %zu (queued), launch %zu, cross-stream %zu (%zu waits found from timing alone), "
-                  "unexplained delay kept %zu; %zu poll loops folded into their wait\n",
-                  st.ops_queued, st.ops_launch_bound, st.ops_dependency_bound, st.cross_stream_implicit, st.ops_unexplained,
-                  st.poll_waits);
-    out += line;
-    if (!st.clock_offsets_consistent) {
-      out += "clocks: the matched collectives admit no clock offsets (collectives matched wrongly?); none applied\n";
-    } else {
-      std::string skewed;
-      for (std::size_t i = 0; i < st.clock_offsets.size(); ++i) {
-        if (st.clock_offsets[i] == 0) continue;
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "%srank %d %+.1f us", skewed.empty() ? "" : ", ", job.ranks[i].rank,
-                      static_cast<double>(st.clock_offsets[i]) / 1e3);
-        skewed += buf;
-      }
-      if (!skewed.empty()) {
-        out += std::string("clocks: the collectives imply skew between hosts: ") + skewed +
-               (st.clocks_aligned ? " (applied: --align-clocks)\n" : " (--align-clocks applies it)\n");
-      }
-    }
-    if (st.causality_violations > 0) {
-      out += "warning: " + std::to_string(st.causality_violations) + " causality violation" + (st.causality_violations == 1 ? "" : "s") +
-             " in the traces (timestamps no execution can produce; --strict makes them errors); the worst: " + st.worst_violation_text + "\n";
-    }
-    if (!opt.build.op_scales.empty()) {
-      std::string ops;
-      for (const auto& o : opt.build.op_scales) {
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "=%g", o.factor);
-        ops += (ops.empty() ? "'" : ", '") + o.text + "'" + buf;
-      }
-      std::snprintf(line, sizeof line, "selective what-if %s: %zu GPU ops and %zu threads touched\n", ops.c_str(), st.op_scaled_gpu,
-                    st.op_scaled_cpu);
-      out += line;
-    }
-    out += "\n rank  step              measured     simulated    error  | simulated: exposed-compute  overlapped  exposed-comm   other   SM util\n";
-    for (const auto& r : s.ranks) {
-      const auto& b = r.simulated.split;
-      const time_ns w = r.simulated.window.length();
-      std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %6.2f%%  |  %10s %s %10s %s %10s %s %10s %s  %5.1f%%\n", r.rank,
-                    r.step.c_str(), ms(r.measured_ns).c_str(), ms(r.simulated_ns).c_str(), 100.0 * r.error,
-                    ms(b.exposed_compute).c_str(), percent(b.exposed_compute, w).c_str(), ms(b.overlapped).c_str(),
-                    percent(b.overlapped, w).c_str(), ms(b.exposed_comm).c_str(), percent(b.exposed_comm, w).c_str(),
-                    ms(b.other).c_str(), percent(b.other, w).c_str(), 100.0 * r.simulated.sm.mean);
-      out += line;
-    }
-    std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %6.2f%%   (iteration time of a job: its slowest rank)\n", "",
-                  ms(s.measured_ns).c_str(), ms(s.simulated_ns).c_str(), 100.0 * s.error);
-    out += line;
-    if (critical && !s.ranks.empty()) {
-      const time_ns total = path.end - path.begin;
-      std::snprintf(line, sizeof line, "\ncritical path of rank %d (%s, %s):\n", s.ranks[slowest].rank, s.ranks[slowest].step.c_str(),
-                    ms(total).c_str());
-      out += line;
-      for (std::size_t c = 0; c < report::path_category_count; ++c) {
-        std::snprintf(line, sizeof line, "  %-12s %12s %s\n", std::string(report::to_string(static_cast<report::path_category>(c))).c_str(),
-                      ms(path.total[c]).c_str(), percent(path.total[c], total).c_str());
-        out += line;
-      }
-      // The longest segments, longest first.
-      std::vector<std::size_t> idx(path.segments.size());
-      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-      std::stable_sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) {
-        return path.segments[x].end - path.segments[x].begin > path.segments[y].end - path.segments[y].begin;
-      });
-      idx.resize(std::min<std::size_t>(idx.size(), 10));
-      out += "  longest segments:\n";
-      for (const auto i : idx) {
-        const auto& seg = path.segments[i];
-        std::snprintf(line, sizeof line, "    %10s  %-11s %s: %.80s\n", ms(seg.end - seg.begin).c_str(),
-                      std::string(report::to_string(seg.category)).c_str(),
-                      s.built.graph.processors[s.built.graph.processor[seg.task]].name.c_str(),
-                      std::string(s.built.graph.task_name(seg.task)).c_str());
-        out += line;
-      }
-    }
-    for (std::size_t i = 0; i < s.held_out.size(); ++i) {
-      const auto& h = s.held_out[i];
-      std::snprintf(line, sizeof line,
-                    "held out: rank %d, %s with the durations of %s predicts %s; measured %s (error %.2f%%; baselines: same "
-                    "step %.2f%%, scaled by GPU busy time %.2f%%); %zu tasks matched, %zu kept%s\n",
-                    s.ranks[i].rank, s.ranks[i].step.c_str(), h.from_step.c_str(), ms(h.predicted_ns).c_str(), ms(h.measured_ns).c_str(),
-                    100.0 * report::relative_error(h.predicted_ns, h.measured_ns), 100.0 * report::relative_error(h.same_step_ns, h.measured_ns),
-                    100.0 * report::relative_error(h.gpu_busy_ratio_ns, h.measured_ns), h.tasks.matched, h.tasks.unmatched,
-                    h.tasks.comparable() ? "" : " (the two steps ran different ops: not comparable)");
-      out += line;
-    }
-    if (explain) out += explain_text(s, frozen);
+    out = build_text(s, job, opt) + warnings_text(s, job, opt) + ranks_text(s);
+    if (req.critical && !s.ranks.empty()) out += critical_path_text(s, path, slowest);
+    out += held_out_text(s);
+    if (req.explain) out += explain_text(s, frozen);
     for (const auto& f : written) out += "wrote " + f.string() + "\n";
   }
   write_stdout(out);

@@ -45,13 +45,7 @@ inline int run_report(args& a) {
   if (!output) throw usage_error("report needs -o FILE");
   html.inputs = inputs;
 
-  trace::load_options load;
-  if (stderr_is_terminal()) {
-    load.on_loaded = [](const trace::rank_trace&, std::size_t done, std::size_t total) {
-      if (total > 1) std::fprintf(stderr, "\rlumos: read %zu/%zu files\x1b[K%s", done, total, done == total ? "\n" : "");
-    };
-  }
-  const trace::job job = trace::load_job(paths(inputs), load);
+  const trace::job job = load_inputs(inputs);
   const report::replay_session s = report::replay_job(job, opt);
   const bool what_if_run = !scaled.ops.empty() || opt.scales.compute != 1.0 || opt.scales.comm != 1.0 || opt.scales.cpu != 1.0;
   std::string page;

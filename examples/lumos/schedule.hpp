@@ -58,7 +58,7 @@ inline int run_schedule(args& a) {
     shape.chunks = kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1;
   }
   const auto costs_text = a.option("--costs");
-  if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
+  a.no_positionals();
 
   std::optional<synth::decimal_schedule_simulation> sim;
   std::vector<std::vector<pipeline::op>> orders;

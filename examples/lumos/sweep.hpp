@@ -8,7 +8,8 @@
 #include "cli.hpp"
 #include "predict.hpp"
 
-#include <lumos/core/json_writer.hpp>
+#include <lumos/cli/sweep.hpp>
+#include <lumos/report/json/sweep.hpp>
 #include <lumos/sweep/space.hpp>
 #include <lumos/sweep/sweep.hpp>
 
@@ -63,133 +64,11 @@ inline constexpr std::string_view sweep_usage =
 
 namespace detail {
 
-inline std::vector<std::string> split_list(const std::string& text, std::string_view flag) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', at);
-    std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    if (item.empty()) throw usage_error(std::string(flag) + " has an empty item in '" + text + "'");
-    out.push_back(std::move(item));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
-
 inline std::string fixed(const char* fmt, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, fmt, v);
   return buf;
 }
-
-}  // namespace detail
-
-/// Everything `lumos sweep` parsed.
-struct sweep_request {
-  predict_request base;  ///< model, hardware, precision, profile, cost model
-  std::int64_t gpus = 0;
-  sweep::space space;
-  std::int64_t global_batch = 1536;
-  double memory_margin = 0.10;
-  std::size_t top = 10;
-  unsigned threads = 0;
-  std::string csv;
-  bool json = false;
-};
-
-inline sweep_request parse_sweep(args& a) {
-  sweep_request req;
-  const auto gpus = a.option("--gpus");
-  if (!gpus) throw usage_error("--gpus N is required");
-  req.gpus = parse_number<std::int64_t>(*gpus, "--gpus");
-  if (req.gpus < 1 || req.gpus > (std::int64_t{1} << 24)) throw usage_error("--gpus must be in [1, 2^24], got " + *gpus);
-  if (a.flag("--unfold") || a.flag("--forward-only")) throw usage_error("--unfold and --forward-only are predict's only");
-  sweep::space& s = req.space;
-  // The list flags first: predict's parser would read them as single numbers.
-  const auto tp = a.option("--tp");
-  const auto pp = a.option("--pp");
-  const auto dp = a.option("--dp");
-  const auto vp = a.option("--vp");
-  const auto mb = a.option("--micro-batch");
-  const auto sched = a.option("--schedule");
-  const auto rec = a.option("--recompute");
-  const auto sp = a.option("--sp");
-  const auto gb = a.option("--global-batch");
-  const auto margin = a.option("--memory-margin");
-  const auto top = a.option("--top");
-  const auto threads = a.option("--threads");
-  if (const auto f = a.option("--csv")) req.csv = *f;
-  req.json = a.flag("--json");
-  req.base = parse_predict(a);  // model, GPU, precision, profile, cost model flags
-
-  auto numbers = [&](const std::optional<std::string>& v, std::string_view flag, std::vector<int> fallback) {
-    if (!v) return fallback;
-    std::vector<int> out;
-    for (const std::string& item : detail::split_list(*v, flag)) {
-      const int x = parse_number<int>(item, flag);
-      if (x < 1 || x > (1 << 24)) throw usage_error(std::string(flag) + " values must be in [1, 2^24], got " + item);
-      out.push_back(x);
-    }
-    return out;
-  };
-  const model::transformer& m = req.base.job.model;
-  s.tp = numbers(tp, "--tp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, req.base.job.hardware.gpus_per_node)));
-  s.pp = numbers(pp, "--pp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, m.layers)));
-  s.dp = numbers(dp, "--dp", {});
-  s.vp = numbers(vp, "--vp", {1});
-  s.micro_batch.clear();
-  for (const int x : numbers(mb, "--micro-batch", {1, 2, 4})) s.micro_batch.push_back(x);
-  s.schedules.clear();
-  if (sched) {
-    for (const std::string& name : detail::split_list(*sched, "--schedule")) {
-      s.schedules.push_back(synth::policy_of(synth::parse_schedule_name(name)));
-    }
-  } else {
-    s.schedules.push_back(synth::policy_of(pipeline::schedule_kind::one_f_one_b));
-    if (std::any_of(s.vp.begin(), s.vp.end(), [](int v) { return v > 1; })) {
-      s.schedules.push_back(synth::policy_of(pipeline::schedule_kind::interleaved_one_f_one_b));
-    }
-  }
-  s.recompute.clear();
-  for (const std::string& r : detail::split_list(rec.value_or("none,selective,full"), "--recompute")) {
-    if (r == "none") {
-      s.recompute.push_back(model::recompute_kind::none);
-    } else if (r == "selective") {
-      s.recompute.push_back(model::recompute_kind::selective);
-    } else if (r == "full") {
-      s.recompute.push_back(model::recompute_kind::full);
-    } else {
-      throw usage_error("--recompute values must be none, selective or full, got '" + r + "'");
-    }
-  }
-  s.sp.clear();
-  for (const std::string& v : detail::split_list(sp.value_or("off,on"), "--sp")) {
-    if (v != "on" && v != "off") throw usage_error("--sp values must be on or off, got '" + v + "'");
-    s.sp.push_back(v == "on");
-  }
-  if (gb) {
-    req.global_batch = parse_number<std::int64_t>(*gb, "--global-batch");
-    if (req.global_batch < 1) throw usage_error("--global-batch must be positive, got " + *gb);
-  }
-  if (margin) {
-    req.memory_margin = parse_number<double>(*margin, "--memory-margin");
-    if (!(req.memory_margin >= 0 && req.memory_margin < 1)) throw usage_error("--memory-margin must be in [0, 1), got " + *margin);
-  }
-  if (top) {
-    const auto k = parse_number<std::int64_t>(*top, "--top");
-    if (k < 0) throw usage_error("--top must be non-negative, got " + *top);
-    req.top = static_cast<std::size_t>(k);
-  }
-  if (threads) {
-    const auto t = parse_number<std::int64_t>(*threads, "--threads");
-    if (t < 1 || t > 4096) throw usage_error("--threads must be in [1, 4096], got " + *threads);
-    req.threads = static_cast<unsigned>(t);
-  }
-  return req;
-}
-
-namespace detail {
 
 inline void sweep_csv(const std::vector<sweep::result>& rs, std::string& out) {
   out += "index,tp,pp,dp,vp,micro_batch,schedule,recompute,sp,status,reason,micro_batches,iteration_ns,mfu,hfu,"
@@ -225,66 +104,14 @@ inline void sweep_csv(const std::vector<sweep::result>& rs, std::string& out) {
   }
 }
 
-inline void result_json(json_writer& w, std::size_t index, const sweep::result& r) {
-  const sweep::configuration& c = r.config;
-  w.begin_object();
-  w.field("index", static_cast<std::int64_t>(index));
-  w.field("tp", c.tp).field("pp", c.pp).field("dp", c.dp).field("vp", c.vp);
-  w.field("micro_batch", c.micro_batch).field("schedule", std::string(c.schedule.name));
-  w.field("recompute", std::string(model::to_string(c.recompute))).field("sp", c.sp);
-  w.field("status", r.ok() ? "ok" : "rejected").field("reason", std::string(sweep::to_string(r.reason)));
-  if (!r.ok()) w.field("message", std::string(r.why()));
-  if (r.micro_batches > 0) w.field("micro_batches", r.micro_batches);
-  if (r.memory_bytes > 0) w.field("memory_bytes_per_gpu", r.memory_bytes).field("memory_stage", r.memory_stage);
-  if (r.predicted) {
-    w.field("iteration_ns", r.m.iteration_ns).field("mfu", r.m.mfu).field("hfu", r.m.hfu);
-    w.field("tokens_per_s", r.m.tokens_per_s).field("tflops_per_gpu", r.m.model_tflops_per_gpu);
-    w.field("bubble_fraction", r.m.bubble_fraction).field("pipeline_ns", r.m.pipeline_ns);
-    w.key("breakdown").begin_object();
-    w.field("window_ns", r.m.breakdown_window_ns).field("exposed_compute_ns", r.m.breakdown.exposed_compute);
-    w.field("overlapped_ns", r.m.breakdown.overlapped).field("exposed_comm_ns", r.m.breakdown.exposed_comm);
-    w.field("other_ns", r.m.breakdown.other);
-    w.end_object();
-  }
-  w.end_object();
-}
-
 }  // namespace detail
 
-/// The report of a finished sweep (text or JSON), from the full, ordered results.
-inline void sweep_report(const sweep_request& req, const std::vector<sweep::result>& rs, std::string& out) {
+/// The table of a finished sweep, from the full, ordered results.
+inline void sweep_text(const sweep_request& req, const std::vector<sweep::result>& rs, std::string& out) {
   const auto& j = req.base.job;
   const auto counts = sweep::count_reasons(rs);
   const auto best = sweep::top(rs, req.top);
-  const std::string profile = req.base.roofline ? std::string("roofline") : req.base.profile.name;
-  if (req.json) {
-    json_writer w(out);
-    w.begin_object();
-    w.key("problem").begin_object();
-    w.field("model", j.model.name).field("layers", j.model.layers).field("hidden", j.model.hidden);
-    w.field("heads", j.model.heads).field("seq", j.model.seq).field("vocab", j.model.vocab);
-    w.field("gpu", j.hardware.name).field("gpus", req.gpus).field("precision", model::to_string(j.parallel.dtype));
-    w.field("global_batch", req.global_batch).field("memory_margin", req.memory_margin).field("profile", profile);
-    w.field("hbm_bytes", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity));
-    w.field("tp_comm_overlap", j.parallel.tp_comm_overlap).field("overlap_param_gather", j.parallel.overlap_param_gather);
-    w.end_object();
-    w.field("configurations", static_cast<std::int64_t>(rs.size()));
-    w.field("accepted", static_cast<std::int64_t>(counts[0]));
-    w.key("rejected").begin_object();
-    for (std::size_t k = 1; k < counts.size(); ++k) {
-      w.field(sweep::to_string(sweep::all_rejections[k]), static_cast<std::int64_t>(counts[k]));
-    }
-    w.end_object();
-    w.key("top").begin_array();
-    for (const std::size_t i : best) w.value(static_cast<std::int64_t>(i));
-    w.end_array();
-    w.key("results").begin_array();
-    for (std::size_t i = 0; i < rs.size(); ++i) detail::result_json(w, i, rs[i]);
-    w.end_array();
-    w.end_object();
-    out += '\n';
-    return;
-  }
+  const std::string profile = req.base.profile_name();
   char line[512];
   auto put = [&](const char* fmt, auto... xs) {
     std::snprintf(line, sizeof line, fmt, xs...);
@@ -432,39 +259,9 @@ std::vector<sweep::result> run_sweep_with(const Evaluator& ev, const std::vector
 
 }  // namespace detail
 
-/// The search problem of a request (model, machine, batch, memory margin).
-inline sweep::problem sweep_problem(sweep_request& req) {
-  sweep::problem p;
-  p.model = req.base.job.model;
-  p.hardware = req.base.job.hardware;
-  p.dtype = req.base.job.parallel.dtype;
-  p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
-  p.overlap_param_gather = req.base.job.parallel.overlap_param_gather;
-  p.gpus = req.gpus;
-  p.global_batch = req.global_batch;
-  p.memory_margin = req.memory_margin;
-  if (!req.base.roofline) apply_profile(req.base, p.options.program);
-  return p;
-}
-
-/// The configurations of the request's lists that multiply to its GPU count.
-inline std::vector<sweep::configuration> sweep_configurations(const sweep_request& req) {
-  std::vector<sweep::configuration> configs = sweep::enumerate(req.space, req.gpus);
-  if (configs.empty()) throw usage_error("no configuration of the lists multiplies to " + std::to_string(req.gpus) + " GPUs");
-  return configs;
-}
-
-/// Calls `run(evaluator)` with the evaluator of the request's cost model (`--cost-model`), so
-/// that the CLI, MPI and the Python binding evaluate with the same models.
-template <class Run>
-auto with_sweep_evaluator(const sweep_request& req, const sweep::problem& p, Run&& run) {
-  if (req.base.roofline) return run(sweep::evaluator<model::roofline, model::ring_alpha_beta>(p));
-  return run(sweep::evaluator<>(p, model::kernel_level{req.base.profile}, model::nccl_model{req.base.profile}));
-}
-
 inline int run_sweep(args& a) {
   sweep_request req = parse_sweep(a);
-  if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
+  a.no_positionals();
   const sweep::problem p = sweep_problem(req);
   const std::vector<sweep::configuration> configs = sweep_configurations(req);
 
@@ -475,7 +272,11 @@ inline int run_sweep(args& a) {
   if (world.rank != 0) return 0;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string out;
-  sweep_report(req, results, out);
+  if (req.json) {
+    report::sweep_json(p, req.base.profile_name(), results, req.top, out);
+  } else {
+    sweep_text(req, results, out);
+  }
   write_stdout(out);
   if (!req.csv.empty()) {
     std::string csv;

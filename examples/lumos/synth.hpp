@@ -39,7 +39,7 @@ inline int run_synth(args& a) {
   const std::string detail = a.option("--detail").value_or("op");
   if (detail != "op" && detail != "kernel") throw lumos::error("--detail must be op or kernel, got '" + detail + "'");
   predict_request req = parse_predict(a);
-  if (const auto rest = a.positionals(); !rest.empty()) throw usage_error("unexpected argument '" + rest.front() + "'");
+  a.no_positionals();
   if (!out_dir) throw usage_error("synth needs --out DIR");
   const synth_output so = write_synth(req, *out_dir, gzip, detail == "kernel");
   const auto& files = so.files;

@@ -4,13 +4,13 @@
 //              [--micro-batch N] [--tp N] [--sp on|off] [--step N] [--scale ...]... [--json] [--trace-out DIR]
 
 #include "cli.hpp"
-#include "inspect.hpp"
 #include "predict.hpp"
 #include "replay.hpp"
 
-#include <lumos/core/json_writer.hpp>
 #include <lumos/report/html.hpp>
+#include <lumos/report/json/whatif.hpp>
 #include <lumos/report/trace_files.hpp>
+#include <lumos/report/whatif_rows.hpp>
 #include <lumos/synth/schedules.hpp>
 #include <lumos/trace/fold.hpp>
 #include <lumos/trace/job.hpp>
@@ -86,95 +86,6 @@ inline constexpr std::string_view whatif_usage =
     "                      replays to the same prediction; not after a pass-level pipeline model\n"
     "  --report FILE       the HTML report of the prediction, with the baseline beside it\n";
 
-// One replay of the what-if: the job's iteration and the breakdown of its slowest rank (the one
-// that sets the iteration), then every rank.
-// The rows of a replay's ranks: with identical ranks folded, every traced rank a kept one stood
-// for gets the kept one's row, in rank order. A rank that a pipeline split added (`stages`)
-// copies a kept traced rank r; the ranks it stands for are the copies of r's class, as far from
-// it as their traced ranks are from r.
-inline std::vector<std::pair<int, const report::rank_replay*>> rank_rows(const report::replay_session& s, const trace::rank_folding& folding,
-                                                                         const trace::job& job, const whatif::stage_split* stages) {
-  std::map<int, const std::vector<int>*> members;
-  for (const auto& ranks : folding.stands_for) members[ranks.front()] = &ranks;
-  const std::size_t added = stages != nullptr ? stages->traced_index.size() : 0;
-  const std::size_t traced_kept = s.ranks.size() - std::min(added, s.ranks.size());
-  std::vector<std::pair<int, const report::rank_replay*>> rows;
-  for (std::size_t i = 0; i < s.ranks.size(); ++i) {
-    const report::rank_replay& r = s.ranks[i];
-    const int source = i < traced_kept ? r.rank : job.ranks[stages->traced_index[i - traced_kept]].rank;
-    const auto it = members.find(source);
-    if (it == members.end()) {
-      rows.emplace_back(r.rank, &r);
-      continue;
-    }
-    for (const int k : *it->second) rows.emplace_back(r.rank - source + k, &r);
-  }
-  if (folding.folded()) std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return rows;
-}
-
-inline void session_json(json_writer& w, const report::replay_session& s, time_ns iteration, const whatif::shape_figures* figures,
-                         const std::optional<double>& bubble, const std::string& bubble_source, const trace::rank_folding& folding,
-                         const trace::job& job, const whatif::stage_split* stages) {
-  w.begin_object().field("iteration_ns", iteration).field("measured_ns", s.measured_ns);
-  const report::rank_replay* slowest = nullptr;
-  for (const auto& r : s.ranks) {
-    if (slowest == nullptr || r.simulated_ns > slowest->simulated_ns) slowest = &r;
-  }
-  if (slowest != nullptr) {
-    w.field("slowest_rank", slowest->rank).key("breakdown");
-    breakdown_json(w, slowest->simulated.split);
-  }
-  if (bubble) {
-    w.field("bubble_fraction", *bubble);
-  } else {
-    w.key("bubble_fraction").null();
-  }
-  w.field("bubble_source", bubble_source);
-  if (figures != nullptr) {
-    w.field("memory_bytes_per_gpu", figures->memory_bytes_per_gpu);
-  } else {
-    w.key("memory_bytes_per_gpu").null();
-  }
-  w.key("ranks").begin_array();
-  for (const auto& [rank, row] : rank_rows(s, folding, job, stages)) {
-    const report::rank_replay& r = *row;
-    w.begin_object().field("rank", rank).field("step", r.step).field("iteration_ns", r.simulated_ns);
-    w.key("breakdown");
-    breakdown_json(w, r.simulated.split);
-    w.field("sm_utilization", r.simulated.sm.mean).end_object();
-  }
-  w.end_array().end_object();
-}
-
-// The changes as records (whatif/change.hpp): pass, subject, from -> to, figures and the sentence.
-inline void change_records_json(json_writer& w, const std::vector<whatif::change>& changes) {
-  w.key("change_records").begin_array();
-  for (const auto& c : changes) {
-    w.begin_object().field("pass", c.pass).field("subject", c.subject).field("from", c.from).field("to", c.to);
-    w.key("figures").begin_array();
-    for (const auto& f : c.figures) {
-      w.begin_object().field("name", f.name).field("before", f.before).field("after", f.after).field("unit", f.unit).end_object();
-    }
-    w.end_array().field("text", c.text).end_object();
-  }
-  w.end_array();
-}
-
-inline void shape_json(json_writer& w, const whatif::shape_summary& s) {
-  auto config = [&](const char* key, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
-    w.key(key).begin_object();
-    w.field("hidden", c.hidden).field("ffn", c.ffn).field("heads", c.heads).field("head_dim", c.head_dim).field("seq", c.seq);
-    w.field("micro_batch_size", c.micro_batch).field("tp", c.tp).field("world", f.world);
-    w.field("memory_bytes_per_gpu", f.memory_bytes_per_gpu).field("model_flops_per_rank", f.model_flops_per_rank).field("mfu", mfu);
-    w.field("vocab_known", f.vocab_known).end_object();
-  };
-  w.key("shape").begin_object();
-  config("baseline", s.from, s.baseline, s.mfu_baseline);
-  config("predicted", s.to, s.predicted, s.mfu_predicted);
-  w.end_object();
-}
-
 inline std::string shape_text(const whatif::shape_summary& s) {
   std::string out;
   char line[512];
@@ -190,38 +101,6 @@ inline std::string shape_text(const whatif::shape_summary& s) {
   row("baseline", s.from, s.baseline, s.mfu_baseline);
   row("predicted", s.to, s.predicted, s.mfu_predicted);
   return out;
-}
-
-inline void pipeline_json(json_writer& w, const whatif::pipeline_prediction& p) {
-  auto sim = [&](const whatif::pipeline_simulation& s) {
-    w.begin_object().field("schedule", std::string(pipeline::schedule_name(s.kind))).field("stages", s.shape.stages);
-    w.field("micro_batches", s.shape.micro_batches).field("chunks", s.shape.chunks).field("layers_per_chunk", s.layers_per_chunk);
-    w.field("makespan_ns", s.makespan).field("bubble_fraction", s.bubble_fraction).field("p2p_transfers", s.p2p_transfers);
-    w.key("stage_busy_ns").begin_array();
-    for (const auto& st : s.stages) w.value(st.busy);
-    w.end_array().end_object();
-  };
-  w.key("pipeline").begin_object().field("model", "pass-level").field("iteration_ns", p.iteration_ns);
-  w.field("bubble_fraction", p.predicted.bubble_fraction);
-  w.key("baseline");
-  sim(p.baseline);
-  w.key("predicted");
-  sim(p.predicted);
-  w.end_object();
-}
-
-// A pipeline change made in the graph (whatif/pipeline_graph.hpp).
-inline void split_json(json_writer& w, const whatif::stage_split& s, time_ns iteration, const std::optional<double>& bubble) {
-  w.key("pipeline").begin_object().field("model", "graph").field("iteration_ns", iteration);
-  if (bubble) {
-    w.field("bubble_fraction", *bubble);
-  } else {
-    w.key("bubble_fraction").null();
-  }
-  w.field("schedule", std::string(pipeline::schedule_name(s.schedule))).field("stages", s.stages).field("chunks", s.chunks);
-  w.field("micro_batches", s.micro_batches).field("ranks_per_stage", s.world).field("p2p_transfers", s.p2p);
-  w.field("edges_dropped", s.edges_dropped).field("tasks_before", s.tasks_before).field("tasks_after", s.tasks_after);
-  w.end_object();
 }
 
 inline std::string pipeline_text(const whatif::pipeline_prediction& p) {
@@ -306,13 +185,6 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
   return o;
 }
 
-// The predicted job written as Kineto traces (`--trace-out`): the files written, and a note on
-// how the written ranks stand for the target's.
-struct written_traces {
-  std::vector<std::filesystem::path> files;
-  std::string folded_note;
-};
-
 // `--trace-out` after a split in the graph: every rank of every stage, the added stages' ranks
 // written from the traced rank each copies, their transfers under c10d's operators.
 inline void stage_ranks_out(const whatif::stage_split& st, const report::replay_session& predicted, report::simulated_job& sj,
@@ -373,9 +245,9 @@ inline std::string folded_ranks_out(const whatif::whatif_options& o, const whati
   return {};
 }
 
-inline written_traces write_whatif_traces(const whatif::whatif_options& o, const whatif::whatif_result& r, const trace::job& job,
+inline report::written_traces write_whatif_traces(const whatif::whatif_options& o, const whatif::whatif_result& r, const trace::job& job,
                                           const std::string& dir) {
-  written_traces out;
+  report::written_traces out;
   report::trace_decorations transfers;
   report::simulated_job sj = report::simulated_from(r.predicted, job);
   std::vector<int> ranks = report::rank_numbers(job);
@@ -386,19 +258,6 @@ inline written_traces write_whatif_traces(const whatif::whatif_options& o, const
   }
   out.files = report::write_kineto(sj, ranks, dir);
   return out;
-}
-
-// Which traced ranks each replayed rank stands for, when identical ranks were folded.
-inline void folding_json(json_writer& w, const trace::rank_folding& folding) {
-  if (!folding.folded()) return;
-  w.key("folded").begin_object().field("traced_ranks", folding.traced).field("replayed_ranks", folding.stands_for.size());
-  w.key("stands_for").begin_array();
-  for (const auto& ranks : folding.stands_for) {
-    w.begin_array();
-    for (const int r : ranks) w.value(r);
-    w.end_array();
-  }
-  w.end_array().end_object();
 }
 
 inline std::string folding_text(const trace::rank_folding& folding) {
@@ -412,46 +271,7 @@ inline std::string folding_text(const trace::rank_folding& folding) {
   return out;
 }
 
-inline std::string whatif_json(const whatif::whatif_result& r, const trace::job& job, const std::optional<std::string>& trace_out,
-                               const written_traces& written, const trace::rank_folding& folding) {
-  std::string out;
-  json_writer w(out);
-  w.begin_object();
-  folding_json(w, folding);
-  w.key("baseline");
-  const std::optional<double> base_bubble = r.pipeline ? std::optional<double>(r.pipeline->baseline.bubble_fraction) : std::nullopt;
-  session_json(w, r.baseline, r.baseline.simulated_ns, r.shape ? &r.shape->baseline : nullptr, base_bubble,
-               r.pipeline ? "pass-level pipeline model of the traces' configuration" : "see predicted", folding, job, nullptr);
-  w.key("predicted");
-  session_json(w, r.predicted, r.predicted.simulated_ns, r.shape ? &r.shape->predicted : nullptr, r.bubble_fraction, r.bubble_source,
-               folding, job, r.stages ? &*r.stages : nullptr);
-  w.field("speedup", r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
-  w.key("changes").begin_array();
-  for (const auto& c : r.changes) w.value(c.text);
-  w.end_array();
-  change_records_json(w, r.changes);
-  if (r.shape) shape_json(w, *r.shape);
-  if (r.pipeline) pipeline_json(w, *r.pipeline);
-  if (r.stages) split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);
-  if (r.structure) {
-    std::string st;
-    structure_json(*r.structure, false, st);
-    w.key("structure").raw(st);
-  } else {
-    w.key("structure").null();
-  }
-  if (trace_out) {
-    w.key("trace_out").begin_array();
-    for (const auto& f : written.files) w.value(f.string());
-    w.end_array();
-    if (!written.folded_note.empty()) w.field("trace_out_note", written.folded_note);
-  }
-  w.end_object();
-  out += '\n';
-  return out;
-}
-
-inline std::string whatif_text(const whatif::whatif_result& r, const trace::job& job, const written_traces& written,
+inline std::string whatif_text(const whatif::whatif_result& r, const trace::job& job, const report::written_traces& written,
                                const trace::rank_folding& folding) {
   std::string out;
   char line[512];
@@ -465,8 +285,8 @@ inline std::string whatif_text(const whatif::whatif_result& r, const trace::job&
   // were merged); the ranks of added pipeline stages with the traced rank they copy.
   const std::size_t traced_kept = r.predicted.ranks.size() - (r.stages ? r.stages->traced_index.size() : 0);
   std::map<int, const report::rank_replay*> baseline_of;
-  for (const auto& [rank, row] : rank_rows(r.baseline, folding, job, nullptr)) baseline_of.emplace(rank, row);
-  for (const auto& [rank, row] : rank_rows(r.predicted, folding, job, r.stages ? &*r.stages : nullptr)) {
+  for (const auto& [rank, row] : report::whatif_rank_rows(r.baseline, folding, job, nullptr)) baseline_of.emplace(rank, row);
+  for (const auto& [rank, row] : report::whatif_rank_rows(r.predicted, folding, job, r.stages ? &*r.stages : nullptr)) {
     const auto i = static_cast<std::size_t>(row - r.predicted.ranks.data());
     const auto found = baseline_of.find(rank);
     const auto& b = i >= traced_kept ? r.baseline.ranks[r.stages->traced_index[i - traced_kept]]
@@ -522,7 +342,7 @@ inline int run_whatif(args& a) {
                       std::string(r.pipeline_reason.empty() ? "the pipeline of the traces is kept" : r.pipeline_reason) +
                       "), which has no per-rank graph to write");
   }
-  written_traces written;
+  report::written_traces written;
   if (trace_out) written = write_whatif_traces(o, r, job, *trace_out);
   if (html) {
     report::html_options ho;
@@ -531,7 +351,7 @@ inline int run_whatif(args& a) {
     report::detail::write_file(*html, report::html_report(job, r.predicted, ho, &r.baseline));
     written.files.emplace_back(*html);
   }
-  write_stdout(json ? whatif_json(r, job, trace_out, written, folding) : whatif_text(r, job, written, folding));
+  write_stdout(json ? report::whatif_json(r, job, folding, trace_out ? &written : nullptr) : whatif_text(r, job, written, folding));
   return 0;
 }
 

@@ -33,7 +33,7 @@ struct iteration_plan;
 struct breakdown;
 struct replay_options;  // report/replay_report.hpp
 struct replay_session;
-struct simulated_job;   // report/trace_writer.hpp
+struct simulated_job;   // report/simulated_job.hpp
 struct html_options;    // report/html.hpp
 }  // namespace report
 

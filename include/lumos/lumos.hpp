@@ -60,9 +60,16 @@
 #include <lumos/report/held_out.hpp>
 #include <lumos/report/html.hpp>
 #include <lumos/report/iteration.hpp>
+#include <lumos/report/json/inspect.hpp>
+#include <lumos/report/json/predict.hpp>
+#include <lumos/report/json/replay.hpp>
+#include <lumos/report/json/sweep.hpp>
+#include <lumos/report/json/whatif.hpp>
 #include <lumos/report/replay_report.hpp>
+#include <lumos/report/simulated_job.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/report/trace_writer.hpp>
+#include <lumos/report/whatif_rows.hpp>
 
 #include <lumos/sweep/evaluate.hpp>
 #include <lumos/sweep/space.hpp>
@@ -110,3 +117,8 @@
 #include <lumos/whatif/tensor_parallel.hpp>
 #include <lumos/whatif/weight_gradients.hpp>
 #include <lumos/whatif/whatif.hpp>
+
+#include <lumos/cli/args.hpp>
+#include <lumos/cli/calibrate.hpp>
+#include <lumos/cli/predict.hpp>
+#include <lumos/cli/sweep.hpp>

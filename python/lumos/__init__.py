@@ -188,7 +188,9 @@ class Timeline:
 class Replay(_Plain):
     """A replay (``lumos replay``): ``measured_ns``, ``simulated_ns``, ``error`` of the job (its
     slowest rank), ``ranks`` (:class:`RankReplay`), ``scales``, ``graph``, ``dependencies``,
-    ``collectives``."""
+    ``causality``, ``clocks``, ``gpu_ops_bound_by``, ``overheads`` (per stream), ``collectives``:
+    the object ``lumos replay --json`` prints, less what has a method of its own (each rank's
+    SM utilisation series and kept overheads, the critical path)."""
 
     _fields = ("measured_ns", "simulated_ns", "error")
 

@@ -65,6 +65,10 @@ class Replay:
     scales: Dict[str, Any]
     graph: Dict[str, int]
     dependencies: Dict[str, int]
+    causality: Dict[str, Any]
+    clocks: Dict[str, Any]
+    gpu_ops_bound_by: Dict[str, int]
+    overheads: List[Dict[str, Any]]
     collectives: Dict[str, Any]
     def rank(self, rank: int) -> RankReplay: ...
     def breakdowns(self, simulated: bool = ...) -> npt.NDArray[np.int64]: ...

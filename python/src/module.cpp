@@ -1,21 +1,24 @@
 // lumos._lumos — the C++ side of the Python package: thin bindings over the library, no second
 // engine. The Python layer (python/lumos/__init__.py) turns what these return into plain objects.
 //
-// Results cross the boundary as JSON text written with the CLI's writer (so `to_dict()` holds the
-// numbers `lumos ... --json` prints, bit for bit: integers as integers, doubles in shortest
-// round-trip form) and as NumPy arrays for the per-task and per-rank tables. `inspect` and
-// `predict`, `sweep` and `calibrate` reuse the CLI's own parsing and JSON code (examples/lumos/*.hpp) for the same reason:
-// one definition of every flag, default, message and field.
+// Results cross the boundary as JSON text written by the library's writers (lumos/report/json/),
+// the ones `lumos ... --json` prints with, so that `to_dict()` holds the numbers the CLI prints,
+// bit for bit: integers as integers, doubles in shortest round-trip form. The per-task and
+// per-rank tables cross as NumPy arrays. `predict`, `sweep` and `calibrate` read their flags with
+// the CLI's own parsers (lumos/cli/) for the same reason: one definition of every flag, default,
+// message and field.
 
-#include "calibrate.hpp"
-#include "inspect.hpp"
-#include "predict.hpp"
-#include "sweep.hpp"
-
-#include <lumos/core/json_writer.hpp>
+#include <lumos/cli/args.hpp>
+#include <lumos/cli/calibrate.hpp>
+#include <lumos/cli/predict.hpp>
+#include <lumos/cli/sweep.hpp>
 #include <lumos/report/critical_path.hpp>
 #include <lumos/report/frozen.hpp>
 #include <lumos/report/html.hpp>
+#include <lumos/report/json/inspect.hpp>
+#include <lumos/report/json/predict.hpp>
+#include <lumos/report/json/replay.hpp>
+#include <lumos/report/json/sweep.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/synth/predict.hpp>
@@ -52,52 +55,12 @@ struct py_replay {
   std::shared_ptr<const lumos::report::replay_session> baseline;  ///< the unscaled replay of a what-if, when made
 };
 
-void breakdown_json(lumos::json_writer& w, const lumos::report::breakdown& b) {
-  w.begin_object();
-  w.field("exposed_compute_ns", b.exposed_compute).field("overlapped_ns", b.overlapped);
-  w.field("exposed_comm_ns", b.exposed_comm).field("other_ns", b.other);
-  w.field("exposed_comm_wait_ns", b.exposed_comm_wait);
-  w.end_object();
-}
-
-/// The replay as `lumos replay --json` prints it (its per-rank, job, graph, dependency and
-/// collective sections; `frozen` and `critical_path` have their own calls).
+/// The replay as `lumos replay --json` prints it, less the parts with calls of their own (the
+/// kept overheads, the critical path, the SM utilisation series).
 std::string replay_json(const py_replay& r) {
-  const auto& s = *r.session;
-  const auto& st = s.built.stats;
-  std::string out;
-  lumos::json_writer w(out);
-  w.begin_object();
-  w.key("job").begin_object().field("measured_ns", s.measured_ns).field("simulated_ns", s.simulated_ns).field("error", s.error).end_object();
-  w.key("scales").begin_object().field("compute", s.scales.compute).field("comm", s.scales.comm).field("cpu", s.scales.cpu);
-  w.key("ops").begin_array();
-  for (const auto& o : r.ops) w.begin_object().field("text", o.text).field("factor", o.factor).end_object();
-  w.end_array().end_object();
-  w.key("ranks").begin_array();
-  for (const auto& rk : s.ranks) {
-    w.begin_object().field("rank", rk.rank).field("file", rk.file).field("step", rk.step);
-    w.field("measured_ns", rk.measured_ns).field("simulated_ns", rk.simulated_ns).field("error", rk.error);
-    w.key("breakdown");
-    breakdown_json(w, rk.simulated.split);
-    w.key("breakdown_measured");
-    breakdown_json(w, rk.measured.split);
-    w.field("sm_utilization", rk.simulated.sm.mean).field("sm_utilization_measured", rk.measured.sm.mean);
-    w.end_object();
-  }
-  w.end_array();
-  w.key("graph").begin_object().field("tasks", s.built.graph.task_count()).field("edges", s.built.graph.edge_count());
-  w.field("processors", s.built.graph.processors.size()).end_object();
-  w.key("dependencies").begin_object();
-  w.field("launch", st.launch_edges).field("ops_without_launch", st.ops_without_launch).field("cuda_graph_ops", st.graph_launch_ops);
-  w.field("cross_stream_exact", st.cross_stream_exact).field("cross_stream_inferred", st.cross_stream_inferred);
-  w.field("cross_stream_implicit", st.cross_stream_implicit);
-  w.field("cross_stream_unresolved", st.cross_stream_unresolved).field("blocking_calls", st.blocking_calls);
-  w.field("poll_waits", st.poll_waits);
-  w.field("thread_handoffs", st.handoffs).field("stream_overlaps", st.stream_overlaps).end_object();
-  w.key("collectives").begin_object().field("matched", st.collectives_matched).field("participants", st.collective_participants);
-  w.field("unmatched_ops", st.collectives_unmatched).field("matching", st.collective_matching).end_object();
-  w.end_object();
-  return out;
+  lumos::report::replay_json_parts parts;
+  parts.ops = r.ops;
+  return lumos::report::replay_json(*r.session, parts);
 }
 
 std::size_t rank_index(const lumos::report::replay_session& s, int rank) {
@@ -188,52 +151,148 @@ std::string critical_path_json(const py_replay& r, std::optional<int> rank) {
       if (s.ranks[k].simulated_ns > s.ranks[i].simulated_ns) i = k;
     }
   }
-  const auto& g = s.built.graph;
   lumos::report::critical_path p;
   {
     py::gil_scoped_release release;
-    p = lumos::report::iteration_critical_path(g, s.compiled, s.timeline, s.plans[i], s.ranks[i].simulated);
+    p = lumos::report::iteration_critical_path(s.built.graph, s.compiled, s.timeline, s.plans[i], s.ranks[i].simulated);
   }
   std::string out;
   lumos::json_writer w(out);
-  w.begin_object().field("rank", s.ranks[i].rank).field("begin_ns", p.begin).field("end_ns", p.end);
-  w.key("attribution").begin_object();
-  for (std::size_t c = 0; c < lumos::report::path_category_count; ++c) {
-    w.field(std::string(lumos::report::to_string(static_cast<lumos::report::path_category>(c))) + "_ns", p.total[c]);
-  }
-  w.end_object();
-  w.key("segments").begin_array();
-  for (const auto& seg : p.segments) {
-    w.begin_object().field("task", seg.task).field("name", g.task_name(seg.task)).field("processor", g.processors[g.processor[seg.task]].name);
-    w.field("category", lumos::report::to_string(seg.category)).field("begin_ns", seg.begin).field("end_ns", seg.end).end_object();
-  }
-  w.end_array().end_object();
+  lumos::report::critical_path_json(w, s.built.graph, p, s.ranks[i].rank, lumos::report::path_task_fields::id_and_name);
   return out;
 }
 
-/// `lumos COMMAND FLAGS...` parsed by the CLI's own parser: same defaults, checks and messages.
-struct cli_flags {
-  std::vector<std::string> text;
-  std::vector<char*> argv;
-  lumos::cli::args args;
-  cli_flags(const char* command, const std::vector<std::string>& flags)
-      : text(make_text(command, flags)), argv(pointers(text)), args(static_cast<int>(argv.size()), argv.data(), 2) {}
-  void no_leftovers() {
-    if (const auto rest = args.positionals(); !rest.empty()) throw lumos::error("unexpected argument '" + rest.front() + "'");
-  }
+/// The frozen overheads of every rank, as `lumos replay --explain` computes them.
+std::string frozen_json(const py_replay& r) {
+  const auto& s = *r.session;
+  std::vector<lumos::report::interval> windows;
+  for (const auto& rk : s.ranks) windows.push_back(rk.measured.window);
+  const auto frozen = lumos::report::frozen_overheads(s.built, s.plans, windows);
+  return lumos::report::frozen_list_json(s, frozen);
+}
 
- private:
-  static std::vector<std::string> make_text(const char* command, const std::vector<std::string>& flags) {
-    std::vector<std::string> t{"lumos", command};
-    t.insert(t.end(), flags.begin(), flags.end());
-    return t;
+/// `lumos predict FLAGS... --json`, read by the CLI's parser: same defaults, checks and messages.
+std::string predict_json(const std::vector<std::string>& flags) {
+  lumos::cli::args a(flags);
+  const lumos::cli::predict_request req = lumos::cli::parse_predict(a);
+  a.no_positionals();
+  lumos::synth::predict_options opt;
+  opt.program.unfold = req.unfold;
+  std::string out;
+  py::gil_scoped_release release;
+  const auto t0 = std::chrono::steady_clock::now();
+  // The cost model the request asks for, as `lumos predict` runs it.
+  const lumos::synth::prediction p = lumos::cli::run_model(req, opt);
+  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  lumos::report::predict_json(req.job, p, wall_ms, out, req.profile_name());
+  return out;
+}
+
+/// `lumos sweep FLAGS... --json` in this process, on every core unless `--threads` is given.
+std::string sweep_json(const std::vector<std::string>& flags) {
+  lumos::cli::args a(flags);
+  const lumos::cli::sweep_request req = lumos::cli::parse_sweep(a);
+  a.no_positionals();
+  const lumos::sweep::problem p = lumos::cli::sweep_problem(req);
+  const std::vector<lumos::sweep::configuration> configs = lumos::cli::sweep_configurations(req);
+  std::string out;
+  py::gil_scoped_release release;
+  lumos::sweep::run_options o;
+  o.threads = req.threads;
+  const std::vector<lumos::sweep::result> results =
+      lumos::cli::with_sweep_evaluator(req, p, [&](const auto& ev) { return lumos::sweep::run(ev, configs, o); });
+  lumos::report::sweep_json(p, req.base.profile_name(), results, req.top, out);
+  return out;
+}
+
+/// Loads a job (the GIL released: reading and parsing never touch Python objects).
+py_job load_job(const std::vector<std::filesystem::path>& paths, unsigned threads) {
+  lumos::trace::load_options opt;
+  opt.threads = threads;
+  py::gil_scoped_release release;
+  return py_job{std::make_shared<const lumos::trace::job>(lumos::trace::load_job(paths, opt))};
+}
+
+/// Replays a job with the kind and op scales given; with `with_baseline`, the unscaled replay too.
+py_replay replay(const py_job& j, double compute, double comm, double cpu, const std::vector<std::pair<std::string, double>>& ops,
+                 std::optional<int> step, bool with_baseline) {
+  lumos::report::replay_options opt;
+  opt.step = step;
+  opt.scales = {compute, comm, cpu};
+  for (const auto& [text, factor] : ops) opt.build.op_scales.push_back({text, factor});
+  py_replay r{j.job, nullptr, opt.build.op_scales, nullptr};
+  py::gil_scoped_release release;  // graph build, compile and replay are pure C++
+  r.session = std::make_shared<const lumos::report::replay_session>(lumos::report::replay_job(*j.job, opt));
+  if (with_baseline) {
+    lumos::report::replay_options base = opt;
+    base.scales = {};
+    base.build.op_scales.clear();
+    r.baseline = std::make_shared<const lumos::report::replay_session>(lumos::report::replay_job(*j.job, base));
   }
-  static std::vector<char*> pointers(std::vector<std::string>& t) {
-    std::vector<char*> p;
-    for (auto& a : t) p.push_back(a.data());
-    return p;
-  }
-};
+  return r;
+}
+
+void bind_job(py::module_& m) {
+  py::class_<py_job>(m, "Job")
+      .def_property_readonly("ranks", [](const py_job& j) {
+        std::vector<int> r;
+        for (const auto& t : j.job->ranks) r.push_back(t.rank);
+        return r;
+      })
+      .def_property_readonly("files", [](const py_job& j) {
+        std::vector<std::string> f;
+        for (const auto& t : j.job->ranks) f.push_back(t.file);
+        return f;
+      })
+      .def("inspect_json", [](const py_job& j) {
+        std::string out;
+        lumos::report::inspect_json(*j.job, out);
+        return out;
+      })
+      .def("__len__", [](const py_job& j) { return j.job->ranks.size(); });
+  m.def("load_job", &load_job, "paths"_a, "threads"_a = 0U);
+}
+
+void bind_replay(py::module_& m) {
+  py::class_<py_replay>(m, "Replay")
+      .def("summary_json", &replay_json)
+      .def("timeline", &timeline, "rank"_a)
+      .def("breakdowns", &breakdowns, "simulated"_a = true)
+      .def("critical_path_json", &critical_path_json, "rank"_a = py::none())
+      .def("sm_utilization_series", [](const py_replay& r, int rank, bool simulated) {
+        const auto& rr = r.session->ranks[rank_index(*r.session, rank)];
+        return to_array(simulated ? rr.simulated.sm.series : rr.measured.sm.series);
+      }, "rank"_a, "simulated"_a = true)
+      .def("frozen_json", &frozen_json)
+      .def("html", [](const py_replay& r, const std::string& title, const std::vector<std::string>& inputs) {
+        lumos::report::html_options opt;
+        opt.title = title;
+        opt.inputs = inputs;
+        py::gil_scoped_release release;
+        return lumos::report::html_report(*r.job, *r.session, opt, r.baseline.get());
+      }, "title"_a, "inputs"_a = std::vector<std::string>{})
+      .def("write_trace", [](const py_replay& r, const std::filesystem::path& path, bool gzip) {
+        py::gil_scoped_release release;
+        return lumos::report::write_kineto(lumos::report::simulated_from(*r.session, *r.job), lumos::report::rank_numbers(*r.job), path, gzip);
+      }, "path"_a, "gzip"_a = false);
+  m.def("replay", &replay, "job"_a, "compute"_a = 1.0, "comm"_a = 1.0, "cpu"_a = 1.0,
+        "ops"_a = std::vector<std::pair<std::string, double>>{}, "step"_a = py::none(), "with_baseline"_a = false);
+}
+
+void bind_models(py::module_& m) {
+  m.def("predict_json", &predict_json, "flags"_a);
+  m.def("sweep_json", &sweep_json, "flags"_a);
+  m.def(
+      "calibrate_json",
+      [](const std::vector<std::string>& inputs, std::optional<int> rank) {
+        std::optional<std::string> only;
+        if (rank) only = std::to_string(*rank);
+        py::gil_scoped_release release;
+        const lumos::model::calibration c = lumos::cli::calibrate_inputs(inputs, only);
+        return lumos::model::to_json(c.profile);
+      },
+      "inputs"_a, "rank"_a = py::none());
+}
 
 }  // namespace
 
@@ -249,155 +308,7 @@ PYBIND11_MODULE(_lumos, m) {
       PyErr_SetString(lumos_error.ptr(), e.what());
     }
   });
-
-  py::class_<py_job>(m, "Job")
-      .def_property_readonly("ranks", [](const py_job& j) {
-        std::vector<int> r;
-        for (const auto& t : j.job->ranks) r.push_back(t.rank);
-        return r;
-      })
-      .def_property_readonly("files", [](const py_job& j) {
-        std::vector<std::string> f;
-        for (const auto& t : j.job->ranks) f.push_back(t.file);
-        return f;
-      })
-      .def("inspect_json", [](const py_job& j) {
-        std::string out;
-        lumos::cli::inspect_json(*j.job, out);
-        return out;
-      })
-      .def("__len__", [](const py_job& j) { return j.job->ranks.size(); });
-
-  m.def(
-      "load_job",
-      [](const std::vector<std::filesystem::path>& paths, unsigned threads) {
-        lumos::trace::load_options opt;
-        opt.threads = threads;
-        py::gil_scoped_release release;  // reading and parsing never touch Python objects
-        return py_job{std::make_shared<const lumos::trace::job>(lumos::trace::load_job(paths, opt))};
-      },
-      "paths"_a, "threads"_a = 0U);
-
-  py::class_<py_replay>(m, "Replay")
-      .def("summary_json", &replay_json)
-      .def("timeline", &timeline, "rank"_a)
-      .def("breakdowns", &breakdowns, "simulated"_a = true)
-      .def("critical_path_json", &critical_path_json, "rank"_a = py::none())
-      .def("sm_utilization_series", [](const py_replay& r, int rank, bool simulated) {
-        const auto& rr = r.session->ranks[rank_index(*r.session, rank)];
-        return to_array(simulated ? rr.simulated.sm.series : rr.measured.sm.series);
-      }, "rank"_a, "simulated"_a = true)
-      .def("frozen_json", [](const py_replay& r) {
-        const auto& s = *r.session;
-        std::vector<lumos::report::interval> windows;
-        for (const auto& rk : s.ranks) windows.push_back(rk.measured.window);
-        const auto frozen = lumos::report::frozen_overheads(s.built, s.plans, windows);
-        const auto& g = s.built.graph;
-        std::string out;
-        lumos::json_writer w(out);
-        w.begin_array();
-        for (std::size_t i = 0; i < frozen.size(); ++i) {
-          const auto& f = frozen[i];
-          w.begin_object().field("rank", s.ranks[i].rank).field("total_ns", f.total());
-          w.key("by_kind").begin_object();
-          for (std::size_t k = 0; k < lumos::graph::overhead_kind_count; ++k) {
-            w.field(std::string(lumos::graph::to_string(static_cast<lumos::graph::overhead_kind>(k))) + "_ns", f.by_kind[k]);
-          }
-          w.end_object().key("largest").begin_array();
-          for (const auto& d : f.largest) {
-            w.begin_object().field("kind", lumos::graph::to_string(d.kind)).field("amount_ns", d.amount).field("task", g.task_name(d.task));
-            w.field("processor", g.processors[g.processor[d.task]].name).field("observed_start_ns", d.at).end_object();
-          }
-          w.end_array().end_object();
-        }
-        w.end_array();
-        return out;
-      })
-      .def("html", [](const py_replay& r, const std::string& title, const std::vector<std::string>& inputs) {
-        lumos::report::html_options opt;
-        opt.title = title;
-        opt.inputs = inputs;
-        py::gil_scoped_release release;
-        return lumos::report::html_report(*r.job, *r.session, opt, r.baseline.get());
-      }, "title"_a, "inputs"_a = std::vector<std::string>{})
-      .def("write_trace", [](const py_replay& r, const std::filesystem::path& path, bool gzip) {
-        py::gil_scoped_release release;
-        return lumos::report::write_kineto(lumos::report::simulated_from(*r.session, *r.job), lumos::report::rank_numbers(*r.job), path, gzip);
-      }, "path"_a, "gzip"_a = false);
-
-  m.def(
-      "replay",
-      [](const py_job& j, double compute, double comm, double cpu, const std::vector<std::pair<std::string, double>>& ops,
-         std::optional<int> step, bool with_baseline) {
-        lumos::report::replay_options opt;
-        opt.step = step;
-        opt.scales = {compute, comm, cpu};
-        for (const auto& [text, factor] : ops) opt.build.op_scales.push_back({text, factor});
-        py_replay r{j.job, nullptr, opt.build.op_scales, nullptr};
-        py::gil_scoped_release release;  // graph build, compile and replay are pure C++
-        r.session = std::make_shared<const lumos::report::replay_session>(lumos::report::replay_job(*j.job, opt));
-        if (with_baseline) {
-          lumos::report::replay_options base = opt;
-          base.scales = {};
-          base.build.op_scales.clear();
-          r.baseline = std::make_shared<const lumos::report::replay_session>(lumos::report::replay_job(*j.job, base));
-        }
-        return r;
-      },
-      "job"_a, "compute"_a = 1.0, "comm"_a = 1.0, "cpu"_a = 1.0, "ops"_a = std::vector<std::pair<std::string, double>>{},
-      "step"_a = py::none(), "with_baseline"_a = false);
-
-  m.def(
-      "predict_json",
-      [](const std::vector<std::string>& flags) {
-        cli_flags f("predict", flags);
-        lumos::cli::predict_request req = lumos::cli::parse_predict(f.args);
-        f.no_leftovers();
-        lumos::synth::predict_options opt;
-        opt.program.unfold = req.unfold;
-        std::string out;
-        {
-          py::gil_scoped_release release;
-          const auto t0 = std::chrono::steady_clock::now();
-          // The cost model the request asks for, as `lumos predict` runs it (run_model).
-          const lumos::synth::prediction p = lumos::cli::run_model(req, opt);
-          const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          lumos::cli::predict_json(req.job, p, wall_ms, out, req.roofline ? std::string("roofline") : req.profile.name);
-        }
-        return out;
-      },
-      "flags"_a);
-
-  m.def(
-      "sweep_json",
-      [](const std::vector<std::string>& flags) {
-        cli_flags f("sweep", flags);
-        lumos::cli::sweep_request req = lumos::cli::parse_sweep(f.args);
-        f.no_leftovers();
-        req.json = true;
-        const lumos::sweep::problem p = lumos::cli::sweep_problem(req);
-        const std::vector<lumos::sweep::configuration> configs = lumos::cli::sweep_configurations(req);
-        std::string out;
-        {
-          py::gil_scoped_release release;
-          lumos::sweep::run_options o;  // one process, every core unless `threads` is given
-          o.threads = req.threads;
-          const std::vector<lumos::sweep::result> results =
-              lumos::cli::with_sweep_evaluator(req, p, [&](const auto& ev) { return lumos::sweep::run(ev, configs, o); });
-          lumos::cli::sweep_report(req, results, out);
-        }
-        return out;
-      },
-      "flags"_a);
-
-  m.def(
-      "calibrate_json",
-      [](const std::vector<std::string>& inputs, std::optional<int> rank) {
-        std::optional<std::string> only;
-        if (rank) only = std::to_string(*rank);
-        py::gil_scoped_release release;
-        const lumos::model::calibration c = lumos::cli::calibrate_inputs(inputs, only);
-        return lumos::model::to_json(c.profile);
-      },
-      "inputs"_a, "rank"_a = py::none());
+  bind_job(m);
+  bind_replay(m);
+  bind_models(m);
 }

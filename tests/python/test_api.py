@@ -25,10 +25,10 @@ def assert_same_replay(py, cli_json):
     for mine, theirs in zip(d["ranks"], cli_json["ranks"]):
         for field in RANK_FIELDS:
             assert mine[field] == theirs[field], field
-    for section in ("graph", "dependencies"):
-        assert d[section] == cli_json[section]
-    for key in ("matched", "participants", "unmatched_ops", "matching"):
-        assert d["collectives"][key] == cli_json["collectives"][key]
+        # The rest of a rank's object has methods of its own (sm_utilization_series, frozen).
+        assert set(theirs) - set(mine) == {"sm_utilization_series", "frozen"}
+    for section in ("graph", "dependencies", "causality", "clocks", "gpu_ops_bound_by", "overheads", "collectives"):
+        assert d[section] == cli_json[section], section
 
 
 def test_replay_matches_cli_on_the_example_job(example_job, cli):
@@ -61,6 +61,19 @@ def test_step_and_critical_path_match_cli(megatron, cli):
         assert path[key] == theirs["critical_path"][key]
     assert [(s["category"], s["begin_ns"], s["end_ns"], s["processor"]) for s in path["segments"]] == \
            [(s["category"], s["begin_ns"], s["end_ns"], s["processor"]) for s in theirs["critical_path"]["segments"]]
+
+
+def test_frozen_and_sm_series_match_cli(megatron, cli):
+    np = pytest.importorskip("numpy")
+    r = lumos.replay(megatron)
+    theirs = cli("replay", megatron, "--json")
+    frozen = r.frozen()
+    assert [f.pop("rank") for f in frozen] == [x["rank"] for x in theirs["ranks"]]
+    assert frozen == [x["frozen"] for x in theirs["ranks"]]
+    assert any(f["total_ns"] > 0 and f["largest"] for f in frozen)
+    for x in theirs["ranks"]:
+        series = r.sm_utilization_series(x["rank"])
+        assert series.dtype == np.float64 and series.tolist() == x["sm_utilization_series"]
 
 
 def test_inspect_matches_cli(example_job, cli):

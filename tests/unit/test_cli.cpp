@@ -1,6 +1,8 @@
 // The lumos executable: output shape, exit codes, one-line errors.
 #include "test_support.hpp"
 
+#include <lumos/cli/args.hpp>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -35,6 +37,26 @@ void check_replays_to_prediction(const simdjson::dom::element& doc, const std::f
 }
 
 }  // namespace
+
+TEST_CASE("command-line words: flags, last value wins, repeated options, leftovers", "[cli][args]") {
+  lumos::cli::args a({"--json", "--step", "3", "--scale=compute=2", "--step=5", "--scale", "op:a=b=0", "x", "y"});
+  CHECK(a.flag("--json"));
+  CHECK_FALSE(a.flag("--json"));  // used
+  CHECK(a.option("--step") == "5");
+  CHECK(a.options("--scale") == std::vector<std::string>{"compute=2", "op:a=b=0"});
+  CHECK_FALSE(a.option("--absent"));
+  CHECK(a.positionals() == std::vector<std::string>{"x", "y"});
+  a.no_positionals();  // nothing left
+
+  lumos::cli::args dangling({"--step"});
+  CHECK_THROWS_WITH(dangling.option("--step"), "option --step needs a value");
+  lumos::cli::args unknown({"--bogus", "p"});
+  CHECK_THROWS_WITH(unknown.positionals(), "unknown option --bogus");
+  lumos::cli::args stray({"p"});
+  CHECK_THROWS_AS(stray.no_positionals(), lumos::cli::usage_error);
+  CHECK(lumos::cli::parse_number<int>("42", "--n") == 42);
+  CHECK_THROWS_WITH(lumos::cli::parse_number<int>("4x", "--n"), "expected a number for --n, got '4x'");
+}
 
 TEST_CASE("inspect --json prints the documented object", "[cli]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";

@@ -194,29 +194,34 @@ struct rank_steps {
   return out;
 }
 
-/// Plans every rank's iteration from `steps` (`find_steps(job)`; the job's events are not read,
-/// and may be gone): `step` picks ProfilerStep#N (default: the last one every rank has); a rank
-/// without ProfilerStep annotations uses its whole trace window.
-[[nodiscard]] inline std::vector<iteration_plan> plan_iterations(const trace::job& job, const std::vector<rank_steps>& found,
-                                                                 const graph::built_job& b, std::optional<int> step = std::nullopt) {
-  const graph::task_graph& g = b.graph;
-  if (found.size() != job.ranks.size()) throw error("plan_iterations: steps of " + std::to_string(found.size()) + " ranks for a job of " + std::to_string(job.ranks.size()));
-  // Default step: the largest number present on every rank that has steps.
-  std::optional<int> chosen = step;
-  if (!chosen) {
-    std::optional<int> common;
-    for (const rank_steps& f : found) {
-      const auto& steps = f.steps;
-      if (steps.empty()) continue;
-      int best = std::numeric_limits<int>::min();
-      for (const auto& s : steps) best = std::max(best, s.number);
-      common = common ? std::min(*common, best) : best;
-    }
-    chosen = common;
+namespace detail {
+
+// The default step of a job: `step` when given, else the largest number present on every rank
+// that has steps (none when no rank has any).
+[[nodiscard]] inline std::optional<int> common_step(const std::vector<rank_steps>& found, std::optional<int> step) {
+  if (step) return step;
+  std::optional<int> common;
+  for (const rank_steps& f : found) {
+    const auto& steps = f.steps;
+    if (steps.empty()) continue;
+    int best = std::numeric_limits<int>::min();
+    for (const auto& s : steps) best = std::max(best, s.number);
+    common = common ? std::min(*common, best) : best;
   }
-  // Tasks of each rank, split by side.
-  std::vector<iteration_plan> plans(job.ranks.size());
-  std::vector<std::vector<graph::task_id>> cpu_of(job.ranks.size()), gpu_of(job.ranks.size());
+  return common;
+}
+
+// The tasks of every rank of a job (joins excluded), split by side, and per GPU op the call
+// that launched it (no_task for none).
+struct side_tasks {
+  std::vector<std::vector<graph::task_id>> cpu, gpu;  // per rank, in the job's order
+  std::vector<graph::task_id> launched_by;            // per task
+};
+
+[[nodiscard]] inline side_tasks split_tasks(const trace::job& job, const graph::task_graph& g) {
+  side_tasks out;
+  out.cpu.resize(job.ranks.size());
+  out.gpu.resize(job.ranks.size());
   std::vector<int> rank_index_of;  // rank number → index
   for (std::size_t i = 0; i < job.ranks.size(); ++i) {
     const int rk = job.ranks[i].rank;
@@ -239,46 +244,52 @@ struct rank_steps {
   // When each GPU op was launched: the observed start of its launching call, kept as the call
   // (4 bytes a task where its start took 8, at planning's peak). Read from the edges while the
   // tasks are split (two passes over the tasks): on a second thread.
-  std::vector<graph::task_id> launched_by;
   parallel_for(2, g.task_count() >= (std::size_t{1} << 18) ? 2U : 1U, [&](std::size_t part) {
     if (part == 1) {
-      launched_by.assign(g.task_count(), graph::no_task);
+      out.launched_by.assign(g.task_count(), graph::no_task);
       for (const auto& e : g.edges) {
-        if (e.kind == graph::edge_kind::launch) launched_by[e.to] = e.from;
+        if (e.kind == graph::edge_kind::launch) out.launched_by[e.to] = e.from;
       }
       return;
     }
     std::vector<std::pair<std::size_t, std::size_t>> counts(job.ranks.size());
     split_by_side([&](std::size_t i, bool cpu, graph::task_id) { ++(cpu ? counts[i].first : counts[i].second); });
-    for (std::size_t i = 0; i < counts.size(); ++i) cpu_of[i].reserve(counts[i].first), gpu_of[i].reserve(counts[i].second);
-    split_by_side([&](std::size_t i, bool cpu, graph::task_id t) { (cpu ? cpu_of[i] : gpu_of[i]).push_back(t); });
+    for (std::size_t i = 0; i < counts.size(); ++i) out.cpu[i].reserve(counts[i].first), out.gpu[i].reserve(counts[i].second);
+    split_by_side([&](std::size_t i, bool cpu, graph::task_id t) { (cpu ? out.cpu[i] : out.gpu[i]).push_back(t); });
   });
-  // A GPU op's first task: the arrive of a communication op that has one, else the op itself;
-  // no_task for arrives (they are taken with their op).
-  // A communication op's arrive is the task right before it on its stream (builders add the
-  // pair together; graph rewrites copy it together).
-  auto first_of = [&](graph::task_id t) -> graph::task_id {
-    const auto k = g.kind[t];
-    if (k == graph::task_kind::comm_arrive) return graph::no_task;
-    if ((k == graph::task_kind::comm_complete || k == graph::task_kind::gpu_comm) && t > 0 &&
-        g.kind[t - 1] == graph::task_kind::comm_arrive && g.processor[t - 1] == g.processor[t] && g.source[t - 1] == g.source[t]) {
-      return t - 1;
-    }
-    return t;
-  };
-  // Each rank's plan reads shared data and writes its own slot: in parallel, the same plans (and
-  // the error of the first failing rank, as one thread would meet it).
-  parallel_for(job.ranks.size(), hardware_threads(), [&](std::size_t i) {
-    const trace::rank_trace& r = job.ranks[i];
-    const graph::rank_map& map = b.ranks[i];
-    const rank_steps& f = found[i];
-    iteration_plan& p = plans[i];
-    p.rank = r.rank;
-    const auto& steps = f.steps;
+  return out;
+}
+
+// A GPU op's first task: the arrive of a communication op that has one, else the op itself;
+// no_task for arrives (they are taken with their op). A communication op's arrive is the task
+// right before it on its stream (builders add the pair together; graph rewrites copy it
+// together).
+[[nodiscard]] inline graph::task_id first_task_of(const graph::task_graph& g, graph::task_id t) {
+  const auto k = g.kind[t];
+  if (k == graph::task_kind::comm_arrive) return graph::no_task;
+  if ((k == graph::task_kind::comm_complete || k == graph::task_kind::gpu_comm) && t > 0 && g.kind[t - 1] == graph::task_kind::comm_arrive &&
+      g.processor[t - 1] == g.processor[t] && g.source[t - 1] == g.source[t]) {
+    return t - 1;
+  }
+  return t;
+}
+
+// Plans one rank's iteration from its steps and its tasks (`split_tasks`).
+class rank_planner {
+ public:
+  rank_planner(const graph::task_graph& g, const trace::rank_trace& r, const graph::rank_map& map, const rank_steps& f, const side_tasks& sides,
+               std::size_t i)
+      : g_(g), r_(r), map_(map), f_(f), cpu_(sides.cpu[i]), gpu_(sides.gpu[i]), launched_by_(sides.launched_by) {}
+
+  // `step`: the step asked for (an error when the rank lacks it); `chosen`: the step planned.
+  [[nodiscard]] iteration_plan plan(std::optional<int> step, std::optional<int> chosen) const {
+    iteration_plan p;
+    p.rank = r_.rank;
+    const auto& steps = f_.steps;
     if (step && !steps.empty()) {
       const bool present = std::any_of(steps.begin(), steps.end(), [&](const auto& s) { return s.number == *step; });
-      if (!present) throw error(r.file + ": no ProfilerStep#" + std::to_string(*step) + " (the trace has " +
-                              steps.front().name + " to " + steps.back().name + ")");
+      if (!present) throw error(r_.file + ": no ProfilerStep#" + std::to_string(*step) + " (the trace has " + steps.front().name + " to " +
+                                steps.back().name + ")");
     }
     std::size_t chosen_index = steps.size();
     for (std::size_t k = 0; k < steps.size(); ++k) {
@@ -286,106 +297,147 @@ struct rank_steps {
     }
     const trace::profiler_step* annotation = chosen_index < steps.size() ? &steps[chosen_index] : nullptr;
     p.step = annotation != nullptr ? annotation->name : "trace window";
-
-    // Operator time on the annotation's thread between two instants (job time): the busy part
-    // of a lead or tail, which `cpu=F` scales like every other busy time.
-    auto busy_on_lane = [&](std::uint32_t lane, time_ns from, time_ns to) {
-      return to > from ? f.busy_within(lane, from - map.offset, to - map.offset) : time_ns{0};
-    };
-    // The thread of a lane: the processor of the rank's first CPU task on a thread with the
-    // lane's (pid, tid); none when the thread has no task. A task a rewrite added there (no event
-    // of its own, e.g. the receive a pipeline what-if posts before a rank's first pass) is on the
-    // lane too.
-    constexpr graph::processor_id no_processor = ~graph::processor_id{0};
-    auto processor_of_lane = [&](std::uint32_t lane) {
-      const trace::lane& l = r.lanes.at(lane);
-      for (const auto t : cpu_of[i]) {
-        const graph::processor_info& info = g.processors[g.processor[t]];
-        if (info.kind == graph::processor_kind::cpu_thread && info.owner == l.pid && info.index == l.tid) return g.processor[t];
-      }
-      return no_processor;
-    };
-    // The tasks of one annotation: CPU tasks inside it (first and last on its own thread) and
-    // the GPU ops launched inside it.
-    struct step_tasks {
-      graph::task_id first_cpu = graph::no_task, last_cpu = graph::no_task;
-      std::vector<graph::task_id> cpu, gpu;
-    };
-    auto tasks_of = [&](std::size_t k) {
-      const trace::profiler_step& a = steps[k];
-      step_tasks st;
-      const time_ns a_begin = a.start + map.offset, a_end = a.start + a.dur + map.offset;
-      const graph::processor_id lane_processor = processor_of_lane(f.lane[k]);
-      for (const auto t : cpu_of[i]) {
-        if (g.observed_start[t] < a_begin || g.observed_end[t] > a_end) continue;
-        st.cpu.push_back(t);
-        if (lane_processor == no_processor || g.processor[t] != lane_processor) continue;
-        if (st.first_cpu == graph::no_task || g.observed_start[t] < g.observed_start[st.first_cpu]) st.first_cpu = t;
-        if (st.last_cpu == graph::no_task || g.observed_end[t] >= g.observed_end[st.last_cpu]) st.last_cpu = t;
-      }
-      if (st.first_cpu == graph::no_task) {
-        // No runtime call on the annotation's thread: use every CPU task inside it.
-        for (const auto t : st.cpu) {
-          if (st.first_cpu == graph::no_task || g.observed_start[t] < g.observed_start[st.first_cpu]) st.first_cpu = t;
-          if (st.last_cpu == graph::no_task || g.observed_end[t] >= g.observed_end[st.last_cpu]) st.last_cpu = t;
-        }
-      }
-      for (const auto t : gpu_of[i]) {
-        const graph::task_id first = first_of(t);
-        if (first == graph::no_task) continue;
-        const time_ns enqueue = g.observed_start[launched_by[first] != graph::no_task ? launched_by[first] : first];
-        if (enqueue < a_begin || enqueue > a_end) continue;
-        st.gpu.push_back(t);
-      }
-      return st;
-    };
-
     step_tasks st;
     if (annotation != nullptr) st = tasks_of(chosen_index);
     p.annotated = annotation != nullptr && st.first_cpu != graph::no_task;
     if (p.annotated) {
-      const time_ns a_begin = annotation->start + map.offset, a_end = annotation->start + annotation->dur + map.offset;
-      const std::uint32_t lane = f.lane[chosen_index];
-      p.first_cpu = st.first_cpu;
-      p.last_cpu = st.last_cpu;
-      p.cpu = std::move(st.cpu);
-      p.lead_busy = busy_on_lane(lane, a_begin, g.observed_start[p.first_cpu]);
-      p.lead_idle = g.observed_start[p.first_cpu] - a_begin - p.lead_busy;
-      p.tail_busy = busy_on_lane(lane, g.observed_end[p.last_cpu], a_end);
-      p.tail_idle = a_end - g.observed_end[p.last_cpu] - p.tail_busy;
-      if (chosen_index > 0) {
-        const trace::profiler_step& before = steps[chosen_index - 1];
-        step_tasks prev = tasks_of(chosen_index - 1);
-        if (prev.last_cpu != graph::no_task) {
-          step_end e;
-          e.name = before.name;
-          e.last_cpu = prev.last_cpu;
-          const time_ns b_end = before.start + before.dur + map.offset;
-          e.tail_busy = busy_on_lane(f.lane[chosen_index - 1], g.observed_end[prev.last_cpu], b_end);
-          e.tail_idle = b_end - g.observed_end[prev.last_cpu] - e.tail_busy;
-          e.gpu = std::move(prev.gpu);
-          p.previous = std::move(e);
-        }
-      }
+      plan_annotated(p, chosen_index, st);
     } else {
-      p.cpu = cpu_of[i];
+      p.cpu = cpu_;
     }
-    const std::vector<graph::task_id>& gpu = p.annotated ? st.gpu : gpu_of[i];
+    add_gpu_ops(p, p.annotated ? st.gpu : gpu_);
+    // Grown one task at a time, the lists have up to twice the room they need, held until the
+    // end of the replay (17 MiB of a 512-rank job's 104).
+    p.cpu.shrink_to_fit(), p.gpu.shrink_to_fit(), p.comm.shrink_to_fit(), p.compute.shrink_to_fit();
+    return p;
+  }
+
+ private:
+  static constexpr graph::processor_id no_processor = ~graph::processor_id{0};
+
+  // The tasks of one annotation: CPU tasks inside it (first and last on its own thread) and the
+  // GPU ops launched inside it.
+  struct step_tasks {
+    graph::task_id first_cpu = graph::no_task, last_cpu = graph::no_task;
+    std::vector<graph::task_id> cpu, gpu;
+  };
+
+  // Operator time on the annotation's thread between two instants (job time): the busy part of
+  // a lead or tail, which `cpu=F` scales like every other busy time.
+  [[nodiscard]] time_ns busy_on_lane(std::uint32_t lane, time_ns from, time_ns to) const {
+    return to > from ? f_.busy_within(lane, from - map_.offset, to - map_.offset) : time_ns{0};
+  }
+
+  // The thread of a lane: the processor of the rank's first CPU task on a thread with the lane's
+  // (pid, tid); none when the thread has no task. A task a rewrite added there (no event of its
+  // own, e.g. the receive a pipeline what-if posts before a rank's first pass) is on the lane too.
+  [[nodiscard]] graph::processor_id processor_of_lane(std::uint32_t lane) const {
+    const trace::lane& l = r_.lanes.at(lane);
+    for (const auto t : cpu_) {
+      const graph::processor_info& info = g_.processors[g_.processor[t]];
+      if (info.kind == graph::processor_kind::cpu_thread && info.owner == l.pid && info.index == l.tid) return g_.processor[t];
+    }
+    return no_processor;
+  }
+
+  // Widens [first, last] of `st` to CPU task `t`.
+  void take_cpu(step_tasks& st, graph::task_id t) const {
+    if (st.first_cpu == graph::no_task || g_.observed_start[t] < g_.observed_start[st.first_cpu]) st.first_cpu = t;
+    if (st.last_cpu == graph::no_task || g_.observed_end[t] >= g_.observed_end[st.last_cpu]) st.last_cpu = t;
+  }
+
+  [[nodiscard]] step_tasks tasks_of(std::size_t k) const {
+    const trace::profiler_step& a = f_.steps[k];
+    step_tasks st;
+    const time_ns a_begin = a.start + map_.offset, a_end = a.start + a.dur + map_.offset;
+    const graph::processor_id lane_processor = processor_of_lane(f_.lane[k]);
+    for (const auto t : cpu_) {
+      if (g_.observed_start[t] < a_begin || g_.observed_end[t] > a_end) continue;
+      st.cpu.push_back(t);
+      if (lane_processor == no_processor || g_.processor[t] != lane_processor) continue;
+      take_cpu(st, t);
+    }
+    if (st.first_cpu == graph::no_task) {
+      // No runtime call on the annotation's thread: use every CPU task inside it.
+      for (const auto t : st.cpu) take_cpu(st, t);
+    }
+    for (const auto t : gpu_) {
+      const graph::task_id first = first_task_of(g_, t);
+      if (first == graph::no_task) continue;
+      const time_ns enqueue = g_.observed_start[launched_by_[first] != graph::no_task ? launched_by_[first] : first];
+      if (enqueue < a_begin || enqueue > a_end) continue;
+      st.gpu.push_back(t);
+    }
+    return st;
+  }
+
+  // The window of annotation `k`: its CPU tasks, the idle and busy lead and tail around them,
+  // and where the step before ends.
+  void plan_annotated(iteration_plan& p, std::size_t k, step_tasks& st) const {
+    const trace::profiler_step& annotation = f_.steps[k];
+    const time_ns a_begin = annotation.start + map_.offset, a_end = annotation.start + annotation.dur + map_.offset;
+    const std::uint32_t lane = f_.lane[k];
+    p.first_cpu = st.first_cpu;
+    p.last_cpu = st.last_cpu;
+    p.cpu = std::move(st.cpu);
+    p.lead_busy = busy_on_lane(lane, a_begin, g_.observed_start[p.first_cpu]);
+    p.lead_idle = g_.observed_start[p.first_cpu] - a_begin - p.lead_busy;
+    p.tail_busy = busy_on_lane(lane, g_.observed_end[p.last_cpu], a_end);
+    p.tail_idle = a_end - g_.observed_end[p.last_cpu] - p.tail_busy;
+    if (k == 0) return;
+    const trace::profiler_step& before = f_.steps[k - 1];
+    step_tasks prev = tasks_of(k - 1);
+    if (prev.last_cpu == graph::no_task) return;
+    step_end e;
+    e.name = before.name;
+    e.last_cpu = prev.last_cpu;
+    const time_ns b_end = before.start + before.dur + map_.offset;
+    e.tail_busy = busy_on_lane(f_.lane[k - 1], g_.observed_end[prev.last_cpu], b_end);
+    e.tail_idle = b_end - g_.observed_end[prev.last_cpu] - e.tail_busy;
+    e.gpu = std::move(prev.gpu);
+    p.previous = std::move(e);
+  }
+
+  // The window's GPU ops: compute ops, and communication ops with their arrives.
+  void add_gpu_ops(iteration_plan& p, const std::vector<graph::task_id>& gpu) const {
     for (const auto t : gpu) {
-      const graph::task_id first = first_of(t);
+      const graph::task_id first = first_task_of(g_, t);
       if (first == graph::no_task) continue;
       p.gpu.push_back(t);
-      const auto k = g.kind[t];
-      if (k == graph::task_kind::gpu_compute) {
+      if (g_.kind[t] == graph::task_kind::gpu_compute) {
         p.compute.push_back(t);
       } else {
         p.comm.push_back({first, t});
         if (first != t) p.gpu.push_back(first);
       }
     }
-    // Grown one task at a time, the lists have up to twice the room they need, held until the
-    // end of the replay (17 MiB of a 512-rank job's 104).
-    p.cpu.shrink_to_fit(), p.gpu.shrink_to_fit(), p.comm.shrink_to_fit(), p.compute.shrink_to_fit();
+  }
+
+  const graph::task_graph& g_;
+  const trace::rank_trace& r_;
+  const graph::rank_map& map_;
+  const rank_steps& f_;
+  const std::vector<graph::task_id>& cpu_;
+  const std::vector<graph::task_id>& gpu_;
+  const std::vector<graph::task_id>& launched_by_;
+};
+
+}  // namespace detail
+
+/// Plans every rank's iteration from `steps` (`find_steps(job)`; the job's events are not read,
+/// and may be gone): `step` picks ProfilerStep#N (default: the last one every rank has); a rank
+/// without ProfilerStep annotations uses its whole trace window.
+[[nodiscard]] inline std::vector<iteration_plan> plan_iterations(const trace::job& job, const std::vector<rank_steps>& found,
+                                                                 const graph::built_job& b, std::optional<int> step = std::nullopt) {
+  const graph::task_graph& g = b.graph;
+  if (found.size() != job.ranks.size()) throw error("plan_iterations: steps of " + std::to_string(found.size()) + " ranks for a job of " + std::to_string(job.ranks.size()));
+  const std::optional<int> chosen = detail::common_step(found, step);
+  const detail::side_tasks sides = detail::split_tasks(job, g);
+  // Each rank's plan reads shared data and writes its own slot: in parallel, the same plans (and
+  // the error of the first failing rank, as one thread would meet it).
+  std::vector<iteration_plan> plans(job.ranks.size());
+  parallel_for(job.ranks.size(), hardware_threads(), [&](std::size_t i) {
+    plans[i] = detail::rank_planner(g, job.ranks[i], b.ranks[i], found[i], sides, i).plan(step, chosen);
   });
   return plans;
 }

@@ -1,0 +1,220 @@
+#pragma once
+// `lumos predict`'s flags (lumos/cli/args.hpp): the model, its parallelism and batch, the GPU,
+// precision, cost profile and cost model, read into a `predict_request`, and the prediction it
+// asks for. `lumos predict`, `synth`, `sweep` (its model and machine flags) and the Python
+// package's `lumos.predict` read them here. Bad values are `lumos::error`s; unknown flags and
+// stray words are usage errors.
+
+#include <lumos/cli/args.hpp>
+#include <lumos/core/error.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/model/parallel.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/model/transformer.hpp>
+#include <lumos/synth/predict.hpp>
+#include <lumos/synth/program.hpp>
+#include <lumos/synth/schedules.hpp>
+
+#include <charconv>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+namespace lumos::cli {
+
+namespace detail {
+
+inline std::int64_t positive_value(const std::string& text, std::string_view name) {
+  std::int64_t x = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
+  if (ec != std::errc{} || end != text.data() + text.size() || x <= 0) {
+    throw lumos::error(std::string(name) + " must be a positive integer, got '" + text + "'");
+  }
+  return x;
+}
+
+inline std::int64_t positive_int(args& a, std::string_view name, std::int64_t fallback) {
+  const auto v = a.option(name);
+  return v ? positive_value(*v, name) : fallback;
+}
+
+inline int positive_small(args& a, std::string_view name, int fallback) {
+  const std::int64_t x = positive_int(a, name, fallback);
+  if (x > (1 << 24)) throw lumos::error(std::string(name) + " is too large: " + std::to_string(x));
+  return static_cast<int>(x);
+}
+
+// `--NAME on|off`, when given.
+inline void on_off(args& a, std::string_view name, bool& target) {
+  if (const auto v = a.option(name)) {
+    if (*v != "on" && *v != "off") throw lumos::error(std::string(name) + " must be on or off, got '" + *v + "'");
+    target = *v == "on";
+  }
+}
+
+}  // namespace detail
+
+/// What `lumos predict` parsed: the job to model and the cost model to model it with.
+struct predict_request {
+  synth::job job;
+  bool unfold = false;
+  bool roofline = false;
+  bool forward_only = false;
+  model::cost_profile profile;
+
+  /// The cost model's name as the reports print it: "roofline", or the profile's name.
+  [[nodiscard]] std::string profile_name() const { return roofline ? std::string("roofline") : profile.name; }
+};
+
+/// Reads a profile file (`lumos calibrate -o`), on top of the preset of the hardware it names
+/// (A100's when it names none of the presets).
+inline model::cost_profile read_profile_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw lumos::error("cannot read profile '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  // The preset of the profile's hardware gives every value the file leaves out.
+  model::cost_profile base = model::a100_profile();
+  if (const auto at = text.find("\"hardware\""); at != std::string::npos) {
+    for (auto n : model::profile_preset_names) {
+      const auto v = text.find('"' + std::string(n) + '"', at);
+      if (v != std::string::npos && v < text.find(',', at)) base = model::profile_preset(n);
+    }
+  }
+  return model::profile_from_json(text, base, path);
+}
+
+namespace detail {
+
+// --model and the shape flags that override it.
+inline model::transformer parse_model(args& a) {
+  model::transformer m = model::model_preset(a.option("--model").value_or("gpt3-175b"));
+  const model::transformer preset = m;
+  const bool mha = m.kv_heads == m.heads;
+  const bool ffn_4h = m.ffn == 4 * m.hidden;
+  m.layers = positive_int(a, "--layers", m.layers);
+  // At most 2^24 (positive_small), as --micro-batch below, so that the products made of them here
+  // (4h, the default global batch) cannot overflow: the CLI fuzzer found --hidden 3.3e18.
+  m.hidden = positive_small(a, "--hidden", static_cast<int>(m.hidden));
+  if (const auto ffn = a.option("--ffn")) {
+    m.ffn = positive_value(*ffn, "--ffn");
+  } else if (ffn_4h) {
+    m.ffn = 4 * m.hidden;
+  }
+  m.heads = positive_int(a, "--heads", m.heads);
+  if (const auto kv = a.option("--kv-heads")) {
+    m.kv_heads = positive_value(*kv, "--kv-heads");
+  } else if (mha) {
+    m.kv_heads = m.heads;
+  }
+  m.seq = positive_int(a, "--seq", m.seq);
+  m.vocab = positive_int(a, "--vocab", m.vocab);
+  // A shape that is not the preset's is not the preset: say so instead of its name.
+  if (m.layers != preset.layers || m.hidden != preset.hidden || m.ffn != preset.ffn || m.heads != preset.heads ||
+      m.kv_heads != preset.kv_heads || m.seq != preset.seq || m.vocab != preset.vocab) {
+    m.name = "custom";
+  }
+  return m;
+}
+
+// The parallel sizes, batch, recomputation and precision.
+inline model::parallel_config parse_parallel(args& a) {
+  model::parallel_config p;
+  p.tp = positive_small(a, "--tp", 1);
+  p.pp = positive_small(a, "--pp", 1);
+  p.dp = positive_small(a, "--dp", 1);
+  p.vp = positive_small(a, "--vp", 1);
+  on_off(a, "--sp", p.sp);
+  on_off(a, "--tp-comm-overlap", p.tp_comm_overlap);
+  on_off(a, "--overlap-param-gather", p.overlap_param_gather);
+  p.micro_batch = positive_small(a, "--micro-batch", 1);
+  if (const auto gb = a.option("--global-batch")) {
+    p.global_batch = positive_value(*gb, "--global-batch");
+  } else if (__builtin_mul_overflow(p.micro_batch * p.dp, p.pp > 1 ? 4 * std::int64_t{p.pp} : 1, &p.global_batch)) {
+    // Default: 4·pp micro-batches per replica (2^24 · 2^24 · 2^26 at most: more than 64 bits).
+    throw lumos::error("--micro-batch x --dp x 4 --pp is too large for the default global batch; give --global-batch");
+  }
+  if (const auto r = a.option("--recompute")) {
+    if (*r == "none") {
+      p.recompute = model::recompute_kind::none;
+    } else if (*r == "selective") {
+      p.recompute = model::recompute_kind::selective;
+    } else if (*r == "full") {
+      p.recompute = model::recompute_kind::full;
+    } else {
+      throw lumos::error("--recompute must be none, selective or full, got '" + *r + "'");
+    }
+  }
+  if (const auto prec = a.option("--precision")) {
+    if (*prec == "bf16") {
+      p.dtype = model::precision::bf16;
+    } else if (*prec == "fp16") {
+      p.dtype = model::precision::fp16;
+    } else if (*prec == "fp8") {
+      p.dtype = model::precision::fp8;
+    } else {
+      throw lumos::error("--precision must be bf16, fp16 or fp8, got '" + *prec + "'");
+    }
+  }
+  p.zero_stage = 1;
+  return p;
+}
+
+// The GPU, the cost profile and the cost model.
+inline void parse_costs(args& a, predict_request& req) {
+  const auto gpu = a.option("--gpu");
+  if (const auto file = a.option("--profile")) {
+    req.profile = read_profile_file(*file);
+    req.job.hardware = model::hardware_preset(gpu.value_or(req.profile.hardware));
+  } else {
+    req.job.hardware = model::hardware_preset(gpu.value_or("h100-sxm"));
+    req.profile = model::profile_preset(req.job.hardware.name);
+  }
+  if (const auto att = a.option("--attention")) {
+    if (*att != "flash" && *att != "unfused") throw lumos::error("--attention must be flash or unfused, got '" + *att + "'");
+    req.profile.attention = *att == "flash" ? model::attention_impl::flash : model::attention_impl::unfused;
+  }
+  if (const auto cm = a.option("--cost-model")) {
+    if (*cm != "kernel" && *cm != "roofline") throw lumos::error("--cost-model must be kernel or roofline, got '" + *cm + "'");
+    req.roofline = *cm == "roofline";
+  }
+}
+
+}  // namespace detail
+
+/// Reads `lumos predict`'s flags from `a` (leaving other words for the caller to check).
+inline predict_request parse_predict(args& a) {
+  predict_request req;
+  req.job.model = detail::parse_model(a);
+  req.job.parallel = detail::parse_parallel(a);
+  if (const auto s = a.option("--schedule")) req.job.schedule = synth::parse_schedule_name(*s);
+  detail::parse_costs(a, req);
+  req.unfold = a.flag("--unfold");
+  req.forward_only = a.flag("--forward-only");
+  return req;
+}
+
+/// The host-side options of the program builder that a profile fixes (collective enqueue time,
+/// the p2p and fp16 loss-scale host syncs).
+inline void apply_profile(const predict_request& req, synth::program_options& o) {
+  o.forward_only = req.forward_only;
+  if (req.roofline) return;
+  o.collective_cpu = static_cast<time_ns>(req.profile.cpu_collective_ns);
+  o.launch_cost = static_cast<time_ns>(req.profile.cpu_launch_ns);
+  o.p2p_host_sync = req.profile.cpu_p2p_sync > 0;
+  o.loss_scale_host_sync = req.profile.cpu_loss_scale_sync > 0 && req.job.parallel.dtype == model::precision::fp16;
+}
+
+/// `predict` with the cost model the request asks for.
+inline synth::prediction run_model(const predict_request& req, synth::predict_options opt) {
+  apply_profile(req, opt.program);
+  if (req.roofline) return synth::predict(req.job, opt);
+  return synth::predict(req.job, opt, model::kernel_level{req.profile}, model::nccl_model{req.profile});
+}
+
+}  // namespace lumos::cli

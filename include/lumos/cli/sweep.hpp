@@ -1,0 +1,198 @@
+#pragma once
+// `lumos sweep`'s flags (lumos/cli/args.hpp): predict's model and machine flags, the GPU count
+// and the lists of the searched sizes, read into a `sweep_request`; the search problem and the
+// configurations it asks for, and the evaluator of its cost model. `lumos sweep` and the Python
+// package's `lumos.sweep` read them here.
+
+#include <lumos/cli/args.hpp>
+#include <lumos/cli/predict.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/compute.hpp>
+#include <lumos/sweep/space.hpp>
+#include <lumos/sweep/sweep.hpp>
+#include <lumos/synth/schedules.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace lumos::cli {
+
+namespace detail {
+
+/// The items of a comma-separated list; an empty item is a usage error naming `flag`.
+inline std::vector<std::string> split_list(const std::string& text, std::string_view flag) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', at);
+    std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item.empty()) throw usage_error(std::string(flag) + " has an empty item in '" + text + "'");
+    out.push_back(std::move(item));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Everything `lumos sweep` parsed.
+struct sweep_request {
+  predict_request base;  ///< model, hardware, precision, profile, cost model
+  std::int64_t gpus = 0;
+  sweep::space space;
+  std::int64_t global_batch = 1536;
+  double memory_margin = 0.10;
+  std::size_t top = 10;
+  unsigned threads = 0;
+  std::string csv;
+  bool json = false;
+};
+
+namespace detail {
+
+// The list flags as given (read before predict's parser, which would take them as numbers).
+struct sweep_lists {
+  std::optional<std::string> tp, pp, dp, vp, micro_batch, schedule, recompute, sp, global_batch, memory_margin, top, threads;
+};
+
+// A list of sizes, each in [1, 2^24]; `fallback` when the flag is absent.
+inline std::vector<int> sizes(const std::optional<std::string>& v, std::string_view flag, std::vector<int> fallback) {
+  if (!v) return fallback;
+  std::vector<int> out;
+  for (const std::string& item : split_list(*v, flag)) {
+    const int x = parse_number<int>(item, flag);
+    if (x < 1 || x > (1 << 24)) throw usage_error(std::string(flag) + " values must be in [1, 2^24], got " + item);
+    out.push_back(x);
+  }
+  return out;
+}
+
+// The schedules, recomputations and sequence-parallel settings searched.
+inline void parse_variants(const sweep_lists& l, sweep::space& s) {
+  s.schedules.clear();
+  if (l.schedule) {
+    for (const std::string& name : split_list(*l.schedule, "--schedule")) s.schedules.push_back(synth::policy_of(synth::parse_schedule_name(name)));
+  } else {
+    s.schedules.push_back(synth::policy_of(pipeline::schedule_kind::one_f_one_b));
+    if (std::any_of(s.vp.begin(), s.vp.end(), [](int v) { return v > 1; })) {
+      s.schedules.push_back(synth::policy_of(pipeline::schedule_kind::interleaved_one_f_one_b));
+    }
+  }
+  s.recompute.clear();
+  for (const std::string& r : split_list(l.recompute.value_or("none,selective,full"), "--recompute")) {
+    if (r == "none") {
+      s.recompute.push_back(model::recompute_kind::none);
+    } else if (r == "selective") {
+      s.recompute.push_back(model::recompute_kind::selective);
+    } else if (r == "full") {
+      s.recompute.push_back(model::recompute_kind::full);
+    } else {
+      throw usage_error("--recompute values must be none, selective or full, got '" + r + "'");
+    }
+  }
+  s.sp.clear();
+  for (const std::string& v : split_list(l.sp.value_or("off,on"), "--sp")) {
+    if (v != "on" && v != "off") throw usage_error("--sp values must be on or off, got '" + v + "'");
+    s.sp.push_back(v == "on");
+  }
+}
+
+// The global batch, memory margin, ranking length and thread count.
+inline void parse_limits(const sweep_lists& l, sweep_request& req) {
+  if (l.global_batch) {
+    req.global_batch = parse_number<std::int64_t>(*l.global_batch, "--global-batch");
+    if (req.global_batch < 1) throw usage_error("--global-batch must be positive, got " + *l.global_batch);
+  }
+  if (l.memory_margin) {
+    req.memory_margin = parse_number<double>(*l.memory_margin, "--memory-margin");
+    if (!(req.memory_margin >= 0 && req.memory_margin < 1)) throw usage_error("--memory-margin must be in [0, 1), got " + *l.memory_margin);
+  }
+  if (l.top) {
+    const auto k = parse_number<std::int64_t>(*l.top, "--top");
+    if (k < 0) throw usage_error("--top must be non-negative, got " + *l.top);
+    req.top = static_cast<std::size_t>(k);
+  }
+  if (l.threads) {
+    const auto t = parse_number<std::int64_t>(*l.threads, "--threads");
+    if (t < 1 || t > 4096) throw usage_error("--threads must be in [1, 4096], got " + *l.threads);
+    req.threads = static_cast<unsigned>(t);
+  }
+}
+
+}  // namespace detail
+
+/// Reads `lumos sweep`'s flags from `a` (leaving other words for the caller to check).
+inline sweep_request parse_sweep(args& a) {
+  sweep_request req;
+  const auto gpus = a.option("--gpus");
+  if (!gpus) throw usage_error("--gpus N is required");
+  req.gpus = parse_number<std::int64_t>(*gpus, "--gpus");
+  if (req.gpus < 1 || req.gpus > (std::int64_t{1} << 24)) throw usage_error("--gpus must be in [1, 2^24], got " + *gpus);
+  if (a.flag("--unfold") || a.flag("--forward-only")) throw usage_error("--unfold and --forward-only are predict's only");
+  detail::sweep_lists l;
+  l.tp = a.option("--tp");
+  l.pp = a.option("--pp");
+  l.dp = a.option("--dp");
+  l.vp = a.option("--vp");
+  l.micro_batch = a.option("--micro-batch");
+  l.schedule = a.option("--schedule");
+  l.recompute = a.option("--recompute");
+  l.sp = a.option("--sp");
+  l.global_batch = a.option("--global-batch");
+  l.memory_margin = a.option("--memory-margin");
+  l.top = a.option("--top");
+  l.threads = a.option("--threads");
+  if (const auto f = a.option("--csv")) req.csv = *f;
+  req.json = a.flag("--json");
+  req.base = parse_predict(a);  // model, GPU, precision, profile, cost model flags
+
+  sweep::space& s = req.space;
+  const model::transformer& m = req.base.job.model;
+  s.tp = detail::sizes(l.tp, "--tp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, req.base.job.hardware.gpus_per_node)));
+  s.pp = detail::sizes(l.pp, "--pp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, m.layers)));
+  s.dp = detail::sizes(l.dp, "--dp", {});
+  s.vp = detail::sizes(l.vp, "--vp", {1});
+  s.micro_batch.clear();
+  for (const int x : detail::sizes(l.micro_batch, "--micro-batch", {1, 2, 4})) s.micro_batch.push_back(x);
+  detail::parse_variants(l, s);
+  detail::parse_limits(l, req);
+  return req;
+}
+
+/// The search problem of a request (model, machine, batch, memory margin).
+inline sweep::problem sweep_problem(const sweep_request& req) {
+  sweep::problem p;
+  p.model = req.base.job.model;
+  p.hardware = req.base.job.hardware;
+  p.dtype = req.base.job.parallel.dtype;
+  p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
+  p.overlap_param_gather = req.base.job.parallel.overlap_param_gather;
+  p.gpus = req.gpus;
+  p.global_batch = req.global_batch;
+  p.memory_margin = req.memory_margin;
+  if (!req.base.roofline) apply_profile(req.base, p.options.program);
+  return p;
+}
+
+/// The configurations of the request's lists that multiply to its GPU count.
+inline std::vector<sweep::configuration> sweep_configurations(const sweep_request& req) {
+  std::vector<sweep::configuration> configs = sweep::enumerate(req.space, req.gpus);
+  if (configs.empty()) throw usage_error("no configuration of the lists multiplies to " + std::to_string(req.gpus) + " GPUs");
+  return configs;
+}
+
+/// Calls `run(evaluator)` with the evaluator of the request's cost model (`--cost-model`), so
+/// that the CLI, MPI and the Python binding evaluate with the same models.
+template <class Run>
+auto with_sweep_evaluator(const sweep_request& req, const sweep::problem& p, Run&& run) {
+  if (req.base.roofline) return run(sweep::evaluator<model::roofline, model::ring_alpha_beta>(p));
+  return run(sweep::evaluator<>(p, model::kernel_level{req.base.profile}, model::nccl_model{req.base.profile}));
+}
+
+}  // namespace lumos::cli

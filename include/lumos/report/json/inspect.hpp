@@ -1,0 +1,205 @@
+#pragma once
+// What `lumos inspect --json` prints (and the Python package's `Job.inspect()` holds): per rank
+// its file, event counts, streams, threads, device, world size and profiler steps; and, with
+// `--structure`, the job's structure as discovered (whatif/structure.hpp), each fact with its
+// source. `lumos whatif --json` embeds the structure too.
+
+#include <lumos/core/json_writer.hpp>
+#include <lumos/pipeline/format.hpp>
+#include <lumos/trace/data.hpp>
+#include <lumos/trace/summary.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace lumos::report {
+
+/// Every rank of `job` summarised (trace::summarize), as one JSON object.
+inline void inspect_json(json_writer& w, const trace::job& job) {
+  w.begin_object().key("ranks").begin_array();
+  for (const auto& r : job.ranks) {
+    const auto s = trace::summarize(r);
+    w.begin_object();
+    w.field("rank", r.rank).field("file", r.file).field("events", r.entries);
+    w.key("by_category").begin_object();
+    for (const auto& [cat, n] : s.by_category) w.field(cat, n);
+    w.end_object();
+    w.field("gpu_ops", s.gpu_ops).field("comm_ops", s.comm_ops).field("streams", s.streams);
+    w.field("threads", s.threads).field("device", s.device);
+    w.key("world_size");
+    if (r.world_size) {
+      w.value(*r.world_size);
+    } else {
+      w.null();
+    }
+    w.field("rank_from", trace::to_string(r.origin));
+    w.field("base_time_ns", r.base_ns);
+    w.key("steps").begin_array();
+    for (const auto& st : s.steps) {
+      w.begin_object().field("name", st.name).field("start_ns", r.base_ns + st.start).field("dur_ns", st.dur).end_object();
+    }
+    w.end_array();
+    w.field("unknown_phase_entries", r.skipped_entries);
+    w.end_object();
+  }
+  w.end_array().end_object();
+}
+
+/// The same, appended to `out` as one line (ending in a newline).
+inline void inspect_json(const trace::job& job, std::string& out) {
+  json_writer w(out);
+  inspect_json(w, job);
+  out += '\n';
+}
+
+/// One discovered fact: `{"value": V or null, "source": TEXT}`, with the flag that supplies it
+/// when it is unknown.
+template <class T>
+void structure_fact_json(json_writer& w, std::string_view name, const whatif::fact<T>& f) {
+  w.key(name).begin_object().key("value");
+  if (!f.value) {
+    w.null();
+  } else if constexpr (std::is_same_v<T, pipeline::schedule_kind>) {
+    w.value(pipeline::schedule_name(*f.value));
+  } else if constexpr (std::is_same_v<T, whatif::group_role>) {
+    w.value(whatif::to_string(*f.value));
+  } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+    w.begin_array();
+    for (const auto v : *f.value) w.value(v);
+    w.end_array();
+  } else {
+    w.value(*f.value);
+  }
+  w.field("source", f.source);
+  if (!f.value && !f.flag.empty()) w.field("flag", f.flag);
+  w.end_object();
+}
+
+/// How a structure's passes and layer groups name their op: "F3", or "F3.1" with chunks.
+[[nodiscard]] inline bool structure_shows_chunks(const whatif::job_structure& st) { return st.parallel.chunks.value.value_or(1) > 1; }
+
+namespace detail {
+
+inline void structure_parallel_json(json_writer& w, const whatif::job_structure& st) {
+  w.key("parallel").begin_object();
+  structure_fact_json(w, "world", st.parallel.world);
+  structure_fact_json(w, "tp", st.parallel.tp);
+  structure_fact_json(w, "pp", st.parallel.pp);
+  structure_fact_json(w, "dp", st.parallel.dp);
+  structure_fact_json(w, "ep", st.parallel.ep);
+  structure_fact_json(w, "schedule", st.parallel.schedule);
+  structure_fact_json(w, "chunks", st.parallel.chunks);
+  structure_fact_json(w, "micro_batches", st.parallel.micro_batches);
+  w.end_object();
+  w.key("model").begin_object();
+  structure_fact_json(w, "layers", st.model.layers);
+  structure_fact_json(w, "hidden", st.model.hidden);
+  structure_fact_json(w, "ffn", st.model.ffn);
+  structure_fact_json(w, "mlp", st.model.mlp);
+  structure_fact_json(w, "dropout", st.model.dropout);
+  structure_fact_json(w, "heads", st.model.heads);
+  structure_fact_json(w, "kv_heads", st.model.kv_heads);
+  structure_fact_json(w, "head_dim", st.model.head_dim);
+  structure_fact_json(w, "seq", st.model.seq);
+  structure_fact_json(w, "micro_batch_size", st.model.micro_batch_size);
+  structure_fact_json(w, "dtype", st.model.dtype);
+  w.end_object();
+  structure_fact_json(w, "layers_method", st.layers_method);
+  w.key("gradient_reduction").begin_object();
+  structure_fact_json(w, "method", st.gradients.method);
+  structure_fact_json(w, "buckets", st.gradients.buckets);
+  structure_fact_json(w, "bucket_elements", st.gradients.bucket_elements);
+  w.end_object();
+}
+
+inline void structure_groups_json(json_writer& w, const whatif::job_structure& st) {
+  w.key("groups").begin_array();
+  for (const auto& g : st.groups) {
+    w.begin_object().field("name", g.name).field("description", g.description);
+    w.key("ranks").begin_array();
+    for (const int r : g.ranks) w.value(r);
+    w.end_array();
+    structure_fact_json(w, "size", g.size);
+    w.key("collectives").begin_object();
+    for (const auto& [k, n] : g.collectives) w.field(k, n);
+    w.end_object();
+    w.key("roles").begin_array();
+    for (const auto& r : g.roles) w.begin_object().field("role", whatif::to_string(*r.value)).field("source", r.source).end_object();
+    w.end_array().end_object();
+  }
+  w.end_array();
+}
+
+inline void structure_ranks_json(json_writer& w, const whatif::job_structure& st) {
+  const bool chunks = structure_shows_chunks(st);
+  w.key("ranks").begin_array();
+  for (const auto& r : st.ranks) {
+    w.begin_object().field("rank", r.rank);
+    structure_fact_json(w, "iteration", r.iteration);
+    w.field("iteration_start_ns", r.iteration_start).field("iteration_end_ns", r.iteration_end);
+    w.key("phases").begin_array();
+    for (const auto& p : r.phases) {
+      w.begin_object().field("phase", whatif::to_string(p.kind)).field("start_ns", p.start).field("end_ns", p.end);
+      w.field("gpu_ops", p.gpu_ops).field("source", p.source).end_object();
+    }
+    w.end_array();
+    structure_fact_json(w, "stage", r.stage);
+    w.key("p2p_partners").begin_array();
+    for (const int p : r.p2p_partners) w.value(p);
+    w.end_array();
+    structure_fact_json(w, "layers_per_pass", r.layers_per_pass);
+    w.key("passes").begin_array();
+    for (const auto& p : r.passes) {
+      w.begin_object().field("op", pipeline::format_op(p.op, chunks)).field("start_ns", p.start).field("end_ns", p.end);
+      w.field("gpu_ops", p.gpu_ops);
+      w.key("layers");
+      if (p.layers.value) w.value(*p.layers.value); else w.null();
+      w.end_object();
+    }
+    w.end_array().end_object();
+  }
+  w.end_array();
+}
+
+}  // namespace detail
+
+/// Whether `structure_json` lists the per-layer task groups (`inspect --structure --groups`).
+enum class layer_groups : std::uint8_t { count_only, listed };
+
+/// The discovered structure of a job as one JSON object: parallelism, model shape, gradient
+/// reduction, process groups, per rank its iteration, phases, stage and passes, and notes.
+inline void structure_json(json_writer& w, const whatif::job_structure& st, layer_groups groups = layer_groups::count_only) {
+  w.begin_object();
+  detail::structure_parallel_json(w, st);
+  detail::structure_groups_json(w, st);
+  detail::structure_ranks_json(w, st);
+  w.field("layer_task_groups", st.layer_groups.size());
+  if (groups == layer_groups::listed) {
+    const bool chunks = structure_shows_chunks(st);
+    w.key("layer_groups").begin_array();
+    for (const auto& lg : st.layer_groups) {
+      w.begin_object().field("rank", lg.rank).field("op", pipeline::format_op(lg.op, chunks)).field("layer", lg.layer);
+      w.key("tasks").begin_array();
+      for (const auto t : lg.tasks) w.value(t);
+      w.end_array().end_object();
+    }
+    w.end_array();
+  }
+  w.key("notes").begin_array();
+  for (const auto& n : st.notes) w.value(n);
+  w.end_array();
+  w.end_object();
+}
+
+/// The same, appended to `out` as one line (ending in a newline).
+inline void structure_json(const whatif::job_structure& st, layer_groups groups, std::string& out) {
+  json_writer w(out);
+  structure_json(w, st, groups);
+  out += '\n';
+}
+
+}  // namespace lumos::report
