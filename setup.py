@@ -16,6 +16,17 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 
+# pip builds a wheel (and its metadata) with setuptools' bdist_wheel, which needs the `wheel`
+# package; without build isolation pip does not install it, and setuptools would only say
+# "invalid command 'bdist_wheel'".
+if {"bdist_wheel", "dist_info", "editable_wheel"} & set(sys.argv):
+    try:
+        import wheel  # noqa: F401
+    except ImportError:
+        sys.exit("lumos: building the wheel needs the Python package 'wheel' for " + sys.executable +
+                 ": install it (pip install wheel; Debian: apt-get install python3-wheel), or build with "
+                 "build isolation (pip install .)")
+
 
 class CMakeExtension(Extension):
     def __init__(self, name):

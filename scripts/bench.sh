@@ -7,6 +7,10 @@
 #                                     # RSS (/usr/bin/time), replay also with LUMOS_HUGE_PAGES=1, then
 #                                     # replay's phases (bench/scale_phases.cpp), with the default
 #                                     # build threads and with one
+#   bash scripts/bench.sh whatif      # the 512-rank job with kernel detail: replay and five what-ifs
+#                                     # (--scale compute=0.5, --gpu h200-sxm, --layers 48, --dp 16,
+#                                     # --pp 16), alternating, three rounds: medians of time and peak
+#                                     # RSS, each what-if's ratio to the replay's
 #   bash scripts/bench.sh filed       # issue 14's scale targets on this machine: the code the issue
 #                                     # measured (7c0b8c7) and this checkout, alternating, on its job
 #   bash scripts/bench.sh touch       # first writes to fresh memory, with and without huge pages
@@ -20,6 +24,42 @@ cmake --preset bench >/dev/null
 if [ "$suite" = touch ]; then
   cmake --build --preset bench --target first_touch >/dev/null
   exec build/bench/bench/first_touch "$@"
+fi
+if [ "$suite" = whatif ]; then
+  # GPT-3 175B on 512 GPUs with kernel detail (TP 8 x PP 8 x DP 8, 32 micro-batches), every rank
+  # written; the what-ifs run on it beside the replay, in turns, so that the machine's drift
+  # touches both alike.
+  cmake --build --preset bench --target lumos >/dev/null
+  lumos=build/bench/examples/lumos
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+  echo "lumos synth --model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip --detail kernel; $(nproc) cores"
+  "$lumos" synth --model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip --detail kernel --out "$dir/job" >/dev/null
+  printf 'traces    %s MiB on disk, %s files\n' "$(du -sm "$dir/job" | cut -f1)" "$(ls "$dir/job" | wc -l)"
+  commands=("replay" "whatif --scale compute=0.5" "whatif --gpu h200-sxm" "whatif --layers 48" "whatif --dp 16" "whatif --pp 16")
+  : >"$dir/runs"
+  for round in 1 2 3; do
+    for c in "${commands[@]}"; do
+      read -r -a words <<<"$c"
+      /usr/bin/time -f "%e %M" -o "$dir/time" "$lumos" "${words[0]}" "$dir/job" "${words[@]:1}" >"$dir/out" 2>&1 || { cat "$dir/out"; exit 1; }
+      read -r wall kb <"$dir/time"
+      printf '%s\t%s\t%s\n' "$c" "$wall" "$kb" >>"$dir/runs"
+    done
+  done
+  # Medians per command (of 3 runs: the middle one), and each what-if against the replay's.
+  median() {  # command, field (2: seconds, 3: KB)
+    awk -F '\t' -v c="$1" -v f="$2" '$1 == c { print $f }' "$dir/runs" | sort -n | sed -n 2p
+  }
+  replay_s=$(median replay 2)
+  replay_kb=$(median replay 3)
+  printf '%-28s %9s %11s %9s %9s\n' "median of 3 runs" seconds "peak MiB" "x time" "x memory"
+  for c in "${commands[@]}"; do
+    s=$(median "$c" 2)
+    kb=$(median "$c" 3)
+    awk -v c="$c" -v s="$s" -v kb="$kb" -v rs="$replay_s" -v rkb="$replay_kb" \
+      'BEGIN { printf "%-28s %9.2f %11.0f %9.2f %9.2f\n", c, s, kb / 1024, s / rs, kb / rkb }'
+  done
+  exit 0
 fi
 if [ "$suite" = scale ]; then
   # GPT-3 175B on 512 GPUs (TP 8 x PP 8 x DP 8, 32 micro-batches), every rank written.

@@ -12,10 +12,12 @@
 #include <lumos/report/html.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/synth/schedules.hpp>
+#include <lumos/trace/fold.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
 #include <cstdio>
+#include <map>
 #include <string>
 
 namespace lumos::cli {
@@ -24,7 +26,7 @@ inline constexpr std::string_view whatif_usage =
     "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]\n"
     "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
     "                    [--micro-batch N] [--tp N] [--sp on|off] [--profile FILE] [--step N]\n"
-    "                    [--scale KIND=F]... [--scale op:TEXT=F]... [--json] [--trace-out DIR] [--report FILE]\n"
+    "                    [--scale KIND=F]... [--scale op:TEXT=F]... [--no-fold] [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
@@ -72,6 +74,10 @@ inline constexpr std::string_view whatif_usage =
     "  --profile FILE      the cluster's cost profile (`lumos calibrate -o FILE`) for the shape, TP and DP\n"
     "                      rewrites' kernel and NCCL models (default: the preset of the traced GPU)\n"
     "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
+    "  --no-fold           replay every traced rank: by default ranks whose traces are identical (the\n"
+    "                      ranks of a job `lumos synth --unfold` writes) are folded onto one of each\n"
+    "                      class, which stands for the rest (\"folded\" in --json; rows show those kept);\n"
+    "                      not with --trace-out, which writes every rank\n"
     "  --json              {\"baseline\":{...},\"predicted\":{\"iteration_ns\",\"breakdown\",\"bubble_fraction\",\n"
     "                      \"memory_bytes_per_gpu\",\"ranks\":[...]},\"changes\":[...],\"shape\":{...},\"structure\":{...}}\n"
     "                      and \"pipeline\":{\"model\":\"pass-level\" or \"graph\",...} after a pipeline change\n"
@@ -82,8 +88,34 @@ inline constexpr std::string_view whatif_usage =
 
 // One replay of the what-if: the job's iteration and the breakdown of its slowest rank (the one
 // that sets the iteration), then every rank.
+// The rows of a replay's ranks: with identical ranks folded, every traced rank a kept one stood
+// for gets the kept one's row, in rank order. A rank that a pipeline split added (`stages`)
+// copies a kept traced rank r; the ranks it stands for are the copies of r's class, as far from
+// it as their traced ranks are from r.
+inline std::vector<std::pair<int, const report::rank_replay*>> rank_rows(const report::replay_session& s, const trace::rank_folding& folding,
+                                                                         const trace::job& job, const whatif::stage_split* stages) {
+  std::map<int, const std::vector<int>*> members;
+  for (const auto& ranks : folding.stands_for) members[ranks.front()] = &ranks;
+  const std::size_t added = stages != nullptr ? stages->traced_index.size() : 0;
+  const std::size_t traced_kept = s.ranks.size() - std::min(added, s.ranks.size());
+  std::vector<std::pair<int, const report::rank_replay*>> rows;
+  for (std::size_t i = 0; i < s.ranks.size(); ++i) {
+    const report::rank_replay& r = s.ranks[i];
+    const int source = i < traced_kept ? r.rank : job.ranks[stages->traced_index[i - traced_kept]].rank;
+    const auto it = members.find(source);
+    if (it == members.end()) {
+      rows.emplace_back(r.rank, &r);
+      continue;
+    }
+    for (const int k : *it->second) rows.emplace_back(r.rank - source + k, &r);
+  }
+  if (folding.folded()) std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return rows;
+}
+
 inline void session_json(json_writer& w, const report::replay_session& s, time_ns iteration, const whatif::shape_figures* figures,
-                         const std::optional<double>& bubble, const std::string& bubble_source) {
+                         const std::optional<double>& bubble, const std::string& bubble_source, const trace::rank_folding& folding,
+                         const trace::job& job, const whatif::stage_split* stages) {
   w.begin_object().field("iteration_ns", iteration).field("measured_ns", s.measured_ns);
   const report::rank_replay* slowest = nullptr;
   for (const auto& r : s.ranks) {
@@ -105,13 +137,28 @@ inline void session_json(json_writer& w, const report::replay_session& s, time_n
     w.key("memory_bytes_per_gpu").null();
   }
   w.key("ranks").begin_array();
-  for (const auto& r : s.ranks) {
-    w.begin_object().field("rank", r.rank).field("step", r.step).field("iteration_ns", r.simulated_ns);
+  for (const auto& [rank, row] : rank_rows(s, folding, job, stages)) {
+    const report::rank_replay& r = *row;
+    w.begin_object().field("rank", rank).field("step", r.step).field("iteration_ns", r.simulated_ns);
     w.key("breakdown");
     breakdown_json(w, r.simulated.split);
     w.field("sm_utilization", r.simulated.sm.mean).end_object();
   }
   w.end_array().end_object();
+}
+
+// The changes as records (whatif/change.hpp): pass, subject, from -> to, figures and the sentence.
+inline void change_records_json(json_writer& w, const std::vector<whatif::change>& changes) {
+  w.key("change_records").begin_array();
+  for (const auto& c : changes) {
+    w.begin_object().field("pass", c.pass).field("subject", c.subject).field("from", c.from).field("to", c.to);
+    w.key("figures").begin_array();
+    for (const auto& f : c.figures) {
+      w.begin_object().field("name", f.name).field("before", f.before).field("after", f.after).field("unit", f.unit).end_object();
+    }
+    w.end_array().field("text", c.text).end_object();
+  }
+  w.end_array();
 }
 
 inline void shape_json(json_writer& w, const whatif::shape_summary& s) {
@@ -192,10 +239,10 @@ inline std::string pipeline_text(const whatif::pipeline_prediction& p) {
   return out;
 }
 
-inline int run_whatif(args& a) {
+// The what-if's target from the command line (everything but the inputs and outputs).
+inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) {
   whatif::whatif_options o;
   if (const auto step = a.option("--step")) o.replay.step = parse_number<int>(*step, "--step");
-  const what_if scaled = parse_scales(a.options("--scale"));
   o.replay.scales = scaled.scales;
   o.replay.build.op_scales = scaled.ops;
   if (const auto gpu = a.option("--gpu")) o.gpu = *gpu;
@@ -256,165 +303,235 @@ inline int run_whatif(args& a) {
       }
     }
   }
+  return o;
+}
+
+// The predicted job written as Kineto traces (`--trace-out`): the files written, and a note on
+// how the written ranks stand for the target's.
+struct written_traces {
+  std::vector<std::filesystem::path> files;
+  std::string folded_note;
+};
+
+// `--trace-out` after a split in the graph: every rank of every stage, the added stages' ranks
+// written from the traced rank each copies, their transfers under c10d's operators.
+inline void stage_ranks_out(const whatif::stage_split& st, const report::replay_session& predicted, report::simulated_job& sj,
+                            std::vector<int>& ranks, report::trace_decorations& transfers) {
+  sj.subset = true;
+  if (!st.weight_pass.empty()) sj.weight_pass = &st.weight_pass;
+  sj.lone_groups = &st.lone_groups;
+  sj.world_size = st.world * st.stages;
+  // Merged stages: the ranks of the stages dropped are not written; the kept ones keep their
+  // traced numbers, so the world reaches past the last of them.
+  std::vector<int> kept;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i >= st.dropped.size() || !st.dropped[i]) kept.push_back(ranks[i]);
+  }
+  ranks = std::move(kept);
+  for (const int k : ranks) sj.world_size = std::max(sj.world_size, k + 1);
+  // The added ranks' plans follow the traced ranks' kept in the prediction.
+  const std::size_t traced_plans = predicted.plans.size() - st.maps.size();
+  for (std::size_t k = 0; k < st.maps.size(); ++k) {
+    const int rank = st.maps[k].rank;
+    sj.aliases.push_back({rank, st.traced_index[k], &st.maps[k], traced_plans + k});
+    ranks.push_back(rank);
+  }
+  // The added transfers under c10d's operators; their kernels carry the operator's id.
+  transfers.list.resize(3);
+  transfers.list[0].cpu_op = "nccl:send";
+  transfers.list[1].cpu_op = "nccl:recv";
+  transfers.of_task.assign(predicted.built.graph.task_count(), report::trace_decorations::none);
+  for (const auto& t : st.transfer_launches) {
+    transfers.of_task[t.launch] = t.send ? 0 : 1;
+    transfers.of_task[t.kernel] = 2;
+  }
+  sj.decorations = &transfers;
+}
+
+// A folded TP or DP change: the traced ranks stand for the target's, written with the target's
+// group sizes and world, so that the written job reads back as the target. Returns the note.
+inline std::string folded_ranks_out(const whatif::whatif_options& o, const whatif::job_structure& structure, const trace::job& job,
+                                    const std::vector<int>& ranks, report::simulated_job& sj) {
+  const auto& par = structure.parallel;
+  const int tp_from = par.tp.value.value_or(1), dp_from = par.dp.value.value_or(1);
+  const int world = par.world.value.value_or(static_cast<int>(job.ranks.size()));
+  const int target = tp_from > 0 && dp_from > 0 ? world / tp_from * o.shape.tp.value_or(tp_from) / dp_from * o.dp.value_or(dp_from) : 0;
+  int written_ranks = 0;
+  for (const int k : ranks) written_ranks = std::max(written_ranks, k + 1);
+  if (par.tp.known() && par.dp.known() && target >= written_ranks) {
+    sj.groups_from_graph = true;
+    sj.world_size = target;
+    if (target > static_cast<int>(ranks.size())) {
+      return "the written job has " + std::to_string(ranks.size()) + " of its " + std::to_string(target) +
+             " ranks (folded: tensor- and data-parallel ranks are symmetric, the traced ones stand for the rest; "
+             "their collectives name the target's groups)";
+    }
+  } else if (target > 0 && target < written_ranks) {
+    return "the target has " + std::to_string(target) + " ranks, fewer than the " + std::to_string(written_ranks) +
+           " traced ones written: each keeps its traced number, world size and collective groups";
+  }
+  return {};
+}
+
+inline written_traces write_whatif_traces(const whatif::whatif_options& o, const whatif::whatif_result& r, const trace::job& job,
+                                          const std::string& dir) {
+  written_traces out;
+  report::trace_decorations transfers;
+  report::simulated_job sj = report::simulated_from(r.predicted, job);
+  std::vector<int> ranks = report::rank_numbers(job);
+  if (r.stages) {
+    stage_ranks_out(*r.stages, r.predicted, sj, ranks, transfers);
+  } else if ((o.dp || o.shape.tp) && r.structure) {
+    out.folded_note = folded_ranks_out(o, *r.structure, job, ranks, sj);
+  }
+  out.files = report::write_kineto(sj, ranks, dir);
+  return out;
+}
+
+// Which traced ranks each replayed rank stands for, when identical ranks were folded.
+inline void folding_json(json_writer& w, const trace::rank_folding& folding) {
+  if (!folding.folded()) return;
+  w.key("folded").begin_object().field("traced_ranks", folding.traced).field("replayed_ranks", folding.stands_for.size());
+  w.key("stands_for").begin_array();
+  for (const auto& ranks : folding.stands_for) {
+    w.begin_array();
+    for (const int r : ranks) w.value(r);
+    w.end_array();
+  }
+  w.end_array().end_object();
+}
+
+inline std::string folding_text(const trace::rank_folding& folding) {
+  if (!folding.folded()) return {};
+  std::string out = "note: " + std::to_string(folding.traced) + " traced ranks folded onto " + std::to_string(folding.stands_for.size()) +
+                    " (ranks with identical traces replay as one):";
+  for (const auto& ranks : folding.stands_for) {
+    out += " rank " + std::to_string(ranks.front()) + " stands for " + std::to_string(ranks.size()) + (ranks.size() == 1 ? " rank;" : " ranks;");
+  }
+  out.back() = '\n';
+  return out;
+}
+
+inline std::string whatif_json(const whatif::whatif_result& r, const trace::job& job, const std::optional<std::string>& trace_out,
+                               const written_traces& written, const trace::rank_folding& folding) {
+  std::string out;
+  json_writer w(out);
+  w.begin_object();
+  folding_json(w, folding);
+  w.key("baseline");
+  const std::optional<double> base_bubble = r.pipeline ? std::optional<double>(r.pipeline->baseline.bubble_fraction) : std::nullopt;
+  session_json(w, r.baseline, r.baseline.simulated_ns, r.shape ? &r.shape->baseline : nullptr, base_bubble,
+               r.pipeline ? "pass-level pipeline model of the traces' configuration" : "see predicted", folding, job, nullptr);
+  w.key("predicted");
+  session_json(w, r.predicted, r.predicted.simulated_ns, r.shape ? &r.shape->predicted : nullptr, r.bubble_fraction, r.bubble_source,
+               folding, job, r.stages ? &*r.stages : nullptr);
+  w.field("speedup", r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
+  w.key("changes").begin_array();
+  for (const auto& c : r.changes) w.value(c.text);
+  w.end_array();
+  change_records_json(w, r.changes);
+  if (r.shape) shape_json(w, *r.shape);
+  if (r.pipeline) pipeline_json(w, *r.pipeline);
+  if (r.stages) split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);
+  if (r.structure) {
+    std::string st;
+    structure_json(*r.structure, false, st);
+    w.key("structure").raw(st);
+  } else {
+    w.key("structure").null();
+  }
+  if (trace_out) {
+    w.key("trace_out").begin_array();
+    for (const auto& f : written.files) w.value(f.string());
+    w.end_array();
+    if (!written.folded_note.empty()) w.field("trace_out_note", written.folded_note);
+  }
+  w.end_object();
+  out += '\n';
+  return out;
+}
+
+inline std::string whatif_text(const whatif::whatif_result& r, const trace::job& job, const written_traces& written,
+                               const trace::rank_folding& folding) {
+  std::string out;
+  char line[512];
+  const std::size_t traced = folding.folded() ? folding.traced : job.ranks.size();
+  std::snprintf(line, sizeof line, "lumos whatif: %zu rank%s\n", traced, traced == 1 ? "" : "s");
+  out += line;
+  out += folding_text(folding);
+  for (const auto& c : r.changes) out += "change: " + c.text + "\n";
+  out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
+  // The traced ranks the prediction kept compare with their baseline (all of them unless stages
+  // were merged); the ranks of added pipeline stages with the traced rank they copy.
+  const std::size_t traced_kept = r.predicted.ranks.size() - (r.stages ? r.stages->traced_index.size() : 0);
+  std::map<int, const report::rank_replay*> baseline_of;
+  for (const auto& [rank, row] : rank_rows(r.baseline, folding, job, nullptr)) baseline_of.emplace(rank, row);
+  for (const auto& [rank, row] : rank_rows(r.predicted, folding, job, r.stages ? &*r.stages : nullptr)) {
+    const auto i = static_cast<std::size_t>(row - r.predicted.ranks.data());
+    const auto found = baseline_of.find(rank);
+    const auto& b = i >= traced_kept ? r.baseline.ranks[r.stages->traced_index[i - traced_kept]]
+                    : found != baseline_of.end() ? *found->second
+                                                 : r.baseline.ranks.back();
+    const auto& p = *row;
+    const auto& s = p.simulated.split;
+    std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %7.3fx  |  %10s %10s %10s %10s\n", rank, p.step.c_str(),
+                  ms(b.simulated_ns).c_str(), ms(p.simulated_ns).c_str(),
+                  p.simulated_ns > 0 ? static_cast<double>(b.simulated_ns) / static_cast<double>(p.simulated_ns) : 0.0,
+                  ms(s.exposed_compute).c_str(), ms(s.overlapped).c_str(), ms(s.exposed_comm).c_str(), ms(s.other).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %7.3fx\n", "", ms(r.baseline.simulated_ns).c_str(),
+                ms(r.predicted.simulated_ns).c_str(),
+                r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
+  out += line;
+  if (r.shape) out += shape_text(*r.shape);
+  if (r.pipeline) out += pipeline_text(*r.pipeline);
+  if (r.stages) {
+    std::snprintf(line, sizeof line, "\npipeline (in the graph): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
+                  std::string(pipeline::schedule_title(r.stages->schedule)).c_str(), r.stages->stages, r.stages->micro_batches,
+                  r.stages->chunks, ms(r.predicted.simulated_ns).c_str(), 100 * r.bubble_fraction.value_or(0.0));
+    out += line;
+  }
+  for (const auto& f : written.files) out += "wrote " + f.string() + "\n";
+  if (!written.folded_note.empty()) out += "note: " + written.folded_note + "\n";
+  return out;
+}
+
+inline int run_whatif(args& a) {
+  const what_if scaled = parse_scales(a.options("--scale"));
+  const whatif::whatif_options o = whatif_options_of(a, scaled);
   const bool json = a.flag("--json");
+  const bool no_fold = a.flag("--no-fold");
   const auto trace_out = a.option("--trace-out");
+  // A written job keeps every traced rank: folded, it would hold one of each class.
+  const bool fold = !no_fold && !trace_out;
   const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
-  if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && o.groups.empty() && scaled.ops.empty() &&
+  if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && scaled.ops.empty() &&
       scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 && scaled.scales.cpu == 1.0) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
                       "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
   }
-  const trace::job job = trace::load_job(paths(inputs));
+  trace::job job = trace::load_job(paths(inputs));
+  // Every shipped rewrite changes identical ranks alike: one of each class stands for the rest.
+  const trace::rank_folding folding = fold ? trace::fold_identical_ranks(job) : trace::rank_folding{};
   const whatif::whatif_result r = whatif::run_whatif(job, o);
   if (trace_out && r.pipeline) {
     throw usage_error("--trace-out: the pipeline change was predicted by the pass-level model (" +
                       std::string(r.pipeline_reason.empty() ? "the pipeline of the traces is kept" : r.pipeline_reason) +
                       "), which has no per-rank graph to write");
   }
-  std::vector<std::filesystem::path> written;
-  std::string folded_note;
-  report::trace_decorations transfers;
-  if (trace_out) {
-    report::simulated_job sj = report::simulated_from(r.predicted, job);
-    std::vector<int> ranks = report::rank_numbers(job);
-    if (r.stages) {
-      // The added stages' ranks are written from the traced rank each copies, every rank with
-      // the events its stage kept.
-      sj.subset = true;
-      if (!r.stages->weight_pass.empty()) sj.weight_pass = &r.stages->weight_pass;
-      sj.lone_groups = &r.stages->lone_groups;
-      sj.world_size = r.stages->world * r.stages->stages;
-      // Merged stages: the ranks of the stages dropped are not written; the kept ones keep their
-      // traced numbers, so the world reaches past the last of them.
-      std::vector<int> kept;
-      for (std::size_t i = 0; i < ranks.size(); ++i) {
-        if (i >= r.stages->dropped.size() || !r.stages->dropped[i]) kept.push_back(ranks[i]);
-      }
-      ranks = std::move(kept);
-      for (const int k : ranks) sj.world_size = std::max(sj.world_size, k + 1);
-      // The added ranks' plans follow the traced ranks' kept in the prediction.
-      const std::size_t traced_plans = r.predicted.plans.size() - r.stages->maps.size();
-      for (std::size_t k = 0; k < r.stages->maps.size(); ++k) {
-        const int rank = r.stages->maps[k].rank;
-        sj.aliases.push_back({rank, r.stages->traced_index[k], &r.stages->maps[k], traced_plans + k});
-        ranks.push_back(rank);
-      }
-      // The added transfers under c10d's operators; their kernels carry the operator's id.
-      transfers.list.resize(3);
-      transfers.list[0].cpu_op = "nccl:send";
-      transfers.list[1].cpu_op = "nccl:recv";
-      transfers.of_task.assign(r.predicted.built.graph.task_count(), report::trace_decorations::none);
-      for (const auto& t : r.stages->transfer_launches) {
-        transfers.of_task[t.launch] = t.send ? 0 : 1;
-        transfers.of_task[t.kernel] = 2;
-      }
-      sj.decorations = &transfers;
-    } else if ((o.dp || o.shape.tp) && r.structure) {
-      // A folded TP or DP change: the traced ranks stand for the target's, written with the
-      // target's group sizes and world, so that the written job reads back as the target.
-      const auto& par = r.structure->parallel;
-      const int tp_from = par.tp.value.value_or(1), dp_from = par.dp.value.value_or(1);
-      const int world = par.world.value.value_or(static_cast<int>(job.ranks.size()));
-      const int target = tp_from > 0 && dp_from > 0 ? world / tp_from * o.shape.tp.value_or(tp_from) / dp_from * o.dp.value_or(dp_from) : 0;
-      int written_ranks = 0;
-      for (const int k : ranks) written_ranks = std::max(written_ranks, k + 1);
-      if (par.tp.known() && par.dp.known() && target >= written_ranks) {
-        sj.groups_from_graph = true;
-        sj.world_size = target;
-        if (target > static_cast<int>(ranks.size())) {
-          folded_note = "the written job has " + std::to_string(ranks.size()) + " of its " + std::to_string(target) +
-                        " ranks (folded: tensor- and data-parallel ranks are symmetric, the traced ones stand for the rest; "
-                        "their collectives name the target's groups)";
-        }
-      } else if (target > 0 && target < written_ranks) {
-        folded_note = "the target has " + std::to_string(target) + " ranks, fewer than the " + std::to_string(written_ranks) +
-                      " traced ones written: each keeps its traced number, world size and collective groups";
-      }
-    }
-    written = report::write_kineto(sj, ranks, *trace_out);
-  }
+  written_traces written;
+  if (trace_out) written = write_whatif_traces(o, r, job, *trace_out);
   if (html) {
     report::html_options ho;
     ho.title = "lumos whatif";
     ho.inputs = inputs;
     report::detail::write_file(*html, report::html_report(job, r.predicted, ho, &r.baseline));
-    written.emplace_back(*html);
+    written.files.emplace_back(*html);
   }
-
-  std::string out;
-  if (json) {
-    json_writer w(out);
-    w.begin_object();
-    w.key("baseline");
-    const std::optional<double> base_bubble =
-        r.pipeline ? std::optional<double>(r.pipeline->baseline.bubble_fraction) : std::nullopt;
-    session_json(w, r.baseline, r.baseline.simulated_ns, r.shape ? &r.shape->baseline : nullptr, base_bubble,
-                 r.pipeline ? "pass-level pipeline model of the traces' configuration" : "see predicted");
-    w.key("predicted");
-    session_json(w, r.predicted, r.predicted.simulated_ns, r.shape ? &r.shape->predicted : nullptr, r.bubble_fraction, r.bubble_source);
-    w.field("speedup", r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
-    w.key("changes").begin_array();
-    for (const auto& c : r.changes) w.value(c);
-    w.end_array();
-    if (r.shape) shape_json(w, *r.shape);
-    if (r.pipeline) pipeline_json(w, *r.pipeline);
-    if (r.stages) split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);
-    if (r.structure) {
-      std::string st;
-      structure_json(*r.structure, false, st);
-      w.key("structure").raw(st);
-    } else {
-      w.key("structure").null();
-    }
-    if (trace_out) {
-      w.key("trace_out").begin_array();
-      for (const auto& f : written) w.value(f.string());
-      w.end_array();
-      if (!folded_note.empty()) w.field("trace_out_note", folded_note);
-    }
-    w.end_object();
-    out += '\n';
-  } else {
-    char line[512];
-    std::snprintf(line, sizeof line, "lumos whatif: %zu rank%s\n", job.ranks.size(), job.ranks.size() == 1 ? "" : "s");
-    out += line;
-    for (const auto& c : r.changes) out += "change: " + c + "\n";
-    out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
-    // The traced ranks the prediction kept come first (all of them unless stages were merged),
-    // then the ranks of added pipeline stages, which compare with the traced rank they copy.
-    const std::size_t traced_kept = r.predicted.ranks.size() - (r.stages ? r.stages->traced_index.size() : 0);
-    std::size_t b_at = 0;
-    for (std::size_t i = 0; i < r.predicted.ranks.size(); ++i) {
-      if (i < traced_kept) {
-        while (b_at + 1 < r.baseline.ranks.size() && r.baseline.ranks[b_at].rank != r.predicted.ranks[i].rank) ++b_at;
-      }
-      const auto& b = i >= traced_kept ? r.baseline.ranks[r.stages->traced_index[i - traced_kept]] : r.baseline.ranks[b_at];
-      const auto& p = r.predicted.ranks[i];
-      const auto& s = p.simulated.split;
-      std::snprintf(line, sizeof line, " %4d  %-16s %12s %12s %7.3fx  |  %10s %10s %10s %10s\n", p.rank, p.step.c_str(),
-                    ms(b.simulated_ns).c_str(), ms(p.simulated_ns).c_str(),
-                    p.simulated_ns > 0 ? static_cast<double>(b.simulated_ns) / static_cast<double>(p.simulated_ns) : 0.0,
-                    ms(s.exposed_compute).c_str(), ms(s.overlapped).c_str(), ms(s.exposed_comm).c_str(), ms(s.other).c_str());
-      out += line;
-    }
-    std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %7.3fx\n", "", ms(r.baseline.simulated_ns).c_str(),
-                  ms(r.predicted.simulated_ns).c_str(),
-                  r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
-    out += line;
-    if (r.shape) out += shape_text(*r.shape);
-    if (r.pipeline) out += pipeline_text(*r.pipeline);
-    if (r.stages) {
-      std::snprintf(line, sizeof line, "\npipeline (in the graph): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
-                    std::string(pipeline::schedule_title(r.stages->schedule)).c_str(), r.stages->stages, r.stages->micro_batches,
-                    r.stages->chunks, ms(r.predicted.simulated_ns).c_str(), 100 * r.bubble_fraction.value_or(0.0));
-      out += line;
-    }
-    for (const auto& f : written) out += "wrote " + f.string() + "\n";
-    if (!folded_note.empty()) out += "note: " + folded_note + "\n";
-  }
-  write_stdout(out);
+  write_stdout(json ? whatif_json(r, job, trace_out, written, folding) : whatif_text(r, job, written, folding));
   return 0;
 }
 

@@ -49,9 +49,17 @@ struct program;
 }  // namespace synth
 
 namespace whatif {
-struct whatif_options;
-struct whatif_result;
-struct job_structure;
+struct whatif_options;      // whatif/options.hpp
+struct whatif_result;       // whatif/result.hpp
+struct job_structure;       // whatif/structure/types.hpp
+struct structure_options;
+struct discovery_inputs;    // whatif/structure/inputs.hpp
+struct change;              // whatif/change.hpp
+class context;              // whatif/context.hpp
+struct stage_split_target;  // whatif/stage_geometry.hpp
+struct stage_geometry;
+struct stage_plan;          // whatif/stage_plan.hpp
+struct stage_split;         // whatif/stage_split.hpp
 }  // namespace whatif
 
 }  // namespace lumos

@@ -572,8 +572,8 @@ TEST_CASE("whatif --pp from 1 forms each stage's gradient buckets from its own p
     o.pp = pp;
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     REQUIRE(r.stages);
-    const bool said = std::any_of(r.changes.begin(), r.changes.end(), [](const std::string& c) {
-      return c.find("each target stage's reduction inserted") != std::string::npos;
+    const bool said = std::any_of(r.changes.begin(), r.changes.end(), [](const whatif::change& c) {
+      return c.text.find("each target stage's reduction inserted") != std::string::npos;
     });
     CHECK(said);
     // Reduce-scatters per rank: the direct job's (a rank's file) against the prediction's.
@@ -1004,7 +1004,7 @@ TEST_CASE("whatif with traced stages and another count of micro-batches per repl
       CHECK(r.stages->schedule == kind);
       CHECK(r.stages->micro_batches == micro_batches);
       CHECK(std::any_of(r.changes.begin(), r.changes.end(),
-                        [](const std::string& c) { return c.find("with the traced 2 stages") != std::string::npos; }));
+                        [](const whatif::change& c) { return c.text.find("with the traced 2 stages") != std::string::npos; }));
       const double err = static_cast<double>(r.predicted.simulated_ns - direct.makespan) / static_cast<double>(direct.makespan);
       INFO("predicted " << r.predicted.simulated_ns << " ns, synthesised " << direct.makespan << " ns, error " << err);
       CHECK(std::abs(err) < 0.03);

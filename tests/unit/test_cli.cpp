@@ -579,6 +579,48 @@ TEST_CASE("whatif --dp on traces whose micro-batches are not known: the per-repl
   CHECK(flat_global.err.find("micro-batches per replica are not known") != std::string::npos);
 }
 
+TEST_CASE("whatif folds identical ranks: one of each class stands for the rest, with the prediction of every rank", "[cli][whatif][fold]") {
+  // TP 2 PP 2 DP 2 written with --unfold: the four ranks of each stage run the same work.
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  REQUIRE(run("synth --layers 4 --hidden 1024 --heads 16 --seq 512 --tp 2 --pp 2 --dp 2 --micro-batch 1 --global-batch 8 "
+              "--gpu h100-sxm --detail kernel --unfold --out " + a.string()).code == 0);
+  for (const std::string target : {"--dp 4", "--layers 8", "--pp 4", "--gpu h200-sxm", "--tp 4", "--scale compute=0.5"}) {
+    CAPTURE(target);
+    const result folded = run("whatif " + a.string() + " " + target + " --json");
+    const result whole = run("whatif " + a.string() + " " + target + " --json --no-fold");
+    REQUIRE(folded.code == 0);
+    REQUIRE(whole.code == 0);
+    simdjson::dom::parser p1, p2;
+    simdjson::dom::element f = p1.parse(folded.out);
+    simdjson::dom::element w = p2.parse(whole.out);
+    CHECK(int64_t(f["baseline"]["iteration_ns"]) == int64_t(w["baseline"]["iteration_ns"]));
+    CHECK(int64_t(f["predicted"]["iteration_ns"]) == int64_t(w["predicted"]["iteration_ns"]));
+    CHECK(uint64_t(f["folded"]["traced_ranks"]) == 8);
+    CHECK(uint64_t(f["folded"]["replayed_ranks"]) == 2);
+    std::vector<std::vector<std::int64_t>> classes;
+    for (const auto c : simdjson::dom::array(f["folded"]["stands_for"])) {
+      classes.emplace_back();
+      for (const auto r : simdjson::dom::array(c)) classes.back().push_back(int64_t(r));
+    }
+    CHECK(classes == std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
+    // A row for every traced rank, each the row of the rank that stands for it: the rows the
+    // whole job gives, for the traced ranks the prediction keeps.
+    for (const char* side : {"baseline", "predicted"}) {
+      std::map<std::int64_t, std::int64_t> all, rows;
+      for (const auto r : simdjson::dom::array(w[side]["ranks"])) all[int64_t(r["rank"])] = int64_t(r["iteration_ns"]);
+      for (const auto r : simdjson::dom::array(f[side]["ranks"])) rows[int64_t(r["rank"])] = int64_t(r["iteration_ns"]);
+      for (const auto& [rank, ns] : rows) CHECK(all[rank] == ns);
+      if (target.find("--pp") == std::string::npos) CHECK(rows == all);
+    }
+    CHECK(w["folded"].error() == simdjson::NO_SUCH_FIELD);
+  }
+  const result text = run("whatif " + a.string() + " --dp 4");
+  REQUIRE(text.code == 0);
+  CHECK(text.out.find("lumos whatif: 8 ranks") != std::string::npos);
+  CHECK(text.out.find("8 traced ranks folded onto 2") != std::string::npos);
+}
+
 TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which replay to the prediction", "[cli][whatif][pipeline]") {
   // A job without stages cut into 2 stages (1F1B), into 2 stages of 2 chunks (interleaved), into
   // 2 stages with twice the micro-batches (the global batch x2), and into 2 stages of ZB-H1 (each

@@ -184,7 +184,7 @@ TEST_CASE("whatif shape on the pipeline jobs: identity exact, GEMMs by the model
   for (const auto& [before, after] : durations(w, "dgrad")) CHECK(after == before);
   bool counted = false;
   for (const auto& c : w.changes)
-    counted = counted || c.find("compute ops whose shape did not map unchanged") != std::string::npos;
+    counted = counted || c.text.find("compute ops whose shape did not map unchanged") != std::string::npos;
   CHECK(counted);
 
   // Without --ffn the traced FFN (4096 = 4h) stays 4h: FC1 -> [1024 x 2048] x [2048 x 8192], 4x
@@ -373,4 +373,74 @@ TEST_CASE("whatif --tp 2 from a real TP 1 trace: the collectives of Megatron's T
   CHECK(sp.at("reducescatter") == 4 * layers + 2);
   CHECK(sp.at("allgather") == 6 * layers + 3);
   CHECK(sp.at("allreduce") == 3);
+}
+
+TEST_CASE("parameter_ratios: 1 at the traces' own shape, and more parameters per rank with more layers or width",
+          "[whatif][shape]") {
+  const auto job = trace::load_job({lumos_test::data_dir() / "whatif" / "pp4_1f1b"});
+  const auto built = graph::build_graph(job);
+  const auto st = whatif::discover_structure(job, built);
+  const auto from = whatif::traced_shape(st);
+  const int layers = *st.model.layers.value;
+  for (const double r : whatif::detail::parameter_ratios(job, st, from, from, false, 0, 0)) CHECK(r == 1.0);
+  const std::vector<double> deeper = whatif::detail::parameter_ratios(job, st, from, from, false, 2 * layers, 0);
+  whatif::shape_config wide = from;
+  wide.hidden *= 2, wide.ffn *= 2, wide.head_dim *= 2;
+  const std::vector<double> wider = whatif::detail::parameter_ratios(job, st, from, wide, false, 0, 0);
+  REQUIRE(deeper.size() == job.ranks.size());
+  for (std::size_t r = 0; r < job.ranks.size(); ++r) {
+    // Twice the layers: at most twice the parameters (the embedding and head do not double).
+    CHECK(deeper[r] > 1.0);
+    CHECK(deeper[r] <= 2.0);
+    // Twice the width: the layers' weight matrices grow 4x, the biases and norms 2x.
+    CHECK(wider[r] > 2.0);
+    CHECK(wider[r] <= 4.0);
+  }
+  // Half the stages: each rank holds twice the layers.
+  for (const double r : whatif::detail::parameter_ratios(job, st, from, from, false, 0, 2)) CHECK(r > 1.0);
+}
+
+TEST_CASE("gradient_groups and tied_embedding_test: which collectives carry gradients", "[whatif][shape][dp]") {
+  using whatif::group_role;
+  whatif::job_structure st;
+  auto group = [&](std::string name, std::vector<group_role> roles) {
+    whatif::process_group pg;
+    pg.name = std::move(name);
+    for (const group_role r : roles) pg.roles.push_back({r, "", ""});
+    st.groups.push_back(std::move(pg));
+  };
+  group("tp", {group_role::tp});
+  group("dp", {group_role::dp});
+  group("dp+tp", {group_role::dp, group_role::tp});  // a DP group that is also TP's carries activations
+  group("embedding", {});
+  group("pp", {group_role::pp});
+  const std::map<std::string, bool> carries = whatif::detail::gradient_groups(st);
+  CHECK(carries == std::map<std::string, bool>{{"tp", false}, {"dp", true}, {"dp+tp", false}, {"embedding", false}, {"pp", false}});
+
+  // Four traced ranks on two stages; the graph's tasks name the traced rank numbers.
+  trace::job job;
+  job.ranks.resize(4);
+  for (int r = 0; r < 4; ++r) {
+    job.ranks[static_cast<std::size_t>(r)].rank = 10 + r;
+    whatif::rank_structure rs;
+    rs.rank = 10 + r;
+    rs.stage.value = r / 2;
+    st.ranks.push_back(rs);
+  }
+  graph::task_graph g;
+  const graph::processor_id p = g.add_processor({graph::processor_kind::gpu_stream, 0, 0, 7, "stream"});
+  std::vector<graph::task_id> on_rank;
+  for (int r = 0; r < 4; ++r) on_rank.push_back(g.add_task({.kind = graph::task_kind::comm_complete, .processor = p, .rank = 10 + r}));
+  auto collective = [&](std::string group_name, std::string kind, std::vector<graph::task_id> complete) {
+    graph::collective_instance ci;
+    ci.group = std::move(group_name), ci.kind = std::move(kind), ci.complete = std::move(complete);
+    return ci;
+  };
+  const whatif::detail::tied_embedding_test tied(job, st);
+  // The first and last stage's ranks in a group of no TP, DP or world role: the embedding's.
+  CHECK(tied(g, collective("embedding", "allreduce", {on_rank[0], on_rank[2]})));
+  CHECK_FALSE(tied(g, collective("embedding", "allreduce", {on_rank[0], on_rank[1]})));   // one stage
+  CHECK_FALSE(tied(g, collective("dp", "allreduce", {on_rank[0], on_rank[2]})));          // a role
+  CHECK_FALSE(tied(g, collective("pp", "sendrecv", {on_rank[1], on_rank[3]})));           // point-to-point
+  CHECK(tied(g, collective("pp", "allreduce", {on_rank[1], on_rank[3]})));
 }

@@ -31,8 +31,7 @@ struct replay_options {
   /// are planned from are taken from the events first, `find_steps`). A caller that does not
   /// need the events afterwards frees them here (`trace::rank_trace::drop_events`): a rank's
   /// graph then replaces its events in memory, instead of the two being held together at the
-  /// replay's peak. The maps from events to tasks go too (`build_options::keep_event_maps`):
-  /// `rewrite` must read neither the events nor `built_job::ranks`' maps when this is set.
+  /// replay's peak. The maps from events to tasks go too (`build_options::keep_event_maps`).
   std::function<void(std::size_t)> release_events;
   /// Frees the graph's durations and busy gaps as soon as the compiled records hold them
   /// (`graph::compile_releasing`): the measured windows are evaluated before, and
@@ -97,28 +96,16 @@ struct replay_session {
   return measured > 0 ? std::fabs(static_cast<double>(simulated - measured)) / static_cast<double>(measured) : 0.0;
 }
 
-/// Leaves the built graph as it is (the plain replay).
-struct no_rewrite {
-  void operator()(graph::built_job&) const noexcept {}
-};
-
-/// Builds, compiles and replays `job` with `options`, and evaluates every rank's iteration.
-/// `rewrite(built_job&)` runs once the graph is built, before iterations are planned: a
-/// what-if that edits the graph (durations, or its tasks, keeping `built_job::ranks` in step).
-template <class Rewrite = no_rewrite>
-[[nodiscard]] replay_session replay_job(const trace::job& job, const replay_options& options = {}, Rewrite&& rewrite = {}) {
+/// Plans, compiles and replays `built`, a graph of `job` (as built, or rewritten by a what-if
+/// that kept `built_job::ranks` in step with its tasks), and evaluates every rank's iteration.
+/// `steps`: `find_steps(job)`, taken before the build when it frees the events.
+[[nodiscard]] inline replay_session replay_built(const trace::job& job, graph::built_job built, const std::vector<rank_steps>& steps,
+                                                 const replay_options& options = {}) {
   replay_session s;
   s.scales = options.scales;
-  const std::vector<rank_steps> steps = find_steps(job);
-  {
-    graph::build_options build = options.build;
-    if (options.release_events) build.events_done = options.release_events, build.keep_event_maps = false;
-    s.built = graph::build_graph(job, build);
-  }
-  rewrite(s.built);
+  s.built = std::move(built);
   s.plans = plan_iterations(job, steps, s.built, options.step);
   std::vector<iteration_plan> sources;
-  std::vector<time_ns> same_step;
   if (options.durations_from_step) {
     sources = plan_iterations(job, steps, s.built, options.durations_from_step);
     const task_times measured = observed_times(s.built.graph);
@@ -176,6 +163,14 @@ template <class Rewrite = no_rewrite>
   }
   s.error = relative_error(s.simulated_ns, s.measured_ns);
   return s;
+}
+
+/// Builds, compiles and replays `job` with `options`, and evaluates every rank's iteration.
+[[nodiscard]] inline replay_session replay_job(const trace::job& job, const replay_options& options = {}) {
+  const std::vector<rank_steps> steps = find_steps(job);
+  graph::build_options build = options.build;
+  if (options.release_events) build.events_done = options.release_events, build.keep_event_maps = false;
+  return replay_built(job, graph::build_graph(job, build), steps, options);
 }
 
 }  // namespace lumos::report

@@ -10,6 +10,10 @@
 #include <lumos/model/comm.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/whatif/collectives.hpp>
+#include <lumos/whatif/context.hpp>
+#include <lumos/whatif/gradient_buckets.hpp>
+#include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>
@@ -26,144 +30,25 @@
 
 namespace lumos::whatif {
 
-/// Latency + bandwidth fit of one collective kind: t = alpha + bus_factor(n)·bytes / busbw.
-struct comm_fit {
-  double alpha_ns = 0;   ///< fixed time per collective
-  double busbw = 0;      ///< bytes/ns on the bus (nccl-tests convention)
-  std::size_t samples = 0;
-  std::string how;       ///< "least squares over K collectives", "one size: bandwidth only", ...
-
-  [[nodiscard]] double time_ns(model::collective c, double bytes, std::int64_t n) const noexcept {
-    if (n <= 1 || bytes <= 0) return 0.0;
-    return alpha_ns + model::bus_factor(c, n) * bytes / busbw;
-  }
-};
-
-/// The names of the process groups structure discovery gave `role`.
-[[nodiscard]] inline std::set<std::string> groups_with_role(const job_structure& st, group_role role) {
-  std::set<std::string> out;
-  for (const auto& pg : st.groups) {
-    for (const auto& r : pg.roles) {
-      if (r.value == role) out.insert(pg.name);
-    }
-  }
-  return out;
-}
-
-/// The model kind of a graph collective's kind string, if it is one the fit knows.
-[[nodiscard]] inline std::optional<model::collective> collective_of_kind(std::string_view kind) {
-  std::string k(kind);
-  std::erase(k, '_');
-  if (k == "allreduce") return model::collective::all_reduce;
-  if (k == "allgather") return model::collective::all_gather;
-  if (k == "reducescatter") return model::collective::reduce_scatter;
-  if (k == "broadcast") return model::collective::broadcast;
-  if (k == "alltoall") return model::collective::all_to_all;
-  return std::nullopt;
-}
-
-/// Bytes per element of the data type an NCCL kernel's name carries (ncclDevKernel_AllReduce_
-/// Sum_f32_RING_LL: 4; NCCL before 2.19, ncclKernel_AllReduce_RING_LL_Sum_float: 4), else 1: a
-/// traced `collective_instance::bytes` counts elements (In msg nelems), and the NCCL model wants
-/// bytes. All-gather and send/recv kernels name no type (they copy bytes): 1, their elements.
-[[nodiscard]] inline std::int64_t element_bytes_of_kernel(std::string_view name) noexcept {
-  struct type {
-    std::string_view token;
-    std::int64_t bytes;
-  };
-  constexpr type types[] = {{"_f32_", 4}, {"_bf16_", 2}, {"_f16_", 2}, {"_f64_", 8}, {"_i32_", 4}, {"_u32_", 4},
-                            {"_i64_", 8}, {"_u64_", 8}, {"_i8_", 1}, {"_u8_", 1}, {"_bfloat16", 2}, {"_half", 2},
-                            {"_double", 8}, {"_float", 4}};
-  for (const type& t : types) {
-    if (name.find(t.token) != std::string_view::npos) return t.bytes;
-  }
-  return 1;
-}
-
-/// Fits `comm_fit` for kind `c` on every matched instance of that kind in `g` with a known size:
-/// x = bus_factor(n)·bytes, y = the transfer time (mean over participants). Least squares when
-/// the sizes differ and the fit is physical (alpha ≥ 0, bandwidth > 0), else bandwidth through
-/// the origin. Throws when no instance has a size.
-[[nodiscard]] inline comm_fit fit_collective(const graph::task_graph& g, model::collective c) {
-  std::vector<double> xs, ys;
-  for (const auto& ci : g.collectives) {
-    const auto k = collective_of_kind(ci.kind);
-    if (!k || *k != c || ci.bytes <= 0 || ci.complete.empty()) continue;
-    const auto n = static_cast<std::int64_t>(ci.group_ranks.empty() ? ci.complete.size() : ci.group_ranks.size());
-    if (n <= 1) continue;
-    double sum = 0;
-    for (const graph::task_id t : ci.complete) sum += static_cast<double>(g.duration[t]);
-    xs.push_back(model::bus_factor(c, n) * static_cast<double>(ci.bytes));
-    ys.push_back(sum / static_cast<double>(ci.complete.size()));
-  }
-  if (xs.empty()) throw error("whatif --dp: the trace has no sized collective of this kind to fit a communication model on");
-  comm_fit f;
-  f.samples = xs.size();
-  const double n = static_cast<double>(xs.size());
-  double mx = 0, my = 0;
-  for (std::size_t i = 0; i < xs.size(); ++i) mx += xs[i] / n, my += ys[i] / n;
-  double sxx = 0, sxy = 0;
-  for (std::size_t i = 0; i < xs.size(); ++i) sxx += (xs[i] - mx) * (xs[i] - mx), sxy += (xs[i] - mx) * (ys[i] - my);
-  if (xs.size() >= 2 && sxx > 0 && sxy > 0 && my - sxy / sxx * mx >= 0) {
-    f.busbw = sxx / sxy;
-    f.alpha_ns = my - mx / f.busbw;
-    f.how = "least squares over " + std::to_string(xs.size()) + " collectives";
-  } else {
-    f.busbw = my > 0 ? mx / my : 1.0;
-    f.alpha_ns = 0;
-    f.how = "bandwidth through the origin over " + std::to_string(xs.size()) + " collective(s) (sizes too alike for a latency)";
-  }
-  return f;
-}
-
-/// A communication op whose peers are absent from the job (traces written one rank per pipeline
-/// stage: its DP partners were not written), with what its arguments say. Unmatched, it is a
-/// single gpu_comm task, not a `collective_instance`, and `resize_data_parallel` resizes it as it
-/// does the matched ones.
-struct lone_collective {
-  graph::task_id task = graph::no_task;  ///< its gpu_comm task
-  graph::task_id arrive = graph::no_task;  ///< its comm_arrive task (its peer wait leads to `task`)
-  std::string group;                     ///< Process Group Name ("" when not recorded)
-  std::string kind;                      ///< "allreduce", "reducescatter", ... (detail::comm_kind)
-  std::int64_t elements = 0;             ///< In msg nelems, as collective_instance::bytes (0: unknown)
-  std::int64_t group_size = 0;           ///< Group size (0: unknown)
-};
-
-/// The communication ops of `job` that matched no peer, read from their args or from those of
-/// the record_param_comms op that carries them. Needs the event-to-task maps (`b.ranks`).
-[[nodiscard]] inline std::vector<lone_collective> lone_collectives(const trace::job& job, const graph::built_job& b) {
-  std::vector<lone_collective> out;
-  for (std::size_t ri = 0; ri < job.ranks.size() && ri < b.ranks.size(); ++ri) {
-    const trace::rank_trace& t = job.ranks[ri];
-    const auto& task_of = b.ranks[ri].task_of_event;
-    const detail::comm_args_source args_of(t);
-    for (std::uint32_t i = 0; i < t.events.size() && i < task_of.size(); ++i) {
-      const graph::task_id task = task_of[i];
-      if (task == graph::no_task || task >= b.graph.task_count() || b.graph.kind[task] != graph::task_kind::gpu_comm) continue;
-      const std::uint32_t src = args_of.of(i);
-      lone_collective c;
-      c.task = task;
-      const auto& arrive_of = b.ranks[ri].arrive_of_event;
-      if (i < arrive_of.size()) c.arrive = arrive_of[i];
-      c.group = std::string(t.arg_text(src, trace::arg_key::process_group_name));
-      c.kind = detail::comm_kind(t.name(t.events[i]), t.arg_text(src, trace::arg_key::collective_name));
-      if (const auto v = t.arg(src, trace::arg_key::in_msg_nelems)) c.elements = *v;
-      if (const auto v = t.arg(src, trace::arg_key::group_size)) c.group_size = detail::group_size_of(*v).value_or(0);
-      out.push_back(std::move(c));
-    }
-  }
-  return out;
-}
-
-/// What the DP rewrite did.
+/// What the DP rewrite did (`dp_changes` turns it into change records).
 struct dp_rewrite_stats {
   int from = 1, to = 1;
+  int tp = 1, tp_to = 1;        ///< the traced TP and the target's (a group's members are TP apart)
   std::size_t collectives = 0;  ///< instances resized
   std::size_t lone = 0;         ///< of them, ops whose peers are absent from the job (`lone_collective`)
   std::size_t modelled = 0;     ///< of them, by the profile's NCCL model
   time_ns before = 0, after = 0;  ///< their transfer time, summed over participants
+  bool unchanged = false;         ///< the same DP and TP: nothing to resize
   bool no_dp_group = false;       ///< the traces have no gradient collective: nothing was resized
-  std::vector<std::string> changes;
+  bool unsized = false;           ///< some gradient collectives record no message size (ring factor alone)
+  bool others = false;            ///< the DP groups run collectives that are not gradient reductions (kept)
+  std::map<model::collective, comm_fit> fits;  ///< the fits of the traces' own collectives that were used
+  std::string profile;            ///< the NCCL model's profile, when `modelled`
+  int modelled_per_node = 1;      ///< with it: a group's members on one node (GPUs per node / TP)
+  int gpus_per_node = 8;          ///< of the machine that places the groups
+  double inter_over_intra = 1.0;  ///< inter-node over intra-node bandwidth, and where it comes from
+  std::string inter_source;
+  std::size_t ranks = 0;          ///< traced ranks, which stand for every replica
 };
 
 /// Micro-batches per replica for `dp` replicas: keeps the global batch when `m·dp_old` divides
@@ -326,18 +211,22 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
   const int tp = st.parallel.tp.value.value_or(1);
   const int tp_new = tp_to > 0 ? tp_to : tp;
+  out.tp = tp, out.tp_to = tp_new;
+  out.gpus_per_node = gpus_per_node, out.inter_over_intra = inter_over_intra, out.inter_source = inter_source;
+  out.ranks = st.ranks.size();
+  if (nccl != nullptr) out.profile = nccl->profile.name;
+  if (hw != nullptr) out.modelled_per_node = std::max(1, hw->gpus_per_node / std::max(1, tp_new));
   if (out.from == dp && tp_new == tp) {
-    out.changes.push_back("DP " + std::to_string(dp) + " -> " + std::to_string(dp) + ": unchanged");
+    out.unchanged = true;
     return out;
   }
   if (dp_groups.empty()) {
     out.no_dp_group = true;
-    out.changes.push_back("DP " + std::to_string(out.from) + " -> " + std::to_string(dp) +
-                          ": the trace has no gradient collective (no DP group), nothing to resize");
     return out;
   }
-  std::map<model::collective, comm_fit> fits;
-  bool unsized = false, others = false;
+  auto& fits = out.fits;
+  bool& unsized = out.unsized;
+  bool& others = out.others;
   // Gradient collectives only: an all-to-all or broadcast in the same group (embedding
   // exchange, parameter broadcast) is not data-parallel traffic and keeps its measured time.
   auto gradient_kind = [&](std::string_view k) -> std::optional<model::collective> {
@@ -430,43 +319,246 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     rescale(c.task, ratio);
     ++out.collectives, ++out.lone;
   }
-  if (out.modelled > 0) {
-    out.changes.push_back(std::to_string(out.modelled) + " sized gradient collectives resized by the " + (nccl != nullptr ? nccl->profile.name : std::string()) +
-                          " profile's NCCL model (new group over old, each placed at its members' ranks: TP " + std::to_string(tp_new) +
-                          (tp_new != tp ? " apart, the traced TP " + std::to_string(tp) : std::string(" apart")) +
-                          ", up to " + std::to_string(std::max(1, hw->gpus_per_node / std::max(1, tp_new))) +
-                          " on a node), anchored on each measured time");
+  return out;
+}
+
+/// The DP rewrite as change records: the resize (subject "DP") and the notes on how it was timed.
+[[nodiscard]] inline change_list dp_changes(const dp_rewrite_stats& d) {
+  const std::string pass = "data parallel";
+  if (d.unchanged) return {changed(pass, "DP", std::to_string(d.to), std::to_string(d.to), "DP " + std::to_string(d.to) + " -> " + std::to_string(d.to) + ": unchanged")};
+  if (d.no_dp_group) {
+    return {changed(pass, "DP", std::to_string(d.from), std::to_string(d.to),
+                    "DP " + std::to_string(d.from) + " -> " + std::to_string(d.to) +
+                        ": the trace has no gradient collective (no DP group), nothing to resize")};
   }
-  if (unsized) {
-    out.changes.push_back("the trace records no message size for some gradient collectives: their measured time is scaled by the "
-                          "ring factor alone (bus_factor(n')/bus_factor(n)), as if it were all bandwidth time");
+  change_list out;
+  if (d.modelled > 0) {
+    out.push_back(note(pass, "gradient collectives",
+                       std::to_string(d.modelled) + " sized gradient collectives resized by the " + d.profile +
+                           " profile's NCCL model (new group over old, each placed at its members' ranks: TP " + std::to_string(d.tp_to) +
+                           (d.tp_to != d.tp ? " apart, the traced TP " + std::to_string(d.tp) : std::string(" apart")) + ", up to " +
+                           std::to_string(d.modelled_per_node) + " on a node), anchored on each measured time"));
   }
-  if (others) {
-    out.changes.push_back("collectives of the DP group that are not gradient reductions (all-to-all, broadcast) keep their measured "
-                          "time and group");
+  if (d.unsized) {
+    out.push_back(note(pass, "gradient collectives",
+                       "the trace records no message size for some gradient collectives: their measured time is scaled by the "
+                       "ring factor alone (bus_factor(n')/bus_factor(n)), as if it were all bandwidth time"));
+  }
+  if (d.others) {
+    out.push_back(note(pass, "other DP collectives",
+                       "collectives of the DP group that are not gradient reductions (all-to-all, broadcast) keep their measured "
+                       "time and group"));
   }
   char line[640];
-  for (const auto& [kind, f] : fits) {
+  for (const auto& [kind, f] : d.fits) {
     std::snprintf(line, sizeof line, "communication model for %s: %.1f us + bus_factor(n) x bytes / %.1f GB/s (%s)",
                   std::string(model::to_string(kind)).c_str(), f.alpha_ns / 1e3, f.busbw, f.how.c_str());
-    out.changes.emplace_back(line);
+    out.push_back(note(pass, "communication model", line));
   }
+  const std::string with_tp =
+      d.tp_to != d.tp ? " with TP " + std::to_string(d.tp) + " -> " + std::to_string(d.tp_to) + " (a group's members are TP apart)" : "";
+  const std::string lone = d.lone > 0 ? ", " + std::to_string(d.lone) + " of them ops whose peers are absent from the job" : "";
+  const bool leaves_node = static_cast<long long>(d.to) * d.tp_to > d.gpus_per_node && static_cast<long long>(d.from) * d.tp <= d.gpus_per_node;
+  const std::string inter = leaves_node ? "; beyond " + std::to_string(d.gpus_per_node) +
+                                              " GPUs per node the bandwidth term uses the inter-node link, x" +
+                                              std::to_string(d.inter_over_intra).substr(0, 5) + " of the fitted one (" + d.inter_source + ")"
+                                        : "";
   std::snprintf(line, sizeof line,
                 "DP %d -> %d%s: %zu gradient collectives resized%s (ring factor 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter "
                 "and all-gather%s): %.3f -> %.3f ms of transfer time over the traced ranks; the traced ranks stand for every "
                 "replica (replicas are symmetric), so the predicted job keeps %zu ranks rather than growing x%.2f",
-                out.from, dp, tp_new != tp ? (" with TP " + std::to_string(tp) + " -> " + std::to_string(tp_new) + " (a group's members are TP apart)").c_str() : "",
-                out.collectives,
-                out.lone > 0 ? (", " + std::to_string(out.lone) + " of them ops whose peers are absent from the job").c_str() : "",
-                (static_cast<long long>(dp) * tp_new > gpus_per_node && static_cast<long long>(out.from) * tp <= gpus_per_node)
-                    ? ("; beyond " + std::to_string(gpus_per_node) + " GPUs per node the bandwidth term uses the inter-node link, x" +
-                       std::to_string(inter_over_intra).substr(0, 5) + " of the fitted one (" + inter_source + ")")
-                          .c_str()
-                    : "",
-                static_cast<double>(out.before) / 1e6, static_cast<double>(out.after) / 1e6, st.ranks.size(),
-                static_cast<double>(dp) / out.from);
-  out.changes.emplace_back(line);
+                d.from, d.to, with_tp.c_str(), d.collectives, lone.c_str(), inter.c_str(), static_cast<double>(d.before) / 1e6,
+                static_cast<double>(d.after) / 1e6, d.ranks, static_cast<double>(d.to) / d.from);
+  out.push_back(changed(pass, "DP", std::to_string(d.from), std::to_string(d.to), line,
+                        {time_figure("gradient transfer time", d.before, d.after), count_figure("collectives resized", d.collectives)}));
   return out;
 }
+
+/// A TP change alone moves the DP groups' members (TP apart) across nodes.
+[[nodiscard]] inline bool tp_moves_dp(const context& ctx) {
+  return ctx.shape_from && ctx.shape_to && ctx.shape_from->tp != ctx.shape_to->tp && ctx.known_structure() &&
+         ctx.known_structure()->parallel.dp.value.value_or(1) > 1;
+}
+
+/// Pass: data-parallel replicas (`--dp`; `--global-batch` alone keeps the traces' DP, and a TP
+/// change alone moves the DP groups across nodes). The traced gradient collectives are resized
+/// (`resize_data_parallel`); from one replica Megatron's reduction is inserted
+/// (gradient_buckets.hpp); the distributed optimizer's kernels step 1/N of the parameters.
+/// Sets `ctx.dp_from` and `ctx.dp_to`.
+struct data_parallel_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const {
+    return ctx.options.dp || ctx.options.global_batch || tp_moves_dp(ctx);
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const whatif_options& o = ctx.options;
+    const job_structure& st = ctx.structure(b);
+    const int dp = o.dp ? *o.dp : st.parallel.dp.value.value_or(1);
+    const model::hardware& hw = ctx.comm_hw;
+    const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
+    const auto& nccl = ctx.nccl;
+    const dp_rewrite_stats d = resize_data_parallel(b.graph, st, dp, hw.gpus_per_node, ratio, ctx.comm_hw_note, nccl ? &nccl->first : nullptr,
+                                                    nccl ? &nccl->second : nullptr, lone_collectives(ctx.job, b),
+                                                    ctx.shape_to ? ctx.shape_to->tp : 0);
+    ctx.dp_from = d.from, ctx.dp_to = d.to;
+    change_list out;
+    if (d.from == 1 && d.to > 1 && d.no_dp_group) {
+      out.push_back(insert_reduction(ctx, b, d.to));
+    } else {
+      out = dp_changes(d);
+    }
+    if (d.from != d.to) {
+      const double min_ns = ctx.costs(b).profile.min_kernel_ns;
+      const shape_stats sh = shard_optimizer(b, ctx.structure(b), d.from, d.to, min_ns, ctx.buckets_inserted);
+      if (sh.optimizer > 0) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "distributed optimizer (gradients reduce-scattered, parameters all-gathered): each rank steps 1/%d of the "
+                      "parameters instead of 1/%d, %zu optimizer kernels %.3f -> %.3f ms",
+                      d.to, d.from, sh.optimizer, static_cast<double>(sh.before) / 1e6, static_cast<double>(sh.after) / 1e6);
+        out.push_back(changed("data parallel", "optimizer share", "1/" + std::to_string(d.from), "1/" + std::to_string(d.to), line,
+                              {time_figure("optimizer kernel time", sh.before, sh.after)}));
+      }
+    }
+    return out;
+  }
+
+  /// One replica traced and `dp` asked: no gradient reduction to resize, so Megatron's is inserted.
+  [[nodiscard]] static change insert_reduction(context& ctx, graph::built_job& b, int dp) {
+    try {
+      const job_structure& st = ctx.structure(b);
+      const shape_config from = ctx.shape_from ? *ctx.shape_from : traced_shape(st);
+      const std::int64_t vocab = traced_vocab_local(ctx.job, st, from) * from.tp;
+      const bucket_insertion bi = insert_target_buckets(ctx, b, dp, from, vocab);
+      return bucket_change(bi, dp, bucket_profile_name(ctx, b), ctx.options.layers.has_value());
+    } catch (const error& e) {
+      return note("data parallel", "gradient buckets", "DP 1 -> " + std::to_string(dp) + ": no gradient reduction inserted (" + e.what() + ")");
+    }
+  }
+};
+static_assert(Rewrite<data_parallel_pass>);
+
+/// Pass: the micro-batches per replica that the global batch implies, after a DP change or with
+/// `--global-batch` (`plan_micro_batches`), or when the micro-batch size changes and the global
+/// batch stays. Sets `ctx.micro_batches`; the micro-batch and stage-split passes make the change.
+struct batch_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const {
+    const bool replicas = ctx.dp_from && (*ctx.dp_from != *ctx.dp_to || ctx.options.global_batch);
+    return replicas || size_changes(ctx);
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    change_list out;
+    if (ctx.dp_from && (*ctx.dp_from != *ctx.dp_to || ctx.options.global_batch)) out = for_replicas(ctx, b);
+    if (size_changes(ctx)) out.push_back(for_size(ctx, b));
+    return out;
+  }
+
+  /// The micro-batch size changes and the global batch stays (no `--global-batch`).
+  [[nodiscard]] static bool size_changes(const context& ctx) {
+    return ctx.shape_from && ctx.shape_to && ctx.shape_to->micro_batch != ctx.shape_from->micro_batch && !ctx.options.global_batch &&
+           ctx.known_structure() && ctx.known_structure()->parallel.micro_batches.known();
+  }
+
+  /// After a DP change or with `--global-batch`.
+  [[nodiscard]] static change_list for_replicas(context& ctx, graph::built_job& b) {
+    const whatif_options& o = ctx.options;
+    const job_structure& st = ctx.structure(b);
+    const auto& par = st.parallel;
+    const int from = *ctx.dp_from, to = *ctx.dp_to;
+    const std::string pass = "global batch";
+    if (!par.micro_batches.known()) {
+      // Without the traces' count neither the global batch nor a new count per replica can be
+      // made: say so, rather than take the traces for one micro-batch.
+      const std::string& why = par.micro_batches.source.empty() ? par.schedule.source : par.micro_batches.source;
+      if (o.global_batch) {
+        throw error("whatif --global-batch: the traces' micro-batches per replica are not known (" + why +
+                    "); `lumos inspect --structure` shows what was found");
+      }
+      return {note(pass, "micro-batches per replica",
+                   "micro-batches per replica: not known in the traces (" + why +
+                       "): the per-replica batch is kept, so the global batch goes with the replicas (x" + std::to_string(to) + "/" +
+                       std::to_string(from) + ")")};
+    }
+    change_list out;
+    const int m = *par.micro_batches.value;
+    std::optional<std::int64_t> global_micro_batches;
+    if (o.global_batch) {
+      // In sequences: counted in micro-batches of the target's size (--micro-batch), else the traces'.
+      const auto& mbs = st.model.micro_batch_size;
+      const bool resized = ctx.shape_to && ctx.shape_from && ctx.shape_to->micro_batch != ctx.shape_from->micro_batch;
+      const std::int64_t sequences = resized ? ctx.shape_to->micro_batch : mbs.value.value_or(1);
+      if (*o.global_batch % sequences != 0) {
+        throw error("whatif --global-batch " + std::to_string(*o.global_batch) + ": not a multiple of the " +
+                    (resized ? "target's" : "traces'") + " micro-batch size " + std::to_string(sequences));
+      }
+      global_micro_batches = *o.global_batch / sequences;
+      if (!resized && !mbs.known()) {
+        out.push_back(note(pass, "global batch",
+                           "--global-batch counted in micro-batches of 1 sequence: the traces' micro-batch size is not known (" + mbs.source + ")"));
+      }
+    }
+    const micro_batch_plan mp = plan_micro_batches(m, from, to, global_micro_batches);
+    if (mp.micro_batches != m) {
+      ctx.micro_batches = mp.micro_batches;
+      out.push_back(changed(pass, "micro-batches per replica", std::to_string(m), std::to_string(mp.micro_batches),
+                            "micro-batches per replica " + std::to_string(m) + " -> " + std::to_string(mp.micro_batches) + ": " + mp.why));
+    } else {
+      out.push_back(note(pass, "micro-batches per replica", "micro-batches per replica: " + mp.why));
+    }
+    return out;
+  }
+
+  /// Sequences per micro-batch changed: the global batch stays, so the count of micro-batches per
+  /// replica changes inversely (as `lumos predict --micro-batch` with the same --global-batch).
+  [[nodiscard]] static change for_size(context& ctx, graph::built_job& b) {
+    const job_structure& st = ctx.structure(b);
+    const std::string pass = "global batch";
+    const std::int64_t m = ctx.micro_batches.value_or(*st.parallel.micro_batches.value);
+    const std::int64_t sequences = m * ctx.shape_from->micro_batch;
+    const std::int64_t size = ctx.shape_to->micro_batch;
+    if (m == 1 && st.parallel.pp.value.value_or(1) <= 1) {
+      // One micro-batch and no stages: no gradient accumulation to trade against, the
+      // micro-batch is the batch (a plain training loop), so the batch changes with it.
+      return changed(pass, "batch per replica", std::to_string(sequences), std::to_string(size),
+                     "one micro-batch per iteration and no pipeline stages (no gradient accumulation): the batch per replica changes "
+                     "with the micro-batch size, " + std::to_string(sequences) + " -> " + std::to_string(size) + " sequences");
+    }
+    if (sequences % size != 0) {
+      return note(pass, "micro-batches per replica",
+                  "micro-batch size " + std::to_string(size) + " does not divide the " + std::to_string(sequences) +
+                      " sequences per replica: the count of micro-batches is kept (" + std::to_string(m) + "), the batch grows");
+    }
+    ctx.micro_batches = static_cast<int>(sequences / size);
+    return changed(pass, "micro-batches per replica", std::to_string(m), std::to_string(*ctx.micro_batches),
+                   "micro-batches per replica " + std::to_string(m) + " -> " + std::to_string(*ctx.micro_batches) + ": the " +
+                       std::to_string(sequences) + " sequences per replica kept at micro-batch size " + std::to_string(size));
+  }
+};
+static_assert(Rewrite<batch_pass>);
+
+/// Pass: larger stages move pipeline neighbours (and the tied embedding's stages) apart, a deeper
+/// pipeline moves the last stage: the transfers whose members change how many nodes they span
+/// are re-timed by the traced cluster's NCCL model (`retime_across_nodes`). Without a profile or
+/// preset they keep their time. The stage split re-times the traced send/recv pairs itself.
+struct node_placement_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const {
+    if (!ctx.known_structure() || !ctx.nccl) return false;
+    const auto [from, to] = layouts(ctx);
+    return from.tp != to.tp || from.dp != to.dp || from.pp != to.pp;
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const auto [from, to] = layouts(ctx);
+    const std::string moved = retime_across_nodes(b.graph, ctx.structure(b), from, to, ctx.nccl->first, ctx.nccl->second, ctx.split.in_graph);
+    if (moved.empty()) return {};
+    return {note("node placement", "cross-node transfers", moved)};
+  }
+  /// The traced rank layout and the target's.
+  [[nodiscard]] static std::pair<rank_layout, rank_layout> layouts(const context& ctx) {
+    const auto& par = ctx.known_structure()->parallel;
+    const rank_layout from{ctx.shape_from ? ctx.shape_from->tp : par.tp.value.value_or(1), par.dp.value.value_or(1), ctx.traced_pp()};
+    const rank_layout to{ctx.shape_to ? ctx.shape_to->tp : from.tp, ctx.options.dp.value_or(from.dp), ctx.options.pp.value_or(from.pp)};
+    return {from, to};
+  }
+};
+static_assert(Rewrite<node_placement_pass>);
 
 }  // namespace lumos::whatif

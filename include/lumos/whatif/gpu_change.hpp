@@ -17,11 +17,14 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/trace/data.hpp>
+#include <lumos/whatif/configuration.hpp>
+#include <lumos/whatif/context.hpp>
 
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -68,30 +71,6 @@ using lumos::lower_ascii;
     if (n.find(m) != std::string::npos) return op_bound::compute;
   }
   return op_bound::memory;
-}
-
-using model::preset_of_device;
-
-/// The GPU the first trace of `job` names in its deviceProperties ("" when none does).
-[[nodiscard]] inline std::string traced_device(const trace::job& job) {
-  for (const auto& r : job.ranks) {
-    for (const auto& d : r.devices) {
-      if (!d.name.empty()) return d.name;
-    }
-  }
-  return {};
-}
-
-/// The source GPU of a job: `from` when given, else the GPU its first trace names.
-[[nodiscard]] inline model::hardware source_gpu(const trace::job& job, std::string_view from = {}) {
-  if (!from.empty()) return model::hardware_preset(from);
-  const std::string device = traced_device(job);
-  const std::string preset = preset_of_device(device);
-  if (preset.empty()) {
-    throw error("whatif --gpu: the traces' GPU " + (device.empty() ? std::string("is not named") : "'" + device + "'") +
-                " has no hardware preset; say which preset it is with --from-gpu (a100-sxm-80gb, h100-sxm, h200-sxm)");
-  }
-  return model::hardware_preset(preset);
 }
 
 /// The duration multipliers of a GPU change (time on the target / time on the source), per kind
@@ -204,5 +183,44 @@ inline gpu_change_stats change_gpu(graph::task_graph& g, const gpu_ratios& r) {
   }
   return st;
 }
+
+/// Pass: another GPU (`--gpu`). Each GPU op runs at the rate the two GPUs' cost profiles give its
+/// kind (`ratios`: the traced cluster's profile, the user's calibrated one when given, against
+/// the target's preset); the kernels the traces ran (FlashAttention or not), the CPU time and the
+/// launch overheads stay. It runs last, on the rewritten graph's every GPU op.
+struct gpu_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept { return ctx.target_gpu.has_value(); }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const model::hardware& from = *ctx.traced_gpu;
+    const model::hardware& to = *ctx.target_gpu;
+    const gpu_ratios r = ratios(from, ctx.traced_profile(), to, model::profile_preset(to.name));
+    change_list out;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "GPU %s -> %s (peaks x the profiles' efficiencies): GEMMs x%.3f, attention x%.3f forward x%.3f backward, "
+                  "memory-bound x%.3f (norms x%.3f, softmax x%.3f, optimizer x%.3f), all-reduce x%.3f, other transfers x%.3f, "
+                  "%.1f us per kernel kept",
+                  from.name.c_str(), to.name.c_str(), r.compute, r.attention_forward, r.attention_backward, r.memory, r.norm, r.softmax,
+                  r.optimizer, r.allreduce, r.communication, static_cast<double>(r.fixed) / 1e3);
+    out.push_back(changed("gpu", "GPU", from.name, to.name, line,
+                          {{"GEMM time", 1.0, r.compute, "x"}, {"memory-bound time", 1.0, r.memory, "x"},
+                           {"all-reduce time", 1.0, r.allreduce, "x"}}));
+    // The algorithm is the trace's: FlashAttention stays FlashAttention on a GPU whose preset
+    // profile (and so `lumos synth` and `predict` by default) runs Megatron's unfused attention.
+    if (model::profile_preset(to.name).attention == model::attention_impl::unfused && traced_flash_attention(ctx.job)) {
+      out.push_back(note("gpu", "attention kernels",
+                         "the traces' FlashAttention kernels are kept (rescaled); lumos predict and synth model the " + to.name +
+                             " with unfused attention unless given --attention flash"));
+    }
+    const gpu_change_stats st = change_gpu(b.graph, r);
+    std::snprintf(line, sizeof line,
+                  "%zu compute-bound, %zu memory-bound, %zu host-copy and %zu communication ops rescaled: %.3f -> %.3f ms of GPU time",
+                  st.compute, st.memory, st.host_copy, st.communication, static_cast<double>(st.before) / 1e6,
+                  static_cast<double>(st.after) / 1e6);
+    out.push_back(note("gpu", "GPU op time", line).with({time_figure("GPU op time", st.before, st.after)}));
+    return out;
+  }
+};
+static_assert(Rewrite<gpu_pass>);
 
 }  // namespace lumos::whatif

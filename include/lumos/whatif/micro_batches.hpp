@@ -15,18 +15,27 @@
 // reduction of Megatron's overlapped DP) are kept whenever the count allows. Traces of one micro-batch have no next micro-batch to end the
 // period at: there it runs up to the first task of the work after the passes (the optimizer's),
 // so the host time between the backward and that work travels with it too.
+//
+// With pipeline stages (`stage_micro_batches_to`) the passes of a micro-batch are repeated or
+// removed in place on every stage, each task labelled with its pass as the stage split labels it
+// (whatif/pass_labels.hpp); the split (whatif/stage_plan.hpp) then orders the new count.
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/trace_builder.hpp>
-#include <lumos/whatif/data_parallel.hpp>
+#include <lumos/whatif/collectives.hpp>
+#include <lumos/whatif/context.hpp>
 #include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/pass_labels.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace lumos::whatif {
@@ -151,7 +160,8 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
 /// leaves them). Throws `lumos::error` when the traces have pipeline stages (the pipeline model
 /// takes the count there), or their micro-batches or passes are unknown.
 [[nodiscard]] inline micro_batch_rewrite micro_batches_to(const graph::built_job& b, const job_structure& st, int micro_batches,
-                                                          const std::vector<std::vector<graph::task_id>>* copies = nullptr) {
+                                                          const std::vector<std::vector<graph::task_id>>* copies = nullptr,
+                                                          const std::vector<lone_collective>& lone = {}) {
   const graph::task_graph& g = b.graph;
   const auto& par = st.parallel;
   if (par.pp.value.value_or(1) > 1) throw error("whatif: a micro-batch count change with pipeline stages is stage_micro_batches_to's");
@@ -247,19 +257,29 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
   }
   if (m == 1 && micro_batches > m) {
     const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
+    auto gradient = [&](const std::string& group, std::string_view kind) {
+      const auto k = collective_of_kind(kind);
+      return dp_groups.count(group) && k &&
+             (*k == model::collective::all_reduce || *k == model::collective::reduce_scatter || *k == model::collective::all_gather);
+    };
+    auto host_of = [&](graph::task_id c) {
+      if (c != none && in[c] && launcher[c] != none && in[launcher[c]]) out.last_copy_only_host.push_back(launcher[c]);
+    };
     for (const auto& ci : g.collectives) {
-      const auto kind = collective_of_kind(ci.kind);
-      const bool gradient = kind && (*kind == model::collective::all_reduce || *kind == model::collective::reduce_scatter ||
-                                     *kind == model::collective::all_gather);
-      if (!dp_groups.count(ci.group) || !gradient) continue;
+      if (!gradient(ci.group, ci.kind)) continue;
       for (const graph::task_id c : ci.complete) {
         if (in[c]) out.last_copy_only.push_back(c);
       }
       for (const auto* side : {&ci.arrive, &ci.complete}) {
-        for (const graph::task_id c : *side) {
-          if (c != none && in[c] && launcher[c] != none && in[launcher[c]]) out.last_copy_only_host.push_back(launcher[c]);
-        }
+        for (const graph::task_id c : *side) host_of(c);
       }
+    }
+    // The same collectives of ranks written one per class (their peers absent from the job):
+    // each is its own op, its transfer and its peer wait in one task.
+    for (const lone_collective& c : lone) {
+      if (!gradient(c.group, c.kind) || c.task >= n || !in[c.task]) continue;
+      out.last_copy_only.push_back(c.task);
+      host_of(c.arrive), host_of(c.task);
     }
   }
   out.groups.push_back(std::move(rg));
@@ -279,5 +299,143 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
   out.change = line;
   return out;
 }
+
+/// The micro-batch count change on traces with pipeline stages (`--dp`, `--global-batch` or
+/// `--micro-batch` when the micro-batches per replica change), made on the graph before
+/// `split_stages` orders the new count by the schedule: a micro-batch's forward pass and its
+/// backward pass, on every stage, each with its launches, host work, kernels, traced transfers
+/// (a send goes with the pass it drains, a receive with the pass it feeds) and the joins of its
+/// collectives, are repeated in place, or removed. As without stages (micro_batches_to), the
+/// micro-batch repeated is 1 (0 when the traces ran two), and the ones removed are 1.., so the
+/// first and the last micro-batch, which carry work of their own, stay (a change to one
+/// micro-batch is not made here: stage_split_unsupported). One group per pass code and count: a pass's tasks are contiguous
+/// on each processor, passes never are. `st` is the structure of `b`'s graph, not edited since;
+/// its ranks must run one forward and one backward pass per micro-batch, and with a zero-bubble
+/// schedule one W pass, which is repeated or removed with them (stage_split_unsupported).
+[[nodiscard]] inline micro_batch_rewrite stage_micro_batches_to(const graph::built_job& b, const trace::job& job, const job_structure& st,
+                                                                int micro_batches,
+                                                                const std::vector<std::vector<graph::task_id>>* layer_copies = nullptr) {
+  using graph::task_id;
+  const auto& par = st.parallel;
+  const int P = par.pp.value.value_or(1);
+  if (P < 2) throw error("whatif: stage_micro_batches_to needs traces with pipeline stages");
+  const int m = detail::traced_micro_batches(par, micro_batches);
+  micro_batch_rewrite out;
+  out.from = m, out.to = micro_batches;
+  if (micro_batches == m) {
+    out.change = "micro-batches per replica: " + std::to_string(m) + " as traced";
+    return out;
+  }
+  if (m < 2) throw error("whatif: the traces ran one micro-batch per iteration, so no pass of a middle micro-batch can be copied");
+  const graph::task_graph& g = b.graph;
+  const std::size_t n = g.task_count(), R = job.ranks.size();
+  // After a layer change (`layer_copies`), an event's task stands for all its copies.
+  std::vector<task_id> inverse;
+  if (layer_copies != nullptr) {
+    inverse.assign(n, graph::no_task);
+    for (task_id t = 0; t < layer_copies->size(); ++t) {
+      if (!(*layer_copies)[t].empty() && (*layer_copies)[t].front() < n) inverse[(*layer_copies)[t].front()] = t;
+    }
+  }
+  detail::pass_labels labels = detail::explicit_pass_labels(
+      b, job, st, P,
+      [&](task_id t) {
+        return layer_copies != nullptr && t < n && inverse[t] != graph::no_task ? (*layer_copies)[inverse[t]] : std::vector<task_id>{t};
+      },
+      [&](std::size_t i, int pass, std::size_t, std::size_t, task_id) -> std::int32_t {
+        const pipeline::op& o = st.ranks[i].passes[static_cast<std::size_t>(pass)].op;
+        return detail::pass_code_of(o, m, o.micro_batch);
+      });
+  std::vector<std::vector<task_id>> on(g.processors.size());
+  for (task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
+  std::unordered_map<int, std::size_t> index_of_rank;
+  for (std::size_t i = 0; i < R; ++i) index_of_rank[job.ranks[i].rank] = i;
+  const auto order = detail::traced_pass_positions(st, R, m, nullptr);
+  const int codes = (detail::weight_passes(st) > 0 ? 3 : 2) * m;  // with the traces' W passes
+  detail::fill_pass_labels(g, labels, on, [&](std::int32_t c, int rank) -> std::int64_t {
+    if (c == detail::label_pre) return -1;
+    if (c == detail::label_post) return std::numeric_limits<std::int64_t>::max();
+    const auto it = index_of_rank.find(rank);
+    return it == index_of_rank.end() || c < 0 || c >= codes ? 0 : order[it->second][static_cast<std::size_t>(c)];
+  });
+  // A join goes with its collective's first participant (each join is alone on its processor).
+  for (const auto& ci : g.collectives) {
+    if (ci.join != graph::no_task && !ci.complete.empty()) labels.code[ci.join] = labels.code[ci.complete.front()];
+  }
+  const std::size_t count = detail::choose_micro_batches(m, micro_batches, out);
+  const int a = out.first, e = out.end;
+  // Groups: forward of micro-batch a.., then backward of a.. (codes mb and m + mb), and W (2m + mb).
+  std::vector<std::int32_t> group_of_code(static_cast<std::size_t>(codes), -1);
+  for (int mb = a; mb < e; ++mb) {
+    for (int kind_offset = 0; kind_offset < codes; kind_offset += m) {
+      group_of_code[static_cast<std::size_t>(kind_offset + mb)] = static_cast<std::int32_t>(out.groups.size());
+      out.groups.push_back({{}, count});
+    }
+  }
+  std::size_t tasks = 0;
+  for (task_id t = 0; t < n; ++t) {
+    const std::int32_t c = labels.code[t];
+    if (c < 0 || c >= codes || group_of_code[static_cast<std::size_t>(c)] < 0) continue;
+    out.groups[static_cast<std::size_t>(group_of_code[static_cast<std::size_t>(c)])].tasks.push_back(t);
+    ++tasks;
+  }
+  char line[512];
+  if (micro_batches > m) {
+    std::snprintf(line, sizeof line,
+                  "micro-batches per replica %d -> %d with the traced %d stages: micro-batch %d's forward and backward passes on every "
+                  "stage (%zu tasks: launches, kernels, host work and the traced transfers they feed or drain) repeated %zu times in "
+                  "place, keeping their measured kernels, launches and overheads; the schedule then orders the new count",
+                  m, micro_batches, P, a, tasks, count);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "micro-batches per replica %d -> %d with the traced %d stages: the forward and backward passes of micro-batches %d to "
+                  "%d removed on every stage (%zu tasks, with the traced transfers they feed or drain); the schedule then orders the "
+                  "new count",
+                  m, micro_batches, P, a, e - 1, tasks);
+  }
+  out.change = line;
+  return out;
+}
+
+/// Pass: the micro-batches per replica that the passes before it changed (`ctx.micro_batches`),
+/// made in the graph when `stage_plan_pass` says so: without stages whole micro-batch periods are
+/// repeated or removed (`micro_batches_to`: gradient accumulation runs them in sequence); with
+/// traced stages, a micro-batch's forward and backward passes on every stage
+/// (`stage_micro_batches_to`), which the split then orders. Copies of the layer pass are followed.
+/// Sets `ctx.period_copies`.
+struct micro_batch_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept { return ctx.split.accumulate; }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const job_structure& st = ctx.structure(b);
+    const bool staged = ctx.split.staged;
+    const auto* copies = ctx.layer_copies ? &*ctx.layer_copies : nullptr;
+    const micro_batch_rewrite mr = staged ? stage_micro_batches_to(b, ctx.job, st, *ctx.micro_batches, copies)
+                                          : micro_batches_to(b, st, *ctx.micro_batches, copies, lone_collectives(ctx.job, b));
+    change_list out;
+    out.push_back(changed("micro-batches", "micro-batches per replica", std::to_string(mr.from), std::to_string(mr.to), mr.change));
+    // With stages the passes are reordered next (group_edges::passes).
+    edited_graph e = repeat_groups(b.graph, mr.groups, staged ? group_edges::passes : group_edges::plain);
+    const std::size_t bridged = e.edges_bridged, dropped = e.edges_dropped;
+    micro_batch_copies pc{adopt(b, std::move(e)), mr.from, mr.to, mr.first, mr.end};
+    if (bridged > 0) {
+      out.push_back(note("micro-batches", "edges",
+                         std::to_string(bridged) + " edges out of removed tasks moved to the last kept task before them on their processor"));
+    }
+    if (const std::size_t zeroed = keep_in_last_copy(b.graph, mr, pc.copies); zeroed > 0) {
+      out.push_back(note("micro-batches", "gradient collectives",
+                         std::to_string(mr.last_copy_only.size()) +
+                             " data-parallel gradient collectives in the traced micro-batch's backward kept in its last copy only "
+                             "(gradients are reduced once, after the last micro-batch): " +
+                             std::to_string(zeroed) + " copies take no transfer time"));
+    }
+    if (dropped > 0) {
+      out.push_back(note("micro-batches", "edges",
+                         std::to_string(dropped) + " edges of removed tasks dropped (their processors still order the rest)"));
+    }
+    ctx.period_copies = std::move(pc);
+    return out;
+  }
+};
+static_assert(Rewrite<micro_batch_pass>);
 
 }  // namespace lumos::whatif

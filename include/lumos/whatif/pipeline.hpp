@@ -126,23 +126,32 @@ struct span {
   void add(time_ns b, time_ns e) noexcept { begin = std::min(begin, b), end = std::max(end, e); }
 };
 
-}  // namespace detail
+/// s / n rounded to whole ns.
+[[nodiscard]] inline time_ns mean_ns(double s, double n) { return static_cast<time_ns>(std::llround(s / n)); }
 
-/// Measures `pass_costs` on a replayed job: `g` its graph, `times` the replay, `st` its
-/// structure (discovered on the same graph). Needs a recognised schedule and layer task groups.
-/// `p2p_model_ns`: latency of a cross-stage transfer when the trace has none.
-[[nodiscard]] inline pass_costs measure_pass_costs(const graph::task_graph& g, const report::task_times& times, const job_structure& st,
-                                                   time_ns p2p_model_ns, const std::string& p2p_model_source) {
-  using detail::span;
-  if (st.layer_groups.empty() || !st.model.layers.known()) {
-    throw error("whatif --pp/--schedule: the traces' transformer layers were not found (" + st.model.layers.source +
-                "); `lumos inspect --structure` shows what was found");
+/// Replayed host and GPU spans of each pass, `[rank index][pass]`.
+struct pass_spans {
+  std::vector<std::vector<span>> cpu, gpu;
+};
+
+/// Where a rank's pass work ends on the host: the optimizer's launches follow the last pass on
+/// the host while its kernels still run, and are not the pass's.
+[[nodiscard]] inline time_ns pass_cutoff(const rank_structure& rs) {
+  time_ns cutoff = std::numeric_limits<time_ns>::max();
+  for (const auto& ph : rs.phases) {
+    if (ph.kind == phase_kind::optimizer || ph.kind == phase_kind::other) {
+      bool after = true;
+      for (const auto& ps : rs.passes) after = after && ph.start >= ps.start;
+      if (after) cutoff = std::min(cutoff, ph.start);
+    }
   }
-  const int p = st.parallel.pp.value.value_or(1);
-  const int v = st.parallel.chunks.value.value_or(1);
-  const int V = p * v;
-  pass_costs out;
-  // Launch call of each GPU task; kernels (not communication) and their calls are a pass's work.
+  return cutoff;
+}
+
+/// The replayed spans of every pass: of the kernels (not communication) whose launch call
+/// falls in the pass's window, and of those calls (passes are runs of launches, so the latest
+/// pass starting before the call owns it).
+[[nodiscard]] inline pass_spans measure_pass_spans(const graph::task_graph& g, const report::task_times& times, const job_structure& st) {
   std::vector<graph::task_id> launched_by(g.task_count(), graph::no_task);
   for (const graph::edge& e : g.edges) {
     if (e.kind == graph::edge_kind::launch) launched_by[e.to] = e.from;
@@ -154,22 +163,12 @@ struct span {
     if (g.kind[t] != graph::task_kind::gpu_compute || launched_by[t] == graph::no_task) continue;
     if (const auto it = index_of.find(g.rank[t]); it != index_of.end()) on_rank[it->second].push_back(t);
   }
-  // Replayed host and GPU spans of each pass: the kernels whose launch call falls in the pass's
-  // window (passes are runs of launches, so the latest pass starting before the call owns it).
-  std::vector<std::vector<span>> cpu(st.ranks.size()), gpu(st.ranks.size());
+  pass_spans out;
+  out.cpu.resize(st.ranks.size()), out.gpu.resize(st.ranks.size());
   for (std::size_t ri = 0; ri < st.ranks.size(); ++ri) {
     const auto& passes = st.ranks[ri].passes;
-    cpu[ri].resize(passes.size()), gpu[ri].resize(passes.size());
-    // The optimizer's launches follow the last pass on the host while its kernels still run:
-    // they are not the pass's.
-    time_ns cutoff = std::numeric_limits<time_ns>::max();
-    for (const auto& ph : st.ranks[ri].phases) {
-      if (ph.kind == phase_kind::optimizer || ph.kind == phase_kind::other) {
-        bool after = true;
-        for (const auto& ps : passes) after = after && ph.start >= ps.start;
-        if (after) cutoff = std::min(cutoff, ph.start);
-      }
-    }
+    out.cpu[ri].resize(passes.size()), out.gpu[ri].resize(passes.size());
+    const time_ns cutoff = pass_cutoff(st.ranks[ri]);
     for (const graph::task_id t : on_rank[ri]) {
       const graph::task_id call = launched_by[t];
       const time_ns at = g.observed_start[call];
@@ -179,22 +178,33 @@ struct span {
         if (passes[k].start <= at && at <= passes[k].end && (best == passes.size() || passes[k].start >= passes[best].start)) best = k;
       }
       if (best == passes.size()) continue;
-      cpu[ri][best].add(times.begin_of(call), times.end_of(call));
-      gpu[ri][best].add(times.begin_of(t), times.end_of(t));
+      out.cpu[ri][best].add(times.begin_of(call), times.end_of(call));
+      out.gpu[ri][best].add(times.begin_of(t), times.end_of(t));
     }
   }
-  // Layer costs: the replayed increment of consecutive layers of a pass, on the host (launch
-  // calls) and on the GPU; the first layer of a pass by its own span.
+  return out;
+}
+
+/// Summed replayed layer costs per pass kind (forward, backward, and W of traces that ran a
+/// zero-bubble schedule), with the GPU time of the backward layers' kernels named wgrad and not.
+struct layer_sums {
+  double cpu[3] = {0, 0, 0}, gpu[3] = {0, 0, 0}, count[3] = {0, 0, 0};
+  double wgrad = 0, bgrad = 0;
+};
+
+/// The layers' costs summed: the replayed increment of consecutive layers of a pass, on the host
+/// (launch calls) and on the GPU; the first layer of a pass by its own span.
+[[nodiscard]] inline layer_sums sum_layer_costs(const graph::task_graph& g, const report::task_times& times, const job_structure& st) {
+  layer_sums out;
   using layer_key = std::tuple<int, int, int, int>;  // rank, pass kind, pass, layer
   std::map<layer_key, std::pair<span, span>> layer_span;
-  double wgrad = 0, bgrad = 0;
   for (const auto& lg : st.layer_groups) {
     span c, k;
     for (const graph::task_id t : lg.tasks) {
       if (g.kind[t] == graph::task_kind::gpu_compute) {
         k.add(times.begin_of(t), times.end_of(t));
         if (lg.op.kind == pipeline::op_kind::backward) {
-          (detail::name_has(g.task_name(t), "wgrad") ? wgrad : bgrad) += static_cast<double>(times.duration_of(t));
+          (name_has(g.task_name(t), "wgrad") ? out.wgrad : out.bgrad) += static_cast<double>(times.duration_of(t));
         }
       } else if (g.kind[t] == graph::task_kind::cpu) {
         c.add(times.begin_of(t), times.end_of(t));
@@ -203,58 +213,72 @@ struct span {
     if (k.empty() || c.empty()) continue;
     layer_span[{lg.rank, static_cast<int>(lg.op.kind), lg.op.micro_batch * 4096 + lg.op.chunk, lg.layer}] = {c, k};
   }
-  // Per pass kind: forward, backward and (traces that ran a zero-bubble schedule) W.
-  double sum_cpu[3] = {0, 0, 0}, sum_gpu[3] = {0, 0, 0}, count[3] = {0, 0, 0};
   for (const auto& [key, sp] : layer_span) {
     const auto [rank, kind, pass, layer] = key;
     const auto prev = layer_span.find({rank, kind, pass, kind == 0 ? layer - 1 : layer + 1});  // backward runs layers in reverse
     if (prev != layer_span.end()) {
-      sum_cpu[kind] += static_cast<double>(sp.first.end - prev->second.first.end);
-      sum_gpu[kind] += static_cast<double>(sp.second.end - prev->second.second.end);
+      out.cpu[kind] += static_cast<double>(sp.first.end - prev->second.first.end);
+      out.gpu[kind] += static_cast<double>(sp.second.end - prev->second.second.end);
     } else {
-      sum_cpu[kind] += static_cast<double>(sp.first.end - sp.first.begin);
-      sum_gpu[kind] += static_cast<double>(sp.second.end - sp.second.begin);
+      out.cpu[kind] += static_cast<double>(sp.first.end - sp.first.begin);
+      out.gpu[kind] += static_cast<double>(sp.second.end - sp.second.begin);
     }
-    count[kind] += 1;
+    out.count[kind] += 1;
   }
-  if (count[1] == 0) {
-    // Backward layers are found only when the backward repeats a block exactly L times (docs/
-    // whatif.md): else a backward pass's span over its layers, non-layer work included.
-    for (std::size_t ri = 0; ri < st.ranks.size(); ++ri) {
-      const auto lpp = st.ranks[ri].layers_per_pass.value.value_or(0);
-      for (std::size_t k = 0; k < st.ranks[ri].passes.size(); ++k) {
-        if (st.ranks[ri].passes[k].op.kind != pipeline::op_kind::backward || lpp <= 0 || gpu[ri][k].empty() || cpu[ri][k].empty()) continue;
-        sum_cpu[1] += static_cast<double>(cpu[ri][k].end - cpu[ri][k].begin) / lpp;
-        sum_gpu[1] += static_cast<double>(gpu[ri][k].end - gpu[ri][k].begin) / lpp;
-        count[1] += 1;
-      }
+  return out;
+}
+
+/// A layer's backward as a backward pass's span over its layers, non-layer work included, added
+/// to `sums`: backward layers are found only when the backward repeats a block exactly L times
+/// (docs/whatif.md).
+inline void sum_backward_pass_spans(layer_sums& sums, const job_structure& st, const pass_spans& spans) {
+  for (std::size_t ri = 0; ri < st.ranks.size(); ++ri) {
+    const auto lpp = st.ranks[ri].layers_per_pass.value.value_or(0);
+    const auto &cpu = spans.cpu[ri], &gpu = spans.gpu[ri];
+    for (std::size_t k = 0; k < st.ranks[ri].passes.size(); ++k) {
+      if (st.ranks[ri].passes[k].op.kind != pipeline::op_kind::backward || lpp <= 0 || gpu[k].empty() || cpu[k].empty()) continue;
+      sums.cpu[1] += static_cast<double>(cpu[k].end - cpu[k].begin) / lpp;
+      sums.gpu[1] += static_cast<double>(gpu[k].end - gpu[k].begin) / lpp;
+      sums.count[1] += 1;
     }
-    out.notes.push_back("no backward layer boundaries found: a layer's backward is a backward pass's span / layers per pass");
   }
-  if (count[0] == 0 || count[1] == 0) throw error("whatif --pp/--schedule: no forward or no backward layer found in the trace");
-  auto mean = [](double s, double n) { return static_cast<time_ns>(std::llround(s / n)); };
-  out.layer_forward = {mean(sum_cpu[0], count[0]), mean(sum_gpu[0], count[0])};
-  out.layer_backward = {mean(sum_cpu[1], count[1]), mean(sum_gpu[1], count[1])};
-  // What a backward pass of the traces runs per layer: all of the layer's backward, or its B.
+}
+
+/// Sets a layer's forward and backward cost and its weight-gradient share in `out` from `sums`;
+/// returns what a backward pass of the traces runs per layer (all of the layer's backward, or its B).
+inline host_device set_layer_costs(pass_costs& out, const layer_sums& sums) {
+  out.layer_forward = {mean_ns(sums.cpu[0], sums.count[0]), mean_ns(sums.gpu[0], sums.count[0])};
+  out.layer_backward = {mean_ns(sums.cpu[1], sums.count[1]), mean_ns(sums.gpu[1], sums.count[1])};
   const host_device traced_backward = out.layer_backward;
-  if (count[2] > 0) {
+  if (sums.count[2] > 0) {
     // The traces' own W passes: a layer's backward is its B and its W.
-    const host_device w{mean(sum_cpu[2], count[2]), mean(sum_gpu[2], count[2])};
+    const host_device w{mean_ns(sums.cpu[2], sums.count[2]), mean_ns(sums.gpu[2], sums.count[2])};
     out.layer_backward = {traced_backward.cpu + w.cpu, traced_backward.gpu + w.gpu};
     out.weight_fraction = out.layer_backward.gpu > 0 ? static_cast<double>(w.gpu) / static_cast<double>(out.layer_backward.gpu) : 0.5;
     out.weight_source = "the traces' own W passes (zero bubble): their share of a layer's backward GPU time";
-  } else if (wgrad > 0) {
-    out.weight_fraction = wgrad / (wgrad + bgrad);
+  } else if (sums.wgrad > 0) {
+    out.weight_fraction = sums.wgrad / (sums.wgrad + sums.bgrad);
     out.weight_source = "GPU time of the layers' backward kernels named wgrad";
   } else {
     out.weight_source = "no weight-gradient kernel named in the trace: half of each layer's backward";
   }
-  // Extras per class, host gaps, launch latency, cross-stage latencies.
+  return traced_backward;
+}
+
+/// Each pass's host and GPU span by (stage, kind: 0 F / 1 B, micro-batch, chunk).
+using stage_pass_spans = std::map<std::tuple<int, int, int, int>, std::pair<span, span>>;
+
+/// Sets in `out` the non-layer work of each class of pass, the least host gap between two passes
+/// of a stage, the launch latency and the replayed span; `traced_backward` is a layer's work in a
+/// traced backward pass. Returns the passes' spans by stage, for the cross-stage latencies.
+inline stage_pass_spans measure_pass_extras(pass_costs& out, const job_structure& st, const pass_spans& spans,
+                                            const host_device& traced_backward) {
+  const int p = st.parallel.pp.value.value_or(1);
+  const int V = p * st.parallel.chunks.value.value_or(1);
   std::map<std::tuple<int, bool, bool>, std::array<double, 3>> extra;
   constexpr time_ns big = std::numeric_limits<time_ns>::max();
-  time_ns gap[2] = {big, big}, lat_gpu[2] = {big, big}, lat_cpu[2] = {big, big}, launch = big;
-  std::map<std::tuple<int, int, int, int>, std::pair<span, span>> by_stage_op;  // (stage, kind, mb, chunk)
-  const pipeline::schedule_shape shape{p, st.parallel.micro_batches.value.value_or(1), v};
+  time_ns gap[2] = {big, big}, launch = big;
+  stage_pass_spans by_stage_op;
   time_ns first = big, last = std::numeric_limits<time_ns>::min();
   for (std::size_t ri = 0; ri < st.ranks.size(); ++ri) {
     const auto& rs = st.ranks[ri];
@@ -263,7 +287,7 @@ struct span {
     std::size_t prev = rs.passes.size();
     for (std::size_t k = 0; k < rs.passes.size(); ++k) {
       const auto& ps = rs.passes[k];
-      const span &c = cpu[ri][k], &x = gpu[ri][k];
+      const span &c = spans.cpu[ri][k], &x = spans.gpu[ri][k];
       if (x.empty() || c.empty() || ps.op.kind == pipeline::op_kind::weight) continue;
       const int kind = ps.op.kind == pipeline::op_kind::forward ? 0 : 1;
       const int vs = ps.op.chunk * p + stage;
@@ -276,11 +300,26 @@ struct span {
       first = std::min(first, std::min(c.begin, x.begin)), last = std::max(last, x.end);
       launch = std::min(launch, x.begin - c.begin);
       // The least: a longer gap waited for another stage, which the dependency edges model.
-      if (prev < rs.passes.size()) gap[kind] = std::min(gap[kind], c.begin - cpu[ri][prev].end);
+      if (prev < rs.passes.size()) gap[kind] = std::min(gap[kind], c.begin - spans.cpu[ri][prev].end);
       prev = k;
     }
   }
-  for (const auto& [key, acc] : extra) out.extra[key] = {mean(acc[0], acc[2]), mean(acc[1], acc[2])};
+  for (const auto& [key, acc] : extra) out.extra[key] = {mean_ns(acc[0], acc[2]), mean_ns(acc[1], acc[2])};
+  for (int k = 0; k < 2; ++k) gap[k] = gap[k] == big ? 0 : std::max<time_ns>(0, gap[k]);
+  out.gap_forward = gap[0], out.gap_backward = gap[1];
+  out.launch_latency = launch == big ? 0 : std::max<time_ns>(0, launch);
+  out.replay_span = last > first ? last - first : 0;
+  return by_stage_op;
+}
+
+/// Sets the cross-stage latencies of `out`: the shortest replayed wait of the trace's own
+/// send/recv, else `p2p_model_ns` plus the host gap between two passes (`out`'s gaps set).
+inline void measure_stage_latency(pass_costs& out, const job_structure& st, const stage_pass_spans& by_stage_op, time_ns p2p_model_ns,
+                                  const std::string& p2p_model_source) {
+  const int p = st.parallel.pp.value.value_or(1);
+  const pipeline::schedule_shape shape{p, st.parallel.micro_batches.value.value_or(1), st.parallel.chunks.value.value_or(1)};
+  constexpr time_ns big = std::numeric_limits<time_ns>::max();
+  time_ns lat_gpu[2] = {big, big}, lat_cpu[2] = {big, big};
   for (const auto& [key, sp] : by_stage_op) {
     const auto [stage, kind, mb, chunk] = key;
     const pipeline::op o{kind == 0 ? pipeline::op_kind::forward : pipeline::op_kind::backward, mb, chunk};
@@ -292,9 +331,6 @@ struct span {
     lat_gpu[kind] = std::min(lat_gpu[kind], sp.first.begin - from->second.second.end);
     lat_cpu[kind] = std::min(lat_cpu[kind], sp.first.begin - from->second.first.end);
   }
-  for (int k = 0; k < 2; ++k) gap[k] = gap[k] == big ? 0 : std::max<time_ns>(0, gap[k]);
-  out.gap_forward = gap[0], out.gap_backward = gap[1];
-  out.launch_latency = launch == big ? 0 : std::max<time_ns>(0, launch);
   if (lat_gpu[0] != big && lat_gpu[1] != big) {
     out.from_gpu = lat_gpu[0] >= 0 && lat_gpu[1] >= 0;
     out.latency_forward = std::max<time_ns>(0, out.from_gpu ? lat_gpu[0] : lat_cpu[0]);
@@ -303,10 +339,33 @@ struct span {
                          (out.from_gpu ? "last kernel" : "last launch (its consumers start before its last kernel ends)") +
                          " to the consumer's first launch";
   } else {
-    out.latency_forward = out.latency_backward = p2p_model_ns + std::max(gap[0], gap[1]);
+    out.latency_forward = out.latency_backward = p2p_model_ns + std::max(out.gap_forward, out.gap_backward);
     out.latency_source = p2p_model_source + " after the producer's last kernel, plus the host gap between two passes";
   }
-  out.replay_span = last > first ? last - first : 0;
+}
+
+}  // namespace detail
+
+/// Measures `pass_costs` on a replayed job: `g` its graph, `times` the replay, `st` its
+/// structure (discovered on the same graph). Needs a recognised schedule and layer task groups.
+/// `p2p_model_ns`: latency of a cross-stage transfer when the trace has none.
+[[nodiscard]] inline pass_costs measure_pass_costs(const graph::task_graph& g, const report::task_times& times, const job_structure& st,
+                                                   time_ns p2p_model_ns, const std::string& p2p_model_source) {
+  if (st.layer_groups.empty() || !st.model.layers.known()) {
+    throw error("whatif --pp/--schedule: the traces' transformer layers were not found (" + st.model.layers.source +
+                "); `lumos inspect --structure` shows what was found");
+  }
+  pass_costs out;
+  const detail::pass_spans spans = detail::measure_pass_spans(g, times, st);
+  detail::layer_sums sums = detail::sum_layer_costs(g, times, st);
+  if (sums.count[1] == 0) {
+    detail::sum_backward_pass_spans(sums, st, spans);
+    out.notes.push_back("no backward layer boundaries found: a layer's backward is a backward pass's span / layers per pass");
+  }
+  if (sums.count[0] == 0 || sums.count[1] == 0) throw error("whatif --pp/--schedule: no forward or no backward layer found in the trace");
+  const host_device traced_backward = detail::set_layer_costs(out, sums);
+  const detail::stage_pass_spans by_stage_op = detail::measure_pass_extras(out, st, spans, traced_backward);
+  detail::measure_stage_latency(out, st, by_stage_op, p2p_model_ns, p2p_model_source);
   return out;
 }
 

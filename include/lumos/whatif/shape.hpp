@@ -35,8 +35,11 @@
 #include <lumos/model/memory.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/trace/data.hpp>
+#include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/configuration.hpp>
+#include <lumos/whatif/context.hpp>
 #include <lumos/whatif/structure.hpp>
 #include <lumos/whatif/tensor_parallel.hpp>
 
@@ -49,133 +52,10 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lumos::whatif {
-
-/// Target model shape; unset fields keep the traces' own.
-struct shape_target {
-  std::optional<std::int64_t> hidden, ffn, heads, seq, micro_batch;
-  std::optional<int> tp;
-  /// Sequence parallelism of the target, for a change from TP 1 (a TP > 1 trace keeps its own).
-  std::optional<bool> sp;
-
-  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp || sp; }
-};
-
-/// One configuration's transformer shape (full model) and tensor-parallel size.
-struct shape_config {
-  std::int64_t hidden = 0, ffn = 0, heads = 0, head_dim = 0, seq = 0, micro_batch = 0;
-  int tp = 1;
-  /// Sequence parallelism asked of a target from TP 1. Not read from traces: a TP > 1 trace's own
-  /// (a reduce-scatter in its forward passes) is found and kept by `rescale_shape`.
-  bool sp = false;
-
-  [[nodiscard]] std::int64_t tokens() const noexcept { return seq * micro_batch; }
-  [[nodiscard]] std::int64_t ffn_local() const noexcept { return ffn / tp; }
-  [[nodiscard]] std::int64_t heads_local() const noexcept { return heads / tp; }
-  [[nodiscard]] std::int64_t q_local() const noexcept { return heads_local() * head_dim; }
-  friend bool operator==(const shape_config&, const shape_config&) = default;
-};
-
-/// The traces' shape from structure discovery; throws `lumos::error` naming what is unknown.
-[[nodiscard]] inline shape_config traced_shape(const job_structure& st) {
-  const auto& m = st.model;
-  auto need = [](const auto& f, const char* what) {
-    if (!f.known()) {
-      throw error(std::string("whatif: the traces' ") + what + " is unknown (" + f.source +
-                  "); the model-shape rewrites read it from the Input Dims of the layers' GEMMs (record_shapes=True)");
-    }
-    return static_cast<std::int64_t>(*f.value);
-  };
-  shape_config c;
-  c.hidden = need(m.hidden, "hidden size");
-  c.ffn = need(m.ffn, "FFN size");
-  c.heads = need(m.heads, "head count");
-  c.head_dim = need(m.head_dim, "head dimension");
-  c.seq = need(m.seq, "sequence length");
-  c.micro_batch = need(m.micro_batch_size, "micro-batch size");
-  c.tp = static_cast<int>(need(st.parallel.tp, "tensor-parallel size"));
-  return c;
-}
-
-/// The target shape: `t` applied to `from`. The head dimension follows hidden / heads when the
-/// traced model has heads·d = hidden (Megatron's default), else it stays. Throws `lumos::error`
-/// for a target that is not a valid transformer (non-positive sizes, hidden not divisible by
-/// heads, heads or FFN not divisible by TP).
-[[nodiscard]] inline shape_config target_shape(const shape_config& from, const shape_target& t) {
-  shape_config to = from;
-  auto positive = [](const auto& v, const char* flag) {
-    if (v && *v <= 0)
-      throw error(std::string("whatif ") + flag + ": must be positive (got " + std::to_string(*v) + ")");
-  };
-  positive(t.hidden, "--hidden"), positive(t.ffn, "--ffn"), positive(t.heads, "--heads"), positive(t.seq, "--seq");
-  positive(t.micro_batch, "--micro-batch"), positive(t.tp, "--tp");
-  if (t.hidden) to.hidden = *t.hidden;
-  if (t.ffn) {
-    to.ffn = *t.ffn;
-  } else if (t.hidden && from.ffn == 4 * from.hidden) {
-    to.ffn = 4 * to.hidden;  // as `lumos predict --hidden` on a model whose FFN is 4h (GPT-3)
-  }
-  if (t.heads) to.heads = *t.heads;
-  if (t.seq) to.seq = *t.seq;
-  if (t.micro_batch) to.micro_batch = *t.micro_batch;
-  if (t.tp) to.tp = *t.tp;
-  if (t.sp) {
-    if (from.tp > 1) {
-      throw error("whatif --sp: applies to a change from TP 1; the traces run TP " + std::to_string(from.tp) +
-                  ", whose own sequence parallelism (or its absence) is kept");
-    }
-    if (*t.sp && to.tp <= 1) throw error("whatif --sp on: needs a tensor-parallel size above 1 (--tp)");
-    to.sp = *t.sp;
-  }
-  if (from.heads * from.head_dim == from.hidden && (to.hidden != from.hidden || to.heads != from.heads)) {
-    if (to.hidden % to.heads != 0) {
-      throw error("whatif: hidden " + std::to_string(to.hidden) + " does not divide into " + std::to_string(to.heads) +
-                  " heads (the traced model has head dim = hidden / heads)");
-    }
-    to.head_dim = to.hidden / to.heads;
-  }
-  validate_tp(to.tp, to.heads, to.ffn);
-  return to;
-}
-
-/// The cost-model context of a rescaling: the source GPU's kernel-level profile and peaks.
-struct shape_costs {
-  model::cost_profile profile = model::h100_profile();
-  model::hardware hw = model::hardware_preset("h100-sxm");
-  model::precision dtype = model::precision::bf16;
-  double element_bytes = 2; ///< activation element size
-};
-
-/// The cost context of a job: the kernel-level profile and peaks of its GPU (`from_gpu`, else
-/// the traces' device name; H100 when neither names a preset, said in `note`) and the dtype of
-/// its GEMM kernels.
-[[nodiscard]] inline shape_costs costs_of(const trace::job& job, const job_structure& st, std::string_view from_gpu,
-                                          std::string* note, const model::cost_profile* profile = nullptr) {
-  shape_costs c;
-  std::string preset(profile != nullptr ? profile->hardware : std::string(from_gpu));
-  if (preset.empty()) {
-    for (const auto& r : job.ranks) {
-      for (const auto& d : r.devices) {
-        if (preset.empty() && !d.name.empty()) preset = preset_of_device(d.name);
-      }
-    }
-  }
-  if (preset.empty()) {
-    if (note)
-      *note =
-          "the traces' GPU names no preset: the shape rescaling uses the h100-sxm cost profile (--from-gpu chooses)";
-    preset = "h100-sxm";
-  }
-  c.profile = profile != nullptr ? *profile : model::profile_preset(preset);  // a calibrated cluster, else the preset
-  c.hw = model::hardware_preset(preset);
-  const std::string dt = st.model.dtype.value.value_or("bf16");
-  c.dtype = dt == "fp16" ? model::precision::fp16 : dt == "fp8" ? model::precision::fp8 : model::precision::bf16;
-  c.element_bytes = dt == "fp32" || dt == "tf32" ? 4.0 : dt == "fp8" ? 1.0 : 2.0;
-  if (dt == "fp8" && c.hw.gpu.fp8_flops <= 0) c.dtype = model::precision::bf16;
-  return c;
-}
 
 /// Modelled times (ns) of the kernel-level model (kernel_costs.hpp) at a shape.
 namespace detail {
@@ -383,6 +263,447 @@ struct shape_stats {
   return static_cast<double>(model::stage_parameters_per_rank(m, par, std::clamp(stage, 0, par.pp - 1)));
 }
 
+namespace detail {
+
+/// Per rank of `job`: the parameters per rank of its stage, in the target (`to`, `layers_to`
+/// layers and `pp_to` stages, 0: the traces') over the traces (`from`), by flops.hpp's count:
+/// the layers, and the embedding on the first and last stage with the vocabulary when a logits
+/// GEMM names it.
+[[nodiscard]] inline std::vector<double> parameter_ratios(const trace::job& job, const job_structure& st, const shape_config& from,
+                                                          const shape_config& to, bool gated, int layers_to, int pp_to) {
+  const std::int64_t vocab_local = traced_vocab_local(job, st, from);
+  std::vector<double> out(job.ranks.size(), 1.0);
+  for (std::size_t ri = 0; ri < job.ranks.size(); ++ri) {
+    const int stage = ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0;
+    const int pp_from = std::max(st.parallel.pp.value.value_or(1), 1);
+    const int stage_to = traced_stage_to(stage, pp_from, pp_to > 0 ? pp_to : pp_from);
+    out[ri] = parameters_per_rank(to, st, stage_to, vocab_local * from.tp, gated, layers_to, pp_to) /
+              parameters_per_rank(from, st, stage, vocab_local * from.tp, gated);
+  }
+  return out;
+}
+
+/// One rank's state while `shape_rescaler` walks its GPU ops in launch order.
+struct shape_rank_state {
+  static constexpr std::size_t npos = ~std::size_t{0};
+  double act_old = 0, act_new = 0;  ///< the activation the next memory-bound op works on, traced and new
+  int pass = -1;
+  /// The traced dims of the last backward GEMM read as a dgrad (tokens out), while its weight
+  /// gradient has not been seen (`shape_rescaler::writes_tokens`).
+  std::optional<std::array<std::int64_t, 3>> open_dgrad;
+  /// From TP 1: the tokens-out linear GEMMs of the layers in the pass, counted, the count at the
+  /// start of the layer being counted, and that layer. Forward runs QKV, attention output, FC1,
+  /// FC2; backward (after the recomputed forward's four, when recomputing) the input gradients of
+  /// FC2, FC1, attention output, QKV: in either direction the all-reduce (or reduce-scatter)
+  /// follows every second one, and with sequence parallelism an all-gather precedes the others.
+  /// A gated MLP (SwiGLU: Llama) with separate gate and up GEMMs runs FC1 as two GEMMs of the
+  /// same dims, one right after the other: the second is not counted (forward: it reads the
+  /// input the first gathered; backward: the two input gradients sum into one, so the reduce
+  /// that followed the first follows the second).
+  std::size_t layer_gemms = 0, layer_begin = 0;
+  int layer = -1;
+  /// The dims, layer and pass of the last tokens-out GEMM of a layer, and the index in
+  /// `tp_collectives` of the reduce that followed it (npos: none), for the second half of FC1.
+  std::optional<std::array<std::int64_t, 5>> fc1_first;
+  std::size_t last_reduce = npos;
+  /// Sequence parallelism: the GEMM seen last was an input gradient followed by a
+  /// reduce-scatter, whose weight gradient (next) gathers its input again.
+  bool regather = false;
+  std::pair<std::uint32_t, std::size_t> last_gemm{no_event, npos};  ///< the GEMM operator seen last, the first hook after it
+  bool embedded = false;  ///< the current forward pass has had its embedding lookup
+};
+
+/// The rescaling of one graph (`rescale_shape`): its setup resolved once, each rank's state, and
+/// one member function per kind of GPU op.
+class shape_rescaler {
+ public:
+  shape_rescaler(graph::built_job& b, const trace::job& job, const job_structure& st, const shape_config& from, const shape_config& to,
+                 const shape_costs& cost_context, bool gated, int layers_to, int pp_to)
+      : b_(b), g_(b.graph), job_(job), st_(st), from_(from), to_(to), costs_(cost_context), tied_embedding_(job, st), rank_(job.ranks.size()) {
+    min_ns_ = cost_context.profile.min_kernel_ns;
+    act_from_ = static_cast<double>(from.tokens()) * static_cast<double>(from.hidden);
+    act_to_ = static_cast<double>(to.tokens()) * static_cast<double>(to.hidden);
+    param_ratio_ = parameter_ratios(job, st, from, to, gated, layers_to, pp_to);
+    if (!param_ratio_.empty()) out_.parameter_ratio = param_ratio_.front();
+    gradient_group_ = gradient_groups(st);
+    instance_ = collectives_by_complete(g_);
+    buckets_in_layers_ = buckets_in_layers(job, st, gradient_group_);
+    embedding_ratio_ = static_cast<double>(from.tp) / static_cast<double>(to.tp) * static_cast<double>(to.hidden) /
+                       static_cast<double>(from.hidden);
+    // Sequence parallelism: between the layers' GEMMs each rank holds its 1/TP of the tokens, so
+    // norms, residuals and dropout work on tokens × hidden / TP. From TP 1 the tensor-parallel
+    // collectives are inserted (all-reduces, or with sequence parallelism reduce-scatters and
+    // all-gathers): see `tp_hook`.
+    sp_ = forward_reduce_scatter(job, st);
+    insert_tp_ = from.tp == 1 && to.tp > 1;
+    insert_sp_ = insert_tp_ && to.sp;
+    base_from_ = act_from_ / (sp_ ? from.tp : 1), base_to_ = act_to_ / (sp_ || insert_sp_ ? to.tp : 1);
+    if (sp_ || insert_sp_) out_.sequence_parallel = true;
+    for (shape_rank_state& s : rank_) s.act_old = base_from_, s.act_new = base_to_;
+    if (insert_sp_) {
+      prev_task_.assign(g_.task_count(), graph::no_task);
+      std::vector<graph::task_id> last(g_.processors.size(), graph::no_task);
+      for (graph::task_id t = 0; t < g_.task_count(); ++t) prev_task_[t] = std::exchange(last[g_.processor[t]], t);
+    }
+  }
+
+  /// Rescales every GPU op of the iteration; what it did.
+  shape_stats run() {
+    for (const gpu_op_context& c : st_.gpu_ops) {
+      if (c.pass >= 0 && c.pass != rank_[c.rank].pass) start_pass(c);
+      const auto& map = b_.ranks[c.rank];
+      if (c.op >= map.task_of_event.size()) continue;
+      const graph::task_id t = map.task_of_event[c.op];
+      if (t == graph::no_task) continue;
+      const auto kind = g_.kind[t];
+      if (kind != graph::task_kind::gpu_compute && kind != graph::task_kind::gpu_comm && kind != graph::task_kind::comm_complete) continue;
+      const bool in_pass = c.phase == phase_kind::forward || c.phase == phase_kind::backward;
+      if (c.comm || kind != graph::task_kind::gpu_compute) {
+        communication(c, t, in_pass);
+        continue;
+      }
+      const trace::rank_trace& tr = job_.ranks[c.rank];
+      const std::string_view name = tr.name(tr.events[c.op]);
+      if (classify(kind, name) == op_bound::host_copy || (!in_pass && c.phase != phase_kind::optimizer)) {
+        ++out_.unchanged_outside;
+      } else if (c.phase == phase_kind::optimizer) {
+        ++out_.optimizer;
+        set(t, memory_scaled_ns(static_cast<double>(g_.duration[t]), param_ratio_[c.rank], min_ns_));
+      } else if (c.shape_op != no_event) {
+        shaped(c, t);
+      } else if (classify(kind, name) == op_bound::compute) {
+        ++out_.unattributed;  // a GEMM/attention kernel with no recorded shape: its dims are unknown
+      } else {
+        memory_bound(c, t, name);
+      }
+    }
+    for (std::size_t r = 0; r < job_.ranks.size(); ++r) check_layer_gemms(r);
+    return std::move(out_);
+  }
+
+ private:
+  static constexpr std::size_t npos = shape_rank_state::npos;
+
+  /// The model's time ratio of a mapped GEMM or attention op, and the size of its output,
+  /// traced and new.
+  struct modelled {
+    double ratio = 1.0, out_old = 0, out_new = 0;
+  };
+
+  /// A new pass of `c`'s rank. A forward pass starts from tokens × hidden (the embedding, or
+  /// the activation received from the previous stage); a backward pass goes on from its
+  /// forward's last output (the logits for the loss gradient on the last stage).
+  void start_pass(const gpu_op_context& c) {
+    check_layer_gemms(c.rank);
+    shape_rank_state& s = rank_[c.rank];
+    s.layer_gemms = 0, s.layer_begin = 0, s.layer = -1;
+    s.fc1_first.reset();
+    s.last_reduce = npos;
+    s.embedded = false, s.regather = false;
+    s.pass = c.pass;
+    s.open_dgrad.reset();
+    const auto& passes = st_.ranks[c.rank].passes;
+    if (static_cast<std::size_t>(c.pass) < passes.size() && passes[static_cast<std::size_t>(c.pass)].op.kind == pipeline::op_kind::forward) {
+      s.act_old = base_from_, s.act_new = base_to_;
+      // Inserted sequence parallelism: the embedding lookup's output is whole until its
+      // reduce-scatter (a later stage starts from its scattered input, which only the norm reads).
+      if (insert_sp_) s.act_new = act_to_;
+    }
+  }
+
+  /// Ends the layer counted on `rank`: checked per layer, since a count that is wrong in every
+  /// layer can still add up to a multiple of 4.
+  void check_layer_gemms(std::size_t rank) {
+    shape_rank_state& s = rank_[rank];
+    const std::size_t n = s.layer_gemms - s.layer_begin;
+    s.layer_begin = s.layer_gemms;
+    if (!insert_tp_ || n % 4 == 0) return;
+    throw error("whatif --tp " + std::to_string(to_.tp) + ": layer " + std::to_string(s.layer) + " in pass " + std::to_string(s.pass) +
+                " of rank " + std::to_string(job_.ranks[rank].rank) + " runs " + std::to_string(n) +
+                " activation GEMMs, not a multiple of 4 (QKV, attention output, FC1, FC2), so the "
+                "tensor-parallel all-reduces cannot be placed (GEMMs without recorded shapes, or a layer of "
+                "another kind)");
+  }
+
+  /// The group size of communication op `c`: its matched collective's (`inst`), else its Group size arg, else 2.
+  [[nodiscard]] std::int64_t group_size(const gpu_op_context& c,
+                                        std::map<graph::task_id, const graph::collective_instance*>::const_iterator inst) const {
+    if (inst != instance_.end()) {
+      return static_cast<std::int64_t>(inst->second->group_ranks.empty() ? inst->second->arrive.size() : inst->second->group_ranks.size());
+    }
+    if (const auto gs = job_.ranks[c.rank].arg(c.op, trace::arg_key::group_size)) return group_size_of(*gs).value_or(2);
+    return 2;
+  }
+
+  /// A communication op, through the NCCL model on its bytes scaled by what it carries.
+  void communication(const gpu_op_context& c, graph::task_id t, bool in_pass) {
+    const double d = static_cast<double>(g_.duration[t]);
+    const trace::rank_trace& tr = job_.ranks[c.rank];
+    const auto inst = instance_.find(t);
+    const bool embedding = !c.p2p && inst != instance_.end() && tied_embedding_(g_, *inst->second);
+    // Point-to-point transfers carry a pass's activation or its gradient but are launched
+    // between the passes (the receive before, the send after): rescaled wherever they sit.
+    // (Left as traced, --hidden 4096 on gpt3-15b TP 2 PP 4 DP 2 was +1.68 %, and +10.3 % with
+    // --tp 4, whose new placement then re-timed them x7.)
+    if (!in_pass && !c.p2p && c.phase != phase_kind::optimizer && !embedding) {
+      ++out_.unchanged_outside;
+      return;
+    }
+    const std::string kname = comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name));
+    const std::string pg(tr.arg_text(c.op, trace::arg_key::process_group_name));
+    const auto known = gradient_group_.find(pg);
+    const bool gradients = !c.p2p && (known != gradient_group_.end() && !pg.empty()
+                                          ? known->second
+                                          : c.phase == phase_kind::optimizer || (c.phase == phase_kind::backward && c.layer < 0));
+    // Gradient buckets reduced during the backward (overlap_grad_reduce: each launched inside the
+    // layer whose gradients complete it) travel with their layers: copies of the layers
+    // (--layers, a merge of stages) or a stage split already change how many buckets a rank
+    // reduces, so at an unchanged shape each keeps its size, the last (after the layers) too.
+    // Reduced after the backward or in the optimizer step, they follow the parameters per rank.
+    // (llama3-8b TP 2 PP 1 DP 2 --pp 2 --dp 4 counted the change twice: +2.9 %.)
+    const bool in_layer_bucket = gradients && c.phase == phase_kind::backward && buckets_in_layers_[c.rank] && from_ == to_;
+    // A p2p transfer is one activation, 1/TP of it under sequence parallelism (Megatron's
+    // scatter-gather of pipeline tensors; model::pipeline_p2p_bytes).
+    const double ratio = embedding ? embedding_ratio_ : gradients ? (in_layer_bucket ? 1.0 : param_ratio_[c.rank])
+                                                    : c.p2p      ? base_to_ / base_from_
+                                                                 : act_to_ / act_from_;
+    const auto coll = modelled_collective(kname);
+    const std::int64_t n = group_size(c, inst);
+    const std::int64_t n_to = !c.p2p && !gradients && !embedding && n == from_.tp ? to_.tp : n;
+    const auto& link = n > costs_.hw.gpus_per_node ? costs_.profile.inter : costs_.profile.intra;
+    double bytes = 0;
+    if (const auto ne = tr.arg(c.op, trace::arg_key::in_msg_nelems); ne && *ne > 0) {
+      bytes = static_cast<double>(*ne) * costs_.element_bytes;
+    } else {
+      bytes = c.p2p ? 0.0 : bytes_for_time(coll, d, n, link);
+    }
+    double ns = d;
+    if (c.p2p) {
+      if (bytes <= 0) bytes = act_from_ * costs_.element_bytes;
+      const double old_ns = link.simple_base_ns + bytes / link.busbw * 1e9;
+      const double new_ns = link.simple_base_ns + bytes * ratio / link.busbw * 1e9;
+      ns = d * new_ns / old_ns;
+    } else {
+      ns = d * collective_ns(coll, bytes * ratio, n_to, link) / collective_ns(coll, bytes, n, link);
+    }
+    if (sp_ && !gradients && coll == model::collective::reduce_scatter) rank_[c.rank].act_old = base_from_, rank_[c.rank].act_new = base_to_;
+    ++out_.communication;
+    if (gradients || embedding) ++out_.gradient_communication;
+    set(t, ns);
+  }
+
+  /// A GEMM or attention kernel under an operator with a recorded shape: by the model's time
+  /// ratio of its dims mapped to the new shape; its output becomes the activation when it
+  /// carries the tokens; from TP 1, the tensor-parallel collectives around it.
+  void shaped(const gpu_op_context& c, graph::task_id t) {
+    const double d = static_cast<double>(g_.duration[t]);
+    const trace::rank_trace& tr = job_.ranks[c.rank];
+    shape_rank_state& s = rank_[c.rank];
+    const auto gs = gemm_of(tr.name(tr.events[c.shape_op]), parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
+    const double input_width = s.act_new / static_cast<double>(std::max<std::int64_t>(1, to_.tokens()));
+    const auto m = gs ? map_gemm(*gs, from_, to_, c.layer < 0, &out_.vocab_local, input_width) : std::nullopt;
+    if (!m) {
+      ++out_.unattributed;
+      return;
+    }
+    const modelled r = model_ratio(*m);
+    const bool tokens_out = writes_tokens(c, *m);
+    if (tokens_out) s.act_old = r.out_old, s.act_new = r.out_new;
+    const bool linear = m->from.kind == gemm_shape::role::linear;
+    if (insert_sp_ && linear && !tokens_out && c.shape_op != s.last_gemm.first &&
+        (c.layer >= 0 ? s.regather : out_.vocab_local > 0 && (m->from.m == out_.vocab_local || m->from.n == out_.vocab_local))) {
+      // The weight gradient of a column-parallel GEMM (FC1, QKV, the logits) reads the
+      // whole input, which sequence parallelism kept scattered: gathered again before it. In
+      // the layers it follows its input gradient (linear layers' autograd order); the logits'
+      // may come first (ATen's MmBackward), so it is known by its vocabulary dim.
+      add_before(t, tp_message::gather);
+    }
+    if (insert_sp_ && linear && c.shape_op != s.last_gemm.first) s.regather = false;
+    if (insert_tp_ && tokens_out && linear) {
+      place_tp_hooks(c, t, m->from);
+    } else if (linear && c.shape_op != s.last_gemm.first) {
+      s.last_gemm = {c.shape_op, npos};
+    }
+    set(t, d * r.ratio);
+  }
+
+  /// The model's ratio for `m`, counted as a GEMM or an attention op.
+  [[nodiscard]] modelled model_ratio(const mapped_gemm& m) {
+    const auto& x = m.from;
+    const auto& y = m.to;
+    auto dd = [](std::int64_t v) { return static_cast<double>(v); };
+    if (x.kind == gemm_shape::role::attention) {
+      ++out_.attention;
+      return {attention_model_ns(costs_, dd(y.b), dd(y.heads), dd(y.seq), dd(y.head_dim)) /
+                  attention_model_ns(costs_, dd(x.b), dd(x.heads), dd(x.seq), dd(x.head_dim)),
+              static_cast<double>(x.b * x.heads * x.seq * x.head_dim), static_cast<double>(y.b * y.heads * y.seq * y.head_dim)};
+    }
+    ++out_.gemm;
+    return {gemm_model_ns(costs_, dd(y.batch), dd(y.m), dd(y.n), dd(y.k)) / gemm_model_ns(costs_, dd(x.batch), dd(x.m), dd(x.n), dd(x.k)),
+            dd(x.batch) * dd(x.m) * dd(x.n), dd(y.batch) * dd(y.m) * dd(y.n)};
+  }
+
+  /// Whether mapped op `m` of `c` writes the tokens. When the tokens equal a width (tokens =
+  /// hidden = FFN/TP, say), the dims do not say whether a backward GEMM is a dgrad (tokens out)
+  /// or a weight gradient (tokens in K). Autograd runs a linear layer's dgrad, then right away
+  /// its weight gradient: the GEMM right after a dgrad of the same dims (no other kernel but a
+  /// reduction between: see `memory_bound`) is that weight gradient, and leaves the activation alone.
+  [[nodiscard]] bool writes_tokens(const gpu_op_context& c, const mapped_gemm& m) {
+    bool tokens_out = m.tokens_out;
+    if (m.from.kind != gemm_shape::role::linear || c.phase != phase_kind::backward) return tokens_out;
+    const auto& x = m.from;
+    // A weight gradient's dims are its dgrad's in another order ([in, tokens] x [tokens, out]
+    // against [tokens, out] x [out, in]): compared as a multiset.
+    std::array<std::int64_t, 3> dims{x.m, x.k, x.n};
+    std::sort(dims.begin(), dims.end());
+    const bool ambiguous = x.k == from_.tokens() && (x.m == from_.tokens() || x.n == from_.tokens());
+    auto& open = rank_[c.rank].open_dgrad;
+    if (tokens_out && ambiguous && open && *open == dims) {
+      tokens_out = false;
+      open.reset();
+    } else {
+      open = tokens_out ? std::optional(dims) : std::nullopt;
+    }
+    return tokens_out;
+  }
+
+  /// From TP 1: the tensor-parallel collectives around tokens-out linear GEMM `t` of `c`, with
+  /// traced dims `x` (see `shape_rank_state::layer_gemms` and `tp_hook`).
+  void place_tp_hooks(const gpu_op_context& c, graph::task_id t, const gemm_shape& x) {
+    shape_rank_state& s = rank_[c.rank];
+    // One operator may launch several kernels (split-K and its reduction): it counts once,
+    // the collectives before it precede its first kernel and those after it follow its last.
+    if (c.shape_op == s.last_gemm.first) {
+      if (s.last_gemm.second != npos) {
+        for (std::size_t h = s.last_gemm.second; h < out_.tp_collectives.size(); ++h) out_.tp_collectives[h].after = t;
+      }
+      return;
+    }
+    s.last_gemm = {c.shape_op, npos};
+    const std::int64_t width = x.m == from_.tokens() ? x.n : x.m;
+    if (c.layer >= 0 && c.layer != s.layer) {
+      check_layer_gemms(c.rank);
+      s.layer = c.layer;
+    }
+    const std::array<std::int64_t, 5> key{x.m, x.n, x.k, c.layer, c.pass};
+    const bool ffn_dim = x.m == from_.ffn_local() || x.n == from_.ffn_local() || x.k == from_.ffn_local();
+    const bool fc1_second = c.layer >= 0 && ffn_dim && from_.ffn_local() != from_.hidden && s.fc1_first == key;
+    if (c.layer >= 0) s.fc1_first = fc1_second ? std::nullopt : std::optional(key);
+    if (fc1_second) {
+      if (c.phase == phase_kind::backward && s.last_reduce != npos) {
+        // The reduce moves to after this GEMM: last in the rank's launch order again.
+        const tp_message what = out_.tp_collectives[s.last_reduce].message;
+        out_.tp_collectives.erase(out_.tp_collectives.begin() + static_cast<std::ptrdiff_t>(s.last_reduce));
+        s.last_reduce = npos;
+        add_after(c.rank, t, what);
+      }
+    } else if (c.layer >= 0) {
+      if (s.layer_gemms++ % 2 == 1) {
+        s.last_reduce = out_.tp_collectives.size();
+        reduce_after(c, t);
+      } else if (insert_sp_) {
+        add_before(t, tp_message::gather);  // QKV and FC1 forward, FC2 and attention-output input gradients
+      }
+    } else if (c.phase == phase_kind::backward && width == from_.hidden && x.k != from_.hidden) {
+      reduce_after(c, t);  // the logits' input gradient: tokens x hidden out of tokens x V/TP
+    } else if (c.phase == phase_kind::forward && x.k == from_.hidden && width != from_.hidden && width == out_.vocab_local) {
+      // The logits (of the gathered final norm's output): the vocabulary-parallel
+      // cross-entropy that follows reduces over TP.
+      if (insert_sp_) add_before(t, tp_message::gather);
+      add_after(c.rank, t, tp_message::loss_max), add_after(c.rank, t, tp_message::loss_sum), add_after(c.rank, t, tp_message::loss_sum);
+    }
+  }
+
+  /// A row-parallel forward or column-parallel input gradient `t` of `c`: summed over TP, or
+  /// reduce-scattered over the tokens (the activation after it is 1/TP of them).
+  void reduce_after(const gpu_op_context& c, graph::task_id t) {
+    if (!insert_sp_) return add_after(c.rank, t, tp_message::activation);
+    add_after(c.rank, t, tp_message::scatter);
+    shape_rank_state& s = rank_[c.rank];
+    s.act_old = base_from_, s.act_new = base_to_;
+    s.regather = c.phase == phase_kind::backward;
+  }
+
+  /// A memory-bound kernel (or copy, or set) in a pass: by the bytes of the activation it works on.
+  void memory_bound(const gpu_op_context& c, graph::task_id t, std::string_view name) {
+    ++out_.memory;
+    shape_rank_state& s = rank_[c.rank];
+    // A recomputed FC2 forward and the FC2 dgrad after it have the same dims when tokens =
+    // hidden: only the kernels between them (the rest of the recomputed forward and the
+    // backward up to the dgrad) tell that the dgrad is not its weight gradient.
+    const std::string lname = lower_ascii(name);
+    if (lname.find("reduce") == std::string::npos) s.open_dgrad.reset();
+    bool scattered = false;
+    if (insert_tp_ && c.phase == phase_kind::forward && c.layer < 0 && s.layer_gemms == 0 && !s.embedded && embedding_lookup(lname)) {
+      // The vocabulary-parallel embedding sums its partial lookups over TP, or reduce-scatters
+      // them over the tokens (the word embedding comes first, before the layers; a position
+      // embedding after it is not parallel).
+      s.embedded = true;
+      out_.tp_collectives.push_back({t, insert_sp_ ? tp_message::scatter : tp_message::activation});
+      scattered = insert_sp_;
+    }
+    if (insert_sp_ && c.phase == phase_kind::backward && c.layer < 0 && s.layer_gemms > 0 && !s.embedded && c.cpu_op != no_event) {
+      // After the layers, the embedding's backward (its autograd node, EmbeddingBackward0, or
+      // ATen's embedding_dense_backward) reads the whole gradient: gathered before it.
+      const trace::rank_trace& tr = job_.ranks[c.rank];
+      const std::string op = lower_ascii(tr.name(tr.events[c.cpu_op]));
+      if (op.find("embedding") != std::string::npos && op.find("backward") != std::string::npos) {
+        s.embedded = true;
+        add_before(t, tp_message::gather);
+        s.act_old = act_from_, s.act_new = act_to_;
+      }
+    }
+    // Norms work on the residual stream (tokens x hidden, 1/TP of the tokens under SP) wherever
+    // they sit: after a row-parallel GEMM's all-reduce, or in backward after a weight gradient.
+    const bool norm = lname.find("layer_norm") != std::string::npos || lname.find("layernorm") != std::string::npos ||
+                      lname.find("rms_norm") != std::string::npos || lname.find("rmsnorm") != std::string::npos ||
+                      lname.find("gammabeta") != std::string::npos;
+    set(t, memory_scaled_ns(static_cast<double>(g_.duration[t]), norm ? base_to_ / base_from_ : s.act_new / s.act_old, min_ns_));
+    if (scattered) s.act_old = base_from_, s.act_new = base_to_;
+  }
+
+  /// A hook after `t` on `rank`, the first after the rank's current GEMM operator or not.
+  void add_after(std::size_t rank, graph::task_id t, tp_message what) {
+    std::size_t& hook = rank_[rank].last_gemm.second;
+    if (hook == npos) hook = out_.tp_collectives.size();
+    out_.tp_collectives.push_back({t, what});
+  }
+
+  /// A hook right before `t`: after the task before it on its processor.
+  void add_before(graph::task_id t, tp_message what) {
+    out_.tp_collectives.push_back({prev_task_[t] != graph::no_task ? prev_task_[t] : t, what});
+  }
+
+  /// Sets `t`'s duration to `ns`, rounded, counting the GPU time before and after.
+  void set(graph::task_id t, double ns) {
+    out_.before += g_.duration[t];
+    g_.duration[t] = static_cast<time_ns>(std::llround(ns));
+    out_.after += g_.duration[t];
+  }
+
+  graph::built_job& b_;
+  graph::task_graph& g_;
+  const trace::job& job_;
+  const job_structure& st_;
+  const shape_config& from_;
+  const shape_config& to_;
+  const shape_costs& costs_;
+  tied_embedding_test tied_embedding_;
+  std::vector<shape_rank_state> rank_;
+  double min_ns_ = 0, act_from_ = 0, act_to_ = 0;  ///< tokens x hidden, traced and new
+  std::vector<double> param_ratio_;                ///< per rank: `parameter_ratios`
+  std::map<std::string, bool> gradient_group_;     ///< `gradient_groups`
+  std::map<graph::task_id, const graph::collective_instance*> instance_;
+  std::vector<std::uint8_t> buckets_in_layers_;
+  double embedding_ratio_ = 1.0;                   ///< the tied embedding's gradients: V/TP x hidden, new over traced
+  bool sp_ = false, insert_tp_ = false, insert_sp_ = false;
+  double base_from_ = 0, base_to_ = 0;             ///< the activation between the GEMMs (1/TP of it under SP)
+  std::vector<graph::task_id> prev_task_;          ///< the task before each on its processor (inserted SP)
+  shape_stats out_;
+};
+
+}  // namespace detail
+
 /// Rescales every GPU op of the iteration in `b` from shape `from` to `to` (see the header
 /// comment). `st` must be `discover_structure(job, b)` of the unedited graph. `layers_to` (0: the
 /// traces' layers) and `pp_to` (0: the traces' stages) the target's layer and stage counts for the
@@ -393,425 +714,7 @@ struct shape_stats {
 inline shape_stats rescale_shape(graph::built_job& b, const trace::job& job, const job_structure& st,
                                  const shape_config& from, const shape_config& to, const shape_costs& costs,
                                  bool gated = false, int layers_to = 0, int pp_to = 0) {
-  shape_stats out;
-  graph::task_graph& g = b.graph;
-  const double min_ns = costs.profile.min_kernel_ns;
-  const double act_from = static_cast<double>(from.tokens()) * static_cast<double>(from.hidden);
-  const double act_to = static_cast<double>(to.tokens()) * static_cast<double>(to.hidden);
-  // Parameters per rank of each rank's stage (flops.hpp's count: layers, and the embedding on the
-  // first and last stage with the vocabulary when a logits GEMM names it).
-  const std::int64_t vocab_local = traced_vocab_local(job, st, from);
-  std::vector<double> param_ratio(job.ranks.size(), 1.0);
-  for (std::size_t ri = 0; ri < job.ranks.size(); ++ri) {
-    const int stage = ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0;
-    const int pp_from = std::max(st.parallel.pp.value.value_or(1), 1);
-    const int stage_to = traced_stage_to(stage, pp_from, pp_to > 0 ? pp_to : pp_from);
-    param_ratio[ri] = parameters_per_rank(to, st, stage_to, vocab_local * from.tp, gated, layers_to, pp_to) /
-                      parameters_per_rank(from, st, stage, vocab_local * from.tp, gated);
-  }
-  if (!param_ratio.empty()) out.parameter_ratio = param_ratio.front();
-  std::map<std::string, bool> dp_group; // process group name → has the DP role and not TP
-  for (const auto& pg : st.groups) {
-    bool dp = false, tp = false;
-    for (const auto& r : pg.roles) {
-      dp = dp || (r.value && *r.value == group_role::dp);
-      tp = tp || (r.value && *r.value == group_role::tp);
-    }
-    dp_group[pg.name] = dp && !tp;
-  }
-  std::map<graph::task_id, const graph::collective_instance*> instance;
-  for (const auto& ci : g.collectives) {
-    for (const graph::task_id c : ci.complete) instance[c] = &ci;
-  }
-  // Per rank: whether its gradient buckets are reduced inside the backward's layers (Megatron's
-  // overlap_grad_reduce), where they travel with their layers (see `in_layer_bucket` below).
-  std::vector<std::uint8_t> buckets_in_layers(job.ranks.size(), 0);
-  for (const gpu_op_context& c : st.gpu_ops) {
-    if (!c.comm || c.p2p || c.phase != phase_kind::backward || c.layer < 0) continue;
-    const auto known = dp_group.find(std::string(job.ranks[c.rank].arg_text(c.op, trace::arg_key::process_group_name)));
-    if (known != dp_group.end() && known->second) buckets_in_layers[c.rank] = 1;
-  }
-  // The tied embedding's gradient all-reduce (Megatron's EMBEDDING_GROUP): a collective of a
-  // group with no TP, DP or world role whose members sit on more than one pipeline stage. It runs
-  // after the backward and carries the embedding's gradients, V/TP × hidden per rank; its group
-  // size is no TP size even when the two coincide.
-  std::set<std::string> has_role;
-  for (const auto& pg : st.groups) {
-    for (const auto& r : pg.roles) {
-      if (r.value && (*r.value == group_role::tp || *r.value == group_role::dp || *r.value == group_role::world)) {
-        has_role.insert(pg.name);
-      }
-    }
-  }
-  std::map<int, int> stage_of_rank;
-  for (std::size_t ri = 0; ri < job.ranks.size() && ri < st.ranks.size(); ++ri) {
-    if (st.ranks[ri].stage.value) stage_of_rank[job.ranks[ri].rank] = *st.ranks[ri].stage.value;
-  }
-  auto tied_embedding = [&](const graph::collective_instance& ci) {
-    if (has_role.count(ci.group) || ci.kind == "sendrecv" || ci.kind == "send_recv") return false;
-    std::set<int> stages;
-    for (const graph::task_id c : ci.complete) {
-      if (const auto it = stage_of_rank.find(g.rank[c]); it != stage_of_rank.end()) stages.insert(it->second);
-    }
-    return stages.size() > 1;
-  };
-  const double embedding_ratio = static_cast<double>(from.tp) / static_cast<double>(to.tp) *
-                                 static_cast<double>(to.hidden) / static_cast<double>(from.hidden);
-  // Sequence parallelism (a reduce-scatter inside the forward passes): between the layers'
-  // GEMMs each rank holds its 1/TP of the tokens, so norms, residuals and dropout work on
-  // tokens × hidden / TP.
-  bool sp = false;
-  for (const auto& c : st.gpu_ops) {
-    const auto& tr = job.ranks[c.rank];
-    sp = sp || (c.comm && !c.p2p && c.phase == phase_kind::forward &&
-                detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name)) ==
-                    "reducescatter");
-  }
-  // From TP 1 the tensor-parallel collectives are inserted (all-reduces, or with sequence
-  // parallelism reduce-scatters and all-gathers): see `tp_hook`.
-  const bool insert_tp = from.tp == 1 && to.tp > 1;
-  const bool insert_sp = insert_tp && to.sp;
-  const double base_from = act_from / (sp ? from.tp : 1), base_to = act_to / (sp || insert_sp ? to.tp : 1);
-  if (sp || insert_sp) out.sequence_parallel = true;
-  std::vector<double> act_old(job.ranks.size(), base_from), act_new(job.ranks.size(), base_to);
-  std::vector<int> pass_of(job.ranks.size(), -1);
-  // Per rank, the traced dims of the last backward GEMM read as a dgrad (tokens out), while its
-  // weight gradient has not been seen: see `weight_gradient` below.
-  std::vector<std::optional<std::array<std::int64_t, 3>>> open_dgrad(job.ranks.size());
-  // From TP 1: the tokens-out linear GEMMs of the layers in each pass, counted per rank. Forward
-  // runs QKV, attention output, FC1, FC2; backward (after the recomputed forward's four, when
-  // recomputing) the input gradients of FC2, FC1, attention output, QKV: in either direction the
-  // all-reduce (or reduce-scatter) follows every second one, and with sequence parallelism an
-  // all-gather precedes the others. A gated MLP (SwiGLU: Llama) with separate gate and up GEMMs
-  // runs FC1 as two GEMMs of the same dims, one right after the other: the second is not counted
-  // (forward: it reads the input the first gathered; backward: the two input gradients sum into
-  // one, so the reduce that followed the first follows the second).
-  std::vector<std::size_t> layer_gemms(job.ranks.size(), 0);
-  // Per rank: the layer being counted and the count at its start (each layer runs a multiple of 4).
-  std::vector<int> layer_of(job.ranks.size(), -1);
-  std::vector<std::size_t> layer_begin(job.ranks.size(), 0);
-  // Per rank: the dims, layer and pass of the last tokens-out GEMM of a layer, and the index in
-  // `tp_collectives` of the reduce that followed it (npos: none), for the second half of FC1.
-  std::vector<std::optional<std::array<std::int64_t, 5>>> fc1_first(job.ranks.size());
-  std::vector<std::size_t> last_reduce(job.ranks.size(), ~std::size_t{0});
-  // Sequence parallelism: per rank, whether the GEMM seen last was an input gradient followed by
-  // a reduce-scatter, whose weight gradient (next) gathers its input again.
-  std::vector<bool> regather(job.ranks.size(), false);
-  // The task before each on its processor: an all-gather goes right before the GEMM it feeds.
-  std::vector<graph::task_id> prev_task;
-  if (insert_sp) {
-    prev_task.assign(g.task_count(), graph::no_task);
-    std::vector<graph::task_id> last(g.processors.size(), graph::no_task);
-    for (graph::task_id t = 0; t < g.task_count(); ++t) prev_task[t] = std::exchange(last[g.processor[t]], t);
-  }
-  auto add_before = [&](graph::task_id t, tp_message what) {
-    out.tp_collectives.push_back({prev_task[t] != graph::no_task ? prev_task[t] : t, what});
-  };
-  constexpr std::size_t npos = ~std::size_t{0};
-  // Per rank: the GEMM operator seen last and the first of the hooks that follow it.
-  std::vector<std::pair<std::uint32_t, std::size_t>> last_gemm(job.ranks.size(), {detail::no_event, npos});
-  // Per rank: whether the current forward pass has had its embedding lookup.
-  std::vector<bool> embedded(job.ranks.size(), false);
-  // Checked per layer: a count that is wrong in every layer can still add up to a multiple of 4.
-  auto check_layer_gemms = [&](std::size_t rank) {
-    const std::size_t n = layer_gemms[rank] - layer_begin[rank];
-    layer_begin[rank] = layer_gemms[rank];
-    if (!insert_tp || n % 4 == 0) return;
-    throw error("whatif --tp " + std::to_string(to.tp) + ": layer " + std::to_string(layer_of[rank]) + " in pass " +
-                std::to_string(pass_of[rank]) + " of rank " + std::to_string(job.ranks[rank].rank) + " runs " +
-                std::to_string(n) +
-                " activation GEMMs, not a multiple of 4 (QKV, attention output, FC1, FC2), so the "
-                "tensor-parallel all-reduces cannot be placed (GEMMs without recorded shapes, or a layer of "
-                "another kind)");
-  };
-  auto set = [&](graph::task_id t, double ns) {
-    out.before += g.duration[t];
-    g.duration[t] = static_cast<time_ns>(std::llround(ns));
-    out.after += g.duration[t];
-  };
-  for (const gpu_op_context& c : st.gpu_ops) {
-    // A forward pass starts from tokens × hidden (the embedding, or the activation received from
-    // the previous stage); a backward pass goes on from its forward's last output (the logits
-    // for the loss gradient on the last stage).
-    if (c.pass >= 0 && c.pass != pass_of[c.rank]) {
-      check_layer_gemms(c.rank);
-      layer_gemms[c.rank] = 0;
-      layer_begin[c.rank] = 0;
-      layer_of[c.rank] = -1;
-      fc1_first[c.rank].reset();
-      last_reduce[c.rank] = npos;
-      embedded[c.rank] = false;
-      regather[c.rank] = false;
-      pass_of[c.rank] = c.pass;
-      open_dgrad[c.rank].reset();
-      const auto& passes = st.ranks[c.rank].passes;
-      if (static_cast<std::size_t>(c.pass) < passes.size() &&
-          passes[static_cast<std::size_t>(c.pass)].op.kind == pipeline::op_kind::forward) {
-        act_old[c.rank] = base_from, act_new[c.rank] = base_to;
-        // Inserted sequence parallelism: the embedding lookup's output is whole until its
-        // reduce-scatter (a later stage starts from its scattered input, which only the norm reads).
-        if (insert_sp) act_new[c.rank] = act_to;
-      }
-    }
-    const trace::rank_trace& tr = job.ranks[c.rank];
-    const auto& map = b.ranks[c.rank];
-    if (c.op >= map.task_of_event.size()) continue;
-    const graph::task_id t = map.task_of_event[c.op];
-    if (t == graph::no_task) continue;
-    const auto kind = g.kind[t];
-    if (kind != graph::task_kind::gpu_compute && kind != graph::task_kind::gpu_comm &&
-        kind != graph::task_kind::comm_complete)
-      continue;
-    const double d = static_cast<double>(g.duration[t]);
-    const bool in_pass = c.phase == phase_kind::forward || c.phase == phase_kind::backward;
-    if (c.comm || kind != graph::task_kind::gpu_compute) {
-      const auto inst = instance.find(t);
-      const bool embedding = !c.p2p && inst != instance.end() && tied_embedding(*inst->second);
-      // Point-to-point transfers carry a pass's activation or its gradient but are launched
-      // between the passes (the receive before, the send after): rescaled wherever they sit.
-      // (Left as traced, --hidden 4096 on gpt3-15b TP 2 PP 4 DP 2 was +1.68 %, and +10.3 % with
-      // --tp 4, whose new placement then re-timed them x7.)
-      if (!in_pass && !c.p2p && c.phase != phase_kind::optimizer && !embedding) {
-        ++out.unchanged_outside;
-        continue;
-      }
-      const std::string kname =
-          detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name));
-      const std::string pg(tr.arg_text(c.op, trace::arg_key::process_group_name));
-      const auto known = dp_group.find(pg);
-      const bool gradients =
-          !c.p2p && (known != dp_group.end() && !pg.empty()
-                         ? known->second
-                         : c.phase == phase_kind::optimizer || (c.phase == phase_kind::backward && c.layer < 0));
-      // Gradient buckets reduced during the backward (overlap_grad_reduce: each launched inside the
-      // layer whose gradients complete it) travel with their layers: copies of the layers
-      // (--layers, a merge of stages) or a stage split already change how many buckets a rank
-      // reduces, so at an unchanged shape each keeps its size, the last (after the layers) too.
-      // Reduced after the backward or in the optimizer step, they follow the parameters per rank.
-      // (llama3-8b TP 2 PP 1 DP 2 --pp 2 --dp 4 counted the change twice: +2.9 %.)
-      const bool in_layer_bucket = gradients && c.phase == phase_kind::backward && buckets_in_layers[c.rank] && from == to;
-      // A p2p transfer is one activation, 1/TP of it under sequence parallelism (Megatron's
-      // scatter-gather of pipeline tensors; model::pipeline_p2p_bytes).
-      const double ratio = embedding ? embedding_ratio : gradients ? (in_layer_bucket ? 1.0 : param_ratio[c.rank])
-                                                     : c.p2p      ? base_to / base_from
-                                                                  : act_to / act_from;
-      const auto coll = modelled_collective(kname);
-      std::int64_t n = 2;
-      if (inst != instance.end()) {
-        n = static_cast<std::int64_t>(inst->second->group_ranks.empty() ? inst->second->arrive.size()
-                                                                        : inst->second->group_ranks.size());
-      } else if (const auto gs = tr.arg(c.op, trace::arg_key::group_size)) {
-        n = detail::group_size_of(*gs).value_or(2);
-      }
-      const std::int64_t n_to = !c.p2p && !gradients && !embedding && n == from.tp ? to.tp : n;
-      const bool cross_node = n > costs.hw.gpus_per_node;
-      const auto& link = cross_node ? costs.profile.inter : costs.profile.intra;
-      double bytes = 0;
-      if (const auto ne = tr.arg(c.op, trace::arg_key::in_msg_nelems); ne && *ne > 0) {
-        bytes = static_cast<double>(*ne) * costs.element_bytes;
-      } else {
-        bytes = c.p2p ? 0.0 : bytes_for_time(coll, d, n, link);
-      }
-      double ns = d;
-      if (c.p2p) {
-        if (bytes <= 0) bytes = act_from * costs.element_bytes;
-        const double old_ns = link.simple_base_ns + bytes / link.busbw * 1e9;
-        const double new_ns = link.simple_base_ns + bytes * ratio / link.busbw * 1e9;
-        ns = d * new_ns / old_ns;
-      } else {
-        ns = d * collective_ns(coll, bytes * ratio, n_to, link) / collective_ns(coll, bytes, n, link);
-      }
-      if (sp && !gradients && coll == model::collective::reduce_scatter)
-        act_old[c.rank] = base_from, act_new[c.rank] = base_to;
-      ++out.communication;
-      if (gradients || embedding) ++out.gradient_communication;
-      set(t, ns);
-      continue;
-    }
-    const std::string_view name = tr.name(tr.events[c.op]);
-    if (classify(kind, name) == op_bound::host_copy) {
-      ++out.unchanged_outside;
-      continue;
-    }
-    if (c.phase == phase_kind::optimizer) {
-      ++out.optimizer;
-      set(t, detail::memory_scaled_ns(d, param_ratio[c.rank], min_ns));
-      continue;
-    }
-    if (!in_pass) {
-      ++out.unchanged_outside;
-      continue;
-    }
-    if (c.shape_op != detail::no_event) {
-      const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
-                                      detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
-      const double input_width = act_new[c.rank] / static_cast<double>(std::max<std::int64_t>(1, to.tokens()));
-      const auto m = gs ? map_gemm(*gs, from, to, c.layer < 0, &out.vocab_local, input_width) : std::nullopt;
-      if (!m) {
-        ++out.unattributed;
-        continue;
-      }
-      double ratio = 1.0;
-      double out_old = 0, out_new = 0;
-      if (m->from.kind == detail::gemm_shape::role::attention) {
-        ++out.attention;
-        const auto& x = m->from;
-        const auto& y = m->to;
-        ratio = detail::attention_model_ns(costs, static_cast<double>(y.b), static_cast<double>(y.heads),
-                                           static_cast<double>(y.seq), static_cast<double>(y.head_dim)) /
-                detail::attention_model_ns(costs, static_cast<double>(x.b), static_cast<double>(x.heads),
-                                           static_cast<double>(x.seq), static_cast<double>(x.head_dim));
-        out_old = static_cast<double>(x.b * x.heads * x.seq * x.head_dim);
-        out_new = static_cast<double>(y.b * y.heads * y.seq * y.head_dim);
-      } else {
-        ++out.gemm;
-        const auto& x = m->from;
-        const auto& y = m->to;
-        auto dd = [](std::int64_t v) { return static_cast<double>(v); };
-        ratio = detail::gemm_model_ns(costs, dd(y.batch), dd(y.m), dd(y.n), dd(y.k)) /
-                detail::gemm_model_ns(costs, dd(x.batch), dd(x.m), dd(x.n), dd(x.k));
-        out_old = dd(x.batch) * dd(x.m) * dd(x.n);
-        out_new = dd(y.batch) * dd(y.m) * dd(y.n);
-      }
-      // When the tokens equal a width (tokens = hidden = FFN/TP, say), the dims do not say
-      // whether a backward GEMM is a dgrad (tokens out) or a weight gradient (tokens in K).
-      // Autograd runs a linear layer's dgrad, then right away its weight gradient: the GEMM
-      // right after a dgrad of the same dims (no other kernel but a reduction between: see the
-      // memory-bound ops below) is that weight gradient, and leaves the activation alone.
-      bool tokens_out = m->tokens_out;
-      if (m->from.kind == detail::gemm_shape::role::linear && c.phase == phase_kind::backward) {
-        const auto& x = m->from;
-        // A weight gradient's dims are its dgrad's in another order ([in, tokens] x [tokens, out]
-        // against [tokens, out] x [out, in]): compared as a multiset.
-        std::array<std::int64_t, 3> dims{x.m, x.k, x.n};
-        std::sort(dims.begin(), dims.end());
-        const bool ambiguous = x.k == from.tokens() && (x.m == from.tokens() || x.n == from.tokens());
-        auto& open = open_dgrad[c.rank];
-        if (tokens_out && ambiguous && open && *open == dims) {
-          tokens_out = false;
-          open.reset();
-        } else {
-          open = tokens_out ? std::optional(dims) : std::nullopt;
-        }
-      }
-      if (tokens_out) act_old[c.rank] = out_old, act_new[c.rank] = out_new;
-      const bool linear = m->from.kind == detail::gemm_shape::role::linear;
-      if (insert_sp && linear && !tokens_out && c.shape_op != last_gemm[c.rank].first &&
-          (c.layer >= 0 ? bool(regather[c.rank])
-                        : out.vocab_local > 0 && (m->from.m == out.vocab_local || m->from.n == out.vocab_local))) {
-        // The weight gradient of a column-parallel GEMM (FC1, QKV, the logits) reads the
-        // whole input, which sequence parallelism kept scattered: gathered again before it. In
-        // the layers it follows its input gradient (linear layers' autograd order); the logits'
-        // may come first (ATen's MmBackward), so it is known by its vocabulary dim.
-        add_before(t, tp_message::gather);
-      }
-      if (insert_sp && linear && c.shape_op != last_gemm[c.rank].first) regather[c.rank] = false;
-      if (insert_tp && tokens_out && linear) {
-        // One operator may launch several kernels (split-K and its reduction): it counts once,
-        // the collectives before it precede its first kernel and those after it follow its last.
-        // Plain references: clang 14 cannot capture structured bindings in lambdas.
-        std::uint32_t& op = last_gemm[c.rank].first;
-        std::size_t& hook = last_gemm[c.rank].second;
-        if (c.shape_op == op) {
-          if (hook != npos) {
-            for (std::size_t h = hook; h < out.tp_collectives.size(); ++h) out.tp_collectives[h].after = t;
-          }
-        } else {
-          op = c.shape_op, hook = npos;
-          const auto& x = m->from;
-          const std::int64_t width = x.m == from.tokens() ? x.n : x.m;
-          auto add = [&](tp_message what) {
-            if (hook == npos) hook = out.tp_collectives.size();
-            out.tp_collectives.push_back({t, what});
-          };
-          // A row-parallel forward or column-parallel input gradient: summed over TP, or
-          // reduce-scattered over the tokens (the activation after it is 1/TP of them).
-          auto reduce = [&] {
-            if (!insert_sp) return add(tp_message::activation);
-            add(tp_message::scatter);
-            act_old[c.rank] = base_from, act_new[c.rank] = base_to;
-            regather[c.rank] = c.phase == phase_kind::backward;
-          };
-          if (c.layer >= 0 && c.layer != layer_of[c.rank]) {
-            check_layer_gemms(c.rank);
-            layer_of[c.rank] = c.layer;
-          }
-          const std::array<std::int64_t, 5> key{x.m, x.n, x.k, c.layer, c.pass};
-          const bool ffn_dim = x.m == from.ffn_local() || x.n == from.ffn_local() || x.k == from.ffn_local();
-          const bool fc1_second = c.layer >= 0 && ffn_dim && from.ffn_local() != from.hidden && fc1_first[c.rank] == key;
-          if (c.layer >= 0) fc1_first[c.rank] = fc1_second ? std::nullopt : std::optional(key);
-          if (fc1_second) {
-            if (c.phase == phase_kind::backward && last_reduce[c.rank] != npos) {
-              // The reduce moves to after this GEMM: last in the rank's launch order again.
-              const tp_message what = out.tp_collectives[last_reduce[c.rank]].message;
-              out.tp_collectives.erase(out.tp_collectives.begin() + static_cast<std::ptrdiff_t>(last_reduce[c.rank]));
-              last_reduce[c.rank] = npos;
-              add(what);
-            }
-          } else if (c.layer >= 0) {
-            if (layer_gemms[c.rank]++ % 2 == 1) {
-              last_reduce[c.rank] = out.tp_collectives.size();
-              reduce();
-            } else if (insert_sp) {
-              add_before(t, tp_message::gather);  // QKV and FC1 forward, FC2 and attention-output input gradients
-            }
-          } else if (c.phase == phase_kind::backward && width == from.hidden && x.k != from.hidden) {
-            reduce();  // the logits' input gradient: tokens x hidden out of tokens x V/TP
-          } else if (c.phase == phase_kind::forward && x.k == from.hidden && width != from.hidden &&
-                     width == out.vocab_local) {
-            // The logits (of the gathered final norm's output): the vocabulary-parallel
-            // cross-entropy that follows reduces over TP.
-            if (insert_sp) add_before(t, tp_message::gather);
-            add(tp_message::loss_max), add(tp_message::loss_sum), add(tp_message::loss_sum);
-          }
-        }
-      } else if (linear && c.shape_op != last_gemm[c.rank].first) {
-        last_gemm[c.rank] = {c.shape_op, npos};
-      }
-      set(t, d * ratio);
-      continue;
-    }
-    if (classify(kind, name) == op_bound::compute) {
-      ++out.unattributed; // a GEMM/attention kernel with no recorded shape: its dims are unknown
-      continue;
-    }
-    ++out.memory;
-    // A recomputed FC2 forward and the FC2 dgrad after it have the same dims when tokens =
-    // hidden: only the kernels between them (the rest of the recomputed forward and the
-    // backward up to the dgrad) tell that the dgrad is not its weight gradient.
-    const std::string lname = detail::lower_ascii(name);
-    if (lname.find("reduce") == std::string::npos) open_dgrad[c.rank].reset();
-    bool scattered = false;
-    if (insert_tp && c.phase == phase_kind::forward && c.layer < 0 && layer_gemms[c.rank] == 0 && !embedded[c.rank] &&
-        detail::embedding_lookup(lname)) {
-      // The vocabulary-parallel embedding sums its partial lookups over TP, or reduce-scatters
-      // them over the tokens (the word embedding comes first, before the layers; a position
-      // embedding after it is not parallel).
-      embedded[c.rank] = true;
-      out.tp_collectives.push_back({t, insert_sp ? tp_message::scatter : tp_message::activation});
-      scattered = insert_sp;
-    }
-    if (insert_sp && c.phase == phase_kind::backward && c.layer < 0 && layer_gemms[c.rank] > 0 && !embedded[c.rank] &&
-        c.cpu_op != detail::no_event) {
-      // After the layers, the embedding's backward (its autograd node, EmbeddingBackward0, or
-      // ATen's embedding_dense_backward) reads the whole gradient: gathered before it.
-      const std::string op = detail::lower_ascii(tr.name(tr.events[c.cpu_op]));
-      if (op.find("embedding") != std::string::npos && op.find("backward") != std::string::npos) {
-        embedded[c.rank] = true;
-        add_before(t, tp_message::gather);
-        act_old[c.rank] = act_from, act_new[c.rank] = act_to;
-      }
-    }
-    // Norms work on the residual stream (tokens x hidden, 1/TP of the tokens under SP) wherever
-    // they sit: after a row-parallel GEMM's all-reduce, or in backward after a weight gradient.
-    const bool norm = lname.find("layer_norm") != std::string::npos || lname.find("layernorm") != std::string::npos ||
-                      lname.find("rms_norm") != std::string::npos || lname.find("rmsnorm") != std::string::npos ||
-                      lname.find("gammabeta") != std::string::npos;
-    set(t, detail::memory_scaled_ns(d, norm ? base_to / base_from : act_new[c.rank] / act_old[c.rank], min_ns));
-    if (scattered) act_old[c.rank] = base_from, act_new[c.rank] = base_to;
-  }
-  for (std::size_t r = 0; r < job.ranks.size(); ++r) check_layer_gemms(r);
-  return out;
+  return detail::shape_rescaler(b, job, st, from, to, costs, gated, layers_to, pp_to).run();
 }
 
 /// A distributed optimizer (Megatron's `--use-distributed-optimizer`, ZeRO-1: gradients
@@ -872,199 +775,85 @@ inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st,
   return line;
 }
 
-/// The shape-dependent figures of a configuration: memory per GPU (model/memory.hpp) and the
-/// model FLOPs one rank runs per iteration (transformer layers; the logits GEMM when the
-/// vocabulary is known).
-struct shape_figures {
-  double memory_bytes_per_gpu = 0;
-  double model_flops_per_rank = 0;
-  std::int64_t world = 0;
-  bool vocab_known = false;
-};
-
-/// The figures of `m` (a `counted_transformer`: its layers, KV heads, MLP and embeddings; `vocab`
-/// 0 when unknown) under TP `c.tp` over `pp` stages and `dp` replicas, `passes` forward passes
-/// per rank per iteration (micro-batches × chunks), `backward` whether the iteration trains.
-[[nodiscard]] inline shape_figures figures_of(const shape_config& c, model::transformer m, int pp, int dp,
-                                              std::int64_t passes, bool backward, double in_flight,
-                                              bool distributed_optimizer = false) {
-  shape_figures f;
-  f.world = static_cast<std::int64_t>(c.tp) * pp * dp;
-  m.name = "whatif";
-  const std::int64_t vocab = m.vocab;
-  f.vocab_known = vocab > 0;
-  // Unknown: a vocabulary of one row per rank, i.e. none; known: padded to a multiple of TP
-  // as Megatron pads it.
-  m.vocab = vocab > 0 ? (vocab + c.tp - 1) / c.tp * c.tp : c.tp;
-  model::parallel_config par;
-  par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
-  par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
-  par.zero_stage = distributed_optimizer ? 1 : 0;  // the optimizer's states sharded over DP
-  if (m.hidden % m.heads == 0 && m.layers % pp == 0) {
-    model::memory_options mo;
-    mo.in_flight_microbatches = in_flight;
-    mo.per_param = model::megatron_state_bytes;  // as predict: the traces are of Megatron's training
-    try {
-      f.memory_bytes_per_gpu = model::memory_per_gpu(m, par, 0, mo).total();
-    } catch (const error&) {
-      f.memory_bytes_per_gpu = 0; // a shape the memory model does not take: no figure
-    }
-  }
-  // flops.hpp's count (GQA's narrower K and V, a gated MLP's third GEMM) for the rank's share.
-  const double layer_flops = model::layer_forward_flops_per_sequence(m) * static_cast<double>(c.micro_batch) / static_cast<double>(c.tp);
-  const double per_pass =
-      static_cast<double>(m.layers / pp) * layer_flops +
-      (vocab > 0 ? 2.0 * static_cast<double>(c.tokens()) * static_cast<double>(c.hidden) * static_cast<double>(vocab) /
-                       static_cast<double>(c.tp) / static_cast<double>(pp)
-                 : 0.0);
-  f.model_flops_per_rank = per_pass * static_cast<double>(passes) * (backward ? 3.0 : 1.0);
-  return f;
+/// The shape change as a record: the fields that changed (their traced and target values) and
+/// what the rescaling did.
+[[nodiscard]] inline change shape_change(const shape_config& a, const shape_config& b, const shape_stats& s) {
+  std::string from, to;
+  auto field = [&](const char* name, std::int64_t x, std::int64_t y) {
+    if (x == y) return;
+    from += (from.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(x);
+    to += (to.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(y);
+  };
+  field("hidden", a.hidden, b.hidden);
+  field("FFN", a.ffn, b.ffn);
+  field("heads", a.heads, b.heads);
+  field("head dim", a.head_dim, b.head_dim);
+  field("sequence", a.seq, b.seq);
+  field("micro-batch", a.micro_batch, b.micro_batch);
+  field("TP", a.tp, b.tp);
+  return changed("shape", "shape", from, to, describe(a, b, s),
+                 {time_figure("GPU op time", s.before, s.after), count_figure("GEMM ops rescaled", s.gemm),
+                  count_figure("attention ops rescaled", s.attention), count_figure("memory-bound ops rescaled", s.memory),
+                  count_figure("optimizer ops rescaled", s.optimizer), count_figure("communication ops rescaled", s.communication)});
 }
 
-/// Memory per GPU and MFU of the traced and the predicted configuration (shape.hpp).
-struct shape_summary {
-  shape_config from, to;
-  shape_figures baseline, predicted;
-  double mfu_baseline = 0, mfu_predicted = 0; ///< 0 when the GPU's peak is unknown
-  std::string memory_warning; ///< when the prediction does not fit in the target GPU's memory: by how much
-};
-
-/// The target's pipeline and data parallelism, for `summarize` (unset: the traces').
-struct parallel_target {
-  std::optional<int> pp, dp, chunks;
-  /// The target runs a distributed optimizer (ZeRO-1; default: as the traces, whose gradients it
-  /// tells by a reduce-scatter + all-gather reduction).
-  std::optional<bool> distributed_optimizer;
-  std::optional<int> micro_batches;  ///< per replica
-  std::optional<pipeline::schedule_kind> schedule;
-};
-
-/// Memory and MFU of the traced and the predicted configuration. MFU counts the model FLOPs of
-/// the transformer layers (and the logits GEMM when a logits GEMM named the vocabulary) that one
-/// rank runs per iteration, against the dense peak of the target GPU in the traces' precision.
-/// `target`: the predicted configuration's stages, replicas, chunks, micro-batches and schedule.
-[[nodiscard]] inline shape_summary summarize(const trace::job& job, const job_structure& st, const shape_config& from,
-                                             const shape_config& to, std::optional<int> layers,
-                                             std::string_view from_gpu, std::string_view gpu, time_ns baseline_ns,
-                                             time_ns predicted_ns, const parallel_target& target = {}) {
-  shape_summary s;
-  s.from = from, s.to = to;
-  const int pp = st.parallel.pp.value.value_or(1);
-  const int dp = st.parallel.dp.value.value_or(1);
-  std::int64_t passes = 0;
-  bool backward = false;
-  if (!st.ranks.empty()) {
-    for (const auto& p : st.ranks.front().passes) {
-      passes += p.op.kind == pipeline::op_kind::forward;
-      backward = backward || p.op.kind == pipeline::op_kind::backward;
-    }
+/// Pass: the model-shape rewrite (`--hidden/--ffn/--heads/--seq/--micro-batch/--tp`), and the
+/// work that follows the parameter count (optimizer kernels, gradient collectives) for a layer or
+/// stage change, whose layer copies (or pipeline model) repeat each layer's own work only. It runs
+/// first, so that the later passes start from the rescaled durations. Sets `ctx.shape_from`,
+/// `ctx.shape_to` and, from TP 1, `ctx.tp_hooks`.
+struct shape_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept {
+    return ctx.options.shape.any() || ctx.options.layers || ctx.options.pp;
   }
-  const std::int64_t layers_from = st.model.layers.value.value_or(0);
-  const std::int64_t layers_to_n = layers ? *layers : layers_from;
-  const int chunks = st.parallel.chunks.value.value_or(1);
-  const std::int64_t m = std::max<std::int64_t>(passes / std::max(chunks, 1), 1);
-  auto in_flight = [](std::optional<pipeline::schedule_kind> kind, int stages, std::int64_t micro_batches) {
-    const bool gpipe = kind && *kind == pipeline::schedule_kind::gpipe;
-    return static_cast<double>(gpipe ? micro_batches : std::min<std::int64_t>(stages, micro_batches));
-  };
-  const std::int64_t vocab_local = traced_vocab_local(job, st, from);
-  const std::int64_t vocab = vocab_local * from.tp;
-  if (layers_from > 0) {
-    const int pp_to = target.pp.value_or(pp), dp_to = target.dp.value_or(dp), chunks_to = target.chunks.value_or(chunks);
-    const std::int64_t m_to = target.micro_batches.value_or(m);
-    const auto kind_to = target.schedule ? target.schedule : st.parallel.schedule.value;
-    const bool distributed = st.gradients.method.value == std::string("reduce-scatter + all-gather");
-    const bool gated = st.model.gated_mlp;
-    s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
-                            in_flight(st.parallel.schedule.value, pp, m), distributed);
-    s.predicted = figures_of(to, counted_transformer(to, st, vocab, gated, static_cast<int>(layers_to_n)), pp_to, dp_to, m_to * chunks_to,
-                             backward, in_flight(kind_to, pp_to, m_to), target.distributed_optimizer.value_or(distributed));
-  }
-  std::string from_preset(from_gpu);
-  if (from_preset.empty()) {
-    for (const auto& r : job.ranks) {
-      for (const auto& d : r.devices) {
-        if (from_preset.empty() && !d.name.empty()) from_preset = preset_of_device(d.name);
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const whatif_options& o = ctx.options;
+    const job_structure& st = ctx.structure(b);
+    change_list out;
+    const int layer_params = o.layers.value_or(0);
+    const int pp_params = o.pp && *o.pp != ctx.traced_pp() ? *o.pp : 0;
+    std::optional<shape_config> layers_shape;
+    if ((layer_params || pp_params) && !o.shape.any()) {
+      try {
+        layers_shape = traced_shape(st);
+      } catch (const error& e) {
+        out.push_back(note("shape", "optimizer and gradient work", std::string("optimizer and gradient work kept as traced: ") + e.what()));
       }
     }
-  }
-  const std::string preset = !gpu.empty() ? std::string(gpu) : from_preset;
-  auto mfu = [&](const std::string& p, double flops, time_ns t) {
-    if (p.empty() || t <= 0 || flops <= 0) return 0.0;
-    const model::hardware hw = model::hardware_preset(p);
-    const std::string dt = st.model.dtype.value.value_or("bf16");
-    const double peak = dt == "fp16" ? hw.gpu.fp16_flops : hw.gpu.bf16_flops;
-    return flops / (static_cast<double>(t) * 1e-9 * peak);
-  };
-  s.mfu_baseline = mfu(from_preset, s.baseline.model_flops_per_rank, baseline_ns);
-  s.mfu_predicted = mfu(preset, s.predicted.model_flops_per_rank, predicted_ns);
-  if (!preset.empty() && s.predicted.memory_bytes_per_gpu > 0) {
-    const model::hardware hw = model::hardware_preset(preset);
-    const double cap = static_cast<double>(hw.gpu.hbm_capacity);
-    if (s.predicted.memory_bytes_per_gpu > cap) {
-      char line[256];
-      std::snprintf(
-          line, sizeof line,
-          "warning: the predicted configuration needs %.1f GiB per GPU, %.1f GiB more than the %.0f GiB of the %s",
-          s.predicted.memory_bytes_per_gpu / 1073741824.0, (s.predicted.memory_bytes_per_gpu - cap) / 1073741824.0,
-          cap / 1073741824.0, hw.name.c_str());
-      s.memory_warning = line;
+    if (!o.shape.any() && !layers_shape) return out;
+    ctx.shape_from = layers_shape ? *layers_shape : traced_shape(st);
+    ctx.shape_to = layers_shape ? *layers_shape : target_shape(*ctx.shape_from, o.shape);
+    const shape_config& from = *ctx.shape_from;
+    const shape_config& to = *ctx.shape_to;
+    const shape_costs& costs = ctx.costs(b);
+    if (!ctx.costs_note().empty()) out.push_back(note("shape", "cost profile", ctx.costs_note()));
+    if (from == to && !layer_params && !pp_params) {
+      out.push_back(note("shape", "shape", "shape: the traces' own (nothing rescaled)"));
+      return out;
     }
+    const shape_stats ss = rescale_shape(b, ctx.job, st, from, to, costs, st.model.gated_mlp, layer_params, pp_params);
+    if (from == to) {
+      out.push_back(parameter_change(ss, layer_params && pp_params ? "layers and stages" : pp_params ? "stages" : "layers"));
+    } else {
+      out.push_back(shape_change(from, to, ss));
+      ctx.tp_hooks = ss.tp_collectives;
+    }
+    return out;
   }
-  return s;
-}
 
-/// The GPU ops of the backward passes that a zero-bubble schedule defers to its W passes, per
-/// task of `b`'s graph (1: weight gradient): the linear layers' and the logits' weight-gradient
-/// GEMMs (the tokens are their K: [in, tokens] x [tokens, out]), the biases' (a sum over the
-/// tokens: a reduction under aten::sum or a linear layer's autograd node, AddmmBackward), the
-/// LayerNorms' (PyTorch's GammaBetaBackward, or a kernel named wgrad) and the embedding's
-/// (embedding_dense_backward). When the tokens equal a width, a GEMM with the dims of the dgrad
-/// right before it is that dgrad's weight gradient (autograd runs them back to back). `a` is the
-/// traces' shape (`traced_shape`).
-[[nodiscard]] inline std::vector<std::uint8_t> weight_gradient_tasks(const trace::job& job, const graph::built_job& b,
-                                                                     const job_structure& st, const shape_config& a) {
-  std::vector<std::uint8_t> weight(b.graph.task_count(), 0);
-  const std::int64_t tokens = a.tokens();
-  struct last_gemm {
-    std::uint32_t op = detail::no_event;  // its operator (split-K kernels share it)
-    bool weight = false;
-    std::optional<std::array<std::int64_t, 3>> dgrad;  // dims of an open dgrad, as a multiset
-  };
-  std::vector<last_gemm> last(job.ranks.size());
-  for (const gpu_op_context& c : st.gpu_ops) {
-    if (c.rank >= job.ranks.size() || c.rank >= b.ranks.size() || c.phase != phase_kind::backward || c.pass < 0 || c.comm) continue;
-    const trace::rank_trace& tr = job.ranks[c.rank];
-    const auto& map = b.ranks[c.rank].task_of_event;
-    const graph::task_id t = c.op < map.size() ? map[c.op] : graph::no_task;
-    last_gemm& l = last[c.rank];
-    const std::string lname = detail::lower_ascii(tr.name(tr.events[c.op]));
-    const std::string op = c.cpu_op != detail::no_event ? detail::lower_ascii(tr.name(tr.events[c.cpu_op])) : std::string();
-    bool w = lname.find("gammabetabackward") != std::string::npos || lname.find("wgrad") != std::string::npos ||
-             lname.find("embedding_backward") != std::string::npos || op.find("embedding_dense_backward") != std::string::npos ||
-             (c.shape_op == detail::no_event && lname.find("reduce_kernel") != std::string::npos &&
-              (op == "aten::sum" || op.find("addmmbackward") != std::string::npos));
-    std::optional<detail::gemm_shape> gs;
-    if (!w && c.shape_op != detail::no_event) {
-      gs = detail::gemm_of(tr.name(tr.events[c.shape_op]), detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
-    }
-    if (gs && gs->kind == detail::gemm_shape::role::linear) {
-      if (c.shape_op == l.op) {
-        w = l.weight;  // another kernel of the same operator
-      } else {
-        std::array<std::int64_t, 3> dims{gs->m, gs->k, gs->n};
-        std::sort(dims.begin(), dims.end());
-        const bool tokens_in_k = gs->k == tokens, tokens_out = gs->m == tokens || gs->n == tokens;
-        w = tokens_in_k && (!tokens_out || (l.dgrad && *l.dgrad == dims));
-        l.op = c.shape_op, l.weight = w;
-        l.dgrad = !w && tokens_out ? std::optional(dims) : std::nullopt;
-      }
-    } else if (lname.find("reduce") == std::string::npos) {
-      l.dgrad.reset();  // another kernel between them: not a dgrad and its weight gradient
-    }
-    if (w && t != graph::no_task) weight[t] = 1;
+  /// The work that follows the parameters, rescaled with `what` (the layers, the stages or both).
+  [[nodiscard]] static change parameter_change(const shape_stats& ss, const char* what) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "parameters per rank x%.3f (rank 0) with the %s: %zu optimizer ops and %zu gradient collectives rescaled, %.3f -> "
+                  "%.3f ms of GPU time",
+                  ss.parameter_ratio, what, ss.optimizer, ss.gradient_communication, static_cast<double>(ss.before) / 1e6,
+                  static_cast<double>(ss.after) / 1e6);
+    return changed("shape", "parameters per rank", "x1", "x" + decimal(ss.parameter_ratio, 3), line,
+                   {time_figure("GPU op time", ss.before, ss.after), count_figure("optimizer ops rescaled", ss.optimizer),
+                    count_figure("gradient collectives rescaled", ss.gradient_communication)});
   }
-  return weight;
-}
+};
+static_assert(Rewrite<shape_pass>);
 
 } // namespace lumos::whatif

@@ -10,14 +10,22 @@
 #include <lumos/model/comm.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/profile.hpp>
+#include <lumos/whatif/detail/tp_hook.hpp>
+#include <lumos/whatif/configuration.hpp>
+#include <lumos/whatif/context.hpp>
+#include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/editor.hpp>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdio>
+#include <set>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lumos::whatif {
 
@@ -52,45 +60,6 @@ namespace lumos::whatif {
   }
   return 0.5 * (lo + hi);
 }
-
-/// Checks a tensor-parallel target against the full model: heads and FFN must divide by it.
-/// Throws `lumos::error`.
-inline void validate_tp(int to_tp, std::int64_t heads, std::int64_t ffn) {
-  if (to_tp <= 0)
-    throw error("whatif --tp: the tensor-parallel size must be positive (got " + std::to_string(to_tp) + ")");
-  if (heads % to_tp != 0) {
-    throw error("whatif --tp " + std::to_string(to_tp) + ": the model's " + std::to_string(heads) +
-                " attention heads do not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
-  }
-  if (ffn % to_tp != 0) {
-    throw error("whatif --tp " + std::to_string(to_tp) + ": the FFN width " + std::to_string(ffn) +
-                " does not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
-  }
-}
-
-/// What a tensor-parallel collective inserted by a change from TP 1 does.
-enum class tp_message : std::uint8_t {
-  activation, ///< all-reduce of tokens x hidden in the activation dtype
-  loss_max,   ///< all-reduce (max) of the tokens in fp32: the vocabulary-parallel cross-entropy's logit maximum
-  loss_sum,   ///< all-reduce of the tokens in fp32: its target logit, then its sum of exponentials
-  gather,     ///< sequence parallelism: all-gather of tokens x hidden (each rank holds 1/TP of the tokens)
-  scatter,    ///< sequence parallelism: reduce-scatter of tokens x hidden
-};
-inline constexpr std::size_t tp_message_count = 5;
-
-/// A tensor-parallel collective to insert after GPU task `after`. Without sequence parallelism
-/// Megatron runs an all-reduce of the activation after the row-parallel attention output and
-/// FC2 forward (also when recomputed), the column-parallel QKV and FC1 input gradients, the
-/// vocabulary-parallel embedding lookup and the logits' input gradient; and three fp32 ones over
-/// the tokens in the vocabulary-parallel cross-entropy, which follows the logits GEMM (max,
-/// target logit, sum of exponentials). With it, each all-reduce of the activation becomes a
-/// reduce-scatter, and an all-gather precedes each column-parallel GEMM forward (QKV, FC1, the
-/// logits), each row-parallel input gradient (FC2, attention output), the weight gradients of
-/// the column-parallel GEMMs (their input, gathered again) and the embedding's backward.
-struct tp_hook {
-  graph::task_id after = graph::no_task;
-  tp_message message = tp_message::activation;
-};
 
 /// A tensor-parallel collective that a change from TP 1 adds: its kind (as a collective instance
 /// names it), its transfer (NCCL model), the host time of its c10d/NCCL enqueue and the launch
@@ -188,5 +157,101 @@ struct tp_collective {
                     : "; each TP collective keeps its bytes per rank and runs over " + std::to_string(to_tp) + " ranks";
   return s;
 }
+
+/// The traced TP groups' members, `from` of them, as `to` (the members beyond the traced ranks
+/// numbered past the largest, as `resize_data_parallel` numbers a DP group's): what `--trace-out`
+/// writes as the collectives' group, so that the written (folded) job reads back as the target.
+inline void resize_tp_groups(graph::task_graph& g, const job_structure& st, int from, int to) {
+  const std::set<std::string> tp_groups = groups_with_role(st, group_role::tp);
+  for (auto& ci : g.collectives) {
+    if (!tp_groups.count(ci.group) || static_cast<int>(ci.group_ranks.size()) != from) continue;
+    int next = *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
+    while (static_cast<int>(ci.group_ranks.size()) < to) ci.group_ranks.push_back(next++);
+    ci.group_ranks.resize(static_cast<std::size_t>(to));
+  }
+}
+
+/// From TP 1 to `to.tp`: Megatron's tensor-parallel collectives (`tp_hook`: tokens x hidden of
+/// the target shape, or the cross-entropy's tokens in fp32, over the TP group by the NCCL model,
+/// with the profile's host time per collective) inserted at `hooks` (found by the shape rewrite).
+/// Returns what was inserted.
+inline change insert_tp_collectives(graph::built_job& b, const std::vector<tp_hook>& hooks, const shape_config& to,
+                                    const shape_costs& costs) {
+  const double tokens = static_cast<double>(to.tokens());
+  const double bytes = tokens * static_cast<double>(to.hidden) * costs.element_bytes;
+  const auto& link = to.tp > costs.hw.gpus_per_node ? costs.profile.inter : costs.profile.intra;
+  const std::string dtype = costs.dtype == model::precision::fp16 ? "f16" : "bf16";
+  auto made = [&](model::collective coll, double size, std::string kind, std::string kernel) {
+    tp_collective c;
+    c.kind = std::move(kind);
+    c.transfer = static_cast<time_ns>(std::llround(collective_ns(coll, size, to.tp, link)));
+    c.launch = static_cast<time_ns>(std::llround(costs.profile.cpu_launch_ns));
+    c.host = std::max<time_ns>(0, static_cast<time_ns>(std::llround(costs.profile.cpu_collective_ns)) - c.launch);
+    c.kernel = std::move(kernel);
+    return c;
+  };
+  using model::collective;
+  const std::array<tp_collective, tp_message_count> kind = {
+      made(collective::all_reduce, bytes, "allreduce", "ncclDevKernel_AllReduce_Sum_" + dtype + "_RING_LL"),
+      made(collective::all_reduce, tokens * 4, "allreduce", "ncclDevKernel_AllReduce_Max_f32_RING_LL"),
+      made(collective::all_reduce, tokens * 4, "allreduce", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
+      made(collective::all_gather, bytes, "allgather", "ncclDevKernel_AllGather_RING_LL"),
+      made(collective::reduce_scatter, bytes, "reducescatter", "ncclDevKernel_ReduceScatter_Sum_" + dtype + "_RING_LL")};
+  std::array<std::size_t, tp_message_count> count{};
+  for (const tp_hook& h : hooks) ++count[static_cast<std::size_t>(h.message)];
+  (void)adopt(b, insert_tp_hooks(b.graph, hooks, kind));
+  auto us = [&](tp_message m) { return static_cast<double>(kind[static_cast<std::size_t>(m)].transfer) / 1e3; };
+  const std::size_t loss = count[1] + count[2];
+  char line[768];
+  if (to.sp) {
+    std::snprintf(line, sizeof line,
+                  "TP 1 -> %d with sequence parallelism: %zu tensor-parallel collectives inserted: %zu reduce-scatters of the "
+                  "activation (after the attention output and FC2 GEMMs of every forward and recomputed forward, the QKV and FC1 "
+                  "input gradients, the embedding lookup, the logits' input gradient), %.3f us; %zu all-gathers (before the QKV, "
+                  "FC1 and logits GEMMs, the FC2 and attention-output input gradients, the QKV, FC1 and logits weight gradients, "
+                  "the embedding's backward), %.3f us; %.0f bytes each over %d ranks by the NCCL model; %zu all-reduces of the "
+                  "cross-entropy (3 after each logits GEMM), %.0f bytes each, %.3f us; %.1f us of host time each",
+                  to.tp, count[4] + count[3] + loss, count[4], us(tp_message::scatter), count[3], us(tp_message::gather), bytes,
+                  to.tp, loss, tokens * 4, us(tp_message::loss_max), static_cast<double>(kind[0].host + kind[0].launch) / 1e3);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "TP 1 -> %d: %zu tensor-parallel all-reduces inserted: %zu of the activation (after the attention output "
+                  "and FC2 GEMMs of every forward and recomputed forward, the QKV and FC1 input gradients, the embedding "
+                  "lookup, the logits' input gradient), %.0f bytes each, %.3f us by the NCCL model over %d ranks; %zu of "
+                  "the cross-entropy (3 after each logits GEMM), %.0f bytes each, %.3f us; %.1f us of host time each",
+                  to.tp, count[0] + loss, count[0], bytes, us(tp_message::activation), to.tp, loss, tokens * 4,
+                  us(tp_message::loss_max), static_cast<double>(kind[0].host + kind[0].launch) / 1e3);
+  }
+  return changed("tensor parallel", "TP collectives", "0", std::to_string(hooks.size()), line,
+                 {count_figure("collectives inserted", hooks.size()), time_figure("activation collective transfer", 0, kind[0].transfer)});
+}
+
+/// Pass: a tensor-parallel change. The traced ranks stand for the target's TP group (folded),
+/// their TP collectives run over the new group; from TP 1, Megatron's TP collectives are
+/// inserted where the shape pass found them, and the structure is discovered again (the later
+/// passes copy them with their layers).
+struct tensor_parallel_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept {
+    return ctx.shape_from && ctx.shape_to && (ctx.shape_from->tp != ctx.shape_to->tp || !ctx.tp_hooks.empty());
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const shape_config& from = *ctx.shape_from;
+    const shape_config& to = *ctx.shape_to;
+    change_list out;
+    if (to.tp != from.tp) {
+      const job_structure& st = ctx.structure(b);
+      const auto world = st.parallel.world.value.value_or(static_cast<int>(ctx.job.ranks.size()));
+      out.push_back(changed("tensor parallel", "TP", std::to_string(from.tp), std::to_string(to.tp),
+                            tp_fold_note(from.tp, to.tp, ctx.job.ranks.size(), world)));
+      resize_tp_groups(b.graph, st, from.tp, to.tp);
+    }
+    if (!ctx.tp_hooks.empty()) {
+      out.push_back(insert_tp_collectives(b, ctx.tp_hooks, to, ctx.costs(b)));
+      ctx.refresh(b);
+    }
+    return out;
+  }
+};
+static_assert(Rewrite<tensor_parallel_pass>);
 
 } // namespace lumos::whatif

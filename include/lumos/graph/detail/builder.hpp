@@ -533,6 +533,15 @@ class trace_graph_builder {
     std::vector<participant> members;
   };
 
+  // The steps of `match_collectives` and what they hand on (graph/detail/collectives.hpp).
+  struct comm_key;
+  struct rank_comm_keys;
+  struct job_comm_names;
+  struct instance_runs;
+  [[nodiscard]] rank_comm_keys comm_keys(std::size_t r) const;
+  [[nodiscard]] job_comm_names number_comm_keys(std::vector<rank_comm_keys>& keys) const;
+  [[nodiscard]] static instance_runs form_instances(const std::vector<rank_comm_keys>& keys, std::size_t total);
+  void add_instance_plans(const instance_runs& runs, const job_comm_names& names);
   void match_collectives();
 
   void estimate_clock_offsets();

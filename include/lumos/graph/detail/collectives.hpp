@@ -6,115 +6,152 @@
 
 namespace lumos::graph {
 
-template <trace::CommClassifier Comm>
-void trace_graph_builder<Comm>::match_collectives() {
-  // Key per communication op: (group, type, sequence within group and type on its rank). Groups
-  // and types are numbered, per distinct name, in the order of their text, so that sorting the
-  // keys as numbers orders the instances as their text would (the plans, and the graph's
-  // collectives, keep that order). Each rank's keys are found in parallel, under numbers of its
-  // own (its names in the order it met them), which one serial pass turns into the job's; each
-  // rank looks a name up once, not once per op (a 512-rank job has 870 000 communication ops).
-  struct entry {
-    std::uint32_t group, type;
-    std::int64_t seq;
-    participant member;
-    event_index source;  // the op, or its record_param_comms op that carries the args
-  };
-  struct rank_keys {
-    std::vector<entry> entries;                   // group and type: indices into the two below
-    std::vector<std::string> groups, types;       // this rank's names, as it met them
-    bool any_args = false, any_fallback = false;
-  };
-  auto number = [](std::unordered_map<std::string, std::uint32_t>& ids, std::vector<std::string>& text, std::string name) {
+namespace detail {
+
+/// Numbers names in the order they are first met: the id of a name, and each id's text.
+struct name_numbers {
+  std::unordered_map<std::string, std::uint32_t> ids;
+  std::vector<std::string> text;
+
+  /// The id of `name`, a new one when it was not met before.
+  std::uint32_t operator()(std::string name) {
     const auto [it, fresh] = ids.try_emplace(std::move(name), static_cast<std::uint32_t>(text.size()));
     if (fresh) text.push_back(it->first);
     return it->second;
-  };
-  std::vector<rank_keys> keys(job_.ranks.size());
-  for_each_rank([&](std::size_t r) {
-    const trace::rank_trace& t = job_.ranks[r];
-    const rank_state& s = ranks_[r];
-    rank_keys& k = keys[r];
-    std::unordered_map<std::string, std::uint32_t> group_id, type_id;
-    std::unordered_map<string_id, std::uint32_t> group_of;             // the trace's group name → id
-    std::map<std::pair<string_id, string_id>, std::uint32_t> type_of;  // (kernel name, Collective name) → id
-    std::unordered_map<std::uint64_t, std::int64_t> counters;          // (group, type) → ops so far
-    k.entries.reserve(s.comm_ops.size());
-    for (const event_index o : s.comm_ops) {
-      // Collective args live on the kernel (newer PyTorch) or on its record_param_comms op.
-      event_index source = o;
-      if (!t.arg(o, trace::arg_key::process_group_name) && t.events[o].external_id >= 0) {
-        const event_index op = s.collective_op_by_external.first(t.events[o].external_id, no_event);
-        if (op != no_event) source = op;
-      }
-      std::uint32_t group = 0;
-      if (const auto g = t.arg(source, trace::arg_key::process_group_name)) {
-        const auto id = static_cast<string_id>(*g);
-        const auto it = group_of.find(id);
-        group = it != group_of.end() ? it->second : group_of[id] = number(group_id, k.groups, std::string(t.str(id)));
-        k.any_args = true;
-      } else {
-        group = number(group_id, k.groups, std::string());
-        k.any_fallback = true;
-      }
-      // Point-to-point ops (send, recv, and both fused into one kernel) of a communicator are
-      // issued in one order on both sides: the k-th of one rank pairs with the k-th of its
-      // peer, whatever each side calls it.
-      const auto name_arg = t.arg(source, trace::arg_key::collective_name);
-      const std::pair<string_id, string_id> names{t.events[o].name, name_arg ? static_cast<string_id>(*name_arg) : no_string};
-      auto ty = type_of.find(names);
-      if (ty == type_of.end()) {
-        std::string type = detail::collective_type(t.name(t.events[o]), t.arg_text(source, trace::arg_key::collective_name));
-        if (type == "send" || type == "recv" || type == "sendrecv" || type == "coalesced") type = "sendrecv";
-        ty = type_of.emplace(names, number(type_id, k.types, std::move(type))).first;
-      }
-      const std::int64_t seq = counters[(std::uint64_t{group} << 32) | ty->second]++;
-      k.entries.push_back({group, ty->second, seq, {r, o, t.events[o].ts, t.events[o].dur}, source});
-    }
-  });
-  // The job's numbers: every name once, then ids in text order.
-  std::unordered_map<std::string, std::uint32_t> group_id, type_id;
-  std::vector<std::string> group_text, type_text;
-  std::vector<std::vector<std::uint32_t>> group_map(keys.size()), type_map(keys.size());
-  bool any_args = false, any_fallback = false;
-  std::size_t total = 0;
-  for (std::size_t r = 0; r < keys.size(); ++r) {
-    for (std::string& g : keys[r].groups) group_map[r].push_back(number(group_id, group_text, std::move(g)));
-    for (std::string& ty : keys[r].types) type_map[r].push_back(number(type_id, type_text, std::move(ty)));
-    any_args = any_args || keys[r].any_args;
-    any_fallback = any_fallback || keys[r].any_fallback;
-    total += keys[r].entries.size();
   }
-  auto text_order = [](const std::vector<std::string>& text) {
-    std::vector<std::uint32_t> by_text(text.size()), rank(text.size());
-    std::iota(by_text.begin(), by_text.end(), 0U);
-    std::sort(by_text.begin(), by_text.end(), [&](std::uint32_t a, std::uint32_t b) { return text[a] < text[b]; });
-    for (std::uint32_t i = 0; i < by_text.size(); ++i) rank[by_text[i]] = i;
-    return rank;
-  };
-  const std::vector<std::uint32_t> group_rank = text_order(group_text), type_rank = text_order(type_text);
-  std::vector<std::string> groups(group_text.size()), types(type_text.size());
-  for (std::size_t i = 0; i < group_text.size(); ++i) groups[group_rank[i]] = group_text[i];
-  for (std::size_t i = 0; i < type_text.size(); ++i) types[type_rank[i]] = type_text[i];
-  // Each rank's keys under the job's numbers, sorted (a rank has each key once: its sequence
-  // counts its ops of one group and type).
+};
+
+/// Each id's position when the names `text` (indexed by id) are sorted.
+[[nodiscard]] inline std::vector<std::uint32_t> text_order(const std::vector<std::string>& text) {
+  std::vector<std::uint32_t> by_text(text.size()), rank(text.size());
+  std::iota(by_text.begin(), by_text.end(), 0U);
+  std::sort(by_text.begin(), by_text.end(), [&](std::uint32_t a, std::uint32_t b) { return text[a] < text[b]; });
+  for (std::uint32_t i = 0; i < by_text.size(); ++i) rank[by_text[i]] = i;
+  return rank;
+}
+
+}  // namespace detail
+
+// A communication op's key: (group, type, sequence within group and type on its rank).
+template <trace::CommClassifier Comm>
+struct trace_graph_builder<Comm>::comm_key {
+  std::uint32_t group, type;
+  std::int64_t seq;
+  participant member;
+  event_index source;  // the op, or its record_param_comms op that carries the args
+};
+
+// One rank's keys, group and type numbered by the rank's own names.
+template <trace::CommClassifier Comm>
+struct trace_graph_builder<Comm>::rank_comm_keys {
+  std::vector<comm_key> entries;              // group and type: indices into the two below
+  std::vector<std::string> groups, types;     // this rank's names, as it met them
+  bool any_args = false, any_fallback = false;
+};
+
+// The job's names of groups and types, by their numbers (in text order).
+template <trace::CommClassifier Comm>
+struct trace_graph_builder<Comm>::job_comm_names {
+  std::vector<std::string> groups, types;
+  bool any_args = false, any_fallback = false;  // some ops name their group; some do not
+  std::size_t total = 0;                        // communication ops
+};
+
+// The instances: the keys of all of them, instance by instance, and each one's range.
+template <trace::CommClassifier Comm>
+struct trace_graph_builder<Comm>::instance_runs {
+  std::vector<const comm_key*> members;
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+};
+
+// Rank r's keys, under numbers of its own (its names in the order it met them): each name is
+// looked up once, not once per op (a 512-rank job has 870 000 communication ops).
+template <trace::CommClassifier Comm>
+auto trace_graph_builder<Comm>::comm_keys(std::size_t r) const -> rank_comm_keys {
+  const trace::rank_trace& t = job_.ranks[r];
+  const rank_state& s = ranks_[r];
+  rank_comm_keys k;
+  detail::name_numbers group_id, type_id;
+  std::unordered_map<string_id, std::uint32_t> group_of;             // the trace's group name → id
+  std::map<std::pair<string_id, string_id>, std::uint32_t> type_of;  // (kernel name, Collective name) → id
+  std::unordered_map<std::uint64_t, std::int64_t> counters;          // (group, type) → ops so far
+  k.entries.reserve(s.comm_ops.size());
+  for (const event_index o : s.comm_ops) {
+    // Collective args live on the kernel (newer PyTorch) or on its record_param_comms op.
+    event_index source = o;
+    if (!t.arg(o, trace::arg_key::process_group_name) && t.events[o].external_id >= 0) {
+      const event_index op = s.collective_op_by_external.first(t.events[o].external_id, no_event);
+      if (op != no_event) source = op;
+    }
+    std::uint32_t group = 0;
+    if (const auto g = t.arg(source, trace::arg_key::process_group_name)) {
+      const auto id = static_cast<string_id>(*g);
+      const auto it = group_of.find(id);
+      group = it != group_of.end() ? it->second : group_of[id] = group_id(std::string(t.str(id)));
+      k.any_args = true;
+    } else {
+      group = group_id(std::string());
+      k.any_fallback = true;
+    }
+    // Point-to-point ops (send, recv, and both fused into one kernel) of a communicator are
+    // issued in one order on both sides: the k-th of one rank pairs with the k-th of its
+    // peer, whatever each side calls it.
+    const auto name_arg = t.arg(source, trace::arg_key::collective_name);
+    const std::pair<string_id, string_id> names{t.events[o].name, name_arg ? static_cast<string_id>(*name_arg) : no_string};
+    auto ty = type_of.find(names);
+    if (ty == type_of.end()) {
+      std::string type = detail::collective_type(t.name(t.events[o]), t.arg_text(source, trace::arg_key::collective_name));
+      if (type == "send" || type == "recv" || type == "sendrecv" || type == "coalesced") type = "sendrecv";
+      ty = type_of.emplace(names, type_id(std::move(type))).first;
+    }
+    const std::int64_t seq = counters[(std::uint64_t{group} << 32) | ty->second]++;
+    k.entries.push_back({group, ty->second, seq, {r, o, t.events[o].ts, t.events[o].dur}, source});
+  }
+  k.groups = std::move(group_id.text), k.types = std::move(type_id.text);
+  return k;
+}
+
+// Puts every rank's keys under the job's numbers (every name once, then ids in text order, so
+// that sorting keys as numbers orders them as their text would) and sorts them (a rank has each
+// key once: its sequence counts its ops of one group and type). Returns the job's names.
+template <trace::CommClassifier Comm>
+auto trace_graph_builder<Comm>::number_comm_keys(std::vector<rank_comm_keys>& keys) const -> job_comm_names {
+  detail::name_numbers group_id, type_id;
+  std::vector<std::vector<std::uint32_t>> group_map(keys.size()), type_map(keys.size());
+  job_comm_names out;
+  for (std::size_t r = 0; r < keys.size(); ++r) {
+    for (std::string& g : keys[r].groups) group_map[r].push_back(group_id(std::move(g)));
+    for (std::string& ty : keys[r].types) type_map[r].push_back(type_id(std::move(ty)));
+    out.any_args = out.any_args || keys[r].any_args;
+    out.any_fallback = out.any_fallback || keys[r].any_fallback;
+    out.total += keys[r].entries.size();
+  }
+  const std::vector<std::uint32_t> group_rank = detail::text_order(group_id.text), type_rank = detail::text_order(type_id.text);
+  out.groups.resize(group_id.text.size()), out.types.resize(type_id.text.size());
+  for (std::size_t i = 0; i < group_id.text.size(); ++i) out.groups[group_rank[i]] = group_id.text[i];
+  for (std::size_t i = 0; i < type_id.text.size(); ++i) out.types[type_rank[i]] = type_id.text[i];
   for_each_rank([&](std::size_t r) {
-    std::vector<entry>& rank_entries = keys[r].entries;
-    for (entry& e : rank_entries) e.group = group_rank[group_map[r][e.group]], e.type = type_rank[type_map[r][e.type]];
+    std::vector<comm_key>& rank_entries = keys[r].entries;
+    for (comm_key& e : rank_entries) e.group = group_rank[group_map[r][e.group]], e.type = type_rank[type_map[r][e.type]];
     std::sort(rank_entries.begin(), rank_entries.end(),
-              [](const entry& x, const entry& y) { return std::tie(x.group, x.type, x.seq) < std::tie(y.group, y.type, y.seq); });
+              [](const comm_key& x, const comm_key& y) { return std::tie(x.group, x.type, x.seq) < std::tie(y.group, y.type, y.seq); });
   });
-  // The instances, in key order, each one's members in rank order: the ops of one key on at
-  // least two ranks. A rank's ops of one group and type are numbered 0, 1, 2, ... in its
-  // sorted keys, so the k-th op of every rank that has that group and type forms the k-th
-  // instance, without sorting the job's keys together (a 512-rank job has 870 000).
+  return out;
+}
+
+// The instances, in key order, each one's members in rank order: the ops of one key on at
+// least two ranks. A rank's ops of one group and type are numbered 0, 1, 2, ... in its sorted
+// keys (`number_comm_keys`), so the k-th op of every rank that has that group and type forms the
+// k-th instance, without sorting the job's keys together (a 512-rank job has 870 000).
+template <trace::CommClassifier Comm>
+auto trace_graph_builder<Comm>::form_instances(const std::vector<rank_comm_keys>& keys, std::size_t total) -> instance_runs {
   struct segment {
     std::uint32_t group, type;
     std::size_t rank, begin, count;  // keys[rank].entries[begin, begin + count)
   };
   std::vector<segment> segments;
   for (std::size_t r = 0; r < keys.size(); ++r) {
-    const std::vector<entry>& rank_entries = keys[r].entries;
+    const std::vector<comm_key>& rank_entries = keys[r].entries;
     for (std::size_t i = 0; i < rank_entries.size();) {
       std::size_t j = i + 1;
       while (j < rank_entries.size() && rank_entries[j].group == rank_entries[i].group && rank_entries[j].type == rank_entries[i].type) ++j;
@@ -124,9 +161,8 @@ void trace_graph_builder<Comm>::match_collectives() {
   }
   std::sort(segments.begin(), segments.end(),
             [](const segment& x, const segment& y) { return std::tie(x.group, x.type, x.rank) < std::tie(y.group, y.type, y.rank); });
-  std::vector<const entry*> members;                   // of every instance, instance by instance
-  std::vector<std::pair<std::size_t, std::size_t>> runs;  // each instance's range of `members`
-  members.reserve(total);
+  instance_runs out;
+  out.members.reserve(total);
   for (std::size_t i = 0; i < segments.size();) {
     std::size_t j = i + 1, most = segments[i].count;
     while (j < segments.size() && segments[j].group == segments[i].group && segments[j].type == segments[i].type) {
@@ -134,19 +170,27 @@ void trace_graph_builder<Comm>::match_collectives() {
       ++j;
     }
     for (std::size_t k = 0; k < most; ++k) {
-      const std::size_t first = members.size();
+      const std::size_t first = out.members.size();
       for (std::size_t g = i; g < j; ++g) {
-        if (k < segments[g].count) members.push_back(&keys[segments[g].rank].entries[segments[g].begin + k]);
+        if (k < segments[g].count) out.members.push_back(&keys[segments[g].rank].entries[segments[g].begin + k]);
       }
-      if (members.size() - first >= 2) {
-        runs.emplace_back(first, members.size());
+      if (out.members.size() - first >= 2) {
+        out.runs.emplace_back(first, out.members.size());
       } else {
-        members.resize(first);
+        out.members.resize(first);
       }
     }
     i = j;
   }
-  // Each instance's plan is its own, and so is each member's slot in `instance`: in parallel.
+  return out;
+}
+
+// A plan and a collective instance per run, each member's slot in its rank's `instance`: each
+// instance's are its own, so they are made in parallel.
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::add_instance_plans(const instance_runs& found, const job_comm_names& names) {
+  const auto& members = found.members;
+  const auto& runs = found.runs;
   const std::size_t first_id = plans_.size();
   plans_.resize(first_id + runs.size());
   instances_.resize(first_id + runs.size());
@@ -154,11 +198,11 @@ void trace_graph_builder<Comm>::match_collectives() {
   parallel_for((runs.size() + chunk - 1) / chunk, thread_count(), [&](std::size_t c) {
     for (std::size_t x = c * chunk; x < std::min(runs.size(), (c + 1) * chunk); ++x) {
       const auto [i, j] = runs[x];
-      const std::string& group = groups[members[i]->group];
+      const std::string& group = names.groups[members[i]->group];
       instance_plan& plan = plans_[first_id + x];
       collective_instance& info = instances_[first_id + x];
       info.group = group.empty() ? "world" : group;
-      info.kind = types[members[i]->type];
+      info.kind = names.types[members[i]->type];
       info.sequence = members[i]->seq;
       // The first member that states them: the group's ranks, and the message size (elements
       // when only nelems is known; 0 if unknown).
@@ -179,11 +223,24 @@ void trace_graph_builder<Comm>::match_collectives() {
       }
     }
   });
+}
+
+// Matches the communication ops into instances across ranks. Key per op: (group, type,
+// sequence within group and type on its rank). Groups and types are numbered, per distinct
+// name, in the order of their text, so that sorting the keys as numbers orders the instances as
+// their text would (the plans, and the graph's collectives, keep that order). Each rank's keys
+// are found in parallel, under numbers of its own, which one serial pass turns into the job's.
+template <trace::CommClassifier Comm>
+void trace_graph_builder<Comm>::match_collectives() {
+  std::vector<rank_comm_keys> keys(job_.ranks.size());
+  for_each_rank([&](std::size_t r) { keys[r] = comm_keys(r); });
+  const job_comm_names names = number_comm_keys(keys);
+  add_instance_plans(form_instances(keys, names.total), names);
   auto& st = out_.stats;
-  st.collective_matching = any_args && any_fallback ? "process group + sequence where args exist, else world group + order"
-                           : any_args              ? "process group + sequence (collective args)"
-                           : any_fallback          ? "world group + order of same-type kernels (no collective args in the traces)"
-                                                   : "no communication ops";
+  st.collective_matching = names.any_args && names.any_fallback ? "process group + sequence where args exist, else world group + order"
+                           : names.any_args                     ? "process group + sequence (collective args)"
+                           : names.any_fallback                 ? "world group + order of same-type kernels (no collective args in the traces)"
+                                                                : "no communication ops";
 }
 
 // Clock skew between hosts (docs/replay.md): difference constraints d_i − d_j ≤ end_j − start_i

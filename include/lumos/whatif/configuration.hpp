@@ -1,0 +1,181 @@
+#pragma once
+// The configuration a what-if starts from and goes to: the traces' GPU preset, the model shape
+// (hidden, FFN, heads, sequence, micro-batch, TP) and the kernel cost context of the traces.
+
+#include <lumos/core/error.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/trace/data.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace lumos::whatif {
+
+using model::preset_of_device;
+
+/// The GPU the first trace of `job` names in its deviceProperties ("" when none does).
+[[nodiscard]] inline std::string traced_device(const trace::job& job) {
+  for (const auto& r : job.ranks) {
+    for (const auto& d : r.devices) {
+      if (!d.name.empty()) return d.name;
+    }
+  }
+  return {};
+}
+
+/// The source GPU of a job: `from` when given, else the GPU its first trace names.
+[[nodiscard]] inline model::hardware source_gpu(const trace::job& job, std::string_view from = {}) {
+  if (!from.empty()) return model::hardware_preset(from);
+  const std::string device = traced_device(job);
+  const std::string preset = preset_of_device(device);
+  if (preset.empty()) {
+    throw error("whatif --gpu: the traces' GPU " + (device.empty() ? std::string("is not named") : "'" + device + "'") +
+                " has no hardware preset; say which preset it is with --from-gpu (a100-sxm-80gb, h100-sxm, h200-sxm)");
+  }
+  return model::hardware_preset(preset);
+}
+
+/// Checks a tensor-parallel target against the full model: heads and FFN must divide by it.
+/// Throws `lumos::error`.
+inline void validate_tp(int to_tp, std::int64_t heads, std::int64_t ffn) {
+  if (to_tp <= 0)
+    throw error("whatif --tp: the tensor-parallel size must be positive (got " + std::to_string(to_tp) + ")");
+  if (heads % to_tp != 0) {
+    throw error("whatif --tp " + std::to_string(to_tp) + ": the model's " + std::to_string(heads) +
+                " attention heads do not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
+  }
+  if (ffn % to_tp != 0) {
+    throw error("whatif --tp " + std::to_string(to_tp) + ": the FFN width " + std::to_string(ffn) +
+                " does not divide over " + std::to_string(to_tp) + " tensor-parallel ranks");
+  }
+}
+
+/// Target model shape; unset fields keep the traces' own.
+struct shape_target {
+  std::optional<std::int64_t> hidden, ffn, heads, seq, micro_batch;
+  std::optional<int> tp;
+  /// Sequence parallelism of the target, for a change from TP 1 (a TP > 1 trace keeps its own).
+  std::optional<bool> sp;
+
+  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp || sp; }
+};
+
+/// One configuration's transformer shape (full model) and tensor-parallel size.
+struct shape_config {
+  std::int64_t hidden = 0, ffn = 0, heads = 0, head_dim = 0, seq = 0, micro_batch = 0;
+  int tp = 1;
+  /// Sequence parallelism asked of a target from TP 1. Not read from traces: a TP > 1 trace's own
+  /// (a reduce-scatter in its forward passes) is found and kept by `rescale_shape`.
+  bool sp = false;
+
+  [[nodiscard]] std::int64_t tokens() const noexcept { return seq * micro_batch; }
+  [[nodiscard]] std::int64_t ffn_local() const noexcept { return ffn / tp; }
+  [[nodiscard]] std::int64_t heads_local() const noexcept { return heads / tp; }
+  [[nodiscard]] std::int64_t q_local() const noexcept { return heads_local() * head_dim; }
+  friend bool operator==(const shape_config&, const shape_config&) = default;
+};
+
+/// The traces' shape from structure discovery; throws `lumos::error` naming what is unknown.
+[[nodiscard]] inline shape_config traced_shape(const job_structure& st) {
+  const auto& m = st.model;
+  auto need = [](const auto& f, const char* what) {
+    if (!f.known()) {
+      throw error(std::string("whatif: the traces' ") + what + " is unknown (" + f.source +
+                  "); the model-shape rewrites read it from the Input Dims of the layers' GEMMs (record_shapes=True)");
+    }
+    return static_cast<std::int64_t>(*f.value);
+  };
+  shape_config c;
+  c.hidden = need(m.hidden, "hidden size");
+  c.ffn = need(m.ffn, "FFN size");
+  c.heads = need(m.heads, "head count");
+  c.head_dim = need(m.head_dim, "head dimension");
+  c.seq = need(m.seq, "sequence length");
+  c.micro_batch = need(m.micro_batch_size, "micro-batch size");
+  c.tp = static_cast<int>(need(st.parallel.tp, "tensor-parallel size"));
+  return c;
+}
+
+/// The target shape: `t` applied to `from`. The head dimension follows hidden / heads when the
+/// traced model has heads·d = hidden (Megatron's default), else it stays. Throws `lumos::error`
+/// for a target that is not a valid transformer (non-positive sizes, hidden not divisible by
+/// heads, heads or FFN not divisible by TP).
+[[nodiscard]] inline shape_config target_shape(const shape_config& from, const shape_target& t) {
+  shape_config to = from;
+  auto positive = [](const auto& v, const char* flag) {
+    if (v && *v <= 0)
+      throw error(std::string("whatif ") + flag + ": must be positive (got " + std::to_string(*v) + ")");
+  };
+  positive(t.hidden, "--hidden"), positive(t.ffn, "--ffn"), positive(t.heads, "--heads"), positive(t.seq, "--seq");
+  positive(t.micro_batch, "--micro-batch"), positive(t.tp, "--tp");
+  if (t.hidden) to.hidden = *t.hidden;
+  if (t.ffn) {
+    to.ffn = *t.ffn;
+  } else if (t.hidden && from.ffn == 4 * from.hidden) {
+    to.ffn = 4 * to.hidden;  // as `lumos predict --hidden` on a model whose FFN is 4h (GPT-3)
+  }
+  if (t.heads) to.heads = *t.heads;
+  if (t.seq) to.seq = *t.seq;
+  if (t.micro_batch) to.micro_batch = *t.micro_batch;
+  if (t.tp) to.tp = *t.tp;
+  if (t.sp) {
+    if (from.tp > 1) {
+      throw error("whatif --sp: applies to a change from TP 1; the traces run TP " + std::to_string(from.tp) +
+                  ", whose own sequence parallelism (or its absence) is kept");
+    }
+    if (*t.sp && to.tp <= 1) throw error("whatif --sp on: needs a tensor-parallel size above 1 (--tp)");
+    to.sp = *t.sp;
+  }
+  if (from.heads * from.head_dim == from.hidden && (to.hidden != from.hidden || to.heads != from.heads)) {
+    if (to.hidden % to.heads != 0) {
+      throw error("whatif: hidden " + std::to_string(to.hidden) + " does not divide into " + std::to_string(to.heads) +
+                  " heads (the traced model has head dim = hidden / heads)");
+    }
+    to.head_dim = to.hidden / to.heads;
+  }
+  validate_tp(to.tp, to.heads, to.ffn);
+  return to;
+}
+
+/// The cost-model context of a rescaling: the source GPU's kernel-level profile and peaks.
+struct shape_costs {
+  model::cost_profile profile = model::h100_profile();
+  model::hardware hw = model::hardware_preset("h100-sxm");
+  model::precision dtype = model::precision::bf16;
+  double element_bytes = 2; ///< activation element size
+};
+
+/// The cost context of a job: the kernel-level profile and peaks of its GPU (`from_gpu`, else
+/// the traces' device name; H100 when neither names a preset, said in `note`) and the dtype of
+/// its GEMM kernels.
+[[nodiscard]] inline shape_costs costs_of(const trace::job& job, const job_structure& st, std::string_view from_gpu,
+                                          std::string* note, const model::cost_profile* profile = nullptr) {
+  shape_costs c;
+  std::string preset(profile != nullptr ? profile->hardware : std::string(from_gpu));
+  if (preset.empty()) {
+    for (const auto& r : job.ranks) {
+      for (const auto& d : r.devices) {
+        if (preset.empty() && !d.name.empty()) preset = model::preset_of_device(d.name);
+      }
+    }
+  }
+  if (preset.empty()) {
+    if (note)
+      *note =
+          "the traces' GPU names no preset: the shape rescaling uses the h100-sxm cost profile (--from-gpu chooses)";
+    preset = "h100-sxm";
+  }
+  c.profile = profile != nullptr ? *profile : model::profile_preset(preset);  // a calibrated cluster, else the preset
+  c.hw = model::hardware_preset(preset);
+  const std::string dt = st.model.dtype.value.value_or("bf16");
+  c.dtype = dt == "fp16" ? model::precision::fp16 : dt == "fp8" ? model::precision::fp8 : model::precision::bf16;
+  c.element_bytes = dt == "fp32" || dt == "tf32" ? 4.0 : dt == "fp8" ? 1.0 : 2.0;
+  if (dt == "fp8" && c.hw.gpu.fp8_flops <= 0) c.dtype = model::precision::bf16;
+  return c;
+}
+
+}  // namespace lumos::whatif

@@ -1,0 +1,44 @@
+#pragma once
+// The target configuration of a trace-driven what-if (`lumos whatif`): what to change, and the
+// facts about the traces that the rewrites may need from the user.
+
+#include <lumos/model/profile.hpp>
+#include <lumos/pipeline/schedule.hpp>
+#include <lumos/report/replay_report.hpp>
+#include <lumos/whatif/configuration.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace lumos::whatif {
+
+/// One target configuration. Unset fields keep the traces' own.
+struct whatif_options {
+  report::replay_options replay;  ///< step and scales, applied to the baseline and the prediction
+  std::string gpu;                ///< target hardware preset
+  std::string from_gpu;           ///< source preset, when the traces' device name has none
+  /// Transformer layers of the target (the traces' layers from structure discovery).
+  std::optional<int> layers;
+  shape_target shape;  ///< hidden/FFN/heads/sequence/micro-batch/TP of the target (configuration.hpp)
+  structure_options structure;  ///< facts the user supplies about the traces (`--structure-*`)
+  /// The traced cluster's cost profile (`lumos calibrate`): the kernel model of the shape and TP
+  /// rewrites and the NCCL model of the DP and cross-node re-timing. Unset: the preset of the
+  /// traced GPU.
+  std::optional<model::cost_profile> profile;
+  /// Data-parallel replicas (whatif/data_parallel.hpp) and the global batch in sequences (as
+  /// `lumos predict --global-batch`), counted in micro-batches of the traces' size.
+  std::optional<int> dp;
+  std::optional<std::int64_t> global_batch;
+  /// Pipeline stages, chunks and schedule (whatif/pipeline_change.hpp, whatif/pipeline.hpp).
+  std::optional<int> pp, vp;
+  std::optional<pipeline::schedule_kind> schedule;
+
+  /// A pipeline change is asked: stages, chunks or schedule.
+  [[nodiscard]] bool pipeline_asked() const noexcept { return pp || vp || schedule; }
+  /// A change that reads the traces' structure (layers, passes, groups, shape) is asked.
+  [[nodiscard]] bool needs_structure() const noexcept { return dp || global_batch || pipeline_asked() || layers || shape.any(); }
+};
+
+}  // namespace lumos::whatif

@@ -1,0 +1,44 @@
+#pragma once
+// What a trace-driven what-if returns: the baseline replay, the predicted one, and the changes
+// that made the prediction.
+
+#include <lumos/report/replay_report.hpp>
+#include <lumos/whatif/change.hpp>
+#include <lumos/whatif/pipeline.hpp>
+#include <lumos/whatif/pipeline_graph.hpp>
+#include <lumos/whatif/summary.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lumos::whatif {
+
+/// The baseline replay, the predicted one, and what was changed.
+struct whatif_result {
+  report::replay_session baseline;
+  report::replay_session predicted;
+  /// What the passes did, in the order they did it (change.hpp).
+  std::vector<change> changes;
+  /// Set when the pipeline changed (stages, chunks, schedule or micro-batches) and the change
+  /// was not made in the graph: the pass-level prediction; `predicted.simulated_ns` is then its
+  /// iteration and `predicted.ranks` keep the replay it is anchored on (the traces' stages with
+  /// any DP change).
+  std::optional<pipeline_prediction> pipeline;
+  /// Set when the pipeline change was made in the graph (pipeline_change.hpp): `predicted.ranks`
+  /// then hold every rank of every stage.
+  std::optional<stage_split> stages;
+  /// With `pipeline`: why the change was not made in the graph (empty: no stage count asked for).
+  std::string pipeline_reason;
+  std::optional<shape_summary> shape;  ///< when the traces' model shape is known
+  /// What structure discovery found in the traces (`lumos inspect --structure`).
+  std::optional<job_structure> structure;
+  /// Pipeline bubble of the prediction: the pass-level model's (whatif/pipeline.hpp) when the
+  /// pipeline changed or the traces have stages (the model of the rewritten graph's own passes),
+  /// 0 without pipeline parallelism; unset when the traces' schedule is not known.
+  std::optional<double> bubble_fraction;
+  std::string bubble_source;
+};
+
+}  // namespace lumos::whatif
