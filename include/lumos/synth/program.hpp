@@ -89,6 +89,12 @@
 // joins. A folded stage boundary's p2p costs its slowest pair (NVLink or NIC by placement).
 // `unfold` builds every rank with true joins; both agree within 0.1 % (tests/synth). Groups
 // whose members sit unevenly on nodes are priced as if each member were on its own node.
+//
+// Two forms, one emission: `build_program` adds the tasks to a task graph (what traces are
+// written from), `build_compiled_into` places them straight into the compiled form the replay
+// engine runs (synth/compiled_program.hpp; what predict and a sweep replay). Both go through the
+// same emission of each rank (synth/detail/program_emission.hpp); only the primitives that add a
+// task (synth/detail/program_tasks.hpp) differ.
 
 #include <lumos/graph/compile.hpp>
 #include <lumos/synth/compiled_program.hpp>
