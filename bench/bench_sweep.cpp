@@ -3,17 +3,25 @@
 //   BM_sweep/<space>            every configuration of the space (rejected ones cost a
 //                               validation), one thread, one reused workspace:
 //                               configurations per second per core
-//   BM_sweep_predicted/<space>  only the accepted configurations (each a full prediction)
+//   BM_sweep_predicted/<space>  only the accepted configurations (each a full prediction): the
+//                               simulated configurations per second per core
+//   BM_graph_each/<space>       the same accepted configurations through the task graph, fresh
+//                               each time: build_program, graph::compile, replay, the same
+//                               figures (the path a sweep took before it emitted compiled
+//                               programs: the baseline)
 //   BM_predict_each/<space>     the same accepted configurations through synth::predict (a fresh
-//                               program, compiled graph and engine per call: the old way)
+//                               compiled program, buffers and engine per call)
 //   BM_replay_each/<space>      the replay loop alone over the same configurations' compiled
-//                               graphs (the floor a build-per-configuration sweep cannot beat)
-//   BM_phase/<space>/N         validate (0), build (1), compile (2), replay (3) of the headline
-//                              configuration TP8 PP8 DP16 v4 with a warm workspace
+//                               graphs (the floor of any sweep that replays each one)
+//   BM_phase/<space>/N         validate (0), emit the compiled program (1), replay (2), replay
+//                              with the figures (3) of the headline configuration TP8 PP8 DP16
+//                              v4 with a warm workspace; the task-graph path's build (4) and
+//                              compile (5)
 //   BM_sweep_threads/<space>/T  a 10,000-configuration space (Llama-3 8B on 64 GPUs) with
 //                               sweep::run on T threads: the scaling of the thread pool
 // Counters: configs_per_s, allocs_per_eval (heap allocations per evaluation with a warm
 // workspace, counted by the operator new below), tasks (mean tasks per predicted configuration).
+// The ratios at the end compare benchmarks of the same run; the machine's noise affects both.
 #include "bench_support.hpp"
 
 #include <lumos/model/profile.hpp>
@@ -22,6 +30,8 @@
 #include <lumos/pipeline/zero_bubble.hpp>
 #include <lumos/sweep/space.hpp>
 #include <lumos/sweep/sweep.hpp>
+#include <lumos/synth/figures.hpp>
+#include <lumos/synth/program.hpp>
 
 #include <malloc.h>
 #include <sys/resource.h>
@@ -146,12 +156,32 @@ void BM_predict_each(benchmark::State& state) {
   state.counters["allocs_per_eval"] = static_cast<double>(allocs) / static_cast<double>(evals);
 }
 
+void BM_graph_each(benchmark::State& state) {
+  const auto& ev = gpt3_evaluator();
+  const auto& configs = gpt3_accepted();
+  std::uint64_t allocs = 0, evals = 0;
+  for (auto _ : state) {
+    const std::uint64_t before = allocations.load();
+    for (const auto& c : configs) {
+      const ls::program prog = ls::build_program(ev.job_of(c), ev.fixed().options.program, ev.compute_model(), ev.comm_model());
+      const ls::compiled_program compiled = ls::compile_program(prog);
+      lumos::sim::replay_engine engine;
+      ls::figure_buffers figures;
+      benchmark::DoNotOptimize(ls::replay_figures(compiled, engine, figures).bubble_fraction);
+    }
+    allocs += allocations.load() - before;
+    evals += configs.size();
+  }
+  state.counters["configs_per_s"] =
+      benchmark::Counter(static_cast<double>(configs.size()), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["allocs_per_eval"] = static_cast<double>(allocs) / static_cast<double>(evals);
+}
+
 void BM_replay_each(benchmark::State& state) {
   const auto& ev = gpt3_evaluator();
   std::vector<lumos::graph::compiled_graph> graphs;
   for (const auto& c : gpt3_accepted()) {
-    const ls::program prog = ls::build_program(ev.job_of(c), ev.fixed().options.program, ev.compute_model(), ev.comm_model());
-    graphs.push_back(lumos::graph::compile(prog.graph));
+    graphs.push_back(ls::build_compiled(ev.job_of(c), ev.fixed().options.program, ev.compute_model(), ev.comm_model()).graph);
   }
   lumos::sim::replay_engine engine;
   lumos::sim::makespan_only m;
@@ -163,8 +193,9 @@ void BM_replay_each(benchmark::State& state) {
 }
 
 // One phase of an evaluation of the headline configuration (TP8 PP8 DP16, interleaved v = 4,
-// selective recomputation, micro-batch 1) with a warm workspace: 0 validate, 1 build the
-// program, 2 compile it, 3 replay it.
+// selective recomputation, micro-batch 1) with a warm workspace: 0 validate, 1 emit the
+// compiled program, 2 replay it alone, 3 replay it and take its figures; the task-graph
+// path: 4 build the task graph, 5 compile it.
 void BM_phase(benchmark::State& state) {
   const auto& ev = gpt3_evaluator();
   const sw::configuration c{.tp = 8, .pp = 8, .dp = 16, .vp = 4, .micro_batch = 1,
@@ -174,15 +205,22 @@ void BM_phase(benchmark::State& state) {
   (void)ev.evaluate(c, w);
   const ls::job j = ev.job_of(c);
   const auto& o = ev.fixed().options.program;
+  const auto& orders = w.orders.get(c.schedule, w.program.shape);
+  ls::program prog;
+  ls::build_program_into(prog, j, o, ev.compute_model(), ev.comm_model());
+  lumos::graph::compiled_graph compiled;
+  lumos::graph::compile_scratch scratch;
   for (auto _ : state) {
     switch (state.range(0)) {
       case 0: benchmark::DoNotOptimize(ev.validate(c, w).memory_bytes); break;
-      case 1: ls::build_program_into(w.program, j, o, ev.compute_model(), ev.comm_model()); break;
-      case 2: sw::detail::compile_into(w.program.graph, w.compiled, w.scratch); break;
-      default: benchmark::DoNotOptimize(w.engine.run(w.compiled)); break;
+      case 1: ls::build_compiled_into(w.program, w.buffers, j, o, ev.compute_model(), ev.comm_model(), &orders.orders); break;
+      case 2: benchmark::DoNotOptimize(w.engine.run(w.program.graph)); break;
+      case 3: benchmark::DoNotOptimize(ls::replay_figures(w.program, w.engine, w.figures).bubble_fraction); break;
+      case 4: ls::build_program_into(prog, j, o, ev.compute_model(), ev.comm_model()); break;
+      default: lumos::graph::compile_into(prog.graph, compiled, scratch); break;
     }
   }
-  state.counters["tasks"] = static_cast<double>(w.program.graph.task_count());
+  state.counters["tasks"] = static_cast<double>(w.program.task_count());
 }
 
 // About 10,000 configurations of Llama-3 8B on 64 GPUs.
@@ -234,13 +272,15 @@ int main(int argc, char** argv) {
   lumos_bench::ratio_reporter reporter;
   const std::string name = "gpt3-175b-1024gpu";
   std::printf("space %s: %zu configurations, %zu accepted\n", name.c_str(), gpt3_configs().size(), gpt3_accepted().size());
+  const std::string timed = "/min_time:2.000";
   benchmark::RegisterBenchmark(("BM_sweep/" + name).c_str(), BM_sweep, false)->Unit(benchmark::kMillisecond)->MinTime(2);
   benchmark::RegisterBenchmark(("BM_sweep_predicted/" + name).c_str(), BM_sweep, true)->Unit(benchmark::kMillisecond)->MinTime(2);
+  benchmark::RegisterBenchmark(("BM_graph_each/" + name).c_str(), BM_graph_each)->Unit(benchmark::kMillisecond)->MinTime(2);
   benchmark::RegisterBenchmark(("BM_predict_each/" + name).c_str(), BM_predict_each)->Unit(benchmark::kMillisecond)->MinTime(2);
   benchmark::RegisterBenchmark(("BM_replay_each/" + name).c_str(), BM_replay_each)->Unit(benchmark::kMillisecond)->MinTime(2);
   benchmark::RegisterBenchmark(("BM_phase/" + name).c_str(), BM_phase)
-      ->ArgName("validate_build_compile_replay")
-      ->DenseRange(0, 3)
+      ->ArgName("validate_emit_replay_figures_build_compile")
+      ->DenseRange(0, 5)
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("BM_sweep_threads/llama3-8b-64gpu", BM_sweep_threads)
       ->Arg(1)
@@ -248,9 +288,11 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime()
       ->Iterations(1);
-  reporter.compare("BM_sweep_predicted/" + name, "BM_predict_each/" + name, "configs_per_s");
-  reporter.compare("BM_sweep_predicted/" + name, "BM_replay_each/" + name, "configs_per_s");
-  reporter.compare("BM_sweep/" + name, "BM_sweep_predicted/" + name, "configs_per_s");
+  const std::string predicted = "BM_sweep_predicted/" + name + timed;
+  reporter.compare(predicted, "BM_graph_each/" + name + timed, "configs_per_s");
+  reporter.compare(predicted, "BM_predict_each/" + name + timed, "configs_per_s");
+  reporter.compare(predicted, "BM_replay_each/" + name + timed, "configs_per_s");
+  reporter.compare("BM_sweep/" + name + timed, predicted, "configs_per_s");
   reporter.compare("BM_sweep_threads/llama3-8b-64gpu/1/iterations:1/real_time",
                    "BM_sweep_threads/llama3-8b-64gpu/2/iterations:1/real_time", "cpu_us_per_config");
   reporter.compare("BM_sweep_threads/llama3-8b-64gpu/2/iterations:1/real_time",

@@ -47,6 +47,8 @@
 #include <lumos/model/profile.hpp>
 #include <lumos/model/transformer.hpp>
 
+#include <lumos/synth/compiled_program.hpp>
+#include <lumos/synth/figures.hpp>
 #include <lumos/synth/job.hpp>
 #include <lumos/synth/kernel_trace.hpp>
 #include <lumos/synth/predict.hpp>

@@ -1,7 +1,7 @@
-// The sweep API: evaluate agrees with synth::predict bit for bit, compile_into with
-// graph::compile, validate's reasons with what the builder refuses; workspaces reused across
-// configurations and threads give the sequential results; a schedule defined here (not one of
-// the shipped kinds) goes through the program builder, predict and the sweep.
+// The sweep API: evaluate agrees with synth::predict bit for bit, validate's reasons with what
+// the builder refuses; workspaces reused across configurations and threads give the sequential
+// results; a schedule defined here (not one of the shipped kinds) goes through the program
+// builder, predict and the sweep.
 
 #include <lumos/graph/compile.hpp>
 #include <lumos/model/profile.hpp>
@@ -158,38 +158,6 @@ TEST_CASE("evaluate with overlapped parameter all-gathers gives synth::predict's
   CHECK(compared > 0);
 }
 
-TEST_CASE("compile_into equals graph::compile, reusing its buffers across graphs", "[sweep]") {
-  const sw::evaluator<lm::roofline, lm::ring_alpha_beta> ev(small_problem());
-  sw::detail::compile_scratch scratch;
-  lumos::graph::compiled_graph c;
-  for (const auto& [tp, pp, vp] : {std::array{2, 4, 2}, std::array{1, 1, 1}, std::array{2, 8, 1}, std::array{4, 2, 1}}) {
-    sw::configuration cfg;
-    cfg.tp = tp;
-    cfg.pp = pp;
-    cfg.dp = 16 / (tp * pp);
-    cfg.vp = vp;
-    if (vp > 1) cfg.schedule = ls::policy_of<lp::interleaved_one_f_one_b>();
-    const ls::program prog = ls::build_program(ev.job_of(cfg), ev.fixed().options.program);
-    const lumos::graph::compiled_graph want = lumos::graph::compile(prog.graph);
-    sw::detail::compile_into(prog.graph, c, scratch);
-    REQUIRE(c.processor_count == want.processor_count);
-    REQUIRE(c.size() == want.size());
-    REQUIRE(std::equal(c.task.begin(), c.task.end(), want.task.begin(), want.task.end()));
-    REQUIRE(std::equal(c.positions.begin(), c.positions.end(), want.positions.begin(), want.positions.end()));
-    REQUIRE(c.preds.size() == want.preds.size());
-    for (std::size_t i = 0; i < c.preds.size(); ++i) {
-      REQUIRE(c.preds[i].time == want.preds[i].time);
-      REQUIRE(c.preds[i].delay == want.preds[i].delay);
-    }
-    for (std::size_t i = 0; i < c.size(); ++i) {
-      REQUIRE(c.tasks[i].gap == want.tasks[i].gap);
-      REQUIRE(c.tasks[i].duration == want.tasks[i].duration);
-      REQUIRE(c.tasks[i].processor_and_finishes == want.tasks[i].processor_and_finishes);
-      REQUIRE(c.tasks[i].pred_end == want.tasks[i].pred_end);
-    }
-  }
-}
-
 TEST_CASE("enumerate: a value listed twice counts once", "[sweep]") {
   const sw::space once = small_space();
   sw::space twice = once;
@@ -222,17 +190,31 @@ TEST_CASE("sm_utilization: 1 ms buckets, and a window too long for them takes wi
   CHECK(w.mean == Approx(0.5));
 }
 
-TEST_CASE("the in-place breakdown equals report::compute_breakdown", "[sweep]") {
+TEST_CASE("compute_breakdown_into: the breakdown in the caller's buffers, left as the unions", "[sweep][report]") {
   using lumos::report::interval;
-  std::vector<interval> compute = {{5, 9}, {0, 3}, {2, 4}, {20, 30}, {8, 8}, {-5, 1}};
-  std::vector<interval> comm = {{3, 6}, {25, 40}, {10, 12}, {11, 15}};
   const interval window{0, 35};
-  const auto want = lumos::report::compute_breakdown(compute, comm, window);
-  const auto got = sw::detail::breakdown_in_place(compute, comm, window);
-  CHECK(got.exposed_compute == want.exposed_compute);
-  CHECK(got.overlapped == want.overlapped);
-  CHECK(got.exposed_comm == want.exposed_comm);
-  CHECK(got.other == want.other);
+  // Two sorted runs of compute (stream by stream), overlapping, one interval outside, one empty.
+  std::vector<interval> compute = {{0, 3}, {2, 4}, {5, 9}, {20, 30}, {-5, 1}, {8, 8}, {30, 40}};
+  std::vector<interval> comm = {{25, 40}, {3, 6}, {10, 12}, {11, 15}};
+  std::vector<interval> scratch;
+  const auto b = lumos::report::compute_breakdown_into(compute, comm, window, scratch);
+  // Unions inside [0, 35): compute [0, 4) [5, 9) [20, 35), comm [3, 6) [10, 15) [25, 35).
+  auto same = [](const std::vector<interval>& a, const std::vector<interval>& want) {
+    return std::equal(a.begin(), a.end(), want.begin(), want.end(),
+                      [](const interval& x, const interval& y) { return x.begin == y.begin && x.end == y.end; });
+  };
+  CHECK(same(compute, {{0, 4}, {5, 9}, {20, 35}}));
+  CHECK(same(comm, {{3, 6}, {10, 15}, {25, 35}}));
+  CHECK(b.overlapped == 2 + 10);            // [3, 4) [5, 6) and [25, 35)
+  CHECK(b.exposed_compute == 4 + 4 + 15 - 12);
+  CHECK(b.exposed_comm == 3 + 5 + 10 - 12);
+  CHECK(b.other == 35 - b.exposed_compute - b.exposed_comm - b.overlapped);
+  CHECK(b.total() == 35);
+  // The scratch, once large enough, is used again without growing.
+  const auto capacity = scratch.capacity();
+  std::vector<interval> c2 = {{6, 7}, {1, 2}}, m2 = {{0, 1}};
+  (void)lumos::report::compute_breakdown_into(c2, m2, window, scratch);
+  CHECK(scratch.capacity() == capacity);
 }
 
 TEST_CASE("compute_breakdown with waits and sm_utilization match a nanosecond-by-nanosecond count", "[sweep][report]") {

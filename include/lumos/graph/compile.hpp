@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -245,14 +246,71 @@ struct compile_release {
   bool edges = false;      ///< the edges (`task_graph::release_edges`)
 };
 
+/// Working memory of `compile_into`: the predecessor and successor lists, counts and order
+/// scratch of one compile. Its arrays only grow, so compiling one graph after another (a sweep
+/// of task graphs) allocates nothing once they are as large as the largest graph. Not shared
+/// between threads while in use.
+struct compile_scratch {
+  large_vector<std::uint32_t> in_begin;   ///< per task: first predecessor in `in_edge`
+  large_vector<std::uint8_t> finishes;    ///< per task: finish edges into it
+  large_vector<task_id> next_on_processor;
+  large_vector<std::uint32_t> indegree;
+  large_vector<std::uint32_t> out_begin;  ///< per task: first successor in `out_to`
+  large_vector<task_id> out_to;
+  large_vector<std::uint32_t> in_edge;    ///< edge indices, CSR by target
+  std::vector<task_id> ready, last;
+  std::vector<std::uint32_t> block_start;
+};
+
 namespace detail {
 
-// compile() and compile_releasing(): `release(what)` is called with the durations once the
-// records hold them, and with the edges once the predecessor lists do; the predecessor lists
-// come first with `preds_first`.
+// compile_graph's first step: where each task's predecessors start (a prefix sum of their
+// counts) and how many of them are finish edges; and, for Kahn's algorithm, the successors (CSR
+// by source; processor order adds one implicit edge). The two read the edges independently: on
+// two threads. The arrays are large vectors, as the graph's columns: their pages come back from
+// the block cache that the arrays freed before the compile went to (set_block_cache_limit).
+inline void lists_of(const task_graph& g, compile_scratch& w, unsigned threads) {
+  const std::size_t n = g.task_count();
+  w.in_begin.assign(n + 1, 0);
+  w.finishes.assign(n, 0);
+  parallel_for(2, threads, [&](std::size_t part) {
+    if (part == 0) {
+      for (const edge& e : g.edges) {
+        ++w.in_begin[e.to + 1];
+        if (e.finish) {
+          if (w.finishes[e.to] == 255) throw error("task_graph: more than 255 finish edges into " + g.describe(e.to));
+          ++w.finishes[e.to];
+        }
+      }
+      for (std::size_t i = 0; i < n; ++i) w.in_begin[i + 1] += w.in_begin[i];
+      w.next_on_processor.assign(n, no_task);
+      w.indegree.assign(n, 0);
+      w.last.assign(g.processors.size(), no_task);
+      for (task_id t = 0; t < n; ++t) {
+        const processor_id p = g.processor[t];
+        w.indegree[t] = (w.in_begin[t + 1] - w.in_begin[t]) + (w.last[p] != no_task ? 1U : 0U);
+        if (w.last[p] != no_task) w.next_on_processor[w.last[p]] = t;
+        w.last[p] = t;
+      }
+    } else {
+      w.out_begin.assign(n + 1, 0);
+      for (const edge& e : g.edges) ++w.out_begin[e.from + 1];
+      for (std::size_t i = 0; i < n; ++i) w.out_begin[i + 1] += w.out_begin[i];
+      w.out_to.resize(g.edges.size());
+      for (std::size_t i = 0; i < n; ++i) w.out_begin[i] = w.out_begin[i + 1];
+      for (std::size_t k = g.edges.size(); k-- > 0;) w.out_to[--w.out_begin[g.edges[k].from]] = g.edges[k].to;
+    }
+  });
+}
+
+// The compile of compile_into(), compile() and compile_releasing(): `release(what)` is called
+// with the durations once the records hold them, and with the edges once the predecessor lists
+// do; the predecessor lists come first with `preds_first`. A `transient` scratch (compile()'s
+// own) gives back its arrays as soon as they are read no more, which lowers the compile's peak
+// memory; a caller's scratch keeps them for the next compile.
 template <class Durations, class Release>
-[[nodiscard]] compiled_graph compile_graph(const task_graph& g, const scales& s, const Durations& durations, bool preds_first,
-                                           Release&& release) {
+void compile_graph(const task_graph& g, const scales& s, const Durations& durations, bool preds_first, Release&& release,
+                   compiled_graph& c, compile_scratch& w, bool transient) {
   const std::size_t n = g.task_count();
   if (n >= (std::size_t{1} << 31)) throw error("task_graph: more than 2^31 tasks cannot be compiled");
   if (g.durations_released() || g.edges_released()) {
@@ -264,86 +322,49 @@ template <class Durations, class Release>
 
   constexpr std::size_t block = std::size_t{1} << 16;
   const unsigned threads = n >= 4 * block ? hardware_threads() : 1;
+  const auto give_back = [transient](auto& v) {
+    if (transient) v = std::remove_reference_t<decltype(v)>{};  // frees it (`v = {}` keeps the capacity)
+  };
 
-  // Where each task's predecessors start (a prefix sum of their counts), and how many of them
-  // are finish edges; and, for Kahn's algorithm, the successors (CSR by source; processor order
-  // adds one implicit edge). The two read the edges independently: on two threads.
-  large_vector<std::uint32_t> in_begin(n + 1, 0);
-  large_vector<std::uint8_t> finishes(n, 0);
-  // Large vectors, as the graph's columns: their pages come back from the block cache that the
-  // arrays freed before the compile went to (set_block_cache_limit).
-  large_vector<task_id> next_on_processor;
-  large_vector<std::uint32_t> indegree;
-  large_vector<std::uint32_t> out_begin;
-  large_vector<task_id> out_to;
-  parallel_for(2, threads, [&](std::size_t part) {
-    if (part == 0) {
-      for (const edge& e : g.edges) {
-        ++in_begin[e.to + 1];
-        if (e.finish) {
-          if (finishes[e.to] == 255) throw error("task_graph: more than 255 finish edges into " + g.describe(e.to));
-          ++finishes[e.to];
-        }
-      }
-      for (std::size_t i = 0; i < n; ++i) in_begin[i + 1] += in_begin[i];
-      next_on_processor.assign(n, no_task);
-      indegree.assign(n, 0);
-      std::vector<task_id> last(g.processors.size(), no_task);
-      for (task_id t = 0; t < n; ++t) {
-        const processor_id p = g.processor[t];
-        indegree[t] = (in_begin[t + 1] - in_begin[t]) + (last[p] != no_task ? 1U : 0U);
-        if (last[p] != no_task) next_on_processor[last[p]] = t;
-        last[p] = t;
-      }
-    } else {
-      out_begin.assign(n + 1, 0);
-      for (const edge& e : g.edges) ++out_begin[e.from + 1];
-      for (std::size_t i = 0; i < n; ++i) out_begin[i + 1] += out_begin[i];
-      out_to.resize(g.edges.size());
-      for (std::size_t i = 0; i < n; ++i) out_begin[i] = out_begin[i + 1];
-      for (std::size_t k = g.edges.size(); k-- > 0;) out_to[--out_begin[g.edges[k].from]] = g.edges[k].to;
-    }
-  });
+  lists_of(g, w, threads);
   // The predecessor lists themselves (CSR of edge indices: 4 bytes an edge), start edges before
   // finish edges, in insertion order. Made beside the order when the lists are filled first
   // (they read nothing the order does); otherwise only once the records are (or for a cycle
   // report), so that they are not held beside the records and the graph's durations, the
   // compile's peak.
+  bool have_in_edge = false;
   auto predecessor_edges = [&] {
-    large_vector<std::uint32_t> in_edge(g.edges.size());
+    w.in_edge.resize(g.edges.size());
     // Filled from the back (finish edges, then start edges, each in reverse), so each list
     // ends in insertion order, start edges first, and in_begin[t] is back at t's first entry.
-    for (std::size_t i = 0; i < n; ++i) in_begin[i] = in_begin[i + 1];
+    for (std::size_t i = 0; i < n; ++i) w.in_begin[i] = w.in_begin[i + 1];
     for (int pass = 1; pass >= 0; --pass) {
       for (std::size_t k = g.edges.size(); k-- > 0;) {
         const edge& e = g.edges[k];
-        if (e.finish == (pass == 1)) in_edge[--in_begin[e.to]] = static_cast<std::uint32_t>(k);
+        if (e.finish == (pass == 1)) w.in_edge[--w.in_begin[e.to]] = static_cast<std::uint32_t>(k);
       }
     }
-    return in_edge;
+    have_in_edge = true;
   };
 
-  compiled_graph c;
   c.processor_count = static_cast<std::uint32_t>(g.processors.size());
+  c.task.clear();
   c.task.reserve(n);
-  std::vector<task_id> ready;
-  large_vector<std::uint32_t> in_edge;
-  bool have_in_edge = false;
   parallel_for(preds_first ? 2 : 1, threads, [&](std::size_t part) {
     if (part == 0) {
-      detail::topological_order(indegree, next_on_processor, out_begin, out_to, ready, c.task);
+      detail::topological_order(w.indegree, w.next_on_processor, w.out_begin, w.out_to, w.ready, c.task);
     } else {
-      in_edge = predecessor_edges();
-      have_in_edge = true;
+      predecessor_edges();
     }
   });
-  if (c.task.size() != n) detail::report_cycle(g, indegree, in_begin, have_in_edge ? in_edge : predecessor_edges());
-  // Only the predecessor lists are read from here on: the successor lists and counts go before
-  // the records are allocated (a 512-rank job's compile peaked with both). Each is assigned an
-  // empty vector, which frees it (`v = {}` would assign an empty list and keep the capacity:
-  // 205 MiB of the 512-rank job's peak until 2026-11).
-  indegree = decltype(indegree){}, next_on_processor = decltype(next_on_processor){}, ready = decltype(ready){};
-  out_begin = decltype(out_begin){}, out_to = decltype(out_to){};
+  if (c.task.size() != n) {
+    if (!have_in_edge) predecessor_edges();
+    detail::report_cycle(g, w.indegree, w.in_begin, w.in_edge);
+  }
+  // Only the predecessor lists are read from here on: a transient scratch frees the successor
+  // lists and counts before the records are allocated (a 512-rank job's compile peaked with
+  // both).
+  give_back(w.indegree), give_back(w.next_on_processor), give_back(w.ready), give_back(w.out_begin), give_back(w.out_to);
 
   if (g.processors.size() >= (std::size_t{1} << task_record::processor_bits)) {
     throw error("task_graph: more than 16777215 processors cannot be compiled");
@@ -354,30 +375,30 @@ template <class Durations, class Release>
   // comes first depends on what is released (see compile_releasing).
   const std::size_t blocks = (n + block - 1) / block;
   auto positions_of = [&](std::size_t b) { return std::pair{b * block, std::min(n, (b + 1) * block)}; };
-  std::vector<std::uint32_t> block_start(blocks + 1, 0);
+  w.block_start.assign(blocks + 1, 0);
   for (std::size_t b = 0; b < blocks; ++b) {
     std::uint32_t count = 0;
     const auto [first, last] = positions_of(b);
-    for (std::size_t i = first; i < last; ++i) count += in_begin[c.task[i] + 1] - in_begin[c.task[i]];
-    block_start[b + 1] = block_start[b] + count;
+    for (std::size_t i = first; i < last; ++i) count += w.in_begin[c.task[i] + 1] - w.in_begin[c.task[i]];
+    w.block_start[b + 1] = w.block_start[b] + count;
   }
   auto fill_records = [&] {
     c.tasks.resize(n);
     parallel_for(blocks, threads, [&](std::size_t b) {
-      std::uint32_t out = block_start[b];
+      std::uint32_t out = w.block_start[b];
       const auto [first, last] = positions_of(b);
       for (std::size_t i = first; i < last; ++i) {
         const task_id t = c.task[i];
-        out += in_begin[t + 1] - in_begin[t];
+        out += w.in_begin[t + 1] - w.in_begin[t];
         c.tasks[i] = {g.idle_gap[t] + scale_time(g.busy_gap[t], s.cpu), durations.duration(g, t, s),
-                      g.processor[t] | (static_cast<std::uint32_t>(finishes[t]) << task_record::processor_bits), out};
+                      g.processor[t] | (static_cast<std::uint32_t>(w.finishes[t]) << task_record::processor_bits), out};
       }
     });
   };
   // `busy(i, t)`: the busy prelude of task t at position i, which start edges carry (see
   // task_record); finish edges do not.
   auto fill_preds = [&](auto busy) {
-    if (!have_in_edge) in_edge = predecessor_edges();
+    if (!have_in_edge) predecessor_edges();
     c.positions.resize(n);
     parallel_for(blocks, threads, [&](std::size_t b) {
       const auto [first, last] = positions_of(b);
@@ -385,20 +406,20 @@ template <class Durations, class Release>
     });
     c.preds.resize(g.edges.size());
     parallel_for(blocks, threads, [&](std::size_t b) {
-      std::uint32_t out = block_start[b];
+      std::uint32_t out = w.block_start[b];
       const auto [first, last] = positions_of(b);
       for (std::size_t i = first; i < last; ++i) {
         const task_id t = c.task[i];
         const time_ns prelude = busy(i, t);
-        const std::uint32_t first_finish = in_begin[t + 1] - finishes[t];
-        for (std::uint32_t e = in_begin[t]; e < in_begin[t + 1]; ++e) {
-          const edge& in = g.edges[in_edge[e]];
+        const std::uint32_t first_finish = w.in_begin[t + 1] - w.finishes[t];
+        for (std::uint32_t e = w.in_begin[t]; e < w.in_begin[t + 1]; ++e) {
+          const edge& in = g.edges[w.in_edge[e]];
           const time_ns delay = e < first_finish ? in.delay + prelude : in.delay;
           c.preds[out++] = {2 * index(c.positions[in.from]) + (in.from_start ? 0U : 1U), clamp_delay(delay)};
         }
       }
     });
-    in_edge = decltype(in_edge){};
+    give_back(w.in_edge);
   };
   if (preds_first) {
     fill_preds([&](std::size_t, task_id t) { return scale_time(g.busy_gap[t], s.cpu); });
@@ -411,18 +432,30 @@ template <class Durations, class Release>
     fill_preds([&](std::size_t i, task_id t) { return c.tasks[i].gap - g.idle_gap[t]; });
     release(compile_release{.edges = true});
   }
-  return c;
 }
 
 }  // namespace detail
 
-/// Orders and flattens `g`, applying `durations` (scales by default). Deterministic: among
-/// ready tasks the one added first goes first (detail::topological_order). O(tasks + edges). A
-/// cycle (e.g. a wait on an event recorded later on the same thread) is a lumos::error naming
-/// the tasks on it.
+/// Orders and flattens `g` into `out`, applying `durations` (scales by default), with the
+/// caller's working memory: `out`'s arrays and `scratch`'s keep their capacity, so compiling
+/// one graph after another allocates nothing once both are as large as the largest graph (on
+/// graphs below 2^18 tasks, which compile on the calling thread). Deterministic: among ready
+/// tasks the one added first goes first (detail::topological_order). O(tasks + edges). A cycle
+/// (e.g. a wait on an event recorded later on the same thread) is a lumos::error naming the
+/// tasks on it.
+template <DurationModel Durations = scaled_durations>
+void compile_into(const task_graph& g, compiled_graph& out, compile_scratch& scratch, const scales& s = {},
+                  const Durations& durations = {}) {
+  detail::compile_graph(g, s, durations, false, [](compile_release) {}, out, scratch, false);
+}
+
+/// `compile_into` a new compiled graph, with working memory freed as early as it can be.
 template <DurationModel Durations = scaled_durations>
 [[nodiscard]] compiled_graph compile(const task_graph& g, const scales& s = {}, const Durations& durations = {}) {
-  return detail::compile_graph(g, s, durations, false, [](compile_release) {});
+  compiled_graph c;
+  compile_scratch scratch;
+  detail::compile_graph(g, s, durations, false, [](compile_release) {}, c, scratch, true);
+  return c;
 }
 
 /// The same, for a caller that reads some of the graph's columns no more (`lumos replay`):
@@ -434,10 +467,16 @@ template <DurationModel Durations = scaled_durations>
 /// second compile.
 template <DurationModel Durations = scaled_durations>
 [[nodiscard]] compiled_graph compile_releasing(task_graph& g, compile_release what, const scales& s = {}, const Durations& durations = {}) {
-  return detail::compile_graph(g, s, durations, what.edges, [&](compile_release now) {
-    if (now.durations && what.durations) g.release_durations();
-    if (now.edges && what.edges) g.release_edges();
-  });
+  compiled_graph c;
+  compile_scratch scratch;
+  detail::compile_graph(
+      g, s, durations, what.edges,
+      [&](compile_release now) {
+        if (now.durations && what.durations) g.release_durations();
+        if (now.edges && what.edges) g.release_edges();
+      },
+      c, scratch, true);
+  return c;
 }
 
 }  // namespace lumos::graph

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
-#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -130,27 +129,41 @@ struct group_placement {
   /// Placement from the node id of every member. Throws `lumos::error` when nodes hold
   /// different numbers of members (the hierarchical model assumes symmetry). O(n log n).
   [[nodiscard]] static group_placement from_nodes(std::span<const std::int64_t> node_of_member) {
-    if (node_of_member.empty()) throw error("group placement: empty group");
-    std::map<std::int64_t, std::int64_t> count;
-    for (auto node : node_of_member) ++count[node];
-    const std::int64_t per = count.begin()->second;
-    for (const auto& [node, c] : count) {
+    std::vector<std::int64_t> sorted(node_of_member.begin(), node_of_member.end());
+    std::sort(sorted.begin(), sorted.end());
+    return from_sorted_nodes(static_cast<std::int64_t>(sorted.size()),
+                             [&](std::int64_t i) { return sorted[static_cast<std::size_t>(i)]; });
+  }
+
+  /// `from_nodes` for members whose nodes `node_of(i)`, i < n, come in ascending order: O(n),
+  /// no allocation.
+  template <class NodeOf>
+  [[nodiscard]] static group_placement from_sorted_nodes(std::int64_t n, NodeOf node_of) {
+    if (n <= 0) throw error("group placement: empty group");
+    const std::int64_t first = node_of(0);
+    std::int64_t per = 0;
+    for (std::int64_t i = 0; i < n;) {
+      const std::int64_t node = node_of(i);
+      std::int64_t j = i + 1;
+      while (j < n && node_of(j) == node) ++j;
+      const std::int64_t c = j - i;
+      if (i == 0) per = c;
       if (c != per) {
-        throw error("group placement: node " + std::to_string(node) + " holds " +
-                    std::to_string(c) + " members but node " +
-                    std::to_string(count.begin()->first) + " holds " + std::to_string(per) +
-                    "; uneven groups are not modelled");
+        throw error("group placement: node " + std::to_string(node) + " holds " + std::to_string(c) + " members but node " +
+                    std::to_string(first) + " holds " + std::to_string(per) + "; uneven groups are not modelled");
       }
+      i = j;
     }
-    return {static_cast<std::int64_t>(node_of_member.size()), per};
+    return {n, per};
   }
 };
 
 /// Group placement from member ranks; groups whose nodes hold unequal numbers of members (which
 /// the hierarchical model does not describe) are priced as if every member were on its own node.
-[[nodiscard]] inline group_placement placement_of(const std::vector<int>& ranks, const hardware& hw) {
-  std::vector<std::int64_t> nodes;
-  nodes.reserve(ranks.size());
+/// `nodes` is working memory: with it kept between calls, no allocation.
+[[nodiscard]] inline group_placement placement_of(const std::vector<int>& ranks, const hardware& hw,
+                                                  std::vector<std::int64_t>& nodes) {
+  nodes.clear();
   for (const int r : ranks) nodes.push_back(r / hw.gpus_per_node);
   std::sort(nodes.begin(), nodes.end());
   std::int64_t per = 0;
@@ -166,6 +179,10 @@ struct group_placement {
   if (!even || per < 1 || per > hw.gpus_per_node) per = 1;
   return {static_cast<std::int64_t>(ranks.size()), per};
 }
+[[nodiscard]] inline group_placement placement_of(const std::vector<int>& ranks, const hardware& hw) {
+  std::vector<std::int64_t> nodes;
+  return placement_of(ranks, hw, nodes);
+}
 
 /// Parameters per data-parallel gradient bucket in Megatron-LM: max(40e6, 1e6 x dp).
 [[nodiscard]] constexpr std::int64_t megatron_bucket_params(int dp) noexcept {
@@ -175,10 +192,10 @@ struct group_placement {
 /// Megatron's gradient buckets over a model chunk's parameter segments, given in the order the
 /// backward computes their gradients (the head, the layers last first, the embedding): a bucket
 /// closes once it holds `bucket_params`, the rest closes with the last segment. Each bucket as
-/// (index of the segment that closes it, its parameters).
-[[nodiscard]] inline std::vector<std::pair<int, std::int64_t>> gradient_buckets(std::span<const std::int64_t> segments,
-                                                                                std::int64_t bucket_params) {
-  std::vector<std::pair<int, std::int64_t>> out;
+/// (index of the segment that closes it, its parameters), into `out` (overwritten).
+inline void gradient_buckets(std::span<const std::int64_t> segments, std::int64_t bucket_params,
+                             std::vector<std::pair<int, std::int64_t>>& out) {
+  out.clear();
   std::int64_t acc = 0;
   for (std::size_t i = 0; i < segments.size(); ++i) {
     acc += segments[i];
@@ -188,6 +205,11 @@ struct group_placement {
     }
   }
   if (acc > 0) out.emplace_back(static_cast<int>(segments.size()) - 1, acc);
+}
+[[nodiscard]] inline std::vector<std::pair<int, std::int64_t>> gradient_buckets(std::span<const std::int64_t> segments,
+                                                                                std::int64_t bucket_params) {
+  std::vector<std::pair<int, std::int64_t>> out;
+  gradient_buckets(segments, bucket_params, out);
   return out;
 }
 
@@ -312,13 +334,10 @@ static_assert(CommModel<tree_alpha_beta>);
 // uniform layouts accepted here every group of a kind has the same placement.
 
 namespace detail {
+// Ranks first + i·stride, in ascending order, as their nodes are.
 [[nodiscard]] inline group_placement place(std::int64_t first, std::int64_t stride,
                                            std::int64_t count, const hardware& hw) {
-  std::vector<std::int64_t> nodes(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i) {
-    nodes[static_cast<std::size_t>(i)] = (first + i * stride) / hw.gpus_per_node;
-  }
-  return group_placement::from_nodes(nodes);
+  return group_placement::from_sorted_nodes(count, [&](std::int64_t i) { return (first + i * stride) / hw.gpus_per_node; });
 }
 }  // namespace detail
 
@@ -369,10 +388,11 @@ struct tp_collective {
 /// row-parallel GEMM and re-gathers the sequence-sharded input of each column-parallel GEMM
 /// for its weight gradient (Megatron keeps only the shard). Empty when tp == 1. Full
 /// recomputation repeats the forward collectives in backward; callers add them.
-[[nodiscard]] inline std::vector<tp_collective> tensor_parallel_layer_collectives(
-    const transformer& m, const parallel_config& par) {
-  std::vector<tp_collective> out;
-  if (par.tp <= 1) return out;
+/// Into `out` (overwritten).
+inline void tensor_parallel_layer_collectives(const transformer& m, const parallel_config& par,
+                                              std::vector<tp_collective>& out) {
+  out.clear();
+  if (par.tp <= 1) return;
   const std::int64_t B =
       par.micro_batch * m.seq * m.hidden * static_cast<std::int64_t>(activation_bytes(par.dtype));
   if (!par.sp) {
@@ -380,7 +400,7 @@ struct tp_collective {
     out.push_back({"mlp_out_all_reduce", collective::all_reduce, B, false});
     out.push_back({"mlp_in_dgrad_all_reduce", collective::all_reduce, B, true});
     out.push_back({"qkv_dgrad_all_reduce", collective::all_reduce, B, true});
-    return out;
+    return;
   }
   out.push_back({"qkv_input_all_gather", collective::all_gather, B, false});
   out.push_back({"attn_out_proj_reduce_scatter", collective::reduce_scatter, B, false});
@@ -392,6 +412,11 @@ struct tp_collective {
   out.push_back({"attn_out_proj_grad_all_gather", collective::all_gather, B, true});
   out.push_back({"qkv_input_regather", collective::all_gather, B, true});
   out.push_back({"qkv_dgrad_reduce_scatter", collective::reduce_scatter, B, true});
+}
+[[nodiscard]] inline std::vector<tp_collective> tensor_parallel_layer_collectives(const transformer& m,
+                                                                                 const parallel_config& par) {
+  std::vector<tp_collective> out;
+  tensor_parallel_layer_collectives(m, par, out);
   return out;
 }
 

@@ -176,7 +176,10 @@ struct op_list {
 /// Megatron runs them); `embedding` — first stage's input embedding, forward and backward;
 /// `head` — last stage's final norm, logits GEMM and loss, forward and backward;
 /// `optimizer(…, stage)` — the per-iteration optimizer step of one GPU of that stage.
-/// Results depend only on the arguments; invalid configurations throw `lumos::error`.
+/// Results depend only on the arguments; invalid configurations throw `lumos::error`. A model
+/// may add overloads that fill a caller's list instead (`layer(m, p, hw, op_list& out)`, and so
+/// for the others): the program builder uses them when present, so that a caller that keeps its
+/// buffers (a sweep) allocates nothing per configuration; the shipped models have them.
 template <class Model>
 concept ComputeModel = requires(const Model& c, const transformer& m, const parallel_config& p,
                                 const hardware& hw, int stage) {
@@ -246,44 +249,80 @@ struct roofline {
     return time_op(c, flops, bytes, dtype, hw).duration;
   }
 
-  [[nodiscard]] op_list layer(const transformer& m, const parallel_config& par,
-                              const hardware& hw) const {
+  /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
+  void layer(const transformer& m, const parallel_config& par, const hardware& hw,
+             op_list& out) const {
     par.validate(m, hw);
     builder b(*this, m, par, hw);
+    b.out = std::move(out);
+    b.out.ops.clear();
     b.layer_forward(op_phase::forward, false);
     b.layer_backward();
-    return std::move(b.out);
+    out = std::move(b.out);
+  }
+  [[nodiscard]] op_list layer(const transformer& m, const parallel_config& par,
+                              const hardware& hw) const {
+    op_list out;
+    layer(m, par, hw, out);
+    return out;
   }
 
+  /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
+  void embedding(const transformer& m, const parallel_config& par, const hardware& hw,
+                 op_list& out) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    b.out = std::move(out);
+    b.out.ops.clear();
+    b.embedding();
+    out = std::move(b.out);
+  }
   [[nodiscard]] op_list embedding(const transformer& m, const parallel_config& par,
                                   const hardware& hw) const {
-    par.validate(m, hw);
-    builder b(*this, m, par, hw);
-    b.embedding();
-    return std::move(b.out);
+    op_list out;
+    embedding(m, par, hw, out);
+    return out;
   }
 
-  [[nodiscard]] op_list head(const transformer& m, const parallel_config& par,
-                             const hardware& hw) const {
+  /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
+  void head(const transformer& m, const parallel_config& par, const hardware& hw,
+            op_list& out) const {
     par.validate(m, hw);
     builder b(*this, m, par, hw);
+    b.out = std::move(out);
+    b.out.ops.clear();
     b.head();
-    return std::move(b.out);
+    out = std::move(b.out);
+  }
+  [[nodiscard]] op_list head(const transformer& m, const parallel_config& par,
+                             const hardware& hw) const {
+    op_list out;
+    head(m, par, hw, out);
+    return out;
   }
 
   /// Gradient-norm reduction and Adam step over the parameters this GPU updates: its stage's
   /// parameters (`stage_parameters_per_rank`), divided by dp under ZeRO stage >= 1.
-  [[nodiscard]] op_list optimizer(const transformer& m, const parallel_config& par,
-                                  const hardware& hw, int stage) const {
+  /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
+  void optimizer(const transformer& m, const parallel_config& par, const hardware& hw,
+                 int stage, op_list& out) const {
     par.validate(m, hw);
     builder b(*this, m, par, hw);
+    b.out = std::move(out);
+    b.out.ops.clear();
     double params = static_cast<double>(stage_parameters_per_rank(m, par, stage));
     if (par.zero_stage >= 1) params /= par.dp;
     b.vector_op("grad_norm", op_class::norm, op_phase::optimizer, 2.0 * params,
                 grad_norm_bytes_per_param * params);
     b.vector_op("optimizer_step", op_class::optimizer, op_phase::optimizer,
                 optimizer_flops_per_param * params, optimizer_bytes_per_param * params);
-    return std::move(b.out);
+    out = std::move(b.out);
+  }
+  [[nodiscard]] op_list optimizer(const transformer& m, const parallel_config& par,
+                                  const hardware& hw, int stage) const {
+    op_list out;
+    optimizer(m, par, hw, stage, out);
+    return out;
   }
 
  private:

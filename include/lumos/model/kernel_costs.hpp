@@ -53,29 +53,55 @@ struct kernel_level {
   double optimizer_bytes_per_param = 28;  ///< as `roofline`
   double attention_causal_factor = 0.5;   ///< FlashAttention skips masked tiles
 
-  [[nodiscard]] op_list layer(const transformer& m, const parallel_config& par, const hardware& hw) const {
+  /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
+  void layer(const transformer& m, const parallel_config& par, const hardware& hw, op_list& out) const {
     par.validate(m, hw);
     builder b(*this, m, par, hw);
+    b.out = std::move(out);
+    b.out.ops.clear();
     b.layer_forward(op_phase::forward, false);
     b.layer_backward();
-    return std::move(b.out);
+    out = std::move(b.out);
+  }
+  [[nodiscard]] op_list layer(const transformer& m, const parallel_config& par, const hardware& hw) const {
+    op_list out;
+    layer(m, par, hw, out);
+    return out;
+  }
+  /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
+  void embedding(const transformer& m, const parallel_config& par, const hardware& hw, op_list& out) const {
+    par.validate(m, hw);
+    builder b(*this, m, par, hw);
+    b.out = std::move(out);
+    b.out.ops.clear();
+    b.embedding();
+    out = std::move(b.out);
   }
   [[nodiscard]] op_list embedding(const transformer& m, const parallel_config& par, const hardware& hw) const {
+    op_list out;
+    embedding(m, par, hw, out);
+    return out;
+  }
+  /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
+  void head(const transformer& m, const parallel_config& par, const hardware& hw, op_list& out) const {
     par.validate(m, hw);
     builder b(*this, m, par, hw);
-    b.embedding();
-    return std::move(b.out);
+    b.out = std::move(out);
+    b.out.ops.clear();
+    b.head();
+    out = std::move(b.out);
   }
   [[nodiscard]] op_list head(const transformer& m, const parallel_config& par, const hardware& hw) const {
-    par.validate(m, hw);
-    builder b(*this, m, par, hw);
-    b.head();
-    return std::move(b.out);
+    op_list out;
+    head(m, par, hw, out);
+    return out;
   }
-  [[nodiscard]] op_list optimizer(const transformer& m, const parallel_config& par, const hardware& hw,
-                                  int stage) const {
+  /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
+  void optimizer(const transformer& m, const parallel_config& par, const hardware& hw, int stage, op_list& out) const {
     par.validate(m, hw);
     builder b(*this, m, par, hw);
+    b.out = std::move(out);
+    b.out.ops.clear();
     double params = static_cast<double>(stage_parameters_per_rank(m, par, stage));
     if (par.zero_stage >= 1) params /= par.dp;
     const op_phase o = op_phase::optimizer;
@@ -88,7 +114,13 @@ struct kernel_level {
     b.vector("grad_norm", op_class::norm, op_phase::optimizer, 2.0 * params, 4.0 * params, false);
     b.vector("grad_clip", op_class::optimizer, o, params, 8.0 * params, false);
     b.vector("optimizer_step", op_class::optimizer, o, 16.0 * params, optimizer_bytes_per_param * params, false);
-    return std::move(b.out);
+    out = std::move(b.out);
+  }
+  [[nodiscard]] op_list optimizer(const transformer& m, const parallel_config& par, const hardware& hw,
+                                  int stage) const {
+    op_list out;
+    optimizer(m, par, hw, stage, out);
+    return out;
   }
 
  private:

@@ -81,7 +81,8 @@ struct cost_profile {
   std::map<std::string, std::string> provenance;  ///< key -> where the value comes from
 };
 
-/// The numeric fields of a profile by JSON key, in a fixed order (the order `to_json` writes).
+/// The numeric fields of a profile by JSON key, in a fixed order (the order `to_json` writes):
+/// `f(std::string_view key, field)`.
 template <class Profile, class F>
 void for_each_number(Profile& p, F&& f) {
   f("gemm.max_efficiency", p.gemm_max);
@@ -101,24 +102,29 @@ void for_each_number(Profile& p, F&& f) {
   f("cpu.collective_ns", p.cpu_collective_ns);
   f("cpu.p2p_sync", p.cpu_p2p_sync);
   f("cpu.loss_scale_sync", p.cpu_loss_scale_sync);
-  for (auto* l : {&p.intra, &p.inter}) {
-    const std::string pre = l == &p.intra ? "nccl.intra." : "nccl.inter.";
-    f(pre + "busbw", l->busbw);
-    f(pre + "allreduce_busbw", l->allreduce_busbw);
-    f(pre + "simple_base_ns", l->simple_base_ns);
-    f(pre + "simple_step_ns", l->simple_step_ns);
-    f(pre + "ll_base_ns", l->ll_base_ns);
-    f(pre + "ll_step_ns", l->ll_step_ns);
-    f(pre + "ll_fraction", l->ll_fraction);
-  }
+  // Keys as literals (std::string_view): a validation on every cost query allocates nothing.
+  f("nccl.intra.busbw", p.intra.busbw);
+  f("nccl.intra.allreduce_busbw", p.intra.allreduce_busbw);
+  f("nccl.intra.simple_base_ns", p.intra.simple_base_ns);
+  f("nccl.intra.simple_step_ns", p.intra.simple_step_ns);
+  f("nccl.intra.ll_base_ns", p.intra.ll_base_ns);
+  f("nccl.intra.ll_step_ns", p.intra.ll_step_ns);
+  f("nccl.intra.ll_fraction", p.intra.ll_fraction);
+  f("nccl.inter.busbw", p.inter.busbw);
+  f("nccl.inter.allreduce_busbw", p.inter.allreduce_busbw);
+  f("nccl.inter.simple_base_ns", p.inter.simple_base_ns);
+  f("nccl.inter.simple_step_ns", p.inter.simple_step_ns);
+  f("nccl.inter.ll_base_ns", p.inter.ll_base_ns);
+  f("nccl.inter.ll_step_ns", p.inter.ll_step_ns);
+  f("nccl.inter.ll_fraction", p.inter.ll_fraction);
 }
 
 /// Throws `lumos::error` naming the first parameter outside its domain.
 inline void validate(const cost_profile& p) {
-  for_each_number(p, [&](const std::string& key, double v) {
-    const bool fraction = key.find("efficiency") != std::string::npos || key.find("fraction") != std::string::npos;
+  for_each_number(p, [&](std::string_view key, double v) {
+    const bool fraction = key.find("efficiency") != std::string_view::npos || key.find("fraction") != std::string_view::npos;
     if (!(v >= 0) || (fraction && !(v > 0 && v <= 1.0))) {
-      throw error("profile '" + p.name + "': " + key + " = " + std::to_string(v) +
+      throw error("profile '" + p.name + "': " + std::string(key) + " = " + std::to_string(v) +
                   (fraction ? " must be in (0, 1]" : " must be >= 0"));
     }
   });
@@ -151,7 +157,7 @@ inline void put_escaped(std::string& out, std::string_view s) {
   detail::put_escaped(out, p.hardware);
   out += ",\n  \"attention\": ";
   out += p.attention == attention_impl::flash ? "\"flash\"" : "\"unfused\"";
-  for_each_number(p, [&](const std::string& key, double v) {
+  for_each_number(p, [&](std::string_view key, double v) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.17g", v);
     out += ",\n  ";
@@ -211,7 +217,7 @@ class profile_reader {
       } else {
         const double v = number();
         bool known = false;
-        for_each_number(base, [&](const std::string& k, double& field) {
+        for_each_number(base, [&](std::string_view k, double& field) {
           if (k == key) {
             field = v;
             known = true;

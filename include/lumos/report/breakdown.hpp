@@ -2,10 +2,11 @@
 // The 4-way breakdown and SM utilisation of FIDELITY.md, computed the same way for measured and
 // simulated timelines: from the GPU op intervals of one rank inside its iteration window.
 
-#include <lumos/core/sort.hpp>
 #include <lumos/core/time.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -32,24 +33,68 @@ struct breakdown {
 
 namespace detail {
 
-// Clips to the window, sorts and merges: the union of `v` inside `w` as disjoint intervals.
-inline std::vector<interval> merged(std::vector<interval> v, interval w) {
+// Sorts `v` by begin without allocating once `scratch` has v's size: a sorted `v` is left as it
+// is; up to 64 sorted runs (a rank's intervals gathered stream by stream) are merged pairwise
+// through `scratch`, O(n log runs); more runs go to std::sort. Not stable: equal begins may
+// swap, which no union of the intervals can tell.
+inline void sort_by_begin(std::vector<interval>& v, std::vector<interval>& scratch) {
+  const auto earlier = [](const interval& a, const interval& b) { return a.begin < b.begin; };
+  constexpr std::size_t max_runs = 64;
+  std::array<std::size_t, max_runs + 1> bounds{};  // run starts, then v.size()
+  std::size_t runs = 0;
+  for (std::size_t i = 0; i < v.size();) {
+    if (runs == max_runs) {
+      std::sort(v.begin(), v.end(), earlier);
+      return;
+    }
+    bounds[runs++] = i;
+    i = static_cast<std::size_t>(std::is_sorted_until(v.begin() + static_cast<std::ptrdiff_t>(i), v.end(), earlier) - v.begin());
+  }
+  if (runs <= 1) return;
+  bounds[runs] = v.size();
+  scratch.resize(v.size());
+  std::vector<interval>* from = &v;
+  std::vector<interval>* to = &scratch;
+  while (runs > 1) {
+    std::size_t out = 0;
+    for (std::size_t k = 0; k < runs; k += 2) {
+      const auto at = [&](std::size_t b) { return from->begin() + static_cast<std::ptrdiff_t>(bounds[b]); };
+      const std::size_t end = std::min(k + 2, runs);
+      std::merge(at(k), at(std::min(k + 1, runs)), at(std::min(k + 1, runs)), at(end), to->begin() + static_cast<std::ptrdiff_t>(bounds[k]), earlier);
+      bounds[out++] = bounds[k];
+    }
+    bounds[out] = v.size();
+    runs = out;
+    std::swap(from, to);
+  }
+  if (from != &v) std::copy(from->begin(), from->end(), v.begin());
+}
+
+// Clips `v` to the window, sorts and merges it in place: the union of `v` inside `w` as
+// disjoint intervals in ascending order. No allocation once `scratch` has v's size.
+inline void merge_in_place(std::vector<interval>& v, interval w, std::vector<interval>& scratch) {
   for (auto& i : v) {
     i.begin = std::max(i.begin, w.begin);
     i.end = std::min(i.end, w.end);
   }
   std::erase_if(v, [](const interval& i) { return i.end <= i.begin; });
-  // Gathered processor by processor, so mostly a few sorted runs.
-  sort_runs(v.begin(), v.end(), [](const interval& a, const interval& b) { return a.begin < b.begin; });
-  std::vector<interval> out;
-  for (const auto& i : v) {
-    if (!out.empty() && i.begin <= out.back().end) {
-      out.back().end = std::max(out.back().end, i.end);
+  sort_by_begin(v, scratch);
+  std::size_t out = 0;
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    if (out > 0 && v[k].begin <= v[out - 1].end) {
+      v[out - 1].end = std::max(v[out - 1].end, v[k].end);
     } else {
-      out.push_back(i);
+      v[out++] = v[k];
     }
   }
-  return out;
+  v.resize(out);
+}
+
+// `merge_in_place` on a copy.
+inline std::vector<interval> merged(std::vector<interval> v, interval w) {
+  std::vector<interval> scratch;
+  merge_in_place(v, w, scratch);
+  return v;
 }
 
 // The union of two sorted disjoint lists (from `merged`), as `merged` of both together would
@@ -125,10 +170,23 @@ namespace detail {
 }  // namespace detail
 
 /// Breakdown of `window` given the intervals of compute ops and of communication ops (any
-/// order, may overlap each other or the window's edges). O(n log n).
+/// order, may overlap each other or the window's edges), in the caller's buffers: `compute`
+/// and `comm` are left as their unions inside the window (sorted, disjoint), and `scratch` is
+/// working memory. No allocation once `scratch` is as large as the larger list (a sweep
+/// computes one breakdown after another). O(n log r) for lists of r sorted runs, O(n log n) at
+/// worst.
+[[nodiscard]] inline breakdown compute_breakdown_into(std::vector<interval>& compute, std::vector<interval>& comm,
+                                                      interval window, std::vector<interval>& scratch) {
+  detail::merge_in_place(compute, window, scratch);
+  detail::merge_in_place(comm, window, scratch);
+  return detail::breakdown_of(compute, comm, window);
+}
+
+/// `compute_breakdown_into` on copies of the lists.
 [[nodiscard]] inline breakdown compute_breakdown(std::vector<interval> compute, std::vector<interval> comm,
                                                  interval window) {
-  return detail::breakdown_of(detail::merged(std::move(compute), window), detail::merged(std::move(comm), window), window);
+  std::vector<interval> scratch;
+  return compute_breakdown_into(compute, comm, window, scratch);
 }
 
 namespace detail {

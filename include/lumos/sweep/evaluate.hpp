@@ -11,9 +11,10 @@
 //
 // What one evaluation does: `validate` (constant-time divisibility rules, then the schedule's
 // shape check and the memory of every stage from the schedule's stage orders), then the folded
-// `pass`-granularity program of synth::predict built into the workspace's graph, compiled into its
-// compiled graph, replayed by its engine, and the figures of synth::predict derived from the
-// replay (same numbers, bit for bit: tests/sweep).
+// `pass`-granularity program of synth::predict emitted in compiled form into the workspace
+// (synth::build_compiled_into: no task graph, no compile), replayed by its engine, and the
+// figures of synth::predict derived from the replay by the function predict uses
+// (synth::replay_figures). With a warm workspace an evaluation allocates nothing.
 
 #include <lumos/core/time.hpp>
 #include <lumos/graph/compile.hpp>
@@ -31,8 +32,8 @@
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/report/breakdown.hpp>
 #include <lumos/sim/replay.hpp>
-#include <lumos/sweep/detail/breakdown.hpp>
-#include <lumos/sweep/detail/compile_into.hpp>
+#include <lumos/synth/compiled_program.hpp>
+#include <lumos/synth/figures.hpp>
 #include <lumos/synth/predict.hpp>
 #include <lumos/synth/program.hpp>
 #include <lumos/synth/schedules.hpp>
@@ -42,11 +43,14 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <new>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -158,17 +162,74 @@ struct result {
 };
 static_assert(std::is_trivially_copyable_v<result>, "results travel between MPI ranks as bytes");
 
-/// Buffers of one thread's evaluations: the program (graph arrays, stage orders), the compiled
-/// graph, the replay engine and the breakdown's intervals. Reused: after the first evaluations
-/// of the largest configuration, the big arrays are never reallocated. Not thread-safe: one per
-/// thread. Default-constructible, movable.
+namespace detail {
+
+/// The stage orders of schedules per shape, with each stage's activation peak
+/// (synth::in_flight_microbatches), for the configurations that share them (every
+/// recomputation, sp setting and micro-batch count of a layout). A schedule gives its orders
+/// as new vectors (PipelineSchedule::stage_ops); a warm cache gives them without allocating.
+/// Holds at most `max_ops` ops (12 bytes each), then starts over.
+class order_cache {
+ public:
+  struct entry {
+    std::vector<std::vector<pipeline::op>> orders;  ///< per stage
+    std::vector<double> in_flight;                  ///< per stage
+  };
+  static constexpr std::size_t max_ops = std::size_t{1} << 22;
+
+  /// The orders of `policy` on `shape` (validated by the caller).
+  const entry& get(const synth::schedule_policy& policy, const pipeline::schedule_shape& shape) {
+    const key k{policy.orders, shape};
+    if (const auto it = index_.find(k); it != index_.end()) return entries_[it->second];
+    entry e;
+    e.orders = policy.orders(shape);
+    std::size_t ops = 0;
+    for (const auto& o : e.orders) {
+      e.in_flight.push_back(synth::in_flight_microbatches(o, shape.chunks, policy.splits_backward));
+      ops += o.size();
+    }
+    if (ops_ + ops > max_ops) {
+      index_.clear();
+      entries_.clear();
+      ops_ = 0;
+    }
+    ops_ += ops;
+    entries_.push_back(std::move(e));
+    index_.emplace(k, entries_.size() - 1);
+    return entries_.back();
+  }
+
+ private:
+  using orders_fn = std::vector<std::vector<pipeline::op>> (*)(const pipeline::schedule_shape&);
+  struct key {
+    orders_fn orders;
+    pipeline::schedule_shape shape;
+    friend bool operator==(const key&, const key&) = default;
+  };
+  struct hash {
+    std::size_t operator()(const key& k) const noexcept {
+      const auto mix = [](std::size_t h, std::int32_t v) { return h * 1000003U ^ std::hash<std::int32_t>{}(v); };
+      return mix(mix(mix(0, k.shape.stages), k.shape.micro_batches), k.shape.chunks);
+    }
+  };
+  std::unordered_map<key, std::size_t, hash> index_;
+  std::deque<entry> entries_;  // references stay valid as entries are added
+  std::size_t ops_ = 0;
+};
+
+}  // namespace detail
+
+/// Buffers of one thread's evaluations: the stage orders per shape, the job, the compiled
+/// program and the builder's working memory, the replay engine and the figures' intervals.
+/// Reused: after the first evaluations of the largest configuration, nothing is allocated.
+/// Not thread-safe: one per thread. Default-constructible, movable.
 struct workspace {
-  synth::program program;
-  graph::compiled_graph compiled;
-  detail::compile_scratch scratch;
+  detail::order_cache orders;
+  synth::job job;
+  synth::compiled_program program;
+  synth::program_buffers buffers;
   sim::replay_engine engine;
-  std::vector<report::interval> compute, transfer;
-  std::vector<std::vector<pipeline::op>> orders;
+  synth::figure_buffers figures;
 };
 
 namespace detail {
@@ -216,23 +277,16 @@ class evaluator {
   /// The job `c` stands for (model, hardware, parallel configuration, schedule).
   [[nodiscard]] synth::job job_of(const configuration& c) const {
     synth::job j;
+    job_into(c, j);
+    return j;
+  }
+  /// `job_of` into `j`, whose strings keep their capacity.
+  void job_into(const configuration& c, synth::job& j) const {
     j.model = problem_.model;
     j.hardware = problem_.hardware;
-    model::parallel_config& p = j.parallel;
-    p.tp = c.tp;
-    p.pp = c.pp;
-    p.dp = c.dp;
-    p.vp = c.vp;
-    p.sp = c.sp;
-    p.tp_comm_overlap = problem_.tp_comm_overlap && c.sp;
-    p.overlap_param_gather = problem_.overlap_param_gather;
-    p.micro_batch = c.micro_batch;
-    p.global_batch = problem_.global_batch;
-    p.recompute = c.recompute;
-    p.dtype = problem_.dtype;
-    p.zero_stage = problem_.zero_stage;
+    j.parallel = parallel_of(c);
+    j.schedule.reset();
     j.policy = c.schedule;
-    return j;
   }
 
   /// The divisibility rules, constant time, no allocation: the checks of
@@ -314,7 +368,7 @@ class evaluator {
     result r = check_shape(c);
     if (!r.ok()) return r;
     try {
-      check_schedule_and_memory(r, w);
+      (void)check_schedule_and_memory(r, w);
     } catch (const std::exception& e) {
       detail::say_what(r, rejection::error, e.what());
     }
@@ -327,9 +381,9 @@ class evaluator {
     result r = check_shape(c);
     if (!r.ok()) return r;
     try {
-      check_schedule_and_memory(r, w);
+      const detail::order_cache::entry* orders = check_schedule_and_memory(r, w);
       if (!r.ok()) return r;
-      simulate(r, w);
+      simulate(r, w, *orders);
     } catch (const std::exception& e) {
       detail::say_what(r, rejection::error, e.what());
       r.predicted = false;
@@ -372,26 +426,26 @@ class evaluator {
     return p;
   }
 
-  // The schedule's own check (it throws: caught here as a reason), its stage orders into the
-  // workspace, and the largest per-GPU memory as synth::predict computes it.
-  void check_schedule_and_memory(result& r, workspace& w) const {
+  // The schedule's own check (it throws: caught here as a reason), its stage orders from the
+  // workspace, and the largest per-GPU memory as synth::predict computes it. Returns the
+  // orders, or null for a schedule that refuses the shape.
+  const detail::order_cache::entry* check_schedule_and_memory(result& r, workspace& w) const {
     const configuration& c = r.config;
     const pipeline::schedule_shape shape{c.pp, static_cast<std::int32_t>(r.micro_batches), c.vp};
     try {
       c.schedule.validate(shape);
     } catch (const error& e) {
       detail::say_what(r, rejection::schedule, e.what());
-      return;
+      return nullptr;
     }
-    w.orders = c.schedule.orders(shape);
+    const detail::order_cache::entry& orders = w.orders.get(c.schedule, shape);
     const model::parallel_config par = parallel_of(c);
     model::memory_options mo;
     mo.flash_attention = problem_.options.flash_attention;
     mo.per_param = problem_.options.state;
     double worst = -1;
     for (int s = 0; s < c.pp; ++s) {
-      mo.in_flight_microbatches =
-          synth::in_flight_microbatches(w.orders[static_cast<std::size_t>(s)], shape.chunks, c.schedule.splits_backward);
+      mo.in_flight_microbatches = orders.in_flight[static_cast<std::size_t>(s)];
       const double total = model::memory_per_gpu(problem_.model, par, s, mo).total();
       if (total > worst) {  // the first stage of the largest, as synth::predict picks it
         worst = total;
@@ -406,15 +460,15 @@ class evaluator {
       detail::say(r, "%.1f GiB per GPU (stage %d) exceeds %.1f GiB (HBM less %.0f%% margin)", worst / 1073741824.0,
                   r.memory_stage, usable / 1073741824.0, 100.0 * problem_.memory_margin);
     }
+    return &orders;
   }
 
-  void simulate(result& r, workspace& w) const {
+  void simulate(result& r, workspace& w, const detail::order_cache::entry& orders) const {
     const configuration& c = r.config;
-    const synth::job j = job_of(c);
-    synth::build_program_into(w.program, j, problem_.options.program, compute_, comm_);
-    const synth::program& prog = w.program;
-    detail::compile_into(prog.graph, w.compiled, w.scratch);
-    const time_ns makespan = w.engine.run(w.compiled);
+    job_into(c, w.job);
+    synth::build_compiled_into(w.program, w.buffers, w.job, problem_.options.program, compute_, comm_, &orders.orders);
+    const synth::timeline_figures f = synth::replay_figures(w.program, w.engine, w.figures);
+    const time_ns makespan = f.iteration_ns;
 
     const model::transformer& m = problem_.model;
     const std::int64_t gpus = c.gpus();
@@ -427,60 +481,11 @@ class evaluator {
     x.model_tflops_per_gpu = model::tflops_per_gpu(model_flops, makespan, gpus);
     x.mfu = model::utilisation(model_flops, makespan, gpus, peak);
     x.hfu = model::utilisation(hardware_flops, makespan, gpus, peak);
-
-    // Bubble over the stages' representative ranks (folded: rank s of the program is stage s).
-    double busy_sum = 0;
-    x.pipeline_ns = 0;
-    for (const synth::simulated_rank& rk : prog.ranks) {
-      if (rk.tp_index != 0 || rk.dp_index != 0) continue;
-      time_ns busy = 0;
-      if (rk.pipeline_first != graph::no_task && rk.pipeline_last != graph::no_task) {
-        for (graph::task_id t = rk.pipeline_first; t <= rk.pipeline_last; ++t) {
-          if (prog.graph.processor[t] != rk.compute) continue;
-          const graph::position i = w.compiled.position_of(t);
-          busy += w.engine.finish(i) - w.engine.start(i);
-        }
-        x.pipeline_ns = std::max(x.pipeline_ns, w.engine.finish(w.compiled.position_of(rk.pipeline_last)));
-      }
-      busy_sum += static_cast<double>(busy);
-    }
-    x.bubble_fraction = 0;
-    if (x.pipeline_ns > 0) {
-      x.bubble_fraction = 1.0 - busy_sum / static_cast<double>(c.pp) / static_cast<double>(x.pipeline_ns);
-    }
-
-    // Breakdown of rank 0 over [0, end of its last GPU op], as synth::predict.
-    w.compute.clear();
-    w.transfer.clear();
-    time_ns window_end = 0;
-    const std::size_t n = prog.graph.task_count();
-    for (graph::task_id id = 0; id < n; ++id) {
-      if (prog.graph.rank[id] != 0) continue;
-      const graph::task_kind k = prog.graph.kind[id];
-      if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm && k != graph::task_kind::comm_complete) {
-        continue;
-      }
-      const graph::position i = w.compiled.position_of(id);
-      const report::interval iv{w.engine.start(i), w.engine.finish(i)};
-      if (k == graph::task_kind::gpu_compute) {
-        if (iv.end > iv.begin) {
-          w.compute.push_back(iv);
-          window_end = std::max(window_end, iv.end);
-        }
-        continue;
-      }
-      if (iv.end > iv.begin) w.transfer.push_back(iv);
-      // The kernel as a trace shows it (arrive to complete) bounds the window too.
-      report::interval whole = iv;
-      if (id > 0 && prog.graph.kind[id - 1] == graph::task_kind::comm_arrive &&
-          prog.graph.processor[id - 1] == prog.graph.processor[id]) {
-        whole.begin = w.engine.start(w.compiled.position_of(id - 1));
-      }
-      if (whole.end > whole.begin) window_end = std::max(window_end, whole.end);
-    }
-    x.breakdown_window_ns = window_end;
-    x.breakdown = detail::breakdown_in_place(w.compute, w.transfer, report::interval{0, window_end});
-    x.tasks = static_cast<std::int64_t>(n);
+    x.pipeline_ns = f.pipeline_ns;
+    x.bubble_fraction = f.bubble_fraction;
+    x.breakdown = f.breakdown;
+    x.breakdown_window_ns = f.breakdown_window_ns;
+    x.tasks = static_cast<std::int64_t>(w.program.task_count());
     r.predicted = true;
   }
 };

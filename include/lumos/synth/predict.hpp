@@ -1,7 +1,8 @@
 #pragma once
-// predict — build the iteration of a model-driven job, replay it with the engine that replays
-// traces, and report what a performance engineer asks first: iteration time, throughput,
-// FLOP/s and MFU/HFU, the pipeline bubble, the 4-way breakdown and per-GPU memory.
+// predict — build the iteration of a model-driven job (in compiled form), replay it with the
+// engine that replays traces, and report what a performance engineer asks first: iteration
+// time, throughput, FLOP/s and MFU/HFU, the pipeline bubble, the 4-way breakdown and per-GPU
+// memory.
 
 #include <lumos/core/error.hpp>
 #include <lumos/core/time.hpp>
@@ -14,6 +15,8 @@
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/report/breakdown.hpp>
 #include <lumos/sim/replay.hpp>
+#include <lumos/synth/compiled_program.hpp>
+#include <lumos/synth/figures.hpp>
 #include <lumos/synth/program.hpp>
 
 #include <algorithm>
@@ -127,47 +130,40 @@ struct prediction {
 
 namespace detail {
 
-// GPU op intervals of `rank`: compute ops, communication transfers (complete tasks), and
-// communication kernels as a trace shows them (from the participant's arrive to its complete).
-template <class Engine>
-void gpu_intervals(const graph::task_graph& g, const graph::compiled_graph& c, const Engine& t, int rank, std::vector<report::interval>& compute, std::vector<report::interval>& transfer,
-                          std::vector<report::interval>& kernel) {
-  const std::size_t n = g.task_count();
-  for (graph::task_id id = 0; id < n; ++id) {
-    if (g.rank[id] != rank) continue;
-    const graph::task_kind k = g.kind[id];
-    if (k != graph::task_kind::gpu_compute && k != graph::task_kind::gpu_comm && k != graph::task_kind::comm_complete) {
-      continue;
-    }
-    const graph::position i = c.position_of(id);
-    const report::interval iv{t.start(i), t.finish(i)};
-    if (k == graph::task_kind::gpu_compute) {
-      if (iv.end > iv.begin) compute.push_back(iv);
-      continue;
-    }
-    if (iv.end > iv.begin) transfer.push_back(iv);
-    // The builder adds each complete right after its arrive on the same stream.
-    report::interval whole = iv;
-    if (id > 0 && g.kind[id - 1] == graph::task_kind::comm_arrive && g.processor[id - 1] == g.processor[id]) {
-      whole.begin = t.start(c.position_of(id - 1));
-    }
-    if (whole.end > whole.begin) kernel.push_back(whole);
-  }
+// The figures of `prediction` that the replay of `prog` gives (replay_figures, then SM
+// utilisation and the breakdown with peer waits from rank 0's intervals it leaves in `buffers`).
+inline void predicted_timeline(const timeline_figures& f, figure_buffers& buffers, prediction& out) {
+  out.iteration_ns = f.iteration_ns;
+  out.pipeline_ns = f.pipeline_ns;
+  out.bubble_fraction = f.bubble_fraction;
+  out.breakdown_rank = 0;
+  out.breakdown = f.breakdown;
+  out.breakdown_window_ns = f.breakdown_window_ns;
+  const report::interval window{0, f.breakdown_window_ns};
+  // Compute and transfers are their unions inside the window by now: the union of both is
+  // what SM utilisation merges, and compute merged again is itself.
+  std::vector<report::interval> all = buffers.compute;
+  all.insert(all.end(), buffers.transfer.begin(), buffers.transfer.end());
+  out.sm_utilization = report::sm_utilization(std::move(all), window).mean;
+  out.breakdown_with_waits = report::compute_breakdown(buffers.compute, buffers.kernel, window);
 }
 
 }  // namespace detail
 
-/// Builds `j`'s iteration (`build_program`), compiles and replays it, and derives the figures
-/// of `prediction`. Throws `lumos::error` for invalid configurations (one-line reasons).
-/// Cost: linear in the tasks built; the folded `pass` program of GPT-3 175B on 1024 GPUs has
-/// ~10⁵ tasks.
+/// Builds `j`'s iteration in compiled form (`build_compiled_into`: the program of
+/// `build_program`), replays it, and derives the figures of `prediction`. Throws `lumos::error`
+/// for invalid configurations (one-line reasons). Cost: linear in the tasks built; the folded
+/// `pass` program of GPT-3 175B on 1024 GPUs has ~10⁵ tasks.
 template <model::ComputeModel Compute = model::roofline, model::CommModel Comm = model::ring_alpha_beta>
 [[nodiscard]] prediction predict(const job& j, const predict_options& opt = {}, const Compute& compute = {},
                                  const Comm& comm = {}) {
-  const program prog = build_program(j, opt.program, compute, comm);
-  const graph::compiled_graph c = graph::compile(prog.graph);
-  sim::replay_engine engine;  // keeps every start and finish: no timeline observer needed
-  const time_ns makespan = engine.run(c);
+  compiled_program prog;
+  program_buffers buffers;
+  build_compiled_into(prog, buffers, j, opt.program, compute, comm);
+  sim::replay_engine engine;
+  figure_buffers figures;
+  const timeline_figures f = replay_figures(prog, engine, figures);
+  const time_ns makespan = f.iteration_ns;
 
   const model::transformer& m = j.model;
   const model::parallel_config& par = j.parallel;
@@ -179,7 +175,6 @@ template <model::ComputeModel Compute = model::roofline, model::CommModel Comm =
   out.gpus = par.world_size();
   out.unfolded = prog.unfolded;
   out.detail = prog.detail;
-  out.iteration_ns = makespan;
   out.tokens_per_s = model::tokens_per_second(m, par.global_batch, makespan);
   out.model_flops = model::model_flops(m, par.global_batch);
   out.hardware_flops = model::hardware_flops(m, par.global_batch, par.recompute);
@@ -196,35 +191,24 @@ template <model::ComputeModel Compute = model::roofline, model::CommModel Comm =
   out.mfu = model::utilisation(out.model_flops, makespan, out.gpus, out.peak_flops_per_gpu);
   out.hfu = model::utilisation(out.hardware_flops, makespan, out.gpus, out.peak_flops_per_gpu);
 
-  // Pipeline phase and bubble, per stage's representative rank.
-  const bool split = prog.split_backward;
-  double busy_sum = 0;
+  detail::predicted_timeline(f, figures, out);
+  // Per stage: the pipeline phase of its representative rank, and its memory.
+  const std::vector<std::vector<pipeline::op>>& orders = buffers.orders;
   for (int s = 0; s < par.pp; ++s) {
-    const simulated_rank& r = prog.representative(s);
+    const compiled_rank& r = prog.representative(s);
     stage_prediction sp;
     sp.stage = s;
     sp.rank = r.rank;
-    if (r.pipeline_first != graph::no_task && r.pipeline_last != graph::no_task) {
-      for (graph::task_id t = r.pipeline_first; t <= r.pipeline_last; ++t) {
-        if (prog.graph.processor[t] != r.compute) continue;
-        const graph::position i = c.position_of(t);
-        sp.pipeline_busy_ns += engine.finish(i) - engine.start(i);
-      }
-      sp.pipeline_end_ns = engine.finish(c.position_of(r.pipeline_last));
-    }
-    out.pipeline_ns = std::max(out.pipeline_ns, sp.pipeline_end_ns);
-    busy_sum += static_cast<double>(sp.pipeline_busy_ns);
+    sp.pipeline_busy_ns = figures.stages[static_cast<std::size_t>(s)].busy;
+    sp.pipeline_end_ns = figures.stages[static_cast<std::size_t>(s)].end;
     sp.in_flight_microbatches =
-        in_flight_microbatches(prog.orders[static_cast<std::size_t>(s)], prog.shape.chunks, split);
+        in_flight_microbatches(orders[static_cast<std::size_t>(s)], prog.shape.chunks, prog.split_backward);
     model::memory_options mo;
     mo.in_flight_microbatches = sp.in_flight_microbatches;
     mo.flash_attention = opt.flash_attention;
     mo.per_param = opt.state;
     sp.memory = model::memory_per_gpu(m, par, s, mo);
     out.stages.push_back(sp);
-  }
-  if (out.pipeline_ns > 0) {
-    out.bubble_fraction = 1.0 - busy_sum / static_cast<double>(par.pp) / static_cast<double>(out.pipeline_ns);
   }
   std::size_t worst = 0;
   for (std::size_t s = 1; s < out.stages.size(); ++s) {
@@ -235,24 +219,9 @@ template <model::ComputeModel Compute = model::roofline, model::CommModel Comm =
   out.in_flight_microbatches = out.stages[worst].in_flight_microbatches;
   out.state = opt.state;
 
-  // Breakdown and SM utilisation of rank 0.
-  out.breakdown_rank = 0;
-  std::vector<report::interval> compute_iv, transfer_iv, kernel_iv;
-  detail::gpu_intervals(prog.graph, c, engine, out.breakdown_rank, compute_iv, transfer_iv, kernel_iv);
-  time_ns window_end = 0;
-  for (const auto& iv : compute_iv) window_end = std::max(window_end, iv.end);
-  for (const auto& iv : kernel_iv) window_end = std::max(window_end, iv.end);
-  out.breakdown_window_ns = window_end;
-  const report::interval window{0, window_end};
-  std::vector<report::interval> all = compute_iv;
-  all.insert(all.end(), transfer_iv.begin(), transfer_iv.end());
-  out.sm_utilization = report::sm_utilization(std::move(all), window).mean;
-  out.breakdown_with_waits = report::compute_breakdown(compute_iv, std::move(kernel_iv), window);
-  out.breakdown = report::compute_breakdown(std::move(compute_iv), std::move(transfer_iv), window);
-
-  out.tasks = prog.graph.task_count();
-  out.edges = prog.graph.edge_count();
-  out.processors = prog.graph.processors.size();
+  out.tasks = prog.task_count();
+  out.edges = prog.edge_count();
+  out.processors = prog.processor_count;
   out.simulated_ranks = prog.ranks.size();
   return out;
 }

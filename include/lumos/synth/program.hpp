@@ -89,10 +89,19 @@
 // joins. A folded stage boundary's p2p costs its slowest pair (NVLink or NIC by placement).
 // `unfold` builds every rank with true joins; both agree within 0.1 % (tests/synth). Groups
 // whose members sit unevenly on nodes are priced as if each member were on its own node.
+//
+// Two forms, one emission: `build_program` adds the tasks to a task graph (what traces are
+// written from), `build_compiled_into` places them straight into the compiled form the replay
+// engine runs (synth/compiled_program.hpp; what predict and a sweep replay). Both go through the
+// same emission of each rank (synth/detail/program_emission.hpp); only the primitives that add a
+// task (synth/detail/program_tasks.hpp) differ.
 
+#include <lumos/graph/compile.hpp>
+#include <lumos/synth/compiled_program.hpp>
 #include <lumos/synth/detail/program_builder.hpp>
 #include <lumos/synth/detail/program_emission.hpp>
 #include <lumos/synth/detail/program_groups.hpp>
+#include <lumos/synth/detail/program_tasks.hpp>
 #include <lumos/synth/detail/program_templates.hpp>
 
 namespace lumos::synth {
@@ -106,18 +115,92 @@ namespace lumos::synth {
 template <model::ComputeModel Compute = model::roofline, model::CommModel Comm = model::ring_alpha_beta>
 [[nodiscard]] program build_program(const job& j, const program_options& opt = {}, const Compute& compute = {},
                                     const Comm& comm = {}) {
-  detail::program_builder<Compute, Comm> b(j, opt, compute, comm);
-  return b.build();
+  program out;
+  program_buffers buffers;
+  detail::program_builder<Compute, Comm>(j, opt, compute, comm, buffers).build(out);
+  return out;
 }
 
 /// `build_program` into `out`, whose graph arrays keep their capacity: in a loop over
-/// configurations (a sweep workspace) the large arrays are allocated once. `out` is overwritten
-/// (its string table is kept, see `program_builder::clear`). Same graph as `build_program`.
+/// configurations the large arrays are allocated once. `out` is overwritten (its string table
+/// is kept, see `program_builder::clear`). Same graph as `build_program`.
 template <model::ComputeModel Compute = model::roofline, model::CommModel Comm = model::ring_alpha_beta>
 void build_program_into(program& out, const job& j, const program_options& opt = {}, const Compute& compute = {},
                         const Comm& comm = {}) {
-  detail::program_builder<Compute, Comm> b(j, opt, compute, comm);
-  b.build(out);
+  program_buffers buffers;
+  detail::program_builder<Compute, Comm>(j, opt, compute, comm, buffers).build(out);
+}
+
+/// The compiled program of a built one: `graph::compile` of its graph, with each position's
+/// task kind, its processors (unnamed) and its ranks' pipeline phases as positions — what
+/// `build_compiled` emits directly, reached through the task graph (a program built for its
+/// traces, say, replayed and reported as `predict` does).
+[[nodiscard]] inline compiled_program compile_program(const program& prog) {
+  compiled_program out;
+  out.graph = graph::compile(prog.graph);
+  out.tasks = prog.graph.task_count();
+  out.edges = prog.graph.edge_count();
+  out.processor_count = prog.graph.processors.size();
+  out.kind.resize(out.graph.size());
+  for (std::uint32_t i = 0; i < out.graph.size(); ++i) out.kind[i] = prog.graph.kind[out.graph.task[i]];
+  for (const graph::processor_info& p : prog.graph.processors) out.processors.push_back({p.kind, p.rank, p.owner, p.index, {}});
+  std::vector<std::uint8_t> watch(prog.graph.processors.size(), 0);
+  for (std::size_t p = 0; p < watch.size(); ++p) {
+    if (prog.graph.processors[p].rank == 0 && prog.graph.processors[p].kind == graph::processor_kind::gpu_stream) watch[p] = 2;
+  }
+  for (const simulated_rank& r : prog.ranks) {
+    if (r.tp_index == 0 && r.dp_index == 0) watch[r.compute] |= 1;
+  }
+  for (std::uint32_t i = 0; i < out.graph.size(); ++i) {
+    for (std::size_t l = 0; l < 2; ++l) {
+      if ((watch[out.graph.processor(i)] >> l & 1U) != 0) out.watched[l].push_back({i, out.graph.processor(i)});
+    }
+  }
+  for (const simulated_rank& r : prog.ranks) {
+    compiled_rank c{r.rank, r.stage, r.tp_index, r.dp_index, r.compute, no_position, no_position};
+    if (r.pipeline_first != graph::no_task) c.pipeline_first = out.graph.position_of(r.pipeline_first);
+    if (r.pipeline_last != graph::no_task) c.pipeline_last = out.graph.position_of(r.pipeline_last);
+    out.ranks.push_back(c);
+  }
+  out.schedule = prog.schedule;
+  out.shape = prog.shape;
+  out.unfolded = prog.unfolded;
+  out.detail = prog.detail;
+  out.world_size = prog.world_size;
+  out.split_backward = prog.split_backward;
+  return out;
+}
+
+/// The iteration of `build_program(j, opt, compute, comm)` in compiled form, emitted straight
+/// into `out` (see compiled_program) with `buffers` as working memory: no task graph is built
+/// and nothing is compiled, and a caller that keeps `out` and `buffers` between builds (a sweep)
+/// allocates nothing once they have grown to its largest program — provided `compute` has the
+/// allocation-free overloads of the shipped models (`layer(m, p, hw, out)`, ...) and `orders`
+/// are given. `orders`: the schedule's stage orders for j's shape (`policy.orders(shape)`), when
+/// the caller keeps them. Replayed, `out.graph` gives the timeline of
+/// `graph::compile(build_program(...).graph)`, the same for every task (tests/synth), with the
+/// same task, edge and processor counts. Throws as `build_program` does, and the error of
+/// `graph::compile` when the graph has a cycle (a schedule whose ops wait on each other).
+/// Time and memory: linear in the tasks, as `build_program`, without the task graph's columns.
+template <model::ComputeModel Compute = model::roofline, model::CommModel Comm = model::ring_alpha_beta>
+void build_compiled_into(compiled_program& out, program_buffers& buffers, const job& j, const program_options& opt = {},
+                         const Compute& compute = {}, const Comm& comm = {},
+                         const std::vector<std::vector<pipeline::op>>* orders = nullptr) {
+  if (detail::program_builder<Compute, Comm>(j, opt, compute, comm, buffers).build(out, orders)) return;
+  // Tasks that wait for each other (a schedule whose ops wait on each other), or for an arrive
+  // that never comes (a schedule that never runs an op another waits for): through the task
+  // graph, whose compile names the cycle, or compiles what was not placed.
+  out = compile_program(build_program(j, opt, compute, comm));
+}
+
+/// `build_compiled_into` a new compiled program.
+template <model::ComputeModel Compute = model::roofline, model::CommModel Comm = model::ring_alpha_beta>
+[[nodiscard]] compiled_program build_compiled(const job& j, const program_options& opt = {}, const Compute& compute = {},
+                                              const Comm& comm = {}) {
+  compiled_program out;
+  program_buffers buffers;
+  build_compiled_into(out, buffers, j, opt, compute, comm);
+  return out;
 }
 
 }  // namespace lumos::synth

@@ -1,7 +1,8 @@
 #pragma once
 // The pipeline program builder class (what it builds: synth/program.hpp). Its members are defined
 // in program_templates.hpp (names, pass templates), program_groups.hpp (stage plan, process
-// groups) and program_emission.hpp (tasks of one rank).
+// groups), program_tasks.hpp (the tasks themselves, into a task graph or a compiled program)
+// and program_emission.hpp (what one rank emits, op by op).
 
 #include <lumos/core/error.hpp>
 #include <lumos/core/strings.hpp>
@@ -15,6 +16,8 @@
 #include <lumos/model/transformer.hpp>
 #include <lumos/pipeline/dependencies.hpp>
 #include <lumos/pipeline/schedule.hpp>
+#include <lumos/synth/compiled_program.hpp>
+#include <lumos/synth/detail/direct_sink.hpp>
 #include <lumos/synth/detail/program_parts.hpp>
 #include <lumos/synth/job.hpp>
 #include <lumos/synth/schedules.hpp>
@@ -35,11 +38,17 @@ namespace lumos::synth {
 
 namespace detail {
 
+/// The stage orders of a build: the schedule's, or the caller's (a sweep keeps them per shape).
+using stage_orders = std::vector<std::vector<pipeline::op>>;
+
 template <model::ComputeModel Compute, model::CommModel Comm>
 class program_builder {
  public:
-  program_builder(const job& j, const program_options& opt, const Compute& compute, const Comm& comm)
-      : m_(j.model), par_(j.parallel), hw_(j.hardware), opt_(opt), compute_(compute), comm_(comm) {
+  program_builder(const job& j, const program_options& opt, const Compute& compute, const Comm& comm, program_buffers& buffers)
+      : m_(j.model), par_(j.parallel), hw_(j.hardware), opt_(opt), compute_(compute), comm_(comm), buf_(buffers),
+        layer_items_(buffers.layer_items), head_items_(buffers.head_items), embed_items_(buffers.embed_items),
+        buckets_(buffers.buckets), p2p_folded_(buffers.p2p_folded), final_grad_(buffers.final_grad),
+        group_slot_(buffers.group_slot), groups_(buffers.groups), segments_scratch_(buffers.segments_scratch) {
     policy_ = resolve_policy(j);
     kind_ = policy_.kind;
     par_.validate(m_, hw_);
@@ -67,13 +76,7 @@ class program_builder {
     if (par_.zero_stage == 3 && dp_ > 1) zero3_ = true;
   }
 
-  program build() {
-    program out;
-    build(out);
-    return out;
-  }
-
-  /// Builds into `out`, reusing the capacity of its graph arrays (a sweep's workspace).
+  /// Builds the task graph into `out`, reusing the capacity of its graph arrays.
   void build(program& out) {
     clear(out);
     out.schedule = kind_;
@@ -83,31 +86,94 @@ class program_builder {
     out.detail = opt_.detail;
     out.world_size = world_;
     out.orders = policy_.orders(shape_);
-    if (opt_.forward_only) {
-      for (auto& o : out.orders) {
-        std::erase_if(o, [](const pipeline::op& x) { return x.kind != pipeline::op_kind::forward; });
-      }
-    }
+    if (opt_.forward_only) keep_forwards(out.orders);
     orders_ = &out.orders;
     g_ = &out.graph;
     out_ = &out;
     notes_ = opt_.notes && opt_.detail == granularity::kernel;
-
-    intern_names();
-    build_templates();
-    build_groups();
-    plan_stages();
-    reserve();
-
-    if (opt_.unfold) {
-      for (int r = 0; r < world_; ++r) emit_rank(out, r);
-    } else {
-      for (int s = 0; s < pp_; ++s) emit_rank(out, s * tp_ * dp_);
+    buf_.first_on.clear();
+    buf_.last_on.clear();
+    prepare();
+    reserve_graph();
+    // Rank after rank: task ids (and so traces written from the graph) follow the ranks.
+    for (int i = 0; i < simulated_ranks(); ++i) {
+      if (buf_.ranks.empty()) buf_.ranks.emplace_back();
+      rank_state& rs = buf_.ranks.front();
+      begin_rank(rs, i);
+      while (rs.next_op < order_of(rs).size()) emit_op(rs);
+      end_rank(rs);
+      out.ranks.push_back(rs.info);
     }
     if (notes_) {
       out.notes.op_of_task.resize(g_->task_count(), program_notes::none);
       out.notes.comm_of_task.resize(g_->task_count(), program_notes::none);
     }
+  }
+
+  /// Builds the compiled form into `out` (see compiled_program), placing each task as soon as
+  /// its predecessors are placed; `orders`, when given, are the schedule's stage orders for this
+  /// job's shape. The ranks' pipeline ops are emitted in rounds, each rank's next op once the op
+  /// that sends it its input has been, so that few tasks wait. Returns false when some tasks
+  /// wait for each other (the task graph has a cycle; `graph::compile` of it names it).
+  [[nodiscard]] bool build(compiled_program& out, const stage_orders* orders) {
+    direct_ = true;
+    sink_ = &buf_.sink;
+    opt_.names = false;
+    opt_.record_collectives = false;
+    opt_.notes = false;
+    notes_ = false;
+    out.schedule = kind_;
+    out.split_backward = split_;
+    out.shape = shape_;
+    out.unfolded = opt_.unfold;
+    out.detail = opt_.detail;
+    out.world_size = world_;
+    out.ranks.clear();
+    if (orders == nullptr || opt_.forward_only) {
+      if (orders == nullptr) {
+        buf_.orders = policy_.orders(shape_);
+      } else {
+        buf_.orders = *orders;
+      }
+      if (opt_.forward_only) keep_forwards(buf_.orders);
+      orders = &buf_.orders;
+    }
+    orders_ = orders;
+    prepare();
+    const auto [tasks, edges] = expected_size();
+    sink_->reset(out.graph, out.kind, out.processors, out.watched, tasks, edges);
+    const int n = simulated_ranks();
+    while (buf_.ranks.size() < static_cast<std::size_t>(n)) buf_.ranks.emplace_back();
+    for (int i = 0; i < n; ++i) {
+      begin_rank(buf_.ranks[static_cast<std::size_t>(i)], i);
+      post_receive(buf_.ranks[static_cast<std::size_t>(i)]);
+    }
+    // An op goes once the op that sends its input has.
+    for (bool more = true; more;) {
+      more = false;
+      bool progress = false;
+      for (int i = n; i-- > 0;) {
+        rank_state& rs = buf_.ranks[static_cast<std::size_t>(i)];
+        if (rs.next_op >= order_of(rs).size()) continue;
+        more = true;
+        if (!input_sent(rs)) continue;
+        emit_op(rs);
+        post_receive(rs);
+        progress = true;
+      }
+      if (more && !progress) return false;  // no rank can go on: the schedule waits on itself
+    }
+    // A send whose receive was never posted (a schedule that never runs the op it feeds).
+    for (std::size_t g = 0; g < buf_.groups_used; ++g) {
+      if (groups_[g].queued_head < groups_[g].queued.size()) return false;
+    }
+    for (int i = 0; i < n; ++i) end_rank(buf_.ranks[static_cast<std::size_t>(i)]);
+    if (!sink_->finish()) return false;
+    out.tasks = sink_->graph_tasks();
+    out.edges = sink_->graph_edges();
+    out.processor_count = out.processors.size() + folded_barriers_;
+    for (int i = 0; i < n; ++i) out.ranks.push_back(compiled(buf_.ranks[static_cast<std::size_t>(i)].info));
+    return true;
   }
 
   // Empties `out` and keeps the capacity of its arrays. The string table is kept too: the names
@@ -134,12 +200,13 @@ class program_builder {
 
  private:
   // ---- configuration ----
-  model::transformer m_;
+  const model::transformer& m_;
   model::parallel_config par_;
-  model::hardware hw_;
+  const model::hardware& hw_;
   program_options opt_;
   const Compute& compute_;
   const Comm& comm_;
+  program_buffers& buf_;
   schedule_policy policy_{};
   pipeline::schedule_kind kind_{};
   pipeline::schedule_shape shape_{};
@@ -150,9 +217,12 @@ class program_builder {
   time_ns launch_cost_ = 0;
   time_ns collective_cpu_ = 0;
   std::int64_t bucket_params_ = 0;
-  const std::vector<std::vector<pipeline::op>>* orders_ = nullptr;
-  graph::task_graph* g_ = nullptr;
+  const stage_orders* orders_ = nullptr;
+  graph::task_graph* g_ = nullptr;  ///< the task graph being built, or null
   program* out_ = nullptr;
+  bool direct_ = false;             ///< building a compiled program into `sink_`
+  direct_sink* sink_ = nullptr;
+  std::size_t folded_barriers_ = 0;  ///< barrier processors of folded joins, not made
   bool notes_ = false;
 
   // ---- names ----
@@ -161,53 +231,34 @@ class program_builder {
   string_id n_grad_ar_ = 0, n_grad_rs_ = 0, n_param_ag_ = 0, n_embd_ar_ = 0, n_norm_ar_ = 0, n_host_sync_ = 0;
   std::array<string_id, 4> n_pass_compute_{}, n_pass_comm_{};
 
-  // ---- pass templates ----
+  // ---- pass templates (in program_buffers) ----
   // [pass_kind] → items of one layer / the head / the embedding.
-  std::array<std::vector<item>, 4> layer_items_, head_items_, embed_items_;
+  std::array<std::vector<item>, 4>& layer_items_;
+  std::array<std::vector<item>, 4>& head_items_;
+  std::array<std::vector<item>, 4>& embed_items_;
   std::int64_t layer_params_ = 0, head_params_ = 0, embed_params_ = 0;
   // [pass_kind][first][last] → totals of a whole chunk pass.
   std::array<std::array<std::array<totals, 2>, 2>, 4> pass_totals_{};
   // [first][last] → (backward segment index closing a bucket, bucket params).
-  std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2> buckets_;
+  std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& buckets_;
   std::array<std::array<std::int64_t, 2>, 2> chunk_params_{};
-
-  // ---- optimizer, per stage ----
-  std::vector<model::op_list> optimizer_;
 
   // ---- p2p ----
   std::int64_t p2p_bytes_ = 0;
-  std::vector<time_ns> p2p_folded_;  ///< [stage boundary s → s+1 mod p]: slowest pair
+  std::vector<time_ns>& p2p_folded_;  ///< [stage boundary s → s+1 mod p]: slowest pair
 
   // ---- per stage plan ----
-  std::vector<std::vector<std::uint8_t>> final_grad_;  ///< [stage][op index]: last grad op of its chunk
+  std::vector<std::vector<std::uint8_t>>& final_grad_;  ///< [stage][op index]: last grad op of its chunk
 
   // ---- groups ----
   // Made when first used, in `groups_` (a deque: references stay valid as more are made), and
   // found by dense id (see build_groups) through `group_slot_` (−1: not made yet). A folded job
   // of a huge world uses a handful of its ~3·world groups, which a dense table of groups held
   // whole (7 GB at 2^24 ranks); the slots take 4 bytes a group.
-  std::vector<std::int32_t> group_slot_;
-  std::deque<group_state> groups_;
+  std::vector<std::int32_t>& group_slot_;
+  std::deque<group_state>& groups_;
   int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0;
   model::group_placement tp_placement_;
-
-  // ---- per rank emission state ----
-  struct rank_state {
-    simulated_rank info;
-    std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
-    std::int64_t seq_norm = 0, seq_embd = 0;
-    std::vector<graph::task_id> pending;  ///< start edges into the next compute-stream task
-    graph::task_id last_compute = graph::no_task;
-    graph::task_id last_dp = graph::no_task;
-    struct pending_launch {
-      graph::task_id gpu;
-      time_ns cpu;   ///< host time of its dispatch
-      time_ns lead;  ///< launch edge, relative to the start of its dispatch
-    };
-    std::vector<pending_launch> launches;  ///< batched (pass granularity)
-    std::vector<graph::task_id> cpu_tasks;  ///< its CPU tasks in order (with notes)
-  };
-
 
   // ---- names and pass templates: synth/detail/program_templates.hpp ----
   // Where the TP collectives of a layer sit among its ops (comm.hpp lists them; Megatron's
@@ -233,7 +284,7 @@ class program_builder {
   std::uint32_t note_op(const model::op_cost& o);
   item compute_item(const model::op_cost& o);
   item comm_item(std::string_view name, model::collective c, std::int64_t bytes, std::int64_t element_bytes = 0);
-  [[nodiscard]] std::vector<hook> layer_hooks() const;
+  [[nodiscard]] std::span<const hook> layer_hooks() const;
   [[nodiscard]] time_ns exposed_tp_comm(time_ns comm, time_ns gemm, overlap_kind k) const noexcept;
   [[nodiscard]] static hook_phase phase_of(const model::op_cost& o) noexcept;
   void layer_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out);
@@ -242,27 +293,40 @@ class program_builder {
   [[nodiscard]] std::int64_t activation_message() const;
   void build_templates();
   [[nodiscard]] int global_rank(int stage, int col) const noexcept;
+  [[nodiscard]] bool same_node(int s, int col) const noexcept;
   [[nodiscard]] time_ns p2p_time(int s, int col) const;
 
   // ---- stage plan and process groups: synth/detail/program_groups.hpp ----
   enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd };
+  static void keep_forwards(stage_orders& orders);
+  void prepare();
   void plan_stages();
-  void reserve();
+  [[nodiscard]] std::pair<std::size_t, std::size_t> expected_size() const;
+  void reserve_graph();
+  void plan_senders();
+  [[nodiscard]] bool input_sent(const rank_state& rs) const;
+  [[nodiscard]] bool output_posted(const rank_state& rs) const;
   void build_groups();
   group_state& group(group_type type, int a, int b);
+  group_state& cached_group(group_state*& slot, group_type type, int a, int b) {
+    if (slot == nullptr) slot = &group(type, a, b);
+    return *slot;
+  }
   void init_group(group_state& gs, group_type type, int a, int b);
 
-  // ---- emission of one rank's tasks: synth/detail/program_emission.hpp ----
-  struct collective_tasks {
-    graph::task_id arrive = graph::no_task;
-    graph::task_id complete = graph::no_task;
-  };
-  std::vector<segment> segments_scratch_;
-  bool in_pipeline_ = false;
+  // ---- the tasks, into the task graph or the compiled program: synth/detail/program_tasks.hpp ----
   graph::task_id add(graph::processor_id p, graph::task_kind k, time_ns d, string_id name, int rank);
+  graph::processor_id cpu_thread(int rank);
   graph::processor_id stream(const simulated_rank& r, std::int64_t index, std::string_view what);
-  graph::task_id on_compute(rank_state& rs, graph::task_kind k, time_ns d, string_id name);
-  void launched(rank_state& rs, graph::task_id gpu_task, time_ns cpu, time_ns lead);
+  graph::processor_id barrier(const group_state& gs);
+  graph::task_id on_compute(rank_state& rs, graph::task_kind k, time_ns d, string_id name, const launch_spec* launch = nullptr);
+  launch_ref launch_edge(rank_state& rs, const launch_spec& l);
+  graph::task_id cpu_task(rank_state& rs, time_ns duration);
+  graph::task_id arrive(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::size_t k, const launch_spec& launch,
+                        graph::task_id after, graph::task_kind kind = graph::task_kind::comm_arrive, time_ns duration = 0);
+  void join_arrive(group_state& gs, std::size_t k, graph::task_id a);
+  graph::task_id complete(graph::processor_id stream_id, group_state& gs, std::size_t k, time_ns duration);
+  void launched(rank_state& rs, graph::task_id gpu_task, const launch_spec& l);
   static void note_task(std::vector<std::uint32_t>& v, graph::task_id t, std::uint32_t value);
   [[nodiscard]] std::size_t span_mark(const rank_state& rs) const;
   void span_close(const rank_state& rs, span_kind kind, int index, std::size_t mark);
@@ -271,11 +335,20 @@ class program_builder {
   collective_tasks collective(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::int64_t& seq,
                               std::string_view kind, std::int64_t bytes, time_ns duration, string_id name,
                               std::int32_t kernels = 1, time_ns cpu = -1, time_ns lead = -1,
-                              std::int64_t element_bytes = 2);
+                              std::int64_t element_bytes = 2, graph::task_id after = graph::no_task,
+                              bool before_last = false);
+  void record_collective(group_state& gs, std::size_t k, std::string_view kind, std::int64_t bytes, graph::task_id join,
+                         collective_tasks c);
+  void final_device_sync(rank_state& rs);
+  [[nodiscard]] compiled_rank compiled(const simulated_rank& r) const;
+
+  // ---- emission of one rank's tasks: synth/detail/program_emission.hpp ----
+  std::vector<segment>& segments_scratch_;
   void emit_compute(rank_state& rs, time_ns d, time_ns cpu, time_ns lead, string_id name,
                     std::uint32_t op = program_notes::none);
   void emit_tp_collective(rank_state& rs, std::string_view kind, std::int64_t bytes, time_ns d, string_id name,
-                          std::int32_t kernels, time_ns cpu, time_ns lead, std::int64_t element_bytes = 2);
+                          std::int32_t kernels, time_ns cpu, time_ns lead, std::int64_t element_bytes = 2,
+                          bool before_last = false);
   void emit_items(rank_state& rs, const std::vector<item>& items, int layer = -1, bool forward = false);
   void emit_totals(rank_state& rs, const totals& t, pass_kind pk);
   void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out) const;
@@ -286,8 +359,26 @@ class program_builder {
   void reduce_gradients(rank_state& rs, std::int64_t params, graph::task_id after);
   collective_tasks gather_parameters(rank_state& rs, std::int64_t params, graph::task_id after);
   [[nodiscard]] time_ns p2p_duration(int sender_stage, int col) const;
-  void final_device_sync(rank_state& rs, graph::task_id rank_first);
-  void emit_rank(program& out, int rank);
+  [[nodiscard]] int simulated_ranks() const noexcept { return opt_.unfold ? world_ : pp_; }
+  [[nodiscard]] const std::vector<pipeline::op>& order_of(const rank_state& rs) const {
+    return (*orders_)[static_cast<std::size_t>(rs.info.stage)];
+  }
+  [[nodiscard]] pass_kind pass_of(const pipeline::op& o) const noexcept;
+  [[nodiscard]] std::pair<bool, bool> chunk_role(int stage, const pipeline::op& o) const noexcept;
+  void begin_rank(rank_state& rs, int index);
+  struct receive {
+    group_state* group;
+    std::int64_t* seq;
+    graph::processor_id stream;
+    time_ns duration;
+    string_id name;
+  };
+  std::optional<receive> receive_of(rank_state& rs, const pipeline::op& o);
+  void receive_input(rank_state& rs, const pipeline::op& o);
+  void post_receive(rank_state& rs);
+  void emit_op(rank_state& rs);
+  void end_rank(rank_state& rs);
+  void optimizer_step(rank_state& rs);
 };
 
 }  // namespace detail

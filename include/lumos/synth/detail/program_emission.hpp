@@ -1,177 +1,33 @@
 #pragma once
 // program_builder: the emission of one rank — compute-stream items and their launches, the TP,
-// DP and p2p collectives, pipeline passes in schedule order, the optimizer and the final sync.
+// DP and p2p collectives, pipeline passes in schedule order, the optimizer and the final sync —
+// in three steps (begin_rank, emit_op for each op of its stage's order, end_rank), so that a
+// compiled build can interleave the ranks. The tasks go through program_tasks.hpp.
 
 #include <lumos/synth/detail/program_builder.hpp>
+#include <lumos/synth/detail/program_tasks.hpp>
 
 namespace lumos::synth::detail {
-
-template <model::ComputeModel Compute, model::CommModel Comm>
-graph::task_id program_builder<Compute, Comm>::add(graph::processor_id p, graph::task_kind k, time_ns d, string_id name,
-                                                   int rank) {
-  const graph::task_id t = g_->add_task({.kind = k, .processor = p, .duration = d, .rank = rank});
-  g_->name[t] = name;
-  return t;
-}
-
-template <model::ComputeModel Compute, model::CommModel Comm>
-graph::processor_id program_builder<Compute, Comm>::stream(const simulated_rank& r, std::int64_t index,
-                                                           std::string_view what) {
-  if (!opt_.names) return g_->add_processor({graph::processor_kind::gpu_stream, r.rank, r.rank % hw_.gpus_per_node, index, {}});
-  return g_->add_processor({graph::processor_kind::gpu_stream, r.rank, r.rank % hw_.gpus_per_node, index,
-                            "rank " + std::to_string(r.rank) + " stream " + std::to_string(index) + " (" +
-                                std::string(what) + ")"});
-}
-
-// A compute-stream GPU task: takes the pending start edges.
-template <model::ComputeModel Compute, model::CommModel Comm>
-graph::task_id program_builder<Compute, Comm>::on_compute(rank_state& rs, graph::task_kind k, time_ns d,
-                                                          string_id name) {
-  const graph::task_id t = add(rs.info.compute, k, d, name, rs.info.rank);
-  for (const graph::task_id from : rs.pending) g_->add_edge(from, t, 0, graph::edge_kind::dependency);
-  rs.pending.clear();
-  if (rs.info.pipeline_first == graph::no_task && in_pipeline_) rs.info.pipeline_first = t;
-  return t;
-}
-
-// Launches of GPU task `gpu_task`, which stands for `kernels` kernels. At the `kernel`
-// granularity: one CPU task per GPU task, right away. At `pass`: batched, one CPU task per
-// pipeline op (see `flush_launches`). Launch edges count from the call's start, as the trace
-// builder's do: the GPU task may start once its (first) kernel's launch has run.
-template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::launched(rank_state& rs, graph::task_id gpu_task, time_ns cpu, time_ns lead) {
-  if (opt_.detail == granularity::pass) {
-    rs.launches.push_back({gpu_task, cpu, lead});
-    return;
-  }
-  const graph::task_id l = add(rs.info.cpu, graph::task_kind::cpu, cpu, n_launch_, rs.info.rank);
-  g_->add_edge(l, gpu_task, lead, graph::edge_kind::launch, graph::edge_flags::from_start);
-  if (notes_) rs.cpu_tasks.push_back(l);
-}
-
-// ---- notes (kernel-level traces) ----
-template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::note_task(std::vector<std::uint32_t>& v, graph::task_id t, std::uint32_t value) {
-  if (v.size() <= t) v.resize(static_cast<std::size_t>(t) + 1, program_notes::none);
-  v[t] = value;
-}
-
-template <model::ComputeModel Compute, model::CommModel Comm>
-std::size_t program_builder<Compute, Comm>::span_mark(const rank_state& rs) const { return rs.cpu_tasks.size(); }
-
-// The CPU tasks of `rs` created since `mark` as one span.
-template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::span_close(const rank_state& rs, span_kind kind, int index, std::size_t mark) {
-  if (!notes_ || rs.cpu_tasks.size() <= mark) return;
-  out_->notes.spans.push_back({rs.info.rank, kind, index, rs.cpu_tasks[mark], rs.cpu_tasks.back()});
-}
-
-// One CPU task for the batched launches, as long as all of them; each GPU task's launch edge is
-// the host time before its run plus the run's lead — the timing one launch per kernel gives.
-template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::flush_launches(rank_state& rs) {
-  if (rs.launches.empty()) return;
-  time_ns total = 0;
-  for (const auto& l : rs.launches) total += l.cpu;
-  const graph::task_id cpu = add(rs.info.cpu, graph::task_kind::cpu, total, n_launch_, rs.info.rank);
-  if (notes_) rs.cpu_tasks.push_back(cpu);
-  time_ns before = 0;
-  for (const auto& l : rs.launches) {
-    g_->add_edge(cpu, l.gpu, before + l.lead, graph::edge_kind::launch, graph::edge_flags::from_start);
-    before += l.cpu;
-  }
-  rs.launches.clear();
-}
-
-// The launching thread blocks until `gpu_task` has finished (a device-to-host read or a
-// synchronize): a zero-length CPU task with a sync edge, after the launches queued so far.
-template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::host_wait(rank_state& rs, graph::task_id gpu_task) {
-  if (gpu_task == graph::no_task) return;
-  flush_launches(rs);
-  const graph::task_id w = add(rs.info.cpu, graph::task_kind::cpu, 0, n_host_sync_, rs.info.rank);
-  g_->add_edge(gpu_task, w, 0, graph::edge_kind::sync);
-  if (notes_) rs.cpu_tasks.push_back(w), out_->notes.host_syncs.push_back(w);
-}
-
-// One participant's share of a collective of group `gs` (its `seq`-th), on `stream_id`.
-template <model::ComputeModel Compute, model::CommModel Comm>
-auto program_builder<Compute, Comm>::collective(rank_state& rs, graph::processor_id stream_id, group_state& gs,
-                                                std::int64_t& seq, std::string_view kind, std::int64_t bytes,
-                                                time_ns duration, string_id name, std::int32_t kernels, time_ns cpu,
-                                                time_ns lead, std::int64_t element_bytes) -> collective_tasks {
-  collective_tasks c;
-  if (stream_id == rs.info.compute) {
-    c.arrive = on_compute(rs, graph::task_kind::comm_arrive, 0, name);
-  } else {
-    c.arrive = add(stream_id, graph::task_kind::comm_arrive, 0, name, rs.info.rank);
-  }
-  // The complete right after its arrive (task ids: arrive + 1), which reports rely on.
-  c.complete = add(stream_id, graph::task_kind::comm_complete, duration, name, rs.info.rank);
-  if (cpu < 0) cpu = collective_cpu_ * kernels;
-  launched(rs, c.arrive, cpu, lead < 0 ? cpu : lead);
-  if (notes_) {
-    out_->notes.comms.push_back({gs.type, element_bytes});
-    const auto idx = static_cast<std::uint32_t>(out_->notes.comms.size() - 1);
-    note_task(out_->notes.comm_of_task, c.arrive, idx);
-    note_task(out_->notes.comm_of_task, c.complete, idx);
-  }
-  const auto k = static_cast<std::size_t>(seq++);
-  graph::task_id join = graph::no_task;
-  if (gs.participants > 1) {
-    if (gs.joins.size() <= k) {
-      if (gs.barrier == no_processor) {
-        gs.barrier = g_->add_processor({graph::processor_kind::barrier, gs.ranks.front(),
-                                        gs.id, 0,
-                                        opt_.names ? "group " + gs.name : std::string()});
-      }
-      gs.joins.push_back(add(gs.barrier, graph::task_kind::join, 0, n_join_, gs.ranks.front()));
-    }
-    join = gs.joins[k];
-    g_->add_edge(c.arrive, join, 0, graph::edge_kind::collective);
-    g_->add_edge(join, c.complete, 0, graph::edge_kind::collective);
-  }
-  if (opt_.record_collectives) {
-    if (gs.instances.size() <= k) {
-      graph::collective_instance ci;
-      ci.kind = std::string(kind);
-      ci.group = gs.name;
-      ci.group_ranks = gs.ranks;
-      ci.bytes = bytes;
-      ci.sequence = static_cast<std::int64_t>(k);
-      ci.join = join;
-      ci.match = opt_.unfold ? "model (every rank)" : "model (folded: one rank per stage)";
-      ci.arrive.reserve(static_cast<std::size_t>(gs.participants));
-      ci.complete.reserve(static_cast<std::size_t>(gs.participants));
-      g_->collectives.push_back(std::move(ci));
-      gs.instances.push_back(static_cast<std::uint32_t>(g_->collectives.size() - 1));
-    }
-    auto& ci = g_->collectives[gs.instances[k]];
-    ci.arrive.push_back(c.arrive);
-    ci.complete.push_back(c.complete);
-  }
-  return c;
-}
 
 // ---- compute-stream items ----
 
 // `cpu`: host time of its dispatch; `lead`: its launch edge from the dispatch's start.
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::emit_compute(rank_state& rs, time_ns d, time_ns cpu, time_ns lead, string_id name,
+[[gnu::always_inline]] inline void program_builder<Compute, Comm>::emit_compute(rank_state& rs, time_ns d, time_ns cpu, time_ns lead, string_id name,
                                                   std::uint32_t op) {
-  const graph::task_id t = on_compute(rs, graph::task_kind::gpu_compute, d, name);
-  launched(rs, t, cpu, lead);
+  const launch_spec launch{cpu, lead};
+  const graph::task_id t = on_compute(rs, graph::task_kind::gpu_compute, d, name, &launch);
   rs.last_compute = t;
   if (notes_ && op != program_notes::none) note_task(out_->notes.op_of_task, t, op);
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::emit_tp_collective(rank_state& rs, std::string_view kind, std::int64_t bytes,
+[[gnu::always_inline]] inline void program_builder<Compute, Comm>::emit_tp_collective(rank_state& rs, std::string_view kind, std::int64_t bytes,
                                                         time_ns d, string_id name, std::int32_t kernels, time_ns cpu,
-                                                        time_ns lead, std::int64_t element_bytes) {
-  group_state& gs = group(group_type::tp, rs.info.stage, rs.info.dp_index);
-  const collective_tasks c =
-      collective(rs, rs.info.compute, gs, rs.seq_tp, kind, bytes, d, name, kernels, cpu, lead, element_bytes);
+                                                        time_ns lead, std::int64_t element_bytes, bool before_last) {
+  group_state& gs = cached_group(rs.tp_group, group_type::tp, rs.info.stage, rs.info.dp_index);
+  const collective_tasks c = collective(rs, rs.info.compute, gs, rs.seq_tp, kind, bytes, d, name, kernels, cpu, lead,
+                                        element_bytes, graph::no_task, before_last);
   rs.last_compute = c.complete;
 }
 
@@ -209,15 +65,13 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_totals(rank_state& rs, const totals& t, pass_kind pk) {
   const auto k = static_cast<std::size_t>(pk);
   if (t.compute_kernels > 0) {
-    const std::size_t at = rs.launches.size();
     emit_compute(rs, t.compute, t.cpu, t.lead, n_pass_compute_[k]);
     if (t.comm_kernels > 0) {
       // Queued behind the compute task, its launch must not bind: the run's collectives were
       // launched among its kernels, not after the run's whole host time (which, on a host-bound
-      // pass, would start them only once the host is done). Its launch record goes before the
-      // compute task's, at the same lead.
-      emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels, 0, t.lead);
-      if (rs.launches.size() == at + 2) std::swap(rs.launches[at], rs.launches[at + 1]);
+      // pass, would start them only once the host is done). Its launch goes before the compute
+      // task's, at the same lead.
+      emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels, 0, t.lead, 2, true);
     }
   } else if (t.comm_kernels > 0) {
     emit_tp_collective(rs, "coalesced", t.comm_bytes, t.comm, n_pass_comm_[k], t.comm_kernels, t.cpu, t.lead);
@@ -304,14 +158,13 @@ graph::processor_id program_builder<Compute, Comm>::dp_stream(rank_state& rs) {
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::reduce_gradients(rank_state& rs, std::int64_t params, graph::task_id after) {
   if (dp_ <= 1 || params <= 0) return;
-  group_state& gs = group(group_type::dp, rs.info.stage, rs.info.tp_index);
+  group_state& gs = cached_group(rs.dp_group, group_type::dp, rs.info.stage, rs.info.tp_index);
   const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.grad_reduce_bytes);
   const model::collective kind = par_.zero_stage >= 1 ? model::collective::reduce_scatter : model::collective::all_reduce;
   const time_ns d = comm_.collective_time({kind, bytes, gs.placement}, hw_);
   const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_dp, collective_kind_name(kind), bytes, d,
                                         par_.zero_stage >= 1 ? n_grad_rs_ : n_grad_ar_, 1, -1, -1,
-                                        static_cast<std::int64_t>(opt_.grad_reduce_bytes));
-  if (after != graph::no_task) g_->add_edge(after, c.arrive, 0, graph::edge_kind::dependency);
+                                        static_cast<std::int64_t>(opt_.grad_reduce_bytes), after);
   rs.last_dp = c.complete;
 }
 
@@ -319,12 +172,11 @@ void program_builder<Compute, Comm>::reduce_gradients(rank_state& rs, std::int64
 template <model::ComputeModel Compute, model::CommModel Comm>
 auto program_builder<Compute, Comm>::gather_parameters(rank_state& rs, std::int64_t params,
                                                        graph::task_id after) -> collective_tasks {
-  group_state& gs = group(group_type::dp, rs.info.stage, rs.info.tp_index);
+  group_state& gs = cached_group(rs.dp_group, group_type::dp, rs.info.stage, rs.info.tp_index);
   const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.param_gather_bytes);
   const time_ns d = comm_.collective_time({model::collective::all_gather, bytes, gs.placement}, hw_);
   const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_dp, "allgather", bytes, d, n_param_ag_, 1, -1, -1,
-                                        static_cast<std::int64_t>(opt_.param_gather_bytes));
-  if (after != graph::no_task) g_->add_edge(after, c.arrive, 0, graph::edge_kind::dependency);
+                                        static_cast<std::int64_t>(opt_.param_gather_bytes), after);
   rs.last_dp = c.complete;
   return c;
 }
@@ -335,45 +187,38 @@ time_ns program_builder<Compute, Comm>::p2p_duration(int sender_stage, int col) 
   return opt_.unfold ? p2p_time(sender_stage, col) : p2p_folded_[static_cast<std::size_t>(sender_stage)];
 }
 
-// The end of a traced iteration: the host waits for every stream of the rank (Megatron reads the
-// loss back; a profiler step ends on the host), so a faster GPU shortens the step. Zero long at
-// the device's completion: the timeline is unchanged.
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::final_device_sync(rank_state& rs, graph::task_id rank_first) {
-  flush_launches(rs);
-  std::vector<std::pair<graph::processor_id, graph::task_id>> last;
-  for (graph::task_id t = rank_first; t < g_->task_count(); ++t) {
-    const graph::processor_id p = g_->processor[t];
-    if (g_->processors[p].kind != graph::processor_kind::gpu_stream || g_->rank[t] != rs.info.rank) continue;
-    auto it = std::find_if(last.begin(), last.end(), [&](const auto& x) { return x.first == p; });
-    if (it == last.end()) {
-      last.emplace_back(p, t);
-    } else {
-      it->second = t;
-    }
+pass_kind program_builder<Compute, Comm>::pass_of(const pipeline::op& o) const noexcept {
+  switch (o.kind) {
+    case pipeline::op_kind::forward: return pass_kind::forward;
+    case pipeline::op_kind::backward: return split_ ? pass_kind::input_grad : pass_kind::backward;
+    case pipeline::op_kind::weight: return pass_kind::weight_grad;
   }
-  if (last.empty()) return;
-  const graph::task_id w = add(rs.info.cpu, graph::task_kind::cpu, 0, n_host_sync_, rs.info.rank);
-  for (const auto& [p, t] : last) g_->add_edge(t, w, 0, graph::edge_kind::sync);
-  rs.cpu_tasks.push_back(w);
-  out_->notes.host_syncs.push_back(w);
+  return pass_kind::forward;
 }
 
+// Whether op `o` of `stage` runs the first and the last virtual stage (embedding, head).
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
-  const graph::task_id rank_first = g_->task_count();
-  rank_state rs;
+std::pair<bool, bool> program_builder<Compute, Comm>::chunk_role(int stage, const pipeline::op& o) const noexcept {
+  const int vs = o.chunk * pp_ + stage;
+  return {vs == 0, vs == pp_ * shape_.chunks - 1};
+}
+
+// The processors of simulated rank `index` (global rank, or stage when folded), and what its
+// first op needs: under --overlap-param-gather, the all-gathers of the parameters the previous
+// step updated; under ZeRO-3, the first op's parameters.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
+  rs.reset();
+  const int rank = opt_.unfold ? index : index * tp_ * dp_;
   simulated_rank& r = rs.info;
   r.rank = rank;
   r.stage = rank / (tp_ * dp_);
   r.dp_index = (rank % (tp_ * dp_)) / tp_;
   r.tp_index = rank % tp_;
+  rs.col = rank % (tp_ * dp_);
   const int s = r.stage;
-  const int col = rank % (tp_ * dp_);
-  // pid = tid = 10000 + rank: the main thread of a process, distinct from the device numbers
-  // that GPU rows use as pid in a Kineto trace.
-  r.cpu = g_->add_processor({graph::processor_kind::cpu_thread, rank, 10000 + rank, 10000 + rank,
-                             opt_.names ? "rank " + std::to_string(rank) + " launch thread" : std::string()});
+  r.cpu = cpu_thread(rank);
   r.compute = stream(r, 7, "compute");
   if (dp_ > 1 || (m_.tied_embeddings && pp_ > 1 && (s == 0 || s == pp_ - 1))) (void)dp_stream(rs);
   if (pp_ > 1) {
@@ -382,110 +227,146 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
     r.recv_prev = stream(r, 23, "pipeline receive from previous stage");
     r.recv_next = stream(r, 24, "pipeline receive from next stage");
   }
-
-  const auto& order = (*orders_)[static_cast<std::size_t>(s)];
+  const auto& order = order_of(rs);
   const auto& final_grad = final_grad_[static_cast<std::size_t>(s)];
-  const int virtual_stages = pp_ * shape_.chunks;
-  const pipeline::op_kind grad_kind = split_ ? pipeline::op_kind::weight : pipeline::op_kind::backward;
-
-  auto pass_of = [&](const pipeline::op& o) {
-    switch (o.kind) {
-      case pipeline::op_kind::forward: return pass_kind::forward;
-      case pipeline::op_kind::backward: return split_ ? pass_kind::input_grad : pass_kind::backward;
-      case pipeline::op_kind::weight: return pass_kind::weight_grad;
-    }
-    return pass_kind::forward;
-  };
-  auto needs_params = [&](const pipeline::op& o) { return o.kind != pipeline::op_kind::weight; };
-  auto chunk_role = [&](const pipeline::op& o) {
-    const int vs = o.chunk * pp_ + s;
-    return std::pair<bool, bool>{vs == 0, vs == virtual_stages - 1};
-  };
 
   // --overlap-param-gather (ZeRO-1/2): the all-gathers of the parameters the previous step
   // updated start the iteration, in the order the forward passes need them (chunk by chunk, and
   // in a chunk the buckets in layer order: they fill in backward order, the last layers first).
   // The first forward pass waits for the first bucket only and runs beside the others; the op
   // after it waits for all of them (Megatron gates each layer's forward on its bucket).
-  const bool gather_early = par_.overlap_param_gather && (par_.zero_stage == 1 || par_.zero_stage == 2) && dp_ > 1;
-  graph::task_id first_gathered = graph::no_task, all_gathered = graph::no_task;
-  if (gather_early) {
-    std::vector<std::size_t> chunks;  // the op where each chunk's gradients are final, by chunk
+  rs.gather_early = par_.overlap_param_gather && (par_.zero_stage == 1 || par_.zero_stage == 2) && dp_ > 1;
+  if (rs.gather_early) {
+    std::vector<std::int32_t>& chunks = buf_.chunk_ops;  // the op where each chunk's gradients are final, by chunk
+    chunks.clear();
     for (std::size_t i = 0; i < order.size(); ++i) {
-      if (final_grad[i] != 0) chunks.push_back(i);
+      if (final_grad[i] != 0) chunks.push_back(static_cast<std::int32_t>(i));
     }
-    std::stable_sort(chunks.begin(), chunks.end(), [&](std::size_t a, std::size_t b) { return order[a].chunk < order[b].chunk; });
-    for (const std::size_t i : chunks) {
-      const auto [f, l] = chunk_role(order[i]);
+    std::stable_sort(chunks.begin(), chunks.end(), [&](std::int32_t a, std::int32_t b) {
+      return order[static_cast<std::size_t>(a)].chunk < order[static_cast<std::size_t>(b)].chunk;
+    });
+    for (const std::int32_t i : chunks) {
+      const auto [f, l] = chunk_role(s, order[static_cast<std::size_t>(i)]);
       const auto& bs = buckets_[f][l];
       for (auto b = bs.rbegin(); b != bs.rend(); ++b) {
-        all_gathered = gather_parameters(rs, b->second, graph::no_task).complete;
-        if (first_gathered == graph::no_task) first_gathered = all_gathered;
+        rs.all_gathered = gather_parameters(rs, b->second, graph::no_task).complete;
+        if (rs.first_gathered == graph::no_task) rs.first_gathered = rs.all_gathered;
       }
     }
   }
-
-  in_pipeline_ = true;
-  collective_tasks prefetched{};  // ZeRO-3: the all-gather for the next op
+  rs.in_pipeline = true;
   if (zero3_ && !order.empty()) {
-    const auto [f, l] = chunk_role(order[0]);
-    prefetched = gather_parameters(rs, chunk_params_[f][l], graph::no_task);
+    const auto [f, l] = chunk_role(s, order[0]);
+    rs.prefetched = gather_parameters(rs, chunk_params_[f][l], graph::no_task);
   }
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    const pipeline::op& o = order[i];
-    const auto [first, last] = chunk_role(o);
-    // Receive the input if it comes from another stage.
-    if (const auto dep = pipeline::dependency_of(shape_, s, o); dep && dep->crosses_stages(s)) {
-      const bool fwd = o.kind == pipeline::op_kind::forward;
-      const int sender = dep->on.stage;
-      group_state& gs = group(fwd ? group_type::act : group_type::grad, fwd ? sender : s, col);
-      const collective_tasks c =
-          collective(rs, fwd ? r.recv_prev : r.recv_next, gs, fwd ? rs.seq_act_in : rs.seq_grad_in, "send_recv",
-                     p2p_bytes_, p2p_duration(fwd ? sender : s, col), fwd ? n_recv_fwd_ : n_recv_bwd_);
-      rs.pending.push_back(c.complete);
-      if (opt_.p2p_host_sync) {
-        // torch.cuda.synchronize(): the device drains (the previous pass, the transfer).
-        host_wait(rs, c.complete);
-        if (rs.last_compute != graph::no_task) host_wait(rs, rs.last_compute);
-      }
-    }
-    if (gather_early && i == 0 && first_gathered != graph::no_task) rs.pending.push_back(first_gathered);
-    if (gather_early && i > 0 && all_gathered != graph::no_task) {
-      rs.pending.push_back(all_gathered);
-      all_gathered = graph::no_task;
-    }
-    if (zero3_ && needs_params(o) && prefetched.complete != graph::no_task) {
-      rs.pending.push_back(prefetched.complete);
-      prefetched = {};
-    }
-    const bool bucketed = final_grad[i] != 0 && opt_.overlap_grad_reduce && par_.zero_stage <= 1 && dp_ > 1;
-    const std::size_t pass_mark = span_mark(rs);
-    emit_pass(rs, pass_of(o), first, last, bucketed ? &buckets_[first][last] : nullptr);
-    span_close(rs, o.kind == pipeline::op_kind::forward ? span_kind::forward : span_kind::backward, o.micro_batch, pass_mark);
-    const graph::task_id done = rs.last_compute;
-    // Send the output if another stage consumes it.
-    const int vs = o.chunk * pp_ + s;
-    if (o.kind == pipeline::op_kind::forward && vs < virtual_stages - 1) {
-      group_state& gs = group(group_type::act, s, col);
-      const collective_tasks c = collective(rs, r.send_next, gs, rs.seq_act_out, "send_recv", p2p_bytes_,
-                                            p2p_duration(s, col), n_send_fwd_);
-      g_->add_edge(done, c.arrive, 0, graph::edge_kind::dependency);
-    } else if (o.kind == pipeline::op_kind::backward && vs > 0) {
-      const int receiver = (s - 1 + pp_) % pp_;
-      group_state& gs = group(group_type::grad, receiver, col);
-      const collective_tasks c = collective(rs, r.send_prev, gs, rs.seq_grad_out, "send_recv", p2p_bytes_,
-                                            p2p_duration(receiver, col), n_send_bwd_);
-      g_->add_edge(done, c.arrive, 0, graph::edge_kind::dependency);
-    }
-    // ZeRO-3: prefetch the next op's parameters, then reduce-scatter this op's gradients.
-    if (zero3_ && i + 1 < order.size() && needs_params(order[i + 1])) {
-      const auto [f2, l2] = chunk_role(order[i + 1]);
-      prefetched = gather_parameters(rs, chunk_params_[f2][l2], graph::no_task);
-    }
-    if (par_.zero_stage >= 2 && o.kind == grad_kind) reduce_gradients(rs, chunk_params_[first][last], done);
-    flush_launches(rs);
+}
+
+// Where the input of op `o` comes from, when another stage sends it: the transfer's group,
+// its sequence counter on this rank, its stream, length and name.
+template <model::ComputeModel Compute, model::CommModel Comm>
+auto program_builder<Compute, Comm>::receive_of(rank_state& rs, const pipeline::op& o) -> std::optional<receive> {
+  const int s = rs.info.stage;
+  const auto dep = pipeline::dependency_of(shape_, s, o);
+  if (!dep || !dep->crosses_stages(s)) return std::nullopt;
+  const bool fwd = o.kind == pipeline::op_kind::forward;
+  const int sender = dep->on.stage;
+  if (fwd) {
+    return receive{&cached_group(rs.act_in, group_type::act, sender, rs.col), &rs.seq_act_in, rs.info.recv_prev,
+                   p2p_duration(sender, rs.col), n_recv_fwd_};
   }
-  in_pipeline_ = false;
+  return receive{&cached_group(rs.grad_in, group_type::grad, s, rs.col), &rs.seq_grad_in, rs.info.recv_next,
+                 p2p_duration(s, rs.col), n_recv_bwd_};
+}
+
+// The receive of op `o`'s input, when it comes from another stage (its arrive posted already
+// when the compiled program's driver did: post_receive).
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::receive_input(rank_state& rs, const pipeline::op& o) {
+  collective_tasks c;
+  if (rs.posted.group != nullptr) {
+    c = {rs.posted.arrive, complete(rs.posted.stream, *rs.posted.group, rs.posted.seq, rs.posted.duration)};
+    rs.posted.group = nullptr;
+  } else {
+    const std::optional<receive> r = receive_of(rs, o);
+    if (!r) return;
+    c = collective(rs, r->stream, *r->group, *r->seq, "send_recv", p2p_bytes_, r->duration, r->name);
+  }
+  rs.pending.push_back(c.complete);
+  if (opt_.p2p_host_sync) {
+    // torch.cuda.synchronize(): the device drains (the previous pass, the transfer).
+    host_wait(rs, c.complete);
+    if (rs.last_compute != graph::no_task) host_wait(rs, rs.last_compute);
+  }
+}
+
+// Compiled program: the arrive of the next op's receive, launched as `collective` launches it,
+// first in the next op's batch of launches.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::post_receive(rank_state& rs) {
+  if (rs.next_op >= order_of(rs).size()) return;
+  const std::optional<receive> r = receive_of(rs, order_of(rs)[rs.next_op]);
+  if (!r) return;
+  const std::size_t k = static_cast<std::size_t>((*r->seq)++);
+  rs.posted = {r->group, k, arrive(rs, r->stream, *r->group, k, launch_spec{collective_cpu_, collective_cpu_}, graph::no_task),
+               r->stream, r->duration};
+}
+
+// The next op of the rank's order: "receive its input if it crosses stages
+// (`pipeline::dependency_of`) → its pass → send its output if another stage consumes it".
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
+  const std::size_t i = rs.next_op++;
+  const auto& order = order_of(rs);
+  const pipeline::op& o = order[i];
+  const int s = rs.info.stage;
+  const auto [first, last] = chunk_role(s, o);
+  auto needs_params = [](const pipeline::op& x) { return x.kind != pipeline::op_kind::weight; };
+  receive_input(rs, o);
+  if (rs.gather_early && i == 0 && rs.first_gathered != graph::no_task) rs.pending.push_back(rs.first_gathered);
+  if (rs.gather_early && i > 0 && rs.all_gathered != graph::no_task) {
+    rs.pending.push_back(rs.all_gathered);
+    rs.all_gathered = graph::no_task;
+  }
+  if (zero3_ && needs_params(o) && rs.prefetched.complete != graph::no_task) {
+    rs.pending.push_back(rs.prefetched.complete);
+    rs.prefetched = {};
+  }
+  const bool bucketed = final_grad_[static_cast<std::size_t>(s)][i] != 0 && opt_.overlap_grad_reduce && par_.zero_stage <= 1 && dp_ > 1;
+  const std::size_t pass_mark = span_mark(rs);
+  emit_pass(rs, pass_of(o), first, last, bucketed ? &buckets_[first][last] : nullptr);
+  span_close(rs, o.kind == pipeline::op_kind::forward ? span_kind::forward : span_kind::backward, o.micro_batch, pass_mark);
+  const graph::task_id done = rs.last_compute;
+  // Send the output if another stage consumes it.
+  const int vs = o.chunk * pp_ + s;
+  if (o.kind == pipeline::op_kind::forward && vs < pp_ * shape_.chunks - 1) {
+    group_state& gs = cached_group(rs.act_out, group_type::act, s, rs.col);
+    (void)collective(rs, rs.info.send_next, gs, rs.seq_act_out, "send_recv", p2p_bytes_, p2p_duration(s, rs.col), n_send_fwd_,
+                     1, -1, -1, 2, done);
+  } else if (o.kind == pipeline::op_kind::backward && vs > 0) {
+    const int receiver = (s - 1 + pp_) % pp_;
+    group_state& gs = cached_group(rs.grad_out, group_type::grad, receiver, rs.col);
+    (void)collective(rs, rs.info.send_prev, gs, rs.seq_grad_out, "send_recv", p2p_bytes_, p2p_duration(receiver, rs.col),
+                     n_send_bwd_, 1, -1, -1, 2, done);
+  }
+  // ZeRO-3: prefetch the next op's parameters, then reduce-scatter this op's gradients.
+  if (zero3_ && i + 1 < order.size() && needs_params(order[i + 1])) {
+    const auto [f2, l2] = chunk_role(s, order[i + 1]);
+    rs.prefetched = gather_parameters(rs, chunk_params_[f2][l2], graph::no_task);
+  }
+  const pipeline::op_kind grad_kind = split_ ? pipeline::op_kind::weight : pipeline::op_kind::backward;
+  if (par_.zero_stage >= 2 && o.kind == grad_kind) reduce_gradients(rs, chunk_params_[first][last], done);
+  flush_launches(rs);
+}
+
+// After the rank's last op: the gradient reductions that did not overlap the backward, the
+// tied embedding's all-reduce, the optimizer step and the final sync.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::end_rank(rank_state& rs) {
+  simulated_rank& r = rs.info;
+  const int s = r.stage;
+  const auto& order = order_of(rs);
+  const auto& final_grad = final_grad_[static_cast<std::size_t>(s)];
+  rs.in_pipeline = false;
   r.pipeline_last = rs.last_compute;
 
   // Gradient buckets that did not overlap the backward.
@@ -493,33 +374,40 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
     graph::task_id after = r.pipeline_last;
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (final_grad[i] == 0) continue;
-      const auto [first, last] = chunk_role(order[i]);
+      const auto [first, last] = chunk_role(s, order[i]);
       for (const auto& b : buckets_[first][last]) {
         reduce_gradients(rs, b.second, after);
         after = graph::no_task;
       }
     }
   }
-  // Tied embeddings across stages: the first and last stage add their gradients.
   if (opt_.forward_only) {
     flush_launches(rs);
-    final_device_sync(rs, rank_first);
-    out.ranks.push_back(r);
+    final_device_sync(rs);
     return;
   }
+  // Tied embeddings across stages: the first and last stage add their gradients.
   if (m_.tied_embeddings && pp_ > 1 && (s == 0 || s == pp_ - 1)) {
-    group_state& gs = group(group_type::embd, col, 0);
+    group_state& gs = group(group_type::embd, rs.col, 0);
     const auto bytes = static_cast<std::int64_t>(static_cast<double>(m_.vocab * m_.hidden / tp_) * opt_.grad_reduce_bytes);
     const time_ns d = comm_.collective_time({model::collective::all_reduce, bytes, gs.placement}, hw_);
     const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_embd, "allreduce", bytes, d, n_embd_ar_, 1, -1, -1,
-                                          static_cast<std::int64_t>(opt_.grad_reduce_bytes));
-    g_->add_edge(r.pipeline_last, c.arrive, 0, graph::edge_kind::dependency);
+                                          static_cast<std::int64_t>(opt_.grad_reduce_bytes), r.pipeline_last);
     rs.last_dp = c.complete;
   }
   if (rs.last_dp != graph::no_task) rs.pending.push_back(rs.last_dp);
+  optimizer_step(rs);
+}
 
-  // Optimizer: local gradient norm, its all-reduce, the Adam step.
-  const model::op_list& opt_ops = optimizer_[static_cast<std::size_t>(s)];
+// Optimizer: local gradient norm, its all-reduce, the Adam step; then ZeRO-1/2's parameter
+// all-gathers and the final sync.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::optimizer_step(rank_state& rs) {
+  simulated_rank& r = rs.info;
+  const int s = r.stage;
+  const auto& order = order_of(rs);
+  const auto& final_grad = final_grad_[static_cast<std::size_t>(s)];
+  const model::op_list& opt_ops = buf_.optimizer_ops[static_cast<std::size_t>(s)];
   graph::task_id step = graph::no_task;
   const std::size_t optimizer_mark = span_mark(rs);
   // The fp32 scalar all-reduce over the model-parallel group that the gradient norm and the
@@ -544,12 +432,12 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   ensure_task(rs);
   if (step == graph::no_task) step = rs.last_compute;
   // ZeRO-1/2: gather the updated parameter shards, bucket by bucket (unless the next
-  // iteration's forward overlaps them: above).
-  if ((par_.zero_stage == 1 || par_.zero_stage == 2) && dp_ > 1 && !gather_early) {
+  // iteration's forward overlaps them: begin_rank).
+  if ((par_.zero_stage == 1 || par_.zero_stage == 2) && dp_ > 1 && !rs.gather_early) {
     graph::task_id after = step;
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (final_grad[i] == 0) continue;
-      const auto [first, last] = chunk_role(order[i]);
+      const auto [first, last] = chunk_role(s, order[i]);
       for (const auto& b : buckets_[first][last]) {
         (void)gather_parameters(rs, b.second, after);
         after = graph::no_task;
@@ -558,8 +446,7 @@ void program_builder<Compute, Comm>::emit_rank(program& out, int rank) {
   }
   flush_launches(rs);
   span_close(rs, span_kind::optimizer, 0, optimizer_mark);
-  final_device_sync(rs, rank_first);
-  out.ranks.push_back(r);
+  final_device_sync(rs);
 }
 
 }  // namespace lumos::synth::detail

@@ -1,44 +1,66 @@
 #pragma once
-// program_builder: the per-stage plan (the last gradient op of each chunk, reserved capacity)
-// and the process groups (TP, DP, p2p, norm, tied embedding) with their placement and joins.
+// program_builder: the per-stage plan (the last gradient op of each chunk, the expected size,
+// where each op's input comes from) and the process groups (TP, DP, p2p, norm, tied embedding)
+// with their placement and joins.
 
 #include <lumos/synth/detail/program_builder.hpp>
 
 namespace lumos::synth::detail {
 
 template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::keep_forwards(stage_orders& orders) {
+  for (auto& o : orders) {
+    std::erase_if(o, [](const pipeline::op& x) { return x.kind != pipeline::op_kind::forward; });
+  }
+}
+
+// What every build needs before the first task: names, pass templates, groups, stage plan.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::prepare() {
+  intern_names();
+  build_templates();
+  build_groups();
+  // The stage plan depends on the orders alone, which the schedule, the shape and forward_only
+  // decide: a build of the same as the last one's keeps its plan.
+  const program_buffers::plan_key key{policy_.orders, shape_, opt_.forward_only};
+  if (!(buf_.planned == key)) {
+    buf_.planned = {};
+    plan_stages();
+    plan_senders();
+    buf_.planned = key;
+  }
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::plan_stages() {
-  final_grad_.assign(static_cast<std::size_t>(pp_), {});
+  if (final_grad_.size() < static_cast<std::size_t>(pp_)) final_grad_.resize(static_cast<std::size_t>(pp_));
   const pipeline::op_kind grad_kind = split_ ? pipeline::op_kind::weight : pipeline::op_kind::backward;
+  std::vector<std::int32_t>& last = buf_.last_grad;
   for (int s = 0; s < pp_; ++s) {
     const auto& order = (*orders_)[static_cast<std::size_t>(s)];
     auto& flags = final_grad_[static_cast<std::size_t>(s)];
     flags.assign(order.size(), 0);
-    std::vector<int> last(static_cast<std::size_t>(shape_.chunks), -1);
+    last.assign(static_cast<std::size_t>(shape_.chunks), -1);
     for (std::size_t i = 0; i < order.size(); ++i) {
-      if (order[i].kind == grad_kind) last[static_cast<std::size_t>(order[i].chunk)] = static_cast<int>(i);
+      if (order[i].kind == grad_kind) last[static_cast<std::size_t>(order[i].chunk)] = static_cast<std::int32_t>(i);
     }
-    for (const int i : last) {
+    for (const std::int32_t i : last) {
       if (i >= 0) flags[static_cast<std::size_t>(i)] = 1;
     }
   }
 }
 
+// Tasks and edges, counted from the templates (exact up to joins, buckets and the tail), so
+// that the big arrays are allocated once and no more than needed.
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::reserve() {
-  // Tasks and edges, counted from the templates (exact up to joins, buckets and the tail), so
-  // that the big arrays are allocated once and no more than needed.
+std::pair<std::size_t, std::size_t> program_builder<Compute, Comm>::expected_size() const {
   const int virtual_stages = pp_ * shape_.chunks;
   std::size_t tasks = 0, edges = 0;
   for (int s = 0; s < pp_; ++s) {
     std::size_t t = 64, e = 64;
     for (const pipeline::op& o : (*orders_)[static_cast<std::size_t>(s)]) {
       const int vs = o.chunk * pp_ + s;
-      const std::size_t k = static_cast<std::size_t>(
-          o.kind == pipeline::op_kind::forward ? pass_kind::forward
-          : o.kind == pipeline::op_kind::weight ? pass_kind::weight_grad
-          : split_                              ? pass_kind::input_grad
-                                                : pass_kind::backward);
+      const auto k = static_cast<std::size_t>(pass_of(o));
       const totals& tot = pass_totals_[k][vs == 0][vs == virtual_stages - 1];
       if (opt_.detail == granularity::kernel) {
         t += 2 * static_cast<std::size_t>(tot.compute_kernels) + 4 * static_cast<std::size_t>(tot.comm_kernels);
@@ -55,6 +77,12 @@ void program_builder<Compute, Comm>::reserve() {
     tasks += t * (opt_.unfold ? static_cast<std::size_t>(tp_ * dp_) : 1);
     edges += e * (opt_.unfold ? static_cast<std::size_t>(tp_ * dp_) : 1);
   }
+  return {tasks, edges};
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::reserve_graph() {
+  const auto [tasks, edges] = expected_size();
   g_->processor.reserve(tasks);
   g_->kind.reserve(tasks);
   g_->duration.reserve(tasks);
@@ -68,6 +96,62 @@ void program_builder<Compute, Comm>::reserve() {
   g_->edges.reserve(edges);
 }
 
+// For each op of each stage's order, the op on another stage that sends its input (stage,
+// index in that stage's order), for `input_sent`.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::plan_senders() {
+  const auto v = static_cast<std::size_t>(shape_.chunks), m = static_cast<std::size_t>(shape_.micro_batches);
+  const auto slot = [&](int stage, const pipeline::op& o) {
+    return (static_cast<std::size_t>(stage) * 3 + static_cast<std::size_t>(o.kind)) * v * m + static_cast<std::size_t>(o.chunk) * m +
+           static_cast<std::size_t>(o.micro_batch);
+  };
+  buf_.op_index.assign(3 * v * m * static_cast<std::size_t>(pp_), -1);
+  buf_.stage_ops.assign(static_cast<std::size_t>(pp_) + 1, 0);
+  for (int s = 0; s < pp_; ++s) {
+    const auto& order = (*orders_)[static_cast<std::size_t>(s)];
+    for (std::size_t i = 0; i < order.size(); ++i) buf_.op_index[slot(s, order[i])] = static_cast<std::int32_t>(i);
+    buf_.stage_ops[static_cast<std::size_t>(s) + 1] = buf_.stage_ops[static_cast<std::size_t>(s)] + order.size();
+  }
+  buf_.sender.clear();
+  buf_.receiver.assign(buf_.stage_ops.back(), {-1, -1});
+  for (int s = 0; s < pp_; ++s) {
+    const auto& order = (*orders_)[static_cast<std::size_t>(s)];
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const auto dep = pipeline::dependency_of(shape_, s, order[i]);
+      if (!dep || !dep->crosses_stages(s)) {
+        buf_.sender.emplace_back(-1, -1);
+        continue;
+      }
+      const std::int32_t from = buf_.op_index[slot(dep->on.stage, dep->on.what)];
+      buf_.sender.emplace_back(dep->on.stage, from);
+      if (from >= 0) {
+        buf_.receiver[buf_.stage_ops[static_cast<std::size_t>(dep->on.stage)] + static_cast<std::size_t>(from)] = {
+            s, static_cast<std::int32_t>(i)};
+      }
+    }
+  }
+}
+
+// Whether the next op of `rs` may be emitted: it takes no input from another stage, or the op
+// that sends it (on the same column of the sending stage) has been emitted.
+template <model::ComputeModel Compute, model::CommModel Comm>
+bool program_builder<Compute, Comm>::input_sent(const rank_state& rs) const {
+  const auto [stage, index] = buf_.sender[buf_.stage_ops[static_cast<std::size_t>(rs.info.stage)] + rs.next_op];
+  if (index < 0) return true;  // no input to wait for, or a sender that never runs the op
+  const int sender = opt_.unfold ? global_rank(stage, rs.col) : stage;
+  return static_cast<std::size_t>(index) < buf_.ranks[static_cast<std::size_t>(sender)].next_op;
+}
+
+// Whether the stage that receives the output of `rs`'s next op (if another does) has posted
+// that receive: it has emitted every op before the one that consumes it.
+template <model::ComputeModel Compute, model::CommModel Comm>
+bool program_builder<Compute, Comm>::output_posted(const rank_state& rs) const {
+  const auto [stage, index] = buf_.receiver[buf_.stage_ops[static_cast<std::size_t>(rs.info.stage)] + rs.next_op];
+  if (index < 0) return true;
+  const int receiver = opt_.unfold ? global_rank(stage, rs.col) : stage;
+  return static_cast<std::size_t>(index) <= buf_.ranks[static_cast<std::size_t>(receiver)].next_op;
+}
+
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::build_groups() {
   // Dense ids: tp (pp·dp groups), dp (pp·tp), act and grad channels (pp·tp·dp each: the
@@ -79,7 +163,7 @@ void program_builder<Compute, Comm>::build_groups() {
   grad_base_ = act_base_ + pp_ * tp_ * dp_;
   norm_base_ = grad_base_ + pp_ * tp_ * dp_;
   embd_base_ = norm_base_ + dp_;
-  groups_.clear();
+  buf_.groups_used = 0;
   group_slot_.assign(static_cast<std::size_t>(embd_base_ + tp_ * dp_), -1);
 }
 
@@ -96,8 +180,11 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
   }
   std::int32_t& slot = group_slot_[static_cast<std::size_t>(id)];
   if (slot < 0) {
-    slot = static_cast<std::int32_t>(groups_.size());
-    group_state& made = groups_.emplace_back();
+    // The deque's groups past `groups_used` are earlier builds': made again in place.
+    slot = static_cast<std::int32_t>(buf_.groups_used++);
+    if (groups_.size() < buf_.groups_used) groups_.emplace_back();
+    group_state& made = groups_[static_cast<std::size_t>(slot)];
+    made.reset();
     made.id = id;
     init_group(made, type, a, b);
   }
@@ -108,16 +195,18 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type, int a, int b) {
   gs.ready = true;
+  // Names are for processor names and collective records only.
+  const bool named = opt_.names || opt_.record_collectives;
   switch (type) {
     case group_type::tp:
       gs.type = comm_group::tp;
-      gs.name = "tp." + std::to_string(a) + "." + std::to_string(b);
+      if (named) gs.name = "tp." + std::to_string(a) + "." + std::to_string(b);
       for (int t = 0; t < tp_; ++t) gs.ranks.push_back(global_rank(a, b * tp_ + t));
       gs.participants = opt_.unfold ? tp_ : 1;
       break;
     case group_type::dp:
       gs.type = comm_group::dp;
-      gs.name = "dp." + std::to_string(a) + "." + std::to_string(b);
+      if (named) gs.name = "dp." + std::to_string(a) + "." + std::to_string(b);
       for (int d = 0; d < dp_; ++d) gs.ranks.push_back(global_rank(a, d * tp_ + b));
       gs.participants = opt_.unfold ? dp_ : 1;
       break;
@@ -125,8 +214,10 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
     case group_type::grad: {
       const int to = (a + 1) % pp_;
       gs.type = comm_group::pp;
-      gs.name = std::string(type == group_type::act ? "pp.fwd." : "pp.bwd.") + std::to_string(a) + "-" +
-                std::to_string(to) + "." + std::to_string(b);
+      if (named) {
+        gs.name = std::string(type == group_type::act ? "pp.fwd." : "pp.bwd.") + std::to_string(a) + "-" +
+                  std::to_string(to) + "." + std::to_string(b);
+      }
       if (type == group_type::act) {
         gs.ranks = {global_rank(a, b), global_rank(to, b)};
       } else {
@@ -138,11 +229,11 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
     case group_type::norm:
       gs.type = par_.zero_stage >= 1 ? comm_group::world : comm_group::model_parallel;
       if (par_.zero_stage >= 1) {
-        gs.name = "world";
+        if (named) gs.name = "world";
         for (int r = 0; r < world_; ++r) gs.ranks.push_back(r);
         gs.participants = opt_.unfold ? world_ : pp_;
       } else {
-        gs.name = "mp." + std::to_string(a);
+        if (named) gs.name = "mp." + std::to_string(a);
         for (int s = 0; s < pp_; ++s) {
           for (int t = 0; t < tp_; ++t) gs.ranks.push_back(global_rank(s, a * tp_ + t));
         }
@@ -151,12 +242,12 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
       break;
     case group_type::embd:
       gs.type = comm_group::embedding;
-      gs.name = "embd." + std::to_string(a);
+      if (named) gs.name = "embd." + std::to_string(a);
       gs.ranks = {global_rank(0, a), global_rank(pp_ - 1, a)};
       gs.participants = 2;
       break;
   }
-  gs.placement = placement_of(gs.ranks, hw_);
+  gs.placement = model::placement_of(gs.ranks, hw_, buf_.nodes);
 }
 
 }  // namespace lumos::synth::detail

@@ -6,7 +6,9 @@
 #include <lumos/core/time.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/comm.hpp>
+#include <lumos/model/compute.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/synth/detail/direct_sink.hpp>
 #include <lumos/synth/job.hpp>
 
 #include <algorithm>
@@ -92,6 +94,46 @@ struct totals {
 
 using model::placement_of;
 
+// The op lists of a compute model, into `out`: through the model's allocation-free overload
+// (`layer(m, p, hw, out)`, ...) when it has one, which a caller that keeps `out` between builds
+// relies on to allocate nothing.
+template <class C>
+void layer_ops(const C& c, const model::transformer& m, const model::parallel_config& p, const model::hardware& hw,
+               model::op_list& out) {
+  if constexpr (requires { c.layer(m, p, hw, out); }) {
+    c.layer(m, p, hw, out);
+  } else {
+    out = c.layer(m, p, hw);
+  }
+}
+template <class C>
+void embedding_ops(const C& c, const model::transformer& m, const model::parallel_config& p, const model::hardware& hw,
+                   model::op_list& out) {
+  if constexpr (requires { c.embedding(m, p, hw, out); }) {
+    c.embedding(m, p, hw, out);
+  } else {
+    out = c.embedding(m, p, hw);
+  }
+}
+template <class C>
+void head_ops(const C& c, const model::transformer& m, const model::parallel_config& p, const model::hardware& hw,
+              model::op_list& out) {
+  if constexpr (requires { c.head(m, p, hw, out); }) {
+    c.head(m, p, hw, out);
+  } else {
+    out = c.head(m, p, hw);
+  }
+}
+template <class C>
+void optimizer_ops(const C& c, const model::transformer& m, const model::parallel_config& p, const model::hardware& hw,
+                   int stage, model::op_list& out) {
+  if constexpr (requires { c.optimizer(m, p, hw, stage, out); }) {
+    c.optimizer(m, p, hw, stage, out);
+  } else {
+    out = c.optimizer(m, p, hw, stage);
+  }
+}
+
 /// A process group of the job, created when first used.
 struct group_state {
   bool ready = false;
@@ -102,8 +144,128 @@ struct group_state {
   int participants = 1;    ///< members present in the graph
   model::group_placement placement;
   graph::processor_id barrier = no_processor;
+  bool barrier_folded = false;  ///< compiled program: joins folded, their barrier not made (counted)
   std::vector<graph::task_id> joins;       ///< by sequence (participants > 1)
   std::vector<std::uint32_t> instances;    ///< by sequence (when recording)
+  // Compiled program: the arrives of each sequence ([k · participants + i], `arrived[k]` of
+  // them), which the completes take when the join is folded (compiled_program); `joins[k]` is
+  // then `folded_join`.
+  std::vector<graph::task_id> arrives;
+  std::vector<std::uint32_t> arrived;
+  static constexpr graph::task_id folded_join = graph::no_task - 1;
+  // Compiled program: pipeline sends that came before their receive was posted, in sequence
+  // order from `queued_head`; each is added once its receiver arrives (nothing but later sends
+  // on its stream and the final sync follow a send, so nothing waits for it meanwhile).
+  struct queued_send {
+    std::size_t seq = 0;
+    graph::processor_id stream = 0;
+    launch_ref launch;
+    graph::task_id after = graph::no_task;
+    time_ns duration = 0;
+  };
+  std::vector<queued_send> queued;
+  std::size_t queued_head = 0;
+
+  /// Back to a group not yet made, keeping the capacity of its lists.
+  void reset() {
+    ready = false;
+    id = 0;
+    type = comm_group::tp;
+    name.clear();
+    ranks.clear();
+    participants = 1;
+    placement = {};
+    barrier = no_processor;
+    barrier_folded = false;
+    joins.clear();
+    instances.clear();
+    arrives.clear();
+    arrived.clear();
+    queued.clear();
+    queued_head = 0;
+  }
+};
+
+/// The two tasks of one participant of a collective.
+struct collective_tasks {
+  graph::task_id arrive = graph::no_task;
+  graph::task_id complete = graph::no_task;
+};
+
+/// How a GPU task is launched: `cpu` ns of host time before it is queued, a launch edge of
+/// `lead` from the launching call's start. `before_last`: at the `pass` granularity, its launch
+/// goes before the last one batched (a collective queued behind the compute task whose host
+/// time covers both, see `program_builder::emit_totals`).
+struct launch_spec {
+  time_ns cpu = 0;
+  time_ns lead = 0;
+  bool before_last = false;
+};
+
+/// What the builder keeps of one simulated rank while it emits it, op by op.
+struct rank_state {
+  simulated_rank info;
+  std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
+  std::int64_t seq_norm = 0, seq_embd = 0;
+  std::vector<graph::task_id> pending;  ///< start edges into the next compute-stream task
+  std::vector<graph::task_id> waits;    ///< host waits folded into the next CPU task (compiled)
+  graph::task_id last_compute = graph::no_task;
+  graph::task_id last_dp = graph::no_task;
+  struct pending_launch {
+    graph::task_id gpu;
+    time_ns cpu;   ///< host time of its dispatch
+    time_ns lead;  ///< launch edge, relative to the start of its dispatch
+  };
+  std::vector<pending_launch> launches;  ///< batched (pass granularity, task graph)
+  std::vector<graph::task_id> cpu_tasks;  ///< its CPU tasks in order (with notes)
+  // The batch's launching CPU task in a compiled program: made before the first GPU task it
+  // launches, its length (the batch's host time) set when the batch is flushed.
+  graph::task_id launcher = graph::no_task;
+  time_ns batch_cpu = 0;        ///< host time of the batch so far
+  time_ns last_launch_cpu = 0;  ///< host time of the batch's last launch
+  // Where the emission of its pipeline ops stands.
+  std::size_t next_op = 0;
+  int col = 0;
+  bool in_pipeline = false;
+  bool gather_early = false;
+  graph::task_id first_gathered = graph::no_task, all_gathered = graph::no_task;
+  collective_tasks prefetched{};  ///< ZeRO-3: the all-gather for the next op
+  // The receive of the next op, posted (its arrive placed) as soon as the op before is done, so
+  // that the sender's transfer finds its join complete (compiled program).
+  struct posted_receive {
+    group_state* group = nullptr;
+    std::size_t seq = 0;
+    graph::task_id arrive = graph::no_task;
+    graph::processor_id stream = 0;
+    time_ns duration = 0;
+  } posted;
+  // The rank's groups, found once.
+  group_state* tp_group = nullptr;
+  group_state* dp_group = nullptr;
+  group_state* act_in = nullptr;
+  group_state* act_out = nullptr;
+  group_state* grad_in = nullptr;
+  group_state* grad_out = nullptr;
+
+  /// Ready for another rank, keeping the capacity of its lists.
+  void reset() {
+    info = {};
+    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = 0;
+    pending.clear();
+    waits.clear();
+    last_compute = last_dp = graph::no_task;
+    launches.clear();
+    cpu_tasks.clear();
+    launcher = graph::no_task;
+    batch_cpu = last_launch_cpu = 0;
+    next_op = 0;
+    col = 0;
+    in_pipeline = gather_early = false;
+    first_gathered = all_gathered = graph::no_task;
+    prefetched = {};
+    posted = {};
+    tp_group = dp_group = act_in = act_out = grad_in = grad_out = nullptr;
+  }
 };
 
 }  // namespace detail

@@ -8,11 +8,21 @@
 
 namespace lumos::synth::detail {
 
+// A compiled program has no names: every id is the empty name's.
 template <model::ComputeModel Compute, model::CommModel Comm>
-string_id program_builder<Compute, Comm>::intern(std::string_view s) { return g_->strings.intern(s); }
+string_id program_builder<Compute, Comm>::intern(std::string_view s) {
+  return direct_ ? n_unnamed_ : g_->strings.intern(s);
+}
 
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::intern_names() {
+  if (direct_) {
+    n_unnamed_ = n_launch_ = n_join_ = n_send_fwd_ = n_recv_fwd_ = n_send_bwd_ = n_recv_bwd_ = 0;
+    n_grad_ar_ = n_grad_rs_ = n_param_ag_ = n_embd_ar_ = n_norm_ar_ = n_host_sync_ = 0;
+    n_pass_compute_.fill(0);
+    n_pass_comm_.fill(0);
+    return;
+  }
   n_unnamed_ = intern("");
   n_launch_ = intern("cudaLaunchKernel");
   n_join_ = intern("join");
@@ -103,32 +113,34 @@ item program_builder<Compute, Comm>::comm_item(std::string_view name, model::col
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
-auto program_builder<Compute, Comm>::layer_hooks() const -> std::vector<hook> {
+auto program_builder<Compute, Comm>::layer_hooks() const -> std::span<const hook> {
   if (tp_ <= 1) return {};
   using R = model::op_role;
-  if (!par_.sp) {
-    return {{R::attn_out, hook_phase::fwd, true, "attn_out_proj_all_reduce"},
-            {R::mlp_out, hook_phase::fwd, true, "mlp_out_all_reduce"},
-            {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_all_reduce"},
-            {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_all_reduce"}};
-  }
+  static constexpr std::array<hook, 4> all_reduce = {{{R::attn_out, hook_phase::fwd, true, "attn_out_proj_all_reduce"},
+                                                      {R::mlp_out, hook_phase::fwd, true, "mlp_out_all_reduce"},
+                                                      {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_all_reduce"},
+                                                      {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_all_reduce"}}};
+  if (!par_.sp) return all_reduce;
   // The input re-gather precedes the first weight-gradient GEMM of the MLP input in backward
   // order: fc1, or the up GEMM of a gated MLP (backward runs down, act, up, gate).
-  const R first_input_wgrad = m_.mlp == model::mlp_kind::gelu ? R::mlp_in : R::mlp_up;
   // TE overlaps the re-gathers with the dgrad GEMM and the dgrad reduce-scatters with the
   // wgrad GEMM (bulk); both GEMMs of a linear layer have the same FLOPs, so the hook's own GEMM
   // stands for its partner.
   constexpr auto bulk = overlap_kind::bulk;
-  return {{R::qkv, hook_phase::fwd, false, "qkv_input_all_gather"},
-          {R::attn_out, hook_phase::fwd, true, "attn_out_proj_reduce_scatter"},
-          {R::mlp_in, hook_phase::fwd, false, "mlp_input_all_gather"},
-          {R::mlp_out, hook_phase::fwd, true, "mlp_out_reduce_scatter"},
-          {R::mlp_out, hook_phase::dgrad, false, "mlp_out_grad_all_gather"},
-          {first_input_wgrad, hook_phase::wgrad, false, "mlp_input_regather", bulk},
-          {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_reduce_scatter", bulk},
-          {R::attn_out, hook_phase::dgrad, false, "attn_out_proj_grad_all_gather"},
-          {R::qkv, hook_phase::wgrad, false, "qkv_input_regather", bulk},
-          {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_reduce_scatter", bulk}};
+  auto sp_hooks = [](R first_input_wgrad) {
+    return std::array<hook, 10>{{{R::qkv, hook_phase::fwd, false, "qkv_input_all_gather"},
+                                 {R::attn_out, hook_phase::fwd, true, "attn_out_proj_reduce_scatter"},
+                                 {R::mlp_in, hook_phase::fwd, false, "mlp_input_all_gather"},
+                                 {R::mlp_out, hook_phase::fwd, true, "mlp_out_reduce_scatter"},
+                                 {R::mlp_out, hook_phase::dgrad, false, "mlp_out_grad_all_gather"},
+                                 {first_input_wgrad, hook_phase::wgrad, false, "mlp_input_regather", bulk},
+                                 {R::mlp_in, hook_phase::dgrad, true, "mlp_in_dgrad_reduce_scatter", bulk},
+                                 {R::attn_out, hook_phase::dgrad, false, "attn_out_proj_grad_all_gather"},
+                                 {R::qkv, hook_phase::wgrad, false, "qkv_input_regather", bulk},
+                                 {R::qkv, hook_phase::dgrad, true, "qkv_dgrad_reduce_scatter", bulk}}};
+  };
+  static constexpr std::array<hook, 10> gelu = sp_hooks(R::mlp_in), gated = sp_hooks(R::mlp_up);
+  return m_.mlp == model::mlp_kind::gelu ? std::span<const hook>(gelu) : std::span<const hook>(gated);
 }
 
 // The part of a TP collective of `comm` ns that its GEMM of `gemm` ns does not hide. Ring:
@@ -150,8 +162,9 @@ auto program_builder<Compute, Comm>::phase_of(const model::op_cost& o) noexcept 
 
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
-  const auto collectives = model::tensor_parallel_layer_collectives(m_, par_);
-  const auto hooks = layer_hooks();
+  const std::vector<model::tp_collective>& collectives = buf_.tp_collectives;
+  const std::span<const hook> hooks = layer_hooks();
+  out.clear();
   auto emit_hooks = [&](const model::op_cost& o, bool after) {
     for (const hook& h : hooks) {
       if (h.after != after || h.phase != phase_of(o) || o.role != h.role) continue;
@@ -176,6 +189,7 @@ void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, p
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::embed_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
   const std::int64_t B = activation_message();
+  out.clear();
   for (const model::op_cost& o : ops.ops) {
     if (!in_pass(o, pk)) continue;
     const hook_phase ph = phase_of(o);
@@ -193,6 +207,7 @@ void program_builder<Compute, Comm>::embed_template(const model::op_list& ops, p
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::head_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
   const std::int64_t B = activation_message();
+  out.clear();
   const std::int64_t loss_bytes = par_.micro_batch * m_.seq * 4;
   for (const model::op_cost& o : ops.ops) {
     if (!in_pass(o, pk)) continue;
@@ -224,14 +239,15 @@ std::int64_t program_builder<Compute, Comm>::activation_message() const {
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::build_templates() {
   tp_placement_ = model::tensor_parallel_group(par_, hw_);
-  const model::op_list layer = compute_.layer(m_, par_, hw_);
-  const model::op_list embed = compute_.embedding(m_, par_, hw_);
-  const model::op_list head = compute_.head(m_, par_, hw_);
+  model::tensor_parallel_layer_collectives(m_, par_, buf_.tp_collectives);
+  layer_ops(compute_, m_, par_, hw_, buf_.layer_ops);
+  embedding_ops(compute_, m_, par_, hw_, buf_.embedding_ops);
+  head_ops(compute_, m_, par_, hw_, buf_.head_ops);
   for (std::size_t k = 0; k < 4; ++k) {
     const auto pk = static_cast<pass_kind>(k);
-    layer_template(layer, pk, layer_items_[k]);
-    embed_template(embed, pk, embed_items_[k]);
-    head_template(head, pk, head_items_[k]);
+    layer_template(buf_.layer_ops, pk, layer_items_[k]);
+    embed_template(buf_.embedding_ops, pk, embed_items_[k]);
+    head_template(buf_.head_ops, pk, head_items_[k]);
   }
   layer_params_ = model::layer_parameters_per_rank(m_, tp_);
   embed_params_ = m_.vocab * m_.hidden / tp_ + (m_.position == model::position_kind::learned ? m_.seq * m_.hidden : 0);
@@ -255,25 +271,38 @@ void program_builder<Compute, Comm>::build_templates() {
     }
   }
   // Buckets over the backward order of a chunk's segments: head, layers (last first), embedding.
+  std::vector<std::int64_t>& segments = buf_.segments;
   for (int first = 0; first < 2; ++first) {
     for (int last = 0; last < 2; ++last) {
-      std::vector<std::int64_t> segments;
+      segments.clear();
       if (last) segments.push_back(head_params_);
       segments.insert(segments.end(), static_cast<std::size_t>(layers_per_chunk_), layer_params_);
       if (first) segments.push_back(embed_params_);
-      buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = model::gradient_buckets(segments, bucket_params_);
+      model::gradient_buckets(segments, bucket_params_, buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)]);
       chunk_params_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] =
           std::accumulate(segments.begin(), segments.end(), std::int64_t{0});
     }
   }
-  optimizer_.clear();
-  for (int s = 0; s < pp_; ++s) optimizer_.push_back(compute_.optimizer(m_, par_, hw_, s));
+  // One op list per stage, the lists of earlier builds kept for their capacity.
+  if (buf_.optimizer_ops.size() < static_cast<std::size_t>(pp_)) buf_.optimizer_ops.resize(static_cast<std::size_t>(pp_));
+  for (int s = 0; s < pp_; ++s) {
+    optimizer_ops(compute_, m_, par_, hw_, s, buf_.optimizer_ops[static_cast<std::size_t>(s)]);
+  }
 
   p2p_bytes_ = model::pipeline_p2p_bytes(m_, par_);
   p2p_folded_.assign(static_cast<std::size_t>(pp_), 0);
   for (int s = 0; s < pp_ && pp_ > 1; ++s) {
+    // The slowest column's transfer. The model prices a pair by its message and whether it
+    // stays in a node (a pure function of both), so each of the two kinds of pair is priced
+    // once, in the order the columns first meet them.
+    std::array<bool, 2> seen{};
     time_ns worst = 0;
-    for (int col = 0; col < tp_ * dp_; ++col) worst = std::max(worst, p2p_time(s, col));
+    for (int col = 0; col < tp_ * dp_ && !(seen[0] && seen[1]); ++col) {
+      const bool same = same_node(s, col);
+      if (seen[same ? 1 : 0]) continue;
+      seen[same ? 1 : 0] = true;
+      worst = std::max(worst, comm_.p2p_time({p2p_bytes_, same}, hw_));
+    }
     p2p_folded_[static_cast<std::size_t>(s)] = worst;
   }
 }
@@ -281,12 +310,18 @@ void program_builder<Compute, Comm>::build_templates() {
 template <model::ComputeModel Compute, model::CommModel Comm>
 int program_builder<Compute, Comm>::global_rank(int stage, int col) const noexcept { return stage * tp_ * dp_ + col; }
 
+// Whether stage s and stage (s + 1) mod p of column `col` share a node.
+template <model::ComputeModel Compute, model::CommModel Comm>
+bool program_builder<Compute, Comm>::same_node(int s, int col) const noexcept {
+  const int a = global_rank(s, col);
+  const int b = global_rank((s + 1) % pp_, col);
+  return a / hw_.gpus_per_node == b / hw_.gpus_per_node;
+}
+
 // Transfer from stage s to stage (s + 1) mod p of column `col` (either direction: same pair).
 template <model::ComputeModel Compute, model::CommModel Comm>
 time_ns program_builder<Compute, Comm>::p2p_time(int s, int col) const {
-  const int a = global_rank(s, col);
-  const int b = global_rank((s + 1) % pp_, col);
-  return comm_.p2p_time({p2p_bytes_, a / hw_.gpus_per_node == b / hw_.gpus_per_node}, hw_);
+  return comm_.p2p_time({p2p_bytes_, same_node(s, col)}, hw_);
 }
 
 }  // namespace lumos::synth::detail
