@@ -1,6 +1,6 @@
 // Small traces written by the project where each dependency kind matters; the predicted
 // iteration under compute=2, comm=2 and cpu=2 is derived by hand in the comments (all times in
-// µs). The replay contract is design/FIDELITY.md: starts are max(processor free + idle gap,
+// µs). The replay contract is docs/replay.md's: starts are max(processor free + idle gap,
 // predecessors) + busy CPU time; a GPU op waits for its launch call's start plus the launch
 // latency and for its stream predecessor plus the stream's inter-kernel gap; the constraint
 // that bound it in the measurement keeps its measured delay, the others their typical value

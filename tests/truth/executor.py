@@ -320,7 +320,7 @@ class _Done:
 _DONE = _Done()
 
 
-# ---- the metric (FIDELITY.md "Metrics", computed on the executor's own timestamps) ----------
+# ---- the metric (docs/replay.md "Metrics", computed on the executor's own timestamps) ----------
 
 def step_windows(run: RankRun) -> dict:
     """{N: (begin, end)} of every ProfilerStep#N on the rank's main thread:

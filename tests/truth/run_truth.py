@@ -152,7 +152,7 @@ def main() -> int:
     else:
         print("measured: lumos's measured_ns equals the executor's base iteration on every trace")
 
-    # Property (FIDELITY.md item 9): lumos's own predictions are monotone in each scale. The
+    # Property (the replay contract, item 9: docs/replay.md): lumos's own predictions are monotone in each scale. The
     # truth need not be (a faster CPU can shift a poll by one period), so this checks lumos only.
     by_case = {(name, variant, label): sim for name, variant, label, truth, sim, err, rerr in rows if sim is not None}
     monotone_bad = []

@@ -1,6 +1,6 @@
 """Writes one rank of an `executor.Execution` as a Kineto trace, the way PyTorch 2.x does.
 
-Layout (see ../shared/design/KINETO.md): `ph:"X"` events with cat cpu_op / user_annotation /
+Layout (the Kineto format as docs/reader.md describes it): `ph:"X"` events with cat cpu_op / user_annotation /
 cuda_runtime on the process's thread rows (pid = process id, tid = thread id) and kernel /
 gpu_memcpy / gpu_memset on the device rows (pid = device, tid = stream) with `args.correlation`,
 `args["External id"]`, `args.stream`, `args.device`; one `ac2g` flow pair (`s` at the runtime

@@ -1,4 +1,4 @@
-// Reader behaviour on hand-made traces: one per trap listed in design/KINETO.md.
+// Reader behaviour on hand-made traces: one per trap of real Kineto traces (docs/reader.md).
 #include "test_support.hpp"
 
 #include <lumos/graph/trace_builder.hpp>

@@ -93,7 +93,7 @@ struct build_options {
   bool keep_event_maps = true;
 };
 
-/// A delay kept from the trace that a what-if does not move (FIDELITY.md item 8), by kind.
+/// A delay kept from the trace that a what-if does not move (docs/replay.md, "Delays"), by kind.
 enum class overhead_kind : std::uint8_t {
   launch_latency,  ///< call start → op start of an op launched onto an idle stream
   stream_gap,      ///< gap after the stream predecessor of a queued op
@@ -190,7 +190,7 @@ struct built_job {
   std::vector<rank_map> ranks;  ///< same order as job.ranks
   time_ns origin = 0;           ///< absolute ns of job time 0
   build_stats stats;
-  std::vector<kept_delay> kept;  ///< every overhead kept from the trace (FIDELITY.md item 8)
+  std::vector<kept_delay> kept;  ///< every overhead kept from the trace (docs/replay.md, "Delays")
 };
 
 }  // namespace lumos::graph

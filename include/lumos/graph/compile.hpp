@@ -19,7 +19,7 @@
 
 namespace lumos::graph {
 
-/// Duration multipliers of FIDELITY.md item 6: `compute` for GPU compute ops, `comm` for
+/// Duration multipliers of the replay contract, item 6 (docs/replay.md): `compute` for GPU compute ops, `comm` for
 /// transfer times, `cpu` for CPU busy time. Gaps (idle), latencies (edge delays) and the tails
 /// of blocking calls are overheads and never scaled (item 8).
 struct scales {
@@ -57,7 +57,7 @@ struct scaled_durations {
     switch (g.kind[t]) {
       case task_kind::cpu:
         return scale_time(d, s.cpu);
-      case task_kind::cpu_blocking:  // the return after a wait: an overhead (FIDELITY.md item 8)
+      case task_kind::cpu_blocking:  // the return after a wait: an overhead (docs/replay.md, "Delays")
         return d;
       case task_kind::gpu_compute:
         return scale_time(d, s.compute);

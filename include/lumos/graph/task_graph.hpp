@@ -94,7 +94,7 @@ enum class edge_kind : std::uint8_t {
 enum class edge_flags : std::uint8_t {
   none = 0,
   finish = 1,      ///< binds the target's finish, not its start (a sync: the call returns after the op)
-  from_start = 2,  ///< counts the delay from the predecessor's start (a launch: FIDELITY.md item 4)
+  from_start = 2,  ///< counts the delay from the predecessor's start (a launch: the replay contract, item 4)
 };
 [[nodiscard]] constexpr edge_flags operator|(edge_flags a, edge_flags b) noexcept {
   return static_cast<edge_flags>(static_cast<std::uint8_t>(a) | static_cast<std::uint8_t>(b));
@@ -105,7 +105,7 @@ enum class edge_flags : std::uint8_t {
 
 /// `to` cannot start (start edge) or finish (finish edge) before `from` finishes — or, for an
 /// edge `from_start`, starts — plus `delay`. Launch edges count from the launching call's start
-/// (FIDELITY.md item 4); every other kind from the predecessor's finish.
+/// (the replay contract, item 4: docs/replay.md); every other kind from the predecessor's finish.
 struct edge {
   task_id from = no_task;
   task_id to = no_task;

@@ -1,6 +1,6 @@
 #pragma once
 // Builds the execution graph of a whole job from its Kineto traces: tasks on CPU threads and
-// GPU streams, every dependency kind of design/ARCHITECTURE.md, and collectives joined across
+// GPU streams, every dependency kind of docs/replay.md ("The graph"), and collectives joined across
 // ranks. The rules are documented in docs/replay.md; the numbers that tune them are in
 // `build_options`.
 //

@@ -285,7 +285,8 @@ class profile_reader {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Presets. Provenance: P = PUBLISHED.md (design folder), T = the shared Megatron GPT TP8 8xA100
+// Presets. Provenance: P = a published measurement (P 6.2: the NCCL maintainers' statements in the
+// NVIDIA/nccl-tests and NVIDIA/nccl GitHub issues named beside it), T = the shared Megatron GPT TP8 8xA100
 // trace (`lumos calibrate` output reproduced in docs/model.md), A = an assumption stated here.
 // ---------------------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 #pragma once
-// The 4-way breakdown and SM utilisation of FIDELITY.md, computed the same way for measured and
+// The 4-way breakdown and SM utilisation (docs/replay.md, "Metrics"), computed the same way for measured and
 // simulated timelines: from the GPU op intervals of one rank inside its iteration window.
 
 #include <lumos/core/time.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 // Critical path of a replay: the chain of tasks and edges that fixed the end of an iteration,
 // with its time attributed to CPU, launch, GPU compute, GPU communication, synchronisation
-// wait and idle gaps (FIDELITY.md "Critical path").
+// wait and idle gaps (docs/replay.md, "Metrics").
 
 #include <lumos/graph/compile.hpp>
 #include <lumos/graph/task_graph.hpp>

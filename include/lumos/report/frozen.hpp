@@ -1,5 +1,5 @@
 #pragma once
-// What a what-if cannot move: the overheads the graph keeps from the trace (FIDELITY.md item 8),
+// What a what-if cannot move: the overheads the graph keeps from the trace (docs/replay.md, "Delays"),
 // summed by kind over one rank's iteration, with the largest of them (`lumos replay --explain`,
 // the `frozen` section of `--json`).
 

@@ -1,6 +1,5 @@
 #pragma once
-// Leave-one-step-out validation (issue "Replay what-ifs that predict", FIDELITY.md "Held-out
-// steps"): the graph of step N, with its overheads, is given the measured op durations of step
+// Leave-one-step-out validation (docs/replay.md, "Leave-one-step-out"): the graph of step N, with its overheads, is given the measured op durations of step
 // M of the same trace; replaying it predicts step M, which the trace measured. The truth was
 // produced by the GPU, not by the code under test.
 

@@ -344,12 +344,14 @@ class page {
 
   // The 4-way breakdown, simulated over measured, one row per group of alike ranks.
   void breakdown_bars() {
-    out_ += "<section id=\"breakdown\"><h2>Breakdown per rank (4-way, FIDELITY.md)</h2>\n"
+    out_ += "<section id=\"breakdown\"><h2>Breakdown per rank</h2>\n"
             "<div class=\"legend\"><span><i style=\"background:#4c78a8\"></i>exposed compute</span>"
             "<span><i style=\"background:#9d6fbf\"></i>compute overlapped with communication</span>"
             "<span><i style=\"background:#f58518\"></i>exposed communication</span>"
             "<span><i style=\"background:#e3e7ee\"></i>other (GPU idle)</span></div>\n"
-            "<p class=\"note\">Each row: the simulated iteration (thick) over the measured one (thin), in ms of the window.</p>\n";
+            "<p class=\"note\">At every instant of a rank's iteration its GPU runs compute alone, compute and "
+            "communication together, communication alone, or nothing: the four parts add up to the iteration. Each row: "
+            "the simulated iteration (thick) over the measured one (thin), in ms of the window.</p>\n";
     put(out_, "<svg class=\"bars\" id=\"breakdown-bars\" width=\"%.0f\" height=\"%.0f\" role=\"img\">", total_w, 30.0 * static_cast<double>(rows_) + 6);
     for (std::size_t k = 0; k < rows_; ++k) {
       const rank_group& grp = groups_[k];

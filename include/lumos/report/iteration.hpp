@@ -1,5 +1,5 @@
 #pragma once
-// Iteration windows and per-rank / per-job results of a replay (FIDELITY.md "Metrics").
+// Iteration windows and per-rank / per-job results of a replay (docs/replay.md, "Metrics").
 
 #include <lumos/core/error.hpp>
 #include <lumos/core/parallel.hpp>
@@ -61,7 +61,7 @@ struct step_end {
 
 /// Which tasks make up one rank's iteration, chosen once from the measured timeline and then
 /// evaluated on any timeline (so measured and simulated windows use the same definition).
-/// Window of step N (FIDELITY.md "Iteration window", made to count each instant once): it ends
+/// Window of step N (docs/replay.md, "Metrics": made to count each instant once): it ends
 /// at `step_end` of N and begins at the later of N's annotation start and the end of step N-1
 /// when the trace has it, so GPU work of step N-1 that spills into N's annotation counts
 /// once, in N-1.

@@ -21,7 +21,7 @@ namespace lumos::report {
 
 struct replay_options {
   std::optional<int> step;       ///< ProfilerStep number; default: the last one every rank has
-  graph::scales scales;          ///< what-if multipliers (FIDELITY.md item 6)
+  graph::scales scales;          ///< what-if multipliers (the replay contract, item 6: docs/replay.md)
   graph::build_options build;
   /// Leave-one-step-out: replay the step with the measured op durations of this other step
   /// (report/held_out.hpp); the simulated iteration then predicts that step.

@@ -55,88 +55,138 @@ class kernel_names {
   /// How compute op `o` appears in a trace: kernel name, dispatching operator, its input shapes.
   [[nodiscard]] report::task_decoration compute(const model::op_cost& o) const {
     using R = model::op_role;
-    report::task_decoration d;
     const bool fwd = o.phase == model::op_phase::forward || o.recompute || o.phase == model::op_phase::optimizer;
-    const std::string T = std::to_string(tokens_norm());
-    const std::string h = std::to_string(m_.hidden);
-    const std::string t1 = "[\"" + torch_ + "\"]", t2 = "[\"" + torch_ + "\", \"" + torch_ + "\"]";
-    auto elementwise = [&](std::string_view functor, int arity) {
-      return "void at::native::vectorized_elementwise_kernel<4, " + std::string(functor) + ", at::detail::Array<char*, " +
-             std::to_string(arity) + "> >";
-    };
-    const std::string reduce = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<" + torch_ +
-                               ", at::native::func_wrapper_t<float, at::native::sum_functor<" + torch_ + ", float, float> >, unsigned int, " +
-                               torch_ + ", 4> >";
-    if (o.kind == model::op_class::gemm || (o.kind == model::op_class::attention && o.shape.m > 0)) {
-      const auto M = o.shape.m, N = o.shape.n, K = o.shape.k;
-      if (o.kind == model::op_class::attention) {
-        // Unfused attention core: batched over micro-batch × heads per rank.
-        const std::int64_t bh = par_.micro_batch * (m_.heads / par_.tp);
-        const std::string b = std::to_string(bh);
-        d.kernel = gemm_kernel(o.phase == model::op_phase::forward || o.recompute ? "tn" : "nn");
-        if (o.role == R::attention && fwd) {  // scores: baddbmm(input, Q, Kᵀ)
-          d.cpu_op = "aten::baddbmm";
-          d.input_dims = "[[" + b + ", " + std::to_string(M) + ", " + std::to_string(N) + "], [" + b + ", " + std::to_string(M) + ", " +
-                         std::to_string(K) + "], [" + b + ", " + std::to_string(K) + ", " + std::to_string(N) + "], [], []]";
-          d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\", \"Scalar\", \"Scalar\"]";
-        } else {
-          d.cpu_op = "aten::bmm";
-          d.input_dims = "[[" + b + ", " + std::to_string(M) + ", " + std::to_string(K) + "], [" + b + ", " + std::to_string(K) + ", " +
-                         std::to_string(N) + "]]";
-          d.input_type = t2;
-        }
-        return d;
-      }
-      const bool wgrad = o.phase == model::op_phase::backward_weight;
-      d.kernel = gemm_kernel(fwd ? "tn" : wgrad ? "nt" : "nn");
-      d.cpu_op = "aten::mm";
-      d.input_dims = "[[" + std::to_string(M) + ", " + std::to_string(K) + "], [" + std::to_string(K) + ", " + std::to_string(N) + "]]";
-      d.input_type = t2;
-      return d;
-    }
+    if (o.kind == model::op_class::gemm || (o.kind == model::op_class::attention && o.shape.m > 0)) return gemm(o, fwd);
     switch (o.role) {
-      case R::attention: {  // FlashAttention: q, k, v as [b, heads per rank, s, head dim]
-        const std::string q = "[" + std::to_string(par_.micro_batch) + ", " + std::to_string(m_.heads / par_.tp) + ", " +
-                              std::to_string(m_.seq) + ", " + std::to_string(m_.head_dim()) + "]";
-        const std::string kv = "[" + std::to_string(par_.micro_batch) + ", " + std::to_string(m_.kv_heads / par_.tp) + ", " +
-                               std::to_string(m_.seq) + ", " + std::to_string(m_.head_dim()) + "]";
-        const std::string traits = "Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::" +
-                                   std::string(dt_ == "f16" ? "half_t" : "bfloat16_t") + ">";
-        if (fwd) {
-          d.kernel = "void flash_fwd_kernel<" + traits + ", true, false, false, false, true, true, false>";
-          d.cpu_op = "aten::_scaled_dot_product_flash_attention";
-          d.input_dims = "[" + q + ", " + kv + ", " + kv + ", [], [], []]";
-          d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\", \"Scalar\", \"Scalar\", \"\"]";
-        } else {
-          d.kernel = "void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, "
-                     "false, cutlass::" + std::string(dt_ == "f16" ? "half_t" : "bfloat16_t") + ">, true, false, false, false, true>";
-          d.cpu_op = "aten::_scaled_dot_product_flash_attention_backward";
-          d.input_dims = "[" + q + ", " + q + ", " + kv + ", " + kv + ", " + q + "]";
-          d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\"]";
-        }
-        return d;
-      }
+      case R::attention:
+        return flash_attention(fwd);
       case R::input_norm:
       case R::post_attn_norm:
       case R::final_norm:
-        if (fwd) {
-          d.kernel = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<" + torch_ + ", float>";
-          d.cpu_op = "aten::native_layer_norm";
-          d.input_dims = "[[" + T + ", " + h + "], [" + h + "], [" + h + "], [" + h + "], []]";
-          d.input_type = "[\"" + torch_ + "\", \"\", \"" + torch_ + "\", \"" + torch_ + "\", \"Scalar\"]";
-        } else {
-          d.kernel = "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<" + torch_ + ", float>";
-          d.cpu_op = "aten::native_layer_norm_backward";
-          d.input_dims = "[[" + T + ", " + h + "], [" + T + ", " + h + "]]";
-          d.input_type = t2;
-        }
-        return d;
+        return layer_norm(fwd);
+      case R::cross_entropy:
+      case R::cross_entropy_part:
+        return cross_entropy(o);
+      default:
+        break;
+    }
+    report::task_decoration d = elementwise_op(o, fwd);
+    if (d.input_dims.empty()) {
+      d.input_dims = "[[" + std::to_string(tokens_norm()) + ", " + std::to_string(m_.hidden) + "]]";
+      d.input_type = "[\"" + torch_ + "\"]";
+    }
+    return d;
+  }
+
+  /// A GEMM: cuBLAS's kernel of the layout, under aten::mm, or the unfused attention core's
+  /// batched GEMMs (micro-batch × heads per rank) under aten::baddbmm / aten::bmm.
+  [[nodiscard]] report::task_decoration gemm(const model::op_cost& o, bool fwd) const {
+    using R = model::op_role;
+    report::task_decoration d;
+    const std::string t2 = "[\"" + torch_ + "\", \"" + torch_ + "\"]";
+    const auto M = o.shape.m, N = o.shape.n, K = o.shape.k;
+    if (o.kind == model::op_class::attention) {
+      const std::int64_t bh = par_.micro_batch * (m_.heads / par_.tp);
+      const std::string b = std::to_string(bh);
+      d.kernel = gemm_kernel(o.phase == model::op_phase::forward || o.recompute ? "tn" : "nn");
+      if (o.role == R::attention && fwd) {  // scores: baddbmm(input, Q, Kᵀ)
+        d.cpu_op = "aten::baddbmm";
+        d.input_dims = "[[" + b + ", " + std::to_string(M) + ", " + std::to_string(N) + "], [" + b + ", " + std::to_string(M) + ", " +
+                       std::to_string(K) + "], [" + b + ", " + std::to_string(K) + ", " + std::to_string(N) + "], [], []]";
+        d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\", \"Scalar\", \"Scalar\"]";
+      } else {
+        d.cpu_op = "aten::bmm";
+        d.input_dims = "[[" + b + ", " + std::to_string(M) + ", " + std::to_string(K) + "], [" + b + ", " + std::to_string(K) + ", " +
+                       std::to_string(N) + "]]";
+        d.input_type = t2;
+      }
+      return d;
+    }
+    const bool wgrad = o.phase == model::op_phase::backward_weight;
+    d.kernel = gemm_kernel(fwd ? "tn" : wgrad ? "nt" : "nn");
+    d.cpu_op = "aten::mm";
+    d.input_dims = "[[" + std::to_string(M) + ", " + std::to_string(K) + "], [" + std::to_string(K) + ", " + std::to_string(N) + "]]";
+    d.input_type = t2;
+    return d;
+  }
+
+  /// FlashAttention: q, k, v as [b, heads per rank, s, head dim].
+  [[nodiscard]] report::task_decoration flash_attention(bool fwd) const {
+    report::task_decoration d;
+    const std::string q = "[" + std::to_string(par_.micro_batch) + ", " + std::to_string(m_.heads / par_.tp) + ", " +
+                          std::to_string(m_.seq) + ", " + std::to_string(m_.head_dim()) + "]";
+    const std::string kv = "[" + std::to_string(par_.micro_batch) + ", " + std::to_string(m_.kv_heads / par_.tp) + ", " +
+                           std::to_string(m_.seq) + ", " + std::to_string(m_.head_dim()) + "]";
+    const std::string traits = "Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::" +
+                               std::string(dt_ == "f16" ? "half_t" : "bfloat16_t") + ">";
+    if (fwd) {
+      d.kernel = "void flash_fwd_kernel<" + traits + ", true, false, false, false, true, true, false>";
+      d.cpu_op = "aten::_scaled_dot_product_flash_attention";
+      d.input_dims = "[" + q + ", " + kv + ", " + kv + ", [], [], []]";
+      d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\", \"Scalar\", \"Scalar\", \"\"]";
+    } else {
+      d.kernel = "void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, "
+                 "false, cutlass::" + std::string(dt_ == "f16" ? "half_t" : "bfloat16_t") + ">, true, false, false, false, true>";
+      d.cpu_op = "aten::_scaled_dot_product_flash_attention_backward";
+      d.input_dims = "[" + q + ", " + q + ", " + kv + ", " + kv + ", " + q + "]";
+      d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\", \"" + torch_ + "\"]";
+    }
+    return d;
+  }
+
+  /// A LayerNorm forward or input gradient over tokens × hidden.
+  [[nodiscard]] report::task_decoration layer_norm(bool fwd) const {
+    report::task_decoration d;
+    const std::string T = std::to_string(tokens_norm()), h = std::to_string(m_.hidden);
+    if (fwd) {
+      d.kernel = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<" + torch_ + ", float>";
+      d.cpu_op = "aten::native_layer_norm";
+      d.input_dims = "[[" + T + ", " + h + "], [" + h + "], [" + h + "], [" + h + "], []]";
+      d.input_type = "[\"" + torch_ + "\", \"\", \"" + torch_ + "\", \"" + torch_ + "\", \"Scalar\"]";
+    } else {
+      d.kernel = "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<" + torch_ + ", float>";
+      d.cpu_op = "aten::native_layer_norm_backward";
+      d.input_dims = "[[" + T + ", " + h + "], [" + T + ", " + h + "]]";
+      d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\"]";
+    }
+    return d;
+  }
+
+  /// The vocabulary-parallel cross-entropy's kernels. They sweep the logits' vocabulary shard,
+  /// all tokens by vocab / TP (fp32 working copies), not the hidden activations (read as those,
+  /// `lumos calibrate` would take them for 25x too slow for their bytes).
+  [[nodiscard]] report::task_decoration cross_entropy(const model::op_cost& o) const {
+    struct part {
+      std::string_view suffix, op, functor;
+    };
+    constexpr part parts[] = {{"_sub", "aten::sub", "at::native::CUDAFunctor_sub<float>"},
+                              {"_exp", "aten::exp", "at::native::exp_kernel_cuda"},
+                              {"_div", "aten::div", "at::native::BinaryFunctor<float, float, float, at::native::DivFunctor<float> >"},
+                              {"_bwd", "aten::mul", "at::native::BinaryFunctor<float, float, float, at::native::MulFunctor<float> >"}};
+    report::task_decoration d;
+    d.kernel = reduce_kernel();
+    d.cpu_op = o.role == model::op_role::cross_entropy ? "aten::max" : "aten::sum";
+    for (const part& p : parts) {
+      if (o.name.ends_with(p.suffix)) d.kernel = elementwise_kernel(p.functor, 3), d.cpu_op = std::string(p.op);
+    }
+    d.input_dims = "[[" + std::to_string(par_.micro_batch * m_.seq) + ", " + std::to_string(m_.vocab / par_.tp) + "]]";
+    d.input_type = "[\"float\"]";
+    return d;
+  }
+
+  /// Elementwise, reduction, softmax, dropout, embedding and optimizer kernels: kernel and
+  /// operator (the caller adds tokens × hidden as their input when none is set).
+  [[nodiscard]] report::task_decoration elementwise_op(const model::op_cost& o, bool fwd) const {
+    using R = model::op_role;
+    report::task_decoration d;
+    switch (o.role) {
       case R::norm_weight_grad:
         d.kernel = "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<" + torch_ + ", float>";
         d.cpu_op = "aten::native_layer_norm_backward";
-        d.input_dims = "[[" + T + ", " + h + "], [" + T + ", " + h + "]]";
-        d.input_type = t2;
-        return d;
+        d.input_dims = "[[" + std::to_string(tokens_norm()) + ", " + std::to_string(m_.hidden) + "], [" + std::to_string(tokens_norm()) +
+                       ", " + std::to_string(m_.hidden) + "]]";
+        d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\"]";
+        break;
       case R::attention_softmax:
         d.kernel = fwd ? "void (anonymous namespace)::softmax_warp_forward<" + torch_ + ", " + torch_ + ", float, 11, false, true>"
                        : "void (anonymous namespace)::softmax_warp_backward<" + torch_ + ", " + torch_ + ", float, 11, false, true>";
@@ -148,22 +198,22 @@ class kernel_names {
         d.cpu_op = fwd ? "aten::native_dropout" : "aten::native_dropout_backward";
         break;
       case R::attention_copy:
-        d.kernel = elementwise("at::native::direct_copy_kernel_cuda", 2);
+        d.kernel = elementwise_kernel("at::native::direct_copy_kernel_cuda", 2);
         d.cpu_op = "aten::copy_";
         break;
       case R::qkv_bias:
       case R::residual:
       case R::position_embedding:
-        d.kernel = elementwise("at::native::CUDAFunctor_add<" + torch_ + ">", 3);
+        d.kernel = elementwise_kernel("at::native::CUDAFunctor_add<" + torch_ + ">", 3);
         d.cpu_op = "aten::add";
         break;
       case R::bias_grad:
-        d.kernel = reduce;
+        d.kernel = reduce_kernel();
         d.cpu_op = "aten::sum";
         break;
       case R::mlp_act: {
         const bool gelu = m_.mlp == model::mlp_kind::gelu;
-        d.kernel = elementwise(std::string("at::native::") + (gelu ? "Gelu" : "Silu") + (fwd ? "" : "Backward") + "CUDAKernelImpl", fwd ? 2 : 3);
+        d.kernel = elementwise_kernel(std::string("at::native::") + (gelu ? "Gelu" : "Silu") + (fwd ? "" : "Backward") + "CUDAKernelImpl", fwd ? 2 : 3);
         d.cpu_op = std::string("aten::") + (gelu ? "gelu" : "silu") + (fwd ? "" : "_backward");
         break;
       }
@@ -172,34 +222,13 @@ class kernel_names {
                        : "void at::native::(anonymous namespace)::embedding_backward_feature_kernel<" + torch_ + ", float, long>";
         d.cpu_op = fwd ? "aten::embedding" : "aten::embedding_dense_backward";
         break;
-      case R::cross_entropy:
-      case R::cross_entropy_part: {
-        struct part {
-          std::string_view suffix, op, functor;
-        };
-        constexpr part parts[] = {{"_sub", "aten::sub", "at::native::CUDAFunctor_sub<float>"},
-                                  {"_exp", "aten::exp", "at::native::exp_kernel_cuda"},
-                                  {"_div", "aten::div", "at::native::BinaryFunctor<float, float, float, at::native::DivFunctor<float> >"},
-                                  {"_bwd", "aten::mul", "at::native::BinaryFunctor<float, float, float, at::native::MulFunctor<float> >"}};
-        d.kernel = reduce;
-        d.cpu_op = o.role == R::cross_entropy ? "aten::max" : "aten::sum";
-        for (const part& p : parts) {
-          if (o.name.ends_with(p.suffix)) d.kernel = elementwise(p.functor, 3), d.cpu_op = std::string(p.op);
-        }
-        // They sweep the logits' vocabulary shard, all tokens by vocab / TP (fp32 working
-        // copies), not the hidden activations (which made `lumos calibrate` read them as 25x
-        // too slow for their bytes).
-        d.input_dims = "[[" + std::to_string(par_.micro_batch * m_.seq) + ", " + std::to_string(m_.vocab / par_.tp) + "]]";
-        d.input_type = "[\"float\"]";
-        return d;
-      }
       case R::loss_scale_unscale:
       case R::grad_clip:
         d.kernel = "void multi_tensor_apply_kernel<TensorListMetadata<2>, ScaleFunctor<float, float>, float>";
         d.cpu_op = "multi_tensor_scale";
         break;
       case R::found_inf:
-        d.kernel = reduce;
+        d.kernel = reduce_kernel();
         d.cpu_op = "aten::_amp_foreach_non_finite_check_and_unscale_";
         break;
       case R::grad_norm:
@@ -212,13 +241,23 @@ class kernel_names {
         d.cpu_op = "multi_tensor_adam";
         break;
       default:
-        d.kernel = elementwise("at::native::FillFunctor<" + torch_ + ">", 1);
+        d.kernel = elementwise_kernel("at::native::FillFunctor<" + torch_ + ">", 1);
         d.cpu_op = "aten::fill_";
         break;
     }
-    d.input_dims = "[[" + T + ", " + h + "]]";
-    d.input_type = t1;
     return d;
+  }
+
+  /// ATen's vectorized elementwise kernel of `functor` with `arity` operands.
+  [[nodiscard]] static std::string elementwise_kernel(std::string_view functor, int arity) {
+    return "void at::native::vectorized_elementwise_kernel<4, " + std::string(functor) + ", at::detail::Array<char*, " +
+           std::to_string(arity) + "> >";
+  }
+
+  /// ATen's sum reduction in the activation dtype, accumulated in fp32.
+  [[nodiscard]] std::string reduce_kernel() const {
+    return "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<" + torch_ + ", at::native::func_wrapper_t<float, at::native::sum_functor<" +
+           torch_ + ", float, float> >, unsigned int, " + torch_ + ", 4> >";
   }
 
   /// How a collective appears: NCCL kernel, the c10d operator, the process group's description.

@@ -277,7 +277,7 @@ void trace_graph_builder<Comm>::estimate_clock_offsets() {
   }
 }
 
-// The transfer part of each communication op whose partners are absent (FIDELITY.md item 8):
+// The transfer part of each communication op whose partners are absent (docs/replay.md, "Delays": overheads stay, waits move):
 // the shortest observed instance of the same op — the same position among the
 // communication ops of its stream and name in another profiler step — or, when the trace
 // gives message sizes, the shortest op of the same name, size and group. Without a second

@@ -106,7 +106,7 @@ void trace_graph_builder<Comm>::index_streams(std::size_t r) {
       const event_index launch = s.runtime_by_corr.first(t.events[o].correlation, no_event);
       s.enqueue[o] = launch != no_event ? t.events[launch].ts : t.events[o].ts;
       if (launch == no_event) continue;
-      // Latency counts from the call's start (FIDELITY.md item 4), or from its end when a
+      // Latency counts from the call's start (the replay contract, item 4: docs/replay.md), or from its end when a
       // kernel launch blocked (lazy module loading) and the op could only start after it.
       const trace::event& call = t.events[launch];
       const bool blocked = call.dur > options_.blocked_launch && detail::is_kernel_launch(t.name(call));

@@ -165,7 +165,7 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
   gpu_edges(r, producers);
 
   // 5. GPU → CPU: finish edges into the blocking calls; the return after the wait is the
-  //    call's tail, an overhead (FIDELITY.md item 3).
+  //    call's tail, an overhead (the replay contract, item 3).
   for (const event_index call : awaited.keys()) {
     const auto ops = awaited.find(call);
     const task_id wait = s.task_of_event[call];

@@ -85,7 +85,7 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
       continue;
     }
     ++s.counts.blocking_calls;
-    // The call's own time after the wait (FIDELITY.md item 3) is its tail, an overhead; the
+    // The call's own time after the wait (the replay contract, item 3: docs/replay.md) is its tail, an overhead; the
     // wait comes from the finish edges. A call that waits for an op it launched itself (a
     // synchronous copy) is split: it issues the copy in about a launch latency, then waits.
     time_ns latest = std::numeric_limits<time_ns>::min();
