@@ -4,6 +4,7 @@
 #include "cli.hpp"
 
 #include <lumos/pipeline/format.hpp>
+#include <lumos/synth/schedules.hpp>
 #include <lumos/report/json/inspect.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/trace/summary.hpp>
@@ -65,8 +66,8 @@ void structure_fact_text(std::string& out, std::string_view name, const whatif::
   if (!f.value) {
     out += "unknown";
     if (!f.flag.empty()) out += " (supply with " + f.flag + ")";
-  } else if constexpr (std::is_same_v<T, pipeline::schedule_kind>) {
-    out += pipeline::schedule_title(*f.value);
+  } else if constexpr (std::is_same_v<T, synth::schedule_policy>) {
+    out += f.value->title;
   } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
     for (std::size_t i = 0; i < f.value->size(); ++i) out += (i ? ", " : "") + std::to_string((*f.value)[i]);
   } else if constexpr (std::is_same_v<T, std::string>) {
@@ -179,7 +180,7 @@ inline int run_inspect(args& a) {
   if (const auto s = a.option("--schedule")) {
     if (!structure) throw usage_error("--schedule needs --structure");
     try {
-      so.schedule = pipeline::parse_schedule_kind(*s);
+      so.schedule = synth::parse_schedule(*s);
     } catch (const lumos::error& e) {
       throw usage_error(e.what());
     }

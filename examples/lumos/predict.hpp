@@ -105,7 +105,7 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       static_cast<long long>(m.layers), static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads), static_cast<long long>(m.seq),
       static_cast<long long>(m.vocab));
-  std::string sched(pipeline::schedule_name(r.schedule));
+  std::string sched(r.schedule.name);
   if (r.shape.chunks > 1) sched += " (v = " + std::to_string(r.shape.chunks) + ")";
   put("  parallelism   TP %d x PP %d x DP %d, %s, sp %s%s, recompute %s, ZeRO-1 (distributed optimizer%s)\n", p.tp,
       p.pp, p.dp, sched.c_str(), p.sp ? "on" : "off", p.tp_comm_overlap ? " (TP comm overlapped)" : "",

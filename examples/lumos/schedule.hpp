@@ -48,14 +48,14 @@ inline int run_schedule(args& a) {
   const bool json = a.flag("--json");
   const auto kind_text = a.option("--kind");
   if (!kind_text) throw usage_error("missing --kind");
-  const pipeline::schedule_kind kind = synth::parse_schedule_name(*kind_text);
+  const synth::schedule_policy schedule = synth::parse_schedule(*kind_text);
   pipeline::schedule_shape shape;
   shape.stages = detail::required_count(a, "--stages");
   shape.micro_batches = detail::required_count(a, "--microbatches");
   if (const auto v = a.option("--chunks")) {
     shape.chunks = parse_number<std::int32_t>(*v, "--chunks");
   } else {
-    shape.chunks = kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1;
+    shape.chunks = schedule.supports_chunks ? 2 : 1;
   }
   const auto costs_text = a.option("--costs");
   a.no_positionals();
@@ -63,10 +63,10 @@ inline int run_schedule(args& a) {
   std::optional<synth::decimal_schedule_simulation> sim;
   std::vector<std::vector<pipeline::op>> orders;
   if (costs_text) {
-    sim = synth::simulate_schedule(kind, shape, pipeline::parse_costs<double>(*costs_text));
+    sim = synth::simulate_schedule(schedule, shape, pipeline::parse_costs<double>(*costs_text));
     orders = sim->orders;
   } else {
-    orders = synth::stage_orders(kind, shape);
+    orders = schedule.orders(shape);
   }
   const bool show_chunk = shape.chunks > 1;
 

@@ -107,7 +107,7 @@ inline std::string pipeline_text(const whatif::pipeline_prediction& p) {
   char line[256];
   std::string out;
   std::snprintf(line, sizeof line, "\npipeline (pass-level model): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
-                std::string(pipeline::schedule_title(p.predicted.kind)).c_str(), p.predicted.shape.stages, p.predicted.shape.micro_batches,
+                std::string(p.predicted.schedule.title).c_str(), p.predicted.shape.stages, p.predicted.shape.micro_batches,
                 p.predicted.shape.chunks, ms(p.iteration_ns).c_str(), 100 * p.predicted.bubble_fraction);
   out += line;
   for (const auto& s : p.predicted.stages) {
@@ -147,7 +147,7 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
   if (const auto gb = positive("--global-batch")) o.global_batch = *gb;
   if (const auto sched = a.option("--schedule")) {
     try {
-      o.schedule = synth::parse_schedule_name(*sched);
+      o.schedule = synth::parse_schedule(*sched);
     } catch (const error& e) {
       throw usage_error(e.what());
     }
@@ -308,7 +308,7 @@ inline std::string whatif_text(const whatif::whatif_result& r, const trace::job&
   if (r.pipeline) out += pipeline_text(*r.pipeline);
   if (r.stages) {
     std::snprintf(line, sizeof line, "\npipeline (in the graph): %s, %d stages, %d micro-batches, %d chunk(s): iteration %s, bubble %.1f%%\n",
-                  std::string(pipeline::schedule_title(r.stages->schedule)).c_str(), r.stages->stages, r.stages->micro_batches,
+                  std::string(r.stages->schedule.title).c_str(), r.stages->stages, r.stages->micro_batches,
                   r.stages->chunks, ms(r.predicted.simulated_ns).c_str(), 100 * r.bubble_fraction.value_or(0.0));
     out += line;
   }

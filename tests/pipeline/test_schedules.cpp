@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace lp = lumos::pipeline;
@@ -84,8 +85,8 @@ std::vector<lp::op> megatron_interleaved(std::int32_t p, std::int32_t m, std::in
 
 template <class S>
 void check_all_valid(const schedule_shape& shape) {
-  INFO(lp::schedule_name(S::kind) << " p=" << shape.stages << " m=" << shape.micro_batches
-                                  << " v=" << shape.chunks);
+  INFO(S::name << " p=" << shape.stages << " m=" << shape.micro_batches
+                << " v=" << shape.chunks);
   const auto orders = lp::all_stage_ops<S>(shape);
   REQUIRE(orders.size() == static_cast<std::size_t>(shape.stages));
   for (std::int32_t s = 0; s < shape.stages; ++s) {
@@ -116,14 +117,41 @@ static_assert(!lp::PipelineSchedule<int>);
 
 namespace {
 struct runtime_flag_schedule {  // flags that are not constants do not model the concept
-  static constexpr lp::schedule_kind kind = lp::schedule_kind::gpipe;
+  static constexpr std::string_view name = "runtime-flag";
+  static constexpr std::string_view title = "runtime flag";
   static inline bool splits_backward = false;
+  static constexpr bool supports_chunks = false;
+  static constexpr void validate(const schedule_shape&) {}
+  static constexpr std::vector<lp::op> stage_ops(const schedule_shape&, std::int32_t) { return {}; }
+};
+struct unnamed_schedule {  // a schedule_kind is no name: the concept asks for `name` and `title`
+  static constexpr lp::schedule_kind kind = lp::schedule_kind::gpipe;
+  static constexpr bool splits_backward = false;
+  static constexpr bool supports_chunks = false;
+  static constexpr void validate(const schedule_shape&) {}
+  static constexpr std::vector<lp::op> stage_ops(const schedule_shape&, std::int32_t) { return {}; }
+};
+struct runtime_name_schedule {  // names that are not constants do not model it either
+  static inline std::string name = "runtime-name";
+  static constexpr std::string_view title = "runtime name";
+  static constexpr bool splits_backward = false;
+  static constexpr bool supports_chunks = false;
+  static constexpr void validate(const schedule_shape&) {}
+  static constexpr std::vector<lp::op> stage_ops(const schedule_shape&, std::int32_t) { return {}; }
+};
+struct kindless_schedule {  // no `kind`: a schedule outside the shipped list
+  static constexpr std::string_view name = "kindless";
+  static constexpr const char title[] = "kindless";
+  static constexpr bool splits_backward = false;
   static constexpr bool supports_chunks = false;
   static constexpr void validate(const schedule_shape&) {}
   static constexpr std::vector<lp::op> stage_ops(const schedule_shape&, std::int32_t) { return {}; }
 };
 }  // namespace
 static_assert(!lp::PipelineSchedule<runtime_flag_schedule>);
+static_assert(!lp::PipelineSchedule<unnamed_schedule>);
+static_assert(!lp::PipelineSchedule<runtime_name_schedule>);
+static_assert(lp::PipelineSchedule<kindless_schedule>);
 
 static_assert(!lp::gpipe::splits_backward && !lp::gpipe::supports_chunks);
 static_assert(!lp::one_f_one_b::splits_backward && !lp::one_f_one_b::supports_chunks);
@@ -385,16 +413,18 @@ TEST_CASE("bad shapes raise lumos::error with the reason", "[pipeline][errors]")
   CHECK_NOTHROW(interleaved_one_f_one_b::validate({4, 8, 2}));
 }
 
-TEST_CASE("schedule kinds have names", "[pipeline][names]") {
-  CHECK(lp::schedule_name(lp::one_f_one_b::kind) == "1f1b");
-  CHECK(lp::schedule_title(lp::interleaved_one_f_one_b::kind) == "interleaved 1F1B");
-  for (const lp::schedule_kind kind : lp::all_schedule_kinds) {
-    CHECK(lp::parse_schedule_kind(lp::schedule_name(kind)) == kind);
-  }
-  CHECK(lp::parse_schedule_kind("zb-h2") == lp::schedule_kind::zero_bubble_h2);
-  CHECK_THROWS_WITH(lp::parse_schedule_kind("1F1B"),
-                    "unknown pipeline schedule '1F1B' (expected gpipe, 1f1b, interleaved-1f1b, "
-                    "zb-h1 or zb-h2)");
+TEST_CASE("shipped schedules have names and titles", "[pipeline][names]") {
+  static_assert(lp::gpipe::name == "gpipe" && lp::gpipe::title == "GPipe");
+  static_assert(lp::one_f_one_b::name == "1f1b" && lp::one_f_one_b::title == "1F1B");
+  static_assert(lp::interleaved_one_f_one_b::name == "interleaved-1f1b" &&
+                lp::interleaved_one_f_one_b::title == "interleaved 1F1B");
+  static_assert(lp::zero_bubble_h1::name == "zb-h1" && lp::zero_bubble_h1::title == "ZB-H1");
+  static_assert(lp::zero_bubble_h2::name == "zb-h2" && lp::zero_bubble_h2::title == "ZB-H2");
+  // Messages start with the title the policy passes to the shape checks.
+  CHECK_THROWS_WITH(lp::validate_shape("my schedule", {2, 0, 1}, false),
+                    "my schedule needs at least one micro-batch (m = 0)");
+  CHECK_THROWS_WITH(lp::validate_stage("my schedule", {2, 4, 1}, 2),
+                    "my schedule: stage 2 is out of range for 2 stages");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,19 +32,19 @@ namespace {
 
 // 1F1B with a deeper warm-up: stage r runs min(m, 2(p-1-r)) forwards before its first backward.
 // Warm-ups that do not grow with the stage keep the pipeline deadlock-free (each stage's k-th
-// backward waits only for forwards its predecessor has already run). A user's policy type: not
-// one of the shipped schedules, reporting itself as 1F1B.
+// backward waits only for forwards its successor has already run). A user's policy type: not
+// one of the shipped schedules, with a name of its own and no `kind`.
 struct deep_warmup_1f1b final {
-  static constexpr lp::schedule_kind kind = lp::schedule_kind::one_f_one_b;
+  static constexpr std::string_view name = "deep-warmup-1f1b";
+  static constexpr std::string_view title = "deep warm-up 1F1B";
   static constexpr bool splits_backward = false;
   static constexpr bool supports_chunks = false;
-  static constexpr std::string_view name = "deep-warmup-1f1b";
-  static constexpr void validate(const lp::schedule_shape& shape) { lp::validate_shape(kind, shape, supports_chunks); }
+  static constexpr void validate(const lp::schedule_shape& shape) { lp::validate_shape(title, shape, supports_chunks); }
   [[nodiscard]] static constexpr std::vector<lp::op> stage_ops(const lp::schedule_shape& shape, std::int32_t stage) {
     validate(shape);
-    lp::validate_stage(kind, shape, stage);
+    lp::validate_stage(title, shape, stage);
     const std::int32_t warmup = std::min(shape.micro_batches, 2 * (shape.stages - 1 - stage));
-    return lp::detail::one_f_one_b_skeleton(
+    return lp::one_f_one_b_skeleton(
         shape.micro_batches, warmup, [](std::int32_t k) { return lp::forward_op(k); },
         [](std::int32_t k) { return lp::backward_op(k); });
   }
@@ -361,12 +361,12 @@ TEST_CASE("a user-defined PipelineSchedule builds, predicts and sweeps", "[sweep
   j.parallel.pp = 4;
   j.parallel.dp = 2;
   j.parallel.global_batch = 16;
-  j.policy = policy;
+  j.schedule = policy;
   const ls::program prog = ls::build_program(j);
   REQUIRE(prog.orders == lp::all_stage_ops<deep_warmup_1f1b>(prog.shape));
   REQUIRE(prog.orders != lp::all_stage_ops<lp::one_f_one_b>(prog.shape));
   const ls::prediction custom = ls::predict(j);
-  j.policy.reset();
+  j.schedule.reset();
   const ls::prediction standard = ls::predict(j);
   REQUIRE(custom.iteration_ns > 0);
   // Stage 0 holds its 2(p-1) = 6 warm-up forwards plus one at its peak, 1F1B p = 4.
@@ -386,7 +386,7 @@ TEST_CASE("a user-defined PipelineSchedule builds, predicts and sweeps", "[sweep
     if (r.config.schedule == policy && r.ok()) {
       ++custom_ok;
       j = ev.job_of(r.config);
-      REQUIRE(j.policy == policy);
+      REQUIRE(j.schedule == policy);
       CHECK(ls::predict(j, ev.fixed().options).iteration_ns == r.m.iteration_ns);
     }
   }

@@ -158,11 +158,11 @@ void require_same_program(const ls::job& j, const ls::program_options& opt, cons
 
 // A 1F1B whose first stage runs its backward before its forward: every op waits on another.
 struct backward_first final {
-  static constexpr lp::schedule_kind kind = lp::schedule_kind::one_f_one_b;
+  static constexpr std::string_view name = "backward-first";
+  static constexpr std::string_view title = "backward first";
   static constexpr bool splits_backward = false;
   static constexpr bool supports_chunks = false;
-  static constexpr std::string_view name = "backward-first";
-  static constexpr void validate(const lp::schedule_shape& shape) { lp::validate_shape(kind, shape, supports_chunks); }
+  static constexpr void validate(const lp::schedule_shape& shape) { lp::validate_shape(title, shape, supports_chunks); }
   [[nodiscard]] static constexpr std::vector<lp::op> stage_ops(const lp::schedule_shape& shape, std::int32_t stage) {
     std::vector<lp::op> ops = lp::one_f_one_b::stage_ops(shape, stage);
     if (stage == 0) std::reverse(ops.begin(), ops.end());
@@ -183,15 +183,15 @@ TEST_CASE("the compiled program is the compiled task graph, task by task", "[syn
     require_same_program(small_job(2, 2, 2, 16), pass);
     require_same_program(small_job(2, 4, 2, 32, 2), pass);
     auto zb = small_job(4, 2, 2, 16);
-    zb.schedule = lp::schedule_kind::zero_bubble_h1;
+    zb.schedule = ls::policy_of<lp::zero_bubble_h1>();
     zb.parallel.recompute = lm::recompute_kind::selective;
     require_same_program(zb, pass);
-    zb.schedule = lp::schedule_kind::zero_bubble_h2;
+    zb.schedule = ls::policy_of<lp::zero_bubble_h2>();
     zb.parallel.sp = true;
     zb.parallel.zero_stage = 3;
     require_same_program(zb, pass);
     auto gpipe = small_job(1, 4, 2, 16);
-    gpipe.schedule = lp::schedule_kind::gpipe;
+    gpipe.schedule = ls::policy_of<lp::gpipe>();
     gpipe.parallel.recompute = lm::recompute_kind::full;
     gpipe.parallel.zero_stage = 2;
     require_same_program(gpipe, pass);
@@ -259,7 +259,7 @@ TEST_CASE("build_compiled_into reuses its program and buffers from job to job", 
 
 TEST_CASE("a schedule whose ops wait on each other is graph::compile's cycle error", "[synth][compiled]") {
   auto j = small_job(1, 2, 1, 4);
-  j.policy = ls::policy_of<backward_first>();
+  j.schedule = ls::policy_of<backward_first>();
   std::string general, direct;
   try {
     (void)lg::compile(ls::build_program(j).graph);

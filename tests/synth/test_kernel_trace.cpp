@@ -155,11 +155,11 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
     CHECK(par.dp.value == c.dp);
     CHECK(par.ep.value == 1);
     const std::string schedule = c.schedule;
-    const auto want = schedule == "gpipe"       ? pipeline::schedule_kind::gpipe
-                      : schedule == "interleaved" ? pipeline::schedule_kind::interleaved_one_f_one_b
-                      : schedule == "zb-h1"       ? pipeline::schedule_kind::zero_bubble_h1
-                      : schedule == "zb-h2"       ? pipeline::schedule_kind::zero_bubble_h2
-                                                  : pipeline::schedule_kind::one_f_one_b;
+    const auto want = schedule == "gpipe"       ? synth::policy_of<pipeline::gpipe>()
+                      : schedule == "interleaved" ? synth::policy_of<pipeline::interleaved_one_f_one_b>()
+                      : schedule == "zb-h1"       ? synth::policy_of<pipeline::zero_bubble_h1>()
+                      : schedule == "zb-h2"       ? synth::policy_of<pipeline::zero_bubble_h2>()
+                                                  : synth::policy_of<pipeline::one_f_one_b>();
     CHECK(par.schedule.value == want);
     CHECK(par.chunks.value == c.vp);
     CHECK(par.micro_batches.value == c.global_batch / (c.micro_batch * c.dp));
@@ -633,8 +633,8 @@ TEST_CASE("whatif --pp from 1 to a zero-bubble schedule splits each backward pas
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
-  for (const auto& [name, kind] : {std::pair{"zb-h1", pipeline::schedule_kind::zero_bubble_h1},
-                                   std::pair{"zb-h2", pipeline::schedule_kind::zero_bubble_h2}}) {
+  for (const auto& [name, kind] : {std::pair{"zb-h1", synth::policy_of<pipeline::zero_bubble_h1>()},
+                                   std::pair{"zb-h2", synth::policy_of<pipeline::zero_bubble_h2>()}}) {
     config b = a;
     b.pp = 2, b.schedule = name;
     lumos_test::temp_dir dir_b;
@@ -669,7 +669,7 @@ TEST_CASE("whatif --pp --vp from 1 cuts the traced graph into interleaved stages
   lumos_test::temp_dir dir_b;
   const written direct = synthesise(b, dir_b.path());
   whatif::whatif_options o;
-  o.pp = 2, o.vp = 2, o.schedule = pipeline::schedule_kind::interleaved_one_f_one_b;
+  o.pp = 2, o.vp = 2, o.schedule = synth::policy_of<pipeline::interleaved_one_f_one_b>();
   const whatif::whatif_result r = whatif::run_whatif(traced, o);
   REQUIRE(r.stages);
   CHECK(r.predicted.ranks.size() == 2 * traced.ranks.size());
@@ -695,7 +695,7 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
   const std::size_t W0 = R / 2;
   SECTION("the traces' own schedule is the identity") {
     whatif::whatif_options o;
-    o.schedule = pipeline::schedule_kind::one_f_one_b;
+    o.schedule = synth::policy_of<pipeline::one_f_one_b>();
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     REQUIRE(r.stages);
     CHECK(r.stages->p2p == 0);
@@ -706,11 +706,11 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
   struct target {
     int pp;
     const char* name;
-    pipeline::schedule_kind kind;
+    synth::schedule_policy kind;
   };
-  for (const target t : {target{4, "1f1b", pipeline::schedule_kind::one_f_one_b}, target{2, "gpipe", pipeline::schedule_kind::gpipe},
-                         target{2, "zb-h1", pipeline::schedule_kind::zero_bubble_h1},
-                         target{4, "zb-h1", pipeline::schedule_kind::zero_bubble_h1}}) {
+  for (const target& t : {target{4, "1f1b", synth::policy_of<pipeline::one_f_one_b>()}, target{2, "gpipe", synth::policy_of<pipeline::gpipe>()},
+                         target{2, "zb-h1", synth::policy_of<pipeline::zero_bubble_h1>()},
+                         target{4, "zb-h1", synth::policy_of<pipeline::zero_bubble_h1>()}}) {
     config b = a;
     b.pp = t.pp, b.schedule = t.name;
     lumos_test::temp_dir dir_b;
@@ -752,7 +752,7 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
       lumos_test::temp_dir dir_b;
       const written direct = synthesise(b, dir_b.path());
       whatif::whatif_options o;
-      o.pp = pp, o.vp = 2, o.schedule = pipeline::schedule_kind::interleaved_one_f_one_b;
+      o.pp = pp, o.vp = 2, o.schedule = synth::policy_of<pipeline::interleaved_one_f_one_b>();
       const whatif::whatif_result r = whatif::run_whatif(traced, o);
       INFO("PP 2 -> " << pp << ", 2 chunks");
       REQUIRE(r.stages);
@@ -768,7 +768,7 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
   }
   SECTION("merging every stage into one takes the pass-level model, which says why") {
     whatif::whatif_options o;
-    o.pp = 1, o.schedule = pipeline::schedule_kind::one_f_one_b;
+    o.pp = 1, o.schedule = synth::policy_of<pipeline::one_f_one_b>();
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     CHECK_FALSE(r.stages);
     CHECK(r.pipeline);
@@ -778,7 +778,7 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
 
 // The traces of `a` (PP 2, global batch 16, a zero-bubble `kind`) to their own schedule with half
 // and twice the micro-batches and with PP 4, in the graph, within 1 % of the jobs synthesised so.
-static void check_own_schedule_targets(const trace::job& traced, const config& a, pipeline::schedule_kind kind) {
+static void check_own_schedule_targets(const trace::job& traced, const config& a, const synth::schedule_policy& kind) {
   struct target {
     int pp;
     std::int64_t global_batch;  // sequences (pp1_job: 16)
@@ -816,7 +816,7 @@ TEST_CASE("whatif from traces that ran ZB-H1 keeps their W passes and orders the
   const trace::job traced = trace::load_job({dir_a.path()});
   SECTION("the traces' own schedule is the identity") {
     whatif::whatif_options o;
-    o.schedule = pipeline::schedule_kind::zero_bubble_h1;
+    o.schedule = synth::policy_of<pipeline::zero_bubble_h1>();
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     REQUIRE(r.stages);
     CHECK(r.stages->weight_ops > 0);  // the traces' own W passes
@@ -824,11 +824,11 @@ TEST_CASE("whatif from traces that ran ZB-H1 keeps their W passes and orders the
     CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
   }
   SECTION("to ZB-H1 with another count of micro-batches or more stages") {
-    check_own_schedule_targets(traced, a, pipeline::schedule_kind::zero_bubble_h1);
+    check_own_schedule_targets(traced, a, synth::policy_of<pipeline::zero_bubble_h1>());
   }
   SECTION("to 1F1B the pass-level model still measures them (their sends would leave after B)") {
     whatif::whatif_options o;
-    o.schedule = pipeline::schedule_kind::one_f_one_b;
+    o.schedule = synth::policy_of<pipeline::one_f_one_b>();
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     CHECK_FALSE(r.stages);
     CHECK(r.pipeline);
@@ -865,7 +865,7 @@ TEST_CASE("whatif to ZB-H2 from traces with stages, in the graph", "[whatif][pip
     }
   }
   SECTION("from traces that ran ZB-H2: another count of micro-batches or more stages") {
-    check_own_schedule_targets(traced, a, pipeline::schedule_kind::zero_bubble_h2);
+    check_own_schedule_targets(traced, a, synth::policy_of<pipeline::zero_bubble_h2>());
   }
   SECTION("from traces that ran 1F1B or ZB-H1") {
     config direct_config = a;
@@ -877,7 +877,7 @@ TEST_CASE("whatif to ZB-H2 from traces with stages, in the graph", "[whatif][pip
       lumos_test::temp_dir dir_c;
       (void)synthesise(c, dir_c.path());
       whatif::whatif_options o;
-      o.schedule = pipeline::schedule_kind::zero_bubble_h2;
+      o.schedule = synth::policy_of<pipeline::zero_bubble_h2>();
       const whatif::whatif_result r = whatif::run_whatif(trace::load_job({dir_c.path()}), o);
       INFO(from << " -> ZB-H2");
       REQUIRE(r.stages);
@@ -925,11 +925,11 @@ TEST_CASE("whatif --pp to fewer stages than traced merges them, in the graph", "
   struct target {
     int vp;
     const char* name;
-    pipeline::schedule_kind kind;
+    synth::schedule_policy kind;
   };
-  for (const target t : {target{1, "1f1b", pipeline::schedule_kind::one_f_one_b}, target{1, "gpipe", pipeline::schedule_kind::gpipe},
-                         target{2, "interleaved", pipeline::schedule_kind::interleaved_one_f_one_b},
-                         target{1, "zb-h1", pipeline::schedule_kind::zero_bubble_h1}}) {
+  for (const target& t : {target{1, "1f1b", synth::policy_of<pipeline::one_f_one_b>()}, target{1, "gpipe", synth::policy_of<pipeline::gpipe>()},
+                         target{2, "interleaved", synth::policy_of<pipeline::interleaved_one_f_one_b>()},
+                         target{1, "zb-h1", synth::policy_of<pipeline::zero_bubble_h1>()}}) {
     config b = a;
     b.pp = 2, b.vp = t.vp, b.schedule = t.name;
     lumos_test::temp_dir dir_b;
@@ -988,7 +988,7 @@ TEST_CASE("whatif with traced stages and another count of micro-batches per repl
     lumos_test::temp_dir dir_a;
     (void)synthesise(a, dir_a.path());
     const trace::job traced = trace::load_job({dir_a.path()});
-    const auto kind = std::string_view(schedule) == "gpipe" ? pipeline::schedule_kind::gpipe : pipeline::schedule_kind::one_f_one_b;
+    const auto kind = std::string_view(schedule) == "gpipe" ? synth::policy_of<pipeline::gpipe>() : synth::policy_of<pipeline::one_f_one_b>();
     for (const auto& [pp, dp, global_batch, micro_batches] : {std::tuple{2, 4, 16, 4}, std::tuple{2, 2, 32, 16}, std::tuple{4, 2, 32, 16}}) {
       config b = a;
       b.pp = pp, b.dp = dp, b.global_batch = global_batch;
@@ -1080,7 +1080,7 @@ TEST_CASE("whatif --layers with --pp: the layers repeated or removed first, then
     const written direct = synthesise(b, dir_b.path());
     whatif::whatif_options o;
     o.layers = t.layers, o.pp = t.pp;
-    if (std::string_view(t.schedule) == "zb-h1") o.schedule = pipeline::schedule_kind::zero_bubble_h1;
+    if (std::string_view(t.schedule) == "zb-h1") o.schedule = synth::policy_of<pipeline::zero_bubble_h1>();
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     INFO("PP " << t.traced_pp << " -> " << t.pp << ", 4 -> " << t.layers << " layers, " << t.schedule);
     REQUIRE(r.stages);
@@ -1120,8 +1120,8 @@ TEST_CASE("whatif --layers and the micro-batches with --pp, in the graph",
     whatif::whatif_options o;
     if (t.layers != a.layers) o.layers = t.layers;
     o.pp = t.pp, o.global_batch = b.global_batch;
-    if (std::string_view(t.schedule) == "zb-h1") o.schedule = pipeline::schedule_kind::zero_bubble_h1;
-    if (std::string_view(t.schedule) == "gpipe") o.schedule = pipeline::schedule_kind::gpipe;
+    if (std::string_view(t.schedule) == "zb-h1") o.schedule = synth::policy_of<pipeline::zero_bubble_h1>();
+    if (std::string_view(t.schedule) == "gpipe") o.schedule = synth::policy_of<pipeline::gpipe>();
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     INFO("PP " << t.traced_pp << " -> " << t.pp << ", " << a.layers << " -> " << t.layers << " layers, global batch " << a.global_batch
                 << " -> " << b.global_batch << ", " << t.schedule);
@@ -1163,7 +1163,7 @@ TEST_CASE("whatif --dp from 1 inserts the distributed optimizer's gradient bucke
     whatif::whatif_options o;
     o.dp = t.dp;
     if (t.pp != t.traced_pp) o.pp = t.pp;
-    if (t.zero_bubble) o.schedule = pipeline::schedule_kind::zero_bubble_h1;
+    if (t.zero_bubble) o.schedule = synth::policy_of<pipeline::zero_bubble_h1>();
     const whatif::whatif_result r = whatif::run_whatif(traced, o);
     INFO("PP " << t.traced_pp << " -> " << t.pp << ", DP 1 -> " << t.dp << (t.zero_bubble ? " ZB-H1" : ""));
     std::map<std::string, std::size_t> inserted;
@@ -1191,7 +1191,7 @@ TEST_CASE("whatif to a zero-bubble schedule from traces of one rank per stage wa
   lumos_test::temp_dir dir_b;
   const written direct = synthesise(b, dir_b.path());
   whatif::whatif_options o;
-  o.schedule = pipeline::schedule_kind::zero_bubble_h1;
+  o.schedule = synth::policy_of<pipeline::zero_bubble_h1>();
   std::map<bool, whatif::whatif_result> by_unfold;
   for (const bool unfold : {false, true}) {
     a.unfold = unfold;

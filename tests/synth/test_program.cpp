@@ -78,20 +78,20 @@ std::vector<named_job> agreement_jobs() {
   }
   {
     auto j = make_job(4, 2, 2, 16);
-    j.schedule = lp::schedule_kind::zero_bubble_h1;
+    j.schedule = ls::policy_of<lp::zero_bubble_h1>();
     j.parallel.recompute = lm::recompute_kind::selective;
     out.push_back({"tp4 pp2 dp2 zb-h1 selective", j});
   }
   {
     auto j = make_job(2, 2, 2, 24);
-    j.schedule = lp::schedule_kind::zero_bubble_h2;
+    j.schedule = ls::policy_of<lp::zero_bubble_h2>();
     j.parallel.sp = true;
     j.parallel.zero_stage = 3;
     out.push_back({"tp2 pp2 dp2 zb-h2 sp zero3", j});
   }
   {
     auto j = make_job(1, 4, 2, 16);
-    j.schedule = lp::schedule_kind::gpipe;
+    j.schedule = ls::policy_of<lp::gpipe>();
     j.parallel.recompute = lm::recompute_kind::full;
     j.parallel.zero_stage = 2;
     out.push_back({"pp4 dp2 gpipe full zero2", j});
@@ -332,9 +332,9 @@ TEST_CASE("predict: sanity of the figures", "[synth][predict]") {
   }
   SECTION("memory grows with the micro-batches in flight") {
     auto j = make_job(1, 4, 1, 32);
-    j.schedule = lp::schedule_kind::gpipe;
+    j.schedule = ls::policy_of<lp::gpipe>();
     const auto gpipe = run(j, false);
-    j.schedule = lp::schedule_kind::one_f_one_b;
+    j.schedule = ls::policy_of<lp::one_f_one_b>();
     const auto ofob = run(j, false);
     CHECK(gpipe.in_flight_microbatches == 32);
     CHECK(ofob.stages[0].in_flight_microbatches == 4);
@@ -347,7 +347,7 @@ TEST_CASE("predict: sanity of the figures", "[synth][predict]") {
     CHECK(inter.stages[0].in_flight_microbatches == Approx(4.0 * (1.0 + 3.0 / 8.0)));
     // ZB-H2 keeps up to 2p − 1 in flight on stage 0.
     j = make_job(1, 4, 1, 32);
-    j.schedule = lp::schedule_kind::zero_bubble_h2;
+    j.schedule = ls::policy_of<lp::zero_bubble_h2>();
     CHECK(run(j, false).stages[0].in_flight_microbatches == 7);
   }
   SECTION("ZeRO shards the model states") {
@@ -378,7 +378,7 @@ TEST_CASE("bad configurations are clear errors", "[synth][predict]") {
   expect_error(make_job(1, 4, 1, 6, 2), "multiple of the number of stages");
   {
     auto j = make_job(1, 2, 1, 8, 2);
-    j.schedule = lp::schedule_kind::one_f_one_b;
+    j.schedule = ls::policy_of<lp::one_f_one_b>();
     expect_error(j, "model chunks need the interleaved schedule");
   }
   {
@@ -408,7 +408,7 @@ TEST_CASE("the headline job: GPT-3 175B on 1024 H100s, TP8 PP8 DP16, interleaved
   j.parallel.zero_stage = 1;
   const auto p = ls::predict(j);
   CHECK(p.shape.micro_batches == 96);
-  CHECK(p.schedule == lp::schedule_kind::interleaved_one_f_one_b);
+  CHECK(p.schedule == ls::policy_of<lp::interleaved_one_f_one_b>());
   // Published Megatron runs of this job reach 40-55 % MFU on H100; a model that lands far
   // outside that has lost a term.
   CHECK(p.mfu > 0.35);
@@ -466,13 +466,14 @@ static_assert(lm::CommModel<free_comm>);
 TEST_CASE("with free communication the program's pipeline phase is the schedule, exactly", "[synth][program]") {
   const fixed_compute compute{{}, 1000, 2000, 700};
   for (const auto kind : lp::all_schedule_kinds) {
+    const ls::schedule_policy schedule = ls::policy_of(kind);
     for (const int pp : {1, 2, 4}) {
       for (const int m : {4, 8, 12}) {
-        const bool chunked = kind == lp::schedule_kind::interleaved_one_f_one_b;
+        const bool chunked = schedule.supports_chunks;
         if (chunked && (pp == 1 || m % pp != 0)) continue;
         const int vp = chunked ? 2 : 1;
         ls::job j = make_job(1, pp, 2, 2 * m, vp);
-        j.schedule = kind;
+        j.schedule = schedule;
         for (const bool unfold : {false, true}) {
           for (const auto g : {ls::granularity::pass, ls::granularity::kernel}) {
             ls::predict_options o;
@@ -481,12 +482,11 @@ TEST_CASE("with free communication the program's pipeline phase is the schedule,
             o.program.launch_cost = 0;
             const auto p = ls::predict(j, o, compute, free_comm{});
             const std::int64_t layers = j.model.layers / pp;
-            const bool split = ls::splits_backward(kind);
+            const bool split = schedule.splits_backward;
             const lp::op_costs<lumos::time_ns> stage{layers * compute.f, layers * (split ? compute.b : compute.b + compute.w),
                                                      split ? layers * compute.w : 0};
-            const auto expected = ls::simulate_schedule(kind, {pp, m, vp}, stage);
-            INFO(lp::schedule_title(kind) << " p=" << pp << " m=" << m << " unfold=" << unfold << " "
-                                          << ls::to_string(g));
+            const auto expected = ls::simulate_schedule(schedule, {pp, m, vp}, stage);
+            INFO(schedule.title << " p=" << pp << " m=" << m << " unfold=" << unfold << " " << ls::to_string(g));
             CHECK(p.pipeline_ns == expected.makespan);
             CHECK(p.iteration_ns == expected.makespan);
             CHECK(p.bubble_fraction == Approx(expected.bubble_fraction).margin(1e-9));

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -30,8 +31,8 @@ template <class S>
 void check_against_timeline(const schedule_shape& shape, const costs& c) {
   const auto reference = lp::evaluate_timeline<S>(shape, c);
   const auto sim = ls::simulate(ls::build_schedule_graph<S>(shape, c));
-  INFO(lp::schedule_title(S::kind) << " p=" << shape.stages << " m=" << shape.micro_batches << " v=" << shape.chunks
-                                   << " F=" << c.forward << " B=" << c.backward << " W=" << c.weight);
+  INFO(S::title << " p=" << shape.stages << " m=" << shape.micro_batches << " v=" << shape.chunks
+                << " F=" << c.forward << " B=" << c.backward << " W=" << c.weight);
   REQUIRE(sim.makespan == reference.makespan);
   REQUIRE(sim.stage_work == reference.stage_work);
   REQUIRE(sim.bubble_fraction == Approx(reference.bubble_fraction).margin(1e-12));
@@ -69,28 +70,28 @@ TEST_CASE("closed forms through the replay engine", "[synth][schedule]") {
       for (const costs& c : cost_grid) {
         const std::int64_t F = c.forward, B = c.backward, W = c.weight;
         // GPipe and 1F1B: (m + p − 1)(F + B), W folded into B.
-        for (const auto kind : {lp::schedule_kind::gpipe, lp::schedule_kind::one_f_one_b}) {
-          const auto sim = ls::simulate_schedule(kind, {p, m, 1}, c);
+        for (const auto& schedule : {ls::policy_of<lp::gpipe>(), ls::policy_of<lp::one_f_one_b>()}) {
+          const auto sim = ls::simulate_schedule(schedule, {p, m, 1}, c);
           CHECK(sim.makespan == (m + p - 1) * (F + B + W));
         }
         // Interleaved: m(F + B) + (p − 1)(F + B)/v.
         if (m % p == 0) {
           for (std::int32_t v = 2; v <= 4; ++v) {
             const costs cv = for_chunks(c, v);
-            const auto sim = ls::simulate_schedule(lp::schedule_kind::interleaved_one_f_one_b, {p, m, v}, cv);
+            const auto sim = ls::simulate_schedule(ls::policy_of<lp::interleaved_one_f_one_b>(), {p, m, v}, cv);
             const std::int64_t FB = cv.forward + cv.backward + cv.weight;
             CHECK(sim.makespan == m * FB + (p - 1) * FB / v);
           }
         }
         // ZB-H1: m(F + B + W) + (p − 1)(F + B − W) when W ≤ min(F, B) and (m ≥ p or W = 0).
         if (W <= std::min(F, B) && (m >= p || W == 0)) {
-          const auto sim = ls::simulate_schedule(lp::schedule_kind::zero_bubble_h1, {p, m, 1}, c);
+          const auto sim = ls::simulate_schedule(ls::policy_of<lp::zero_bubble_h1>(), {p, m, 1}, c);
           CHECK(sim.makespan == m * (F + B + W) + (p - 1) * (F + B - W));
         }
       }
       // ZB-H2 with F = B = W = 1 and m ≥ 2p − 1 ends at 3m + p − 1.
       if (m >= 2 * p - 1) {
-        const auto sim = ls::simulate_schedule(lp::schedule_kind::zero_bubble_h2, {p, m, 1}, costs{1, 1, 1});
+        const auto sim = ls::simulate_schedule(ls::policy_of<lp::zero_bubble_h2>(), {p, m, 1}, costs{1, 1, 1});
         CHECK(sim.makespan == 3 * m + p - 1);
         CHECK(sim.bubble_fraction == Approx(static_cast<double>(p - 1) / static_cast<double>(3 * m + p - 1)));
       }
@@ -100,13 +101,13 @@ TEST_CASE("closed forms through the replay engine", "[synth][schedule]") {
 
 TEST_CASE("decimal costs keep the 1/v split exact", "[synth][schedule]") {
   // p = 4, m = 8, v = 2, F = 1, B = 2: 8·3 + 3·3/2 = 28.5.
-  const auto sim = ls::simulate_schedule(lp::schedule_kind::interleaved_one_f_one_b, {4, 8, 2}, lp::op_costs<double>{1, 2, 0});
+  const auto sim = ls::simulate_schedule(ls::policy_of<lp::interleaved_one_f_one_b>(), {4, 8, 2}, lp::op_costs<double>{1, 2, 0});
   CHECK(sim.makespan == 28.5);
   CHECK(sim.stage_work == 24.0);
   CHECK(sim.bubble_fraction == Approx(4.5 / 28.5));
-  const auto z = ls::simulate_schedule(lp::schedule_kind::zero_bubble_h1, {4, 8, 1}, lp::op_costs<double>{0.5, 0.5, 0.25});
+  const auto z = ls::simulate_schedule(ls::policy_of<lp::zero_bubble_h1>(), {4, 8, 1}, lp::op_costs<double>{0.5, 0.5, 0.25});
   CHECK(z.makespan == Approx(8 * 1.25 + 3 * 0.75));
-  CHECK_THROWS_AS(ls::simulate_schedule(lp::schedule_kind::gpipe, {2, 2, 1}, lp::op_costs<double>{1e300, 1, 0}), lumos::error);
+  CHECK_THROWS_AS(ls::simulate_schedule(ls::policy_of<lp::gpipe>(), {2, 2, 1}, lp::op_costs<double>{1e300, 1, 0}), lumos::error);
 }
 
 TEST_CASE("the schedule graph: one stream per stage, tasks in schedule order, dependency edges", "[synth][schedule]") {
@@ -120,17 +121,28 @@ TEST_CASE("the schedule graph: one stream per stage, tasks in schedule order, de
   for (const auto& e : sg.graph.edges) CHECK(e.kind == lumos::graph::edge_kind::dependency);
 }
 
-TEST_CASE("runtime dispatch reaches every schedule policy", "[synth][schedule]") {
+TEST_CASE("the registry of shipped schedules: dispatch, names, descriptors", "[synth][schedule]") {
+  std::vector<std::string_view> names;
+  ls::for_each_schedule([&](auto t) { names.push_back(decltype(t)::type::name); });
+  CHECK(names == std::vector<std::string_view>{"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2"});
   for (const auto kind : lp::all_schedule_kinds) {
     const auto got = ls::visit_schedule(kind, [](auto t) { return decltype(t)::type::kind; });
     CHECK(got == kind);
+    // Every shipped name parses back to the same descriptor.
+    const ls::schedule_policy p = ls::policy_of(kind);
+    CHECK(ls::parse_schedule(p.name) == p);
   }
-  CHECK(ls::parse_schedule_name("interleaved") == lp::schedule_kind::interleaved_one_f_one_b);
-  CHECK(ls::parse_schedule_name("interleaved-1f1b") == lp::schedule_kind::interleaved_one_f_one_b);
-  CHECK(ls::parse_schedule_name("zb-h2") == lp::schedule_kind::zero_bubble_h2);
-  CHECK_THROWS_WITH(ls::parse_schedule_name("pipedream"), Catch::Contains("expected gpipe, 1f1b, interleaved"));
-  CHECK(ls::splits_backward(lp::schedule_kind::zero_bubble_h1));
-  CHECK_FALSE(ls::splits_backward(lp::schedule_kind::one_f_one_b));
-  CHECK_THROWS_WITH(ls::validate_schedule(lp::schedule_kind::interleaved_one_f_one_b, {4, 6, 2}),
-                    Catch::Contains("multiple of the number of stages"));
+  CHECK(ls::parse_schedule("interleaved") == ls::policy_of<lp::interleaved_one_f_one_b>());
+  CHECK(ls::parse_schedule("interleaved-1f1b").title == "interleaved 1F1B");
+  CHECK(ls::parse_schedule("zb-h2") == ls::policy_of<lp::zero_bubble_h2>());
+  CHECK_THROWS_WITH(ls::parse_schedule("pipedream"),
+                    "unknown pipeline schedule 'pipedream' (expected gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-h2; "
+                    "interleaved for interleaved-1f1b)");
+  CHECK_THROWS_WITH(ls::parse_schedule("1F1B"), Catch::Contains("unknown pipeline schedule '1F1B'"));
+  constexpr ls::schedule_policy zb = ls::policy_of<lp::zero_bubble_h1>();
+  static_assert(zb.splits_backward && !zb.supports_chunks && zb.name == "zb-h1" && zb.title == "ZB-H1");
+  CHECK_FALSE(ls::policy_of<lp::one_f_one_b>().splits_backward);
+  CHECK(ls::policy_of<lp::one_f_one_b>() != ls::policy_of<lp::gpipe>());
+  CHECK_THROWS_WITH(ls::policy_of<lp::interleaved_one_f_one_b>().validate({4, 6, 2}), Catch::Contains("multiple of the number of stages"));
+  CHECK(ls::policy_of<lp::gpipe>().orders({2, 3, 1}) == lp::all_stage_ops<lp::gpipe>({2, 3, 1}));
 }

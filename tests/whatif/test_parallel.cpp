@@ -48,7 +48,7 @@ TEST_CASE("pass-level pipeline: free communication gives (m + p - 1)(F + B) for 
   // Both schedules fill and drain over p - 1 slots: (8 + 3) x 60 us; bubble (p - 1)/(m + p - 1).
   const whatif::pass_costs c = gpu_only(10'000, 20'000);
   const pipeline::schedule_shape shape{4, 8, 1};
-  for (const auto kind : {pipeline::schedule_kind::gpipe, pipeline::schedule_kind::one_f_one_b}) {
+  for (const auto kind : {synth::policy_of<pipeline::gpipe>(), synth::policy_of<pipeline::one_f_one_b>()}) {
     const auto s = whatif::simulate_passes(c, kind, shape, 2);
     CHECK(s.makespan == 11 * 60'000);
     CHECK(s.bubble_fraction == Approx(3.0 / 11.0));
@@ -56,7 +56,7 @@ TEST_CASE("pass-level pipeline: free communication gives (m + p - 1)(F + B) for 
     for (const auto& st : s.stages) CHECK(st.busy == 8 * 60'000);
   }
   // Interleaved, v 2 (1 layer per chunk): the bubble shrinks by v: (p - 1)/v slots of F + B.
-  const auto i = whatif::simulate_passes(c, pipeline::schedule_kind::interleaved_one_f_one_b, {4, 8, 2}, 1);
+  const auto i = whatif::simulate_passes(c, synth::policy_of<pipeline::interleaved_one_f_one_b>(), {4, 8, 2}, 1);
   CHECK(i.makespan == 8 * 60'000 + 3 * 60'000 / 2);
 }
 
@@ -64,7 +64,7 @@ TEST_CASE("1F1B -> GPipe is never faster, for the same micro-batches", "[whatif]
   // On the 1F1B test jobs, through the whole what-if.
   for (const char* name : {"pp2_1f1b", "pp4_1f1b", "pp2_1f1b_m8"}) {
     whatif::whatif_options o;
-    o.schedule = pipeline::schedule_kind::gpipe;
+    o.schedule = synth::policy_of<pipeline::gpipe>();
     const auto r = what_if(name, o);
     INFO(name);
     CHECK(r.predicted.simulated_ns >= r.baseline.simulated_ns);
@@ -78,8 +78,8 @@ TEST_CASE("1F1B -> GPipe is never faster, for the same micro-batches", "[whatif]
       whatif::pass_costs c = gpu_only(7'000, 13'000);
       c.layer_forward.cpu = 3'000, c.layer_backward.cpu = 4'000;
       c.gap_forward = 1'000, c.gap_backward = 2'000;
-      const auto f = whatif::simulate_passes(c, pipeline::schedule_kind::one_f_one_b, {p, m, 1}, 3);
-      const auto g = whatif::simulate_passes(c, pipeline::schedule_kind::gpipe, {p, m, 1}, 3);
+      const auto f = whatif::simulate_passes(c, synth::policy_of<pipeline::one_f_one_b>(), {p, m, 1}, 3);
+      const auto g = whatif::simulate_passes(c, synth::policy_of<pipeline::gpipe>(), {p, m, 1}, 3);
       INFO("p " << p << " m " << m);
       CHECK(g.makespan >= f.makespan);
     }
@@ -125,7 +125,8 @@ TEST_CASE("whatif PP and schedule changes against the traces of the target confi
   };
   for (const auto& c : changes) {
     whatif::whatif_options o;
-    o.pp = c.pp, o.vp = c.vp, o.schedule = c.schedule;
+    o.pp = c.pp, o.vp = c.vp;
+    if (c.schedule) o.schedule = synth::policy_of(*c.schedule);
     const auto r = what_if(c.from, o);
     const time_ns truth = replayed(c.truth);
     INFO(c.from << " -> " << c.truth << ": predicted " << r.predicted.simulated_ns << " ns, replay of the target " << truth << " ns");
@@ -144,7 +145,7 @@ TEST_CASE("whatif --dp doubles the replicas of a pipeline job: half the micro-ba
   // inserted transfers, and by most of them (this tiny job's GPU has little to hide them behind).
   whatif::whatif_options o;
   o.dp = 2;
-  o.schedule = pipeline::schedule_kind::gpipe;
+  o.schedule = synth::policy_of<pipeline::gpipe>();
   const auto r = what_if("pp4_1f1b", o);
   REQUIRE(r.pipeline);
   CHECK(r.pipeline->predicted.shape.micro_batches == 4);
@@ -171,7 +172,7 @@ TEST_CASE("whatif --pp rejects layers that do not divide over the stages", "[wha
   o.pp = 3;  // 8 layers
   CHECK_THROWS_AS(what_if("pp4_1f1b", o), error);
   o.pp = 4, o.vp = 3;  // 12 virtual stages
-  o.schedule = pipeline::schedule_kind::interleaved_one_f_one_b;
+  o.schedule = synth::policy_of<pipeline::interleaved_one_f_one_b>();
   CHECK_THROWS_AS(what_if("pp4_1f1b", o), error);
 }
 

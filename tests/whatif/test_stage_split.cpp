@@ -37,7 +37,6 @@ namespace stage_split_test {
 namespace fs = std::filesystem;
 using namespace lumos;
 using graph::task_id;
-using pipeline::schedule_kind;
 
 // A job with its graph and structure, as `lumos whatif` discovers them.
 struct traced {
@@ -257,7 +256,7 @@ TEST_CASE("whatif --pp plan of a job without stages: layers on their stages, pas
   const traced d = discovered(synthesised_job());
   const int m = *d.st.parallel.micro_batches.value, layers = *d.st.model.layers.value;
   REQUIRE(d.st.parallel.pp.value.value_or(1) == 1);
-  for (const auto& [kind, pp] : {std::pair{schedule_kind::one_f_one_b, 2}, std::pair{schedule_kind::gpipe, 4}}) {
+  for (const auto& [kind, pp] : {std::pair{synth::policy_of<pipeline::one_f_one_b>(), 2}, std::pair{synth::policy_of<pipeline::gpipe>(), 4}}) {
     const whatif::stage_plan p = whatif::plan_stages(d.built, d.job, d.st, {.pp = pp, .vp = 1, .schedule = kind});
     const auto& geo = p.geometry;
     CHECK(geo.traced_pp == 1);
@@ -274,7 +273,7 @@ TEST_CASE("whatif --pp plan of a job without stages: layers on their stages, pas
         CHECK((p.virtual_stage[t] == 0 || p.virtual_stage[t] == pp - 1));
       }
     }
-    if (kind == schedule_kind::one_f_one_b) {
+    if (kind == synth::policy_of<pipeline::one_f_one_b>()) {
       check_stage_orders(d, p, [&](int s) { return one_f_one_b_order(pp, m, s); });
     } else {
       check_stage_orders(d, p, [&](int) {
@@ -293,7 +292,7 @@ TEST_CASE("whatif --pp plan of a job without stages: layers on their stages, pas
 TEST_CASE("whatif --pp plan with model chunks: layer l on virtual stage l / per_chunk, chunk by chunk", "[whatif][pipeline][stages]") {
   const traced d = discovered(synthesised_job());
   const whatif::stage_plan p =
-      whatif::plan_stages(d.built, d.job, d.st, {.pp = 2, .vp = 2, .schedule = schedule_kind::interleaved_one_f_one_b});
+      whatif::plan_stages(d.built, d.job, d.st, {.pp = 2, .vp = 2, .schedule = synth::policy_of<pipeline::interleaved_one_f_one_b>()});
   CHECK(p.geometry.per_chunk == *d.st.model.layers.value / 4);
   check_layers_placed(d, p);
   // Each chunk's forward goes to the next virtual stage: from the last stage back to the first
@@ -312,7 +311,7 @@ TEST_CASE("whatif --pp plan from traces with stages: each traced stage cut into 
   const int P = *d.st.parallel.pp.value, m = *d.st.parallel.micro_batches.value;
   REQUIRE(P == 2);
   const int pp = 2 * P;
-  const whatif::stage_plan p = whatif::plan_stages(d.built, d.job, d.st, {.pp = pp, .vp = 1, .schedule = schedule_kind::one_f_one_b});
+  const whatif::stage_plan p = whatif::plan_stages(d.built, d.job, d.st, {.pp = pp, .vp = 1, .schedule = synth::policy_of<pipeline::one_f_one_b>()});
   const auto& geo = p.geometry;
   CHECK(geo.cut == 2);
   CHECK_FALSE(geo.cross_blocks);
@@ -356,7 +355,7 @@ TEST_CASE("whatif --pp plan of a zero-bubble schedule: weight gradients in their
   traced d = discovered(synthesised_job());
   const std::vector<std::uint8_t> weight = whatif::weight_gradient_tasks(d.job, d.built, d.st, whatif::traced_shape(d.st));
   const whatif::stage_plan p =
-      whatif::plan_stages(d.built, d.job, d.st, {.pp = 2, .vp = 1, .schedule = schedule_kind::zero_bubble_h1, .weight = &weight});
+      whatif::plan_stages(d.built, d.job, d.st, {.pp = 2, .vp = 1, .schedule = synth::policy_of<pipeline::zero_bubble_h1>(), .weight = &weight});
   const int m = p.geometry.micro_batches;
   CHECK(p.weight_ops > 0);
   std::size_t moved = 0;
@@ -376,7 +375,7 @@ TEST_CASE("whatif --pp plan of a zero-bubble schedule: weight gradients in their
     CHECK(p.code[t] == pass + m);
   }
   CHECK(weights > 0);
-  CHECK_THROWS_AS(whatif::plan_stages(d.built, d.job, d.st, {.pp = 2, .vp = 1, .schedule = schedule_kind::zero_bubble_h1}), error);
+  CHECK_THROWS_AS(whatif::plan_stages(d.built, d.job, d.st, {.pp = 2, .vp = 1, .schedule = synth::policy_of<pipeline::zero_bubble_h1>()}), error);
   // Emission marks every copy of a W pass's task.
   std::size_t w_copies = 0;
   for (int s = 0; s < 2; ++s) {
@@ -393,7 +392,7 @@ TEST_CASE("whatif --pp plan: a target the layers do not divide over is refused",
   const traced d = discovered(synthesised_job());
   const int layers = *d.st.model.layers.value;
   REQUIRE(layers % 3 != 0);
-  CHECK_FALSE(whatif::stage_split_unsupported(d.st, 3, 1, schedule_kind::one_f_one_b).empty());
+  CHECK_FALSE(whatif::stage_split_unsupported(d.st, 3, 1, synth::policy_of<pipeline::one_f_one_b>()).empty());
   CHECK_THROWS_WITH(whatif::plan_stages(d.built, d.job, d.st, {.pp = 3, .vp = 1}), Catch::Contains("do not divide"));
   // Traces whose transfers are not under c10d's nccl:send / nccl:recv operators (the hand-made
   // ones) cannot have their stages cut: which pass a transfer feeds is not known.
@@ -405,7 +404,7 @@ TEST_CASE("whatif --pp emission of a job without stages: ranks, copies and trans
           "[whatif][pipeline][stages]") {
   traced d = discovered(synthesised_job());
   const std::vector<report::iteration_plan> plans = report::plan_iterations(d.job, d.built);
-  const whatif::stage_plan p = whatif::plan_stages(d.built, d.job, d.st, {.pp = 2, .vp = 1, .schedule = schedule_kind::one_f_one_b});
+  const whatif::stage_plan p = whatif::plan_stages(d.built, d.job, d.st, {.pp = 2, .vp = 1, .schedule = synth::policy_of<pipeline::one_f_one_b>()});
   const graph::task_graph before = d.built.graph;
   const std::vector<graph::rank_map> maps = d.built.ranks;
   const whatif::stage_split out = whatif::emit_stages(d.built, d.job, p, plans, {.p2p = {.intra = 5'000, .inter = 20'000}});
@@ -439,7 +438,7 @@ TEST_CASE("whatif --pp emission from traces with stages: traced ranks keep their
           "[whatif][pipeline][stages]") {
   traced d = discovered(synthesised_stages());
   const std::vector<report::iteration_plan> plans = report::plan_iterations(d.job, d.built);
-  const whatif::stage_plan p = whatif::plan_stages(d.built, d.job, d.st, {.pp = 4, .vp = 1, .schedule = schedule_kind::gpipe});
+  const whatif::stage_plan p = whatif::plan_stages(d.built, d.job, d.st, {.pp = 4, .vp = 1, .schedule = synth::policy_of<pipeline::gpipe>()});
   const graph::task_graph before = d.built.graph;
   const std::vector<graph::rank_map> maps = d.built.ranks;
   std::size_t traced_pairs = 0;

@@ -149,7 +149,7 @@ TEST_CASE("hand-made pipeline traces: stages, schedule, micro-batches, layers, s
     CHECK(par.dp.value == 1);
     CHECK(par.ep.value == 1);
     REQUIRE(par.schedule.known());
-    CHECK(*par.schedule.value == k.schedule);
+    CHECK(*par.schedule.value == synth::policy_of(k.schedule));
     CHECK(par.chunks.value == k.v);
     CHECK(par.micro_batches.value == k.m);
     CHECK(d.st.layers_method.value == std::string(k.method));
@@ -195,7 +195,7 @@ TEST_CASE("hand-made pipeline traces: stages, schedule, micro-batches, layers, s
 TEST_CASE("an order several schedules share, or none gives, is reported, not guessed", "[whatif][structure]") {
   // --schedule that does not match the trace: no candidate is left.
   whatif::structure_options o;
-  o.schedule = pipeline::schedule_kind::gpipe;
+  o.schedule = synth::policy_of<pipeline::gpipe>();
   const auto d = discover(lumos_test::data_dir() / "whatif" / "pp4_1f1b", o);
   // the user said GPipe: the fact is theirs, and the source says the trace did not show it
   REQUIRE(d.st.parallel.schedule.known());

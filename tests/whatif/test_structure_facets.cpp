@@ -257,7 +257,7 @@ TEST_CASE("structure passes: a zero-bubble job's B and W told apart by the annot
   REQUIRE(r->out.notes.size() == 1);
   CHECK(r->out.notes[0].find("two backward passes (B and W) per forward pass") != std::string::npos);
   through(*r, facet::schedule);
-  CHECK(r->out.parallel.schedule.value == pipeline::schedule_kind::zero_bubble_h1);
+  CHECK(r->out.parallel.schedule.value == synth::policy_of<pipeline::zero_bubble_h1>());
 }
 #endif
 
@@ -327,34 +327,35 @@ TEST_CASE("structure layout: world from the traces, PP from the pipelines walked
 }
 
 TEST_CASE("structure schedule: every shipped schedule is recognised from its own stage orders", "[whatif][structure]") {
-  for (const pipeline::schedule_kind kind : pipeline::all_schedule_kinds) {
-    INFO(pipeline::schedule_name(kind));
-    const bool chunked = synth::visit_schedule(kind, [](auto t) { return decltype(t)::type::supports_chunks; });
+  for (const pipeline::schedule_kind k : pipeline::all_schedule_kinds) {
+    const synth::schedule_policy kind = synth::policy_of(k);
+    INFO(kind.name);
+    const bool chunked = kind.supports_chunks;
     const pipeline::schedule_shape shape{4, chunked ? 4 : 8, chunked ? 2 : 1};
-    const auto orders = synth::stage_orders(kind, shape);
+    const auto orders = kind.orders(shape);
     whatif::detail::schedule_search s;
     s.stage_ranks = {{0, 1, 2, 3}};
     for (const auto& o : orders) s.letters.push_back(letters(o));
     s.stages = shape.stages;
     s.forwards = shape.micro_batches * shape.chunks;
-    s.split_backward = synth::splits_backward(kind);
+    s.split_backward = kind.splits_backward;
     s.ring = chunked, s.chain = !chunked;
     const auto found = whatif::detail::matching_schedules(s);
     REQUIRE(found.size() == 1);
-    CHECK(found[0].kind == kind);
+    CHECK(found[0].schedule == kind);
     CHECK(found[0].shape == shape);
     REQUIRE(found[0].orders.size() == 1);
     CHECK(found[0].orders[0] == orders);
     // A ring of four stages is no unchunked schedule's, a chain of four no chunked one's.
     s.ring = !chunked, s.chain = chunked;
-    for (const auto& c : whatif::detail::matching_schedules(s)) CHECK(c.kind != kind);
+    for (const auto& c : whatif::detail::matching_schedules(s)) CHECK(c.schedule != kind);
   }
   // The message when none matches names the shipped schedules of the same backward split.
-  for (const pipeline::schedule_kind kind : pipeline::all_schedule_kinds) {
-    const std::string titles = whatif::detail::schedule_titles(synth::splits_backward(kind));
-    CHECK(titles.find(pipeline::schedule_title(kind)) != std::string::npos);
-    CHECK(whatif::detail::schedule_titles(!synth::splits_backward(kind)).find(pipeline::schedule_title(kind)) == std::string::npos);
-  }
+  synth::for_each_schedule([](auto t) {
+    using S = typename decltype(t)::type;
+    CHECK(whatif::detail::schedule_titles(S::splits_backward).find(S::title) != std::string::npos);
+    CHECK(whatif::detail::schedule_titles(!S::splits_backward).find(S::title) == std::string::npos);
+  });
 }
 
 TEST_CASE("structure schedule: two stages, told chain or ring by what stage 0 receives before a forward pass", "[whatif][structure]") {
@@ -365,20 +366,20 @@ TEST_CASE("structure schedule: two stages, told chain or ring by what stage 0 re
   s.stages = 2, s.forwards = 4, s.chain = true;
   const auto found = whatif::detail::matching_schedules(s);
   REQUIRE_FALSE(found.empty());
-  CHECK(found[0].kind == pipeline::schedule_kind::one_f_one_b);
+  CHECK(found[0].schedule == synth::policy_of<pipeline::one_f_one_b>());
   s.receives_activations = true;  // only a ring sends activations back to stage 0
-  for (const auto& c : whatif::detail::matching_schedules(s)) CHECK(c.kind == pipeline::schedule_kind::interleaved_one_f_one_b);
+  for (const auto& c : whatif::detail::matching_schedules(s)) CHECK(c.schedule == synth::policy_of<pipeline::interleaved_one_f_one_b>());
 }
 
 TEST_CASE("structure schedule: the traced order, its micro-batches and chunks, each pass's op", "[whatif][structure]") {
   auto r = start(pipeline_dir("pp2_interleaved"));
   through(*r, facet::schedule);
   const auto& par = r->out.parallel;
-  CHECK(par.schedule.value == pipeline::schedule_kind::interleaved_one_f_one_b);
+  CHECK(par.schedule.value == synth::policy_of<pipeline::interleaved_one_f_one_b>());
   CHECK(par.chunks.value == 2);
   CHECK(par.micro_batches.value == 4);
   for (const auto& rs : r->out.ranks) {
-    const auto want = synth::stage_orders(pipeline::schedule_kind::interleaved_one_f_one_b, {2, 4, 2})[static_cast<std::size_t>(rs.rank)];
+    const auto want = pipeline::all_stage_ops<pipeline::interleaved_one_f_one_b>({2, 4, 2})[static_cast<std::size_t>(rs.rank)];
     REQUIRE(rs.passes.size() == want.size());
     for (std::size_t k = 0; k < want.size(); ++k) CHECK(rs.passes[k].op == want[k]);
   }
@@ -393,10 +394,10 @@ TEST_CASE("structure schedule: the traced order, its micro-batches and chunks, e
   CHECK(one->out.notes.empty());  // one stage, one micro-batch: every schedule is that order
   // --schedule narrows the candidates.
   whatif::structure_options o;
-  o.schedule = pipeline::schedule_kind::one_f_one_b;
+  o.schedule = synth::policy_of<pipeline::one_f_one_b>();
   auto narrowed = start(one_rank({{{"## forward ##"}, "k1", ""}, {{"## backward ##"}, "k2", ""}}), o);
   through(*narrowed, facet::schedule);
-  CHECK(narrowed->out.parallel.schedule.value == pipeline::schedule_kind::one_f_one_b);
+  CHECK(narrowed->out.parallel.schedule.value == synth::policy_of<pipeline::one_f_one_b>());
   CHECK(narrowed->out.parallel.schedule.source.find("(among candidates kept by --schedule/--vp)") != std::string::npos);
 }
 
@@ -550,14 +551,14 @@ TEST_CASE("structure overrides: the user's facts win, with a note where the trac
   whatif::structure_options o;
   o.layers = 12;
   o.chunks = 4;  // the trace determined the chunks: kept
-  o.schedule = pipeline::schedule_kind::gpipe;
+  o.schedule = synth::policy_of<pipeline::gpipe>();
   o.tp = 2;
   whatif::apply_overrides(o, out);
   CHECK(out.model.layers.value == 12);
   CHECK(out.model.layers.source == "given (--layers)");
   CHECK(out.parallel.chunks.value == 2);
   CHECK(out.parallel.tp.value == 2);
-  CHECK(out.parallel.schedule.value == pipeline::schedule_kind::gpipe);
+  CHECK(out.parallel.schedule.value == synth::policy_of<pipeline::gpipe>());
   CHECK(out.parallel.schedule.source == "given (--schedule); the trace did not determine it: no forward pass in the iteration");
   REQUIRE(out.notes.size() == 2);
   CHECK(out.notes[0] == "--layers 12 overrides the trace's 4 (trace)");

@@ -192,7 +192,7 @@ inline predict_request parse_predict(args& a) {
   predict_request req;
   req.job.model = detail::parse_model(a);
   req.job.parallel = detail::parse_parallel(a);
-  if (const auto s = a.option("--schedule")) req.job.schedule = synth::parse_schedule_name(*s);
+  if (const auto s = a.option("--schedule")) req.job.schedule = synth::parse_schedule(*s);
   detail::parse_costs(a, req);
   req.unfold = a.flag("--unfold");
   req.forward_only = a.flag("--forward-only");

@@ -77,11 +77,11 @@ inline std::vector<int> sizes(const std::optional<std::string>& v, std::string_v
 inline void parse_variants(const sweep_lists& l, sweep::space& s) {
   s.schedules.clear();
   if (l.schedule) {
-    for (const std::string& name : split_list(*l.schedule, "--schedule")) s.schedules.push_back(synth::policy_of(synth::parse_schedule_name(name)));
+    for (const std::string& name : split_list(*l.schedule, "--schedule")) s.schedules.push_back(synth::parse_schedule(name));
   } else {
-    s.schedules.push_back(synth::policy_of(pipeline::schedule_kind::one_f_one_b));
+    s.schedules.push_back(synth::policy_of<pipeline::one_f_one_b>());
     if (std::any_of(s.vp.begin(), s.vp.end(), [](int v) { return v > 1; })) {
-      s.schedules.push_back(synth::policy_of(pipeline::schedule_kind::interleaved_one_f_one_b));
+      s.schedules.push_back(synth::policy_of<pipeline::interleaved_one_f_one_b>());
     }
   }
   s.recompute.clear();

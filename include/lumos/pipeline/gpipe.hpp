@@ -4,6 +4,7 @@
 #include <lumos/pipeline/schedule.hpp>
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 namespace lumos::pipeline {
@@ -15,18 +16,20 @@ namespace lumos::pipeline {
 /// on every stage. Requires v = 1. Linear in m.
 struct gpipe final {
   static constexpr schedule_kind kind = schedule_kind::gpipe;
+  static constexpr std::string_view name = "gpipe";
+  static constexpr std::string_view title = "GPipe";
   static constexpr bool splits_backward = false;
   static constexpr bool supports_chunks = false;
 
   static constexpr void validate(const schedule_shape& shape) {
-    validate_shape(kind, shape, supports_chunks);
+    validate_shape(title, shape, supports_chunks);
   }
 
   [[nodiscard]] static constexpr std::vector<op> stage_ops(const schedule_shape& shape,
                                                            std::int32_t stage) {
     validate(shape);
-    validate_stage(kind, shape, stage);
-    return detail::one_f_one_b_skeleton(
+    validate_stage(title, shape, stage);
+    return one_f_one_b_skeleton(
         shape.micro_batches, shape.micro_batches, [](std::int32_t k) { return forward_op(k); },
         [](std::int32_t k) { return backward_op(k); });
   }

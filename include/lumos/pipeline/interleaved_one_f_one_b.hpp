@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -38,13 +39,15 @@ namespace detail {
 /// F/v, B/v the makespan is m(F + B) + (p − 1)(F + B)/v (verified for F ≠ B too). Linear in m·v.
 struct interleaved_one_f_one_b final {
   static constexpr schedule_kind kind = schedule_kind::interleaved_one_f_one_b;
+  static constexpr std::string_view name = "interleaved-1f1b";
+  static constexpr std::string_view title = "interleaved 1F1B";
   static constexpr bool splits_backward = false;
   static constexpr bool supports_chunks = true;
 
   static constexpr void validate(const schedule_shape& shape) {
-    validate_shape(kind, shape, supports_chunks);
+    validate_shape(title, shape, supports_chunks);
     if (shape.chunks < 2) {
-      detail::fail_count(kind, "at least 2 model chunks per stage", 'v', shape.chunks);
+      detail::fail_count(title, "at least 2 model chunks per stage", 'v', shape.chunks);
     }
     if (shape.micro_batches % shape.stages != 0) {
       detail::fail_interleaved_divisibility(shape.micro_batches, shape.stages);
@@ -78,8 +81,8 @@ struct interleaved_one_f_one_b final {
   [[nodiscard]] static constexpr std::vector<op> stage_ops(const schedule_shape& shape,
                                                            std::int32_t stage) {
     validate(shape);
-    validate_stage(kind, shape, stage);
-    return detail::one_f_one_b_skeleton(
+    validate_stage(title, shape, stage);
+    return one_f_one_b_skeleton(
         shape.micro_batches * shape.chunks, warmup_forwards(shape, stage),
         [&shape](std::int32_t k) { return forward_at(shape, k); },
         [&shape](std::int32_t k) { return backward_at(shape, k); });

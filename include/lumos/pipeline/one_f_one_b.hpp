@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 namespace lumos::pipeline {
@@ -19,11 +20,13 @@ namespace lumos::pipeline {
 /// most min(p − r, m) micro-batches of activations. Requires v = 1. Linear in m.
 struct one_f_one_b final {
   static constexpr schedule_kind kind = schedule_kind::one_f_one_b;
+  static constexpr std::string_view name = "1f1b";
+  static constexpr std::string_view title = "1F1B";
   static constexpr bool splits_backward = false;
   static constexpr bool supports_chunks = false;
 
   static constexpr void validate(const schedule_shape& shape) {
-    validate_shape(kind, shape, supports_chunks);
+    validate_shape(title, shape, supports_chunks);
   }
 
   /// Number of forwards stage `stage` runs before its first backward, minus one.
@@ -35,8 +38,8 @@ struct one_f_one_b final {
   [[nodiscard]] static constexpr std::vector<op> stage_ops(const schedule_shape& shape,
                                                            std::int32_t stage) {
     validate(shape);
-    validate_stage(kind, shape, stage);
-    return detail::one_f_one_b_skeleton(
+    validate_stage(title, shape, stage);
+    return one_f_one_b_skeleton(
         shape.micro_batches, warmup_forwards(shape, stage),
         [](std::int32_t k) { return forward_op(k); },
         [](std::int32_t k) { return backward_op(k); });

@@ -1,6 +1,7 @@
 #pragma once
-// Pipeline-parallel schedules as policy types: the op model, the PipelineSchedule concept,
-// schedule kinds and their names, shape validation, and compile-time materialisation of an order.
+// Pipeline-parallel schedules as policy types: the op model, the PipelineSchedule concept, the
+// list of shipped schedules, shape validation, the 1F1B skeleton, and compile-time
+// materialisation of an order.
 //
 // Vocabulary used throughout pipeline/:
 //   p  stages (pipeline ranks), stage r in [0, p)
@@ -88,7 +89,9 @@ struct op_costs {
   friend constexpr bool operator==(const op_costs&, const op_costs&) = default;
 };
 
-/// The schedules lumos ships. Used for names, CLI parsing and runtime dispatch.
+/// The schedules lumos ships, one enumerator per policy type of `synth::schedule_types` (their
+/// `kind` member). Nothing in the library requires a policy to have one: a user's schedule is a
+/// type that models `PipelineSchedule`, named by its own `name`.
 enum class schedule_kind : std::uint8_t {
   gpipe,
   one_f_one_b,
@@ -101,74 +104,39 @@ inline constexpr std::array<schedule_kind, 5> all_schedule_kinds = {
     schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::interleaved_one_f_one_b,
     schedule_kind::zero_bubble_h1, schedule_kind::zero_bubble_h2};
 
-/// The machine name of a schedule, as written on a command line and in reports:
-/// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2".
-[[nodiscard]] constexpr std::string_view schedule_name(schedule_kind kind) noexcept {
-  switch (kind) {
-    case schedule_kind::gpipe:
-      return "gpipe";
-    case schedule_kind::one_f_one_b:
-      return "1f1b";
-    case schedule_kind::interleaved_one_f_one_b:
-      return "interleaved-1f1b";
-    case schedule_kind::zero_bubble_h1:
-      return "zb-h1";
-    case schedule_kind::zero_bubble_h2:
-      return "zb-h2";
-  }
-  return "unknown";
-}
-
-/// The human name used in messages: "GPipe", "1F1B", "interleaved 1F1B", "ZB-H1", "ZB-H2".
-[[nodiscard]] constexpr std::string_view schedule_title(schedule_kind kind) noexcept {
-  switch (kind) {
-    case schedule_kind::gpipe:
-      return "GPipe";
-    case schedule_kind::one_f_one_b:
-      return "1F1B";
-    case schedule_kind::interleaved_one_f_one_b:
-      return "interleaved 1F1B";
-    case schedule_kind::zero_bubble_h1:
-      return "ZB-H1";
-    case schedule_kind::zero_bubble_h2:
-      return "ZB-H2";
-  }
-  return "unknown schedule";
-}
-
-/// Inverse of `schedule_name` (exact, lower case). Throws `lumos::error` naming the accepted
-/// names for anything else.
-[[nodiscard]] inline schedule_kind parse_schedule_kind(std::string_view name) {
-  for (const schedule_kind kind : all_schedule_kinds) {
-    if (schedule_name(kind) == name) return kind;
-  }
-  std::string msg = "unknown pipeline schedule '";
-  msg += name;
-  msg += "' (expected gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-h2)";
-  throw error(msg);
-}
-
-/// A pipeline schedule policy. A model `S` provides, all usable in constant expressions:
-///  - `S::kind` (a `schedule_kind`), `S::splits_backward` (true: the order has W ops, B is the
-///    input gradient only) and `S::supports_chunks` (true: v > 1 is meaningful);
+/// A pipeline schedule policy: a type whose static members say which ops each stage runs, and in
+/// what order. Any model works wherever a shipped schedule does (`synth::policy_of<S>()` carries
+/// it into predict, the sweep and the what-if). A model `S` provides, all usable in constant
+/// expressions:
+///  - `S::name`, convertible to `std::string_view`: the machine name of reports and JSON ("1f1b";
+///    a shipped schedule's is also its command-line name); lower case, no spaces, unique among
+///    the schedules a program uses (the what-if and the sweep tell schedules apart by it);
+///  - `S::title`, convertible to `std::string_view`: the human name in messages ("1F1B");
+///  - `S::splits_backward` (true: the order has W ops and B is the input gradient only) and
+///    `S::supports_chunks` (true: v > 1 is meaningful), both `bool` constants;
 ///  - `S::validate(shape)`, which throws `lumos::error` with a one-line reason when the schedule
-///    cannot run `shape`;
+///    cannot run `shape` (`validate_shape` makes the checks every schedule needs);
 ///  - `S::stage_ops(shape, stage)`: the ordered ops stage `stage` runs, as a `std::vector<op>`.
 ///    It validates first. Every op of every micro-batch and chunk appears exactly once
-///    (m·v·2 ops, or m·v·3 when the backward is split), and the orders of all stages together
-///    never deadlock under the rules of `dependencies.hpp`. Linear in the op count.
-/// An order for a fixed shape can be computed at compile time: see `static_stage_ops`.
+///    (m·v·2 ops, or m·v·3 when the backward is split: `check_stage_order`), and the orders of
+///    all stages together never deadlock under the rules of `dependencies.hpp` (the timeline
+///    evaluator and the graph builders report a deadlock as an error). Linear in the op count.
+/// `one_f_one_b_skeleton` builds the orders of the 1F1B family. An order for a fixed shape can be
+/// computed at compile time: see `static_stage_ops`.
 template <class S>
 concept PipelineSchedule = requires(const schedule_shape& shape, std::int32_t stage) {
-  { S::kind } -> std::convertible_to<schedule_kind>;
+  { S::name } -> std::convertible_to<std::string_view>;
+  { S::title } -> std::convertible_to<std::string_view>;
   { S::splits_backward } -> std::convertible_to<bool>;
   { S::supports_chunks } -> std::convertible_to<bool>;
   S::validate(shape);
   { S::stage_ops(shape, stage) } -> std::same_as<std::vector<op>>;
-  // The flags must be constants: graph builders branch on them with `if constexpr`.
+  // Constants: graph builders branch on the flags with `if constexpr`, and a runtime descriptor
+  // (`synth::schedule_policy`) keeps views of the names for the program's lifetime.
   typename std::bool_constant<S::splits_backward>;
   typename std::bool_constant<S::supports_chunks>;
-  typename std::integral_constant<schedule_kind, S::kind>;
+  typename std::integral_constant<std::size_t, std::string_view(S::name).size()>;
+  typename std::integral_constant<std::size_t, std::string_view(S::title).size()>;
 };
 
 /// Number of ops every stage runs: m·v·2, or m·v·3 when the backward is split.
@@ -181,9 +149,9 @@ concept PipelineSchedule = requires(const schedule_shape& shape, std::int32_t st
 
 namespace detail {
 
-[[noreturn]] inline void fail_count(schedule_kind kind, std::string_view needs, char symbol,
+[[noreturn]] inline void fail_count(std::string_view title, std::string_view needs, char symbol,
                                     std::int64_t value) {
-  std::string msg(schedule_title(kind));
+  std::string msg(title);
   msg += " needs ";
   msg += needs;
   msg += " (";
@@ -194,17 +162,17 @@ namespace detail {
   throw error(msg);
 }
 
-[[noreturn]] inline void fail_no_chunks(schedule_kind kind, std::int32_t chunks) {
-  std::string msg(schedule_title(kind));
+[[noreturn]] inline void fail_no_chunks(std::string_view title, std::int32_t chunks) {
+  std::string msg(title);
   msg += " has no model chunks: v must be 1 (got v = ";
   msg += std::to_string(chunks);
   msg += "); interleaved 1F1B runs v > 1";
   throw error(msg);
 }
 
-[[noreturn]] inline void fail_too_large(schedule_kind kind, std::string_view what,
+[[noreturn]] inline void fail_too_large(std::string_view title, std::string_view what,
                                         std::int64_t value, std::int64_t limit) {
-  std::string msg(schedule_title(kind));
+  std::string msg(title);
   msg += ": ";
   msg += std::to_string(value);
   msg += ' ';
@@ -214,8 +182,8 @@ namespace detail {
   throw error(msg);
 }
 
-[[noreturn]] inline void fail_stage(schedule_kind kind, std::int32_t stage, std::int32_t stages) {
-  std::string msg(schedule_title(kind));
+[[noreturn]] inline void fail_stage(std::string_view title, std::int32_t stage, std::int32_t stages) {
+  std::string msg(title);
   msg += ": stage ";
   msg += std::to_string(stage);
   msg += " is out of range for ";
@@ -228,27 +196,27 @@ namespace detail {
 
 /// Checks what every schedule needs: p, m, v ≥ 1, within `max_stages` and
 /// `max_virtual_micro_batches`, and v == 1 unless the schedule supports chunks. Throws
-/// `lumos::error` naming the schedule, the parameter and its value. Constant time.
-constexpr void validate_shape(schedule_kind kind, const schedule_shape& shape,
-                              bool supports_chunks) {
-  if (shape.stages < 1) detail::fail_count(kind, "at least one stage", 'p', shape.stages);
+/// `lumos::error` starting with `title` (the schedule's `S::title`), naming the parameter and its
+/// value. Constant time.
+constexpr void validate_shape(std::string_view title, const schedule_shape& shape, bool supports_chunks) {
+  if (shape.stages < 1) detail::fail_count(title, "at least one stage", 'p', shape.stages);
   if (shape.micro_batches < 1) {
-    detail::fail_count(kind, "at least one micro-batch", 'm', shape.micro_batches);
+    detail::fail_count(title, "at least one micro-batch", 'm', shape.micro_batches);
   }
-  if (shape.chunks < 1) detail::fail_count(kind, "at least one model chunk", 'v', shape.chunks);
-  if (shape.stages > max_stages) detail::fail_too_large(kind, "stages", shape.stages, max_stages);
+  if (shape.chunks < 1) detail::fail_count(title, "at least one model chunk", 'v', shape.chunks);
+  if (shape.stages > max_stages) detail::fail_too_large(title, "stages", shape.stages, max_stages);
   const std::int64_t virtual_micro_batches =
       std::int64_t{shape.micro_batches} * std::int64_t{shape.chunks};
   if (virtual_micro_batches > max_virtual_micro_batches) {
-    detail::fail_too_large(kind, "virtual micro-batches (m*v)", virtual_micro_batches,
+    detail::fail_too_large(title, "virtual micro-batches (m*v)", virtual_micro_batches,
                            max_virtual_micro_batches);
   }
-  if (!supports_chunks && shape.chunks != 1) detail::fail_no_chunks(kind, shape.chunks);
+  if (!supports_chunks && shape.chunks != 1) detail::fail_no_chunks(title, shape.chunks);
 }
 
-/// Throws `lumos::error` unless 0 ≤ stage < p.
-constexpr void validate_stage(schedule_kind kind, const schedule_shape& shape, std::int32_t stage) {
-  if (stage < 0 || stage >= shape.stages) detail::fail_stage(kind, stage, shape.stages);
+/// Throws `lumos::error` starting with `title` unless 0 ≤ stage < p.
+constexpr void validate_stage(std::string_view title, const schedule_shape& shape, std::int32_t stage) {
+  if (stage < 0 || stage >= shape.stages) detail::fail_stage(title, stage, shape.stages);
 }
 
 namespace detail {
@@ -284,15 +252,22 @@ inline void append_op_text(std::string& out, const op& o, bool show_chunk) {
   throw error(msg);
 }
 
-/// Megatron's 1F1B skeleton over `count` virtual micro-batches: `warmup` forwards, then
-/// alternating one forward and one backward, then the remaining backwards. `forward_at(k)` and
-/// `backward_at(k)` give the op of the k-th forward and k-th backward. GPipe is the
-/// `warmup == count` case.
+}  // namespace detail
+
+/// Megatron's 1F1B skeleton over `count` virtual micro-batches, the order of the 1F1B family:
+/// `warmup` forwards, then `count − warmup` steady pairs "forward, backward", then the remaining
+/// `warmup` backwards. `forward_at(k)` and `backward_at(k)` (callables `std::int32_t → op`) give
+/// the op of the k-th forward and of the k-th backward; the skeleton calls each once per k, in
+/// increasing k. GPipe is the `warmup == count` case, 1F1B `warmup = min(p − r − 1, m)` on stage
+/// r, interleaved 1F1B Megatron's warm-up over m·v virtual micro-batches. Precondition:
+/// 0 ≤ warmup ≤ count. The result has every forward and backward exactly once; whether the
+/// stages' orders together are deadlock-free depends on the warm-ups: with k-th ops that run the
+/// k-th micro-batch of one chunk, a warm-up that does not grow from a stage to the next (stage
+/// r + 1 warms up no more than stage r) keeps them deadlock-free, as every backward then waits
+/// only for forwards its successor already ran. Linear in `count`.
 template <class ForwardAt, class BackwardAt>
-[[nodiscard]] constexpr std::vector<op> one_f_one_b_skeleton(std::int32_t count,
-                                                             std::int32_t warmup,
-                                                             ForwardAt forward_at,
-                                                             BackwardAt backward_at) {
+[[nodiscard]] constexpr std::vector<op> one_f_one_b_skeleton(std::int32_t count, std::int32_t warmup,
+                                                             ForwardAt forward_at, BackwardAt backward_at) {
   std::vector<op> ops;
   ops.reserve(2 * static_cast<std::size_t>(count));
   for (std::int32_t k = 0; k < warmup; ++k) ops.push_back(forward_at(k));
@@ -303,8 +278,6 @@ template <class ForwardAt, class BackwardAt>
   for (std::int32_t k = count - warmup; k < count; ++k) ops.push_back(backward_at(k));
   return ops;
 }
-
-}  // namespace detail
 
 /// Checks that `ops` is a complete order for one stage of `shape`: every (kind, micro-batch,
 /// chunk) exactly once, W ops iff `splits_backward`, indices in range. Throws `lumos::error`

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -63,9 +64,9 @@ namespace detail {
 }
 
 template <class T>
-[[noreturn]] void fail_chunk_division(schedule_kind kind, std::string_view which, T cost,
+[[noreturn]] void fail_chunk_division(std::string_view title, std::string_view which, T cost,
                                       std::int32_t chunks) {
-  std::string msg(schedule_title(kind));
+  std::string msg(title);
   msg += " splits each stage's work into v = ";
   msg += std::to_string(chunks);
   msg += " chunks: the ";
@@ -160,23 +161,25 @@ template <class T>
 }  // namespace detail
 
 /// Turns per-stage costs (one micro-batch through all of a stage's layers) into the cost of one
-/// op of schedule `S`. Conventions:
+/// op of a schedule that splits the backward as `splits_backward` (its `S::splits_backward`).
+/// Conventions:
 ///  - schedules that do not split the backward run W inside B: B costs B + W, W costs nothing;
 ///  - with v chunks a chunk holds 1/v of the stage's layers, so each op costs F/v, B/v, W/v.
 ///    This is what makes interleaved 1F1B's closed form m(F + B) + (p − 1)(F + B)/v hold.
-/// For an integral `T` every cost must divide by v exactly (else `lumos::error`); scale the
-/// costs (e.g. to nanoseconds) or use a floating-point `T`. Costs must be non-negative and
-/// finite, and B + W must not overflow `T`. Constant time.
-template <PipelineSchedule S, class T>
-[[nodiscard]] constexpr op_costs<T> per_op_costs(const schedule_shape& shape,
+/// For an integral `T` every cost must divide by v exactly (else `lumos::error` starting with
+/// `title`); scale the costs (e.g. to nanoseconds) or use a floating-point `T`. Costs must be
+/// non-negative and finite, and B + W must not overflow `T`. Precondition: the schedule accepted
+/// `shape`. Constant time.
+template <class T>
+[[nodiscard]] constexpr op_costs<T> per_op_costs(std::string_view title, bool splits_backward,
+                                                 const schedule_shape& shape,
                                                  const op_costs<T>& stage_costs) {
   static_assert(std::is_arithmetic_v<T>, "op costs must be an arithmetic type");
-  S::validate(shape);
   detail::check_cost(stage_costs.forward, "F");
   detail::check_cost(stage_costs.backward, "B");
   detail::check_cost(stage_costs.weight, "W");
   op_costs<T> folded = stage_costs;
-  if constexpr (!S::splits_backward) {
+  if (!splits_backward) {
     if constexpr (std::is_integral_v<T>) {
       if (stage_costs.backward > std::numeric_limits<T>::max() - stage_costs.weight) {
         detail::fail_cost("B + W overflows the cost type");
@@ -188,13 +191,21 @@ template <PipelineSchedule S, class T>
   const T v = static_cast<T>(shape.chunks);
   if constexpr (std::is_integral_v<T>) {
     if (folded.forward % v != 0)
-      detail::fail_chunk_division(S::kind, "forward", folded.forward, shape.chunks);
+      detail::fail_chunk_division(title, "forward", folded.forward, shape.chunks);
     if (folded.backward % v != 0)
-      detail::fail_chunk_division(S::kind, "backward", folded.backward, shape.chunks);
+      detail::fail_chunk_division(title, "backward", folded.backward, shape.chunks);
     if (folded.weight % v != 0)
-      detail::fail_chunk_division(S::kind, "weight", folded.weight, shape.chunks);
+      detail::fail_chunk_division(title, "weight", folded.weight, shape.chunks);
   }
   return {folded.forward / v, folded.backward / v, folded.weight / v};
+}
+
+/// `per_op_costs` for schedule `S`, after `S::validate(shape)`.
+template <PipelineSchedule S, class T>
+[[nodiscard]] constexpr op_costs<T> per_op_costs(const schedule_shape& shape,
+                                                 const op_costs<T>& stage_costs) {
+  S::validate(shape);
+  return per_op_costs(S::title, S::splits_backward, shape, stage_costs);
 }
 
 /// Evaluates arbitrary per-stage orders under the rules of `dependency_of`: each stage runs its

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 namespace lumos::pipeline {
@@ -58,11 +59,13 @@ namespace detail {
 /// pF + pB + W). Requires v = 1. Linear in m.
 struct zero_bubble_h1 final {
   static constexpr schedule_kind kind = schedule_kind::zero_bubble_h1;
+  static constexpr std::string_view name = "zb-h1";
+  static constexpr std::string_view title = "ZB-H1";
   static constexpr bool splits_backward = true;
   static constexpr bool supports_chunks = false;
 
   static constexpr void validate(const schedule_shape& shape) {
-    validate_shape(kind, shape, supports_chunks);
+    validate_shape(title, shape, supports_chunks);
   }
 
   [[nodiscard]] static constexpr std::int32_t warmup_forwards(const schedule_shape& shape,
@@ -79,7 +82,7 @@ struct zero_bubble_h1 final {
   [[nodiscard]] static constexpr std::vector<op> stage_ops(const schedule_shape& shape,
                                                            std::int32_t stage) {
     validate(shape);
-    validate_stage(kind, shape, stage);
+    validate_stage(title, shape, stage);
     return detail::zero_bubble_order(shape.micro_batches, warmup_forwards(shape, stage),
                                      weight_lag(shape, stage), true);
   }
@@ -102,11 +105,13 @@ static_assert(PipelineSchedule<zero_bubble_h1>);
 /// Requires v = 1. Linear in m.
 struct zero_bubble_h2 final {
   static constexpr schedule_kind kind = schedule_kind::zero_bubble_h2;
+  static constexpr std::string_view name = "zb-h2";
+  static constexpr std::string_view title = "ZB-H2";
   static constexpr bool splits_backward = true;
   static constexpr bool supports_chunks = false;
 
   static constexpr void validate(const schedule_shape& shape) {
-    validate_shape(kind, shape, supports_chunks);
+    validate_shape(title, shape, supports_chunks);
   }
 
   [[nodiscard]] static constexpr std::int32_t warmup_forwards(const schedule_shape& shape,
@@ -123,7 +128,7 @@ struct zero_bubble_h2 final {
   [[nodiscard]] static constexpr std::vector<op> stage_ops(const schedule_shape& shape,
                                                            std::int32_t stage) {
     validate(shape);
-    validate_stage(kind, shape, stage);
+    validate_stage(title, shape, stage);
     return detail::zero_bubble_order(shape.micro_batches, warmup_forwards(shape, stage),
                                      weight_lag(shape, stage), false);
   }

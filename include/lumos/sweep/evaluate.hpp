@@ -285,8 +285,7 @@ class evaluator {
     j.model = problem_.model;
     j.hardware = problem_.hardware;
     j.parallel = parallel_of(c);
-    j.schedule.reset();
-    j.policy = c.schedule;
+    j.schedule = c.schedule;
   }
 
   /// The divisibility rules, constant time, no allocation: the checks of

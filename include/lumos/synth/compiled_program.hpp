@@ -65,7 +65,7 @@ struct compiled_program {
   /// The tasks replay_figures reads, by ascending position: [0] those on the compute stream of
   /// each stage's representative rank (tp and dp index 0), [1] those on rank 0's GPU streams.
   std::array<output_vector<watched_task>, 2> watched;
-  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  schedule_policy schedule = policy_of<pipeline::one_f_one_b>();
   pipeline::schedule_shape shape{};
   bool unfolded = false;
   granularity detail = granularity::pass;

@@ -112,24 +112,17 @@ struct job {
   model::transformer model;
   model::parallel_config parallel;
   model::hardware hardware;
-  /// Empty: `parallel.schedule` if set, else interleaved 1F1B when vp > 1 and 1F1B otherwise.
-  std::optional<pipeline::schedule_kind> schedule;
-  /// Any `pipeline::PipelineSchedule` type (`policy_of<S>()`), a user's included; when set it
-  /// takes precedence over `schedule` and `parallel.schedule`.
-  std::optional<schedule_policy> policy;
+  /// Any `pipeline::PipelineSchedule` type, as `policy_of<S>()` (a user's included). Empty: the
+  /// shipped schedule named by `parallel.schedule` if set, else interleaved 1F1B when vp > 1 and
+  /// 1F1B otherwise.
+  std::optional<schedule_policy> schedule;
 };
 
 /// The schedule `j` runs (see `job::schedule`). Throws `lumos::error` for an unknown name.
-[[nodiscard]] inline pipeline::schedule_kind resolve_schedule(const job& j) {
+[[nodiscard]] inline schedule_policy resolve_schedule(const job& j) {
   if (j.schedule) return *j.schedule;
-  if (!j.parallel.schedule.empty()) return parse_schedule_name(j.parallel.schedule);
-  return j.parallel.vp > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b : pipeline::schedule_kind::one_f_one_b;
-}
-
-/// The schedule policy `j` runs: `j.policy` if set, else the shipped one of `resolve_schedule`.
-[[nodiscard]] inline schedule_policy resolve_policy(const job& j) {
-  if (j.policy) return *j.policy;
-  return policy_of(resolve_schedule(j));
+  if (!j.parallel.schedule.empty()) return parse_schedule(j.parallel.schedule);
+  return j.parallel.vp > 1 ? policy_of<pipeline::interleaved_one_f_one_b>() : policy_of<pipeline::one_f_one_b>();
 }
 
 inline constexpr graph::processor_id no_processor = ~graph::processor_id{0};
@@ -157,7 +150,7 @@ struct simulated_rank {
 struct program {
   graph::task_graph graph;
   std::vector<simulated_rank> ranks;  ///< ascending global rank
-  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  schedule_policy schedule = policy_of<pipeline::one_f_one_b>();
   pipeline::schedule_shape shape{};
   std::vector<std::vector<pipeline::op>> orders;  ///< per stage
   bool unfolded = false;

@@ -73,7 +73,7 @@ struct stage_prediction {
 
 /// What `predict` reports. Times in ns; FLOP/s per GPU in TFLOP/s (10¹² FLOP/s).
 struct prediction {
-  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  schedule_policy schedule = policy_of<pipeline::one_f_one_b>();  ///< the schedule the job ran
   pipeline::schedule_shape shape{};  ///< p stages, m micro-batches per pipeline, v chunks
   std::int64_t gpus = 1;
   bool unfolded = false;

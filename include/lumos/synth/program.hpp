@@ -16,8 +16,8 @@
 //               that a waiting receive never holds a send back. Receives are posted as early as
 //               the stream allows (Megatron's overlapped p2p), so with free communication the
 //               pipeline phase is exactly the schedule of pipeline/timeline.hpp (tests/synth).
-//   program     the stage's ops in schedule order (`pipeline::PipelineSchedule`, dispatched from
-//               the runtime `schedule_kind` in schedules.hpp); each op is "receive its input if
+//   program     the stage's ops in schedule order (any `pipeline::PipelineSchedule`, carried as the
+//               job's `schedule_policy`, schedules.hpp); each op is "receive its input if
 //               it crosses stages (`pipeline::dependency_of`) → its pass → send its output if
 //               another stage consumes it". A pass F / B / W of model chunk c runs the chunk's
 //               layers (F ascending, B and W descending), with the embedding before the layers of

@@ -148,15 +148,14 @@ struct schedule_simulation {
   return out;
 }
 
-/// Runtime form: schedule `kind` on `shape` with integral per-stage costs, simulated by the
-/// replay engine. Throws `lumos::error` for shapes the schedule rejects and costs that do not
-/// divide by v or are negative.
-[[nodiscard]] inline schedule_simulation simulate_schedule(pipeline::schedule_kind kind, const pipeline::schedule_shape& shape,
+/// Runtime form: `schedule` on `shape` with integral per-stage costs, simulated by the replay
+/// engine. Throws `lumos::error` for shapes the schedule rejects and costs that do not divide by v
+/// or are negative.
+[[nodiscard]] inline schedule_simulation simulate_schedule(const schedule_policy& schedule, const pipeline::schedule_shape& shape,
                                                            const pipeline::op_costs<time_ns>& stage_costs) {
-  return visit_schedule(kind, [&](auto t) {
-    using S = typename decltype(t)::type;
-    return simulate(build_schedule_graph<S>(shape, stage_costs));
-  });
+  schedule.validate(shape);
+  const pipeline::op_costs<time_ns> per_op = pipeline::per_op_costs(schedule.title, schedule.splits_backward, shape, stage_costs);
+  return simulate(build_schedule_graph(shape, schedule.orders(shape), per_op, schedule.splits_backward));
 }
 
 /// Decimal costs (as `--costs` gives them) through the integral engine: each per-stage cost is
@@ -170,10 +169,10 @@ struct decimal_schedule_simulation {
   double bubble_fraction = 0.0;
 };
 
-[[nodiscard]] inline decimal_schedule_simulation simulate_schedule(pipeline::schedule_kind kind,
+[[nodiscard]] inline decimal_schedule_simulation simulate_schedule(const schedule_policy& schedule,
                                                                    const pipeline::schedule_shape& shape,
                                                                    const pipeline::op_costs<double>& stage_costs) {
-  validate_schedule(kind, shape);
+  schedule.validate(shape);
   const double unit = 1e6 * static_cast<double>(shape.chunks);
   const double total = (stage_costs.forward + stage_costs.backward + stage_costs.weight) * unit *
                        static_cast<double>(shape.micro_batches) * static_cast<double>(shape.stages);
@@ -183,7 +182,7 @@ struct decimal_schedule_simulation {
   if (!(total < 0x1p62)) throw error("pipeline costs: the total work is too large to simulate (scale the costs down)");
   auto scaled = [&](double x) { return static_cast<time_ns>(std::llround(x * 1e6)) * shape.chunks; };
   const pipeline::op_costs<time_ns> c{scaled(stage_costs.forward), scaled(stage_costs.backward), scaled(stage_costs.weight)};
-  schedule_simulation r = simulate_schedule(kind, shape, c);
+  schedule_simulation r = simulate_schedule(schedule, shape, c);
   decimal_schedule_simulation out;
   out.orders = std::move(r.orders);
   out.makespan = static_cast<double>(r.makespan) / unit;

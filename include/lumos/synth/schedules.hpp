@@ -1,6 +1,8 @@
 #pragma once
-// Runtime dispatch from a `schedule_kind` to the static schedule policy types: a five-element
-// list of types, walked by a fold once per dispatch.
+// Schedules at run time: `schedule_policy`, the runtime descriptor of any
+// `pipeline::PipelineSchedule` type (`policy_of<S>()`), which jobs, programs, predictions, the
+// sweep and the what-if carry; and the registry of the schedules lumos ships (`schedule_types`),
+// which parses a name and lists the candidates structure discovery recognises.
 
 #include <lumos/core/error.hpp>
 #include <lumos/pipeline/gpipe.hpp>
@@ -9,6 +11,7 @@
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/pipeline/zero_bubble.hpp>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -22,47 +25,23 @@ namespace lumos::synth {
 template <class... T>
 struct type_list {};
 
-/// The schedule policies lumos ships, one per `pipeline::schedule_kind`.
+/// The schedule policies lumos ships, in the order of `pipeline::all_schedule_kinds` (each has
+/// a `kind` member naming its enumerator). A user's schedule need not be listed: it is used by
+/// passing `policy_of<S>()`.
 using schedule_types = type_list<pipeline::gpipe, pipeline::one_f_one_b, pipeline::interleaved_one_f_one_b,
                                  pipeline::zero_bubble_h1, pipeline::zero_bubble_h2>;
 
-namespace detail {
-
-template <class Result, class F, class... S>
-std::optional<Result> visit_schedule_in(type_list<S...>, pipeline::schedule_kind kind, F& f) {
-  static_assert((pipeline::PipelineSchedule<S> && ...));
-  std::optional<Result> out;
-  // Left to right, the first policy of `kind` only.
-  ((S::kind == kind && !out ? void(out.emplace(f(std::type_identity<S>{}))) : void()), ...);
-  return out;
-}
-
-}  // namespace detail
-
-/// Calls `f(std::type_identity<S>{})` for the policy `S` whose `S::kind == kind` and returns
-/// its result; `S` satisfies `pipeline::PipelineSchedule`. `f` must return the same non-void
-/// type for every policy. O(1): five comparisons. Throws `lumos::error` for a kind with no
-/// policy (cannot happen for the enum's values).
-template <class F>
-auto visit_schedule(pipeline::schedule_kind kind, F&& f) {
-  using result = std::invoke_result_t<F&, std::type_identity<pipeline::one_f_one_b>>;
-  static_assert(!std::is_void_v<result>, "visit_schedule: the visitor must return a value");
-  std::optional<result> out = detail::visit_schedule_in<result>(schedule_types{}, kind, f);
-  if (!out) throw error("no pipeline schedule policy for kind " + std::to_string(static_cast<int>(kind)));
-  return std::move(*out);
-}
-
 /// A pipeline schedule as a runtime value: what the program builder needs from a static policy
-/// type `S` (its flags, its shape check and its stage orders), taken once by `policy_of<S>()`.
-/// It lets a job or a sweep carry any `pipeline::PipelineSchedule` type — including a user's,
-/// which need not be one of the shipped `schedule_kind`s — without making every builder a
-/// template over the schedule. Plain data (function pointers to `S`'s static members): trivially
-/// copyable, comparable, shareable between threads.
+/// type `S` (its names, flags, shape check and stage orders), taken once by `policy_of<S>()`.
+/// It lets a job, a sweep or a what-if carry any `pipeline::PipelineSchedule` type — a user's
+/// included — without making every builder a template over the schedule. Plain data (views of
+/// `S`'s constant names and pointers to its static members): trivially copyable, comparable,
+/// shareable between threads. A default-constructed one names no schedule (null functions).
 struct schedule_policy {
-  pipeline::schedule_kind kind = pipeline::schedule_kind::one_f_one_b;  ///< `S::kind` (for reports)
+  std::string_view name;   ///< `S::name`: command lines, JSON, and what tells schedules apart
+  std::string_view title;  ///< `S::title`: messages
   bool splits_backward = false;
   bool supports_chunks = false;
-  std::string_view name;  ///< `S::name` when `S` has one, else `schedule_name(kind)`
   void (*validate)(const pipeline::schedule_shape&) = nullptr;
   std::vector<std::vector<pipeline::op>> (*orders)(const pipeline::schedule_shape&) = nullptr;
 
@@ -70,10 +49,6 @@ struct schedule_policy {
 };
 
 namespace detail {
-template <class S>
-concept named_schedule = requires {
-  { S::name } -> std::convertible_to<std::string_view>;
-};
 template <pipeline::PipelineSchedule S>
 void validate_policy(const pipeline::schedule_shape& shape) {
   S::validate(shape);
@@ -84,17 +59,50 @@ void validate_policy(const pipeline::schedule_shape& shape) {
 template <pipeline::PipelineSchedule S>
 [[nodiscard]] constexpr schedule_policy policy_of() noexcept {
   schedule_policy p;
-  p.kind = S::kind;
+  p.name = S::name;
+  p.title = S::title;
   p.splits_backward = S::splits_backward;
   p.supports_chunks = S::supports_chunks;
-  if constexpr (detail::named_schedule<S>) {
-    p.name = S::name;
-  } else {
-    p.name = pipeline::schedule_name(S::kind);
-  }
   p.validate = &detail::validate_policy<S>;
   p.orders = &pipeline::all_stage_ops<S>;
   return p;
+}
+
+namespace detail {
+
+template <class F, class... S>
+void for_each_schedule_in(type_list<S...>, F& f) {
+  static_assert((pipeline::PipelineSchedule<S> && ...));
+  (f(std::type_identity<S>{}), ...);
+}
+
+template <class Result, class F, class... S>
+std::optional<Result> visit_schedule_in(type_list<S...>, pipeline::schedule_kind kind, F& f) {
+  std::optional<Result> out;
+  // Left to right, the first policy of `kind` only.
+  ((S::kind == kind && !out ? void(out.emplace(f(std::type_identity<S>{}))) : void()), ...);
+  return out;
+}
+
+}  // namespace detail
+
+/// Calls `f(std::type_identity<S>{})` for each shipped policy `S` of `schedule_types`, in order.
+template <class F>
+void for_each_schedule(F&& f) {
+  detail::for_each_schedule_in(schedule_types{}, f);
+}
+
+/// Calls `f(std::type_identity<S>{})` for the shipped policy `S` whose `S::kind == kind` and
+/// returns its result. `f` must return the same non-void type for every policy. O(1): five
+/// comparisons. Throws `lumos::error` for a kind with no policy (cannot happen for the enum's
+/// values).
+template <class F>
+auto visit_schedule(pipeline::schedule_kind kind, F&& f) {
+  using result = std::invoke_result_t<F&, std::type_identity<pipeline::one_f_one_b>>;
+  static_assert(!std::is_void_v<result>, "visit_schedule: the visitor must return a value");
+  std::optional<result> out = detail::visit_schedule_in<result>(schedule_types{}, kind, f);
+  if (!out) throw error("no pipeline schedule policy for kind " + std::to_string(static_cast<int>(kind)));
+  return std::move(*out);
 }
 
 /// The descriptor of the shipped policy for `kind`.
@@ -102,35 +110,34 @@ template <pipeline::PipelineSchedule S>
   return visit_schedule(kind, [](auto t) { return policy_of<typename decltype(t)::type>(); });
 }
 
-/// `parse_schedule_kind` that also accepts "interleaved" for "interleaved-1f1b" (the CLI's
-/// short name). Throws `lumos::error` listing the names otherwise.
-[[nodiscard]] inline pipeline::schedule_kind parse_schedule_name(std::string_view name) {
-  if (name == "interleaved") return pipeline::schedule_kind::interleaved_one_f_one_b;
-  try {
-    return pipeline::parse_schedule_kind(name);
-  } catch (const error&) {
-    throw error("unknown pipeline schedule '" + std::string(name) +
-                "' (expected gpipe, 1f1b, interleaved, zb-h1 or zb-h2)");
+/// Short names accepted beside the shipped policies' own: (alias, name).
+inline constexpr std::array<std::pair<std::string_view, std::string_view>, 1> schedule_aliases = {
+    std::pair<std::string_view, std::string_view>{"interleaved", pipeline::interleaved_one_f_one_b::name}};
+
+/// The shipped policy named `name` (its `S::name`, exact, lower case, or an alias of
+/// `schedule_aliases`: "interleaved" for "interleaved-1f1b"). Throws `lumos::error` listing the
+/// names otherwise. A user's schedule has no name here: pass its `policy_of<S>()`.
+[[nodiscard]] inline schedule_policy parse_schedule(std::string_view name) {
+  for (const auto& [alias, full] : schedule_aliases) {
+    if (name == alias) name = full;
   }
-}
-
-/// Whether the schedule splits the backward into B and W (the zero-bubble schedules).
-[[nodiscard]] inline bool splits_backward(pipeline::schedule_kind kind) {
-  return visit_schedule(kind, [](auto t) { return decltype(t)::type::splits_backward; });
-}
-
-/// Validates `shape` for `kind` (throws `lumos::error` with the schedule's one-line reason).
-inline void validate_schedule(pipeline::schedule_kind kind, const pipeline::schedule_shape& shape) {
-  (void)visit_schedule(kind, [&](auto t) {
-    decltype(t)::type::validate(shape);
-    return true;
+  std::optional<schedule_policy> found;
+  std::vector<std::string_view> names;
+  for_each_schedule([&](auto t) {
+    using S = typename decltype(t)::type;
+    if (S::name == name) found = policy_of<S>();
+    names.push_back(S::name);
   });
-}
-
-/// The orders of all stages of `kind` on `shape` (`result[r]` is stage r's). Validates first.
-[[nodiscard]] inline std::vector<std::vector<pipeline::op>> stage_orders(pipeline::schedule_kind kind,
-                                                                         const pipeline::schedule_shape& shape) {
-  return visit_schedule(kind, [&](auto t) { return pipeline::all_stage_ops<typename decltype(t)::type>(shape); });
+  if (!found) {
+    std::string msg = "unknown pipeline schedule '" + std::string(name) + "' (expected ";
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      msg += i == 0 ? "" : i + 1 == names.size() ? " or " : ", ";
+      msg += names[i];
+    }
+    for (const auto& [alias, full] : schedule_aliases) msg += "; " + std::string(alias) + " for " + std::string(full);
+    throw error(msg + ")");
+  }
+  return *found;
 }
 
 }  // namespace lumos::synth

@@ -36,7 +36,7 @@ namespace lumos::whatif {
 struct split_choice {
   bool staged = false;  ///< the traces have pipeline stages
   bool asked = false;   ///< a split is asked: a pipeline change, or another micro-batch count with traced stages
-  pipeline::schedule_kind kind = pipeline::schedule_kind::one_f_one_b;
+  synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();  ///< the target's
   int pp = 0;  ///< the target's stages (0: none)
   int vp = 1;  ///< model chunks per stage
   std::string refused;  ///< why the change is not made in the graph ("" when it is, or none was asked)

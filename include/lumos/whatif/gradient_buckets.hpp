@@ -705,9 +705,9 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
   if (!o.pipeline_asked()) return bt;
   const job_structure& st = ctx.structure(b);
   bt.pp = o.pp.value_or(st.parallel.pp.value.value_or(1));
-  const bool interleaved = o.vp.value_or(1) > 1 || (o.schedule && *o.schedule == pipeline::schedule_kind::interleaved_one_f_one_b);
-  bt.vp = interleaved ? o.vp.value_or(2) : 1;
-  if (o.schedule && synth::splits_backward(*o.schedule)) {
+  const bool chunked = o.vp.value_or(1) > 1 || (o.schedule && o.schedule->supports_chunks);
+  bt.vp = chunked ? o.vp.value_or(2) : 1;
+  if (o.schedule && o.schedule->splits_backward) {
     weight_gradients = weight_gradient_tasks(ctx.job, b, st, from);
     bt.weight_gradients = &weight_gradients;
   }

@@ -4,6 +4,7 @@
 
 #include <lumos/model/profile.hpp>
 #include <lumos/pipeline/schedule.hpp>
+#include <lumos/synth/schedules.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -31,9 +32,11 @@ struct whatif_options {
   /// `lumos predict --global-batch`), counted in micro-batches of the traces' size.
   std::optional<int> dp;
   std::optional<std::int64_t> global_batch;
-  /// Pipeline stages, chunks and schedule (whatif/pipeline_change.hpp, whatif/pipeline.hpp).
+  /// Pipeline stages, chunks and schedule (whatif/pipeline_change.hpp, whatif/pipeline.hpp). The
+  /// schedule is any `pipeline::PipelineSchedule` type, as `synth::policy_of<S>()` (a user's
+  /// included), or a shipped one by name (`synth::parse_schedule`).
   std::optional<int> pp, vp;
-  std::optional<pipeline::schedule_kind> schedule;
+  std::optional<synth::schedule_policy> schedule;
 
   /// A pipeline change is asked: stages, chunks or schedule.
   [[nodiscard]] bool pipeline_asked() const noexcept { return pp || vp || schedule; }

@@ -43,7 +43,7 @@ namespace lumos::whatif {
 /// The target pipeline; unset fields keep the traces'.
 struct pipeline_target {
   std::optional<int> pp, vp, micro_batches, layers;
-  std::optional<pipeline::schedule_kind> schedule;
+  std::optional<synth::schedule_policy> schedule;  ///< any `pipeline::PipelineSchedule` (`synth::policy_of<S>()`)
 };
 
 /// A cost on the host (the launch calls of a pass) and on the GPU (its kernels), ns.
@@ -77,7 +77,7 @@ struct stage_prediction {
 
 /// A pass-level schedule simulated: makespan, per-stage busy time and end, bubble fraction.
 struct pipeline_simulation {
-  pipeline::schedule_kind kind{};
+  synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();
   pipeline::schedule_shape shape{};
   int layers_per_chunk = 0;
   time_ns makespan = 0;
@@ -369,21 +369,21 @@ inline void measure_stage_latency(pass_costs& out, const job_structure& st, cons
   return out;
 }
 
-/// Replays the pass-level graph of `kind` on `shape` with `layers_per_chunk` layers per chunk:
+/// Replays the pass-level graph of `schedule` on `shape` with `layers_per_chunk` layers per chunk:
 /// per stage a host thread (one task per pass: its launches) and a stream (one task per pass:
 /// its kernels, from the pass's first launch + the launch latency, ending no earlier than its
 /// last launch + the launch latency), passes in the schedule
 /// policy's order, `pipeline::dependency_of` edges across stages with the measured latency.
-[[nodiscard]] inline pipeline_simulation simulate_passes(const pass_costs& c, pipeline::schedule_kind kind,
+[[nodiscard]] inline pipeline_simulation simulate_passes(const pass_costs& c, const synth::schedule_policy& schedule,
                                                          const pipeline::schedule_shape& shape, int layers_per_chunk) {
-  const auto orders = synth::stage_orders(kind, shape);  // validates the shape
-  const bool split = synth::splits_backward(kind);
+  const auto orders = schedule.orders(shape);  // validates the shape
+  const bool split = schedule.splits_backward;
   const int p = shape.stages, v = shape.chunks, V = p * v;
   graph::task_graph g;
   // (stage, kind, mb, chunk) → host task, GPU task
   std::map<std::tuple<int, int, int, int>, std::pair<graph::task_id, graph::task_id>> task_of;
   pipeline_simulation out;
-  out.kind = kind, out.shape = shape, out.layers_per_chunk = layers_per_chunk;
+  out.schedule = schedule, out.shape = shape, out.layers_per_chunk = layers_per_chunk;
   out.stages.resize(static_cast<std::size_t>(p));
   const auto lc = static_cast<double>(layers_per_chunk);
   auto scaled = [](time_ns x, double f) { return static_cast<time_ns>(std::llround(static_cast<double>(x) * f)); };
@@ -482,11 +482,12 @@ inline void measure_stage_latency(pass_costs& out, const job_structure& st, cons
   if (!st.model.layers.known()) throw error("whatif --pp/--schedule: the traces' layer count is not known (" + st.model.layers.source + ")");
   const int L = *st.model.layers.value;
   const pipeline::schedule_shape from{par.pp.value.value_or(1), *par.micro_batches.value, par.chunks.value.value_or(1)};
-  const pipeline::schedule_kind from_kind = *par.schedule.value;
-  pipeline::schedule_kind to_kind = target.schedule.value_or(from_kind);
+  const synth::schedule_policy from_schedule = *par.schedule.value;
+  const synth::schedule_policy to_schedule = target.schedule.value_or(from_schedule);
+  // A schedule with model chunks keeps the traces' chunks, and has at least two unless told.
   pipeline::schedule_shape to{target.pp.value_or(from.stages), target.micro_batches.value_or(from.micro_batches),
-                              target.vp.value_or(to_kind == pipeline::schedule_kind::interleaved_one_f_one_b ? from.chunks : 1)};
-  if (to_kind == pipeline::schedule_kind::interleaved_one_f_one_b && to.chunks < 2 && !target.vp) to.chunks = 2;
+                              target.vp.value_or(to_schedule.supports_chunks ? from.chunks : 1)};
+  if (to_schedule.supports_chunks && to.chunks < 2 && !target.vp) to.chunks = 2;
   const int L_to = target.layers.value_or(L);
   if (to.stages <= 0 || to.chunks <= 0 || to.micro_batches <= 0) throw error("whatif --pp/--vp: stages, chunks and micro-batches must be positive");
   if (L_to % (to.stages * to.chunks) != 0) {
@@ -495,12 +496,12 @@ inline void measure_stage_latency(pass_costs& out, const job_structure& st, cons
                 " stages x chunks");
   }
   if (L % (from.stages * from.chunks) != 0) throw error("whatif --pp: the traces' layers do not divide over their own stages");
-  synth::validate_schedule(to_kind, to);
+  to_schedule.validate(to);
   const auto [p2p_model, p2p_source] = p2p_model_time(st, hw);
   pipeline_prediction out;
   out.costs = measure_pass_costs(g, times, st, p2p_model, p2p_source);
-  out.baseline = simulate_passes(out.costs, from_kind, from, L / (from.stages * from.chunks));
-  out.predicted = simulate_passes(out.costs, to_kind, to, L_to / (to.stages * to.chunks));
+  out.baseline = simulate_passes(out.costs, from_schedule, from, L / (from.stages * from.chunks));
+  out.predicted = simulate_passes(out.costs, to_schedule, to, L_to / (to.stages * to.chunks));
   out.baseline_iteration = baseline_iteration;
   // The model's makespan for the traces' own pipeline is off the replayed span of its passes by
   // what a pass-level model leaves out per pass (a host-bound pass's launch pattern, say): the
@@ -518,8 +519,7 @@ inline void measure_stage_latency(pass_costs& out, const job_structure& st, cons
   std::snprintf(line, sizeof line,
                 "PP %d -> %d, %s -> %s, %d -> %d micro-batches, %d -> %d chunk(s): layers re-partitioned %d -> %d per stage%s, "
                 "the order regenerated by the schedule policy, %zu cross-stage transfers (%.1f us activation, %.1f us gradient: %s)",
-                from.stages, to.stages, std::string(pipeline::schedule_name(from_kind)).c_str(),
-                std::string(pipeline::schedule_name(to_kind)).c_str(), from.micro_batches, to.micro_batches, from.chunks, to.chunks,
+                from.stages, to.stages, std::string(from_schedule.name).c_str(), std::string(to_schedule.name).c_str(), from.micro_batches, to.micro_batches, from.chunks, to.chunks,
                 L / from.stages, L_to / to.stages, to.chunks > 1 ? (" (" + std::to_string(L_to / (to.stages * to.chunks)) + " per chunk)").c_str() : "",
                 out.predicted.p2p_transfers, static_cast<double>(out.costs.latency_forward) / 1e3,
                 static_cast<double>(out.costs.latency_backward) / 1e3, out.costs.latency_source.c_str());
@@ -538,8 +538,8 @@ inline void measure_stage_latency(pass_costs& out, const job_structure& st, cons
                 static_cast<double>(baseline_iteration) / 1e6, static_cast<double>(change) / 1e6);
   out.changes.emplace_back(line);
   out.changes.insert(out.changes.end(), out.costs.notes.begin(), out.costs.notes.end());
-  if (synth::splits_backward(to_kind)) {
-    out.changes.push_back("backward split into B and W for " + std::string(pipeline::schedule_title(to_kind)) + ": W = " +
+  if (to_schedule.splits_backward) {
+    out.changes.push_back("backward split into B and W for " + std::string(to_schedule.title) + ": W = " +
                           std::to_string(static_cast<int>(std::lround(100 * out.costs.weight_fraction))) + "% of a layer's backward (" +
                           out.costs.weight_source + ")");
   }

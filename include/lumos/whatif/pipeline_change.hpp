@@ -47,14 +47,14 @@ struct stage_plan_pass {
     }
     s.asked = o.pipeline_asked() || (ctx.micro_batches && s.staged);
     const auto& traced_schedule = st.parallel.schedule.value;
-    s.kind = o.schedule.value_or(o.vp.value_or(1) > 1           ? pipeline::schedule_kind::interleaved_one_f_one_b
-                                 : s.staged && traced_schedule ? *traced_schedule
-                                                               : pipeline::schedule_kind::one_f_one_b);
-    s.vp = o.vp.value_or(s.kind == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1);
+    s.schedule = o.schedule.value_or(o.vp.value_or(1) > 1           ? synth::policy_of<pipeline::interleaved_one_f_one_b>()
+                                     : s.staged && traced_schedule ? *traced_schedule
+                                                                   : synth::policy_of<pipeline::one_f_one_b>());
+    s.vp = o.vp.value_or(s.schedule.supports_chunks ? 2 : 1);
     const int traced_pp = ctx.traced_pp();
     s.pp = o.pp ? *o.pp : s.staged ? traced_pp : 0;
     if (s.asked && s.pp > 0) {
-      s.refused = stage_split_unsupported(st, s.pp, s.vp, s.kind, ctx.micro_batches.value_or(0), &ctx.job, o.layers.value_or(0));
+      s.refused = stage_split_unsupported(st, s.pp, s.vp, s.schedule, ctx.micro_batches.value_or(0), &ctx.job, o.layers.value_or(0));
     }
     s.in_graph = s.asked && s.pp > 0 && s.refused.empty();
     // Fewer stages than traced: each merged stage is made from one traced stage, its layers
@@ -62,10 +62,10 @@ struct stage_plan_pass {
     s.merging = s.in_graph && s.pp < traced_pp;
     s.accumulate = ctx.micro_batches && (s.staged ? s.in_graph : !o.pipeline_asked() || s.in_graph);
     s.layers = s.merging ? o.layers.value_or(*st.model.layers.value) : o.layers.value_or(0);
-    if (s.in_graph && synth::splits_backward(s.kind)) {
+    if (s.in_graph && s.schedule.splits_backward) {
       ctx.weight_tasks = weight_gradient_tasks(ctx.job, b, st, traced_shape(st));
       if (std::find(ctx.weight_tasks.begin(), ctx.weight_tasks.end(), std::uint8_t{1}) == ctx.weight_tasks.end()) {
-        throw error("whatif --schedule " + std::string(pipeline::schedule_title(s.kind)) +
+        throw error("whatif --schedule " + std::string(s.schedule.title) +
                     ": no weight-gradient GEMM found in the layers' backward passes (their operators need recorded shapes, "
                     "`lumos inspect --structure`), so the backward passes cannot be split into B and W");
       }
@@ -184,13 +184,13 @@ class stage_split_pass {
       remap = micro_batch_remap{&pc.copies, pc.from, pc.to, pc.first, pc.end};
     }
     const bool copied_layers = (o.layers || s.merging) && ctx.layer_copies;
-    split_ = split_stages(b, ctx.job, st, plans, s.pp, s.vp, s.kind, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to,
+    split_ = split_stages(b, ctx.job, st, plans, s.pp, s.vp, s.schedule, p2p, source, tied ? &*tied : nullptr, tp_to * dp_to,
                           remap ? &*remap : nullptr, ctx.weight_tasks.empty() ? nullptr : &ctx.weight_tasks,
                           copied_layers ? &*ctx.layer_copies : nullptr, s.layers);
     const auto& traced_schedule = st.parallel.schedule.value;
     const std::string from = "PP " + std::to_string(ctx.traced_pp()) +
-                             (traced_schedule && s.staged ? ", " + std::string(pipeline::schedule_title(*traced_schedule)) : std::string());
-    const std::string to = "PP " + std::to_string(s.pp) + ", " + std::string(pipeline::schedule_title(s.kind)) +
+                             (traced_schedule && s.staged ? ", " + std::string(traced_schedule->title) : std::string());
+    const std::string to = "PP " + std::to_string(s.pp) + ", " + std::string(s.schedule.title) +
                            (s.vp > 1 ? ", " + std::to_string(s.vp) + " chunks" : std::string());
     out.push_back(changed("stage split", "pipeline", from, to, split_->change,
                           {count_figure("p2p transfers", split_->p2p), figure{"tasks", static_cast<double>(split_->tasks_before),

@@ -60,7 +60,7 @@
 namespace lumos::whatif {
 
 /// Rewrites `b` (the graph of a job whose structure is `st`: without pipeline stages, or with
-/// stages that `pp` is a multiple of) into `pp` stages run by schedule `kind` (see the header
+/// stages that `pp` is a multiple of) into `pp` stages run by `schedule` (see the header
 /// comment). `plans` are the traced ranks' plans on `b` before the rewrite; a cross-stage transfer
 /// takes `p2p.intra` between ranks of one node (`p2p.gpus_per_node` consecutive ranks),
 /// `p2p.inter` across nodes, placed as Megatron numbers ranks: stage s of column r is rank s·W + r,
@@ -76,7 +76,7 @@ namespace lumos::whatif {
 /// It plans (`plan_stages`), then emits (`emit_stages`).
 [[nodiscard]] inline stage_split split_stages(graph::built_job& b, const trace::job& job, const job_structure& st,
                                               const std::vector<report::iteration_plan>& plans, int pp, int vp,
-                                              pipeline::schedule_kind kind, const p2p_latency& p2p, const std::string& latency_source,
+                                              const synth::schedule_policy& schedule, const p2p_latency& p2p, const std::string& latency_source,
                                               const tied_embedding_reduce* tied = nullptr, int ranks_per_stage = 0,
                                               const micro_batch_remap* remap = nullptr,
                                               const std::vector<std::uint8_t>* weight = nullptr,
@@ -85,7 +85,7 @@ namespace lumos::whatif {
   const stage_plan plan = plan_stages(b, job, st,
                                       {.pp = pp,
                                        .vp = vp,
-                                       .schedule = kind,
+                                       .schedule = schedule,
                                        .ranks_per_stage = ranks_per_stage,
                                        .remap = remap,
                                        .weight = weight,

@@ -35,7 +35,7 @@ namespace lumos::whatif {
 /// Why the fine-grained rewrite does not apply to `st` with this target (empty when it does);
 /// `micro_batches`: per replica in the target when it changes (0: the traces').
 /// `job` (the traces `st` was discovered on), when given, is read for what a traced transfer is.
-[[nodiscard]] inline std::string stage_split_unsupported(const job_structure& st, int pp, int vp, pipeline::schedule_kind kind,
+[[nodiscard]] inline std::string stage_split_unsupported(const job_structure& st, int pp, int vp, const synth::schedule_policy& schedule,
                                                          int micro_batches = 0, const trace::job* job = nullptr, int layers = 0) {
   const auto& par = st.parallel;
   const int traced_pp = par.pp.value.value_or(1);
@@ -71,13 +71,13 @@ namespace lumos::whatif {
   } else if (pp < 2) {
     return "the target has one stage";
   }
-  if (kind == pipeline::schedule_kind::interleaved_one_f_one_b ? vp < 2 : vp != 1) return "model chunks need the interleaved schedule";
+  if (schedule.supports_chunks ? vp < 2 : vp != 1) return "model chunks need the interleaved schedule";
   if (!par.micro_batches.known()) return "the traces' micro-batches are not known";
   if (!st.model.layers.known() || st.layer_groups.empty()) return "the traces' layers were not found";
   if ((layers > 0 ? layers : *st.model.layers.value) % (pp * vp) != 0) return "the layers do not divide over the stages and chunks";
   const int m = *par.micro_batches.value;
   try {
-    synth::validate_schedule(kind, {pp, micro_batches > 0 ? micro_batches : m, vp});
+    schedule.validate({pp, micro_batches > 0 ? micro_batches : m, vp});
   } catch (const error& e) {
     return e.what();
   }
@@ -89,7 +89,7 @@ namespace lumos::whatif {
   // Merged back into their backward passes, the traces' sends would still leave after B, where a
   // schedule without W passes sends after the whole backward (tried: ZB-H1 traces of gpt3-15b TP 2
   // PP 2 to 1F1B were -3.2 %, -0.5 % by the pass-level model).
-  if (w != 0 && !synth::splits_backward(kind)) return "from the traces' W passes to a schedule without them is not made in the graph";
+  if (w != 0 && !schedule.splits_backward) return "from the traces' W passes to a schedule without them is not made in the graph";
   for (const auto& r : st.ranks) {
     if (r.passes.size() != static_cast<std::size_t>((w != 0 ? 3 : 2) * m) || detail::weight_passes(r) != (w != 0 ? static_cast<std::size_t>(m) : 0)) {
       return "a rank's passes are not one forward and one backward (and, zero bubble, one W) per micro-batch";
@@ -116,7 +116,7 @@ namespace lumos::whatif {
 /// need it). `ranks_per_stage`: the target's TP × DP (0: the traced world's).
 struct stage_split_target {
   int pp = 2, vp = 1;
-  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();
   int ranks_per_stage = 0;
   const micro_batch_remap* remap = nullptr;
   const std::vector<std::uint8_t>* weight = nullptr;
@@ -130,7 +130,7 @@ struct stage_split_target {
 /// without traced stages, and with them the traced rank's own on the first stage of its block, the
 /// others numbered from the traced world up.
 struct stage_geometry {
-  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();
   int pp = 1, vp = 1;
   int micro_batches = 1;       ///< per replica, in the target (m)
   int layers = 0;              ///< the model's layers in the target
@@ -209,7 +209,7 @@ struct stage_geometry {
   // the dropped stages.
   geo.cross_blocks = P > 1 && (geo.vp > 1 || geo.merging);
   geo.traced_width = P > 1 ? *st.parallel.world.value / P : 0;
-  geo.zero_bubble = synth::splits_backward(target.schedule);
+  geo.zero_bubble = target.schedule.splits_backward;
   geo.traced_weight = detail::weight_passes(st) > 0;
   const std::size_t R = job.ranks.size();
   geo.stage_of.assign(R, 0);

@@ -637,7 +637,7 @@ inline void plan_orders(stage_plan& p) {
   const stage_geometry& geo = p.geometry;
   const int pp = geo.pp;
   const pipeline::schedule_shape shape{pp, geo.micro_batches, geo.vp};
-  p.orders = synth::stage_orders(geo.schedule, shape);
+  p.orders = geo.schedule.orders(shape);
   const auto units = static_cast<std::size_t>((geo.zero_bubble ? 3 : 2) * geo.micro_batches * geo.vp);
   p.position.assign(static_cast<std::size_t>(pp), std::vector<std::int64_t>(units, 0));
   p.receives.assign(static_cast<std::size_t>(pp), std::vector<std::uint8_t>(units, 0));
@@ -797,7 +797,7 @@ inline void plan_transfers(stage_plan& p, const trace::job& job) {
       !why.empty()) {
     throw error("whatif --pp: " + why);
   }
-  if (synth::splits_backward(target.schedule) && target.weight == nullptr) {
+  if (target.schedule.splits_backward && target.weight == nullptr) {
     throw error("whatif --pp: a zero-bubble schedule needs the weight-gradient kernels");
   }
   if (st.parallel.pp.value.value_or(1) > target.pp && target.layer_copies == nullptr) {

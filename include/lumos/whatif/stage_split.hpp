@@ -23,7 +23,7 @@ namespace lumos::whatif {
 /// What `split_stages` made: the plans of the ranks it added (stages 1 and up, in rank order,
 /// from the traced ranks' plans) and what it did.
 struct stage_split {
-  pipeline::schedule_kind schedule = pipeline::schedule_kind::one_f_one_b;
+  synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();
   int stages = 1, chunks = 1, micro_batches = 1;
   int world = 1;  ///< ranks per stage (W) as Megatron places them: stage s of column r is rank s·W + r
   std::vector<report::iteration_plan> plans;
@@ -165,7 +165,7 @@ struct stage_transfer_costs {
                 "cross-stage transfers as send/recv kernels on p2p streams (%.1f us within a node, %.1f us across nodes of %d GPUs: "
                 "%s; the receiving host then waits for the receive and its compute stream), %zu -> %zu tasks, %zu edges between passes the new order swaps dropped%s",
                 P, pp, geo.traced_layers / P, per_chunk * vp, vp > 1 ? (" in " + std::to_string(vp) + " chunks of " + std::to_string(per_chunk)).c_str() : "",
-                R, R * k_sub / k_merge, numbering.c_str(), std::string(pipeline::schedule_title(geo.schedule)).c_str(), geo.micro_batches,
+                R, R * k_sub / k_merge, numbering.c_str(), std::string(geo.schedule.title).c_str(), geo.micro_batches,
                 out.p2p, static_cast<double>(p2p.intra) / 1e3, static_cast<double>(p2p.inter) / 1e3, p2p.gpus_per_node,
                 costs.latency_source.c_str(), out.tasks_before, out.tasks_after, out.edges_dropped, tied_note.c_str());
   return line;

@@ -6,6 +6,7 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/memory.hpp>
 #include <lumos/pipeline/schedule.hpp>
+#include <lumos/synth/schedules.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/shape.hpp>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lumos::whatif {
 
@@ -84,8 +86,31 @@ struct parallel_target {
   /// tells by a reduce-scatter + all-gather reduction).
   std::optional<bool> distributed_optimizer;
   std::optional<int> micro_batches;  ///< per replica
-  std::optional<pipeline::schedule_kind> schedule;
+  std::optional<synth::schedule_policy> schedule;
 };
+
+/// Micro-batches whose activations a stage holds at once, for the memory summary: all m when
+/// stage 0 of `schedule` on (p, m, v) runs every forward before its first backward and keeps its
+/// backward whole (GPipe; any order whose warm-up covers the micro-batches), else Megatron's 1F1B
+/// bound min(p, m), which also stands for an unknown schedule or one that rejects the shape. The
+/// zero-bubble orders are counted at that bound too: this is the summary's estimate, where
+/// `synth::predict` takes each stage's peak from its order. O(p·m·v).
+[[nodiscard]] inline double summary_in_flight(const std::optional<synth::schedule_policy>& schedule, int stages,
+                                              std::int64_t micro_batches, int chunks) {
+  const double bound = static_cast<double>(std::min<std::int64_t>(stages, micro_batches));
+  if (!schedule || schedule->splits_backward || micro_batches > pipeline::max_virtual_micro_batches) return bound;
+  const pipeline::schedule_shape shape{stages, static_cast<std::int32_t>(micro_batches), std::max(chunks, 1)};
+  std::vector<std::vector<pipeline::op>> orders;
+  try {
+    orders = schedule->orders(shape);
+  } catch (const error&) {
+    return bound;
+  }
+  const auto& first = orders.front();
+  const auto forwards = std::find_if(first.begin(), first.end(), [](const pipeline::op& o) { return o.kind != pipeline::op_kind::forward; });
+  const bool all_first = forwards - first.begin() == micro_batches * shape.chunks;
+  return all_first ? static_cast<double>(micro_batches) : bound;
+}
 
 /// Memory and MFU of the traced and the predicted configuration. MFU counts the model FLOPs of
 /// the transformer layers (and the logits GEMM when a logits GEMM named the vocabulary) that one
@@ -111,10 +136,6 @@ struct parallel_target {
   const std::int64_t layers_to_n = layers ? *layers : layers_from;
   const int chunks = st.parallel.chunks.value.value_or(1);
   const std::int64_t m = std::max<std::int64_t>(passes / std::max(chunks, 1), 1);
-  auto in_flight = [](std::optional<pipeline::schedule_kind> kind, int stages, std::int64_t micro_batches) {
-    const bool gpipe = kind && *kind == pipeline::schedule_kind::gpipe;
-    return static_cast<double>(gpipe ? micro_batches : std::min<std::int64_t>(stages, micro_batches));
-  };
   const std::int64_t vocab_local = traced_vocab_local(job, st, from);
   const std::int64_t vocab = vocab_local * from.tp;
   if (layers_from > 0) {
@@ -124,9 +145,9 @@ struct parallel_target {
     const bool distributed = st.gradients.method.value == std::string("reduce-scatter + all-gather");
     const bool gated = st.model.gated_mlp;
     s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
-                            in_flight(st.parallel.schedule.value, pp, m), distributed);
+                            summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed);
     s.predicted = figures_of(to, counted_transformer(to, st, vocab, gated, static_cast<int>(layers_to_n)), pp_to, dp_to, m_to * chunks_to,
-                             backward, in_flight(kind_to, pp_to, m_to), target.distributed_optimizer.value_or(distributed));
+                             backward, summary_in_flight(kind_to, pp_to, m_to, chunks_to), target.distributed_optimizer.value_or(distributed));
   }
   std::string from_preset(from_gpu);
   if (from_preset.empty()) {

@@ -136,10 +136,10 @@ inline void report_summary(const context& ctx, whatif_result& out) {
     // As the pipeline change: the traces' schedule when they have stages, else 1F1B; interleaved
     // with --vp, and with two chunks without it.
     const auto& traced = out.structure->parallel.schedule.value;
-    target.schedule = o.schedule.value_or(o.vp.value_or(1) > 1 ? pipeline::schedule_kind::interleaved_one_f_one_b
+    target.schedule = o.schedule.value_or(o.vp.value_or(1) > 1 ? synth::policy_of<pipeline::interleaved_one_f_one_b>()
                                           : ctx.split.staged && traced ? *traced
-                                                                       : pipeline::schedule_kind::one_f_one_b);
-    if (!o.vp) target.chunks = *target.schedule == pipeline::schedule_kind::interleaved_one_f_one_b ? 2 : 1;
+                                                                       : synth::policy_of<pipeline::one_f_one_b>());
+    if (!o.vp) target.chunks = target.schedule->supports_chunks ? 2 : 1;
   }
   out.shape = summarize(ctx.job, *out.structure, *from, *to, o.layers, o.from_gpu, o.gpu, out.baseline.simulated_ns,
                         out.predicted.simulated_ns, target);

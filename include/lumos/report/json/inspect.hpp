@@ -6,6 +6,7 @@
 
 #include <lumos/core/json_writer.hpp>
 #include <lumos/pipeline/format.hpp>
+#include <lumos/synth/schedules.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/trace/summary.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -63,8 +64,8 @@ void structure_fact_json(json_writer& w, std::string_view name, const whatif::fa
   w.key(name).begin_object().key("value");
   if (!f.value) {
     w.null();
-  } else if constexpr (std::is_same_v<T, pipeline::schedule_kind>) {
-    w.value(pipeline::schedule_name(*f.value));
+  } else if constexpr (std::is_same_v<T, synth::schedule_policy>) {
+    w.value(f.value->name);
   } else if constexpr (std::is_same_v<T, whatif::group_role>) {
     w.value(whatif::to_string(*f.value));
   } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {

@@ -30,7 +30,7 @@ inline void predict_job_json(json_writer& w, const synth::job& j, const synth::p
   w.field("tp_comm_overlap", p.tp_comm_overlap).field("overlap_param_gather", p.overlap_param_gather);
   w.field("micro_batch", p.micro_batch).field("global_batch", p.global_batch);
   w.field("micro_batches_per_pipeline", static_cast<std::int64_t>(r.shape.micro_batches));
-  w.field("schedule", pipeline::schedule_name(r.schedule)).field("recompute", model::to_string(p.recompute));
+  w.field("schedule", r.schedule.name).field("recompute", model::to_string(p.recompute));
   w.field("zero_stage", p.zero_stage);
   w.end_object();
 }

@@ -87,7 +87,7 @@ inline void shape_config_json(json_writer& w, const char* key, const whatif::sha
 }
 
 inline void pipeline_simulation_json(json_writer& w, const whatif::pipeline_simulation& s) {
-  w.begin_object().field("schedule", std::string(pipeline::schedule_name(s.kind))).field("stages", s.shape.stages);
+  w.begin_object().field("schedule", std::string(s.schedule.name)).field("stages", s.shape.stages);
   w.field("micro_batches", s.shape.micro_batches).field("chunks", s.shape.chunks).field("layers_per_chunk", s.layers_per_chunk);
   w.field("makespan_ns", s.makespan).field("bubble_fraction", s.bubble_fraction).field("p2p_transfers", s.p2p_transfers);
   w.key("stage_busy_ns").begin_array();
@@ -125,7 +125,7 @@ inline void stage_split_json(json_writer& w, const whatif::stage_split& s, time_
   } else {
     w.key("bubble_fraction").null();
   }
-  w.field("schedule", std::string(pipeline::schedule_name(s.schedule))).field("stages", s.stages).field("chunks", s.chunks);
+  w.field("schedule", std::string(s.schedule.name)).field("stages", s.stages).field("chunks", s.chunks);
   w.field("micro_batches", s.micro_batches).field("ranks_per_stage", s.world).field("p2p_transfers", s.p2p);
   w.field("edges_dropped", s.edges_dropped).field("tasks_before", s.tasks_before).field("tasks_after", s.tasks_after);
   w.end_object();

@@ -49,12 +49,11 @@ class program_builder {
         layer_items_(buffers.layer_items), head_items_(buffers.head_items), embed_items_(buffers.embed_items),
         buckets_(buffers.buckets), p2p_folded_(buffers.p2p_folded), final_grad_(buffers.final_grad),
         group_slot_(buffers.group_slot), groups_(buffers.groups), segments_scratch_(buffers.segments_scratch) {
-    policy_ = resolve_policy(j);
-    kind_ = policy_.kind;
+    policy_ = resolve_schedule(j);
     par_.validate(m_, hw_);
     if (par_.vp > 1 && !policy_.supports_chunks) {
       throw error("vp = " + std::to_string(par_.vp) + " model chunks need the interleaved schedule, not " +
-                  (j.policy ? std::string(policy_.name) : std::string(pipeline::schedule_title(kind_))) +
+                  std::string(policy_.title) +
                   " (set the schedule to interleaved or vp = 1)");
     }
     const std::int64_t micro = par_.micro_batches();
@@ -79,7 +78,7 @@ class program_builder {
   /// Builds the task graph into `out`, reusing the capacity of its graph arrays.
   void build(program& out) {
     clear(out);
-    out.schedule = kind_;
+    out.schedule = policy_;
     out.split_backward = split_;
     out.shape = shape_;
     out.unfolded = opt_.unfold;
@@ -122,7 +121,7 @@ class program_builder {
     opt_.record_collectives = false;
     opt_.notes = false;
     notes_ = false;
-    out.schedule = kind_;
+    out.schedule = policy_;
     out.split_backward = split_;
     out.shape = shape_;
     out.unfolded = opt_.unfold;
@@ -208,7 +207,6 @@ class program_builder {
   const Comm& comm_;
   program_buffers& buf_;
   schedule_policy policy_{};
-  pipeline::schedule_kind kind_{};
   pipeline::schedule_shape shape_{};
   bool split_ = false;
   bool zero3_ = false;

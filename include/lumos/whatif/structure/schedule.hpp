@@ -1,7 +1,7 @@
 #pragma once
 // Structure facet: the pipeline schedule, micro-batches and model chunks — the order of forward
 // and backward passes each stage ran, compared op for op with the order of every shipped
-// schedule policy (pipeline::all_schedule_kinds) on every shape the pass counts allow.
+// schedule policy (synth::schedule_types) on every shape the pass counts allow.
 
 #include <lumos/core/error.hpp>
 #include <lumos/pipeline/schedule.hpp>
@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,7 +25,7 @@ namespace detail {
 
 /// A schedule whose order every stage of every pipeline ran.
 struct schedule_candidate {
-  pipeline::schedule_kind kind;
+  synth::schedule_policy schedule;
   pipeline::schedule_shape shape;
   std::vector<std::vector<std::vector<pipeline::op>>> orders;  ///< per pipeline, per stage
 };
@@ -43,12 +44,10 @@ struct schedule_search {
 /// Whether some shipped schedule splits the backward as `splits` and has model chunks as `chunked`.
 [[nodiscard]] inline bool ships_schedule(bool splits, bool chunked) {
   bool any = false;
-  for (const pipeline::schedule_kind kind : pipeline::all_schedule_kinds) {
-    any = synth::visit_schedule(kind, [&](auto t) {
-            using S = typename decltype(t)::type;
-            return S::splits_backward == splits && S::supports_chunks == chunked;
-          }) || any;
-  }
+  synth::for_each_schedule([&](auto t) {
+    using S = typename decltype(t)::type;
+    any = any || (S::splits_backward == splits && S::supports_chunks == chunked);
+  });
   return any;
 }
 
@@ -60,7 +59,7 @@ void match_schedule(const schedule_search& s, const pipeline::schedule_shape& sh
   } catch (const error&) {
     return;
   }
-  schedule_candidate c{S::kind, shape, {}};
+  schedule_candidate c{synth::policy_of<S>(), shape, {}};
   for (const auto& pl : s.stage_ranks) {
     std::vector<std::vector<pipeline::op>> per_stage;
     for (std::size_t st = 0; st < pl.size(); ++st) {
@@ -96,28 +95,24 @@ void try_schedule(const schedule_search& s, std::vector<schedule_candidate>& fou
 }
 
 /// Every shipped schedule and shape whose order the traces show, in the order of
-/// `pipeline::all_schedule_kinds` (then by chunks).
+/// `synth::schedule_types` (then by chunks).
 [[nodiscard]] inline std::vector<schedule_candidate> matching_schedules(const schedule_search& s) {
   std::vector<schedule_candidate> found;
-  for (const pipeline::schedule_kind kind : pipeline::all_schedule_kinds) {
-    (void)synth::visit_schedule(kind, [&](auto t) {
-      try_schedule<typename decltype(t)::type>(s, found);
-      return true;
-    });
-  }
+  synth::for_each_schedule([&](auto t) { try_schedule<typename decltype(t)::type>(s, found); });
   return found;
 }
 
 /// "GPipe, 1F1B or interleaved 1F1B": the shipped schedules that split the backward as `splits`.
 [[nodiscard]] inline std::string schedule_titles(bool splits) {
-  std::vector<pipeline::schedule_kind> kinds;
-  for (const pipeline::schedule_kind kind : pipeline::all_schedule_kinds) {
-    if (synth::splits_backward(kind) == splits) kinds.push_back(kind);
-  }
+  std::vector<std::string_view> titles;
+  synth::for_each_schedule([&](auto t) {
+    using S = typename decltype(t)::type;
+    if (S::splits_backward == splits) titles.push_back(S::title);
+  });
   std::string out;
-  for (std::size_t i = 0; i < kinds.size(); ++i) {
-    out += i == 0 ? "" : i + 1 == kinds.size() ? " or " : ", ";
-    out += pipeline::schedule_title(kinds[i]);
+  for (std::size_t i = 0; i < titles.size(); ++i) {
+    out += i == 0 ? "" : i + 1 == titles.size() ? " or " : ", ";
+    out += titles[i];
   }
   return out;
 }
@@ -177,8 +172,8 @@ inline void report_schedule(const discovery_inputs& in, const schedule_search& s
   const bool narrowed = in.options.schedule || in.options.chunks;
   if (found.size() == 1) {
     const auto& c = found.front();
-    par.schedule.value = c.kind;
-    par.schedule.source = observed + ", op for op the order of the " + std::string(pipeline::schedule_title(c.kind)) + " policy with p " +
+    par.schedule.value = c.schedule;
+    par.schedule.source = observed + ", op for op the order of the " + std::string(c.schedule.title) + " policy with p " +
                           std::to_string(c.shape.stages) + ", m " + std::to_string(c.shape.micro_batches) + ", v " +
                           std::to_string(c.shape.chunks) + " on every stage" +
                           (s.ring ? " (partners form a ring: chunks wrap from the last stage to the first)" : "") +
@@ -213,7 +208,7 @@ inline void report_schedule(const discovery_inputs& in, const schedule_search& s
     }
     std::string names;
     for (const auto& c : found) {
-      names += (names.empty() ? "" : ", ") + std::string(pipeline::schedule_name(c.kind)) + " (v " + std::to_string(c.shape.chunks) + ")";
+      names += (names.empty() ? "" : ", ") + std::string(c.schedule.name) + " (v " + std::to_string(c.shape.chunks) + ")";
     }
     par.schedule.source = observed + ": ambiguous, the same order as " + names;
     if (!(p == 1 && forwards == 1)) out.notes.push_back("schedule ambiguous between " + names + ": pass --schedule (and --vp)");
@@ -224,10 +219,10 @@ inline void report_schedule(const discovery_inputs& in, const schedule_search& s
 
 /// Fills `out.parallel.schedule`, `chunks` and `micro_batches`, and, when one schedule matches,
 /// the op (micro-batch, chunk, kind) of every pass from its order. Every shipped schedule is
-/// tried (a policy listed in `pipeline::all_schedule_kinds` and `synth::schedule_types` is
-/// recognised with no change here) on the shapes the pass counts allow; zero-bubble schedules
-/// only when every rank runs two backward passes (B and W) per forward one. `options.schedule`
-/// and `options.chunks` narrow the candidates; several left are reported as ambiguous, with a
+/// tried (a policy listed in `synth::schedule_types` is recognised with no change here) on the
+/// shapes the pass counts allow; zero-bubble schedules only when every rank runs two backward
+/// passes (B and W) per forward one. `options.schedule` (by name) and `options.chunks` narrow
+/// the candidates; several left are reported as ambiguous, with a
 /// note. Runs after `discover_layout`. O(ranks × passes × divisors of the forward count).
 inline void discover_schedule(const discovery_inputs& in, job_structure& out) {
   auto& par = out.parallel;
@@ -279,7 +274,7 @@ inline void discover_schedule(const discovery_inputs& in, job_structure& out) {
     }
     if (s.stages == 2) s.receives_activations = detail::receives_activations(in, out, s.stage_ranks.front().front());
     std::vector<detail::schedule_candidate> found = detail::matching_schedules(s);
-    if (in.options.schedule) std::erase_if(found, [&](const auto& c) { return c.kind != *in.options.schedule; });
+    if (in.options.schedule) std::erase_if(found, [&](const auto& c) { return c.schedule.name != in.options.schedule->name; });
     if (in.options.chunks) std::erase_if(found, [&](const auto& c) { return c.shape.chunks != *in.options.chunks; });
     detail::report_schedule(in, s, found, out);
   }

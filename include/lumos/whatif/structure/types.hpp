@@ -6,6 +6,7 @@
 #include <lumos/core/time.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/pipeline/schedule.hpp>
+#include <lumos/synth/schedules.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -106,7 +107,7 @@ struct gradient_reduction {
 /// The parallel layout of the job.
 struct parallel_layout {
   fact<int> world, tp, pp, dp, ep;
-  fact<pipeline::schedule_kind> schedule;
+  fact<synth::schedule_policy> schedule;  ///< a shipped schedule whose order every stage ran
   fact<int> chunks;         ///< model chunks per stage (interleaved 1F1B), 1 otherwise
   fact<int> micro_batches;  ///< per iteration per pipeline
 };
@@ -185,7 +186,9 @@ struct structure_options {
   std::optional<int> step;  ///< ProfilerStep#N (default: the largest number on every rank)
   std::optional<int> layers, tp, pp, dp, chunks;
   std::optional<std::int64_t> hidden, ffn, heads, seq, micro_batch_size;
-  std::optional<pipeline::schedule_kind> schedule;
+  /// Keeps only the candidates of this name (`schedule_policy::name`); the schedule itself when
+  /// the traces do not determine one.
+  std::optional<synth::schedule_policy> schedule;
   /// Names of CPU annotations / module scopes that delimit one transformer layer (substrings).
   std::vector<std::string> layer_scopes = {"TransformerLayer", "DecoderLayer", "EncoderLayer", "TransformerBlock"};
   std::size_t min_period = 4;     ///< fewest GPU ops in a layer found by periodicity
