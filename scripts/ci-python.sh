@@ -20,9 +20,9 @@ fi
 
 # Debian's numpy/pytest/selenium are installed for /usr/bin/python3.
 cmake --preset release -DLUMOS_BUILD_PYTHON=ON -DPython_EXECUTABLE=/usr/bin/python3 >/dev/null
-cmake --build --preset release --target lumos lumos_python test_report
+cmake --build --preset release --target lumos lumos_python test_whatif
 export LUMOS_REQUIRE_BROWSER=1
-build/release/tests/report/test_report
+build/release/tests/test_whatif "[report]"
 ctest --preset release -R '^(python_api|report_browser)$' --output-on-failure
 
 root="$PWD"

@@ -36,7 +36,7 @@ std::filesystem::path example_job() { return std::filesystem::path(LUMOS_SOURCE_
 
 }  // namespace
 
-TEST_CASE("report of the example job: summary, one bar row per rank, one lane per busy stream") {
+TEST_CASE("report of the example job: summary, one bar row per rank, one lane per busy stream", "[report]") {
   const auto job = lumos::trace::load_job({example_job()});
   const auto s = lumos::report::replay_job(job);
   lumos::report::html_options opt;
@@ -73,7 +73,7 @@ TEST_CASE("report of the example job: summary, one bar row per rank, one lane pe
   CHECK(page.find("id=\"pipeline\"") == std::string::npos);  // data parallel only
 }
 
-TEST_CASE("report helpers: rank ranges and grouping of alike ranks") {
+TEST_CASE("report helpers: rank ranges and grouping of alike ranks", "[report]") {
   using lumos::report::detail::html::rank_ranges;
   CHECK(rank_ranges({0, 1, 2, 3, 8, 10, 11}) == "0-3, 8, 10, 11");
   CHECK(rank_ranges({5}) == "5");
@@ -90,7 +90,7 @@ TEST_CASE("report helpers: rank ranges and grouping of alike ranks") {
   CHECK(groups[1].ranks == std::vector<int>{2});
 }
 
-TEST_CASE("report of a 32-rank pipeline job stays small and draws the stage diagram") {
+TEST_CASE("report of a 32-rank pipeline job stays small and draws the stage diagram", "[report]") {
   // A job made by the model (as `lumos synth --unfold` makes it), written as traces and read back.
   lumos::synth::job j;
   j.model = lumos::model::model_preset("gpt3-15b");

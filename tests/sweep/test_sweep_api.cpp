@@ -51,7 +51,7 @@ struct deep_warmup_1f1b final {
 };
 static_assert(lp::PipelineSchedule<deep_warmup_1f1b>);
 
-lm::transformer small_gpt() {
+lm::transformer sweep_gpt() {
   lm::transformer m = lm::gpt3_with_layers("small-gpt", 8);
   m.hidden = 1024;
   m.ffn = 4096;
@@ -64,7 +64,7 @@ lm::transformer small_gpt() {
 
 sw::problem small_problem(std::int64_t gpus = 16) {
   sw::problem p;
-  p.model = small_gpt();
+  p.model = sweep_gpt();
   p.gpus = gpus;
   p.global_batch = 64;
   return p;
@@ -356,7 +356,7 @@ TEST_CASE("a user-defined PipelineSchedule builds, predicts and sweeps", "[sweep
   constexpr auto policy = ls::policy_of<deep_warmup_1f1b>();
   static_assert(policy.name == "deep-warmup-1f1b");
   ls::job j;
-  j.model = small_gpt();
+  j.model = sweep_gpt();
   j.hardware = lm::h100_sxm();
   j.parallel.pp = 4;
   j.parallel.dp = 2;

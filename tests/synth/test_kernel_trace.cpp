@@ -32,7 +32,7 @@ using namespace lumos;
 
 namespace {
 
-struct config {
+struct job_config {
   const char* preset;
   int layers;
   std::int64_t hidden, heads, seq;
@@ -48,7 +48,7 @@ struct config {
   bool p2p_host_sync = false;  ///< as `lumos synth` with the profile's p2p sync (Megatron's batch_p2p_sync)
 };
 
-synth::job job_of(const config& c) {
+synth::job job_of(const job_config& c) {
   synth::job j;
   j.model = model::model_preset(c.preset);
   j.model.layers = c.layers;
@@ -79,7 +79,7 @@ struct written {
 
 // What `lumos synth --detail kernel` does: the kernel-level cost model of the GPU's profile, one
 // task per kernel with notes, simulated, written with the kernel-level decorations.
-written synthesise(const config& c, const std::filesystem::path& dir) {
+written synthesise(const job_config& c, const std::filesystem::path& dir) {
   const synth::job j = job_of(c);
   model::cost_profile profile = model::profile_preset(j.hardware.name);
   profile.attention = c.attention;
@@ -118,7 +118,7 @@ std::size_t gemm_tasks(const graph::task_graph& g) {
 TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level job", "[synth][kernel_trace][structure]") {
   using model::precision;
   using model::recompute_kind;
-  const config configs[] = {
+  const job_config configs[] = {
       // 1F1B with every kind of parallelism
       {"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm"},
       // interleaved 1F1B, two chunks, micro-batch 2
@@ -136,7 +136,7 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
       {"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "zb-h1", "h100-sxm"},
       {"gpt3-15b", 8, 1024, 16, 512, 1, 4, 1, 1, 1, 8, "zb-h2", "h100-sxm"},
   };
-  for (const config& c : configs) {
+  for (const job_config& c : configs) {
     const synth::job j = job_of(c);
     INFO(c.preset << " layers " << c.layers << " tp" << c.tp << " pp" << c.pp << " dp" << c.dp << " vp" << c.vp << " "
                   << c.schedule << " " << c.gpu);
@@ -226,14 +226,14 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
 }
 
 TEST_CASE("kernel-level synthesised traces replay to the prediction", "[synth][kernel_trace][roundtrip]") {
-  const config configs[] = {
+  const job_config configs[] = {
       {"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm"},
       {"gpt3-15b", 8, 1024, 16, 512, 2, 2, 1, 2, 1, 8, "interleaved", "h100-sxm"},
       {"gpt3-15b", 4, 1024, 16, 512, 2, 2, 1, 1, 1, 8, "zb-h1", "h100-sxm"},
       {"gpt3-15b", 4, 1024, 16, 512, 2, 2, 2, 1, 1, 8, "1f1b", "a100-sxm-80gb", model::precision::fp16, true,
        model::recompute_kind::full, model::attention_impl::unfused, true},
   };
-  for (const config& c : configs) {
+  for (const job_config& c : configs) {
     INFO(c.schedule << " tp" << c.tp << " pp" << c.pp << " dp" << c.dp << " " << c.gpu << (c.unfold ? " unfolded" : ""));
     lumos_test::temp_dir dir;
     const written w = synthesise(c, dir.path());
@@ -250,7 +250,7 @@ TEST_CASE("kernel-level synthesised traces replay to the prediction", "[synth][k
 TEST_CASE("a faster GPU shortens a synthesised kernel-level step", "[synth][kernel_trace]") {
   // The step ends on a device synchronize, so halving every GPU op's time shortens it (a step that
   // ended at a fixed host time would not move).
-  const config c{"gpt3-15b", 4, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"};
+  const job_config c{"gpt3-15b", 4, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"};
   lumos_test::temp_dir dir;
   const written w = synthesise(c, dir.path());
   const trace::job read = trace::load_job({dir.path()});
@@ -268,13 +268,13 @@ TEST_CASE("whatif --gpu rescales each kernel at the rate the target's cost profi
   // default is unfused attention, so FlashAttention is asked for). GEMMs, FlashAttention, each
   // class of memory-bound kernel and the collectives run at different fractions of their peaks on
   // each GPU; the peak ratios alone missed by -9 % to +28 % on Llama 3 8B and GPT-3 layers.
-  const config jobs[] = {{"llama3-8b", 2, 0, 0, 2048, 2, 2, 1, 1, 1, 4, "1f1b", "h100-sxm"},
+  const job_config jobs[] = {{"llama3-8b", 2, 0, 0, 2048, 2, 2, 1, 1, 1, 4, "1f1b", "h100-sxm"},
                          {"gpt3-15b", 2, 2048, 16, 2048, 2, 2, 1, 1, 1, 4, "1f1b", "h100-sxm"}};
-  for (const config& base : jobs) {
+  for (const job_config& base : jobs) {
     for (const auto& [from, to] : {std::pair{"h100-sxm", "a100-sxm-80gb"}, std::pair{"a100-sxm-80gb", "h100-sxm"},
                                    std::pair{"h100-sxm", "h200-sxm"}}) {
       INFO(base.preset << ": " << from << " -> " << to);
-      config a = base, b = base;
+      job_config a = base, b = base;
       a.gpu = from, b.gpu = to;
       a.p2p_host_sync = b.p2p_host_sync = true;  // as `lumos synth` writes them
       lumos_test::temp_dir dir_a, dir_b;
@@ -312,7 +312,7 @@ TEST_CASE("whatif without pipeline stages: a micro-batch count change repeats or
   // Gradient accumulation of 4 micro-batches on TP 2 x DP 2; the global batch to 2, 8 and (with
   // DP 4, whose distributed optimizer steps half the parameters per rank) 8 sequences, each
   // against the job synthesised in the target configuration.
-  config a{"gpt3-15b", 2, 1024, 16, 512, 2, 1, 2, 1, 1, 8, "1f1b", "h100-sxm"};
+  job_config a{"gpt3-15b", 2, 1024, 16, 512, 2, 1, 2, 1, 1, 8, "1f1b", "h100-sxm"};
   a.unfold = true;  // every rank's file: the DP rewrite resizes collectives matched across ranks
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
@@ -323,7 +323,7 @@ TEST_CASE("whatif without pipeline stages: a micro-batch count change repeats or
   };
   for (const target t : {target{2, 2}, target{2, 4}, target{2, 16}, target{4, 8}}) {
     INFO("dp " << t.dp << " global batch " << t.global_batch);
-    config b = a;
+    job_config b = a;
     b.dp = t.dp, b.global_batch = t.global_batch;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -350,14 +350,14 @@ TEST_CASE("whatif without pipeline stages: from one micro-batch per replica, its
           "[whatif][dp][kernel_trace]") {
   // One micro-batch per replica has no next micro-batch to end its period at: its passes, up to
   // the optimizer's work, are repeated. Against the jobs synthesised with 2 and 4.
-  config a{"gpt3-15b", 2, 1024, 16, 512, 2, 1, 2, 1, 1, 2, "1f1b", "h100-sxm"};
+  job_config a{"gpt3-15b", 2, 1024, 16, 512, 2, 1, 2, 1, 1, 2, "1f1b", "h100-sxm"};
   a.unfold = true;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
   for (const std::int64_t global_batch : {4, 8}) {
     INFO("global batch " << global_batch);
-    config b = a;
+    job_config b = a;
     b.global_batch = global_batch;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -369,7 +369,7 @@ TEST_CASE("whatif without pipeline stages: from one micro-batch per replica, its
   }
   // --global-batch counts sequences of the target's micro-batch size: 4 sequences of 2 are 2
   // micro-batches, against that job.
-  config b = a;
+  job_config b = a;
   b.micro_batch = 2, b.global_batch = 8;
   lumos_test::temp_dir dir_b;
   const written direct = synthesise(b, dir_b.path());
@@ -385,7 +385,7 @@ TEST_CASE("whatif without pipeline stages: from one micro-batch per replica, its
 // another order. 2 micro-batches of 1.
 // The third is Llama 3 8B's layer (hidden 0: the preset's shape): a gated MLP whose gate and up
 // GEMMs are separate (FC1 as two GEMMs of the same dims), and grouped-query attention.
-const config tp1_jobs[] = {{"gpt3-15b", 4, 2048, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
+const job_config tp1_jobs[] = {{"gpt3-15b", 4, 2048, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
                            {"gpt3-15b", 2, 1024, 16, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"},
                            {"llama3-8b", 2, 0, 0, 1024, 1, 1, 1, 1, 1, 2, "1f1b", "h100-sxm"}};
 
@@ -397,9 +397,9 @@ TEST_CASE("whatif --tp from 1 inserts the tensor-parallel all-reduces of every l
   // logits' input gradient; and the cross-entropy's 3 small fp32 ones. The second job has as
   // many tokens as its hidden width (1024), so that a weight gradient's dims are its dgrad's in
   // another order: it must not be read as an activation GEMM.
-  for (const config& base : tp1_jobs) {
+  for (const job_config& base : tp1_jobs) {
     for (const auto rc : {model::recompute_kind::none, model::recompute_kind::full}) {
-      config a = base;
+      job_config a = base;
       a.recompute = rc;
       lumos_test::temp_dir dir_a;
       const written own = synthesise(a, dir_a.path());
@@ -407,7 +407,7 @@ TEST_CASE("whatif --tp from 1 inserts the tensor-parallel all-reduces of every l
       const std::size_t activation = static_cast<std::size_t>(a.layers) * (rc == model::recompute_kind::full ? 6 : 4) + 2;
       for (const int tp : {2, 4}) {
         INFO(a.layers << " layers, hidden " << a.hidden << ", recompute " << static_cast<int>(rc) << ", TP 1 -> " << tp);
-        config b = a;
+        job_config b = a;
         b.tp = tp;
         lumos_test::temp_dir dir_b;
         const written direct = synthesise(b, dir_b.path());
@@ -436,9 +436,9 @@ TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collect
   // attention-output input gradients and the QKV and FC1 weight gradients, before the logits
   // GEMM and its weight gradient, and before the embedding's backward; and the cross-entropy's 3.
   // Norms, residuals and dropout then work on 1/TP of the tokens.
-  for (const config& base : tp1_jobs) {
+  for (const job_config& base : tp1_jobs) {
     for (const auto rc : {model::recompute_kind::none, model::recompute_kind::full}) {
-      config a = base;
+      job_config a = base;
       a.recompute = rc;
       lumos_test::temp_dir dir_a;
       (void)synthesise(a, dir_a.path());
@@ -449,7 +449,7 @@ TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collect
       const std::size_t gathers = layers * (2 * forwards + 4) + 3;
       for (const int tp : {2, 4}) {
         INFO(a.layers << " layers, hidden " << a.hidden << ", recompute " << static_cast<int>(rc) << ", TP 1 -> " << tp << " with SP");
-        config b = a;
+        job_config b = a;
         b.tp = tp;
         b.sp = true;
         lumos_test::temp_dir dir_b;
@@ -472,7 +472,7 @@ TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collect
     }
   }
   SECTION("--sp needs a change from TP 1 to more") {
-    config a = tp1_jobs[0];
+    job_config a = tp1_jobs[0];
     lumos_test::temp_dir dir;
     (void)synthesise(a, dir.path());
     const trace::job traced = trace::load_job({dir.path()});
@@ -485,8 +485,8 @@ TEST_CASE("whatif --tp from 1 with --sp on inserts the sequence-parallel collect
 // The job without stages the PP-from-1 what-ifs start from: 4 layers of hidden 2048, TP 2, DP 2,
 // 8 micro-batches of 1, every rank written, with Megatron's host sync after each transfer in the
 // targets synthesised from it.
-const config pp1_job = [] {
-  config c{"gpt3-15b", 4, 2048, 16, 1024, 2, 1, 2, 1, 1, 16, "1f1b", "h100-sxm"};
+const job_config pp1_job = [] {
+  job_config c{"gpt3-15b", 4, 2048, 16, 1024, 2, 1, 2, 1, 1, 16, "1f1b", "h100-sxm"};
   c.unfold = true;
   c.p2p_host_sync = true;
   return c;
@@ -497,14 +497,14 @@ TEST_CASE("whatif --pp from 1 cuts the traced graph into 1F1B stages", "[whatif]
   // stages, against the job synthesised in the target configuration with Megatron's host sync
   // after each transfer. The rewritten graph has every rank of every stage, each stage's layers'
   // launches and kernels, and the transfers of 1F1B; its iteration is compared with the target's.
-  const config a = pp1_job;
+  const job_config a = pp1_job;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
   const std::size_t W = traced.ranks.size();
   double previous_bubble = 0;
   for (const int pp : {2, 4}) {
-    config b = a;
+    job_config b = a;
     b.pp = pp;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -557,13 +557,13 @@ TEST_CASE("whatif --pp from 1 forms each stage's gradient buckets from its own p
   // the whole model. Megatron forms each stage's buckets from the stage's own parameters, so the
   // split stages run the buckets of the job synthesised with the stages, not a scaled copy of
   // every traced bucket on each (which was +0.83 % at PP 4 on configuration A of docs/whatif.md).
-  const config a = pp1_job;
+  const job_config a = pp1_job;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
   auto scatters = [](std::string_view name) { return name.find("ReduceScatter") != std::string_view::npos; };
   for (const int pp : {2, 4}) {
-    config b = a;
+    job_config b = a;
     b.pp = pp;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -600,12 +600,12 @@ TEST_CASE("whatif --pp from 1 with another count of micro-batches per replica, i
   // global batch (4 micro-batches: periods removed) and with the global batch x2 (16: a period
   // repeated), each against the job synthesised so: the micro-batch change is made in the graph
   // first, then the split orders the new count.
-  const config a = pp1_job;
+  const job_config a = pp1_job;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
   for (const auto& [dp, global_batch, micro_batches] : {std::tuple{4, 16, 4}, std::tuple{2, 32, 16}}) {
-    config b = a;
+    job_config b = a;
     b.pp = 2, b.dp = dp, b.global_batch = global_batch;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -629,13 +629,13 @@ TEST_CASE("whatif --pp from 1 to a zero-bubble schedule splits each backward pas
   // The job of the tests above to 2 stages of ZB-H1 and ZB-H2, against the jobs synthesised so:
   // the weight gradients (GEMMs with the tokens in K, LayerNorm weight gradients) of each
   // backward pass run in its W, where the schedule puts it.
-  const config a = pp1_job;
+  const job_config a = pp1_job;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
   for (const auto& [name, kind] : {std::pair{"zb-h1", synth::policy_of<pipeline::zero_bubble_h1>()},
                                    std::pair{"zb-h2", synth::policy_of<pipeline::zero_bubble_h2>()}}) {
-    config b = a;
+    job_config b = a;
     b.pp = 2, b.schedule = name;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -660,11 +660,11 @@ TEST_CASE("whatif --pp --vp from 1 cuts the traced graph into interleaved stages
   // The job of the test above to 2 stages of 2 model chunks (one layer each), against the job
   // synthesised so: each stage runs its chunks' passes in the interleaved order, and the last
   // stage's chunk 0 feeds the first stage's chunk 1.
-  const config a = pp1_job;
+  const job_config a = pp1_job;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
   const trace::job traced = trace::load_job({dir_a.path()});
-  config b = a;
+  job_config b = a;
   b.pp = 2, b.vp = 2, b.schedule = "interleaved";
   lumos_test::temp_dir dir_b;
   const written direct = synthesise(b, dir_b.path());
@@ -686,7 +686,7 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
   // The job of the tests above on 2 stages of 1F1B (2 layers each). Each traced stage is cut
   // into the target's stages of its block; the traced transfers between the two stay, and the
   // transfers within a block are added. Against the jobs synthesised in the target configuration.
-  config a = pp1_job;
+  job_config a = pp1_job;
   a.pp = 2;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
@@ -711,7 +711,7 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
   for (const target& t : {target{4, "1f1b", synth::policy_of<pipeline::one_f_one_b>()}, target{2, "gpipe", synth::policy_of<pipeline::gpipe>()},
                          target{2, "zb-h1", synth::policy_of<pipeline::zero_bubble_h1>()},
                          target{4, "zb-h1", synth::policy_of<pipeline::zero_bubble_h1>()}}) {
-    config b = a;
+    job_config b = a;
     b.pp = t.pp, b.schedule = t.name;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -747,7 +747,7 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
   }
   SECTION("model chunks: each traced stage's layers fill its stages' chunks; every transfer added") {
     for (const int pp : {2}) {  // 4 layers: 2 chunks of one on each of 2 stages
-      config b = a;
+      job_config b = a;
       b.pp = pp, b.vp = 2, b.schedule = "interleaved";
       lumos_test::temp_dir dir_b;
       const written direct = synthesise(b, dir_b.path());
@@ -778,13 +778,13 @@ TEST_CASE("whatif --pp and --schedule from traces with stages, in the graph", "[
 
 // The traces of `a` (PP 2, global batch 16, a zero-bubble `kind`) to their own schedule with half
 // and twice the micro-batches and with PP 4, in the graph, within 1 % of the jobs synthesised so.
-static void check_own_schedule_targets(const trace::job& traced, const config& a, const synth::schedule_policy& kind) {
+static void check_own_schedule_targets(const trace::job& traced, const job_config& a, const synth::schedule_policy& kind) {
   struct target {
     int pp;
     std::int64_t global_batch;  // sequences (pp1_job: 16)
   };
   for (const target t : {target{2, 8}, target{2, 32}, target{4, 16}}) {
-    config b = a;
+    job_config b = a;
     b.pp = t.pp, b.global_batch = t.global_batch;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -809,7 +809,7 @@ TEST_CASE("whatif from traces that ran ZB-H1 keeps their W passes and orders the
   // W included, where a 1F1B trace has its weight gradients found and moved. Against the jobs
   // synthesised so; by the pass-level model, which these took before, the same targets on
   // gpt3-15b TP 2 PP 2 were +3.2 % (half the micro-batches), -1.9 % (twice) and +1.4 % (PP 4).
-  config a = pp1_job;
+  job_config a = pp1_job;
   a.pp = 2, a.schedule = "zb-h1";
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
@@ -841,7 +841,7 @@ TEST_CASE("whatif to ZB-H2 from traces with stages, in the graph", "[whatif][pip
   // gave the graph an edge from every stream, also from the send of the backward before them,
   // which ZB-H2's deferred order leaves waiting for the peer's receive: from configuration A of
   // docs/whatif.md run by ZB-H2, --dp 4 (half the micro-batches) was +4.14 % in the graph.
-  config a = pp1_job;
+  job_config a = pp1_job;
   a.pp = 2, a.schedule = "zb-h2";
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
@@ -868,11 +868,11 @@ TEST_CASE("whatif to ZB-H2 from traces with stages, in the graph", "[whatif][pip
     check_own_schedule_targets(traced, a, synth::policy_of<pipeline::zero_bubble_h2>());
   }
   SECTION("from traces that ran 1F1B or ZB-H1") {
-    config direct_config = a;
+    job_config direct_config = a;
     lumos_test::temp_dir dir_direct;
     const written direct = synthesise(direct_config, dir_direct.path());
     for (const char* from : {"1f1b", "zb-h1"}) {
-      config c = a;
+      job_config c = a;
       c.schedule = from;
       lumos_test::temp_dir dir_c;
       (void)synthesise(c, dir_c.path());
@@ -895,9 +895,9 @@ TEST_CASE("whatif --dp that moves the tied embedding's stages to another node pr
   // and the tied embedding's fp32 all-reduce crosses nodes. Priced at its element count (a quarter
   // of its bytes), the NCCL model gave 1.93 ms where the job synthesised at DP 4 runs it in 2.25,
   // and the prediction was -1.92 %.
-  config a{"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm"};
+  job_config a{"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm"};
   a.unfold = true, a.p2p_host_sync = true;
-  config b = a;
+  job_config b = a;
   b.dp = 4;
   lumos_test::temp_dir dir_a, dir_b;
   (void)synthesise(a, dir_a.path());
@@ -915,7 +915,7 @@ TEST_CASE("whatif --pp to fewer stages than traced merges them, in the graph", "
   // (stage 0 for the first, the traced last for the last: the embedding and the head stay where
   // they were) with its layers repeated twice; the ranks of traced stages 1 and 2 are dropped and
   // every transfer is added. Against the jobs synthesised on 2 stages.
-  config a = pp1_job;
+  job_config a = pp1_job;
   a.layers = 8, a.pp = 4;
   lumos_test::temp_dir dir_a;
   (void)synthesise(a, dir_a.path());
@@ -930,7 +930,7 @@ TEST_CASE("whatif --pp to fewer stages than traced merges them, in the graph", "
   for (const target& t : {target{1, "1f1b", synth::policy_of<pipeline::one_f_one_b>()}, target{1, "gpipe", synth::policy_of<pipeline::gpipe>()},
                          target{2, "interleaved", synth::policy_of<pipeline::interleaved_one_f_one_b>()},
                          target{1, "zb-h1", synth::policy_of<pipeline::zero_bubble_h1>()}}) {
-    config b = a;
+    job_config b = a;
     b.pp = 2, b.vp = t.vp, b.schedule = t.name;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -983,14 +983,14 @@ TEST_CASE("whatif with traced stages and another count of micro-batches per repl
   // so. The passes are repeated or removed on every stage first; then the split orders the new
   // count, by the traces' own schedule when none is asked for.
   for (const char* schedule : {"1f1b", "gpipe"}) {
-    config a = pp1_job;
+    job_config a = pp1_job;
     a.pp = 2, a.schedule = schedule;
     lumos_test::temp_dir dir_a;
     (void)synthesise(a, dir_a.path());
     const trace::job traced = trace::load_job({dir_a.path()});
     const auto kind = std::string_view(schedule) == "gpipe" ? synth::policy_of<pipeline::gpipe>() : synth::policy_of<pipeline::one_f_one_b>();
     for (const auto& [pp, dp, global_batch, micro_batches] : {std::tuple{2, 4, 16, 4}, std::tuple{2, 2, 32, 16}, std::tuple{4, 2, 32, 16}}) {
-      config b = a;
+      job_config b = a;
       b.pp = pp, b.dp = dp, b.global_batch = global_batch;
       lumos_test::temp_dir dir_b;
       const written direct = synthesise(b, dir_b.path());
@@ -1026,7 +1026,7 @@ TEST_CASE("whatif --tp from 1 with --pp: the inserted collectives go with their 
   // the tensor-parallel collectives inserted into the layers (which no event groups) run on the
   // stage of the layer they sit in, each once: over the stages as many as TP alone inserts.
   for (const int traced_pp : {1, 2}) {
-    config a = pp1_job;
+    job_config a = pp1_job;
     a.tp = 1, a.pp = traced_pp;
     lumos_test::temp_dir dir_a;
     (void)synthesise(a, dir_a.path());
@@ -1041,7 +1041,7 @@ TEST_CASE("whatif --tp from 1 with --pp: the inserted collectives go with their 
     const std::size_t alone = inserted(whatif::run_whatif(traced, tp_only));
     REQUIRE(alone > 0);
     const int pp = 2 * traced_pp;
-    config b = a;
+    job_config b = a;
     b.tp = 2, b.pp = pp;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -1069,12 +1069,12 @@ TEST_CASE("whatif --layers with --pp: the layers repeated or removed first, then
     const char* schedule = "1f1b";
   };
   for (const target t : {target{1, 8, 2}, target{1, 2, 2}, target{2, 8, 4}, target{1, 8, 2, "zb-h1"}, target{2, 8, 2, "zb-h1"}}) {
-    config a = pp1_job;
+    job_config a = pp1_job;
     a.pp = t.traced_pp;
     lumos_test::temp_dir dir_a;
     (void)synthesise(a, dir_a.path());
     const trace::job traced = trace::load_job({dir_a.path()});
-    config b = a;
+    job_config b = a;
     b.layers = t.layers, b.pp = t.pp, b.schedule = t.schedule;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -1107,13 +1107,13 @@ TEST_CASE("whatif --layers and the micro-batches with --pp, in the graph",
   // and to more stages (merged stages: scripts/whatif_tables.py, whose job has layers enough).
   for (const target t : {target{8, 0, 32}, target{8, 0, 32, "zb-h1"}, target{4, 2, 8}, target{8, 0, 32, "gpipe", 2, 2},
                          target{8, 0, 8, "1f1b", 2, 4}}) {
-    config a = pp1_job;
+    job_config a = pp1_job;
     a.pp = t.traced_pp;
     if (t.traced_batch > 0) a.global_batch = t.traced_batch;
     lumos_test::temp_dir dir_a;
     (void)synthesise(a, dir_a.path());
     const trace::job traced = trace::load_job({dir_a.path()});
-    config b = a;
+    job_config b = a;
     b.layers = t.layers, b.pp = t.pp, b.schedule = t.schedule, b.global_batch = t.global_batch;
     lumos_test::temp_dir dir_b;
     const written direct = synthesise(b, dir_b.path());
@@ -1150,12 +1150,12 @@ TEST_CASE("whatif --dp from 1 inserts the distributed optimizer's gradient bucke
   };
   for (const target t : {target{1, 2, 1, 8}, target{1, 4, 1, 8}, target{2, 2, 2, 8}, target{1, 2, 2, 8}, target{1, 2, 4, 16},
                          target{2, 2, 2, 8, true}, target{1, 2, 2, 8, true}}) {
-    config a = pp1_job;
+    job_config a = pp1_job;
     a.dp = 1, a.pp = t.traced_pp, a.global_batch = t.global_batch, a.unfold = false;
     lumos_test::temp_dir dir_a;
     (void)synthesise(a, dir_a.path());
     const trace::job traced = trace::load_job({dir_a.path()});
-    config b = a;
+    job_config b = a;
     b.dp = t.dp, b.pp = t.pp;
     if (t.zero_bubble) b.schedule = "zb-h1";
     lumos_test::temp_dir dir_b;
@@ -1185,8 +1185,8 @@ TEST_CASE("whatif to a zero-bubble schedule from traces of one rank per stage wa
   // collective instances. Split to ZB-H1 in the graph, each must run after the W pass that
   // computes its gradients, as the matched ones of the same job written with every rank do (left
   // in B: -0.34 % here against +0.34 %, and -1.44 % on gpt3-15b TP 2 PP 2).
-  config a{"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm"};
-  config b = a;
+  job_config a{"gpt3-15b", 4, 1024, 16, 1024, 2, 2, 2, 1, 1, 8, "1f1b", "h100-sxm"};
+  job_config b = a;
   b.schedule = "zb-h1";
   lumos_test::temp_dir dir_b;
   const written direct = synthesise(b, dir_b.path());
@@ -1224,7 +1224,7 @@ TEST_CASE("whatif's memory per GPU and model FLOPs of a traced job are those of 
   // heads of 32) on 2 replicas with the distributed optimizer, they must be the memory model's
   // and the FLOP count's for the preset and configuration the job was synthesised from.
   struct job_case {
-    config c;
+    job_config c;
     double in_flight;  // 1F1B's on stage 0: min(stages, micro-batches per replica)
     int zero_stage;
   };

@@ -21,7 +21,7 @@ using costs = lp::op_costs<std::int64_t>;
 
 namespace {
 
-constexpr std::array<costs, 7> cost_grid = {{{1, 1, 1}, {1, 2, 0}, {2, 3, 1}, {3, 2, 1}, {5, 7, 2}, {4, 4, 4}, {1000, 2000, 500}}};
+constexpr std::array<costs, 7> graph_cost_grid = {{{1, 1, 1}, {1, 2, 0}, {2, 3, 1}, {3, 2, 1}, {5, 7, 2}, {4, 4, 4}, {1000, 2000, 500}}};
 
 // Scales the costs so that every one divides by v (interleaved splits each stage's costs in v).
 costs for_chunks(costs c, std::int32_t v) { return {c.forward * v, c.backward * v, c.weight * v}; }
@@ -51,7 +51,7 @@ void check_against_timeline(const schedule_shape& shape, const costs& c) {
 TEST_CASE("replay-engine schedules equal the reference timeline, op by op", "[synth][schedule]") {
   for (std::int32_t p = 1; p <= 5; ++p) {
     for (std::int32_t m = 1; m <= 10; ++m) {
-      for (const costs& c : cost_grid) {
+      for (const costs& c : graph_cost_grid) {
         check_against_timeline<lp::gpipe>({p, m, 1}, c);
         check_against_timeline<lp::one_f_one_b>({p, m, 1}, c);
         check_against_timeline<lp::zero_bubble_h1>({p, m, 1}, c);
@@ -67,7 +67,7 @@ TEST_CASE("replay-engine schedules equal the reference timeline, op by op", "[sy
 TEST_CASE("closed forms through the replay engine", "[synth][schedule]") {
   for (std::int32_t p = 1; p <= 6; ++p) {
     for (std::int32_t m = 1; m <= 16; ++m) {
-      for (const costs& c : cost_grid) {
+      for (const costs& c : graph_cost_grid) {
         const std::int64_t F = c.forward, B = c.backward, W = c.weight;
         // GPipe and 1F1B: (m + p − 1)(F + B), W folded into B.
         for (const auto& schedule : {ls::policy_of<lp::gpipe>(), ls::policy_of<lp::one_f_one_b>()}) {
