@@ -113,7 +113,9 @@ struct program_buffers {
   std::vector<graph::task_id> first_on, last_on;  ///< per processor (task graph)
   std::vector<std::int32_t> op_index;  ///< [stage][kind][chunk][micro-batch] → index in its order, or −1
   std::vector<std::size_t> stage_ops;  ///< stage → its first op in `sender`
-  std::vector<std::pair<std::int32_t, std::int32_t>> sender;    ///< per op: (stage, op index) sending its input, or (−1, −1)
+  /// Per op: the stage that sends its input and the index of the sending op in that stage's
+  /// order (−1 when the stage never runs it); (−1, −1) when its input does not cross stages.
+  std::vector<std::pair<std::int32_t, std::int32_t>> sender;
   std::vector<std::pair<std::int32_t, std::int32_t>> receiver;  ///< per op: (stage, op index) receiving its output, or (−1, −1)
   std::vector<std::vector<pipeline::op>> orders;     ///< the stage orders, when the caller has none
   /// What the stage plan above (final_grad, op_index, stage_ops, sender, receiver) was made for.
