@@ -54,9 +54,12 @@ struct compiled_rank {
 /// join of a collective whose participants have all arrived into their completes (which take
 /// the arrives' edges: the join's barrier never binds, as every participant's next arrive
 /// follows its complete on the same stream), and the arrive of a collective with one
-/// participant into its complete. Every other task starts and finishes as in the compiled task
-/// graph (tests/synth compares them processor by processor); `tasks`, `edges` and
-/// `processor_count` count the task graph's.
+/// participant into its complete. On the compute streams of ranks other than 0, whose tasks the
+/// figures read only for their busy time, a collective with one participant queued right behind
+/// the compute task of its launch batch, and launched no later, is merged into that task: it
+/// starts when that task ends, so the task takes its time (and keeps its kind). Every other task
+/// starts and finishes as in the compiled task graph (tests/synth compares them processor by
+/// processor); `tasks`, `edges` and `processor_count` count the task graph's.
 struct compiled_program {
   graph::compiled_graph graph;
   output_vector<graph::task_kind> kind;  ///< per position

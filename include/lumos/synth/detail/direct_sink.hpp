@@ -180,6 +180,18 @@ class direct_sink {
     }
   }
 
+  /// Adds `duration` to the own time of task `t` (placed or not): a task that takes the time of
+  /// one queued right behind it.
+  void add_duration(graph::task_id t, time_ns duration) {
+    if ((t & waiting) == 0) {
+      records_[t].duration += duration;
+    } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
+      records_[w.position].duration += duration;
+    } else {
+      pending_[t & ~waiting].duration += duration;
+    }
+  }
+
   /// The last task added to `p`, or no_task.
   [[nodiscard]] graph::task_id last_on(graph::processor_id p) const noexcept { return last_[p]; }
 

@@ -322,7 +322,7 @@ class program_builder {
   graph::task_id on_compute(rank_state& rs, graph::task_kind k, time_ns d, string_id name, const launch_spec* launch = nullptr);
   launch_ref launch_edge(rank_state& rs, const launch_spec& l);
   graph::task_id cpu_task(rank_state& rs, time_ns duration);
-  graph::task_id arrive(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::size_t k, const launch_spec& launch,
+  graph::task_id arrive(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::size_t k, const launch_ref& l,
                         graph::task_id after, graph::task_kind kind = graph::task_kind::comm_arrive, time_ns duration = 0);
   void join_arrive(group_state& gs, std::size_t k, graph::task_id a);
   void more_sequences(group_state& gs, std::size_t k);

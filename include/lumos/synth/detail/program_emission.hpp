@@ -306,7 +306,7 @@ void program_builder<Compute, Comm>::post_receive(rank_state& rs) {
   const std::optional<receive> r = receive_of(rs, rs.next_op);
   if (!r) return;
   const std::size_t k = static_cast<std::size_t>((*r->seq)++);
-  rs.posted = {r->group, k, arrive(rs, r->stream, *r->group, k, launch_spec{collective_cpu_, collective_cpu_}, graph::no_task),
+  rs.posted = {r->group, k, arrive(rs, r->stream, *r->group, k, launch_edge(rs, launch_spec{collective_cpu_, collective_cpu_}), graph::no_task),
                r->stream, r->duration};
 }
 

@@ -249,6 +249,12 @@ struct rank_state {
   graph::task_id launcher = graph::no_task;
   time_ns batch_cpu = 0;        ///< host time of the batch so far
   time_ns last_launch_cpu = 0;  ///< host time of the batch's last launch
+  /// The last compute task launched in a compiled program, its launcher and launch delay.
+  struct launched_task {
+    graph::task_id task = graph::no_task;
+    graph::task_id launcher = graph::no_task;
+    std::int32_t delay = 0;
+  } launched;
   // Where the emission of its pipeline ops stands.
   std::size_t next_op = 0;
   int col = 0;
@@ -284,6 +290,7 @@ struct rank_state {
     cpu_tasks.clear();
     launcher = graph::no_task;
     batch_cpu = last_launch_cpu = 0;
+    launched = {};
     next_op = 0;
     col = 0;
     in_pipeline = gather_early = false;

@@ -70,6 +70,7 @@ template <model::ComputeModel Compute, model::CommModel Comm>
     if (launch != nullptr) {
       const launch_ref l = launch_edge(rs, *launch);
       t = sink_->task(rs.info.compute, k, d, rs.pending, graph::no_task, &l);
+      rs.launched = {t, l.launcher, l.delay};
     } else {
       t = sink_->task(rs.info.compute, k, d, rs.pending);
     }
@@ -196,8 +197,18 @@ template <model::ComputeModel Compute, model::CommModel Comm>
   const auto k = static_cast<std::size_t>(seq++);
   if (!direct_) return add_collective(rs, stream_id, gs, k, kind, bytes, duration, name, launch, element_bytes, after);
   if (gs.participants == 1) {
+    const launch_ref l = launch_edge(rs, launch);
+    if (launch.before_last && stream_id == rs.info.compute && rs.info.rank != 0 && after == graph::no_task &&
+        rs.pending.empty() && sink_->last_on(stream_id) == rs.launched.task && l.launcher == rs.launched.launcher &&
+        l.delay <= rs.launched.delay) {
+      // Queued right behind the compute task of its batch, launched no later: it starts when that
+      // task ends, so that task takes its time (compiled_program): no task, no launch edge.
+      sink_->add_duration(rs.launched.task, duration);
+      sink_->fold(2, 1);
+      return {rs.launched.task, rs.launched.task};
+    }
     // The arrive folded into its complete (compiled_program): one task, the arrive's edges.
-    const graph::task_id t = arrive(rs, stream_id, gs, k, launch, after, graph::task_kind::comm_complete, duration);
+    const graph::task_id t = arrive(rs, stream_id, gs, k, l, after, graph::task_kind::comm_complete, duration);
     sink_->fold(1, 0);
     return {t, t};
   }
@@ -218,7 +229,7 @@ auto program_builder<Compute, Comm>::place_joined(rank_state& rs, graph::process
     gs.queued.push_back({k, stream_id, l, after, duration});
     return c;
   }
-  c.arrive = arrive(rs, stream_id, gs, k, launch, after);
+  c.arrive = arrive(rs, stream_id, gs, k, launch_edge(rs, launch), after);
   c.complete = complete(stream_id, gs, k, duration);
   return c;
 }
@@ -261,10 +272,9 @@ auto program_builder<Compute, Comm>::add_collective(rank_state& rs, graph::proce
 // the pending edges when on the compute stream, `after`; and its edge into the join.
 template <model::ComputeModel Compute, model::CommModel Comm>
 [[gnu::always_inline]] inline graph::task_id program_builder<Compute, Comm>::arrive(rank_state& rs, graph::processor_id stream_id, group_state& gs,
-                                                      std::size_t k, const launch_spec& launch, graph::task_id after,
+                                                      std::size_t k, const launch_ref& l, graph::task_id after,
                                                       graph::task_kind kind, time_ns duration) {
   const bool on_compute_stream = stream_id == rs.info.compute;
-  const launch_ref l = launch_edge(rs, launch);
   const graph::task_id a = sink_->task(stream_id, kind, duration, on_compute_stream ? std::span<const graph::task_id>(rs.pending)
                                                                                     : std::span<const graph::task_id>(),
                                        after, &l);
