@@ -1,7 +1,8 @@
 // build_compiled (synth/program.hpp): the compiled program emitted without a task graph is the
 // compiled task graph of build_program — processor by processor, the same tasks with the same
-// durations and replayed times, but for the zero-length ones it folds; the same counts and the
-// same figures — for folded and unfolded jobs, both granularities and the builder's options; a
+// durations and replayed times, but for the zero-length ones it folds and the collectives it
+// merges into the compute task before them; the same counts and the same figures — for folded
+// and unfolded jobs, both granularities and the builder's options; a
 // warm build reuses its buffers; a schedule whose ops wait on each other is the error
 // graph::compile gives.
 
@@ -67,14 +68,22 @@ struct task_view {
 };
 
 // Every processor's tasks in order, replayed: of the compiled task graph `c` of `g` without the
-// tasks the compiled program folds (`fold`), or of the compiled program `p`.
-std::map<processor_key, std::vector<task_view>> view(const lg::compiled_graph& c, const lg::task_graph& g, auto fold) {
+// tasks the compiled program folds (`fold`) and with those it merges into the task before them
+// (`merge`: their time added to it), or of the compiled program `p`.
+std::map<processor_key, std::vector<task_view>> view(const lg::compiled_graph& c, const lg::task_graph& g, auto fold, auto merge) {
   const lumos::sim::record_timeline t = lumos::sim::replay(c);
   std::map<processor_key, std::vector<task_view>> out;
   for (std::uint32_t i = 0; i < c.size(); ++i) {
     const lg::task_id id = c.task[i];
     if (g.processors[g.processor[id]].kind == lg::processor_kind::barrier || fold(id)) continue;
-    out[key_of(g.processors[g.processor[id]])].push_back({g.kind[id], c.duration(i), t.start_of(lg::position{i}), t.finish_of(lg::position{i})});
+    std::vector<task_view>& tasks = out[key_of(g.processors[g.processor[id]])];
+    if (merge(id)) {
+      REQUIRE(tasks.back().finish == t.start_of(lg::position{i}));  // it starts as the task before it ends
+      tasks.back().duration += c.duration(i);
+      tasks.back().finish = t.finish_of(lg::position{i});
+      continue;
+    }
+    tasks.push_back({g.kind[id], c.duration(i), t.start_of(lg::position{i}), t.finish_of(lg::position{i})});
   }
   return out;
 }
@@ -101,18 +110,37 @@ void require_same_program(const ls::job& j, const ls::program_options& opt, cons
   // What the compiled program folds (compiled_program): host waits (every host_sync task of a
   // thread but its last, the final sync) and the arrive of a collective with one participant
   // (no join edge into its complete, the next task).
-  std::vector<char> joined(g.task_count(), 0), fold(g.task_count(), 0);
+  std::vector<char> joined(g.task_count(), 0), fold(g.task_count(), 0), merge(g.task_count(), 0);
+  std::vector<int> edges_in(g.task_count(), 0);
+  std::vector<std::pair<lg::task_id, std::int32_t>> launch(g.task_count(), {lg::no_task, 0});
   for (const lg::edge& e : g.edges) {
     if (g.kind[e.from] == lg::task_kind::join) joined[e.to] = 1;
+    if (e.kind == lg::edge_kind::launch) launch[e.to] = {e.from, e.delay};
+    ++edges_in[e.to];
   }
-  std::vector<lg::task_id> last(g.processors.size(), lg::no_task);
-  for (lg::task_id t = 0; t < g.task_count(); ++t) last[g.processor[t]] = t;
+  std::vector<lg::task_id> last(g.processors.size(), lg::no_task), before(g.task_count(), lg::no_task);
+  for (lg::task_id t = 0; t < g.task_count(); ++t) {
+    before[t] = last[g.processor[t]];
+    last[g.processor[t]] = t;
+  }
   const lumos::string_id host_sync = g.strings.find("host_sync");
   for (lg::task_id t = 0; t < g.task_count(); ++t) {
     if (g.kind[t] == lg::task_kind::cpu && g.name[t] == host_sync && last[g.processor[t]] != t) fold[t] = 1;
     if (g.kind[t] == lg::task_kind::comm_arrive && t + 1 < g.task_count() && joined[t + 1] == 0) fold[t] = 1;
   }
-  const auto a = view(general, g, [&](lg::task_id t) { return fold[t] != 0; });
+  // And what it merges: on the compute streams of ranks other than 0, a collective with one
+  // participant whose arrive waits for nothing but its launch, launched by the same CPU task as
+  // the compute task before it and no later (it starts when that task ends).
+  for (lg::task_id t = 1; t < g.task_count(); ++t) {
+    const lg::task_id a = t - 1, p = before[a];
+    const lg::processor_info& where = g.processors[g.processor[t]];
+    if (g.kind[t] != lg::task_kind::comm_complete || fold[a] == 0 || edges_in[a] != 1 || launch[a].first == lg::no_task ||
+        p == lg::no_task || where.rank == 0 || where.index != 7 || g.kind[p] != lg::task_kind::gpu_compute) {
+      continue;
+    }
+    if (launch[p].first == launch[a].first && launch[p].second >= launch[a].second) merge[t] = 1;
+  }
+  const auto a = view(general, g, [&](lg::task_id t) { return fold[t] != 0; }, [&](lg::task_id t) { return merge[t] != 0; });
   const auto b = view(direct);
   REQUIRE(a.size() == b.size());
   for (const auto& [key, tasks] : a) {

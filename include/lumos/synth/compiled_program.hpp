@@ -54,9 +54,12 @@ struct compiled_rank {
 /// join of a collective whose participants have all arrived into their completes (which take
 /// the arrives' edges: the join's barrier never binds, as every participant's next arrive
 /// follows its complete on the same stream), and the arrive of a collective with one
-/// participant into its complete. Every other task starts and finishes as in the compiled task
-/// graph (tests/synth compares them processor by processor); `tasks`, `edges` and
-/// `processor_count` count the task graph's.
+/// participant into its complete. On the compute streams of ranks other than 0, whose tasks the
+/// figures read only for their busy time, a collective with one participant queued right behind
+/// the compute task of its launch batch, and launched no later, is merged into that task: it
+/// starts when that task ends, so the task takes its time (and keeps its kind). Every other task
+/// starts and finishes as in the compiled task graph (tests/synth compares them processor by
+/// processor); `tasks`, `edges` and `processor_count` count the task graph's.
 struct compiled_program {
   graph::compiled_graph graph;
   output_vector<graph::task_kind> kind;  ///< per position
@@ -113,7 +116,9 @@ struct program_buffers {
   std::vector<graph::task_id> first_on, last_on;  ///< per processor (task graph)
   std::vector<std::int32_t> op_index;  ///< [stage][kind][chunk][micro-batch] → index in its order, or −1
   std::vector<std::size_t> stage_ops;  ///< stage → its first op in `sender`
-  std::vector<std::pair<std::int32_t, std::int32_t>> sender;    ///< per op: (stage, op index) sending its input, or (−1, −1)
+  /// Per op: the stage that sends its input and the index of the sending op in that stage's
+  /// order (−1 when the stage never runs it); (−1, −1) when its input does not cross stages.
+  std::vector<std::pair<std::int32_t, std::int32_t>> sender;
   std::vector<std::pair<std::int32_t, std::int32_t>> receiver;  ///< per op: (stage, op index) receiving its output, or (−1, −1)
   std::vector<std::vector<pipeline::op>> orders;     ///< the stage orders, when the caller has none
   /// What the stage plan above (final_grad, op_index, stage_ops, sender, receiver) was made for.

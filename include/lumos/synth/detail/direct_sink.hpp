@@ -126,21 +126,17 @@ class direct_sink {
                                              std::span<const graph::task_id> deps, graph::task_id extra = graph::no_task,
                                              const launch_ref* launch = nullptr) {
     const graph::task_id previous = last_[p];
-    bool ready = placed(previous) && (extra == graph::no_task || placed(extra)) && (launch == nullptr || placed(launch->launcher));
-    for (const graph::task_id d : deps) ready = ready && placed(d);
-    graph::task_id t = graph::no_task;
-    if (ready) [[likely]] {
-      if (n_ + 1 > task_room_ || e_ + deps.size() + 2 > edge_room_) [[unlikely]] grow(1, deps.size() + 2);
-      // Locals: the stores below may alias the members (uint32 fields) for the compiler.
-      std::uint32_t e = e_;
-      graph::pred_ref* const preds = preds_;
-      if (launch != nullptr) preds[e++] = {2 * resolve(launch->launcher), launch->delay};
-      for (const graph::task_id d : deps) preds[e++] = {2 * resolve(d) + 1, 0};
-      if (extra != graph::no_task) preds[e++] = {2 * resolve(extra) + 1, 0};
-      t = record(p, kind, duration, e);
-    } else {
-      t = hold(p, kind, duration, previous, edges_of(deps, extra, launch), 0);
-    }
+    std::uint32_t e = e_;
+    if (n_ >= task_room_ || e + deps.size() + 2 > edge_room_) [[unlikely]] grow(1, deps.size() + 2);
+    // The refs are written as the predecessors are checked; a task that must wait leaves them
+    // unclaimed past e_.
+    graph::pred_ref* const preds = preds_;
+    bool ready = placed(previous);
+    if (launch != nullptr) preds[e++] = {2 * ref(launch->launcher, ready), launch->delay};
+    for (const graph::task_id d : deps) preds[e++] = {2 * ref(d, ready) + 1, 0};
+    if (extra != graph::no_task) preds[e++] = {2 * ref(extra, ready) + 1, 0};
+    const graph::task_id t =
+        ready ? record(p, kind, duration, e) : hold(p, kind, duration, previous, edges_of(deps, extra, launch), 0);
     last_[p] = t;
     return t;
   }
@@ -181,6 +177,18 @@ class direct_sink {
       records_[w.position].duration = duration;
     } else {
       pending_[t & ~waiting].duration = duration;
+    }
+  }
+
+  /// Adds `duration` to the own time of task `t` (placed or not): a task that takes the time of
+  /// one queued right behind it.
+  void add_duration(graph::task_id t, time_ns duration) {
+    if ((t & waiting) == 0) {
+      records_[t].duration += duration;
+    } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
+      records_[w.position].duration += duration;
+    } else {
+      pending_[t & ~waiting].duration += duration;
     }
   }
 
@@ -237,6 +245,13 @@ class direct_sink {
   [[nodiscard]] std::uint32_t resolve(graph::task_id t) const noexcept {
     return (t & waiting) == 0 ? t : pending_[t & ~waiting].position;
   }
+  // The position of task `t` (not no_task); clears `ready` when it is not placed yet.
+  [[gnu::always_inline]] std::uint32_t ref(graph::task_id t, bool& ready) const noexcept {
+    if ((t & waiting) == 0) [[likely]] return t;
+    const std::uint32_t at = pending_[t & ~waiting].position;
+    ready = ready && at != none;
+    return at;
+  }
 
   // Room for `tasks` and `edges` more than written: the arrays at (at least) that size, their
   // unwritten part left uninitialised.
@@ -264,14 +279,17 @@ class direct_sink {
     const std::uint32_t n = n_;
     records_[n] = {0, duration, p, e};
     kind_[n] = kind;
-    const std::uint8_t watch = watch_[p];  // kept only on a watched processor, without a branch
-    watched_at_[0][w_[0]] = {n, p};
-    w_[0] += watch & 1U;
-    watched_at_[1][w_[1]] = {n, p};
-    w_[1] += watch >> 1;
+    if (const std::uint8_t watch = watch_[p]; watch != 0) [[unlikely]] add_watched(n, p, watch);
     e_ = e;
     n_ = n + 1;
     return n;
+  }
+
+  // Task `n` on processor `p` into the watched lists whose bits `watch` sets.
+  [[gnu::noinline]] void add_watched(std::uint32_t n, graph::processor_id p, std::uint8_t watch) {
+    for (std::size_t l = 0; l < 2; ++l) {
+      if ((watch >> l & 1U) != 0) watched_at_[l][w_[l]++] = {n, p};
+    }
   }
 
   // Writes the record and predecessor refs of a waiting task whose predecessors are all placed.

@@ -320,9 +320,11 @@ class program_builder {
   graph::task_id on_compute(rank_state& rs, graph::task_kind k, time_ns d, string_id name, const launch_spec* launch = nullptr);
   launch_ref launch_edge(rank_state& rs, const launch_spec& l);
   graph::task_id cpu_task(rank_state& rs, time_ns duration);
-  graph::task_id arrive(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::size_t k, const launch_spec& launch,
+  graph::task_id arrive(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::size_t k, const launch_ref& l,
                         graph::task_id after, graph::task_kind kind = graph::task_kind::comm_arrive, time_ns duration = 0);
   void join_arrive(group_state& gs, std::size_t k, graph::task_id a);
+  void more_sequences(group_state& gs, std::size_t k);
+  void send_queued(group_state& gs, std::size_t k);
   graph::task_id complete(graph::processor_id stream_id, group_state& gs, std::size_t k, time_ns duration);
   void launched(rank_state& rs, graph::task_id gpu_task, const launch_spec& l);
   static void note_task(std::vector<std::uint32_t>& v, graph::task_id t, std::uint32_t value);
@@ -335,6 +337,11 @@ class program_builder {
                               std::int32_t kernels = 1, time_ns cpu = -1, time_ns lead = -1,
                               std::int64_t element_bytes = 2, graph::task_id after = graph::no_task,
                               bool before_last = false);
+  collective_tasks place_joined(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::size_t k,
+                                const launch_spec& launch, time_ns duration, graph::task_id after);
+  collective_tasks add_collective(rank_state& rs, graph::processor_id stream_id, group_state& gs, std::size_t k,
+                                  std::string_view kind, std::int64_t bytes, time_ns duration, string_id name,
+                                  const launch_spec& launch, std::int64_t element_bytes, graph::task_id after);
   void record_collective(group_state& gs, std::size_t k, std::string_view kind, std::int64_t bytes, graph::task_id join,
                          collective_tasks c);
   void final_device_sync(rank_state& rs);
@@ -371,8 +378,8 @@ class program_builder {
     time_ns duration;
     string_id name;
   };
-  std::optional<receive> receive_of(rank_state& rs, const pipeline::op& o);
-  void receive_input(rank_state& rs, const pipeline::op& o);
+  std::optional<receive> receive_of(rank_state& rs, std::size_t i);
+  void receive_input(rank_state& rs, std::size_t i);
   void post_receive(rank_state& rs);
   void emit_op(rank_state& rs);
   void end_rank(rank_state& rs);

@@ -261,16 +261,15 @@ void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
   }
 }
 
-// Where the input of op `o` comes from, when another stage sends it: the transfer's group,
-// its sequence counter on this rank, its stream, length and name.
+// Where the input of op `i` of the rank's order comes from, when another stage sends it (the
+// stage plan's sender): the transfer's group, its sequence counter on this rank, its stream,
+// length and name.
 template <model::ComputeModel Compute, model::CommModel Comm>
-auto program_builder<Compute, Comm>::receive_of(rank_state& rs, const pipeline::op& o) -> std::optional<receive> {
+[[gnu::always_inline]] inline auto program_builder<Compute, Comm>::receive_of(rank_state& rs, std::size_t i) -> std::optional<receive> {
   const int s = rs.info.stage;
-  const auto dep = pipeline::dependency_of(shape_, s, o);
-  if (!dep || !dep->crosses_stages(s)) return std::nullopt;
-  const bool fwd = o.kind == pipeline::op_kind::forward;
-  const int sender = dep->on.stage;
-  if (fwd) {
+  const int sender = buf_.sender[buf_.stage_ops[static_cast<std::size_t>(s)] + i].first;
+  if (sender < 0) return std::nullopt;
+  if (order_of(rs)[i].kind == pipeline::op_kind::forward) {
     return receive{&cached_group(rs.act_in, group_type::act, sender, rs.col), &rs.seq_act_in, rs.info.recv_prev,
                    p2p_duration(sender, rs.col), n_recv_fwd_};
   }
@@ -278,16 +277,16 @@ auto program_builder<Compute, Comm>::receive_of(rank_state& rs, const pipeline::
                  p2p_duration(s, rs.col), n_recv_bwd_};
 }
 
-// The receive of op `o`'s input, when it comes from another stage (its arrive posted already
+// The receive of op `i`'s input, when it comes from another stage (its arrive posted already
 // when the compiled program's driver did: post_receive).
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::receive_input(rank_state& rs, const pipeline::op& o) {
+void program_builder<Compute, Comm>::receive_input(rank_state& rs, std::size_t i) {
   collective_tasks c;
   if (rs.posted.group != nullptr) {
     c = {rs.posted.arrive, complete(rs.posted.stream, *rs.posted.group, rs.posted.seq, rs.posted.duration)};
     rs.posted.group = nullptr;
   } else {
-    const std::optional<receive> r = receive_of(rs, o);
+    const std::optional<receive> r = receive_of(rs, i);
     if (!r) return;
     c = collective(rs, r->stream, *r->group, *r->seq, "send_recv", p2p_bytes_, r->duration, r->name);
   }
@@ -304,10 +303,10 @@ void program_builder<Compute, Comm>::receive_input(rank_state& rs, const pipelin
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::post_receive(rank_state& rs) {
   if (rs.next_op >= order_of(rs).size()) return;
-  const std::optional<receive> r = receive_of(rs, order_of(rs)[rs.next_op]);
+  const std::optional<receive> r = receive_of(rs, rs.next_op);
   if (!r) return;
   const std::size_t k = static_cast<std::size_t>((*r->seq)++);
-  rs.posted = {r->group, k, arrive(rs, r->stream, *r->group, k, launch_spec{collective_cpu_, collective_cpu_}, graph::no_task),
+  rs.posted = {r->group, k, arrive(rs, r->stream, *r->group, k, launch_edge(rs, launch_spec{collective_cpu_, collective_cpu_}), graph::no_task),
                r->stream, r->duration};
 }
 
@@ -321,7 +320,7 @@ void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
   const int s = rs.info.stage;
   const auto [first, last] = chunk_role(s, o);
   auto needs_params = [](const pipeline::op& x) { return x.kind != pipeline::op_kind::weight; };
-  receive_input(rs, o);
+  receive_input(rs, i);
   if (rs.gather_early && i == 0 && rs.first_gathered != graph::no_task) rs.pending.push_back(rs.first_gathered);
   if (rs.gather_early && i > 0 && rs.all_gathered != graph::no_task) {
     rs.pending.push_back(rs.all_gathered);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -202,13 +203,38 @@ struct launch_spec {
   bool before_last = false;
 };
 
+/// A list of task handles that is filled and emptied over and over (the start edges or host
+/// waits the next task takes: a handful): its storage only grows, so that pushing is a store
+/// and a compare.
+class task_list {
+ public:
+  task_list() : items_(8) {}
+  [[gnu::always_inline]] void push_back(graph::task_id t) {
+    if (size_ == items_.size()) [[unlikely]] grow();
+    items_[size_++] = t;
+  }
+  void clear() noexcept { size_ = 0; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] const graph::task_id* begin() const noexcept { return items_.data(); }
+  [[nodiscard]] const graph::task_id* end() const noexcept { return items_.data() + size_; }
+  // NOLINTNEXTLINE(google-explicit-constructor): a list is a span of its tasks
+  operator std::span<const graph::task_id>() const noexcept { return {items_.data(), size_}; }
+
+ private:
+  std::vector<graph::task_id> items_;  // its first size_ are the list
+  std::size_t size_ = 0;
+
+  [[gnu::noinline]] void grow() { items_.resize(2 * items_.size()); }
+};
+
 /// What the builder keeps of one simulated rank while it emits it, op by op.
 struct rank_state {
   simulated_rank info;
   std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
   std::int64_t seq_norm = 0, seq_embd = 0;
-  std::vector<graph::task_id> pending;  ///< start edges into the next compute-stream task
-  std::vector<graph::task_id> waits;    ///< host waits folded into the next CPU task (compiled)
+  task_list pending;  ///< start edges into the next compute-stream task
+  task_list waits;    ///< host waits folded into the next CPU task (compiled)
   graph::task_id last_compute = graph::no_task;
   graph::task_id last_dp = graph::no_task;
   struct pending_launch {
@@ -223,6 +249,12 @@ struct rank_state {
   graph::task_id launcher = graph::no_task;
   time_ns batch_cpu = 0;        ///< host time of the batch so far
   time_ns last_launch_cpu = 0;  ///< host time of the batch's last launch
+  /// The last compute task launched in a compiled program, its launcher and launch delay.
+  struct launched_task {
+    graph::task_id task = graph::no_task;
+    graph::task_id launcher = graph::no_task;
+    std::int32_t delay = 0;
+  } launched;
   // Where the emission of its pipeline ops stands.
   std::size_t next_op = 0;
   int col = 0;
@@ -258,6 +290,7 @@ struct rank_state {
     cpu_tasks.clear();
     launcher = graph::no_task;
     batch_cpu = last_launch_cpu = 0;
+    launched = {};
     next_op = 0;
     col = 0;
     in_pipeline = gather_early = false;

@@ -70,6 +70,7 @@ template <model::ComputeModel Compute, model::CommModel Comm>
     if (launch != nullptr) {
       const launch_ref l = launch_edge(rs, *launch);
       t = sink_->task(rs.info.compute, k, d, rs.pending, graph::no_task, &l);
+      rs.launched = {t, l.launcher, l.delay};
     } else {
       t = sink_->task(rs.info.compute, k, d, rs.pending);
     }
@@ -187,34 +188,60 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 // launched with `cpu` ns of host time (default: the collective's enqueue time per kernel) and
 // a launch edge of `lead` (default: `cpu`); `after`, when given, precedes its arrive.
 template <model::ComputeModel Compute, model::CommModel Comm>
-auto program_builder<Compute, Comm>::collective(rank_state& rs, graph::processor_id stream_id, group_state& gs,
-                                                std::int64_t& seq, std::string_view kind, std::int64_t bytes,
-                                                time_ns duration, string_id name, std::int32_t kernels, time_ns cpu,
-                                                time_ns lead, std::int64_t element_bytes, graph::task_id after,
-                                                bool before_last) -> collective_tasks {
+[[gnu::always_inline]] inline auto program_builder<Compute, Comm>::collective(
+    rank_state& rs, graph::processor_id stream_id, group_state& gs, std::int64_t& seq, std::string_view kind,
+    std::int64_t bytes, time_ns duration, string_id name, std::int32_t kernels, time_ns cpu, time_ns lead,
+    std::int64_t element_bytes, graph::task_id after, bool before_last) -> collective_tasks {
   if (cpu < 0) cpu = collective_cpu_ * kernels;
   const launch_spec launch{cpu, lead < 0 ? cpu : lead, before_last};
-  const bool on_compute_stream = stream_id == rs.info.compute;
   const auto k = static_cast<std::size_t>(seq++);
+  if (!direct_) return add_collective(rs, stream_id, gs, k, kind, bytes, duration, name, launch, element_bytes, after);
+  if (gs.participants == 1) {
+    const launch_ref l = launch_edge(rs, launch);
+    if (launch.before_last && stream_id == rs.info.compute && rs.info.rank != 0 && after == graph::no_task &&
+        rs.pending.empty() && sink_->last_on(stream_id) == rs.launched.task && l.launcher == rs.launched.launcher &&
+        l.delay <= rs.launched.delay) {
+      // Queued right behind the compute task of its batch, launched no later: it starts when that
+      // task ends, so that task takes its time (compiled_program): no task, no launch edge.
+      sink_->add_duration(rs.launched.task, duration);
+      sink_->fold(2, 1);
+      return {rs.launched.task, rs.launched.task};
+    }
+    // The arrive folded into its complete (compiled_program): one task, the arrive's edges.
+    const graph::task_id t = arrive(rs, stream_id, gs, k, l, after, graph::task_kind::comm_complete, duration);
+    sink_->fold(1, 0);
+    return {t, t};
+  }
+  return place_joined(rs, stream_id, gs, k, launch, duration, after);
+}
+
+// A collective with several participants in the compiled program: this one's arrive and
+// complete, or its send queued until its receive is posted.
+template <model::ComputeModel Compute, model::CommModel Comm>
+auto program_builder<Compute, Comm>::place_joined(rank_state& rs, graph::processor_id stream_id, group_state& gs,
+                                                  std::size_t k, const launch_spec& launch, time_ns duration,
+                                                  graph::task_id after) -> collective_tasks {
   collective_tasks c;
-  if (direct_) {
-    if (gs.participants == 1) {
-      // The arrive folded into its complete (compiled_program): one task, the arrive's edges.
-      c.arrive = c.complete = arrive(rs, stream_id, gs, k, launch, after, graph::task_kind::comm_complete, duration);
-      sink_->fold(1, 0);
-      return c;
-    }
-    if ((stream_id == rs.info.send_next || stream_id == rs.info.send_prev) && gs.participants == 2 &&
-        (gs.queued_head < gs.queued.size() || gs.arrived.size() <= k || gs.arrived[k] == 0)) {
-      // A pipeline send before its receive is posted: queued (see group_state::queued).
-      const launch_ref l = launch_edge(rs, launch);
-      gs.queued.push_back({k, stream_id, l, after, duration});
-      return c;
-    }
-    c.arrive = arrive(rs, stream_id, gs, k, launch, after);
-    c.complete = complete(stream_id, gs, k, duration);
+  if ((stream_id == rs.info.send_next || stream_id == rs.info.send_prev) && gs.participants == 2 &&
+      (gs.queued_head < gs.queued.size() || gs.arrived.size() <= k || gs.arrived[k] == 0)) {
+    // A pipeline send before its receive is posted: queued (see group_state::queued).
+    const launch_ref l = launch_edge(rs, launch);
+    gs.queued.push_back({k, stream_id, l, after, duration});
     return c;
   }
+  c.arrive = arrive(rs, stream_id, gs, k, launch_edge(rs, launch), after);
+  c.complete = complete(stream_id, gs, k, duration);
+  return c;
+}
+
+// The collective's tasks and edges in the task graph.
+template <model::ComputeModel Compute, model::CommModel Comm>
+auto program_builder<Compute, Comm>::add_collective(rank_state& rs, graph::processor_id stream_id, group_state& gs,
+                                                    std::size_t k, std::string_view kind, std::int64_t bytes,
+                                                    time_ns duration, string_id name, const launch_spec& launch,
+                                                    std::int64_t element_bytes, graph::task_id after) -> collective_tasks {
+  const bool on_compute_stream = stream_id == rs.info.compute;
+  collective_tasks c;
   c.arrive = on_compute_stream ? on_compute(rs, graph::task_kind::comm_arrive, 0, name)
                                : add(stream_id, graph::task_kind::comm_arrive, 0, name, rs.info.rank);
   // The complete right after its arrive (task ids: arrive + 1), which reports rely on.
@@ -245,10 +272,9 @@ auto program_builder<Compute, Comm>::collective(rank_state& rs, graph::processor
 // the pending edges when on the compute stream, `after`; and its edge into the join.
 template <model::ComputeModel Compute, model::CommModel Comm>
 [[gnu::always_inline]] inline graph::task_id program_builder<Compute, Comm>::arrive(rank_state& rs, graph::processor_id stream_id, group_state& gs,
-                                                      std::size_t k, const launch_spec& launch, graph::task_id after,
+                                                      std::size_t k, const launch_ref& l, graph::task_id after,
                                                       graph::task_kind kind, time_ns duration) {
   const bool on_compute_stream = stream_id == rs.info.compute;
-  const launch_ref l = launch_edge(rs, launch);
   const graph::task_id a = sink_->task(stream_id, kind, duration, on_compute_stream ? std::span<const graph::task_id>(rs.pending)
                                                                                     : std::span<const graph::task_id>(),
                                        after, &l);
@@ -263,22 +289,30 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 // Arrive `a` at the `k`-th collective of `gs` (compiled program): kept for the completes; into
 // the join if one was made already; and the send of this sequence goes now if it was queued.
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::join_arrive(group_state& gs, std::size_t k, graph::task_id a) {
-  const auto n = static_cast<std::size_t>(gs.participants);
-  if (gs.arrived.size() <= k) {  // room for more sequences, grown geometrically
-    const std::size_t size = std::max({k + 1, 2 * gs.arrived.size(), std::size_t{16}});
-    gs.arrived.resize(size, 0);
-    gs.arrives.resize(size * n, graph::no_task);
-    gs.joins.resize(size, graph::no_task);
-  }
-  gs.arrives[k * n + gs.arrived[k]++] = a;
-  if (gs.joins[k] != graph::no_task && gs.joins[k] != group_state::folded_join) sink_->arrive(gs.joins[k], a);
-  if (gs.queued_head < gs.queued.size() && gs.queued[gs.queued_head].seq == k) {
-    const group_state::queued_send q = gs.queued[gs.queued_head++];
-    const graph::task_id send = sink_->task(q.stream, graph::task_kind::comm_arrive, 0, {}, q.after, &q.launch);
-    join_arrive(gs, k, send);
-    (void)complete(q.stream, gs, k, q.duration);
-  }
+[[gnu::always_inline]] inline void program_builder<Compute, Comm>::join_arrive(group_state& gs, std::size_t k, graph::task_id a) {
+  if (gs.arrived.size() <= k) [[unlikely]] more_sequences(gs, k);
+  gs.arrives[k * static_cast<std::size_t>(gs.participants) + gs.arrived[k]++] = a;
+  const graph::task_id join = gs.joins[k];
+  if (join != graph::no_task && join != group_state::folded_join) sink_->arrive(join, a);
+  if (gs.queued_head < gs.queued.size() && gs.queued[gs.queued_head].seq == k) [[unlikely]] send_queued(gs, k);
+}
+
+// Room for the arrives and joins of sequences up to `k` of `gs`, grown geometrically.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::more_sequences(group_state& gs, std::size_t k) {
+  const std::size_t size = std::max({k + 1, 2 * gs.arrived.size(), std::size_t{16}});
+  gs.arrived.resize(size, 0);
+  gs.arrives.resize(size * static_cast<std::size_t>(gs.participants), graph::no_task);
+  gs.joins.resize(size, graph::no_task);
+}
+
+// The queued send of sequence `k` of `gs`, now that its receive is posted.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::send_queued(group_state& gs, std::size_t k) {
+  const group_state::queued_send q = gs.queued[gs.queued_head++];
+  const graph::task_id send = sink_->task(q.stream, graph::task_kind::comm_arrive, 0, {}, q.after, &q.launch);
+  join_arrive(gs, k, send);
+  (void)complete(q.stream, gs, k, q.duration);
 }
 
 // The complete after a participant's arrive at the `k`-th collective of `gs` (compiled program).
