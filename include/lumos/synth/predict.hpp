@@ -102,13 +102,15 @@ struct prediction {
   double bubble_fraction = 0;
   time_ns pipeline_ns = 0;
 
-  /// 4-way breakdown (FIDELITY.md) of `breakdown_rank`'s GPU timeline over its iteration window
+  /// 4-way breakdown (exposed compute, overlap, exposed communication, idle: docs/replay.md) of
+  /// `breakdown_rank`'s GPU timeline over its iteration window
   /// [0, end of its last GPU op]. Communication intervals are transfers (the complete tasks),
   /// not the time a collective waits for its peers, which counts as other (idle).
   report::breakdown breakdown;
   /// The same with communication kernels as a trace of the job shows them: active from the
-  /// participant's arrival to the end of the transfer (FIDELITY.md's definition applied to
-  /// `lumos synth` traces). Pipeline waits in early-posted receives count as communication here.
+  /// participant's arrival to the end of the transfer (how the replay of a measured trace counts
+  /// them, applied to `lumos synth` traces). Pipeline waits in early-posted receives count as
+  /// communication here.
   report::breakdown breakdown_with_waits;
   int breakdown_rank = 0;
   time_ns breakdown_window_ns = 0;
