@@ -348,6 +348,7 @@ inline int run_whatif(args& a) {
     report::html_options ho;
     ho.title = "lumos whatif";
     ho.inputs = inputs;
+    for (const auto& c : r.changes) ho.changes.emplace_back(c.headline(), c.text);
     report::detail::write_file(*html, report::html_report(job, r.predicted, ho, &r.baseline));
     written.files.emplace_back(*html);
   }

@@ -1082,6 +1082,27 @@ TEST_CASE("replay, whatif and predict write the HTML report with --report", "[cl
   const std::string wh = html_of(w);
   CHECK(wh.find("what-if vs baseline") != std::string::npos);
   CHECK(wh.find("replay error") == std::string::npos);
+  // The page leads with the what-if's changes, those of `--json`'s change_records, and calls
+  // the prediction's distance to the trace a change, not an error.
+  const result j = run("whatif " + example + " --gpu a100-sxm-80gb --json");
+  REQUIRE(j.code == 0);
+  simdjson::dom::parser parser;
+  const simdjson::dom::element doc = parser.parse(j.out);
+  std::size_t records = 0;
+  for (const auto c : simdjson::dom::array(doc["change_records"])) {
+    const std::string subject{std::string_view(c["subject"])}, from{std::string_view(c["from"])}, to{std::string_view(c["to"])};
+    const std::string headline = from.empty() && to.empty() ? subject : subject + " " + from + " -&gt; " + to;
+    INFO(headline);
+    const auto at = wh.find("<li><b>" + headline + "</b>");
+    CHECK(at != std::string::npos);
+    CHECK(at < wh.find("id=\"card-measured\""));
+    ++records;
+  }
+  CHECK(records > 0);
+  CHECK(wh.find("<section id=\"changes\">") != std::string::npos);
+  CHECK(wh.find("change vs measured") != std::string::npos);
+  CHECK(wh.find("<th class=\"n\">error</th>") == std::string::npos);
+  CHECK(html_of(r).find("<section id=\"changes\">") == std::string::npos);
   const auto p = dir.path() / "predict.html";
   REQUIRE(run("predict --model gpt3-15b --tp 2 --pp 2 --global-batch 8 --report " + p.string()).code == 0);
   const std::string ph = html_of(p);

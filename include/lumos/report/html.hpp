@@ -42,6 +42,9 @@ struct html_options {
   std::size_t max_rank_rows = 48;       ///< rows of the per-rank bars (groups of identical ranks)
   std::size_t max_pipeline_rows = 16;   ///< stages in the pipeline diagram
   double timeline_width = 1120;         ///< px of the time axis
+  /// What a what-if changed, listed first on its page: each a headline ("layers 8 -> 16") and
+  /// the sentence that explains it (`whatif::change`'s `headline()` and `text`).
+  std::vector<std::pair<std::string, std::string>> changes;
 };
 
 /// Colour class of a task for the timeline: memcpy/memset from the trace category when the
@@ -242,25 +245,46 @@ class page {
   // The job in figures: iterations, error or change against the baseline, SM utilisation.
   void summary() {
     const std::string step = s_.ranks.empty() ? std::string("-") : s_.ranks[slowest_].step;
-    put(out_, "<p class=\"sub\">%zu rank%s, %s; replayed with scales compute=%g comm=%g cpu=%g</p>\n", s_.ranks.size(),
-        s_.ranks.size() == 1 ? "" : "s", esc(step).c_str(), s_.scales.compute, s_.scales.comm, s_.scales.cpu);
+    put(out_, "<p class=\"sub\">%zu rank%s, %s; %s with scales compute=%g comm=%g cpu=%g</p>\n", s_.ranks.size(),
+        s_.ranks.size() == 1 ? "" : "s", esc(step).c_str(), baseline_ != nullptr ? "predicted" : "replayed", s_.scales.compute,
+        s_.scales.comm, s_.scales.cpu);
+    changes();
     out_ += "<section id=\"summary\"><div class=\"cards\">";
     card(ms(s_.measured_ns), "measured iteration (slowest rank)", "card-measured");
-    card(ms(s_.simulated_ns), "simulated iteration (slowest rank)", "card-simulated");
+    card(ms(s_.simulated_ns), baseline_ != nullptr ? "predicted iteration (slowest rank)" : "simulated iteration (slowest rank)",
+         "card-simulated");
     // Against a baseline the simulated iteration is a prediction, not a replay: its distance to
     // the measurement is the what-if's effect, shown as the change, not as an error.
     if (baseline_ == nullptr) card(pct(s_.error), "replay error |sim − meas| / meas", "card-error");
     if (baseline_ != nullptr) {
       card(ms(baseline_->simulated_ns), "baseline (unscaled) replay", "card-baseline");
-      const double change = baseline_->simulated_ns > 0 ? static_cast<double>(s_.simulated_ns - baseline_->simulated_ns) /
-                                                              static_cast<double>(baseline_->simulated_ns)
-                                                        : 0.0;
-      card((change > 0 ? "+" : "") + pct(change), "what-if vs baseline", "card-change");
+      card(signed_pct(s_.simulated_ns, baseline_->simulated_ns), "what-if vs baseline", "card-change");
     }
     if (!s_.ranks.empty()) card(pct(s_.ranks[slowest_].simulated.sm.mean), "SM utilisation (slowest rank)", "card-sm");
     out_ += "</div>\n<table><tbody>";
     summary_table();
     out_ += "</tbody></table></section>\n";
+  }
+
+  // What the what-if changed, before any figure.
+  void changes() {
+    if (opt_.changes.empty()) return;
+    out_ += "<section id=\"changes\"><h2>What changed</h2>\n<ul class=\"changes\">";
+    for (const auto& [headline, text] : opt_.changes) {
+      out_ += "<li><b>";
+      escape(out_, headline);
+      out_ += "</b>";
+      // The sentence often opens with the headline: the rest of it, then.
+      std::string_view rest = text;
+      if (rest.starts_with(headline)) rest.remove_prefix(headline.size());
+      while (!rest.empty() && (rest.front() == ':' || rest.front() == ' ')) rest.remove_prefix(1);
+      if (!rest.empty()) {
+        out_ += ": ";
+        escape(out_, rest, rest.size());  // the whole sentence
+      }
+      out_ += "</li>";
+    }
+    out_ += "</ul></section>\n";
   }
 
   // Inputs, device, world size and what the graph builder found.
@@ -709,13 +733,15 @@ class page {
 
   // Every group of alike ranks (up to 4 × max_rank_rows), compact.
   void ranks_table() {
-    out_ += "<section id=\"ranks\"><h2>Ranks</h2>\n<table><thead><tr><th>ranks</th><th>step</th><th class=\"n\">measured</th>"
-            "<th class=\"n\">simulated</th><th class=\"n\">error</th><th class=\"n\">SM util.</th></tr></thead><tbody>";
+    // A what-if's distance to the traced run is what the change does, not an error of the model.
+    put(out_, "<section id=\"ranks\"><h2>Ranks</h2>\n<table><thead><tr><th>ranks</th><th>step</th><th class=\"n\">measured</th>"
+              "<th class=\"n\">%s</th><th class=\"n\">%s</th><th class=\"n\">SM util.</th></tr></thead><tbody>",
+        baseline_ != nullptr ? "predicted" : "simulated", baseline_ != nullptr ? "change vs measured" : "error");
     for (std::size_t k = 0; k < groups_.size() && k < 4 * opt_.max_rank_rows; ++k) {
       const rank_replay& r = s_.ranks[groups_[k].members.front()];
       put(out_, "<tr><td>%s</td><td>%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td></tr>",
           esc(rank_ranges(groups_[k].ranks), 60).c_str(), esc(r.step).c_str(), ms(r.measured_ns).c_str(), ms(r.simulated_ns).c_str(),
-          pct(r.error).c_str(), pct(r.simulated.sm.mean).c_str());
+          (baseline_ != nullptr ? signed_pct(r.simulated_ns, r.measured_ns) : pct(r.error)).c_str(), pct(r.simulated.sm.mean).c_str());
     }
     out_ += "</tbody></table></section>\n";
   }

@@ -81,6 +81,13 @@ inline std::string pct(double f) {
   return buf;
 }
 
+/// "+80.8%": `to` relative to `from`, signed ("-" when `from` is 0).
+inline std::string signed_pct(time_ns to, time_ns from) {
+  if (from <= 0) return "-";
+  const double f = static_cast<double>(to - from) / static_cast<double>(from);
+  return (f > 0 ? "+" : "") + pct(f);
+}
+
 /// "0-3, 8, 10-11": a compact list of sorted rank numbers.
 inline std::string rank_ranges(const std::vector<int>& ranks) {
   std::string out;
@@ -199,7 +206,7 @@ class lane_painter {
 inline constexpr std::string_view css = R"(
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d2430;margin:24px auto;max-width:1400px;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2ea;padding-bottom:4px}
-h3{font-size:14px;margin:16px 0 6px}.sub{color:#5b6473}
+h3{font-size:14px;margin:16px 0 6px}.sub{color:#5b6473}ul.changes{margin:6px 0 12px;padding-left:20px}ul.changes li{margin:3px 0}
 table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eef0f4;vertical-align:top}
 th{font-weight:600;color:#3b4454;background:#f6f8fb}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:10px 0}.card{border:1px solid #dde2ea;border-radius:6px;padding:8px 14px;min-width:150px}
