@@ -145,14 +145,6 @@ inline std::string build_text(const report::replay_session& s, const trace::job&
                   st.collective_participants, st.collective_matching.c_str());
     out += line;
   }
-  if (st.collectives_unmatched > 0) {
-    std::snprintf(line, sizeof line,
-                  "note: %zu communication ops have no partner rank in this job (partners absent): transfer (scaled by comm) from "
-                  "the same op in another step for %zu, from ops of the same size and group for %zu, the whole duration for %zu; "
-                  "the rest is peer wait, kept\n",
-                  st.collectives_unmatched, st.unmatched_transfer_same_op, st.unmatched_transfer_same_size, st.unmatched_kept_whole);
-    out += line;
-  }
   std::snprintf(line, sizeof line,
                 "GPU ops bound by: stream %zu (queued), launch %zu, cross-stream %zu (%zu waits found from timing alone), "
                 "unexplained delay kept %zu; %zu poll loops folded into their wait\n",
@@ -162,10 +154,20 @@ inline std::string build_text(const report::replay_session& s, const trace::job&
   return out;
 }
 
-// Clock skew between hosts, causality violations and the selective scales' reach.
-inline std::string warnings_text(const report::replay_session& s, const trace::job& job, const report::replay_options& opt) {
+// The diagnostics of a replay (stderr in text mode): partners absent, clock skew between hosts,
+// causality violations.
+inline std::string warnings_text(const report::replay_session& s, const trace::job& job) {
   const auto& st = s.built.stats;
   std::string out;
+  if (st.collectives_unmatched > 0) {
+    char line[640];
+    std::snprintf(line, sizeof line,
+                  "note: %zu communication ops have no partner rank in this job (partners absent): transfer (scaled by comm) from "
+                  "the same op in another step for %zu, from ops of the same size and group for %zu, the whole duration for %zu; "
+                  "the rest is peer wait, kept\n",
+                  st.collectives_unmatched, st.unmatched_transfer_same_op, st.unmatched_transfer_same_size, st.unmatched_kept_whole);
+    out += line;
+  }
   if (!st.clock_offsets_consistent) {
     out += "clocks: the matched collectives admit no clock offsets (collectives matched wrongly?); none applied\n";
   } else {
@@ -186,6 +188,13 @@ inline std::string warnings_text(const report::replay_session& s, const trace::j
     out += "warning: " + std::to_string(st.causality_violations) + " causality violation" + (st.causality_violations == 1 ? "" : "s") +
            " in the traces (timestamps no execution can produce; --strict makes them errors); the worst: " + st.worst_violation_text + "\n";
   }
+  return out;
+}
+
+// What the selective scales reached.
+inline std::string op_scales_text(const report::replay_session& s, const report::replay_options& opt) {
+  const auto& st = s.built.stats;
+  std::string out;
   if (!opt.build.op_scales.empty()) {
     std::string ops;
     for (const auto& o : opt.build.op_scales) {
@@ -367,7 +376,8 @@ inline int run_replay(args& a) {
     if (req.trace_out) parts.trace_out = &written;
     out = report::replay_json(s, parts);
   } else {
-    out = build_text(s, job, opt) + warnings_text(s, job, opt) + ranks_text(s);
+    write_diagnostics(warnings_text(s, job));
+    out = build_text(s, job, opt) + op_scales_text(s, opt) + ranks_text(s);
     if (req.critical && !s.ranks.empty()) out += critical_path_text(s, path, slowest);
     out += held_out_text(s);
     if (req.explain) out += explain_text(s, frozen);

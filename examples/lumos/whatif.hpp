@@ -278,7 +278,6 @@ inline std::string whatif_text(const whatif::whatif_result& r, const trace::job&
   const std::size_t traced = folding.folded() ? folding.traced : job.ranks.size();
   std::snprintf(line, sizeof line, "lumos whatif: %zu rank%s\n", traced, traced == 1 ? "" : "s");
   out += line;
-  out += folding_text(folding);
   for (const auto& c : r.changes) out += "change: " + c.text + "\n";
   out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
   // The traced ranks the prediction kept compare with their baseline (all of them unless stages
@@ -313,7 +312,6 @@ inline std::string whatif_text(const whatif::whatif_result& r, const trace::job&
     out += line;
   }
   for (const auto& f : written.files) out += "wrote " + f.string() + "\n";
-  if (!written.folded_note.empty()) out += "note: " + written.folded_note + "\n";
   return out;
 }
 
@@ -352,7 +350,12 @@ inline int run_whatif(args& a) {
     report::detail::write_file(*html, report::html_report(job, r.predicted, ho, &r.baseline));
     written.files.emplace_back(*html);
   }
-  write_stdout(json ? report::whatif_json(r, job, folding, trace_out ? &written : nullptr) : whatif_text(r, job, written, folding));
+  if (json) {
+    write_stdout(report::whatif_json(r, job, folding, trace_out ? &written : nullptr));
+  } else {
+    write_diagnostics(folding_text(folding) + (written.folded_note.empty() ? "" : "note: " + written.folded_note + "\n"));
+    write_stdout(whatif_text(r, job, written, folding));
+  }
   return 0;
 }
 

@@ -429,8 +429,15 @@ TEST_CASE("a kernel that starts before its launch is a causality violation: a wa
      "args": {"device": 0, "stream": 7, "correlation": 1}}]})");
   const result warn = run("replay " + bad.string());
   CHECK(warn.code == 0);
-  CHECK(warn.out.find("1 causality violation") != std::string::npos);
-  CHECK(warn.out.find("starts 30000 ns before its launch call") != std::string::npos);
+  // A warning in text mode goes to stderr; stdout holds the results (the rank table) alone.
+  CHECK(warn.err.find("warning: 1 causality violation") != std::string::npos);
+  CHECK(warn.err.find("starts 30000 ns before its launch call") != std::string::npos);
+  CHECK(warn.out.find("causality") == std::string::npos);
+  CHECK(warn.out.find("rank") != std::string::npos);
+  const result warn_json = run("replay --json " + bad.string());  // in --json, a field
+  CHECK(warn_json.err.empty());
+  simdjson::dom::parser parser;
+  CHECK(int64_t(parser.parse(warn_json.out)["causality"]["violations"]) == 1);
   const result strict = run("replay --strict " + bad.string());
   CHECK(strict.code == 2);
   CHECK(strict.err.find("causality violation") != std::string::npos);
@@ -640,7 +647,9 @@ TEST_CASE("whatif folds identical ranks: one of each class stands for the rest, 
   const result text = run("whatif " + a.string() + " --dp 4");
   REQUIRE(text.code == 0);
   CHECK(text.out.find("lumos whatif: 8 ranks") != std::string::npos);
-  CHECK(text.out.find("8 traced ranks folded onto 2") != std::string::npos);
+  // The folding is a note: on stderr, the results alone on stdout.
+  CHECK(text.err.find("note: 8 traced ranks folded onto 2") != std::string::npos);
+  CHECK(text.out.find("note:") == std::string::npos);
 }
 
 TEST_CASE("whatif --pp from 1: --trace-out writes every stage's ranks, which replay to the prediction", "[cli][whatif][pipeline]") {
