@@ -36,7 +36,7 @@ const std::array commands = {
     command{"predict", "model one training iteration from a model description: time, MFU, bubble, memory", lumos::cli::predict_usage, lumos::cli::run_predict},
     command{"report", "replay a job and write a self-contained HTML report (bars, timelines, critical path)", lumos::cli::report_usage, lumos::cli::run_report},
     command{"synth", "write a modelled iteration as Kineto traces (one per distinct rank)", lumos::cli::synth_usage, lumos::cli::run_synth},
-    command{"whatif", "rewrite a traced job for another configuration (GPU, scales) and replay it", lumos::cli::whatif_usage, lumos::cli::run_whatif},
+    command{"whatif", "predict a traced job in another configuration (GPU, shape, layers, TP/DP/PP, schedule, batch, scales)", lumos::cli::whatif_usage, lumos::cli::run_whatif},
     command{"sweep", "predict every configuration of a space on all cores (and MPI ranks); rank them", lumos::cli::sweep_usage, lumos::cli::run_sweep},
     command{"calibrate", "fit a cost profile (GEMM, bandwidth, CPU, NCCL) from traces: predict --profile", lumos::cli::calibrate_usage, lumos::cli::run_calibrate},
 };

@@ -20,7 +20,7 @@ inline constexpr std::string_view report_usage =
     "  summary, measured vs simulated iteration and the 4-way breakdown per rank, a timeline of one\n"
     "  iteration per shown rank with its critical path, and the pipeline diagram of pipeline jobs.\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
-    "  -o FILE         the HTML file to write\n"
+    "  -o, --output FILE  the HTML file to write\n"
     "  --step N        report ProfilerStep#N (default: the last one every rank has)\n"
     "  --scale KIND=F  a what-if, as for 'lumos replay' (compute, comm, cpu, op:TEXT); the report then\n"
     "                  shows the unscaled replay (baseline) beside it\n"

@@ -30,7 +30,8 @@
 namespace lumos::cli {
 
 inline constexpr std::string_view sweep_usage =
-    "usage: lumos sweep --gpus N [--model PRESET] [shape flags of predict] [--gpu PRESET] [--precision P]\n"
+    "usage: lumos sweep --gpus N [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
+    "                   [--kv-heads N] [--seq N] [--vocab N] [--gpu PRESET] [--precision P]\n"
     "                   [--profile FILE] [--cost-model {kernel,roofline}] [--attention {flash,unfused}]\n"
     "                   [--tp LIST] [--pp LIST] [--dp LIST] [--vp LIST] [--micro-batch LIST]\n"
     "                   [--schedule LIST] [--recompute LIST] [--sp LIST] [--tp-comm-overlap {on,off}]\n"
@@ -58,6 +59,8 @@ inline constexpr std::string_view sweep_usage =
     "  --threads T   worker threads (default: all cores; under MPI, the cores / processes per node)\n"
     "  --csv FILE    every configuration with its result or rejection reason;  --json  the whole\n"
     "                sweep as JSON on stdout instead of the table\n"
+    "  --model and the shape flags as for 'lumos predict'; its --unfold and --forward-only are\n"
+    "  refused here (a sweep ranks whole training steps of folded programs)\n"
     "  MPI: built with LUMOS_WITH_MPI, `mpirun -np P lumos sweep ...` (or srun) splits the space in\n"
     "  blocks over the processes and gathers to rank 0, which alone writes; the output is the same\n"
     "  bytes as one process's.\n";

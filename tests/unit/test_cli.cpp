@@ -6,10 +6,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <simdjson.h>
 #include <tuple>
 
@@ -50,8 +53,12 @@ TEST_CASE("command-line words: flags, last value wins, repeated options, leftove
 
   lumos::cli::args dangling({"--step"});
   CHECK_THROWS_WITH(dangling.option("--step"), "option --step needs a value");
-  lumos::cli::args unknown({"--bogus", "p"});
-  CHECK_THROWS_WITH(unknown.positionals(), "unknown option --bogus");
+  lumos::cli::args unknown({"--bogus", "p", "--json"});
+  CHECK_FALSE(unknown.option("--step"));
+  CHECK_FALSE(unknown.flag("--help"));
+  CHECK(unknown.flag("--json"));
+  CHECK(unknown.asked() == std::vector<std::string>{"--step", "--help", "--json"});
+  CHECK_THROWS_WITH(unknown.positionals(), "unknown option --bogus (this command takes: --step --json)");
   lumos::cli::args stray({"p"});
   CHECK_THROWS_AS(stray.no_positionals(), lumos::cli::usage_error);
   CHECK(lumos::cli::parse_number<int>("42", "--n") == 42);
@@ -1117,6 +1124,66 @@ TEST_CASE("replay, whatif and predict write the HTML report with --report", "[cl
   const std::string ph = html_of(p);
   CHECK(ph.find("lumos predict: gpt3-15b") != std::string::npos);
   CHECK(ph.find("Pipeline schedule") != std::string::npos);
+}
+
+// The `--name` words of `text`, in order, once each; not those of another command than `self`
+// the text refers to ("`lumos inspect --structure`").
+std::vector<std::string> option_words(std::string_view text, const std::string& self) {
+  static const std::regex command_before("lumos ([a-z]+) $");
+  std::vector<std::string> out;
+  for (std::size_t i = text.find("--"); i != std::string_view::npos; i = text.find("--", i + 2)) {
+    if (i > 0 && text[i - 1] != ' ' && text[i - 1] != '[' && text[i - 1] != '|' && text[i - 1] != '(') continue;
+    const std::size_t from = i > 24 ? i - 24 : 0;
+    std::smatch named;
+    if (const std::string before(text.substr(from, i - from)); std::regex_search(before, named, command_before) && named[1] != self) {
+      continue;
+    }
+    std::size_t e = i + 2;
+    while (e < text.size() && (std::isalnum(static_cast<unsigned char>(text[e])) || text[e] == '-')) ++e;
+    if (e == i + 2) continue;
+    std::string w(text.substr(i, e - i));
+    if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(std::move(w));
+  }
+  return out;
+}
+
+TEST_CASE("each command's help lists every option it takes, and no other", "[cli][help]") {
+  // The commands, from `lumos help`'s list; each one's options from its own error for an
+  // unknown option (the options it asked for before its positionals: all of them).
+  const result top = run("help");
+  REQUIRE(top.code == 0);
+  std::vector<std::string> commands;
+  std::istringstream lines(top.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.size() > 2 && line.rfind("  ", 0) == 0 && std::isalpha(static_cast<unsigned char>(line[2]))) {
+      commands.push_back(line.substr(2, line.find(' ', 2) - 2));
+    }
+  }
+  REQUIRE(commands.size() >= 9);
+  for (const auto& c : commands) {
+    INFO(c);
+    const result help = run("help " + c);
+    REQUIRE(help.code == 0);
+    // The options a command requires before it looks at the rest.
+    const std::map<std::string, std::string> required = {{"schedule", " --kind 1f1b --stages 2 --microbatches 2"},
+                                                         {"sweep", " --gpus 8"}};
+    const auto req = required.find(c);
+    const result bad = run(c + (req != required.end() ? req->second : "") + " --no-such-option-of-lumos");
+    CHECK(bad.code == 2);
+    const auto at = bad.err.find("(this command takes:");
+    REQUIRE(at != std::string::npos);
+    const std::string taken_text = bad.err.substr(at, bad.err.find(')', at) - at);
+    const std::vector<std::string> taken = option_words(taken_text, c), documented = option_words(help.out, c);
+    CHECK(!taken.empty());
+    for (const auto& o : taken) {
+      INFO("taken, not in the help: " << o);
+      CHECK(std::find(documented.begin(), documented.end(), o) != documented.end());
+    }
+    for (const auto& o : documented) {
+      INFO("in the help, not taken: " << o);
+      CHECK(std::find(taken.begin(), taken.end(), o) != taken.end());
+    }
+  }
 }
 
 TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {

@@ -38,6 +38,7 @@ class args {
 
   /// True if the switch is present (and marks it used).
   bool flag(std::string_view name) {
+    remember(name);
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (!used_[i] && items_[i] == name) {
         used_[i] = true;
@@ -61,17 +62,27 @@ class args {
     return all;
   }
 
-  /// The remaining arguments; any leftover `--flag` is an error.
+  /// The remaining arguments; any leftover `--flag` is an error, which lists the options the
+  /// command asked for (a command asks for all of them before its positionals).
   std::vector<std::string> positionals() {
     std::vector<std::string> out;
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (used_[i]) continue;
-      if (items_[i].size() > 1 && items_[i][0] == '-') throw usage_error("unknown option " + items_[i]);
+      if (items_[i].size() > 1 && items_[i][0] == '-') {
+        std::string taken;
+        for (const auto& name : asked_) {
+          if (name != "--help" && name != "-h") taken += " " + name;
+        }
+        throw usage_error("unknown option " + items_[i] + " (this command takes:" + taken + ")");
+      }
       used_[i] = true;
       out.push_back(items_[i]);
     }
     return out;
   }
+
+  /// The options asked for so far, in the order asked.
+  [[nodiscard]] const std::vector<std::string>& asked() const { return asked_; }
 
   /// For commands that take no positional argument: any leftover word is an error.
   void no_positionals() {
@@ -79,8 +90,16 @@ class args {
   }
 
  private:
+  void remember(std::string_view name) {
+    for (const auto& n : asked_) {
+      if (n == name) return;
+    }
+    asked_.emplace_back(name);
+  }
+
   template <class Take>
   void for_each_value(std::string_view name, Take&& take) {
+    remember(name);
     for (std::size_t i = 0; i < items_.size(); ++i) {
       if (used_[i]) continue;
       const std::string& a = items_[i];
@@ -98,6 +117,7 @@ class args {
 
   std::vector<std::string> items_;
   std::vector<bool> used_;
+  std::vector<std::string> asked_;
 };
 
 /// `text` as a number of type T (the whole text), or a usage error naming `what`.
