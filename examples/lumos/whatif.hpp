@@ -279,6 +279,7 @@ inline std::string whatif_text(const whatif::whatif_result& r, const trace::job&
   std::snprintf(line, sizeof line, "lumos whatif: %zu rank%s\n", traced, traced == 1 ? "" : "s");
   out += line;
   for (const auto& c : r.changes) out += "change: " + c.text + "\n";
+  out += "why: " + r.why.text + "\n";
   out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
   // The traced ranks the prediction kept compare with their baseline (all of them unless stages
   // were merged); the ranks of added pipeline stages with the traced rank they copy.

@@ -77,6 +77,7 @@
 #include <lumos/sweep/space.hpp>
 #include <lumos/sweep/sweep.hpp>
 
+#include <lumos/whatif/attribution.hpp>
 #include <lumos/whatif/change.hpp>
 #include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/configuration.hpp>

@@ -615,6 +615,57 @@ TEST_CASE("whatif --dp on traces whose micro-batches are not known: the per-repl
   CHECK(flat_global.err.find("micro-batches per replica are not known") != std::string::npos);
 }
 
+TEST_CASE("whatif says why the step moved: the critical path's shares, what bounds it, and what would move it", "[cli][whatif]") {
+  simdjson::dom::parser parser;
+  auto whatif = [&](const std::string& trace, const std::string& flags) {
+    const result r = run("whatif " + data("gpu/" + trace) + " " + flags + " --json");
+    REQUIRE(r.code == 0);
+    return r.out;
+  };
+  for (const auto& [trace, bound] : {std::pair<std::string, std::string>{"h100-h1024", "host"}, {"h100-h4096", "compute"}}) {
+    INFO(trace);
+    const std::string out = whatif(trace, "--gpu h200-sxm");
+    const simdjson::dom::element doc = parser.parse(out);
+    const simdjson::dom::element base = doc["critical_path_shares"]["baseline"];
+    const std::array<std::pair<const char*, const char*>, 4> parts = {
+        {{"cpu", "host"}, {"gpu_compute", "compute"}, {"communication", "communication"}, {"waits", "waits"}}};
+    double sum = 0, top = -1;
+    std::string largest;
+    for (const auto& [key, name] : parts) {
+      const double v = double(base[key]);
+      CHECK(v >= 0);
+      sum += v;
+      if (v > top) top = v, largest = name;
+    }
+    CHECK(sum == Approx(1.0).epsilon(1e-9));
+    CHECK(std::string_view(doc["bound_by"]) == largest);
+    CHECK(largest == bound);
+    CHECK(doc["critical_path_shares"]["predicted"].is_object());
+    const std::string text{std::string_view(doc["attribution"]["text"])};
+    const double speedup = double(doc["speedup"]);
+    if (bound == "host") {
+      // The GPU got faster, the step hardly: the sentence says so, and what it suggests moves it more.
+      CHECK(int64_t(doc["attribution"]["gpu_compute_ns_after"]) < int64_t(doc["attribution"]["gpu_compute_ns_before"]) * 9 / 10);
+      CHECK(text.find("host-bound") != std::string::npos);
+      CHECK(text.find("`lumos replay --scale cpu=0.5`") != std::string::npos);
+      auto replayed = [&](const std::string& flags) {
+        const result r = run("replay " + data("gpu/" + trace) + " --json" + flags);
+        REQUIRE(r.code == 0);
+        return double(int64_t(parser.parse(r.out)["job"]["simulated_ns"]));
+      };
+      const double traced = replayed(""), faster_host = replayed(" --scale cpu=0.5");
+      CHECK(traced / faster_host > speedup + 0.1);
+    } else {
+      CHECK(text.find("-bound") == std::string::npos);
+    }
+  }
+  // The text output says it under "why:", after the changes.
+  const result text = run("whatif " + data("gpu/h100-h1024") + " --gpu h200-sxm");
+  REQUIRE(text.code == 0);
+  CHECK(text.out.find("\nwhy: the baseline's critical path is") != std::string::npos);
+  CHECK(text.out.find("why:") > text.out.find("change:"));
+}
+
 TEST_CASE("whatif folds identical ranks: one of each class stands for the rest, with the prediction of every rank", "[cli][whatif][fold]") {
   // TP 2 PP 2 DP 2 written with --unfold: the four ranks of each stage run the same work.
   lumos_test::temp_dir dir;

@@ -3,6 +3,7 @@
 // that made the prediction.
 
 #include <lumos/report/replay_report.hpp>
+#include <lumos/whatif/attribution.hpp>
 #include <lumos/whatif/change.hpp>
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/pipeline_graph.hpp>
@@ -39,6 +40,8 @@ struct whatif_result {
   /// 0 without pipeline parallelism; unset when the traces' schedule is not known.
   std::optional<double> bubble_fraction;
   std::string bubble_source;
+  /// Why the step moved as much as it did (attribution.hpp).
+  attribution why;
 };
 
 }  // namespace lumos::whatif

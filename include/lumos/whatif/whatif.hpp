@@ -171,6 +171,7 @@ template <Rewrite... Passes>
   detail::report_structure(ctx, out);
   detail::report_bubble(ctx, out);
   detail::report_summary(ctx, out);
+  out.why = attribute(out.baseline, out.predicted, out.predicted.simulated_ns, !out.pipeline);
   return out;
 }
 

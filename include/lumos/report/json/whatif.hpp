@@ -14,6 +14,7 @@
 #include <lumos/trace/fold.hpp>
 #include <lumos/whatif/result.hpp>
 
+#include <array>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -74,6 +75,32 @@ inline void change_records_json(json_writer& w, const std::vector<whatif::change
     w.end_array().field("text", c.text).end_object();
   }
   w.end_array();
+}
+
+/// Why the step moved as it did (whatif/attribution.hpp): `bound_by`, the critical path's
+/// `critical_path_shares` of the baseline and the prediction, the GPU's busy times before and
+/// after, and the sentence, under `attribution`.
+inline void attribution_json(json_writer& w, const whatif::attribution& a) {
+  auto shares = [&](const whatif::path_shares& s) {
+    const std::array<double, 4> v = {s.cpu, s.gpu_compute, s.communication, s.waits};
+    w.begin_object();
+    for (std::size_t k = 0; k < v.size(); ++k) w.field(whatif::path_share_names[k], v[k]);
+    w.end_object();
+  };
+  w.field("bound_by", a.bound_by);
+  w.key("critical_path_shares").begin_object().key("baseline");
+  shares(a.baseline);
+  w.key("predicted");
+  if (a.predicted) {
+    shares(*a.predicted);
+  } else {
+    w.null();
+  }
+  w.end_object();
+  w.key("attribution").begin_object();
+  w.field("gpu_compute_ns_before", a.compute_before).field("gpu_compute_ns_after", a.compute_after);
+  w.field("communication_ns_before", a.comm_before).field("communication_ns_after", a.comm_after);
+  w.field("text", a.text).end_object();
 }
 
 namespace detail {
@@ -174,6 +201,7 @@ struct written_traces {
   for (const auto& c : r.changes) w.value(c.text);
   w.end_array();
   change_records_json(w, r.changes);
+  attribution_json(w, r.why);
   if (r.shape) whatif_shape_json(w, *r.shape);
   if (r.pipeline) whatif_pipeline_json(w, *r.pipeline);
   if (r.stages) stage_split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);
