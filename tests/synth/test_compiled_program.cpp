@@ -182,6 +182,27 @@ void require_same_program(const ls::job& j, const ls::program_options& opt, cons
     CHECK(f1.kernel[i].begin == f2.kernel[i].begin);
     CHECK(f1.kernel[i].end == f2.kernel[i].end);
   }
+  // The timeline the builder computed as it placed the tasks is the replay's, position by
+  // position, and so are the figures taken from it.
+  const lumos::sim::record_timeline replayed = lumos::sim::replay(direct.graph);
+  REQUIRE(direct.times.size() == 2 * direct.graph.size());
+  std::uint32_t same = 0;
+  while (same < direct.graph.size() && direct.times[2 * std::size_t{same}] == replayed.start_of(lg::position{same}) &&
+         direct.times[2 * std::size_t{same} + 1] == replayed.finish_of(lg::position{same})) {
+    ++same;
+  }
+  REQUIRE(same == direct.graph.size());
+  CHECK(direct.makespan == replayed.makespan());
+  ls::figure_buffers f3;
+  const ls::timeline_figures z = ls::emitted_figures(direct, f3);
+  CHECK(z.iteration_ns == y.iteration_ns);
+  CHECK(z.pipeline_ns == y.pipeline_ns);
+  CHECK(z.bubble_fraction == y.bubble_fraction);
+  CHECK(z.breakdown_window_ns == y.breakdown_window_ns);
+  CHECK(z.breakdown.exposed_compute == y.breakdown.exposed_compute);
+  CHECK(z.breakdown.overlapped == y.breakdown.overlapped);
+  CHECK(z.breakdown.exposed_comm == y.breakdown.exposed_comm);
+  CHECK(z.breakdown.other == y.breakdown.other);
 }
 
 // A 1F1B whose first stage runs its backward before its forward: every op waits on another.

@@ -68,6 +68,11 @@ struct compiled_program {
   /// The tasks replay_figures reads, by ascending position: [0] those on the compute stream of
   /// each stage's representative rank (tp and dp index 0), [1] those on rank 0's GPU streams.
   std::array<output_vector<watched_task>, 2> watched;
+  /// The start and finish of each position, interleaved, and the latest finish: the timeline
+  /// sim::basic_replay gives for `graph` (with in-order processors), computed as the tasks were
+  /// placed (emitted_figures reads it; replay_figures replays the graph instead).
+  output_vector<time_ns> times;
+  time_ns makespan = 0;
   schedule_policy schedule = policy_of<pipeline::one_f_one_b>();
   pipeline::schedule_shape shape{};
   bool unfolded = false;

@@ -9,6 +9,15 @@
 // The replay of a compiled graph depends only on which tasks precede which, not on where they
 // sit in a topological order: the timeline is the one graph::compile of the same task graph
 // gives (tests/synth compares them processor by processor).
+//
+// Each task's start and finish are computed as it is placed, by the replay engine's rule for a
+// record without gap or finish edges (the only records placed here): start = the latest of its
+// processor's last finish and each predecessor's time plus delay; finish = start + own time.
+// Its predecessors are all placed by then, and the records are written in the order the engine
+// reads them, so the timeline is the one sim::basic_replay gives for the finished graph (tests
+// compare them): a sweep needs no second pass over the records. The two own times set after a
+// task is placed (set_duration, add_duration) belong to the last task placed on their
+// processor, whose finish nothing has read yet.
 
 #include <lumos/core/allocator.hpp>
 #include <lumos/core/error.hpp>
@@ -59,12 +68,13 @@ class direct_sink {
   /// Starts a build into `out` (cleared, its capacity kept), `kinds` (each position's kind) and
   /// `processors`; `tasks` and `edges` are the expected sizes.
   void reset(graph::compiled_graph& out, output_vector<graph::task_kind>& kinds, std::vector<graph::processor_info>& processors,
-             std::array<output_vector<watched_task>, 2>& watched, std::size_t tasks, std::size_t edges) {
+             std::array<output_vector<watched_task>, 2>& watched, output_vector<time_ns>& times, std::size_t tasks,
+             std::size_t edges) {
     out_ = &out;
+    timeline_ = &times;
     kinds_ = &kinds;
     processors_ = &processors;
     watched_ = &watched;
-    watch_.clear();
     w_ = {};
     out.processor_count = 0;
     out.task.clear();
@@ -72,7 +82,7 @@ class direct_sink {
     n_ = e_ = task_room_ = edge_room_ = 0;
     grow(tasks, edges);
     processors.clear();
-    last_.clear();
+    lanes_.clear();
     pending_.clear();
     in_.clear();
     release_.clear();
@@ -93,12 +103,13 @@ class direct_sink {
     return static_cast<std::size_t>(static_cast<std::ptrdiff_t>(e_) + folded_edges_);
   }
 
-  /// Ends the build: the compiled graph holds the placed tasks. False when some tasks still
-  /// wait for each other (a cycle).
+  /// Ends the build: the compiled graph holds the placed tasks, `times` (reset) their start and
+  /// finish. False when some tasks still wait for each other (a cycle).
   [[nodiscard]] bool finish() {
     out_->tasks.resize(n_);
     out_->preds.resize(e_);
     kinds_->resize(n_);
+    timeline_->resize(2 * std::size_t{n_});
     (*watched_)[0].resize(w_[0]);
     (*watched_)[1].resize(w_[1]);
     return waiting_ == 0;
@@ -113,8 +124,7 @@ class direct_sink {
       throw error("task_graph: more than 16777215 processors cannot be compiled");
     }
     processors_->push_back({kind, rank, owner, index, {}});
-    last_.push_back(graph::no_task);
-    watch_.push_back(watched);
+    lanes_.push_back({0, graph::no_task, watched});
     out_->processor_count = static_cast<std::uint32_t>(processors_->size());
     return static_cast<graph::processor_id>(processors_->size() - 1);
   }
@@ -125,7 +135,8 @@ class direct_sink {
   [[gnu::always_inline]] graph::task_id task(graph::processor_id p, graph::task_kind kind, time_ns duration,
                                              std::span<const graph::task_id> deps, graph::task_id extra = graph::no_task,
                                              const launch_ref* launch = nullptr) {
-    const graph::task_id previous = last_[p];
+    lane& at = lanes_[p];
+    const graph::task_id previous = at.last;
     std::uint32_t e = e_;
     if (n_ >= task_room_ || e + deps.size() + 2 > edge_room_) [[unlikely]] grow(1, deps.size() + 2);
     // The refs are written as the predecessors are checked; a task that must wait leaves them
@@ -137,16 +148,16 @@ class direct_sink {
     if (extra != graph::no_task) preds[e++] = {2 * ref(extra, ready) + 1, 0};
     const graph::task_id t =
         ready ? record(p, kind, duration, e) : hold(p, kind, duration, previous, edges_of(deps, extra, launch), 0);
-    last_[p] = t;
+    at.last = t;
     return t;
   }
 
   /// A join on barrier processor `p` that `participants` arrive tasks will precede
   /// (`arrive`); placed once they all have been added and placed.
   graph::task_id join(graph::processor_id p, int participants) {
-    const graph::task_id t = hold(p, graph::task_kind::join, 0, last_[p], {}, static_cast<std::uint32_t>(participants));
+    const graph::task_id t = hold(p, graph::task_kind::join, 0, lanes_[p].last, {}, static_cast<std::uint32_t>(participants));
     in_.resize(in_.size() + static_cast<std::size_t>(participants));  // the arrive edges to come
-    last_[p] = t;
+    lanes_[p].last = t;
     return t;
   }
 
@@ -172,9 +183,9 @@ class direct_sink {
   /// is known once its batch is.
   void set_duration(graph::task_id t, time_ns duration) {
     if ((t & waiting) == 0) {
-      records_[t].duration = duration;
+      retime(t, duration);
     } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
-      records_[w.position].duration = duration;
+      retime(w.position, duration);
     } else {
       pending_[t & ~waiting].duration = duration;
     }
@@ -184,16 +195,23 @@ class direct_sink {
   /// one queued right behind it.
   void add_duration(graph::task_id t, time_ns duration) {
     if ((t & waiting) == 0) {
-      records_[t].duration += duration;
+      retime(t, records_[t].duration + duration);
     } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
-      records_[w.position].duration += duration;
+      retime(w.position, records_[w.position].duration + duration);
     } else {
       pending_[t & ~waiting].duration += duration;
     }
   }
 
+  /// The latest finish of any placed task (the replay's makespan).
+  [[nodiscard]] time_ns makespan() const noexcept {
+    time_ns m = 0;
+    for (const lane& l : lanes_) m = std::max(m, l.free);
+    return m;
+  }
+
   /// The last task added to `p`, or no_task.
-  [[nodiscard]] graph::task_id last_on(graph::processor_id p) const noexcept { return last_[p]; }
+  [[nodiscard]] graph::task_id last_on(graph::processor_id p) const noexcept { return lanes_[p].last; }
 
   /// Where task `t` is in the compiled graph (once placed).
   [[nodiscard]] graph::position position(graph::task_id t) const noexcept { return graph::position{resolve(t)}; }
@@ -220,6 +238,8 @@ class direct_sink {
 
   graph::compiled_graph* out_ = nullptr;
   output_vector<graph::task_kind>* kinds_ = nullptr;
+  output_vector<time_ns>* timeline_ = nullptr;
+  time_ns* times_ = nullptr;  // start and finish of each position, interleaved (as the engine keeps them)
   std::vector<graph::processor_info>* processors_ = nullptr;
   // The output arrays, sized to their capacity during a build: n_ tasks and e_ edges written.
   graph::task_record* records_ = nullptr;
@@ -227,10 +247,15 @@ class direct_sink {
   graph::task_kind* kind_ = nullptr;
   std::array<output_vector<watched_task>, 2>* watched_ = nullptr;
   std::array<watched_task*, 2> watched_at_{};
-  std::vector<std::uint8_t> watch_;  // per processor: the watched lists its tasks go to (bits)
   std::array<std::uint32_t, 2> w_{};
   std::uint32_t n_ = 0, e_ = 0, task_room_ = 0, edge_room_ = 0;
-  std::vector<graph::task_id> last_;  // per processor: the last task added
+  // What the sink keeps of a processor, in one place (every task reads all of it).
+  struct lane {
+    time_ns free;          // the finish of its last task placed
+    graph::task_id last;   // the last task added
+    std::uint8_t watched;  // the watched lists its tasks go to (bits)
+  };
+  std::vector<lane> lanes_;
   std::vector<pending_task> pending_;
   std::vector<direct_edge> in_;         // the edges of waiting tasks
   std::vector<direct_edge> scratch_;    // a waiting task's edges, before they go to in_
@@ -263,9 +288,11 @@ class direct_sink {
     c.tasks.resize(t);
     c.preds.resize(e);
     kinds_->resize(t);
+    timeline_->resize(2 * t);
     records_ = c.tasks.data();
     preds_ = c.preds.data();
     kind_ = kinds_->data();
+    times_ = timeline_->data();
     for (std::size_t l = 0; l < 2; ++l) {
       (*watched_)[l].resize(t);
       watched_at_[l] = (*watched_)[l].data();
@@ -274,15 +301,27 @@ class direct_sink {
     edge_room_ = static_cast<std::uint32_t>(std::min<std::size_t>(e, ~std::uint32_t{0}));
   }
 
-  // The record of the task whose predecessor refs end at `e`.
+  // The record of the task whose predecessor refs end at `e` (its first is at e_), and its times.
   [[gnu::always_inline]] std::uint32_t record(graph::processor_id p, graph::task_kind kind, time_ns duration, std::uint32_t e) {
     const std::uint32_t n = n_;
+    time_ns* const times = times_;
+    lane& at = lanes_[p];
+    time_ns start = at.free;
+    for (const graph::pred_ref* r = preds_ + e_; r != preds_ + e; ++r) start = std::max(start, times[r->time] + r->delay);
+    times[2 * std::size_t{n}] = start;
+    times[2 * std::size_t{n} + 1] = at.free = start + duration;
     records_[n] = {0, duration, p, e};
     kind_[n] = kind;
-    if (const std::uint8_t watch = watch_[p]; watch != 0) [[unlikely]] add_watched(n, p, watch);
+    if (const std::uint8_t watch = at.watched; watch != 0) [[unlikely]] add_watched(n, p, watch);
     e_ = e;
     n_ = n + 1;
     return n;
+  }
+
+  // A new own time for placed task `n`, the last placed on its processor (see the header comment).
+  void retime(std::uint32_t n, time_ns duration) {
+    records_[n].duration = duration;
+    times_[2 * std::size_t{n} + 1] = lanes_[records_[n].processor()].free = times_[2 * std::size_t{n}] + duration;
   }
 
   // Task `n` on processor `p` into the watched lists whose bits `watch` sets.

@@ -140,7 +140,7 @@ class program_builder {
     orders_ = orders;
     prepare();
     const auto [tasks, edges] = expected_size();
-    sink_->reset(out.graph, out.kind, out.processors, out.watched, tasks, edges);
+    sink_->reset(out.graph, out.kind, out.processors, out.watched, out.times, tasks, edges);
     const int n = simulated_ranks();
     while (buf_.ranks.size() < static_cast<std::size_t>(n)) buf_.ranks.emplace_back();
     for (int i = 0; i < n; ++i) {
@@ -168,6 +168,7 @@ class program_builder {
     }
     for (int i = 0; i < n; ++i) end_rank(buf_.ranks[static_cast<std::size_t>(i)]);
     if (!sink_->finish()) return false;
+    out.makespan = sink_->makespan();
     out.tasks = sink_->graph_tasks();
     out.edges = sink_->graph_edges();
     out.processor_count = out.processors.size() + folded_barriers_;
