@@ -306,6 +306,40 @@ TEST_CASE("build_compiled_into reuses its program and buffers from job to job", 
   }
 }
 
+TEST_CASE("a build that keeps the timeline alone has the whole program's timeline, and stops growing", "[synth][compiled]") {
+  ls::program_options o;
+  o.detail = ls::granularity::pass;
+  o.p2p_host_sync = true;
+  ls::compiled_program reused;
+  ls::program_buffers buffers;
+  const std::vector<ls::job> jobs = {small_job(2, 4, 2, 32, 2), small_job(1, 1, 8, 16), small_job(2, 8, 1, 64),
+                                     small_job(4, 2, 2, 16)};
+  std::size_t room = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& j : jobs) {
+      ls::build_compiled_into(reused, buffers, j, o, {}, {}, nullptr, ls::compiled_parts::timeline);
+      const ls::compiled_program whole = ls::build_compiled(j, o);
+      CHECK(reused.parts == ls::compiled_parts::timeline);
+      CHECK(reused.graph.size() == 0);
+      CHECK(reused.kind.empty());
+      REQUIRE(reused.times.size() == whole.times.size());
+      CHECK(std::equal(reused.times.begin(), reused.times.end(), whole.times.begin()));
+      CHECK(reused.makespan == whole.makespan);
+      CHECK(reused.task_count() == whole.task_count());
+      CHECK(reused.edge_count() == whole.edge_count());
+      ls::figure_buffers f1, f2;
+      const ls::timeline_figures x = ls::emitted_figures(reused, f1), y = ls::emitted_figures(whole, f2);
+      CHECK(x.bubble_fraction == y.bubble_fraction);
+      CHECK(x.breakdown_window_ns == y.breakdown_window_ns);
+      CHECK(x.breakdown.exposed_comm == y.breakdown.exposed_comm);
+    }
+    // Warm after the first round: the arrays keep their room (none grows build after build).
+    const std::size_t now = reused.times.capacity() + reused.graph.preds.capacity();
+    if (round == 2) CHECK(now == room);
+    room = now;
+  }
+}
+
 TEST_CASE("a schedule whose ops wait on each other is graph::compile's cycle error", "[synth][compiled]") {
   auto j = small_job(1, 2, 1, 4);
   j.schedule = ls::policy_of<backward_first>();

@@ -93,7 +93,7 @@ template <class Timeline>
   }
   timeline_figures f;
   f.iteration_ns = makespan;
-  for (const auto [i, p] : prog.watched[0]) {
+  for (const auto [i, p, kind] : prog.watched[0]) {
     const figure_buffers::processor_role& r = b.role[p];
     if (i >= r.first && i <= r.last) {
       stage_timing& s = b.stages[r.stage];
@@ -102,10 +102,9 @@ template <class Timeline>
     }
   }
   time_ns window_end = 0;
-  for (const auto [i, p] : prog.watched[1]) {
+  for (const auto [i, p, k] : prog.watched[1]) {
     figure_buffers::processor_role& r = b.role[p];
     const time_ns start = times.start(i), finish = times.finish(i);
-    const graph::task_kind k = prog.kind[i];
     if (k == graph::task_kind::gpu_compute) {
       if (finish > start) {
         b.compute.push_back({start, finish});

@@ -18,6 +18,11 @@
 // compare them): a sweep needs no second pass over the records. The two own times set after a
 // task is placed (set_duration, add_duration) belong to the last task placed on their
 // processor, whose finish nothing has read yet.
+//
+// A build may keep the timeline alone (`graph` false in reset): no record, predecessor ref or
+// kind is stored, the refs of each task only long enough to time it. What a sweep reads of a
+// program is its timeline; the 24-byte records it would write and never read are, for a
+// program of 10^5 tasks, more than the cache holds.
 
 #include <lumos/core/allocator.hpp>
 #include <lumos/core/error.hpp>
@@ -39,6 +44,7 @@ namespace lumos::synth {
 struct watched_task {
   std::uint32_t position;
   graph::processor_id processor;
+  graph::task_kind kind;
 };
 
 }  // namespace lumos::synth
@@ -65,12 +71,15 @@ struct launch_ref {
 /// Reused: its arrays keep their capacity from one build to the next.
 class direct_sink {
  public:
-  /// Starts a build into `out` (cleared, its capacity kept), `kinds` (each position's kind) and
-  /// `processors`; `tasks` and `edges` are the expected sizes.
+  /// Starts a build into `out` (cleared, its capacity kept), `kinds` (each position's kind),
+  /// `processors`, `watched` and `times` (each position's start and finish); `tasks` and
+  /// `edges` are the expected sizes. `graph` false: `out` and `kinds` stay empty (see the header
+  /// comment).
   void reset(graph::compiled_graph& out, output_vector<graph::task_kind>& kinds, std::vector<graph::processor_info>& processors,
              std::array<output_vector<watched_task>, 2>& watched, output_vector<time_ns>& times, std::size_t tasks,
-             std::size_t edges) {
+             std::size_t edges, bool graph = true) {
     out_ = &out;
+    graph_ = graph;
     timeline_ = &times;
     kinds_ = &kinds;
     processors_ = &processors;
@@ -80,6 +89,7 @@ class direct_sink {
     out.task.clear();
     out.positions.clear();
     n_ = e_ = task_room_ = edge_room_ = 0;
+    refs_ = 0;
     grow(tasks, edges);
     processors.clear();
     lanes_.clear();
@@ -100,15 +110,15 @@ class direct_sink {
   /// The task graph's counts: the tasks placed and the edges written, with what was folded.
   [[nodiscard]] std::size_t graph_tasks() const noexcept { return n_ + folded_tasks_; }
   [[nodiscard]] std::size_t graph_edges() const noexcept {
-    return static_cast<std::size_t>(static_cast<std::ptrdiff_t>(e_) + folded_edges_);
+    return static_cast<std::size_t>(static_cast<std::ptrdiff_t>(refs_) + folded_edges_);
   }
 
   /// Ends the build: the compiled graph holds the placed tasks, `times` (reset) their start and
   /// finish. False when some tasks still wait for each other (a cycle).
   [[nodiscard]] bool finish() {
-    out_->tasks.resize(n_);
-    out_->preds.resize(e_);
-    kinds_->resize(n_);
+    out_->tasks.resize(graph_ ? n_ : 0);
+    out_->preds.resize(graph_ ? e_ : 0);
+    kinds_->resize(graph_ ? n_ : 0);
     timeline_->resize(2 * std::size_t{n_});
     (*watched_)[0].resize(w_[0]);
     (*watched_)[1].resize(w_[1]);
@@ -179,25 +189,25 @@ class direct_sink {
     if (j.waiters != none) release(j.waiters);
   }
 
-  /// Sets the own time of task `t` (placed or not): a batch's launching CPU task, whose length
-  /// is known once its batch is.
-  void set_duration(graph::task_id t, time_ns duration) {
+  /// Sets the own time of task `t` (placed or not) on processor `p`: a batch's launching CPU
+  /// task, whose length is known once its batch is.
+  void set_duration(graph::processor_id p, graph::task_id t, time_ns duration) {
     if ((t & waiting) == 0) {
-      retime(t, duration);
+      retime(p, t, duration);
     } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
-      retime(w.position, duration);
+      retime(p, w.position, duration);
     } else {
       pending_[t & ~waiting].duration = duration;
     }
   }
 
-  /// Adds `duration` to the own time of task `t` (placed or not): a task that takes the time of
-  /// one queued right behind it.
-  void add_duration(graph::task_id t, time_ns duration) {
+  /// Adds `duration` to the own time of task `t` (placed or not) on processor `p`: a task that
+  /// takes the time of one queued right behind it.
+  void add_duration(graph::processor_id p, graph::task_id t, time_ns duration) {
     if ((t & waiting) == 0) {
-      retime(t, records_[t].duration + duration);
+      retime(p, t, own_time(t) + duration);
     } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
-      retime(w.position, records_[w.position].duration + duration);
+      retime(p, w.position, own_time(w.position) + duration);
     } else {
       pending_[t & ~waiting].duration += duration;
     }
@@ -237,6 +247,7 @@ class direct_sink {
   };
 
   graph::compiled_graph* out_ = nullptr;
+  bool graph_ = true;  // keep the compiled graph and the kinds, not only the timeline
   output_vector<graph::task_kind>* kinds_ = nullptr;
   output_vector<time_ns>* timeline_ = nullptr;
   time_ns* times_ = nullptr;  // start and finish of each position, interleaved (as the engine keeps them)
@@ -249,6 +260,7 @@ class direct_sink {
   std::array<watched_task*, 2> watched_at_{};
   std::array<std::uint32_t, 2> w_{};
   std::uint32_t n_ = 0, e_ = 0, task_room_ = 0, edge_room_ = 0;
+  std::size_t refs_ = 0;  // predecessor refs of the placed tasks (e_ when the graph is kept)
   // What the sink keeps of a processor, in one place (every task reads all of it).
   struct lane {
     time_ns free;          // the finish of its last task placed
@@ -283,11 +295,13 @@ class direct_sink {
   void grow(std::size_t tasks, std::size_t edges) {
     if (n_ + tasks >= waiting) throw error("task_graph: more than 2^31 tasks cannot be compiled");
     graph::compiled_graph& c = *out_;
-    const std::size_t t = std::max<std::size_t>({n_ + tasks, c.tasks.capacity(), 2 * std::size_t{task_room_}});
-    const std::size_t e = std::max<std::size_t>({e_ + edges, c.preds.capacity(), 2 * std::size_t{edge_room_}});
-    c.tasks.resize(t);
+    // What earlier builds left: the room of the arrays this build keeps. Without the graph, the
+    // refs of one task at a time are written from the start of `preds`: its room is not doubled.
+    const std::size_t kept = graph_ ? c.tasks.capacity() : timeline_->capacity() / 2;
+    const std::size_t t = std::max<std::size_t>({n_ + tasks, kept, 2 * std::size_t{task_room_}});
+    const std::size_t e = std::max<std::size_t>({e_ + edges, c.preds.capacity(), graph_ ? 2 * std::size_t{edge_room_} : 0});
+    if (graph_) c.tasks.resize(t), kinds_->resize(t);
     c.preds.resize(e);
-    kinds_->resize(t);
     timeline_->resize(2 * t);
     records_ = c.tasks.data();
     preds_ = c.preds.data();
@@ -310,24 +324,31 @@ class direct_sink {
     for (const graph::pred_ref* r = preds_ + e_; r != preds_ + e; ++r) start = std::max(start, times[r->time] + r->delay);
     times[2 * std::size_t{n}] = start;
     times[2 * std::size_t{n} + 1] = at.free = start + duration;
-    records_[n] = {0, duration, p, e};
-    kind_[n] = kind;
-    if (const std::uint8_t watch = at.watched; watch != 0) [[unlikely]] add_watched(n, p, watch);
-    e_ = e;
+    refs_ += e - e_;
+    if (graph_) {
+      records_[n] = {0, duration, p, e};
+      kind_[n] = kind;
+      e_ = e;
+    }
+    if (const std::uint8_t watch = at.watched; watch != 0) [[unlikely]] add_watched(n, p, kind, watch);
     n_ = n + 1;
     return n;
   }
 
-  // A new own time for placed task `n`, the last placed on its processor (see the header comment).
-  void retime(std::uint32_t n, time_ns duration) {
-    records_[n].duration = duration;
-    times_[2 * std::size_t{n} + 1] = lanes_[records_[n].processor()].free = times_[2 * std::size_t{n}] + duration;
+  // The own time of placed task `n`: its finish less its start (no gap, no finish edge).
+  [[nodiscard]] time_ns own_time(std::uint32_t n) const noexcept { return times_[2 * std::size_t{n} + 1] - times_[2 * std::size_t{n}]; }
+
+  // A new own time for placed task `n`, the last placed on its processor `p` (see the header
+  // comment).
+  void retime(graph::processor_id p, std::uint32_t n, time_ns duration) {
+    if (graph_) records_[n].duration = duration;
+    times_[2 * std::size_t{n} + 1] = lanes_[p].free = times_[2 * std::size_t{n}] + duration;
   }
 
-  // Task `n` on processor `p` into the watched lists whose bits `watch` sets.
-  [[gnu::noinline]] void add_watched(std::uint32_t n, graph::processor_id p, std::uint8_t watch) {
+  // Task `n` of `kind` on processor `p` into the watched lists whose bits `watch` sets.
+  [[gnu::noinline]] void add_watched(std::uint32_t n, graph::processor_id p, graph::task_kind kind, std::uint8_t watch) {
     for (std::size_t l = 0; l < 2; ++l) {
-      if ((watch >> l & 1U) != 0) watched_at_[l][w_[l]++] = {n, p};
+      if ((watch >> l & 1U) != 0) watched_at_[l][w_[l]++] = {n, p, kind};
     }
   }
 
