@@ -149,15 +149,29 @@ class direct_sink {
     const graph::task_id previous = at.last;
     std::uint32_t e = e_;
     if (n_ >= task_room_ || e + deps.size() + 2 > edge_room_) [[unlikely]] grow(1, deps.size() + 2);
-    // The refs are written as the predecessors are checked; a task that must wait leaves them
-    // unclaimed past e_.
+    // The refs are written, and the start found, as the predecessors are checked; a task that
+    // must wait leaves them unclaimed past e_ (and the start unread).
     graph::pred_ref* const preds = preds_;
+    const time_ns* const times = times_;
     bool ready = placed(previous);
-    if (launch != nullptr) preds[e++] = {2 * ref(launch->launcher, ready), launch->delay};
-    for (const graph::task_id d : deps) preds[e++] = {2 * ref(d, ready) + 1, 0};
-    if (extra != graph::no_task) preds[e++] = {2 * ref(extra, ready) + 1, 0};
+    time_ns start = at.free;
+    if (launch != nullptr) {
+      const std::uint32_t time = 2 * ref(launch->launcher, ready);
+      preds[e++] = {time, launch->delay};
+      start = std::max(start, times[time] + launch->delay);
+    }
+    for (const graph::task_id d : deps) {
+      const std::uint32_t time = 2 * ref(d, ready) + 1;
+      preds[e++] = {time, 0};
+      start = std::max(start, times[time]);
+    }
+    if (extra != graph::no_task) {
+      const std::uint32_t time = 2 * ref(extra, ready) + 1;
+      preds[e++] = {time, 0};
+      start = std::max(start, times[time]);
+    }
     const graph::task_id t =
-        ready ? record(p, kind, duration, e) : hold(p, kind, duration, previous, edges_of(deps, extra, launch), 0);
+        ready ? record(p, kind, duration, e, start) : hold(p, kind, duration, previous, edges_of(deps, extra, launch), 0);
     at.last = t;
     return t;
   }
@@ -191,7 +205,7 @@ class direct_sink {
 
   /// Sets the own time of task `t` (placed or not) on processor `p`: a batch's launching CPU
   /// task, whose length is known once its batch is.
-  void set_duration(graph::processor_id p, graph::task_id t, time_ns duration) {
+  [[gnu::always_inline]] void set_duration(graph::processor_id p, graph::task_id t, time_ns duration) {
     if ((t & waiting) == 0) {
       retime(p, t, duration);
     } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
@@ -203,7 +217,7 @@ class direct_sink {
 
   /// Adds `duration` to the own time of task `t` (placed or not) on processor `p`: a task that
   /// takes the time of one queued right behind it.
-  void add_duration(graph::processor_id p, graph::task_id t, time_ns duration) {
+  [[gnu::always_inline]] void add_duration(graph::processor_id p, graph::task_id t, time_ns duration) {
     if ((t & waiting) == 0) {
       retime(p, t, own_time(t) + duration);
     } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
@@ -282,12 +296,15 @@ class direct_sink {
   [[nodiscard]] std::uint32_t resolve(graph::task_id t) const noexcept {
     return (t & waiting) == 0 ? t : pending_[t & ~waiting].position;
   }
-  // The position of task `t` (not no_task); clears `ready` when it is not placed yet.
+  // The position of task `t` (not no_task); clears `ready` when it is not placed yet, and then
+  // gives 0: the first task of a build, placed at once (it has no predecessor), whose times the
+  // caller may read without a branch and does not use (the task waits).
   [[gnu::always_inline]] std::uint32_t ref(graph::task_id t, bool& ready) const noexcept {
     if ((t & waiting) == 0) [[likely]] return t;
     const std::uint32_t at = pending_[t & ~waiting].position;
-    ready = ready && at != none;
-    return at;
+    if (at != none) return at;
+    ready = false;
+    return 0;
   }
 
   // Room for `tasks` and `edges` more than written: the arrays at (at least) that size, their
@@ -315,13 +332,13 @@ class direct_sink {
     edge_room_ = static_cast<std::uint32_t>(std::min<std::size_t>(e, ~std::uint32_t{0}));
   }
 
-  // The record of the task whose predecessor refs end at `e` (its first is at e_), and its times.
-  [[gnu::always_inline]] std::uint32_t record(graph::processor_id p, graph::task_kind kind, time_ns duration, std::uint32_t e) {
+  // The record of the task whose predecessor refs end at `e` (its first is at e_), and its times:
+  // `start` is the latest of its processor's last finish and its predecessors' times.
+  [[gnu::always_inline]] std::uint32_t record(graph::processor_id p, graph::task_kind kind, time_ns duration, std::uint32_t e,
+                                              time_ns start) {
     const std::uint32_t n = n_;
     time_ns* const times = times_;
     lane& at = lanes_[p];
-    time_ns start = at.free;
-    for (const graph::pred_ref* r = preds_ + e_; r != preds_ + e; ++r) start = std::max(start, times[r->time] + r->delay);
     times[2 * std::size_t{n}] = start;
     times[2 * std::size_t{n} + 1] = at.free = start + duration;
     refs_ += e - e_;
@@ -356,8 +373,13 @@ class direct_sink {
   std::uint32_t place(graph::processor_id p, graph::task_kind kind, time_ns duration, std::span<const direct_edge> in) {
     if (n_ + 1 > task_room_ || e_ + in.size() > edge_room_) grow(1, in.size());
     std::uint32_t e = e_;
-    for (const direct_edge& x : in) preds_[e++] = {2 * resolve(x.from) + (x.from_start ? 0U : 1U), x.delay};
-    return record(p, kind, duration, e);
+    time_ns start = lanes_[p].free;
+    for (const direct_edge& x : in) {
+      const std::uint32_t time = 2 * resolve(x.from) + (x.from_start ? 0U : 1U);
+      preds_[e++] = {time, x.delay};
+      start = std::max(start, times_[time] + x.delay);
+    }
+    return record(p, kind, duration, e, start);
   }
 
   // The edges of `task`'s arguments as one list, for a task that waits.

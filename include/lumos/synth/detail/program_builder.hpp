@@ -155,7 +155,7 @@ class program_builder {
       bool progress = false;
       for (int i = n; i-- > 0;) {
         rank_state& rs = buf_.ranks[static_cast<std::size_t>(i)];
-        if (rs.next_op >= order_of(rs).size()) continue;
+        if (rs.next_op >= rs.ops) continue;
         more = true;
         if (!input_sent(rs)) continue;
         emit_op(rs);
