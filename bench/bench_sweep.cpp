@@ -13,10 +13,12 @@
 //                               compiled program, buffers and engine per call)
 //   BM_replay_each/<space>      the replay loop alone over the same configurations' compiled
 //                               graphs (the floor of any sweep that replays each one)
-//   BM_phase/<space>/N         validate (0), emit the compiled program (1), replay (2), replay
-//                              with the figures (3) of the headline configuration TP8 PP8 DP16
-//                              v4 with a warm workspace; the task-graph path's build (4) and
-//                              compile (5)
+//   BM_phase/<space>/N         validate (0), emit the compiled program's timeline as a sweep
+//                              does (1), replay the whole compiled program (2), replay it with
+//                              the figures (3) of the headline configuration TP8 PP8 DP16 v4
+//                              with a warm workspace; the task-graph path's build (4) and
+//                              compile (5); the figures from the emitted timeline (6, what a
+//                              sweep does after 1); emit the whole compiled program (7)
 //   BM_sweep_threads/<space>/T  a 10,000-configuration space (Llama-3 8B on 64 GPUs) with
 //                               sweep::run on T threads: the scaling of the thread pool
 // Counters: configs_per_s, allocs_per_eval (heap allocations per evaluation with a warm
@@ -194,8 +196,9 @@ void BM_replay_each(benchmark::State& state) {
 
 // One phase of an evaluation of the headline configuration (TP8 PP8 DP16, interleaved v = 4,
 // selective recomputation, micro-batch 1) with a warm workspace: 0 validate, 1 emit the
-// compiled program, 2 replay it alone, 3 replay it and take its figures; the task-graph
-// path: 4 build the task graph, 5 compile it.
+// compiled program's timeline (what `evaluate` emits), 6 take the figures from it; the
+// whole compiled program: 7 emit it, 2 replay it alone, 3 replay it and take its figures; the
+// task-graph path: 4 build the task graph, 5 compile it.
 void BM_phase(benchmark::State& state) {
   const auto& ev = gpt3_evaluator();
   const sw::configuration c{.tp = 8, .pp = 8, .dp = 16, .vp = 4, .micro_batch = 1,
@@ -206,6 +209,9 @@ void BM_phase(benchmark::State& state) {
   const ls::job j = ev.job_of(c);
   const auto& o = ev.fixed().options.program;
   const auto& orders = w.orders.get(c.schedule, w.program.shape);
+  ls::compiled_program whole;
+  ls::program_buffers buffers;
+  ls::build_compiled_into(whole, buffers, j, o, ev.compute_model(), ev.comm_model(), &orders.orders);
   ls::program prog;
   ls::build_program_into(prog, j, o, ev.compute_model(), ev.comm_model());
   lumos::graph::compiled_graph compiled;
@@ -213,11 +219,16 @@ void BM_phase(benchmark::State& state) {
   for (auto _ : state) {
     switch (state.range(0)) {
       case 0: benchmark::DoNotOptimize(ev.validate(c, w).memory_bytes); break;
-      case 1: ls::build_compiled_into(w.program, w.buffers, j, o, ev.compute_model(), ev.comm_model(), &orders.orders); break;
-      case 2: benchmark::DoNotOptimize(w.engine.run(w.program.graph)); break;
-      case 3: benchmark::DoNotOptimize(ls::replay_figures(w.program, w.engine, w.figures).bubble_fraction); break;
+      case 1:
+        ls::build_compiled_into(w.program, w.buffers, j, o, ev.compute_model(), ev.comm_model(), &orders.orders,
+                                ls::compiled_parts::timeline);
+        break;
+      case 2: benchmark::DoNotOptimize(w.engine.run(whole.graph)); break;
+      case 3: benchmark::DoNotOptimize(ls::replay_figures(whole, w.engine, w.figures).bubble_fraction); break;
       case 4: ls::build_program_into(prog, j, o, ev.compute_model(), ev.comm_model()); break;
-      default: lumos::graph::compile_into(prog.graph, compiled, scratch); break;
+      case 5: lumos::graph::compile_into(prog.graph, compiled, scratch); break;
+      case 6: benchmark::DoNotOptimize(ls::emitted_figures(w.program, w.figures).bubble_fraction); break;
+      default: ls::build_compiled_into(whole, buffers, j, o, ev.compute_model(), ev.comm_model(), &orders.orders); break;
     }
   }
   state.counters["tasks"] = static_cast<double>(w.program.task_count());
@@ -279,8 +290,8 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark(("BM_predict_each/" + name).c_str(), BM_predict_each)->Unit(benchmark::kMillisecond)->MinTime(2);
   benchmark::RegisterBenchmark(("BM_replay_each/" + name).c_str(), BM_replay_each)->Unit(benchmark::kMillisecond)->MinTime(2);
   benchmark::RegisterBenchmark(("BM_phase/" + name).c_str(), BM_phase)
-      ->ArgName("validate_emit_replay_figures_build_compile")
-      ->DenseRange(0, 5)
+      ->ArgName("validate_emit_replay_figures_build_compile_emitted_whole")
+      ->DenseRange(0, 7)
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("BM_sweep_threads/llama3-8b-64gpu", BM_sweep_threads)
       ->Arg(1)

@@ -182,6 +182,27 @@ void require_same_program(const ls::job& j, const ls::program_options& opt, cons
     CHECK(f1.kernel[i].begin == f2.kernel[i].begin);
     CHECK(f1.kernel[i].end == f2.kernel[i].end);
   }
+  // The timeline the builder computed as it placed the tasks is the replay's, position by
+  // position, and so are the figures taken from it.
+  const lumos::sim::record_timeline replayed = lumos::sim::replay(direct.graph);
+  REQUIRE(direct.times.size() == 2 * direct.graph.size());
+  std::uint32_t same = 0;
+  while (same < direct.graph.size() && direct.times[2 * std::size_t{same}] == replayed.start_of(lg::position{same}) &&
+         direct.times[2 * std::size_t{same} + 1] == replayed.finish_of(lg::position{same})) {
+    ++same;
+  }
+  REQUIRE(same == direct.graph.size());
+  CHECK(direct.makespan == replayed.makespan());
+  ls::figure_buffers f3;
+  const ls::timeline_figures z = ls::emitted_figures(direct, f3);
+  CHECK(z.iteration_ns == y.iteration_ns);
+  CHECK(z.pipeline_ns == y.pipeline_ns);
+  CHECK(z.bubble_fraction == y.bubble_fraction);
+  CHECK(z.breakdown_window_ns == y.breakdown_window_ns);
+  CHECK(z.breakdown.exposed_compute == y.breakdown.exposed_compute);
+  CHECK(z.breakdown.overlapped == y.breakdown.overlapped);
+  CHECK(z.breakdown.exposed_comm == y.breakdown.exposed_comm);
+  CHECK(z.breakdown.other == y.breakdown.other);
 }
 
 // A 1F1B whose first stage runs its backward before its forward: every op waits on another.
@@ -282,6 +303,40 @@ TEST_CASE("build_compiled_into reuses its program and buffers from job to job", 
       REQUIRE(reused.graph.tasks[i].pred_end == fresh.graph.tasks[i].pred_end);
       REQUIRE(reused.kind[i] == fresh.kind[i]);
     }
+  }
+}
+
+TEST_CASE("a build that keeps the timeline alone has the whole program's timeline, and stops growing", "[synth][compiled]") {
+  ls::program_options o;
+  o.detail = ls::granularity::pass;
+  o.p2p_host_sync = true;
+  ls::compiled_program reused;
+  ls::program_buffers buffers;
+  const std::vector<ls::job> jobs = {small_job(2, 4, 2, 32, 2), small_job(1, 1, 8, 16), small_job(2, 8, 1, 64),
+                                     small_job(4, 2, 2, 16)};
+  std::size_t room = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& j : jobs) {
+      ls::build_compiled_into(reused, buffers, j, o, {}, {}, nullptr, ls::compiled_parts::timeline);
+      const ls::compiled_program whole = ls::build_compiled(j, o);
+      CHECK(reused.parts == ls::compiled_parts::timeline);
+      CHECK(reused.graph.size() == 0);
+      CHECK(reused.kind.empty());
+      REQUIRE(reused.times.size() == whole.times.size());
+      CHECK(std::equal(reused.times.begin(), reused.times.end(), whole.times.begin()));
+      CHECK(reused.makespan == whole.makespan);
+      CHECK(reused.task_count() == whole.task_count());
+      CHECK(reused.edge_count() == whole.edge_count());
+      ls::figure_buffers f1, f2;
+      const ls::timeline_figures x = ls::emitted_figures(reused, f1), y = ls::emitted_figures(whole, f2);
+      CHECK(x.bubble_fraction == y.bubble_fraction);
+      CHECK(x.breakdown_window_ns == y.breakdown_window_ns);
+      CHECK(x.breakdown.exposed_comm == y.breakdown.exposed_comm);
+    }
+    // Warm after the first round: the arrays keep their room (none grows build after build).
+    const std::size_t now = reused.times.capacity() + reused.graph.preds.capacity();
+    if (round == 2) CHECK(now == room);
+    room = now;
   }
 }
 

@@ -165,7 +165,9 @@ struct group_placement {
                                                   std::vector<std::int64_t>& nodes) {
   nodes.clear();
   for (const int r : ranks) nodes.push_back(r / hw.gpus_per_node);
-  std::sort(nodes.begin(), nodes.end());
+  // Groups list their ranks in ascending order as a rule (a world group of 10^6 ranks is
+  // then a linear pass, not a sort).
+  if (!std::is_sorted(nodes.begin(), nodes.end())) std::sort(nodes.begin(), nodes.end());
   std::int64_t per = 0;
   bool even = true;
   for (std::size_t i = 0; i < nodes.size();) {

@@ -12,9 +12,10 @@
 // What one evaluation does: `validate` (constant-time divisibility rules, then the schedule's
 // shape check and the memory of every stage from the schedule's stage orders), then the folded
 // `pass`-granularity program of synth::predict emitted in compiled form into the workspace
-// (synth::build_compiled_into: no task graph, no compile), replayed by its engine, and the
-// figures of synth::predict derived from the replay by the function predict uses
-// (synth::replay_figures). With a warm workspace an evaluation allocates nothing.
+// (synth::build_compiled_into: no task graph, no compile; the replay's timeline computed as the
+// tasks are placed, and kept alone: compiled_parts::timeline), and the figures of synth::predict derived from that timeline by the
+// function predict's replay_figures uses (synth::emitted_figures). With a warm workspace an
+// evaluation allocates nothing.
 
 #include <lumos/core/time.hpp>
 #include <lumos/graph/compile.hpp>
@@ -220,7 +221,8 @@ class order_cache {
 }  // namespace detail
 
 /// Buffers of one thread's evaluations: the stage orders per shape, the job, the compiled
-/// program and the builder's working memory, the replay engine and the figures' intervals.
+/// program's timeline and the builder's working memory, the figures' intervals, and a replay
+/// engine for callers that replay programs of their own (`evaluate` does not need one).
 /// Reused: after the first evaluations of the largest configuration, nothing is allocated.
 /// Not thread-safe: one per thread. Default-constructible, movable.
 struct workspace {
@@ -465,8 +467,9 @@ class evaluator {
   void simulate(result& r, workspace& w, const detail::order_cache::entry& orders) const {
     const configuration& c = r.config;
     job_into(c, w.job);
-    synth::build_compiled_into(w.program, w.buffers, w.job, problem_.options.program, compute_, comm_, &orders.orders);
-    const synth::timeline_figures f = synth::replay_figures(w.program, w.engine, w.figures);
+    synth::build_compiled_into(w.program, w.buffers, w.job, problem_.options.program, compute_, comm_, &orders.orders,
+                               synth::compiled_parts::timeline);
+    const synth::timeline_figures f = synth::emitted_figures(w.program, w.figures);
     const time_ns makespan = f.iteration_ns;
 
     const model::transformer& m = problem_.model;

@@ -29,6 +29,12 @@ namespace lumos::synth {
 /// A position no task has: a compiled rank without pipeline ops.
 inline constexpr graph::position no_position{~std::uint32_t{0}};
 
+/// What `build_compiled_into` keeps of a compiled program: all of it, or its timeline alone —
+/// `times` and `makespan`, with `processors`, `ranks`, `watched` and the counts, what
+/// `emitted_figures` reads — without `graph` and `kind` (empty), which a sweep that ranks
+/// configurations by their figures never reads.
+enum class compiled_parts : std::uint8_t { all, timeline };
+
 /// One simulated rank of a `compiled_program`: `simulated_rank`'s facts, with the span of its
 /// pipeline phase as positions of the compiled graph.
 struct compiled_rank {
@@ -66,8 +72,15 @@ struct compiled_program {
   std::vector<graph::processor_info> processors;
   std::vector<compiled_rank> ranks;  ///< ascending global rank
   /// The tasks replay_figures reads, by ascending position: [0] those on the compute stream of
-  /// each stage's representative rank (tp and dp index 0), [1] those on rank 0's GPU streams.
+  /// each stage's representative rank (tp and dp index 0), [1] those on rank 0's GPU streams;
+  /// each with its processor and kind.
   std::array<output_vector<watched_task>, 2> watched;
+  /// The start and finish of each position, interleaved, and the latest finish: the timeline
+  /// sim::basic_replay gives for `graph` (with in-order processors), computed as the tasks were
+  /// placed (emitted_figures reads it; replay_figures replays the graph instead).
+  output_vector<time_ns> times;
+  time_ns makespan = 0;
+  compiled_parts parts = compiled_parts::all;  ///< what it holds
   schedule_policy schedule = policy_of<pipeline::one_f_one_b>();
   pipeline::schedule_shape shape{};
   bool unfolded = false;

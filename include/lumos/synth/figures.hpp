@@ -60,12 +60,13 @@ struct figure_buffers {
   std::vector<std::vector<report::interval>> transfers, kernels;
 };
 
-/// Replays `prog` with `engine` (sim::basic_replay, which keeps every start and finish) and
-/// derives the figures of `timeline_figures`, with `buffers` as working memory: a pass over the
-/// tasks these figures read (`prog.watched`) after the replay. No allocation once `engine`
-/// and `buffers` are as large as the largest program they have seen.
-template <class Engine>
-[[nodiscard]] timeline_figures replay_figures(const compiled_program& prog, Engine& engine, figure_buffers& buffers) {
+/// The figures of `timeline_figures` for `prog` from a timeline of it: `times.start(i)` and
+/// `times.finish(i)` of each position and the latest finish `makespan`, with `buffers` as working
+/// memory (a pass over the tasks these figures read, `prog.watched`). No allocation once
+/// `buffers` is as large as the largest program it has seen.
+template <class Timeline>
+[[nodiscard]] timeline_figures figures_of(const compiled_program& prog, const Timeline& times, time_ns makespan,
+                                          figure_buffers& buffers) {
   figure_buffers& b = buffers;
   const auto stages = static_cast<std::size_t>(prog.shape.stages);
   b.stages.assign(stages + 1, {});  // and one for the tasks of other processors
@@ -91,20 +92,19 @@ template <class Engine>
     c.last = graph::index(r.pipeline_last);
   }
   timeline_figures f;
-  f.iteration_ns = engine.run(prog.graph);
-  for (const auto [i, p] : prog.watched[0]) {
+  f.iteration_ns = makespan;
+  for (const auto [i, p, kind] : prog.watched[0]) {
     const figure_buffers::processor_role& r = b.role[p];
     if (i >= r.first && i <= r.last) {
       stage_timing& s = b.stages[r.stage];
-      s.busy += engine.finish(i) - engine.start(i);
-      if (i == r.last) s.end = engine.finish(i);
+      s.busy += times.finish(i) - times.start(i);
+      if (i == r.last) s.end = times.finish(i);
     }
   }
   time_ns window_end = 0;
-  for (const auto [i, p] : prog.watched[1]) {
+  for (const auto [i, p, k] : prog.watched[1]) {
     figure_buffers::processor_role& r = b.role[p];
-    const time_ns start = engine.start(i), finish = engine.finish(i);
-    const graph::task_kind k = prog.kind[i];
+    const time_ns start = times.start(i), finish = times.finish(i);
     if (k == graph::task_kind::gpu_compute) {
       if (finish > start) {
         b.compute.push_back({start, finish});
@@ -140,6 +140,26 @@ template <class Engine>
   f.breakdown_window_ns = window_end;
   f.breakdown = report::compute_breakdown_into(b.compute, b.transfer, report::interval{0, window_end}, b.scratch);
   return f;
+}
+
+/// Replays `prog` with `engine` (sim::basic_replay, which keeps every start and finish) and
+/// derives the figures of `timeline_figures` from its timeline (figures_of). No allocation once
+/// `engine` and `buffers` are as large as the largest program they have seen.
+template <class Engine>
+[[nodiscard]] timeline_figures replay_figures(const compiled_program& prog, Engine& engine, figure_buffers& buffers) {
+  const time_ns makespan = engine.run(prog.graph);
+  return figures_of(prog, engine, makespan, buffers);
+}
+
+/// The figures of `replay_figures` from the timeline the builder computed as it placed the
+/// tasks (compiled_program::times): the same numbers without a replay.
+[[nodiscard]] inline timeline_figures emitted_figures(const compiled_program& prog, figure_buffers& buffers) {
+  struct emitted {
+    const time_ns* times;
+    [[nodiscard]] time_ns start(std::uint32_t i) const noexcept { return times[2 * std::size_t{i}]; }
+    [[nodiscard]] time_ns finish(std::uint32_t i) const noexcept { return times[2 * std::size_t{i} + 1]; }
+  };
+  return figures_of(prog, emitted{prog.times.data()}, prog.makespan, buffers);
 }
 
 }  // namespace lumos::synth

@@ -97,6 +97,7 @@
 // task (synth/detail/program_tasks.hpp) differ.
 
 #include <lumos/graph/compile.hpp>
+#include <lumos/sim/replay.hpp>
 #include <lumos/synth/compiled_program.hpp>
 #include <lumos/synth/detail/program_builder.hpp>
 #include <lumos/synth/detail/program_emission.hpp>
@@ -153,7 +154,7 @@ void build_program_into(program& out, const job& j, const program_options& opt =
   }
   for (std::uint32_t i = 0; i < out.graph.size(); ++i) {
     for (std::size_t l = 0; l < 2; ++l) {
-      if ((watch[out.graph.processor(i)] >> l & 1U) != 0) out.watched[l].push_back({i, out.graph.processor(i)});
+      if ((watch[out.graph.processor(i)] >> l & 1U) != 0) out.watched[l].push_back({i, out.graph.processor(i), out.kind[i]});
     }
   }
   for (const simulated_rank& r : prog.ranks) {
@@ -181,16 +182,22 @@ void build_program_into(program& out, const job& j, const program_options& opt =
 /// `graph::compile(build_program(...).graph)`, the same for every task (tests/synth), with the
 /// same task, edge and processor counts. Throws as `build_program` does, and the error of
 /// `graph::compile` when the graph has a cycle (a schedule whose ops wait on each other).
+/// `out.times` and `out.makespan` hold the replay's timeline (computed as the tasks are placed);
+/// `parts`: whether `out` keeps the graph too, or the timeline alone (compiled_parts).
 /// Time and memory: linear in the tasks, as `build_program`, without the task graph's columns.
 template <model::ComputeModel Compute = model::roofline, model::CommModel Comm = model::ring_alpha_beta>
 void build_compiled_into(compiled_program& out, program_buffers& buffers, const job& j, const program_options& opt = {},
                          const Compute& compute = {}, const Comm& comm = {},
-                         const std::vector<std::vector<pipeline::op>>* orders = nullptr) {
-  if (detail::program_builder<Compute, Comm>(j, opt, compute, comm, buffers).build(out, orders)) return;
+                         const std::vector<std::vector<pipeline::op>>* orders = nullptr,
+                         compiled_parts parts = compiled_parts::all) {
+  if (detail::program_builder<Compute, Comm>(j, opt, compute, comm, buffers).build(out, orders, parts)) return;
   // Tasks that wait for each other (a schedule whose ops wait on each other), or for an arrive
   // that never comes (a schedule that never runs an op another waits for): through the task
-  // graph, whose compile names the cycle, or compiles what was not placed.
+  // graph, whose compile names the cycle, or compiles what was not placed; its timeline replayed.
   out = compile_program(build_program(j, opt, compute, comm));
+  sim::replay_engine engine;
+  out.makespan = engine.run(out.graph);
+  out.times = engine.release_times();
 }
 
 /// `build_compiled_into` a new compiled program.

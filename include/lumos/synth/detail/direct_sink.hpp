@@ -9,6 +9,20 @@
 // The replay of a compiled graph depends only on which tasks precede which, not on where they
 // sit in a topological order: the timeline is the one graph::compile of the same task graph
 // gives (tests/synth compares them processor by processor).
+//
+// Each task's start and finish are computed as it is placed, by the replay engine's rule for a
+// record without gap or finish edges (the only records placed here): start = the latest of its
+// processor's last finish and each predecessor's time plus delay; finish = start + own time.
+// Its predecessors are all placed by then, and the records are written in the order the engine
+// reads them, so the timeline is the one sim::basic_replay gives for the finished graph (tests
+// compare them): a sweep needs no second pass over the records. The two own times set after a
+// task is placed (set_duration, add_duration) belong to the last task placed on their
+// processor, whose finish nothing has read yet.
+//
+// A build may keep the timeline alone (`graph` false in reset): no record, predecessor ref or
+// kind is stored, the refs of each task only long enough to time it. What a sweep reads of a
+// program is its timeline; the 24-byte records it would write and never read are, for a
+// program of 10^5 tasks, more than the cache holds.
 
 #include <lumos/core/allocator.hpp>
 #include <lumos/core/error.hpp>
@@ -30,6 +44,7 @@ namespace lumos::synth {
 struct watched_task {
   std::uint32_t position;
   graph::processor_id processor;
+  graph::task_kind kind;
 };
 
 }  // namespace lumos::synth
@@ -56,23 +71,28 @@ struct launch_ref {
 /// Reused: its arrays keep their capacity from one build to the next.
 class direct_sink {
  public:
-  /// Starts a build into `out` (cleared, its capacity kept), `kinds` (each position's kind) and
-  /// `processors`; `tasks` and `edges` are the expected sizes.
+  /// Starts a build into `out` (cleared, its capacity kept), `kinds` (each position's kind),
+  /// `processors`, `watched` and `times` (each position's start and finish); `tasks` and
+  /// `edges` are the expected sizes. `graph` false: `out` and `kinds` stay empty (see the header
+  /// comment).
   void reset(graph::compiled_graph& out, output_vector<graph::task_kind>& kinds, std::vector<graph::processor_info>& processors,
-             std::array<output_vector<watched_task>, 2>& watched, std::size_t tasks, std::size_t edges) {
+             std::array<output_vector<watched_task>, 2>& watched, output_vector<time_ns>& times, std::size_t tasks,
+             std::size_t edges, bool graph = true) {
     out_ = &out;
+    graph_ = graph;
+    timeline_ = &times;
     kinds_ = &kinds;
     processors_ = &processors;
     watched_ = &watched;
-    watch_.clear();
     w_ = {};
     out.processor_count = 0;
     out.task.clear();
     out.positions.clear();
     n_ = e_ = task_room_ = edge_room_ = 0;
+    refs_ = 0;
     grow(tasks, edges);
     processors.clear();
-    last_.clear();
+    lanes_.clear();
     pending_.clear();
     in_.clear();
     release_.clear();
@@ -90,15 +110,16 @@ class direct_sink {
   /// The task graph's counts: the tasks placed and the edges written, with what was folded.
   [[nodiscard]] std::size_t graph_tasks() const noexcept { return n_ + folded_tasks_; }
   [[nodiscard]] std::size_t graph_edges() const noexcept {
-    return static_cast<std::size_t>(static_cast<std::ptrdiff_t>(e_) + folded_edges_);
+    return static_cast<std::size_t>(static_cast<std::ptrdiff_t>(refs_) + folded_edges_);
   }
 
-  /// Ends the build: the compiled graph holds the placed tasks. False when some tasks still
-  /// wait for each other (a cycle).
+  /// Ends the build: the compiled graph holds the placed tasks, `times` (reset) their start and
+  /// finish. False when some tasks still wait for each other (a cycle).
   [[nodiscard]] bool finish() {
-    out_->tasks.resize(n_);
-    out_->preds.resize(e_);
-    kinds_->resize(n_);
+    out_->tasks.resize(graph_ ? n_ : 0);
+    out_->preds.resize(graph_ ? e_ : 0);
+    kinds_->resize(graph_ ? n_ : 0);
+    timeline_->resize(2 * std::size_t{n_});
     (*watched_)[0].resize(w_[0]);
     (*watched_)[1].resize(w_[1]);
     return waiting_ == 0;
@@ -113,8 +134,7 @@ class direct_sink {
       throw error("task_graph: more than 16777215 processors cannot be compiled");
     }
     processors_->push_back({kind, rank, owner, index, {}});
-    last_.push_back(graph::no_task);
-    watch_.push_back(watched);
+    lanes_.push_back({0, graph::no_task, watched});
     out_->processor_count = static_cast<std::uint32_t>(processors_->size());
     return static_cast<graph::processor_id>(processors_->size() - 1);
   }
@@ -125,28 +145,43 @@ class direct_sink {
   [[gnu::always_inline]] graph::task_id task(graph::processor_id p, graph::task_kind kind, time_ns duration,
                                              std::span<const graph::task_id> deps, graph::task_id extra = graph::no_task,
                                              const launch_ref* launch = nullptr) {
-    const graph::task_id previous = last_[p];
+    lane& at = lanes_[p];
+    const graph::task_id previous = at.last;
     std::uint32_t e = e_;
     if (n_ >= task_room_ || e + deps.size() + 2 > edge_room_) [[unlikely]] grow(1, deps.size() + 2);
-    // The refs are written as the predecessors are checked; a task that must wait leaves them
-    // unclaimed past e_.
+    // The refs are written, and the start found, as the predecessors are checked; a task that
+    // must wait leaves them unclaimed past e_ (and the start unread).
     graph::pred_ref* const preds = preds_;
+    const time_ns* const times = times_;
     bool ready = placed(previous);
-    if (launch != nullptr) preds[e++] = {2 * ref(launch->launcher, ready), launch->delay};
-    for (const graph::task_id d : deps) preds[e++] = {2 * ref(d, ready) + 1, 0};
-    if (extra != graph::no_task) preds[e++] = {2 * ref(extra, ready) + 1, 0};
+    time_ns start = at.free;
+    if (launch != nullptr) {
+      const std::uint32_t time = 2 * ref(launch->launcher, ready);
+      preds[e++] = {time, launch->delay};
+      start = std::max(start, times[time] + launch->delay);
+    }
+    for (const graph::task_id d : deps) {
+      const std::uint32_t time = 2 * ref(d, ready) + 1;
+      preds[e++] = {time, 0};
+      start = std::max(start, times[time]);
+    }
+    if (extra != graph::no_task) {
+      const std::uint32_t time = 2 * ref(extra, ready) + 1;
+      preds[e++] = {time, 0};
+      start = std::max(start, times[time]);
+    }
     const graph::task_id t =
-        ready ? record(p, kind, duration, e) : hold(p, kind, duration, previous, edges_of(deps, extra, launch), 0);
-    last_[p] = t;
+        ready ? record(p, kind, duration, e, start) : hold(p, kind, duration, previous, edges_of(deps, extra, launch), 0);
+    at.last = t;
     return t;
   }
 
   /// A join on barrier processor `p` that `participants` arrive tasks will precede
   /// (`arrive`); placed once they all have been added and placed.
   graph::task_id join(graph::processor_id p, int participants) {
-    const graph::task_id t = hold(p, graph::task_kind::join, 0, last_[p], {}, static_cast<std::uint32_t>(participants));
+    const graph::task_id t = hold(p, graph::task_kind::join, 0, lanes_[p].last, {}, static_cast<std::uint32_t>(participants));
     in_.resize(in_.size() + static_cast<std::size_t>(participants));  // the arrive edges to come
-    last_[p] = t;
+    lanes_[p].last = t;
     return t;
   }
 
@@ -168,32 +203,39 @@ class direct_sink {
     if (j.waiters != none) release(j.waiters);
   }
 
-  /// Sets the own time of task `t` (placed or not): a batch's launching CPU task, whose length
-  /// is known once its batch is.
-  void set_duration(graph::task_id t, time_ns duration) {
+  /// Sets the own time of task `t` (placed or not) on processor `p`: a batch's launching CPU
+  /// task, whose length is known once its batch is.
+  [[gnu::always_inline]] void set_duration(graph::processor_id p, graph::task_id t, time_ns duration) {
     if ((t & waiting) == 0) {
-      records_[t].duration = duration;
+      retime(p, t, duration);
     } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
-      records_[w.position].duration = duration;
+      retime(p, w.position, duration);
     } else {
       pending_[t & ~waiting].duration = duration;
     }
   }
 
-  /// Adds `duration` to the own time of task `t` (placed or not): a task that takes the time of
-  /// one queued right behind it.
-  void add_duration(graph::task_id t, time_ns duration) {
+  /// Adds `duration` to the own time of task `t` (placed or not) on processor `p`: a task that
+  /// takes the time of one queued right behind it.
+  [[gnu::always_inline]] void add_duration(graph::processor_id p, graph::task_id t, time_ns duration) {
     if ((t & waiting) == 0) {
-      records_[t].duration += duration;
+      retime(p, t, own_time(t) + duration);
     } else if (const pending_task& w = pending_[t & ~waiting]; w.position != none) {
-      records_[w.position].duration += duration;
+      retime(p, w.position, own_time(w.position) + duration);
     } else {
       pending_[t & ~waiting].duration += duration;
     }
   }
 
+  /// The latest finish of any placed task (the replay's makespan).
+  [[nodiscard]] time_ns makespan() const noexcept {
+    time_ns m = 0;
+    for (const lane& l : lanes_) m = std::max(m, l.free);
+    return m;
+  }
+
   /// The last task added to `p`, or no_task.
-  [[nodiscard]] graph::task_id last_on(graph::processor_id p) const noexcept { return last_[p]; }
+  [[nodiscard]] graph::task_id last_on(graph::processor_id p) const noexcept { return lanes_[p].last; }
 
   /// Where task `t` is in the compiled graph (once placed).
   [[nodiscard]] graph::position position(graph::task_id t) const noexcept { return graph::position{resolve(t)}; }
@@ -219,7 +261,10 @@ class direct_sink {
   };
 
   graph::compiled_graph* out_ = nullptr;
+  bool graph_ = true;  // keep the compiled graph and the kinds, not only the timeline
   output_vector<graph::task_kind>* kinds_ = nullptr;
+  output_vector<time_ns>* timeline_ = nullptr;
+  time_ns* times_ = nullptr;  // start and finish of each position, interleaved (as the engine keeps them)
   std::vector<graph::processor_info>* processors_ = nullptr;
   // The output arrays, sized to their capacity during a build: n_ tasks and e_ edges written.
   graph::task_record* records_ = nullptr;
@@ -227,10 +272,16 @@ class direct_sink {
   graph::task_kind* kind_ = nullptr;
   std::array<output_vector<watched_task>, 2>* watched_ = nullptr;
   std::array<watched_task*, 2> watched_at_{};
-  std::vector<std::uint8_t> watch_;  // per processor: the watched lists its tasks go to (bits)
   std::array<std::uint32_t, 2> w_{};
   std::uint32_t n_ = 0, e_ = 0, task_room_ = 0, edge_room_ = 0;
-  std::vector<graph::task_id> last_;  // per processor: the last task added
+  std::size_t refs_ = 0;  // predecessor refs of the placed tasks (e_ when the graph is kept)
+  // What the sink keeps of a processor, in one place (every task reads all of it).
+  struct lane {
+    time_ns free;          // the finish of its last task placed
+    graph::task_id last;   // the last task added
+    std::uint8_t watched;  // the watched lists its tasks go to (bits)
+  };
+  std::vector<lane> lanes_;
   std::vector<pending_task> pending_;
   std::vector<direct_edge> in_;         // the edges of waiting tasks
   std::vector<direct_edge> scratch_;    // a waiting task's edges, before they go to in_
@@ -245,12 +296,15 @@ class direct_sink {
   [[nodiscard]] std::uint32_t resolve(graph::task_id t) const noexcept {
     return (t & waiting) == 0 ? t : pending_[t & ~waiting].position;
   }
-  // The position of task `t` (not no_task); clears `ready` when it is not placed yet.
+  // The position of task `t` (not no_task); clears `ready` when it is not placed yet, and then
+  // gives 0: the first task of a build, placed at once (it has no predecessor), whose times the
+  // caller may read without a branch and does not use (the task waits).
   [[gnu::always_inline]] std::uint32_t ref(graph::task_id t, bool& ready) const noexcept {
     if ((t & waiting) == 0) [[likely]] return t;
     const std::uint32_t at = pending_[t & ~waiting].position;
-    ready = ready && at != none;
-    return at;
+    if (at != none) return at;
+    ready = false;
+    return 0;
   }
 
   // Room for `tasks` and `edges` more than written: the arrays at (at least) that size, their
@@ -258,14 +312,18 @@ class direct_sink {
   void grow(std::size_t tasks, std::size_t edges) {
     if (n_ + tasks >= waiting) throw error("task_graph: more than 2^31 tasks cannot be compiled");
     graph::compiled_graph& c = *out_;
-    const std::size_t t = std::max<std::size_t>({n_ + tasks, c.tasks.capacity(), 2 * std::size_t{task_room_}});
-    const std::size_t e = std::max<std::size_t>({e_ + edges, c.preds.capacity(), 2 * std::size_t{edge_room_}});
-    c.tasks.resize(t);
+    // What earlier builds left: the room of the arrays this build keeps. Without the graph, the
+    // refs of one task at a time are written from the start of `preds`: its room is not doubled.
+    const std::size_t kept = graph_ ? c.tasks.capacity() : timeline_->capacity() / 2;
+    const std::size_t t = std::max<std::size_t>({n_ + tasks, kept, 2 * std::size_t{task_room_}});
+    const std::size_t e = std::max<std::size_t>({e_ + edges, c.preds.capacity(), graph_ ? 2 * std::size_t{edge_room_} : 0});
+    if (graph_) c.tasks.resize(t), kinds_->resize(t);
     c.preds.resize(e);
-    kinds_->resize(t);
+    timeline_->resize(2 * t);
     records_ = c.tasks.data();
     preds_ = c.preds.data();
     kind_ = kinds_->data();
+    times_ = timeline_->data();
     for (std::size_t l = 0; l < 2; ++l) {
       (*watched_)[l].resize(t);
       watched_at_[l] = (*watched_)[l].data();
@@ -274,21 +332,40 @@ class direct_sink {
     edge_room_ = static_cast<std::uint32_t>(std::min<std::size_t>(e, ~std::uint32_t{0}));
   }
 
-  // The record of the task whose predecessor refs end at `e`.
-  [[gnu::always_inline]] std::uint32_t record(graph::processor_id p, graph::task_kind kind, time_ns duration, std::uint32_t e) {
+  // The record of the task whose predecessor refs end at `e` (its first is at e_), and its times:
+  // `start` is the latest of its processor's last finish and its predecessors' times.
+  [[gnu::always_inline]] std::uint32_t record(graph::processor_id p, graph::task_kind kind, time_ns duration, std::uint32_t e,
+                                              time_ns start) {
     const std::uint32_t n = n_;
-    records_[n] = {0, duration, p, e};
-    kind_[n] = kind;
-    if (const std::uint8_t watch = watch_[p]; watch != 0) [[unlikely]] add_watched(n, p, watch);
-    e_ = e;
+    time_ns* const times = times_;
+    lane& at = lanes_[p];
+    times[2 * std::size_t{n}] = start;
+    times[2 * std::size_t{n} + 1] = at.free = start + duration;
+    refs_ += e - e_;
+    if (graph_) {
+      records_[n] = {0, duration, p, e};
+      kind_[n] = kind;
+      e_ = e;
+    }
+    if (const std::uint8_t watch = at.watched; watch != 0) [[unlikely]] add_watched(n, p, kind, watch);
     n_ = n + 1;
     return n;
   }
 
-  // Task `n` on processor `p` into the watched lists whose bits `watch` sets.
-  [[gnu::noinline]] void add_watched(std::uint32_t n, graph::processor_id p, std::uint8_t watch) {
+  // The own time of placed task `n`: its finish less its start (no gap, no finish edge).
+  [[nodiscard]] time_ns own_time(std::uint32_t n) const noexcept { return times_[2 * std::size_t{n} + 1] - times_[2 * std::size_t{n}]; }
+
+  // A new own time for placed task `n`, the last placed on its processor `p` (see the header
+  // comment).
+  void retime(graph::processor_id p, std::uint32_t n, time_ns duration) {
+    if (graph_) records_[n].duration = duration;
+    times_[2 * std::size_t{n} + 1] = lanes_[p].free = times_[2 * std::size_t{n}] + duration;
+  }
+
+  // Task `n` of `kind` on processor `p` into the watched lists whose bits `watch` sets.
+  [[gnu::noinline]] void add_watched(std::uint32_t n, graph::processor_id p, graph::task_kind kind, std::uint8_t watch) {
     for (std::size_t l = 0; l < 2; ++l) {
-      if ((watch >> l & 1U) != 0) watched_at_[l][w_[l]++] = {n, p};
+      if ((watch >> l & 1U) != 0) watched_at_[l][w_[l]++] = {n, p, kind};
     }
   }
 
@@ -296,8 +373,13 @@ class direct_sink {
   std::uint32_t place(graph::processor_id p, graph::task_kind kind, time_ns duration, std::span<const direct_edge> in) {
     if (n_ + 1 > task_room_ || e_ + in.size() > edge_room_) grow(1, in.size());
     std::uint32_t e = e_;
-    for (const direct_edge& x : in) preds_[e++] = {2 * resolve(x.from) + (x.from_start ? 0U : 1U), x.delay};
-    return record(p, kind, duration, e);
+    time_ns start = lanes_[p].free;
+    for (const direct_edge& x : in) {
+      const std::uint32_t time = 2 * resolve(x.from) + (x.from_start ? 0U : 1U);
+      preds_[e++] = {time, x.delay};
+      start = std::max(start, times_[time] + x.delay);
+    }
+    return record(p, kind, duration, e, start);
   }
 
   // The edges of `task`'s arguments as one list, for a task that waits.

@@ -111,10 +111,11 @@ class program_builder {
 
   /// Builds the compiled form into `out` (see compiled_program), placing each task as soon as
   /// its predecessors are placed; `orders`, when given, are the schedule's stage orders for this
-  /// job's shape. The ranks' pipeline ops are emitted in rounds, each rank's next op once the op
-  /// that sends it its input has been, so that few tasks wait. Returns false when some tasks
-  /// wait for each other (the task graph has a cycle; `graph::compile` of it names it).
-  [[nodiscard]] bool build(compiled_program& out, const stage_orders* orders) {
+  /// job's shape; `parts`, what `out` keeps. The ranks' pipeline ops are emitted in rounds, each
+  /// rank's next op once the op that sends it its input has been, so that few tasks wait.
+  /// Returns false when some tasks wait for each other (the task graph has a cycle;
+  /// `graph::compile` of it names it).
+  [[nodiscard]] bool build(compiled_program& out, const stage_orders* orders, compiled_parts parts = compiled_parts::all) {
     direct_ = true;
     sink_ = &buf_.sink;
     opt_.names = false;
@@ -127,6 +128,7 @@ class program_builder {
     out.unfolded = opt_.unfold;
     out.detail = opt_.detail;
     out.world_size = world_;
+    out.parts = parts;
     out.ranks.clear();
     if (orders == nullptr || opt_.forward_only) {
       if (orders == nullptr) {
@@ -140,7 +142,7 @@ class program_builder {
     orders_ = orders;
     prepare();
     const auto [tasks, edges] = expected_size();
-    sink_->reset(out.graph, out.kind, out.processors, out.watched, tasks, edges);
+    sink_->reset(out.graph, out.kind, out.processors, out.watched, out.times, tasks, edges, parts == compiled_parts::all);
     const int n = simulated_ranks();
     while (buf_.ranks.size() < static_cast<std::size_t>(n)) buf_.ranks.emplace_back();
     for (int i = 0; i < n; ++i) {
@@ -153,7 +155,7 @@ class program_builder {
       bool progress = false;
       for (int i = n; i-- > 0;) {
         rank_state& rs = buf_.ranks[static_cast<std::size_t>(i)];
-        if (rs.next_op >= order_of(rs).size()) continue;
+        if (rs.next_op >= rs.ops) continue;
         more = true;
         if (!input_sent(rs)) continue;
         emit_op(rs);
@@ -168,6 +170,7 @@ class program_builder {
     }
     for (int i = 0; i < n; ++i) end_rank(buf_.ranks[static_cast<std::size_t>(i)]);
     if (!sink_->finish()) return false;
+    out.makespan = sink_->makespan();
     out.tasks = sink_->graph_tasks();
     out.edges = sink_->graph_edges();
     out.processor_count = out.processors.size() + folded_barriers_;

@@ -228,6 +228,7 @@ void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
     r.recv_next = stream(r, 24, "pipeline receive from next stage");
   }
   const auto& order = order_of(rs);
+  rs.ops = order.size();
   const auto& final_grad = final_grad_[static_cast<std::size_t>(s)];
 
   // --overlap-param-gather (ZeRO-1/2): the all-gathers of the parameters the previous step
@@ -302,7 +303,7 @@ void program_builder<Compute, Comm>::receive_input(rank_state& rs, std::size_t i
 // first in the next op's batch of launches.
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::post_receive(rank_state& rs) {
-  if (rs.next_op >= order_of(rs).size()) return;
+  if (rs.next_op >= rs.ops) return;
   const std::optional<receive> r = receive_of(rs, rs.next_op);
   if (!r) return;
   const std::size_t k = static_cast<std::size_t>((*r->seq)++);

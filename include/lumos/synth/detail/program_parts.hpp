@@ -257,6 +257,7 @@ struct rank_state {
   } launched;
   // Where the emission of its pipeline ops stands.
   std::size_t next_op = 0;
+  std::size_t ops = 0;  ///< the ops of its stage's order
   int col = 0;
   bool in_pipeline = false;
   bool gather_early = false;
@@ -292,6 +293,7 @@ struct rank_state {
     batch_cpu = last_launch_cpu = 0;
     launched = {};
     next_op = 0;
+    ops = 0;
     col = 0;
     in_pipeline = gather_early = false;
     first_gathered = all_gathered = graph::no_task;

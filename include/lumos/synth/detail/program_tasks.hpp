@@ -150,7 +150,7 @@ void program_builder<Compute, Comm>::span_close(const rank_state& rs, span_kind 
 template <model::ComputeModel Compute, model::CommModel Comm>
 [[gnu::always_inline]] inline void program_builder<Compute, Comm>::flush_launches(rank_state& rs) {
   if (direct_) {
-    if (rs.launcher != graph::no_task) sink_->set_duration(rs.launcher, rs.batch_cpu);
+    if (rs.launcher != graph::no_task) sink_->set_duration(rs.info.cpu, rs.launcher, rs.batch_cpu);
     rs.launcher = graph::no_task;
     rs.batch_cpu = rs.last_launch_cpu = 0;
     return;
@@ -203,7 +203,7 @@ template <model::ComputeModel Compute, model::CommModel Comm>
         l.delay <= rs.launched.delay) {
       // Queued right behind the compute task of its batch, launched no later: it starts when that
       // task ends, so that task takes its time (compiled_program): no task, no launch edge.
-      sink_->add_duration(rs.launched.task, duration);
+      sink_->add_duration(stream_id, rs.launched.task, duration);
       sink_->fold(2, 1);
       return {rs.launched.task, rs.launched.task};
     }
