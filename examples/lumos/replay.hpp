@@ -4,6 +4,7 @@
 
 #include "cli.hpp"
 
+#include <lumos/cli/scale.hpp>
 #include <lumos/report/critical_path.hpp>
 #include <lumos/report/frozen.hpp>
 #include <lumos/report/html.hpp>
@@ -44,35 +45,6 @@ inline constexpr std::string_view replay_usage =
     "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
     "  --critical-path     print the critical path of the slowest rank's iteration\n"
     "  --report FILE       also write the self-contained HTML report of the replay (`lumos report`)\n";
-
-/// `--scale` items: the kind scales and the selective (op:TEXT=F) ones.
-struct what_if {
-  graph::scales scales;
-  std::vector<graph::op_scale> ops;
-};
-
-inline what_if parse_scales(const std::vector<std::string>& items) {
-  what_if w;
-  for (const auto& item : items) {
-    // The factor follows the last '=': op patterns may contain '=' themselves.
-    const auto eq = item.rfind('=');
-    if (eq == std::string::npos) throw usage_error("--scale expects KIND=F or op:TEXT=F, e.g. compute=2 (got '" + item + "')");
-    const std::string kind = item.substr(0, eq);
-    const double f = parse_number<double>(std::string_view(item).substr(eq + 1), "--scale " + kind);
-    if (kind.starts_with("op:")) {
-      if (kind.size() == 3) throw usage_error("--scale op:TEXT=F needs a non-empty TEXT (got '" + item + "')");
-      if (!(f >= 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a factor from 0 to 1e6 (got " + item.substr(eq + 1) + ")");
-      w.ops.push_back({kind.substr(3), f});
-      continue;
-    }
-    if (!(f > 0) || f > 1e6) throw usage_error("--scale " + kind + " must be a factor above 0, at most 1e6 (got " + item.substr(eq + 1) + ")");
-    if (kind == "compute") w.scales.compute = f;
-    else if (kind == "comm") w.scales.comm = f;
-    else if (kind == "cpu") w.scales.cpu = f;
-    else throw usage_error("--scale: unknown kind '" + kind + "' (compute, comm, cpu or op:TEXT)");
-  }
-  return w;
-}
 
 inline std::string percent(time_ns part, time_ns whole) {
   char buf[32];

@@ -7,11 +7,11 @@
 #include "predict.hpp"
 #include "replay.hpp"
 
-#include <lumos/report/html.hpp>
+#include <lumos/cli/whatif.hpp>
 #include <lumos/report/json/whatif.hpp>
 #include <lumos/report/trace_files.hpp>
+#include <lumos/report/whatif_files.hpp>
 #include <lumos/report/whatif_rows.hpp>
-#include <lumos/synth/schedules.hpp>
 #include <lumos/trace/fold.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
@@ -118,148 +118,6 @@ inline std::string pipeline_text(const whatif::pipeline_prediction& p) {
   return out;
 }
 
-// The what-if's target from the command line (everything but the inputs and outputs).
-inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) {
-  whatif::whatif_options o;
-  if (const auto step = a.option("--step")) o.replay.step = parse_number<int>(*step, "--step");
-  o.replay.scales = scaled.scales;
-  o.replay.build.op_scales = scaled.ops;
-  if (const auto gpu = a.option("--gpu")) o.gpu = *gpu;
-  if (const auto layers = a.option("--layers")) {
-    o.layers = parse_number<int>(*layers, "--layers");
-    if (*o.layers <= 0) throw usage_error("--layers must be a positive number of layers (got " + *layers + ")");
-    if (*o.layers > model::transformer::max_layers) {
-      throw usage_error("--layers " + *layers + " is more than the supported " + std::to_string(model::transformer::max_layers));
-    }
-  }
-  // Counts of ranks, stages and sequences: at most the ranks lumos reads (2^24), as predict.
-  auto positive = [&](const char* flag) -> std::optional<int> {
-    const auto v = a.option(flag);
-    if (!v) return std::nullopt;
-    const int n = parse_number<int>(*v, flag);
-    if (n <= 0) throw usage_error(std::string(flag) + " must be a positive number (got " + *v + ")");
-    if (n > trace::max_world_size) throw usage_error(std::string(flag) + " is too large: " + *v);
-    return n;
-  };
-  o.dp = positive("--dp");
-  o.pp = positive("--pp");
-  o.vp = positive("--vp");
-  if (const auto gb = positive("--global-batch")) o.global_batch = *gb;
-  if (const auto sched = a.option("--schedule")) {
-    try {
-      o.schedule = synth::parse_schedule(*sched);
-    } catch (const error& e) {
-      throw usage_error(e.what());
-    }
-  }
-  if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
-  if (const auto file = a.option("--profile")) o.profile = read_profile_file(*file);
-  for (const auto& [flag, field] : {std::pair{"--hidden", &o.shape.hidden}, std::pair{"--ffn", &o.shape.ffn}, std::pair{"--heads", &o.shape.heads},
-                                    std::pair{"--seq", &o.shape.seq}, std::pair{"--micro-batch", &o.shape.micro_batch}}) {
-    if (const auto v = a.option(flag)) {
-      *field = parse_number<std::int64_t>(*v, flag);
-      if (**field <= 0) throw usage_error(std::string(flag) + " must be positive (got " + *v + ")");
-      if (**field > model::transformer::max_size) {
-        throw usage_error(std::string(flag) + " " + *v + " is more than the supported " + std::to_string(model::transformer::max_size));
-      }
-    }
-  }
-  if (const auto tp = a.option("--tp")) {
-    o.shape.tp = parse_number<int>(*tp, "--tp");
-    if (*o.shape.tp <= 0) throw usage_error("--tp must be positive (got " + *tp + ")");
-    if (*o.shape.tp > trace::max_world_size) throw usage_error("--tp is too large: " + *tp);
-  }
-  if (const auto sp = a.option("--sp")) {
-    if (*sp != "on" && *sp != "off") throw usage_error("--sp must be on or off (got '" + *sp + "')");
-    o.shape.sp = *sp == "on";
-  }
-  for (const auto* preset : {&o.gpu, &o.from_gpu}) {
-    if (!preset->empty()) {
-      try {
-        (void)model::hardware_preset(*preset);
-      } catch (const error& e) {
-        throw usage_error(e.what());
-      }
-    }
-  }
-  return o;
-}
-
-// `--trace-out` after a split in the graph: every rank of every stage, the added stages' ranks
-// written from the traced rank each copies, their transfers under c10d's operators.
-inline void stage_ranks_out(const whatif::stage_split& st, const report::replay_session& predicted, report::simulated_job& sj,
-                            std::vector<int>& ranks, report::trace_decorations& transfers) {
-  sj.subset = true;
-  if (!st.weight_pass.empty()) sj.weight_pass = &st.weight_pass;
-  sj.lone_groups = &st.lone_groups;
-  sj.world_size = st.world * st.stages;
-  // Merged stages: the ranks of the stages dropped are not written; the kept ones keep their
-  // traced numbers, so the world reaches past the last of them.
-  std::vector<int> kept;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i >= st.dropped.size() || !st.dropped[i]) kept.push_back(ranks[i]);
-  }
-  ranks = std::move(kept);
-  for (const int k : ranks) sj.world_size = std::max(sj.world_size, k + 1);
-  // The added ranks' plans follow the traced ranks' kept in the prediction.
-  const std::size_t traced_plans = predicted.plans.size() - st.maps.size();
-  for (std::size_t k = 0; k < st.maps.size(); ++k) {
-    const int rank = st.maps[k].rank;
-    sj.aliases.push_back({rank, st.traced_index[k], &st.maps[k], traced_plans + k});
-    ranks.push_back(rank);
-  }
-  // The added transfers under c10d's operators; their kernels carry the operator's id.
-  transfers.list.resize(3);
-  transfers.list[0].cpu_op = "nccl:send";
-  transfers.list[1].cpu_op = "nccl:recv";
-  transfers.of_task.assign(predicted.built.graph.task_count(), report::trace_decorations::none);
-  for (const auto& t : st.transfer_launches) {
-    transfers.of_task[t.launch] = t.send ? 0 : 1;
-    transfers.of_task[t.kernel] = 2;
-  }
-  sj.decorations = &transfers;
-}
-
-// A folded TP or DP change: the traced ranks stand for the target's, written with the target's
-// group sizes and world, so that the written job reads back as the target. Returns the note.
-inline std::string folded_ranks_out(const whatif::whatif_options& o, const whatif::job_structure& structure, const trace::job& job,
-                                    const std::vector<int>& ranks, report::simulated_job& sj) {
-  const auto& par = structure.parallel;
-  const int tp_from = par.tp.value.value_or(1), dp_from = par.dp.value.value_or(1);
-  const int world = par.world.value.value_or(static_cast<int>(job.ranks.size()));
-  const int target = tp_from > 0 && dp_from > 0 ? world / tp_from * o.shape.tp.value_or(tp_from) / dp_from * o.dp.value_or(dp_from) : 0;
-  int written_ranks = 0;
-  for (const int k : ranks) written_ranks = std::max(written_ranks, k + 1);
-  if (par.tp.known() && par.dp.known() && target >= written_ranks) {
-    sj.groups_from_graph = true;
-    sj.world_size = target;
-    if (target > static_cast<int>(ranks.size())) {
-      return "the written job has " + std::to_string(ranks.size()) + " of its " + std::to_string(target) +
-             " ranks (folded: tensor- and data-parallel ranks are symmetric, the traced ones stand for the rest; "
-             "their collectives name the target's groups)";
-    }
-  } else if (target > 0 && target < written_ranks) {
-    return "the target has " + std::to_string(target) + " ranks, fewer than the " + std::to_string(written_ranks) +
-           " traced ones written: each keeps its traced number, world size and collective groups";
-  }
-  return {};
-}
-
-inline report::written_traces write_whatif_traces(const whatif::whatif_options& o, const whatif::whatif_result& r, const trace::job& job,
-                                          const std::string& dir) {
-  report::written_traces out;
-  report::trace_decorations transfers;
-  report::simulated_job sj = report::simulated_from(r.predicted, job);
-  std::vector<int> ranks = report::rank_numbers(job);
-  if (r.stages) {
-    stage_ranks_out(*r.stages, r.predicted, sj, ranks, transfers);
-  } else if ((o.dp || o.shape.tp) && r.structure) {
-    out.folded_note = folded_ranks_out(o, *r.structure, job, ranks, sj);
-  }
-  out.files = report::write_kineto(sj, ranks, dir);
-  return out;
-}
-
 inline std::string folding_text(const trace::rank_folding& folding) {
   if (!folding.folded()) return {};
   std::string out = "note: " + std::to_string(folding.traced) + " traced ranks folded onto " + std::to_string(folding.stands_for.size()) +
@@ -317,8 +175,8 @@ inline std::string whatif_text(const whatif::whatif_result& r, const trace::job&
 }
 
 inline int run_whatif(args& a) {
-  const what_if scaled = parse_scales(a.options("--scale"));
-  const whatif::whatif_options o = whatif_options_of(a, scaled);
+  const whatif_request req = parse_whatif_change(a);
+  const whatif::whatif_options& o = req.options;
   const bool json = a.flag("--json");
   const bool no_fold = a.flag("--no-fold");
   const auto trace_out = a.option("--trace-out");
@@ -327,28 +185,16 @@ inline int run_whatif(args& a) {
   const auto html = a.option("--report");
   const auto inputs = a.positionals();
   if (inputs.empty()) throw usage_error("whatif needs at least one PATH");
-  if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && scaled.ops.empty() &&
-      scaled.scales.compute == 1.0 && scaled.scales.comm == 1.0 && scaled.scales.cpu == 1.0) {
-    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
-                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
-  }
+  require_change(req);
   trace::job job = trace::load_job(paths(inputs));
   // Every shipped rewrite changes identical ranks alike: one of each class stands for the rest.
   const trace::rank_folding folding = fold ? trace::fold_identical_ranks(job) : trace::rank_folding{};
   const whatif::whatif_result r = whatif::run_whatif(job, o);
-  if (trace_out && r.pipeline) {
-    throw usage_error("--trace-out: the pipeline change was predicted by the pass-level model (" +
-                      std::string(r.pipeline_reason.empty() ? "the pipeline of the traces is kept" : r.pipeline_reason) +
-                      "), which has no per-rank graph to write");
-  }
+  if (trace_out) require_writable(r);
   report::written_traces written;
-  if (trace_out) written = write_whatif_traces(o, r, job, *trace_out);
+  if (trace_out) written = report::write_whatif_traces(o, r, job, *trace_out);
   if (html) {
-    report::html_options ho;
-    ho.title = "lumos whatif";
-    ho.inputs = inputs;
-    for (const auto& c : r.changes) ho.changes.emplace_back(c.headline(), c.text);
-    report::detail::write_file(*html, report::html_report(job, r.predicted, ho, &r.baseline));
+    report::detail::write_file(*html, report::whatif_html(job, r, inputs));
     written.files.emplace_back(*html);
   }
   if (json) {

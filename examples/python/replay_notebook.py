@@ -38,6 +38,19 @@ for rank, row in zip(r.ranks, share):
 fast = lumos.replay(job, scale={"compute": 0.5})
 print(f"compute x0.5: {r.simulated_ns / 1e6:.3f} ms -> {fast.simulated_ns / 1e6:.3f} ms")
 
+# %% The graph rewritten for another configuration (`lumos whatif`): another GPU
+w = lumos.whatif(job, gpu="h200-sxm")
+print(w)
+for c in w.changes:  # the change records: pass, subject, from, to, figures (before/after), text
+    print(f"{c['pass']}: {c['text']}")
+print("predicted breakdown, ns:", dict(zip(lumos.BREAKDOWN_COLUMNS, w.predicted.breakdowns()[0].tolist())))
+
+# %% What structure discovery found in the traces (`lumos inspect --structure`), which the what-if reads
+structure = job.inspect(structure=True)
+print({k: structure["parallel"][k]["value"] for k in ("world", "tp", "pp", "dp")})
+layers = structure["model"]["layers"]
+print("layers:", "unknown" if layers["value"] is None else layers["value"], f"[{layers['source']}]")
+
 # %% Per-task timeline of one rank (NumPy columns; to_pandas() when pandas is installed)
 t = r.timeline(r.ranks[0].rank)
 gpu = t.kind == t.kind_names.index("gpu_compute")
@@ -52,6 +65,7 @@ print(f"critical path of rank {path['rank']}:", {k: v for k, v in path["attribut
 p = lumos.predict(model="gpt3-175b", tp=8, pp=8, dp=8, global_batch=256)
 print(f"GPT-3 175B on {p.job['gpus']} x {p.job['gpu']}: {p.iteration_ns / 1e9:.3f} s per iteration, MFU {100 * p.mfu:.1f}%")
 
-# %% The HTML report (what `lumos report` writes)
+# %% The HTML reports (what `lumos report` and `lumos whatif --report` write)
 if args.report:
     print("wrote", r.report(args.report))
+    print("wrote", w.report(Path(args.report).with_name("whatif-" + Path(args.report).name)))

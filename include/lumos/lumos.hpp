@@ -71,6 +71,7 @@
 #include <lumos/report/simulated_job.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/report/trace_writer.hpp>
+#include <lumos/report/whatif_files.hpp>
 #include <lumos/report/whatif_rows.hpp>
 
 #include <lumos/sweep/evaluate.hpp>
@@ -124,4 +125,6 @@
 #include <lumos/cli/args.hpp>
 #include <lumos/cli/calibrate.hpp>
 #include <lumos/cli/predict.hpp>
+#include <lumos/cli/scale.hpp>
 #include <lumos/cli/sweep.hpp>
+#include <lumos/cli/whatif.hpp>

@@ -6,6 +6,8 @@
     r.ranks[0].simulated_ns, r.breakdowns()         # plain attributes, NumPy arrays
     lumos.replay(job, scale={"compute": 0.5})       # what-if: GPU compute twice as fast
     r.report("report.html")                         # the `lumos report` page
+    w = lumos.whatif(job, gpu="h200-sxm", dp=4)     # `lumos whatif`: the graph rewritten
+    w.speedup, w.changes, w.predicted.breakdowns()  # baseline and predicted are replays
     lumos.predict(model="gpt3-175b", tp=8, pp=8, dp=8).iteration_ns
     lumos.sweep(model="gpt3-175b", gpus=512, top=5).best          # `lumos sweep`
     lumos.calibrate("traces/", output="profile.json")            # `lumos calibrate`
@@ -33,6 +35,8 @@ __all__ = [
     "RankReplay",
     "Replay",
     "Timeline",
+    "WhatIf",
+    "whatif",
     "Prediction",
     "load_job",
     "replay",
@@ -87,9 +91,18 @@ class Job:
     def __len__(self) -> int:
         return len(self._native)
 
-    def inspect(self) -> Dict[str, Any]:
+    def inspect(self, structure: bool = False, groups: bool = False) -> Dict[str, Any]:
         """What ``lumos inspect --json`` prints: per rank its file, event counts by category,
-        GPU and communication ops, streams, threads, device, world size and profiler steps."""
+        GPU and communication ops, streams, threads, device, world size and profiler steps.
+
+        ``structure=True``: what ``lumos inspect --structure --json`` prints instead, the job's
+        discovered structure (parallelism, pipeline stages and schedule, layers, model shape,
+        process groups, per rank its iteration, phases and passes), each fact with its source;
+        ``groups=True`` also lists the per-layer task groups (``--groups``)."""
+        if structure:
+            return json.loads(self._native.structure_json(groups))
+        if groups:
+            raise TypeError("inspect(groups=True) needs structure=True")
         return json.loads(self._native.inspect_json())
 
     def __repr__(self) -> str:
@@ -300,6 +313,129 @@ def replay(job: Union[Job, PathLike, Iterable[PathLike]], scale: Optional[Mappin
             raise LumosError(f"scale: unknown kind '{key}' (compute, comm, cpu or op:TEXT)")
     native = _lumos.replay(job._native, kinds["compute"], kinds["comm"], kinds["cpu"], ops, step, baseline)
     return Replay(native, job)
+
+
+class _WhatIfReplay(Replay):
+    """The baseline or the prediction of a :class:`WhatIf`: a :class:`Replay` whose prediction
+    writes the what-if's page and traces (:meth:`WhatIf.report`, :meth:`WhatIf.write_trace`)."""
+
+    def __init__(self, native: "_lumos.Replay", job: Job, owner: "WhatIf", predicted: bool):
+        super().__init__(native, job)
+        self._owner = owner
+        self._predicted = predicted
+
+    def html(self, title: Optional[str] = None) -> str:
+        if self._predicted:
+            return self._owner.html(title)
+        return super().html(title)
+
+    def write_trace(self, path: PathLike, gzip: bool = False) -> List[str]:
+        if self._predicted:
+            return self._owner.write_trace(path, gzip)
+        return super().write_trace(path, gzip)
+
+
+class WhatIf(_Plain):
+    """A what-if (``lumos whatif``): the job's execution graph rewritten for another
+    configuration and replayed. ``to_dict()`` is what ``lumos whatif --json`` prints.
+
+    ``baseline`` and ``predicted`` are :class:`Replay` objects (breakdowns, timelines, critical
+    path as for any replay; the prediction's ``report`` and ``write_trace`` are the what-if's);
+    ``changes`` the change records (pass, subject, from, to, figures, text); ``change_texts``
+    their sentences; ``speedup`` the baseline's iteration over the prediction's; ``iteration_ns``
+    and ``baseline_ns`` the two iterations; ``shape``, ``pipeline``, ``structure`` and
+    ``folded`` as in the JSON (None when absent)."""
+
+    _fields = ("iteration_ns", "baseline_ns", "speedup")
+
+    def __init__(self, native: "_lumos.WhatIf", job: Job):
+        data = json.loads(native.json())
+        super().__init__(data)
+        self._native = native
+        self._job = job
+        self.changes: List[Dict[str, Any]] = data["change_records"]
+        self.change_texts: List[str] = data["changes"]
+        self.iteration_ns: int = data["predicted"]["iteration_ns"]
+        self.baseline_ns: int = data["baseline"]["iteration_ns"]
+        self.speedup: float = data["speedup"]
+        for key in ("shape", "pipeline", "structure", "folded"):
+            setattr(self, key, data.get(key))
+        self.baseline = _WhatIfReplay(native.baseline(), job, self, predicted=False)
+        self.predicted = _WhatIfReplay(native.predicted(), job, self, predicted=True)
+        self.trace_note: str = ""
+
+    def html(self, title: Optional[str] = None) -> str:
+        """The ``lumos whatif --report`` page: the prediction with the baseline beside it, its
+        changes first."""
+        return self._native.html(title or "lumos whatif")
+
+    def report(self, path: PathLike, title: Optional[str] = None) -> str:
+        """Writes :meth:`html` to ``path``; returns the path."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html(title))
+        return os.fspath(path)
+
+    def write_trace(self, path: PathLike, gzip: bool = False) -> List[str]:
+        """Writes the prediction as Kineto traces, one file per rank, as ``lumos whatif
+        --trace-out`` does (after a pipeline split in the graph, every rank of every stage);
+        ``lumos replay`` reads them back to the same prediction. Needs every traced rank: a
+        what-if that folded identical ranks raises :class:`LumosError` (run it with
+        ``fold=False``), as does one predicted by the pass-level pipeline model. How the written
+        ranks stand for a larger target is in ``trace_note``."""
+        files, self.trace_note = self._native.write_trace(os.fspath(path), gzip)
+        return [os.fspath(p) for p in files]
+
+    def to_pandas(self):
+        """One row per rank of the prediction: iteration and breakdown (``predicted.ranks`` of
+        the JSON)."""
+        pd = _pandas()
+        rows = []
+        for r in self._data["predicted"]["ranks"]:
+            row = {"rank": r["rank"], "step": r["step"], "iteration_ns": r["iteration_ns"]}
+            row.update(r["breakdown"])
+            row["sm_utilization"] = r["sm_utilization"]
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("rank")
+
+    def __repr__(self) -> str:
+        return (f"lumos.WhatIf({len(self.changes)} changes, baseline {self.baseline_ns / 1e6:.3f} ms, "
+                f"predicted {self.iteration_ns / 1e6:.3f} ms, speedup {self.speedup:.3f}x)")
+
+
+# keyword → `lumos whatif` flag.
+_WHATIF_FLAGS = {
+    "layers": "--layers", "gpu": "--gpu", "from_gpu": "--from-gpu", "dp": "--dp", "pp": "--pp", "vp": "--vp",
+    "tp": "--tp", "sp": "--sp", "global_batch": "--global-batch", "micro_batch": "--micro-batch", "hidden": "--hidden",
+    "ffn": "--ffn", "heads": "--heads", "seq": "--seq", "schedule": "--schedule", "profile": "--profile", "step": "--step",
+}
+
+
+def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[int] = None, gpu: Optional[str] = None,
+           from_gpu: Optional[str] = None, dp: Optional[int] = None, pp: Optional[int] = None, vp: Optional[int] = None,
+           tp: Optional[int] = None, sp: Optional[Union[bool, str]] = None, global_batch: Optional[int] = None,
+           micro_batch: Optional[int] = None, hidden: Optional[int] = None, ffn: Optional[int] = None,
+           heads: Optional[int] = None, seq: Optional[int] = None, schedule: Optional[str] = None,
+           profile: Optional[PathLike] = None, step: Optional[int] = None, scale: Optional[Mapping[str, float]] = None,
+           fold: bool = True) -> WhatIf:
+    """Rewrites the job's execution graph for another configuration and replays it, as
+    ``lumos whatif`` does: ``lumos.whatif(job, gpu="h200-sxm")``, ``lumos.whatif(job, tp=4,
+    dp=2)``, ``lumos.whatif(job, pp=2, schedule="1f1b")``. Each keyword is the command's flag
+    (``_`` for ``-``), read by the command's own parser: same defaults, checks and messages
+    (``lumos whatif --help`` explains each). ``sp`` takes a boolean or on/off; ``profile`` a
+    file from :func:`calibrate`; ``scale`` as for :func:`replay` (applied to the baseline and
+    the prediction). ``fold=False`` replays every traced rank (``--no-fold``); by default ranks
+    with identical traces are folded onto one of each class. Raises :class:`LumosError`."""
+    if not isinstance(job, Job):
+        job = load_job(job)
+    config = dict(layers=layers, gpu=gpu, from_gpu=from_gpu, dp=dp, pp=pp, vp=vp, tp=tp, sp=sp, global_batch=global_batch,
+                  micro_batch=micro_batch, hidden=hidden, ffn=ffn, heads=heads, seq=seq, schedule=schedule,
+                  profile=None if profile is None else os.fspath(profile), step=step)
+    flags = _flags("whatif", _WHATIF_FLAGS, config)
+    for key, factor in (scale or {}).items():
+        flags += ["--scale", f"{key}={float(factor)!r}"]
+    if not fold:
+        flags.append("--no-fold")
+    return WhatIf(_lumos.whatif(job._native, flags, job.paths), job)
 
 
 class Prediction(_Plain):

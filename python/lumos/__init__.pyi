@@ -19,7 +19,7 @@ class Job:
     @property
     def files(self) -> List[str]: ...
     def __len__(self) -> int: ...
-    def inspect(self) -> Dict[str, Any]: ...
+    def inspect(self, structure: bool = ..., groups: bool = ...) -> Dict[str, Any]: ...
 
 def load_job(paths: Union[PathLike, Iterable[PathLike]], threads: int = ...) -> Job: ...
 
@@ -84,6 +84,33 @@ class Replay:
 
 def replay(job: Union[Job, PathLike, Iterable[PathLike]], scale: Optional[Mapping[str, float]] = ...,
            step: Optional[int] = ..., baseline: bool = ...) -> Replay: ...
+
+class WhatIf:
+    baseline: Replay
+    predicted: Replay
+    changes: List[Dict[str, Any]]
+    change_texts: List[str]
+    iteration_ns: int
+    baseline_ns: int
+    speedup: float
+    shape: Optional[Dict[str, Any]]
+    pipeline: Optional[Dict[str, Any]]
+    structure: Optional[Dict[str, Any]]
+    folded: Optional[Dict[str, Any]]
+    trace_note: str
+    def html(self, title: Optional[str] = ...) -> str: ...
+    def report(self, path: PathLike, title: Optional[str] = ...) -> str: ...
+    def write_trace(self, path: PathLike, gzip: bool = ...) -> List[str]: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+    def to_pandas(self) -> Any: ...
+
+def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[int] = ..., gpu: Optional[str] = ...,
+           from_gpu: Optional[str] = ..., dp: Optional[int] = ..., pp: Optional[int] = ..., vp: Optional[int] = ...,
+           tp: Optional[int] = ..., sp: Optional[Union[bool, str]] = ..., global_batch: Optional[int] = ...,
+           micro_batch: Optional[int] = ..., hidden: Optional[int] = ..., ffn: Optional[int] = ...,
+           heads: Optional[int] = ..., seq: Optional[int] = ..., schedule: Optional[str] = ...,
+           profile: Optional[PathLike] = ..., step: Optional[int] = ..., scale: Optional[Mapping[str, float]] = ...,
+           fold: bool = ...) -> WhatIf: ...
 
 class Prediction:
     iteration_ns: int

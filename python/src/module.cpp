@@ -4,14 +4,16 @@
 // Results cross the boundary as JSON text written by the library's writers (lumos/report/json/),
 // the ones `lumos ... --json` prints with, so that `to_dict()` holds the numbers the CLI prints,
 // bit for bit: integers as integers, doubles in shortest round-trip form. The per-task and
-// per-rank tables cross as NumPy arrays. `predict`, `sweep` and `calibrate` read their flags with
-// the CLI's own parsers (lumos/cli/) for the same reason: one definition of every flag, default,
-// message and field.
+// per-rank tables cross as NumPy arrays. `predict`, `sweep`, `calibrate` and `whatif` read their
+// flags with the CLI's own parsers (lumos/cli/) for the same reason: one definition of every flag,
+// default, message and field.
 
 #include <lumos/cli/args.hpp>
 #include <lumos/cli/calibrate.hpp>
 #include <lumos/cli/predict.hpp>
 #include <lumos/cli/sweep.hpp>
+#include <lumos/cli/whatif.hpp>
+#include <lumos/graph/trace_builder.hpp>
 #include <lumos/report/critical_path.hpp>
 #include <lumos/report/frozen.hpp>
 #include <lumos/report/html.hpp>
@@ -19,10 +21,15 @@
 #include <lumos/report/json/predict.hpp>
 #include <lumos/report/json/replay.hpp>
 #include <lumos/report/json/sweep.hpp>
+#include <lumos/report/json/whatif.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/trace_files.hpp>
+#include <lumos/report/whatif_files.hpp>
 #include <lumos/synth/predict.hpp>
+#include <lumos/trace/fold.hpp>
 #include <lumos/trace/job.hpp>
+#include <lumos/whatif/structure.hpp>
+#include <lumos/whatif/whatif.hpp>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -53,6 +60,17 @@ struct py_replay {
   std::shared_ptr<const lumos::report::replay_session> session;
   std::vector<lumos::graph::op_scale> ops;
   std::shared_ptr<const lumos::report::replay_session> baseline;  ///< the unscaled replay of a what-if, when made
+};
+
+/// One what-if (`lumos whatif`): the job it ran on (folded onto one rank per class of identical
+/// ranks unless asked not to), how it was folded, its options and its result. The baseline and
+/// the prediction are replays that share the result.
+struct py_whatif {
+  std::shared_ptr<const lumos::trace::job> job;
+  lumos::trace::rank_folding folding;
+  lumos::whatif::whatif_options options;
+  std::shared_ptr<const lumos::whatif::whatif_result> result;
+  std::vector<std::string> inputs;  ///< the paths the job was loaded from (named by the report)
 };
 
 /// The replay as `lumos replay --json` prints it, less the parts with calls of their own (the
@@ -205,6 +223,34 @@ std::string sweep_json(const std::vector<std::string>& flags) {
   return out;
 }
 
+/// `lumos whatif FLAGS...` on a loaded job, read by the CLI's parser (same checks and messages);
+/// `--no-fold` replays every traced rank, as the command does.
+py_whatif run_whatif(const py_job& j, const std::vector<std::string>& flags, const std::vector<std::string>& inputs) {
+  lumos::cli::args a(flags);
+  const lumos::cli::whatif_request req = lumos::cli::parse_whatif_change(a);
+  const bool fold = !a.flag("--no-fold");
+  a.no_positionals();
+  lumos::cli::require_change(req);
+  py_whatif w{j.job, {}, req.options, nullptr, inputs};
+  py::gil_scoped_release release;
+  if (fold) {
+    // Folding drops ranks from the job it folds: a copy, so that the loaded job stays whole.
+    auto folded = std::make_shared<lumos::trace::job>(*j.job);
+    w.folding = lumos::trace::fold_identical_ranks(*folded);
+    if (w.folding.folded()) w.job = std::move(folded);
+  }
+  w.result = std::make_shared<const lumos::whatif::whatif_result>(lumos::whatif::run_whatif(*w.job, w.options));
+  return w;
+}
+
+/// The baseline or the prediction of a what-if as a replay, sharing the what-if's result.
+py_replay whatif_replay(const py_whatif& w, bool predicted) {
+  std::shared_ptr<const lumos::report::replay_session> baseline(w.result, &w.result->baseline);
+  if (!predicted) return py_replay{w.job, baseline, w.options.replay.build.op_scales, nullptr};
+  std::shared_ptr<const lumos::report::replay_session> prediction(w.result, &w.result->predicted);
+  return py_replay{w.job, prediction, w.options.replay.build.op_scales, baseline};
+}
+
 /// Loads a job (the GIL released: reading and parsing never touch Python objects).
 py_job load_job(const std::vector<std::filesystem::path>& paths, unsigned threads) {
   lumos::trace::load_options opt;
@@ -249,6 +295,15 @@ void bind_job(py::module_& m) {
         lumos::report::inspect_json(*j.job, out);
         return out;
       })
+      .def("structure_json", [](const py_job& j, bool groups) {
+        std::string out;
+        py::gil_scoped_release release;
+        // What `lumos inspect --structure` discovers, from the graph the replay builds.
+        const lumos::graph::built_job built = lumos::graph::build_graph(*j.job);
+        const lumos::whatif::job_structure st = lumos::whatif::discover_structure(*j.job, built, {});
+        lumos::report::structure_json(st, groups ? lumos::report::layer_groups::listed : lumos::report::layer_groups::count_only, out);
+        return out;
+      }, "groups"_a = false)
       .def("__len__", [](const py_job& j) { return j.job->ranks.size(); });
   m.def("load_job", &load_job, "paths"_a, "threads"_a = 0U);
 }
@@ -277,6 +332,34 @@ void bind_replay(py::module_& m) {
       }, "path"_a, "gzip"_a = false);
   m.def("replay", &replay, "job"_a, "compute"_a = 1.0, "comm"_a = 1.0, "cpu"_a = 1.0,
         "ops"_a = std::vector<std::pair<std::string, double>>{}, "step"_a = py::none(), "with_baseline"_a = false);
+}
+
+void bind_whatif(py::module_& m) {
+  py::class_<py_whatif>(m, "WhatIf")
+      .def("json", [](const py_whatif& w) {
+        py::gil_scoped_release release;
+        return lumos::report::whatif_json(*w.result, *w.job, w.folding);
+      })
+      .def("baseline", [](const py_whatif& w) { return whatif_replay(w, false); })
+      .def("predicted", [](const py_whatif& w) { return whatif_replay(w, true); })
+      .def("html", [](const py_whatif& w, const std::string& title) {
+        py::gil_scoped_release release;
+        return lumos::report::whatif_html(*w.job, *w.result, w.inputs, title);
+      }, "title"_a)
+      .def("write_trace", [](const py_whatif& w, const std::filesystem::path& path, bool gzip) {
+        if (w.folding.folded()) {
+          throw lumos::error("write_trace writes every traced rank, and this what-if folded " + std::to_string(w.folding.traced) +
+                             " ranks onto " + std::to_string(w.folding.stands_for.size()) + ": run it with fold=False");
+        }
+        lumos::cli::require_writable(*w.result);
+        lumos::report::written_traces written;
+        {
+          py::gil_scoped_release release;
+          written = lumos::report::write_whatif_traces(w.options, *w.result, *w.job, path, gzip);
+        }
+        return py::make_tuple(written.files, written.folded_note);
+      }, "path"_a, "gzip"_a = false);
+  m.def("whatif", &run_whatif, "job"_a, "flags"_a, "inputs"_a = std::vector<std::string>{});
 }
 
 void bind_models(py::module_& m) {
@@ -310,5 +393,6 @@ PYBIND11_MODULE(_lumos, m) {
   });
   bind_job(m);
   bind_replay(m);
+  bind_whatif(m);
   bind_models(m);
 }

@@ -290,6 +290,127 @@ def test_pandas_frames(example_job):
     assert len(tl) == len(r.timeline(0)) and "processor_name" in tl
 
 
+# What-ifs of the example job, each as keywords and as the command's flags.
+TINY_WHATIFS = [
+    (dict(gpu="h200-sxm"), ["--gpu", "h200-sxm"]),
+    (dict(dp=4), ["--dp", "4"]),
+    (dict(scale={"comm": 2}), ["--scale", "comm=2"]),
+    (dict(gpu="a100-sxm-80gb", scale={"op:gemm": 0.8}), ["--gpu", "a100-sxm-80gb", "--scale", "op:gemm=0.8"]),
+]
+
+
+@pytest.mark.parametrize("keywords,flags", TINY_WHATIFS)
+def test_whatif_matches_cli_on_the_example_job(example_job, cli, keywords, flags):
+    w = lumos.whatif(example_job, **keywords)
+    theirs = cli("whatif", example_job, *flags, "--json")
+    assert w.to_dict() == theirs
+    assert w.changes == theirs["change_records"] and w.change_texts == theirs["changes"]
+    assert (w.baseline_ns, w.iteration_ns, w.speedup) == (theirs["baseline"]["iteration_ns"], theirs["predicted"]["iteration_ns"],
+                                                          theirs["speedup"])
+    assert all({"pass", "subject", "from", "to", "figures", "text"} <= set(c) for c in w.changes)
+
+
+def test_whatif_replays_are_replays(megatron, cli):
+    np = pytest.importorskip("numpy")
+    job = lumos.load_job(megatron)
+    w = lumos.whatif(job, tp=4)
+    theirs = cli("whatif", megatron, "--tp", 4, "--json")
+    assert w.to_dict() == theirs
+    assert w.structure == cli("inspect", megatron, "--structure", "--json")
+    # The baseline is the replay of the traces; the prediction's rows are the JSON's.
+    assert_same_replay(w.baseline, cli("replay", megatron, "--json"))
+    assert w.predicted.simulated_ns == theirs["predicted"]["iteration_ns"]
+    rows = {r["rank"]: r for r in theirs["predicted"]["ranks"]}
+    for rank, row in zip(w.predicted.ranks, w.predicted.breakdowns()):
+        assert row.tolist() == [rows[rank.rank]["breakdown"][c] for c in lumos.BREAKDOWN_COLUMNS]
+    t = w.predicted.timeline(w.predicted.ranks[0].rank)
+    assert isinstance(t.start_ns, np.ndarray) and len(t) > 1000 and (t.end_ns >= t.start_ns).all()
+
+
+def test_whatif_pipeline_split_writes_the_cli_traces_and_page(cli, tmp_path):
+    source = Path(__import__("os").environ.get("LUMOS_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+    job = source / "tests" / "data" / "gpu" / "h100-base"
+    w = lumos.whatif(job, pp=2, step=1)
+    theirs = cli("whatif", job, "--pp", 2, "--step", 1, "--json", "--trace-out", tmp_path / "cli", "--report", tmp_path / "cli.html")
+    files = theirs.pop("trace_out")
+    assert w.to_dict() == theirs and w.pipeline["model"] == "graph"
+    # Every rank of every stage, byte for byte the command's files.
+    mine = w.predicted.write_trace(tmp_path / "py")
+    assert [Path(f).name for f in mine] == [Path(f).name for f in files if f.endswith(".json")] and len(mine) == 2
+    for f in mine:
+        assert Path(f).read_bytes() == (tmp_path / "cli" / Path(f).name).read_bytes()
+    assert [r.rank for r in w.predicted.ranks] == [r["rank"] for r in theirs["predicted"]["ranks"]]
+    # The what-if page is the command's: the changes first, the baseline beside the prediction.
+    page = Path(w.report(tmp_path / "py.html")).read_text()
+    assert page == (tmp_path / "cli.html").read_text()
+    assert 'id="card-baseline"' in page
+
+
+def test_whatif_pass_level_pipeline_matches_cli_and_writes_no_traces(cli, tmp_path):
+    source = Path(__import__("os").environ.get("LUMOS_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+    job = source / "tests" / "data" / "whatif" / "pp2_1f1b"
+    w = lumos.whatif(job, schedule="gpipe")
+    assert w.to_dict() == cli("whatif", job, "--schedule", "gpipe", "--json")
+    assert w.pipeline["model"] == "pass-level" and w.predicted.simulated_ns == w.iteration_ns
+    with pytest.raises(lumos.LumosError) as e:
+        w.write_trace(tmp_path / "out")
+    expected = whatif_cli_error(job, "--schedule", "gpipe", "--trace-out", tmp_path / "cli")
+    assert str(e.value).startswith("--trace-out: the pipeline change was predicted by the pass-level model")
+    assert expected is None or str(e.value) == expected
+    assert not (tmp_path / "out").exists()
+
+def synth_unfolded(tmp_path):
+    exe = __import__("os").environ.get("LUMOS_CLI")
+    if not exe:
+        pytest.skip("the lumos CLI was not built (LUMOS_CLI unset)")
+    out = tmp_path / "job"
+    # Four data-parallel ranks with identical traces.
+    subprocess.run([exe, "synth", "--model", "gpt3-15b", "--layers", "2", "--hidden", "1024", "--heads", "8", "--seq", "1024",
+                    "--dp", "4", "--micro-batch", "1", "--global-batch", "8", "--unfold", "--out", str(out)],
+                   check=True, capture_output=True)
+    return out
+
+
+def test_whatif_folds_identical_ranks_as_the_cli(cli, tmp_path):
+    job = lumos.load_job(synth_unfolded(tmp_path))
+    assert len(job) == 4
+    folded = lumos.whatif(job, dp=8)
+    assert folded.to_dict() == cli("whatif", *job.paths, "--dp", 8, "--json")
+    assert folded.folded["traced_ranks"] == 4 and folded.folded["replayed_ranks"] < 4
+    assert len(job) == 4  # the loaded job keeps every rank
+    whole = lumos.whatif(job, dp=8, fold=False)
+    assert whole.to_dict() == cli("whatif", *job.paths, "--dp", 8, "--no-fold", "--json")
+    assert whole.folded is None and whole.iteration_ns == folded.iteration_ns
+    with pytest.raises(lumos.LumosError, match="fold=False"):
+        folded.write_trace(tmp_path / "folded")
+    assert len(whole.write_trace(tmp_path / "whole")) == 4
+
+
+def whatif_cli_error(*args):
+    """The first line of the command's message (a usage error is followed by the usage)."""
+    expected = cli_error("whatif", *args)
+    return None if expected is None else expected.removeprefix("lumos whatif: ").split("\n")[0]
+
+
+def test_whatif_errors_are_the_cli_messages(example_job):
+    for keywords, flags in ((dict(), []), (dict(tp=0), ["--tp", 0]), (dict(gpu="h999"), ["--gpu", "h999"]),
+                            (dict(layers=4), ["--layers", 4]), (dict(scale={"gpu": 2}), ["--scale", "gpu=2"])):
+        with pytest.raises(lumos.LumosError) as e:
+            lumos.whatif(example_job, **keywords)
+        expected = whatif_cli_error(example_job, *flags)
+        assert expected is None or str(e.value) == expected, flags
+    with pytest.raises(lumos.LumosError, match="^whatif needs a change"):
+        lumos.whatif(example_job)
+    with pytest.raises(TypeError):
+        lumos.whatif(example_job, tensor_parallel=2)
+
+
+def test_inspect_structure_matches_cli(megatron, example_job, cli):
+    job = lumos.load_job(megatron)
+    assert job.inspect(structure=True) == cli("inspect", megatron, "--structure", "--json")
+    assert job.inspect(structure=True, groups=True) == cli("inspect", megatron, "--structure", "--groups", "--json")
+    assert lumos.load_job(example_job).inspect(structure=True) == cli("inspect", example_job, "--structure", "--json")
+
 def test_the_example_notebook_runs(tmp_path):
     np = pytest.importorskip("numpy")  # noqa: F841
     import os
@@ -298,3 +419,4 @@ def test_the_example_notebook_runs(tmp_path):
     out = subprocess.run([sys.executable, str(script), "--report", str(tmp_path / "r.html")], capture_output=True, text=True,
                          check=True).stdout
     assert "critical path of rank" in out and (tmp_path / "r.html").is_file()
+    assert "lumos.WhatIf(" in out and (tmp_path / "whatif-r.html").is_file()

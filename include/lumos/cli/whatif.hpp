@@ -1,0 +1,127 @@
+#pragma once
+// `lumos whatif`'s flags (lumos/cli/args.hpp): the change — GPU, layers, data, tensor and
+// pipeline parallelism, schedule, global batch, model shape, cost profile, step and scales —
+// read into `whatif::whatif_options`, and the checks the command makes before and after running
+// it. `lumos whatif` and the Python package's `lumos.whatif` read them here.
+
+#include <lumos/cli/args.hpp>
+#include <lumos/cli/predict.hpp>
+#include <lumos/cli/scale.hpp>
+#include <lumos/core/error.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/transformer.hpp>
+#include <lumos/synth/schedules.hpp>
+#include <lumos/trace/event.hpp>
+#include <lumos/whatif/options.hpp>
+#include <lumos/whatif/result.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace lumos::cli {
+
+/// The what-if's target from `lumos whatif`'s flags, everything but the inputs, outputs and
+/// folding: `scaled` is what `--scale` gave (`parse_scales`). Usage errors for bad values.
+inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) {
+  whatif::whatif_options o;
+  if (const auto step = a.option("--step")) o.replay.step = parse_number<int>(*step, "--step");
+  o.replay.scales = scaled.scales;
+  o.replay.build.op_scales = scaled.ops;
+  if (const auto gpu = a.option("--gpu")) o.gpu = *gpu;
+  if (const auto layers = a.option("--layers")) {
+    o.layers = parse_number<int>(*layers, "--layers");
+    if (*o.layers <= 0) throw usage_error("--layers must be a positive number of layers (got " + *layers + ")");
+    if (*o.layers > model::transformer::max_layers) {
+      throw usage_error("--layers " + *layers + " is more than the supported " + std::to_string(model::transformer::max_layers));
+    }
+  }
+  // Counts of ranks, stages and sequences: at most the ranks lumos reads (2^24), as predict.
+  auto positive = [&](const char* flag) -> std::optional<int> {
+    const auto v = a.option(flag);
+    if (!v) return std::nullopt;
+    const int n = parse_number<int>(*v, flag);
+    if (n <= 0) throw usage_error(std::string(flag) + " must be a positive number (got " + *v + ")");
+    if (n > trace::max_world_size) throw usage_error(std::string(flag) + " is too large: " + *v);
+    return n;
+  };
+  o.dp = positive("--dp");
+  o.pp = positive("--pp");
+  o.vp = positive("--vp");
+  if (const auto gb = positive("--global-batch")) o.global_batch = *gb;
+  if (const auto sched = a.option("--schedule")) {
+    try {
+      o.schedule = synth::parse_schedule(*sched);
+    } catch (const error& e) {
+      throw usage_error(e.what());
+    }
+  }
+  if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
+  if (const auto file = a.option("--profile")) o.profile = read_profile_file(*file);
+  for (const auto& [flag, field] : {std::pair{"--hidden", &o.shape.hidden}, std::pair{"--ffn", &o.shape.ffn}, std::pair{"--heads", &o.shape.heads},
+                                    std::pair{"--seq", &o.shape.seq}, std::pair{"--micro-batch", &o.shape.micro_batch}}) {
+    if (const auto v = a.option(flag)) {
+      *field = parse_number<std::int64_t>(*v, flag);
+      if (**field <= 0) throw usage_error(std::string(flag) + " must be positive (got " + *v + ")");
+      if (**field > model::transformer::max_size) {
+        throw usage_error(std::string(flag) + " " + *v + " is more than the supported " + std::to_string(model::transformer::max_size));
+      }
+    }
+  }
+  if (const auto tp = a.option("--tp")) {
+    o.shape.tp = parse_number<int>(*tp, "--tp");
+    if (*o.shape.tp <= 0) throw usage_error("--tp must be positive (got " + *tp + ")");
+    if (*o.shape.tp > trace::max_world_size) throw usage_error("--tp is too large: " + *tp);
+  }
+  if (const auto sp = a.option("--sp")) {
+    if (*sp != "on" && *sp != "off") throw usage_error("--sp must be on or off (got '" + *sp + "')");
+    o.shape.sp = *sp == "on";
+  }
+  for (const auto* preset : {&o.gpu, &o.from_gpu}) {
+    if (!preset->empty()) {
+      try {
+        (void)model::hardware_preset(*preset);
+      } catch (const error& e) {
+        throw usage_error(e.what());
+      }
+    }
+  }
+  return o;
+}
+
+/// What `lumos whatif`'s change flags asked for: the scales and the what-if's options.
+struct whatif_request {
+  what_if scaled;
+  whatif::whatif_options options;
+};
+
+/// Reads `--scale` and the change flags (`whatif_options_of`), in the order the command asks
+/// for them, leaving the output flags and the inputs to the caller.
+inline whatif_request parse_whatif_change(args& a) {
+  whatif_request req;
+  req.scaled = parse_scales(a.options("--scale"));
+  req.options = whatif_options_of(a, req.scaled);
+  return req;
+}
+
+/// A usage error unless the request changes something.
+inline void require_change(const whatif_request& req) {
+  const whatif::whatif_options& o = req.options;
+  if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && req.scaled.none()) {
+    throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
+                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
+  }
+}
+
+/// A usage error when the prediction has no per-rank graph to write as traces (`--trace-out`):
+/// its pipeline change was predicted by the pass-level model.
+inline void require_writable(const whatif::whatif_result& r) {
+  if (r.pipeline) {
+    throw usage_error("--trace-out: the pipeline change was predicted by the pass-level model (" +
+                      std::string(r.pipeline_reason.empty() ? "the pipeline of the traces is kept" : r.pipeline_reason) +
+                      "), which has no per-rank graph to write");
+  }
+}
+
+}  // namespace lumos::cli
