@@ -10,6 +10,7 @@
 
 #include <lumos/cli/sweep.hpp>
 #include <lumos/report/json/sweep.hpp>
+#include <lumos/report/sweep_html.hpp>
 #include <lumos/sweep/space.hpp>
 #include <lumos/sweep/sweep.hpp>
 
@@ -36,7 +37,7 @@ inline constexpr std::string_view sweep_usage =
     "                   [--tp LIST] [--pp LIST] [--dp LIST] [--vp LIST] [--micro-batch LIST]\n"
     "                   [--schedule LIST] [--recompute LIST] [--sp LIST] [--tp-comm-overlap {on,off}]\n"
     "                   [--overlap-param-gather {on,off}] [--global-batch N]\n"
-    "                   [--memory-margin F] [--top K] [--threads T] [--csv FILE] [--json]\n"
+    "                   [--memory-margin F] [--top K] [--threads T] [--csv FILE] [--report FILE] [--json]\n"
     "  Enumerates every configuration of the lists whose sizes multiply to N GPUs, rejects those\n"
     "  that cannot run (divisibility of heads/vocab/ffn/seq by tp, layers by pp*vp, the global batch\n"
     "  by micro-batch*dp, schedule constraints, memory above HBM less the margin), predicts the\n"
@@ -59,6 +60,9 @@ inline constexpr std::string_view sweep_usage =
     "  --threads T   worker threads (default: all cores; under MPI, the cores / processes per node)\n"
     "  --csv FILE    every configuration with its result or rejection reason;  --json  the whole\n"
     "                sweep as JSON on stdout instead of the table\n"
+    "  --report FILE a self-contained HTML page: every predicted configuration plotted against its\n"
+    "                memory per GPU, the Pareto front of time against memory, the K fastest with\n"
+    "                their breakdowns, the rejections per reason\n"
     "  --model and the shape flags as for 'lumos predict'; its --unfold and --forward-only are\n"
     "  refused here (a sweep ranks whole training steps of folded programs)\n"
     "  MPI: built with LUMOS_WITH_MPI, `mpirun -np P lumos sweep ...` (or srun) splits the space in\n"
@@ -71,6 +75,12 @@ inline std::string fixed(const char* fmt, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, fmt, v);
   return buf;
+}
+
+// `text` as the whole content of file `path` (rank 0's outputs: CSV and HTML).
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  if (!f || !f.write(text.data(), static_cast<std::streamsize>(text.size()))) throw lumos::error("cannot write '" + path + "'");
 }
 
 inline void sweep_csv(const std::vector<sweep::result>& rs, std::string& out) {
@@ -284,10 +294,13 @@ inline int run_sweep(args& a) {
   if (!req.csv.empty()) {
     std::string csv;
     detail::sweep_csv(results, csv);
-    std::ofstream f(req.csv, std::ios::binary);
-    if (!f || !f.write(csv.data(), static_cast<std::streamsize>(csv.size()))) {
-      throw lumos::error("cannot write '" + req.csv + "'");
-    }
+    detail::write_text(req.csv, csv);
+  }
+  if (!req.report.empty()) {
+    report::sweep_html_options ho;
+    ho.profile = req.base.profile_name();
+    ho.top = req.top;
+    detail::write_text(req.report, report::sweep_html(p, results, ho));
   }
   std::fprintf(stderr, "lumos sweep: %zu configurations in %.2f s (%.0f per second, %d process%s)\n", results.size(),
                wall, static_cast<double>(results.size()) / std::max(wall, 1e-9), world.size, world.size == 1 ? "" : "es");

@@ -69,6 +69,7 @@
 #include <lumos/report/json/whatif.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/report/simulated_job.hpp>
+#include <lumos/report/sweep_html.hpp>
 #include <lumos/report/trace_files.hpp>
 #include <lumos/report/trace_writer.hpp>
 #include <lumos/report/whatif_files.hpp>

@@ -9,6 +9,7 @@
 #include <lumos/pipeline/interleaved_one_f_one_b.hpp>
 #include <lumos/pipeline/one_f_one_b.hpp>
 #include <lumos/pipeline/zero_bubble.hpp>
+#include <lumos/report/sweep_html.hpp>
 #include <lumos/sweep/space.hpp>
 #include <lumos/sweep/sweep.hpp>
 #include <lumos/synth/predict.hpp>
@@ -18,7 +19,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <random>
+#include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -398,4 +402,121 @@ TEST_CASE("a user-defined PipelineSchedule builds, predicts and sweeps", "[sweep
   c.vp = 2;
   c.schedule = policy;
   CHECK(ev.validate(c).reason == sw::rejection::schedule);
+}
+
+namespace {
+
+// The values of attribute `attr` of the tags that open with `opening` (e.g. "<circle class=\"config "),
+// within the part of `page` from `from` to the next `to` (the whole page when `from` is empty).
+std::vector<std::string> attribute_values(const std::string& page, const std::string& opening, const std::string& attr,
+                                          const std::string& from = "", const std::string& to = "") {
+  std::size_t begin = 0, end = page.size();
+  if (!from.empty()) {
+    begin = page.find(from);
+    REQUIRE(begin != std::string::npos);
+    end = page.find(to, begin);
+    REQUIRE(end != std::string::npos);
+  }
+  std::vector<std::string> out;
+  const std::regex value(" " + attr + "=\"([^\"]*)\"");
+  for (std::size_t at = page.find(opening, begin); at < end; at = page.find(opening, at + 1)) {
+    const std::string tag = page.substr(at, page.find('>', at) - at);
+    std::smatch m;
+    REQUIRE(std::regex_search(tag, m, value));
+    out.push_back(m[1]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sweep_html: a point per predicted configuration, the Pareto front, the rejections, no script", "[sweep][report]") {
+  sw::problem p = small_problem();
+  const std::vector<sw::configuration> configs = sw::enumerate(small_space(), p.gpus);
+  {
+    // A memory limit at the median of what the valid configurations need: the larger half is
+    // rejected for memory, the front has memories to trade against time.
+    const auto checked = sw::run(sw::make_evaluator(p, lm::profile_preset("h100-sxm")), configs, {.threads = 2, .simulate = false});
+    std::vector<double> memory;
+    for (const sw::result& r : checked) {
+      if (r.ok()) memory.push_back(r.memory_bytes);
+    }
+    REQUIRE(memory.size() > 40);
+    std::nth_element(memory.begin(), memory.begin() + static_cast<std::ptrdiff_t>(memory.size() / 2), memory.end());
+    p.memory_margin = 1.0 - memory[memory.size() / 2] / static_cast<double>(p.hardware.gpu.hbm_capacity);
+  }
+  const auto ev = sw::make_evaluator(p, lm::profile_preset("h100-sxm"));
+  const std::vector<sw::result> rs = sw::run(ev, configs, {.threads = 2});
+  const std::string page = lumos::report::sweep_html(p, rs, {.profile = "h100-sxm", .top = 5});
+
+  // Every predicted configuration once, as a "config" point carrying its index.
+  std::set<std::size_t> predicted;
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    if (rs[i].ok() && rs[i].predicted) predicted.insert(i);
+  }
+  REQUIRE(predicted.size() > 20);
+  REQUIRE(predicted.size() < rs.size());
+  const auto points = attribute_values(page, "<circle class=\"config ", "data-index");
+  CHECK(points.size() == predicted.size());
+  std::set<std::size_t> drawn;
+  for (const std::string& v : points) drawn.insert(std::stoul(v));
+  CHECK(drawn == predicted);
+
+  // The front, by brute force: a configuration no other one matches or beats on time and memory
+  // while beating it on one of them.
+  std::set<std::size_t> front;
+  for (const std::size_t i : predicted) {
+    const auto dominates = [&](std::size_t j) {
+      const sw::result &a = rs[j], &b = rs[i];
+      return a.m.iteration_ns <= b.m.iteration_ns && a.memory_bytes <= b.memory_bytes &&
+             (a.m.iteration_ns < b.m.iteration_ns || a.memory_bytes < b.memory_bytes);
+    };
+    if (std::none_of(predicted.begin(), predicted.end(), dominates)) front.insert(i);
+  }
+  REQUIRE(front.size() > 1);
+  std::set<std::size_t> listed;
+  for (const std::string& v : attribute_values(page, "<tr class=\"front-row\"", "data-index", "<table id=\"pareto\"", "</table>")) {
+    CHECK(listed.insert(std::stoul(v)).second);
+  }
+  CHECK(listed == front);
+  const auto library = sw::pareto_front(rs);
+  CHECK(std::set<std::size_t>(library.begin(), library.end()) == front);
+  CHECK(page.find("class=\"pareto-line\"") != std::string::npos);
+
+  // The rejections per reason, as the results give them.
+  std::map<std::string, std::size_t> reasons;
+  for (const sw::result& r : rs) {
+    if (!r.ok()) ++reasons[std::string(sw::to_string(r.reason))];
+  }
+  CHECK(reasons.count("memory") == 1);
+  const auto names = attribute_values(page, "<tr data-reason=", "data-reason", "<table id=\"rejected\"", "</table>");
+  const auto counts = attribute_values(page, "<tr data-reason=", "data-count", "<table id=\"rejected\"", "</table>");
+  REQUIRE(names.size() == counts.size());
+  std::map<std::string, std::size_t> shown;
+  for (std::size_t k = 0; k < names.size(); ++k) shown[names[k]] = std::stoul(counts[k]);
+  CHECK(shown == reasons);
+
+  // The ranking's rows are sweep::top's, each with a 4-part breakdown bar.
+  const auto top = sw::top(rs, 5);
+  const auto ranked = attribute_values(page, "<tr class=\"top-row\"", "data-index", "<table id=\"top\"", "</table>");
+  REQUIRE(ranked.size() == top.size());
+  for (std::size_t k = 0; k < top.size(); ++k) CHECK(std::stoul(ranked[k]) == top[k]);
+  CHECK(page.find("<svg class=\"split\"") != std::string::npos);
+
+  CHECK(page.find("<script") == std::string::npos);
+  CHECK(page.find("http") == std::string::npos);  // loads nothing
+  CHECK(page.rfind("</html>\n") == page.size() - 8);
+}
+
+TEST_CASE("sweep_html: a space where nothing fits still makes a page", "[sweep][report]") {
+  sw::problem p = small_problem();
+  p.memory_margin = 0.9999;
+  const auto ev = sw::make_evaluator(p, lm::profile_preset("h100-sxm"));
+  const std::vector<sw::result> rs = sw::run(ev, sw::enumerate(small_space(), p.gpus), {.threads = 2});
+  REQUIRE(sw::count_reasons(rs)[0] == 0);
+  const std::string page = lumos::report::sweep_html(p, rs);
+  CHECK(page.find("<circle class=\"config ") == std::string::npos);
+  CHECK(page.find("No configuration of the space fits") != std::string::npos);
+  CHECK(page.find("<tr class=\"front-row\"") == std::string::npos);
+  CHECK(page.find("data-reason=\"memory\"") != std::string::npos);
 }

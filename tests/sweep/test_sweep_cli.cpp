@@ -1,4 +1,4 @@
-// `lumos sweep`: output identical for any thread count (stdout and CSV), JSON counts, errors.
+// `lumos sweep`: output identical for any thread count (stdout, CSV, HTML page), JSON counts, errors.
 #ifdef LUMOS_CLI_PATH
 
 #include "../unit/test_support.hpp"
@@ -20,18 +20,23 @@ const std::string space =
 
 }  // namespace
 
-TEST_CASE("lumos sweep: the same stdout and CSV for 1 and 3 threads", "[sweep][cli]") {
+TEST_CASE("lumos sweep: the same stdout, CSV and HTML page for 1 and 3 threads", "[sweep][cli]") {
   lumos_test::temp_dir dir;
   const auto a = dir.path() / "one.csv";
   const auto b = dir.path() / "three.csv";
-  const result one = lumos_test::run_cli(space + " --threads 1 --csv " + a.string());
-  const result three = lumos_test::run_cli(space + " --threads 3 --csv " + b.string());
+  const auto page_a = dir.path() / "one.html";
+  const auto page_b = dir.path() / "three.html";
+  const result one = lumos_test::run_cli(space + " --threads 1 --csv " + a.string() + " --report " + page_a.string());
+  const result three = lumos_test::run_cli(space + " --threads 3 --csv " + b.string() + " --report " + page_b.string());
   INFO(one.err);
   REQUIRE(one.code == 0);
   REQUIRE(three.code == 0);
   CHECK(one.out == three.out);
   const std::string csv = lumos_test::read_file(a);
   CHECK(csv == lumos_test::read_file(b));
+  const std::string page = lumos_test::read_file(page_a);
+  CHECK(page == lumos_test::read_file(page_b));
+  CHECK(page.find("<table id=\"pareto\">") != std::string::npos);
   CHECK(one.out.find("top 10 by iteration time") != std::string::npos);
   CHECK(one.out.find("rejected by reason:") != std::string::npos);
   // One CSV row per configuration plus the header; the count the text reports.

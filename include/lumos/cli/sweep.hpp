@@ -51,6 +51,7 @@ struct sweep_request {
   std::size_t top = 10;
   unsigned threads = 0;
   std::string csv;
+  std::string report;  ///< `--report FILE`: the HTML page (empty: none)
   bool json = false;
 };
 
@@ -149,6 +150,7 @@ inline sweep_request parse_sweep(args& a) {
   l.top = a.option("--top");
   l.threads = a.option("--threads");
   if (const auto f = a.option("--csv")) req.csv = *f;
+  if (const auto f = a.option("--report")) req.report = *f;
   req.json = a.flag("--json");
   req.base = parse_predict(a);  // model, GPU, precision, profile, cost model flags
 

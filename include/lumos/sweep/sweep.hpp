@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -114,6 +115,41 @@ template <class Compute, class Comm>
   std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(keep), idx.end(), faster);
   idx.resize(keep);
   return idx;
+}
+
+/// Indices into `results` of the Pareto front of iteration time against memory per GPU: the
+/// accepted, predicted configurations that no other one dominates (another dominates when it is
+/// at most as slow and at most as large, and strictly better in one of the two; two with the
+/// same time and memory are both on the front). Ordered by memory, then time, then index.
+/// O(n log n) in the number of results.
+[[nodiscard]] inline std::vector<std::size_t> pareto_front(const std::vector<result>& results) {
+  std::vector<std::size_t> idx;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (results[i].ok() && results[i].predicted) idx.push_back(i);
+  }
+  const auto before = [&](std::size_t a, std::size_t b) {
+    const result& x = results[a];
+    const result& y = results[b];
+    if (x.memory_bytes != y.memory_bytes) return x.memory_bytes < y.memory_bytes;
+    if (x.m.iteration_ns != y.m.iteration_ns) return x.m.iteration_ns < y.m.iteration_ns;
+    return a < b;
+  };
+  std::sort(idx.begin(), idx.end(), before);
+  std::vector<std::size_t> front;
+  // The fastest time among strictly smaller memories; within one memory, only the group's
+  // fastest can survive, and only when it beats every smaller memory.
+  time_ns best = std::numeric_limits<time_ns>::max();
+  for (std::size_t g = 0; g < idx.size();) {
+    const double memory = results[idx[g]].memory_bytes;
+    const time_ns fastest = results[idx[g]].m.iteration_ns;
+    std::size_t e = g;
+    for (; e < idx.size() && results[idx[e]].memory_bytes == memory; ++e) {
+      if (fastest < best && results[idx[e]].m.iteration_ns == fastest) front.push_back(idx[e]);
+    }
+    best = std::min(best, fastest);
+    g = e;
+  }
+  return front;
 }
 
 /// Count of results per reason, indexed by `static_cast<std::size_t>(rejection)`.
