@@ -343,7 +343,8 @@ class WhatIf(_Plain):
     path as for any replay; the prediction's ``report`` and ``write_trace`` are the what-if's);
     ``changes`` the change records (pass, subject, from, to, figures, text); ``change_texts``
     their sentences; ``speedup`` the baseline's iteration over the prediction's; ``iteration_ns``
-    and ``baseline_ns`` the two iterations; ``shape``, ``pipeline``, ``structure`` and
+    and ``baseline_ns`` the two iterations; ``bound_by``, ``critical_path_shares`` and
+    ``attribution`` why the step moved as it did; ``shape``, ``pipeline``, ``structure`` and
     ``folded`` as in the JSON (None when absent)."""
 
     _fields = ("iteration_ns", "baseline_ns", "speedup")
@@ -358,6 +359,9 @@ class WhatIf(_Plain):
         self.iteration_ns: int = data["predicted"]["iteration_ns"]
         self.baseline_ns: int = data["baseline"]["iteration_ns"]
         self.speedup: float = data["speedup"]
+        self.bound_by: str = data["bound_by"]
+        self.critical_path_shares: Dict[str, Optional[Dict[str, float]]] = data["critical_path_shares"]
+        self.attribution: Dict[str, Any] = data["attribution"]
         for key in ("shape", "pipeline", "structure", "folded"):
             setattr(self, key, data.get(key))
         self.baseline = _WhatIfReplay(native.baseline(), job, self, predicted=False)

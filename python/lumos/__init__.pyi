@@ -93,6 +93,9 @@ class WhatIf:
     iteration_ns: int
     baseline_ns: int
     speedup: float
+    bound_by: str
+    critical_path_shares: Dict[str, Optional[Dict[str, float]]]
+    attribution: Dict[str, Any]
     shape: Optional[Dict[str, Any]]
     pipeline: Optional[Dict[str, Any]]
     structure: Optional[Dict[str, Any]]

@@ -308,6 +308,8 @@ def test_whatif_matches_cli_on_the_example_job(example_job, cli, keywords, flags
     assert (w.baseline_ns, w.iteration_ns, w.speedup) == (theirs["baseline"]["iteration_ns"], theirs["predicted"]["iteration_ns"],
                                                           theirs["speedup"])
     assert all({"pass", "subject", "from", "to", "figures", "text"} <= set(c) for c in w.changes)
+    assert (w.bound_by, w.critical_path_shares, w.attribution) == (theirs["bound_by"], theirs["critical_path_shares"],
+                                                                   theirs["attribution"])
 
 
 def test_whatif_replays_are_replays(megatron, cli):
