@@ -1168,8 +1168,24 @@ TEST_CASE("replay, whatif and predict write the HTML report with --report", "[cl
   CHECK(records > 0);
   CHECK(wh.find("<section id=\"changes\">") != std::string::npos);
   CHECK(wh.find("change vs measured") != std::string::npos);
+  CHECK(wh.find("<p id=\"why\"><b>Why:</b> the baseline&#39;s critical path is") > wh.find("<section id=\"changes\">"));
   CHECK(wh.find("<th class=\"n\">error</th>") == std::string::npos);
   CHECK(html_of(r).find("<section id=\"changes\">") == std::string::npos);
+  // The baseline's slowest rank is drawn above the prediction's, on a time axis as long.
+  const auto base_at = wh.find("<div id=\"timeline-baseline\">");
+  REQUIRE(base_at != std::string::npos);
+  const auto predicted_at = wh.find("prediction: rank ");
+  REQUIRE(predicted_at != std::string::npos);
+  CHECK(base_at < predicted_at);
+  CHECK(wh.find("baseline: rank ") > base_at);
+  auto svg_width = [&](std::size_t from) {
+    const auto at = wh.find("<svg class=\"timeline\"", from);
+    REQUIRE(at != std::string::npos);
+    const auto value = wh.find("width=\"", at) + 7;
+    return wh.substr(value, wh.find('"', value) - value);
+  };
+  CHECK(svg_width(base_at) == svg_width(predicted_at));
+  CHECK(html_of(r).find("timeline-baseline") == std::string::npos);
   const auto p = dir.path() / "predict.html";
   REQUIRE(run("predict --model gpt3-15b --tp 2 --pp 2 --global-batch 8 --report " + p.string()).code == 0);
   const std::string ph = html_of(p);

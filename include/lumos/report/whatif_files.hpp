@@ -119,6 +119,7 @@ inline written_traces write_whatif_traces(const whatif::whatif_options& o, const
   ho.title = std::move(title);
   ho.inputs = inputs;
   for (const auto& c : r.changes) ho.changes.emplace_back(c.headline(), c.text);
+  ho.why = r.why.text;
   return html_report(job, r.predicted, ho, &r.baseline);
 }
 
