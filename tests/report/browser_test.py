@@ -102,7 +102,9 @@ def check_page(page, dom, console_errors, job_summary, name):
     return problems
 
 
-def with_selenium(browser, url, screenshot):
+def with_selenium(browser, url, screenshot, script=None):
+    """The DOM and the console errors of the page at `url` (and the value of `script`, a
+    JavaScript expression run on the laid-out page, when given)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -121,8 +123,9 @@ def with_selenium(browser, url, screenshot):
         driver.set_window_size(1400, min(max(int(height), 600), 12000))
         driver.save_screenshot(str(screenshot))
         dom = driver.execute_script("return document.documentElement.outerHTML")
+        value = driver.execute_script("return " + script) if script is not None else None
         errors = [m for m in driver.get_log("browser") if m.get("level") in ("SEVERE", "ERROR")]
-        return dom, errors
+        return (dom, errors) if script is None else (dom, errors, value)
     finally:
         driver.quit()
 
@@ -138,16 +141,12 @@ def with_browser(browser, url, screenshot):
     return dump.stdout, errors
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lumos", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("jobs", nargs="+")
-    args = ap.parse_args()
+def browser_or_skip(test):
+    """The headless browser and whether Selenium drives it; without one, exits with 77 (CTest:
+    skipped), or 1 under LUMOS_REQUIRE_BROWSER=1 (CI)."""
     browser = find_browser()
     if browser is None:
-        msg = "report_browser: skipped: no headless Chromium (Debian: apt-get install chromium chromium-driver python3-selenium)"
-        print(msg)
+        print(f"{test}: skipped: no headless Chromium (Debian: apt-get install chromium chromium-driver python3-selenium)")
         sys.exit(1 if os.environ.get("LUMOS_REQUIRE_BROWSER") == "1" else 77)
     try:
         import selenium  # noqa: F401
@@ -155,6 +154,16 @@ def main():
     except ImportError:
         use_selenium = False
     print(f"browser: {browser} ({'selenium + chromedriver' if use_selenium else '--dump-dom / --screenshot'})")
+    return browser, use_selenium
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lumos", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("jobs", nargs="+")
+    args = ap.parse_args()
+    browser, use_selenium = browser_or_skip("report_browser")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     failures = []

@@ -15,15 +15,12 @@ import argparse
 import collections
 import csv
 import html.parser
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from browser_test import FLAGS, find_browser, with_browser  # noqa: E402
+from browser_test import browser_or_skip, with_browser, with_selenium  # noqa: E402
 
 # A small space with every kind of outcome: accepted configurations of several schedules and
 # memories, and rejections for divisibility, schedule and memory.
@@ -101,33 +98,9 @@ def check(dom, console_errors, rows, rendered):
     return problems
 
 
-def with_selenium(browser, url, screenshot):
-    """The DOM, the console errors, and the number of "config" points the browser laid out."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    opts = Options()
-    opts.binary_location = browser
-    for f in FLAGS:
-        opts.add_argument(f)
-    opts.add_argument("--window-size=1400,1000")
-    opts.add_argument("--user-data-dir=" + tempfile.mkdtemp(prefix="lumos-chromium-"))
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
-    try:
-        driver.get(url)
-        height = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(1400, min(max(int(height), 600), 12000))
-        driver.save_screenshot(str(screenshot))
-        dom = driver.execute_script("return document.documentElement.outerHTML")
-        rendered = driver.execute_script(
-            "return Array.from(document.querySelectorAll('.config')).filter(e => {"
-            " const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }).length")
-        errors = [m for m in driver.get_log("browser") if m.get("level") in ("SEVERE", "ERROR")]
-        return dom, errors, int(rendered)
-    finally:
-        driver.quit()
+# The "config" points the browser laid out with a size.
+RENDERED_POINTS = ("Array.from(document.querySelectorAll('.config')).filter(e => {"
+                   " const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }).length")
 
 
 def main():
@@ -135,17 +108,7 @@ def main():
     ap.add_argument("--lumos", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    browser = find_browser()
-    if browser is None:
-        msg = "sweep_report_browser: skipped: no headless Chromium (Debian: apt-get install chromium chromium-driver python3-selenium)"
-        print(msg)
-        sys.exit(1 if os.environ.get("LUMOS_REQUIRE_BROWSER") == "1" else 77)
-    try:
-        import selenium  # noqa: F401
-        use_selenium = shutil.which("chromedriver") is not None
-    except ImportError:
-        use_selenium = False
-    print(f"browser: {browser} ({'selenium + chromedriver' if use_selenium else '--dump-dom / --screenshot'})")
+    browser, use_selenium = browser_or_skip("sweep_report_browser")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     page, table, shot = out / "sweep.html", out / "sweep.csv", out / "sweep.png"
@@ -153,7 +116,8 @@ def main():
     with open(table, newline="") as f:
         rows = list(csv.DictReader(f))
     if use_selenium:
-        dom, errors, rendered = with_selenium(browser, page.resolve().as_uri(), shot)
+        dom, errors, rendered = with_selenium(browser, page.resolve().as_uri(), shot, RENDERED_POINTS)
+        rendered = int(rendered)
     else:
         dom, errors = with_browser(browser, page.resolve().as_uri(), shot)
         rendered = None
