@@ -37,8 +37,8 @@ struct attribution {
   /// What the baseline's critical path is mostly made of: "host", "compute", "communication" or
   /// "waits" (the largest share).
   std::string bound_by;
-  /// GPU busy time of the slowest rank, computing and communicating (with their overlap), in
-  /// the baseline and the prediction.
+  /// GPU busy time of the slowest rank, computing and in communication kernels (their waits for
+  /// peers included; with the overlap), in the baseline and the prediction.
   time_ns compute_before = 0, compute_after = 0, comm_before = 0, comm_after = 0;
   /// The explanation; names what would move the step when the step moved little.
   std::string text;
@@ -105,7 +105,7 @@ namespace detail {
   char line[512];
   std::snprintf(line, sizeof line,
                 "the baseline's critical path is %.0f %% host (CPU) work, %.0f %% GPU compute, %.0f %% communication and "
-                "%.0f %% waits; the change scales the GPU's compute time x%.3g and its communication time x%.3g",
+                "%.0f %% waits; the change scales the GPU's compute time x%.3g and its time in communication kernels x%.3g",
                 100 * a.baseline.cpu, 100 * a.baseline.gpu_compute, 100 * a.baseline.communication, 100 * a.baseline.waits,
                 detail::ratio(a.compute_after, a.compute_before), detail::ratio(a.comm_after, a.comm_before));
   a.text = line;
