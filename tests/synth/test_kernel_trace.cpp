@@ -1,6 +1,7 @@
 // lumos synth --detail kernel: the traces of a modelled job look enough like a Megatron-LM /
 // PyTorch eager trace that structure discovery recovers, from them alone, every fact of the
 // configuration they were made from; and they still replay to the prediction.
+#include "kernel_job_support.hpp"
 #include "../unit/test_support.hpp"
 
 #include <lumos/graph/compile.hpp>
@@ -85,25 +86,8 @@ written synthesise(const job_config& c, const std::filesystem::path& dir) {
   profile.attention = c.attention;
   synth::program_options opt;
   opt.unfold = c.unfold;
-  opt.notes = true;
   opt.p2p_host_sync = c.p2p_host_sync && profile.cpu_p2p_sync > 0;
-  opt.launch_cost = static_cast<time_ns>(profile.cpu_launch_ns);
-  opt.collective_cpu = static_cast<time_ns>(profile.cpu_collective_ns);
-  const synth::program prog = synth::build_program(j, opt, model::kernel_level{profile}, model::nccl_model{profile});
-  const graph::compiled_graph compiled = graph::compile(prog.graph);
-  const sim::record_timeline timeline = sim::replay(compiled);
-  const report::trace_decorations deco =
-      synth::kernel_trace_decorations(prog, j, static_cast<time_ns>(profile.cpu_launch_ns));
-  report::simulated_job sj;
-  sj.graph = &prog.graph;
-  sj.simulated = report::simulated_times(timeline, compiled);
-  sj.world_size = static_cast<int>(prog.world_size);
-  sj.device_name = j.hardware.name;
-  sj.decorations = &deco;
-  std::vector<int> ranks;
-  for (const auto& r : prog.ranks) ranks.push_back(r.rank);
-  (void)report::write_kineto(sj, ranks, dir);
-  return {timeline.makespan()};
+  return {lumos_test::write_kernel_job(j, opt, profile, dir)};
 }
 
 // GEMM kernels of a graph (by name): what a pipeline rewrite must conserve.

@@ -4,6 +4,7 @@
 // it says, and a graph that replays. Jobs: a synthesised kernel-level job without stages (what
 // `lumos synth --detail kernel --unfold` writes) and the hand-made pipeline traces of
 // tests/data/whatif (make_pipeline_traces.py).
+#include "../synth/kernel_job_support.hpp"
 #include "../unit/test_support.hpp"
 
 #include <lumos/graph/compile.hpp>
@@ -71,25 +72,9 @@ void synthesise(const fs::path& dir, int layers, int micro_batches, int tp, int 
   j.parallel.micro_batch = 1;
   j.parallel.global_batch = micro_batches;
   j.parallel.zero_stage = 1;
-  const model::cost_profile profile = model::profile_preset(j.hardware.name);
   synth::program_options opt;
   opt.unfold = true;
-  opt.notes = true;
-  opt.launch_cost = static_cast<time_ns>(profile.cpu_launch_ns);
-  opt.collective_cpu = static_cast<time_ns>(profile.cpu_collective_ns);
-  const synth::program prog = synth::build_program(j, opt, model::kernel_level{profile}, model::nccl_model{profile});
-  const graph::compiled_graph compiled = graph::compile(prog.graph);
-  const sim::record_timeline timeline = sim::replay(compiled);
-  const report::trace_decorations deco = synth::kernel_trace_decorations(prog, j, static_cast<time_ns>(profile.cpu_launch_ns));
-  report::simulated_job sj;
-  sj.graph = &prog.graph;
-  sj.simulated = report::simulated_times(timeline, compiled);
-  sj.world_size = static_cast<int>(prog.world_size);
-  sj.device_name = j.hardware.name;
-  sj.decorations = &deco;
-  std::vector<int> ranks;
-  for (const auto& r : prog.ranks) ranks.push_back(r.rank);
-  (void)report::write_kineto(sj, ranks, dir);
+  (void)lumos_test::write_kernel_job(j, opt, model::profile_preset(j.hardware.name), dir);
 }
 
 // The synthesised job without stages, written once: 8 layers, 4 micro-batches, TP 2.

@@ -3,6 +3,7 @@
 // public 1F1B skeleton, and `synth::policy_of<S>()` carries it through `synth::predict`,
 // `sweep::evaluate` and the what-if API (in the graph on a synthesised job, and by the
 // pass-level model on traces with stages) as a shipped schedule is.
+#include "../synth/kernel_job_support.hpp"
 #include "../unit/test_support.hpp"
 
 #include <lumos/graph/compile.hpp>
@@ -130,25 +131,9 @@ void synthesise(const std::filesystem::path& dir, int micro_batches) {
   j.parallel.micro_batch = 1;
   j.parallel.global_batch = micro_batches;
   j.parallel.zero_stage = 1;
-  const model::cost_profile profile = model::profile_preset(j.hardware.name);
   synth::program_options opt;
   opt.unfold = true;
-  opt.notes = true;
-  opt.launch_cost = static_cast<time_ns>(profile.cpu_launch_ns);
-  opt.collective_cpu = static_cast<time_ns>(profile.cpu_collective_ns);
-  const synth::program prog = synth::build_program(j, opt, model::kernel_level{profile}, model::nccl_model{profile});
-  const graph::compiled_graph compiled = graph::compile(prog.graph);
-  const sim::record_timeline timeline = sim::replay(compiled);
-  const report::trace_decorations deco = synth::kernel_trace_decorations(prog, j, static_cast<time_ns>(profile.cpu_launch_ns));
-  report::simulated_job sj;
-  sj.graph = &prog.graph;
-  sj.simulated = report::simulated_times(timeline, compiled);
-  sj.world_size = static_cast<int>(prog.world_size);
-  sj.device_name = j.hardware.name;
-  sj.decorations = &deco;
-  std::vector<int> ranks;
-  for (const auto& r : prog.ranks) ranks.push_back(r.rank);
-  (void)report::write_kineto(sj, ranks, dir);
+  (void)lumos_test::write_kernel_job(j, opt, model::profile_preset(j.hardware.name), dir);
 }
 
 // The units (pass codes) a stage runs on a compute stream, repeats of one unit merged, outside
