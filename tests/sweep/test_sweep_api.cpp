@@ -3,6 +3,8 @@
 // results; a schedule defined here (not one of the shipped kinds) goes through the program
 // builder, predict and the sweep.
 
+#include "../model/config_support.hpp"
+
 #include <lumos/graph/compile.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/pipeline/gpipe.hpp>
@@ -55,20 +57,9 @@ struct deep_warmup_1f1b final {
 };
 static_assert(lp::PipelineSchedule<deep_warmup_1f1b>);
 
-lm::transformer sweep_gpt() {
-  lm::transformer m = lm::gpt3_with_layers("small-gpt", 8);
-  m.hidden = 1024;
-  m.ffn = 4096;
-  m.heads = 16;
-  m.kv_heads = 16;
-  m.seq = 512;
-  m.vocab = 32768;
-  return m;
-}
-
 sw::problem small_problem(std::int64_t gpus = 16) {
   sw::problem p;
-  p.model = sweep_gpt();
+  p.model = lumos::model::test::small_gpt();
   p.gpus = gpus;
   p.global_batch = 64;
   return p;
@@ -360,7 +351,7 @@ TEST_CASE("a user-defined PipelineSchedule builds, predicts and sweeps", "[sweep
   constexpr auto policy = ls::policy_of<deep_warmup_1f1b>();
   static_assert(policy.name == "deep-warmup-1f1b");
   ls::job j;
-  j.model = sweep_gpt();
+  j.model = lumos::model::test::small_gpt();
   j.hardware = lm::h100_sxm();
   j.parallel.pp = 4;
   j.parallel.dp = 2;

@@ -6,6 +6,8 @@
 // warm build reuses its buffers; a schedule whose ops wait on each other is the error
 // graph::compile gives.
 
+#include "../model/config_support.hpp"
+
 #include <lumos/graph/compile.hpp>
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/kernel_costs.hpp>
@@ -33,20 +35,9 @@ namespace lm = lumos::model;
 namespace lp = lumos::pipeline;
 namespace ls = lumos::synth;
 
-lm::transformer small_model() {
-  lm::transformer m = lm::gpt3_with_layers("small-gpt", 8);
-  m.hidden = 1024;
-  m.ffn = 4096;
-  m.heads = 16;
-  m.kv_heads = 16;
-  m.seq = 512;
-  m.vocab = 32768;
-  return m;
-}
-
 ls::job small_job(int tp, int pp, int dp, std::int64_t global_batch, int vp = 1) {
   ls::job j;
-  j.model = small_model();
+  j.model = lumos::model::test::small_gpt();
   j.hardware = lm::h100_sxm();
   j.parallel.tp = tp;
   j.parallel.pp = pp;

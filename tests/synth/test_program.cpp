@@ -1,6 +1,8 @@
 // The pipeline program builder and predict: graph structure, folded vs unfolded and kernel vs
 // pass agreement, sanity of the predictions, and configuration errors.
 
+#include "../model/config_support.hpp"
+
 #include <lumos/graph/compile.hpp>
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/kernel_costs.hpp>
@@ -28,21 +30,9 @@ namespace lg = lumos::graph;
 
 namespace {
 
-// A GPT-shaped model small enough to build every rank quickly.
-lm::transformer small_gpt(std::int64_t layers = 8) {
-  lm::transformer m = lm::gpt3_with_layers("small-gpt", layers);
-  m.hidden = 1024;
-  m.ffn = 4096;
-  m.heads = 16;
-  m.kv_heads = 16;
-  m.seq = 512;
-  m.vocab = 32768;
-  return m;
-}
-
 ls::job make_job(int tp, int pp, int dp, std::int64_t global_batch, int vp = 1) {
   ls::job j;
-  j.model = small_gpt();
+  j.model = lumos::model::test::small_gpt();
   j.hardware = lm::h100_sxm();
   j.parallel.tp = tp;
   j.parallel.pp = pp;

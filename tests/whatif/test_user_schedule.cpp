@@ -4,6 +4,7 @@
 // `sweep::evaluate` and the what-if API (in the graph on a synthesised job, and by the
 // pass-level model on traces with stages) as a shipped schedule is.
 #include "../synth/kernel_job_support.hpp"
+#include "../model/config_support.hpp"
 #include "../unit/test_support.hpp"
 
 #include <lumos/graph/compile.hpp>
@@ -105,16 +106,6 @@ struct free_comm {
 };
 static_assert(model::CommModel<free_comm>);
 
-model::transformer small_gpt() {
-  model::transformer m = model::gpt3_with_layers("small-gpt", 8);
-  m.hidden = 1024;
-  m.ffn = 4096;
-  m.heads = m.kv_heads = 16;
-  m.seq = 512;
-  m.vocab = 32768;
-  return m;
-}
-
 // The schedule's timeline with the per-stage costs of `layers` layers of `c`.
 time_ns schedule_makespan(const synth::schedule_policy& s, const pipeline::schedule_shape& shape, std::int64_t layers, const fixed_layers& c) {
   const pipeline::op_costs<time_ns> stage{layers * c.f, layers * (c.b + c.w), 0};
@@ -125,7 +116,7 @@ time_ns schedule_makespan(const synth::schedule_policy& s, const pipeline::sched
 // stages: TP 2, `micro_batches` micro-batches of one sequence.
 void synthesise(const std::filesystem::path& dir, int micro_batches) {
   synth::job j;
-  j.model = small_gpt();
+  j.model = lumos::model::test::small_gpt();
   j.hardware = model::hardware_preset("h100-sxm");
   j.parallel.tp = 2;
   j.parallel.micro_batch = 1;
@@ -180,7 +171,7 @@ TEST_CASE("a user schedule: complete, deadlock-free orders that differ from 1F1B
 
 TEST_CASE("a user schedule in synth::predict: the program runs its orders, the iteration follows them", "[schedule][user][predict]") {
   synth::job j;
-  j.model = small_gpt();
+  j.model = lumos::model::test::small_gpt();
   j.hardware = model::h100_sxm();
   j.parallel.pp = 4;
   j.parallel.dp = 2;
@@ -209,7 +200,7 @@ TEST_CASE("a user schedule in synth::predict: the program runs its orders, the i
 
 TEST_CASE("a user schedule in sweep::evaluate: a configuration of the space like any other", "[schedule][user][sweep]") {
   sweep::problem problem;
-  problem.model = small_gpt();
+  problem.model = lumos::model::test::small_gpt();
   problem.global_batch = 16;
   problem.gpus = 8;
   problem.options.program.launch_cost = 0;
