@@ -38,7 +38,9 @@ struct attribution {
   /// "waits" (the largest share).
   std::string bound_by;
   /// GPU busy time of the slowest rank, computing and in communication kernels (their waits for
-  /// peers included; with the overlap), in the baseline and the prediction.
+  /// peers included; with the overlap), in the baseline and the prediction. After a pipeline
+  /// change predicted by the pass-level model, the "after" figures are those of the replay the
+  /// model is anchored on (the traces' stages with the other changes), not of the target pipeline.
   time_ns compute_before = 0, compute_after = 0, comm_before = 0, comm_after = 0;
   /// The explanation; names what would move the step when the step moved little.
   std::string text;
