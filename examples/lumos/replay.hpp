@@ -123,6 +123,13 @@ inline std::string build_text(const report::replay_session& s, const trace::job&
                 st.ops_queued, st.ops_launch_bound, st.ops_dependency_bound, st.cross_stream_implicit, st.ops_unexplained,
                 st.poll_waits);
   out += line;
+  if (st.queue_blocked_launches > 0) {
+    std::snprintf(line, sizeof line,
+                  "launch queue: %zu launch calls blocked on a full queue, %.3f ms of waiting in the trace (a wait on the GPU, "
+                  "recomputed; their time after it kept)\n",
+                  st.queue_blocked_launches, static_cast<double>(st.queue_blocked_wait) / 1e6);
+    out += line;
+  }
   return out;
 }
 

@@ -234,7 +234,7 @@ TEST_CASE("event_lists: each key's values in the order added, keys ascending", "
 // violations included): a counter added to build_stats but not there would read 0 for every
 // job, whatever the thread count, so no comparison across thread counts would notice.
 static_assert(sizeof(void*) != 8 ||
-                  sizeof(graph::build_stats) == 30 * sizeof(std::size_t) + sizeof(time_ns) + 2 * sizeof(std::string) +
+                  sizeof(graph::build_stats) == 31 * sizeof(std::size_t) + 2 * sizeof(time_ns) + 2 * sizeof(std::string) +
                                                     2 * sizeof(std::vector<time_ns>) + 8 /* two bools, padded */,
               "build_stats changed: add its new per-rank counters to detail::add_counts, then update this check");
 

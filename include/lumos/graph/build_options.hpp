@@ -144,6 +144,8 @@ struct build_stats {
   std::size_t cross_stream_unresolved = 0;
   std::size_t blocking_calls = 0;        ///< syncs, blocking copies, successful polls
   std::size_t poll_waits = 0;            ///< runs of event/stream queries folded into one wait
+  std::size_t queue_blocked_launches = 0;  ///< launch calls that waited on a full launch queue (also in blocking_calls)
+  time_ns queue_blocked_wait = 0;          ///< their time before the op they waited for ended (the whole trace)
   std::size_t sync_edges = 0;
   std::size_t handoffs = 0;              ///< CPU → CPU edges across threads
   std::size_t collectives_matched = 0;   ///< instances joined across ranks

@@ -255,6 +255,7 @@ inline void add_counts(build_stats& to, build_stats&& from) {
                      &build_stats::launch_edges, &build_stats::graph_launch_ops, &build_stats::ops_without_launch,
                      &build_stats::cross_stream_exact, &build_stats::cross_stream_inferred, &build_stats::cross_stream_implicit,
                      &build_stats::cross_stream_unresolved, &build_stats::blocking_calls, &build_stats::poll_waits,
+                     &build_stats::queue_blocked_launches,
                      &build_stats::sync_edges, &build_stats::handoffs, &build_stats::collectives_matched,
                      &build_stats::collective_participants, &build_stats::collectives_unmatched, &build_stats::p2p_eager,
                      &build_stats::unmatched_transfer_same_op, &build_stats::unmatched_transfer_same_size,
@@ -263,6 +264,7 @@ inline void add_counts(build_stats& to, build_stats&& from) {
                      &build_stats::op_scaled_gpu, &build_stats::op_scaled_cpu}) {
     to.*field += from.*field;
   }
+  to.queue_blocked_wait += from.queue_blocked_wait;
   if (from.causality_violations > 0 && (from.worst_violation > to.worst_violation || to.worst_violation_text.empty())) {
     to.worst_violation = from.worst_violation;
     to.worst_violation_text = std::move(from.worst_violation_text);
@@ -575,6 +577,7 @@ class trace_graph_builder {
   void unmatched_transfers(std::size_t r);
 
   awaited_map find_blocking_calls(std::size_t r);
+  void find_queue_blocked_launches(std::size_t r, awaited_map& awaited);
 
   void build_thread(std::size_t r, std::uint32_t slot, const awaited_map& awaited, std::vector<cpu_task_info>& cpu_tasks);
 

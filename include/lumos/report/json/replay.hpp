@@ -132,7 +132,8 @@ inline void build_stats_json(json_writer& w, const graph::task_graph& g, const g
   w.field("cross_stream_exact", st.cross_stream_exact).field("cross_stream_inferred", st.cross_stream_inferred);
   w.field("cross_stream_implicit", st.cross_stream_implicit);
   w.field("cross_stream_unresolved", st.cross_stream_unresolved).field("blocking_calls", st.blocking_calls);
-  w.field("poll_waits", st.poll_waits);
+  w.field("poll_waits", st.poll_waits).field("queue_blocked_launches", st.queue_blocked_launches);
+  w.field("queue_blocked_wait_ns", st.queue_blocked_wait);
   w.field("thread_handoffs", st.handoffs).field("stream_overlaps", st.stream_overlaps).end_object();
   w.key("causality").begin_object().field("violations", st.causality_violations).field("worst_ns", st.worst_violation);
   w.field("worst", st.worst_violation_text).end_object();
