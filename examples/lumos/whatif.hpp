@@ -17,6 +17,7 @@
 #include <lumos/whatif/whatif.hpp>
 
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -25,7 +26,7 @@ namespace lumos::cli {
 inline constexpr std::string_view whatif_usage =
     "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]\n"
     "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
-    "                    [--micro-batch N] [--tp N] [--sp on|off] [--profile FILE] [--step N]\n"
+    "                    [--micro-batch N] [--tp N] [--sp on|off] [--profile FILE] [--host-speed F] [--step N]\n"
     "                    [--scale KIND=F]... [--scale op:TEXT=F]... [--no-fold] [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
@@ -36,6 +37,10 @@ inline constexpr std::string_view whatif_usage =
     "                      bus bandwidth); the kernels (FlashAttention or not), CPU time and launch\n"
     "                      overheads stay\n"
     "  --from-gpu PRESET   the traces' GPU, when their deviceProperties name none of the presets\n"
+    "  --host-speed F      the target host's CPU speed relative to the traced host's (default 1: the traced\n"
+    "                      host is kept, also under --gpu): the prediction's CPU times / F. When the\n"
+    "                      predicted step is mostly host work, the output gives it at host speed x0.8 and\n"
+    "                      x1.25 too\n"
     "  --layers N          N transformer layers: each layer's launches and kernels (found by\n"
     "                      `lumos inspect --structure`) repeated or removed in place, with its collectives\n"
     "  --hidden N, --ffn N, --heads N, --seq N, --micro-batch N\n"
@@ -129,6 +134,28 @@ inline std::string folding_text(const trace::rank_folding& folding) {
   return out;
 }
 
+// The host the prediction assumes, said when it matters: a GPU change keeps the traced host, and
+// a step that follows the host is given at other host speeds.
+inline std::string host_text(const whatif::whatif_result& r) {
+  std::string out;
+  char line[256];
+  if (r.host_speed != 1.0) {
+    std::snprintf(line, sizeof line, "host: %.3gx the traced host's CPU speed (--host-speed)\n", r.host_speed);
+    out += line;
+  } else if (!r.host_sensitivity.empty() || std::any_of(r.changes.begin(), r.changes.end(), [](const whatif::change& c) { return c.pass == "gpu"; })) {
+    out += "host: the traced host's CPU speed is kept (--host-speed F changes it)\n";
+  }
+  if (!r.host_sensitivity.empty()) {
+    out += "host sensitivity: the predicted step is mostly host work:";
+    for (const auto& p : r.host_sensitivity) {
+      std::snprintf(line, sizeof line, " %.3f ms at host speed x%g%s", static_cast<double>(p.iteration_ns) / 1e6, p.host_speed,
+                    &p == &r.host_sensitivity.back() ? "\n" : ",");
+      out += line;
+    }
+  }
+  return out;
+}
+
 inline std::string whatif_text(const whatif::whatif_result& r, const trace::job& job, const report::written_traces& written,
                                const trace::rank_folding& folding) {
   std::string out;
@@ -138,6 +165,7 @@ inline std::string whatif_text(const whatif::whatif_result& r, const trace::job&
   out += line;
   for (const auto& c : r.changes) out += "change: " + c.text + "\n";
   out += "why: " + r.why.text + "\n";
+  out += host_text(r);
   out += "\n rank  step              baseline    predicted   speedup  | predicted: exposed-compute  overlapped  exposed-comm   other\n";
   // The traced ranks the prediction kept compare with their baseline (all of them unless stages
   // were merged); the ranks of added pipeline stages with the traced rank they copy.

@@ -666,6 +666,36 @@ TEST_CASE("whatif says why the step moved: the critical path's shares, what boun
   CHECK(text.out.find("why:") > text.out.find("change:"));
 }
 
+TEST_CASE("whatif --host-speed: the host is a stated assumption, and a host-bound step is given at other host speeds", "[cli][whatif][host]") {
+  simdjson::dom::parser parser;
+  auto whatif = [&](const std::string& trace, const std::string& flags) {
+    const result r = run("whatif " + data("gpu/" + trace) + " --json " + flags);
+    REQUIRE(r.code == 0);
+    return parser.parse(r.out);
+  };
+  // h100-h1024: host-bound (the step follows the CPU); h100-h4096: GPU-bound.
+  simdjson::dom::element kept = whatif("h100-h1024", "--gpu h200-sxm");
+  CHECK(double(kept["host_speed"]) == 1.0);
+  const std::int64_t step = kept["predicted"]["iteration_ns"];
+  REQUIRE(kept["host_sensitivity"].is_array());
+  std::map<double, std::int64_t> at;
+  for (simdjson::dom::element p : simdjson::dom::array(kept["host_sensitivity"])) at[double(p["host_speed"])] = int64_t(p["iteration_ns"]);
+  REQUIRE(at.size() == 2);
+  CHECK(at.at(0.8) > step);  // a slower host lengthens a host-bound step, a faster one shortens it
+  CHECK(at.at(1.25) < step);
+  simdjson::dom::element faster = whatif("h100-h1024", "--gpu h200-sxm --host-speed 1.25");
+  CHECK(double(faster["host_speed"]) == 1.25);
+  CHECK(int64_t(faster["predicted"]["iteration_ns"]) == at.at(1.25));  // the same replay as the sensitivity's
+  CHECK(int64_t(faster["baseline"]["iteration_ns"]) == int64_t(kept["baseline"]["iteration_ns"]));  // the trace stays the trace
+  CHECK(whatif("h100-h4096", "--gpu h200-sxm")["host_sensitivity"].is_null());  // GPU-bound: the host does not set the step
+  // --host-speed alone is a change; the text says which host the prediction assumes.
+  CHECK(run("whatif " + data("gpu/h100-h1024") + " --host-speed 2").out.find("host: 2x the traced host's CPU speed") != std::string::npos);
+  const result text = run("whatif " + data("gpu/h100-h1024") + " --gpu h200-sxm");
+  CHECK(text.out.find("host: the traced host's CPU speed is kept") != std::string::npos);
+  CHECK(text.out.find("host sensitivity: the predicted step is mostly host work:") != std::string::npos);
+  for (const char* bad : {"0", "-1", "nan", "fast"}) CHECK(run("whatif " + data("gpu/h100-h1024") + " --host-speed " + bad).code == 2);
+}
+
 TEST_CASE("whatif folds identical ranks: one of each class stands for the rest, with the prediction of every rank", "[cli][whatif][fold]") {
   // TP 2 PP 2 DP 2 written with --unfold: the four ranks of each stage run the same work.
   lumos_test::temp_dir dir;

@@ -15,6 +15,7 @@
 #include <lumos/whatif/options.hpp>
 #include <lumos/whatif/result.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -58,6 +59,12 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
     }
   }
   if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
+  if (const auto speed = a.option("--host-speed")) {
+    o.host_speed = parse_number<double>(*speed, "--host-speed");
+    if (!(o.host_speed > 0) || !std::isfinite(o.host_speed)) {
+      throw usage_error("--host-speed must be a positive factor (got " + *speed + ")");
+    }
+  }
   if (const auto file = a.option("--profile")) o.profile = read_profile_file(*file);
   for (const auto& [flag, field] : {std::pair{"--hidden", &o.shape.hidden}, std::pair{"--ffn", &o.shape.ffn}, std::pair{"--heads", &o.shape.heads},
                                     std::pair{"--seq", &o.shape.seq}, std::pair{"--micro-batch", &o.shape.micro_batch}}) {
@@ -108,9 +115,9 @@ inline whatif_request parse_whatif_change(args& a) {
 /// A usage error unless the request changes something.
 inline void require_change(const whatif_request& req) {
   const whatif::whatif_options& o = req.options;
-  if (o.gpu.empty() && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && req.scaled.none()) {
+  if (o.gpu.empty() && o.host_speed == 1.0 && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && req.scaled.none()) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
-                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, or --scale");
+                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, --host-speed F, or --scale");
   }
 }
 

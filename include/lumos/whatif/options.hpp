@@ -37,6 +37,16 @@ struct whatif_options {
   /// included), or a shipped one by name (`synth::parse_schedule`).
   std::optional<int> pp, vp;
   std::optional<synth::schedule_policy> schedule;
+  /// The target host's CPU speed relative to the traced host's: the prediction's CPU times are
+  /// the traced ones / `host_speed`. 1 (the default) keeps the traced host, also under `gpu`.
+  double host_speed = 1.0;
+
+  /// The replay options of the prediction: `replay` with the host's speed applied.
+  [[nodiscard]] report::replay_options predicted_replay() const {
+    report::replay_options r = replay;
+    r.scales.cpu /= host_speed;
+    return r;
+  }
 
   /// A pipeline change is asked: stages, chunks or schedule.
   [[nodiscard]] bool pipeline_asked() const noexcept { return pp || vp || schedule; }

@@ -137,7 +137,7 @@ inline void adopt_stage_ranks(const context& ctx, whatif_result& out, stage_spli
     r.file = ctx.job.ranks[i].file + " (stage " + std::to_string(split.stage[k]) + ")";
     r.step = plan.step;
     r.measured = report::evaluate(plan, measured);
-    r.simulated = report::evaluate(plan, simulated, ctx.options.replay.scales.cpu);
+    r.simulated = report::evaluate(plan, simulated, ctx.options.predicted_replay().scales.cpu);
     r.measured_ns = r.measured.window.length();
     r.simulated_ns = r.simulated.window.length();
     r.error = report::relative_error(r.simulated_ns, r.measured_ns);

@@ -42,6 +42,14 @@ struct whatif_result {
   std::string bubble_source;
   /// Why the step moved as much as it did (attribution.hpp).
   attribution why;
+  /// The predicted step at other host speeds, when the prediction's critical path is mostly
+  /// host work (the step then follows the host): `host_sensitivity` in whatif.hpp.
+  struct host_point {
+    double host_speed;     ///< relative to the prediction's host
+    time_ns iteration_ns;  ///< the predicted step on that host
+  };
+  std::vector<host_point> host_sensitivity;
+  double host_speed = 1.0;  ///< the prediction's host speed relative to the traced host's (whatif_options)
 };
 
 }  // namespace lumos::whatif

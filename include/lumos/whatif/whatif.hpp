@@ -146,6 +146,23 @@ inline void report_summary(const context& ctx, whatif_result& out) {
   if (!out.shape->memory_warning.empty()) out.changes.push_back(note("summary", "memory", out.shape->memory_warning));
 }
 
+// The step of the prediction on a host 0.8x and 1.25x as fast, when its critical path is mostly
+// host work (its largest share): the prediction keeps the traced host (or --host-speed's),
+// which is an assumption, and where the step follows the host the user should see how much.
+// Replays copies of the predicted graph; none when the step does not follow the host.
+inline std::vector<whatif_result::host_point> host_sensitivity(const trace::job& job, const whatif_result& out,
+                                                                 const std::vector<report::rank_steps>& steps, const whatif_options& o) {
+  const path_shares* p = out.why.predicted ? &*out.why.predicted : nullptr;
+  if (p == nullptr || p->cpu < std::max({p->gpu_compute, p->communication, p->waits})) return {};
+  std::vector<whatif_result::host_point> points;
+  for (const double speed : {0.8, 1.25}) {
+    report::replay_options r = o.predicted_replay();
+    r.scales.cpu /= speed;
+    points.push_back({speed, report::replay_built(job, out.predicted.built, steps, r).simulated_ns});
+  }
+  return points;
+}
+
 }  // namespace detail
 
 /// Runs the baseline of `job` and the what-if that `passes` make of it, in their order: each
@@ -164,7 +181,7 @@ template <Rewrite... Passes>
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     ((ran[I] = detail::run_pass(std::get<I>(passes), ctx, b, out.changes)), ...);
   }(std::index_sequence_for<Passes...>{});
-  out.predicted = report::replay_built(job, std::move(b), steps, o.replay);
+  out.predicted = report::replay_built(job, std::move(b), steps, o.predicted_replay());
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (detail::after_replay(std::get<I>(passes), ctx, out, ran[I]), ...);
   }(std::index_sequence_for<Passes...>{});
@@ -172,6 +189,8 @@ template <Rewrite... Passes>
   detail::report_bubble(ctx, out);
   detail::report_summary(ctx, out);
   out.why = attribute(out.baseline, out.predicted, out.predicted.simulated_ns, !out.pipeline);
+  out.host_speed = o.host_speed;
+  if (!out.pipeline) out.host_sensitivity = detail::host_sensitivity(job, out, steps, o);
   return out;
 }
 

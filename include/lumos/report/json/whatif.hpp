@@ -103,6 +103,21 @@ inline void attribution_json(json_writer& w, const whatif::attribution& a) {
   w.field("text", a.text).end_object();
 }
 
+/// The host the prediction assumes: `host_speed` (relative to the traced host), and
+/// `host_sensitivity`, the predicted step at other host speeds (null unless the predicted step
+/// is mostly host work).
+inline void host_json(json_writer& w, const whatif::whatif_result& r) {
+  w.field("host_speed", r.host_speed);
+  w.key("host_sensitivity");
+  if (r.host_sensitivity.empty()) {
+    w.null();
+    return;
+  }
+  w.begin_array();
+  for (const auto& p : r.host_sensitivity) w.begin_object().field("host_speed", p.host_speed).field("iteration_ns", p.iteration_ns).end_object();
+  w.end_array();
+}
+
 namespace detail {
 
 inline void shape_config_json(json_writer& w, const char* key, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
@@ -202,6 +217,7 @@ struct written_traces {
   w.end_array();
   change_records_json(w, r.changes);
   attribution_json(w, r.why);
+  host_json(w, r);
   if (r.shape) whatif_shape_json(w, *r.shape);
   if (r.pipeline) whatif_pipeline_json(w, *r.pipeline);
   if (r.stages) stage_split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);

@@ -206,7 +206,7 @@ inline void discover_model_shape(const discovery_inputs& in, job_structure& out)
   }
   if (ref == nr) {
     md.hidden.source = md.ffn.source = md.heads.source = md.head_dim.source = md.seq.source = md.micro_batch_size.source = md.dtype.source =
-        md.kv_heads.source = md.dropout.source = "no transformer layer found to read shapes from";
+        md.kv_heads.source = md.dropout.source = md.mlp.source = "no transformer layer found to read shapes from";
     return;
   }
   detail::model_widths(detail::read_reference_layer(in, out, ref), out.parallel.tp.value, out);
