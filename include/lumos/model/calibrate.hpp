@@ -475,7 +475,7 @@ inline void fit_collectives(const calibration& out, cost_profile& p, const std::
 }  // namespace detail
 
 /// Calibrates on `ranks` (one or more ranks of one run, e.g. `trace::load_job(...).ranks`). The base profile is the preset of the GPU
-/// the traces name (deviceProperties, `preset_of_device`: A100, H100, H200; else `fallback`,
+/// the traces name (deviceProperties, `preset_of_device`: A100, H100, H200, B200, GB200, MI300X; else `fallback`,
 /// with a note); fitted values replace
 /// it where the traces carry the evidence, each with its provenance:
 ///  - GEMM efficiency: every kernel launched inside aten::mm/addmm/bmm/baddbmm with Input Dims,
