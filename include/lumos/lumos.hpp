@@ -17,6 +17,7 @@
 #include <lumos/trace/fold.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/trace/reader.hpp>
+#include <lumos/trace/runtime_calls.hpp>
 #include <lumos/trace/summary.hpp>
 
 #include <lumos/graph/build_options.hpp>

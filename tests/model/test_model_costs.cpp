@@ -4,6 +4,7 @@
 #include <lumos/model/comm.hpp>
 #include <lumos/model/compute.hpp>
 #include <lumos/model/flops.hpp>
+#include <lumos/model/nccl.hpp>
 
 #include "config_support.hpp"
 
@@ -198,6 +199,33 @@ TEST_CASE("placements: explicit lists and Megatron's groups", "[model][comm]") {
   p = config(2, 4, 1, 1, 8);
   CHECK(pipeline_p2p_same_node(p, hw, 0));
   CHECK(pipeline_p2p_same_node(p, hw, 2));
+}
+
+TEST_CASE("GB200 NVL72: groups inside the 72-GPU NVLink domain stay on NVLink", "[model][comm]") {
+  const hardware b200_hw = b200(), gb200_hw = gb200();
+  // TP 8 x DP 8 (64 GPUs): on B200 the DP peers sit one per 8-GPU node, on GB200 in one domain.
+  const parallel_config p = config(8, 1, 8, 1, 8);
+  CHECK(data_parallel_group(p, b200_hw).nodes() == 8);
+  CHECK(data_parallel_group(p, gb200_hw).nodes() == 1);
+  CHECK(data_parallel_group(p, gb200_hw).ranks_per_node == 8);
+  CHECK(tensor_parallel_group(config(64, 1, 1, 1, 1), gb200_hw).nodes() == 1);
+  CHECK_NOTHROW((group_placement{64, 64}.validate(gb200_hw)));
+  CHECK_THROWS_AS((group_placement{64, 64}.validate(b200_hw)), lumos::error);
+  // Same link figures, so the NVLink-only group is faster by the NIC/NVLink ratio's effect.
+  const ring_alpha_beta ring;
+  const std::int64_t bytes = std::int64_t{1} << 30;
+  const time_ns on_nic = ring.collective_time({collective::all_reduce, bytes, data_parallel_group(p, b200_hw)}, b200_hw);
+  const time_ns on_nvlink = ring.collective_time({collective::all_reduce, bytes, data_parallel_group(p, gb200_hw)}, gb200_hw);
+  CHECK(on_nvlink * 5 < on_nic);
+  const nccl_model nccl{gb200_profile()};
+  CHECK(nccl.collective_time({collective::all_reduce, bytes, data_parallel_group(p, gb200_hw)}, gb200_hw) <
+        nccl_model{b200_profile()}.collective_time({collective::all_reduce, bytes, data_parallel_group(p, b200_hw)}, b200_hw));
+  // Pipeline neighbours 32 ranks apart: one domain on GB200, two nodes on B200.
+  CHECK(pipeline_p2p_same_node(config(8, 2, 4, 1, 4), gb200_hw, 0));
+  CHECK_FALSE(pipeline_p2p_same_node(config(8, 2, 4, 1, 4), b200_hw, 0));
+  // 64 apart: rank 7 -> 71 stays in the first domain, rank 8 -> 72 leaves it.
+  CHECK(pipeline_p2p_same_node(config(8, 2, 8, 1, 8), gb200_hw, 0, 7));
+  CHECK_FALSE(pipeline_p2p_same_node(config(8, 2, 8, 1, 8), gb200_hw, 0, 8));
 }
 
 TEST_CASE("layer TP collectives and pipeline message sizes", "[model][comm]") {

@@ -5,6 +5,7 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/memory.hpp>
 #include <lumos/model/parallel.hpp>
+#include <lumos/model/profile.hpp>
 #include <lumos/model/transformer.hpp>
 
 #include "config_support.hpp"
@@ -49,7 +50,10 @@ TEST_CASE("hardware presets carry datasheet peaks and are found by name", "[mode
   for (auto name : hardware_preset_names) {
     const hardware hw = hardware_preset(name);
     CHECK(hw.name == name);
-    CHECK(hw.gpus_per_node == 8);
+    CHECK(hw.gpus_per_node >= 4);
+    CHECK(hw.nvlink_domain_size() >= hw.gpus_per_node);
+    CHECK((hw.gpu.fp8_flops == 0 || hw.gpu.fp8_flops == Approx(2 * hw.gpu.bf16_flops).epsilon(0.001)));
+    CHECK(profile_preset(name).hardware == name);
     CHECK(hw.gpu.bf16_flops > 0);
     CHECK(hw.gpu.hbm_bandwidth > 0);
     CHECK(hw.intra_node.bandwidth > hw.inter_node.bandwidth);
@@ -70,6 +74,34 @@ TEST_CASE("hardware presets carry datasheet peaks and are found by name", "[mode
   CHECK(h200.gpu.hbm_capacity > h100.gpu.hbm_capacity);
 }
 
+TEST_CASE("B200, GB200 and MI300X: datasheet peaks, NVLink domains and device names", "[model][presets]") {
+  const hardware h100 = hardware_preset("h100-sxm"), b = hardware_preset("b200"), gb = hardware_preset("gb200"),
+                 mi = hardware_preset("mi300x");
+  CHECK(b.peak_flops(precision::bf16) == Approx(2250e12));
+  CHECK(b.peak_flops(precision::fp8) == Approx(4500e12));
+  CHECK(b.gpu.hbm_bandwidth == Approx(8e12));
+  CHECK(b.intra_node.bandwidth == Approx(2 * h100.intra_node.bandwidth));  // NVLink 5: 1.8 TB/s total
+  CHECK(b.nvlink_domain_size() == 8);
+  CHECK(gb.peak_flops(precision::bf16) == Approx(2500e12));
+  CHECK(gb.peak_flops(precision::fp8) == Approx(5000e12));
+  CHECK(gb.gpus_per_node == 4);  // a compute tray: two GB200 superchips
+  CHECK(gb.nvlink_domain_size() == 72);
+  CHECK(mi.peak_flops(precision::bf16) == Approx(1307.4e12));
+  CHECK(mi.peak_flops(precision::fp8) == Approx(2614.9e12));
+  CHECK(mi.gpu.hbm_bandwidth == Approx(5.3e12));
+  CHECK(mi.gpu.hbm_capacity > 192e9);
+  CHECK(mi.nvlink_domain_size() == 8);
+  // The existing presets keep their node as the NVLink domain.
+  CHECK(h100.nvlink_domain == 0);
+  CHECK(h100.nvlink_domain_size() == h100.gpus_per_node);
+  CHECK(preset_of_device("NVIDIA B200") == "b200");
+  CHECK(preset_of_device("NVIDIA GB200") == "gb200");
+  CHECK(preset_of_device("AMD Instinct MI300X") == "mi300x");
+  CHECK(preset_of_device("MI300X") == "mi300x");
+  CHECK(preset_of_device("AMD Instinct MI210").empty());
+  for (auto n : hardware_preset_names) CHECK(preset_of_device(n) == n);  // synth writes the preset name
+}
+
 TEST_CASE("A100 has no fp8 and says so", "[model][presets]") {
   const hardware a100 = a100_sxm_80gb();
   CHECK_THROWS_AS(a100.peak_flops(precision::fp8), lumos::error);
@@ -81,7 +113,9 @@ TEST_CASE("A100 has no fp8 and says so", "[model][presets]") {
 TEST_CASE("unknown preset names list the valid ones", "[model][presets]") {
   CHECK_THROWS_AS(hardware_preset("h100"), lumos::error);
   CHECK_THROWS_WITH(hardware_preset("h100"), Contains("'h100'") && Contains("a100-sxm-80gb") &&
-                                                 Contains("h100-sxm") && Contains("h200-sxm"));
+                                                 Contains("h100-sxm") && Contains("h200-sxm") && Contains("gb200") &&
+                                                 Contains("mi300x"));
+  CHECK_THROWS_WITH(profile_preset("b300"), Contains("'b300'") && Contains("b200") && Contains("mi300x"));
   CHECK_THROWS_AS(model_preset("gpt3"), lumos::error);
   for (auto n : model_preset_names) {
     CHECK_THROWS_WITH(model_preset("gpt-4"), Contains(std::string(n)));

@@ -156,7 +156,8 @@ inline sweep_request parse_sweep(args& a) {
 
   sweep::space& s = req.space;
   const model::transformer& m = req.base.job.model;
-  s.tp = detail::sizes(l.tp, "--tp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, req.base.job.hardware.gpus_per_node)));
+  // TP groups stay inside one NVLink domain by default (up to 64 on GB200 NVL72).
+  s.tp = detail::sizes(l.tp, "--tp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, req.base.job.hardware.nvlink_domain_size())));
   s.pp = detail::sizes(l.pp, "--pp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, m.layers)));
   s.dp = detail::sizes(l.dp, "--dp", {});
   s.vp = detail::sizes(l.vp, "--vp", {1});

@@ -7,6 +7,7 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/trace/event.hpp>
+#include <lumos/trace/runtime_calls.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -295,7 +296,7 @@ struct calibration_samples {
       if ((e.cat == trace::category::cuda_runtime || e.cat == trace::category::cuda_driver) && e.correlation >= 0) {
         runtime_of[e.correlation] = i;
         const auto n = r.name(e);
-        if (n == "cudaLaunchKernel" || n == "cuLaunchKernel" || n == "cudaLaunchKernelExC") launches.push_back(static_cast<double>(e.dur));
+        if (trace::is_kernel_launch_call(n)) launches.push_back(static_cast<double>(e.dur));
       }
       if (e.cat == trace::category::cpu_op) ops.push_back(i);
     }
@@ -474,7 +475,7 @@ inline void fit_collectives(const calibration& out, cost_profile& p, const std::
 }  // namespace detail
 
 /// Calibrates on `ranks` (one or more ranks of one run, e.g. `trace::load_job(...).ranks`). The base profile is the preset of the GPU
-/// the traces name (deviceProperties, `preset_of_device`: A100, H100, H200; else `fallback`,
+/// the traces name (deviceProperties, `preset_of_device`: A100, H100, H200, B200, GB200, MI300X; else `fallback`,
 /// with a note); fitted values replace
 /// it where the traces carry the evidence, each with its provenance:
 ///  - GEMM efficiency: every kernel launched inside aten::mm/addmm/bmm/baddbmm with Input Dims,
@@ -483,7 +484,7 @@ inline void fit_collectives(const calibration& out, cost_profile& p, const std::
 ///    2 B x (all inputs + the largest input as output), median fraction per class (norm,
 ///    softmax, elementwise);
 ///  - minimum kernel time: 1st percentile of kernel durations (at least 1 us);
-///  - host: median launch call (cudaLaunchKernel, cuLaunchKernel, cudaLaunchKernelExC); forward
+///  - host: median launch call (`trace::is_kernel_launch_call`: CUDA and HIP); forward
 ///    op dispatch = top-level CPU op time / kernels launched - one launch (what the traced host
 ///    really spent per kernel, profiler overhead included; backward ops keep the preset when the
 ///    traces have none);

@@ -104,7 +104,8 @@ enum class algorithm : std::uint8_t { ring, tree };
 
 /// Where the members of a communicator sit: `size` ranks, `ranks_per_node` of them on each of
 /// `size / ranks_per_node` nodes (uniform placement; `from_nodes` builds it from an explicit
-/// list and rejects uneven ones).
+/// list and rejects uneven ones). A node here is an NVLink domain: the GPUs that reach each other
+/// over `hardware::intra_node` (`hardware::nvlink_domain_size`).
 struct group_placement {
   std::int64_t size = 1;
   std::int64_t ranks_per_node = 1;
@@ -112,16 +113,16 @@ struct group_placement {
   [[nodiscard]] constexpr std::int64_t nodes() const noexcept { return size / ranks_per_node; }
 
   /// Throws `lumos::error` unless 1 <= ranks_per_node <= size, ranks_per_node divides size,
-  /// and ranks_per_node fits in a node of `hw`.
+  /// and ranks_per_node fits in an NVLink domain of `hw` (`hardware::nvlink_domain_size`).
   void validate(const hardware& hw) const {
     if (size < 1 || ranks_per_node < 1 || ranks_per_node > size || size % ranks_per_node != 0) {
       throw error("group placement: size (" + std::to_string(size) +
                   ") must be a positive multiple of ranks_per_node (" +
                   std::to_string(ranks_per_node) + ")");
     }
-    if (ranks_per_node > hw.gpus_per_node) {
+    if (ranks_per_node > hw.nvlink_domain_size()) {
       throw error("group placement: ranks_per_node (" + std::to_string(ranks_per_node) +
-                  ") exceeds gpus_per_node (" + std::to_string(hw.gpus_per_node) + ") of '" +
+                  ") exceeds the GPUs per NVLink domain (" + std::to_string(hw.nvlink_domain_size()) + ") of '" +
                   hw.name + "'");
     }
   }
@@ -164,7 +165,8 @@ struct group_placement {
 [[nodiscard]] inline group_placement placement_of(const std::vector<int>& ranks, const hardware& hw,
                                                   std::vector<std::int64_t>& nodes) {
   nodes.clear();
-  for (const int r : ranks) nodes.push_back(r / hw.gpus_per_node);
+  const int domain = hw.nvlink_domain_size();
+  for (const int r : ranks) nodes.push_back(r / domain);
   // Groups list their ranks in ascending order as a rule (a world group of 10^6 ranks is
   // then a linear pass, not a sort).
   if (!std::is_sorted(nodes.begin(), nodes.end())) std::sort(nodes.begin(), nodes.end());
@@ -178,7 +180,7 @@ struct group_placement {
     even = even && count == per;
     i = j;
   }
-  if (!even || per < 1 || per > hw.gpus_per_node) per = 1;
+  if (!even || per < 1 || per > domain) per = 1;
   return {static_cast<std::int64_t>(ranks.size()), per};
 }
 [[nodiscard]] inline group_placement placement_of(const std::vector<int>& ranks, const hardware& hw) {
@@ -332,14 +334,15 @@ static_assert(CommModel<tree_alpha_beta>);
 // Megatron group placement and message sizes
 // ---------------------------------------------------------------------------------------------
 // Rank order: tp fastest, then dp, then pp (Megatron's default "tp-dp-pp" order); node of rank
-// k = k / gpus_per_node. Groups are built for their first member (rank 0's groups); with the
+// k = k / hw.nvlink_domain_size() (a "node" of the placement is an NVLink domain). Groups are built for their first member (rank 0's groups); with the
 // uniform layouts accepted here every group of a kind has the same placement.
 
 namespace detail {
 // Ranks first + i·stride, in ascending order, as their nodes are.
 [[nodiscard]] inline group_placement place(std::int64_t first, std::int64_t stride,
                                            std::int64_t count, const hardware& hw) {
-  return group_placement::from_sorted_nodes(count, [&](std::int64_t i) { return (first + i * stride) / hw.gpus_per_node; });
+  const std::int64_t domain = hw.nvlink_domain_size();
+  return group_placement::from_sorted_nodes(count, [&](std::int64_t i) { return (first + i * stride) / domain; });
 }
 }  // namespace detail
 
@@ -356,12 +359,13 @@ namespace detail {
 }
 
 /// Whether the pipeline send from stage `stage` to `stage + 1` of the ranks with index
-/// `rank_in_stage` (0 <= rank_in_stage < tp * dp) stays inside a node.
+/// `rank_in_stage` (0 <= rank_in_stage < tp * dp) stays inside an NVLink domain.
 [[nodiscard]] inline bool pipeline_p2p_same_node(const parallel_config& par, const hardware& hw,
                                                  int stage, std::int64_t rank_in_stage = 0) {
   const std::int64_t stride = std::int64_t{par.tp} * par.dp;
   const std::int64_t from = stage * stride + rank_in_stage;
-  return from / hw.gpus_per_node == (from + stride) / hw.gpus_per_node;
+  const std::int64_t domain = hw.nvlink_domain_size();
+  return from / domain == (from + stride) / domain;
 }
 
 /// Bytes one rank sends to the next pipeline stage per micro-batch: the hidden state

@@ -79,19 +79,30 @@ struct gpu_spec {
   int sm_count = 0;
 };
 
-/// A training machine: GPU, node size, intra-node (NVLink/NVSwitch) and inter-node (one NIC per
-/// GPU) links, per-kernel fixed overhead and the achievable efficiencies of the roofline. Every
-/// field is public and may be overridden after taking a preset.
+/// A training machine: GPU, node size, the GPUs that share one NVLink fabric, intra-domain
+/// (NVLink/NVSwitch, xGMI) and inter-domain (one NIC per GPU) links, per-kernel fixed overhead
+/// and the achievable efficiencies of the roofline. Every field is public and may be overridden
+/// after taking a preset.
 struct hardware {
   std::string name;
   gpu_spec gpu;
-  int gpus_per_node = 8;
-  link_spec intra_node;  ///< NVLink through NVSwitch: any GPU pair in a node at full rate
+  int gpus_per_node = 8;  ///< GPUs of one host (device ids 0 .. gpus_per_node - 1)
+  /// GPUs that reach each other over `intra_node` (one NVLink domain: an NVSwitch node, or a
+  /// GB200 NVL72 rack of 72); 0 means `gpus_per_node`. The communication models place ranks
+  /// k / `nvlink_domain_size()` on the same fabric; read it through that accessor.
+  int nvlink_domain = 0;
+  link_spec intra_node;  ///< NVLink through NVSwitch: any GPU pair in a domain at full rate
   link_spec inter_node;  ///< the GPU's own NIC (rail-optimised fabric assumed, no oversubscription)
   /// Fixed GPU time added to every kernel on top of its roofline time: launch latency, ramp-up
   /// and tail. Wave quantisation is not modelled.
   time_ns kernel_launch_overhead = 0;
   compute_efficiency efficiency;
+
+  /// GPUs per NVLink domain: `nvlink_domain`, or `gpus_per_node` when it is 0. Consecutive
+  /// ranks fill a domain (rank k is in domain k / size), as they fill a node.
+  [[nodiscard]] constexpr int nvlink_domain_size() const noexcept {
+    return nvlink_domain > 0 ? nvlink_domain : gpus_per_node;
+  }
 
   /// Dense tensor-core peak for `p`, FLOP/s. Throws `lumos::error` when the GPU has no such
   /// format (fp8 on A100).
@@ -107,7 +118,7 @@ struct hardware {
   }
 };
 
-// Presets. Peaks are NVIDIA datasheet figures; efficiencies are our defaults for what
+// Presets. Peaks are the vendors' datasheet figures; efficiencies are our defaults for what
 // well-tuned Megatron-style training reaches, stated per field so they can be replaced by
 // measurements (nccl-tests, a cuBLAS sweep) when available.
 
@@ -208,9 +219,91 @@ inline constexpr std::uint64_t mib = std::uint64_t{1} << 20;
   return h;
 }
 
+/// NVIDIA B200 (DGX B200 / HGX B200). Datasheet ("NVIDIA DGX B200", 2024; the 8-GPU system's
+/// figures divided by 8, dense = half the sparsity figures): FP8 4.5 PFLOPS (72 PFLOPS sparse
+/// per system), BF16/FP16 2.25 PFLOPS (36 sparse), FP32 75 TFLOPS (600 per system), HBM3e
+/// 8 TB/s (64 per system), 180 GB (1,440 per system), NVLink 5 1.8 TB/s total (900 GB/s per
+/// direction); 148 SMs (`numSms` of the shared B200 trace). DGX B200: eight 400 Gb/s
+/// ConnectX-7 NICs for compute, one per GPU (50 GB/s). `fp8_flops` is the datasheet rate;
+/// the cost models do not price fp8 GEMMs from it yet.
+[[nodiscard]] inline hardware b200() {
+  hardware h;
+  h.name = "b200";
+  h.gpu.bf16_flops = 2250 * detail::tera;
+  h.gpu.fp16_flops = 2250 * detail::tera;
+  h.gpu.fp8_flops = 4500 * detail::tera;
+  h.gpu.fp32_flops = 75 * detail::tera;
+  h.gpu.hbm_bandwidth = 8000 * detail::giga;
+  // "180 GB"; totalGlobalMem of the shared trace tracelens_H100_B200/b200_vllm_tp8_eager_trace.
+  h.gpu.hbm_capacity = 191503138816;
+  h.gpu.sm_count = 148;
+  h.gpus_per_node = 8;
+  // No nccl-tests figure for B200 here: the H100's achieved fraction of the NVLink line rate
+  // (370 of 450 GB/s, PUBLISHED.md 6.2) is assumed for NVLink 5.
+  h.intra_node = {900 * detail::giga, 1000, 0.80};
+  h.inter_node = {50 * detail::giga, 5000, 0.90};
+  h.kernel_launch_overhead = 3000;
+  // Assumed as H100's until a B200 run is measured (lumos calibrate fits them from traces).
+  h.efficiency = detail::default_efficiency(0.72, 0.45);
+  return h;
+}
+
+/// NVIDIA GB200 in a GB200 NVL72 rack. Datasheet ("NVIDIA GB200 NVL72", 2024; the rack's
+/// figures divided by its 72 GPUs, dense = half the sparsity figures): FP8 5 PFLOPS (720
+/// PFLOPS sparse per rack), BF16/FP16 2.5 PFLOPS (360 sparse), HBM3e 8 TB/s (576 per rack),
+/// 186 GB (13.4 TB per rack), NVLink 5 1.8 TB/s total per GPU (130 TB/s per rack) through the
+/// NVLink switch trays: one NVLink domain of 72 GPUs, so TP, EP, CP and DP groups inside a rack
+/// use NVLink. A compute tray (one host) holds 4 GPUs (2 GB200 superchips); one 400 Gb/s
+/// ConnectX-7 NIC per GPU leaves the rack. The datasheet gives no FP32 rate: twice its FP64
+/// figure (3,240 TFLOPS per rack, 45 per GPU), the FP32:FP64 ratio of B200's datasheet.
+/// SM count taken as B200's (same GPU). `fp8_flops` is not used by the cost models yet.
+[[nodiscard]] inline hardware gb200() {
+  hardware h = b200();
+  h.name = "gb200";
+  h.gpu.bf16_flops = 2500 * detail::tera;
+  h.gpu.fp16_flops = 2500 * detail::tera;
+  h.gpu.fp8_flops = 5000 * detail::tera;
+  h.gpu.fp32_flops = 90 * detail::tera;
+  h.gpu.hbm_capacity = 186 * std::uint64_t{1000000000};  // "186 GB", decimal as the datasheet
+  h.gpus_per_node = 4;
+  h.nvlink_domain = 72;
+  return h;
+}
+
+/// AMD Instinct MI300X (OAM, 8-GPU platform). Datasheet ("AMD Instinct MI300X Accelerator",
+/// 2023, dense = without sparsity): BF16/FP16 matrix 1,307.4 TFLOPS, FP8 2,614.9 TFLOPS, FP32
+/// vector 163.4 TFLOPS, HBM3 5.3 TB/s, 192 GB, 304 compute units; seven 4th-gen Infinity
+/// Fabric (xGMI) links of 128 GB/s (64 GB/s per direction), one to each peer of the 8-GPU
+/// platform: 448 GB/s per direction in all. The fully connected mesh is modelled as a switch at
+/// that aggregate rate, which is optimistic for groups smaller than 8 (a pair shares one
+/// 64 GB/s link). Network: one 400 Gb/s NIC per GPU (e.g. Azure ND MI300X v5: 8 x 400 Gb/s
+/// InfiniBand). `fp8_flops` is the datasheet rate; the cost models do not price fp8 GEMMs yet.
+[[nodiscard]] inline hardware mi300x() {
+  hardware h;
+  h.name = "mi300x";
+  h.gpu.bf16_flops = 1307.4 * detail::tera;
+  h.gpu.fp16_flops = 1307.4 * detail::tera;
+  h.gpu.fp8_flops = 2614.9 * detail::tera;
+  h.gpu.fp32_flops = 163.4 * detail::tera;
+  h.gpu.hbm_bandwidth = 5300 * detail::giga;
+  // "192 GB"; totalGlobalMem of the shared trace amd_mi300/mi300x_resnet_act_checkpoint.
+  h.gpu.hbm_capacity = 206141652992;
+  h.gpu.sm_count = 304;  // compute units
+  h.gpus_per_node = 8;
+  // Assumed: RCCL reaches 70 % of the aggregate xGMI rate on large messages (below NVSwitch's
+  // 80 %: a ring over the mesh uses one link per neighbour pair); no measurement here.
+  h.intra_node = {448 * detail::giga, 1000, 0.70};
+  h.inter_node = {50 * detail::giga, 5000, 0.90};
+  h.kernel_launch_overhead = 3000;
+  // Assumed: large bf16 GEMMs reach a smaller fraction of MI300X's peak than of H100's; replace
+  // with `lumos calibrate` on the user's traces.
+  h.efficiency = detail::default_efficiency(0.60, 0.35);
+  return h;
+}
+
 /// Names accepted by `hardware_preset`.
-inline constexpr std::array<std::string_view, 3> hardware_preset_names = {
-    "a100-sxm-80gb", "h100-sxm", "h200-sxm"};
+inline constexpr std::array<std::string_view, 6> hardware_preset_names = {
+    "a100-sxm-80gb", "h100-sxm", "h200-sxm", "b200", "gb200", "mi300x"};
 
 /// The preset called `name` (see `hardware_preset_names`). Throws `lumos::error` listing the
 /// valid names when there is none.
@@ -218,6 +311,9 @@ inline constexpr std::array<std::string_view, 3> hardware_preset_names = {
   if (name == "a100-sxm-80gb") return a100_sxm_80gb();
   if (name == "h100-sxm") return h100_sxm();
   if (name == "h200-sxm") return h200_sxm();
+  if (name == "b200") return b200();
+  if (name == "gb200") return gb200();
+  if (name == "mi300x") return mi300x();
   std::string msg = "unknown hardware preset '" + std::string(name) + "'; valid names:";
   for (auto n : hardware_preset_names) {
     msg += ' ';
@@ -227,12 +323,17 @@ inline constexpr std::array<std::string_view, 3> hardware_preset_names = {
 }
 
 /// The hardware preset of a trace's GPU, from its `deviceProperties` name ("NVIDIA H100 80GB
-/// HBM3", or a preset name such as "h100-sxm", which `lumos synth` writes); empty when unknown.
+/// HBM3", "NVIDIA B200", "NVIDIA GB200", "AMD Instinct MI300X", or a preset name such as
+/// "h100-sxm", which `lumos synth` writes); empty when unknown.
 [[nodiscard]] inline std::string preset_of_device(std::string_view device) {
   const std::string n = lower_ascii(device);
   if (n.find("a100") != std::string::npos) return "a100-sxm-80gb";
   if (n.find("h100") != std::string::npos) return "h100-sxm";
   if (n.find("h200") != std::string::npos) return "h200-sxm";
+  // GB200 before B200: "gb200" contains "b200".
+  if (n.find("gb200") != std::string::npos) return "gb200";
+  if (n.find("b200") != std::string::npos) return "b200";
+  if (n.find("mi300x") != std::string::npos) return "mi300x";
   return {};
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Cost profiles: the parameters of the kernel-level compute model (kernel_costs.hpp), of the
 // NCCL communication model (nccl.hpp) and of the host (CPU dispatch) model, for one cluster.
-// Presets for A100, H100 and H200 ship here; `lumos calibrate` fits one from a user's traces.
+// Presets for A100, H100, H200, B200, GB200 and MI300X ship here; `lumos calibrate` fits one from a user's traces.
 // Every parameter carries its provenance (which trace or published figure it comes from).
 // A profile is a flat list of named numbers so that it reads and writes as flat JSON
 // ({"key": number, ..., "provenance": {"key": "text"}}) without a JSON library.
@@ -421,15 +421,72 @@ inline void common_host(cost_profile& p) {
   return p;
 }
 
+/// B200 (DGX B200): the H100 profile's shape curves and host times, NVLink 5 and the B200's NICs.
+/// No B200 training trace or nccl-tests figure is at hand, so each figure below is an assumption
+/// stated beside it; `lumos calibrate` on B200 traces replaces them.
+[[nodiscard]] inline cost_profile b200_profile() {
+  cost_profile p = h100_profile();
+  p.name = "b200";
+  p.hardware = "b200";
+  // NVLink 5 at 900 GB/s per direction, at H100's achieved fraction (370 of 450 GB/s).
+  p.intra = {900e9 * 370.0 / 450.0, 0, 8400, 3400, 6600, 600, 0.87};
+  p.provenance["nccl.intra.busbw"] = "A: NVLink 5 900 GB/s per direction x the H100 ring fraction 370/450 (P 6.2, nccl-tests#212)";
+  p.provenance["nccl.intra.allreduce_busbw"] = "A: 0 = busbw (no NVLS figure for B200)";
+  p.provenance["nccl.inter.busbw"] = "A: one 400 Gb/s ConnectX-7 per GPU as on DGX H100: 46-48 GB/s per NIC (P 6.2)";
+  p.provenance["gemm.max_efficiency"] += " (kept for B200: no measurement)";
+  p.provenance["compute.at_scale_fraction"] += " (kept for B200: no measurement)";
+  return p;
+}
+
+/// GB200 NVL72: the B200 profile; the NVLink figures apply to the whole 72-GPU domain.
+[[nodiscard]] inline cost_profile gb200_profile() {
+  cost_profile p = b200_profile();
+  p.name = "gb200";
+  p.hardware = "gb200";
+  p.provenance["nccl.intra.busbw"] += "; the same inside the 72-GPU NVLink domain (NVLink switch trays)";
+  return p;
+}
+
+/// MI300X with ROCm (RCCL, hipBLASLt): the H100 profile's shape curves and host times with the
+/// MI300X's xGMI mesh. The fitted fractions are assumptions until `lumos calibrate` fits a
+/// training trace (the shared MI300X trace is a ResNet: no transformer GEMMs to fit).
+[[nodiscard]] inline cost_profile mi300x_profile() {
+  cost_profile p = h100_profile();
+  p.name = "mi300x";
+  p.hardware = "mi300x";
+  // The same ceiling fraction as the roofline preset (hardware.hpp): 0.60 for an 8192^3 GEMM.
+  p.gemm_max = std::min(1.0, 0.60 / (8192.0 / (8192.0 + 149.6) * 8192.0 / (8192.0 + 149.6) * 8192.0 / (8192.0 + 149.6)));
+  p.flash_forward = 0.35;
+  p.flash_backward = 0.28;
+  p.intra = {448e9 * 0.70, 0, 8400, 3400, 6600, 600, 0.87};
+  p.provenance["gemm.max_efficiency"] = "A: 0.60 of the 1,307.4 TFLOPS bf16 peak for an 8192^3 GEMM, half_dim from the A100 fit";
+  p.provenance["attention.flash_forward_efficiency"] = "A: below the H100 figure in the same proportion as the GEMM ceiling";
+  p.provenance["attention.flash_backward_efficiency"] = "A: as the forward";
+  p.provenance["nccl.intra.busbw"] = "A: 70 % of the 448 GB/s per direction of seven xGMI links (no RCCL figure here)";
+  p.provenance["nccl.intra.allreduce_busbw"] = "A: 0 = busbw (no in-switch reduction on the xGMI mesh)";
+  p.provenance["nccl.inter.busbw"] = "A: one 400 Gb/s NIC per GPU, as NDR on DGX H100: 46-48 GB/s (P 6.2)";
+  p.provenance["compute.at_scale_fraction"] += " (kept for MI300X: no measurement)";
+  return p;
+}
+
 /// Names accepted by `profile_preset` (the hardware preset names).
-inline constexpr std::array<std::string_view, 3> profile_preset_names = {"a100-sxm-80gb", "h100-sxm", "h200-sxm"};
+inline constexpr std::array<std::string_view, 6> profile_preset_names = {"a100-sxm-80gb", "h100-sxm", "h200-sxm",
+                                                                         "b200",          "gb200",    "mi300x"};
 
 /// The preset profile of hardware preset `name`. Throws `lumos::error` for an unknown name.
 [[nodiscard]] inline cost_profile profile_preset(std::string_view name) {
   if (name == "a100-sxm-80gb") return a100_profile();
   if (name == "h100-sxm") return h100_profile();
   if (name == "h200-sxm") return h200_profile();
-  throw error("no cost profile preset for '" + std::string(name) + "'; valid names: a100-sxm-80gb h100-sxm h200-sxm");
+  if (name == "b200") return b200_profile();
+  if (name == "gb200") return gb200_profile();
+  if (name == "mi300x") return mi300x_profile();
+  std::string msg = "no cost profile preset for '" + std::string(name) + "'; valid names:";
+  for (const auto n : profile_preset_names) {
+    msg += ' ';
+    msg += n;
+  }
+  throw error(msg);
 }
 
 }  // namespace lumos::model

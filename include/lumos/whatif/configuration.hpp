@@ -33,8 +33,10 @@ using model::preset_of_device;
   const std::string device = traced_device(job);
   const std::string preset = preset_of_device(device);
   if (preset.empty()) {
+    std::string names;
+    for (const auto n : model::hardware_preset_names) names += (names.empty() ? "" : ", ") + std::string(n);
     throw error("whatif --gpu: the traces' GPU " + (device.empty() ? std::string("is not named") : "'" + device + "'") +
-                " has no hardware preset; say which preset it is with --from-gpu (a100-sxm-80gb, h100-sxm, h200-sxm)");
+                " has no hardware preset; say which preset it is with --from-gpu (" + names + ")");
   }
   return model::hardware_preset(preset);
 }

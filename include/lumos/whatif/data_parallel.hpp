@@ -45,7 +45,7 @@ struct dp_rewrite_stats {
   std::map<model::collective, comm_fit> fits;  ///< the fits of the traces' own collectives that were used
   std::string profile;            ///< the NCCL model's profile, when `modelled`
   int modelled_per_node = 1;      ///< with it: a group's members on one node (GPUs per node / TP)
-  int gpus_per_node = 8;          ///< of the machine that places the groups
+  int gpus_per_node = 8;          ///< GPUs per NVLink domain of the machine that places the groups
   double inter_over_intra = 1.0;  ///< inter-node over intra-node bandwidth, and where it comes from
   std::string inter_source;
   std::size_t ranks = 0;          ///< traced ranks, which stand for every replica
@@ -112,7 +112,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
       if (r.value == group_role::dp || r.value == group_role::tp) own_rewrite.insert(pg.name);
     }
   }
-  const std::int64_t G = hw.gpus_per_node, old_stride = from.stage_stride(), new_stride = to.stage_stride();
+  const std::int64_t G = hw.nvlink_domain_size(), old_stride = from.stage_stride(), new_stride = to.stage_stride();
   const bool depth_changes = from.pp != to.pp;
   // A smaller TP folds the traced TP ranks beyond the new size onto the new group's ranks
   // (traced rank t replays as t mod the new TP), so they land on the node of the rank they stand for.
@@ -178,7 +178,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
 /// Resizes the DP collectives of `g` (instances of a process group whose role is DP) from
 /// `st.parallel.dp` to `dp` replicas: each transfer time t becomes
 /// t · T(n') / T(n), T from the fit of its kind on the trace's own collectives; when n' spans
-/// more nodes than n (`gpus_per_node` GPUs per node), the bandwidth term of T(n') uses the
+/// more nodes than n (`gpus_per_node` GPUs per node: per NVLink domain), the bandwidth term of T(n') uses the
 /// inter-node bandwidth (`inter_over_intra` of the intra-node one). Group sizes in the graph
 /// are set to n' (ranks beyond the traced ones are not in the graph: replicas are symmetric).
 /// Identity (n' = n) leaves every duration as it is. Throws when the trace's DP size or DP
@@ -187,7 +187,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
 /// With `nccl` and `hw` (the cost profile and machine of the GPU the traces ran on), a sized
 /// collective's ratio is the profile's NCCL model (protocols, hierarchical intra/inter-node
 /// placement, as `lumos synth` and `predict` time it) of the new group over the old one, with
-/// the members TP apart: min(n, gpus_per_node / TP) of them on a node.
+/// the members TP apart: min(n, GPUs per NVLink domain / TP) of them on a node.
 ///
 /// `lone`: the gradient collectives whose peers are absent from the job (`lone_collectives`),
 /// resized the same way; without them, traces written one rank per stage keep their gradient
@@ -215,7 +215,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   out.gpus_per_node = gpus_per_node, out.inter_over_intra = inter_over_intra, out.inter_source = inter_source;
   out.ranks = st.ranks.size();
   if (nccl != nullptr) out.profile = nccl->profile.name;
-  if (hw != nullptr) out.modelled_per_node = std::max(1, hw->gpus_per_node / std::max(1, tp_new));
+  if (hw != nullptr) out.modelled_per_node = std::max(1, hw->nvlink_domain_size() / std::max(1, tp_new));
   if (out.from == dp && tp_new == tp) {
     out.unchanged = true;
     return out;
@@ -260,7 +260,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     const double slower = crossed_after && !crossed_before ? inter_over_intra : 1.0;
     if (bytes > 0 && nccl != nullptr && hw != nullptr) {
       auto placed = [&](std::int64_t members, int tp_of) {
-        const std::int64_t per_node = std::max<std::int64_t>(1, hw->gpus_per_node / std::max(1, tp_of));
+        const std::int64_t per_node = std::max<std::int64_t>(1, hw->nvlink_domain_size() / std::max(1, tp_of));
         const std::int64_t r = std::min(members, per_node);
         return model::group_placement{members - members % r, r};
       };
@@ -396,7 +396,7 @@ struct data_parallel_pass {
     const model::hardware& hw = ctx.comm_hw;
     const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
     const auto& nccl = ctx.nccl;
-    const dp_rewrite_stats d = resize_data_parallel(b.graph, st, dp, hw.gpus_per_node, ratio, ctx.comm_hw_note, nccl ? &nccl->first : nullptr,
+    const dp_rewrite_stats d = resize_data_parallel(b.graph, st, dp, hw.nvlink_domain_size(), ratio, ctx.comm_hw_note, nccl ? &nccl->first : nullptr,
                                                     nccl ? &nccl->second : nullptr, lone_collectives(ctx.job, b),
                                                     ctx.shape_to ? ctx.shape_to->tp : 0);
     ctx.dp_from = d.from, ctx.dp_to = d.to;

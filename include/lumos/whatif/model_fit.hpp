@@ -23,6 +23,7 @@
 #include <lumos/graph/trace_builder.hpp>
 #include <lumos/model/calibrate.hpp>
 #include <lumos/model/kernel_costs.hpp>
+#include <lumos/trace/runtime_calls.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -57,10 +58,7 @@ namespace detail {
   auto in_window = [&](const trace::event& e) {
     return e.ph == trace::phase::complete && e.cat == trace::category::cuda_runtime && e.ts >= begin && e.ts < end;
   };
-  auto is_launch = [](std::string_view n) {
-    return n == "cudaLaunchKernel" || n == "cuLaunchKernel" || n == "cudaLaunchKernelExC" || n == "cudaMemcpyAsync" ||
-           n == "cudaMemsetAsync";
-  };
+  auto is_launch = [](std::string_view n) { return trace::is_kernel_launch_call(n) || trace::is_async_copy_call(n); };
   std::vector<time_ns> launches;
   for (const auto& e : t.events) {
     if (in_window(e) && is_launch(t.name(e))) launches.push_back(e.dur);

@@ -167,7 +167,7 @@ class stage_split_pass {
     change_list out;
     const model::hardware& hw = ctx.comm_hw;
     const auto [intra, source] = p2p_model_time(st, hw, true);
-    p2p_latency p2p{intra, p2p_model_time(st, hw, false).first, hw.gpus_per_node};
+    p2p_latency p2p{intra, p2p_model_time(st, hw, false).first, hw.nvlink_domain_size()};
     p2p.host = static_cast<time_ns>(std::llround(ctx.costs(b).profile.cpu_collective_ns));
     p2p.bytes = p2p_bytes(st);
     std::string tied_missing;

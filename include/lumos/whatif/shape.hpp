@@ -470,7 +470,7 @@ class shape_rescaler {
     const auto coll = modelled_collective(kname);
     const std::int64_t n = group_size(c, inst);
     const std::int64_t n_to = !c.p2p && !gradients && !embedding && n == from_.tp ? to_.tp : n;
-    const auto& link = n > costs_.hw.gpus_per_node ? costs_.profile.inter : costs_.profile.intra;
+    const auto& link = n > costs_.hw.nvlink_domain_size() ? costs_.profile.inter : costs_.profile.intra;
     double bytes = 0;
     if (const auto ne = tr.arg(c.op, trace::arg_key::in_msg_nelems); ne && *ne > 0) {
       bytes = static_cast<double>(*ne) * costs_.element_bytes;

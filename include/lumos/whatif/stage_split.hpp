@@ -88,7 +88,7 @@ struct stage_split {
 /// The time of one cross-stage transfer, within a node and across nodes.
 struct p2p_latency {
   time_ns intra = 0, inter = 0;
-  int gpus_per_node = 8;
+  int gpus_per_node = 8;  ///< consecutive ranks that share `intra` (the NVLink domain)
   time_ns host = 0;  ///< host time to post one send or receive (c10d / NCCL enqueue)
   std::int64_t bytes = 0;  ///< the activation (or its gradient) one transfer moves
   [[nodiscard]] time_ns between(int a, int b) const noexcept {

@@ -179,7 +179,7 @@ inline change insert_tp_collectives(graph::built_job& b, const std::vector<tp_ho
                                     const shape_costs& costs) {
   const double tokens = static_cast<double>(to.tokens());
   const double bytes = tokens * static_cast<double>(to.hidden) * costs.element_bytes;
-  const auto& link = to.tp > costs.hw.gpus_per_node ? costs.profile.inter : costs.profile.intra;
+  const auto& link = to.tp > costs.hw.nvlink_domain_size() ? costs.profile.inter : costs.profile.intra;
   const std::string dtype = costs.dtype == model::precision::fp16 ? "f16" : "bf16";
   auto made = [&](model::collective coll, double size, std::string kind, std::string kernel) {
     tp_collective c;

@@ -11,6 +11,7 @@
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/trace/comm.hpp>
 #include <lumos/trace/event.hpp>
+#include <lumos/trace/runtime_calls.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/trace/summary.hpp>
 
@@ -94,7 +95,7 @@ namespace detail {
 [[nodiscard]] inline time_ns median(std::vector<time_ns> v, time_ns fallback) { return quantile(std::move(v), 0.5, fallback); }
 
 [[nodiscard]] inline bool is_poll(std::string_view name) noexcept {
-  return name == "cudaEventQuery" || name == "cudaStreamQuery" || name == "cuEventQuery" || name == "cuStreamQuery";
+  return trace::is_query_call(name);
 }
 
 [[nodiscard]] inline bool is_kernel_launch(std::string_view name) noexcept {

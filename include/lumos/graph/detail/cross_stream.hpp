@@ -42,11 +42,11 @@ auto trace_graph_builder<Comm>::find_cross_stream(std::size_t r) -> producer_map
       const trace::event& call = t.events[c];
       if (!detail::is_runtime(call.cat)) continue;
       const std::string_view name = t.name(call);
-      if (name.starts_with("cudaEventRecord")) {
+      if (trace::is_event_record_call(name)) {
         last_record = c;
         continue;
       }
-      if (name != "cudaStreamWaitEvent" && name != "cuStreamWaitEvent") continue;
+      if (!trace::is_stream_wait_event_call(name)) continue;
       // Exact pairing from a cuda_sync "Stream Wait Event" row, when present.
       event_index producer = no_event, consumer = no_event;
       bool exact = false;

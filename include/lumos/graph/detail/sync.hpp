@@ -27,10 +27,10 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
       const trace::event& call = t.events[c];
       if (!detail::is_runtime(call.cat)) continue;
       const std::string_view name = t.name(call);
-      const bool device_sync = name == "cudaDeviceSynchronize" || name == "cudaCtxSynchronize";
-      const bool stream_sync = name == "cudaStreamSynchronize" || name == "cuStreamSynchronize";
-      const bool event_sync = name == "cudaEventSynchronize" || name == "cuEventSynchronize";
-      const bool copy = name.starts_with("cudaMemcpy") || name.starts_with("cuMemcpy");
+      const bool device_sync = trace::is_device_sync_call(name);
+      const bool stream_sync = trace::is_stream_sync_call(name);
+      const bool event_sync = trace::is_event_sync_call(name);
+      const bool copy = trace::is_copy_call(name);
       bool poll = false;
       if (detail::is_poll(name)) {
         if (run_first == no_event) run_first = c, run_length = 0;
