@@ -315,7 +315,7 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 bool program_builder<Compute, Comm>::same_node(int s, int col) const noexcept {
   const int a = global_rank(s, col);
   const int b = global_rank((s + 1) % pp_, col);
-  return a / hw_.gpus_per_node == b / hw_.gpus_per_node;
+  return a / hw_.nvlink_domain_size() == b / hw_.nvlink_domain_size();
 }
 
 // Transfer from stage s to stage (s + 1) mod p of column `col` (either direction: same pair).
