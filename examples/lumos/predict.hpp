@@ -28,7 +28,9 @@ namespace lumos::cli {
 
 inline constexpr std::string_view predict_usage =
     "usage: lumos predict [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
-    "                     [--kv-heads N] [--seq N] [--vocab N] [--tp N] [--pp N] [--dp N] [--vp N]\n"
+    "                     [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
+    "                     [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
+    "                     [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
     "                     [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
     "                     [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
     "                     [--recompute {none,selective,full}] [--gpu PRESET]\n"
@@ -39,10 +41,20 @@ inline constexpr std::string_view predict_usage =
     "  engine; prints iteration time, throughput, TFLOP/s and MFU/HFU, pipeline bubble, the 4-way\n"
     "  breakdown of rank 0 and per-GPU memory.\n"
     "  --model     gpt3-15b, gpt3-44b, gpt3-117b, gpt3-175b (default), llama3-8b, llama3-70b,\n"
-    "              llama3-405b; the shape flags override it (--heads also sets --kv-heads for\n"
+    "              llama3-405b, and the mixture-of-experts qwen3-30b-a3b, qwen3-235b-a22b,\n"
+    "              gpt-oss-120b, mixtral-8x7b; the shape flags override it (--heads also sets --kv-heads for\n"
     "              multi-head models, --hidden also sets --ffn to 4x for models whose ffn is 4h,\n"
     "              unless given)\n"
+    "  --experts/--top-k/--expert-ffn/--shared-experts  mixture of experts: routed experts per\n"
+    "              layer, experts each token visits, one expert's FFN width (default --ffn), shared\n"
+    "              experts (default 0); --experts makes a dense preset a MoE model\n"
+    "  --moe-dispatcher  alltoall (default: all-to-all over the EP group) or allgather (all-gather\n"
+    "              and reduce-scatter over the EP x TP group)\n"
+    "  --capacity-factor  tokens each expert computes as a multiple of its balanced share (drops\n"
+    "              or pads), or dropless (default); routing is balanced\n"
     "  --tp/--pp/--dp/--vp  parallel sizes (default 1); --sp sequence parallelism (default off)\n"
+    "  --ep        expert-parallel size (default 1): EP divides DP x CP (lumos has no CP: EP\n"
+    "              divides DP) and the experts; MoE with tp > 1 needs --sp on\n"
     "  --tp-comm-overlap  Megatron's --tp-comm-overlap (Transformer Engine): each sequence-parallel\n"
     "              collective of a layer overlaps its GEMM (default off; needs --sp on when tp > 1)\n"
     "  --overlap-param-gather  Megatron's --overlap-param-gather: the distributed optimizer's\n"
@@ -106,6 +118,15 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       static_cast<long long>(m.layers), static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads), static_cast<long long>(m.seq),
       static_cast<long long>(m.vocab));
+  if (m.is_moe()) {
+    const model::moe_spec& x = m.moe;
+    std::string cf = x.capacity_factor > 0 ? "capacity factor " + std::to_string(x.capacity_factor) : "dropless";
+    put("  experts       %lld routed (top-%lld) of FFN %lld, %lld shared, EP %d (expert-data-parallel %d), %s dispatcher,\n"
+        "                %s, balanced routing\n",
+        static_cast<long long>(x.experts), static_cast<long long>(x.top_k), static_cast<long long>(x.expert_ffn),
+        static_cast<long long>(x.shared_experts), p.ep, p.expert_data_parallel(),
+        std::string(model::to_string(x.dispatcher)).c_str(), cf.c_str());
+  }
   std::string sched(r.schedule.name);
   if (r.shape.chunks > 1) sched += " (v = " + std::to_string(r.shape.chunks) + ")";
   put("  parallelism   TP %d x PP %d x DP %d, %s, sp %s%s, recompute %s, ZeRO-1 (distributed optimizer%s)\n", p.tp,
@@ -128,8 +149,13 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
   put("  iteration     %.3f s (%lld ns)\n", static_cast<double>(r.iteration_ns) / 1e9,
       static_cast<long long>(r.iteration_ns));
   put("  throughput    %.0f tokens/s\n", r.tokens_per_s);
-  put("  model FLOPs   %.1f TFLOP/s per GPU, MFU %s   (Megatron: %s*B*s*l*h^2*(1 + s/6h + V/12lh) per %siteration;\n",
-      r.model_tflops_per_gpu, detail::pct(r.mfu).c_str(), r.forward_only ? "24" : "72", r.forward_only ? "forward-only " : "");
+  if (m.is_moe()) {
+    put("  model FLOPs   %.1f TFLOP/s per GPU, MFU %s   (%s x 2 x tokens x active GEMM weights + attention per %siteration;\n",
+        r.model_tflops_per_gpu, detail::pct(r.mfu).c_str(), r.forward_only ? "1" : "3", r.forward_only ? "forward-only " : "");
+  } else {
+    put("  model FLOPs   %.1f TFLOP/s per GPU, MFU %s   (Megatron: %s*B*s*l*h^2*(1 + s/6h + V/12lh) per %siteration;\n",
+        r.model_tflops_per_gpu, detail::pct(r.mfu).c_str(), r.forward_only ? "24" : "72", r.forward_only ? "forward-only " : "");
+  }
   put("                peak %.1f TFLOP/s dense %s)\n", r.peak_flops_per_gpu / 1e12,
       std::string(model::to_string(p.dtype)).c_str());
   put("  hardware FLOPs %.1f TFLOP/s per GPU, HFU %s   (adds the forward work recomputation reruns)\n",

@@ -18,8 +18,10 @@
 #include <mpi.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -32,9 +34,11 @@ namespace lumos::cli {
 
 inline constexpr std::string_view sweep_usage =
     "usage: lumos sweep --gpus N [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
-    "                   [--kv-heads N] [--seq N] [--vocab N] [--gpu PRESET] [--precision P]\n"
+    "                   [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
+    "                   [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
+    "                   [--capacity-factor {F,dropless}] [--gpu PRESET] [--precision P]\n"
     "                   [--profile FILE] [--cost-model {kernel,roofline}] [--attention {flash,unfused}]\n"
-    "                   [--tp LIST] [--pp LIST] [--dp LIST] [--vp LIST] [--micro-batch LIST]\n"
+    "                   [--tp LIST] [--pp LIST] [--dp LIST] [--vp LIST] [--ep LIST] [--micro-batch LIST]\n"
     "                   [--schedule LIST] [--recompute LIST] [--sp LIST] [--tp-comm-overlap {on,off}]\n"
     "                   [--overlap-param-gather {on,off}] [--global-batch N]\n"
     "                   [--memory-margin F] [--top K] [--threads T] [--csv FILE] [--report FILE] [--json]\n"
@@ -48,6 +52,8 @@ inline constexpr std::string_view sweep_usage =
     "  --pp          default: powers of two up to min(N, layers)\n"
     "  --dp          default: N / (tp*pp)\n"
     "  --vp          default 1;  --micro-batch default 1,2,4\n"
+    "  --ep          expert-parallel sizes of a MoE model (default 1); EP divides DP x CP (lumos has\n"
+    "                no CP: DP), and a value that does not divide a configuration's dp is skipped\n"
     "  --schedule    gpipe, 1f1b, interleaved, zb-h1, zb-h2 (default 1f1b, and interleaved when a vp > 1)\n"
     "  --recompute   none, selective, full (default all three);  --sp off, on (default both)\n"
     "  --tp-comm-overlap  on: configurations with sp overlap their TP collectives with GEMMs, as\n"
@@ -148,12 +154,15 @@ inline void sweep_text(const sweep_request& req, const std::vector<sweep::result
     return;
   }
   put("  top %zu by iteration time:\n", best.size());
-  put("  %4s %4s %4s %5s %3s %4s %-17s %-9s %-3s %12s %7s %11s %7s\n", "#", "tp", "pp", "dp", "vp", "mb", "schedule",
+  // An ep column only when the sweep varies expert parallelism (a dense model's table keeps its columns).
+  const bool ep_column = std::any_of(best.begin(), best.end(), [&](std::size_t i) { return rs[i].config.ep != 1; });
+  put("  %4s %4s %4s %5s %3s%s %4s %-17s %-9s %-3s %12s %7s %11s %7s\n", "#", "tp", "pp", "dp", "vp", ep_column ? "  ep" : "", "mb", "schedule",
       "recompute", "sp", "iteration", "MFU", "memory/GPU", "bubble");
   for (std::size_t k = 0; k < best.size(); ++k) {
     const sweep::result& r = rs[best[k]];
     const sweep::configuration& c = r.config;
-    put("  %4zu %4d %4d %5d %3d %4lld %-17s %-9s %-3s %10.3f s %7s %11s %7s\n", k + 1, c.tp, c.pp, c.dp, c.vp,
+    put("  %4zu %4d %4d %5d %3d%s %4lld %-17s %-9s %-3s %10.3f s %7s %11s %7s\n", k + 1, c.tp, c.pp, c.dp, c.vp,
+        ep_column ? (std::string(c.ep < 10 ? "   " : c.ep < 100 ? "  " : " ") + std::to_string(c.ep)).c_str() : "",
         static_cast<long long>(c.micro_batch), std::string(c.schedule.name).c_str(),
         std::string(model::to_string(c.recompute)).c_str(), c.sp ? "on" : "off",
         static_cast<double>(r.m.iteration_ns) / 1e9, detail::pct(r.m.mfu).c_str(), detail::bytes_text(r.memory_bytes).c_str(),

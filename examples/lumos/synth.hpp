@@ -17,14 +17,16 @@ namespace lumos::cli {
 
 inline constexpr std::string_view synth_usage =
     "usage: lumos synth [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
-    "                   [--kv-heads N] [--seq N] [--vocab N] [--tp N] [--pp N] [--dp N] [--vp N]\n"
+    "                   [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
+    "                   [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
+    "                   [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
     "                   [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
     "                   [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
     "                   [--recompute {none,selective,full}] [--gpu PRESET]\n"
     "                   [--precision {bf16,fp16,fp8}] [--profile FILE] [--attention {flash,unfused}]\n"
     "                   [--cost-model {kernel,roofline}] [--forward-only]\n"
     "                   --out DIR [--detail {op,kernel}] [--gzip] [--unfold] [--json]\n"
-    "  The model flags are those of 'lumos predict' (lumos help predict).\n"
+    "  The model flags are those of 'lumos predict' (lumos help predict); --ep divides DP x CP.\n"
     "  Builds one training iteration from the model description (as 'lumos predict' does, one task\n"
     "  per kernel), simulates it, and writes it as Kineto traces: DIR/rank{R}.json (.json.gz with\n"
     "  --gzip), one per distinct rank (one per pipeline stage; every rank with --unfold), with the\n"

@@ -91,6 +91,45 @@ inline model::cost_profile read_profile_file(const std::string& path) {
 
 namespace detail {
 
+// The mixture-of-experts flags, over the preset's: --experts makes a dense model a MoE one
+// (its experts as wide as its MLP unless --expert-ffn says otherwise).
+inline void parse_moe(args& a, model::transformer& m) {
+  model::moe_spec& x = m.moe;
+  if (const auto v = a.option("--experts")) {
+    if (!m.is_moe()) x.expert_ffn = m.ffn;
+    x.experts = positive_value(*v, "--experts");
+  }
+  if (const auto v = a.option("--top-k")) x.top_k = positive_value(*v, "--top-k");
+  if (const auto v = a.option("--expert-ffn")) x.expert_ffn = positive_value(*v, "--expert-ffn");
+  if (const auto v = a.option("--shared-experts")) {
+    std::int64_t n = -1;
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+    if (ec != std::errc{} || end != v->data() + v->size() || n < 0) {
+      throw lumos::error("--shared-experts must be a non-negative integer, got '" + *v + "'");
+    }
+    x.shared_experts = n;
+  }
+  if (const auto v = a.option("--moe-dispatcher")) {
+    if (*v != "alltoall" && *v != "allgather") throw lumos::error("--moe-dispatcher must be alltoall or allgather, got '" + *v + "'");
+    x.dispatcher = *v == "alltoall" ? model::moe_dispatcher::alltoall : model::moe_dispatcher::allgather;
+  }
+  if (const auto v = a.option("--capacity-factor")) {
+    if (*v == "dropless") {
+      x.capacity_factor = 0;
+    } else {
+      double f = 0;
+      const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), f);
+      if (ec != std::errc{} || end != v->data() + v->size() || !(f > 0) || f > 1e6) {
+        throw lumos::error("--capacity-factor must be a positive number or dropless, got '" + *v + "'");
+      }
+      x.capacity_factor = f;
+    }
+  }
+  if (!m.is_moe() && (x.top_k > 0 || x.shared_experts > 0 || x.expert_ffn > 0)) {
+    throw lumos::error("--top-k, --expert-ffn and --shared-experts need a mixture-of-experts model: give --experts N");
+  }
+}
+
 // --model and the shape flags that override it.
 inline model::transformer parse_model(args& a) {
   model::transformer m = model::model_preset(a.option("--model").value_or("gpt3-175b"));
@@ -114,9 +153,14 @@ inline model::transformer parse_model(args& a) {
   }
   m.seq = positive_int(a, "--seq", m.seq);
   m.vocab = positive_int(a, "--vocab", m.vocab);
+  parse_moe(a, m);
   // A shape that is not the preset's is not the preset: say so instead of its name.
+  const model::moe_spec& x = m.moe;
+  const model::moe_spec& y = preset.moe;
   if (m.layers != preset.layers || m.hidden != preset.hidden || m.ffn != preset.ffn || m.heads != preset.heads ||
-      m.kv_heads != preset.kv_heads || m.seq != preset.seq || m.vocab != preset.vocab) {
+      m.kv_heads != preset.kv_heads || m.seq != preset.seq || m.vocab != preset.vocab || x.experts != y.experts ||
+      x.top_k != y.top_k || x.expert_ffn != y.expert_ffn || x.shared_experts != y.shared_experts ||
+      x.capacity_factor != y.capacity_factor || x.dispatcher != y.dispatcher) {
     m.name = "custom";
   }
   return m;
@@ -129,6 +173,7 @@ inline model::parallel_config parse_parallel(args& a) {
   p.pp = positive_small(a, "--pp", 1);
   p.dp = positive_small(a, "--dp", 1);
   p.vp = positive_small(a, "--vp", 1);
+  p.ep = positive_small(a, "--ep", 1);
   on_off(a, "--sp", p.sp);
   on_off(a, "--tp-comm-overlap", p.tp_comm_overlap);
   on_off(a, "--overlap-param-gather", p.overlap_param_gather);

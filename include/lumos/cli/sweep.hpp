@@ -59,7 +59,7 @@ namespace detail {
 
 // The list flags as given (read before predict's parser, which would take them as numbers).
 struct sweep_lists {
-  std::optional<std::string> tp, pp, dp, vp, micro_batch, schedule, recompute, sp, global_batch, memory_margin, top, threads;
+  std::optional<std::string> tp, pp, dp, vp, ep, micro_batch, schedule, recompute, sp, global_batch, memory_margin, top, threads;
 };
 
 // A list of sizes, each in [1, 2^24]; `fallback` when the flag is absent.
@@ -141,6 +141,7 @@ inline sweep_request parse_sweep(args& a) {
   l.pp = a.option("--pp");
   l.dp = a.option("--dp");
   l.vp = a.option("--vp");
+  l.ep = a.option("--ep");
   l.micro_batch = a.option("--micro-batch");
   l.schedule = a.option("--schedule");
   l.recompute = a.option("--recompute");
@@ -161,6 +162,7 @@ inline sweep_request parse_sweep(args& a) {
   s.pp = detail::sizes(l.pp, "--pp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, m.layers)));
   s.dp = detail::sizes(l.dp, "--dp", {});
   s.vp = detail::sizes(l.vp, "--vp", {1});
+  s.ep = detail::sizes(l.ep, "--ep", {1});
   s.micro_batch.clear();
   for (const int x : detail::sizes(l.micro_batch, "--micro-batch", {1, 2, 4})) s.micro_batch.push_back(x);
   detail::parse_variants(l, s);

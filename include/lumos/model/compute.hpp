@@ -6,6 +6,7 @@
 #include <lumos/core/time.hpp>
 #include <lumos/model/flops.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/moe.hpp>
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/transformer.hpp>
 
@@ -73,6 +74,12 @@ enum class op_role : std::uint8_t {
   word_embedding, position_embedding, embedding_dropout,
   final_norm, logits, cross_entropy, cross_entropy_part,
   loss_scale_unscale, found_inf, grad_norm, grad_clip, optimizer_step,
+  moe_router,     ///< the MoE gating GEMM (hidden -> experts)
+  moe_route,      ///< softmax and top-k of the router's scores
+  moe_permute,    ///< gathers each token's copies into expert order (dispatch side)
+  moe_unpermute,  ///< weighted sum of a token's expert outputs back into token order (combine side)
+  moe_expert,     ///< a grouped GEMM over the rank's local experts
+  moe_expert_act, ///< the experts' activation (GELU, or SiLU(gate) * up)
 };
 
 /// The role of the op names the shipped models (`roofline`, `kernel_level`) emit; `other` for
@@ -94,6 +101,11 @@ enum class op_role : std::uint8_t {
       {"final_norm", op_role::final_norm}, {"logits", op_role::logits}, {"cross_entropy", op_role::cross_entropy},
       {"loss_scale_unscale", op_role::loss_scale_unscale}, {"loss_scale_found_inf", op_role::found_inf},
       {"grad_norm", op_role::grad_norm}, {"grad_clip", op_role::grad_clip}, {"optimizer_step", op_role::optimizer_step},
+      {"moe_router", op_role::moe_router}, {"moe_route", op_role::moe_route}, {"moe_permute", op_role::moe_permute},
+      {"moe_unpermute", op_role::moe_unpermute}, {"moe_expert_fc1", op_role::moe_expert},
+      {"moe_expert_fc2", op_role::moe_expert}, {"moe_expert_gate", op_role::moe_expert},
+      {"moe_expert_up", op_role::moe_expert}, {"moe_expert_down", op_role::moe_expert},
+      {"moe_expert_act", op_role::moe_expert_act},
   };
   for (const entry& e : table) {
     if (e.name == n) return e.role;
@@ -302,7 +314,8 @@ struct roofline {
   }
 
   /// Gradient-norm reduction and Adam step over the parameters this GPU updates: its stage's
-  /// parameters (`stage_parameters_per_rank`), divided by dp under ZeRO stage >= 1.
+  /// parameters (`optimizer_parameters_per_rank`: divided by dp, the routed experts' by dp / ep,
+  /// under ZeRO stage >= 1).
   /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
   void optimizer(const transformer& m, const parallel_config& par, const hardware& hw,
                  int stage, op_list& out) const {
@@ -310,8 +323,7 @@ struct roofline {
     builder b(*this, m, par, hw);
     b.out = std::move(out);
     b.out.ops.clear();
-    double params = static_cast<double>(stage_parameters_per_rank(m, par, stage));
-    if (par.zero_stage >= 1) params /= par.dp;
+    const double params = optimizer_parameters_per_rank(m, par, stage);
     b.vector_op("grad_norm", op_class::norm, op_phase::optimizer, 2.0 * params,
                 grad_norm_bytes_per_param * params);
     b.vector_op("optimizer_step", op_class::optimizer, op_phase::optimizer,
@@ -501,34 +513,87 @@ struct roofline {
       linear_forward("attn_out_proj", ph, T, q, h, recompute);
       residual_forward("attn_residual", ph, recompute);
       norm_forward("post_attn_norm", ph, recompute);
-      if (m.mlp == mlp_kind::gelu) {
-        linear_forward("mlp_fc1", ph, T, h, f, recompute);
-        vector_op("mlp_act", op_class::elementwise, ph, 8.0 * T * f, 2.0 * e * T * f, recompute);
-        linear_forward("mlp_fc2", ph, T, f, h, recompute);
+      if (m.is_moe()) {
+        moe_forward(ph, recompute);
       } else {
-        linear_forward("mlp_gate", ph, T, h, f, recompute);
-        linear_forward("mlp_up", ph, T, h, f, recompute);
-        vector_op("mlp_act", op_class::elementwise, ph, 6.0 * T * f, 3.0 * e * T * f, recompute);
-        linear_forward("mlp_down", ph, T, f, h, recompute);
+        mlp_forward(ph, recompute, f);
       }
       residual_forward("mlp_residual", ph, recompute);
+    }
+
+    // A dense MLP of inner width `w` (per rank) over `tokens` rows; `model_fraction` scales
+    // its GEMMs' model FLOPs (MoE experts under a capacity factor).
+    void mlp_forward(op_phase ph, bool recompute, double w, double tokens = 0, bool experts = false,
+                     double model_fraction = 1) {
+      if (tokens == 0) tokens = T;
+      auto fwd = [&](std::string_view dense, std::string_view expert, double in, double o) {
+        linear_forward(experts ? expert : dense, ph, tokens, in, o, recompute);
+        out.ops.back().model_flops *= model_fraction;
+      };
+      if (m.mlp == mlp_kind::gelu) {
+        fwd("mlp_fc1", "moe_expert_fc1", h, w);
+        vector_op(experts ? "moe_expert_act" : "mlp_act", op_class::elementwise, ph, 8.0 * tokens * w, 2.0 * e * tokens * w, recompute);
+        fwd("mlp_fc2", "moe_expert_fc2", w, h);
+      } else {
+        fwd("mlp_gate", "moe_expert_gate", h, w);
+        fwd("mlp_up", "moe_expert_up", h, w);
+        vector_op(experts ? "moe_expert_act" : "mlp_act", op_class::elementwise, ph, 6.0 * tokens * w, 3.0 * e * tokens * w, recompute);
+        fwd("mlp_down", "moe_expert_down", w, h);
+      }
+    }
+    void mlp_backward(double w, double tokens = 0, bool experts = false, double model_fraction = 1) {
+      if (tokens == 0) tokens = T;
+      auto bwd = [&](std::string_view dense, std::string_view expert, double in, double o) {
+        linear_backward(experts ? expert : dense, tokens, in, o);
+        out.ops[out.ops.size() - 2].model_flops *= model_fraction;
+        out.ops.back().model_flops *= model_fraction;
+      };
+      const std::string_view act = experts ? "moe_expert_act" : "mlp_act";
+      if (m.mlp == mlp_kind::gelu) {
+        bwd("mlp_fc2", "moe_expert_fc2", w, h);
+        vector_op(act, op_class::elementwise, op_phase::backward_input, 12.0 * tokens * w, 3.0 * e * tokens * w);
+        bwd("mlp_fc1", "moe_expert_fc1", h, w);
+      } else {
+        bwd("mlp_down", "moe_expert_down", w, h);
+        // read gate, up and the gradient; write the gate and up gradients
+        vector_op(act, op_class::elementwise, op_phase::backward_input, 10.0 * tokens * w, 5.0 * e * tokens * w);
+        bwd("mlp_up", "moe_expert_up", h, w);
+        bwd("mlp_gate", "moe_expert_gate", h, w);
+      }
+    }
+
+    // MoE layer (`moe_layer_shape`): router, softmax/top-k, permutation, the experts' GEMMs over
+    // all the copies the rank computes (a grouped GEMM's FLOPs and bytes, as one GEMM), the
+    // unpermutation, and the shared experts as a dense MLP.
+    void moe_forward(op_phase ph, bool recompute) {
+      const moe_layer_shape x = moe_shape(m, par);
+      const double E = static_cast<double>(m.moe.experts);
+      linear_forward("moe_router", ph, x.tokens, h, E, recompute);
+      vector_op("moe_route", op_class::norm, ph, 8.0 * x.tokens * E, x.tokens * E * (e + 8.0), recompute);
+      vector_op("moe_permute", op_class::elementwise, ph, 0, e * h * (x.tokens + x.routed), recompute);
+      mlp_forward(ph, recompute, x.width, x.copies, true, x.model_fraction);
+      vector_op("moe_unpermute", op_class::elementwise, ph, 2.0 * x.routed * h, e * h * (x.routed + x.tokens), recompute);
+      if (x.shared_width > 0) mlp_forward(ph, recompute, x.shared_width);
+    }
+    void moe_backward() {
+      const moe_layer_shape x = moe_shape(m, par);
+      const double E = static_cast<double>(m.moe.experts);
+      const op_phase B = op_phase::backward_input;
+      if (x.shared_width > 0) mlp_backward(x.shared_width);
+      vector_op("moe_unpermute", op_class::elementwise, B, 2.0 * x.routed * h, e * h * (x.tokens + 2.0 * x.routed));
+      mlp_backward(x.width, x.copies, true, x.model_fraction);
+      vector_op("moe_permute", op_class::elementwise, B, x.routed * h, e * h * (x.routed + x.tokens));
+      vector_op("moe_route", op_class::norm, B, 6.0 * x.tokens * E, x.tokens * E * (2.0 * e + 4.0));
+      linear_backward("moe_router", x.tokens, h, E);
     }
 
     void layer_backward() {
       if (par.recompute == recompute_kind::full) layer_forward(op_phase::backward_input, true);
       residual_backward("mlp_residual");
-      if (m.mlp == mlp_kind::gelu) {
-        linear_backward("mlp_fc2", T, f, h);
-        vector_op("mlp_act", op_class::elementwise, op_phase::backward_input, 12.0 * T * f,
-                  3.0 * e * T * f);
-        linear_backward("mlp_fc1", T, h, f);
+      if (m.is_moe()) {
+        moe_backward();
       } else {
-        linear_backward("mlp_down", T, f, h);
-        // read gate, up and the gradient; write the gate and up gradients
-        vector_op("mlp_act", op_class::elementwise, op_phase::backward_input, 10.0 * T * f,
-                  5.0 * e * T * f);
-        linear_backward("mlp_up", T, h, f);
-        linear_backward("mlp_gate", T, h, f);
+        mlp_backward(f);
       }
       norm_backward("post_attn_norm");
       residual_backward("attn_residual");

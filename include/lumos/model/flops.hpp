@@ -6,6 +6,7 @@
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/transformer.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -27,7 +28,9 @@ namespace lumos::model {
 
 /// Parameters of one model, by part. Every field is a count of parameters.
 struct parameter_breakdown {
-  std::int64_t per_layer = 0;       ///< one transformer layer (weights, biases, both norms)
+  std::int64_t per_layer = 0;       ///< one dense transformer layer (weights, biases, both norms)
+  std::int64_t per_moe_layer = 0;   ///< one MoE layer: attention, norms, router, all experts (0: dense model)
+  std::int64_t routed_experts = 0;  ///< the routed experts of all MoE layers (the part EP shards)
   std::int64_t layers = 0;          ///< all transformer layers
   std::int64_t word_embedding = 0;  ///< V * h
   std::int64_t position_embedding = 0;  ///< s * h for learned positions, else 0
@@ -52,18 +55,75 @@ struct parameter_breakdown {
   return attn + mlp;
 }
 
-/// General count for GELU/SwiGLU, MHA/GQA, LayerNorm/RMSNorm, learned/rotary, tied/untied
-/// models. For GPT presets, total() == gpt_parameter_count + 2h (the final LayerNorm).
-[[nodiscard]] constexpr parameter_breakdown parameter_counts(const transformer& m) noexcept {
+/// Parameters of one block of a layer, split as tensor parallelism splits them: `sharded` over
+/// the TP group (GEMM weights, biases of column-parallel GEMMs), `replicated` on every TP rank
+/// (norms, biases of row-parallel GEMMs, the MoE router).
+struct parameter_split {
+  std::int64_t sharded = 0;
+  std::int64_t replicated = 0;
+
+  [[nodiscard]] constexpr std::int64_t total() const noexcept { return sharded + replicated; }
+  /// What one rank of a TP group of `tp` holds.
+  [[nodiscard]] constexpr std::int64_t per_rank(int tp) const noexcept { return sharded / tp + replicated; }
+};
+
+/// Attention block with both norms of a layer: QKV and output projection (and their biases).
+[[nodiscard]] constexpr parameter_split attention_parameters(const transformer& m) noexcept {
   const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width();
-  std::int64_t layer = layer_matmul_weights(m) + 2 * norm_parameter_count(m);
+  parameter_split p{h * (q + 2 * kv) + q * h, 2 * norm_parameter_count(m)};
   if (m.linear_bias) {
-    layer += (q + 2 * kv) + h;  // QKV and output-projection biases
-    layer += (m.mlp == mlp_kind::gelu ? m.ffn : 2 * m.ffn) + h;  // MLP biases
+    p.sharded += q + 2 * kv;
+    p.replicated += h;
   }
+  return p;
+}
+
+/// One MLP of inner width `width` (a dense MLP, or one expert): GELU two GEMMs, SwiGLU three.
+[[nodiscard]] constexpr parameter_split mlp_parameters(const transformer& m, std::int64_t width) noexcept {
+  const std::int64_t h = m.hidden;
+  parameter_split p{(m.mlp == mlp_kind::gelu ? 2 : 3) * h * width, 0};
+  if (m.linear_bias) {
+    p.sharded += m.mlp == mlp_kind::gelu ? width : 2 * width;
+    p.replicated += h;
+  }
+  return p;
+}
+
+/// GEMM weights of one expert MLP (no biases).
+[[nodiscard]] constexpr std::int64_t expert_matmul_weights(const transformer& m) noexcept {
+  return (m.mlp == mlp_kind::gelu ? 2 : 3) * m.hidden * m.moe.expert_ffn;
+}
+
+/// The router of a MoE layer: the gating GEMM h -> experts (and its bias), replicated on the TP
+/// ranks. 0 for a dense model.
+[[nodiscard]] constexpr std::int64_t router_parameters(const transformer& m) noexcept {
+  if (!m.is_moe()) return 0;
+  return m.hidden * m.moe.experts + (m.moe.router_bias ? m.moe.experts : 0);
+}
+
+/// Weights of the GEMMs one token runs through in one MoE layer (attention, router, its top-k
+/// routed experts and the shared experts): the active `N` of the "6 N" rule. 0 for a dense model.
+[[nodiscard]] constexpr std::int64_t moe_layer_active_matmul_weights(const transformer& m) noexcept {
+  if (!m.is_moe()) return 0;
+  const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width();
+  return h * (q + 2 * kv) + q * h + h * m.moe.experts + (m.moe.top_k + m.moe.shared_experts) * expert_matmul_weights(m);
+}
+
+/// General count for GELU/SwiGLU, MHA/GQA, LayerNorm/RMSNorm, learned/rotary, tied/untied,
+/// dense/MoE models. For GPT presets, total() == gpt_parameter_count + 2h (the final LayerNorm).
+[[nodiscard]] constexpr parameter_breakdown parameter_counts(const transformer& m) noexcept {
+  const std::int64_t h = m.hidden;
+  const std::int64_t layer = attention_parameters(m).total() + mlp_parameters(m, m.ffn).total();
   parameter_breakdown p;
   p.per_layer = layer;
-  p.layers = m.layers * layer;
+  p.layers = (m.layers - m.moe_layers()) * layer;
+  if (m.is_moe()) {
+    const std::int64_t experts = m.moe.experts * mlp_parameters(m, m.moe.expert_ffn).total();
+    p.per_moe_layer = attention_parameters(m).total() + router_parameters(m) + experts +
+                      m.moe.shared_experts * mlp_parameters(m, m.moe.expert_ffn).total();
+    p.routed_experts = m.moe_layers() * experts;
+    p.layers += m.moe_layers() * p.per_moe_layer;
+  }
   p.word_embedding = m.vocab * h;
   p.position_embedding = m.position == position_kind::learned ? m.seq * h : 0;
   p.final_norm = norm_parameter_count(m);
@@ -74,6 +134,15 @@ struct parameter_breakdown {
 /// Total distinct parameters of the model.
 [[nodiscard]] constexpr std::int64_t parameter_count(const transformer& m) noexcept {
   return parameter_counts(m).total();
+}
+
+/// Parameters one token uses: all of a dense model; of a MoE model, every parameter but the
+/// routed experts it does not visit (experts - top_k per MoE layer). Counts both embedding
+/// matrices (model cards differ on that: OpenAI's GPT-OSS count leaves the input one out).
+[[nodiscard]] constexpr std::int64_t active_parameter_count(const transformer& m) noexcept {
+  const std::int64_t all = parameter_count(m);
+  if (!m.is_moe()) return all;
+  return all - m.moe_layers() * (m.moe.experts - m.moe.top_k) * mlp_parameters(m, m.moe.expert_ffn).total();
 }
 
 /// Parameters of one layer held by one tensor-parallel rank: GEMM weights and their
@@ -92,19 +161,70 @@ struct parameter_breakdown {
   return sharded / tp + replicated;
 }
 
+namespace detail {
+inline void require_stage(const parallel_config& par, int stage) {
+  if (stage < 0 || stage >= par.pp) {
+    throw error("pipeline stage " + std::to_string(stage) + " out of range [0, " + std::to_string(par.pp) + ")");
+  }
+}
+}  // namespace detail
+
+/// MoE layers held by pipeline stage `stage` (all its virtual chunks): the layers of its chunks
+/// (chunk c of stage s holds the layers of virtual stage c * pp + s) past `first_dense_layers`.
+/// 0 for a dense model. O(vp).
+[[nodiscard]] constexpr std::int64_t stage_moe_layers(const transformer& m, const parallel_config& par,
+                                                      int stage) noexcept {
+  if (!m.is_moe()) return 0;
+  const std::int64_t per_chunk = par.layers_per_chunk(m);
+  std::int64_t n = 0;
+  for (int c = 0; c < par.vp; ++c) {
+    const std::int64_t first = (std::int64_t{c} * par.pp + stage) * per_chunk;
+    n += std::clamp<std::int64_t>(first + per_chunk - m.moe.first_dense_layers, 0, per_chunk);
+  }
+  return n;
+}
+
+/// Parameters of one MoE layer held by one rank, apart from its routed experts: attention,
+/// norms and shared experts sharded by tp, the router replicated. 0 for a dense model.
+[[nodiscard]] constexpr std::int64_t moe_layer_dense_parameters_per_rank(const transformer& m, int tp) noexcept {
+  if (!m.is_moe()) return 0;
+  const parameter_split shared = mlp_parameters(m, m.moe.expert_ffn);
+  return attention_parameters(m).per_rank(tp) + router_parameters(m) +
+         m.moe.shared_experts * (shared.sharded / tp + shared.replicated);
+}
+
+/// Routed-expert parameters of one MoE layer held by one rank: experts / ep experts, each
+/// sharded over the tp ranks (expert tensor parallelism = tp). 0 for a dense model.
+[[nodiscard]] constexpr std::int64_t moe_layer_expert_parameters_per_rank(const transformer& m, int tp, int ep) noexcept {
+  if (!m.is_moe()) return 0;
+  const parameter_split one = mlp_parameters(m, m.moe.expert_ffn);
+  return m.moe.experts / ep * (one.sharded / tp + one.replicated);
+}
+
+/// Routed-expert parameters one GPU of stage `stage` holds (reduced over the
+/// expert-data-parallel group, not the data-parallel one). 0 for a dense model. Throws
+/// `lumos::error` for a stage out of range.
+[[nodiscard]] inline std::int64_t stage_expert_parameters_per_rank(const transformer& m, const parallel_config& par,
+                                                                   int stage) {
+  detail::require_stage(par, stage);
+  return stage_moe_layers(m, par, stage) * moe_layer_expert_parameters_per_rank(m, par.tp, par.ep);
+}
+
 /// Parameters held by one GPU of pipeline stage `stage` (all its virtual chunks), before any
-/// ZeRO sharding. Stage 0 adds the vocabulary-sharded word embedding and the (replicated)
+/// ZeRO sharding. MoE layers count their local routed experts (`stage_expert_parameters_per_rank`). Stage 0 adds the vocabulary-sharded word embedding and the (replicated)
 /// learned positions; the last stage adds the final norm and the logits matrix — for tied
 /// embeddings with pp > 1 Megatron keeps a second copy of the word embedding there and
 /// all-reduces its gradient with stage 0. Throws `lumos::error` for a stage out of range.
 [[nodiscard]] inline std::int64_t stage_parameters_per_rank(const transformer& m,
                                                             const parallel_config& par,
                                                             int stage) {
-  if (stage < 0 || stage >= par.pp) {
-    throw error("pipeline stage " + std::to_string(stage) + " out of range [0, " +
-                std::to_string(par.pp) + ")");
+  detail::require_stage(par, stage);
+  const std::int64_t moe_layers = stage_moe_layers(m, par, stage);
+  std::int64_t n = (par.layers_per_stage(m) - moe_layers) * layer_parameters_per_rank(m, par.tp);
+  if (moe_layers > 0) {
+    n += moe_layers * (moe_layer_dense_parameters_per_rank(m, par.tp) +
+                       moe_layer_expert_parameters_per_rank(m, par.tp, par.ep));
   }
-  std::int64_t n = par.layers_per_stage(m) * layer_parameters_per_rank(m, par.tp);
   if (stage == 0) {
     n += m.vocab * m.hidden / par.tp;
     if (m.position == position_kind::learned) n += m.seq * m.hidden;
@@ -114,6 +234,17 @@ struct parameter_breakdown {
     if (!m.tied_embeddings || par.pp > 1) n += m.vocab * m.hidden / par.tp;
   }
   return n;
+}
+
+/// Parameters whose optimizer step one GPU of stage `stage` runs: all of its stage's
+/// (`stage_parameters_per_rank`) without ZeRO; with ZeRO stage >= 1 (the distributed optimizer)
+/// the dense ones divided by dp and the routed experts' by the expert-data-parallel size dp / ep.
+[[nodiscard]] inline double optimizer_parameters_per_rank(const transformer& m, const parallel_config& par, int stage) {
+  const std::int64_t all = stage_parameters_per_rank(m, par, stage);
+  if (par.zero_stage < 1) return static_cast<double>(all);
+  const std::int64_t experts = stage_expert_parameters_per_rank(m, par, stage);
+  if (experts == 0) return static_cast<double>(all) / par.dp;
+  return static_cast<double>(all - experts) / par.dp + static_cast<double>(experts) / par.expert_data_parallel();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,15 +287,36 @@ struct parameter_breakdown {
          4.0 * s * s * static_cast<double>(m.q_width());
 }
 
-/// Model FLOPs per iteration for any preset shape (GQA, SwiGLU):
-///   F = 3 B [ l (2 s N_layer + 4 s^2 q_width) + 2 s V h ].
+/// Forward FLOPs of one MoE layer for one sequence: 2 s N_active + 4 s^2 q_width, N_active =
+/// `moe_layer_active_matmul_weights` (the router GEMM and each token's top-k and shared experts;
+/// balanced, dropless routing: the capacity factor changes the work executed, not the model
+/// FLOPs). 0 for a dense model.
+[[nodiscard]] constexpr double moe_layer_forward_flops_per_sequence(const transformer& m) noexcept {
+  if (!m.is_moe()) return 0.0;
+  const double s = static_cast<double>(m.seq);
+  return 2.0 * s * static_cast<double>(moe_layer_active_matmul_weights(m)) +
+         4.0 * s * s * static_cast<double>(m.q_width());
+}
+
+/// Forward FLOPs of all transformer layers for one sequence: dense layers (all of a dense
+/// model) at `layer_forward_flops_per_sequence`, MoE layers at
+/// `moe_layer_forward_flops_per_sequence`.
+[[nodiscard]] constexpr double layers_forward_flops_per_sequence(const transformer& m) noexcept {
+  if (!m.is_moe()) return static_cast<double>(m.layers) * layer_forward_flops_per_sequence(m);
+  const std::int64_t moe = m.moe_layers();
+  return static_cast<double>(m.layers - moe) * layer_forward_flops_per_sequence(m) +
+         static_cast<double>(moe) * moe_layer_forward_flops_per_sequence(m);
+}
+
+/// Model FLOPs per iteration for any preset shape (GQA, SwiGLU, MoE):
+///   F = 3 B [ sum over layers (2 s N_layer + 4 s^2 q_width) + 2 s V h ],
+/// N_layer the layer's GEMM weights a token runs through (MoE: `moe_layer_active_matmul_weights`).
 /// Equals `megatron_model_flops` for GPT shapes.
 [[nodiscard]] constexpr double model_flops(const transformer& m,
                                            std::int64_t global_batch) noexcept {
   const double B = static_cast<double>(global_batch), s = static_cast<double>(m.seq);
   const double logits = 2.0 * s * static_cast<double>(m.vocab) * static_cast<double>(m.hidden);
-  return 3.0 * B *
-         (static_cast<double>(m.layers) * layer_forward_flops_per_sequence(m) + logits);
+  return 3.0 * B * (layers_forward_flops_per_sequence(m) + logits);
 }
 
 /// Hardware FLOPs per iteration: model FLOPs plus re-executed forward work. Selective
@@ -179,7 +331,8 @@ struct parameter_breakdown {
     case recompute_kind::none: return base;
     case recompute_kind::selective:
       return base + 4.0 * B * s * s * l * static_cast<double>(m.q_width());
-    case recompute_kind::full: return base + B * l * layer_forward_flops_per_sequence(m);
+    case recompute_kind::full:
+      return base + (m.is_moe() ? B * layers_forward_flops_per_sequence(m) : B * l * layer_forward_flops_per_sequence(m));
   }
   return base;
 }

@@ -9,6 +9,7 @@
 #include <lumos/model/compute.hpp>
 #include <lumos/model/flops.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/moe.hpp>
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/model/transformer.hpp>
@@ -37,6 +38,12 @@ namespace lumos::model {
 ///  - backward: each GEMM as dgrad (B) and wgrad (W, fp32 main-gradient accumulation) plus the
 ///    bias-gradient reduction; LayerNorm input and weight gradients; softmax, dropout and
 ///    batched-GEMM gradients; the residual and activation backward kernels;
+///  - MoE layers (`transformer::moe`) replace the MLP: router GEMM, softmax/top-k, permutation,
+///    the experts as grouped GEMMs over the rank's experts / ep experts (`moe_layer_shape`: rows =
+///    the token copies each expert computes under balanced routing), their activation, the
+///    unpermutation, and the shared experts as a dense MLP (named like one, so that the TP hooks
+///    of the MLP apply to them); backward mirrors them. The dispatch collectives between them are
+///    communication (`moe_layer_collectives`);
 ///  - embedding gather and its scatter-add gradient; head: final LayerNorm, logits GEMM,
 ///    vocabulary-parallel cross-entropy (max, sub, exp, sum, div, target gather);
 ///  - optimizer: fp16 loss-scale unscale and found-inf check, gradient L2 norm, clip scale,
@@ -102,8 +109,7 @@ struct kernel_level {
     builder b(*this, m, par, hw);
     b.out = std::move(out);
     b.out.ops.clear();
-    double params = static_cast<double>(stage_parameters_per_rank(m, par, stage));
-    if (par.zero_stage >= 1) params /= par.dp;
+    const double params = optimizer_parameters_per_rank(m, par, stage);
     const op_phase o = op_phase::optimizer;
     if (par.dtype == precision::fp16) {
       // Megatron's fp16 optimizer: unscale the fp32 main gradients and look for inf/nan
@@ -306,31 +312,98 @@ struct kernel_level {
       linear_forward("attn_out_proj", "", ph, q, h, rc, false);  // bias fused into the residual
       residual_forward("attn_residual", ph, rc);
       norm_forward("post_attn_norm", ph, rc);
-      if (m.mlp == mlp_kind::gelu) {
-        linear_forward("mlp_fc1", "", ph, h, f, rc, false);  // bias fused into bias-GeLU
-        vector("mlp_act", op_class::elementwise, ph, 8.0 * T * f, 2.0 * e * T * f, rc);
-        linear_forward("mlp_fc2", "", ph, f, h, rc, false);
+      if (m.is_moe()) {
+        moe_forward(ph, rc);
       } else {
-        linear_forward("mlp_gate", "", ph, h, f, rc, false);
-        linear_forward("mlp_up", "", ph, h, f, rc, false);
-        vector("mlp_act", op_class::elementwise, ph, 6.0 * T * f, 3.0 * e * T * f, rc);
-        linear_forward("mlp_down", "", ph, f, h, rc, false);
+        mlp_forward(ph, rc, f);
       }
       residual_forward("mlp_residual", ph, rc);
+    }
+
+    // A dense MLP of inner width `w` (per rank) over the T tokens.
+    void mlp_forward(op_phase ph, bool rc, double w) {
+      if (m.mlp == mlp_kind::gelu) {
+        linear_forward("mlp_fc1", "", ph, h, w, rc, false);  // bias fused into bias-GeLU
+        vector("mlp_act", op_class::elementwise, ph, 8.0 * T * w, 2.0 * e * T * w, rc);
+        linear_forward("mlp_fc2", "", ph, w, h, rc, false);
+      } else {
+        linear_forward("mlp_gate", "", ph, h, w, rc, false);
+        linear_forward("mlp_up", "", ph, h, w, rc, false);
+        vector("mlp_act", op_class::elementwise, ph, 6.0 * T * w, 3.0 * e * T * w, rc);
+        linear_forward("mlp_down", "", ph, w, h, rc, false);
+      }
+    }
+    void mlp_backward(double w) {
+      if (m.mlp == mlp_kind::gelu) {
+        linear_backward("mlp_fc2", "mlp_fc2_bias_grad", w, h);
+        vector("mlp_act", op_class::elementwise, op_phase::backward_input, 12.0 * T * w, 3.0 * e * T * w, false);
+        linear_backward("mlp_fc1", "mlp_fc1_bias_grad", h, w);
+      } else {
+        linear_backward("mlp_down", "mlp_down_bias_grad", w, h);
+        vector("mlp_act", op_class::elementwise, op_phase::backward_input, 10.0 * T * w, 5.0 * e * T * w, false);
+        linear_backward("mlp_up", "mlp_up_bias_grad", h, w);
+        linear_backward("mlp_gate", "mlp_gate_bias_grad", h, w);
+      }
+    }
+
+    // One grouped GEMM over the local experts; its model FLOPs discount the capacity padding.
+    void expert_gemm(std::string_view name, op_phase ph, double M, double N, double K, double c_bytes, bool rc,
+                     const moe_layer_shape& x) {
+      gemm(name, ph, M, N, K, c_bytes, rc, x.local_experts, !rc);
+      out.ops.back().model_flops *= x.model_fraction;
+    }
+
+    // Router, permutation, the rank's experts (grouped GEMMs), unpermutation, shared experts.
+    void moe_forward(op_phase ph, bool rc) {
+      const moe_layer_shape x = moe_shape(m, par);
+      const double E = static_cast<double>(m.moe.experts), top = static_cast<double>(m.moe.top_k);
+      gemm("moe_router", ph, x.tokens, E, h, e, rc);
+      // softmax over the scores in fp32, top-k selection, the routing map and probabilities
+      vector("moe_route", op_class::norm, ph, 8.0 * x.tokens * E, x.tokens * E * (e + 8.0) + 12.0 * x.tokens * top, rc, true);
+      vector("moe_permute", op_class::elementwise, ph, 0, e * h * (x.tokens + x.routed) + 8.0 * x.routed, rc);
+      const bool gelu = m.mlp == mlp_kind::gelu;
+      expert_gemm(gelu ? "moe_expert_fc1" : "moe_expert_gate", ph, x.rows, x.width, h, e, rc, x);
+      if (!gelu) expert_gemm("moe_expert_up", ph, x.rows, x.width, h, e, rc, x);
+      vector("moe_expert_act", op_class::elementwise, ph, (gelu ? 8.0 : 6.0) * x.copies * x.width,
+             (gelu ? 2.0 : 3.0) * e * x.copies * x.width, rc);
+      expert_gemm(gelu ? "moe_expert_fc2" : "moe_expert_down", ph, x.rows, h, x.width, e, rc, x);
+      vector("moe_unpermute", op_class::elementwise, ph, 2.0 * x.routed * h, e * h * (x.routed + x.tokens) + 4.0 * x.routed, rc);
+      if (x.shared_width > 0) mlp_forward(ph, rc, x.shared_width);
+    }
+
+    void moe_backward() {
+      const moe_layer_shape x = moe_shape(m, par);
+      const double E = static_cast<double>(m.moe.experts), top = static_cast<double>(m.moe.top_k);
+      const op_phase B = op_phase::backward_input, W = op_phase::backward_weight;
+      if (x.shared_width > 0) mlp_backward(x.shared_width);
+      // the gradient of each copy (scaled by its probability) and of the probabilities
+      vector("moe_unpermute", op_class::elementwise, B, 2.0 * x.routed * h, e * h * (x.tokens + 2.0 * x.routed), false);
+      const bool gelu = m.mlp == mlp_kind::gelu;
+      const std::string_view out_name = gelu ? "moe_expert_fc2" : "moe_expert_down";
+      expert_gemm(out_name, B, x.rows, x.width, h, e, false, x);
+      expert_gemm(out_name, W, x.width, h, x.rows, 8.0, false, x);
+      vector("moe_expert_act", op_class::elementwise, B, (gelu ? 12.0 : 10.0) * x.copies * x.width,
+             (gelu ? 3.0 : 5.0) * e * x.copies * x.width, false);
+      if (!gelu) {
+        expert_gemm("moe_expert_up", B, x.rows, h, x.width, e, false, x);
+        expert_gemm("moe_expert_up", W, h, x.width, x.rows, 8.0, false, x);
+      }
+      const std::string_view in_name = gelu ? "moe_expert_fc1" : "moe_expert_gate";
+      expert_gemm(in_name, B, x.rows, h, x.width, e, false, x);
+      expert_gemm(in_name, W, h, x.width, x.rows, 8.0, false, x);
+      vector("moe_permute", op_class::elementwise, B, x.routed * h, e * h * (x.routed + x.tokens), false);
+      vector("moe_route", op_class::norm, B, 6.0 * x.tokens * E, x.tokens * E * (2.0 * e + 4.0) + 8.0 * x.tokens * top, false, true);
+      gemm("moe_router", B, x.tokens, h, E, e, false);
+      gemm("moe_router", W, h, E, x.tokens, 8.0, false);
     }
 
     void layer_backward() {
       if (par.recompute == recompute_kind::full) layer_forward(op_phase::backward_input, true);
       residual_backward("mlp_residual");
-      if (m.mlp == mlp_kind::gelu) {
-        linear_backward("mlp_fc2", "mlp_fc2_bias_grad", f, h);
-        vector("mlp_act", op_class::elementwise, op_phase::backward_input, 12.0 * T * f, 3.0 * e * T * f, false);
-        linear_backward("mlp_fc1", "mlp_fc1_bias_grad", h, f);
+      if (m.is_moe()) {
+        moe_backward();
       } else {
-        linear_backward("mlp_down", "mlp_down_bias_grad", f, h);
-        vector("mlp_act", op_class::elementwise, op_phase::backward_input, 10.0 * T * f, 5.0 * e * T * f, false);
-        linear_backward("mlp_up", "mlp_up_bias_grad", h, f);
-        linear_backward("mlp_gate", "mlp_gate_bias_grad", h, f);
+        mlp_backward(f);
       }
       norm_backward("post_attn_norm", "post_attn_norm_weight_grad");
       residual_backward("attn_residual");

@@ -7,6 +7,7 @@
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/transformer.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -40,7 +41,7 @@ struct memory_options {
 
 /// One GPU's memory at its activation peak, in bytes (doubles: interleaving factors and ZeRO
 /// divisions need not be integers). Not included: CUDA context and library workspaces,
-/// allocator fragmentation, communication buffers, fp8 weight caches.
+/// allocator fragmentation, communication buffers other than MoE dispatch, fp8 weight caches.
 struct memory_breakdown {
   std::int64_t parameter_count = 0;  ///< this GPU's parameters before ZeRO sharding
   double parameters = 0;
@@ -53,12 +54,18 @@ struct memory_breakdown {
   /// Transient of recomputation: one layer's full activations while its forward is rerun
   /// (full), or one layer's attention-core activations (selective, 0 with FlashAttention).
   double recompute_working = 0;
+  /// MoE token-dispatch buffers of one layer (send and receive of the all-to-all, or the
+  /// all-gathered tokens of the allgather dispatcher); one layer's worth, they are reused.
+  double moe_dispatch_buffers = 0;
+  /// Of `parameter_count`, the routed experts' parameters (EP-sharded; their gradients and
+  /// optimizer states are sharded over the expert-data-parallel group).
+  std::int64_t expert_parameter_count = 0;
 
   [[nodiscard]] constexpr double model_states() const noexcept {
     return parameters + gradients + optimizer_states;
   }
   [[nodiscard]] constexpr double total() const noexcept {
-    return model_states() + activations + io_activations + recompute_working;
+    return model_states() + activations + io_activations + recompute_working + moe_dispatch_buffers;
   }
   /// Whether `total()` fits in the GPU's HBM (no allowance for the exclusions above).
   [[nodiscard]] constexpr bool fits(const hardware& hw) const noexcept {
@@ -118,10 +125,61 @@ struct layer_activation_terms {
   return a.replicated / rep_div + a.sharded / t + (keep_core ? a.core / t : 0.0);
 }
 
+/// Token copies one rank's routed experts compute per micro-batch, as a multiple of the
+/// micro-batch's tokens b*s. Balanced routing: an EP group of ep ranks routes ep * T/t * top_k
+/// copies (T = b s tokens, t = tp; each rank's router sees its sequence shard T/t), each of the
+/// `experts` experts receives ep T top_k / (t experts), and a rank's experts/ep experts receive
+/// T top_k / t; the expert-tensor-parallel all-gather over the t TP ranks (which share the
+/// experts, each with a 1/t slice of their width) makes it T top_k. Independent of ep: EP moves
+/// tokens, not work. A capacity factor F makes every expert compute F times its share
+/// (dropping or padding); dropless (0) is the share itself. 0 for a dense model.
+[[nodiscard]] constexpr double expert_token_factor(const transformer& m) noexcept {
+  if (!m.is_moe()) return 0.0;
+  const double cf = m.moe.capacity_factor > 0 ? m.moe.capacity_factor : 1.0;
+  return static_cast<double>(m.moe.top_k) * cf;
+}
+
+/// Activation bytes one MoE layer keeps for backward per micro-batch on one rank: the dense
+/// layer's (`layer_activation_bytes`) without its MLP part, plus the router's fp32 probabilities
+/// (4 bytes x tokens x experts, over the rank's sequence shard), the permuted expert inputs
+/// (2h per token copy, `expert_token_factor` x T copies) and the expert intermediates (as the
+/// dense MLP's per copy, at width expert_ffn / tp), and the shared experts as a dense MLP of
+/// width shared x expert_ffn. Full recomputation keeps the layer input only, as for a dense
+/// layer. 0 for a dense model.
+[[nodiscard]] constexpr double moe_layer_activation_bytes(const transformer& m, const parallel_config& par,
+                                                          bool flash_attention) {
+  if (!m.is_moe()) return 0.0;
+  if (par.recompute == recompute_kind::full) return layer_activation_bytes(m, par, flash_attention);
+  const double sb = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch);
+  const double t = par.tp, h = static_cast<double>(m.hidden), ef = static_cast<double>(m.moe.expert_ffn);
+  const double per_width = m.mlp == mlp_kind::gelu ? 4.0 : 6.0;  // saved MLP tensors per unit of width
+  const double dense_mlp = per_width * sb * static_cast<double>(m.ffn) / t;
+  const double router = 4.0 * sb / (par.sequence_parallel() ? t : 1.0) * static_cast<double>(m.moe.experts);
+  const double copies = expert_token_factor(m) * sb;
+  const double experts = copies * (2.0 * h + per_width * ef / t);
+  const double shared = per_width * sb * static_cast<double>(m.moe.shared_experts) * ef / t;
+  return layer_activation_bytes(m, par, flash_attention) - dense_mlp + router + experts + shared;
+}
+
+/// MoE dispatch buffers of one layer per micro-batch on one rank (see `memory_breakdown`):
+/// all-to-all — send and receive buffers of the rank's token copies (2 x 2 h x T/t x top_k);
+/// allgather — the tokens gathered over the EP x TP group (2 h x ep x T) and their
+/// reduce-scatter input. 0 for a dense model or ep = 1 with tp = 1 (nothing moves).
+[[nodiscard]] constexpr double moe_dispatch_buffer_bytes(const transformer& m, const parallel_config& par) noexcept {
+  if (!m.is_moe() || (par.ep <= 1 && par.tp <= 1)) return 0.0;
+  const double T = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch);
+  const double e = activation_bytes(par.dtype), h = static_cast<double>(m.hidden);
+  if (m.moe.dispatcher == moe_dispatcher::allgather) return 2.0 * e * h * T * static_cast<double>(par.ep);
+  return 2.0 * e * h * T / par.tp * expert_token_factor(m);
+}
+
 /// Memory of one GPU of pipeline stage `stage`. Model states: `stage_parameters_per_rank`
 /// parameters, with optimizer states divided by dp from ZeRO stage 1, gradients from stage 2,
-/// parameters at stage 3. Activations: `layer_activation_bytes` x layers of the stage x
-/// `opt.in_flight_microbatches`, plus the io and recomputation terms of `memory_breakdown`.
+/// parameters at stage 3 — the routed experts' by the expert-data-parallel size dp / ep instead
+/// (Megatron's distributed optimizer shards them over that group). Activations:
+/// `layer_activation_bytes` (MoE layers: `moe_layer_activation_bytes`) x layers of the stage x
+/// `opt.in_flight_microbatches`, plus the io, recomputation and dispatch-buffer terms of
+/// `memory_breakdown`.
 /// Throws `lumos::error` for an invalid configuration, stage or in-flight count. O(1).
 [[nodiscard]] inline memory_breakdown memory_per_gpu(const transformer& m,
                                                      const parallel_config& par, int stage,
@@ -133,15 +191,32 @@ struct layer_activation_terms {
   }
   memory_breakdown r;
   r.parameter_count = stage_parameters_per_rank(m, par, stage);
-  const double n = static_cast<double>(r.parameter_count);
+  r.expert_parameter_count = stage_expert_parameters_per_rank(m, par, stage);
   const double dp = par.dp;
-  r.parameters = opt.per_param.param * n / (par.zero_stage >= 3 ? dp : 1.0);
-  r.gradients = opt.per_param.grad * n / (par.zero_stage >= 2 ? dp : 1.0);
-  r.optimizer_states = opt.per_param.optimizer * n / (par.zero_stage >= 1 ? dp : 1.0);
+  if (r.expert_parameter_count == 0) {
+    const double n = static_cast<double>(r.parameter_count);
+    r.parameters = opt.per_param.param * n / (par.zero_stage >= 3 ? dp : 1.0);
+    r.gradients = opt.per_param.grad * n / (par.zero_stage >= 2 ? dp : 1.0);
+    r.optimizer_states = opt.per_param.optimizer * n / (par.zero_stage >= 1 ? dp : 1.0);
+  } else {
+    const double n = static_cast<double>(r.parameter_count - r.expert_parameter_count);
+    const double x = static_cast<double>(r.expert_parameter_count), edp = par.expert_data_parallel();
+    auto sharded = [&](double per, int from) {
+      return per * n / (par.zero_stage >= from ? dp : 1.0) + per * x / (par.zero_stage >= from ? edp : 1.0);
+    };
+    r.parameters = sharded(opt.per_param.param, 3);
+    r.gradients = sharded(opt.per_param.grad, 2);
+    r.optimizer_states = sharded(opt.per_param.optimizer, 1);
+  }
 
   const double inflight = opt.in_flight_microbatches;
+  const std::int64_t moe_layers = stage_moe_layers(m, par, stage);
   r.activations = layer_activation_bytes(m, par, opt.flash_attention) *
-                  static_cast<double>(par.layers_per_stage(m)) * inflight;
+                  static_cast<double>(par.layers_per_stage(m) - moe_layers) * inflight;
+  if (moe_layers > 0) {
+    r.activations += moe_layer_activation_bytes(m, par, opt.flash_attention) * static_cast<double>(moe_layers) * inflight;
+    r.moe_dispatch_buffers = moe_dispatch_buffer_bytes(m, par);
+  }
 
   const double sbh = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch) *
                      static_cast<double>(m.hidden);
@@ -160,7 +235,9 @@ struct layer_activation_terms {
   if (par.recompute == recompute_kind::full) {
     parallel_config none = par;
     none.recompute = recompute_kind::none;
-    r.recompute_working = layer_activation_bytes(m, none, opt.flash_attention);
+    r.recompute_working = moe_layers > 0 ? std::max(layer_activation_bytes(m, none, opt.flash_attention),
+                                                    moe_layer_activation_bytes(m, none, opt.flash_attention))
+                                         : layer_activation_bytes(m, none, opt.flash_attention);
   } else if (par.recompute == recompute_kind::selective && !opt.flash_attention) {
     r.recompute_working = detail::layer_activations(m, par.micro_batch).core / par.tp;
   }

@@ -26,9 +26,15 @@ enum class recompute_kind : std::uint8_t { none, selective, full };
   return "?";
 }
 
-/// Megatron-style 3D parallelism plus the training options the cost models need.
+/// Megatron-style 3D parallelism, expert parallelism, and the training options the cost models need.
 /// Rank layout: tp innermost (consecutive ranks, inside a node), then dp, then pp — the
 /// placement helpers of comm.hpp take this as the default. `world_size() == tp * pp * dp`.
+/// Expert parallelism (MoE models) does not add to the world: the `ep` ranks of an
+/// expert-parallel group are `ep` consecutive data-parallel ranks (stride tp), each holding
+/// experts / ep of every MoE layer's experts; an expert's weights are sharded over the TP group
+/// as the dense MLP's are (expert tensor parallelism = tp, Megatron's default), and its gradients
+/// are reduced over the expert-data-parallel group of dp / ep ranks (stride tp * ep). lumos has
+/// no context parallelism yet, so EP divides DP (Megatron's rule is that it divides DP x CP).
 /// Each iteration runs `micro_batches()` micro-batches of `micro_batch` sequences on every
 /// pipeline; `global_batch` counts sequences over all data-parallel replicas.
 /// The pipeline schedule is not interpreted here: `schedule` is an opaque name for pipeline/.
@@ -37,6 +43,7 @@ struct parallel_config {
   int pp = 1;  ///< pipeline-parallel size (stages)
   int dp = 1;  ///< data-parallel size
   int vp = 1;  ///< virtual pipeline chunks per stage (interleaved schedule); 1 = none
+  int ep = 1;  ///< expert-parallel size (MoE models; divides dp); 1 = every rank holds every expert
   bool sp = false;  ///< sequence parallelism (Korthikanti et al.); no effect when tp == 1
   /// Megatron's `--tp-comm-overlap` (Transformer Engine userbuffers): each sequence-parallel
   /// collective of a layer overlaps the GEMM beside it. Needs sp when tp > 1.
@@ -55,6 +62,8 @@ struct parallel_config {
   [[nodiscard]] constexpr std::int64_t world_size() const noexcept {
     return std::int64_t{tp} * pp * dp;
   }
+  /// Ranks of an expert-data-parallel group (the replicas of one expert shard): dp / ep.
+  [[nodiscard]] constexpr int expert_data_parallel() const noexcept { return ep > 0 ? dp / ep : dp; }
   /// Whether sequence parallelism actually shards anything (sp with tp > 1).
   [[nodiscard]] constexpr bool sequence_parallel() const noexcept { return sp && tp > 1; }
 
@@ -99,7 +108,9 @@ struct parallel_config {
     at_least_one(pp, "pp");
     at_least_one(dp, "dp");
     at_least_one(vp, "vp");
+    at_least_one(ep, "ep");
     (void)micro_batches();
+    validate_experts(m);
     if (zero_stage < 0 || zero_stage > 3) {
       throw error("zero_stage must be 0, 1, 2 or 3, got " + std::to_string(zero_stage));
     }
@@ -138,6 +149,39 @@ struct parallel_config {
                   ") must be divisible by pp * vp (" + std::to_string(pp) + " * " +
                   std::to_string(vp) + " = " + std::to_string(chunks) +
                   "): choose pp and vp whose product divides the layer count");
+    }
+  }
+
+  /// The expert-parallel rules of `validate`: ep > 1 needs a MoE model; ep divides dp (the EP
+  /// group is made of data-parallel ranks) and the routed experts; with tp > 1 the expert FFN
+  /// divides by tp (expert tensor parallelism = tp) and sequence parallelism is on (Megatron
+  /// requires it for MoE with tensor parallelism: the router sees each rank's sequence shard).
+  void validate_experts(const transformer& m) const {
+    const std::string e = std::to_string(ep);
+    if (!m.is_moe()) {
+      if (ep > 1) {
+        throw error("ep = " + e + " needs a mixture-of-experts model: model '" + m.name +
+                    "' has no experts (set experts, or ep = 1)");
+      }
+      return;
+    }
+    if (dp % ep != 0) {
+      throw error("ep (" + e + ") must divide dp (" + std::to_string(dp) +
+                  "): the expert-parallel group is made of data-parallel ranks (EP divides DP x CP; lumos has no CP)");
+    }
+    if (m.moe.experts % ep != 0) {
+      throw error("model '" + m.name + "': experts (" + std::to_string(m.moe.experts) + ") must be divisible by ep (" + e +
+                  "): each expert-parallel rank holds the same number of experts");
+    }
+    if (tp > 1) {
+      if (m.moe.expert_ffn % tp != 0) {
+        throw error("model '" + m.name + "': expert_ffn (" + std::to_string(m.moe.expert_ffn) +
+                    ") is not divisible by tp (" + std::to_string(tp) +
+                    "): experts are sharded over the tensor-parallel group like the dense MLP");
+      }
+      if (!sp) {
+        throw error("a mixture-of-experts model with tp > 1 needs sequence parallelism (Megatron requires it): turn sp on");
+      }
     }
   }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Decoder-only transformer description and the GPT-3 / Llama-3 presets.
+// Decoder-only transformer description (dense or mixture-of-experts) and the GPT-3, Llama-3,
+// Qwen3-MoE, GPT-OSS and Mixtral presets.
 
 #include <lumos/core/error.hpp>
 
@@ -17,6 +18,41 @@ enum class mlp_kind : std::uint8_t { gelu, swiglu };
 enum class norm_kind : std::uint8_t { layernorm, rmsnorm };
 /// Learned absolute position embeddings (s*h parameters) or rotary (no parameters).
 enum class position_kind : std::uint8_t { learned, rotary };
+
+/// How a mixture-of-experts layer moves tokens to the ranks that hold their experts (Megatron's
+/// `--moe-token-dispatcher-type`): `alltoall` sends each token copy to its expert's rank over the
+/// expert-parallel group (an all-to-all before the experts, one after); `allgather` all-gathers
+/// every token over the EP x TP group, each rank keeps what its experts take, and a
+/// reduce-scatter returns the outputs.
+enum class moe_dispatcher : std::uint8_t { alltoall, allgather };
+
+/// Lower-case name of `d` ("alltoall", "allgather").
+[[nodiscard]] constexpr std::string_view to_string(moe_dispatcher d) noexcept {
+  return d == moe_dispatcher::alltoall ? "alltoall" : "allgather";
+}
+
+/// The mixture-of-experts part of a transformer. `experts == 0` is a dense model (every other
+/// field is then ignored). A MoE layer replaces the dense MLP by a router (a GEMM h -> experts,
+/// softmax and top-k), `experts` routed expert MLPs of width `expert_ffn` of which each token
+/// visits `top_k`, and `shared_experts` expert MLPs every token visits. Expert MLPs have the
+/// model's `mlp` kind (SwiGLU: gate, up, down). The first `first_dense_layers` layers keep the
+/// dense MLP of width `transformer::ffn`.
+struct moe_spec {
+  std::int64_t experts = 0;             ///< routed experts per MoE layer (0: dense model)
+  std::int64_t shared_experts = 0;      ///< shared experts per MoE layer
+  std::int64_t top_k = 0;               ///< routed experts each token visits
+  std::int64_t expert_ffn = 0;          ///< one expert MLP's inner width
+  std::int64_t first_dense_layers = 0;  ///< dense layers before the first MoE layer
+  /// Tokens each expert computes, as a multiple of its balanced share (tokens x top_k /
+  /// experts): below 1 the excess is dropped, above 1 the expert input is padded to that
+  /// capacity (Megatron's `--moe-expert-capacity-factor` with `--moe-pad-expert-input-to-capacity`).
+  /// 0 = dropless: each expert computes exactly the tokens it received.
+  double capacity_factor = 0;
+  moe_dispatcher dispatcher = moe_dispatcher::alltoall;
+  bool router_bias = false;  ///< the router GEMM has a bias (GPT-OSS)
+
+  [[nodiscard]] constexpr bool enabled() const noexcept { return experts > 0; }
+};
 
 /// A decoder-only, pre-norm transformer. All sizes are counts (not bytes). Every layer is
 /// identical: norm -> attention (QKV, core, output projection) -> residual -> norm -> MLP ->
@@ -41,9 +77,19 @@ struct transformer {
   bool tied_embeddings = true;  ///< logits projection shares the input embedding matrix
   bool linear_bias = true;      ///< QKV, output projection and MLP GEMMs have biases
   bool dropout = true;          ///< hidden/attention dropout layers are present (p > 0)
+  /// Width of one attention head; 0 = hidden / heads. Set when the query projection is not
+  /// `hidden` wide (Qwen3-MoE: 32 heads of 128 on a hidden of 2048; GPT-OSS: 64 of 64 on 2880).
+  std::int64_t head_size = 0;
+  moe_spec moe;  ///< mixture-of-experts layers (dense model when `moe.experts == 0`)
 
-  [[nodiscard]] constexpr std::int64_t head_dim() const noexcept { return hidden / heads; }
-  /// Width of the query projection (heads * head_dim; == hidden for the presets).
+  [[nodiscard]] constexpr std::int64_t head_dim() const noexcept { return head_size > 0 ? head_size : hidden / heads; }
+  /// Whether the model has mixture-of-experts layers.
+  [[nodiscard]] constexpr bool is_moe() const noexcept { return moe.enabled(); }
+  /// Layers whose MLP is a mixture of experts (0 for a dense model).
+  [[nodiscard]] constexpr std::int64_t moe_layers() const noexcept {
+    return is_moe() ? layers - moe.first_dense_layers : 0;
+  }
+  /// Width of the query projection (heads * head_dim; == hidden unless `head_size` says otherwise).
   [[nodiscard]] constexpr std::int64_t q_width() const noexcept { return heads * head_dim(); }
   /// Width of each of the key and value projections (kv_heads * head_dim).
   [[nodiscard]] constexpr std::int64_t kv_width() const noexcept { return kv_heads * head_dim(); }
@@ -76,13 +122,45 @@ struct transformer {
                                    std::pair{kv_heads, "kv_heads"}, std::pair{seq, "seq"}, std::pair{vocab, "vocab"}}) {
       at_most(v, max_size, field);
     }
-    if (hidden % heads != 0) {
+    if (head_size < 0 || head_size > max_size) {
+      throw error("model '" + name + "': head_size must be in [0, " + std::to_string(max_size) + "], got " +
+                  std::to_string(head_size));
+    }
+    validate_moe();
+    if (head_size == 0 && hidden % heads != 0) {
       throw error("model '" + name + "': hidden (" + std::to_string(hidden) +
                   ") must be divisible by heads (" + std::to_string(heads) + ")");
     }
     if (heads % kv_heads != 0) {
       throw error("model '" + name + "': heads (" + std::to_string(heads) +
                   ") must be a multiple of kv_heads (" + std::to_string(kv_heads) + ")");
+    }
+  }
+
+  /// The `moe` part of `validate()`: nothing to check for a dense model; else top_k in
+  /// [1, experts], a positive expert_ffn, shared_experts >= 0, first_dense_layers in
+  /// [0, layers), capacity_factor 0 (dropless) or positive.
+  void validate_moe() const {
+    if (moe.experts < 0) throw error("model '" + name + "': experts must be >= 0, got " + std::to_string(moe.experts));
+    if (!is_moe()) return;
+    const std::string m = "model '" + name + "': ";
+    if (moe.experts > max_size) throw error(m + "experts " + std::to_string(moe.experts) + " is more than the supported " + std::to_string(max_size));
+    if (moe.top_k < 1 || moe.top_k > moe.experts) {
+      throw error(m + "top_k (" + std::to_string(moe.top_k) + ") must be in [1, experts = " + std::to_string(moe.experts) +
+                  "]: each token visits at least one and at most every routed expert");
+    }
+    if (moe.expert_ffn < 1 || moe.expert_ffn > max_size) {
+      throw error(m + "expert_ffn must be in [1, " + std::to_string(max_size) + "], got " + std::to_string(moe.expert_ffn));
+    }
+    if (moe.shared_experts < 0 || moe.shared_experts > max_size) {
+      throw error(m + "shared_experts must be in [0, " + std::to_string(max_size) + "], got " + std::to_string(moe.shared_experts));
+    }
+    if (moe.first_dense_layers < 0 || moe.first_dense_layers >= layers) {
+      throw error(m + "first_dense_layers (" + std::to_string(moe.first_dense_layers) + ") must be in [0, layers = " +
+                  std::to_string(layers) + "): a MoE model needs at least one MoE layer");
+    }
+    if (!(moe.capacity_factor >= 0) || moe.capacity_factor > 1e6) {
+      throw error(m + "capacity_factor must be 0 (dropless) or positive, got " + std::to_string(moe.capacity_factor));
     }
   }
 };
@@ -166,9 +244,80 @@ namespace detail {
   return detail::llama3("llama3-405b", 126, 16384, 53248, 128);
 }
 
+// Mixture-of-experts presets, from each model's public `config.json` on its Hugging Face hub
+// page (PUBLISHED.md section 8 lists the same shapes). All: RMSNorm, rotary positions, SwiGLU
+// experts, untied embeddings, no dropout, every layer MoE (`mlp_only_layers` empty,
+// `decoder_sparse_step` 1), dropless routing with the all-to-all dispatcher (what the
+// Megatron-Bridge benchmarks run), sequence 4096 (their pre-training recipes). `ffn` is the
+// config's dense `intermediate_size`, unused while no layer is dense. Not modelled: Qwen3's
+// per-head QK RMSNorm, GPT-OSS's attention sinks, its 128-token sliding window on every other
+// layer (attention is costed as full causal attention on every layer) and its clamped SwiGLU.
+
+namespace detail {
+[[nodiscard]] inline transformer moe_base(std::string name, std::int64_t layers, std::int64_t hidden, std::int64_t heads,
+                                          std::int64_t kv_heads, std::int64_t head_size, std::int64_t vocab) {
+  transformer m;
+  m.name = std::move(name);
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.head_size = head_size;
+  m.seq = 4096;
+  m.vocab = vocab;
+  m.mlp = mlp_kind::swiglu;
+  m.norm = norm_kind::rmsnorm;
+  m.position = position_kind::rotary;
+  m.tied_embeddings = false;
+  m.linear_bias = false;
+  m.dropout = false;
+  return m;
+}
+}  // namespace detail
+
+/// Qwen3-30B-A3B (`Qwen/Qwen3-30B-A3B` config.json): 48 layers, hidden 2048, 32 query heads of
+/// 128 and 4 KV heads, 128 experts of width 768, top-8, vocabulary 151936 (30.5e9 parameters,
+/// 3.3e9 active).
+[[nodiscard]] inline transformer qwen3_30b_a3b() {
+  transformer m = detail::moe_base("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 151936);
+  m.ffn = 6144;
+  m.moe = {.experts = 128, .shared_experts = 0, .top_k = 8, .expert_ffn = 768};
+  return m;
+}
+/// Qwen3-235B-A22B (`Qwen/Qwen3-235B-A22B` config.json): 94 layers, hidden 4096, 64 query heads
+/// of 128 and 4 KV heads, 128 experts of width 1536, top-8, vocabulary 151936 (235e9
+/// parameters, 22e9 active).
+[[nodiscard]] inline transformer qwen3_235b_a22b() {
+  transformer m = detail::moe_base("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 151936);
+  m.ffn = 12288;
+  m.moe = {.experts = 128, .shared_experts = 0, .top_k = 8, .expert_ffn = 1536};
+  return m;
+}
+/// GPT-OSS-120B (`openai/gpt-oss-120b` config.json): 36 layers, hidden 2880, 64 query heads of
+/// 64 and 8 KV heads, 128 experts of width 2880, top-4, vocabulary 201088; attention, expert and
+/// router GEMMs have biases (116.8e9 parameters; 5.1e9 active by OpenAI's count, which leaves
+/// out the input embedding).
+[[nodiscard]] inline transformer gpt_oss_120b() {
+  transformer m = detail::moe_base("gpt-oss-120b", 36, 2880, 64, 8, 64, 201088);
+  m.ffn = 2880;
+  m.linear_bias = true;
+  m.moe = {.experts = 128, .shared_experts = 0, .top_k = 4, .expert_ffn = 2880, .router_bias = true};
+  return m;
+}
+/// Mixtral 8x7B (`mistralai/Mixtral-8x7B-v0.1` config.json): 32 layers, hidden 4096, 32 query
+/// heads and 8 KV heads, 8 experts of width 14336, top-2, vocabulary 32000 (46.7e9 parameters,
+/// 12.9e9 active, as Mistral AI's announcement gives them).
+[[nodiscard]] inline transformer mixtral_8x7b() {
+  transformer m = detail::moe_base("mixtral-8x7b", 32, 4096, 32, 8, 0, 32000);
+  m.ffn = 14336;
+  m.moe = {.experts = 8, .shared_experts = 0, .top_k = 2, .expert_ffn = 14336};
+  return m;
+}
+
 /// Names accepted by `model_preset`.
-inline constexpr std::array<std::string_view, 7> model_preset_names = {
-    "gpt3-15b", "gpt3-44b", "gpt3-117b", "gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b"};
+inline constexpr std::array<std::string_view, 11> model_preset_names = {
+    "gpt3-15b",   "gpt3-44b",   "gpt3-117b",     "gpt3-175b",       "llama3-8b",    "llama3-70b",
+    "llama3-405b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b"};
 
 /// The preset called `name` (see `model_preset_names`). Throws `lumos::error` listing the
 /// valid names when there is none.
@@ -180,6 +329,10 @@ inline constexpr std::array<std::string_view, 7> model_preset_names = {
   if (name == "llama3-8b") return llama3_8b();
   if (name == "llama3-70b") return llama3_70b();
   if (name == "llama3-405b") return llama3_405b();
+  if (name == "qwen3-30b-a3b") return qwen3_30b_a3b();
+  if (name == "qwen3-235b-a22b") return qwen3_235b_a22b();
+  if (name == "gpt-oss-120b") return gpt_oss_120b();
+  if (name == "mixtral-8x7b") return mixtral_8x7b();
   std::string msg = "unknown model preset '" + std::string(name) + "'; valid names:";
   for (auto n : model_preset_names) {
     msg += ' ';

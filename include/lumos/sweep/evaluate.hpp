@@ -65,6 +65,7 @@ struct configuration {
   int pp = 1;
   int dp = 1;
   int vp = 1;
+  int ep = 1;  ///< expert-parallel size (MoE models)
   std::int64_t micro_batch = 1;
   synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();
   model::recompute_kind recompute = model::recompute_kind::none;
@@ -323,6 +324,16 @@ class evaluator {
     if (m.ffn % c.tp != 0) return not_divisible(m.ffn, "ffn");
     if (m.vocab % c.tp != 0) return not_divisible(m.vocab, "vocab");
     if (c.sp && c.tp > 1 && m.seq % c.tp != 0) return not_divisible(m.seq, "seq (sequence parallelism)");
+    if (c.ep != 1 || m.is_moe()) {
+      // The expert-parallel rules (parallel_config::validate_experts), as a reason.
+      try {
+        parallel_of(c).validate_experts(m);
+      } catch (const std::exception& e) {
+        r.reason = rejection::sizes;
+        detail::say(r, "%s", e.what());
+        return r;
+      }
+    }
     if (c.vp > 1 && c.pp == 1) {
       r.reason = rejection::schedule;
       detail::say(r, "vp = %d virtual chunks need pipeline parallelism (pp > 1)", c.vp);
@@ -416,6 +427,7 @@ class evaluator {
     p.pp = c.pp;
     p.dp = c.dp;
     p.vp = c.vp;
+    p.ep = c.ep;
     p.sp = c.sp;
     p.tp_comm_overlap = problem_.tp_comm_overlap && c.sp;
     p.overlap_param_gather = problem_.overlap_param_gather;

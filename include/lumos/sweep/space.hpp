@@ -22,14 +22,16 @@ struct space {
   std::vector<int> pp{1};
   std::vector<int> dp;  ///< empty: gpus / (tp·pp)
   std::vector<int> vp{1};
+  std::vector<int> ep{1};  ///< expert-parallel sizes (MoE models); each must divide dp
   std::vector<std::int64_t> micro_batch{1};
   std::vector<synth::schedule_policy> schedules{synth::policy_of<pipeline::one_f_one_b>()};
   std::vector<model::recompute_kind> recompute{model::recompute_kind::none};
   std::vector<bool> sp{false};
 };
 
-/// The configurations of `s` for `gpus` GPUs (0: no constraint), in order: tp, pp, dp, vp,
-/// micro-batch, schedule, recompute, sp — the first varying slowest. Combinations whose sizes do
+/// The configurations of `s` for `gpus` GPUs (0: no constraint), in order: tp, pp, dp, vp, ep,
+/// micro-batch, schedule, recompute, sp — the first varying slowest. An ep that does not divide
+/// dp is left out (not a layout of this dp). Combinations whose sizes do
 /// not multiply to `gpus` are left out (they are not configurations of this machine); vp > 1
 /// with a schedule that has no chunks, are kept and rejected by `validate` with their reason.
 /// sp on with tp = 1 shards nothing (the same job as sp off) and is left out when off is listed.
@@ -60,6 +62,8 @@ struct space {
         if (gpus > 0 && std::int64_t{tp} * pp * dp != gpus) continue;
         for (std::size_t ivp = 0; ivp < s.vp.size(); ++ivp) {
           if (again(s.vp, ivp)) continue;
+          for (std::size_t iep = 0; iep < s.ep.size(); ++iep) {
+          if (again(s.ep, iep) || s.ep[iep] < 1 || dp % s.ep[iep] != 0) continue;
           for (std::size_t imb = 0; imb < s.micro_batch.size(); ++imb) {
             if (again(s.micro_batch, imb)) continue;
             for (std::size_t isc = 0; isc < s.schedules.size(); ++isc) {
@@ -75,6 +79,7 @@ struct space {
                   c.pp = pp;
                   c.dp = dp;
                   c.vp = s.vp[ivp];
+                  c.ep = s.ep[iep];
                   c.micro_batch = s.micro_batch[imb];
                   c.schedule = s.schedules[isc];
                   c.recompute = s.recompute[irc];
@@ -83,6 +88,7 @@ struct space {
                 }
               }
             }
+          }
           }
         }
       }

@@ -11,6 +11,7 @@
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/comm.hpp>
 #include <lumos/model/compute.hpp>
+#include <lumos/model/moe.hpp>
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/synth/detail/direct_sink.hpp>
 #include <lumos/synth/detail/program_parts.hpp>
@@ -113,9 +114,12 @@ struct program_buffers {
   model::op_list layer_ops, embedding_ops, head_ops;
   std::vector<model::op_list> optimizer_ops;  ///< per stage
   std::vector<model::tp_collective> tp_collectives;
+  std::vector<model::moe_collective> moe_collectives;
   std::vector<std::int64_t> nodes;  ///< placement scratch
   std::array<std::vector<detail::item>, 4> layer_items, head_items, embed_items;
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2> buckets;
+  /// The routed experts' gradient buckets (reduced over the expert-data-parallel group), as `buckets`.
+  std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2> expert_buckets;
   std::vector<std::int64_t> segments;
   std::vector<time_ns> p2p_folded;
   std::vector<std::vector<std::uint8_t>> final_grad;

@@ -24,6 +24,12 @@ inline void predict_job_json(json_writer& w, const synth::job& j, const synth::p
   w.key("job").begin_object();
   w.field("model", m.name).field("layers", m.layers).field("hidden", m.hidden).field("ffn", m.ffn);
   w.field("heads", m.heads).field("kv_heads", m.kv_heads).field("seq", m.seq).field("vocab", m.vocab);
+  if (m.is_moe()) {
+    // Only for MoE models, so that a dense model's object keeps its fields.
+    w.field("experts", m.moe.experts).field("top_k", m.moe.top_k).field("expert_ffn", m.moe.expert_ffn);
+    w.field("shared_experts", m.moe.shared_experts).field("capacity_factor", m.moe.capacity_factor);
+    w.field("moe_dispatcher", model::to_string(m.moe.dispatcher)).field("ep", p.ep);
+  }
   w.field("gpu", j.hardware.name).field("precision", model::to_string(p.dtype)).field("gpus", r.gpus);
   w.field("profile", profile_name);
   w.field("tp", p.tp).field("pp", p.pp).field("dp", p.dp).field("vp", p.vp).field("sp", p.sp);
@@ -42,6 +48,7 @@ inline void predict_memory_json(json_writer& w, const synth::job& j, const synth
   w.field("stage", r.memory_stage).field("in_flight_microbatches", r.in_flight_microbatches);
   w.field("parameters", mem.parameters).field("gradients", mem.gradients).field("optimizer", mem.optimizer_states);
   w.field("activations", mem.activations + mem.io_activations + mem.recompute_working);
+  if (j.model.is_moe()) w.field("moe_dispatch_buffers", mem.moe_dispatch_buffers);
   w.field("total", mem.total());
   w.field("capacity", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity)).field("fits", mem.fits(j.hardware));
   w.end_object();

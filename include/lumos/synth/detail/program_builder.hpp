@@ -47,7 +47,7 @@ class program_builder {
   program_builder(const job& j, const program_options& opt, const Compute& compute, const Comm& comm, program_buffers& buffers)
       : m_(j.model), par_(j.parallel), hw_(j.hardware), opt_(opt), compute_(compute), comm_(comm), buf_(buffers),
         layer_items_(buffers.layer_items), head_items_(buffers.head_items), embed_items_(buffers.embed_items),
-        buckets_(buffers.buckets), p2p_folded_(buffers.p2p_folded), final_grad_(buffers.final_grad),
+        buckets_(buffers.buckets), expert_buckets_(buffers.expert_buckets), p2p_folded_(buffers.p2p_folded), final_grad_(buffers.final_grad),
         group_slot_(buffers.group_slot), groups_(buffers.groups), segments_scratch_(buffers.segments_scratch) {
     policy_ = resolve_schedule(j);
     par_.validate(m_, hw_);
@@ -72,6 +72,14 @@ class program_builder {
     collective_cpu_ = opt_.collective_cpu >= 0 ? opt_.collective_cpu : launch_cost_;
     bucket_params_ = opt_.bucket_params > 0 ? opt_.bucket_params : model::megatron_bucket_params(dp_);
     layers_per_chunk_ = static_cast<int>(par_.layers_per_chunk(m_));
+    if (m_.is_moe() && m_.moe.first_dense_layers > 0) {
+      throw error("model '" + m_.name + "': the program builder repeats one layer template, so first_dense_layers (" +
+                  std::to_string(m_.moe.first_dense_layers) + ") must be 0 to build or predict a MoE job");
+    }
+    if (m_.is_moe() && par_.zero_stage >= 2 && dp_ > 1) {
+      throw error("ZeRO stage " + std::to_string(par_.zero_stage) +
+                  " with a mixture-of-experts model is not modelled: use zero_stage 0 or 1 (the distributed optimizer)");
+    }
     if (par_.zero_stage == 3 && dp_ > 1) zero3_ = true;
   }
 
@@ -238,10 +246,12 @@ class program_builder {
   std::array<std::vector<item>, 4>& head_items_;
   std::array<std::vector<item>, 4>& embed_items_;
   std::int64_t layer_params_ = 0, head_params_ = 0, embed_params_ = 0;
+  std::int64_t expert_layer_params_ = 0;  ///< routed-expert parameters of one layer on this rank (MoE)
   // [pass_kind][first][last] → totals of a whole chunk pass.
   std::array<std::array<std::array<totals, 2>, 2>, 4> pass_totals_{};
   // [first][last] → (backward segment index closing a bucket, bucket params).
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& buckets_;
+  std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& expert_buckets_;  ///< as buckets_, routed experts
   std::array<std::array<std::int64_t, 2>, 2> chunk_params_{};
 
   // ---- p2p ----
@@ -258,8 +268,9 @@ class program_builder {
   // whole (7 GB at 2^24 ranks); the slots take 4 bytes a group.
   std::vector<std::int32_t>& group_slot_;
   std::deque<group_state>& groups_;
-  int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0;
+  int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0, edp_base_ = 0;
   model::group_placement tp_placement_;
+  std::array<model::group_placement, 3> moe_placement_{};  ///< [model::moe_group]
 
   // ---- names and pass templates: synth/detail/program_templates.hpp ----
   // Where the TP collectives of a layer sit among its ops (comm.hpp lists them; Megatron's
@@ -284,7 +295,9 @@ class program_builder {
   [[nodiscard]] static bool in_pass(const model::op_cost& o, pass_kind pk) noexcept;
   std::uint32_t note_op(const model::op_cost& o);
   item compute_item(const model::op_cost& o);
-  item comm_item(std::string_view name, model::collective c, std::int64_t bytes, std::int64_t element_bytes = 0);
+  item comm_item(std::string_view name, model::collective c, std::int64_t bytes, std::int64_t element_bytes = 0,
+                 const model::group_placement* placement = nullptr);
+  void emit_moe_collectives(const model::op_cost& o, bool after, std::vector<item>& out);
   [[nodiscard]] std::span<const hook> layer_hooks() const;
   [[nodiscard]] time_ns exposed_tp_comm(time_ns comm, time_ns gemm, overlap_kind k) const noexcept;
   [[nodiscard]] static hook_phase phase_of(const model::op_cost& o) noexcept;
@@ -298,7 +311,7 @@ class program_builder {
   [[nodiscard]] time_ns p2p_time(int s, int col) const;
 
   // ---- stage plan and process groups: synth/detail/program_groups.hpp ----
-  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd };
+  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp };
   static void keep_forwards(stage_orders& orders);
   void prepare();
   void plan_stages();
@@ -364,8 +377,9 @@ class program_builder {
                  const std::vector<std::pair<int, std::int64_t>>* buckets);
   void ensure_task(rank_state& rs);
   graph::processor_id dp_stream(rank_state& rs);
-  void reduce_gradients(rank_state& rs, std::int64_t params, graph::task_id after);
-  collective_tasks gather_parameters(rank_state& rs, std::int64_t params, graph::task_id after);
+  void reduce_gradients(rank_state& rs, std::int64_t params, graph::task_id after, bool experts = false);
+  collective_tasks gather_parameters(rank_state& rs, std::int64_t params, graph::task_id after, bool experts = false);
+  group_state& expert_dp_group(rank_state& rs);
   [[nodiscard]] time_ns p2p_duration(int sender_stage, int col) const;
   [[nodiscard]] int simulated_ranks() const noexcept { return opt_.unfold ? world_ : pp_; }
   [[nodiscard]] const std::vector<pipeline::op>& order_of(const rank_state& rs) const {

@@ -106,7 +106,8 @@ void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, boo
     return;
   }
   segments_of(pk, first, last, segments_scratch_);
-  std::size_t next_bucket = 0;
+  std::size_t next_bucket = 0, next_expert_bucket = 0;
+  const auto* expert_buckets = buckets != nullptr ? &expert_buckets_[first][last] : nullptr;
   // Layers of the chunk in model order (backward passes run them last first).
   int layers_seen = 0;
   for (std::size_t si = 0; si < segments_scratch_.size(); ++si) {
@@ -131,6 +132,13 @@ void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, boo
         reduce_gradients(rs, (*buckets)[next_bucket].second, rs.last_compute);
         ++next_bucket;
       }
+      while (next_expert_bucket < expert_buckets->size() && (*expert_buckets)[next_expert_bucket].first == static_cast<int>(si)) {
+        if (rs.last_compute == before || !rs.pending.empty()) {
+          rs.last_compute = on_compute(rs, graph::task_kind::gpu_compute, 0, n_pass_compute_[static_cast<std::size_t>(pk)]);
+        }
+        reduce_gradients(rs, (*expert_buckets)[next_expert_bucket].second, rs.last_compute, true);
+        ++next_expert_bucket;
+      }
     }
   }
   ensure_task(rs);
@@ -153,29 +161,39 @@ graph::processor_id program_builder<Compute, Comm>::dp_stream(rank_state& rs) {
   return rs.info.data_parallel;
 }
 
-// Reduction of `params` gradients that are final once `after` ends: all-reduce (no ZeRO) or
-// reduce-scatter (ZeRO ≥ 1).
+// The expert-data-parallel group of `rs` (MoE): the ranks of its stage that hold its expert shard.
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::reduce_gradients(rank_state& rs, std::int64_t params, graph::task_id after) {
-  if (dp_ <= 1 || params <= 0) return;
-  group_state& gs = cached_group(rs.dp_group, group_type::dp, rs.info.stage, rs.info.tp_index);
+group_state& program_builder<Compute, Comm>::expert_dp_group(rank_state& rs) {
+  return cached_group(rs.edp_group, group_type::edp, rs.info.stage, rs.col % (tp_ * par_.ep));
+}
+
+// Reduction of `params` gradients that are final once `after` ends: all-reduce (no ZeRO) or
+// reduce-scatter (ZeRO ≥ 1), over the data-parallel group, or for routed experts (`experts`)
+// the expert-data-parallel group.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::reduce_gradients(rank_state& rs, std::int64_t params, graph::task_id after,
+                                                      bool experts) {
+  if (params <= 0 || (experts ? par_.expert_data_parallel() : dp_) <= 1) return;
+  group_state& gs = experts ? expert_dp_group(rs) : cached_group(rs.dp_group, group_type::dp, rs.info.stage, rs.info.tp_index);
   const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.grad_reduce_bytes);
   const model::collective kind = par_.zero_stage >= 1 ? model::collective::reduce_scatter : model::collective::all_reduce;
   const time_ns d = comm_.collective_time({kind, bytes, gs.placement}, hw_);
-  const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_dp, collective_kind_name(kind), bytes, d,
+  const collective_tasks c = collective(rs, dp_stream(rs), gs, experts ? rs.seq_edp : rs.seq_dp, collective_kind_name(kind), bytes, d,
                                         par_.zero_stage >= 1 ? n_grad_rs_ : n_grad_ar_, 1, -1, -1,
                                         static_cast<std::int64_t>(opt_.grad_reduce_bytes), after);
   rs.last_dp = c.complete;
 }
 
-// ZeRO all-gather of `params` parameters on the data-parallel stream.
+// ZeRO all-gather of `params` parameters on the data-parallel stream (routed experts: over the
+// expert-data-parallel group; nothing to gather when it has one rank).
 template <model::ComputeModel Compute, model::CommModel Comm>
 auto program_builder<Compute, Comm>::gather_parameters(rank_state& rs, std::int64_t params,
-                                                       graph::task_id after) -> collective_tasks {
-  group_state& gs = cached_group(rs.dp_group, group_type::dp, rs.info.stage, rs.info.tp_index);
+                                                       graph::task_id after, bool experts) -> collective_tasks {
+  if (experts && par_.expert_data_parallel() <= 1) return {};
+  group_state& gs = experts ? expert_dp_group(rs) : cached_group(rs.dp_group, group_type::dp, rs.info.stage, rs.info.tp_index);
   const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.param_gather_bytes);
   const time_ns d = comm_.collective_time({model::collective::all_gather, bytes, gs.placement}, hw_);
-  const collective_tasks c = collective(rs, dp_stream(rs), gs, rs.seq_dp, "allgather", bytes, d, n_param_ag_, 1, -1, -1,
+  const collective_tasks c = collective(rs, dp_stream(rs), gs, experts ? rs.seq_edp : rs.seq_dp, "allgather", bytes, d, n_param_ag_, 1, -1, -1,
                                         static_cast<std::int64_t>(opt_.param_gather_bytes), after);
   rs.last_dp = c.complete;
   return c;
@@ -252,6 +270,11 @@ void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
       for (auto b = bs.rbegin(); b != bs.rend(); ++b) {
         rs.all_gathered = gather_parameters(rs, b->second, graph::no_task).complete;
         if (rs.first_gathered == graph::no_task) rs.first_gathered = rs.all_gathered;
+      }
+      const auto& xs = expert_buckets_[f][l];
+      for (auto b = xs.rbegin(); b != xs.rend(); ++b) {
+        const graph::task_id t = gather_parameters(rs, b->second, graph::no_task, true).complete;
+        if (t != graph::no_task) rs.all_gathered = t;
       }
     }
   }
@@ -379,6 +402,10 @@ void program_builder<Compute, Comm>::end_rank(rank_state& rs) {
         reduce_gradients(rs, b.second, after);
         after = graph::no_task;
       }
+      for (const auto& b : expert_buckets_[first][last]) {
+        reduce_gradients(rs, b.second, after, true);
+        after = graph::no_task;
+      }
     }
   }
   if (opt_.forward_only) {
@@ -440,6 +467,10 @@ void program_builder<Compute, Comm>::optimizer_step(rank_state& rs) {
       const auto [first, last] = chunk_role(s, order[i]);
       for (const auto& b : buckets_[first][last]) {
         (void)gather_parameters(rs, b.second, after);
+        after = graph::no_task;
+      }
+      for (const auto& b : expert_buckets_[first][last]) {
+        (void)gather_parameters(rs, b.second, after, true);
         after = graph::no_task;
       }
     }

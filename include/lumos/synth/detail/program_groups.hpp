@@ -163,8 +163,9 @@ void program_builder<Compute, Comm>::build_groups() {
   grad_base_ = act_base_ + pp_ * tp_ * dp_;
   norm_base_ = grad_base_ + pp_ * tp_ * dp_;
   embd_base_ = norm_base_ + dp_;
+  edp_base_ = embd_base_ + tp_ * dp_;  // expert-data-parallel: pp·tp·ep groups (MoE only)
   buf_.groups_used = 0;
-  group_slot_.assign(static_cast<std::size_t>(embd_base_ + tp_ * dp_), -1);
+  group_slot_.assign(static_cast<std::size_t>(edp_base_ + (m_.is_moe() ? pp_ * tp_ * par_.ep : 0)), -1);
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -177,6 +178,7 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
     case group_type::grad: id = grad_base_ + a * tp_ * dp_ + b; break;
     case group_type::norm: id = norm_base_ + (par_.zero_stage >= 1 ? 0 : a); break;  // a = dp index
     case group_type::embd: id = embd_base_ + a; break;                // a = column
+    case group_type::edp: id = edp_base_ + a * tp_ * par_.ep + b; break;  // a = stage, b = column mod tp·ep
   }
   std::int32_t& slot = group_slot_[static_cast<std::size_t>(id)];
   if (slot < 0) {
@@ -239,6 +241,13 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
         }
         gs.participants = opt_.unfold ? tp_ * pp_ : pp_;
       }
+      break;
+    case group_type::edp:
+      // The ranks holding the same expert shard: columns b, b + tp·ep, b + 2·tp·ep, ...
+      gs.type = comm_group::expert_dp;
+      if (named) gs.name = "edp." + std::to_string(a) + "." + std::to_string(b);
+      for (int c = b; c < tp_ * dp_; c += tp_ * par_.ep) gs.ranks.push_back(global_rank(a, c));
+      gs.participants = opt_.unfold ? par_.expert_data_parallel() : 1;
       break;
     case group_type::embd:
       gs.type = comm_group::embedding;

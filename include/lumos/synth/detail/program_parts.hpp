@@ -232,7 +232,7 @@ class task_list {
 struct rank_state {
   simulated_rank info;
   std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
-  std::int64_t seq_norm = 0, seq_embd = 0;
+  std::int64_t seq_norm = 0, seq_embd = 0, seq_edp = 0;
   task_list pending;  ///< start edges into the next compute-stream task
   task_list waits;    ///< host waits folded into the next CPU task (compiled)
   graph::task_id last_compute = graph::no_task;
@@ -275,6 +275,7 @@ struct rank_state {
   // The rank's groups, found once.
   group_state* tp_group = nullptr;
   group_state* dp_group = nullptr;
+  group_state* edp_group = nullptr;  ///< expert-data-parallel (MoE)
   group_state* act_in = nullptr;
   group_state* act_out = nullptr;
   group_state* grad_in = nullptr;
@@ -283,7 +284,7 @@ struct rank_state {
   /// Ready for another rank, keeping the capacity of its lists.
   void reset() {
     info = {};
-    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = 0;
+    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = 0;
     pending.clear();
     waits.clear();
     last_compute = last_dp = graph::no_task;
@@ -299,7 +300,7 @@ struct rank_state {
     first_gathered = all_gathered = graph::no_task;
     prefetched = {};
     posted = {};
-    tp_group = dp_group = act_in = act_out = grad_in = grad_out = nullptr;
+    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = nullptr;
   }
 };
 

@@ -100,14 +100,14 @@ item program_builder<Compute, Comm>::compute_item(const model::op_cost& o) {
 
 template <model::ComputeModel Compute, model::CommModel Comm>
 item program_builder<Compute, Comm>::comm_item(std::string_view name, model::collective c, std::int64_t bytes,
-                                               std::int64_t element_bytes) {
+                                               std::int64_t element_bytes, const model::group_placement* placement) {
   item i;
   i.comm = true;
   i.element_bytes = element_bytes > 0 ? element_bytes : static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
   i.name = opt_.names ? intern(name) : n_unnamed_;
   i.kind = c;
   i.bytes = bytes;
-  i.duration = comm_.collective_time({c, bytes, tp_placement_}, hw_);
+  i.duration = comm_.collective_time({c, bytes, placement != nullptr ? *placement : tp_placement_}, hw_);
   i.cpu = collective_cpu_;
   return i;
 }
@@ -160,6 +160,32 @@ auto program_builder<Compute, Comm>::phase_of(const model::op_cost& o) noexcept 
   return o.phase == model::op_phase::backward_weight ? hook_phase::wgrad : hook_phase::dgrad;
 }
 
+// The token-dispatch collectives of a MoE layer around its permutation and unpermutation
+// (model::moe_layer_collectives lists them with their positions), timed over their own group's
+// placement. They are items on the compute stream like the TP collectives: nothing in the
+// layer can run while its tokens travel. Joined like them over the TP group in an unfolded
+// build (every rank of an EP group runs the same layer at the same point, so its peers arrive
+// together); in a folded build the model's time over the EP group's placement is the whole of it.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::emit_moe_collectives(const model::op_cost& o, bool after, std::vector<item>& out) {
+  using H = model::moe_hook;
+  const bool permute = o.role == model::op_role::moe_permute, unpermute = o.role == model::op_role::moe_unpermute;
+  if (!permute && !unpermute) return;
+  const hook_phase ph = phase_of(o);
+  if (ph == hook_phase::wgrad) return;
+  H want{};
+  if (ph == hook_phase::fwd) {
+    want = permute ? (after ? H::after_permute : H::before_permute) : (after ? H::after_unpermute : H::before_unpermute);
+  } else {
+    want = permute ? (after ? H::after_permute_grad : H::before_permute_grad)
+                   : (after ? H::after_unpermute_grad : H::before_unpermute_grad);
+  }
+  for (const model::moe_collective& c : buf_.moe_collectives) {
+    if (c.hook != want) continue;
+    out.push_back(comm_item(c.name, c.kind, c.bytes, 0, &moe_placement_[static_cast<std::size_t>(c.group)]));
+  }
+}
+
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
   const std::vector<model::tp_collective>& collectives = buf_.tp_collectives;
@@ -179,7 +205,9 @@ void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, p
   for (const model::op_cost& o : ops.ops) {
     if (!in_pass(o, pk)) continue;
     emit_hooks(o, false);
+    emit_moe_collectives(o, false, out);
     out.push_back(compute_item(o));
+    emit_moe_collectives(o, true, out);
     emit_hooks(o, true);
   }
 }
@@ -240,6 +268,12 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::build_templates() {
   tp_placement_ = model::tensor_parallel_group(par_, hw_);
   model::tensor_parallel_layer_collectives(m_, par_, buf_.tp_collectives);
+  model::moe_layer_collectives(m_, par_, buf_.moe_collectives);
+  if (m_.is_moe()) {
+    for (const model::moe_group g : {model::moe_group::ep, model::moe_group::tp, model::moe_group::ep_tp}) {
+      moe_placement_[static_cast<std::size_t>(g)] = model::moe_group_placement(g, par_, hw_);
+    }
+  }
   layer_ops(compute_, m_, par_, hw_, buf_.layer_ops);
   embedding_ops(compute_, m_, par_, hw_, buf_.embedding_ops);
   head_ops(compute_, m_, par_, hw_, buf_.head_ops);
@@ -249,7 +283,10 @@ void program_builder<Compute, Comm>::build_templates() {
     embed_template(buf_.embedding_ops, pk, embed_items_[k]);
     head_template(buf_.head_ops, pk, head_items_[k]);
   }
-  layer_params_ = model::layer_parameters_per_rank(m_, tp_);
+  // A MoE layer's dense part (attention, router, shared experts) is reduced over the
+  // data-parallel group, its routed experts over the expert-data-parallel group.
+  layer_params_ = m_.is_moe() ? model::moe_layer_dense_parameters_per_rank(m_, tp_) : model::layer_parameters_per_rank(m_, tp_);
+  expert_layer_params_ = model::moe_layer_expert_parameters_per_rank(m_, tp_, par_.ep);
   embed_params_ = m_.vocab * m_.hidden / tp_ + (m_.position == model::position_kind::learned ? m_.seq * m_.hidden : 0);
   head_params_ = model::norm_parameter_count(m_) + ((!m_.tied_embeddings || pp_ > 1) ? m_.vocab * m_.hidden / tp_ : 0);
 
@@ -281,6 +318,10 @@ void program_builder<Compute, Comm>::build_templates() {
       model::gradient_buckets(segments, bucket_params_, buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)]);
       chunk_params_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] =
           std::accumulate(segments.begin(), segments.end(), std::int64_t{0});
+      // The experts' buckets over the same segments (none in the head and the embedding).
+      for (std::int64_t& seg : segments) seg = 0;
+      for (int l = 0; l < layers_per_chunk_; ++l) segments[static_cast<std::size_t>(last + l)] = expert_layer_params_;
+      model::gradient_buckets(segments, bucket_params_, expert_buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)]);
     }
   }
   // One op list per stage, the lists of earlier builds kept for their capacity.

@@ -1,0 +1,140 @@
+#pragma once
+// Mixture-of-experts layer shapes on one rank (tokens routed, token copies its experts compute,
+// grouped-GEMM sizes) and the token-dispatch collectives of one MoE layer, for the compute
+// models (compute.hpp, kernel_costs.hpp), the program builder and the memory model.
+
+#include <lumos/model/comm.hpp>
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/memory.hpp>
+#include <lumos/model/parallel.hpp>
+#include <lumos/model/transformer.hpp>
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace lumos::model {
+
+/// The sizes of one MoE layer on one rank for one micro-batch of T = b s tokens, t = tp,
+/// balanced routing (every expert receives the same share; what the Megatron-Bridge
+/// benchmarks force). See `expert_token_factor` (memory.hpp) for the derivation of `copies`.
+struct moe_layer_shape {
+  double tokens = 0;         ///< tokens the rank's router sees: T / t (its sequence shard), T when t = 1
+  double routed = 0;         ///< token copies the rank sends to experts: tokens x top_k x capacity
+  double copies = 0;         ///< token copies the rank's experts compute: T x top_k x capacity
+  double local_experts = 0;  ///< routed experts on the rank: experts / ep
+  double rows = 0;           ///< rows of each expert's GEMMs: copies / local_experts
+  double width = 0;          ///< each expert's FFN slice: expert_ffn / t
+  double shared_width = 0;   ///< the shared experts' FFN slice: shared_experts x expert_ffn / t
+  /// Model FLOPs per executed FLOP of the expert GEMMs: 1 / capacity factor (padding is not
+  /// useful work, dropped tokens are not done), 1 when dropless.
+  double model_fraction = 1;
+};
+
+/// The shape of one MoE layer of `m` under `par`. Precondition: `m.is_moe()` and `par` validates.
+[[nodiscard]] constexpr moe_layer_shape moe_shape(const transformer& m, const parallel_config& par) noexcept {
+  moe_layer_shape x;
+  const double t = par.tp;
+  const double T = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch);
+  const double factor = expert_token_factor(m);
+  x.tokens = par.sequence_parallel() ? T / t : T;
+  x.routed = x.tokens * factor;
+  x.copies = T * factor;
+  x.local_experts = static_cast<double>(m.moe.experts / par.ep);
+  x.rows = x.copies / x.local_experts;
+  x.width = static_cast<double>(m.moe.expert_ffn) / t;
+  x.shared_width = static_cast<double>(m.moe.shared_experts * m.moe.expert_ffn) / t;
+  x.model_fraction = m.moe.capacity_factor > 0 ? 1.0 / m.moe.capacity_factor : 1.0;
+  return x;
+}
+
+/// The group a token-dispatch collective runs over: the expert-parallel group (ep ranks,
+/// stride tp), the tensor-parallel group (expert tensor parallelism), or both together (ep x tp
+/// consecutive ranks: the allgather dispatcher's group).
+enum class moe_group : std::uint8_t { ep, tp, ep_tp };
+
+/// Where a dispatch collective sits in the MoE layer's ops (see `moe_layer_collectives`).
+enum class moe_hook : std::uint8_t {
+  after_permute,     ///< forward, after the permutation (alltoall dispatch)
+  before_permute,    ///< forward, before the permutation (allgather dispatch)
+  before_unpermute,  ///< forward, before the unpermutation (alltoall combine)
+  after_unpermute,   ///< forward, after the unpermutation (allgather combine)
+  after_unpermute_grad,   ///< backward, after the unpermutation's gradient
+  before_unpermute_grad,  ///< backward, before it (allgather)
+  before_permute_grad,    ///< backward, before the permutation's gradient
+  after_permute_grad,     ///< backward, after it (allgather)
+};
+
+/// One token-dispatch collective of a MoE layer per micro-batch.
+struct moe_collective {
+  std::string_view name;
+  collective kind;
+  std::int64_t bytes;  ///< nccl-tests convention (comm.hpp `collective`)
+  moe_group group;
+  moe_hook hook;
+};
+
+/// The dispatch collectives of one MoE layer in execution order, forward then backward
+/// (Megatron's token dispatchers):
+///  - alltoall: forward, after the permutation, the all-to-all dispatch over the EP group (each
+///    rank's `routed` copies, h wide) and, with tp > 1, the all-gather of the received copies
+///    over the TP group (expert tensor parallelism); before the unpermutation their reverse
+///    (reduce-scatter, all-to-all combine). Backward mirrors them: after the unpermutation's
+///    gradient the all-to-all and the all-gather, before the permutation's gradient the
+///    reduce-scatter and the all-to-all. Empty when ep = 1 and tp = 1.
+///  - allgather: the tokens (not their copies) all-gathered over the EP x TP group before the
+///    permutation, the outputs reduce-scattered after the unpermutation; backward the reverse.
+///    Empty when ep x tp = 1.
+/// Full recomputation repeats the forward ones in backward; callers add them. Into `out`
+/// (overwritten). Precondition: `m.is_moe()` (else `out` is empty).
+inline void moe_layer_collectives(const transformer& m, const parallel_config& par, std::vector<moe_collective>& out) {
+  out.clear();
+  if (!m.is_moe()) return;
+  const moe_layer_shape x = moe_shape(m, par);
+  const double row = static_cast<double>(m.hidden) * activation_bytes(par.dtype);
+  using C = collective;
+  using H = moe_hook;
+  if (m.moe.dispatcher == moe_dispatcher::allgather) {
+    if (std::int64_t{par.ep} * par.tp <= 1) return;
+    const auto gathered = static_cast<std::int64_t>(x.tokens * row * par.ep * par.tp);
+    out.push_back({"moe_dispatch_all_gather", C::all_gather, gathered, moe_group::ep_tp, H::before_permute});
+    out.push_back({"moe_combine_reduce_scatter", C::reduce_scatter, gathered, moe_group::ep_tp, H::after_unpermute});
+    out.push_back({"moe_combine_grad_all_gather", C::all_gather, gathered, moe_group::ep_tp, H::before_unpermute_grad});
+    out.push_back({"moe_dispatch_grad_reduce_scatter", C::reduce_scatter, gathered, moe_group::ep_tp, H::after_permute_grad});
+    return;
+  }
+  const auto sent = static_cast<std::int64_t>(x.routed * row);
+  const auto gathered = static_cast<std::int64_t>(x.copies * row);
+  const bool ep = par.ep > 1, tp = par.tp > 1;
+  if (ep) out.push_back({"moe_dispatch_all_to_all", C::all_to_all, sent, moe_group::ep, H::after_permute});
+  if (tp) out.push_back({"moe_dispatch_tp_all_gather", C::all_gather, gathered, moe_group::tp, H::after_permute});
+  if (tp) out.push_back({"moe_combine_tp_reduce_scatter", C::reduce_scatter, gathered, moe_group::tp, H::before_unpermute});
+  if (ep) out.push_back({"moe_combine_all_to_all", C::all_to_all, sent, moe_group::ep, H::before_unpermute});
+  if (ep) out.push_back({"moe_combine_grad_all_to_all", C::all_to_all, sent, moe_group::ep, H::after_unpermute_grad});
+  if (tp) out.push_back({"moe_combine_grad_tp_all_gather", C::all_gather, gathered, moe_group::tp, H::after_unpermute_grad});
+  if (tp) out.push_back({"moe_dispatch_grad_tp_reduce_scatter", C::reduce_scatter, gathered, moe_group::tp, H::before_permute_grad});
+  if (ep) out.push_back({"moe_dispatch_grad_all_to_all", C::all_to_all, sent, moe_group::ep, H::before_permute_grad});
+}
+
+/// Placement of an expert-parallel group: ep data-parallel ranks, stride tp. O(ep).
+[[nodiscard]] inline group_placement expert_parallel_group(const parallel_config& par, const hardware& hw) {
+  return detail::place(0, par.tp, par.ep, hw);
+}
+
+/// Placement of an expert-data-parallel group (the replicas of one expert shard): dp / ep
+/// ranks, stride tp x ep. O(dp / ep).
+[[nodiscard]] inline group_placement expert_data_parallel_group(const parallel_config& par, const hardware& hw) {
+  return detail::place(0, std::int64_t{par.tp} * par.ep, par.expert_data_parallel(), hw);
+}
+
+/// Placement of the group `g` of `par`.
+[[nodiscard]] inline group_placement moe_group_placement(moe_group g, const parallel_config& par, const hardware& hw) {
+  switch (g) {
+    case moe_group::ep: return expert_parallel_group(par, hw);
+    case moe_group::tp: return tensor_parallel_group(par, hw);
+    case moe_group::ep_tp: return detail::place(0, 1, std::int64_t{par.tp} * par.ep, hw);
+  }
+  return {};
+}
+
+}  // namespace lumos::model
