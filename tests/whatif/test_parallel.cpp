@@ -220,11 +220,7 @@ TEST_CASE("a traced collective's element size from its NCCL kernel's name", "[wh
 }
 
 TEST_CASE("whatif --dp on the DLRM trace: identity, and DP x2 scales the gradient all-reduces", "[whatif][dp][traces]") {
-  const auto traces = lumos_test::trace_dir();
-  if (traces.empty()) {
-    WARN("shared traces not found: skipped");
-    return;
-  }
+  LUMOS_REQUIRE_TRACES(traces);
   const trace::job job = trace::load_job({traces / "param_dlrm_8xV100"});
   whatif::whatif_options o;
   o.dp = 8;
