@@ -91,9 +91,19 @@ def step_json(lumos, args):
     return [json.loads(run([lumos, *args, "--step", str(s), "--json"])) for s in STEPS]
 
 
+_replays = {}
+
+
+def replays(lumos, name):
+    """`lumos replay --step S --json` of each recorded step of a trace, unchanged (read once)."""
+    if name not in _replays:
+        _replays[name] = step_json(lumos, ["replay", trace(name)])
+    return _replays[name]
+
+
 def measured_steps_ms(lumos, name):
     """Measured step of a trace (lumos's window of each ProfilerStep), in ms, per recorded step."""
-    return [d["ranks"][0]["measured_ns"] / 1e6 for d in step_json(lumos, ["replay", trace(name)])]
+    return [d["ranks"][0]["measured_ns"] / 1e6 for d in replays(lumos, name)]
 
 
 _cpu_cache = {}
@@ -225,16 +235,17 @@ def summary(errs):
 
 
 def structure_problems(lumos, manifest, names):
+    """Steps that do not replay exactly, and shapes that structure discovery does not find."""
     problems = []
     for n in names:
-        for s in STEPS:
-            r = json.loads(run([lumos, "replay", trace(n), "--step", str(s), "--json"]))["ranks"][0]
+        for s, d in zip(STEPS, replays(lumos, n)):
+            r = d["ranks"][0]
             if abs(pct(r["simulated_ns"], r["measured_ns"])) > 1e-3:
                 problems.append(f"{n} step {s}: replay {r['simulated_ns']} ns, measured {r['measured_ns']} ns")
+    eager = [n for n in names if manifest[n]["mode"] == "eager"]
+    structures = POOL.map(lambda n: json.loads(run([lumos, "inspect", "--structure", "--json", trace(n)])), eager)
+    for n, found in zip(eager, structures):
         e = manifest[n]
-        if e["mode"] != "eager":
-            continue
-        found = json.loads(run([lumos, "inspect", "--structure", "--json", trace(n)]))
         model, par = found["model"], found["parallel"]
         for k, v in e["shape"].items():
             key = {"micro_batch": "micro_batch_size"}.get(k, k)
@@ -398,15 +409,13 @@ def spread_section(w, lumos, manifest, names, meas):
 
 def identity_section(w, lumos, names, figures):
     w("## Replay identity and held-out steps\n")
-    ident, held = [], []
-    for n in names:
-        for d in step_json(lumos, ["replay", trace(n)]):
-            r = d["ranks"][0]
-            ident.append(abs(pct(r["simulated_ns"], r["measured_ns"])))
-        for s, m in itertools.permutations(STEPS, 2):
-            d = json.loads(run([lumos, "replay", trace(n), "--step", str(s), "--durations-from-step", str(m), "--json"]))
-            r = d["ranks"][0]
-            held.append((n, s, m, pct(r["simulated_ns"], r["measured_ns"])))
+    ident = [abs(pct(d["ranks"][0]["simulated_ns"], d["ranks"][0]["measured_ns"])) for n in names for d in replays(lumos, n)]
+
+    def held_out(case):
+        n, s, m = case
+        r = json.loads(run([lumos, "replay", trace(n), "--step", str(s), "--durations-from-step", str(m), "--json"]))["ranks"][0]
+        return (n, s, m, pct(r["simulated_ns"], r["measured_ns"]))
+    held = list(POOL.map(held_out, [(n, s, m) for n in names for s, m in itertools.permutations(STEPS, 2)]))
     w(f"- Replay identity: {len(ident)} steps of {len(names)} traces, largest |error| {max(ident):.3f} % (exact by")
     w("  construction: kept slacks; a check of the reader and graph on real PyTorch 2.11 traces, not evidence).")
     n_, mean_held, worst_held, _ = summary([h[3] for h in held])
