@@ -345,12 +345,13 @@ def host_section(w, lumos, manifest, names):
         fit = host_factor_fit(lumos, manifest, names)
         at_fit = host_factor_errors(lumos, manifest, names, fit)
         at_preset = host_factor_errors(lumos, manifest, names, PRESET_FACTOR)
-        w(f"The framework factor these runs give (`python3 scripts/gpu_validation.py --host-factor`: the factor, in steps")
-        w(f"of 0.1, with the least mean |error| of `lumos predict` with the GPU's preset against their unprofiled step) is")
-        w(f"**{fit:.1f}** (mean |error| {statistics.mean(map(abs, at_fit)):.1f} %, worst {max(map(abs, at_fit)):.1f} %); with the")
-        w(f"presets' {PRESET_FACTOR} the same predictions are off by {statistics.mean(map(abs, at_preset)):.1f} % on average")
-        w(f"(worst {max(map(abs, at_preset)):.1f} %). The presets keep {PRESET_FACTOR}, an assumption (model/profile.hpp): these")
-        w("runs are plain PyTorch eager on one host, not Megatron-LM, and their figure is reported, not adopted.\n")
+        w("The framework factor these runs give (`python3 scripts/gpu_validation.py --host-factor`: the factor, in steps")
+        w("of 0.1, with the least mean |error| of `lumos predict` with the GPU's preset against their unprofiled step) is")
+        w(f"**{fit:.1f}** (mean |error| {statistics.mean(map(abs, at_fit)):.1f} %, worst {max(map(abs, at_fit)):.1f} %); with "
+          f"the presets' {PRESET_FACTOR} the same predictions")
+        w(f"are off by {statistics.mean(map(abs, at_preset)):.1f} % on average (worst {max(map(abs, at_preset)):.1f} %). "
+          f"The presets keep {PRESET_FACTOR}, an assumption (model/profile.hpp):")
+        w("these runs are plain PyTorch eager on one host, not Megatron-LM, and their figure is reported, not adopted.\n")
 
 
 def spread(manifest, names, meas):
@@ -379,8 +380,9 @@ def spread_text(within, runs, unprof):
 def spread_section(w, lumos, manifest, names, meas):
     within, repeats, runs, unprof = spread(manifest, names, meas)
     w("## The truth's own spread\n")
-    w(f"How much the measured step moves on its own: {spread_text(within, runs, unprof)}. A prediction cannot be")
-    w("expected to come closer to one run than the runs of one configuration come to each other.\n")
+    w("How much the measured step moves on its own:\n")
+    w(f"- {spread_text(within, runs, unprof).replace('; ', '.' + chr(10) + '- ')}.\n")
+    w("A prediction cannot be expected to come closer to one run than the runs of one configuration come to each other.\n")
     if unprof:
         w("The accumulation set (`--set h200-accum`) was recorded twice in one session; only the first run's traces")
         w("are kept. Its unprofiled step, run 1 and run 2 (`repeat_unprofiled_step_ms_median` in the manifest):\n")
