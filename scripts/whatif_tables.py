@@ -7,12 +7,16 @@ configuration B, and the prediction is compared with B simulated directly (`lumo
 with the same detail, replayed by `lumos replay`, which reproduces `synth`'s own simulation).
 A what-if flag that `lumos whatif` does not accept yet gives the row "not built yet".
 
-    scripts/whatif_tables.py [--lumos build/release/examples/lumos] [--doc docs/whatif.md] [--print]
+    scripts/whatif_tables.py [--lumos build/release/examples/lumos] [--doc docs/whatif.md] [--print | --check]
+
+--check (ctest whatif_tables) writes nothing: it fails when the document's section differs from the
+one generated now, byte for byte, or when a case is not built or misses its bound.
 
 Deterministic: the same binary gives the same section.
 """
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -151,6 +155,7 @@ CASES = [
      {"--pp": "1", "--global-batch": "2"}, {"--micro-batch": "2", "--global-batch": "8"}),
 ]
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = 3.0  # percent
 
 
@@ -183,6 +188,23 @@ CHECK_EACH = TARGET
 CHECK_MEAN = 1.5
 
 
+def markers(doc, path):
+    """(start, end) offsets of the generated section between the whatif-validation markers of `doc`."""
+    begin = re.search(r"<!-- whatif-validation:begin[^>]*-->\n", doc)
+    end = doc.find("<!-- whatif-validation:end -->")
+    if begin is None or end < 0 or end < begin.end():
+        raise SystemExit(path + ": no <!-- whatif-validation:begin ... --> / <!-- whatif-validation:end --> markers")
+    return begin.end(), end
+
+
+def current_section(path):
+    """The generated section of the document as it stands."""
+    with open(path, encoding="utf-8") as f:
+        doc = f.read()
+    begin, end = markers(doc, path)
+    return doc[begin:end]
+
+
 def ms(ns):
     return "%.3f" % (ns / 1e6)
 
@@ -190,11 +212,11 @@ def ms(ns):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lumos", default="build/release/examples/lumos", help="the lumos binary")
-    ap.add_argument("--doc", default="docs/whatif.md", help="the document whose section is replaced")
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "whatif.md"), help="the document whose section is replaced")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing the document")
     ap.add_argument("--check", action="store_true",
-                    help="the test (ctest whatif_tables): every case built, each within %g %% and the mean within "
-                         "%g %%; prints the table, writes nothing" % (CHECK_EACH, CHECK_MEAN))
+                    help="the test (ctest whatif_tables): the document's section equals the one generated now, every "
+                         "case built, each within %g %% and the mean within %g %%; writes nothing" % (CHECK_EACH, CHECK_MEAN))
     args = ap.parse_args()
     lumos = os.path.abspath(args.lumos)
     if not os.access(lumos, os.X_OK):
@@ -262,9 +284,13 @@ def main():
     ]
     section = "\n".join(lines) + "\n"
     if args.check:
-        sys.stdout.write(section)
         mean = sum(errors) / len(errors) if errors else float("inf")
         problems = []
+        have = current_section(args.doc)
+        if have != section:
+            diff = difflib.unified_diff((have or "").splitlines(), section.splitlines(), "document", "generated now", lineterm="", n=0)
+            problems.append("%s's section differs from what the script generates now (run python3 scripts/whatif_tables.py):\n  %s"
+                            % (args.doc, "\n  ".join(list(diff)[:40])))
         if built != len(CASES):
             problems.append("%d of %d cases built" % (built, len(CASES)))
         problems += wrong_model
@@ -279,11 +305,8 @@ def main():
         return
     with open(args.doc, encoding="utf-8") as f:
         doc = f.read()
-    begin = re.search(r"<!-- whatif-validation:begin[^>]*-->\n", doc)
-    end = doc.find("<!-- whatif-validation:end -->")
-    if begin is None or end < 0 or end < begin.end():
-        raise SystemExit(args.doc + ": no <!-- whatif-validation:begin ... --> / <!-- whatif-validation:end --> markers")
-    doc = doc[:begin.end()] + section + doc[end:]
+    begin, end = markers(doc, args.doc)
+    doc = doc[:begin] + section + doc[end:]
     with open(args.doc, "w", encoding="utf-8") as f:
         f.write(doc)
     sys.stdout.write(section)

@@ -14,6 +14,15 @@ The model (all times integer ns):
   max(call start + own time, awaited op end) + tail. cudaEventQuery polls repeat, spaced by a sleep,
   until one starts at or after the awaited op's end.
 
+Beyond the program, `Conditions` say how the machine behaves. By default every overhead (runtime-call
+own times, launch latencies, stream gaps, sync tails, poll spacings) is drawn once per call site and
+is the same in every run, and the launch queue is unbounded: exactly the replay's own assumptions,
+so that a replay matching this executor is an implementation check. `Conditions(run=n)` draws the
+overheads afresh for run n (the measured run and the target run then differ in them, as two real runs
+do); `Conditions(launch_queue=q)` bounds the launch queue: a launch call whose rank already has q
+launched ops not finished blocks until the oldest of them ends, as cudaLaunchKernel blocks on a full
+queue.
+
 Because every value is a function of values computed before it (a dataflow, not a clock), the
 order in which ranks and threads are advanced does not change the result: ranks that block on a
 collective whose peers have not arrived yet simply wait until the peers' threads progress."""
@@ -39,6 +48,19 @@ class Scales:
     def cli_args(self) -> list:
         return [a for k, v in (("compute", self.compute), ("comm", self.comm), ("cpu", self.cpu)) if v != 1.0
                 for a in ("--scale", f"{k}={v:g}")]
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """How the machine behaves beyond the program (see the module doc). The default keeps every
+    overhead fixed between runs and never blocks a launch."""
+    run: int | None = None           # None: overheads fixed across runs; n: drawn afresh for run n
+    launch_queue: int | None = None  # None: unbounded; q: a launch blocks while q launched ops are unfinished
+
+    def label(self) -> str:
+        parts = ([f"overheads of run {self.run}"] if self.run is not None else []) + \
+                ([f"launch queue {self.launch_queue}"] if self.launch_queue is not None else [])
+        return ", ".join(parts) or "fixed"
 
 
 @dataclass
@@ -105,14 +127,14 @@ class _Rank:
         self.external_id = 0
 
 
-def execute(job: Job, scales: Scales = Scales()) -> Execution:
-    """Runs every rank of `job` under `scales` and returns the timestamps of everything."""
-    return _Executor(job, scales).run()
+def execute(job: Job, scales: Scales = Scales(), conditions: Conditions = Conditions()) -> Execution:
+    """Runs every rank of `job` under `scales` and `conditions`; returns the timestamps of everything."""
+    return _Executor(job, scales, conditions).run()
 
 
 class _Executor:
-    def __init__(self, job: Job, scales: Scales):
-        self.job, self.scales = job, scales
+    def __init__(self, job: Job, scales: Scales, conditions: Conditions = Conditions()):
+        self.job, self.scales, self.conditions = job, scales, conditions
         self.ranks = [_Rank(i) for i in range(len(job.ranks))]
         self.unresolved: list = []
         self.comm_instances: dict = {}   # comm key -> participant ops
@@ -124,9 +146,13 @@ class _Executor:
     def compute_time(self, ns: int) -> int:
         return round(ns * self.scales.compute)
 
+    def jitter(self, key: str, lo: int, hi: int) -> int:
+        """An overhead drawn for call site `key`: the same in every run unless the conditions draw afresh."""
+        return jitter(key if self.conditions.run is None else f"{key}#run{self.conditions.run}", lo, hi)
+
     def own(self, key: str, bounds: tuple) -> int:
         """A runtime call's own (busy) time: jittered per call, then scaled by cpu."""
-        return self.cpu_time(jitter(key + "/own", *bounds))
+        return self.cpu_time(self.jitter(key + "/own", *bounds))
 
     # ---- driver -----------------------------------------------------------------------------
     def run(self) -> Execution:
@@ -198,8 +224,8 @@ class _Executor:
                 latency: int | None = None, gap: int | None = None, graph: tuple | None = None) -> GpuOp:
         s = work.stream
         op = GpuOp(work=work, launch=launch,
-                   latency=latency if latency is not None else jitter(key + "/L", *Overheads.LAUNCH_LATENCY),
-                   gap=gap if gap is not None else jitter(key + "/G", *Overheads.STREAM_GAP),
+                   latency=latency if latency is not None else self.jitter(key + "/L", *Overheads.LAUNCH_LATENCY),
+                   gap=gap if gap is not None else self.jitter(key + "/G", *Overheads.STREAM_GAP),
                    prev=rank.last_on.get(s), waits=rank.pending_waits.pop(s, []), graph=graph)
         rank.last_on[s] = op
         rank.run.gpu.append(op)
@@ -242,13 +268,17 @@ class _Executor:
                 open_ranges.pop().end = t
             elif isinstance(a, Launch):
                 ev = call(a.api, t, self.own(key, Overheads.LAUNCH_CALL))
+                q = self.conditions.launch_queue
+                if q is not None and len(rank.run.gpu) >= q:
+                    # A full queue: the call returns once the oldest of the last q launched ops is done.
+                    ev.end = max(ev.end, (yield rank.run.gpu[-q]))
                 self.enqueue(rank, a.work, ev, key)
                 t = ev.end
             elif isinstance(a, GraphLaunch):
                 ev = call("cudaGraphLaunch", t, self.own(key, Overheads.GRAPH_CALL))
-                latency = jitter(key + "/L", *Overheads.LAUNCH_LATENCY)
+                latency = self.jitter(key + "/L", *Overheads.LAUNCH_LATENCY)
                 for n, k in enumerate(a.kernels):
-                    gap = None if n == 0 else jitter(f"{key}/node{n}", *Overheads.GRAPH_NODE_GAP)
+                    gap = None if n == 0 else self.jitter(f"{key}/node{n}", *Overheads.GRAPH_NODE_GAP)
                     self.enqueue(rank, k, ev, f"{key}/{n}", latency=latency, gap=gap, graph=(a.graph_id, n + 1))
                 t = ev.end
             elif isinstance(a, EventRecord):
@@ -270,13 +300,13 @@ class _Executor:
                 ready = ev.end
                 for op in awaited:
                     ready = max(ready, (yield op))
-                ev.end = ready + jitter(key + "/tail", *Overheads.SYNC_TAIL)
+                ev.end = ready + self.jitter(key + "/tail", *Overheads.SYNC_TAIL)
                 t = ev.end
             elif isinstance(a, BlockingMemcpy):
                 ev = call("cudaMemcpy", t, self.own(key, Overheads.LAUNCH_CALL))
                 op = self.enqueue(rank, a.work, ev, key)
                 done = yield op
-                ev.end = max(ev.end, done) + jitter(key + "/tail", *Overheads.SYNC_TAIL)
+                ev.end = max(ev.end, done) + self.jitter(key + "/tail", *Overheads.SYNC_TAIL)
                 t = ev.end
             elif isinstance(a, EventPoll):
                 rec = rank.events[a.event]
@@ -289,7 +319,7 @@ class _Executor:
                     if ev.start >= ready:
                         t = ev.end
                         break
-                    t = ev.end + jitter(f"{key}/{n}/sleep", *Overheads.POLL_SPACING)
+                    t = ev.end + self.jitter(f"{key}/{n}/sleep", *Overheads.POLL_SPACING)
                     n += 1
             else:
                 raise TypeError(f"unknown action {a!r}")

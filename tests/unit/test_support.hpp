@@ -91,17 +91,23 @@ class temp_dir {
 
 inline std::filesystem::path data_dir() { return LUMOS_TEST_DATA_DIR; }
 
-/// The shared real traces: $LUMOS_TRACE_DIR, else the configured default (../shared/traces).
-/// Empty when absent; `require_traces()` decides whether that is a skip or a failure.
-inline std::filesystem::path trace_dir() {
-  const char* env = std::getenv("LUMOS_TRACE_DIR");
-  std::filesystem::path p = env != nullptr && *env != '\0' ? env : LUMOS_DEFAULT_TRACE_DIR;
-  return std::filesystem::is_directory(p) ? p : std::filesystem::path{};
-}
-
+/// Whether the tests run under CI (CI=true), where a missing input is a failure, not a skip.
 inline bool running_in_ci() {
   const char* ci = std::getenv("CI");
   return ci != nullptr && std::string(ci) == "true";
+}
+
+/// The shared real traces: $LUMOS_TRACE_DIR, else the configured default (../shared/traces).
+/// Empty when absent, so that a local run without them skips what needs them; under CI=true a
+/// missing directory throws instead, which fails the calling test: CI must never pass a test
+/// that silently left out the traces it exists for. Every test reaches the traces through here.
+inline std::filesystem::path trace_dir() {
+  const char* env = std::getenv("LUMOS_TRACE_DIR");
+  std::filesystem::path p = env != nullptr && *env != '\0' ? env : LUMOS_DEFAULT_TRACE_DIR;
+  if (std::filesystem::is_directory(p)) return p;
+  if (running_in_ci())
+    throw std::runtime_error("shared traces not found at " + p.string() + " and CI=true (set LUMOS_TRACE_DIR)");
+  return {};
 }
 
 #ifdef LUMOS_CLI_PATH
@@ -132,12 +138,11 @@ inline cli_result run_cli(const std::string& args) {
 
 }  // namespace lumos_test
 
-/// In a test case: returns early (with a message) when the shared traces are missing, or
-/// fails when CI=true. Expands to `const auto traces = ...`.
-#define LUMOS_REQUIRE_TRACES(traces)                                                       \
-  const std::filesystem::path traces = lumos_test::trace_dir();                            \
-  if (traces.empty()) {                                                                     \
-    if (lumos_test::running_in_ci()) FAIL("shared traces not found (set LUMOS_TRACE_DIR)");  \
-    WARN("shared traces not found: set LUMOS_TRACE_DIR; skipping");                         \
-    return;                                                                                 \
+/// In a test case: returns early (with a message) when the shared traces are missing; under
+/// CI=true `trace_dir()` has already failed the test. Expands to `const auto traces = ...`.
+#define LUMOS_REQUIRE_TRACES(traces)                                \
+  const std::filesystem::path traces = lumos_test::trace_dir();     \
+  if (traces.empty()) {                                              \
+    WARN("shared traces not found: set LUMOS_TRACE_DIR; skipping"); \
+    return;                                                          \
   }

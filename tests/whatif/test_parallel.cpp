@@ -220,11 +220,7 @@ TEST_CASE("a traced collective's element size from its NCCL kernel's name", "[wh
 }
 
 TEST_CASE("whatif --dp on the DLRM trace: identity, and DP x2 scales the gradient all-reduces", "[whatif][dp][traces]") {
-  const auto traces = lumos_test::trace_dir();
-  if (traces.empty()) {
-    WARN("shared traces not found: skipped");
-    return;
-  }
+  LUMOS_REQUIRE_TRACES(traces);
   const trace::job job = trace::load_job({traces / "param_dlrm_8xV100"});
   whatif::whatif_options o;
   o.dp = 8;
@@ -269,25 +265,40 @@ TEST_CASE("whatif --dp on the DLRM trace: identity, and DP x2 scales the gradien
 
 TEST_CASE("whatif --global-batch on recorded PyTorch runs: micro-batches per step against the runs that did them",
           "[whatif][dp][gpu]") {
-  // tests/data/gpu/h200-acc*: one GPT recorded with 1, 2 and 4 micro-batches per step (gradient
-  // accumulation). PyTorch's autograd thread launches each backward's loss and head gradients
-  // before its first layer, so a period bounded by the layers splits launches from their kernels
-  // (a cycle). Step 3 of each, against the step 3 the target run measured.
-  auto measured = [](const char* name) {
+  // tests/data/gpu/GPU-acc*: one GPT recorded with 1, 2 and 4 micro-batches per step (gradient
+  // accumulation) on each GPU. PyTorch's autograd thread launches each backward's loss and head
+  // gradients before its first layer, so a period bounded by the layers splits launches from their
+  // kernels (a cycle). Every ordered pair of each GPU's set: the last step of A rewritten to B's
+  // micro-batches, against the last step B measured.
+  //
+  // A regression gate, not a target: the bounds are the errors measured when the gate was set
+  // (mean 4.4 %, worst +14.9 %, H100 1 -> 4) plus a small margin. The issue's targets for the
+  // real-run tables (mean 7 %, worst 20 %) are stated and tracked in docs/validation.md.
+  auto measured = [](const std::string& name) {
     return static_cast<double>(report::replay_job(trace::load_job({lumos_test::data_dir() / "gpu" / name}), {}).measured_ns);
   };
-  struct pair_case {
-    const char* from;
-    std::int64_t global_batch;
-    const char* truth;
-  };
-  for (const pair_case c : {pair_case{"h200-acc1", 8, "h200-acc2"}, pair_case{"h200-acc2", 16, "h200-acc4"},
-                            pair_case{"h200-acc4", 4, "h200-acc1"}}) {
-    INFO(c.from << " --global-batch " << c.global_batch << " against " << c.truth);
-    whatif::whatif_options o;
-    o.global_batch = c.global_batch;
-    const auto r = whatif::run_whatif(trace::load_job({lumos_test::data_dir() / "gpu" / c.from}), o);
-    const double err = (static_cast<double>(r.predicted.simulated_ns) - measured(c.truth)) / measured(c.truth);
-    CHECK(std::abs(err) < 0.08);
+  double sum = 0;
+  double worst = 0;
+  int pairs = 0;
+  for (const std::string gpu : {"h100", "h200"}) {
+    for (const int from : {1, 2, 4}) {
+      for (const int to : {1, 2, 4}) {
+        if (from == to) continue;
+        const std::string a = gpu + "-acc" + std::to_string(from);
+        const std::string b = gpu + "-acc" + std::to_string(to);
+        whatif::whatif_options o;
+        o.global_batch = 4 * to;  // micro-batch 4
+        const auto r = whatif::run_whatif(trace::load_job({lumos_test::data_dir() / "gpu" / a}), o);
+        const double err = (static_cast<double>(r.predicted.simulated_ns) - measured(b)) / measured(b);
+        INFO(a << " --global-batch " << 4 * to << " against " << b << ": " << 100 * err << " %");
+        CHECK(std::abs(err) < 0.16);
+        sum += std::abs(err);
+        worst = std::max(worst, std::abs(err));
+        ++pairs;
+      }
+    }
   }
+  INFO("mean |error| " << 100 * sum / pairs << " %, worst " << 100 * worst << " % over " << pairs << " pairs");
+  CHECK(pairs == 12);
+  CHECK(sum / pairs < 0.05);
 }

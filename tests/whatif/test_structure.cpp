@@ -213,11 +213,7 @@ TEST_CASE("an order several schedules share, or none gives, is reported, not gue
 TEST_CASE("every fact of the shared traces' structure is known or says why not", "[whatif][structure][traces]") {
   // The timesformer trace once said "heads: unknown []" (attention found, its micro-batch not):
   // a user told to supply --heads was not told why.
-  const auto traces = lumos_test::trace_dir();
-  if (traces.empty()) {
-    WARN("shared traces not found: skipped");
-    return;
-  }
+  LUMOS_REQUIRE_TRACES(traces);
   std::vector<fs::path> inputs = {traces / "astra-sim_megatron-gpt-tp8_8xA100", traces / "param_dlrm_8xV100"};
   for (const auto& e : fs::directory_iterator(traces / "tracelens_H100_B200")) inputs.push_back(e.path());
   std::sort(inputs.begin(), inputs.end());
@@ -246,11 +242,7 @@ TEST_CASE("every fact of the shared traces' structure is known or says why not",
 
 TEST_CASE("Megatron GPT TP8: 40 layers, hidden 4096, seq 2048, micro-batch 4, fp16, TP 8, forward only",
           "[whatif][structure][traces]") {
-  const auto traces = lumos_test::trace_dir();
-  if (traces.empty()) {
-    WARN("shared traces not found: skipped");
-    return;
-  }
+  LUMOS_REQUIRE_TRACES(traces);
   const auto d = discover(traces / "astra-sim_megatron-gpt-tp8_8xA100");
   const auto& st = d.st;
   CHECK(st.parallel.world.value == 8);
@@ -285,11 +277,7 @@ TEST_CASE("Megatron GPT TP8: 40 layers, hidden 4096, seq 2048, micro-batch 4, fp
 }
 
 TEST_CASE("DLRM 8xV100: DP 8 with all-reduce buckets, all-to-all, no transformer layers", "[whatif][structure][traces]") {
-  const auto traces = lumos_test::trace_dir();
-  if (traces.empty()) {
-    WARN("shared traces not found: skipped");
-    return;
-  }
+  LUMOS_REQUIRE_TRACES(traces);
   const auto d = discover(traces / "param_dlrm_8xV100");
   const auto& st = d.st;
   CHECK(st.parallel.world.value == 8);
@@ -320,11 +308,7 @@ TEST_CASE("DLRM 8xV100: DP 8 with all-reduce buckets, all-to-all, no transformer
 }
 
 TEST_CASE("single-rank HTA DDP trace: the data-parallel group from its collective args", "[whatif][structure][traces]") {
-  const auto traces = lumos_test::trace_dir();
-  if (traces.empty()) {
-    WARN("shared traces not found: skipped");
-    return;
-  }
+  LUMOS_REQUIRE_TRACES(traces);
   const auto d = discover(traces / "hta_testdata/nccl_parser_config/nccl_data.json.gz");
   const auto* dp = group_with(d.st, whatif::group_role::dp);
   REQUIRE(dp != nullptr);

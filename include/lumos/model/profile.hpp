@@ -295,12 +295,15 @@ inline void common_host(cost_profile& p) {
   // Framework time (per forward op, per autograd node, per layer's kernel-less glue, per
   // collective enqueue) is one structure — the usual un-profiled PyTorch eager figures: tens of
   // us per module call, ~10 us per autograd node, ~18 kernel-less ops per layer forward at ~8 us,
-  // ~30 us per c10d enqueue — times one factor, 2.5, fitted to the one measured host-bound
-  // Megatron-LM run we have: the issue's A100 example (12 layers, hidden 1024, seq 1024, TP 2,
-  // 16 micro-batches of 1, fp16, full recompute: about 700 ms; 718 ms predicted with 2.5,
-  // 322 ms with 1). Independent check: un-profiled PyTorch eager on the lent H100's host spends
-  // 43-46 us per launched GPU op (docs/validation.md, host-bound runs), the same order. The published Megatron tables are GPU-bound and do not move with it. The
-  // launch call itself (CUDA runtime) is not scaled. The shared A100 trace gives only upper
+  // ~30 us per c10d enqueue — times one factor, 2.5. The factor is an assumption: it is fitted
+  // to one number quoted in an issue, not to a run this project recorded (a host-bound Megatron-LM
+  // A100 run: 12 layers, hidden 1024, seq 1024, TP 2, 16 micro-batches of 1, fp16, full
+  // recompute: "about 700 ms"; 718 ms predicted with 2.5, 322 ms with 1). The runs recorded in
+  // tests/data/gpu (plain PyTorch eager, host-bound hidden-512 model, profiler off) spend 41 us
+  // per launched GPU op and give a factor of 4.2 (`python3 scripts/gpu_validation.py
+  // --host-per-op` / `--host-factor`; docs/validation.md): another framework on another host,
+  // reported beside this value, not adopted. The published Megatron tables are GPU-bound and
+  // do not move with it. The launch call itself (CUDA runtime) is not scaled. The shared A100 trace gives only upper
   // bounds (its CPU ops run under the profiler with record_shapes and an execution-trace
   // observer: cudaLaunchKernel median 10 us there).
   constexpr double framework = 2.5;
