@@ -62,10 +62,10 @@ TARGET_MEAN, TARGET_WORST = 7.0, 20.0
 GATES = {
     "held-out steps": (4.0, 20.0),
     "--scale": (3.5, 4.5),
-    "whatif: one factor": (11.7, 50.8),
-    "whatif: several factors": (11.7, 60.9),
+    "whatif: one factor": (10.1, 36.1),
+    "whatif: several factors": (10.4, 31.7),
     "whatif: H100 <-> H200": (13.0, 38.7),
-    "whatif: every pair": (11.9, 60.9),
+    "whatif: every pair": (10.7, 38.7),
     "predict --profile: held out": (11.1, 35.6),
     "predict --profile: fitted (the calibrated trace)": (3.4, 4.2),
 }

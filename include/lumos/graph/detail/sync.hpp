@@ -107,50 +107,54 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
 }
 
 // Launch calls that blocked on a full launch queue: the runtime holds a bounded number of
-// enqueued ops per stream, and a launch onto a full stream returns only once the GPU has
-// finished one of them. Such a call is a wait for that op, not host work: under a what-if that
-// speeds the GPU up the call returns earlier (or does not block at all).
+// unfinished ops, and a launch onto a full queue returns only once the GPU has finished one of
+// them. Such a call is a wait for that op, not host work: under a what-if that speeds the GPU up
+// the call returns earlier (or does not block at all).
 //
-// Found from the trace alone, per stream: the queue depth at each launch call's start (ops
-// enqueued before it and not yet finished), the largest depth met (the stream's observed
-// capacity), and the launches made while the queue was at most half full (their durations are
-// what a launch costs when it does not block). The stream had a full queue when at least a
-// quarter of the launches made at 95 % of its capacity or more took longer than the 95th
-// percentile of the free ones (five times the free launches' rate); each of those longer
-// launches then waited for the last op of its stream that ended
-// before it returned (within `sync_tolerance`), and keeps only its time after that op as its
-// own (build_thread: the tail of a blocking call).
+// Found from the trace alone, per stream, then (for the calls not found so) per device, since a
+// runtime may bound the ops of a stream or of a whole device: the queue depth at each launch
+// call's start (ops enqueued before it and not yet finished), the largest depth met (the
+// observed capacity), and the launches made while the queue was at most half full (their
+// durations are what a launch costs when it does not block). The queue was full when at least a
+// quarter of the launches made within 5 % of the capacity (at least one op) took longer than the
+// 95th percentile of the free ones (five times the free launches' rate); each of those longer
+// launches then waited for the op that ended last before it returned (within `sync_tolerance`),
+// and keeps only its time after that op as its own (build_thread: the tail of a blocking call).
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, awaited_map& awaited) {
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
-  constexpr std::size_t min_samples = 20;  // fewer free launches or full-queue launches: no evidence
-  std::vector<time_ns> enqueued, ended, free_durations;
+  constexpr std::size_t min_samples = 8;  // fewer free launches or full-queue launches: no evidence
+  std::vector<time_ns> enqueued, free_durations;
+  std::vector<std::pair<time_ns, event_index>> ended;  // (end, op), by end
   struct launch {
     event_index call;
     std::size_t depth;
   };
   std::vector<launch> launches;
-  for (const auto& [key, ops] : s.streams) {
-    if (ops.size() < 2 * min_samples) continue;
+  std::unordered_set<event_index> found;  // calls found blocked
+  // The launches onto the queue whose ops (by start) are `ops`.
+  auto detect = [&](const std::vector<event_index>& ops) {
+    if (ops.size() < 2 * min_samples) return;
     enqueued.clear();
     ended.clear();
     launches.clear();
     for (const event_index o : ops) {
       enqueued.push_back(s.enqueue[o]);
-      ended.push_back(t.events[o].end());
+      ended.emplace_back(t.events[o].end(), o);
     }
     std::sort(enqueued.begin(), enqueued.end());
     std::sort(ended.begin(), ended.end());
     std::size_t capacity = 0;
     for (const event_index o : ops) {
       const event_index c = s.runtime_by_corr.first(t.events[o].correlation, no_event);
-      if (c == no_event || s.enqueue[o] != t.events[c].ts) continue;
+      if (c == no_event || s.enqueue[o] != t.events[c].ts || (!launches.empty() && launches.back().call == c)) continue;
       const std::string_view name = t.name(t.events[c]);
       if (!detail::is_kernel_launch(name) && !name.starts_with("cudaMemsetAsync") && !name.starts_with("hipMemsetAsync")) continue;
       const time_ns at = t.events[c].ts;
       const auto in = static_cast<std::size_t>(std::lower_bound(enqueued.begin(), enqueued.end(), at) - enqueued.begin());
-      const auto out = static_cast<std::size_t>(std::upper_bound(ended.begin(), ended.end(), at) - ended.begin());
+      const auto out = static_cast<std::size_t>(
+          std::upper_bound(ended.begin(), ended.end(), std::pair{at, ~event_index{0}}) - ended.begin());
       const std::size_t depth = in > out ? in - out : 0;
       capacity = std::max(capacity, depth);
       launches.push_back({c, depth});
@@ -159,35 +163,43 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
     for (const launch& l : launches) {
       if (2 * l.depth <= capacity) free_durations.push_back(t.events[l.call].dur);
     }
-    if (free_durations.size() < min_samples) continue;
+    if (free_durations.size() < min_samples) return;
     const auto p95 = free_durations.begin() + static_cast<std::ptrdiff_t>(free_durations.size() * 95 / 100);
     std::nth_element(free_durations.begin(), p95, free_durations.end());
     const time_ns free_p95 = *p95;
-    const auto at_capacity = [&](const launch& l) { return 100 * l.depth >= 95 * capacity; };
+    const std::size_t slack = std::max<std::size_t>(1, capacity / 20);
+    const auto at_capacity = [&](const launch& l) { return l.depth + slack >= capacity; };
     std::size_t full = 0, full_long = 0;
     for (const launch& l : launches) {
       if (!at_capacity(l)) continue;
       ++full;
       if (t.events[l.call].dur > free_p95) ++full_long;
     }
-    if (full < min_samples || 4 * full_long < full) continue;
+    if (full < min_samples || 4 * full_long < full) return;
     for (const launch& l : launches) {
       const trace::event& call = t.events[l.call];
-      if (!at_capacity(l) || call.dur <= free_p95) continue;
-      // The last op of the stream that ended while the call lasted.
-      const auto it = std::partition_point(ops.begin(), ops.end(), [&](event_index o) { return t.events[o].ts < call.end(); });
-      event_index freed = no_event;
-      for (auto j = it; j != ops.begin();) {
-        const event_index o = *--j;
-        if (t.events[o].end() > call.end()) continue;
-        freed = o;
-        break;
-      }
-      if (freed == no_event || t.events[freed].end() <= call.ts || call.end() - t.events[freed].end() > options_.sync_tolerance) continue;
+      if (!at_capacity(l) || call.dur <= free_p95 || found.contains(l.call)) continue;
+      // The op that ended last before the call returned.
+      const auto it = std::upper_bound(ended.begin(), ended.end(), std::pair{call.end(), ~event_index{0}});
+      if (it == ended.begin()) continue;
+      const auto [freed_end, freed] = *(it - 1);
+      if (freed_end <= call.ts || call.end() - freed_end > options_.sync_tolerance) continue;
       awaited.add(l.call, freed);
+      found.insert(l.call);
       ++s.counts.queue_blocked_launches;
-      s.counts.queue_blocked_wait += t.events[freed].end() - call.ts;
+      s.counts.queue_blocked_wait += freed_end - call.ts;
     }
+  };
+  std::map<int, std::vector<event_index>> devices;
+  for (const auto& [key, ops] : s.streams) {
+    detect(ops);
+    auto& d = devices[key.device];
+    d.insert(d.end(), ops.begin(), ops.end());
+  }
+  if (s.streams.size() == devices.size()) return;  // one stream per device: done
+  for (auto& [device, ops] : devices) {
+    std::sort(ops.begin(), ops.end(), [&](event_index a, event_index b) { return t.events[a].ts < t.events[b].ts || (t.events[a].ts == t.events[b].ts && a < b); });
+    detect(ops);
   }
 }
 
