@@ -93,3 +93,31 @@ TEST_CASE("the step without the profiler is never longer than the profiled one, 
   const report::replay_session s = report::replay_job(one_thread_job(10, 5.0), off);
   CHECK(s.unprofiled_ns == s.simulated_ns);
 }
+
+TEST_CASE("the estimate leaves the compiled graph and the replay as they were", "[profiler]") {
+  const trace::job job = one_thread_job(25, 20.0);
+  const graph::built_job b = graph::build_graph(job);
+  graph::compiled_graph c = graph::compile(b.graph);
+  const graph::compiled_graph before = c;
+  const std::vector<std::uint32_t> cost = model::profiler_time(b, ten_us);
+  const model::profiler_undo undo = model::remove_profiler_time(c, b.graph, cost);
+  CHECK(!undo.empty());
+  bool changed = false;
+  for (std::size_t i = 0; i < c.size(); ++i) changed = changed || c.tasks[i].gap != before.tasks[i].gap;
+  CHECK(changed);
+  model::restore_profiler_time(c, undo);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    CHECK((c.tasks[i].gap == before.tasks[i].gap && c.tasks[i].duration == before.tasks[i].duration));
+  }
+  for (std::size_t e = 0; e < c.preds.size(); ++e) CHECK(c.preds[e].delay == before.preds[e].delay);
+
+  // The replay with the estimate is the replay without it, bit for bit.
+  report::replay_options off;
+  off.profiler.reset();
+  const report::replay_session with = replay_with(job, ten_us), without = report::replay_job(job, off);
+  CHECK(with.simulated_ns == without.simulated_ns);
+  for (std::size_t i = 0; i < with.compiled.size(); ++i) {
+    const auto p = graph::position{static_cast<std::uint32_t>(i)};
+    CHECK((with.timeline.start_of(p) == without.timeline.start_of(p) && with.timeline.finish_of(p) == without.timeline.finish_of(p)));
+  }
+}

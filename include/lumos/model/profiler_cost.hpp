@@ -75,29 +75,53 @@ inline constexpr profiler_cost fitted_profiler_cost{.per_op = 3700, .per_runtime
   return out;
 }
 
+/// What `remove_profiler_time` changed, to put back (`restore_profiler_time`): per changed
+/// record, in position order, its position, the time taken from its prelude and from its own
+/// time, then the start-edge delays it had. About 32 bytes a CPU task with recorded events.
+using profiler_undo = std::vector<std::int64_t>;
+
 /// Takes the profiler's time `cost` (by task id, `profiler_time`; times `cpu`, the scale the graph
 /// was compiled with) out of the compiled records of `g` in place: from each CPU task's busy
 /// prelude first, then from a non-blocking task's own time, never below zero; idle gaps, the
 /// tails of blocking calls, latencies and GPU work stay. The start edges of a task carry its
 /// prelude (`compiled_graph::task_record`) and lose the same amount. The compiled graph then
-/// replays the step without the profiler. O(tasks + edges).
-inline void remove_profiler_time(graph::compiled_graph& c, const graph::task_graph& g, const std::vector<std::uint32_t>& cost,
-                                 double cpu = 1.0) {
-  if (cost.empty()) return;
+/// replays the step without the profiler; the returned record puts it back exactly.
+/// O(tasks + edges).
+[[nodiscard]] inline profiler_undo remove_profiler_time(graph::compiled_graph& c, const graph::task_graph& g,
+                                                        const std::vector<std::uint32_t>& cost, double cpu = 1.0) {
+  profiler_undo undo;
+  if (cost.empty()) return undo;
   for (std::uint32_t i = 0; i < c.size(); ++i) {
     const graph::task_id t = c.task[i];
     if (cost[t] == 0) continue;
     graph::task_record& rec = c.tasks[i];
     time_ns left = graph::scale_time(cost[t], cpu);
-    const time_ns prelude = rec.gap - g.idle_gap[t];
-    const time_ns from_prelude = std::clamp<time_ns>(left, 0, std::max<time_ns>(prelude, 0));
-    rec.gap -= from_prelude;
+    const time_ns from_prelude = std::clamp<time_ns>(left, 0, std::max<time_ns>(rec.gap - g.idle_gap[t], 0));
     left -= from_prelude;
+    const time_ns from_own = g.kind[t] == graph::task_kind::cpu ? std::clamp<time_ns>(left, 0, std::max<time_ns>(rec.duration, 0)) : 0;
+    if (from_prelude == 0 && from_own == 0) continue;
+    rec.gap -= from_prelude;
+    rec.duration -= from_own;
+    undo.insert(undo.end(), {static_cast<std::int64_t>(i), from_prelude, from_own});
     const std::uint32_t first_finish = c.pred_end(i) - c.finish_count(i);
     for (std::uint32_t e = c.pred_begin(i); e < first_finish; ++e) {
+      undo.push_back(c.preds[e].delay);
       c.preds[e].delay = graph::clamp_delay(static_cast<time_ns>(c.preds[e].delay) - from_prelude);
     }
-    if (g.kind[t] == graph::task_kind::cpu) rec.duration -= std::min(left, rec.duration);
+  }
+  return undo;
+}
+
+/// Puts back what `remove_profiler_time` took out of `c` (`undo`, its result). O(changed records
+/// and their start edges).
+inline void restore_profiler_time(graph::compiled_graph& c, const profiler_undo& undo) {
+  for (std::size_t k = 0; k + 2 < undo.size();) {
+    const auto i = static_cast<std::uint32_t>(undo[k]);
+    c.tasks[i].gap += undo[k + 1];
+    c.tasks[i].duration += undo[k + 2];
+    k += 3;
+    const std::uint32_t first_finish = c.pred_end(i) - c.finish_count(i);
+    for (std::uint32_t e = c.pred_begin(i); e < first_finish; ++e) c.preds[e].delay = static_cast<std::int32_t>(undo[k++]);
   }
 }
 

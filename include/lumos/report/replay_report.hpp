@@ -111,21 +111,19 @@ struct replay_session {
 /// Sets each rank's `unprofiled_ns` in `s` (replayed, with its plans evaluated): the replay
 /// loop runs once more over the compiled records with `profiler` (by task id, model::profiler_time)
 /// taken out, and the records are put back. Without profiler time, the simulated iteration.
-/// Costs a copy of the records and predecessors and a pass of the loop.
+/// Costs a pass of the loop, its times (16 bytes a task) and the record of what was changed
+/// (about 32 bytes a CPU task with recorded events; `model::remove_profiler_time`).
 inline void replay_unprofiled(replay_session& s, const std::vector<std::uint32_t>& profiler, double cpu, unsigned threads) {
   const bool any = std::any_of(profiler.begin(), profiler.end(), [](std::uint32_t c) { return c != 0; });
   if (!any) {
     for (rank_replay& r : s.ranks) r.unprofiled_ns = r.simulated_ns;
     return;
   }
-  auto tasks = s.compiled.tasks;
-  auto preds = s.compiled.preds;
-  model::remove_profiler_time(s.compiled, s.built.graph, profiler, cpu);
+  const model::profiler_undo undo = model::remove_profiler_time(s.compiled, s.built.graph, profiler, cpu);
   sim::replay_engine engine;
   (void)engine.run(s.compiled);
+  model::restore_profiler_time(s.compiled, undo);
   const sim::record_timeline timeline = sim::record_timeline::from_interleaved(engine.release_times());
-  s.compiled.tasks = std::move(tasks);
-  s.compiled.preds = std::move(preds);
   const task_times times = simulated_times(timeline, s.compiled);
   parallel_for(s.ranks.size(), threads, [&](std::size_t i) {
     s.ranks[i].unprofiled_ns = std::min(s.ranks[i].simulated_ns, window_of(s.plans[i], times, cpu).length());
