@@ -176,7 +176,6 @@ struct build_stats {
   std::vector<stream_overheads> overheads;  ///< per stream, in processor order
 };
 
-/// Per-rank mapping between trace events and graph tasks.
 /// The host-side events the profiler recorded for one CPU task: those that started on its thread
 /// after the previous task ended and before it ended (its busy prelude and the call itself).
 /// Keyed by the task's source event and whether it is the blocking part of a split call, so that
@@ -193,6 +192,7 @@ struct recorded_events {
   }
 };
 
+/// Per-rank mapping between trace events and graph tasks.
 struct rank_map {
   int rank = 0;
   time_ns offset = 0;  ///< job time = event ts + offset
