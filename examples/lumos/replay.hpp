@@ -28,7 +28,7 @@ namespace lumos::cli {
 inline constexpr std::string_view replay_usage =
     "usage: lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
     "                    [--scale op:TEXT=F]... [--json] [--explain] [--strict] [--align-clocks]\n"
-    "                    [--durations-from-step M]\n"
+    "                    [--durations-from-step M] [--profiler-cost US]\n"
     "                    [--trace-out FILE] [--critical-path] [--report FILE]\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
     "  --step N            replay ProfilerStep#N (default: the last one every rank has)\n"
@@ -42,6 +42,9 @@ inline constexpr std::string_view replay_usage =
     "  --align-clocks      shift each rank's clock by the offset its collectives imply (skew between hosts)\n"
     "  --durations-from-step M  leave-one-step-out: replay the step with the measured op durations\n"
     "                      of ProfilerStep#M, predicting step M (compared with its measurement)\n"
+    "  --profiler-cost US  the profiler's host time per recorded event for the step without the profiler\n"
+    "                      (US for every kind, or op=US,runtime=US,python=US; default: the fitted costs of\n"
+    "                      model/profiler_cost.hpp; 0: no estimate)\n"
     "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
     "  --critical-path     print the critical path of the slowest rank's iteration\n"
     "  --report FILE       also write the self-contained HTML report of the replay (`lumos report`)\n";
@@ -189,6 +192,11 @@ inline std::string op_scales_text(const report::replay_session& s, const report:
   return out;
 }
 
+/// The line that gives the step with the profiler off (model/profiler_cost.hpp).
+inline std::string unprofiled_text(time_ns unprofiled) {
+  return "step without profiler: " + ms(unprofiled) + " (estimate: the profiler's host time per recorded event removed)\n";
+}
+
 // One row per rank (iterations, error, simulated breakdown, SM utilisation) and the job's row.
 inline std::string ranks_text(const report::replay_session& s) {
   std::string out;
@@ -207,6 +215,7 @@ inline std::string ranks_text(const report::replay_session& s) {
   std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %6.2f%%   (iteration time of a job: its slowest rank)\n", "",
                 ms(s.measured_ns).c_str(), ms(s.simulated_ns).c_str(), 100.0 * s.error);
   out += line;
+  out += unprofiled_text(s.unprofiled_ns);
   return out;
 }
 
@@ -281,6 +290,7 @@ inline replay_request parse_replay(args& a) {
   if (const auto from = a.option("--durations-from-step")) opt.durations_from_step = parse_number<int>(*from, "--durations-from-step");
   opt.build.strict = a.flag("--strict");
   opt.build.align_clocks = a.flag("--align-clocks");
+  opt.profiler = profiler_cost_option(a);
   req.json = a.flag("--json");
   req.explain = a.flag("--explain");
   req.critical = a.flag("--critical-path");

@@ -78,12 +78,12 @@ inline constexpr std::string_view whatif_usage =
     "                      interleaved without --vp: 2 model chunks per stage\n"
     "  --profile FILE      the cluster's cost profile (`lumos calibrate -o FILE`) for the shape, TP and DP\n"
     "                      rewrites' kernel and NCCL models (default: the preset of the traced GPU)\n"
-    "  --step N, --scale   as for `lumos replay`, applied to the baseline and the prediction\n"
+    "  --step N, --scale, --profiler-cost  as for `lumos replay`, applied to the baseline and the prediction\n"
     "  --no-fold           replay every traced rank: by default ranks whose traces are identical (the\n"
     "                      ranks of a job `lumos synth --unfold` writes) are folded onto one of each\n"
     "                      class, which stands for the rest (\"folded\" in --json; rows show those kept);\n"
     "                      not with --trace-out, which writes every rank\n"
-    "  --json              {\"baseline\":{...},\"predicted\":{\"iteration_ns\",\"breakdown\",\"bubble_fraction\",\n"
+    "  --json              {\"baseline\":{...},\"predicted\":{\"iteration_ns\",\"unprofiled_ns\",\"breakdown\",\"bubble_fraction\",\n"
     "                      \"memory_bytes_per_gpu\",\"ranks\":[...]},\"changes\":[...],\"shape\":{...},\"structure\":{...}}\n"
     "                      and \"pipeline\":{\"model\":\"pass-level\" or \"graph\",...} after a pipeline change\n"
     "  --trace-out DIR     write the predicted job as Kineto traces (one file per rank; with --pp in\n"
@@ -189,6 +189,9 @@ inline std::string whatif_text(const whatif::whatif_result& r, const trace::job&
   std::snprintf(line, sizeof line, "  job  %-16s %12s %12s %7.3fx\n", "", ms(r.baseline.simulated_ns).c_str(),
                 ms(r.predicted.simulated_ns).c_str(),
                 r.predicted.simulated_ns > 0 ? static_cast<double>(r.baseline.simulated_ns) / static_cast<double>(r.predicted.simulated_ns) : 0.0);
+  out += line;
+  std::snprintf(line, sizeof line, "step without profiler: baseline %s, predicted %s (estimate: the profiler's host time per recorded event removed)\n",
+                ms(r.baseline.unprofiled_ns).c_str(), ms(r.predicted.unprofiled_ns).c_str());
   out += line;
   if (r.shape) out += shape_text(*r.shape);
   if (r.pipeline) out += pipeline_text(*r.pipeline);

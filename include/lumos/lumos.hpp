@@ -46,6 +46,7 @@
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/profile.hpp>
+#include <lumos/model/profiler_cost.hpp>
 #include <lumos/model/transformer.hpp>
 
 #include <lumos/synth/compiled_program.hpp>

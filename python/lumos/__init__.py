@@ -200,12 +200,12 @@ class Timeline:
 
 class Replay(_Plain):
     """A replay (``lumos replay``): ``measured_ns``, ``simulated_ns``, ``error`` of the job (its
-    slowest rank), ``ranks`` (:class:`RankReplay`), ``scales``, ``graph``, ``dependencies``,
+    slowest rank), ``unprofiled_ns`` (estimate of the simulated step with the profiler off), ``ranks`` (:class:`RankReplay`), ``scales``, ``graph``, ``dependencies``,
     ``causality``, ``clocks``, ``gpu_ops_bound_by``, ``overheads`` (per stream), ``collectives``:
     the object ``lumos replay --json`` prints, less what has a method of its own (each rank's
     SM utilisation series and kept overheads, the critical path)."""
 
-    _fields = ("measured_ns", "simulated_ns", "error")
+    _fields = ("measured_ns", "simulated_ns", "error", "unprofiled_ns")
 
     def __init__(self, native: "_lumos.Replay", job: Job):
         data = json.loads(native.summary_json())
@@ -215,6 +215,7 @@ class Replay(_Plain):
         self.measured_ns: int = data["job"]["measured_ns"]
         self.simulated_ns: int = data["job"]["simulated_ns"]
         self.error: float = data["job"]["error"]
+        self.unprofiled_ns: int = data["job"]["unprofiled_ns"]
         self.ranks: List[RankReplay] = [RankReplay(r) for r in data["ranks"]]
         self._job = job
 
@@ -343,11 +344,12 @@ class WhatIf(_Plain):
     path as for any replay; the prediction's ``report`` and ``write_trace`` are the what-if's);
     ``changes`` the change records (pass, subject, from, to, figures, text); ``change_texts``
     their sentences; ``speedup`` the baseline's iteration over the prediction's; ``iteration_ns``
-    and ``baseline_ns`` the two iterations; ``bound_by``, ``critical_path_shares`` and
+    and ``baseline_ns`` the two iterations; ``unprofiled_ns`` and ``baseline_unprofiled_ns`` the
+    two steps estimated with the profiler off; ``bound_by``, ``critical_path_shares`` and
     ``attribution`` why the step moved as it did; ``shape``, ``pipeline``, ``structure`` and
     ``folded`` as in the JSON (None when absent)."""
 
-    _fields = ("iteration_ns", "baseline_ns", "speedup")
+    _fields = ("iteration_ns", "baseline_ns", "speedup", "unprofiled_ns", "baseline_unprofiled_ns")
 
     def __init__(self, native: "_lumos.WhatIf", job: Job):
         data = json.loads(native.json())
@@ -358,6 +360,8 @@ class WhatIf(_Plain):
         self.change_texts: List[str] = data["changes"]
         self.iteration_ns: int = data["predicted"]["iteration_ns"]
         self.baseline_ns: int = data["baseline"]["iteration_ns"]
+        self.unprofiled_ns: int = data["predicted"]["unprofiled_ns"]
+        self.baseline_unprofiled_ns: int = data["baseline"]["unprofiled_ns"]
         self.speedup: float = data["speedup"]
         self.bound_by: str = data["bound_by"]
         self.critical_path_shares: Dict[str, Optional[Dict[str, float]]] = data["critical_path_shares"]

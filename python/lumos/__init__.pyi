@@ -61,6 +61,7 @@ class Replay:
     measured_ns: int
     simulated_ns: int
     error: float
+    unprofiled_ns: int
     ranks: List[RankReplay]
     scales: Dict[str, Any]
     graph: Dict[str, int]
@@ -93,6 +94,8 @@ class WhatIf:
     iteration_ns: int
     baseline_ns: int
     speedup: float
+    unprofiled_ns: int
+    baseline_unprofiled_ns: int
     bound_by: str
     critical_path_shares: Dict[str, Optional[Dict[str, float]]]
     attribution: Dict[str, Any]

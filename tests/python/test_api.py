@@ -422,3 +422,20 @@ def test_the_example_notebook_runs(tmp_path):
                          check=True).stdout
     assert "critical path of rank" in out and (tmp_path / "r.html").is_file()
     assert "lumos.WhatIf(" in out and (tmp_path / "whatif-r.html").is_file()
+
+
+def test_unprofiled_step_matches_cli_and_is_shorter_when_host_bound(cli):
+    # A host-bound recorded run (tests/data/gpu): the profiler's host time is a large part of its step.
+    run = Path(__file__).resolve().parents[1] / "data" / "gpu" / "h100-small-l8"
+    job = lumos.load_job(run)
+    r = lumos.replay(job)
+    theirs = cli("replay", run, "--json")
+    assert r.unprofiled_ns == theirs["job"]["unprofiled_ns"]
+    assert r.to_dict()["job"]["unprofiled_ns"] == r.unprofiled_ns
+    assert 0 < r.unprofiled_ns < 0.9 * r.simulated_ns
+    w = lumos.whatif(job, layers=16)
+    mine = cli("whatif", run, "--layers", 16, "--json")
+    assert (w.baseline_unprofiled_ns, w.unprofiled_ns) == (mine["baseline"]["unprofiled_ns"], mine["predicted"]["unprofiled_ns"])
+    assert w.baseline_unprofiled_ns == r.unprofiled_ns
+    assert w.baseline.unprofiled_ns == r.unprofiled_ns and w.predicted.unprofiled_ns == w.unprofiled_ns
+    assert w.baseline_unprofiled_ns < w.unprofiled_ns <= w.iteration_ns

@@ -6,7 +6,11 @@
 #include <lumos/cli/args.hpp>
 #include <lumos/graph/build_options.hpp>
 #include <lumos/graph/compile.hpp>
+#include <lumos/model/profiler_cost.hpp>
 
+#include <cmath>
+
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +49,47 @@ inline what_if parse_scales(const std::vector<std::string>& items) {
     else throw usage_error("--scale: unknown kind '" + kind + "' (compute, comm, cpu or op:TEXT)");
   }
   return w;
+}
+
+/// `--profiler-cost`: the profiler's host time per recorded event, in µs, for the step without the
+/// profiler — `US` for every kind, or `KIND=US` items separated by commas (kinds `op`, `runtime`,
+/// `python`; kinds left out keep the shipped `model::fitted_profiler_cost`). 0 everywhere: no
+/// estimate. Usage errors for a malformed item, an unknown kind or a cost out of range.
+inline model::profiler_cost parse_profiler_cost(std::string_view text) {
+  model::profiler_cost c = model::fitted_profiler_cost;
+  auto us = [&](std::string_view v, const std::string& what) {
+    const double x = parse_number<double>(v, what);
+    if (!(x >= 0) || x > 1e6) throw usage_error(what + " must be from 0 to 1e6 us (got " + std::string(v) + ")");
+    return static_cast<time_ns>(std::llround(x * 1e3));
+  };
+  if (text.find('=') == std::string_view::npos) {
+    c.per_op = c.per_runtime = c.per_python = us(text, "--profiler-cost");
+    return c;
+  }
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos) throw usage_error("--profiler-cost expects US or KIND=US,... (got '" + std::string(item) + "')");
+    const std::string kind(item.substr(0, eq));
+    const time_ns v = us(item.substr(eq + 1), "--profiler-cost " + kind);
+    if (kind == "op") c.per_op = v;
+    else if (kind == "runtime") c.per_runtime = v;
+    else if (kind == "python") c.per_python = v;
+    else throw usage_error("--profiler-cost: unknown kind '" + kind + "' (op, runtime or python)");
+  }
+  return c;
+}
+
+/// The `--profiler-cost` of `a`, if given, as the replay's estimate of the step without the
+/// profiler: unset when every cost is 0 (no estimate).
+inline std::optional<model::profiler_cost> profiler_cost_option(args& a) {
+  const auto v = a.option("--profiler-cost");
+  if (!v) return model::fitted_profiler_cost;
+  const model::profiler_cost c = parse_profiler_cost(*v);
+  if (c.none()) return std::nullopt;
+  return c;
 }
 
 }  // namespace lumos::cli

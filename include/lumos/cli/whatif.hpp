@@ -29,6 +29,7 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
   whatif::whatif_options o;
   if (const auto step = a.option("--step")) o.replay.step = parse_number<int>(*step, "--step");
   o.replay.scales = scaled.scales;
+  o.replay.profiler = profiler_cost_option(a);
   o.replay.build.op_scales = scaled.ops;
   if (const auto gpu = a.option("--gpu")) o.gpu = *gpu;
   if (const auto layers = a.option("--layers")) {

@@ -178,12 +178,32 @@ struct build_stats {
   std::vector<stream_overheads> overheads;  ///< per stream, in processor order
 };
 
+/// The host-side events the profiler recorded for one CPU task: those that started on its thread
+/// after the previous task ended and before it ended (its busy prelude and the call itself).
+/// Keyed by the task's source event and whether it is the blocking part of a split call, so that
+/// copies of the task a what-if makes (which keep the source) find it. Counts saturate at 65535.
+struct recorded_events {
+  std::uint32_t source = 0;  ///< the task's source event index
+  bool blocking = false;     ///< the task is a `cpu_blocking` one (a split call has two tasks)
+  std::uint16_t ops = 0;     ///< `cpu_op` and `user_annotation` ranges
+  std::uint16_t runtime = 0; ///< `cuda_runtime` and `cuda_driver` calls
+  std::uint16_t python = 0;  ///< `python_function` frames (with_stack)
+
+  [[nodiscard]] friend constexpr bool operator<(const recorded_events& a, const recorded_events& b) noexcept {
+    return a.source != b.source ? a.source < b.source : a.blocking < b.blocking;
+  }
+};
+
 /// Per-rank mapping between trace events and graph tasks.
 struct rank_map {
   int rank = 0;
   time_ns offset = 0;  ///< job time = event ts + offset
   std::vector<task_id> task_of_event;  ///< event index → its task (GPU op: its complete task)
   std::vector<task_id> arrive_of_event;  ///< communication ops joined across ranks: their arrive task
+  /// Per CPU task with a source event, sorted: what the profiler recorded around it
+  /// (model/profiler_cost.hpp removes the profiler's time from it). Kept with or without the
+  /// event maps: 12 bytes a CPU task.
+  std::vector<recorded_events> recorded;
 };
 
 /// A job's graph plus the maps back to its traces.

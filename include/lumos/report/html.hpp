@@ -280,6 +280,8 @@ class page {
       card(ms(baseline_->simulated_ns), "baseline (unscaled) replay", "card-baseline");
       card(signed_pct(s_.simulated_ns, baseline_->simulated_ns), "what-if vs baseline", "card-change");
     }
+    card(ms(s_.unprofiled_ns), baseline_ != nullptr ? "predicted step without the profiler (estimate)" : "step without the profiler (estimate)",
+         "card-unprofiled");
     if (!s_.ranks.empty()) card(pct(s_.ranks[slowest_].simulated.sm.mean), "SM utilisation (slowest rank)", "card-sm");
     out_ += "</div>\n<table><tbody>";
     summary_table();

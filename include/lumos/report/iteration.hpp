@@ -101,10 +101,9 @@ struct window_result {
   return end;
 }
 
-/// Evaluates plan `p` on timeline `t`; `cpu` is the scale the timeline was replayed with (the
-/// busy parts of the annotation's lead and tail follow it as the CPU tasks do).
-[[nodiscard]] inline window_result evaluate(const iteration_plan& p, const task_times& t, double cpu = 1.0) {
-  window_result r;
+/// The iteration window of plan `p` on timeline `t` alone (`evaluate` without the breakdown);
+/// `cpu` as for `evaluate`.
+[[nodiscard]] inline interval window_of(const iteration_plan& p, const task_times& t, double cpu = 1.0) {
   time_ns begin = std::numeric_limits<time_ns>::max(), end = std::numeric_limits<time_ns>::min();
   if (p.annotated) {
     begin = t.begin_of(p.first_cpu) - p.lead_idle - scaled_part(p.lead_busy, cpu);
@@ -119,7 +118,14 @@ struct window_result {
   }
   for (const auto id : p.gpu) end = std::max(end, t.end_of(id));
   if (begin > end) begin = end = 0;
-  r.window = {begin, end};
+  return {begin, end};
+}
+
+/// Evaluates plan `p` on timeline `t`; `cpu` is the scale the timeline was replayed with (the
+/// busy parts of the annotation's lead and tail follow it as the CPU tasks do).
+[[nodiscard]] inline window_result evaluate(const iteration_plan& p, const task_times& t, double cpu = 1.0) {
+  window_result r;
+  r.window = window_of(p, t, cpu);
   std::vector<interval> compute, comm, waits;
   compute.reserve(p.compute.size());
   comm.reserve(p.comm.size());

@@ -6,11 +6,13 @@
 #include <lumos/core/parallel.hpp>
 #include <lumos/graph/compile.hpp>
 #include <lumos/graph/trace_builder.hpp>
+#include <lumos/model/profiler_cost.hpp>
 #include <lumos/report/held_out.hpp>
 #include <lumos/report/iteration.hpp>
 #include <lumos/sim/replay.hpp>
 #include <lumos/trace/data.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -50,6 +52,10 @@ struct replay_options {
   /// written traces and the HTML report read the edges. Off by default; `lumos replay` sets it
   /// when it writes none of them.
   bool release_edges = false;
+  /// The profiler's host time per recorded event, for the step without the profiler
+  /// (`replay_session::unprofiled_ns`, model/profiler_cost.hpp); unset: not estimated (no second
+  /// pass of the replay loop).
+  std::optional<model::profiler_cost> profiler = model::fitted_profiler_cost;
 };
 
 /// One rank's leave-one-step-out result (`replay_options::durations_from_step`).
@@ -69,6 +75,9 @@ struct rank_replay {
   time_ns measured_ns = 0;
   time_ns simulated_ns = 0;
   double error = 0.0;  ///< |simulated − measured| / measured
+  /// Estimate of the simulated iteration with the profiler off (model/profiler_cost.hpp);
+  /// `simulated_ns` when not estimated.
+  time_ns unprofiled_ns = 0;
   window_result measured;
   window_result simulated;
 };
@@ -85,6 +94,9 @@ struct replay_session {
   time_ns measured_ns = 0;   ///< job: max over ranks
   time_ns simulated_ns = 0;
   double error = 0.0;
+  /// Estimate of the job's iteration with the profiler off: the slowest rank's, replayed with the
+  /// profiler's host time taken out (`replay_options::profiler`); `simulated_ns` when not estimated.
+  time_ns unprofiled_ns = 0;
   time_ns makespan = 0;
   graph::scales scales;      ///< the scales the replay ran with
   std::vector<held_out_rank> held_out;  ///< per rank, with `durations_from_step`
@@ -94,6 +106,28 @@ struct replay_session {
 
 [[nodiscard]] inline double relative_error(time_ns simulated, time_ns measured) {
   return measured > 0 ? std::fabs(static_cast<double>(simulated - measured)) / static_cast<double>(measured) : 0.0;
+}
+
+/// Sets each rank's `unprofiled_ns` in `s` (replayed, with its plans evaluated): the replay
+/// loop runs once more over the compiled records with `profiler` (by task id, model::profiler_time)
+/// taken out, and the records are put back. Without profiler time, the simulated iteration.
+/// Costs a pass of the loop, its times (16 bytes a task) and the record of what was changed
+/// (about 32 bytes a CPU task with recorded events; `model::remove_profiler_time`).
+inline void replay_unprofiled(replay_session& s, const std::vector<std::uint32_t>& profiler, double cpu, unsigned threads) {
+  const bool any = std::any_of(profiler.begin(), profiler.end(), [](std::uint32_t c) { return c != 0; });
+  if (!any) {
+    for (rank_replay& r : s.ranks) r.unprofiled_ns = r.simulated_ns;
+    return;
+  }
+  const model::profiler_undo undo = model::remove_profiler_time(s.compiled, s.built.graph, profiler, cpu);
+  sim::replay_engine engine;
+  (void)engine.run(s.compiled);
+  model::restore_profiler_time(s.compiled, undo);
+  const sim::record_timeline timeline = sim::record_timeline::from_interleaved(engine.release_times());
+  const task_times times = simulated_times(timeline, s.compiled);
+  parallel_for(s.ranks.size(), threads, [&](std::size_t i) {
+    s.ranks[i].unprofiled_ns = std::min(s.ranks[i].simulated_ns, window_of(s.plans[i], times, cpu).length());
+  });
 }
 
 /// Plans, compiles and replays `built`, a graph of `job` (as built, or rewritten by a what-if
@@ -133,6 +167,9 @@ struct replay_session {
     const task_times measured = observed_times(s.built.graph);
     parallel_for(job.ranks.size(), threads, [&](std::size_t i) { s.ranks[i].measured = evaluate(s.plans[i], measured); });
   }
+  // The profiler's time per task is found through the tasks' source events, released next.
+  const std::vector<std::uint32_t> profiler =
+      options.profiler ? model::profiler_time(s.built, *options.profiler) : std::vector<std::uint32_t>{};
   if (options.release_observations) s.built.graph.release_observations();
   // Planning leaves the pages of its per-rank lists in the heap (144 MiB of a 512-rank job),
   // which the compile, allocating from mmap, would not reuse.
@@ -155,11 +192,13 @@ struct replay_session {
     r.simulated_ns = r.simulated.window.length();
     r.error = relative_error(r.simulated_ns, r.measured_ns);
   });
+  replay_unprofiled(s, profiler, options.scales.cpu, threads);
   for (std::size_t i = 0; i < job.ranks.size(); ++i) {
     const rank_replay& r = s.ranks[i];
     if (options.durations_from_step) s.held_out[i].predicted_ns = r.simulated_ns;
     s.measured_ns = std::max(s.measured_ns, r.measured_ns);
     s.simulated_ns = std::max(s.simulated_ns, r.simulated_ns);
+    s.unprofiled_ns = std::max(s.unprofiled_ns, r.unprofiled_ns);
   }
   s.error = relative_error(s.simulated_ns, s.measured_ns);
   return s;

@@ -37,7 +37,9 @@
 #include <lumos/whatif/summary.hpp>
 #include <lumos/whatif/tensor_parallel.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <iterator>
 #include <limits>
@@ -158,9 +160,30 @@ inline std::vector<whatif_result::host_point> host_sensitivity(const trace::job&
   for (const double speed : {0.8, 1.25}) {
     report::replay_options r = o.predicted_replay();
     r.scales.cpu /= speed;
+    r.profiler.reset();  // the step only
     points.push_back({speed, report::replay_built(job, out.predicted.built, steps, r).simulated_ns});
   }
   return points;
+}
+
+/// The replayed prediction's step without the profiler over its step (1 when there is none).
+[[nodiscard]] inline double unprofiled_share(const report::replay_session& s) {
+  return s.simulated_ns > 0 ? static_cast<double>(s.unprofiled_ns) / static_cast<double>(s.simulated_ns) : 1.0;
+}
+
+/// The prediction's step without the profiler, after the passes finished it: where a pass set
+/// the iteration from a model (the pass-level pipeline) or added ranks evaluated on the replayed
+/// timeline (stages cut in the graph), those take the share the replay found (`share`,
+/// `unprofiled_share` of the replay before them).
+inline void report_unprofiled(whatif_result& out, double share) {
+  auto scaled = [share](time_ns t) { return static_cast<time_ns>(std::llround(static_cast<double>(t) * share)); };
+  report::replay_session& p = out.predicted;
+  time_ns ranks = 0;
+  for (report::rank_replay& r : p.ranks) {
+    if (r.unprofiled_ns == 0 && r.simulated_ns > 0) r.unprofiled_ns = scaled(r.simulated_ns);
+    ranks = std::max(ranks, r.unprofiled_ns);
+  }
+  p.unprofiled_ns = out.pipeline ? scaled(p.simulated_ns) : std::min(ranks, p.simulated_ns);
 }
 
 }  // namespace detail
@@ -182,9 +205,11 @@ template <Rewrite... Passes>
     ((ran[I] = detail::run_pass(std::get<I>(passes), ctx, b, out.changes)), ...);
   }(std::index_sequence_for<Passes...>{});
   out.predicted = report::replay_built(job, std::move(b), steps, o.predicted_replay());
+  const double unprofiled_share = detail::unprofiled_share(out.predicted);
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (detail::after_replay(std::get<I>(passes), ctx, out, ran[I]), ...);
   }(std::index_sequence_for<Passes...>{});
+  detail::report_unprofiled(out, unprofiled_share);
   detail::report_structure(ctx, out);
   detail::report_bubble(ctx, out);
   detail::report_summary(ctx, out);

@@ -49,6 +49,17 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
   };
   auto own = [&](time_ns begin, time_ns end) { return warp.empty() ? end - begin : warp.length(begin, end); };
 
+  // The profiler's events each task covers (rank_map::recorded): those started before its end.
+  std::size_t recorded_cursor = 0;
+  auto record_events = [&](task_kind kind, time_ns end, event_index source) {
+    recorded_events counts{.source = source, .blocking = kind == task_kind::cpu_blocking};
+    const auto bump = [](std::uint16_t& n) { n = static_cast<std::uint16_t>(n == 0xFFFF ? n : n + 1); };
+    for (; recorded_cursor < events.size() && start_of(r, events[recorded_cursor]) < end; ++recorded_cursor) {
+      const trace::category c = t.events[events[recorded_cursor]].cat;
+      bump(c == trace::category::python_function ? counts.python : detail::is_runtime(c) ? counts.runtime : counts.ops);
+    }
+    if (source != no_event) s.recorded.push_back(counts);
+  };
   time_ns previous_end = 0;  // job time 0 for the first task
   task_id owner = no_task;   // the anchor an overlapping (nested) call belongs to
   time_ns owner_end = std::numeric_limits<time_ns>::min();
@@ -57,6 +68,7 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
     const task_id id = g.add_task({.kind = kind, .processor = p, .duration = duration, .idle_gap = idle, .busy_gap = b, .name_id = name,
                                   .rank = t.rank, .source = source, .observed_start = begin, .observed_end = end});
     if (idle > 0) s.kept.push_back({id, overhead_kind::cpu_idle, idle});
+    record_events(kind, end, source);
     cpu_tasks.push_back({id, slot, begin, end, b});
     ++s.counts.cpu_tasks;
     previous_end = std::max(previous_end, end);

@@ -181,7 +181,8 @@ inline void held_out_json(json_writer& w, const replay_session& s) {
 /// overheads + the parts' size).
 inline void replay_json(json_writer& w, const replay_session& s, const replay_json_parts& parts = {}) {
   w.begin_object();
-  w.key("job").begin_object().field("measured_ns", s.measured_ns).field("simulated_ns", s.simulated_ns).field("error", s.error).end_object();
+  w.key("job").begin_object().field("measured_ns", s.measured_ns).field("simulated_ns", s.simulated_ns).field("error", s.error);
+  w.field("unprofiled_ns", s.unprofiled_ns).end_object();
   w.key("scales").begin_object().field("compute", s.scales.compute).field("comm", s.scales.comm).field("cpu", s.scales.cpu);
   w.key("ops").begin_array();
   for (const auto& o : parts.ops) w.begin_object().field("text", o.text).field("factor", o.factor).end_object();

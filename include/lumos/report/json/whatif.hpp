@@ -31,7 +31,7 @@ namespace lumos::report {
 inline void whatif_session_json(json_writer& w, const replay_session& s, const whatif::shape_figures* figures,
                                 const std::optional<double>& bubble, std::string_view bubble_source,
                                 const std::vector<std::pair<int, const rank_replay*>>& rows) {
-  w.begin_object().field("iteration_ns", s.simulated_ns).field("measured_ns", s.measured_ns);
+  w.begin_object().field("iteration_ns", s.simulated_ns).field("measured_ns", s.measured_ns).field("unprofiled_ns", s.unprofiled_ns);
   const rank_replay* slowest = nullptr;
   for (const auto& r : s.ranks) {
     if (slowest == nullptr || r.simulated_ns > slowest->simulated_ns) slowest = &r;
