@@ -43,6 +43,7 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/kernel_costs.hpp>
 #include <lumos/model/memory.hpp>
+#include <lumos/model/moe.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/profile.hpp>

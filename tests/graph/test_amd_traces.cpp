@@ -157,7 +157,7 @@ TEST_CASE("MI300X trace: the replay reproduces the measured ProfilerStep within 
   CHECK(static_cast<double>(within) >= 0.99 * static_cast<double>(ops));
 }
 
-TEST_CASE("MI300X trace: whatif --gpu h100-sxm moves GPU time as the presets' figures say; mi300x is the identity",
+TEST_CASE("MI300X trace: whatif --gpu h100-sxm moves GPU time as the presets' figures say and --gpu mi300x is the identity",
           "[traces][amd][whatif]") {
   LUMOS_REQUIRE_TRACES(traces);
   const fs::path file = mi300x_trace(traces);
