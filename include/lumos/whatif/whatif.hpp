@@ -151,7 +151,9 @@ inline void report_summary(const context& ctx, whatif_result& out) {
 // The step of the prediction on a host 0.8x and 1.25x as fast, when its critical path is mostly
 // host work (its largest share): the prediction keeps the traced host (or --host-speed's),
 // which is an assumption, and where the step follows the host the user should see how much.
-// Replays copies of the predicted graph; none when the step does not follow the host.
+// Replays copies of the predicted graph, whose ranks are the traced ones: not after a pipeline
+// change (the stages cut or merged in the graph, or the pass-level model), and none when the
+// step does not follow the host.
 inline std::vector<whatif_result::host_point> host_sensitivity(const trace::job& job, const whatif_result& out,
                                                                  const std::vector<report::rank_steps>& steps, const whatif_options& o) {
   const path_shares* p = out.why.predicted ? &*out.why.predicted : nullptr;
@@ -215,7 +217,7 @@ template <Rewrite... Passes>
   detail::report_summary(ctx, out);
   out.why = attribute(out.baseline, out.predicted, out.predicted.simulated_ns, !out.pipeline);
   out.host_speed = o.host_speed;
-  if (!out.pipeline) out.host_sensitivity = detail::host_sensitivity(job, out, steps, o);
+  if (!out.pipeline && !out.stages) out.host_sensitivity = detail::host_sensitivity(job, out, steps, o);
   return out;
 }
 
