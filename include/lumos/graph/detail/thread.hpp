@@ -10,7 +10,9 @@ void trace_graph_builder<Comm>::build_thread(std::size_t r, std::uint32_t slot, 
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
   task_graph& g = part_of(r);
-  const auto& [lane_id, events] = s.cpu_lanes[slot];
+  // Not a structured binding: the lambdas below capture `events` (clang 14 refuses bindings there).
+  const std::uint32_t lane_id = s.cpu_lanes[slot].first;
+  const std::vector<event_index>& events = s.cpu_lanes[slot].second;
   const trace::lane& lane = t.lanes[lane_id];
   std::string pname = "rank " + std::to_string(t.rank) + " thread " + std::to_string(lane.tid);
   if (lane.thread_name != no_string) pname += " (" + std::string(t.str(lane.thread_name)) + ")";
