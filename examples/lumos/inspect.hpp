@@ -55,6 +55,16 @@ inline void inspect_text(const trace::job& job, std::string& out) {
                     static_cast<double>(st.dur) / 1e6);
       out += line;
     }
+    if (s.memory) {
+      std::string in_step;
+      for (const auto& st : s.steps) {
+        if (s.memory->at >= st.start && s.memory->at < st.start + st.dur) in_step = " (in " + st.name + ")";
+      }
+      std::snprintf(line, sizeof line, "  memory events: %llu on GPU %d; peak allocated %.3f GiB at %lld ns%s, peak reserved %.3f GiB\n",
+                    static_cast<unsigned long long>(s.memory->events), s.memory->device, static_cast<double>(s.memory->allocated) / 1073741824.0,
+                    static_cast<long long>(r.base_ns + s.memory->at), in_step.c_str(), static_cast<double>(s.memory->reserved) / 1073741824.0);
+      out += line;
+    }
   }
 }
 
@@ -105,6 +115,12 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
   structure_fact_text(out, "method", st.gradients.method);
   structure_fact_text(out, "buckets", st.gradients.buckets);
   structure_fact_text(out, "bucket elements", st.gradients.bucket_elements);
+  out += "memory recipe\n";
+  structure_fact_text(out, "optimizer", st.memory.optimizer);
+  structure_fact_text(out, "states", st.memory.states);
+  structure_fact_text(out, "residual", st.memory.residual);
+  structure_fact_text(out, "loss", st.memory.loss);
+  structure_fact_text(out, "embeddings", st.memory.embeddings);
   out += "process groups\n";
   for (const auto& g : st.groups) {
     out += "  '" + g.name + "'";

@@ -1,6 +1,7 @@
 // Presets, parallel-config validation, parameter counts, FLOPs/MFU and the memory model,
 // each checked against its closed form.
 
+#include <lumos/model/eager_memory.hpp>
 #include <lumos/model/flops.hpp>
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/memory.hpp>
@@ -463,4 +464,40 @@ TEST_CASE("recomputation adds its transient working set", "[model][memory]") {
   CHECK(r.recompute_working == layer_activation_bytes(m, none, true));
   CHECK(r.total() == Approx(r.model_states() + r.activations + r.io_activations +
                             r.recompute_working));
+}
+
+// PyTorch eager memory (model/eager_memory.hpp): each term by hand for a GPT layer (GELU,
+// FFN 4h, no dropout) under bf16 autocast with fp32 AdamW (foreach): per layer 38 sbh bytes
+// (norm inputs 2 x 4, their bf16 casts 2 x 2, Q K V 6, attention output and its copy 2 x 2, FC1
+// output and GELU output 2 x 8); weight copies 2 bytes per GEMM weight (12 h^2 per layer and the
+// head); the loss 6 sbh + 12 sbV; the optimizer peak 20 bytes per parameter.
+TEST_CASE("eager memory: the backward and optimizer peaks of a bf16-autocast AdamW step", "[memory][eager]") {
+  transformer m;
+  m.layers = 8, m.hidden = 2048, m.ffn = 8192, m.heads = 16, m.kv_heads = 16, m.seq = 1024, m.vocab = 32768;
+  m.dropout = false;
+  const double P = 539185152.0;  // the module's parameters (untied head, learned positions)
+  const double s = 1024, h = 2048, V = 32768;
+  for (const std::int64_t b : {1, 4, 8}) {
+    const double sbh = s * static_cast<double>(b) * h, sbv = s * static_cast<double>(b) * V;
+    const eager_memory e = eager_memory_per_gpu(m, P, b, 1, eager_recipe{});
+    CHECK(eager_layer_activation_bytes(m, b, eager_recipe{}) == Approx(38 * sbh));
+    CHECK(e.weight_copies == Approx(2 * (8 * 12 * h * h + V * h)));
+    CHECK(e.loss == Approx(6 * sbh + 12 * sbv));
+    CHECK(e.backward_peak == Approx(12 * P + e.weight_copies + 8 * 38 * sbh + e.loss));
+    CHECK(e.optimizer_peak == Approx(20 * P));
+    CHECK(e.total() == Approx(std::max(e.backward_peak, e.optimizer_peak)));
+  }
+  // Micro-batch 1 peaks in the optimizer step, 4 at the start of the backward.
+  CHECK(eager_memory_per_gpu(m, P, 1, 1, eager_recipe{}).total() == Approx(20 * P));
+  const eager_memory four = eager_memory_per_gpu(m, P, 4, 1, eager_recipe{});
+  CHECK(four.total() == Approx(four.backward_peak));
+  // Accumulating micro-batches keeps the gradients through the later backward passes.
+  CHECK(eager_memory_per_gpu(m, P, 4, 2, eager_recipe{}).backward_peak == Approx(four.backward_peak + 4 * P));
+  // A fused optimizer has no full-size temporary; a bf16 module casts no weights.
+  eager_recipe fused;
+  fused.optimizer_temp = 0;
+  CHECK(eager_memory_per_gpu(m, P, 1, 1, fused).optimizer_peak == Approx(16 * P));
+  eager_recipe pure;
+  pure.param = pure.grad = pure.residual = pure.loss = 2, pure.optimizer = 4, pure.optimizer_temp = 2;
+  CHECK(eager_memory_per_gpu(m, P, 4, 1, pure).weight_copies == 0);
 }

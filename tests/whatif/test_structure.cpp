@@ -319,3 +319,25 @@ TEST_CASE("single-rank HTA DDP trace: the data-parallel group from its collectiv
   CHECK(d.st.gradients.bucket_elements.known());  // In msg nelems on the kernels
   CHECK(d.st.ranks[0].iteration.value == std::string("ProfilerStep#6"));
 }
+
+// The memory recipe of a recorded PyTorch eager run (examples/capture/gpt_train.py: fp32 module,
+// bf16 autocast, AdamW foreach, loss on fp32 logits, untied head), and of a Megatron-style job
+// written by synth (no torch.optim step: the Megatron model stays).
+TEST_CASE("structure: the memory recipe of a PyTorch eager step", "[structure][memory]") {
+  const auto d = discover(lumos_test::data_dir() / "gpu" / "h100-base");
+  const auto& mr = d.st.memory;
+  REQUIRE(mr.recipe.has_value());
+  CHECK(mr.optimizer.value == std::string("AdamW (torch.optim, foreach)"));
+  CHECK(mr.recipe->param == 4);
+  CHECK(mr.recipe->optimizer == 8);
+  CHECK(mr.recipe->optimizer_temp == 4);
+  CHECK(mr.recipe->residual == 4);
+  CHECK(mr.recipe->gemm == 2);
+  CHECK(mr.recipe->loss == 4);
+  CHECK(mr.recipe->weight_copies);
+  CHECK_FALSE(mr.tied_embeddings);
+  CHECK(mr.embeddings.value == std::string("untied"));
+  const auto p = discover(lumos_test::data_dir() / "whatif" / "pp2_1f1b");
+  CHECK_FALSE(p.st.memory.recipe.has_value());
+  CHECK_FALSE(p.st.memory.optimizer.known());
+}

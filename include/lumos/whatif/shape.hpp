@@ -211,8 +211,22 @@ struct shape_stats {
   return r;
 }
 
-/// V/TP from the first GEMM outside the layers whose third width is neither hidden nor a layer
-/// width (the logits); 0 when there is none.
+/// The width other than the tokens and the hidden size of a linear GEMM outside the layers (the
+/// logits head's vocabulary shard), or 0 when its dims are not tokens x hidden x something.
+[[nodiscard]] inline std::int64_t logits_width(const detail::gemm_shape& g, const shape_config& a) {
+  const std::int64_t d[3] = {g.m, g.n, g.k};
+  int tok = -1, hid = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (tok < 0 && d[i] == a.tokens()) {
+      tok = i;
+    } else if (hid < 0 && d[i] == a.hidden) {
+      hid = i;
+    }
+  }
+  return tok < 0 || hid < 0 ? 0 : d[3 - tok - hid];
+}
+
+/// V/TP from the first linear GEMM outside the layers (the logits); 0 when there is none.
 [[nodiscard]] inline std::int64_t traced_vocab_local(const trace::job& job, const job_structure& st,
                                                      const shape_config& from) {
   std::int64_t vocab_local = 0;
@@ -222,6 +236,9 @@ struct shape_stats {
     if (const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
                                         detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)))) {
       (void)map_gemm(*gs, from, from, true, &vocab_local);
+      // Outside the layers the only linear GEMM is the logits head: its third dim is the vocabulary
+      // shard even where it equals a layer's inner width (V = 2 x FFN reads as a gated FC1).
+      if (!vocab_local && gs->kind == detail::gemm_shape::role::linear) vocab_local = logits_width(*gs, from);
     }
   }
   return vocab_local;

@@ -13,6 +13,7 @@
 #include <lumos/whatif/structure/iteration.hpp>
 #include <lumos/whatif/structure/layers.hpp>
 #include <lumos/whatif/structure/layout.hpp>
+#include <lumos/whatif/structure/memory_recipe.hpp>
 #include <lumos/whatif/structure/model_shape.hpp>
 #include <lumos/whatif/structure/overrides.hpp>
 #include <lumos/whatif/structure/passes.hpp>
@@ -32,7 +33,7 @@ namespace lumos::whatif {
 ///
 /// The facets run in this order, each reading what the ones before it found: the launches of
 /// each rank's iteration (built once), iteration, phases, passes, layers, stages, layout (world
-/// and PP), schedule, process groups, TP/DP/EP, gradient reduction, model shape, layer task
+/// and PP), schedule, process groups, TP/DP/EP, gradient reduction, model shape, memory recipe, layer task
 /// groups, GPU op contexts; the user's facts last.
 [[nodiscard]] inline job_structure discover_structure(const trace::job& job, const graph::built_job& built,
                                                       const structure_options& options = {}) {
@@ -49,6 +50,7 @@ namespace lumos::whatif {
   discover_parallel_degrees(in, out);
   discover_gradients(in, out);
   discover_model_shape(in, out);
+  discover_memory_recipe(in, out);
   discover_layer_tasks(in, out);
   discover_gpu_ops(in, out);
   apply_overrides(options, out);

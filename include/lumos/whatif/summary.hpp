@@ -4,6 +4,7 @@
 #include <lumos/core/error.hpp>
 #include <lumos/model/flops.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/eager_memory.hpp>
 #include <lumos/model/memory.hpp>
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/synth/schedules.hpp>
@@ -35,9 +36,11 @@ struct shape_figures {
 /// The figures of `m` (a `counted_transformer`: its layers, KV heads, MLP and embeddings; `vocab`
 /// 0 when unknown) under TP `c.tp` over `pp` stages and `dp` replicas, `passes` forward passes
 /// per rank per iteration (micro-batches × chunks), `backward` whether the iteration trains.
+/// `recipe`: the traced step is PyTorch eager with a torch.optim Adam optimizer
+/// (whatif/structure/memory_recipe.hpp): on one GPU its memory is model/eager_memory.hpp's peak.
 [[nodiscard]] inline shape_figures figures_of(const shape_config& c, model::transformer m, int pp, int dp,
                                               std::int64_t passes, bool backward, double in_flight,
-                                              bool distributed_optimizer = false) {
+                                              bool distributed_optimizer = false, const memory_recipe_facts* recipe = nullptr) {
   shape_figures f;
   f.world = static_cast<std::int64_t>(c.tp) * pp * dp;
   m.name = "whatif";
@@ -50,7 +53,11 @@ struct shape_figures {
   par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
   par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
   par.zero_stage = distributed_optimizer ? 1 : 0;  // the optimizer's states sharded over DP
-  if (m.hidden % m.heads == 0 && m.layers % pp == 0) {
+  if (recipe && recipe->recipe && backward && c.tp == 1 && pp == 1 && dp == 1 && m.vocab > 1 && m.hidden % m.heads == 0) {
+    m.tied_embeddings = recipe->tied_embeddings;
+    const auto params = static_cast<double>(model::stage_parameters_per_rank(m, par, 0));
+    f.memory_bytes_per_gpu = model::eager_memory_per_gpu(m, params, c.micro_batch, std::max<std::int64_t>(passes, 1), *recipe->recipe).total();
+  } else if (m.hidden % m.heads == 0 && m.layers % pp == 0) {
     model::memory_options mo;
     mo.in_flight_microbatches = in_flight;
     mo.per_param = model::megatron_state_bytes;  // as predict: the traces are of Megatron's training
@@ -145,9 +152,10 @@ struct parallel_target {
     const bool distributed = st.gradients.method.value == std::string("reduce-scatter + all-gather");
     const bool gated = st.model.gated_mlp;
     s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
-                            summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed);
+                            summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed, &st.memory);
     s.predicted = figures_of(to, counted_transformer(to, st, vocab, gated, static_cast<int>(layers_to_n)), pp_to, dp_to, m_to * chunks_to,
-                             backward, summary_in_flight(kind_to, pp_to, m_to, chunks_to), target.distributed_optimizer.value_or(distributed));
+                             backward, summary_in_flight(kind_to, pp_to, m_to, chunks_to), target.distributed_optimizer.value_or(distributed),
+                             &st.memory);
   }
   std::string from_preset(from_gpu);
   if (from_preset.empty()) {

@@ -44,6 +44,12 @@ inline void inspect_json(json_writer& w, const trace::job& job) {
       w.begin_object().field("name", st.name).field("start_ns", r.base_ns + st.start).field("dur_ns", st.dur).end_object();
     }
     w.end_array();
+    if (s.memory) {
+      // The profiler's memory events (profile_memory=True): the measured peak and when it was reached.
+      w.key("measured_memory").begin_object().field("peak_allocated_bytes", s.memory->allocated)
+          .field("peak_reserved_bytes", s.memory->reserved).field("peak_at_ns", r.base_ns + s.memory->at)
+          .field("device", s.memory->device).field("events", s.memory->events).end_object();
+    }
     w.field("unknown_phase_entries", r.skipped_entries);
     w.end_object();
   }
@@ -114,6 +120,13 @@ inline void structure_parallel_json(json_writer& w, const whatif::job_structure&
   structure_fact_json(w, "method", st.gradients.method);
   structure_fact_json(w, "buckets", st.gradients.buckets);
   structure_fact_json(w, "bucket_elements", st.gradients.bucket_elements);
+  w.end_object();
+  w.key("memory_recipe").begin_object();
+  structure_fact_json(w, "optimizer", st.memory.optimizer);
+  structure_fact_json(w, "states", st.memory.states);
+  structure_fact_json(w, "residual", st.memory.residual);
+  structure_fact_json(w, "loss", st.memory.loss);
+  structure_fact_json(w, "embeddings", st.memory.embeddings);
   w.end_object();
 }
 

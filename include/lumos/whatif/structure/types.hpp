@@ -5,6 +5,7 @@
 
 #include <lumos/core/time.hpp>
 #include <lumos/graph/task_graph.hpp>
+#include <lumos/model/eager_memory.hpp>
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/synth/schedules.hpp>
 
@@ -155,11 +156,21 @@ struct gpu_op_context {
   bool comm = false, p2p = false;
 };
 
+/// How the traced step keeps its memory (whatif/structure/memory_recipe.hpp): a PyTorch eager
+/// step with a `torch.optim` Adam optimizer is modelled by model/eager_memory.hpp from the data
+/// types read here; anything else (`recipe` unset) by Megatron's model (model/memory.hpp).
+struct memory_recipe_facts {
+  fact<std::string> optimizer, states, residual, loss, embeddings;
+  std::optional<model::eager_recipe> recipe;
+  bool tied_embeddings = false;
+};
+
 /// What `discover_structure` found.
 struct job_structure {
   parallel_layout parallel;
   model_shape model;
   gradient_reduction gradients;
+  memory_recipe_facts memory;
   std::vector<rank_structure> ranks;  ///< same order as job.ranks
   std::vector<process_group> groups;
   std::vector<layer_task_group> layer_groups;
