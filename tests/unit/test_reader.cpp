@@ -428,3 +428,21 @@ TEST_CASE("events are stored compactly: at most 96 bytes per entry, little spare
     CHECK(t.memory_bytes() >= t.events.size() * sizeof(event));
   }
 }
+
+// profile_memory=True writes a `[memory]` instant event per allocation and free, with the
+// allocator's totals after it; host allocations (Device Id -1) do not count toward the GPU's.
+TEST_CASE("the profiler's memory events give the measured peak", "[reader][memory]") {
+  const auto t = read_trap("memory_events.json");
+  const auto p = lumos::trace::measured_memory_peak(t);
+  REQUIRE(p.has_value());
+  CHECK(p->events == 3);
+  CHECK(p->allocated == 3145728);
+  CHECK(p->reserved == 8388608);
+  CHECK(p->at == find(t, "gemm_kernel").ts + 20'000);
+  CHECK(p->device == 0);
+  CHECK(summarize(t).memory.has_value());
+  CHECK_FALSE(lumos::trace::measured_memory_peak(read_trap("launched_before_window.json")).has_value());
+  // The graph keeps its tasks: memory events are not operations.
+  const job j = one_rank(read_trap("memory_events.json"));
+  CHECK(lumos::graph::build_graph(j).stats.ops_without_launch == 0);
+}

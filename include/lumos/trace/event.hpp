@@ -127,6 +127,9 @@ enum class arg_key : std::uint8_t {
   wait_on_event_record_correlation,  ///< cuda_sync: correlation of that cudaEventRecord
   wait_on_event_id,      ///< cuda_sync: the CUDA event id
   event_id,              ///< cuda_event: the CUDA event id
+  total_allocated,       ///< "Total Allocated": `[memory]` events (profile_memory=True), bytes after it
+  total_reserved,        ///< "Total Reserved": the caching allocator's reserved bytes after it
+  device_id,             ///< "Device Id" of a `[memory]` event (-1: host memory)
   count_
 };
 inline constexpr std::size_t arg_key_count = static_cast<std::size_t>(arg_key::count_);
@@ -157,7 +160,7 @@ inline constexpr std::size_t arg_key_count = static_cast<std::size_t>(arg_key::c
       "Out msg nelems", "In split size", "Out split size", "Group size", "Process Group Name",
       "Process Group Description", "Process Group Ranks", "Rank", "Seq", "Global rank start",
       "Global rank stride", "wait_on_stream", "wait_on_cuda_event_record_corr_id",
-      "wait_on_cuda_event_id", "event_id"};
+      "wait_on_cuda_event_id", "event_id", "Total Allocated", "Total Reserved", "Device Id"};
   return keys[static_cast<std::size_t>(k)];
 }
 

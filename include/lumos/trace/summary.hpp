@@ -51,6 +51,35 @@ struct profiler_step {
   return steps;
 }
 
+/// The peak of the GPU memory the profiler's memory events record (`profile_memory=True`:
+/// `[memory]` instant events whose "Total Allocated" is the caching allocator's allocated bytes
+/// after each allocation or free, as `torch.cuda.memory_allocated()` counts them).
+struct memory_peak {
+  std::int64_t allocated = 0;  ///< the largest "Total Allocated" of the rank's GPU
+  std::int64_t reserved = 0;   ///< the largest "Total Reserved"
+  time_ns at = 0;              ///< trace time of the event that reached `allocated`
+  int device = -1;
+  std::uint64_t events = 0;    ///< GPU memory events read
+};
+
+/// The peak over the rank's GPU memory events (events with "Device Id" >= 0), or nothing when the
+/// trace has none. Linear in events.
+[[nodiscard]] inline std::optional<memory_peak> measured_memory_peak(const rank_trace& t) {
+  memory_peak p;
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    const event& e = t.events[i];
+    if (e.ph != phase::instant || t.name(e) != "[memory]") continue;
+    const auto dev = t.arg(i, arg_key::device_id);
+    const auto total = t.arg(i, arg_key::total_allocated);
+    if (!dev || *dev < 0 || !total) continue;
+    ++p.events;
+    if (p.events == 1 || *total > p.allocated) p.allocated = *total, p.at = e.ts, p.device = static_cast<int>(*dev);
+    if (const auto r = t.arg(i, arg_key::total_reserved)) p.reserved = std::max(p.reserved, *r);
+  }
+  if (p.events == 0) return std::nullopt;
+  return p;
+}
+
 /// Counts that `lumos inspect` prints for one rank.
 struct rank_summary {
   std::vector<std::pair<std::string, std::uint64_t>> by_category;  ///< sorted by category
@@ -60,6 +89,7 @@ struct rank_summary {
   std::uint64_t threads = 0;    ///< distinct (pid, tid) of CPU-side events
   std::string device;           ///< name of the GPU the ops ran on (deviceProperties)
   std::vector<profiler_step> steps;
+  std::optional<memory_peak> memory;  ///< from the profiler's memory events, when recorded
 };
 
 template <CommClassifier Comm = default_comm_classifier>
@@ -91,6 +121,7 @@ template <CommClassifier Comm = default_comm_classifier>
   }
   if (s.device.empty() && !t.devices.empty()) s.device = t.devices.front().name;
   s.steps = profiler_steps(t);
+  s.memory = measured_memory_peak(t);
   return s;
 }
 
