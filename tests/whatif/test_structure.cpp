@@ -321,8 +321,8 @@ TEST_CASE("single-rank HTA DDP trace: the data-parallel group from its collectiv
 }
 
 // The memory recipe of a recorded PyTorch eager run (examples/capture/gpt_train.py: fp32 module,
-// bf16 autocast, AdamW foreach, loss on fp32 logits, untied head), and of a Megatron-style job
-// written by synth (no torch.optim step: the Megatron model stays).
+// bf16 autocast, AdamW foreach, loss on fp32 logits, untied head), and of the hand-made pipeline
+// jobs (make_pipeline_traces.py: a bf16 module, AdamW's per-parameter kernels, no log-softmax).
 TEST_CASE("structure: the memory recipe of a PyTorch eager step", "[structure][memory]") {
   const auto d = discover(lumos_test::data_dir() / "gpu" / "h100-base");
   const auto& mr = d.st.memory;
@@ -338,6 +338,10 @@ TEST_CASE("structure: the memory recipe of a PyTorch eager step", "[structure][m
   CHECK_FALSE(mr.tied_embeddings);
   CHECK(mr.embeddings.value == std::string("untied"));
   const auto p = discover(lumos_test::data_dir() / "whatif" / "pp2_1f1b");
-  CHECK_FALSE(p.st.memory.recipe.has_value());
-  CHECK_FALSE(p.st.memory.optimizer.known());
+  REQUIRE(p.st.memory.recipe.has_value());
+  CHECK(p.st.memory.optimizer.value == std::string("AdamW (torch.optim, for-loop)"));
+  CHECK(p.st.memory.recipe->param == 2);
+  CHECK(p.st.memory.recipe->optimizer_temp == 0);
+  CHECK(p.st.memory.recipe->loss == 2);  // no log-softmax kernel: the residual's type
+  CHECK_FALSE(p.st.memory.recipe->weight_copies);
 }
