@@ -236,9 +236,12 @@ struct shape_stats {
     if (const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
                                         detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)))) {
       (void)map_gemm(*gs, from, from, true, &vocab_local);
-      // Outside the layers the only linear GEMM is the logits head: its third dim is the vocabulary
-      // shard even where it equals a layer's inner width (V = 2 x FFN reads as a gated FC1).
-      if (!vocab_local && gs->kind == detail::gemm_shape::role::linear) vocab_local = logits_width(*gs, from);
+      // A vocabulary shard of twice the FFN reads as a gated MLP's FC1 width: without a gated MLP
+      // that width can only be the logits.
+      if (!vocab_local && !st.model.gated_mlp && gs->kind == detail::gemm_shape::role::linear &&
+          logits_width(*gs, from) == 2 * from.ffn_local()) {
+        vocab_local = 2 * from.ffn_local();
+      }
     }
   }
   return vocab_local;
