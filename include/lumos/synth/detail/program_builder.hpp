@@ -66,7 +66,9 @@ class program_builder {
     }
     tp_ = par_.tp;
     pp_ = par_.pp;
-    dp_ = par_.dp;
+    // The columns of a stage are its tp * cp * dp ranks; gradients are reduced over the DP x CP
+    // group (stride tp), so the builder's "dp" is dp * cp. The micro-batches are dp's (above).
+    dp_ = par_.gradient_ranks();
     world_ = static_cast<int>(par_.world_size());
     launch_cost_ = opt_.launch_cost >= 0 ? opt_.launch_cost : hw_.kernel_launch_overhead;
     collective_cpu_ = opt_.collective_cpu >= 0 ? opt_.collective_cpu : launch_cost_;
@@ -271,6 +273,7 @@ class program_builder {
   int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0, edp_base_ = 0;
   model::group_placement tp_placement_;
   std::array<model::group_placement, 3> moe_placement_{};  ///< [model::moe_group]
+  std::array<model::cp_exchange, 2> cp_exchange_{};  ///< a layer's K/V exchange: [0] forward, [1] backward
 
   // ---- names and pass templates: synth/detail/program_templates.hpp ----
   // Where the TP collectives of a layer sit among its ops (comm.hpp lists them; Megatron's
@@ -298,6 +301,7 @@ class program_builder {
   item comm_item(std::string_view name, model::collective c, std::int64_t bytes, std::int64_t element_bytes = 0,
                  const model::group_placement* placement = nullptr);
   void emit_moe_collectives(const model::op_cost& o, bool after, std::vector<item>& out);
+  void emit_cp_exchange(const model::op_cost& o, bool after, std::vector<item>& out);
   [[nodiscard]] std::span<const hook> layer_hooks() const;
   [[nodiscard]] time_ns exposed_tp_comm(time_ns comm, time_ns gemm, overlap_kind k) const noexcept;
   [[nodiscard]] static hook_phase phase_of(const model::op_cost& o) noexcept;

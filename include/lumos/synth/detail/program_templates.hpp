@@ -186,6 +186,26 @@ void program_builder<Compute, Comm>::emit_moe_collectives(const model::op_cost& 
   }
 }
 
+// The key/value exchange of context parallelism around the attention core (`o`, the first op
+// of the attention role in a run of them; a forward or recomputed forward, or its backward),
+// timed over the CP group's placement by `model::context_parallel_exchange`. The ring (p2p)
+// runs beside the attention and the attention cannot end before it: its item keeps the part
+// the attention does not hide, max(0, ring - attention), after the attention. The all-gather
+// variant goes whole before the forward attention, its reduce-scatter after the backward one.
+// Items on the compute stream, joined over the TP group as the MoE dispatch is.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::emit_cp_exchange(const model::op_cost& o, bool after, std::vector<item>& out) {
+  if (par_.cp <= 1 || o.role != model::op_role::attention) return;
+  const hook_phase ph = phase_of(o);
+  if (ph == hook_phase::wgrad) return;
+  const model::cp_exchange& x = cp_exchange_[ph == hook_phase::fwd ? 0 : 1];
+  if (after != (x.overlapped || ph != hook_phase::fwd)) return;
+  const model::group_placement cp_group = model::context_parallel_group(par_, hw_);
+  item i = comm_item(x.name, x.kind, x.bytes, 2, &cp_group);
+  i.duration = x.overlapped ? std::max<time_ns>(0, x.duration - o.duration) : x.duration;
+  out.push_back(i);
+}
+
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
   const std::vector<model::tp_collective>& collectives = buf_.tp_collectives;
@@ -202,11 +222,16 @@ void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, p
       }
     }
   };
+  bool in_attention = false;  // the previous op of the pass was of the attention role
   for (const model::op_cost& o : ops.ops) {
     if (!in_pass(o, pk)) continue;
+    const bool first_attention = o.role == model::op_role::attention && !in_attention;
+    in_attention = o.role == model::op_role::attention;
     emit_hooks(o, false);
     emit_moe_collectives(o, false, out);
+    if (first_attention) emit_cp_exchange(o, false, out);
     out.push_back(compute_item(o));
+    if (first_attention) emit_cp_exchange(o, true, out);
     emit_moe_collectives(o, true, out);
     emit_hooks(o, true);
   }
@@ -236,7 +261,7 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::head_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
   const std::int64_t B = activation_message();
   out.clear();
-  const std::int64_t loss_bytes = par_.micro_batch * m_.seq * 4;
+  const std::int64_t loss_bytes = par_.micro_batch * par_.local_seq(m_) * 4;
   for (const model::op_cost& o : ops.ops) {
     if (!in_pass(o, pk)) continue;
     const hook_phase ph = phase_of(o);
@@ -261,7 +286,7 @@ void program_builder<Compute, Comm>::head_template(const model::op_list& ops, pa
 
 template <model::ComputeModel Compute, model::CommModel Comm>
 std::int64_t program_builder<Compute, Comm>::activation_message() const {
-  return par_.micro_batch * m_.seq * m_.hidden * static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
+  return par_.micro_batch * par_.local_seq(m_) * m_.hidden * static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -269,6 +294,8 @@ void program_builder<Compute, Comm>::build_templates() {
   tp_placement_ = model::tensor_parallel_group(par_, hw_);
   model::tensor_parallel_layer_collectives(m_, par_, buf_.tp_collectives);
   model::moe_layer_collectives(m_, par_, buf_.moe_collectives);
+  cp_exchange_ = {model::context_parallel_exchange(m_, par_, hw_, comm_, false),
+                  model::context_parallel_exchange(m_, par_, hw_, comm_, true)};
   if (m_.is_moe()) {
     for (const model::moe_group g : {model::moe_group::ep, model::moe_group::tp, model::moe_group::ep_tp}) {
       moe_placement_[static_cast<std::size_t>(g)] = model::moe_group_placement(g, par_, hw_);
