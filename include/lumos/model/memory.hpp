@@ -231,7 +231,7 @@ struct layer_activation_terms {
   const double inflight = opt.in_flight_microbatches;
   const std::int64_t moe_layers = stage_moe_layers(m, par, stage);
   r.activations = layer_activation_bytes(m, par, opt.flash_attention) *
-                  static_cast<double>(par.layers_per_stage(m) - moe_layers) * inflight;
+                  static_cast<double>(par.stage_layers(m, stage) - moe_layers) * inflight;
   if (moe_layers > 0) {
     r.activations += moe_layer_activation_bytes(m, par, opt.flash_attention) * static_cast<double>(moe_layers) * inflight;
     r.moe_dispatch_buffers = moe_dispatch_buffer_bytes(m, par);

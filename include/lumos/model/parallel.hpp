@@ -113,13 +113,35 @@ struct parallel_config {
     return global_batch / per_step;
   }
 
-  /// Transformer layers held by one pipeline stage (all its virtual chunks together).
-  [[nodiscard]] constexpr std::int64_t layers_per_stage(const transformer& m) const noexcept {
-    return m.layers / pp;
+  /// Whether the layers are split as Megatron's --account-for-embedding-in-pipeline-split and
+  /// --account-for-loss-in-pipeline-split split them: pp * vp (> 1) does not divide the layers
+  /// but divides layers + 2, so the embedding counts as a layer of the first virtual stage and
+  /// the loss as one of the last, each of which holds one transformer layer fewer than the
+  /// others (Llama 3.1 405B: 126 + 2 = 128 over pp 8 x vp 8, Megatron-Bridge's recipe).
+  [[nodiscard]] constexpr bool embedding_loss_in_split(const transformer& m) const noexcept {
+    const std::int64_t chunks = std::int64_t{pp} * vp;
+    return chunks > 1 && m.layers % chunks != 0 && (m.layers + 2) % chunks == 0;
   }
-  /// Transformer layers in one virtual chunk (== layers_per_stage when vp == 1).
+  /// Transformer layers held by a pipeline stage other than the first and the last (all its
+  /// virtual chunks together); `stage_layers` has every stage's.
+  [[nodiscard]] constexpr std::int64_t layers_per_stage(const transformer& m) const noexcept {
+    return layers_per_chunk(m) * vp;
+  }
+  /// Transformer layers in one virtual chunk (== layers_per_stage when vp == 1); under
+  /// `embedding_loss_in_split` the first and the last virtual stage hold one fewer.
   [[nodiscard]] constexpr std::int64_t layers_per_chunk(const transformer& m) const noexcept {
-    return m.layers / (std::int64_t{pp} * vp);
+    return (m.layers + (embedding_loss_in_split(m) ? 2 : 0)) / (std::int64_t{pp} * vp);
+  }
+  /// Transformer layers of virtual chunk `chunk` (0 <= chunk < vp) of stage `stage`.
+  [[nodiscard]] constexpr std::int64_t chunk_layers(const transformer& m, int stage, int chunk) const noexcept {
+    const bool split = embedding_loss_in_split(m);
+    return layers_per_chunk(m) - (split && stage == 0 && chunk == 0 ? 1 : 0) -
+           (split && stage == pp - 1 && chunk == vp - 1 ? 1 : 0);
+  }
+  /// Transformer layers held by stage `stage` (all its virtual chunks together).
+  [[nodiscard]] constexpr std::int64_t stage_layers(const transformer& m, int stage) const noexcept {
+    const bool split = embedding_loss_in_split(m);
+    return layers_per_stage(m) - (split && stage == 0 ? 1 : 0) - (split && stage == pp - 1 ? 1 : 0);
   }
 
   /// Checks the configuration against the model. Throws `lumos::error` whose message names
@@ -177,11 +199,12 @@ struct parallel_config {
                   " virtual chunks need pipeline parallelism: set pp > 1 or vp = 1");
     }
     const std::int64_t chunks = std::int64_t{pp} * vp;
-    if (m.layers % chunks != 0) {
+    if (m.layers % chunks != 0 && !embedding_loss_in_split(m)) {
       throw error("model '" + m.name + "': layers (" + std::to_string(m.layers) +
                   ") must be divisible by pp * vp (" + std::to_string(pp) + " * " +
                   std::to_string(vp) + " = " + std::to_string(chunks) +
-                  "): choose pp and vp whose product divides the layer count");
+                  "), or layers + 2 with the embedding and the loss counted as layers: choose pp "
+                  "and vp whose product divides the layer count");
     }
   }
 

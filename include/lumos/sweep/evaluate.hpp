@@ -349,7 +349,8 @@ class evaluator {
       return r;
     }
     const std::int64_t chunks = std::int64_t{c.pp} * c.vp;
-    if (m.layers % chunks != 0) {
+    // Megatron's split with the embedding and the loss counted as layers (parallel_config::embedding_loss_in_split).
+    if (m.layers % chunks != 0 && (chunks == 1 || (m.layers + 2) % chunks != 0)) {
       r.reason = rejection::layer_divisibility;
       detail::say(r, "layers (%lld) are not divisible by pp*vp (%lld)", static_cast<long long>(m.layers),
                   static_cast<long long>(chunks));

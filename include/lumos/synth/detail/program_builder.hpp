@@ -74,6 +74,7 @@ class program_builder {
     collective_cpu_ = opt_.collective_cpu >= 0 ? opt_.collective_cpu : launch_cost_;
     bucket_params_ = opt_.bucket_params > 0 ? opt_.bucket_params : model::megatron_bucket_params(dp_);
     layers_per_chunk_ = static_cast<int>(par_.layers_per_chunk(m_));
+    embedding_loss_in_split_ = par_.embedding_loss_in_split(m_);
     if (m_.is_moe() && m_.moe.first_dense_layers > 0) {
       throw error("model '" + m_.name + "': the program builder repeats one layer template, so first_dense_layers (" +
                   std::to_string(m_.moe.first_dense_layers) + ") must be 0 to build or predict a MoE job");
@@ -225,6 +226,12 @@ class program_builder {
   bool zero3_ = false;
   int tp_ = 1, pp_ = 1, dp_ = 1, world_ = 1;
   int layers_per_chunk_ = 1;
+  bool embedding_loss_in_split_ = false;  ///< model::parallel_config::embedding_loss_in_split
+  /// Layers of a chunk that is the first virtual stage or not, the last or not: one fewer for
+  /// each under Megatron's split with the embedding and the loss counted as layers.
+  [[nodiscard]] int chunk_layers(bool first, bool last) const noexcept {
+    return std::max(0, layers_per_chunk_ - (embedding_loss_in_split_ && first ? 1 : 0) - (embedding_loss_in_split_ && last ? 1 : 0));
+  }
   time_ns launch_cost_ = 0;
   time_ns collective_cpu_ = 0;
   std::int64_t bucket_params_ = 0;

@@ -327,7 +327,7 @@ void program_builder<Compute, Comm>::build_templates() {
         totals t;
         if (first && forward) t.add(embed_items_[k]);
         if (last && !forward) t.add(head_items_[k]);
-        t.add(layer_items_[k], layers_per_chunk_);
+        t.add(layer_items_[k], chunk_layers(first != 0, last != 0));
         if (last && forward) t.add(head_items_[k]);
         if (first && !forward) t.add(embed_items_[k]);
         pass_totals_[k][static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = t;
@@ -340,14 +340,14 @@ void program_builder<Compute, Comm>::build_templates() {
     for (int last = 0; last < 2; ++last) {
       segments.clear();
       if (last) segments.push_back(head_params_);
-      segments.insert(segments.end(), static_cast<std::size_t>(layers_per_chunk_), layer_params_);
+      segments.insert(segments.end(), static_cast<std::size_t>(chunk_layers(first != 0, last != 0)), layer_params_);
       if (first) segments.push_back(embed_params_);
       model::gradient_buckets(segments, bucket_params_, buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)]);
       chunk_params_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] =
           std::accumulate(segments.begin(), segments.end(), std::int64_t{0});
       // The experts' buckets over the same segments (none in the head and the embedding).
       for (std::int64_t& seg : segments) seg = 0;
-      for (int l = 0; l < layers_per_chunk_; ++l) segments[static_cast<std::size_t>(last + l)] = expert_layer_params_;
+      for (int l = 0; l < chunk_layers(first != 0, last != 0); ++l) segments[static_cast<std::size_t>(last + l)] = expert_layer_params_;
       model::gradient_buckets(segments, bucket_params_, expert_buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)]);
     }
   }
