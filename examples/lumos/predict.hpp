@@ -31,6 +31,7 @@ inline constexpr std::string_view predict_usage =
     "                     [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
     "                     [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
     "                     [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
+    "                     [--cp N] [--cp-comm {p2p,allgather}]\n"
     "                     [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
     "                     [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
     "                     [--recompute {none,selective,full}] [--gpu PRESET]\n"
@@ -41,7 +42,8 @@ inline constexpr std::string_view predict_usage =
     "  engine; prints iteration time, throughput, TFLOP/s and MFU/HFU, pipeline bubble, the 4-way\n"
     "  breakdown of rank 0 and per-GPU memory.\n"
     "  --model     gpt3-15b, gpt3-44b, gpt3-117b, gpt3-175b (default), llama3-8b, llama3-70b,\n"
-    "              llama3-405b, and the mixture-of-experts qwen3-30b-a3b, qwen3-235b-a22b,\n"
+    "              llama3-405b (also as llama3.1-405b), and the mixture-of-experts qwen3-30b-a3b,\n"
+    "              qwen3-235b-a22b,\n"
     "              gpt-oss-120b, mixtral-8x7b; the shape flags override it (--heads also sets --kv-heads for\n"
     "              multi-head models, --hidden also sets --ffn to 4x for models whose ffn is 4h,\n"
     "              unless given)\n"
@@ -53,8 +55,13 @@ inline constexpr std::string_view predict_usage =
     "  --capacity-factor  tokens each expert computes as a multiple of its balanced share (drops\n"
     "              or pads), or dropless (default); routing is balanced\n"
     "  --tp/--pp/--dp/--vp  parallel sizes (default 1); --sp sequence parallelism (default off)\n"
-    "  --ep        expert-parallel size (default 1): EP divides DP x CP (lumos has no CP: EP\n"
-    "              divides DP) and the experts; MoE with tp > 1 needs --sp on\n"
+    "  --cp        context-parallel size (default 1): each sequence is split over cp ranks (2*cp\n"
+    "              load-balanced chunks, so 2*cp divides --seq); world = TP x PP x CP x DP; gradients\n"
+    "              and the distributed optimizer span DP x CP\n"
+    "  --cp-comm   how CP ranks exchange keys and values: p2p (default: ring attention, overlapped\n"
+    "              with the attention) or allgather (all-gather of K and V before the attention)\n"
+    "  --ep        expert-parallel size (default 1): EP divides DP x CP and the experts; MoE with\n"
+    "              tp > 1 needs --sp on\n"
     "  --tp-comm-overlap  Megatron's --tp-comm-overlap (Transformer Engine): each sequence-parallel\n"
     "              collective of a layer overlaps its GEMM (default off; needs --sp on when tp > 1)\n"
     "  --overlap-param-gather  Megatron's --overlap-param-gather: the distributed optimizer's\n"
@@ -129,10 +136,12 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
   }
   std::string sched(r.schedule.name);
   if (r.shape.chunks > 1) sched += " (v = " + std::to_string(r.shape.chunks) + ")";
-  put("  parallelism   TP %d x PP %d x DP %d, %s, sp %s%s, recompute %s, ZeRO-1 (distributed optimizer%s)\n", p.tp,
-      p.pp, p.dp, sched.c_str(), p.sp ? "on" : "off", p.tp_comm_overlap ? " (TP comm overlapped)" : "",
+  // CP only when used, so that the line of a job without it reads as before.
+  const std::string cp = p.cp > 1 ? " x CP " + std::to_string(p.cp) + " (" + std::string(model::to_string(p.cp_comm)) + ")" : "";
+  put("  parallelism   TP %d x PP %d%s x DP %d, %s, sp %s%s, recompute %s, ZeRO-1 (distributed optimizer%s)\n", p.tp,
+      p.pp, cp.c_str(), p.dp, sched.c_str(), p.sp ? "on" : "off", p.tp_comm_overlap ? " (TP comm overlapped)" : "",
       std::string(model::to_string(p.recompute)).c_str(),
-      p.overlap_param_gather && p.dp > 1 ? ", parameter all-gather overlapped with the first forward" : "");
+      p.overlap_param_gather && p.gradient_ranks() > 1 ? ", parameter all-gather overlapped with the first forward" : "");
   put("  batch         %lld sequences of %lld tokens, micro-batch %lld, %d micro-batches per pipeline\n",
       static_cast<long long>(p.global_batch), static_cast<long long>(m.seq), static_cast<long long>(p.micro_batch),
       r.shape.micro_batches);
@@ -184,8 +193,9 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       detail::bytes_text(mem.optimizer_states).c_str(),
       detail::bytes_text(mem.activations + mem.io_activations + mem.recompute_working).c_str(),
       r.in_flight_microbatches);
-  out += "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP;\n"
-         "                activations per Korthikanti et al. with FlashAttention)\n";
+  out += p.cp > 1 ? "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP x CP;\n"
+                  : "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP;\n";
+  out += "                activations per Korthikanti et al. with FlashAttention)\n";
   put("  simulated     %zu ranks%s, %zu tasks, %zu edges, in %.1f ms\n", r.simulated_ranks,
       r.unfolded ? " (every rank)" : " (one per stage; identical ranks folded)", r.tasks, r.edges, wall_ms);
 }

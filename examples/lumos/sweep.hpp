@@ -38,7 +38,8 @@ inline constexpr std::string_view sweep_usage =
     "                   [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
     "                   [--capacity-factor {F,dropless}] [--gpu PRESET] [--precision P]\n"
     "                   [--profile FILE] [--cost-model {kernel,roofline}] [--attention {flash,unfused}]\n"
-    "                   [--tp LIST] [--pp LIST] [--dp LIST] [--vp LIST] [--ep LIST] [--micro-batch LIST]\n"
+    "                   [--tp LIST] [--pp LIST] [--cp LIST] [--cp-comm {p2p,allgather}] [--dp LIST]\n"
+    "                   [--vp LIST] [--ep LIST] [--micro-batch LIST]\n"
     "                   [--schedule LIST] [--recompute LIST] [--sp LIST] [--tp-comm-overlap {on,off}]\n"
     "                   [--overlap-param-gather {on,off}] [--global-batch N]\n"
     "                   [--memory-margin F] [--top K] [--threads T] [--csv FILE] [--report FILE] [--json]\n"
@@ -50,10 +51,13 @@ inline constexpr std::string_view sweep_usage =
     "  --gpus        the GPU count N (required)\n"
     "  --tp          default: powers of two up to min(N, GPUs per node)\n"
     "  --pp          default: powers of two up to min(N, layers)\n"
-    "  --dp          default: N / (tp*pp)\n"
+    "  --dp          default: N / (tp*pp*cp)\n"
     "  --vp          default 1;  --micro-batch default 1,2,4\n"
-    "  --ep          expert-parallel sizes of a MoE model (default 1); EP divides DP x CP (lumos has\n"
-    "                no CP: DP), and a value that does not divide a configuration's dp is skipped\n"
+    "  --cp          context-parallel sizes (default 1): each sequence is split over cp ranks\n"
+    "                (world = TP x PP x CP x DP); a cp whose 2*cp chunks do not divide --seq is rejected\n"
+    "  --cp-comm     p2p (default: ring attention) or allgather (all-gather of K and V), for every cp > 1\n"
+    "  --ep          expert-parallel sizes of a MoE model (default 1); EP divides DP x CP, and a value\n"
+    "                that does not divide a configuration's dp * cp is skipped\n"
     "  --schedule    gpipe, 1f1b, interleaved, zb-h1, zb-h2 (default 1f1b, and interleaved when a vp > 1)\n"
     "  --recompute   none, selective, full (default all three);  --sp off, on (default both)\n"
     "  --tp-comm-overlap  on: configurations with sp overlap their TP collectives with GEMMs, as\n"
@@ -156,13 +160,16 @@ inline void sweep_text(const sweep_request& req, const std::vector<sweep::result
   put("  top %zu by iteration time:\n", best.size());
   // An ep column only when the sweep varies expert parallelism (a dense model's table keeps its columns).
   const bool ep_column = std::any_of(best.begin(), best.end(), [&](std::size_t i) { return rs[i].config.ep != 1; });
-  put("  %4s %4s %4s %5s %3s%s %4s %-17s %-9s %-3s %12s %7s %11s %7s\n", "#", "tp", "pp", "dp", "vp", ep_column ? "  ep" : "", "mb", "schedule",
-      "recompute", "sp", "iteration", "MFU", "memory/GPU", "bubble");
+  // Likewise a cp column only when the sweep varies context parallelism.
+  const bool cp_column = std::any_of(best.begin(), best.end(), [&](std::size_t i) { return rs[i].config.cp != 1; });
+  auto narrow = [](int v) { return std::string(v < 10 ? "   " : v < 100 ? "  " : " ") + std::to_string(v); };
+  put("  %4s %4s %4s%s %5s %3s%s %4s %-17s %-9s %-3s %12s %7s %11s %7s\n", "#", "tp", "pp", cp_column ? "   cp" : "", "dp", "vp",
+      ep_column ? "  ep" : "", "mb", "schedule", "recompute", "sp", "iteration", "MFU", "memory/GPU", "bubble");
   for (std::size_t k = 0; k < best.size(); ++k) {
     const sweep::result& r = rs[best[k]];
     const sweep::configuration& c = r.config;
-    put("  %4zu %4d %4d %5d %3d%s %4lld %-17s %-9s %-3s %10.3f s %7s %11s %7s\n", k + 1, c.tp, c.pp, c.dp, c.vp,
-        ep_column ? (std::string(c.ep < 10 ? "   " : c.ep < 100 ? "  " : " ") + std::to_string(c.ep)).c_str() : "",
+    put("  %4zu %4d %4d%s %5d %3d%s %4lld %-17s %-9s %-3s %10.3f s %7s %11s %7s\n", k + 1, c.tp, c.pp,
+        cp_column ? (" " + narrow(c.cp)).c_str() : "", c.dp, c.vp, ep_column ? narrow(c.ep).c_str() : "",
         static_cast<long long>(c.micro_batch), std::string(c.schedule.name).c_str(),
         std::string(model::to_string(c.recompute)).c_str(), c.sp ? "on" : "off",
         static_cast<double>(r.m.iteration_ns) / 1e9, detail::pct(r.m.mfu).c_str(), detail::bytes_text(r.memory_bytes).c_str(),

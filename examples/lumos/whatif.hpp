@@ -55,6 +55,8 @@ inline constexpr std::string_view whatif_usage =
     "                      TP 1 Megatron's TP collectives are inserted: all-reduces, or with --sp on\n"
     "                      (sequence parallelism) reduce-scatters and all-gathers, with the norms,\n"
     "                      residuals and dropout on 1/N of the tokens. A TP > 1 trace keeps its own SP\n"
+    "  --cp N, --cp-comm   context parallelism from traces is not supported yet (an error naming it);\n"
+    "                      lumos predict, synth and sweep model it\n"
     "  --dp N              N data-parallel replicas: the gradient collectives resized with a latency +\n"
     "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
     "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica.\n"

@@ -78,4 +78,25 @@ TEST_CASE("lumos sweep: bad flags are one-line errors with exit code 2", "[sweep
   }
 }
 
+TEST_CASE("lumos sweep --cp: context parallelism joins the space, a cp the sequence cannot split is rejected", "[sweep][cli][cp]") {
+  const result r = lumos_test::run_cli(
+      "sweep --model llama3-8b --gpus 16 --seq 4100 --global-batch 16 --tp 2 --pp 1 --cp 1,2,4 --micro-batch 1 "
+      "--recompute none --sp on --json");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  const simdjson::dom::element doc = parser.parse(r.out);
+  CHECK(doc["configurations"].get_int64().value() == 3);
+  std::int64_t seen = 0;
+  for (const auto item : doc["results"].get_array()) {
+    const std::int64_t cp = item["cp"].error() ? 1 : item["cp"].get_int64().value();
+    const std::int64_t dp = item["dp"].get_int64().value();
+    CHECK(2 * cp * dp == 16);  // tp * pp * cp * dp
+    const bool ok = std::string_view(item["status"].get_string()) == "ok";
+    CHECK(ok == (cp != 4));  // 4100 splits into 2 * 2 chunks, not into 2 * 4
+    seen |= std::int64_t{1} << cp;
+  }
+  CHECK(seen == (2 | 4 | 16));
+}
+
 #endif  // LUMOS_CLI_PATH

@@ -212,4 +212,70 @@ TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cl
   CHECK(unknown.err.find("unknown option --bogus") != std::string::npos);
 }
 
+TEST_CASE("lumos predict --cp: the job object, the world size and the errors", "[cli][synth][cp]") {
+  const std::string job = "predict --model llama3-8b --layers 4 --seq 4096 --tp 2 --pp 2 --cp 2 --dp 2 --global-batch 8 --sp on";
+  const result r = run(job + " --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  const simdjson::dom::element doc = parser.parse(r.out);
+  CHECK(int64_t(doc["job"]["cp"]) == 2);
+  CHECK(std::string_view(doc["job"]["cp_comm"]) == "p2p");
+  CHECK(int64_t(doc["job"]["gpus"]) == 16);
+  CHECK(int64_t(doc["job"]["micro_batches_per_pipeline"]) == 4);  // 8 sequences over dp 2
+  CHECK(double(doc["memory_bytes_per_gpu"]["cp_buffers"]) > 0.0);
+  // The context-parallel job is faster than the same job on half the GPUs without CP.
+  simdjson::dom::parser p2;
+  const result without = run("predict --model llama3-8b --layers 4 --seq 4096 --tp 2 --pp 2 --dp 2 --global-batch 8 --sp on --json");
+  REQUIRE(without.code == 0);
+  CHECK(int64_t(doc["iteration_ns"]) < int64_t(p2.parse(without.out)["iteration_ns"]));
+  const result text = run(job);
+  CHECK(text.out.find("x CP 2 (p2p)") != std::string::npos);
+  for (const char* bad : {" --cp 0", " --cp 3", " --cp-comm ring", " --seq 4094"}) {  // 2 * cp divides seq
+    INFO(bad);
+    const result e = run(job + bad);
+    CHECK(e.code == 2);
+    CHECK(lines(e.err) == 1);
+  }
+  const result whatif = run("whatif nowhere --cp 2");
+  CHECK(whatif.code == 2);
+  CHECK(whatif.err.find("--cp from traces is not supported yet") != std::string::npos);
+}
+
+TEST_CASE("synth --detail kernel --cp: the written job replays to predict's iteration", "[cli][synth][cp]") {
+  for (const char* comm : {"p2p", "allgather"}) {
+    INFO(comm);
+    const std::string job = std::string("--model llama3-8b --layers 4 --seq 4096 --tp 2 --pp 2 --cp 2 --dp 2 --global-batch 8 --sp on --cp-comm ") + comm;
+    lumos_test::temp_dir dir;
+    const result s = run("synth " + job + " --detail kernel --out " + dir.path().string() + " --json");
+    REQUIRE(s.code == 0);
+    const result replay = run("replay " + dir.path().string() + " --json");
+    REQUIRE(replay.code == 0);
+    const result predict = run("predict " + job + " --json");
+    REQUIRE(predict.code == 0);
+    simdjson::dom::parser a, b, c;
+    const int64_t synthesised = int64_t(a.parse(s.out)["iteration_ns"]);
+    CHECK(int64_t(b.parse(replay.out)["job"]["simulated_ns"]) == synthesised);
+    CHECK(int64_t(c.parse(predict.out)["iteration_ns"]) == synthesised);
+  }
+}
+
+TEST_CASE("predict of Llama 3.1 405B with CP 2 (Megatron-Bridge's H100 row) runs and is deterministic", "[cli][synth][cp]") {
+  const std::string row = " --tp 8 --pp 8 --cp 2 --dp 8 --vp 8 --micro-batch 1 --global-batch 512 --seq 8192 --precision fp8 --gpu h100-sxm --json";
+  const result a = run("predict --model llama3.1-405b" + row);
+  const result b = run("predict --model llama3.1-405b" + row);
+  const result old = run("predict --model llama3-405b" + row);  // the same shape under its first name
+  REQUIRE(a.code == 0);
+  REQUIRE(b.code == 0);
+  REQUIRE(old.code == 0);
+  simdjson::dom::parser pa, pb, po;
+  const simdjson::dom::element x = pa.parse(a.out), y = pb.parse(b.out), z = po.parse(old.out);
+  CHECK(std::string_view(x["job"]["model"]) == "llama3.1-405b");
+  CHECK(int64_t(x["job"]["gpus"]) == 1024);
+  CHECK(int64_t(x["iteration_ns"]) > 0);
+  CHECK(int64_t(x["iteration_ns"]) == int64_t(y["iteration_ns"]));
+  CHECK(int64_t(x["iteration_ns"]) == int64_t(z["iteration_ns"]));
+  CHECK(double(x["memory_bytes_per_gpu"]["total"]) > 0.0);
+  CHECK(double(x["memory_bytes_per_gpu"]["total"]) == double(y["memory_bytes_per_gpu"]["total"]));
+}
+
 #endif  // LUMOS_CLI_PATH

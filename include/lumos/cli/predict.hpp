@@ -172,6 +172,11 @@ inline model::parallel_config parse_parallel(args& a) {
   p.tp = positive_small(a, "--tp", 1);
   p.pp = positive_small(a, "--pp", 1);
   p.dp = positive_small(a, "--dp", 1);
+  p.cp = positive_small(a, "--cp", 1);
+  if (const auto c = a.option("--cp-comm")) {
+    if (*c != "p2p" && *c != "allgather") throw lumos::error("--cp-comm must be p2p or allgather, got '" + *c + "'");
+    p.cp_comm = *c == "p2p" ? model::cp_comm_kind::p2p : model::cp_comm_kind::allgather;
+  }
   p.vp = positive_small(a, "--vp", 1);
   p.ep = positive_small(a, "--ep", 1);
   on_off(a, "--sp", p.sp);

@@ -59,7 +59,7 @@ namespace detail {
 
 // The list flags as given (read before predict's parser, which would take them as numbers).
 struct sweep_lists {
-  std::optional<std::string> tp, pp, dp, vp, ep, micro_batch, schedule, recompute, sp, global_batch, memory_margin, top, threads;
+  std::optional<std::string> tp, pp, dp, cp, vp, ep, micro_batch, schedule, recompute, sp, global_batch, memory_margin, top, threads;
 };
 
 // A list of sizes, each in [1, 2^24]; `fallback` when the flag is absent.
@@ -140,6 +140,7 @@ inline sweep_request parse_sweep(args& a) {
   l.tp = a.option("--tp");
   l.pp = a.option("--pp");
   l.dp = a.option("--dp");
+  l.cp = a.option("--cp");
   l.vp = a.option("--vp");
   l.ep = a.option("--ep");
   l.micro_batch = a.option("--micro-batch");
@@ -161,6 +162,7 @@ inline sweep_request parse_sweep(args& a) {
   s.tp = detail::sizes(l.tp, "--tp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, req.base.job.hardware.nvlink_domain_size())));
   s.pp = detail::sizes(l.pp, "--pp", sweep::powers_of_two(std::min<std::int64_t>(req.gpus, m.layers)));
   s.dp = detail::sizes(l.dp, "--dp", {});
+  s.cp = detail::sizes(l.cp, "--cp", {1});
   s.vp = detail::sizes(l.vp, "--vp", {1});
   s.ep = detail::sizes(l.ep, "--ep", {1});
   s.micro_batch.clear();
@@ -178,6 +180,7 @@ inline sweep::problem sweep_problem(const sweep_request& req) {
   p.dtype = req.base.job.parallel.dtype;
   p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
   p.overlap_param_gather = req.base.job.parallel.overlap_param_gather;
+  p.cp_comm = req.base.job.parallel.cp_comm;
   p.gpus = req.gpus;
   p.global_batch = req.global_batch;
   p.memory_margin = req.memory_margin;

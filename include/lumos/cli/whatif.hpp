@@ -48,6 +48,10 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
     if (n > trace::max_world_size) throw usage_error(std::string(flag) + " is too large: " + *v);
     return n;
   };
+  // Context parallelism is modelled (predict, synth, sweep --cp) but not yet rewritten from traces.
+  if (a.option("--cp") || a.option("--cp-comm")) {
+    throw usage_error("--cp from traces is not supported yet (lumos predict, synth and sweep take --cp)");
+  }
   o.dp = positive("--dp");
   o.pp = positive("--pp");
   o.vp = positive("--vp");

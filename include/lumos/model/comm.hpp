@@ -333,7 +333,7 @@ static_assert(CommModel<tree_alpha_beta>);
 // ---------------------------------------------------------------------------------------------
 // Megatron group placement and message sizes
 // ---------------------------------------------------------------------------------------------
-// Rank order: tp fastest, then dp, then pp (Megatron's default "tp-dp-pp" order); node of rank
+// Rank order: tp fastest, then cp, then dp, then pp (Megatron's default "tp-cp-ep-dp-pp" order); node of rank
 // k = k / hw.nvlink_domain_size() (a "node" of the placement is an NVLink domain). Groups are built for their first member (rank 0's groups); with the
 // uniform layouts accepted here every group of a kind has the same placement.
 
@@ -352,29 +352,38 @@ namespace detail {
   return detail::place(0, 1, par.tp, hw);
 }
 
-/// Placement of a data-parallel group (dp ranks, stride tp). O(dp log dp).
+/// Placement of the group that reduces gradients: the dp * cp ranks of the DP x CP group,
+/// stride tp (the data-parallel group when cp == 1). O(dp cp log(dp cp)).
 [[nodiscard]] inline group_placement data_parallel_group(const parallel_config& par,
                                                          const hardware& hw) {
-  return detail::place(0, par.tp, par.dp, hw);
+  return detail::place(0, par.tp, par.gradient_ranks(), hw);
+}
+
+/// Placement of a context-parallel group (cp consecutive ranks at stride tp): inside an NVLink
+/// domain when tp * cp fits in it, across the network otherwise. O(cp log cp).
+[[nodiscard]] inline group_placement context_parallel_group(const parallel_config& par,
+                                                            const hardware& hw) {
+  return detail::place(0, par.tp, par.cp, hw);
 }
 
 /// Whether the pipeline send from stage `stage` to `stage + 1` of the ranks with index
-/// `rank_in_stage` (0 <= rank_in_stage < tp * dp) stays inside an NVLink domain.
+/// `rank_in_stage` (0 <= rank_in_stage < tp * cp * dp) stays inside an NVLink domain.
 [[nodiscard]] inline bool pipeline_p2p_same_node(const parallel_config& par, const hardware& hw,
                                                  int stage, std::int64_t rank_in_stage = 0) {
-  const std::int64_t stride = std::int64_t{par.tp} * par.dp;
+  const std::int64_t stride = std::int64_t{par.tp} * par.cp * par.dp;
   const std::int64_t from = stage * stride + rank_in_stage;
   const std::int64_t domain = hw.nvlink_domain_size();
   return from / domain == (from + stride) / domain;
 }
 
 /// Bytes one rank sends to the next pipeline stage per micro-batch: the hidden state
-/// b * s * h activation elements (2 bytes), divided by tp under sequence parallelism (each
-/// rank holds a sequence shard). Without sp Megatron sends the full tensor from every TP rank.
+/// b * s/cp * h activation elements (2 bytes; the rank's tokens under context parallelism),
+/// divided by tp under sequence parallelism (each rank holds a sequence shard). Without sp
+/// Megatron sends the full tensor from every TP rank.
 [[nodiscard]] constexpr std::int64_t pipeline_p2p_bytes(const transformer& m,
                                                         const parallel_config& par) noexcept {
   const std::int64_t full =
-      par.micro_batch * m.seq * m.hidden * static_cast<std::int64_t>(activation_bytes(par.dtype));
+      par.micro_batch * par.local_seq(m) * m.hidden * static_cast<std::int64_t>(activation_bytes(par.dtype));
   return par.sequence_parallel() ? full / par.tp : full;
 }
 
@@ -382,7 +391,7 @@ namespace detail {
 struct tp_collective {
   std::string_view name;  ///< what it belongs to, e.g. "attn_out_proj_all_reduce"
   collective kind;
-  std::int64_t bytes;  ///< nccl-tests convention: b * s * h * 2 in every case
+  std::int64_t bytes;  ///< nccl-tests convention: b * s/cp * h * 2 in every case
   bool backward;       ///< false: forward pass; true: backward pass
 };
 
@@ -400,7 +409,7 @@ inline void tensor_parallel_layer_collectives(const transformer& m, const parall
   out.clear();
   if (par.tp <= 1) return;
   const std::int64_t B =
-      par.micro_batch * m.seq * m.hidden * static_cast<std::int64_t>(activation_bytes(par.dtype));
+      par.micro_batch * par.local_seq(m) * m.hidden * static_cast<std::int64_t>(activation_bytes(par.dtype));
   if (!par.sp) {
     out.push_back({"attn_out_proj_all_reduce", collective::all_reduce, B, false});
     out.push_back({"mlp_out_all_reduce", collective::all_reduce, B, false});
@@ -424,6 +433,58 @@ inline void tensor_parallel_layer_collectives(const transformer& m, const parall
   std::vector<tp_collective> out;
   tensor_parallel_layer_collectives(m, par, out);
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Context parallelism: the key/value exchange of a layer's attention
+// ---------------------------------------------------------------------------------------------
+
+/// Bytes of the keys and values of one rank's chunk of a micro-batch: 2 (K, V) x b x s/cp x
+/// kv_heads/tp x head_dim x 2 bytes (attention runs in 16 bits, fp8 training included). The
+/// ring passes this much per step in forward and twice as much (K, V and their gradients) in
+/// backward.
+[[nodiscard]] constexpr std::int64_t context_parallel_kv_bytes(const transformer& m,
+                                                               const parallel_config& par) noexcept {
+  return 2 * par.micro_batch * par.local_seq(m) * (m.kv_width() / par.tp) * 2;
+}
+
+/// One layer's key/value exchange over its CP group (`cp_comm`), per micro-batch.
+struct cp_exchange {
+  std::string_view name;  ///< "cp_ring_kv" (p2p) or "cp_kv_all_gather" / "cp_dkv_reduce_scatter"
+  collective kind;        ///< all_gather (forward) or reduce_scatter (backward), the data movement it amounts to
+  std::int64_t bytes;     ///< nccl-tests convention: the whole gathered K and V (cp x the chunk)
+  time_ns duration;       ///< the exchange alone, before any overlap with the attention
+  bool overlapped;        ///< p2p: runs beside the attention kernel, which cannot end before it
+};
+
+/// The exchange of one layer's attention with `cp` > 1 (nothing to exchange with cp == 1, a
+/// zero exchange then), forward or backward. p2p (ring attention, Megatron-Core / Transformer
+/// Engine): cp - 1 steps, each a send of the chunk in hand to the next CP rank and a receive
+/// from the previous one, priced as `comm.p2p_time` over an NVLink when the CP group stays in
+/// an NVLink domain and over the network otherwise; backward passes K, V and dK, dV (twice the
+/// bytes per step). allgather (Llama 3): one all-gather of K and V over the CP group before the
+/// attention, one reduce-scatter of dK, dV after its backward, priced by `comm.collective_time`;
+/// not overlapped. O(log cp).
+template <CommModel Comm>
+[[nodiscard]] cp_exchange context_parallel_exchange(const transformer& m, const parallel_config& par,
+                                                    const hardware& hw, const Comm& comm, bool backward) {
+  const std::int64_t chunk = context_parallel_kv_bytes(m, par);
+  const group_placement group = context_parallel_group(par, hw);
+  cp_exchange x{};
+  x.kind = backward ? collective::reduce_scatter : collective::all_gather;
+  x.bytes = chunk * par.cp;
+  if (par.cp <= 1) return x;
+  if (par.cp_comm == cp_comm_kind::p2p) {
+    x.name = "cp_ring_kv";
+    x.overlapped = true;
+    const time_ns step = comm.p2p_time({backward ? 2 * chunk : chunk, group.nodes() == 1}, hw);
+    x.duration = step * (par.cp - 1);
+    if (backward) x.bytes *= 2;
+    return x;
+  }
+  x.name = backward ? "cp_dkv_reduce_scatter" : "cp_kv_all_gather";
+  x.duration = comm.collective_time({x.kind, x.bytes, group}, hw);
+  return x;
 }
 
 }  // namespace lumos::model

@@ -209,11 +209,14 @@ concept ComputeModel = requires(const Model& c, const transformer& m, const para
 /// FP32 CUDA-core peak for elementwise, norm and optimizer ops; efficiencies per op class come
 /// from `hardware::efficiency`.
 ///
-/// Shapes, with T = b*s tokens of the micro-batch, t = tp, q = heads*head_dim,
-/// kv = kv_heads*head_dim, f = ffn, and Tn = T/t under sequence parallelism (else T, i.e.
-/// every TP rank redoes the norm/residual/dropout work):
+/// Shapes, with T = b*s/cp tokens of the micro-batch on the rank (context parallelism splits
+/// each sequence over cp ranks), t = tp, q = heads*head_dim, kv = kv_heads*head_dim, f = ffn,
+/// and Tn = T/t under sequence parallelism (else T, i.e. every TP rank redoes the
+/// norm/residual/dropout work):
 ///  - qkv_proj     GEMM T x (q + 2kv)/t x h   (GQA: K and V are kv wide)
-///  - attention    FlashAttention core: dense FLOPs 4 T s q / t (QK^T and PV); executed
+///  - attention    FlashAttention core: dense FLOPs 4 T s q / t (QK^T and PV; under CP the
+///                 rank's T queries against all s keys, 1/cp of the sequence's attention: the
+///                 load-balanced causal chunks give every rank the same share); executed
 ///                 FLOPs = dense * attention_causal_factor; backward executes
 ///                 attention_backward_factor x the forward (FA2 recomputes QK^T: 5 matmuls
 ///                 against 2); bytes read Q, K, V and write O plus fp32 log-sum-exp — never
@@ -387,7 +390,7 @@ struct roofline {
       t = p.tp;
       b = static_cast<double>(p.micro_batch);
       s = static_cast<double>(model.seq);
-      T = b * s;
+      T = b * static_cast<double>(p.local_seq(model));
       Tn = p.sequence_parallel() ? T / t : T;
       h = static_cast<double>(model.hidden);
       q = static_cast<double>(model.q_width()) / t;

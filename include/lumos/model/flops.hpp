@@ -170,16 +170,19 @@ inline void require_stage(const parallel_config& par, int stage) {
 }  // namespace detail
 
 /// MoE layers held by pipeline stage `stage` (all its virtual chunks): the layers of its chunks
-/// (chunk c of stage s holds the layers of virtual stage c * pp + s) past `first_dense_layers`.
-/// 0 for a dense model. O(vp).
+/// (chunk c of stage s holds the layers of virtual stage c * pp + s, `chunk_layers` of them) past
+/// `first_dense_layers`. 0 for a dense model. O(vp).
 [[nodiscard]] constexpr std::int64_t stage_moe_layers(const transformer& m, const parallel_config& par,
                                                       int stage) noexcept {
   if (!m.is_moe()) return 0;
   const std::int64_t per_chunk = par.layers_per_chunk(m);
+  const bool split = par.embedding_loss_in_split(m);  // virtual stage 0 holds one layer fewer
   std::int64_t n = 0;
   for (int c = 0; c < par.vp; ++c) {
-    const std::int64_t first = (std::int64_t{c} * par.pp + stage) * per_chunk;
-    n += std::clamp<std::int64_t>(first + per_chunk - m.moe.first_dense_layers, 0, per_chunk);
+    const std::int64_t v = std::int64_t{c} * par.pp + stage;
+    const std::int64_t first = v * per_chunk - (split && v > 0 ? 1 : 0);
+    const std::int64_t count = par.chunk_layers(m, stage, c);
+    n += std::clamp<std::int64_t>(first + count - m.moe.first_dense_layers, 0, count);
   }
   return n;
 }
@@ -220,7 +223,7 @@ inline void require_stage(const parallel_config& par, int stage) {
                                                             int stage) {
   detail::require_stage(par, stage);
   const std::int64_t moe_layers = stage_moe_layers(m, par, stage);
-  std::int64_t n = (par.layers_per_stage(m) - moe_layers) * layer_parameters_per_rank(m, par.tp);
+  std::int64_t n = (par.stage_layers(m, stage) - moe_layers) * layer_parameters_per_rank(m, par.tp);
   if (moe_layers > 0) {
     n += moe_layers * (moe_layer_dense_parameters_per_rank(m, par.tp) +
                        moe_layer_expert_parameters_per_rank(m, par.tp, par.ep));
@@ -238,13 +241,15 @@ inline void require_stage(const parallel_config& par, int stage) {
 
 /// Parameters whose optimizer step one GPU of stage `stage` runs: all of its stage's
 /// (`stage_parameters_per_rank`) without ZeRO; with ZeRO stage >= 1 (the distributed optimizer)
-/// the dense ones divided by dp and the routed experts' by the expert-data-parallel size dp / ep.
+/// the dense ones divided by dp * cp (the DP x CP group) and the routed experts' by the
+/// expert-data-parallel size dp * cp / ep.
 [[nodiscard]] inline double optimizer_parameters_per_rank(const transformer& m, const parallel_config& par, int stage) {
   const std::int64_t all = stage_parameters_per_rank(m, par, stage);
   if (par.zero_stage < 1) return static_cast<double>(all);
   const std::int64_t experts = stage_expert_parameters_per_rank(m, par, stage);
-  if (experts == 0) return static_cast<double>(all) / par.dp;
-  return static_cast<double>(all - experts) / par.dp + static_cast<double>(experts) / par.expert_data_parallel();
+  const double ranks = par.gradient_ranks();
+  if (experts == 0) return static_cast<double>(all) / ranks;
+  return static_cast<double>(all - experts) / ranks + static_cast<double>(experts) / par.expert_data_parallel();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -53,7 +53,9 @@ namespace lumos::model {
 /// memory-bound kernels bytes / (HBM * class fraction); every kernel at least min_kernel_ns.
 /// Host time (`op_cost::cpu`): forward kernels cpu_forward_op_ns + launch, backward kernels
 /// cpu_backward_op_ns + launch, and once per layer forward (and its recomputation) the layer's
-/// kernel-less glue ops. Model FLOPs add up to `model_flops()` as in `roofline`.
+/// kernel-less glue ops. Model FLOPs add up to `model_flops()` as in `roofline`. Under context
+/// parallelism every op works on the rank's b * s / cp tokens and the attention core on its
+/// 1/cp share of the sequence's attention (its queries against all s keys), as in `roofline`.
 /// O(1) per call (about 60 ops per layer).
 struct kernel_level {
   cost_profile profile = h100_profile();
@@ -137,7 +139,7 @@ struct kernel_level {
     const parallel_config& par;
     const hardware& hw;
     op_list out;
-    double t, b, s, T, Tn, h, q, kv, f, heads, hd, V, e, eo, peak16, peak;
+    double t, b, s, sl, T, Tn, h, q, kv, f, heads, hd, V, e, eo, peak16, peak;
     bool first_of_layer = false;
 
     builder(const kernel_level& kl, const transformer& model, const parallel_config& p, const hardware& h_w)
@@ -145,7 +147,8 @@ struct kernel_level {
       t = p.tp;
       b = static_cast<double>(p.micro_batch);
       s = static_cast<double>(model.seq);
-      T = b * s;
+      sl = static_cast<double>(p.local_seq(model));
+      T = b * sl;
       Tn = p.sequence_parallel() ? T / t : T;
       h = static_cast<double>(model.hidden);
       q = static_cast<double>(model.q_width()) / t;
@@ -267,13 +270,14 @@ struct kernel_level {
         return;
       }
       const double batch = b * heads;
-      const double scores = batch * s * s;
-      // QK^T over every head: batched GEMM [s x hd] x [hd x s] (baddbmm in Megatron); the
-      // model FLOPs of the attention core (4 T s q) are counted on the two batched GEMMs.
-      gemm("attention", ph, s, s, hd, e, rc, batch, true, op_class::attention);
+      const double scores = batch * sl * s;
+      // QK^T over every head: batched GEMM [sl x hd] x [hd x s] (baddbmm in Megatron; sl = s / cp
+      // local queries against every key); the model FLOPs of the attention core (4 T s q) are
+      // counted on the two batched GEMMs.
+      gemm("attention", ph, sl, s, hd, e, rc, batch, true, op_class::attention);
       vector("attention_softmax", op_class::norm, ph, 5.0 * scores, 2.0 * e * scores, rc, true);
       if (m.dropout) vector("attention_dropout", op_class::elementwise, ph, 2.0 * scores, 2.0 * e * scores + scores, rc);
-      gemm("attention_pv", ph, s, hd, s, e, rc, batch, true, op_class::attention);
+      gemm("attention_pv", ph, sl, hd, s, e, rc, batch, true, op_class::attention);
       vector("attention_context_copy", op_class::elementwise, ph, 0, 2.0 * e * T * q, rc);
     }
 
@@ -291,17 +295,17 @@ struct kernel_level {
         return;
       }
       const double batch = b * heads;
-      const double scores = batch * s * s;
+      const double scores = batch * sl * s;
       const op_phase B = op_phase::backward_input;
       vector("attention_context_copy", op_class::elementwise, B, 0, 2.0 * e * T * q, false);
-      // d(PV): dP = dO V^T [s x s, K = hd] and dV = P^T dO [s x hd, K = s]
-      gemm("attention_pv", B, s, s, hd, e, false, batch, true, op_class::attention);
-      gemm("attention_pv", B, s, hd, s, e, false, batch, false, op_class::attention);
+      // d(PV): dP = dO V^T [sl x s, K = hd] and dV = P^T dO [s x hd, K = sl]
+      gemm("attention_pv", B, sl, s, hd, e, false, batch, true, op_class::attention);
+      gemm("attention_pv", B, s, hd, sl, e, false, batch, false, op_class::attention);
       if (m.dropout) vector("attention_dropout", op_class::elementwise, B, 2.0 * scores, 2.0 * e * scores + scores, false);
       vector("attention_softmax", op_class::norm, B, 4.0 * scores, 3.0 * e * scores, false, true);
-      // d(QK^T): dQ = dS K [s x hd, K = s], dK = dS^T Q [s x hd, K = s]
-      gemm("attention", B, s, hd, s, e, false, batch, true, op_class::attention);
-      gemm("attention", B, s, hd, s, e, false, batch, false, op_class::attention);
+      // d(QK^T): dQ = dS K [sl x hd, K = s], dK = dS^T Q [s x hd, K = sl]
+      gemm("attention", B, sl, hd, s, e, false, batch, true, op_class::attention);
+      gemm("attention", B, s, hd, sl, e, false, batch, false, op_class::attention);
     }
 
     void layer_forward(op_phase ph, bool rc) {

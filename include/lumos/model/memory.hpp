@@ -2,6 +2,7 @@
 // Per-GPU memory: model states under ZeRO and activations after Korthikanti et al. 2022.
 
 #include <lumos/core/error.hpp>
+#include <lumos/model/comm.hpp>
 #include <lumos/model/flops.hpp>
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/parallel.hpp>
@@ -41,7 +42,8 @@ struct memory_options {
 
 /// One GPU's memory at its activation peak, in bytes (doubles: interleaving factors and ZeRO
 /// divisions need not be integers). Not included: CUDA context and library workspaces,
-/// allocator fragmentation, communication buffers other than MoE dispatch, fp8 weight caches.
+/// allocator fragmentation, communication buffers other than MoE dispatch and the context-parallel
+/// key/value exchange, fp8 weight caches.
 struct memory_breakdown {
   std::int64_t parameter_count = 0;  ///< this GPU's parameters before ZeRO sharding
   double parameters = 0;
@@ -57,6 +59,9 @@ struct memory_breakdown {
   /// MoE token-dispatch buffers of one layer (send and receive of the all-to-all, or the
   /// all-gathered tokens of the allgather dispatcher); one layer's worth, they are reused.
   double moe_dispatch_buffers = 0;
+  /// Context parallelism's key/value buffers of one layer (`context_parallel_buffer_bytes`); 0
+  /// with cp == 1.
+  double cp_buffers = 0;
   /// Of `parameter_count`, the routed experts' parameters (EP-sharded; their gradients and
   /// optimizer states are sharded over the expert-data-parallel group).
   std::int64_t expert_parameter_count = 0;
@@ -65,7 +70,7 @@ struct memory_breakdown {
     return parameters + gradients + optimizer_states;
   }
   [[nodiscard]] constexpr double total() const noexcept {
-    return model_states() + activations + io_activations + recompute_working + moe_dispatch_buffers;
+    return model_states() + activations + io_activations + recompute_working + moe_dispatch_buffers + cp_buffers;
   }
   /// Whether `total()` fits in the GPU's HBM (no allowance for the exclusions above).
   [[nodiscard]] constexpr bool fits(const hardware& hw) const noexcept {
@@ -111,18 +116,20 @@ struct layer_activation_terms {
 ///   full:      2 sbh (the layer input)      — with sp: 2 sbh / t (Megatron checkpoints the
 ///                                             sequence-sharded input)
 /// FlashAttention removes the 5as/h term (with or without recomputation).
+/// Context parallelism divides every term by cp: a rank keeps its s / cp tokens, and its
+/// attention scores are s / cp queries against s keys.
 [[nodiscard]] constexpr double layer_activation_bytes(const transformer& m,
                                                       const parallel_config& par,
                                                       bool flash_attention) {
-  const double t = par.tp;
+  const double t = par.tp, c = par.cp;
   const double rep_div = par.sequence_parallel() ? t : 1.0;
   if (par.recompute == recompute_kind::full) {
     return 2.0 * static_cast<double>(m.seq) * static_cast<double>(par.micro_batch) *
-           static_cast<double>(m.hidden) / rep_div;
+           static_cast<double>(m.hidden) / rep_div / c;
   }
   const detail::layer_activation_terms a = detail::layer_activations(m, par.micro_batch);
   const bool keep_core = !flash_attention && par.recompute == recompute_kind::none;
-  return a.replicated / rep_div + a.sharded / t + (keep_core ? a.core / t : 0.0);
+  return (a.replicated / rep_div + a.sharded / t + (keep_core ? a.core / t : 0.0)) / c;
 }
 
 /// Token copies one rank's routed experts compute per micro-batch, as a multiple of the
@@ -150,7 +157,7 @@ struct layer_activation_terms {
                                                           bool flash_attention) {
   if (!m.is_moe()) return 0.0;
   if (par.recompute == recompute_kind::full) return layer_activation_bytes(m, par, flash_attention);
-  const double sb = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch);
+  const double sb = static_cast<double>(par.local_seq(m)) * static_cast<double>(par.micro_batch);
   const double t = par.tp, h = static_cast<double>(m.hidden), ef = static_cast<double>(m.moe.expert_ffn);
   const double per_width = m.mlp == mlp_kind::gelu ? 4.0 : 6.0;  // saved MLP tensors per unit of width
   const double dense_mlp = per_width * sb * static_cast<double>(m.ffn) / t;
@@ -167,19 +174,31 @@ struct layer_activation_terms {
 /// reduce-scatter input. 0 for a dense model or ep = 1 with tp = 1 (nothing moves).
 [[nodiscard]] constexpr double moe_dispatch_buffer_bytes(const transformer& m, const parallel_config& par) noexcept {
   if (!m.is_moe() || (par.ep <= 1 && par.tp <= 1)) return 0.0;
-  const double T = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch);
+  const double T = static_cast<double>(par.local_seq(m)) * static_cast<double>(par.micro_batch);
   const double e = activation_bytes(par.dtype), h = static_cast<double>(m.hidden);
   if (m.moe.dispatcher == moe_dispatcher::allgather) return 2.0 * e * h * T * static_cast<double>(par.ep);
   return 2.0 * e * h * T / par.tp * expert_token_factor(m);
 }
 
+/// Context parallelism's key/value buffers of one layer per micro-batch on one rank (reused
+/// from layer to layer), with C = `context_parallel_kv_bytes` (the rank's K and V chunk): p2p —
+/// the ring's double-buffered receive of K, V and, in backward, dK, dV (2 x 2 C, Transformer
+/// Engine's ring); allgather — the gathered K and V and the dK, dV before their reduce-scatter
+/// (2 x cp x C). 0 with cp == 1.
+[[nodiscard]] constexpr double context_parallel_buffer_bytes(const transformer& m, const parallel_config& par) noexcept {
+  if (par.cp <= 1) return 0.0;
+  const double chunk = static_cast<double>(context_parallel_kv_bytes(m, par));
+  return par.cp_comm == cp_comm_kind::p2p ? 4.0 * chunk : 2.0 * static_cast<double>(par.cp) * chunk;
+}
+
 /// Memory of one GPU of pipeline stage `stage`. Model states: `stage_parameters_per_rank`
-/// parameters, with optimizer states divided by dp from ZeRO stage 1, gradients from stage 2,
-/// parameters at stage 3 — the routed experts' by the expert-data-parallel size dp / ep instead
-/// (Megatron's distributed optimizer shards them over that group). Activations:
-/// `layer_activation_bytes` (MoE layers: `moe_layer_activation_bytes`) x layers of the stage x
-/// `opt.in_flight_microbatches`, plus the io, recomputation and dispatch-buffer terms of
-/// `memory_breakdown`.
+/// parameters, with optimizer states divided by dp * cp (the DP x CP group) from ZeRO stage 1,
+/// gradients from stage 2, parameters at stage 3 — the routed experts' by the
+/// expert-data-parallel size dp * cp / ep instead (Megatron's distributed optimizer shards them
+/// over that group). Activations: `layer_activation_bytes` (MoE layers:
+/// `moe_layer_activation_bytes`) x layers of the stage x `opt.in_flight_microbatches`, all of
+/// the rank's s / cp tokens, plus the io, recomputation, dispatch-buffer and context-parallel
+/// buffer terms of `memory_breakdown`.
 /// Throws `lumos::error` for an invalid configuration, stage or in-flight count. O(1).
 [[nodiscard]] inline memory_breakdown memory_per_gpu(const transformer& m,
                                                      const parallel_config& par, int stage,
@@ -192,7 +211,7 @@ struct layer_activation_terms {
   memory_breakdown r;
   r.parameter_count = stage_parameters_per_rank(m, par, stage);
   r.expert_parameter_count = stage_expert_parameters_per_rank(m, par, stage);
-  const double dp = par.dp;
+  const double dp = par.gradient_ranks();  // the distributed optimizer shards over DP x CP
   if (r.expert_parameter_count == 0) {
     const double n = static_cast<double>(r.parameter_count);
     r.parameters = opt.per_param.param * n / (par.zero_stage >= 3 ? dp : 1.0);
@@ -212,14 +231,14 @@ struct layer_activation_terms {
   const double inflight = opt.in_flight_microbatches;
   const std::int64_t moe_layers = stage_moe_layers(m, par, stage);
   r.activations = layer_activation_bytes(m, par, opt.flash_attention) *
-                  static_cast<double>(par.layers_per_stage(m) - moe_layers) * inflight;
+                  static_cast<double>(par.stage_layers(m, stage) - moe_layers) * inflight;
   if (moe_layers > 0) {
     r.activations += moe_layer_activation_bytes(m, par, opt.flash_attention) * static_cast<double>(moe_layers) * inflight;
     r.moe_dispatch_buffers = moe_dispatch_buffer_bytes(m, par);
   }
 
-  const double sbh = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch) *
-                     static_cast<double>(m.hidden);
+  const double sl = static_cast<double>(par.local_seq(m));  // the rank's tokens of a sequence
+  const double sbh = sl * static_cast<double>(par.micro_batch) * static_cast<double>(m.hidden);
   const double rep_div = par.sequence_parallel() ? par.tp : 1.0;
   double io = 0;
   if (stage == 0 && m.dropout) io += sbh / rep_div;  // embedding dropout mask
@@ -227,7 +246,7 @@ struct layer_activation_terms {
     // final-norm input and logits-GEMM input (Megatron saves the sequence shard under sp),
     // and the fp32 logits the vocabulary-parallel cross-entropy keeps
     io += 2.0 * sbh / rep_div + 2.0 * sbh / rep_div +
-          4.0 * static_cast<double>(m.seq) * static_cast<double>(par.micro_batch) *
+          4.0 * sl * static_cast<double>(par.micro_batch) *
               static_cast<double>(m.vocab) / par.tp;
   }
   r.io_activations = io * inflight;
@@ -239,8 +258,9 @@ struct layer_activation_terms {
                                                     moe_layer_activation_bytes(m, none, opt.flash_attention))
                                          : layer_activation_bytes(m, none, opt.flash_attention);
   } else if (par.recompute == recompute_kind::selective && !opt.flash_attention) {
-    r.recompute_working = detail::layer_activations(m, par.micro_batch).core / par.tp;
+    r.recompute_working = detail::layer_activations(m, par.micro_batch).core / par.tp / par.cp;
   }
+  r.cp_buffers = context_parallel_buffer_bytes(m, par);
   return r;
 }
 

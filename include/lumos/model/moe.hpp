@@ -35,7 +35,7 @@ struct moe_layer_shape {
 [[nodiscard]] constexpr moe_layer_shape moe_shape(const transformer& m, const parallel_config& par) noexcept {
   moe_layer_shape x;
   const double t = par.tp;
-  const double T = static_cast<double>(m.seq) * static_cast<double>(par.micro_batch);
+  const double T = static_cast<double>(par.local_seq(m)) * static_cast<double>(par.micro_batch);
   const double factor = expert_token_factor(m);
   x.tokens = par.sequence_parallel() ? T / t : T;
   x.routed = x.tokens * factor;
@@ -116,13 +116,13 @@ inline void moe_layer_collectives(const transformer& m, const parallel_config& p
   if (ep) out.push_back({"moe_dispatch_grad_all_to_all", C::all_to_all, sent, moe_group::ep, H::before_permute_grad});
 }
 
-/// Placement of an expert-parallel group: ep data-parallel ranks, stride tp. O(ep).
+/// Placement of an expert-parallel group: ep ranks of the DP x CP group, stride tp. O(ep).
 [[nodiscard]] inline group_placement expert_parallel_group(const parallel_config& par, const hardware& hw) {
   return detail::place(0, par.tp, par.ep, hw);
 }
 
-/// Placement of an expert-data-parallel group (the replicas of one expert shard): dp / ep
-/// ranks, stride tp x ep. O(dp / ep).
+/// Placement of an expert-data-parallel group (the replicas of one expert shard): dp * cp / ep
+/// ranks, stride tp x ep. O(dp * cp / ep).
 [[nodiscard]] inline group_placement expert_data_parallel_group(const parallel_config& par, const hardware& hw) {
   return detail::place(0, std::int64_t{par.tp} * par.ep, par.expert_data_parallel(), hw);
 }

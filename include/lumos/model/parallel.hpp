@@ -26,15 +26,31 @@ enum class recompute_kind : std::uint8_t { none, selective, full };
   return "?";
 }
 
+/// How the CP ranks of a layer exchange keys and values (see `parallel_config::cp`): p2p — ring
+/// attention, cp - 1 send/receive steps overlapped with the attention of the chunk in hand
+/// (Megatron-Core / Transformer Engine); allgather — one all-gather of K and V before the
+/// attention and a reduce-scatter of their gradients after its backward (Llama 3, §3.3.2).
+enum class cp_comm_kind : std::uint8_t { p2p, allgather };
+
+/// Lower-case name of `c` ("p2p", "allgather").
+[[nodiscard]] constexpr std::string_view to_string(cp_comm_kind c) noexcept {
+  return c == cp_comm_kind::p2p ? "p2p" : "allgather";
+}
+
 /// Megatron-style 3D parallelism, expert parallelism, and the training options the cost models need.
-/// Rank layout: tp innermost (consecutive ranks, inside a node), then dp, then pp — the
-/// placement helpers of comm.hpp take this as the default. `world_size() == tp * pp * dp`.
+/// Rank layout as Megatron's default order (tp-cp-ep-dp-pp): tp innermost (consecutive ranks,
+/// inside a node), then cp, then dp, then pp — the placement helpers of comm.hpp take this as
+/// the default. `world_size() == tp * pp * cp * dp`.
+/// Context parallelism splits every sequence over the `cp` ranks of a CP group (cp consecutive
+/// ranks at stride tp): each holds seq / cp tokens of every micro-batch (2 chunks of seq / (2 cp)
+/// for causal load balancing), so the CP ranks share a micro-batch and gradients and the
+/// distributed optimizer are reduced and sharded over the dp * cp ranks of a stage.
 /// Expert parallelism (MoE models) does not add to the world: the `ep` ranks of an
-/// expert-parallel group are `ep` consecutive data-parallel ranks (stride tp), each holding
-/// experts / ep of every MoE layer's experts; an expert's weights are sharded over the TP group
-/// as the dense MLP's are (expert tensor parallelism = tp, Megatron's default), and its gradients
-/// are reduced over the expert-data-parallel group of dp / ep ranks (stride tp * ep). lumos has
-/// no context parallelism yet, so EP divides DP (Megatron's rule is that it divides DP x CP).
+/// expert-parallel group are `ep` consecutive ranks of the DP x CP group (stride tp), each
+/// holding experts / ep of every MoE layer's experts; an expert's weights are sharded over the
+/// TP group as the dense MLP's are (expert tensor parallelism = tp, Megatron's default), and its
+/// gradients are reduced over the expert-data-parallel group of dp * cp / ep ranks (stride
+/// tp * ep). EP divides DP x CP (Megatron's rule).
 /// Each iteration runs `micro_batches()` micro-batches of `micro_batch` sequences on every
 /// pipeline; `global_batch` counts sequences over all data-parallel replicas.
 /// The pipeline schedule is not interpreted here: `schedule` is an opaque name for pipeline/.
@@ -42,8 +58,10 @@ struct parallel_config {
   int tp = 1;  ///< tensor-parallel size
   int pp = 1;  ///< pipeline-parallel size (stages)
   int dp = 1;  ///< data-parallel size
+  int cp = 1;  ///< context-parallel size (ranks sharing each sequence); 1 = none
+  cp_comm_kind cp_comm = cp_comm_kind::p2p;  ///< how CP ranks exchange keys and values
   int vp = 1;  ///< virtual pipeline chunks per stage (interleaved schedule); 1 = none
-  int ep = 1;  ///< expert-parallel size (MoE models; divides dp); 1 = every rank holds every expert
+  int ep = 1;  ///< expert-parallel size (MoE models; divides dp * cp); 1 = every rank holds every expert
   bool sp = false;  ///< sequence parallelism (Korthikanti et al.); no effect when tp == 1
   /// Megatron's `--tp-comm-overlap` (Transformer Engine userbuffers): each sequence-parallel
   /// collective of a layer overlaps the GEMM beside it. Needs sp when tp > 1.
@@ -60,10 +78,19 @@ struct parallel_config {
   std::string schedule;  ///< opaque, for pipeline/ (e.g. "1f1b"); empty = caller's default
 
   [[nodiscard]] constexpr std::int64_t world_size() const noexcept {
-    return std::int64_t{tp} * pp * dp;
+    return std::int64_t{tp} * pp * cp * dp;
   }
-  /// Ranks of an expert-data-parallel group (the replicas of one expert shard): dp / ep.
-  [[nodiscard]] constexpr int expert_data_parallel() const noexcept { return ep > 0 ? dp / ep : dp; }
+  /// Ranks of a stage that reduce each gradient and shard the distributed optimizer: dp * cp
+  /// (Megatron's DP x CP group).
+  [[nodiscard]] constexpr int gradient_ranks() const noexcept { return dp * cp; }
+  /// Tokens of each sequence one rank holds: seq / cp.
+  [[nodiscard]] constexpr std::int64_t local_seq(const transformer& m) const noexcept {
+    return cp > 1 ? m.seq / cp : m.seq;
+  }
+  /// Ranks of an expert-data-parallel group (the replicas of one expert shard): dp * cp / ep.
+  [[nodiscard]] constexpr int expert_data_parallel() const noexcept {
+    return ep > 0 ? gradient_ranks() / ep : gradient_ranks();
+  }
   /// Whether sequence parallelism actually shards anything (sp with tp > 1).
   [[nodiscard]] constexpr bool sequence_parallel() const noexcept { return sp && tp > 1; }
 
@@ -86,13 +113,35 @@ struct parallel_config {
     return global_batch / per_step;
   }
 
-  /// Transformer layers held by one pipeline stage (all its virtual chunks together).
-  [[nodiscard]] constexpr std::int64_t layers_per_stage(const transformer& m) const noexcept {
-    return m.layers / pp;
+  /// Whether the layers are split as Megatron's --account-for-embedding-in-pipeline-split and
+  /// --account-for-loss-in-pipeline-split split them: pp * vp (> 1) does not divide the layers
+  /// but divides layers + 2, so the embedding counts as a layer of the first virtual stage and
+  /// the loss as one of the last, each of which holds one transformer layer fewer than the
+  /// others (Llama 3.1 405B: 126 + 2 = 128 over pp 8 x vp 8, Megatron-Bridge's recipe).
+  [[nodiscard]] constexpr bool embedding_loss_in_split(const transformer& m) const noexcept {
+    const std::int64_t chunks = std::int64_t{pp} * vp;
+    return chunks > 1 && m.layers % chunks != 0 && (m.layers + 2) % chunks == 0;
   }
-  /// Transformer layers in one virtual chunk (== layers_per_stage when vp == 1).
+  /// Transformer layers held by a pipeline stage other than the first and the last (all its
+  /// virtual chunks together); `stage_layers` has every stage's.
+  [[nodiscard]] constexpr std::int64_t layers_per_stage(const transformer& m) const noexcept {
+    return layers_per_chunk(m) * vp;
+  }
+  /// Transformer layers in one virtual chunk (== layers_per_stage when vp == 1); under
+  /// `embedding_loss_in_split` the first and the last virtual stage hold one fewer.
   [[nodiscard]] constexpr std::int64_t layers_per_chunk(const transformer& m) const noexcept {
-    return m.layers / (std::int64_t{pp} * vp);
+    return (m.layers + (embedding_loss_in_split(m) ? 2 : 0)) / (std::int64_t{pp} * vp);
+  }
+  /// Transformer layers of virtual chunk `chunk` (0 <= chunk < vp) of stage `stage`.
+  [[nodiscard]] constexpr std::int64_t chunk_layers(const transformer& m, int stage, int chunk) const noexcept {
+    const bool split = embedding_loss_in_split(m);
+    return layers_per_chunk(m) - (split && stage == 0 && chunk == 0 ? 1 : 0) -
+           (split && stage == pp - 1 && chunk == vp - 1 ? 1 : 0);
+  }
+  /// Transformer layers held by stage `stage` (all its virtual chunks together).
+  [[nodiscard]] constexpr std::int64_t stage_layers(const transformer& m, int stage) const noexcept {
+    const bool split = embedding_loss_in_split(m);
+    return layers_per_stage(m) - (split && stage == 0 ? 1 : 0) - (split && stage == pp - 1 ? 1 : 0);
   }
 
   /// Checks the configuration against the model. Throws `lumos::error` whose message names
@@ -107,9 +156,15 @@ struct parallel_config {
     at_least_one(tp, "tp");
     at_least_one(pp, "pp");
     at_least_one(dp, "dp");
+    at_least_one(cp, "cp");
     at_least_one(vp, "vp");
     at_least_one(ep, "ep");
     (void)micro_batches();
+    if (cp > 1 && m.seq % (2 * std::int64_t{cp}) != 0) {
+      throw error("model '" + m.name + "': seq (" + std::to_string(m.seq) + ") must be divisible by 2 * cp (2 * " +
+                  std::to_string(cp) + " = " + std::to_string(2 * std::int64_t{cp}) +
+                  "): causal load balancing splits each sequence into 2 * cp chunks; change seq or cp");
+    }
     validate_experts(m);
     if (zero_stage < 0 || zero_stage > 3) {
       throw error("zero_stage must be 0, 1, 2 or 3, got " + std::to_string(zero_stage));
@@ -144,16 +199,17 @@ struct parallel_config {
                   " virtual chunks need pipeline parallelism: set pp > 1 or vp = 1");
     }
     const std::int64_t chunks = std::int64_t{pp} * vp;
-    if (m.layers % chunks != 0) {
+    if (m.layers % chunks != 0 && !embedding_loss_in_split(m)) {
       throw error("model '" + m.name + "': layers (" + std::to_string(m.layers) +
                   ") must be divisible by pp * vp (" + std::to_string(pp) + " * " +
                   std::to_string(vp) + " = " + std::to_string(chunks) +
-                  "): choose pp and vp whose product divides the layer count");
+                  "), or layers + 2 with the embedding and the loss counted as layers: choose pp "
+                  "and vp whose product divides the layer count");
     }
   }
 
-  /// The expert-parallel rules of `validate`: ep > 1 needs a MoE model; ep divides dp (the EP
-  /// group is made of data-parallel ranks) and the routed experts; with tp > 1 the expert FFN
+  /// The expert-parallel rules of `validate`: ep > 1 needs a MoE model; ep divides dp * cp (the
+  /// EP group is made of data- and context-parallel ranks) and the routed experts; with tp > 1 the expert FFN
   /// divides by tp (expert tensor parallelism = tp) and sequence parallelism is on (Megatron
   /// requires it for MoE with tensor parallelism: the router sees each rank's sequence shard).
   void validate_experts(const transformer& m) const {
@@ -165,9 +221,10 @@ struct parallel_config {
       }
       return;
     }
-    if (dp % ep != 0) {
-      throw error("ep (" + e + ") must divide dp (" + std::to_string(dp) +
-                  "): the expert-parallel group is made of data-parallel ranks (EP divides DP x CP; lumos has no CP)");
+    if (gradient_ranks() % ep != 0) {
+      throw error("ep (" + e + ") must divide dp * cp (" + std::to_string(dp) + " * " + std::to_string(cp) + " = " +
+                  std::to_string(gradient_ranks()) +
+                  "): the expert-parallel group is made of data- and context-parallel ranks (EP divides DP x CP)");
     }
     if (m.moe.experts % ep != 0) {
       throw error("model '" + m.name + "': experts (" + std::to_string(m.moe.experts) + ") must be divisible by ep (" + e +

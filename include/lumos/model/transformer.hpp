@@ -243,6 +243,13 @@ namespace detail {
 [[nodiscard]] inline transformer llama3_405b() {
   return detail::llama3("llama3-405b", 126, 16384, 53248, 128);
 }
+/// Llama 3.1 405B: the shape of `llama3_405b` (the 3.1 release kept the architecture and the
+/// pre-training sequence of 8192; its 128K context came from a later long-context stage).
+[[nodiscard]] inline transformer llama3_1_405b() {
+  transformer m = llama3_405b();
+  m.name = "llama3.1-405b";
+  return m;
+}
 
 // Mixture-of-experts presets, from each model's public `config.json` on its Hugging Face hub
 // page (PUBLISHED.md section 8 lists the same shapes). All: RMSNorm, rotary positions, SwiGLU
@@ -315,9 +322,9 @@ namespace detail {
 }
 
 /// Names accepted by `model_preset`.
-inline constexpr std::array<std::string_view, 11> model_preset_names = {
+inline constexpr std::array<std::string_view, 12> model_preset_names = {
     "gpt3-15b",   "gpt3-44b",   "gpt3-117b",     "gpt3-175b",       "llama3-8b",    "llama3-70b",
-    "llama3-405b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b"};
+    "llama3-405b", "llama3.1-405b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b"};
 
 /// The preset called `name` (see `model_preset_names`). Throws `lumos::error` listing the
 /// valid names when there is none.
@@ -329,6 +336,7 @@ inline constexpr std::array<std::string_view, 11> model_preset_names = {
   if (name == "llama3-8b") return llama3_8b();
   if (name == "llama3-70b") return llama3_70b();
   if (name == "llama3-405b") return llama3_405b();
+  if (name == "llama3.1-405b") return llama3_1_405b();
   if (name == "qwen3-30b-a3b") return qwen3_30b_a3b();
   if (name == "qwen3-235b-a22b") return qwen3_235b_a22b();
   if (name == "gpt-oss-120b") return gpt_oss_120b();

@@ -66,12 +66,13 @@ struct configuration {
   int dp = 1;
   int vp = 1;
   int ep = 1;  ///< expert-parallel size (MoE models)
+  int cp = 1;  ///< context-parallel size (ranks sharing each sequence)
   std::int64_t micro_batch = 1;
   synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();
   model::recompute_kind recompute = model::recompute_kind::none;
   bool sp = false;
 
-  [[nodiscard]] constexpr std::int64_t gpus() const noexcept { return std::int64_t{tp} * pp * dp; }
+  [[nodiscard]] constexpr std::int64_t gpus() const noexcept { return std::int64_t{tp} * pp * cp * dp; }
   friend bool operator==(const configuration&, const configuration&) = default;
 };
 
@@ -92,6 +93,8 @@ struct problem {
   /// The distributed optimizer's parameter all-gathers overlap the next iteration's first
   /// forward pass (`parallel_config::overlap_param_gather`).
   bool overlap_param_gather = false;
+  /// How the CP ranks exchange keys and values (`parallel_config::cp_comm`).
+  model::cp_comm_kind cp_comm = model::cp_comm_kind::p2p;
   double memory_margin = 0.10;
   /// The prediction's options. The sweep forces the folded `pass` program without collective
   /// records or names (what synth::predict uses by default, minus the names).
@@ -297,7 +300,7 @@ class evaluator {
     result r;
     r.config = c;
     const model::transformer& m = problem_.model;
-    if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.vp < 1 || c.micro_batch < 1) {
+    if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.vp < 1 || c.cp < 1 || c.micro_batch < 1) {
       detail::say(r, "sizes must be at least 1 (tp %d, pp %d, dp %d, vp %d, micro-batch %lld)", c.tp, c.pp, c.dp, c.vp,
                   static_cast<long long>(c.micro_batch));
       r.reason = rejection::sizes;
@@ -305,8 +308,8 @@ class evaluator {
     }
     if (problem_.gpus > 0 && c.gpus() != problem_.gpus) {
       r.reason = rejection::gpu_count;
-      detail::say(r, "tp*pp*dp = %lld, not the %lld GPUs", static_cast<long long>(c.gpus()),
-                  static_cast<long long>(problem_.gpus));
+      detail::say(r, c.cp > 1 ? "tp*pp*cp*dp = %lld, not the %lld GPUs" : "tp*pp*dp = %lld, not the %lld GPUs",
+                  static_cast<long long>(c.gpus()), static_cast<long long>(problem_.gpus));
       return r;
     }
     if (c.gpus() > (std::int64_t{1} << 24)) {
@@ -324,6 +327,12 @@ class evaluator {
     if (m.ffn % c.tp != 0) return not_divisible(m.ffn, "ffn");
     if (m.vocab % c.tp != 0) return not_divisible(m.vocab, "vocab");
     if (c.sp && c.tp > 1 && m.seq % c.tp != 0) return not_divisible(m.seq, "seq (sequence parallelism)");
+    if (c.cp > 1 && m.seq % (2 * std::int64_t{c.cp}) != 0) {
+      r.reason = rejection::sizes;
+      detail::say(r, "seq (%lld) is not divisible by 2*cp (%lld): causal load balancing splits each sequence into 2*cp chunks",
+                  static_cast<long long>(m.seq), 2 * static_cast<long long>(c.cp));
+      return r;
+    }
     if (c.ep != 1 || m.is_moe()) {
       // The expert-parallel rules (parallel_config::validate_experts), as a reason.
       try {
@@ -340,7 +349,8 @@ class evaluator {
       return r;
     }
     const std::int64_t chunks = std::int64_t{c.pp} * c.vp;
-    if (m.layers % chunks != 0) {
+    // Megatron's split with the embedding and the loss counted as layers (parallel_config::embedding_loss_in_split).
+    if (m.layers % chunks != 0 && (chunks == 1 || (m.layers + 2) % chunks != 0)) {
       r.reason = rejection::layer_divisibility;
       detail::say(r, "layers (%lld) are not divisible by pp*vp (%lld)", static_cast<long long>(m.layers),
                   static_cast<long long>(chunks));
@@ -426,6 +436,8 @@ class evaluator {
     p.tp = c.tp;
     p.pp = c.pp;
     p.dp = c.dp;
+    p.cp = c.cp;
+    p.cp_comm = problem_.cp_comm;
     p.vp = c.vp;
     p.ep = c.ep;
     p.sp = c.sp;

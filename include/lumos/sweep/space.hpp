@@ -15,23 +15,25 @@
 
 namespace lumos::sweep {
 
-/// Lists of values per dimension. An empty `dp` list means "whatever makes tp·pp·dp equal the
-/// GPU count" (one dp per (tp, pp), when it divides). Every other list must be non-empty.
+/// Lists of values per dimension. An empty `dp` list means "whatever makes tp·pp·cp·dp equal
+/// the GPU count" (one dp per (tp, pp, cp), when it divides). Every other list must be non-empty.
 struct space {
   std::vector<int> tp{1};
   std::vector<int> pp{1};
-  std::vector<int> dp;  ///< empty: gpus / (tp·pp)
+  std::vector<int> cp{1};  ///< context-parallel sizes
+  std::vector<int> dp;  ///< empty: gpus / (tp·pp·cp)
   std::vector<int> vp{1};
-  std::vector<int> ep{1};  ///< expert-parallel sizes (MoE models); each must divide dp
+  std::vector<int> ep{1};  ///< expert-parallel sizes (MoE models); each must divide dp·cp
   std::vector<std::int64_t> micro_batch{1};
   std::vector<synth::schedule_policy> schedules{synth::policy_of<pipeline::one_f_one_b>()};
   std::vector<model::recompute_kind> recompute{model::recompute_kind::none};
   std::vector<bool> sp{false};
 };
 
-/// The configurations of `s` for `gpus` GPUs (0: no constraint), in order: tp, pp, dp, vp, ep,
-/// micro-batch, schedule, recompute, sp — the first varying slowest. An ep that does not divide
-/// dp is left out (not a layout of this dp). Combinations whose sizes do
+/// The configurations of `s` for `gpus` GPUs (0: no constraint), in order: tp, pp, cp, dp, vp,
+/// ep, micro-batch, schedule, recompute, sp — the first varying slowest. An ep that does not
+/// divide dp·cp is left out (not a layout of this dp and cp). A cp that does not divide the
+/// sequence into 2·cp chunks is kept and rejected by `validate`. Combinations whose sizes do
 /// not multiply to `gpus` are left out (they are not configurations of this machine); vp > 1
 /// with a schedule that has no chunks, are kept and rejected by `validate` with their reason.
 /// sp on with tp = 1 shards nothing (the same job as sp off) and is left out when off is listed.
@@ -50,20 +52,23 @@ struct space {
     for (std::size_t ipp = 0; ipp < s.pp.size(); ++ipp) {
       if (again(s.pp, ipp)) continue;
       const int pp = s.pp[ipp];
+      for (std::size_t icp = 0; icp < s.cp.size(); ++icp) {
+      if (again(s.cp, icp) || s.cp[icp] < 1) continue;
+      const int cp = s.cp[icp];
       std::vector<int> dps = s.dp;
       if (dps.empty()) {
-        const std::int64_t tp_pp = std::int64_t{tp} * pp;
+        const std::int64_t tp_pp = std::int64_t{tp} * pp * cp;
         if (gpus <= 0 || tp_pp <= 0 || gpus % tp_pp != 0) continue;
         dps.push_back(static_cast<int>(gpus / tp_pp));
       }
       for (std::size_t idp = 0; idp < dps.size(); ++idp) {
         if (again(dps, idp)) continue;
         const int dp = dps[idp];
-        if (gpus > 0 && std::int64_t{tp} * pp * dp != gpus) continue;
+        if (gpus > 0 && std::int64_t{tp} * pp * cp * dp != gpus) continue;
         for (std::size_t ivp = 0; ivp < s.vp.size(); ++ivp) {
           if (again(s.vp, ivp)) continue;
           for (std::size_t iep = 0; iep < s.ep.size(); ++iep) {
-          if (again(s.ep, iep) || s.ep[iep] < 1 || dp % s.ep[iep] != 0) continue;
+          if (again(s.ep, iep) || s.ep[iep] < 1 || (std::int64_t{dp} * cp) % s.ep[iep] != 0) continue;
           for (std::size_t imb = 0; imb < s.micro_batch.size(); ++imb) {
             if (again(s.micro_batch, imb)) continue;
             for (std::size_t isc = 0; isc < s.schedules.size(); ++isc) {
@@ -78,6 +83,7 @@ struct space {
                   c.tp = tp;
                   c.pp = pp;
                   c.dp = dp;
+                  c.cp = cp;
                   c.vp = s.vp[ivp];
                   c.ep = s.ep[iep];
                   c.micro_batch = s.micro_batch[imb];
@@ -91,6 +97,7 @@ struct space {
           }
           }
         }
+      }
       }
     }
   }

@@ -110,13 +110,13 @@ class kernel_names {
     return d;
   }
 
-  /// FlashAttention: q, k, v as [b, heads per rank, s, head dim].
+  /// FlashAttention: q, k, v as [b, heads per rank, s / cp, head dim] (the rank's chunk).
   [[nodiscard]] report::task_decoration flash_attention(bool fwd) const {
     report::task_decoration d;
     const std::string q = "[" + std::to_string(par_.micro_batch) + ", " + std::to_string(m_.heads / par_.tp) + ", " +
-                          std::to_string(m_.seq) + ", " + std::to_string(m_.head_dim()) + "]";
+                          std::to_string(par_.local_seq(m_)) + ", " + std::to_string(m_.head_dim()) + "]";
     const std::string kv = "[" + std::to_string(par_.micro_batch) + ", " + std::to_string(m_.kv_heads / par_.tp) + ", " +
-                           std::to_string(m_.seq) + ", " + std::to_string(m_.head_dim()) + "]";
+                           std::to_string(par_.local_seq(m_)) + ", " + std::to_string(m_.head_dim()) + "]";
     const std::string traits = "Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::" +
                                std::string(dt_ == "f16" ? "half_t" : "bfloat16_t") + ">";
     if (fwd) {
@@ -169,7 +169,7 @@ class kernel_names {
     for (const part& p : parts) {
       if (o.name.ends_with(p.suffix)) d.kernel = elementwise_kernel(p.functor, 3), d.cpu_op = std::string(p.op);
     }
-    d.input_dims = "[[" + std::to_string(par_.micro_batch * m_.seq) + ", " + std::to_string(m_.vocab / par_.tp) + "]]";
+    d.input_dims = "[[" + std::to_string(par_.micro_batch * par_.local_seq(m_)) + ", " + std::to_string(m_.vocab / par_.tp) + "]]";
     d.input_type = "[\"float\"]";
     return d;
   }
@@ -310,7 +310,7 @@ class kernel_names {
  private:
   // Rows of the activations that norms and elementwise ops see (sequence parallelism splits them).
   [[nodiscard]] std::int64_t tokens_norm() const {
-    const std::int64_t T = par_.micro_batch * m_.seq;
+    const std::int64_t T = par_.micro_batch * par_.local_seq(m_);
     return par_.sequence_parallel() ? T / par_.tp : T;
   }
 

@@ -33,6 +33,7 @@ inline void predict_job_json(json_writer& w, const synth::job& j, const synth::p
   w.field("gpu", j.hardware.name).field("precision", model::to_string(p.dtype)).field("gpus", r.gpus);
   w.field("profile", profile_name);
   w.field("tp", p.tp).field("pp", p.pp).field("dp", p.dp).field("vp", p.vp).field("sp", p.sp);
+  w.field("cp", p.cp).field("cp_comm", model::to_string(p.cp_comm));
   w.field("tp_comm_overlap", p.tp_comm_overlap).field("overlap_param_gather", p.overlap_param_gather);
   w.field("micro_batch", p.micro_batch).field("global_batch", p.global_batch);
   w.field("micro_batches_per_pipeline", static_cast<std::int64_t>(r.shape.micro_batches));
@@ -49,6 +50,7 @@ inline void predict_memory_json(json_writer& w, const synth::job& j, const synth
   w.field("parameters", mem.parameters).field("gradients", mem.gradients).field("optimizer", mem.optimizer_states);
   w.field("activations", mem.activations + mem.io_activations + mem.recompute_working);
   if (j.model.is_moe()) w.field("moe_dispatch_buffers", mem.moe_dispatch_buffers);
+  if (j.parallel.cp > 1) w.field("cp_buffers", mem.cp_buffers);  // the K/V exchange's buffers
   w.field("total", mem.total());
   w.field("capacity", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity)).field("fits", mem.fits(j.hardware));
   w.end_object();

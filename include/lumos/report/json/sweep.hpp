@@ -22,6 +22,7 @@ inline void sweep_result_json(json_writer& w, std::size_t index, const sweep::re
   w.field("index", static_cast<std::int64_t>(index));
   w.field("tp", c.tp).field("pp", c.pp).field("dp", c.dp).field("vp", c.vp);
   if (c.ep != 1) w.field("ep", c.ep);  // expert parallelism (MoE); absent: 1
+  if (c.cp != 1) w.field("cp", c.cp);  // context parallelism; absent: 1
   w.field("micro_batch", c.micro_batch).field("schedule", std::string(c.schedule.name));
   w.field("recompute", std::string(model::to_string(c.recompute))).field("sp", c.sp);
   w.field("status", r.ok() ? "ok" : "rejected").field("reason", std::string(sweep::to_string(r.reason)));

@@ -66,12 +66,15 @@ class program_builder {
     }
     tp_ = par_.tp;
     pp_ = par_.pp;
-    dp_ = par_.dp;
+    // The columns of a stage are its tp * cp * dp ranks; gradients are reduced over the DP x CP
+    // group (stride tp), so the builder's "dp" is dp * cp. The micro-batches are dp's (above).
+    dp_ = par_.gradient_ranks();
     world_ = static_cast<int>(par_.world_size());
     launch_cost_ = opt_.launch_cost >= 0 ? opt_.launch_cost : hw_.kernel_launch_overhead;
     collective_cpu_ = opt_.collective_cpu >= 0 ? opt_.collective_cpu : launch_cost_;
     bucket_params_ = opt_.bucket_params > 0 ? opt_.bucket_params : model::megatron_bucket_params(dp_);
     layers_per_chunk_ = static_cast<int>(par_.layers_per_chunk(m_));
+    embedding_loss_in_split_ = par_.embedding_loss_in_split(m_);
     if (m_.is_moe() && m_.moe.first_dense_layers > 0) {
       throw error("model '" + m_.name + "': the program builder repeats one layer template, so first_dense_layers (" +
                   std::to_string(m_.moe.first_dense_layers) + ") must be 0 to build or predict a MoE job");
@@ -223,6 +226,12 @@ class program_builder {
   bool zero3_ = false;
   int tp_ = 1, pp_ = 1, dp_ = 1, world_ = 1;
   int layers_per_chunk_ = 1;
+  bool embedding_loss_in_split_ = false;  ///< model::parallel_config::embedding_loss_in_split
+  /// Layers of a chunk that is the first virtual stage or not, the last or not: one fewer for
+  /// each under Megatron's split with the embedding and the loss counted as layers.
+  [[nodiscard]] int chunk_layers(bool first, bool last) const noexcept {
+    return std::max(0, layers_per_chunk_ - (embedding_loss_in_split_ && first ? 1 : 0) - (embedding_loss_in_split_ && last ? 1 : 0));
+  }
   time_ns launch_cost_ = 0;
   time_ns collective_cpu_ = 0;
   std::int64_t bucket_params_ = 0;
@@ -271,6 +280,7 @@ class program_builder {
   int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0, edp_base_ = 0;
   model::group_placement tp_placement_;
   std::array<model::group_placement, 3> moe_placement_{};  ///< [model::moe_group]
+  std::array<model::cp_exchange, 2> cp_exchange_{};  ///< a layer's K/V exchange: [0] forward, [1] backward
 
   // ---- names and pass templates: synth/detail/program_templates.hpp ----
   // Where the TP collectives of a layer sit among its ops (comm.hpp lists them; Megatron's
@@ -298,6 +308,7 @@ class program_builder {
   item comm_item(std::string_view name, model::collective c, std::int64_t bytes, std::int64_t element_bytes = 0,
                  const model::group_placement* placement = nullptr);
   void emit_moe_collectives(const model::op_cost& o, bool after, std::vector<item>& out);
+  void emit_cp_exchange(const model::op_cost& o, bool after, std::vector<item>& out);
   [[nodiscard]] std::span<const hook> layer_hooks() const;
   [[nodiscard]] time_ns exposed_tp_comm(time_ns comm, time_ns gemm, overlap_kind k) const noexcept;
   [[nodiscard]] static hook_phase phase_of(const model::op_cost& o) noexcept;

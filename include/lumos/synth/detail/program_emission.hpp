@@ -85,11 +85,11 @@ void program_builder<Compute, Comm>::segments_of(pass_kind pk, bool first, bool 
   out.clear();
   if (pk == pass_kind::forward) {
     if (first) out.push_back({&embed_items_[k], embed_params_});
-    for (int l = 0; l < layers_per_chunk_; ++l) out.push_back({&layer_items_[k], layer_params_});
+    for (int l = 0; l < chunk_layers(first, last); ++l) out.push_back({&layer_items_[k], layer_params_});
     if (last) out.push_back({&head_items_[k], head_params_});
   } else {
     if (last) out.push_back({&head_items_[k], head_params_});
-    for (int l = 0; l < layers_per_chunk_; ++l) out.push_back({&layer_items_[k], layer_params_});
+    for (int l = 0; l < chunk_layers(first, last); ++l) out.push_back({&layer_items_[k], layer_params_});
     if (first) out.push_back({&embed_items_[k], embed_params_});
   }
 }
@@ -115,7 +115,7 @@ void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, boo
     const graph::task_id before = rs.last_compute;
     if (opt_.detail == granularity::kernel) {
       const bool is_layer = seg.items == &layer_items_[k];
-      const int layer = !is_layer ? -1 : pk == pass_kind::forward ? layers_seen : layers_per_chunk_ - 1 - layers_seen;
+      const int layer = !is_layer ? -1 : pk == pass_kind::forward ? layers_seen : chunk_layers(first, last) - 1 - layers_seen;
       layers_seen += is_layer ? 1 : 0;
       emit_items(rs, *seg.items, layer, pk == pass_kind::forward);
     } else {

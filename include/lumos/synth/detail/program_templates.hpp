@@ -186,6 +186,26 @@ void program_builder<Compute, Comm>::emit_moe_collectives(const model::op_cost& 
   }
 }
 
+// The key/value exchange of context parallelism around the attention core (`o`, the first op
+// of the attention role in a run of them; a forward or recomputed forward, or its backward),
+// timed over the CP group's placement by `model::context_parallel_exchange`. The ring (p2p)
+// runs beside the attention and the attention cannot end before it: its item keeps the part
+// the attention does not hide, max(0, ring - attention), after the attention. The all-gather
+// variant goes whole before the forward attention, its reduce-scatter after the backward one.
+// Items on the compute stream, joined over the TP group as the MoE dispatch is.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::emit_cp_exchange(const model::op_cost& o, bool after, std::vector<item>& out) {
+  if (par_.cp <= 1 || o.role != model::op_role::attention) return;
+  const hook_phase ph = phase_of(o);
+  if (ph == hook_phase::wgrad) return;
+  const model::cp_exchange& x = cp_exchange_[ph == hook_phase::fwd ? 0 : 1];
+  if (after != (x.overlapped || ph != hook_phase::fwd)) return;
+  const model::group_placement cp_group = model::context_parallel_group(par_, hw_);
+  item i = comm_item(x.name, x.kind, x.bytes, 2, &cp_group);
+  i.duration = x.overlapped ? std::max<time_ns>(0, x.duration - o.duration) : x.duration;
+  out.push_back(i);
+}
+
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
   const std::vector<model::tp_collective>& collectives = buf_.tp_collectives;
@@ -202,11 +222,16 @@ void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, p
       }
     }
   };
+  bool in_attention = false;  // the previous op of the pass was of the attention role
   for (const model::op_cost& o : ops.ops) {
     if (!in_pass(o, pk)) continue;
+    const bool first_attention = o.role == model::op_role::attention && !in_attention;
+    in_attention = o.role == model::op_role::attention;
     emit_hooks(o, false);
     emit_moe_collectives(o, false, out);
+    if (first_attention) emit_cp_exchange(o, false, out);
     out.push_back(compute_item(o));
+    if (first_attention) emit_cp_exchange(o, true, out);
     emit_moe_collectives(o, true, out);
     emit_hooks(o, true);
   }
@@ -236,7 +261,7 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::head_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
   const std::int64_t B = activation_message();
   out.clear();
-  const std::int64_t loss_bytes = par_.micro_batch * m_.seq * 4;
+  const std::int64_t loss_bytes = par_.micro_batch * par_.local_seq(m_) * 4;
   for (const model::op_cost& o : ops.ops) {
     if (!in_pass(o, pk)) continue;
     const hook_phase ph = phase_of(o);
@@ -261,7 +286,7 @@ void program_builder<Compute, Comm>::head_template(const model::op_list& ops, pa
 
 template <model::ComputeModel Compute, model::CommModel Comm>
 std::int64_t program_builder<Compute, Comm>::activation_message() const {
-  return par_.micro_batch * m_.seq * m_.hidden * static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
+  return par_.micro_batch * par_.local_seq(m_) * m_.hidden * static_cast<std::int64_t>(model::activation_bytes(par_.dtype));
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -269,6 +294,8 @@ void program_builder<Compute, Comm>::build_templates() {
   tp_placement_ = model::tensor_parallel_group(par_, hw_);
   model::tensor_parallel_layer_collectives(m_, par_, buf_.tp_collectives);
   model::moe_layer_collectives(m_, par_, buf_.moe_collectives);
+  cp_exchange_ = {model::context_parallel_exchange(m_, par_, hw_, comm_, false),
+                  model::context_parallel_exchange(m_, par_, hw_, comm_, true)};
   if (m_.is_moe()) {
     for (const model::moe_group g : {model::moe_group::ep, model::moe_group::tp, model::moe_group::ep_tp}) {
       moe_placement_[static_cast<std::size_t>(g)] = model::moe_group_placement(g, par_, hw_);
@@ -300,7 +327,7 @@ void program_builder<Compute, Comm>::build_templates() {
         totals t;
         if (first && forward) t.add(embed_items_[k]);
         if (last && !forward) t.add(head_items_[k]);
-        t.add(layer_items_[k], layers_per_chunk_);
+        t.add(layer_items_[k], chunk_layers(first != 0, last != 0));
         if (last && forward) t.add(head_items_[k]);
         if (first && !forward) t.add(embed_items_[k]);
         pass_totals_[k][static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = t;
@@ -313,14 +340,14 @@ void program_builder<Compute, Comm>::build_templates() {
     for (int last = 0; last < 2; ++last) {
       segments.clear();
       if (last) segments.push_back(head_params_);
-      segments.insert(segments.end(), static_cast<std::size_t>(layers_per_chunk_), layer_params_);
+      segments.insert(segments.end(), static_cast<std::size_t>(chunk_layers(first != 0, last != 0)), layer_params_);
       if (first) segments.push_back(embed_params_);
       model::gradient_buckets(segments, bucket_params_, buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)]);
       chunk_params_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] =
           std::accumulate(segments.begin(), segments.end(), std::int64_t{0});
       // The experts' buckets over the same segments (none in the head and the embedding).
       for (std::int64_t& seg : segments) seg = 0;
-      for (int l = 0; l < layers_per_chunk_; ++l) segments[static_cast<std::size_t>(last + l)] = expert_layer_params_;
+      for (int l = 0; l < chunk_layers(first != 0, last != 0); ++l) segments[static_cast<std::size_t>(last + l)] = expert_layer_params_;
       model::gradient_buckets(segments, bucket_params_, expert_buckets_[static_cast<std::size_t>(first)][static_cast<std::size_t>(last)]);
     }
   }
