@@ -238,13 +238,13 @@ inline void require_stage(const parallel_config& par, int stage) {
 
 /// Parameters whose optimizer step one GPU of stage `stage` runs: all of its stage's
 /// (`stage_parameters_per_rank`) without ZeRO; with ZeRO stage >= 1 (the distributed optimizer)
-/// the dense ones divided by dp and the routed experts' by the expert-data-parallel size dp / ep.
+/// the dense ones divided by dp (FSDP: the shard group, `parallel_config::shard_size`) and the routed experts' by the expert-data-parallel size dp / ep.
 [[nodiscard]] inline double optimizer_parameters_per_rank(const transformer& m, const parallel_config& par, int stage) {
   const std::int64_t all = stage_parameters_per_rank(m, par, stage);
   if (par.zero_stage < 1) return static_cast<double>(all);
   const std::int64_t experts = stage_expert_parameters_per_rank(m, par, stage);
-  if (experts == 0) return static_cast<double>(all) / par.dp;
-  return static_cast<double>(all - experts) / par.dp + static_cast<double>(experts) / par.expert_data_parallel();
+  if (experts == 0) return static_cast<double>(all) / par.shard_size();
+  return static_cast<double>(all - experts) / par.shard_size() + static_cast<double>(experts) / par.expert_data_parallel();
 }
 
 // ---------------------------------------------------------------------------------------------
