@@ -194,6 +194,10 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       detail::bytes_text(mem.optimizer_states).c_str(),
       detail::bytes_text(mem.activations + mem.io_activations + mem.recompute_working).c_str(),
       r.in_flight_microbatches);
+  if (j.parallel.fsdp) {
+    put("                FSDP buffers %s (gathered units and one unit's unsharded gradients)\n",
+        detail::bytes_text(mem.fsdp_buffers).c_str());
+  }
   out += "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP;\n"
          "                activations per Korthikanti et al. with FlashAttention)\n";
   put("  simulated     %zu ranks%s, %zu tasks, %zu edges, in %.1f ms\n", r.simulated_ranks,

@@ -253,6 +253,8 @@ class program_builder {
   std::int64_t expert_layer_params_ = 0;  ///< routed-expert parameters of one layer on this rank (MoE)
   // [pass_kind][first][last] → totals of a whole chunk pass.
   std::array<std::array<std::array<totals, 2>, 2>, 4> pass_totals_{};
+  // [pass_kind] → totals of one layer, the embedding, the head (per-unit passes at `pass`).
+  std::array<std::array<totals, 3>, 4> unit_totals_{};
   // [first][last] → (backward segment index closing a bucket, bucket params).
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& buckets_;
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& expert_buckets_;  ///< as buckets_, routed experts

@@ -105,9 +105,8 @@ void program_builder<Compute, Comm>::emit_segment(rank_state& rs, pass_kind pk, 
     layers_seen += is_layer ? 1 : 0;
     emit_items(rs, *seg.items, layer, pk == pass_kind::forward);
   } else {
-    totals t;
-    t.add(*seg.items);
-    emit_totals(rs, t, pk);
+    const std::size_t unit = seg.items == &layer_items_[k] ? 0 : seg.items == &embed_items_[k] ? 1 : 2;
+    emit_totals(rs, unit_totals_[k][unit], pk);
   }
 }
 
