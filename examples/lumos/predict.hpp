@@ -33,6 +33,7 @@ inline constexpr std::string_view predict_usage =
     "                     [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
     "                     [--cp N] [--cp-comm {p2p,allgather}]\n"
     "                     [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
+    "                     [--fsdp {on,off}] [--hsdp N] [--reshard-after-forward {on,off}]\n"
     "                     [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
     "                     [--recompute {none,selective,full}] [--gpu PRESET]\n"
     "                     [--precision {bf16,fp16,fp8}] [--profile FILE] [--attention {flash,unfused}]\n"
@@ -67,6 +68,15 @@ inline constexpr std::string_view predict_usage =
     "  --overlap-param-gather  Megatron's --overlap-param-gather: the distributed optimizer's\n"
     "              parameter all-gathers overlap the next iteration's first forward pass instead\n"
     "              of ending the step (steady state; default off)\n"
+    "  --fsdp      fully sharded data parallelism (FSDP2 / ZeRO-3; default off: the distributed\n"
+    "              optimizer, ZeRO-1): --dp ranks shard parameters, gradients and optimizer states;\n"
+    "              each layer is all-gathered before its forward and backward (the next one\n"
+    "              prefetched) and its gradients reduce-scattered every micro-batch\n"
+    "  --hsdp      hybrid sharding: shard over groups of N ranks (N divides --dp), replicate across\n"
+    "              the dp / N groups, which all-reduce their gradient shards (needs --fsdp on)\n"
+    "  --reshard-after-forward  free each layer's gathered parameters after its forward and gather\n"
+    "              them again for its backward (default on); off keeps them: no backward gathers,\n"
+    "              more memory\n"
     "  --micro-batch  sequences per micro-batch (default 1)\n"
     "  --global-batch sequences per iteration (default micro-batch x dp x 4pp with pp > 1,\n"
     "              micro-batch x dp otherwise)\n"
@@ -193,6 +203,10 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       detail::bytes_text(mem.optimizer_states).c_str(),
       detail::bytes_text(mem.activations + mem.io_activations + mem.recompute_working).c_str(),
       r.in_flight_microbatches);
+  if (j.parallel.fsdp) {
+    put("                FSDP buffers %s (gathered units and one unit's unsharded gradients)\n",
+        detail::bytes_text(mem.fsdp_buffers).c_str());
+  }
   out += p.cp > 1 ? "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP x CP;\n"
                   : "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP;\n";
   out += "                activations per Korthikanti et al. with FlashAttention)\n";

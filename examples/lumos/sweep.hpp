@@ -41,7 +41,8 @@ inline constexpr std::string_view sweep_usage =
     "                   [--tp LIST] [--pp LIST] [--cp LIST] [--cp-comm {p2p,allgather}] [--dp LIST]\n"
     "                   [--vp LIST] [--ep LIST] [--micro-batch LIST]\n"
     "                   [--schedule LIST] [--recompute LIST] [--sp LIST] [--tp-comm-overlap {on,off}]\n"
-    "                   [--overlap-param-gather {on,off}] [--global-batch N]\n"
+    "                   [--overlap-param-gather {on,off}] [--fsdp LIST] [--hsdp N]\n"
+    "                   [--reshard-after-forward {on,off}] [--global-batch N]\n"
     "                   [--memory-margin F] [--top K] [--threads T] [--csv FILE] [--report FILE] [--json]\n"
     "  Enumerates every configuration of the lists whose sizes multiply to N GPUs, rejects those\n"
     "  that cannot run (divisibility of heads/vocab/ffn/seq by tp, layers by pp*vp, the global batch\n"
@@ -64,6 +65,9 @@ inline constexpr std::string_view sweep_usage =
     "                `lumos predict --tp-comm-overlap on` (default off)\n"
     "  --overlap-param-gather  on: the parameter all-gathers overlap the next iteration's first\n"
     "                forward pass, as `lumos predict --overlap-param-gather on` (default off)\n"
+    "  --fsdp        off, on: fully sharded data parallelism (ZeRO-3) or the distributed optimizer\n"
+    "                (default off); --hsdp and --reshard-after-forward as for 'lumos predict', for\n"
+    "                the configurations with FSDP (an --hsdp that does not divide dp is an error)\n"
     "  --global-batch sequences per iteration (default 1536, GPT-3's)\n"
     "  --memory-margin fraction of HBM kept free for what the memory model leaves out (default 0.10)\n"
     "  --top K       rows of the ranking (default 10)\n"
@@ -93,9 +97,11 @@ inline void write_text(const std::string& path, const std::string& text) {
   if (!f || !f.write(text.data(), static_cast<std::streamsize>(text.size()))) throw lumos::error("cannot write '" + path + "'");
 }
 
+// An fsdp column only when the sweep has FSDP configurations (the others keep their columns).
 inline void sweep_csv(const std::vector<sweep::result>& rs, std::string& out) {
-  out += "index,tp,pp,dp,vp,micro_batch,schedule,recompute,sp,status,reason,micro_batches,iteration_ns,mfu,hfu,"
-         "tokens_per_s,tflops_per_gpu,memory_bytes,memory_stage,bubble_fraction,message\n";
+  const bool fsdp_column = std::any_of(rs.begin(), rs.end(), [](const sweep::result& r) { return r.config.fsdp; });
+  out += fsdp_column ? "index,tp,pp,dp,vp,micro_batch,schedule,recompute,sp,fsdp," : "index,tp,pp,dp,vp,micro_batch,schedule,recompute,sp,";
+  out += "status,reason,micro_batches,iteration_ns,mfu,hfu,tokens_per_s,tflops_per_gpu,memory_bytes,memory_stage,bubble_fraction,message\n";
   char line[512];
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const sweep::result& r = rs[i];
@@ -104,9 +110,10 @@ inline void sweep_csv(const std::vector<sweep::result>& rs, std::string& out) {
     for (char& ch : msg) {
       if (ch == '"') ch = '\'';
     }
-    std::snprintf(line, sizeof line, "%zu,%d,%d,%d,%d,%lld,%s,%s,%s,%s,%s,%lld,", i, c.tp, c.pp, c.dp, c.vp,
+    std::snprintf(line, sizeof line, "%zu,%d,%d,%d,%d,%lld,%s,%s,%s%s,%s,%s,%lld,", i, c.tp, c.pp, c.dp, c.vp,
                   static_cast<long long>(c.micro_batch), std::string(c.schedule.name).c_str(),
-                  std::string(model::to_string(c.recompute)).c_str(), c.sp ? "on" : "off", r.ok() ? "ok" : "rejected",
+                  std::string(model::to_string(c.recompute)).c_str(), c.sp ? "on" : "off",
+                  !fsdp_column ? "" : c.fsdp ? ",on" : ",off", r.ok() ? "ok" : "rejected",
                   std::string(sweep::to_string(r.reason)).c_str(), static_cast<long long>(r.micro_batches));
     out += line;
     if (r.predicted) {
@@ -160,18 +167,20 @@ inline void sweep_text(const sweep_request& req, const std::vector<sweep::result
   put("  top %zu by iteration time:\n", best.size());
   // An ep column only when the sweep varies expert parallelism (a dense model's table keeps its columns).
   const bool ep_column = std::any_of(best.begin(), best.end(), [&](std::size_t i) { return rs[i].config.ep != 1; });
-  // Likewise a cp column only when the sweep varies context parallelism.
+  // Likewise a cp column only when the sweep varies context parallelism, and an fsdp column only
+  // when the sweep has FSDP configurations.
   const bool cp_column = std::any_of(best.begin(), best.end(), [&](std::size_t i) { return rs[i].config.cp != 1; });
+  const bool fsdp_column = std::any_of(rs.begin(), rs.end(), [](const sweep::result& r) { return r.config.fsdp; });
   auto narrow = [](int v) { return std::string(v < 10 ? "   " : v < 100 ? "  " : " ") + std::to_string(v); };
-  put("  %4s %4s %4s%s %5s %3s%s %4s %-17s %-9s %-3s %12s %7s %11s %7s\n", "#", "tp", "pp", cp_column ? "   cp" : "", "dp", "vp",
-      ep_column ? "  ep" : "", "mb", "schedule", "recompute", "sp", "iteration", "MFU", "memory/GPU", "bubble");
+  put("  %4s %4s %4s%s %5s %3s%s %4s %-17s %-9s %-3s%s %12s %7s %11s %7s\n", "#", "tp", "pp", cp_column ? "   cp" : "", "dp", "vp",
+      ep_column ? "  ep" : "", "mb", "schedule", "recompute", "sp", fsdp_column ? " fsdp" : "", "iteration", "MFU", "memory/GPU", "bubble");
   for (std::size_t k = 0; k < best.size(); ++k) {
     const sweep::result& r = rs[best[k]];
     const sweep::configuration& c = r.config;
-    put("  %4zu %4d %4d%s %5d %3d%s %4lld %-17s %-9s %-3s %10.3f s %7s %11s %7s\n", k + 1, c.tp, c.pp,
+    put("  %4zu %4d %4d%s %5d %3d%s %4lld %-17s %-9s %-3s%s %10.3f s %7s %11s %7s\n", k + 1, c.tp, c.pp,
         cp_column ? (" " + narrow(c.cp)).c_str() : "", c.dp, c.vp, ep_column ? narrow(c.ep).c_str() : "",
         static_cast<long long>(c.micro_batch), std::string(c.schedule.name).c_str(),
-        std::string(model::to_string(c.recompute)).c_str(), c.sp ? "on" : "off",
+        std::string(model::to_string(c.recompute)).c_str(), c.sp ? "on" : "off", !fsdp_column ? "" : c.fsdp ? " on  " : " off ",
         static_cast<double>(r.m.iteration_ns) / 1e9, detail::pct(r.m.mfu).c_str(), detail::bytes_text(r.memory_bytes).c_str(),
         detail::pct(r.m.bubble_fraction).c_str());
   }

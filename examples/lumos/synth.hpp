@@ -22,6 +22,7 @@ inline constexpr std::string_view synth_usage =
     "                   [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
     "                   [--cp N] [--cp-comm {p2p,allgather}]\n"
     "                   [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
+    "                   [--fsdp {on,off}] [--hsdp N] [--reshard-after-forward {on,off}]\n"
     "                   [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
     "                   [--recompute {none,selective,full}] [--gpu PRESET]\n"
     "                   [--precision {bf16,fp16,fp8}] [--profile FILE] [--attention {flash,unfused}]\n"

@@ -65,11 +65,45 @@ TEST_CASE("lumos sweep --json: every configuration, counts per reason that add u
   }
 }
 
+TEST_CASE("lumos sweep --fsdp on,off: FSDP is a dimension of the space", "[sweep][cli][fsdp]") {
+  const std::string args = "sweep --model llama3-8b --layers 4 --seq 1024 --gpus 8 --global-batch 16 --tp 1,2 --pp 1 "
+                           "--micro-batch 1 --recompute none --sp off --json";
+  simdjson::dom::parser p1, p2;
+  const result plain = lumos_test::run_cli(args);
+  const result both = lumos_test::run_cli(args + " --fsdp off,on --hsdp 2");
+  INFO(both.err);
+  REQUIRE(plain.code == 0);
+  REQUIRE(both.code == 0);
+  const simdjson::dom::element a = p1.parse(plain.out), b = p2.parse(both.out);
+  CHECK(b["configurations"].get_int64().value() == 2 * a["configurations"].get_int64().value());
+  CHECK(b["problem"]["hsdp"].get_int64().value() == 2);
+  std::size_t on = 0;
+  for (const auto item : b["results"].get_array()) {
+    const bool fsdp = item["fsdp"].get_bool().value();
+    on += fsdp ? 1 : 0;
+    if (std::string_view(item["status"].get_string()) != "ok") continue;
+    CHECK(item["iteration_ns"].get_int64().value() > 0);
+  }
+  CHECK(on == 2);
+  // Each configuration with FSDP follows the same one without (ZeRO-1), and sharding over all
+  // 8 ranks holds less than the distributed optimizer (HSDP 2 above need not).
+  simdjson::dom::parser p3;
+  const result full = lumos_test::run_cli(args + " --fsdp off,on");
+  REQUIRE(full.code == 0);
+  const auto results = p3.parse(full.out)["results"].get_array();
+  CHECK(!results.at(0)["fsdp"].get_bool().value());
+  CHECK(results.at(1)["fsdp"].get_bool().value());
+  CHECK(results.at(1)["memory_bytes_per_gpu"].get_double().value() < results.at(0)["memory_bytes_per_gpu"].get_double().value());
+  // The table names the column only when FSDP is searched.
+  CHECK(lumos_test::run_cli(args.substr(0, args.size() - 7) + " --fsdp off,on").out.find("fsdp") != std::string::npos);
+  CHECK(lumos_test::run_cli(args.substr(0, args.size() - 7)).out.find("fsdp") == std::string::npos);
+}
+
 TEST_CASE("lumos sweep: bad flags are one-line errors with exit code 2", "[sweep][cli]") {
   for (const char* args : {"sweep", "sweep --gpus 0", "sweep --gpus 8 --tp 1,,2", "sweep --gpus 8 --tp x",
                            "sweep --gpus 8 --recompute some", "sweep --gpus 8 --sp maybe", "sweep --gpus 8 --threads 0",
                            "sweep --gpus 8 --schedule fast", "sweep --gpus 8 --memory-margin 1.5",
-                           "sweep --gpus 8 --tp 3 --pp 1", "sweep --gpus 8 --bogus"}) {
+                           "sweep --gpus 8 --tp 3 --pp 1", "sweep --gpus 8 --bogus", "sweep --gpus 8 --fsdp maybe"}) {
     const result r = lumos_test::run_cli(args);
     INFO(args << "\n" << r.err);
     CHECK(r.code == 2);

@@ -47,6 +47,8 @@ struct job_config {
   model::attention_impl attention = model::attention_impl::flash;
   bool unfold = false;
   bool p2p_host_sync = false;  ///< as `lumos synth` with the profile's p2p sync (Megatron's batch_p2p_sync)
+  bool fsdp = false;           ///< as `lumos synth --fsdp on` (ZeRO-3), with `hsdp`
+  int hsdp = 0;
 };
 
 synth::job job_of(const job_config& c) {
@@ -70,7 +72,9 @@ synth::job job_of(const job_config& c) {
   j.parallel.micro_batch = c.micro_batch;
   j.parallel.global_batch = c.global_batch;
   j.parallel.schedule = c.schedule;
-  j.parallel.zero_stage = 1;  // Megatron's distributed optimizer, as `lumos synth`
+  j.parallel.zero_stage = c.fsdp ? 3 : 1;  // Megatron's distributed optimizer, as `lumos synth`, or FSDP
+  j.parallel.fsdp = c.fsdp;
+  j.parallel.hsdp = c.hsdp;
   return j;
 }
 
@@ -216,6 +220,12 @@ TEST_CASE("kernel-level synthesised traces replay to the prediction", "[synth][k
       {"gpt3-15b", 4, 1024, 16, 512, 2, 2, 1, 1, 1, 8, "zb-h1", "h100-sxm"},
       {"gpt3-15b", 4, 1024, 16, 512, 2, 2, 2, 1, 1, 8, "1f1b", "a100-sxm-80gb", model::precision::fp16, true,
        model::recompute_kind::full, model::attention_impl::unfused, true},
+      // FSDP (per-layer all-gathers prefetched on the data-parallel stream, reduce-scatters every
+      // micro-batch), and HSDP's all-reduces on a stream of their own, every rank written.
+      {"llama3-8b", 4, 0, 0, 512, 1, 2, 4, 1, 1, 16, "1f1b", "h100-sxm", model::precision::bf16, false,
+       model::recompute_kind::none, model::attention_impl::flash, false, false, true},
+      {"llama3-8b", 2, 0, 0, 512, 1, 1, 4, 1, 1, 8, "1f1b", "h100-sxm", model::precision::bf16, false,
+       model::recompute_kind::none, model::attention_impl::flash, true, false, true, 2},
   };
   for (const job_config& c : configs) {
     INFO(c.schedule << " tp" << c.tp << " pp" << c.pp << " dp" << c.dp << " " << c.gpu << (c.unfold ? " unfolded" : ""));

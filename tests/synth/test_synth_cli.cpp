@@ -7,6 +7,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -189,6 +190,56 @@ TEST_CASE("lumos predict --unfold agrees with the folded run", "[cli][synth]") {
   CHECK(std::abs(static_cast<double>(fa - fb)) <= 0.001 * static_cast<double>(fb));
 }
 
+TEST_CASE("lumos predict --fsdp on: ZeRO-3 in the job object, the states sharded over --dp or --hsdp", "[cli][synth][fsdp]") {
+  const std::string base = "predict --model llama3-8b --layers 4 --seq 1024 --tp 1 --pp 1 --global-batch 16 --json";
+  simdjson::dom::parser p1, p2, p3, p4, p5;
+  const result off = run(base + " --dp 8");
+  const result on = run(base + " --dp 8 --fsdp on");
+  const result wide = run(base + " --dp 16 --fsdp on");
+  const result hybrid = run(base + " --dp 16 --fsdp on --hsdp 8");
+  const result kept = run(base + " --dp 8 --fsdp on --reshard-after-forward off");
+  for (const result* r : {&off, &on, &wide, &hybrid, &kept}) {
+    INFO(r->err);
+    REQUIRE(r->code == 0);
+  }
+  const simdjson::dom::element a = p1.parse(off.out), b = p2.parse(on.out), c = p3.parse(wide.out), d = p4.parse(hybrid.out),
+                               e = p5.parse(kept.out);
+  CHECK(int64_t(a["job"]["zero_stage"]) == 1);
+  CHECK(!bool(a["job"]["fsdp"]));
+  CHECK(int64_t(b["job"]["zero_stage"]) == 3);
+  CHECK(bool(b["job"]["fsdp"]));
+  CHECK(int64_t(d["job"]["hsdp"]) == 8);
+  CHECK(bool(b["job"]["reshard_after_forward"]));
+  CHECK(!bool(e["job"]["reshard_after_forward"]));
+  const auto mem = [](const simdjson::dom::element& x, const char* f) { return double(x["memory_bytes_per_gpu"][f]); };
+  CHECK(mem(b, "parameters") == Approx(mem(a, "parameters") / 8));
+  CHECK(mem(c, "parameters") == Approx(mem(b, "parameters") / 2));
+  CHECK(mem(d, "parameters") == Approx(mem(b, "parameters")));
+  CHECK(mem(b, "fsdp_buffers") > 0);
+  CHECK(mem(e, "fsdp_buffers") > mem(b, "fsdp_buffers"));
+  CHECK(mem(b, "total") == Approx(mem(b, "parameters") + mem(b, "gradients") + mem(b, "optimizer") + mem(b, "activations") +
+                                  mem(b, "fsdp_buffers")));
+  CHECK(int64_t(b["iteration_ns"]) > 0);
+  // Without the backward gathers the step cannot be longer.
+  CHECK(int64_t(e["iteration_ns"]) <= int64_t(b["iteration_ns"]));
+}
+
+TEST_CASE("lumos synth --detail kernel --fsdp on reads back and replays to the prediction", "[cli][synth][fsdp][roundtrip]") {
+  const std::string job = "--model llama3-8b --layers 4 --seq 1024 --tp 2 --pp 2 --dp 4 --global-batch 16 --fsdp on --hsdp 2";
+  lumos_test::temp_dir dir;
+  const result s = run("synth " + job + " --detail kernel --out " + dir.path().string());
+  INFO(s.err);
+  REQUIRE(s.code == 0);
+  const result replayed = run("replay " + dir.path().string() + " --json");
+  const result predicted = run("predict " + job + " --json");
+  REQUIRE(replayed.code == 0);
+  REQUIRE(predicted.code == 0);
+  simdjson::dom::parser p1, p2;
+  const auto simulated = int64_t(p1.parse(replayed.out)["job"]["simulated_ns"]);
+  const auto iteration = int64_t(p2.parse(predicted.out)["iteration_ns"]);
+  CHECK(std::abs(static_cast<double>(simulated - iteration)) <= 0.01 * static_cast<double>(iteration));
+}
+
 TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cli][synth]") {
   for (const char* args : {"predict --tp 5",                                   // heads % tp
                            "predict --pp 5",                                   // layers % pp
@@ -197,7 +248,10 @@ TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cl
                            "predict --precision fp4", "predict --gpu tpu", "predict --model gpt5",
                            "predict --schedule pipedream", "predict --gpu a100-sxm-80gb --precision fp8",
                            "predict --vp 2", "predict --tp-comm-overlap maybe",
-                           "predict --tp 2 --tp-comm-overlap on"}) {  // overlap needs --sp on
+                           "predict --tp 2 --tp-comm-overlap on",  // overlap needs --sp on
+                           "predict --fsdp maybe", "predict --dp 8 --hsdp 4",  // hsdp needs fsdp
+                           "predict --dp 8 --fsdp on --hsdp 3", "predict --dp 8 --fsdp on --hsdp 0",
+                           "predict --fsdp on --reshard-after-forward later"}) {
     INFO(args);
     const result r = run(args);
     CHECK(r.code == 2);

@@ -211,7 +211,12 @@ inline model::parallel_config parse_parallel(args& a) {
       throw lumos::error("--precision must be bf16, fp16 or fp8, got '" + *prec + "'");
     }
   }
-  p.zero_stage = 1;
+  // FSDP is ZeRO-3 (--dp is then the sharding degree, --hsdp the shard group under hybrid
+  // sharding); otherwise Megatron's distributed optimizer (ZeRO-1).
+  on_off(a, "--fsdp", p.fsdp);
+  p.hsdp = positive_small(a, "--hsdp", 0);
+  on_off(a, "--reshard-after-forward", p.reshard_after_forward);
+  p.zero_stage = p.fsdp ? 3 : 1;
   return p;
 }
 

@@ -60,6 +60,7 @@ namespace detail {
 // The list flags as given (read before predict's parser, which would take them as numbers).
 struct sweep_lists {
   std::optional<std::string> tp, pp, dp, cp, vp, ep, micro_batch, schedule, recompute, sp, global_batch, memory_margin, top, threads;
+  std::optional<std::string> fsdp;
 };
 
 // A list of sizes, each in [1, 2^24]; `fallback` when the flag is absent.
@@ -101,6 +102,11 @@ inline void parse_variants(const sweep_lists& l, sweep::space& s) {
   for (const std::string& v : split_list(l.sp.value_or("off,on"), "--sp")) {
     if (v != "on" && v != "off") throw usage_error("--sp values must be on or off, got '" + v + "'");
     s.sp.push_back(v == "on");
+  }
+  s.fsdp.clear();
+  for (const std::string& v : split_list(l.fsdp.value_or("off"), "--fsdp")) {
+    if (v != "on" && v != "off") throw usage_error("--fsdp values must be on or off, got '" + v + "'");
+    s.fsdp.push_back(v == "on");
   }
 }
 
@@ -147,6 +153,7 @@ inline sweep_request parse_sweep(args& a) {
   l.schedule = a.option("--schedule");
   l.recompute = a.option("--recompute");
   l.sp = a.option("--sp");
+  l.fsdp = a.option("--fsdp");
   l.global_batch = a.option("--global-batch");
   l.memory_margin = a.option("--memory-margin");
   l.top = a.option("--top");
@@ -181,6 +188,8 @@ inline sweep::problem sweep_problem(const sweep_request& req) {
   p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
   p.overlap_param_gather = req.base.job.parallel.overlap_param_gather;
   p.cp_comm = req.base.job.parallel.cp_comm;
+  p.hsdp = req.base.job.parallel.hsdp;
+  p.reshard_after_forward = req.base.job.parallel.reshard_after_forward;
   p.gpus = req.gpus;
   p.global_batch = req.global_batch;
   p.memory_margin = req.memory_margin;

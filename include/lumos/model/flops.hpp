@@ -241,13 +241,13 @@ inline void require_stage(const parallel_config& par, int stage) {
 
 /// Parameters whose optimizer step one GPU of stage `stage` runs: all of its stage's
 /// (`stage_parameters_per_rank`) without ZeRO; with ZeRO stage >= 1 (the distributed optimizer)
-/// the dense ones divided by dp * cp (the DP x CP group) and the routed experts' by the
-/// expert-data-parallel size dp * cp / ep.
+/// the dense ones divided by the sharding group (`parallel_config::shard_size`: dp * cp, or with
+/// HSDP the shard group) and the routed experts' by the expert-data-parallel size dp * cp / ep.
 [[nodiscard]] inline double optimizer_parameters_per_rank(const transformer& m, const parallel_config& par, int stage) {
   const std::int64_t all = stage_parameters_per_rank(m, par, stage);
   if (par.zero_stage < 1) return static_cast<double>(all);
   const std::int64_t experts = stage_expert_parameters_per_rank(m, par, stage);
-  const double ranks = par.gradient_ranks();
+  const double ranks = par.shard_size();
   if (experts == 0) return static_cast<double>(all) / ranks;
   return static_cast<double>(all - experts) / ranks + static_cast<double>(experts) / par.expert_data_parallel();
 }

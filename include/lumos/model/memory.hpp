@@ -65,12 +65,15 @@ struct memory_breakdown {
   /// Of `parameter_count`, the routed experts' parameters (EP-sharded; their gradients and
   /// optimizer states are sharded over the expert-data-parallel group).
   std::int64_t expert_parameter_count = 0;
+  /// FSDP's unsharded buffers (`fsdp_buffer_bytes`): gathered parameters and one unit's
+  /// unsharded gradients. 0 without FSDP.
+  double fsdp_buffers = 0;
 
   [[nodiscard]] constexpr double model_states() const noexcept {
     return parameters + gradients + optimizer_states;
   }
   [[nodiscard]] constexpr double total() const noexcept {
-    return model_states() + activations + io_activations + recompute_working + moe_dispatch_buffers + cp_buffers;
+    return model_states() + activations + io_activations + recompute_working + moe_dispatch_buffers + cp_buffers + fsdp_buffers;
   }
   /// Whether `total()` fits in the GPU's HBM (no allowance for the exclusions above).
   [[nodiscard]] constexpr bool fits(const hardware& hw) const noexcept {
@@ -191,14 +194,52 @@ struct layer_activation_terms {
   return par.cp_comm == cp_comm_kind::p2p ? 4.0 * chunk : 2.0 * static_cast<double>(par.cp) * chunk;
 }
 
+/// FSDP's sharding units on one GPU of stage `stage`, in parameters (TP-sharded, before FSDP
+/// sharding): the largest pair of units that follow each other in a pass (the unit computing
+/// and the one prefetched: embedding, layers, head — the order the program builder gathers them
+/// in) and the largest unit. O(1).
+struct fsdp_units {
+  std::int64_t pair = 0;
+  std::int64_t largest = 0;
+};
+
+[[nodiscard]] inline fsdp_units fsdp_unit_parameters(const transformer& m, const parallel_config& par, int stage) {
+  const std::int64_t layer = layer_parameters_per_rank(m, par.tp);
+  const std::int64_t layers = par.stage_layers(m, stage);
+  const std::int64_t embed = stage == 0 ? m.vocab * m.hidden / par.tp + (m.position == position_kind::learned ? m.seq * m.hidden : 0) : 0;
+  const std::int64_t head = stage == par.pp - 1 ? norm_parameter_count(m) + ((!m.tied_embeddings || par.pp > 1) ? m.vocab * m.hidden / par.tp : 0) : 0;
+  fsdp_units u;
+  u.largest = std::max({embed, head, layers > 0 ? layer : 0});
+  const std::int64_t inner = layers > 1 ? 2 * layer : 0;
+  const std::int64_t edge = layers > 0 ? layer : head;  // what the embedding meets (the head when no layers)
+  u.pair = std::max({inner, embed + edge, layers > 0 ? layer + head : head, u.largest});
+  return u;
+}
+
+/// FSDP's unsharded buffers on one GPU of stage `stage`, in bytes (Zhao et al. 2023, section
+/// 3.2; FSDP2 `fully_shard`): the gathered parameters in flight — the unit computing and the one
+/// prefetched (`fsdp_units::pair`) at `per_param.param` bytes, or with reshard_after_forward off
+/// the whole stage's parameters, which stay gathered from the forward to the backward — plus the
+/// unsharded gradients of one unit at `per_param.grad` bytes before their reduce-scatter.
+/// 0 without FSDP or with a shard group of one rank.
+[[nodiscard]] inline double fsdp_buffer_bytes(const transformer& m, const parallel_config& par, int stage,
+                                              const state_bytes& per_param) {
+  if (!par.fsdp || par.shard_size() <= 1) return 0.0;
+  const fsdp_units u = fsdp_unit_parameters(m, par, stage);
+  const double gathered = par.reshard_after_forward ? static_cast<double>(u.pair)
+                                                    : static_cast<double>(stage_parameters_per_rank(m, par, stage));
+  return per_param.param * gathered + per_param.grad * static_cast<double>(u.largest);
+}
+
 /// Memory of one GPU of pipeline stage `stage`. Model states: `stage_parameters_per_rank`
-/// parameters, with optimizer states divided by dp * cp (the DP x CP group) from ZeRO stage 1,
-/// gradients from stage 2, parameters at stage 3 — the routed experts' by the
-/// expert-data-parallel size dp * cp / ep instead (Megatron's distributed optimizer shards them
-/// over that group). Activations: `layer_activation_bytes` (MoE layers:
-/// `moe_layer_activation_bytes`) x layers of the stage x `opt.in_flight_microbatches`, all of
-/// the rank's s / cp tokens, plus the io, recomputation, dispatch-buffer and context-parallel
-/// buffer terms of `memory_breakdown`.
+/// parameters, with optimizer states divided by dp * cp (the DP x CP group,
+/// `parallel_config::shard_size`) from ZeRO stage 1, gradients from stage 2, parameters at stage
+/// 3 — the routed experts' by the expert-data-parallel size dp * cp / ep instead (Megatron's
+/// distributed optimizer shards them over that group); FSDP divides them by its shard group and
+/// adds `fsdp_buffer_bytes`. Activations: `layer_activation_bytes` (MoE layers:
+/// `moe_layer_activation_bytes`) x layers of the stage x `opt.in_flight_microbatches`, all of the
+/// rank's s / cp tokens, plus the io, recomputation, dispatch-buffer and context-parallel buffer
+/// terms of `memory_breakdown`.
 /// Throws `lumos::error` for an invalid configuration, stage or in-flight count. O(1).
 [[nodiscard]] inline memory_breakdown memory_per_gpu(const transformer& m,
                                                      const parallel_config& par, int stage,
@@ -211,7 +252,7 @@ struct layer_activation_terms {
   memory_breakdown r;
   r.parameter_count = stage_parameters_per_rank(m, par, stage);
   r.expert_parameter_count = stage_expert_parameters_per_rank(m, par, stage);
-  const double dp = par.gradient_ranks();  // the distributed optimizer shards over DP x CP
+  const double dp = par.shard_size();  // the DP x CP group (HSDP: its shard group)
   if (r.expert_parameter_count == 0) {
     const double n = static_cast<double>(r.parameter_count);
     r.parameters = opt.per_param.param * n / (par.zero_stage >= 3 ? dp : 1.0);
@@ -227,6 +268,7 @@ struct layer_activation_terms {
     r.gradients = sharded(opt.per_param.grad, 2);
     r.optimizer_states = sharded(opt.per_param.optimizer, 1);
   }
+  r.fsdp_buffers = fsdp_buffer_bytes(m, par, stage, opt.per_param);
 
   const double inflight = opt.in_flight_microbatches;
   const std::int64_t moe_layers = stage_moe_layers(m, par, stage);

@@ -75,6 +75,17 @@ struct parallel_config {
   recompute_kind recompute = recompute_kind::none;
   precision dtype = precision::bf16;
   int zero_stage = 0;    ///< 0: none, 1: optimizer states, 2: + gradients, 3: + parameters
+  /// Fully sharded data parallelism (PyTorch FSDP2 `fully_shard`, Megatron FSDP, ZeRO-3):
+  /// parameters, gradients and optimizer states sharded over the shard group, each layer's
+  /// parameters all-gathered before its forward (and backward) and its gradients
+  /// reduce-scattered after its backward, every micro-batch. Needs zero_stage = 3.
+  bool fsdp = false;
+  /// Hybrid sharding (HSDP): the shard group's size; the dp / hsdp shard groups replicate each
+  /// other and all-reduce their gradient shards. 0 = one shard group of all dp ranks.
+  int hsdp = 0;
+  /// FSDP frees each layer's gathered parameters after its forward and gathers them again for
+  /// its backward; off keeps them from the forward to the backward (no backward gathers).
+  bool reshard_after_forward = true;
   std::string schedule;  ///< opaque, for pipeline/ (e.g. "1f1b"); empty = caller's default
 
   [[nodiscard]] constexpr std::int64_t world_size() const noexcept {
@@ -91,6 +102,11 @@ struct parallel_config {
   [[nodiscard]] constexpr int expert_data_parallel() const noexcept {
     return ep > 0 ? gradient_ranks() / ep : gradient_ranks();
   }
+  /// Whether parameters are sharded over data parallelism (FSDP, or ZeRO stage 3).
+  [[nodiscard]] constexpr bool sharded_parameters() const noexcept { return fsdp || zero_stage >= 3; }
+  /// Ranks that share one copy of the sharded states: the DP x CP group, or under hybrid sharding
+  /// hsdp of its data-parallel ranks (times cp).
+  [[nodiscard]] constexpr int shard_size() const noexcept { return (fsdp && hsdp > 0 ? hsdp : dp) * cp; }
   /// Whether sequence parallelism actually shards anything (sp with tp > 1).
   [[nodiscard]] constexpr bool sequence_parallel() const noexcept { return sp && tp > 1; }
 
@@ -169,6 +185,7 @@ struct parallel_config {
     if (zero_stage < 0 || zero_stage > 3) {
       throw error("zero_stage must be 0, 1, 2 or 3, got " + std::to_string(zero_stage));
     }
+    validate_fsdp();
     const std::string t = std::to_string(tp);
     auto divisible_by_tp = [&](std::int64_t v, const char* field, const char* advice) {
       if (v % tp != 0) {
@@ -205,6 +222,23 @@ struct parallel_config {
                   std::to_string(vp) + " = " + std::to_string(chunks) +
                   "), or layers + 2 with the embedding and the loss counted as layers: choose pp "
                   "and vp whose product divides the layer count");
+    }
+  }
+
+  /// The FSDP rules of `validate`: fsdp is ZeRO stage 3 (zero_stage must say 3); hsdp needs fsdp,
+  /// is not negative and divides dp. FSDP with pipeline parallelism is allowed.
+  void validate_fsdp() const {
+    if (fsdp && zero_stage != 3) {
+      throw error("fsdp shards parameters, gradients and optimizer states (ZeRO stage 3): zero_stage " +
+                  std::to_string(zero_stage) + " contradicts it (set zero_stage 3 or turn fsdp off)");
+    }
+    if (hsdp < 0) throw error("hsdp must be 0 (shard over all dp ranks) or positive, got " + std::to_string(hsdp));
+    if (hsdp > 0 && !fsdp) {
+      throw error("hsdp = " + std::to_string(hsdp) + " is a shard group size of FSDP: turn fsdp on or set hsdp 0");
+    }
+    if (hsdp > 0 && dp % hsdp != 0) {
+      throw error("hsdp (" + std::to_string(hsdp) + ") must divide dp (" + std::to_string(dp) +
+                  "): dp / hsdp shard groups replicate each other");
     }
   }
 

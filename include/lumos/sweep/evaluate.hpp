@@ -71,6 +71,9 @@ struct configuration {
   synth::schedule_policy schedule = synth::policy_of<pipeline::one_f_one_b>();
   model::recompute_kind recompute = model::recompute_kind::none;
   bool sp = false;
+  /// Fully sharded data parallelism over dp (`parallel_config::fsdp`, ZeRO stage 3) instead of
+  /// the problem's ZeRO stage; its shard group and resharding are the problem's.
+  bool fsdp = false;
 
   [[nodiscard]] constexpr std::int64_t gpus() const noexcept { return std::int64_t{tp} * pp * cp * dp; }
   friend bool operator==(const configuration&, const configuration&) = default;
@@ -95,6 +98,10 @@ struct problem {
   bool overlap_param_gather = false;
   /// How the CP ranks exchange keys and values (`parallel_config::cp_comm`).
   model::cp_comm_kind cp_comm = model::cp_comm_kind::p2p;
+  /// For the configurations with FSDP: the shard group (`parallel_config::hsdp`, 0 = dp) and
+  /// whether parameters are gathered again for the backward (`reshard_after_forward`).
+  int hsdp = 0;
+  bool reshard_after_forward = true;
   double memory_margin = 0.10;
   /// The prediction's options. The sweep forces the folded `pass` program without collective
   /// records or names (what synth::predict uses by default, minus the names).
@@ -447,7 +454,10 @@ class evaluator {
     p.global_batch = problem_.global_batch;
     p.recompute = c.recompute;
     p.dtype = problem_.dtype;
-    p.zero_stage = problem_.zero_stage;
+    p.zero_stage = c.fsdp ? 3 : problem_.zero_stage;
+    p.fsdp = c.fsdp;
+    p.hsdp = c.fsdp ? problem_.hsdp : 0;
+    p.reshard_after_forward = problem_.reshard_after_forward;
     return p;
   }
 

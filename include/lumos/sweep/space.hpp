@@ -28,11 +28,12 @@ struct space {
   std::vector<synth::schedule_policy> schedules{synth::policy_of<pipeline::one_f_one_b>()};
   std::vector<model::recompute_kind> recompute{model::recompute_kind::none};
   std::vector<bool> sp{false};
+  std::vector<bool> fsdp{false};  ///< FSDP off (the problem's ZeRO stage) and/or on
 };
 
 /// The configurations of `s` for `gpus` GPUs (0: no constraint), in order: tp, pp, cp, dp, vp,
-/// ep, micro-batch, schedule, recompute, sp — the first varying slowest. An ep that does not
-/// divide dp·cp is left out (not a layout of this dp and cp). A cp that does not divide the
+/// ep, micro-batch, schedule, recompute, sp, fsdp — the first varying slowest. An ep that does
+/// not divide dp·cp is left out (not a layout of this dp and cp). A cp that does not divide the
 /// sequence into 2·cp chunks is kept and rejected by `validate`. Combinations whose sizes do
 /// not multiply to `gpus` are left out (they are not configurations of this machine); vp > 1
 /// with a schedule that has no chunks, are kept and rejected by `validate` with their reason.
@@ -79,18 +80,22 @@ struct space {
                   if (again(s.sp, isp)) continue;
                   const bool sp = s.sp[isp];
                   if (sp && tp == 1 && std::find(s.sp.begin(), s.sp.end(), false) != s.sp.end()) continue;
-                  configuration c;
-                  c.tp = tp;
-                  c.pp = pp;
-                  c.dp = dp;
-                  c.cp = cp;
-                  c.vp = s.vp[ivp];
-                  c.ep = s.ep[iep];
-                  c.micro_batch = s.micro_batch[imb];
-                  c.schedule = s.schedules[isc];
-                  c.recompute = s.recompute[irc];
-                  c.sp = sp;
-                  out.push_back(c);
+                  for (std::size_t ifs = 0; ifs < s.fsdp.size(); ++ifs) {
+                    if (again(s.fsdp, ifs)) continue;
+                    configuration c;
+                    c.tp = tp;
+                    c.pp = pp;
+                    c.dp = dp;
+                    c.cp = cp;
+                    c.vp = s.vp[ivp];
+                    c.ep = s.ep[iep];
+                    c.micro_batch = s.micro_batch[imb];
+                    c.schedule = s.schedules[isc];
+                    c.recompute = s.recompute[irc];
+                    c.sp = sp;
+                    c.fsdp = s.fsdp[ifs];
+                    out.push_back(c);
+                  }
                 }
               }
             }

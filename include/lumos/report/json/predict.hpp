@@ -39,6 +39,7 @@ inline void predict_job_json(json_writer& w, const synth::job& j, const synth::p
   w.field("micro_batches_per_pipeline", static_cast<std::int64_t>(r.shape.micro_batches));
   w.field("schedule", r.schedule.name).field("recompute", model::to_string(p.recompute));
   w.field("zero_stage", p.zero_stage);
+  w.field("fsdp", p.fsdp).field("hsdp", p.hsdp).field("reshard_after_forward", p.reshard_after_forward);
   w.end_object();
 }
 
@@ -51,6 +52,7 @@ inline void predict_memory_json(json_writer& w, const synth::job& j, const synth
   w.field("activations", mem.activations + mem.io_activations + mem.recompute_working);
   if (j.model.is_moe()) w.field("moe_dispatch_buffers", mem.moe_dispatch_buffers);
   if (j.parallel.cp > 1) w.field("cp_buffers", mem.cp_buffers);  // the K/V exchange's buffers
+  if (j.parallel.fsdp) w.field("fsdp_buffers", mem.fsdp_buffers);
   w.field("total", mem.total());
   w.field("capacity", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity)).field("fits", mem.fits(j.hardware));
   w.end_object();

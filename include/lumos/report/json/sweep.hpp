@@ -24,7 +24,7 @@ inline void sweep_result_json(json_writer& w, std::size_t index, const sweep::re
   if (c.ep != 1) w.field("ep", c.ep);  // expert parallelism (MoE); absent: 1
   if (c.cp != 1) w.field("cp", c.cp);  // context parallelism; absent: 1
   w.field("micro_batch", c.micro_batch).field("schedule", std::string(c.schedule.name));
-  w.field("recompute", std::string(model::to_string(c.recompute))).field("sp", c.sp);
+  w.field("recompute", std::string(model::to_string(c.recompute))).field("sp", c.sp).field("fsdp", c.fsdp);
   w.field("status", r.ok() ? "ok" : "rejected").field("reason", std::string(sweep::to_string(r.reason)));
   if (!r.ok()) w.field("message", std::string(r.why()));
   if (r.micro_batches > 0) w.field("micro_batches", r.micro_batches);
@@ -57,6 +57,7 @@ inline void sweep_json(json_writer& w, const sweep::problem& p, std::string_view
   w.field("global_batch", p.global_batch).field("memory_margin", p.memory_margin).field("profile", profile_name);
   w.field("hbm_bytes", static_cast<std::int64_t>(p.hardware.gpu.hbm_capacity));
   w.field("tp_comm_overlap", p.tp_comm_overlap).field("overlap_param_gather", p.overlap_param_gather);
+  w.field("hsdp", p.hsdp).field("reshard_after_forward", p.reshard_after_forward);
   w.end_object();
   w.field("configurations", static_cast<std::int64_t>(rs.size()));
   w.field("accepted", static_cast<std::int64_t>(counts[0]));

@@ -79,11 +79,14 @@ class program_builder {
       throw error("model '" + m_.name + "': the program builder repeats one layer template, so first_dense_layers (" +
                   std::to_string(m_.moe.first_dense_layers) + ") must be 0 to build or predict a MoE job");
     }
-    if (m_.is_moe() && par_.zero_stage >= 2 && dp_ > 1) {
-      throw error("ZeRO stage " + std::to_string(par_.zero_stage) +
+    if (m_.is_moe() && (par_.zero_stage >= 2 || par_.fsdp) && dp_ > 1) {
+      throw error("ZeRO stage " + std::to_string(par_.zero_stage) + (par_.fsdp ? " (FSDP)" : "") +
                   " with a mixture-of-experts model is not modelled: use zero_stage 0 or 1 (the distributed optimizer)");
     }
-    if (par_.zero_stage == 3 && dp_ > 1) zero3_ = true;
+    // FSDP and ZeRO-3 are one path: per-unit all-gathers and reduce-scatters over the shard group.
+    fsdp_ = par_.sharded_parameters() && dp_ > 1;
+    shard_ = par_.shard_size();
+    replicas_ = dp_ / shard_;
   }
 
   /// Builds the task graph into `out`, reusing the capacity of its graph arrays.
@@ -223,7 +226,8 @@ class program_builder {
   schedule_policy policy_{};
   pipeline::schedule_shape shape_{};
   bool split_ = false;
-  bool zero3_ = false;
+  bool fsdp_ = false;           ///< parameters sharded (FSDP / ZeRO-3) over more than one rank
+  int shard_ = 1, replicas_ = 1;  ///< FSDP shard group size, and the shard groups (HSDP: dp / hsdp)
   int tp_ = 1, pp_ = 1, dp_ = 1, world_ = 1;
   int layers_per_chunk_ = 1;
   bool embedding_loss_in_split_ = false;  ///< model::parallel_config::embedding_loss_in_split
@@ -258,6 +262,8 @@ class program_builder {
   std::int64_t expert_layer_params_ = 0;  ///< routed-expert parameters of one layer on this rank (MoE)
   // [pass_kind][first][last] → totals of a whole chunk pass.
   std::array<std::array<std::array<totals, 2>, 2>, 4> pass_totals_{};
+  // [pass_kind] → totals of one layer, the embedding, the head (per-unit passes at `pass`).
+  std::array<std::array<totals, 3>, 4> unit_totals_{};
   // [first][last] → (backward segment index closing a bucket, bucket params).
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& buckets_;
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& expert_buckets_;  ///< as buckets_, routed experts
@@ -278,6 +284,7 @@ class program_builder {
   std::vector<std::int32_t>& group_slot_;
   std::deque<group_state>& groups_;
   int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0, edp_base_ = 0;
+  int shard_base_ = 0, replica_base_ = 0;
   model::group_placement tp_placement_;
   std::array<model::group_placement, 3> moe_placement_{};  ///< [model::moe_group]
   std::array<model::cp_exchange, 2> cp_exchange_{};  ///< a layer's K/V exchange: [0] forward, [1] backward
@@ -322,7 +329,7 @@ class program_builder {
   [[nodiscard]] time_ns p2p_time(int s, int col) const;
 
   // ---- stage plan and process groups: synth/detail/program_groups.hpp ----
-  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp };
+  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp, shard, replica };
   static void keep_forwards(stage_orders& orders);
   void prepare();
   void plan_stages();
@@ -385,11 +392,19 @@ class program_builder {
   void emit_totals(rank_state& rs, const totals& t, pass_kind pk);
   void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out) const;
   void emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
-                 const std::vector<std::pair<int, std::int64_t>>* buckets);
+                 const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad = false);
+  void emit_segment(rank_state& rs, pass_kind pk, const segment& seg, int& layers_seen, int chunk_layers);
   void ensure_task(rank_state& rs);
   graph::processor_id dp_stream(rank_state& rs);
   void reduce_gradients(rank_state& rs, std::int64_t params, graph::task_id after, bool experts = false);
   collective_tasks gather_parameters(rank_state& rs, std::int64_t params, graph::task_id after, bool experts = false);
+  // FSDP / ZeRO-3 (program_emission.hpp): the shard and replica groups, per-unit gathers and reductions.
+  group_state& shard_group(rank_state& rs);
+  time_ns priced_time(group_state& gs, model::collective kind, std::int64_t bytes);
+  collective_tasks fsdp_gather(rank_state& rs, std::int64_t params, graph::task_id after);
+  void fsdp_reduce(rank_state& rs, std::int64_t params, graph::task_id after, bool final_grad);
+  [[nodiscard]] bool fsdp_gathers(pass_kind pk) const noexcept;
+  [[nodiscard]] std::int64_t first_unit_params(pass_kind pk, bool first, bool last) const noexcept;
   group_state& expert_dp_group(rank_state& rs);
   [[nodiscard]] time_ns p2p_duration(int sender_stage, int col) const;
   [[nodiscard]] int simulated_ranks() const noexcept { return opt_.unfold ? world_ : pp_; }

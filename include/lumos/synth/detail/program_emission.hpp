@@ -94,48 +94,74 @@ void program_builder<Compute, Comm>::segments_of(pass_kind pk, bool first, bool 
   }
 }
 
+// One segment of a pass (embedding, a layer or the head): its items, or their totals at the
+// `pass` granularity; `layers_seen` counts the layers emitted so far in the pass.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::emit_segment(rank_state& rs, pass_kind pk, const segment& seg, int& layers_seen, int chunk_layers) {
+  const auto k = static_cast<std::size_t>(pk);
+  if (opt_.detail == granularity::kernel) {
+    const bool is_layer = seg.items == &layer_items_[k];
+    const int layer = !is_layer ? -1 : pk == pass_kind::forward ? layers_seen : chunk_layers - 1 - layers_seen;
+    layers_seen += is_layer ? 1 : 0;
+    emit_items(rs, *seg.items, layer, pk == pass_kind::forward);
+  } else {
+    const std::size_t unit = seg.items == &layer_items_[k] ? 0 : seg.items == &embed_items_[k] ? 1 : 2;
+    emit_totals(rs, unit_totals_[k][unit], pk);
+  }
+}
+
 // A pass of a chunk; `buckets` (or null) lists the gradient buckets whose reduction starts
-// after one of its segments.
+// after one of its segments. Under FSDP each segment is a unit: its compute waits for its
+// all-gather, which was issued as the unit before it started (the first unit's, after the op
+// before: emit_op), and the gradient pass reduce-scatters each unit's gradients after it
+// (`final_grad`: the chunk's last gradient pass, after which HSDP all-reduces them).
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
-                                               const std::vector<std::pair<int, std::int64_t>>* buckets) {
+                                               const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad) {
   const auto k = static_cast<std::size_t>(pk);
-  if (buckets == nullptr && opt_.detail == granularity::pass) {
+  if (buckets == nullptr && opt_.detail == granularity::pass && !fsdp_) {
     emit_totals(rs, pass_totals_[k][first][last], pk);
     ensure_task(rs);
     return;
   }
   segments_of(pk, first, last, segments_scratch_);
+  const bool gathers = fsdp_ && fsdp_gathers(pk);
+  const bool reduces = fsdp_ && pk == (split_ ? pass_kind::weight_grad : pass_kind::backward);
   std::size_t next_bucket = 0, next_expert_bucket = 0;
   const auto* expert_buckets = buckets != nullptr ? &expert_buckets_[first][last] : nullptr;
   // Layers of the chunk in model order (backward passes run them last first).
   int layers_seen = 0;
+  // A segment without work still marks the point its gradients are final.
+  auto anchor = [&](graph::task_id before) {
+    if (rs.last_compute == before || !rs.pending.empty()) {
+      rs.last_compute = on_compute(rs, graph::task_kind::gpu_compute, 0, n_pass_compute_[k]);
+    }
+  };
   for (std::size_t si = 0; si < segments_scratch_.size(); ++si) {
     const segment& seg = segments_scratch_[si];
+    if (gathers) {
+      // Two units' gathered parameters at most: the next unit's gather starts once the unit
+      // before this one is done and its buffer is free.
+      if (rs.prefetched.complete == graph::no_task) rs.prefetched = fsdp_gather(rs, seg.params, rs.fsdp_free);
+      if (rs.prefetched.complete != graph::no_task) rs.pending.push_back(rs.prefetched.complete);
+      rs.fsdp_free = rs.last_compute;
+      rs.prefetched = si + 1 < segments_scratch_.size() ? fsdp_gather(rs, segments_scratch_[si + 1].params, rs.fsdp_free)
+                                                        : collective_tasks{};
+    }
     const graph::task_id before = rs.last_compute;
-    if (opt_.detail == granularity::kernel) {
-      const bool is_layer = seg.items == &layer_items_[k];
-      const int layer = !is_layer ? -1 : pk == pass_kind::forward ? layers_seen : chunk_layers(first, last) - 1 - layers_seen;
-      layers_seen += is_layer ? 1 : 0;
-      emit_items(rs, *seg.items, layer, pk == pass_kind::forward);
-    } else {
-      totals t;
-      t.add(*seg.items);
-      emit_totals(rs, t, pk);
+    emit_segment(rs, pk, seg, layers_seen, chunk_layers(first, last));
+    if (reduces) {
+      anchor(before);
+      fsdp_reduce(rs, seg.params, rs.last_compute, final_grad);
     }
     if (buckets != nullptr) {
       while (next_bucket < buckets->size() && (*buckets)[next_bucket].first == static_cast<int>(si)) {
-        // A segment without work still marks the point its gradients are final.
-        if (rs.last_compute == before || !rs.pending.empty()) {
-          rs.last_compute = on_compute(rs, graph::task_kind::gpu_compute, 0, n_pass_compute_[static_cast<std::size_t>(pk)]);
-        }
+        anchor(before);
         reduce_gradients(rs, (*buckets)[next_bucket].second, rs.last_compute);
         ++next_bucket;
       }
       while (next_expert_bucket < expert_buckets->size() && (*expert_buckets)[next_expert_bucket].first == static_cast<int>(si)) {
-        if (rs.last_compute == before || !rs.pending.empty()) {
-          rs.last_compute = on_compute(rs, graph::task_kind::gpu_compute, 0, n_pass_compute_[static_cast<std::size_t>(pk)]);
-        }
+        anchor(before);
         reduce_gradients(rs, (*expert_buckets)[next_expert_bucket].second, rs.last_compute, true);
         ++next_expert_bucket;
       }
@@ -197,6 +223,87 @@ auto program_builder<Compute, Comm>::gather_parameters(rank_state& rs, std::int6
                                         static_cast<std::int64_t>(opt_.param_gather_bytes), after);
   rs.last_dp = c.complete;
   return c;
+}
+
+// ---- FSDP / ZeRO-3 ----
+
+// The group `rs`'s parameters, gradients and optimizer states are sharded over: its dp group, or
+// under HSDP its shard group.
+template <model::ComputeModel Compute, model::CommModel Comm>
+group_state& program_builder<Compute, Comm>::shard_group(rank_state& rs) {
+  if (replicas_ == 1) return cached_group(rs.dp_group, group_type::dp, rs.info.stage, rs.info.tp_index);
+  return cached_group(rs.shard_group, group_type::shard, rs.info.stage, (rs.info.dp_index / shard_) * tp_ + rs.info.tp_index);
+}
+
+// The duration of a `kind` collective of `bytes` on `gs`, priced once per (kind, size) while it
+// stays among the group's last few (FSDP prices the same few unit sizes every micro-batch).
+template <model::ComputeModel Compute, model::CommModel Comm>
+time_ns program_builder<Compute, Comm>::priced_time(group_state& gs, model::collective kind, std::int64_t bytes) {
+  const int key = static_cast<int>(kind);
+  for (const group_state::priced& p : gs.prices) {
+    if (p.kind == key && p.bytes == bytes) return p.duration;
+  }
+  const time_ns d = comm_.collective_time({kind, bytes, gs.placement}, hw_);
+  gs.prices[gs.next_price] = {key, bytes, d};
+  gs.next_price = static_cast<std::uint8_t>((gs.next_price + 1) % gs.prices.size());
+  return d;
+}
+
+// Whether a pass of kind `pk` all-gathers its units' parameters: forward passes always, passes
+// that need the weights for input gradients unless the forward's gathered parameters stay
+// (reshard_after_forward off); weight-gradient passes never.
+template <model::ComputeModel Compute, model::CommModel Comm>
+bool program_builder<Compute, Comm>::fsdp_gathers(pass_kind pk) const noexcept {
+  if (pk == pass_kind::forward) return true;
+  return pk != pass_kind::weight_grad && par_.reshard_after_forward;
+}
+
+// Parameters of the first unit a pass of kind `pk` runs on a chunk with (`first`, `last`).
+template <model::ComputeModel Compute, model::CommModel Comm>
+std::int64_t program_builder<Compute, Comm>::first_unit_params(pass_kind pk, bool first, bool last) const noexcept {
+  if (pk == pass_kind::forward) return first ? embed_params_ : layers_per_chunk_ > 0 ? layer_params_ : head_params_;
+  return last ? head_params_ : layers_per_chunk_ > 0 ? layer_params_ : embed_params_;
+}
+
+// The all-gather of one unit's `params` parameters (bf16) over the shard group, on the
+// data-parallel stream, once `after` ends; nothing when the shard group has one rank.
+template <model::ComputeModel Compute, model::CommModel Comm>
+auto program_builder<Compute, Comm>::fsdp_gather(rank_state& rs, std::int64_t params, graph::task_id after) -> collective_tasks {
+  if (params <= 0 || shard_ <= 1) return {};
+  group_state& gs = shard_group(rs);
+  const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.param_gather_bytes);
+  const time_ns d = priced_time(gs, model::collective::all_gather, bytes);
+  return collective(rs, dp_stream(rs), gs, rs.seq_dp, "allgather", bytes, d, n_param_ag_, 1, -1, -1,
+                    static_cast<std::int64_t>(opt_.param_gather_bytes), after);
+}
+
+// The reduce-scatter of one unit's `params` gradients over the shard group once `after` ends,
+// on the data-parallel stream: the shard group's collectives run in the order they were issued,
+// as NCCL runs the collectives of one communicator (FSDP2's all-gather and reduce-scatter
+// streams share the process group). After the chunk's last micro-batch (`final_grad`) under
+// HSDP, the all-reduce of the shard over the replica group, one per unit, on a stream of its own
+// (another communicator).
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::fsdp_reduce(rank_state& rs, std::int64_t params, graph::task_id after, bool final_grad) {
+  if (params <= 0 || (shard_ <= 1 && !final_grad)) return;
+  const auto bytes = static_cast<std::int64_t>(static_cast<double>(params) * opt_.grad_reduce_bytes);
+  const auto element = static_cast<std::int64_t>(opt_.grad_reduce_bytes);
+  if (shard_ > 1) {
+    group_state& gs = shard_group(rs);
+    const time_ns d = priced_time(gs, model::collective::reduce_scatter, bytes);
+    rs.last_dp = collective(rs, dp_stream(rs), gs, rs.seq_dp, collective_kind_name(model::collective::reduce_scatter), bytes, d,
+                            n_grad_rs_, 1, -1, -1, element, after).complete;
+    after = rs.last_dp;
+  }
+  if (final_grad && replicas_ > 1) {
+    if (rs.fsdp_reduce == no_processor) rs.fsdp_reduce = stream(rs.info, 14, "hsdp all-reduce");
+    group_state& gs = cached_group(rs.replica_group, group_type::replica, rs.info.stage,
+                                   (rs.info.dp_index % shard_) * tp_ + rs.info.tp_index);
+    const std::int64_t shard_bytes = bytes / shard_;
+    const time_ns d = priced_time(gs, model::collective::all_reduce, shard_bytes);
+    rs.last_dp = collective(rs, rs.fsdp_reduce, gs, rs.seq_replica, collective_kind_name(model::collective::all_reduce),
+                            shard_bytes, d, n_grad_ar_, 1, -1, -1, element, after).complete;
+  }
 }
 
 // ---- pipeline p2p ----
@@ -279,9 +386,9 @@ void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
     }
   }
   rs.in_pipeline = true;
-  if (zero3_ && !order.empty()) {
+  if (fsdp_ && !order.empty() && fsdp_gathers(pass_of(order[0]))) {
     const auto [f, l] = chunk_role(s, order[0]);
-    rs.prefetched = gather_parameters(rs, chunk_params_[f][l], graph::no_task);
+    rs.prefetched = fsdp_gather(rs, first_unit_params(pass_of(order[0]), f, l), graph::no_task);
   }
 }
 
@@ -343,20 +450,15 @@ void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
   const pipeline::op& o = order[i];
   const int s = rs.info.stage;
   const auto [first, last] = chunk_role(s, o);
-  auto needs_params = [](const pipeline::op& x) { return x.kind != pipeline::op_kind::weight; };
   receive_input(rs, i);
   if (rs.gather_early && i == 0 && rs.first_gathered != graph::no_task) rs.pending.push_back(rs.first_gathered);
   if (rs.gather_early && i > 0 && rs.all_gathered != graph::no_task) {
     rs.pending.push_back(rs.all_gathered);
     rs.all_gathered = graph::no_task;
   }
-  if (zero3_ && needs_params(o) && rs.prefetched.complete != graph::no_task) {
-    rs.pending.push_back(rs.prefetched.complete);
-    rs.prefetched = {};
-  }
   const bool bucketed = final_grad_[static_cast<std::size_t>(s)][i] != 0 && opt_.overlap_grad_reduce && par_.zero_stage <= 1 && dp_ > 1;
   const std::size_t pass_mark = span_mark(rs);
-  emit_pass(rs, pass_of(o), first, last, bucketed ? &buckets_[first][last] : nullptr);
+  emit_pass(rs, pass_of(o), first, last, bucketed ? &buckets_[first][last] : nullptr, final_grad_[static_cast<std::size_t>(s)][i] != 0);
   span_close(rs, o.kind == pipeline::op_kind::forward ? span_kind::forward : span_kind::backward, o.micro_batch, pass_mark);
   const graph::task_id done = rs.last_compute;
   // Send the output if another stage consumes it.
@@ -371,13 +473,14 @@ void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
     (void)collective(rs, rs.info.send_prev, gs, rs.seq_grad_out, "send_recv", p2p_bytes_, p2p_duration(receiver, rs.col),
                      n_send_bwd_, 1, -1, -1, 2, done);
   }
-  // ZeRO-3: prefetch the next op's parameters, then reduce-scatter this op's gradients.
-  if (zero3_ && i + 1 < order.size() && needs_params(order[i + 1])) {
+  // FSDP: prefetch the first unit of the next op (its other units: emit_pass). ZeRO-2: this
+  // op's gradients reduce-scattered.
+  if (fsdp_ && i + 1 < order.size() && fsdp_gathers(pass_of(order[i + 1]))) {
     const auto [f2, l2] = chunk_role(s, order[i + 1]);
-    rs.prefetched = gather_parameters(rs, chunk_params_[f2][l2], graph::no_task);
+    rs.prefetched = fsdp_gather(rs, first_unit_params(pass_of(order[i + 1]), f2, l2), rs.fsdp_free);
   }
   const pipeline::op_kind grad_kind = split_ ? pipeline::op_kind::weight : pipeline::op_kind::backward;
-  if (par_.zero_stage >= 2 && o.kind == grad_kind) reduce_gradients(rs, chunk_params_[first][last], done);
+  if (par_.zero_stage >= 2 && !fsdp_ && o.kind == grad_kind) reduce_gradients(rs, chunk_params_[first][last], done);
   flush_launches(rs);
 }
 

@@ -164,8 +164,13 @@ void program_builder<Compute, Comm>::build_groups() {
   norm_base_ = grad_base_ + pp_ * tp_ * dp_;
   embd_base_ = norm_base_ + dp_;
   edp_base_ = embd_base_ + tp_ * dp_;  // expert-data-parallel: pp·tp·ep groups (MoE only)
+  // HSDP: shard groups (pp·tp·replicas) and replica groups (pp·tp·shard); FSDP without hybrid
+  // sharding shards over the dp groups.
+  shard_base_ = edp_base_ + (m_.is_moe() ? pp_ * tp_ * par_.ep : 0);
+  const bool hybrid = fsdp_ && replicas_ > 1;
+  replica_base_ = shard_base_ + (hybrid ? pp_ * tp_ * replicas_ : 0);
   buf_.groups_used = 0;
-  group_slot_.assign(static_cast<std::size_t>(edp_base_ + (m_.is_moe() ? pp_ * tp_ * par_.ep : 0)), -1);
+  group_slot_.assign(static_cast<std::size_t>(replica_base_ + (hybrid ? pp_ * tp_ * shard_ : 0)), -1);
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -179,6 +184,8 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
     case group_type::norm: id = norm_base_ + (par_.zero_stage >= 1 ? 0 : a); break;  // a = dp index
     case group_type::embd: id = embd_base_ + a; break;                // a = column
     case group_type::edp: id = edp_base_ + a * tp_ * par_.ep + b; break;  // a = stage, b = column mod tp·ep
+    case group_type::shard: id = shard_base_ + a * tp_ * replicas_ + b; break;  // b = replica · tp + tp index
+    case group_type::replica: id = replica_base_ + a * tp_ * shard_ + b; break;  // b = dp index mod shard · tp + tp index
   }
   std::int32_t& slot = group_slot_[static_cast<std::size_t>(id)];
   if (slot < 0) {
@@ -249,6 +256,19 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
       for (int c = b; c < tp_ * dp_; c += tp_ * par_.ep) gs.ranks.push_back(global_rank(a, c));
       gs.participants = opt_.unfold ? par_.expert_data_parallel() : 1;
       break;
+    case group_type::shard:
+    case group_type::replica: {
+      // A shard group: the `shard_` consecutive dp ranks of replica b / tp; a replica group: the
+      // dp ranks at b / tp of each shard group (the same shard of the states).
+      const bool shard = type == group_type::shard;
+      const int t = b % tp_, j = b / tp_;
+      gs.type = comm_group::dp;
+      if (named) gs.name = std::string(shard ? "fsdp.shard." : "fsdp.replica.") + std::to_string(a) + "." + std::to_string(b);
+      const int n = shard ? shard_ : replicas_;
+      for (int i = 0; i < n; ++i) gs.ranks.push_back(global_rank(a, (shard ? j * shard_ + i : i * shard_ + j) * tp_ + t));
+      gs.participants = opt_.unfold ? n : 1;
+      break;
+    }
     case group_type::embd:
       gs.type = comm_group::embedding;
       if (named) gs.name = "embd." + std::to_string(a);

@@ -12,6 +12,7 @@
 #include <lumos/synth/job.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -166,6 +167,15 @@ struct group_state {
   };
   std::vector<queued_send> queued;
   std::size_t queued_head = 0;
+  /// The last durations priced on this group (FSDP's per-unit collectives come in a few sizes,
+  /// every micro-batch): (collective kind, bytes) → ns, replaced round-robin.
+  struct priced {
+    int kind = -1;
+    std::int64_t bytes = -1;
+    time_ns duration = 0;
+  };
+  std::array<priced, 6> prices{};
+  std::uint8_t next_price = 0;
 
   /// Back to a group not yet made, keeping the capacity of its lists.
   void reset() {
@@ -184,6 +194,8 @@ struct group_state {
     arrived.clear();
     queued.clear();
     queued_head = 0;
+    prices = {};
+    next_price = 0;
   }
 };
 
@@ -233,6 +245,7 @@ struct rank_state {
   simulated_rank info;
   std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
   std::int64_t seq_norm = 0, seq_embd = 0, seq_edp = 0;
+  std::int64_t seq_replica = 0;  ///< FSDP's hybrid-sharding replica group
   task_list pending;  ///< start edges into the next compute-stream task
   task_list waits;    ///< host waits folded into the next CPU task (compiled)
   graph::task_id last_compute = graph::no_task;
@@ -262,7 +275,9 @@ struct rank_state {
   bool in_pipeline = false;
   bool gather_early = false;
   graph::task_id first_gathered = graph::no_task, all_gathered = graph::no_task;
-  collective_tasks prefetched{};  ///< ZeRO-3: the all-gather for the next op
+  collective_tasks prefetched{};  ///< FSDP / ZeRO-3: the all-gather of the next unit
+  graph::processor_id fsdp_reduce = no_processor;  ///< HSDP: its replica all-reduce stream
+  graph::task_id fsdp_free = graph::no_task;  ///< FSDP: the end of the unit before the last gathered one
   // The receive of the next op, posted (its arrive placed) as soon as the op before is done, so
   // that the sender's transfer finds its join complete (compiled program).
   struct posted_receive {
@@ -280,11 +295,13 @@ struct rank_state {
   group_state* act_out = nullptr;
   group_state* grad_in = nullptr;
   group_state* grad_out = nullptr;
+  group_state* shard_group = nullptr;    ///< FSDP: the ranks its states are sharded over
+  group_state* replica_group = nullptr;  ///< HSDP: the ranks holding the same shard
 
   /// Ready for another rank, keeping the capacity of its lists.
   void reset() {
     info = {};
-    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = 0;
+    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = seq_replica = 0;
     pending.clear();
     waits.clear();
     last_compute = last_dp = graph::no_task;
@@ -299,8 +316,10 @@ struct rank_state {
     in_pipeline = gather_early = false;
     first_gathered = all_gathered = graph::no_task;
     prefetched = {};
+    fsdp_reduce = no_processor;
+    fsdp_free = graph::no_task;
     posted = {};
-    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = nullptr;
+    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = shard_group = replica_group = nullptr;
   }
 };
 

@@ -333,6 +333,10 @@ void program_builder<Compute, Comm>::build_templates() {
         pass_totals_[k][static_cast<std::size_t>(first)][static_cast<std::size_t>(last)] = t;
       }
     }
+    unit_totals_[k] = {};
+    unit_totals_[k][0].add(layer_items_[k]);
+    unit_totals_[k][1].add(embed_items_[k]);
+    unit_totals_[k][2].add(head_items_[k]);
   }
   // Buckets over the backward order of a chunk's segments: head, layers (last first), embedding.
   std::vector<std::int64_t>& segments = buf_.segments;
