@@ -14,6 +14,7 @@
 #include <lumos/whatif/structure/inputs.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -78,6 +79,9 @@ struct moe_layer_rec {
   std::vector<std::int64_t> per_expert;              ///< loop of GEMMs: rows of each expert
   std::string grouped;                               ///< the grouped GEMM operator, if any
   std::uint32_t a2a = no_event;                      ///< the first all-to-all launched in the layer
+  /// Tokens were all-gathered between the router and the experts: under TP with sequence
+  /// parallelism each router sees a 1/TP shard and every TP rank's experts the whole.
+  bool gathered = false;
 };
 
 /// The GEMM launch `l` ran under, when it is a plain (M × K)·(K × N) one with recorded dims.
@@ -129,6 +133,19 @@ inline void add_expert_gemm(const trace::rank_trace& t, const launch_rec& l, std
   }
 }
 
+/// What collective launch `l` of rank `ri` inside MoE layer `m` tells: the layer's first
+/// all-to-all, or an all-gather of tokens before its experts.
+inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const comm_args_source& args_of, const launch_rec& l,
+                            moe_layer_rec& m) {
+  const trace::rank_trace& t = in.job.ranks[ri];
+  const std::uint32_t src = args_of.of(l.op);
+  std::string kind = comm_kind(t.name(t.events[l.op]), t.arg_text(src, trace::arg_key::collective_name));
+  const std::size_t peers = l.instance >= 0 ? in.participants(l.instance).size() : 0;
+  if (kind == "sendrecv" && peers > 2) kind = "alltoall";
+  if (kind == "alltoall" && m.a2a == no_event) m.a2a = l.op;
+  if (kind == "allgather" && m.rows == 0) m.gathered = true;
+}
+
 /// The MoE layers of rank `ri`'s first forward pass, in launch order. Linear in its launches.
 [[nodiscard]] inline std::vector<moe_layer_rec> read_moe_layers(const discovery_inputs& in, const job_structure& out, std::size_t ri) {
   const trace::rank_trace& t = in.job.ranks[ri];
@@ -137,10 +154,11 @@ inline void add_expert_gemm(const trace::rank_trace& t, const launch_rec& l, std
   std::optional<gemm_shape> last_gemm;
   std::string last_gemm_name;
   std::uint32_t last_op = no_event, last_expert_op = no_event;
+  const comm_args_source args_of(t);
   for (const std::size_t li : first_forward_launches(in, out, ri)) {
     const launch_rec& l = rw.launches[li];
     if (l.comm) {
-      if (!layers.empty() && layers.back().a2a == no_event && !l.p2p) layers.back().a2a = l.op;
+      if (!layers.empty() && !l.p2p) note_layer_comm(in, ri, args_of, l, layers.back());
       continue;
     }
     if (!layers.empty()) add_expert_gemm(t, l, last_expert_op, layers.back());
@@ -261,15 +279,18 @@ inline void discover_all_to_alls(const discovery_inputs& in, job_structure& out)
 
 namespace detail {
 
-/// `moe.top_k`: the token copies the experts computed over the tokens the routers saw, summed
+/// `moe.top_k`: the token copies the experts computed over the tokens the routers saw (times
+/// `tp` when the tokens are all-gathered before the experts: sequence-parallel shards), summed
 /// over the ranks (every token visits top-k experts, so the sums agree when no token is
 /// dropped or padded and every rank of the expert-parallel group is in the job).
-inline void moe_top_k(const std::vector<std::vector<moe_layer_rec>>& per_rank, moe_structure& moe) {
-  std::int64_t rows = 0, tokens = 0;
+inline void moe_top_k(const std::vector<std::vector<moe_layer_rec>>& per_rank, const fact<int>& tp, moe_structure& moe) {
+  std::int64_t rows = 0, tokens = 0, gathered = 1;
   for (const auto& layers : per_rank) {
     if (layers.empty() || layers.front().rows <= 0) continue;
     rows += layers.front().rows;
-    tokens += layers.front().tokens;
+    const std::int64_t shards = layers.front().gathered ? tp.value.value_or(1) : 1;
+    tokens += layers.front().tokens * shards;
+    gathered = std::max(gathered, shards);
   }
   if (rows <= 0 || tokens <= 0) {
     moe.top_k.source = "no expert GEMM with recorded shapes after the router";
@@ -277,7 +298,8 @@ inline void moe_top_k(const std::vector<std::vector<moe_layer_rec>>& per_rank, m
   }
   const double ratio = static_cast<double>(rows) / static_cast<double>(tokens);
   const double k = std::round(ratio);
-  const std::string why = "token copies the experts computed (" + std::to_string(rows) + ") / tokens the routers saw (" +
+  const std::string why = "token copies the experts computed (" + std::to_string(rows) + ") / tokens the routers saw" +
+                          (gathered > 1 ? " × TP " + std::to_string(gathered) + ", all-gathered before the experts" : std::string()) + " (" +
                           std::to_string(tokens) + "), first MoE layer summed over the ranks";
   if (k >= 1 && std::abs(ratio - k) <= 0.02 * k) {
     moe.top_k.value = static_cast<int>(k);
@@ -365,7 +387,7 @@ inline void discover_moe(const discovery_inputs& in, job_structure& out) {
   } else {
     moe.ep = out.parallel.ep;
   }
-  detail::moe_top_k(per_rank, moe);
+  detail::moe_top_k(per_rank, out.parallel.tp, moe);
   detail::moe_expert_tokens(in, first, m, moe);
 }
 
