@@ -1470,11 +1470,15 @@ TEST_CASE("whatif --pp from traces with stages keeps the tied embedding's all-re
 
 TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP and balanced tokens", "[cli][synth][moe]") {
   lumos_test::temp_dir dir;
-  for (const auto& [preset, ep] : {std::pair<std::string, int>{"mixtral-8x7b", 4}, {"qwen3-30b-a3b", 8}}) {
-    INFO(preset);
-    const auto out = dir.path() / preset;
+  // With TP 2 (and the sequence parallelism MoE needs) each router sees half the tokens, which
+  // are all-gathered before the experts.
+  for (const auto& [preset, ep, tp] : {std::tuple<std::string, int, int>{"mixtral-8x7b", 4, 1}, {"qwen3-30b-a3b", 8, 1},
+                                       {"mixtral-8x7b", 2, 2}}) {
+    INFO(preset << " ep " << ep << " tp " << tp);
+    const auto out = dir.path() / (preset + "-tp" + std::to_string(tp));
     const std::string flags = "--model " + preset + " --layers 2 --ep " + std::to_string(ep) + " --dp " + std::to_string(ep) +
-                              " --global-batch " + std::to_string(2 * ep);
+                              " --global-batch " + std::to_string(2 * ep) +
+                              (tp > 1 ? " --tp " + std::to_string(tp) + " --sp on" : std::string());
     REQUIRE(run("synth " + flags + " --detail kernel --out " + out.string()).code == 0);
     const result st = run("inspect --structure --json " + out.string());
     REQUIRE(st.code == 0);
@@ -1483,6 +1487,8 @@ TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP 
     const lumos::model::transformer m = lumos::model::model_preset(preset);
     lumos::model::parallel_config par;
     par.dp = par.ep = ep;
+    par.tp = tp;
+    par.sp = tp > 1;
     par.micro_batch = 1;
     const auto x = lumos::model::moe_shape(m, par);
     const auto moe = s["moe"];

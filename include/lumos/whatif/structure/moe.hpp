@@ -309,7 +309,7 @@ inline void moe_top_k(const std::vector<std::vector<moe_layer_rec>>& per_rank, c
   }
 }
 
-/// `moe.expert_tokens` from rank `rank`'s first MoE layer `m`: the rows of each expert's GEMMs
+/// `moe.expert_tokens` from the first MoE layer `m` of job rank index `ri`: the rows of each expert's GEMMs
 /// in a loop, else the split sizes its dispatch all-to-all received, else the grouped GEMM's
 /// rows divided evenly.
 inline void moe_expert_tokens(const discovery_inputs& in, std::size_t ri, const moe_layer_rec& m, moe_structure& moe) {
@@ -345,7 +345,8 @@ inline void moe_expert_tokens(const discovery_inputs& in, std::size_t ri, const 
 
 /// Fills `out.moe`: the MoE layers, experts, experts per rank, top-k, EP degree and per-expert
 /// tokens, each with where it was read; all unknown when no rank's first forward pass has a
-/// router. Runs after `discover_passes` and `discover_groups`. Linear in launches.
+/// router. Sets `out.parallel.ep` from the experts' sharding when the groups gave none or 1.
+/// Runs after `discover_passes` and `discover_parallel_degrees`. Linear in launches.
 inline void discover_moe(const discovery_inputs& in, job_structure& out) {
   moe_structure& moe = out.moe;
   std::vector<std::vector<detail::moe_layer_rec>> per_rank;
