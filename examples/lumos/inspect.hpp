@@ -88,6 +88,35 @@ void structure_fact_text(std::string& out, std::string_view name, const whatif::
   out += "    [" + f.source + "]\n";
 }
 
+// The MoE layers (when a router was found) and the all-to-alls (the first few; --json lists all).
+inline void structure_moe_text(const whatif::job_structure& st, std::string& out) {
+  if (st.moe.found()) {
+    out += "mixture of experts\n";
+    structure_fact_text(out, "MoE layers per pass", st.moe.layers);
+    structure_fact_text(out, "experts", st.moe.experts);
+    structure_fact_text(out, "experts per rank", st.moe.experts_per_rank);
+    structure_fact_text(out, "top-k", st.moe.top_k);
+    structure_fact_text(out, "EP", st.moe.ep);
+    structure_fact_text(out, st.moe.expert_tokens_per == "ep_peer" ? "tokens per EP peer" : "tokens per expert", st.moe.expert_tokens);
+  }
+  if (st.all_to_alls.empty()) return;
+  out += "all-to-alls: " + std::to_string(st.all_to_alls.size()) + " in the iteration\n";
+  constexpr std::size_t shown = 8;
+  auto ints = [](const std::vector<std::int64_t>& v) {
+    std::string s;
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s;
+  };
+  for (std::size_t i = 0; i < st.all_to_alls.size() && i < shown; ++i) {
+    const auto& a = st.all_to_alls[i];
+    out += "  '" + a.group + "' in " + std::string(whatif::to_string(a.phase)) + ": ranks [" + whatif::detail::join_ints(a.ranks) +
+           "] sent [" + ints(a.in_elements) + "] received [" + ints(a.out_elements) + "]";
+    if (!a.in_splits.empty() || !a.out_splits.empty()) out += " splits in [" + ints(a.in_splits) + "] out [" + ints(a.out_splits) + "]";
+    out += "    [" + a.source + "]\n";
+  }
+  if (st.all_to_alls.size() > shown) out += "  ... " + std::to_string(st.all_to_alls.size() - shown) + " more (--json lists them all)\n";
+}
+
 inline void structure_text(const whatif::job_structure& st, bool with_groups, std::string& out) {
   out += "parallelism\n";
   structure_fact_text(out, "world", st.parallel.world);
@@ -133,6 +162,7 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
     if (g.roles.empty()) out += "    role: unknown\n";
     for (const auto& r : g.roles) out += "    role " + std::string(whatif::to_string(*r.value)) + "    [" + r.source + "]\n";
   }
+  structure_moe_text(st, out);
   const bool chunks = report::structure_shows_chunks(st);
   out += "ranks\n";
   for (const auto& r : st.ranks) {

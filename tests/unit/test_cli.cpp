@@ -2,6 +2,8 @@
 #include "test_support.hpp"
 
 #include <lumos/cli/args.hpp>
+#include <lumos/model/moe.hpp>
+#include <lumos/model/transformer.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -1464,4 +1466,54 @@ TEST_CASE("whatif --pp from traces with stages keeps the tied embedding's all-re
     seen += starts.size();
   }
   CHECK(seen == 2);  // the first and the last stage
+}
+
+TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP and balanced tokens", "[cli][synth][moe]") {
+  lumos_test::temp_dir dir;
+  // With TP 2 (and the sequence parallelism MoE needs) each router sees half the tokens, which
+  // are all-gathered before the experts.
+  for (const auto& [preset, ep, tp] : {std::tuple<std::string, int, int>{"mixtral-8x7b", 4, 1}, {"qwen3-30b-a3b", 8, 1},
+                                       {"mixtral-8x7b", 2, 2}}) {
+    INFO(preset << " ep " << ep << " tp " << tp);
+    const auto out = dir.path() / (preset + "-tp" + std::to_string(tp));
+    const std::string flags = "--model " + preset + " --layers 2 --ep " + std::to_string(ep) + " --dp " + std::to_string(ep) +
+                              " --global-batch " + std::to_string(2 * ep) +
+                              (tp > 1 ? " --tp " + std::to_string(tp) + " --sp on" : std::string());
+    REQUIRE(run("synth " + flags + " --detail kernel --out " + out.string()).code == 0);
+    const result st = run("inspect --structure --json " + out.string());
+    REQUIRE(st.code == 0);
+    simdjson::dom::parser parser;
+    const auto s = parser.parse(st.out);
+    const lumos::model::transformer m = lumos::model::model_preset(preset);
+    lumos::model::parallel_config par;
+    par.dp = par.ep = ep;
+    par.tp = tp;
+    par.sp = tp > 1;
+    par.micro_batch = 1;
+    const auto x = lumos::model::moe_shape(m, par);
+    const auto moe = s["moe"];
+    CHECK(int64_t(moe["layers"]["value"]) == 2);
+    CHECK(int64_t(moe["experts"]["value"]) == m.moe.experts);
+    CHECK(int64_t(moe["experts_per_rank"]["value"]) == m.moe.experts / ep);
+    CHECK(int64_t(moe["top_k"]["value"]) == m.moe.top_k);
+    CHECK(int64_t(moe["ep"]["value"]) == ep);
+    CHECK(int64_t(s["parallel"]["ep"]["value"]) == ep);
+    CHECK(std::string_view(moe["expert_tokens_per"]) == "expert");
+    std::vector<std::int64_t> tokens;
+    for (const auto v : simdjson::dom::array(moe["expert_tokens"]["value"])) tokens.push_back(int64_t(v));
+    CHECK(tokens == std::vector<std::int64_t>(static_cast<std::size_t>(m.moe.experts / ep), static_cast<std::int64_t>(x.rows)));
+    // The dispatch and combine all-to-alls of each MoE layer, forward and backward, per micro-batch.
+    CHECK(simdjson::dom::array(s["all_to_alls"]).size() == 2u * 2u * 2u * 2u);
+    const result text = run("inspect --structure " + out.string());
+    REQUIRE(text.code == 0);
+    CHECK(text.out.find("mixture of experts\n") != std::string::npos);
+    CHECK(text.out.find("  top-k: " + std::to_string(m.moe.top_k)) != std::string::npos);
+  }
+  // A dense job has neither.
+  const auto dense = dir.path() / "dense";
+  REQUIRE(run("synth --model gpt3-15b --layers 2 --detail kernel --out " + dense.string()).code == 0);
+  const result st = run("inspect --structure --json " + dense.string());
+  REQUIRE(st.code == 0);
+  CHECK(st.out.find("\"moe\"") == std::string::npos);
+  CHECK(st.out.find("\"all_to_alls\"") == std::string::npos);
 }

@@ -13,11 +13,13 @@
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/compute.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/moe.hpp>
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/transformer.hpp>
 #include <lumos/report/trace_writer.hpp>
 #include <lumos/synth/program.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -56,6 +58,7 @@ class kernel_names {
   [[nodiscard]] report::task_decoration compute(const model::op_cost& o) const {
     using R = model::op_role;
     const bool fwd = o.phase == model::op_phase::forward || o.recompute || o.phase == model::op_phase::optimizer;
+    if (o.role == R::moe_expert && o.kind == model::op_class::gemm) return grouped_gemm(o, fwd);
     if (o.kind == model::op_class::gemm || (o.kind == model::op_class::attention && o.shape.m > 0)) return gemm(o, fwd);
     switch (o.role) {
       case R::attention:
@@ -107,6 +110,22 @@ class kernel_names {
     d.cpu_op = "aten::mm";
     d.input_dims = "[[" + std::to_string(M) + ", " + std::to_string(K) + "], [" + std::to_string(K) + ", " + std::to_string(N) + "]]";
     d.input_type = t2;
+    return d;
+  }
+
+  /// The experts of a MoE layer on this rank as one grouped GEMM (PyTorch's `aten::_grouped_mm`
+  /// over CUTLASS's grouped kernel): tokens [experts × rows, K], weights [experts, K, N] and the
+  /// per-expert offsets [experts], the shapes Megatron-LM's grouped MLP records.
+  [[nodiscard]] report::task_decoration grouped_gemm(const model::op_cost& o, bool fwd) const {
+    report::task_decoration d;
+    const bool wgrad = o.phase == model::op_phase::backward_weight;
+    const std::string layout = fwd ? "tn" : wgrad ? "nt" : "nn";
+    d.kernel = "void cutlass::Kernel<cutlass::gemm::kernel::GemmGrouped<cutlass_tensorop_" + dt_ + "_gemm_grouped_128x128_" + layout + "> >";
+    d.cpu_op = "aten::_grouped_mm";
+    const std::int64_t E = std::max<std::int64_t>(1, m_.moe.experts / std::max(1, par_.ep));
+    const std::string e = std::to_string(E), K = std::to_string(o.shape.k);
+    d.input_dims = "[[" + std::to_string(E * o.shape.m) + ", " + K + "], [" + e + ", " + K + ", " + std::to_string(o.shape.n) + "], [" + e + "]]";
+    d.input_type = "[\"" + torch_ + "\", \"" + torch_ + "\", \"int\"]";
     return d;
   }
 
@@ -211,6 +230,23 @@ class kernel_names {
         d.kernel = reduce_kernel();
         d.cpu_op = "aten::sum";
         break;
+      case R::moe_route:  // the top-k of the router's scores (backward: scattered back)
+        d.kernel = fwd ? "void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>"
+                       : "void at::native::_scatter_gather_elementwise_kernel<128, 4>";
+        d.cpu_op = fwd ? "aten::topk" : "aten::scatter";
+        d.input_dims = "[[" + std::to_string(static_cast<std::int64_t>(model::moe_shape(m_, par_).tokens)) + ", " +
+                       std::to_string(m_.moe.experts) + "], [], [], [], []]";
+        d.input_type = "[\"float\", \"Scalar\", \"Scalar\", \"Scalar\", \"Scalar\"]";
+        break;
+      case R::moe_permute:
+      case R::moe_unpermute: {  // gathers token copies into expert order; adds them back
+        const bool gather = (o.role == R::moe_permute) == fwd;
+        d.kernel = gather ? "void at::native::(anonymous namespace)::indexSelectLargeIndex<" + torch_ + ", long, unsigned int, 2, 2, -2, true>"
+                          : "void at::native::(anonymous namespace)::indexFuncLargeIndex<" + torch_ + ", long, unsigned int, 2, 2, -2, true>";
+        d.cpu_op = gather ? "aten::index_select" : "aten::index_add_";
+        break;
+      }
+      case R::moe_expert_act:
       case R::mlp_act: {
         const bool gelu = m_.mlp == model::mlp_kind::gelu;
         d.kernel = elementwise_kernel(std::string("at::native::") + (gelu ? "Gelu" : "Silu") + (fwd ? "" : "Backward") + "CUDAKernelImpl", fwd ? 2 : 3);
@@ -278,6 +314,9 @@ class kernel_names {
     } else if (kind == "send_recv") {
       d.kernel = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)";
       d.cpu_op = send ? "nccl:send" : "nccl:recv";
+    } else if (kind == "alltoall") {
+      d.kernel = "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)";
+      d.cpu_op = "nccl:all_to_all";
     } else {
       d.kernel = "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)";
       d.cpu_op = "nccl:coalesced";

@@ -15,6 +15,7 @@
 #include <lumos/whatif/structure/layout.hpp>
 #include <lumos/whatif/structure/memory_recipe.hpp>
 #include <lumos/whatif/structure/model_shape.hpp>
+#include <lumos/whatif/structure/moe.hpp>
 #include <lumos/whatif/structure/overrides.hpp>
 #include <lumos/whatif/structure/passes.hpp>
 #include <lumos/whatif/structure/phases.hpp>
@@ -34,7 +35,7 @@ namespace lumos::whatif {
 /// The facets run in this order, each reading what the ones before it found: the launches of
 /// each rank's iteration (built once), iteration, phases, passes, layers, stages, layout (world
 /// and PP), schedule, process groups, TP/DP/EP, gradient reduction, model shape, memory recipe, layer task
-/// groups, GPU op contexts; the user's facts last.
+/// groups, GPU op contexts, all-to-alls, MoE layers; the user's facts last.
 [[nodiscard]] inline job_structure discover_structure(const trace::job& job, const graph::built_job& built,
                                                       const structure_options& options = {}) {
   discovery_inputs in = make_discovery_inputs(job, built, options);
@@ -53,6 +54,8 @@ namespace lumos::whatif {
   discover_memory_recipe(in, out);
   discover_layer_tasks(in, out);
   discover_gpu_ops(in, out);
+  discover_all_to_alls(in, out);
+  discover_moe(in, out);
   apply_overrides(options, out);
   return out;
 }

@@ -179,17 +179,54 @@ inline void structure_ranks_json(json_writer& w, const whatif::job_structure& st
   w.end_array();
 }
 
+inline void int_list_json(json_writer& w, std::string_view name, const std::vector<std::int64_t>& v) {
+  w.key(name).begin_array();
+  for (const auto x : v) w.value(x);
+  w.end_array();
+}
+
+/// `"moe"` (only when a router was found) and `"all_to_alls"` (only when the iteration has any):
+/// absent from the structure of a dense model without all-to-alls.
+inline void structure_moe_json(json_writer& w, const whatif::job_structure& st) {
+  if (st.moe.found()) {
+    w.key("moe").begin_object();
+    structure_fact_json(w, "layers", st.moe.layers);
+    structure_fact_json(w, "experts", st.moe.experts);
+    structure_fact_json(w, "experts_per_rank", st.moe.experts_per_rank);
+    structure_fact_json(w, "top_k", st.moe.top_k);
+    structure_fact_json(w, "ep", st.moe.ep);
+    structure_fact_json(w, "expert_tokens", st.moe.expert_tokens);
+    w.field("expert_tokens_per", st.moe.expert_tokens_per);
+    w.end_object();
+  }
+  if (st.all_to_alls.empty()) return;
+  w.key("all_to_alls").begin_array();
+  for (const auto& a : st.all_to_alls) {
+    w.begin_object().field("group", a.group).field("phase", whatif::to_string(a.phase));
+    w.key("ranks").begin_array();
+    for (const int r : a.ranks) w.value(r);
+    w.end_array();
+    int_list_json(w, "in_elements", a.in_elements);
+    int_list_json(w, "out_elements", a.out_elements);
+    int_list_json(w, "in_splits", a.in_splits);
+    int_list_json(w, "out_splits", a.out_splits);
+    w.field("source", a.source).end_object();
+  }
+  w.end_array();
+}
+
 }  // namespace detail
 
 /// Whether `structure_json` lists the per-layer task groups (`inspect --structure --groups`).
 enum class layer_groups : std::uint8_t { count_only, listed };
 
 /// The discovered structure of a job as one JSON object: parallelism, model shape, gradient
-/// reduction, process groups, per rank its iteration, phases, stage and passes, and notes.
+/// reduction, process groups, MoE layers and all-to-alls (when found), per rank its iteration, phases, stage and passes, and notes.
 inline void structure_json(json_writer& w, const whatif::job_structure& st, layer_groups groups = layer_groups::count_only) {
   w.begin_object();
   detail::structure_parallel_json(w, st);
   detail::structure_groups_json(w, st);
+  detail::structure_moe_json(w, st);
   detail::structure_ranks_json(w, st);
   w.field("layer_task_groups", st.layer_groups.size());
   if (groups == layer_groups::listed) {

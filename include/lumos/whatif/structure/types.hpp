@@ -165,6 +165,40 @@ struct memory_recipe_facts {
   bool tied_embeddings = false;
 };
 
+/// One all-to-all of the iteration, joined across the ranks that ran it (one entry per graph
+/// collective instance; one per launch when its peers are absent from the job).
+struct all_to_all_info {
+  std::string group;  ///< its process group's name ("world" when matched by order without args)
+  phase_kind phase = phase_kind::other;  ///< on the first rank that ran it
+  std::vector<int> ranks;                ///< the ranks that ran it, in job order
+  /// Per entry of `ranks`: elements it sent and received (`In`/`Out msg nelems`, else the
+  /// tensors of the c10d all-to-all operator's `Input Dims`); -1 where neither is recorded.
+  std::vector<std::int64_t> in_elements, out_elements;
+  /// `In split size` / `Out split size` of the first rank that recorded them: rows sent to and
+  /// received from each peer of the group; empty when not recorded (an even split).
+  std::vector<std::int64_t> in_splits, out_splits;
+  std::string source;  ///< what the sizes were read from
+};
+
+/// The mixture-of-experts layers of the job, read from the first forward pass of each rank: a
+/// router (a GEMM to as many outputs as experts followed by a top-k operator), then the rank's
+/// experts as a grouped GEMM or a loop of per-expert GEMMs. Every fact unknown (with why) when
+/// no router is found.
+struct moe_structure {
+  fact<int> layers;            ///< MoE layers in one forward pass (routers found)
+  fact<int> experts;           ///< routed experts per MoE layer (the whole model's)
+  fact<int> experts_per_rank;  ///< routed experts whose GEMMs one rank runs
+  fact<int> top_k;             ///< experts each token visits
+  fact<int> ep;                ///< expert-parallel degree: experts / experts per rank
+  /// Tokens of the first MoE layer of the first forward pass: per expert of the rank
+  /// (`expert_tokens_per` "expert"), or per EP peer the dispatch all-to-all received from
+  /// ("ep_peer") when only its split sizes say it.
+  fact<std::vector<std::int64_t>> expert_tokens;
+  std::string expert_tokens_per;
+
+  [[nodiscard]] bool found() const noexcept { return layers.known(); }
+};
+
 /// What `discover_structure` found.
 struct job_structure {
   parallel_layout parallel;
@@ -175,6 +209,8 @@ struct job_structure {
   std::vector<process_group> groups;
   std::vector<layer_task_group> layer_groups;
   std::vector<gpu_op_context> gpu_ops;  ///< every GPU op launched in the iteration, per rank in launch order
+  moe_structure moe;
+  std::vector<all_to_all_info> all_to_alls;  ///< every all-to-all of the iteration (expert dispatch, embedding shards)
   fact<std::string> layers_method;  ///< "module annotations" / "kernel periodicity"
   std::vector<std::string> notes;   ///< ambiguities, conflicts, overrides
 };

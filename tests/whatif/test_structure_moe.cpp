@@ -1,0 +1,145 @@
+// Structure discovery of mixture-of-experts layers and all-to-alls: the hand-made MoE trace of
+// tests/data/moe (make_moe_trace.py says how it was built) and the real all-to-alls of the shared
+// DLRM trace, which are no MoE layers.
+#include "../unit/test_support.hpp"
+
+#include <lumos/trace/job.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <set>
+#include <vector>
+
+using namespace lumos;
+
+namespace {
+
+whatif::job_structure discover_moe_job(const std::filesystem::path& path) {
+  const trace::job job = trace::load_job({path});
+  const graph::built_job built = graph::build_graph(job);
+  return whatif::discover_structure(job, built);
+}
+
+}  // namespace
+
+TEST_CASE("a loop of per-expert GEMMs after a router gives the measured tokens of each expert", "[whatif][structure][moe]") {
+  const auto st = discover_moe_job(lumos_test::data_dir() / "moe" / "loop_unbalanced");
+  const auto& moe = st.moe;
+  REQUIRE(moe.found());
+  CHECK(*moe.layers.value == 2);
+  CHECK(*moe.experts.value == 4);
+  CHECK(moe.experts.source.find("aten::mm") != std::string::npos);
+  CHECK(*moe.experts_per_rank.value == 4);
+  CHECK(*moe.ep.value == 1);
+  CHECK(*st.parallel.ep.value == 1);
+  // 512 token copies over 256 tokens.
+  CHECK(*moe.top_k.value == 2);
+  REQUIRE(moe.expert_tokens.known());
+  CHECK(*moe.expert_tokens.value == std::vector<std::int64_t>{200, 130, 90, 92});
+  CHECK(moe.expert_tokens_per == "expert");
+  CHECK(moe.expert_tokens.source.find("down-projection") != std::string::npos);
+  CHECK(st.all_to_alls.empty());
+  // The dense part still reads as a transformer: the router and the experts are not its MLP.
+  CHECK(*st.model.layers.value == 2);
+  CHECK(*st.model.hidden.value == 256);
+}
+
+TEST_CASE("grouped expert GEMMs and all-to-alls with split sizes: tokens per EP peer, sizes joined across ranks",
+          "[whatif][structure][moe]") {
+  const auto st = discover_moe_job(lumos_test::data_dir() / "moe" / "ep2_grouped_splits");
+  const auto& moe = st.moe;
+  REQUIRE(moe.found());
+  CHECK(*moe.layers.value == 2);
+  CHECK(*moe.experts.value == 4);
+  CHECK(*moe.experts_per_rank.value == 2);
+  CHECK(moe.experts_per_rank.source.find("aten::_grouped_mm") != std::string::npos);
+  CHECK(*moe.ep.value == 2);
+  CHECK(*st.parallel.ep.value == 2);  // the group's description says EP, and its size agrees
+  // Rank 0's experts computed 480 rows and rank 1's 544, from 256 tokens each.
+  CHECK(*moe.top_k.value == 2);
+  // Rank 0 received 300 copies from itself and 180 from rank 1.
+  CHECK(*moe.expert_tokens.value == std::vector<std::int64_t>{300, 180});
+  CHECK(moe.expert_tokens_per == "ep_peer");
+  // Dispatch and combine of 2 layers, each joined over both ranks with each rank's sizes.
+  REQUIRE(st.all_to_alls.size() == 4);
+  const auto& dispatch = st.all_to_alls[0];
+  CHECK(dispatch.ranks == std::vector<int>{0, 1});
+  CHECK(dispatch.in_splits == std::vector<std::int64_t>{300, 212});
+  CHECK(dispatch.out_splits == std::vector<std::int64_t>{300, 180});
+  CHECK(dispatch.out_elements == std::vector<std::int64_t>{480 * 256, 544 * 256});
+  const auto& combine = st.all_to_alls[1];
+  CHECK(combine.in_elements == dispatch.out_elements);
+  CHECK(combine.out_elements == dispatch.in_elements);
+  for (const auto& a : st.all_to_alls) CHECK(a.group == "3");
+}
+
+TEST_CASE("a dense job has no MoE layers and says why", "[whatif][structure][moe]") {
+  const auto st = discover_moe_job(lumos_test::data_dir() / "whatif" / "pp2_1f1b");
+  CHECK_FALSE(st.moe.found());
+  CHECK(st.moe.layers.source.find("no router") != std::string::npos);
+  CHECK_FALSE(st.moe.experts.known());
+  CHECK(st.all_to_alls.empty());
+}
+
+TEST_CASE("the DLRM trace's all-to-alls join across its 8 ranks, with their sizes, and claim no MoE layer",
+          "[whatif][structure][moe][traces]") {
+  LUMOS_REQUIRE_TRACES(traces);
+  const auto st = discover_moe_job(traces / "param_dlrm_8xV100");
+  CHECK_FALSE(st.moe.found());
+  REQUIRE_FALSE(st.all_to_alls.empty());
+  const std::vector<int> world = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::size_t forward = 0, backward = 0, uneven = 0;
+  for (const auto& a : st.all_to_alls) {
+    INFO(a.group << " " << whatif::to_string(a.phase) << " " << a.source);
+    // One entry per collective joined across every rank, each rank's sizes read from the c10d
+    // operator's tensors.
+    CHECK(a.ranks == world);
+    REQUIRE(a.in_elements.size() == world.size());
+    REQUIRE(a.out_elements.size() == world.size());
+    for (std::size_t i = 0; i < world.size(); ++i) {
+      CHECK(a.in_elements[i] > 0);
+      CHECK(a.out_elements[i] > 0);
+    }
+    CHECK(a.source.find("alltoall") != std::string::npos);
+    // What the ranks sent is what they received, however unevenly it was spread.
+    CHECK(std::accumulate(a.in_elements.begin(), a.in_elements.end(), std::int64_t{0}) ==
+          std::accumulate(a.out_elements.begin(), a.out_elements.end(), std::int64_t{0}));
+    uneven += std::set<std::int64_t>(a.out_elements.begin(), a.out_elements.end()).size() > 1;
+    forward += a.phase == whatif::phase_kind::forward;
+    backward += a.phase == whatif::phase_kind::backward;
+  }
+  // The groups facet counts the same all-to-alls on the world group.
+  std::size_t counted = 0;
+  for (const auto& g : st.groups) {
+    for (const auto& [kp, n] : g.collectives) {
+      if (kp.starts_with("alltoall")) counted += n;
+    }
+  }
+  CHECK(st.all_to_alls.size() == counted);
+  CHECK(forward >= 1);
+  CHECK(backward >= 1);
+  CHECK(uneven >= 1);  // the sparse features' values: each rank receives its embedding shards' share
+}
+
+TEST_CASE("the operator names of MoE layers and all-to-alls that PyTorch, Megatron and grouped_gemm record", "[whatif][structure][moe]") {
+  using namespace whatif::detail;
+  for (const char* n : {"aten::topk", "torch.ops.aten.topk", "fused_topk_with_score_function"}) CHECK(is_topk_op(n));
+  CHECK_FALSE(is_topk_op("aten::softmax"));
+  for (const char* n : {"aten::_grouped_mm", "grouped_gemm::gmm", "gg::gmm", "TEGroupedLinear", "GroupedGemm"}) CHECK(is_grouped_gemm_op(n));
+  CHECK_FALSE(is_grouped_gemm_op("aten::mm"));
+  for (const char* n : {"c10d::alltoall_base_", "c10d::alltoall_", "all_to_all_single", "nccl:all_to_all"}) CHECK(is_all_to_all_op(n));
+  CHECK_FALSE(is_all_to_all_op("c10d::allreduce_"));
+  // Weights as [experts, K, N] or transposed [experts, N, K]; a 2-D weight is no grouped GEMM.
+  const auto g = grouped_dims_of({{6144, 2048}, {16, 2048, 768}, {16}});
+  REQUIRE(g);
+  CHECK((g->rows == 6144 && g->experts == 16 && g->k == 2048 && g->n == 768));
+  const auto t = grouped_dims_of({{6144, 2048}, {16, 768, 2048}});
+  REQUIRE(t);
+  CHECK((t->experts == 16 && t->n == 768));
+  CHECK_FALSE(grouped_dims_of({{6144, 2048}, {2048, 768}}));
+  CHECK(parse_int_list("[2048, 1024, 0, 4096]") == std::vector<std::int64_t>{2048, 1024, 0, 4096});
+  CHECK(parse_int_list("[]").empty());
+}
