@@ -184,6 +184,11 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       detail::bytes_text(mem.optimizer_states).c_str(),
       detail::bytes_text(mem.activations + mem.io_activations + mem.recompute_working).c_str(),
       r.in_flight_microbatches);
+  if (j.parallel.dtype == model::precision::fp8) {
+    put("                fp8 weight copies %s (weight and transpose, 1 B each), fp8 scaling state %s;\n"
+        "                fp8 GEMM inputs saved for backward at 1 B\n",
+        detail::bytes_text(mem.fp8_weights).c_str(), detail::bytes_text(mem.fp8_scaling_state).c_str());
+  }
   out += "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP;\n"
          "                activations per Korthikanti et al. with FlashAttention)\n";
   put("  simulated     %zu ranks%s, %zu tasks, %zu edges, in %.1f ms\n", r.simulated_ranks,

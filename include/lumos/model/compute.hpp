@@ -130,17 +130,6 @@ enum class op_role : std::uint8_t {
          r == op_role::mlp_out || r == op_role::moe_expert;
 }
 
-/// How an fp8 GEMM operand gets its scale (Transformer Engine's recipes). `delayed`: from the
-/// amax history of earlier steps, the new amax taken inside the cast kernel (DelayedScaling, TE's
-/// default); `current`: from this tensor's own amax, a reduction over it before the cast
-/// (Float8CurrentScaling): one more read of the operand.
-enum class fp8_scaling : std::uint8_t { delayed, current };
-
-/// Lower-case name of `s` ("delayed", "current").
-[[nodiscard]] constexpr std::string_view to_string(fp8_scaling s) noexcept {
-  return s == fp8_scaling::current ? "current" : "delayed";
-}
-
 /// One memory-bound kernel that gives an fp8 GEMM an fp8 operand.
 struct fp8_cast {
   std::string_view name;  ///< op name (static): fp8_cast_{input,weight,grad} or fp8_amax_{input,weight,grad}

@@ -49,6 +49,7 @@ inline void predict_memory_json(json_writer& w, const synth::job& j, const synth
   w.field("parameters", mem.parameters).field("gradients", mem.gradients).field("optimizer", mem.optimizer_states);
   w.field("activations", mem.activations + mem.io_activations + mem.recompute_working);
   if (j.model.is_moe()) w.field("moe_dispatch_buffers", mem.moe_dispatch_buffers);
+  if (j.parallel.dtype == model::precision::fp8) w.field("fp8_weights", mem.fp8_weights).field("fp8_scaling_state", mem.fp8_scaling_state);
   w.field("total", mem.total());
   w.field("capacity", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity)).field("fits", mem.fits(j.hardware));
   w.end_object();
