@@ -43,7 +43,7 @@ struct layer_gemm {
   graph::task_id task = graph::no_task;
   linear_pass kind = linear_pass::forward;
   bool recompute = false;     ///< a forward rerun in backward (full recomputation)
-  bool shared_input = false;  ///< reads the input the GEMM before it cast (the up GEMM of a gated MLP)
+  bool shared_input = false;  ///< reads the input the GEMM launched right before it cast (the up GEMM of a gated MLP)
   detail::gemm_shape to;      ///< its dims in the target shape
 };
 
@@ -60,7 +60,9 @@ namespace detail {
   std::vector<std::array<std::int64_t, 3>> dims;  // traced, sorted: to pair an input gradient with its weight gradient
   std::vector<std::array<std::int64_t, 3>> traced;  // M, K, N as traced
   std::vector<std::size_t> rank_of;
-  for (const gpu_op_context& c : st.gpu_ops) {
+  std::size_t previous = ~std::size_t{0};  // index in st.gpu_ops of the GEMM found last
+  for (std::size_t i = 0; i < st.gpu_ops.size(); ++i) {
+    const gpu_op_context& c = st.gpu_ops[i];
     if (c.layer < 0 || c.comm || c.shape_op == no_event || c.rank >= b.ranks.size()) continue;
     const trace::rank_trace& tr = job.ranks[c.rank];
     const auto gs = gemm_of(tr.name(tr.events[c.shape_op]), parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
@@ -84,12 +86,14 @@ namespace detail {
     } else {
       g.kind = gs->k == from.tokens() ? linear_pass::weight_gradient : linear_pass::input_gradient;
     }
-    // The second of two forward GEMMs of the same M, K and N in a row reads the first one's input.
+    // A forward GEMM launched right after one of the same M, K and N reads that one's input
+    // (the up GEMM after the gate of a gated MLP; K and V after Q when they are separate GEMMs).
     const std::array<std::int64_t, 3> exact{gs->m, gs->k, gs->n};
-    if (g.kind == linear_pass::forward && same_rank && out.back().kind == linear_pass::forward && traced.back() == exact &&
-        !out.back().shared_input) {
+    if (g.kind == linear_pass::forward && same_rank && previous + 1 == i && out.back().kind == linear_pass::forward &&
+        traced.back() == exact) {
       g.shared_input = true;
     }
+    previous = i;
     out.push_back(g);
     dims.push_back(d);
     traced.push_back(exact);
@@ -254,9 +258,14 @@ struct precision_pass {
                   static_cast<double>(s.cast_time) / 1e6, costs.hw.name.c_str(),
                   (costs.profile.cpu_launch_ns + costs.profile.cpu_forward_op_ns) / 1e3,
                   s.skipped > 0 ? " (some skipped: their GEMM starts its stream)" : "");
-    return {changed("precision", "precision", traced_name, "fp8", line,
-                    {count_figure("GEMMs rescaled", s.gemms), count_figure("cast kernels inserted", s.casts),
-                     time_figure("layer GEMM time", s.gemm_before, s.gemm_after), time_figure("cast kernel time", 0, s.cast_time)})};
+    change_list out;
+    if (!st.model.dtype.value) {
+      out.push_back(note("precision", "traced precision", "the traces' GEMMs taken as bf16: " + st.model.dtype.source));
+    }
+    out.push_back(changed("precision", "precision", traced_name, "fp8", line,
+                          {count_figure("GEMMs rescaled", s.gemms), count_figure("cast kernels inserted", s.casts),
+                           time_figure("layer GEMM time", s.gemm_before, s.gemm_after), time_figure("cast kernel time", 0, s.cast_time)}));
+    return out;
   }
 };
 static_assert(Rewrite<precision_pass>);
