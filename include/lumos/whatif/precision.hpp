@@ -69,7 +69,8 @@ namespace detail {
     if (!gs || gs->kind != gemm_shape::role::linear) continue;
     const auto m = map_gemm(*gs, from, to, false);
     const auto& map = b.ranks[c.rank].task_of_event;
-    if (!m || c.op >= map.size() || map[c.op] == graph::no_task) continue;
+    // Only the GEMM kernel itself: an operator may launch a memset or a copy too.
+    if (!m || c.op >= map.size() || map[c.op] == graph::no_task || !is_gemm_kernel(tr.name(tr.events[c.op]))) continue;
     layer_gemm g;
     g.task = map[c.op];
     g.to = m->to;
