@@ -29,7 +29,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -147,7 +146,7 @@ inline precision_stats rewrite_fp8(graph::built_job& b, const std::vector<layer_
   const std::vector<graph::task_id> prev = detail::previous_on_processor(g);
   precision_stats st;
   std::vector<insertion> ins;
-  std::vector<std::uint32_t> launch_edge;  // per GPU insertion with a launch call: the GEMM's launch edge
+  std::vector<std::uint32_t> launch_edge;  // per insertion: a launch call's GEMM launch edge (none for a kernel)
   for (const layer_gemm& lg : gemms) {
     const graph::task_id t = lg.task;
     const double M = static_cast<double>(lg.to.m), N = static_cast<double>(lg.to.n), K = static_cast<double>(lg.to.k);
@@ -194,15 +193,15 @@ inline precision_stats rewrite_fp8(graph::built_job& b, const std::vector<layer_
                      .spec = {.kind = graph::task_kind::gpu_compute, .duration = gpu, .rank = g.rank[t], .observed_start = at,
                               .observed_end = at},
                      .name = synth::kernel_names::fp8_kernel(c.role)});
-      launch_edge.push_back(launched ? none - 1 : none);  // marks the GPU insertion
+      launch_edge.push_back(none);
       st.cast_time += gpu;
       ++st.casts;
     }
   }
   edited_graph e = insert_after(g, ins);
   // Each launch call is followed in `ins` by the kernel it launches.
-  for (std::size_t i = 0; i < ins.size(); ++i) {
-    if (ins[i].spec.kind != graph::task_kind::cpu) continue;
+  for (std::size_t i = 0; i + 1 < ins.size(); ++i) {
+    if (launch_edge[i] == none) continue;
     const graph::edge& le = g.edges[launch_edge[i]];
     e.graph.add_edge(e.inserted[i], e.inserted[i + 1], le.delay, graph::edge_kind::launch, le.flags());
   }
@@ -248,17 +247,19 @@ struct precision_pass {
     const model::fp8_scaling scaling = model::fp8_scaling::delayed;
     const precision_stats s = rewrite_fp8(b, gemms, costs, target, target_profile, traced, scaling);
     ctx.refresh(b);
-    char line[768];
+    char line[1024];
     std::snprintf(line, sizeof line,
                   "%s -> fp8 (Transformer Engine, %s scaling): %zu linear GEMMs of the layers rescaled by the kernel model's fp8 / %s "
                   "time of their shape on the %s, %.3f -> %.3f ms; %zu cast kernels inserted before them (input and weight before "
                   "each forward GEMM, the output gradient before each input gradient), %.3f ms on the %s with %.1f us of host time "
-                  "each%s; attention, logits, norms, optimizer and communication as traced",
+                  "each in forward, %.1f us in backward%s%s; attention, logits, norms, optimizer and communication as traced",
                   traced_name.c_str(), std::string(model::to_string(scaling)).c_str(), s.gemms, traced_name.c_str(), target.name.c_str(),
                   static_cast<double>(s.gemm_before) / 1e6, static_cast<double>(s.gemm_after) / 1e6, s.casts,
                   static_cast<double>(s.cast_time) / 1e6, costs.hw.name.c_str(),
                   (costs.profile.cpu_launch_ns + costs.profile.cpu_forward_op_ns) / 1e3,
-                  s.skipped > 0 ? " (some skipped: their GEMM starts its stream)" : "");
+                  (costs.profile.cpu_launch_ns + costs.profile.cpu_backward_op_ns) / 1e3,
+                  s.skipped > 0 ? " (casts of GEMMs that start their stream skipped)" : "",
+                  s.unlaunched > 0 ? " (casts of GEMMs whose launch starts its thread inserted without a launch call)" : "");
     change_list out;
     if (!st.model.dtype.value) {
       out.push_back(note("precision", "traced precision", "the traces' GEMMs taken as bf16: " + st.model.dtype.source));
