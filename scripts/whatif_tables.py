@@ -79,6 +79,11 @@ CASES = [
     ("TP 1→2 with SP", {"--tp": "1"}, {"--tp": "2", "--sp": "on"}),
     ("TP 1→4 with SP", {"--tp": "1"}, {"--tp": "4", "--sp": "on"}),
     ("H100 → H200", {}, {"--gpu": "h200-sxm"}),
+    # fp8 training (Transformer Engine): the layers' linear GEMMs rescaled by the kernel model's
+    # fp8/bf16 ratio, their cast kernels inserted before them (whatif/precision.hpp).
+    ("bf16 → fp8", {}, {"--precision": "fp8"}),
+    ("bf16 → fp8 on H200", {}, {"--precision": "fp8", "--gpu": "h200-sxm"}),
+    ("bf16 → fp8, hidden ×2 (FFN 4h)", {}, {"--precision": "fp8", "--hidden": "4096", "--ffn": "16384"}),
     ("layers ×2 on H200", {}, {"--layers": "16", "--gpu": "h200-sxm"}),
     ("PP 2→4 with DP ×2 (in the graph)", {}, {"--pp": "4", "--dp": "4", "--global-batch": "32"}),
     # From traces without pipeline stages a PP change is made in the graph itself: every rank of

@@ -207,6 +207,11 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
     put("                FSDP buffers %s (gathered units and one unit's unsharded gradients)\n",
         detail::bytes_text(mem.fsdp_buffers).c_str());
   }
+  if (j.parallel.dtype == model::precision::fp8) {
+    put("                fp8 weight copies %s (weight and transpose, 1 B each), fp8 scaling state %s;\n"
+        "                fp8 GEMM inputs saved for backward at 1 B\n",
+        detail::bytes_text(mem.fp8_weights).c_str(), detail::bytes_text(mem.fp8_scaling_state).c_str());
+  }
   out += p.cp > 1 ? "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP x CP;\n"
                   : "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP;\n";
   out += "                activations per Korthikanti et al. with FlashAttention)\n";

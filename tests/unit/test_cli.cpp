@@ -322,6 +322,34 @@ TEST_CASE("whatif --json: baseline, prediction and changes, and --trace-out repl
   CHECK(unknown.err.find("--from-gpu") != std::string::npos);
 }
 
+TEST_CASE("whatif --precision fp8 on a bf16 synth job agrees with synth in fp8; fp8 traces are not rewritten back",
+          "[cli][whatif][fp8]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "bf16", b = dir.path() / "fp8";
+  const std::string job = "synth --layers 2 --hidden 2048 --heads 16 --seq 2048 --tp 1 --micro-batch 1 --global-batch 2 --gpu h100-sxm ";
+  REQUIRE(run(job + "--precision bf16 --detail kernel --out " + a.string()).code == 0);
+  REQUIRE(run(job + "--precision fp8 --detail kernel --out " + b.string()).code == 0);
+  const result direct = run("replay " + b.string() + " --json");
+  REQUIRE(direct.code == 0);
+  simdjson::dom::parser p1, p2;
+  const double want = double(int64_t(p1.parse(direct.out)["job"]["simulated_ns"]));
+  const result r = run("whatif " + a.string() + " --precision fp8 --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::element doc = p2.parse(r.out);
+  const double got = double(int64_t(doc["predicted"]["iteration_ns"]));
+  CHECK(std::abs(got - want) <= 0.03 * want);
+  bool said = false;
+  for (const auto c : simdjson::dom::array(doc["changes"])) said = said || std::string_view(c).find("bf16 -> fp8") != std::string_view::npos;
+  CHECK(said);
+  // The fp8 job's traces name TE's cast kernels and e4m3 GEMMs.
+  const result inspect = run("inspect " + b.string() + " --structure");
+  CHECK(inspect.out.find("fp8") != std::string::npos);
+  const result back = run("whatif " + b.string() + " --precision bf16");
+  CHECK(back.code == 2);
+  CHECK(back.err.find("fp8 traces cannot be rewritten") != std::string::npos);
+  CHECK(run("whatif " + a.string() + " --precision fp4").code == 2);
+}
+
 TEST_CASE("whatif --tp from 1: the inserted all-reduces are written by --trace-out and replay to the prediction",
           "[cli][whatif][tp]") {
   lumos_test::temp_dir dir;

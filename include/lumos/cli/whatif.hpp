@@ -64,6 +64,17 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
     }
   }
   if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
+  if (const auto prec = a.option("--precision")) {
+    if (*prec == "fp8") {
+      o.precision = model::precision::fp8;
+    } else if (*prec == "bf16") {
+      o.precision = model::precision::bf16;
+    } else if (*prec == "fp16") {
+      o.precision = model::precision::fp16;
+    } else {
+      throw usage_error("--precision must be bf16, fp16 or fp8 (got '" + *prec + "')");
+    }
+  }
   if (const auto speed = a.option("--host-speed")) {
     o.host_speed = parse_number<double>(*speed, "--host-speed");
     if (!(o.host_speed > 0) || !std::isfinite(o.host_speed)) {
@@ -120,9 +131,10 @@ inline whatif_request parse_whatif_change(args& a) {
 /// A usage error unless the request changes something.
 inline void require_change(const whatif_request& req) {
   const whatif::whatif_options& o = req.options;
-  if (o.gpu.empty() && o.host_speed == 1.0 && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && req.scaled.none()) {
+  if (o.gpu.empty() && o.host_speed == 1.0 && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && !o.precision &&
+      req.scaled.none()) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
-                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, --host-speed F, or --scale");
+                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, --precision fp8, --host-speed F, or --scale");
   }
 }
 

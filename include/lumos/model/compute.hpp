@@ -11,6 +11,7 @@
 #include <lumos/model/transformer.hpp>
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstdint>
 #include <string>
@@ -80,6 +81,8 @@ enum class op_role : std::uint8_t {
   moe_unpermute,  ///< weighted sum of a token's expert outputs back into token order (combine side)
   moe_expert,     ///< a grouped GEMM over the rank's local experts
   moe_expert_act, ///< the experts' activation (GELU, or SiLU(gate) * up)
+  fp8_cast,       ///< an fp8 GEMM operand cast to fp8 with its transpose (input, weight or output gradient)
+  fp8_amax,       ///< the amax reduction current scaling runs over an operand before its cast
 };
 
 /// The role of the op names the shipped models (`roofline`, `kernel_level`) emit; `other` for
@@ -111,9 +114,64 @@ enum class op_role : std::uint8_t {
     if (e.name == n) return e.role;
   }
   if (n.starts_with("cross_entropy_")) return op_role::cross_entropy_part;
+  if (n.starts_with("fp8_cast_")) return op_role::fp8_cast;
+  if (n.starts_with("fp8_amax_")) return op_role::fp8_amax;
   if (n.ends_with("_bias_grad")) return op_role::bias_grad;
   if (n.ends_with("_weight_grad")) return op_role::norm_weight_grad;
   return op_role::other;
+}
+
+/// Whether fp8 training runs the GEMMs of role `r` in fp8, as Transformer Engine's recipe does
+/// for the linear layers of a transformer layer: QKV, attention output, the MLP's and the
+/// experts'. The attention core (FlashAttention), the MoE router, the logits and everything
+/// outside the layers keep 16-bit GEMMs.
+[[nodiscard]] constexpr bool fp8_gemm(op_role r) noexcept {
+  return r == op_role::qkv || r == op_role::attn_out || r == op_role::mlp_in || r == op_role::mlp_up ||
+         r == op_role::mlp_out || r == op_role::moe_expert;
+}
+
+/// One memory-bound kernel that gives an fp8 GEMM an fp8 operand.
+struct fp8_cast {
+  std::string_view name;  ///< op name (static): fp8_cast_{input,weight,grad} or fp8_amax_{input,weight,grad}
+  op_role role = op_role::fp8_cast;
+  double elements = 0;  ///< elements of the operand
+  double flops = 0;
+  double bytes = 0;     ///< HBM bytes read + written
+};
+
+/// HBM bytes per element of a cast with transpose (TE's cast_transpose): read the 16-bit operand,
+/// write it in fp8 and its fp8 transpose (Hopper's fp8 GEMMs take only the TN layout, so the
+/// backward GEMMs need the transposed copy).
+inline constexpr double fp8_cast_bytes_per_element = 4;
+/// HBM bytes per element of an amax reduction: one read of the 16-bit operand.
+inline constexpr double fp8_amax_bytes_per_element = 2;
+
+/// The kernels Transformer Engine runs before fp8 GEMM C[M x N] = A[M x K] B[K x N] (`batch` of
+/// them, a grouped GEMM) of role `r` in `phase` (`recompute`: a recomputed forward), into `out`;
+/// returns how many. Forward: the input A cast with its transpose (saved for the weight gradient),
+/// unless `shared_input`; and the
+/// weight B, cast once per micro-batch forward (no cache across micro-batches). `shared_input`:
+/// the input was cast for an earlier GEMM (the up GEMM of a gated MLP reads the gate's). Input gradient
+/// (backward_input): the output gradient A, cast with its transpose (the weight gradient reads
+/// it). Weight gradient: none, it reads the transposes. Current scaling adds an amax reduction
+/// before each cast. None for a role `fp8_gemm` excludes. O(1).
+inline std::size_t fp8_casts(fp8_scaling s, op_role r, op_phase phase, bool recompute, double M, double N, double K,
+                             double batch, bool shared_input, std::array<fp8_cast, 4>& out) {
+  std::size_t n = 0;
+  if (!fp8_gemm(r) || (phase == op_phase::backward_weight && !recompute) || phase == op_phase::optimizer) return 0;
+  auto cast = [&](std::string_view amax, std::string_view name, double elements) {
+    if (s == fp8_scaling::current) {
+      out[n++] = {amax, op_role::fp8_amax, elements, elements, fp8_amax_bytes_per_element * elements};
+    }
+    out[n++] = {name, op_role::fp8_cast, elements, 2.0 * elements, fp8_cast_bytes_per_element * elements};
+  };
+  if (phase == op_phase::forward || recompute) {
+    if (!shared_input) cast("fp8_amax_input", "fp8_cast_input", M * K * batch);
+    cast("fp8_amax_weight", "fp8_cast_weight", K * N * batch);
+  } else {
+    cast("fp8_amax_grad", "fp8_cast_grad", M * K * batch);
+  }
+  return n;
 }
 
 /// One operator (one kernel, or one fused group of kernels) on one GPU.
@@ -204,8 +262,10 @@ concept ComputeModel = requires(const Model& c, const transformer& m, const para
 /// Roofline compute model:
 ///   duration = max(flops / (peak * eff.compute), bytes / (hbm_bw * eff.memory))
 ///              + hardware.kernel_launch_overhead
-/// with peak = the tensor-core peak of the training precision for GEMMs (fp8 GEMMs at the fp8
-/// peak), the bf16/fp16 peak for attention (fp8 training keeps attention in bf16), and the
+/// with peak = the tensor-core peak of the training precision for GEMMs (under fp8 training the
+/// layers' linear GEMMs, `fp8_gemm`, at the fp8 peak with 1-byte operands, each after the cast
+/// kernels of `fp8_casts` as elementwise ops; the logits and router GEMMs at the bf16 peak), the
+/// bf16/fp16 peak for attention (fp8 training keeps attention in bf16), and the
 /// FP32 CUDA-core peak for elementwise, norm and optimizer ops; efficiencies per op class come
 /// from `hardware::efficiency`.
 ///
@@ -256,6 +316,8 @@ struct roofline {
   /// FLOPs per parameter of the Adam update (moments, bias correction, sqrt, divide, weight
   /// decay); irrelevant in practice, the step is memory-bound.
   double optimizer_flops_per_param = 16;
+  /// Scaling recipe of fp8 training (`fp8_casts`): which cast kernels precede each fp8 GEMM.
+  fp8_scaling scaling = fp8_scaling::delayed;
 
   /// Roofline time of one op in whole ns, overhead included. Throws `lumos::error` for a
   /// missing peak (fp8 on A100) or a non-positive bandwidth/efficiency.
@@ -405,8 +467,8 @@ struct roofline {
       norm_flops = model.norm == norm_kind::layernorm ? 8.0 : 4.0;
     }
 
-    void push(op_cost op) {
-      const timed tm = rl.time_op(op.kind, op.flops, op.bytes, par.dtype, hw);
+    void push(op_cost op, precision dtype) {
+      const timed tm = rl.time_op(op.kind, op.flops, op.bytes, dtype, hw);
       op.duration = tm.duration;
       op.memory_bound = tm.memory_bound;
       out.ops.push_back(op);
@@ -422,24 +484,35 @@ struct roofline {
       op.recompute = recompute;
       op.flops = flops;
       op.bytes = bytes;
-      push(op);
+      push(op, par.dtype);
     }
 
     // C[M x N] = A[M x K] B[K x N]; `c_bytes` per output element (8 for an fp32 accumulate).
+    // Under fp8 training the layers' linear GEMMs run in fp8 after their casts (`fp8_casts`);
+    // the others in bf16.
     void gemm(std::string_view name, op_phase ph, double M, double N, double K, double c_bytes,
               bool recompute) {
       op_cost op;
       op.name = name;
       op.role = role_of_name(name);
+      const bool fp8 = par.dtype == precision::fp8 && fp8_gemm(op.role);
+      if (fp8) {
+        std::array<fp8_cast, 4> casts;
+        const std::size_t n = fp8_casts(rl.scaling, op.role, ph, recompute, M, N, K, 1.0,
+                                        op.role == op_role::mlp_up || name == "moe_expert_up", casts);
+        for (std::size_t i = 0; i < n; ++i) {
+          vector_op(casts[i].name, op_class::elementwise, ph, casts[i].flops, casts[i].bytes, recompute);
+        }
+      }
       op.kind = op_class::gemm;
       op.phase = ph;
       op.recompute = recompute;
       op.flops = 2.0 * M * N * K;
       op.model_flops = recompute ? 0.0 : op.flops;
-      op.bytes = (M * K + K * N) * eo + M * N * c_bytes;
+      op.bytes = (M * K + K * N) * (fp8 || par.dtype != precision::fp8 ? eo : e) + M * N * c_bytes;
       op.shape = {static_cast<std::int64_t>(M), static_cast<std::int64_t>(N),
                   static_cast<std::int64_t>(K)};
-      push(op);
+      push(op, par.dtype == precision::fp8 && !fp8 ? precision::bf16 : par.dtype);
     }
 
     // Linear layer Y[T x out] = X[T x in] W[in x out] over `tokens` rows.
@@ -464,7 +537,7 @@ struct roofline {
       op.flops = attention_dense_flops() * rl.attention_causal_factor;
       op.model_flops = recompute ? 0.0 : attention_dense_flops();
       op.bytes = e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
-      push(op);
+      push(op, par.dtype);
     }
 
     void attention_backward() {
@@ -479,7 +552,7 @@ struct roofline {
       // Read Q, K, V, O, dO and the fp32 log-sum-exp; write dQ, dK, dV (and the fp32
       // row-sum of dO*O that FlashAttention-2 precomputes).
       op.bytes = e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
-      push(op);
+      push(op, par.dtype);
     }
 
     void norm_forward(std::string_view name, op_phase ph, bool recompute) {

@@ -26,14 +26,26 @@ enum class precision : std::uint8_t { bf16, fp16, fp8 };
   return "?";
 }
 
+/// How an fp8 GEMM operand gets its scale (Transformer Engine's recipes). `delayed`: from the
+/// amax history of earlier steps, the new amax taken inside the cast kernel (DelayedScaling, TE's
+/// default); `current`: from this tensor's own amax, a reduction over it before the cast
+/// (Float8CurrentScaling): one more read of the operand.
+enum class fp8_scaling : std::uint8_t { delayed, current };
+
+/// Lower-case name of `s` ("delayed", "current").
+[[nodiscard]] constexpr std::string_view to_string(fp8_scaling s) noexcept {
+  return s == fp8_scaling::current ? "current" : "delayed";
+}
+
 /// Bytes of one GEMM operand element in `p` (fp8 GEMMs read 1-byte operands).
 [[nodiscard]] constexpr double operand_bytes(precision p) noexcept {
   return p == precision::fp8 ? 1.0 : 2.0;
 }
 
-/// Bytes of one stored activation element. Always 2: with fp8 training (Transformer Engine)
-/// GEMM inputs are cast to fp8 on the fly but activations between ops stay in bf16; we do not
-/// model TE's fp8 activation caches.
+/// Bytes of one activation element passed between ops. Always 2: with fp8 training (Transformer
+/// Engine) the GEMM inputs are cast to fp8 by their own kernels (`fp8_casts`, compute.hpp) but
+/// activations between ops stay in bf16; the fp8 copies saved for backward are counted in
+/// memory.hpp.
 [[nodiscard]] constexpr double activation_bytes(precision) noexcept { return 2.0; }
 
 /// Achievable fraction of a peak for one operation class: `compute` scales the FLOP/s peak,

@@ -15,6 +15,7 @@
 #include <lumos/model/transformer.hpp>
 
 #include <algorithm>
+#include <array>
 #include <string_view>
 #include <utility>
 
@@ -48,6 +49,11 @@ namespace lumos::model {
 ///    vocabulary-parallel cross-entropy (max, sub, exp, sum, div, target gather);
 ///  - optimizer: fp16 loss-scale unscale and found-inf check, gradient L2 norm, clip scale,
 ///    multi-tensor Adam, copy of the fp32 master weights into the 16-bit model weights.
+///  - fp8 training (`parallel_config::dtype` fp8, Transformer Engine's recipe): the layers' linear
+///    GEMMs (`fp8_gemm`) at the fp8 peak on 1-byte operands with bf16 outputs, each preceded by
+///    its cast kernels (`fp8_casts`: input and weight in forward, output gradient before the input
+///    gradient, amax reductions under current scaling; elementwise, memory-bound); the attention
+///    core, router, logits, norms and optimizer as in bf16.
 /// GPU time: GEMMs max(flops / (peak * gemm_efficiency), bytes / HBM); FlashAttention at the
 /// profile's forward/backward fractions of the 16-bit peak on the causal (half) FLOPs;
 /// memory-bound kernels bytes / (HBM * class fraction); every kernel at least min_kernel_ns.
@@ -61,6 +67,40 @@ struct kernel_level {
   cost_profile profile = h100_profile();
   double optimizer_bytes_per_param = 28;  ///< as `roofline`
   double attention_causal_factor = 0.5;   ///< FlashAttention skips masked tiles
+  /// Scaling recipe of fp8 training: the cast (and amax) kernels before each fp8 GEMM (`fp8_casts`).
+  fp8_scaling scaling = fp8_scaling::delayed;
+
+  /// HBM bandwidth a memory-bound kernel of class `c` reaches (softmax kernels their own fraction).
+  [[nodiscard]] double bandwidth(const hardware& hw, op_class c, bool softmax = false) const noexcept {
+    const double frac = softmax                    ? profile.softmax_bw
+                        : c == op_class::norm      ? profile.norm_bw
+                        : c == op_class::optimizer ? profile.optimizer_bw
+                                                   : profile.elementwise_bw;
+    return hw.gpu.hbm_bandwidth * frac;
+  }
+
+  /// GPU time (ns, before the minimum kernel time) of a memory-bound kernel of class `c` that
+  /// runs `flops` on the CUDA cores and moves `bytes`; `memory_bound` says which term won.
+  [[nodiscard]] double vector_ns(const hardware& hw, op_class c, double flops, double bytes, bool softmax = false,
+                                 bool* memory_bound = nullptr) const noexcept {
+    const double mem = bytes / bandwidth(hw, c, softmax) * 1e9;
+    const double cmp = hw.gpu.fp32_flops > 0 ? flops / hw.gpu.fp32_flops * 1e9 : 0.0;
+    if (memory_bound != nullptr) *memory_bound = mem >= cmp;
+    return std::max(mem, cmp);
+  }
+
+  /// GPU time (ns, before the minimum kernel time) of `batch` GEMMs C[M x N] = A[M x K] B[K x N]
+  /// at `peak` FLOP/s with `operand_bytes` per A and B element and `c_bytes` per C element:
+  /// max(flops / (peak x gemm_efficiency), bytes / elementwise bandwidth). Throws nothing.
+  [[nodiscard]] double gemm_ns(const hardware& hw, double peak, double operand_bytes, double M, double N, double K,
+                               double c_bytes, double batch = 1, bool* memory_bound = nullptr) const noexcept {
+    const double flops = 2.0 * M * N * K * batch;
+    const double bytes = ((M * K + K * N) * operand_bytes + M * N * c_bytes) * batch;
+    const double cmp = flops / (peak * gemm_efficiency(profile, M, N, K)) * 1e9;
+    const double mem = bytes / bandwidth(hw, op_class::elementwise) * 1e9;
+    if (memory_bound != nullptr) *memory_bound = mem > cmp;
+    return std::max(cmp, mem);
+  }
 
   /// Into `out` (overwritten; its capacity kept, so a caller that keeps `out` allocates nothing).
   void layer(const transformer& m, const parallel_config& par, const hardware& hw, op_list& out) const {
@@ -164,14 +204,6 @@ struct kernel_level {
       validate(pr);
     }
 
-    [[nodiscard]] double bw_of(op_class c, bool softmax) const {
-      const double frac = softmax                    ? pr.softmax_bw
-                          : c == op_class::norm      ? pr.norm_bw
-                          : c == op_class::optimizer ? pr.optimizer_bw
-                                                     : pr.elementwise_bw;
-      return hw.gpu.hbm_bandwidth * frac;
-    }
-
     void push(op_cost op, double gpu_ns) {
       op.duration = detail::round_ns(std::max(gpu_ns, pr.min_kernel_ns));
       const bool fwd = op.phase == op_phase::forward || op.recompute || op.phase == op_phase::optimizer;
@@ -195,30 +227,35 @@ struct kernel_level {
       op.recompute = recompute;
       op.flops = flops;
       op.bytes = bytes;
-      const double mem = bytes / bw_of(c, softmax) * 1e9;
-      const double cmp = hw.gpu.fp32_flops > 0 ? flops / hw.gpu.fp32_flops * 1e9 : 0.0;
-      op.memory_bound = mem >= cmp;
-      push(op, std::max(mem, cmp));
+      const double ns = k.vector_ns(hw, c, flops, bytes, softmax, &op.memory_bound);
+      push(op, ns);
     }
 
-    // `batch` GEMMs C[M x N] = A[M x K] B[K x N]; `c_bytes` per output element.
+    // `batch` GEMMs C[M x N] = A[M x K] B[K x N]; `c_bytes` per output element. Under fp8
+    // training the layers' linear GEMMs (`fp8_gemm`) run at the fp8 peak on 1-byte operands after
+    // their cast kernels (`fp8_casts`); every other GEMM at the 16-bit peak on 16-bit operands.
     void gemm(std::string_view name, op_phase ph, double M, double N, double K, double c_bytes, bool recompute,
               double batch = 1, bool model = true, op_class c = op_class::gemm) {
       op_cost op;
       op.name = name;
       op.role = role_of_name(name);
+      const bool fp8 = par.dtype == precision::fp8 && c == op_class::gemm && fp8_gemm(op.role);
+      if (fp8) {
+        std::array<fp8_cast, 4> casts;
+        const std::size_t n = fp8_casts(k.scaling, op.role, ph, recompute, M, N, K, batch,
+                                        op.role == op_role::mlp_up || name == "moe_expert_up", casts);
+        for (std::size_t i = 0; i < n; ++i) vector(casts[i].name, op_class::elementwise, ph, casts[i].flops, casts[i].bytes, recompute);
+      }
+      const double ob = fp8 || par.dtype != precision::fp8 ? eo : e;
       op.kind = c;
       op.phase = ph;
       op.recompute = recompute;
       op.flops = 2.0 * M * N * K * batch;
       op.model_flops = recompute || !model ? 0.0 : op.flops;
-      op.bytes = ((M * K + K * N) * eo + M * N * c_bytes) * batch;
+      op.bytes = ((M * K + K * N) * ob + M * N * c_bytes) * batch;
       op.shape = {static_cast<std::int64_t>(M), static_cast<std::int64_t>(N), static_cast<std::int64_t>(K)};
-      const double rate = (c == op_class::gemm ? peak : peak16) * gemm_efficiency(pr, M, N, K);
-      const double cmp = op.flops / rate * 1e9;
-      const double mem = op.bytes / bw_of(op_class::elementwise, false) * 1e9;
-      op.memory_bound = mem > cmp;
-      push(op, std::max(cmp, mem));
+      const double rate = fp8 || (c == op_class::gemm && par.dtype != precision::fp8) ? peak : peak16;
+      push(op, k.gemm_ns(hw, rate, ob, M, N, K, c_bytes, batch, &op.memory_bound));
     }
 
     void linear_forward(std::string_view name, std::string_view bias, op_phase ph, double in, double o, bool rc,

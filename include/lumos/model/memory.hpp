@@ -38,12 +38,16 @@ struct memory_options {
   /// 4 a s b bytes per layer, is neglected). Korthikanti's equations are the `false` case.
   bool flash_attention = true;
   state_bytes per_param;
+  /// fp8 training: the scaling recipe (delayed scaling keeps an amax history per operand) and
+  /// the history's length (Transformer Engine's and Megatron's default: 1024).
+  fp8_scaling scaling = fp8_scaling::delayed;
+  int amax_history = 1024;
 };
 
 /// One GPU's memory at its activation peak, in bytes (doubles: interleaving factors and ZeRO
 /// divisions need not be integers). Not included: CUDA context and library workspaces,
 /// allocator fragmentation, communication buffers other than MoE dispatch and the context-parallel
-/// key/value exchange, fp8 weight caches.
+/// key/value exchange.
 struct memory_breakdown {
   std::int64_t parameter_count = 0;  ///< this GPU's parameters before ZeRO sharding
   double parameters = 0;
@@ -68,12 +72,21 @@ struct memory_breakdown {
   /// FSDP's unsharded buffers (`fsdp_buffer_bytes`): gathered parameters and one unit's
   /// unsharded gradients. 0 without FSDP.
   double fsdp_buffers = 0;
+  /// fp8 training: the fp8 copies of the fp8 GEMMs' weights (`fp8_weight_parameters`), 2 bytes
+  /// per parameter — the weight and its transpose, which Transformer Engine keeps on Hopper (its
+  /// fp8 GEMMs take only the TN layout, the input gradient reads the transpose); module buffers
+  /// rewritten by each micro-batch's cast, so held once. 0 in 16-bit training.
+  double fp8_weights = 0;
+  /// fp8 training: the scaling state of every fp8 GEMM — per operand (input, weight, output
+  /// gradient) an fp32 scale, its inverse and, under delayed scaling, the amax history. Small.
+  double fp8_scaling_state = 0;
 
   [[nodiscard]] constexpr double model_states() const noexcept {
     return parameters + gradients + optimizer_states;
   }
   [[nodiscard]] constexpr double total() const noexcept {
-    return model_states() + activations + io_activations + recompute_working + moe_dispatch_buffers + cp_buffers + fsdp_buffers;
+    return model_states() + activations + io_activations + recompute_working + moe_dispatch_buffers + cp_buffers + fsdp_buffers +
+           fp8_weights + fp8_scaling_state;
   }
   /// Whether `total()` fits in the GPU's HBM (no allowance for the exclusions above).
   [[nodiscard]] constexpr bool fits(const hardware& hw) const noexcept {
@@ -91,6 +104,10 @@ namespace detail {
 ///    input and second GEMM input (2 x 2 sbf); SwiGLU: gate, up and down inputs (3 x 2 sbf);
 ///  - core: softmax output (2 a s^2 b), with dropout also its mask (a s^2 b) and output
 ///    (2 a s^2 b).
+/// With `fp8` (Transformer Engine's fp8 linear layers) the inputs the fp8 GEMMs save for their
+/// weight gradients are their fp8 casts, 1 byte an element: the QKV and first MLP inputs
+/// (replicated: 2 sbh less), the attention output projection's and the last MLP GEMM's inputs
+/// (sharded: sbq + sbf less). The other saved tensors stay 16-bit.
 struct layer_activation_terms {
   double replicated;
   double sharded;
@@ -98,7 +115,7 @@ struct layer_activation_terms {
 };
 
 [[nodiscard]] constexpr layer_activation_terms layer_activations(const transformer& m,
-                                                                 std::int64_t micro_batch) {
+                                                                 std::int64_t micro_batch, bool fp8 = false) {
   const double sb = static_cast<double>(m.seq) * static_cast<double>(micro_batch);
   const double h = static_cast<double>(m.hidden), q = static_cast<double>(m.q_width()),
                kv = static_cast<double>(m.kv_width()), f = static_cast<double>(m.ffn),
@@ -108,6 +125,10 @@ struct layer_activation_terms {
   r.sharded = 2.0 * sb * q + 4.0 * sb * kv + 2.0 * sb * q +
               (m.mlp == mlp_kind::gelu ? 4.0 * sb * f : 6.0 * sb * f);
   r.core = (m.dropout ? 5.0 : 2.0) * a * s * sb;
+  if (fp8) {
+    r.replicated -= 2.0 * sb * h;
+    r.sharded -= sb * q + sb * f;
+  }
   return r;
 }
 }  // namespace detail
@@ -118,9 +139,10 @@ struct layer_activation_terms {
 ///   selective: sbh (10 + 24/t)              — with sp: 34 sbh / t
 ///   full:      2 sbh (the layer input)      — with sp: 2 sbh / t (Megatron checkpoints the
 ///                                             sequence-sharded input)
-/// FlashAttention removes the 5as/h term (with or without recomputation).
-/// Context parallelism divides every term by cp: a rank keeps its s / cp tokens, and its
-/// attention scores are s / cp queries against s keys.
+/// FlashAttention removes the 5as/h term (with or without recomputation). fp8 training saves
+/// the fp8 GEMMs' inputs in fp8 (`detail::layer_activations`). Context parallelism divides
+/// every term by cp: a rank keeps its s / cp tokens, and its attention scores are s / cp queries
+/// against s keys.
 [[nodiscard]] constexpr double layer_activation_bytes(const transformer& m,
                                                       const parallel_config& par,
                                                       bool flash_attention) {
@@ -130,7 +152,7 @@ struct layer_activation_terms {
     return 2.0 * static_cast<double>(m.seq) * static_cast<double>(par.micro_batch) *
            static_cast<double>(m.hidden) / rep_div / c;
   }
-  const detail::layer_activation_terms a = detail::layer_activations(m, par.micro_batch);
+  const detail::layer_activation_terms a = detail::layer_activations(m, par.micro_batch, par.dtype == precision::fp8);
   const bool keep_core = !flash_attention && par.recompute == recompute_kind::none;
   return (a.replicated / rep_div + a.sharded / t + (keep_core ? a.core / t : 0.0)) / c;
 }
@@ -152,7 +174,7 @@ struct layer_activation_terms {
 /// Activation bytes one MoE layer keeps for backward per micro-batch on one rank: the dense
 /// layer's (`layer_activation_bytes`) without its MLP part, plus the router's fp32 probabilities
 /// (4 bytes x tokens x experts, over the rank's sequence shard), the permuted expert inputs
-/// (2h per token copy, `expert_token_factor` x T copies) and the expert intermediates (as the
+/// (2h per token copy, `expert_token_factor` x T copies; h in fp8) and the expert intermediates (as the
 /// dense MLP's per copy, at width expert_ffn / tp), and the shared experts as a dense MLP of
 /// width shared x expert_ffn. Full recomputation keeps the layer input only, as for a dense
 /// layer. 0 for a dense model.
@@ -162,11 +184,13 @@ struct layer_activation_terms {
   if (par.recompute == recompute_kind::full) return layer_activation_bytes(m, par, flash_attention);
   const double sb = static_cast<double>(par.local_seq(m)) * static_cast<double>(par.micro_batch);
   const double t = par.tp, h = static_cast<double>(m.hidden), ef = static_cast<double>(m.moe.expert_ffn);
-  const double per_width = m.mlp == mlp_kind::gelu ? 4.0 : 6.0;  // saved MLP tensors per unit of width
+  // Saved MLP bytes per unit of width per token; under fp8 the last GEMM's input is 1 byte.
+  const bool fp8 = par.dtype == precision::fp8;
+  const double per_width = (m.mlp == mlp_kind::gelu ? 4.0 : 6.0) - (fp8 ? 1.0 : 0.0);
   const double dense_mlp = per_width * sb * static_cast<double>(m.ffn) / t;
   const double router = 4.0 * sb / (par.sequence_parallel() ? t : 1.0) * static_cast<double>(m.moe.experts);
   const double copies = expert_token_factor(m) * sb;
-  const double experts = copies * (2.0 * h + per_width * ef / t);
+  const double experts = copies * ((fp8 ? 1.0 : 2.0) * h + per_width * ef / t);
   const double shared = per_width * sb * static_cast<double>(m.moe.shared_experts) * ef / t;
   return layer_activation_bytes(m, par, flash_attention) - dense_mlp + router + experts + shared;
 }
@@ -231,6 +255,32 @@ struct fsdp_units {
   return per_param.param * gathered + per_param.grad * static_cast<double>(u.largest);
 }
 
+/// GEMM weights and GEMMs one GPU of `stage` runs in fp8 under fp8 training (`fp8_gemm`): of
+/// each dense layer QKV, output projection and the MLP's (`layer_matmul_weights` / tp); of each
+/// MoE layer the attention's, and the local routed experts' (experts / ep) and shared experts'
+/// GEMMs / tp. Throws `lumos::error` for a stage out of range. O(vp).
+struct fp8_gemm_count {
+  double weights = 0;  ///< parameters
+  double gemms = 0;    ///< GEMMs (a grouped GEMM counts each expert's)
+};
+[[nodiscard]] inline fp8_gemm_count fp8_gemms_per_rank(const transformer& m, const parallel_config& par, int stage) {
+  detail::require_stage(par, stage);
+  const double t = par.tp, h = static_cast<double>(m.hidden);
+  const double attention = (h * static_cast<double>(m.q_width() + 2 * m.kv_width()) + static_cast<double>(m.q_width()) * h) / t;
+  const double mlp_gemms = m.mlp == mlp_kind::gelu ? 2.0 : 3.0;
+  const double moe_layers = static_cast<double>(stage_moe_layers(m, par, stage));
+  const double dense_layers = static_cast<double>(par.stage_layers(m, stage)) - moe_layers;
+  fp8_gemm_count c;
+  c.weights = dense_layers * static_cast<double>(layer_matmul_weights(m)) / t;
+  c.gemms = dense_layers * (2.0 + mlp_gemms);
+  if (moe_layers > 0) {
+    const double experts = static_cast<double>(m.moe.experts / par.ep + m.moe.shared_experts);
+    c.weights += moe_layers * (attention + experts * static_cast<double>(expert_matmul_weights(m)) / t);
+    c.gemms += moe_layers * (2.0 + experts * mlp_gemms);
+  }
+  return c;
+}
+
 /// Memory of one GPU of pipeline stage `stage`. Model states: `stage_parameters_per_rank`
 /// parameters, with optimizer states divided by dp * cp (the DP x CP group,
 /// `parallel_config::shard_size`) from ZeRO stage 1, gradients from stage 2, parameters at stage
@@ -239,7 +289,9 @@ struct fsdp_units {
 /// adds `fsdp_buffer_bytes`. Activations: `layer_activation_bytes` (MoE layers:
 /// `moe_layer_activation_bytes`) x layers of the stage x `opt.in_flight_microbatches`, all of the
 /// rank's s / cp tokens, plus the io, recomputation, dispatch-buffer and context-parallel buffer
-/// terms of `memory_breakdown`.
+/// terms of `memory_breakdown`. fp8 training adds the fp8 weight copies and scaling state of
+/// `fp8_gemms_per_rank` and saves the fp8 GEMMs' inputs in fp8 (`layer_activation_bytes`); the
+/// optimizer's fp32 master weights and moments stay as they are.
 /// Throws `lumos::error` for an invalid configuration, stage or in-flight count. O(1).
 [[nodiscard]] inline memory_breakdown memory_per_gpu(const transformer& m,
                                                      const parallel_config& par, int stage,
@@ -277,6 +329,13 @@ struct fsdp_units {
   if (moe_layers > 0) {
     r.activations += moe_layer_activation_bytes(m, par, opt.flash_attention) * static_cast<double>(moe_layers) * inflight;
     r.moe_dispatch_buffers = moe_dispatch_buffer_bytes(m, par);
+  }
+  if (par.dtype == precision::fp8) {
+    const fp8_gemm_count f = fp8_gemms_per_rank(m, par, stage);
+    r.fp8_weights = 2.0 * f.weights;
+    // per operand (input, weight, output gradient): fp32 scale, inverse scale, amax (+ history)
+    const double history = opt.scaling == fp8_scaling::delayed ? std::max(opt.amax_history, 1) : 0;
+    r.fp8_scaling_state = f.gemms * 3.0 * 4.0 * (3.0 + history);
   }
 
   const double sl = static_cast<double>(par.local_seq(m));  // the rank's tokens of a sequence

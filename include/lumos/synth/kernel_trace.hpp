@@ -37,17 +37,18 @@ class kernel_names {
     sm90_ = gpu.find("h100") != std::string::npos || gpu.find("h200") != std::string::npos;
     switch (par.dtype) {
       case model::precision::fp16: dt_ = "f16", torch_ = "c10::Half", nccl_ = "f16", kineto_ = "Half"; break;
-      case model::precision::fp8: dt_ = "e4m3", torch_ = "c10::Float8_e4m3fn", nccl_ = "bf16", kineto_ = "BFloat16"; break;
+      // fp8 training: the fp8 GEMMs' kernels say e4m3; every other kernel works on bf16.
+      case model::precision::fp8: dt_ = "bf16", torch_ = "c10::BFloat16", nccl_ = "bf16", kineto_ = "BFloat16", fp8_ = true; break;
       default: dt_ = "bf16", torch_ = "c10::BFloat16", nccl_ = "bf16", kineto_ = "BFloat16"; break;
     }
   }
 
   /// The cuBLAS GEMM kernel of the GPU for a layout ("tn" forward, "nn" input gradient, "nt"
-  /// weight gradient).
-  [[nodiscard]] std::string gemm_kernel(std::string_view layout) const {
+  /// weight gradient); `fp8`: on e4m3 operands with a bf16 output.
+  [[nodiscard]] std::string gemm_kernel(std::string_view layout, bool fp8 = false) const {
     const std::string l(layout);
     if (sm90_) {
-      const std::string in = dt_ == "e4m3" ? "e4m3e4m3_bf16f32" : dt_ + dt_ + "_" + dt_ + "f32";
+      const std::string in = fp8 ? "e4m3e4m3_bf16f32" : dt_ + dt_ + "_" + dt_ + "f32";
       return "sm90_xmma_gemm_" + in + "_f32_" + l + "_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas";
     }
     if (dt_ == "f16") return "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x3_" + l;
@@ -70,6 +71,9 @@ class kernel_names {
       case R::cross_entropy:
       case R::cross_entropy_part:
         return cross_entropy(o);
+      case R::fp8_cast:
+      case R::fp8_amax:
+        return fp8_cast(o);
       default:
         break;
     }
@@ -106,10 +110,34 @@ class kernel_names {
       return d;
     }
     const bool wgrad = o.phase == model::op_phase::backward_weight;
-    d.kernel = gemm_kernel(fwd ? "tn" : wgrad ? "nt" : "nn");
+    const bool fp8 = fp8_ && model::fp8_gemm(o.role);
+    d.kernel = gemm_kernel(fwd ? "tn" : wgrad ? "nt" : "nn", fp8);
     d.cpu_op = "aten::mm";
     d.input_dims = "[[" + std::to_string(M) + ", " + std::to_string(K) + "], [" + std::to_string(K) + ", " + std::to_string(N) + "]]";
-    d.input_type = t2;
+    d.input_type = fp8 ? "[\"c10::Float8_e4m3fn\", \"c10::Float8_e4m3fn\"]" : t2;
+    return d;
+  }
+
+  /// Transformer Engine's kernel of an fp8 cast (with transpose) or amax reduction.
+  [[nodiscard]] static std::string fp8_kernel(model::op_role r) {
+    return r == model::op_role::fp8_amax
+               ? "void transformer_engine::detail::amax_kernel<8, __nv_bfloat16>(__nv_bfloat16 const*, float*, float*, unsigned long, float const*, float const*)"
+               : "void transformer_engine::detail::cast_transpose_kernel<8, 4, __nv_bfloat16, __nv_fp8_e4m3>(__nv_bfloat16 const*, __nv_fp8_e4m3*, __nv_fp8_e4m3*, float const*, float*, float*, unsigned long, unsigned long)";
+  }
+  /// Transformer Engine's operator that launches `fp8_kernel(r)`.
+  [[nodiscard]] static std::string fp8_cpu_op(model::op_role r) {
+    return r == model::op_role::fp8_amax ? "transformer_engine::compute_amax" : "transformer_engine::fp8_cast_transpose";
+  }
+
+  /// An fp8 cast or amax kernel over `elements` of an operand (its rows and columns are not
+  /// kept: one dim of that many).
+  [[nodiscard]] report::task_decoration fp8_cast(const model::op_cost& o) const {
+    report::task_decoration d;
+    d.kernel = fp8_kernel(o.role);
+    d.cpu_op = fp8_cpu_op(o.role);
+    const double per = o.role == model::op_role::fp8_amax ? model::fp8_amax_bytes_per_element : model::fp8_cast_bytes_per_element;
+    d.input_dims = "[[" + std::to_string(static_cast<std::int64_t>(o.bytes / per)) + "]]";
+    d.input_type = "[\"" + torch_ + "\"]";
     return d;
   }
 
@@ -356,6 +384,7 @@ class kernel_names {
   model::transformer m_;
   model::parallel_config par_;
   bool sm90_ = false;
+  bool fp8_ = false;
   std::string dt_, torch_, nccl_, kineto_;
 };
 

@@ -2,6 +2,7 @@
 // The target configuration of a trace-driven what-if (`lumos whatif`): what to change, and the
 // facts about the traces that the rewrites may need from the user.
 
+#include <lumos/model/hardware.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/pipeline/schedule.hpp>
 #include <lumos/synth/schedules.hpp>
@@ -37,6 +38,8 @@ struct whatif_options {
   /// included), or a shipped one by name (`synth::parse_schedule`).
   std::optional<int> pp, vp;
   std::optional<synth::schedule_policy> schedule;
+  /// Training precision of the target (whatif/precision.hpp): fp8 from bf16 or fp16 traces.
+  std::optional<model::precision> precision;
   /// The target host's CPU speed relative to the traced host's: the prediction's CPU times are
   /// the traced ones / `host_speed`. 1 (the default) keeps the traced host, also under `gpu`.
   double host_speed = 1.0;
@@ -51,7 +54,9 @@ struct whatif_options {
   /// A pipeline change is asked: stages, chunks or schedule.
   [[nodiscard]] bool pipeline_asked() const noexcept { return pp || vp || schedule; }
   /// A change that reads the traces' structure (layers, passes, groups, shape) is asked.
-  [[nodiscard]] bool needs_structure() const noexcept { return dp || global_batch || pipeline_asked() || layers || shape.any(); }
+  [[nodiscard]] bool needs_structure() const noexcept {
+    return dp || global_batch || pipeline_asked() || layers || shape.any() || precision;
+  }
 };
 
 }  // namespace lumos::whatif

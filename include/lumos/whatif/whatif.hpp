@@ -9,6 +9,7 @@
 //   shape            shape.hpp             hidden/FFN/heads/sequence/micro-batch/TP kernels, and
 //                                          the parameter-proportional work of a layer or stage change
 //   tensor parallel  tensor_parallel.hpp   TP groups resized; from TP 1, Megatron's TP collectives
+//   precision        precision.hpp         fp8: the layers' linear GEMMs rescaled, TE's cast kernels inserted
 //   gradient buckets gradient_buckets.hpp  a split's distributed-optimizer buckets, per stage
 //   data parallel    data_parallel.hpp     gradient collectives resized, or inserted from DP 1
 //   global batch     data_parallel.hpp     the micro-batches per replica the global batch implies
@@ -19,8 +20,8 @@
 //   stage split      pipeline_change.hpp   the stages cut in the graph, or the pass-level model
 //   GPU              gpu_change.hpp        every GPU op at the target GPU's rates
 // A pass sees what the passes before it decided (the shapes, the micro-batch count, where layers
-// were copied): the TP collectives are inserted before the layers are copied so that the copies
-// carry them, and the GPU change runs last, on every op the others made.
+// were copied): the TP collectives and fp8 casts are inserted before the layers are copied so
+// that the copies carry them, and the GPU change runs last, on every op the others made.
 
 #include <lumos/graph/trace_builder.hpp>
 #include <lumos/report/replay_report.hpp>
@@ -34,6 +35,7 @@
 #include <lumos/whatif/result.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/pipeline_change.hpp>
+#include <lumos/whatif/precision.hpp>
 #include <lumos/whatif/summary.hpp>
 #include <lumos/whatif/tensor_parallel.hpp>
 
@@ -49,7 +51,7 @@
 namespace lumos::whatif {
 
 /// The shipped passes, in the order a what-if runs them (see the header comment).
-using shipped_passes = std::tuple<shape_pass, tensor_parallel_pass, gradient_bucket_pass, data_parallel_pass, batch_pass, stage_plan_pass,
+using shipped_passes = std::tuple<shape_pass, tensor_parallel_pass, precision_pass, gradient_bucket_pass, data_parallel_pass, batch_pass, stage_plan_pass,
                                   node_placement_pass, layers_pass, micro_batch_pass, stage_split_pass, gpu_pass>;
 
 namespace detail {

@@ -53,6 +53,7 @@ inline void predict_memory_json(json_writer& w, const synth::job& j, const synth
   if (j.model.is_moe()) w.field("moe_dispatch_buffers", mem.moe_dispatch_buffers);
   if (j.parallel.cp > 1) w.field("cp_buffers", mem.cp_buffers);  // the K/V exchange's buffers
   if (j.parallel.fsdp) w.field("fsdp_buffers", mem.fsdp_buffers);
+  if (j.parallel.dtype == model::precision::fp8) w.field("fp8_weights", mem.fp8_weights).field("fp8_scaling_state", mem.fp8_scaling_state);
   w.field("total", mem.total());
   w.field("capacity", static_cast<std::int64_t>(j.hardware.gpu.hbm_capacity)).field("fits", mem.fits(j.hardware));
   w.end_object();

@@ -104,8 +104,9 @@ class comm_args_source {
 /// empty when the name says none.
 [[nodiscard]] inline std::string dtype_of_kernel(std::string_view name) {
   const std::string l = lower(name);
-  if (l.find("bf16") != std::string::npos || l.find("bfloat16") != std::string::npos) return "bf16";
+  // Before bf16: an fp8 GEMM names its bf16 output too (sm90_xmma_gemm_e4m3e4m3_bf16f32_…).
   if (l.find("e4m3") != std::string::npos || l.find("e5m2") != std::string::npos || l.find("fp8") != std::string::npos) return "fp8";
+  if (l.find("bf16") != std::string::npos || l.find("bfloat16") != std::string::npos) return "bf16";
   // cuBLAS writes fp16 as "f16" (sm90_xmma_gemm_f16f16_…) or "fp16" (ampere_fp16_s16816gemm_fp16_…).
   if (l.find("f16") != std::string::npos || l.find("fp16") != std::string::npos || l.find("half") != std::string::npos ||
       l.find("h1688") != std::string::npos) {

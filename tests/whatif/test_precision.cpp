@@ -1,0 +1,96 @@
+// The precision what-if (include/lumos/whatif/precision.hpp) on a recorded bf16 H100 trace: the
+// layers' linear GEMMs rescaled by the kernel model's fp8/bf16 ratio, a cast kernel inserted
+// right before each on its stream and launched from the GEMM's thread, the rest untouched; the
+// traces' own precision changes nothing.
+#include "../unit/test_support.hpp"
+
+#include <lumos/trace/job.hpp>
+#include <lumos/whatif/whatif.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+
+using namespace lumos;
+
+namespace {
+
+const trace::job& bf16_job() {
+  static const trace::job job = trace::load_job({lumos_test::data_dir() / "gpu" / "h100-base"});
+  return job;
+}
+
+bool is_cast(std::string_view name) { return name.find("transformer_engine::detail::cast_transpose") != std::string_view::npos; }
+
+}  // namespace
+
+TEST_CASE("whatif --precision fp8: GEMMs rescaled, casts inserted before them on their stream", "[whatif][precision]") {
+  whatif::whatif_options o;
+  o.precision = model::precision::fp8;
+  const whatif::whatif_result r = whatif::run_whatif(bf16_job(), o);
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [](const whatif::change& x) { return x.subject == "precision"; });
+  REQUIRE(c != r.changes.end());
+  CHECK(c->from == "bf16");
+  CHECK(c->to == "fp8");
+  REQUIRE(c->figures.size() == 4);
+  const double gemms = c->figures[0].after, casts = c->figures[1].after;
+  // 8 layers of QKV, attention output, FC1 and FC2, forward and both gradients each.
+  CHECK(gemms >= 8 * 4 * 3);
+  CHECK(casts >= 8 * 4 * 3);
+  // The GEMMs at about the fp8 / bf16 peak ratio (a half on the H100), not less.
+  const double ratio = c->figures[2].after / c->figures[2].before;
+  CHECK(ratio > 0.45);
+  CHECK(ratio < 0.75);
+
+  const graph::task_graph& g = r.predicted.built.graph;
+  std::vector<graph::task_id> next(g.task_count(), graph::no_task), last(g.processors.size(), graph::no_task);
+  for (graph::task_id t = g.task_count(); t-- > 0;) {
+    next[t] = last[g.processor[t]];
+    last[g.processor[t]] = t;
+  }
+  std::vector<graph::task_id> launcher(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch) launcher[e.to] = e.from;
+  }
+  std::size_t found = 0;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (!is_cast(g.task_name(t))) continue;
+    ++found;
+    CHECK(g.kind[t] == graph::task_kind::gpu_compute);
+    CHECK(g.duration[t] > 0);
+    // Followed on its stream by another cast or the GEMM it feeds.
+    graph::task_id n = next[t];
+    while (n != graph::no_task && is_cast(g.task_name(n))) n = next[n];
+    REQUIRE(n != graph::no_task);
+    CHECK(whatif::classify(g.kind[n], g.task_name(n)) == whatif::op_bound::compute);
+    // Launched by a call on the thread that launches that GEMM.
+    REQUIRE(launcher[t] != graph::no_task);
+    REQUIRE(launcher[n] != graph::no_task);
+    CHECK(g.processor[launcher[t]] == g.processor[launcher[n]]);
+    CHECK(launcher[t] < launcher[n]);
+  }
+  CHECK(static_cast<double>(found) == casts);
+  CHECK(g.task_count() == r.baseline.built.graph.task_count() + 2 * found);
+  // The attention kernels are untouched.
+  time_ns flash_before = 0, flash_after = 0;
+  const graph::task_graph& a = r.baseline.built.graph;
+  for (graph::task_id t = 0; t < a.task_count(); ++t) flash_before += a.task_name(t).find("flash") != std::string_view::npos ? a.duration[t] : 0;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) flash_after += g.task_name(t).find("flash") != std::string_view::npos ? g.duration[t] : 0;
+  CHECK(flash_before > 0);
+  CHECK(flash_after == flash_before);
+}
+
+TEST_CASE("whatif --precision: the traces' own precision changes nothing", "[whatif][precision]") {
+  whatif::whatif_options o;
+  o.precision = model::precision::bf16;
+  const whatif::whatif_result r = whatif::run_whatif(bf16_job(), o);
+  CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
+  CHECK(r.predicted.built.graph.task_count() == r.baseline.built.graph.task_count());
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [](const whatif::change& x) { return x.pass == "precision"; });
+  REQUIRE(c != r.changes.end());
+  CHECK(c->text.find("nothing to change") != std::string::npos);
+  o.precision = model::precision::fp16;
+  CHECK_THROWS_WITH(whatif::run_whatif(bf16_job(), o), Catch::Contains("only --precision fp8"));
+}
