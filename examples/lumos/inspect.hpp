@@ -144,12 +144,6 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
   structure_fact_text(out, "method", st.gradients.method);
   structure_fact_text(out, "buckets", st.gradients.buckets);
   structure_fact_text(out, "bucket elements", st.gradients.bucket_elements);
-  out += "memory recipe\n";
-  structure_fact_text(out, "optimizer", st.memory.optimizer);
-  structure_fact_text(out, "states", st.memory.states);
-  structure_fact_text(out, "residual", st.memory.residual);
-  structure_fact_text(out, "loss", st.memory.loss);
-  structure_fact_text(out, "embeddings", st.memory.embeddings);
   out += "process groups\n";
   for (const auto& g : st.groups) {
     out += "  '" + g.name + "'";
@@ -188,6 +182,14 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
       if (p.layers.value) out += "(" + std::to_string(*p.layers.value) + "L)";
     }
     out += "\n";
+  }
+  if (st.memory.optimizer.known()) {  // a torch.optim step: what its memory model reads
+    out += "memory recipe\n";
+    structure_fact_text(out, "optimizer", st.memory.optimizer);
+    structure_fact_text(out, "states", st.memory.states);
+    structure_fact_text(out, "residual", st.memory.residual);
+    structure_fact_text(out, "loss", st.memory.loss);
+    structure_fact_text(out, "embeddings", st.memory.embeddings);
   }
   out += "layer task groups: " + std::to_string(st.layer_groups.size()) + "\n";
   if (with_groups) {

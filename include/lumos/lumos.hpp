@@ -42,6 +42,7 @@
 #include <lumos/model/flops.hpp>
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/eager_memory.hpp>
 #include <lumos/model/memory.hpp>
 #include <lumos/model/moe.hpp>
 #include <lumos/model/nccl.hpp>
@@ -99,6 +100,7 @@
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/pipeline_change.hpp>
 #include <lumos/whatif/pipeline_graph.hpp>
+#include <lumos/whatif/precision.hpp>
 #include <lumos/whatif/result.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/stage_emission.hpp>
@@ -113,7 +115,9 @@
 #include <lumos/whatif/structure/iteration.hpp>
 #include <lumos/whatif/structure/layers.hpp>
 #include <lumos/whatif/structure/layout.hpp>
+#include <lumos/whatif/structure/memory_recipe.hpp>
 #include <lumos/whatif/structure/model_shape.hpp>
+#include <lumos/whatif/structure/moe.hpp>
 #include <lumos/whatif/structure/overrides.hpp>
 #include <lumos/whatif/structure/passes.hpp>
 #include <lumos/whatif/structure/phases.hpp>

@@ -94,7 +94,7 @@ TEST_CASE("FSDP: the configuration's rules are clear errors", "[fsdp][model]") {
   CHECK_NOTHROW(fsdp_job(1, 2, 4, 16).parallel.validate(m));
 }
 
-TEST_CASE("FSDP memory: the states shard over the shard group; the gathered units are added", "[fsdp][memory]") {
+TEST_CASE("FSDP memory: the states shard over the shard group and the gathered units are added", "[fsdp][memory]") {
   using namespace fsdp_test;
   const lm::transformer m = lm::test::small_gpt(4);
   lm::memory_options mo;

@@ -322,7 +322,7 @@ TEST_CASE("whatif --json: baseline, prediction and changes, and --trace-out repl
   CHECK(unknown.err.find("--from-gpu") != std::string::npos);
 }
 
-TEST_CASE("whatif --precision fp8 on a bf16 synth job agrees with synth in fp8; fp8 traces are not rewritten back",
+TEST_CASE("whatif --precision fp8 on a bf16 synth job agrees with synth in fp8, and fp8 traces are not rewritten back",
           "[cli][whatif][fp8]") {
   lumos_test::temp_dir dir;
   const auto a = dir.path() / "bf16", b = dir.path() / "fp8";
