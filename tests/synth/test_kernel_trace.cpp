@@ -290,6 +290,12 @@ TEST_CASE("kernel-level traces of context parallelism are causal and replay to t
     } else {
       CHECK(ring_streams.empty());
     }
+    // Structure discovery takes the ring's send/recv for no pipeline transfers.
+    const graph::built_job built = graph::build_graph(read);
+    const whatif::job_structure st = whatif::discover_structure(read, built);
+    CHECK(st.parallel.pp.value == c.pp);
+    CHECK(st.parallel.schedule.value == synth::policy_of<pipeline::one_f_one_b>());
+    CHECK(st.model.layers.value == c.layers);
     const auto replay = report::replay_job(read);
     CHECK(replay.built.stats.causality_violations == 0);
     CHECK(replay.built.stats.cross_stream_unresolved == 0);
