@@ -80,7 +80,7 @@ enum class span_kind : std::uint8_t {
 };
 
 /// What a collective of the program carries (`program_notes::comms`).
-enum class comm_group : std::uint8_t { tp, dp, pp, model_parallel, world, embedding, expert_dp };
+enum class comm_group : std::uint8_t { tp, dp, pp, model_parallel, world, embedding, expert_dp, context_parallel };
 
 /// What a kernel-level trace writer needs beyond the graph (`program_options::notes`).
 struct program_notes {
@@ -140,6 +140,7 @@ struct simulated_rank {
   graph::processor_id send_prev = no_processor;
   graph::processor_id recv_prev = no_processor;
   graph::processor_id recv_next = no_processor;
+  graph::processor_id context_parallel = no_processor;  ///< the ring exchange of context parallelism
   /// First and last task of the schedule's ops on the compute stream (the pipeline phase);
   /// the tasks of that stream between them are the passes and their TP collectives.
   graph::task_id pipeline_first = graph::no_task;

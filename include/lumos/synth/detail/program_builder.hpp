@@ -284,7 +284,7 @@ class program_builder {
   std::vector<std::int32_t>& group_slot_;
   std::deque<group_state>& groups_;
   int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0, edp_base_ = 0;
-  int shard_base_ = 0, replica_base_ = 0;
+  int shard_base_ = 0, replica_base_ = 0, cp_base_ = 0;
   model::group_placement tp_placement_;
   std::array<model::group_placement, 3> moe_placement_{};  ///< [model::moe_group]
   std::array<model::cp_exchange, 2> cp_exchange_{};  ///< a layer's K/V exchange: [0] forward, [1] backward
@@ -329,7 +329,7 @@ class program_builder {
   [[nodiscard]] time_ns p2p_time(int s, int col) const;
 
   // ---- stage plan and process groups: synth/detail/program_groups.hpp ----
-  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp, shard, replica };
+  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp, shard, replica, cp };
   static void keep_forwards(stage_orders& orders);
   void prepare();
   void plan_stages();
@@ -388,6 +388,7 @@ class program_builder {
   void emit_tp_collective(rank_state& rs, std::string_view kind, std::int64_t bytes, time_ns d, string_id name,
                           std::int32_t kernels, time_ns cpu, time_ns lead, std::int64_t element_bytes = 2,
                           bool before_last = false);
+  graph::task_id emit_beside(rank_state& rs, const item& i);
   void emit_items(rank_state& rs, const std::vector<item>& items, int layer = -1, bool forward = false);
   void emit_totals(rank_state& rs, const totals& t, pass_kind pk);
   void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out) const;

@@ -31,6 +31,19 @@ template <model::ComputeModel Compute, model::CommModel Comm>
   rs.last_compute = c.complete;
 }
 
+// A `beside` item (context parallelism's ring exchange) as NCCL send/recv over the rank's CP
+// group on its context-parallel stream, once the compute task before it ends (it makes the
+// K/V chunk): its complete, which the caller makes the compute task after the next one wait for
+// (a cross-stream event).
+template <model::ComputeModel Compute, model::CommModel Comm>
+graph::task_id program_builder<Compute, Comm>::emit_beside(rank_state& rs, const item& i) {
+  if (rs.info.context_parallel == no_processor) rs.info.context_parallel = stream(rs.info, 15, "context-parallel");
+  group_state& gs = cached_group(rs.cp_group, group_type::cp, rs.info.stage, (rs.info.dp_index / par_.cp) * tp_ + rs.info.tp_index);
+  return collective(rs, rs.info.context_parallel, gs, rs.seq_cp, "send_recv", i.bytes, i.duration, i.name, 1, i.cpu, i.cpu,
+                    i.element_bytes, rs.last_compute)
+      .complete;
+}
+
 // `layer` >= 0: the items are transformer layer `layer` of its chunk, in a `forward` pass or
 // not (then its recomputed forward ops, if any, form a span of their own).
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -39,6 +52,7 @@ void program_builder<Compute, Comm>::emit_items(rank_state& rs, const std::vecto
   const std::size_t mark = span_mark(rs);
   std::size_t recompute_mark = 0;
   bool in_recompute = false;
+  graph::task_id beside = graph::no_task;  // a `beside` item's transfer, until the item it runs with is out
   for (const item& i : items) {
     if (layer >= 0 && !forward && i.recompute != in_recompute && !i.comm) {
       if (i.recompute) {
@@ -48,10 +62,18 @@ void program_builder<Compute, Comm>::emit_items(rank_state& rs, const std::vecto
       }
       in_recompute = i.recompute;
     }
+    if (i.beside) {
+      beside = emit_beside(rs, i);
+      continue;
+    }
     if (i.comm) {
       emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu, i.element_bytes);
     } else {
       emit_compute(rs, i.duration, i.cpu, i.cpu, i.name, i.op);
+    }
+    if (beside != graph::no_task) {
+      rs.pending.push_back(beside);
+      beside = graph::no_task;
     }
   }
   if (in_recompute) span_close(rs, span_kind::layer_recompute, layer, recompute_mark);

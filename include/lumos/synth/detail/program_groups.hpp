@@ -165,12 +165,13 @@ void program_builder<Compute, Comm>::build_groups() {
   embd_base_ = norm_base_ + dp_;
   edp_base_ = embd_base_ + tp_ * dp_;  // expert-data-parallel: pp·tp·ep groups (MoE only)
   // HSDP: shard groups (pp·tp·replicas) and replica groups (pp·tp·shard); FSDP without hybrid
-  // sharding shards over the dp groups.
+  // sharding shards over the dp groups. Context-parallel rings: pp·tp·(dp / cp) groups.
   shard_base_ = edp_base_ + (m_.is_moe() ? pp_ * tp_ * par_.ep : 0);
   const bool hybrid = fsdp_ && replicas_ > 1;
   replica_base_ = shard_base_ + (hybrid ? pp_ * tp_ * replicas_ : 0);
+  cp_base_ = replica_base_ + (hybrid ? pp_ * tp_ * shard_ : 0);
   buf_.groups_used = 0;
-  group_slot_.assign(static_cast<std::size_t>(replica_base_ + (hybrid ? pp_ * tp_ * shard_ : 0)), -1);
+  group_slot_.assign(static_cast<std::size_t>(cp_base_ + (par_.cp > 1 ? pp_ * tp_ * (dp_ / par_.cp) : 0)), -1);
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -186,6 +187,7 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
     case group_type::edp: id = edp_base_ + a * tp_ * par_.ep + b; break;  // a = stage, b = column mod tp·ep
     case group_type::shard: id = shard_base_ + a * tp_ * replicas_ + b; break;  // b = replica · tp + tp index
     case group_type::replica: id = replica_base_ + a * tp_ * shard_ + b; break;  // b = dp index mod shard · tp + tp index
+    case group_type::cp: id = cp_base_ + a * tp_ * (dp_ / par_.cp) + b; break;  // b = dp index / cp · tp + tp index
   }
   std::int32_t& slot = group_slot_[static_cast<std::size_t>(id)];
   if (slot < 0) {
@@ -267,6 +269,15 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
       const int n = shard ? shard_ : replicas_;
       for (int i = 0; i < n; ++i) gs.ranks.push_back(global_rank(a, (shard ? j * shard_ + i : i * shard_ + j) * tp_ + t));
       gs.participants = opt_.unfold ? n : 1;
+      break;
+    }
+    case group_type::cp: {
+      // cp consecutive dp indices (Megatron's order: tp, cp, dp, pp) at the same tp index.
+      const int t = b % tp_, j = b / tp_;
+      gs.type = comm_group::context_parallel;
+      if (named) gs.name = "cp." + std::to_string(a) + "." + std::to_string(b);
+      for (int c = 0; c < par_.cp; ++c) gs.ranks.push_back(global_rank(a, (j * par_.cp + c) * tp_ + t));
+      gs.participants = opt_.unfold ? par_.cp : 1;
       break;
     }
     case group_type::embd:

@@ -51,6 +51,9 @@ struct item {
   std::int64_t element_bytes = 2;  ///< collectives: bytes per element
   std::uint32_t op = program_notes::none;  ///< compute: index into `program_notes::ops`
   bool recompute = false;
+  /// A transfer on a stream of its own that runs beside the next item (context parallelism's
+  /// ring exchange beside its attention): the item after that one waits for it.
+  bool beside = false;
 };
 
 /// A span of a pass after which weight gradients of `params` parameters are final (a layer,
@@ -76,11 +79,22 @@ struct totals {
   time_ns cpu = 0;
   time_ns lead = std::numeric_limits<time_ns>::min();
 
+  /// A `beside` item counts as a collective of the part the next item does not hide,
+  /// max(0, its duration - the next item's), after that item: exact when both start together
+  /// (the stream busy when they are launched), an upper bound otherwise (the transfer, launched
+  /// first, may start earlier).
   void add(const std::vector<item>& items, std::int64_t times = 1) {
     for (std::int64_t r = 0; r < times; ++r) {
+      time_ns beside = -1;  // the duration of a `beside` item the next item runs with
       for (const item& i : items) {
         cpu += i.cpu;
         lead = std::max(lead, cpu - compute - comm);
+        if (i.beside) {
+          beside = i.duration;
+          comm_kernels += i.kernels;
+          comm_bytes += i.bytes;
+          continue;
+        }
         if (i.comm) {
           comm += i.duration;
           comm_kernels += i.kernels;
@@ -88,6 +102,10 @@ struct totals {
         } else {
           compute += i.duration;
           compute_kernels += i.kernels;
+        }
+        if (beside >= 0) {
+          comm += std::max<time_ns>(0, beside - i.duration);
+          beside = -1;
         }
       }
     }
@@ -246,6 +264,7 @@ struct rank_state {
   std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
   std::int64_t seq_norm = 0, seq_embd = 0, seq_edp = 0;
   std::int64_t seq_replica = 0;  ///< FSDP's hybrid-sharding replica group
+  std::int64_t seq_cp = 0;       ///< context parallelism's ring exchange
   task_list pending;  ///< start edges into the next compute-stream task
   task_list waits;    ///< host waits folded into the next CPU task (compiled)
   graph::task_id last_compute = graph::no_task;
@@ -297,11 +316,12 @@ struct rank_state {
   group_state* grad_out = nullptr;
   group_state* shard_group = nullptr;    ///< FSDP: the ranks its states are sharded over
   group_state* replica_group = nullptr;  ///< HSDP: the ranks holding the same shard
+  group_state* cp_group = nullptr;       ///< the ranks of its context-parallel ring
 
   /// Ready for another rank, keeping the capacity of its lists.
   void reset() {
     info = {};
-    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = seq_replica = 0;
+    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = seq_replica = seq_cp = 0;
     pending.clear();
     waits.clear();
     last_compute = last_dp = graph::no_task;
@@ -319,7 +339,7 @@ struct rank_state {
     fsdp_reduce = no_processor;
     fsdp_free = graph::no_task;
     posted = {};
-    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = shard_group = replica_group = nullptr;
+    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = shard_group = replica_group = cp_group = nullptr;
   }
 };
 

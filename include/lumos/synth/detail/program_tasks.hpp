@@ -382,9 +382,10 @@ void program_builder<Compute, Comm>::final_device_sync(rank_state& rs) {
   struct stream_end {
     graph::task_id first, last;
   };
-  std::array<stream_end, 6> ends{};
+  std::array<stream_end, 7> ends{};
   std::size_t n = 0;
-  for (const graph::processor_id p : {r.compute, r.data_parallel, r.send_next, r.send_prev, r.recv_prev, r.recv_next}) {
+  for (const graph::processor_id p :
+       {r.compute, r.data_parallel, r.send_next, r.send_prev, r.recv_prev, r.recv_next, r.context_parallel}) {
     if (p == no_processor) continue;
     const graph::task_id last = direct_ ? sink_->last_on(p) : buf_.last_on[p];
     if (last == graph::no_task) continue;

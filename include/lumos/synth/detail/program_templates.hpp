@@ -188,21 +188,28 @@ void program_builder<Compute, Comm>::emit_moe_collectives(const model::op_cost& 
 
 // The key/value exchange of context parallelism around the attention core (`o`, the first op
 // of the attention role in a run of them; a forward or recomputed forward, or its backward),
-// timed over the CP group's placement by `model::context_parallel_exchange`. The ring (p2p)
-// runs beside the attention and the attention cannot end before it: its item keeps the part
-// the attention does not hide, max(0, ring - attention), after the attention. The all-gather
-// variant goes whole before the forward attention, its reduce-scatter after the backward one.
-// Items on the compute stream, joined over the TP group as the MoE dispatch is.
+// timed over the CP group's placement by `model::context_parallel_exchange`. The ring (p2p) is
+// Transformer Engine's: NCCL send/recv of the K/V chunks (and dK/dV in backward) on a stream of
+// its own beside the attention, which consumes each chunk as it arrives. One item stands for the
+// ring's cp - 1 steps, `beside` the attention: launched right before it, the op after the
+// attention waits for it (its bytes: what a rank sends; emit_beside places it). The all-gather
+// variant goes whole before the forward attention, its reduce-scatter after the backward one,
+// items on the compute stream joined over the TP group as the MoE dispatch is (every rank of
+// the CP group runs the same layer at the same point).
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_cp_exchange(const model::op_cost& o, bool after, std::vector<item>& out) {
   if (par_.cp <= 1 || o.role != model::op_role::attention) return;
   const hook_phase ph = phase_of(o);
   if (ph == hook_phase::wgrad) return;
   const model::cp_exchange& x = cp_exchange_[ph == hook_phase::fwd ? 0 : 1];
-  if (after != (x.overlapped || ph != hook_phase::fwd)) return;
+  if (after != (!x.overlapped && ph != hook_phase::fwd)) return;
   const model::group_placement cp_group = model::context_parallel_group(par_, hw_);
   item i = comm_item(x.name, x.kind, x.bytes, 2, &cp_group);
-  i.duration = x.overlapped ? std::max<time_ns>(0, x.duration - o.duration) : x.duration;
+  i.duration = x.duration;
+  if (x.overlapped) {
+    i.beside = true;
+    i.bytes = model::context_parallel_kv_bytes(m_, par_) * (par_.cp - 1) * (ph == hook_phase::fwd ? 1 : 2);
+  }
   out.push_back(i);
 }
 

@@ -83,6 +83,13 @@ class comm_args_source {
   std::unordered_map<std::int64_t, std::uint32_t> by_external_;  // the first operator per External id
 };
 
+/// Whether a Process Group Description names a context-parallel group (Megatron's
+/// CONTEXT_PARALLEL_GROUP, TENSOR_AND_CONTEXT_PARALLEL_GROUP): its send/recv are ring
+/// attention's key/value exchange, not pipeline transfers.
+[[nodiscard]] inline bool context_parallel_description(std::string_view description) {
+  return lower(description).find("context_parallel") != std::string::npos;
+}
+
 /// Collective kind of a communication op from its `Collective name` arg or its kernel name.
 [[nodiscard]] inline std::string comm_kind(std::string_view kernel, std::string_view arg) {
   std::string s = lower(arg);

@@ -109,10 +109,21 @@ struct discovery_inputs {
     return out;
   }
 
-  /// Whether graph collective `c` is a point-to-point transfer between two ranks.
+  /// Whether graph collective `c` is a point-to-point transfer between two ranks of a pipeline
+  /// (not over a group described as context-parallel: see detail::context_parallel_description).
   [[nodiscard]] bool is_p2p(int c) const {
     const auto& ci = built.graph.collectives[static_cast<std::size_t>(c)];
-    return (ci.kind == "sendrecv" || ci.kind == "send" || ci.kind == "recv") && ci.arrive.size() == 2;
+    if ((ci.kind != "sendrecv" && ci.kind != "send" && ci.kind != "recv") || ci.arrive.size() != 2) return false;
+    if (ci.complete.empty()) return true;
+    // The group's description: on the op, else in the trace's process group list.
+    const graph::task_id t = ci.complete.front();
+    const trace::rank_trace& r = job.ranks[rank_index(built.graph.rank[t])];
+    const std::uint32_t op = built.graph.source[t];
+    std::string_view description = op < r.events.size() ? r.arg_text(op, trace::arg_key::process_group_desc) : std::string_view{};
+    for (const trace::process_group_info& pg : r.process_groups) {
+      if (description.empty() && pg.name == ci.group) description = pg.description;
+    }
+    return !detail::context_parallel_description(description);
   }
 };
 

@@ -109,7 +109,8 @@ inline void read_partners(const discovery_inputs& in, pipeline_topology& topo) {
   for (std::size_t ri = 0; ri < in.rank_count(); ++ri) {
     const trace::rank_trace& t = in.job.ranks[ri];
     for (const auto& l : in.ranks[ri].launches) {
-      if (l.comm && l.instance < 0 && comm_kind(t.name(t.events[l.op]), t.arg_text(l.op, trace::arg_key::collective_name)) == "sendrecv") {
+      if (l.comm && l.instance < 0 && comm_kind(t.name(t.events[l.op]), t.arg_text(l.op, trace::arg_key::collective_name)) == "sendrecv" &&
+          !context_parallel_description(t.arg_text(l.op, trace::arg_key::process_group_desc))) {
         topo.unmatched_p2p.insert(t.rank);
       }
     }
