@@ -216,6 +216,14 @@ inline std::string ranks_text(const report::replay_session& s) {
                 ms(s.measured_ns).c_str(), ms(s.simulated_ns).c_str(), 100.0 * s.error);
   out += line;
   out += unprofiled_text(s.unprofiled_ns);
+  for (const auto& r : s.ranks) {
+    if (!r.measured_memory) continue;  // the profiler's memory events (profile_memory=True)
+    std::snprintf(line, sizeof line, "  rank %d measured memory: peak allocated %.3f GiB, peak reserved %.3f GiB (%llu memory events)\n",
+                  r.rank, static_cast<double>(r.measured_memory->allocated) / 1073741824.0,
+                  static_cast<double>(r.measured_memory->reserved) / 1073741824.0,
+                  static_cast<unsigned long long>(r.measured_memory->events));
+    out += line;
+  }
   return out;
 }
 

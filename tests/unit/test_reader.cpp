@@ -446,3 +446,16 @@ TEST_CASE("the profiler's memory events give the measured peak", "[reader][memor
   const job j = one_rank(read_trap("memory_events.json"));
   CHECK(lumos::graph::build_graph(j).stats.ops_without_launch == 0);
 }
+
+// The replay reads the memory peak with the steps, before it frees the events.
+TEST_CASE("replay reports the measured memory peak of the profiler's memory events", "[reader][memory]") {
+  const job j = one_rank(read_trap("memory_events.json"));
+  const auto steps = lumos::report::find_steps(j);
+  REQUIRE(steps.size() == 1);
+  REQUIRE(steps[0].memory.has_value());
+  CHECK(steps[0].memory->allocated == 3145728);
+  const auto s = lumos::report::replay_job(j);
+  REQUIRE(s.ranks.size() == 1);
+  REQUIRE(s.ranks[0].measured_memory.has_value());
+  CHECK(s.ranks[0].measured_memory->reserved == 8388608);
+}

@@ -152,6 +152,9 @@ struct rank_steps {
   /// Per thread that has a step: the union of its operator (cpu_op) intervals, rank-local,
   /// sorted and disjoint; the busy part of a step's lead and tail is its overlap with them.
   std::vector<std::pair<std::uint32_t, std::vector<std::pair<time_ns, time_ns>>>> busy;
+  /// The peak of the profiler's GPU memory events (`profile_memory=True`), when recorded: read
+  /// with the steps, before a replay frees the events.
+  std::optional<trace::memory_peak> memory;
 
   /// Operator time on thread `lane` within [from, to) of rank-local time.
   [[nodiscard]] time_ns busy_within(std::uint32_t on, time_ns from, time_ns to) const noexcept {
@@ -190,6 +193,7 @@ struct rank_steps {
     spans.resize(kept);
     spans.shrink_to_fit();
   }
+  out.memory = trace::measured_memory_peak(r);
   return out;
 }
 

@@ -80,6 +80,8 @@ struct rank_replay {
   time_ns unprofiled_ns = 0;
   window_result measured;
   window_result simulated;
+  /// The peak GPU memory the profiler's memory events recorded on the rank (whole trace), if any.
+  std::optional<trace::memory_peak> measured_memory;
 };
 
 /// Everything one replay produced: the graph, its compiled form, the simulated timeline, the
@@ -187,6 +189,7 @@ inline void replay_unprofiled(replay_session& s, const std::vector<std::uint32_t
     r.rank = job.ranks[i].rank;
     r.file = job.ranks[i].file;
     r.step = s.plans[i].step;
+    if (i < steps.size()) r.measured_memory = steps[i].memory;
     r.simulated = evaluate(s.plans[i], simulated, options.scales.cpu);
     r.measured_ns = r.measured.window.length();
     r.simulated_ns = r.simulated.window.length();

@@ -110,6 +110,10 @@ inline void replay_rank_json(json_writer& w, const graph::task_graph& g, const r
   w.key("breakdown_measured");
   breakdown_json(w, r.measured.split);
   w.field("sm_utilization", r.simulated.sm.mean).field("sm_utilization_measured", r.measured.sm.mean);
+  if (r.measured_memory) {
+    w.key("measured_memory").begin_object().field("peak_allocated_bytes", r.measured_memory->allocated)
+        .field("peak_reserved_bytes", r.measured_memory->reserved).field("events", r.measured_memory->events).end_object();
+  }
   if (parts.sm_series) {
     w.key("sm_utilization_series").begin_array();
     for (const double v : r.simulated.sm.series) w.value(v);
