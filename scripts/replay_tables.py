@@ -102,9 +102,10 @@ TRUTH_HEADINGS = {
     "launch queue": ("**Launch calls that block on a full launch queue** (the \"sync\" variant of each job; a queue of "
                      "16 entries, as the programs launch about a hundred ops per step where a real step launches thousands into "
                      "CUDA's 1024). A launch returns when the oldest of the last 16 launched ops of its rank has "
-                     "finished, so a GPU-bound trace records the blocked time inside its launch calls, and the replay "
-                     "keeps it as CPU work: when compute gets faster or the CPU slower, lumos predicts too slow. "
-                     "Regression-gated at the measured mean and worst, not at 2 %."),
+                     "finished, so a GPU-bound trace records the blocked time inside its launch calls. The graph "
+                     "builder finds those calls from the trace (*Launches blocked by a full queue* above) and makes "
+                     "them waits: where it misses one, the replay keeps it as CPU work, and a faster GPU or a slower "
+                     "CPU is predicted too slow. Regression-gated at the measured mean and worst, not at 2 %."),
 }
 
 

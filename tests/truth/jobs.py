@@ -313,4 +313,231 @@ def pipeline() -> Job:
                description="2-stage 1F1B, 4 micro-batches, p2p SendRecv, CUDA-graph forward")
 
 
-ALL = [gpu_bound, spill, cpu_bound, side_stream, polling, item_sync, data_parallel, pipeline]
+def _collective(b, name: str, kernel: str, stream: int, key: tuple, world: int, rank: int, seq: int, transfer_ns: int,
+                nelems: int, dtype: str, group: str, busy_ns: int, extra: dict | None = None) -> None:
+    """One c10d collective as PyTorch records it (record_param_comms with its args, the NCCL
+    kernel launched on `stream`), with an event `key` recorded on `stream` after it."""
+    args = {"Collective name": name, "dtype": dtype, "In msg nelems": nelems, "Out msg nelems": nelems,
+            "Group size": world, "Process Group Name": group, "Process Group Description": group,
+            "Process Group Ranks": "[" + ", ".join(str(r) for r in range(world)) + "]", "Rank": rank, "Seq": seq}
+    args.update(extra or {})
+    comm = Comm(key, world, transfer_ns, args)
+    b.add(OpBegin("record_param_comms", args), Busy(busy_ns),
+          Launch(Gpu(kernel, stream, comm=comm), api="cudaLaunchKernelExC"),
+          EventRecord("/".join(str(k) for k in key), stream), OpEnd())
+
+
+def fsdp() -> Job:
+    """(h) 4-rank FSDP2 (fully_shard per layer, reshard after forward): each layer's parameters
+    are all-gathered on an all-gather stream one layer ahead of the compute that waits for them,
+    in forward and again in backward; each layer's gradients are reduce-scattered on a stream of
+    their own while backward goes on; the optimizer steps the shards after the last one. Skew:
+    rank 1's CPU and rank 3's GPU are slower."""
+    world, layers = 4, 8
+    AG, RS = 24, 26
+    cpu_factor = [1.0, 1.3, 1.0, 1.0]
+    gpu_factor = [1.0, 1.0, 1.0, 1.2]
+    ranks = []
+    for r in range(world):
+        b = ThreadBuilder(f"fsdp/{r}")
+        seq = [0]
+
+        def busy(lo, hi, b=b, r=r):
+            return round(b.draw(lo, hi) * cpu_factor[r])
+
+        def gpu(lo, hi, b=b, r=r):
+            return round(b.draw(lo, hi) * gpu_factor[r])
+
+        def gather(b, n, phase, layer, r=r, seq=seq):
+            seq[0] += 1
+            key = ("ag", n, phase, layer)
+            transfer = ThreadBuilder("fsdp/transfer/" + "/".join(map(str, key))).draw(120_000, 200_000)
+            b.add(OpBegin("FSDP::all_gather"))
+            b.kernel_op("FSDP::all_gather_copy_in", "void at::native::(anonymous namespace)::CatArrayBatchedCopy", AG,
+                        gpu(10_000, 20_000), busy(8_000, 12_000))
+            _collective(b, "_allgather_base", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", AG,
+                        key, world, r, seq[0], transfer, 32 << 20, "BFloat16", "FSDP_SHARD_GROUP", busy(10_000, 15_000))
+            b.add(OpEnd())
+
+        def wait_gather(b, n, phase, layer):
+            b.op("FSDP::all_gather_copy_out", StreamWaitEvent(COMPUTE, f"ag/{n}/{phase}/{layer}"),
+                 Launch(Gpu("void at::native::(anonymous namespace)::split_with_sizes_copy_out_contiguous_no_cast_kernel",
+                            COMPUTE, gpu(8_000, 15_000))), pre=busy(6_000, 10_000))
+
+        def reduce(b, n, layer, r=r, seq=seq):
+            seq[0] += 1
+            key = ("rs", n, layer)
+            transfer = ThreadBuilder("fsdp/transfer/" + "/".join(map(str, key))).draw(150_000, 250_000)
+            b.add(OpBegin("FSDP::post_backward_reduce"), EventRecord(f"grad{n}.{layer}", COMPUTE),
+                  StreamWaitEvent(RS, f"grad{n}.{layer}"))
+            _collective(b, "_reduce_scatter_base", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                        RS, key, world, r, seq[0], transfer, 64 << 20, "Float", "FSDP_SHARD_GROUP", busy(10_000, 15_000))
+            b.add(OpEnd())
+
+        def step(b, n, r=r):
+            b.add(Idle(b.draw(200_000, 300_000)))
+            gather(b, n, "f", 0)
+            for layer in range(layers):
+                if layer + 1 < layers:
+                    gather(b, n, "f", layer + 1)
+                wait_gather(b, n, "f", layer)
+                for _ in range(3):
+                    b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", COMPUTE,
+                                gpu(100_000, 200_000), busy(15_000, 25_000))
+            gather(b, n, "b", layers - 1)
+            for layer in reversed(range(layers)):
+                if layer > 0:
+                    gather(b, n, "b", layer - 1)
+                wait_gather(b, n, "b", layer)
+                for _ in range(6):
+                    b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64", COMPUTE,
+                                gpu(90_000, 180_000), busy(15_000, 25_000))
+                reduce(b, n, layer)
+            b.op("FSDP::root_post_backward", StreamWaitEvent(COMPUTE, f"rs/{n}/0"), pre=busy(5_000, 8_000))
+            for _ in range(4):
+                b.kernel_op("aten::_foreach_add_", "multi_tensor_apply_kernel", COMPUTE, gpu(15_000, 30_000),
+                            busy(20_000, 30_000))
+            b.item(COMPUTE, busy(8_000, 12_000))
+
+        _steps(b, step)
+        ranks.append(Rank([b.actions], start_ns=17_000 * r))
+    # Only with cuda_sync rows: without them the compute stream's wait for layer l's gather cannot
+    # be told from a wait for layer l+1's, whose record the CPU issued just before (docs/replay.md).
+    return Job("fsdp", ranks, step=3, relative_time=False,
+               description="4-rank FSDP2: per-layer all-gathers prefetched on a side stream, reduce-scatters beside backward",
+               variants=("sync",))
+
+
+def context_parallel() -> Job:
+    """(i) Ring attention over a context-parallel group of 2 (Megatron/TE's p2p variant): in each
+    layer's attention the key/value chunk of the peer arrives by NCCL SendRecv on a p2p stream while
+    the attention of the local chunk runs; the second chunk's attention waits for it. Backward
+    sends the gradients of the chunk back the same way. The gradients are all-reduced over the
+    2 ranks (data x context parallel) at the end. Rank 1's GPU is slower (more of the causal work)."""
+    world, layers = 2, 6
+    gpu_factor = [1.0, 1.1]
+    ranks = []
+    for r in range(world):
+        b = ThreadBuilder(f"context_parallel/{r}")
+        seq = [0]
+
+        def gpu(lo, hi, b=b, r=r):
+            return round(b.draw(lo, hi) * gpu_factor[r])
+
+        def exchange(b, n, tag, r=r, seq=seq):
+            seq[0] += 1
+            key = ("cp", n, tag)
+            transfer = ThreadBuilder("context_parallel/transfer/" + "/".join(map(str, key))).draw(80_000, 140_000)
+            b.add(EventRecord(f"kv{n}.{tag}", COMPUTE), StreamWaitEvent(P2P, f"kv{n}.{tag}"))
+            _collective(b, "coalesced", "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", P2P, key, world, r,
+                        seq[0], transfer, 8 << 20, "BFloat16", "CONTEXT_PARALLEL_GROUP", b.draw(10_000, 15_000))
+
+        def attention(b, n, tag, kernel):
+            exchange(b, n, tag)
+            b.kernel_op("flash_attn::_flash_attn_forward" if "fwd" in kernel else "flash_attn::_flash_attn_backward",
+                        kernel, COMPUTE, gpu(150_000, 250_000), b.draw(20_000, 30_000))
+            b.op("Work.wait", StreamWaitEvent(COMPUTE, f"cp/{n}/{tag}"), pre=b.draw(3_000, 5_000))
+            b.kernel_op("flash_attn::_flash_attn_forward" if "fwd" in kernel else "flash_attn::_flash_attn_backward",
+                        kernel, COMPUTE, gpu(100_000, 200_000), b.draw(20_000, 30_000))
+
+        def step(b, n, r=r, seq=seq):
+            b.add(Idle(b.draw(150_000, 250_000)))
+            for layer in range(layers):
+                b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", COMPUTE,
+                            gpu(80_000, 150_000), b.draw(15_000, 25_000))
+                attention(b, n, f"f{layer}", "flash_fwd_kernel")
+                b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", COMPUTE,
+                            gpu(150_000, 250_000), b.draw(15_000, 25_000))
+            for layer in reversed(range(layers)):
+                b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64", COMPUTE,
+                            gpu(250_000, 400_000), b.draw(15_000, 25_000))
+                attention(b, n, f"b{layer}", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel")
+                b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64", COMPUTE,
+                            gpu(120_000, 200_000), b.draw(15_000, 25_000))
+            seq[0] += 1
+            key = ("grad", n)
+            transfer = ThreadBuilder(f"context_parallel/transfer/grad/{n}").draw(500_000, 700_000)
+            b.add(EventRecord(f"grads{n}", COMPUTE), StreamWaitEvent(NCCL, f"grads{n}"))
+            _collective(b, "allreduce", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", NCCL, key, world, r, seq[0], transfer,
+                        48 << 20, "Float", "DATA_PARALLEL_GROUP_WITH_CP", b.draw(10_000, 15_000))
+            b.op("Work.wait", StreamWaitEvent(COMPUTE, f"grad/{n}"), pre=b.draw(3_000, 5_000))
+            for _ in range(4):
+                b.kernel_op("aten::_foreach_add_", "multi_tensor_apply_kernel", COMPUTE, gpu(30_000, 50_000),
+                            b.draw(20_000, 30_000))
+            b.item(COMPUTE, b.draw(8_000, 12_000))
+
+        _steps(b, step)
+        ranks.append(Rank([b.actions], start_ns=29_000 * r))
+    return Job("context_parallel", ranks, step=3, relative_time=True,
+               description="context parallel 2: ring attention, KV exchange by SendRecv beside the attention")
+
+
+def expert_parallel() -> Job:
+    """(j) Mixture of experts over an expert-parallel group of 4 (Megatron's dropless all-to-all
+    dispatcher): per layer the router runs, the token counts are copied to the host (the CPU
+    waits for them: the all-to-all needs its split sizes), the tokens are dispatched by an
+    all-to-all with uneven splits, the local experts' grouped GEMM runs, and an all-to-all
+    combines the results. Rank 2 holds a straggler expert (about 1.8x the tokens): its expert GEMMs
+    are longer and every rank's combine waits for it. Backward has the two all-to-alls in reverse
+    and no host sync (the split sizes are known)."""
+    world, layers = 4, 4
+    load = [1.0, 0.8, 1.8, 0.9]  # tokens each rank's experts receive, relative to balanced
+    ranks = []
+    for r in range(world):
+        b = ThreadBuilder(f"expert_parallel/{r}")
+        seq = [0]
+        splits = lambda k, r=r: "[" + ", ".join(str(int(1024 * load[p] * (1.0 if k == "in" else load[r]))) for p in range(world)) + "]"
+
+        def all_to_all(b, n, tag, r=r, seq=seq):
+            seq[0] += 1
+            key = ("a2a", n, tag)
+            transfer = ThreadBuilder("expert_parallel/transfer/" + "/".join(map(str, key))).draw(60_000, 120_000)
+            b.add(EventRecord(f"tok{n}.{tag}", COMPUTE), StreamWaitEvent(NCCL, f"tok{n}.{tag}"))
+            _collective(b, "all_to_allv", "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", NCCL, key, world, r,
+                        seq[0], transfer, 4 << 20, "BFloat16", "EXPERT_MODEL_PARALLEL_GROUP", b.draw(10_000, 15_000),
+                        {"In split size": splits("in"), "Out split size": splits("out")})
+            b.op("Work.wait", StreamWaitEvent(COMPUTE, f"a2a/{n}/{tag}"), pre=b.draw(3_000, 5_000))
+
+        def experts(b, lo, hi, r=r):
+            for _ in range(2):
+                b.kernel_op("aten::_grouped_mm", "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>",
+                            COMPUTE, round(b.draw(lo, hi) * load[r]), b.draw(15_000, 25_000))
+
+        def step(b, n):
+            b.add(Idle(b.draw(150_000, 250_000)))
+            for layer in range(layers):
+                b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", COMPUTE,
+                            b.draw(150_000, 250_000), b.draw(15_000, 25_000))
+                b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64", COMPUTE,
+                            b.draw(10_000, 20_000), b.draw(15_000, 25_000))  # router
+                b.kernel_op("aten::topk", "void at::native::sbtopk::gatherTopK", COMPUTE, b.draw(8_000, 15_000),
+                            b.draw(10_000, 15_000))
+                b.item(COMPUTE, b.draw(8_000, 12_000))  # token counts to the host
+                b.kernel_op("moe::permute", "moe_permute_kernel", COMPUTE, b.draw(20_000, 40_000), b.draw(10_000, 15_000))
+                all_to_all(b, n, f"d{layer}")
+                experts(b, 100_000, 160_000)
+                all_to_all(b, n, f"c{layer}")
+                b.kernel_op("moe::unpermute", "moe_unpermute_kernel", COMPUTE, b.draw(20_000, 40_000),
+                            b.draw(10_000, 15_000))
+            for layer in reversed(range(layers)):
+                b.kernel_op("moe::unpermute_backward", "moe_permute_kernel", COMPUTE, b.draw(20_000, 40_000),
+                            b.draw(10_000, 15_000))
+                all_to_all(b, n, f"bc{layer}")
+                experts(b, 180_000, 300_000)
+                all_to_all(b, n, f"bd{layer}")
+                for _ in range(2):
+                    b.kernel_op("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64", COMPUTE,
+                                b.draw(150_000, 250_000), b.draw(15_000, 25_000))
+            for _ in range(4):
+                b.kernel_op("aten::_foreach_add_", "multi_tensor_apply_kernel", COMPUTE, b.draw(30_000, 50_000),
+                            b.draw(20_000, 30_000))
+            b.item(COMPUTE, b.draw(8_000, 12_000))
+
+        _steps(b, step)
+        ranks.append(Rank([b.actions], start_ns=11_000 * r))
+    return Job("expert_parallel", ranks, step=3, relative_time=False,
+               description="expert parallel 4: dropless all-to-all dispatch with uneven splits, a straggler expert, host sync")
+
+
+ALL = [gpu_bound, spill, cpu_bound, side_stream, polling, item_sync, data_parallel, pipeline, fsdp,
+       context_parallel, expert_parallel]

@@ -113,38 +113,57 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
 //
 // Found from the trace alone, per stream, then (for the calls not found so) per device, since a
 // runtime may bound the ops of a stream or of a whole device: the queue depth at each launch
-// call's start (ops enqueued before it and not yet finished), the largest depth met (the
+// call's start (ops enqueued from the oldest unfinished one on: a queue frees its entries in
+// order, so on a device an op that finished early on another stream does not free a slot before
+// the ops enqueued ahead of it), the largest depth met (the
 // observed capacity), and the launches made while the queue was at most half full (their
 // durations are what a launch costs when it does not block). The queue was full when at least a
 // quarter of the launches made within 5 % of the capacity (at least one op) took longer than the
 // 95th percentile of the free ones (five times the free launches' rate); each of those longer
-// launches then waited for the op that ended last before it returned (within `sync_tolerance`),
+// launches then waited for the queue's oldest op when that one ended while the call blocked, else
+// for the op that ended last before it returned (within `sync_tolerance`),
 // and keeps only its time after that op as its own (build_thread: the tail of a blocking call).
 template <trace::CommClassifier Comm>
 void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, awaited_map& awaited) {
   const trace::rank_trace& t = job_.ranks[r];
   rank_state& s = ranks_[r];
   constexpr std::size_t min_samples = 8;  // fewer free launches or full-queue launches: no evidence
-  std::vector<time_ns> enqueued, free_durations;
+  std::vector<std::size_t> long_depths;
+  std::vector<time_ns> enqueued, free_durations, ended_by;  // ended_by[i]: latest end of the first i+1 enqueued
   std::vector<std::pair<time_ns, event_index>> ended;  // (end, op), by end
+  std::vector<std::pair<time_ns, event_index>> queue;  // (enqueue, op), by enqueue
   struct launch {
     event_index call;
     std::size_t depth;
+    event_index head;  ///< the oldest unfinished op when the call started (no_event: none)
   };
   std::vector<launch> launches;
   std::unordered_set<event_index> found;  // calls found blocked
-  // The launches onto the queue whose ops (by start) are `ops`.
-  auto detect = [&](const std::vector<event_index>& ops) {
+  // The device's ops by end, per device (a call freed by another stream's op is the device pass's).
+  std::map<int, std::vector<std::pair<time_ns, event_index>>> device_ends;
+  for (const auto& [key, ops] : s.streams) {
+    auto& d = device_ends[key.device];
+    for (const event_index o : ops) d.emplace_back(t.events[o].end(), o);
+  }
+  for (auto& [device, d] : device_ends) std::sort(d.begin(), d.end());
+  // The launches onto the queue whose ops (by start) are `ops`, on `device` (all of its ops when
+  // `whole_device`).
+  auto detect = [&](const std::vector<event_index>& ops, int device, bool whole_device) {
     if (ops.size() < 2 * min_samples) return;
     enqueued.clear();
     ended.clear();
+    queue.clear();
+    ended_by.clear();
     launches.clear();
     for (const event_index o : ops) {
       enqueued.push_back(s.enqueue[o]);
       ended.emplace_back(t.events[o].end(), o);
+      queue.emplace_back(s.enqueue[o], o);
     }
     std::sort(enqueued.begin(), enqueued.end());
     std::sort(ended.begin(), ended.end());
+    std::sort(queue.begin(), queue.end());
+    for (const auto& [at, o] : queue) ended_by.push_back(std::max(ended_by.empty() ? time_ns{0} : ended_by.back(), t.events[o].end()));
     std::size_t capacity = 0;
     for (const event_index o : ops) {
       const event_index c = s.runtime_by_corr.first(t.events[o].correlation, no_event);
@@ -153,11 +172,11 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
       if (!detail::is_kernel_launch(name) && !name.starts_with("cudaMemsetAsync") && !name.starts_with("hipMemsetAsync")) continue;
       const time_ns at = t.events[c].ts;
       const auto in = static_cast<std::size_t>(std::lower_bound(enqueued.begin(), enqueued.end(), at) - enqueued.begin());
-      const auto out = static_cast<std::size_t>(
-          std::upper_bound(ended.begin(), ended.end(), std::pair{at, ~event_index{0}}) - ended.begin());
-      const std::size_t depth = in > out ? in - out : 0;
+      // The oldest op (by enqueue) not finished at `at`: the first whose prefix of ends reaches past it.
+      const auto first = static_cast<std::size_t>(std::upper_bound(ended_by.begin(), ended_by.end(), at) - ended_by.begin());
+      const std::size_t depth = in > first ? in - first : 0;
       capacity = std::max(capacity, depth);
-      launches.push_back({c, depth});
+      launches.push_back({c, depth, in > first ? queue[first].second : no_event});
     }
     free_durations.clear();
     for (const launch& l : launches) {
@@ -167,6 +186,19 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
     const auto p95 = free_durations.begin() + static_cast<std::ptrdiff_t>(free_durations.size() * 95 / 100);
     std::nth_element(free_durations.begin(), p95, free_durations.end());
     const time_ns free_p95 = *p95;
+    if (whole_device) {
+      // A device's capacity: the depth its long launches of the upper half meet (their 10th
+      // percentile), not the largest depth met, which a burst of ops enqueued by one call (a CUDA
+      // graph) or an op long waiting on another stream can push past it.
+      long_depths.clear();
+      for (const launch& l : launches) {
+        if (2 * l.depth > capacity && t.events[l.call].dur > free_p95) long_depths.push_back(l.depth);
+      }
+      if (long_depths.size() < min_samples) return;
+      const auto p10 = long_depths.begin() + static_cast<std::ptrdiff_t>(long_depths.size() / 10);
+      std::nth_element(long_depths.begin(), p10, long_depths.end());
+      capacity = *p10;
+    }
     const std::size_t slack = std::max<std::size_t>(1, capacity / 20);
     const auto at_capacity = [&](const launch& l) { return l.depth + slack >= capacity; };
     std::size_t full = 0, full_long = 0;
@@ -179,11 +211,20 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
     for (const launch& l : launches) {
       const trace::event& call = t.events[l.call];
       if (!at_capacity(l) || call.dur <= free_p95 || found.contains(l.call)) continue;
-      // The op that ended last before the call returned.
+      // The queue's oldest op, when the call returned as it ended; else the op that ended last
+      // before the call returned.
+      const time_ns head_end = l.head != no_event ? t.events[l.head].end() : time_ns{0};
       const auto it = std::upper_bound(ended.begin(), ended.end(), std::pair{call.end(), ~event_index{0}});
       if (it == ended.begin()) continue;
-      const auto [freed_end, freed] = *(it - 1);
+      const auto [freed_end, freed] = whole_device && head_end > call.ts && head_end <= call.end() && call.end() - head_end <= options_.sync_tolerance
+                                              ? std::pair{head_end, l.head}
+                                              : *(it - 1);
       if (freed_end <= call.ts || call.end() - freed_end > options_.sync_tolerance) continue;
+      // A call that returned long after its stream's op ended (more than a free launch takes)
+      // while an op of another stream ended in between was freed by that one: left to the device.
+      const auto& all = device_ends[device];
+      const auto last = std::upper_bound(all.begin(), all.end(), std::pair{call.end(), ~event_index{0}});
+      if (!whole_device && call.end() - freed_end > free_p95 && last != all.begin() && (last - 1)->first > freed_end) continue;
       awaited.add(l.call, freed);
       found.insert(l.call);
       ++s.counts.queue_blocked_launches;
@@ -192,14 +233,14 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
   };
   std::map<int, std::vector<event_index>> devices;
   for (const auto& [key, ops] : s.streams) {
-    detect(ops);
+    detect(ops, key.device, false);
     auto& d = devices[key.device];
     d.insert(d.end(), ops.begin(), ops.end());
   }
   if (s.streams.size() == devices.size()) return;  // one stream per device: done
   for (auto& [device, ops] : devices) {
     std::sort(ops.begin(), ops.end(), [&](event_index a, event_index b) { return t.events[a].ts < t.events[b].ts || (t.events[a].ts == t.events[b].ts && a < b); });
-    detect(ops);
+    detect(ops, device, true);
   }
 }
 
