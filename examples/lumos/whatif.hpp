@@ -105,10 +105,13 @@ inline constexpr std::string_view whatif_usage =
 inline std::string shape_text(const whatif::shape_summary& s) {
   std::string out;
   char line[512];
+  // CP only where either side has it, so that the line of a job without CP reads as it did.
+  const bool cp = s.from.cp > 1 || s.to.cp > 1;
   auto row = [&](const char* what, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
-    std::snprintf(line, sizeof line, "  %-9s hidden %lld, FFN %lld, %lld heads of %lld, seq %lld, micro-batch %lld, TP %d, %lld ranks: %.2f GiB per GPU, MFU %.1f %%\n",
+    const std::string tp = cp ? std::to_string(c.tp) + ", CP " + std::to_string(c.cp) : std::to_string(c.tp);
+    std::snprintf(line, sizeof line, "  %-9s hidden %lld, FFN %lld, %lld heads of %lld, seq %lld, micro-batch %lld, TP %s, %lld ranks: %.2f GiB per GPU, MFU %.1f %%\n",
                   what, static_cast<long long>(c.hidden), static_cast<long long>(c.ffn), static_cast<long long>(c.heads),
-                  static_cast<long long>(c.head_dim), static_cast<long long>(c.seq), static_cast<long long>(c.micro_batch), c.tp,
+                  static_cast<long long>(c.head_dim), static_cast<long long>(c.seq), static_cast<long long>(c.micro_batch), tp.c_str(),
                   static_cast<long long>(f.world), f.memory_bytes_per_gpu / 1073741824.0, 100.0 * mfu);
     out += line;
   };

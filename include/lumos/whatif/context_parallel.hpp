@@ -202,11 +202,21 @@ struct context_parallel_pass {
     if (from.cp == 1 && to.cp > 1) {
       const auto fwd = static_cast<time_ns>(std::llround(new_ns[0])), bwd = static_cast<time_ns>(std::llround(new_ns[1]));
       const auto [n, transfer] = insert_cp_exchanges(b, detail::attention_sites(ctx.job, b, st), fwd, bwd, costs.profile);
+      if (n == 0) {
+        throw error("whatif --cp " + std::to_string(to.cp) +
+                    ": no attention operator with recorded shapes (SDPA, flash-attn) in the traces' layers to place the ring exchanges beside");
+      }
       s.inserted = n;
       s.exchange_after += transfer;
+      ctx.refresh(b);
     }
-    ctx.refresh(b);
-    return {record(from, to, s)};
+    change_list out{record(from, to, s)};
+    if (from.cp != to.cp && to.cp > 1 && s.gradient == 0) {
+      out.push_back(note("context parallel", "gradients",
+                         "the traces reduce no gradients (one replica at CP 1): the gradient reduction over the " + std::to_string(to.cp) +
+                             " ranks of DP x CP is not inserted, and the prediction lacks it"));
+    }
+    return out;
   }
 
  private:
