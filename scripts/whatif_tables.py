@@ -34,6 +34,9 @@ BASE = {
     "--gpu": "h100-sxm", "--precision": "bf16",
 }
 
+# The context-parallel cases' configuration A: a small Llama-3-8B-like job at sequence 8192.
+LLAMA = {"--model": "llama3-8b", "--layers": "4", "--ffn": "7168", "--seq": "8192", "--pp": "1", "--global-batch": "4"}
+
 # (name, changes of A relative to BASE, what-if flags = changes from A to B). B = A + flags,
 # except that a whatif flag that is not a synth flag (none so far) would need mapping.
 CASES = [
@@ -84,6 +87,14 @@ CASES = [
     ("bf16 → fp8", {}, {"--precision": "fp8"}),
     ("bf16 → fp8 on H200", {}, {"--precision": "fp8", "--gpu": "h200-sxm"}),
     ("bf16 → fp8, hidden ×2 (FFN 4h)", {}, {"--precision": "fp8", "--hidden": "4096", "--ffn": "16384"}),
+    # Context parallelism (whatif/context_parallel.hpp) on a small Llama-3-8B-like job (4 layers,
+    # hidden 2048, FFN 7168, grouped-query attention, sequence 8192, no pipeline, 2 micro-batches):
+    # the tokens per rank and the attention's 1/CP of the causal work through the kernel model, the
+    # ring exchanges re-timed, inserted or emptied, the gradients reduced over DP x CP.
+    ("CP 1→2 (Llama-like, sequence 8192)", LLAMA, {"--cp": "2"}),
+    ("CP 2→4 with the sequence ×2 (Llama-like)", dict(LLAMA, **{"--cp": "2"}), {"--cp": "4", "--seq": "16384"}),
+    ("CP 2→1 (Llama-like)", dict(LLAMA, **{"--cp": "2"}), {"--cp": "1"}),
+    ("CP 1→2 on H200 (Llama-like)", LLAMA, {"--cp": "2", "--gpu": "h200-sxm"}),
     ("layers ×2 on H200", {}, {"--layers": "16", "--gpu": "h200-sxm"}),
     ("PP 2→4 with DP ×2 (in the graph)", {}, {"--pp": "4", "--dp": "4", "--global-batch": "32"}),
     # From traces without pipeline stages a PP change is made in the graph itself: every rank of

@@ -117,6 +117,15 @@ inline void structure_moe_text(const whatif::job_structure& st, std::string& out
   if (st.all_to_alls.size() > shown) out += "  ... " + std::to_string(st.all_to_alls.size() - shown) + " more (--json lists them all)\n";
 }
 
+// Context parallelism, when a group has the CP role.
+inline void structure_cp_text(const whatif::job_structure& st, std::string& out) {
+  if (!st.cp.found()) return;
+  out += "context parallelism\n";
+  structure_fact_text(out, "CP", st.cp.size);
+  structure_fact_text(out, "exchanges per layer", st.cp.exchanges_per_layer);
+  structure_fact_text(out, "exchange", st.cp.comm);
+}
+
 inline void structure_text(const whatif::job_structure& st, bool with_groups, std::string& out) {
   out += "parallelism\n";
   structure_fact_text(out, "world", st.parallel.world);
@@ -157,6 +166,7 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
     for (const auto& r : g.roles) out += "    role " + std::string(whatif::to_string(*r.value)) + "    [" + r.source + "]\n";
   }
   structure_moe_text(st, out);
+  structure_cp_text(st, out);
   const bool chunks = report::structure_shows_chunks(st);
   out += "ranks\n";
   for (const auto& r : st.ranks) {

@@ -60,8 +60,12 @@ inline constexpr std::string_view whatif_usage =
     "                      TP 1 Megatron's TP collectives are inserted: all-reduces, or with --sp on\n"
     "                      (sequence parallelism) reduce-scatters and all-gathers, with the norms,\n"
     "                      residuals and dropout on 1/N of the tokens. A TP > 1 trace keeps its own SP\n"
-    "  --cp N, --cp-comm   context parallelism from traces is not supported yet (an error naming it);\n"
-    "                      lumos predict, synth and sweep model it\n"
+    "  --cp N              another context-parallel size (with or without --seq, the whole sequence):\n"
+    "                      each rank holds seq/N tokens, its attention 1/N of the causal attention by\n"
+    "                      the kernel model; ring attention's K/V exchanges re-timed by the NCCL model,\n"
+    "                      inserted from CP 1 beside the attention, emptied to CP 1; gradients over\n"
+    "                      DP x CP (DP stays the traces'). Not with --dp/--global-batch/--pp/--vp/--schedule\n"
+    "  --cp-comm p2p       the exchange (only p2p, ring attention, is rewritten from traces)\n"
     "  --dp N              N data-parallel replicas: the gradient collectives resized with a latency +\n"
     "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
     "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica.\n"
@@ -101,10 +105,13 @@ inline constexpr std::string_view whatif_usage =
 inline std::string shape_text(const whatif::shape_summary& s) {
   std::string out;
   char line[512];
+  // CP only where either side has it, so that the line of a job without CP reads as it did.
+  const bool cp = s.from.cp > 1 || s.to.cp > 1;
   auto row = [&](const char* what, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
-    std::snprintf(line, sizeof line, "  %-9s hidden %lld, FFN %lld, %lld heads of %lld, seq %lld, micro-batch %lld, TP %d, %lld ranks: %.2f GiB per GPU, MFU %.1f %%\n",
+    const std::string tp = cp ? std::to_string(c.tp) + ", CP " + std::to_string(c.cp) : std::to_string(c.tp);
+    std::snprintf(line, sizeof line, "  %-9s hidden %lld, FFN %lld, %lld heads of %lld, seq %lld, micro-batch %lld, TP %s, %lld ranks: %.2f GiB per GPU, MFU %.1f %%\n",
                   what, static_cast<long long>(c.hidden), static_cast<long long>(c.ffn), static_cast<long long>(c.heads),
-                  static_cast<long long>(c.head_dim), static_cast<long long>(c.seq), static_cast<long long>(c.micro_batch), c.tp,
+                  static_cast<long long>(c.head_dim), static_cast<long long>(c.seq), static_cast<long long>(c.micro_batch), tp.c_str(),
                   static_cast<long long>(f.world), f.memory_bytes_per_gpu / 1073741824.0, 100.0 * mfu);
     out += line;
   };

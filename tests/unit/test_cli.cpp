@@ -350,6 +350,59 @@ TEST_CASE("whatif --precision fp8 on a bf16 synth job agrees with synth in fp8, 
   CHECK(run("whatif " + a.string() + " --precision fp4").code == 2);
 }
 
+TEST_CASE("whatif --cp: synth jobs with and without CP read back, found by inspect, rewritten to agree with synth", "[cli][whatif][cp]") {
+  lumos_test::temp_dir dir;
+  const auto one = dir.path() / "cp1", two = dir.path() / "cp2";
+  const std::string job = "synth --model llama3-8b --layers 2 --hidden 1024 --heads 8 --ffn 3584 --seq 4096 --tp 1 --dp 2 --micro-batch 1 "
+                          "--global-batch 4 --gpu h100-sxm --detail kernel --unfold ";
+  REQUIRE(run(job + "--cp 1 --out " + one.string()).code == 0);
+  REQUIRE(run(job + "--cp 2 --out " + two.string()).code == 0);
+  const result text = run("inspect " + two.string() + " --structure");
+  REQUIRE(text.code == 0);
+  CHECK(text.out.find("context parallelism") != std::string::npos);
+  CHECK(run("inspect " + one.string() + " --structure").out.find("context parallelism") == std::string::npos);
+  const result js = run("inspect " + two.string() + " --structure --json");
+  REQUIRE(js.code == 0);
+  simdjson::dom::parser p0;
+  simdjson::dom::element st = p0.parse(js.out);
+  simdjson::dom::element cp;
+  REQUIRE(st["cp"].get(cp) == simdjson::SUCCESS);
+  CHECK(int64_t(cp["size"]["value"]) == 2);
+  CHECK(std::string_view(cp["comm"]["value"]) == "p2p");
+  auto direct = [&](const std::filesystem::path& d) {
+    simdjson::dom::parser p;
+    const result r = run("replay " + d.string() + " --json");
+    REQUIRE(r.code == 0);
+    return double(int64_t(p.parse(r.out)["job"]["simulated_ns"]));
+  };
+  auto predicted = [&](const std::filesystem::path& d, const std::string& flags) {
+    simdjson::dom::parser p;
+    const result r = run("whatif " + d.string() + " " + flags + " --json");
+    REQUIRE(r.code == 0);
+    return double(int64_t(p.parse(r.out)["predicted"]["iteration_ns"]));
+  };
+  const double t1 = direct(one), t2 = direct(two);
+  CHECK(std::abs(predicted(one, "--cp 2") - t2) <= 0.03 * t2);
+  CHECK(std::abs(predicted(two, "--cp 1") - t1) <= 0.03 * t1);
+  // The target's CP in the shape summary, its memory with half the activations per GPU, and the
+  // change record.
+  const result js2 = run("whatif " + one.string() + " --cp 2 --json");
+  REQUIRE(js2.code == 0);
+  simdjson::dom::parser p3;
+  simdjson::dom::element w = p3.parse(js2.out);
+  CHECK(int64_t(w["shape"]["baseline"]["cp"]) == 1);
+  CHECK(int64_t(w["shape"]["predicted"]["cp"]) == 2);
+  CHECK(double(w["shape"]["predicted"]["memory_bytes_per_gpu"]) < double(w["shape"]["baseline"]["memory_bytes_per_gpu"]));
+  bool recorded = false;
+  for (const auto c : simdjson::dom::array(w["changes"])) recorded = recorded || std::string_view(c).find("CP 1 -> 2") != std::string_view::npos;
+  CHECK(recorded);
+  const result odd = run("whatif " + two.string() + " --cp 3");
+  CHECK(odd.code == 2);
+  CHECK(odd.err.find("2 * cp") != std::string::npos);
+  CHECK(run("whatif " + two.string() + " --cp 4 --dp 2").code == 2);
+  CHECK(run("whatif " + two.string() + " --cp 2 --cp-comm allgather").code == 2);
+}
+
 TEST_CASE("whatif --tp from 1: the inserted all-reduces are written by --trace-out and replay to the prediction",
           "[cli][whatif][tp]") {
   lumos_test::temp_dir dir;

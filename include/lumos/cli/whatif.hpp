@@ -48,9 +48,9 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
     if (n > trace::max_world_size) throw usage_error(std::string(flag) + " is too large: " + *v);
     return n;
   };
-  // Context parallelism is modelled (predict, synth, sweep --cp) but not yet rewritten from traces.
-  if (a.option("--cp") || a.option("--cp-comm")) {
-    throw usage_error("--cp from traces is not supported yet (lumos predict, synth and sweep take --cp)");
+  o.shape.cp = positive("--cp");
+  if (const auto comm = a.option("--cp-comm"); comm && *comm != "p2p") {
+    throw usage_error("whatif --cp-comm: from traces only p2p (ring attention) is rewritten (got '" + *comm + "')");
   }
   o.dp = positive("--dp");
   o.pp = positive("--pp");
@@ -91,6 +91,11 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
         throw usage_error(std::string(flag) + " " + *v + " is more than the supported " + std::to_string(model::transformer::max_size));
       }
     }
+  }
+  // The gradient group is DP x CP and the pipeline passes carry the exchanges: rewritten together
+  // they are not modelled yet.
+  if (o.shape.cp && (o.dp || o.global_batch || o.pp || o.vp || o.schedule)) {
+    throw usage_error("whatif --cp: --dp, --global-batch, --pp, --vp and --schedule with --cp are not supported yet");
   }
   if (const auto tp = a.option("--tp")) {
     o.shape.tp = parse_number<int>(*tp, "--tp");

@@ -62,8 +62,10 @@ struct shape_target {
   std::optional<int> tp;
   /// Sequence parallelism of the target, for a change from TP 1 (a TP > 1 trace keeps its own).
   std::optional<bool> sp;
+  /// Context-parallel size of the target (whatif/context_parallel.hpp).
+  std::optional<int> cp;
 
-  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp || sp; }
+  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp || sp || cp; }
 };
 
 /// One configuration's transformer shape (full model) and tensor-parallel size.
@@ -73,8 +75,14 @@ struct shape_config {
   /// Sequence parallelism asked of a target from TP 1. Not read from traces: a TP > 1 trace's own
   /// (a reduce-scatter in its forward passes) is found and kept by `rescale_shape`.
   bool sp = false;
+  /// Context-parallel size: each rank holds seq / cp tokens of every sequence (and 1/cp of its
+  /// causal attention, causal load balancing), the keys and values of the rest exchanged over
+  /// the CP group (whatif/context_parallel.hpp).
+  int cp = 1;
 
-  [[nodiscard]] std::int64_t tokens() const noexcept { return seq * micro_batch; }
+  /// Tokens of each sequence one rank holds: seq / cp.
+  [[nodiscard]] std::int64_t local_seq() const noexcept { return cp > 1 ? seq / cp : seq; }
+  [[nodiscard]] std::int64_t tokens() const noexcept { return local_seq() * micro_batch; }
   [[nodiscard]] std::int64_t ffn_local() const noexcept { return ffn / tp; }
   [[nodiscard]] std::int64_t heads_local() const noexcept { return heads / tp; }
   [[nodiscard]] std::int64_t q_local() const noexcept { return heads_local() * head_dim; }
@@ -99,6 +107,12 @@ struct shape_config {
   c.seq = need(m.seq, "sequence length");
   c.micro_batch = need(m.micro_batch_size, "micro-batch size");
   c.tp = static_cast<int>(need(st.parallel.tp, "tensor-parallel size"));
+  // Under context parallelism the layers' GEMMs and attention hold a rank's seq / cp tokens:
+  // the sequence is the whole one.
+  if (st.cp.found() && *st.cp.size.value > 1) {
+    c.cp = *st.cp.size.value;
+    c.seq *= c.cp;
+  }
   return c;
 }
 
@@ -124,6 +138,14 @@ struct shape_config {
   if (t.seq) to.seq = *t.seq;
   if (t.micro_batch) to.micro_batch = *t.micro_batch;
   if (t.tp) to.tp = *t.tp;
+  if (t.cp) {
+    if (*t.cp <= 0) throw error("whatif --cp: must be positive (got " + std::to_string(*t.cp) + ")");
+    to.cp = *t.cp;
+  }
+  if (to.cp > 1 && to.seq % (2 * std::int64_t{to.cp}) != 0) {
+    throw error("whatif --cp " + std::to_string(to.cp) + ": the sequence (" + std::to_string(to.seq) + ") must be divisible by 2 * cp (" +
+                std::to_string(2 * std::int64_t{to.cp}) + "): causal load balancing splits each sequence into 2 * cp chunks");
+  }
   if (t.sp) {
     if (from.tp > 1) {
       throw error("whatif --sp: applies to a change from TP 1; the traces run TP " + std::to_string(from.tp) +

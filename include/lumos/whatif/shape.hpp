@@ -69,8 +69,10 @@ namespace detail {
   return std::max({cmp, mem, p.min_kernel_ns});
 }
 
-[[nodiscard]] inline double attention_model_ns(const shape_costs& c, double b, double heads, double s, double d) {
-  const double flops = 4.0 * b * s * s * heads * d * 0.5; // causal: half the dense FLOPs
+/// FlashAttention of `s` queries per sequence against `s * cp` keys (context parallelism: a
+/// rank's 1/cp of the causal attention, with causal load balancing).
+[[nodiscard]] inline double attention_model_ns(const shape_costs& c, double b, double heads, double s, double d, double cp = 1) {
+  const double flops = 4.0 * b * s * s * cp * heads * d * 0.5; // causal: half the dense FLOPs
   return std::max(flops / (c.hw.peak_flops(c.dtype) * c.profile.flash_forward * c.profile.at_scale) * 1e9, c.profile.min_kernel_ns);
 }
 
@@ -130,16 +132,19 @@ struct shape_stats {
   r.from = r.to = g;
   using role = detail::gemm_shape::role;
   if (g.kind == role::attention) {
-    if (g.heads != a.heads_local() || g.seq != a.seq || g.head_dim != a.head_dim || g.b != a.micro_batch)
+    if (g.heads != a.heads_local() || g.seq != a.local_seq() || g.head_dim != a.head_dim || g.b != a.micro_batch)
       return std::nullopt;
-    r.to.b = b.micro_batch, r.to.heads = b.heads_local(), r.to.seq = b.seq, r.to.head_dim = b.head_dim;
+    r.to.b = b.micro_batch, r.to.heads = b.heads_local(), r.to.seq = b.local_seq(), r.to.head_dim = b.head_dim;
     return r;
   }
   if (g.kind == role::batched) {
     if (g.batch != a.micro_batch * a.heads_local()) return std::nullopt;
     r.to.batch = b.micro_batch * b.heads_local();
+    // Under context parallelism the rank's queries (seq / cp) against every key (seq).
     for (std::int64_t* d : {&r.to.m, &r.to.n, &r.to.k}) {
-      if (*d == a.seq) {
+      if (*d == a.local_seq()) {
+        *d = b.local_seq();
+      } else if (*d == a.seq) {
         *d = b.seq;
       } else if (*d == a.head_dim) {
         *d = b.head_dim;
@@ -346,6 +351,7 @@ class shape_rescaler {
     param_ratio_ = parameter_ratios(job, st, from, to, gated, layers_to, pp_to);
     if (!param_ratio_.empty()) out_.parameter_ratio = param_ratio_.front();
     gradient_group_ = gradient_groups(st);
+    cp_groups_.insert(st.cp.groups.begin(), st.cp.groups.end());
     instance_ = collectives_by_complete(g_);
     buckets_in_layers_ = buckets_in_layers(job, st, gradient_group_);
     embedding_ratio_ = static_cast<double>(from.tp) / static_cast<double>(to.tp) * static_cast<double>(to.hidden) /
@@ -459,6 +465,8 @@ class shape_rescaler {
   void communication(const gpu_op_context& c, graph::task_id t, bool in_pass) {
     const double d = static_cast<double>(g_.duration[t]);
     const trace::rank_trace& tr = job_.ranks[c.rank];
+    // Context parallelism's key/value exchange follows the CP change (context_parallel.hpp).
+    if (!cp_groups_.empty() && cp_groups_.count(std::string(tr.arg_text(c.op, trace::arg_key::process_group_name)))) return;
     const auto inst = instance_.find(t);
     const bool embedding = !c.p2p && inst != instance_.end() && tied_embedding_(g_, *inst->second);
     // Point-to-point transfers carry a pass's activation or its gradient but are launched
@@ -554,8 +562,8 @@ class shape_rescaler {
     auto dd = [](std::int64_t v) { return static_cast<double>(v); };
     if (x.kind == gemm_shape::role::attention) {
       ++out_.attention;
-      return {attention_model_ns(costs_, dd(y.b), dd(y.heads), dd(y.seq), dd(y.head_dim)) /
-                  attention_model_ns(costs_, dd(x.b), dd(x.heads), dd(x.seq), dd(x.head_dim)),
+      return {attention_model_ns(costs_, dd(y.b), dd(y.heads), dd(y.seq), dd(y.head_dim), to_.cp) /
+                  attention_model_ns(costs_, dd(x.b), dd(x.heads), dd(x.seq), dd(x.head_dim), from_.cp),
               static_cast<double>(x.b * x.heads * x.seq * x.head_dim), static_cast<double>(y.b * y.heads * y.seq * y.head_dim)};
     }
     ++out_.gemm;
@@ -713,6 +721,7 @@ class shape_rescaler {
   double min_ns_ = 0, act_from_ = 0, act_to_ = 0;  ///< tokens x hidden, traced and new
   std::vector<double> param_ratio_;                ///< per rank: `parameter_ratios`
   std::map<std::string, bool> gradient_group_;     ///< `gradient_groups`
+  std::set<std::string> cp_groups_;               ///< the CP groups: their exchanges are the CP pass's
   std::map<graph::task_id, const graph::collective_instance*> instance_;
   std::vector<std::uint8_t> buckets_in_layers_;
   double embedding_ratio_ = 1.0;                   ///< the tied embedding's gradients: V/TP x hidden, new over traced
@@ -780,6 +789,7 @@ inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st,
   field("sequence", a.seq, b.seq);
   field("micro-batch", a.micro_batch, b.micro_batch);
   field("TP", a.tp, b.tp);
+  field("CP", a.cp, b.cp);
   if (what.empty()) what = "the traces' own shape";
   if (s.sequence_parallel) what += " (sequence parallel: activations between the GEMMs are 1/TP of the tokens)";
   char line[768];
@@ -811,6 +821,7 @@ inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st,
   field("sequence", a.seq, b.seq);
   field("micro-batch", a.micro_batch, b.micro_batch);
   field("TP", a.tp, b.tp);
+  field("CP", a.cp, b.cp);
   return changed("shape", "shape", from, to, describe(a, b, s),
                  {time_figure("GPU op time", s.before, s.after), count_figure("GEMM ops rescaled", s.gemm),
                   count_figure("attention ops rescaled", s.attention), count_figure("memory-bound ops rescaled", s.memory),

@@ -7,6 +7,7 @@
 #include <lumos/graph/build_options.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/structure/classify.hpp>
+#include <lumos/whatif/structure/context_parallel.hpp>
 #include <lumos/whatif/structure/gradients.hpp>
 #include <lumos/whatif/structure/groups.hpp>
 #include <lumos/whatif/structure/inputs.hpp>
@@ -48,6 +49,7 @@ namespace lumos::whatif {
   discover_layout(in, out);
   discover_schedule(in, out);
   discover_groups(in, out);
+  discover_context_parallel(in, out);
   discover_parallel_degrees(in, out);
   discover_gradients(in, out);
   discover_model_shape(in, out);

@@ -42,7 +42,7 @@ struct shape_figures {
                                               std::int64_t passes, bool backward, double in_flight,
                                               bool distributed_optimizer = false, const memory_recipe_facts* recipe = nullptr) {
   shape_figures f;
-  f.world = static_cast<std::int64_t>(c.tp) * pp * dp;
+  f.world = static_cast<std::int64_t>(c.tp) * pp * dp * c.cp;
   m.name = "whatif";
   const std::int64_t vocab = m.vocab;
   f.vocab_known = vocab > 0;
@@ -51,6 +51,7 @@ struct shape_figures {
   m.vocab = vocab > 0 ? (vocab + c.tp - 1) / c.tp * c.tp : c.tp;
   model::parallel_config par;
   par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
+  par.cp = c.cp;  // activations of seq / cp tokens, and the ring's K/V buffers (model/memory.hpp)
   par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
   par.zero_stage = distributed_optimizer ? 1 : 0;  // the optimizer's states sharded over DP
   if (recipe && recipe->recipe && backward && c.tp == 1 && pp == 1 && dp == 1 && m.vocab > 1 && m.hidden % m.heads == 0) {
@@ -68,7 +69,8 @@ struct shape_figures {
     }
   }
   // flops.hpp's count (GQA's narrower K and V, a gated MLP's third GEMM) for the rank's share.
-  const double layer_flops = model::layer_forward_flops_per_sequence(m) * static_cast<double>(c.micro_batch) / static_cast<double>(c.tp);
+  const double layer_flops =
+      model::layer_forward_flops_per_sequence(m) * static_cast<double>(c.micro_batch) / static_cast<double>(c.tp) / static_cast<double>(c.cp);
   const double per_pass =
       static_cast<double>(m.layers / pp) * layer_flops +
       (vocab > 0 ? 2.0 * static_cast<double>(c.tokens()) * static_cast<double>(c.hidden) * static_cast<double>(vocab) /
@@ -130,7 +132,11 @@ struct parallel_target {
   shape_summary s;
   s.from = from, s.to = to;
   const int pp = st.parallel.pp.value.value_or(1);
-  const int dp = st.parallel.dp.value.value_or(1);
+  int dp = st.parallel.dp.value.value_or(1);
+  // Under context parallelism the gradient (DP) group holds DP x CP ranks, and a world with no
+  // gradient group is TP x PP x DP x CP: the replicas are that / CP.
+  const int world = st.parallel.world.value.value_or(0);
+  if (from.cp > 1 && dp % from.cp == 0 && static_cast<std::int64_t>(from.tp) * pp * dp == world) dp /= from.cp;
   std::int64_t passes = 0;
   bool backward = false;
   if (!st.ranks.empty()) {

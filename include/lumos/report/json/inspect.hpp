@@ -185,6 +185,19 @@ inline void int_list_json(json_writer& w, std::string_view name, const std::vect
   w.end_array();
 }
 
+/// `"cp"` (only when a group has the CP role): size, ring exchanges per layer, comm, each a fact
+/// with its source, and the CP groups' names.
+inline void structure_cp_json(json_writer& w, const whatif::job_structure& st) {
+  if (!st.cp.found()) return;
+  w.key("cp").begin_object();
+  structure_fact_json(w, "size", st.cp.size);
+  structure_fact_json(w, "exchanges_per_layer", st.cp.exchanges_per_layer);
+  structure_fact_json(w, "comm", st.cp.comm);
+  w.key("groups").begin_array();
+  for (const auto& g : st.cp.groups) w.value(g);
+  w.end_array().end_object();
+}
+
 /// `"moe"` (only when a router was found) and `"all_to_alls"` (only when the iteration has any):
 /// absent from the structure of a dense model without all-to-alls.
 inline void structure_moe_json(json_writer& w, const whatif::job_structure& st) {
@@ -227,6 +240,7 @@ inline void structure_json(json_writer& w, const whatif::job_structure& st, laye
   detail::structure_parallel_json(w, st);
   detail::structure_groups_json(w, st);
   detail::structure_moe_json(w, st);
+  detail::structure_cp_json(w, st);
   detail::structure_ranks_json(w, st);
   w.field("layer_task_groups", st.layer_groups.size());
   if (groups == layer_groups::listed) {

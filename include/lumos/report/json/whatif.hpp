@@ -120,10 +120,14 @@ inline void host_json(json_writer& w, const whatif::whatif_result& r) {
 
 namespace detail {
 
-inline void shape_config_json(json_writer& w, const char* key, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
+/// `with_cp`: the context-parallel size too (only where the traces or the target have CP).
+inline void shape_config_json(json_writer& w, const char* key, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu,
+                              bool with_cp) {
   w.key(key).begin_object();
   w.field("hidden", c.hidden).field("ffn", c.ffn).field("heads", c.heads).field("head_dim", c.head_dim).field("seq", c.seq);
-  w.field("micro_batch_size", c.micro_batch).field("tp", c.tp).field("world", f.world);
+  w.field("micro_batch_size", c.micro_batch).field("tp", c.tp);
+  if (with_cp) w.field("cp", c.cp);
+  w.field("world", f.world);
   w.field("memory_bytes_per_gpu", f.memory_bytes_per_gpu).field("model_flops_per_rank", f.model_flops_per_rank).field("mfu", mfu);
   w.field("vocab_known", f.vocab_known).end_object();
 }
@@ -140,11 +144,12 @@ inline void pipeline_simulation_json(json_writer& w, const whatif::pipeline_simu
 }  // namespace detail
 
 /// The model shape of the traces and of the target, with memory per GPU, FLOPs and MFU, under
-/// `shape`.
+/// `shape` (with `cp` where either has context parallelism).
 inline void whatif_shape_json(json_writer& w, const whatif::shape_summary& s) {
   w.key("shape").begin_object();
-  detail::shape_config_json(w, "baseline", s.from, s.baseline, s.mfu_baseline);
-  detail::shape_config_json(w, "predicted", s.to, s.predicted, s.mfu_predicted);
+  const bool cp = s.from.cp > 1 || s.to.cp > 1;
+  detail::shape_config_json(w, "baseline", s.from, s.baseline, s.mfu_baseline, cp);
+  detail::shape_config_json(w, "predicted", s.to, s.predicted, s.mfu_predicted, cp);
   w.end_object();
 }
 

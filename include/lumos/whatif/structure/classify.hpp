@@ -84,10 +84,18 @@ class comm_args_source {
 };
 
 /// Whether a Process Group Description names a context-parallel group (Megatron's
-/// CONTEXT_PARALLEL_GROUP, TENSOR_AND_CONTEXT_PARALLEL_GROUP): its send/recv are ring
-/// attention's key/value exchange, not pipeline transfers.
+/// CONTEXT_PARALLEL_GROUP, TENSOR_AND_CONTEXT_PARALLEL_GROUP; torchtitan's and Transformer
+/// Engine's `cp` as a word): its send/recv are ring attention's key/value exchange, not pipeline
+/// transfers.
 [[nodiscard]] inline bool context_parallel_description(std::string_view description) {
-  return lower(description).find("context_parallel") != std::string::npos;
+  const std::string d = lower(description);
+  if (d.find("context_parallel") != std::string::npos) return true;
+  for (std::size_t at = d.find("cp"); at != std::string::npos; at = d.find("cp", at + 1)) {
+    const bool left = at == 0 || !std::isalnum(static_cast<unsigned char>(d[at - 1]));
+    const bool right = at + 2 >= d.size() || !std::isalnum(static_cast<unsigned char>(d[at + 2]));
+    if (left && right) return true;
+  }
+  return false;
 }
 
 /// Collective kind of a communication op from its `Collective name` arg or its kernel name.

@@ -34,7 +34,20 @@ struct group_acc {
   std::int64_t grad_elements = 0;
   bool grad_size_unknown = false;
   std::string bad_size;  ///< a Group size arg out of range, noted once
+  /// Send/recv launched in the layers, and of those the ones launched inside an attention
+  /// operator (ring attention's key/value exchange: Transformer Engine's CP attention).
+  std::size_t layer_sendrecv = 0, attention_sendrecv = 0;
 };
+
+/// Whether launch `l` of `t` runs inside an attention operator of a layer: its innermost GEMM or
+/// attention operator, or its outermost CPU operator, is named as attention.
+[[nodiscard]] inline bool launched_in_attention(const trace::rank_trace& t, const launch_rec& l) {
+  if (l.layer < 0) return false;
+  for (const std::uint32_t op : {l.shape_op, l.cpu_op}) {
+    if (op != no_event && op < t.events.size() && is_attention_kernel(t.name(t.events[op]))) return true;
+  }
+  return false;
+}
 
 /// Adds launch `l` (a collective; point-to-point pairs are reported as one PP group per
 /// pipeline instead) of rank `ri` to its group in `groups`
@@ -49,7 +62,10 @@ inline void add_collective(const discovery_inputs& in, std::size_t ri, const com
   std::vector<int> ranks = graph::detail::parse_rank_list(t.arg_text(src, trace::arg_key::process_group_ranks));
   std::string name(t.arg_text(src, trace::arg_key::process_group_name));
   std::vector<int> seen_ranks = l.instance >= 0 ? in.participants(l.instance) : std::vector<int>{};
-  if (kind == "sendrecv" && (seen_ranks.size() > 2 || ranks.size() > 2) && !l.p2p) kind = "alltoall";
+  // Ring attention's send/recv (context parallelism) are no all-to-all, whatever their group size.
+  const bool ring = kind == "sendrecv" && (context_parallel_description(t.arg_text(src, trace::arg_key::process_group_desc)) ||
+                                           launched_in_attention(t, l));
+  if (kind == "sendrecv" && (seen_ranks.size() > 2 || ranks.size() > 2) && !l.p2p && !ring) kind = "alltoall";
   std::string key;
   if (!name.empty()) {
     key = "name " + name;
@@ -82,6 +98,10 @@ inline void add_collective(const discovery_inputs& in, std::size_t ri, const com
   const std::string kp = kind + " in " + std::string(to_string(l.phase));
   ++acc.counts[kp][t.rank];
   acc.kinds_phase.insert(kp);
+  if (kind == "sendrecv" && l.layer >= 0) {
+    ++acc.layer_sendrecv;
+    if (launched_in_attention(t, l)) ++acc.attention_sendrecv;
+  }
   if ((kind == "allreduce" || kind == "reducescatter" || kind == "allgather") &&
       (l.phase == phase_kind::backward || l.phase == phase_kind::optimizer)) {
     std::int64_t el = 0;
@@ -127,6 +147,7 @@ inline void settle_group(const std::string& key, group_acc& acc, int world) {
   if (has_word(d, "dp") || has_word(d, "data")) pg.roles.push_back({group_role::dp, desc_src, ""});
   if (has_word(d, "pp") || has_word(d, "pipeline")) pg.roles.push_back({group_role::pp, desc_src, ""});
   if (has_word(d, "ep") || has_word(d, "expert") || has_word(d, "moe")) pg.roles.push_back({group_role::ep, desc_src, ""});
+  if (context_parallel_description(d)) pg.roles.push_back({group_role::cp, desc_src, ""});
   auto add_role = [&](group_role r, std::string why) {
     for (const auto& x : pg.roles) {
       if (x.value == r) return;
@@ -153,6 +174,10 @@ inline void settle_group(const std::string& key, group_acc& acc, int world) {
     if ((has(k, phase_kind::backward) || has(k, phase_kind::optimizer)) && gradient_sized) {
       add_role(group_role::dp, std::string(k) + " in the backward/optimizer phase (gradients)");
     }
+  }
+  // Send/recv that run inside the layers' attention are ring attention's key/value exchange.
+  if (acc.attention_sendrecv > 0 && acc.attention_sendrecv == acc.layer_sendrecv) {
+    add_role(group_role::cp, "send/recv launched inside the layers' attention (ring attention's key/value exchange)");
   }
   for (const phase_kind ph : {phase_kind::forward, phase_kind::backward, phase_kind::other, phase_kind::optimizer}) {
     if (has("alltoall", ph)) add_role(group_role::ep, "all-to-all (experts in MoE; embedding shards in recommender models)");

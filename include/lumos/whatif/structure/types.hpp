@@ -46,7 +46,7 @@ enum class phase_kind : std::uint8_t { forward, backward, optimizer, other };
 }
 
 /// What a process group is used for.
-enum class group_role : std::uint8_t { world, tp, dp, pp, ep };
+enum class group_role : std::uint8_t { world, tp, dp, pp, ep, cp };
 
 [[nodiscard]] constexpr std::string_view to_string(group_role r) noexcept {
   switch (r) {
@@ -55,6 +55,7 @@ enum class group_role : std::uint8_t { world, tp, dp, pp, ep };
     case group_role::dp: return "DP";
     case group_role::pp: return "PP";
     case group_role::ep: return "EP";
+    case group_role::cp: return "CP";
   }
   return "?";
 }
@@ -199,6 +200,18 @@ struct moe_structure {
   [[nodiscard]] bool found() const noexcept { return layers.known(); }
 };
 
+/// The context parallelism of the job (whatif/structure/context_parallel.hpp): the group whose
+/// description names it, or whose send/recv run inside the layers' attention. Every fact unknown
+/// when no such group is found.
+struct cp_structure {
+  fact<int> size;                 ///< ranks that share each sequence
+  fact<int> exchanges_per_layer;  ///< key/value exchange kernels per layer of a forward pass, on one rank
+  fact<std::string> comm;         ///< "p2p" (ring send/recv) or "allgather"
+  std::vector<std::string> groups;  ///< names of the CP groups
+
+  [[nodiscard]] bool found() const noexcept { return size.known(); }
+};
+
 /// What `discover_structure` found.
 struct job_structure {
   parallel_layout parallel;
@@ -210,6 +223,7 @@ struct job_structure {
   std::vector<layer_task_group> layer_groups;
   std::vector<gpu_op_context> gpu_ops;  ///< every GPU op launched in the iteration, per rank in launch order
   moe_structure moe;
+  cp_structure cp;
   std::vector<all_to_all_info> all_to_alls;  ///< every all-to-all of the iteration (expert dispatch, embedding shards)
   fact<std::string> layers_method;  ///< "module annotations" / "kernel periodicity"
   std::vector<std::string> notes;   ///< ambiguities, conflicts, overrides

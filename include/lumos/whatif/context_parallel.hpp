@@ -1,0 +1,315 @@
+#pragma once
+// The context-parallel what-if (`lumos whatif --cp N`, with or without `--seq`). Context
+// parallelism is a per-rank sequence change plus an attention fraction, which the shape pass makes
+// (shape.hpp with `shape_config::cp`): a rank holds seq / cp tokens of every sequence, its
+// per-token kernels follow them and its attention is 1/cp of the causal attention of the whole
+// sequence (causal load balancing), through the kernel-level model. This pass, after it, does
+// what only context parallelism has:
+//  - the key/value exchange of each layer's attention (ring attention, Transformer Engine's p2p:
+//    cp - 1 send/recv steps of the rank's K/V chunk, 2·b·s/cp·kv heads/TP·head dim·2 bytes in
+//    forward and twice that in backward, priced by the NCCL model's p2p time as
+//    `model::context_parallel_exchange` prices them): traced exchanges re-timed by the model's
+//    ratio (their kernel count kept), removed to CP 1 (their transfers made empty, their launches
+//    kept), inserted from CP 1 as the synthetic builder places them — launched right before the
+//    attention kernel, on a context-parallel stream of the rank's own, after the GPU op before the
+//    attention, and the op after the attention waits for it;
+//  - the gradient reduction over DP × CP: each gradient collective re-timed by the NCCL model
+//    from the traced group's size to size / traced CP × target CP (the data-parallel size stays
+//    the traces'), and a distributed optimizer's step over 1/(DP × CP) of the parameters.
+
+#include <lumos/core/error.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/whatif/change.hpp>
+#include <lumos/whatif/configuration.hpp>
+#include <lumos/whatif/context.hpp>
+#include <lumos/whatif/detail/shape_groups.hpp>
+#include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/precision.hpp>
+#include <lumos/whatif/shape.hpp>
+#include <lumos/whatif/structure/classify.hpp>
+#include <lumos/whatif/tensor_parallel.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lumos::whatif {
+
+/// What a context-parallel change did.
+struct cp_stats {
+  std::size_t retimed = 0, removed = 0, inserted = 0;  ///< exchange kernels
+  std::size_t gradient = 0;                            ///< gradient collectives re-timed
+  time_ns exchange_before = 0, exchange_after = 0;     ///< exchange transfer time
+  time_ns gradient_before = 0, gradient_after = 0;
+  std::int64_t chunk_from = 0, chunk_to = 0;           ///< K/V bytes of a rank's chunk
+  int gradient_from = 0, gradient_to = 0;              ///< gradient group size
+};
+
+/// Bytes of a rank's key/value chunk in shape `c` (`model::context_parallel_kv_bytes`): 2 (K, V)
+/// x b x seq/cp x kv heads/TP x head dim x 2 bytes. `kv_heads` of the whole model.
+[[nodiscard]] inline std::int64_t cp_chunk_bytes(const shape_config& c, std::int64_t kv_heads) {
+  return 2 * c.micro_batch * c.local_seq() * (kv_heads / std::max(c.tp, 1)) * c.head_dim * 2;
+}
+
+/// One layer's exchange in forward (or backward: K, V and their gradients, twice the bytes) with
+/// `cp` ranks and chunk `chunk`: cp - 1 steps of the NCCL model's p2p time on `link` (0 at CP 1).
+[[nodiscard]] inline double cp_exchange_ns(int cp, std::int64_t chunk, bool backward, const model::nccl_link& link) {
+  if (cp <= 1) return 0.0;
+  const double bytes = static_cast<double>(chunk) * (backward ? 2.0 : 1.0);
+  return static_cast<double>(cp - 1) * (link.simple_base_ns + bytes / link.busbw * 1e9);
+}
+
+namespace detail {
+
+/// The attention kernels of the layers where an exchange goes from CP 1: the first GPU op of
+/// each attention operator in a forward or backward pass, with its phase.
+[[nodiscard]] inline std::vector<std::pair<graph::task_id, bool>> attention_sites(const trace::job& job, const graph::built_job& b,
+                                                                                  const job_structure& st) {
+  std::vector<std::pair<graph::task_id, bool>> out;
+  std::uint32_t last = no_event;
+  std::size_t last_rank = ~std::size_t{0};
+  for (const gpu_op_context& c : st.gpu_ops) {
+    if (c.comm || c.layer < 0 || c.shape_op == no_event || (c.phase != phase_kind::forward && c.phase != phase_kind::backward)) continue;
+    const trace::rank_trace& tr = job.ranks[c.rank];
+    const auto gs = gemm_of(tr.name(tr.events[c.shape_op]), parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)));
+    if (!gs || gs->kind != gemm_shape::role::attention) continue;
+    if (c.shape_op == last && c.rank == last_rank) continue;
+    last = c.shape_op, last_rank = c.rank;
+    const auto& map = b.ranks[c.rank].task_of_event;
+    if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
+    out.emplace_back(map[c.op], c.phase == phase_kind::backward);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// From CP 1: an exchange inserted beside each of `sites` (attention kernel, backward) of `b` on a
+/// context-parallel stream per rank (see the header comment), its transfer `fwd` or `bwd` ns,
+/// launched with the profile's host time, a folded group per rank (`cp.folded.R`: the CP peers
+/// run the same, so the transfer is its time). Returns the kernels inserted and their transfer time.
+inline std::pair<std::size_t, time_ns> insert_cp_exchanges(graph::built_job& b, const std::vector<std::pair<graph::task_id, bool>>& sites, time_ns fwd,
+                                       time_ns bwd, const model::cost_profile& profile) {
+  graph::task_graph& g = b.graph;
+  constexpr std::uint32_t none = ~std::uint32_t{0};
+  std::vector<std::uint32_t> launch_of(g.task_count(), none);
+  for (std::uint32_t i = 0; i < g.edges.size(); ++i) {
+    if (g.edges[i].kind == graph::edge_kind::launch) launch_of[g.edges[i].to] = i;
+  }
+  const std::vector<graph::task_id> prev = detail::previous_on_processor(g);
+  std::vector<graph::task_id> next(g.task_count(), graph::no_task);
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (prev[t] != graph::no_task) next[prev[t]] = t;
+  }
+  const time_ns launch = static_cast<time_ns>(std::llround(profile.cpu_launch_ns));
+  const time_ns host = std::max<time_ns>(0, static_cast<time_ns>(std::llround(profile.cpu_collective_ns)) - launch);
+  struct site {
+    graph::task_id attention, before, after;
+    std::uint32_t launch_edge;
+    bool backward;
+  };
+  std::vector<insertion> ins;
+  std::vector<site> placed;
+  for (const auto& [t, backward] : sites) {
+    if (prev[t] == graph::no_task || next[t] == graph::no_task) continue;
+    const std::uint32_t l = launch_of[t];
+    const graph::task_id call = l != none ? g.edges[l].from : graph::no_task;
+    if (call == graph::no_task || prev[call] == graph::no_task) continue;
+    const time_ns at = g.observed_start[t];
+    ins.push_back({.after = prev[call],
+                   .spec = {.kind = graph::task_kind::cpu, .duration = launch, .busy_gap = host, .rank = g.rank[t],
+                            .observed_start = g.observed_start[call], .observed_end = g.observed_start[call]},
+                   .name = "cudaLaunchKernel"});
+    for (const graph::task_kind k : {graph::task_kind::comm_arrive, graph::task_kind::comm_complete}) {
+      ins.push_back({.after = prev[t],
+                     .spec = {.kind = k, .duration = k == graph::task_kind::comm_complete ? (backward ? bwd : fwd) : 0, .rank = g.rank[t],
+                              .observed_start = at, .observed_end = at},
+                     .name = "ncclDevKernel_SendRecv"});
+    }
+    placed.push_back({t, prev[t], next[t], l, backward});
+  }
+  edited_graph e = insert_after(g, ins);
+  std::map<int, graph::processor_id> stream;  // per rank: its context-parallel stream
+  std::map<int, std::int64_t> sequence;
+  time_ns transfer = 0;
+  for (std::size_t i = 0; i < placed.size(); ++i) {
+    const site& s = placed[i];
+    transfer += s.backward ? bwd : fwd;
+    const graph::task_id call = e.inserted[3 * i], arrive = e.inserted[3 * i + 1], complete = e.inserted[3 * i + 2];
+    const int rank = e.graph.rank[arrive];
+    auto [it, fresh] = stream.try_emplace(rank, graph::processor_id{});
+    if (fresh) {
+      const graph::processor_info& p = e.graph.processors[e.graph.processor[arrive]];
+      it->second = e.graph.add_processor({.kind = graph::processor_kind::gpu_stream, .rank = rank, .owner = p.owner, .index = -15,
+                                          .name = "rank " + std::to_string(rank) + " context-parallel stream"});
+    }
+    e.graph.processor[arrive] = e.graph.processor[complete] = it->second;
+    const graph::edge& le = g.edges[s.launch_edge];
+    e.graph.add_edge(call, arrive, le.delay, graph::edge_kind::launch, le.flags());
+    e.graph.add_edge(arrive, complete, 0, graph::edge_kind::dependency);
+    e.graph.add_edge(e.first(s.before), arrive, 0, graph::edge_kind::cross_stream);
+    e.graph.add_edge(complete, e.first(s.after), 0, graph::edge_kind::cross_stream);
+    graph::collective_instance ci;
+    ci.kind = "sendrecv";
+    ci.group = "cp.folded." + std::to_string(rank);
+    ci.bytes = 0;
+    ci.sequence = sequence[rank]++;
+    ci.arrive = {arrive};
+    ci.complete = {complete};
+    ci.match = "inserted by a CP change from 1 (the CP group folded onto its traced rank)";
+    e.graph.collectives.push_back(std::move(ci));
+  }
+  (void)adopt(b, std::move(e));
+  return {placed.size(), transfer};
+}
+
+/// Pass: a context-parallel change (`--cp`), or a shape change of traces with context parallelism
+/// (their exchanges follow the chunk): see the header comment. Runs after the shape pass, which
+/// rescales the kernels, and before the layers and micro-batches are copied.
+struct context_parallel_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept {
+    return ctx.shape_from && ctx.shape_to && (ctx.shape_from->cp > 1 || ctx.shape_to->cp > 1) && *ctx.shape_from != *ctx.shape_to;
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const shape_config& from = *ctx.shape_from;
+    const shape_config& to = *ctx.shape_to;
+    const job_structure& st = ctx.structure(b);
+    const shape_costs costs = ctx.costs(b);
+    const std::int64_t kv_from = st.model.kv_heads.value.value_or(from.heads);
+    const std::int64_t kv_to = counted_transformer(to, st, 0, st.model.gated_mlp).kv_heads;
+    cp_stats s;
+    s.chunk_from = cp_chunk_bytes(from, kv_from), s.chunk_to = cp_chunk_bytes(to, kv_to);
+    // The CP group inside an NVLink domain when TP x CP fits in it (model::context_parallel_group).
+    auto link_of = [&](const shape_config& c) -> const model::nccl_link& {
+      return static_cast<std::int64_t>(c.tp) * c.cp > costs.hw.nvlink_domain_size() ? costs.profile.inter : costs.profile.intra;
+    };
+    const std::array<double, 2> old_ns{cp_exchange_ns(from.cp, s.chunk_from, false, link_of(from)),
+                                       cp_exchange_ns(from.cp, s.chunk_from, true, link_of(from))};
+    const std::array<double, 2> new_ns{cp_exchange_ns(to.cp, s.chunk_to, false, link_of(to)),
+                                       cp_exchange_ns(to.cp, s.chunk_to, true, link_of(to))};
+    retime(ctx, b, st, old_ns, new_ns, s);
+    if (from.cp != to.cp) gradients(ctx, b, st, from.cp, to.cp, from.tp, to.tp, costs, s);
+    if (from.cp == 1 && to.cp > 1) {
+      const auto fwd = static_cast<time_ns>(std::llround(new_ns[0])), bwd = static_cast<time_ns>(std::llround(new_ns[1]));
+      const auto [n, transfer] = insert_cp_exchanges(b, detail::attention_sites(ctx.job, b, st), fwd, bwd, costs.profile);
+      if (n == 0) {
+        throw error("whatif --cp " + std::to_string(to.cp) +
+                    ": no attention operator with recorded shapes (SDPA, flash-attn) in the traces' layers to place the ring exchanges beside");
+      }
+      s.inserted = n;
+      s.exchange_after += transfer;
+      ctx.refresh(b);
+    }
+    change_list out{record(from, to, s)};
+    if (from.cp != to.cp && to.cp > 1 && s.gradient == 0) {
+      out.push_back(note("context parallel", "gradients",
+                         "the traces reduce no gradients (one replica at CP 1): the gradient reduction over the " + std::to_string(to.cp) +
+                             " ranks of DP x CP is not inserted, and the prediction lacks it"));
+    }
+    return out;
+  }
+
+ private:
+  /// The traced exchanges re-timed by `new_ns / old_ns` of their phase (emptied at CP 1).
+  static void retime(const context& ctx, graph::built_job& b, const job_structure& st, const std::array<double, 2>& old_ns,
+                     const std::array<double, 2>& new_ns, cp_stats& s) {
+    if (st.cp.groups.empty()) return;
+    const std::set<std::string> groups(st.cp.groups.begin(), st.cp.groups.end());
+    graph::task_graph& g = b.graph;
+    for (const gpu_op_context& c : st.gpu_ops) {
+      if (!c.comm) continue;
+      const trace::rank_trace& tr = ctx.job.ranks[c.rank];
+      if (!groups.count(std::string(tr.arg_text(c.op, trace::arg_key::process_group_name)))) continue;
+      const auto& map = b.ranks[c.rank].task_of_event;
+      if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
+      const graph::task_id t = map[c.op];
+      if (g.kind[t] != graph::task_kind::gpu_comm && g.kind[t] != graph::task_kind::comm_complete) continue;
+      const std::size_t i = c.phase == phase_kind::backward ? 1 : 0;
+      s.exchange_before += g.duration[t];
+      g.duration[t] = old_ns[i] > 0 ? static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * new_ns[i] / old_ns[i])) : 0;
+      s.exchange_after += g.duration[t];
+      ++(new_ns[i] > 0 ? s.retimed : s.removed);
+    }
+  }
+
+  /// The gradient collectives over DP x CP: re-timed from the traced group's size to size /
+  /// `cp_from` x `cp_to` by the NCCL model (ranks at stride `tp`, `tp_to` in the target), and a
+  /// distributed optimizer's step sharded as they are.
+  static void gradients(const context& ctx, graph::built_job& b, const job_structure& st, int cp_from, int cp_to, int tp, int tp_to,
+                        const shape_costs& costs, cp_stats& s) {
+    const std::map<std::string, bool> grad = detail::gradient_groups(st);
+    const auto instance = detail::collectives_by_complete(b.graph);
+    graph::task_graph& g = b.graph;
+    for (const gpu_op_context& c : st.gpu_ops) {
+      if (!c.comm || c.p2p) continue;
+      const trace::rank_trace& tr = ctx.job.ranks[c.rank];
+      const std::string pg(tr.arg_text(c.op, trace::arg_key::process_group_name));
+      const auto known = grad.find(pg);
+      if (known == grad.end() || !known->second) continue;
+      const auto& map = b.ranks[c.rank].task_of_event;
+      if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
+      const graph::task_id t = map[c.op];
+      const auto inst = instance.find(t);
+      std::int64_t n = 0;
+      if (inst != instance.end()) {
+        n = static_cast<std::int64_t>(inst->second->group_ranks.empty() ? inst->second->arrive.size() : inst->second->group_ranks.size());
+      } else if (const auto gs = tr.arg(c.op, trace::arg_key::group_size)) {
+        n = *gs;
+      }
+      if (n <= 0 || n % cp_from != 0) continue;
+      const std::int64_t n_to = n / cp_from * cp_to;
+      s.gradient_from = static_cast<int>(n), s.gradient_to = static_cast<int>(n_to);
+      const auto coll = modelled_collective(detail::comm_kind(tr.name(tr.events[c.op]), tr.arg_text(c.op, trace::arg_key::collective_name)));
+      const double d = static_cast<double>(g.duration[t]);
+      double bytes = 0;
+      if (const auto ne = tr.arg(c.op, trace::arg_key::in_msg_nelems); ne && *ne > 0) {
+        bytes = static_cast<double>(*ne) * costs.element_bytes;
+      } else {
+        bytes = bytes_for_time(coll, d, n, n * tp > costs.hw.nvlink_domain_size() ? costs.profile.inter : costs.profile.intra);
+      }
+      // The DP x CP group's ranks at stride TP (model::data_parallel_group), hierarchical across
+      // NVLink domains as the NCCL model times it.
+      const model::nccl_model nccl{costs.profile};
+      auto time = [&](std::int64_t ranks, int stride) {
+        const model::collective_op op{coll, static_cast<std::int64_t>(std::llround(bytes)), model::detail::place(0, stride, ranks, costs.hw)};
+        return std::max<double>(1.0, static_cast<double>(nccl.collective_time(op, costs.hw)));
+      };
+      s.gradient_before += g.duration[t];
+      g.duration[t] = static_cast<time_ns>(std::llround(d * time(n_to, tp_to) / time(n, tp)));
+      s.gradient_after += g.duration[t];
+      ++s.gradient;
+    }
+    if (s.gradient_from > 0) (void)shard_optimizer(b, st, s.gradient_from, s.gradient_to, costs.profile.min_kernel_ns);
+  }
+
+  [[nodiscard]] static change record(const shape_config& from, const shape_config& to, const cp_stats& s) {
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "CP %d -> %d (sequence %lld, %lld tokens per rank -> %lld): key/value chunk %lld -> %lld bytes (cp - 1 ring steps "
+                  "per attention, twice the bytes in backward, by the NCCL model's p2p time); %zu traced exchanges re-timed, %zu "
+                  "emptied, %zu inserted beside the attention on a context-parallel stream: %.3f -> %.3f ms of transfer; %zu "
+                  "gradient collectives over DP x CP (%d -> %d ranks): %.3f -> %.3f ms",
+                  from.cp, to.cp, static_cast<long long>(to.seq), static_cast<long long>(from.local_seq()),
+                  static_cast<long long>(to.local_seq()), static_cast<long long>(s.chunk_from), static_cast<long long>(s.chunk_to),
+                  s.retimed, s.removed, s.inserted, static_cast<double>(s.exchange_before) / 1e6,
+                  static_cast<double>(s.exchange_after) / 1e6, s.gradient, s.gradient_from, s.gradient_to,
+                  static_cast<double>(s.gradient_before) / 1e6, static_cast<double>(s.gradient_after) / 1e6);
+    return changed("context parallel", "CP", std::to_string(from.cp), std::to_string(to.cp), line,
+                   {count_figure("exchanges re-timed", s.retimed), count_figure("exchanges emptied", s.removed),
+                    count_figure("exchanges inserted", s.inserted), time_figure("exchange transfer time", s.exchange_before, s.exchange_after),
+                    time_figure("gradient collective time", s.gradient_before, s.gradient_after)});
+  }
+};
+static_assert(Rewrite<context_parallel_pass>);
+
+}  // namespace lumos::whatif
