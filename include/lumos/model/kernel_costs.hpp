@@ -290,7 +290,14 @@ struct kernel_level {
       }
     }
 
-    [[nodiscard]] double attention_dense_flops() const { return 4.0 * T * s * q; }
+    [[nodiscard]] double attention_dense_flops() const {
+      return m.is_mla() ? 4.0 * T * s * m.attention_flops_width() / t : 4.0 * T * s * q;
+    }
+    // Per-head query/key and value dimensions (MLA: nope + rope and v; else head_dim both), and the
+    // attention output's width per rank.
+    [[nodiscard]] double head_qk() const { return m.is_mla() ? static_cast<double>(m.qk_head_dim()) : hd; }
+    [[nodiscard]] double head_v() const { return m.is_mla() ? static_cast<double>(m.v_head_dim()) : hd; }
+    [[nodiscard]] double out_width() const { return m.is_mla() ? heads * static_cast<double>(m.v_head_dim()) : q; }
 
     void attention_forward(op_phase ph, bool rc) {
       if (pr.attention == attention_impl::flash) {
@@ -302,7 +309,8 @@ struct kernel_level {
         op.recompute = rc;
         op.flops = attention_dense_flops() * k.attention_causal_factor;
         op.model_flops = rc ? 0.0 : attention_dense_flops();
-        op.bytes = e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
+        op.bytes = m.is_mla() ? e * T * mla_dims::of(m, t).attention_bytes_forward() + 4.0 * T * heads
+                              : e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
         push(op, op.flops / (peak16 * pr.flash_forward * pr.at_scale) * 1e9);
         return;
       }
@@ -311,11 +319,11 @@ struct kernel_level {
       // QK^T over every head: batched GEMM [sl x hd] x [hd x s] (baddbmm in Megatron; sl = s / cp
       // local queries against every key); the model FLOPs of the attention core (4 T s q) are
       // counted on the two batched GEMMs.
-      gemm("attention", ph, sl, s, hd, e, rc, batch, true, op_class::attention);
+      gemm("attention", ph, sl, s, head_qk(), e, rc, batch, true, op_class::attention);
       vector("attention_softmax", op_class::norm, ph, 5.0 * scores, 2.0 * e * scores, rc, true);
       if (m.dropout) vector("attention_dropout", op_class::elementwise, ph, 2.0 * scores, 2.0 * e * scores + scores, rc);
-      gemm("attention_pv", ph, sl, hd, s, e, rc, batch, true, op_class::attention);
-      vector("attention_context_copy", op_class::elementwise, ph, 0, 2.0 * e * T * q, rc);
+      gemm("attention_pv", ph, sl, head_v(), s, e, rc, batch, true, op_class::attention);
+      vector("attention_context_copy", op_class::elementwise, ph, 0, 2.0 * e * T * out_width(), rc);
     }
 
     void attention_backward() {
@@ -327,30 +335,57 @@ struct kernel_level {
         op.phase = op_phase::backward_input;
         op.flops = attention_dense_flops() * k.attention_causal_factor * 2.5;
         op.model_flops = 2.0 * attention_dense_flops();
-        op.bytes = e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
+        op.bytes = m.is_mla() ? e * T * mla_dims::of(m, t).attention_bytes_backward() + 8.0 * T * heads
+                              : e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
         push(op, op.flops / (peak16 * pr.flash_backward * pr.at_scale) * 1e9);
         return;
       }
       const double batch = b * heads;
       const double scores = batch * sl * s;
       const op_phase B = op_phase::backward_input;
-      vector("attention_context_copy", op_class::elementwise, B, 0, 2.0 * e * T * q, false);
+      vector("attention_context_copy", op_class::elementwise, B, 0, 2.0 * e * T * out_width(), false);
       // d(PV): dP = dO V^T [sl x s, K = hd] and dV = P^T dO [s x hd, K = sl]
-      gemm("attention_pv", B, sl, s, hd, e, false, batch, true, op_class::attention);
-      gemm("attention_pv", B, s, hd, sl, e, false, batch, false, op_class::attention);
+      gemm("attention_pv", B, sl, s, head_v(), e, false, batch, true, op_class::attention);
+      gemm("attention_pv", B, s, head_v(), sl, e, false, batch, false, op_class::attention);
       if (m.dropout) vector("attention_dropout", op_class::elementwise, B, 2.0 * scores, 2.0 * e * scores + scores, false);
       vector("attention_softmax", op_class::norm, B, 4.0 * scores, 3.0 * e * scores, false, true);
       // d(QK^T): dQ = dS K [sl x hd, K = s], dK = dS^T Q [s x hd, K = sl]
-      gemm("attention", B, sl, hd, s, e, false, batch, true, op_class::attention);
-      gemm("attention", B, s, hd, sl, e, false, batch, false, op_class::attention);
+      gemm("attention", B, sl, head_qk(), s, e, false, batch, true, op_class::attention);
+      gemm("attention", B, s, head_qk(), sl, e, false, batch, false, op_class::attention);
+    }
+
+    // Multi-head latent attention: as `roofline`'s (fused down projections on the gathered
+    // tokens, the latents' RMSNorms, up projections, attention, output projection).
+    void mla_forward(op_phase ph, bool rc) {
+      const mla_dims d = mla_dims::of(m, t);
+      linear_forward("mla_down_proj", "", ph, h, d.down, rc, false);
+      vector("mla_latent_norm", op_class::norm, ph, 4.0 * T * d.latents, 2.0 * e * T * d.latents, rc);
+      linear_forward("mla_q_up_proj", "", ph, d.q_in, d.q, rc, false);
+      linear_forward("mla_kv_up_proj", "", ph, d.kv_in, d.kv_up, rc, false);
+      attention_forward(ph, rc);
+      linear_forward("attn_out_proj", "", ph, d.o, h, rc, false);
+    }
+    void mla_backward() {
+      const mla_dims d = mla_dims::of(m, t);
+      linear_backward("attn_out_proj", "attn_out_proj_bias_grad", d.o, h);
+      if (par.recompute == recompute_kind::selective) attention_forward(op_phase::backward_input, true);
+      attention_backward();
+      linear_backward("mla_kv_up_proj", "", d.kv_in, d.kv_up);
+      linear_backward("mla_q_up_proj", "", d.q_in, d.q);
+      vector("mla_latent_norm", op_class::norm, op_phase::backward_input, 8.0 * T * d.latents, 4.0 * e * T * d.latents, false);
+      linear_backward("mla_down_proj", "", h, d.down);
     }
 
     void layer_forward(op_phase ph, bool rc) {
       first_of_layer = true;
       norm_forward("input_norm", ph, rc);
-      linear_forward("qkv_proj", "qkv_bias", ph, h, q + 2.0 * kv, rc, true);
-      attention_forward(ph, rc);
-      linear_forward("attn_out_proj", "", ph, q, h, rc, false);  // bias fused into the residual
+      if (m.is_mla()) {
+        mla_forward(ph, rc);
+      } else {
+        linear_forward("qkv_proj", "qkv_bias", ph, h, q + 2.0 * kv, rc, true);
+        attention_forward(ph, rc);
+        linear_forward("attn_out_proj", "", ph, q, h, rc, false);  // bias fused into the residual
+      }
       residual_forward("attn_residual", ph, rc);
       norm_forward("post_attn_norm", ph, rc);
       if (m.is_moe()) {
@@ -448,6 +483,11 @@ struct kernel_level {
       }
       norm_backward("post_attn_norm", "post_attn_norm_weight_grad");
       residual_backward("attn_residual");
+      if (m.is_mla()) {
+        mla_backward();
+        norm_backward("input_norm", "input_norm_weight_grad");
+        return;
+      }
       linear_backward("attn_out_proj", "attn_out_proj_bias_grad", q, h);
       if (par.recompute == recompute_kind::selective) attention_forward(op_phase::backward_input, true);
       attention_backward();

@@ -236,6 +236,9 @@ class program_builder {
   [[nodiscard]] int chunk_layers(bool first, bool last) const noexcept {
     return std::max(0, layers_per_chunk_ - (embedding_loss_in_split_ && first ? 1 : 0) - (embedding_loss_in_split_ && last ? 1 : 0));
   }
+  /// Ranks of the expert grid's ETP x EP plane (model::parallel_config): the stride of an
+  /// expert-data-parallel group's columns.
+  [[nodiscard]] int expert_grid() const noexcept { return par_.expert_tp() * par_.ep; }
   time_ns launch_cost_ = 0;
   time_ns collective_cpu_ = 0;
   std::int64_t bucket_params_ = 0;

@@ -212,7 +212,7 @@ graph::processor_id program_builder<Compute, Comm>::dp_stream(rank_state& rs) {
 // The expert-data-parallel group of `rs` (MoE): the ranks of its stage that hold its expert shard.
 template <model::ComputeModel Compute, model::CommModel Comm>
 group_state& program_builder<Compute, Comm>::expert_dp_group(rank_state& rs) {
-  return cached_group(rs.edp_group, group_type::edp, rs.info.stage, rs.col % (tp_ * par_.ep));
+  return cached_group(rs.edp_group, group_type::edp, rs.info.stage, rs.col % expert_grid());
 }
 
 // Reduction of `params` gradients that are final once `after` ends: all-reduce (no ZeRO) or
