@@ -193,6 +193,10 @@ struct op_cost {
   /// dispatch + launches); -1 = the program builder's default (its launch cost per kernel).
   time_ns cpu = -1;
   std::int32_t kernels = 1;  ///< kernels this op launches
+  /// The launching thread waits until this op's kernels (and everything queued before them) have
+  /// finished before it launches the next op: a device-to-host read the host needs (the token
+  /// counts of a dropless MoE layer, which size its all-to-all and grouped GEMMs).
+  bool host_sync = false;
 };
 
 /// Ops in execution order, with totals. A builder emits one task per op; for schedules that

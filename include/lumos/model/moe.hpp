@@ -80,7 +80,8 @@ struct moe_collective {
 
 /// The dispatch collectives of one MoE layer in execution order, forward then backward
 /// (Megatron's token dispatchers):
-///  - alltoall: forward, after the permutation, the all-to-all dispatch over the EP group (each
+///  - alltoall: dropless, before the permutation, the all-gather of the token counts per expert
+///    (int64) over the EP x expert-TP group; forward, after the permutation, the all-to-all dispatch over the EP group (each
 ///    rank's `routed` copies, h wide) and, with expert_tp() > 1, the all-gather of the received
 ///    copies over the expert-TP group (expert tensor parallelism); before the unpermutation their reverse
 ///    (reduce-scatter, all-to-all combine). Backward mirrors them: after the unpermutation's
@@ -111,6 +112,11 @@ inline void moe_layer_collectives(const transformer& m, const parallel_config& p
   const auto sent = static_cast<std::int64_t>(x.routed * row);
   const auto gathered = static_cast<std::int64_t>(x.copies * row);
   const bool ep = par.ep > 1, tp = etp > 1;
+  // Dropless: the int64 token counts per expert all-gathered over the EP x expert-TP group
+  // (the dispatcher's preprocess; tiny, latency-bound, before the host reads the splits).
+  if (m.moe.capacity_factor <= 0 && (ep || tp)) {
+    out.push_back({"moe_token_count_all_gather", C::all_gather, m.moe.experts * 8 * par.ep * etp, moe_group::ep_tp, H::before_permute});
+  }
   if (ep) out.push_back({"moe_dispatch_all_to_all", C::all_to_all, sent, moe_group::ep, H::after_permute});
   if (tp) out.push_back({"moe_dispatch_tp_all_gather", C::all_gather, gathered, moe_group::tp, H::after_permute});
   if (tp) out.push_back({"moe_combine_tp_reduce_scatter", C::reduce_scatter, gathered, moe_group::tp, H::before_unpermute});

@@ -70,6 +70,7 @@ void program_builder<Compute, Comm>::emit_items(rank_state& rs, const std::vecto
       emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu, i.element_bytes);
     } else {
       emit_compute(rs, i.duration, i.cpu, i.cpu, i.name, i.op);
+      if (i.host_sync) host_wait(rs, rs.last_compute);
     }
     if (beside != graph::no_task) {
       rs.pending.push_back(beside);
@@ -126,6 +127,13 @@ void program_builder<Compute, Comm>::emit_segment(rank_state& rs, pass_kind pk, 
     const int layer = !is_layer ? -1 : pk == pass_kind::forward ? layers_seen : chunk_layers - 1 - layers_seen;
     layers_seen += is_layer ? 1 : 0;
     emit_items(rs, *seg.items, layer, pk == pass_kind::forward);
+  } else if (seg.items == &layer_items_[k] && buf_.layer_runs[k].size() > 1) {
+    // Runs split at the layer's host synchronisations: the host waits for the GPU between them.
+    const std::vector<totals>& runs = buf_.layer_runs[k];
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      emit_totals(rs, runs[r], pk);
+      if (r + 1 < runs.size()) host_wait(rs, rs.last_compute);
+    }
   } else {
     const std::size_t unit = seg.items == &layer_items_[k] ? 0 : seg.items == &embed_items_[k] ? 1 : 2;
     emit_totals(rs, unit_totals_[k][unit], pk);
@@ -141,7 +149,9 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
                                                const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad) {
   const auto k = static_cast<std::size_t>(pk);
-  if (buckets == nullptr && opt_.detail == granularity::pass && !fsdp_) {
+  // A layer with host synchronisations is emitted run by run (emit_segment).
+  const bool synced = buf_.layer_runs[k].size() > 1 && chunk_layers(first, last) > 0;
+  if (buckets == nullptr && opt_.detail == granularity::pass && !fsdp_ && !synced) {
     emit_totals(rs, pass_totals_[k][first][last], pk);
     ensure_task(rs);
     return;

@@ -54,6 +54,9 @@ struct item {
   /// A transfer on a stream of its own that runs beside the next item (context parallelism's
   /// ring exchange beside its attention): the item after that one waits for it.
   bool beside = false;
+  /// Compute: the launching thread waits for this item's kernels (and all before them) to finish
+  /// before it goes on (`model::op_cost::host_sync`).
+  bool host_sync = false;
 };
 
 /// A span of a pass after which weight gradients of `params` parameters are final (a layer,
@@ -86,28 +89,31 @@ struct totals {
   void add(const std::vector<item>& items, std::int64_t times = 1) {
     for (std::int64_t r = 0; r < times; ++r) {
       time_ns beside = -1;  // the duration of a `beside` item the next item runs with
-      for (const item& i : items) {
-        cpu += i.cpu;
-        lead = std::max(lead, cpu - compute - comm);
-        if (i.beside) {
-          beside = i.duration;
-          comm_kernels += i.kernels;
-          comm_bytes += i.bytes;
-          continue;
-        }
-        if (i.comm) {
-          comm += i.duration;
-          comm_kernels += i.kernels;
-          comm_bytes += i.bytes;
-        } else {
-          compute += i.duration;
-          compute_kernels += i.kernels;
-        }
-        if (beside >= 0) {
-          comm += std::max<time_ns>(0, beside - i.duration);
-          beside = -1;
-        }
-      }
+      for (const item& i : items) add_one(i, beside);
+    }
+  }
+  /// One item of a run; `beside` carries the duration of a `beside` item to the next item
+  /// (start a run with -1).
+  void add_one(const item& i, time_ns& beside) {
+    cpu += i.cpu;
+    lead = std::max(lead, cpu - compute - comm);
+    if (i.beside) {
+      beside = i.duration;
+      comm_kernels += i.kernels;
+      comm_bytes += i.bytes;
+      return;
+    }
+    if (i.comm) {
+      comm += i.duration;
+      comm_kernels += i.kernels;
+      comm_bytes += i.bytes;
+    } else {
+      compute += i.duration;
+      compute_kernels += i.kernels;
+    }
+    if (beside >= 0) {
+      comm += std::max<time_ns>(0, beside - i.duration);
+      beside = -1;
     }
   }
 };

@@ -77,6 +77,7 @@ item program_builder<Compute, Comm>::compute_item(const model::op_cost& o) {
     i.name = n_unnamed_;
     i.op = note_op(o);
     i.recompute = o.recompute;
+    i.host_sync = o.host_sync;
     return i;
   }
   std::string name(o.name);
@@ -94,6 +95,7 @@ item program_builder<Compute, Comm>::compute_item(const model::op_cost& o) {
   i.cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
   i.name = intern(name);
   i.op = note_op(o);
+  i.host_sync = o.host_sync;
   i.recompute = o.recompute;
   return i;
 }
@@ -316,6 +318,14 @@ void program_builder<Compute, Comm>::build_templates() {
     layer_template(buf_.layer_ops, pk, layer_items_[k]);
     embed_template(buf_.embedding_ops, pk, embed_items_[k]);
     head_template(buf_.head_ops, pk, head_items_[k]);
+    // A host synchronisation splits a layer's totals: the host waits for the GPU between runs.
+    std::vector<totals>& runs = buf_.layer_runs[k];
+    runs.assign(1, totals{});
+    time_ns beside = -1;
+    for (const item& i : layer_items_[k]) {
+      runs.back().add_one(i, beside);
+      if (i.host_sync) runs.emplace_back();
+    }
   }
   // A MoE layer's dense part (attention, router, shared experts) is reduced over the
   // data-parallel group, its routed experts over the expert-data-parallel group.
