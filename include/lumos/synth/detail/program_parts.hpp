@@ -118,6 +118,17 @@ struct totals {
   }
 };
 
+/// A virtual stage of a MoE model that holds some of its dense first layers
+/// (`model::moe_spec::first_dense_layers`): how many, its passes' totals and its gradient buckets
+/// (the dense layers' parameters all reduced over the data-parallel group), in place of those the
+/// builder keeps for the chunks of MoE layers only.
+struct dense_chunk {
+  int dense = 0;                         ///< dense layers of the chunk (its first ones)
+  std::array<totals, 4> passes{};        ///< [pass kind] → totals of the chunk's pass
+  std::vector<std::pair<int, std::int64_t>> buckets, expert_buckets;
+  std::int64_t params = 0;               ///< parameters of the chunk on a rank
+};
+
 using model::placement_of;
 
 // The op lists of a compute model, into `out`: through the model's allocation-free overload
