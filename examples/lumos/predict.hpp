@@ -143,10 +143,10 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
   if (m.is_moe()) {
     const model::moe_spec& x = m.moe;
     std::string cf = x.capacity_factor > 0 ? "capacity factor " + std::to_string(x.capacity_factor) : "dropless";
-    put("  experts       %lld routed (top-%lld) of FFN %lld, %lld shared, EP %d (expert-data-parallel %d), %s dispatcher,\n"
-        "                %s, balanced routing\n",
+    put("  experts       %lld routed (top-%lld) of FFN %lld, %lld shared, EP %d x expert TP %d (expert-data-parallel %d),\n"
+        "                %s dispatcher, %s, balanced routing\n",
         static_cast<long long>(x.experts), static_cast<long long>(x.top_k), static_cast<long long>(x.expert_ffn),
-        static_cast<long long>(x.shared_experts), p.ep, p.expert_data_parallel(),
+        static_cast<long long>(x.shared_experts), p.ep, p.expert_tp(), p.expert_data_parallel(),
         std::string(model::to_string(x.dispatcher)).c_str(), cf.c_str());
   }
   std::string sched(r.schedule.name);
