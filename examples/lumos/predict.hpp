@@ -31,7 +31,7 @@ inline constexpr std::string_view predict_usage =
     "                     [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
     "                     [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
     "                     [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
-    "                     [--cp N] [--cp-comm {p2p,allgather}]\n"
+    "                     [--expert-tp N] [--cp N] [--cp-comm {p2p,allgather}]\n"
     "                     [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
     "                     [--fsdp {on,off}] [--hsdp N] [--reshard-after-forward {on,off}]\n"
     "                     [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
@@ -45,7 +45,8 @@ inline constexpr std::string_view predict_usage =
     "  --model     gpt3-15b, gpt3-44b, gpt3-117b, gpt3-175b (default), llama3-8b, llama3-70b,\n"
     "              llama3-405b (also as llama3.1-405b), and the mixture-of-experts qwen3-30b-a3b,\n"
     "              qwen3-235b-a22b,\n"
-    "              gpt-oss-120b, mixtral-8x7b; the shape flags override it (--heads also sets --kv-heads for\n"
+    "              gpt-oss-120b, mixtral-8x7b, deepseek-v3 (multi-head latent attention, 3 dense\n"
+    "              layers first); the shape flags override it (--heads also sets --kv-heads for\n"
     "              multi-head models, --hidden also sets --ffn to 4x for models whose ffn is 4h,\n"
     "              unless given)\n"
     "  --experts/--top-k/--expert-ffn/--shared-experts  mixture of experts: routed experts per\n"
@@ -61,8 +62,12 @@ inline constexpr std::string_view predict_usage =
     "              and the distributed optimizer span DP x CP\n"
     "  --cp-comm   how CP ranks exchange keys and values: p2p (default: ring attention, overlapped\n"
     "              with the attention) or allgather (all-gather of K and V before the attention)\n"
-    "  --ep        expert-parallel size (default 1): EP divides DP x CP and the experts; MoE with\n"
-    "              tp > 1 needs --sp on\n"
+    "  --ep        expert-parallel size (default 1); EP divides the experts, and EP x expert TP\n"
+    "              divides TP x CP x DP (Megatron's MoE parallel folding: the expert layers lay\n"
+    "              EP x ETP x EDP over a stage's TP x CP x DP ranks; with expert TP = TP, EP divides\n"
+    "              DP x CP); MoE with tp > 1 needs --sp on\n"
+    "  --expert-tp expert-tensor-parallel size (default: --tp, Megatron's default); each expert's\n"
+    "              width is split over it, its gradients reduced over TP x CP x DP / (EP x ETP) ranks\n"
     "  --tp-comm-overlap  Megatron's --tp-comm-overlap (Transformer Engine): each sequence-parallel\n"
     "              collective of a layer overlaps its GEMM (default off; needs --sp on when tp > 1)\n"
     "  --overlap-param-gather  Megatron's --overlap-param-gather: the distributed optimizer's\n"
@@ -138,10 +143,10 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
   if (m.is_moe()) {
     const model::moe_spec& x = m.moe;
     std::string cf = x.capacity_factor > 0 ? "capacity factor " + std::to_string(x.capacity_factor) : "dropless";
-    put("  experts       %lld routed (top-%lld) of FFN %lld, %lld shared, EP %d (expert-data-parallel %d), %s dispatcher,\n"
-        "                %s, balanced routing\n",
+    put("  experts       %lld routed (top-%lld) of FFN %lld, %lld shared, EP %d x expert TP %d (expert-data-parallel %d),\n"
+        "                %s dispatcher, %s, balanced routing\n",
         static_cast<long long>(x.experts), static_cast<long long>(x.top_k), static_cast<long long>(x.expert_ffn),
-        static_cast<long long>(x.shared_experts), p.ep, p.expert_data_parallel(),
+        static_cast<long long>(x.shared_experts), p.ep, p.expert_tp(), p.expert_data_parallel(),
         std::string(model::to_string(x.dispatcher)).c_str(), cf.c_str());
   }
   std::string sched(r.schedule.name);

@@ -90,7 +90,7 @@ TEST_CASE("context parallelism: world size, micro-batches and the validation rul
   odd.seq = 8192 + 4;  // divisible by cp = 4, not by 2 * cp
   CHECK_THROWS_WITH(p.validate(odd), Catch::Contains("divisible by 2 * cp") && Catch::Contains("8196"));
 
-  // EP divides DP x CP: 4 experts-parallel ranks from dp 2 x cp 2, not 8.
+  // EP divides DP x CP (expert TP = TP): 4 experts-parallel ranks from dp 2 x cp 2, not 8.
   transformer moe = mixtral_8x7b();
   moe.layers = 4;
   parallel_config e = cp_test::with_cp(1, 2, 2, 8);
@@ -98,7 +98,7 @@ TEST_CASE("context parallelism: world size, micro-batches and the validation rul
   CHECK_NOTHROW(e.validate(moe));
   CHECK(e.expert_data_parallel() == 1);
   e.ep = 8;
-  CHECK_THROWS_WITH(e.validate(moe), Catch::Contains("must divide dp * cp (2 * 2 = 4)"));
+  CHECK_THROWS_WITH(e.validate(moe), Catch::Contains("must divide tp * cp * dp (1 * 2 * 2 = 4)"));
 }
 
 TEST_CASE("Megatron's split with the embedding and the loss counted as layers", "[model][cp][pipeline]") {

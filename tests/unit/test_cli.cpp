@@ -1598,3 +1598,29 @@ TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP 
   CHECK(st.out.find("\"moe\"") == std::string::npos);
   CHECK(st.out.find("\"all_to_alls\"") == std::string::npos);
 }
+
+TEST_CASE("predict folds the expert grid with --expert-tp, and a dropless MoE job replays to its prediction", "[cli][moe][folding]") {
+  // Qwen3-235B as Megatron-Bridge's H100 recipe lays it out (4 layers): TP 2, DP 16, EP 32 needs
+  // expert TP 1 (EP x expert TP divides TP x CP x DP); the default expert TP (= TP) breaks the rule.
+  const std::string flags = "--model qwen3-235b-a22b --layers 4 --tp 2 --sp on --dp 16 --ep 32 --global-batch 16";
+  const result bad = run("predict " + flags);
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("ep * expert tp (32 * 2 = 64) must divide tp * cp * dp (2 * 1 * 16 = 32)") != std::string::npos);
+  const result ok = run("predict " + flags + " --expert-tp 1 --json");
+  REQUIRE(ok.code == 0);
+  CHECK(run("predict " + flags + " --expert-tp 0").code == 2);
+  // The host waits for the token counts in every dropless MoE layer's forward: the job synth
+  // writes (kernel by kernel, the waits as host syncs) replays to the prediction.
+  lumos_test::temp_dir dir;
+  const std::string small = "--model qwen3-30b-a3b --layers 2 --dp 8 --ep 8 --global-batch 16";
+  const result p = run("predict " + small + " --json");
+  REQUIRE(p.code == 0);
+  simdjson::dom::parser parser;
+  const auto predicted = int64_t(parser.parse(p.out)["iteration_ns"]);
+  REQUIRE(run("synth " + small + " --detail kernel --out " + dir.path().string()).code == 0);
+  const result r = run("replay --json " + dir.path().string());
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser2;
+  const auto replayed = int64_t(parser2.parse(r.out)["job"]["simulated_ns"]);
+  CHECK(std::abs(replayed - predicted) <= predicted / 1000);
+}

@@ -179,6 +179,7 @@ inline model::parallel_config parse_parallel(args& a) {
   }
   p.vp = positive_small(a, "--vp", 1);
   p.ep = positive_small(a, "--ep", 1);
+  p.etp = positive_small(a, "--expert-tp", 0);  // 0: Megatron's default, the tp size
   on_off(a, "--sp", p.sp);
   on_off(a, "--tp-comm-overlap", p.tp_comm_overlap);
   on_off(a, "--overlap-param-gather", p.overlap_param_gather);

@@ -172,6 +172,7 @@ inline sweep_request parse_sweep(args& a) {
   s.cp = detail::sizes(l.cp, "--cp", {1});
   s.vp = detail::sizes(l.vp, "--vp", {1});
   s.ep = detail::sizes(l.ep, "--ep", {1});
+  s.expert_tp = req.base.job.parallel.etp;
   s.micro_batch.clear();
   for (const int x : detail::sizes(l.micro_batch, "--micro-batch", {1, 2, 4})) s.micro_batch.push_back(x);
   detail::parse_variants(l, s);
@@ -188,6 +189,7 @@ inline sweep::problem sweep_problem(const sweep_request& req) {
   p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
   p.overlap_param_gather = req.base.job.parallel.overlap_param_gather;
   p.cp_comm = req.base.job.parallel.cp_comm;
+  p.expert_tp = req.base.job.parallel.etp;
   p.hsdp = req.base.job.parallel.hsdp;
   p.reshard_after_forward = req.base.job.parallel.reshard_after_forward;
   p.gpus = req.gpus;

@@ -83,6 +83,7 @@ enum class op_role : std::uint8_t {
   moe_expert_act, ///< the experts' activation (GELU, or SiLU(gate) * up)
   fp8_cast,       ///< an fp8 GEMM operand cast to fp8 with its transpose (input, weight or output gradient)
   fp8_amax,       ///< the amax reduction current scaling runs over an operand before its cast
+  mla_up_proj,    ///< an up projection of multi-head latent attention (its down projection has the qkv role)
 };
 
 /// The role of the op names the shipped models (`roofline`, `kernel_level`) emit; `other` for
@@ -108,7 +109,8 @@ enum class op_role : std::uint8_t {
       {"moe_unpermute", op_role::moe_unpermute}, {"moe_expert_fc1", op_role::moe_expert},
       {"moe_expert_fc2", op_role::moe_expert}, {"moe_expert_gate", op_role::moe_expert},
       {"moe_expert_up", op_role::moe_expert}, {"moe_expert_down", op_role::moe_expert},
-      {"moe_expert_act", op_role::moe_expert_act},
+      {"moe_expert_act", op_role::moe_expert_act}, {"mla_down_proj", op_role::qkv},
+      {"mla_q_up_proj", op_role::mla_up_proj}, {"mla_kv_up_proj", op_role::mla_up_proj},
   };
   for (const entry& e : table) {
     if (e.name == n) return e.role;
@@ -127,7 +129,7 @@ enum class op_role : std::uint8_t {
 /// outside the layers keep 16-bit GEMMs.
 [[nodiscard]] constexpr bool fp8_gemm(op_role r) noexcept {
   return r == op_role::qkv || r == op_role::attn_out || r == op_role::mlp_in || r == op_role::mlp_up ||
-         r == op_role::mlp_out || r == op_role::moe_expert;
+         r == op_role::mlp_out || r == op_role::moe_expert || r == op_role::mla_up_proj;
 }
 
 /// One memory-bound kernel that gives an fp8 GEMM an fp8 operand.
@@ -191,6 +193,10 @@ struct op_cost {
   /// dispatch + launches); -1 = the program builder's default (its launch cost per kernel).
   time_ns cpu = -1;
   std::int32_t kernels = 1;  ///< kernels this op launches
+  /// The launching thread waits until this op's kernels (and everything queued before them) have
+  /// finished before it launches the next op: a device-to-host read the host needs (the token
+  /// counts of a dropless MoE layer, which size its all-to-all and grouped GEMMs).
+  bool host_sync = false;
 };
 
 /// Ops in execution order, with totals. A builder emits one task per op; for schedules that
@@ -257,6 +263,37 @@ concept ComputeModel = requires(const Model& c, const transformer& m, const para
   { c.embedding(m, p, hw) } -> std::same_as<op_list>;
   { c.head(m, p, hw) } -> std::same_as<op_list>;
   { c.optimizer(m, p, hw, stage) } -> std::same_as<op_list>;
+};
+
+/// Per-token widths of multi-head latent attention on one of `tp` ranks (`mla_spec`; a = heads / tp):
+/// `down` the fused down projections' output (q_lora_rank + kv_lora_rank + rope), `latents` what
+/// the RMSNorms normalise (q_lora_rank + kv_lora_rank), the query up projection `q_in` -> `q`
+/// (q_lora_rank, or h when queries are projected directly, -> a (nope + rope)), the key/value up
+/// projection `kv_in` -> `kv_up` (kv_lora_rank -> a (nope + v)), the attention's keys `k` (a qk)
+/// and values `v` (a v), and the output projection's input `o` (a v).
+struct mla_dims {
+  double down = 0, latents = 0, q_in = 0, q = 0, kv_in = 0, kv_up = 0, k = 0, v = 0, o = 0;
+
+  [[nodiscard]] static constexpr mla_dims of(const transformer& m, double tp) noexcept {
+    const double a = static_cast<double>(m.heads) / tp, ql = static_cast<double>(m.mla.q_lora_rank);
+    const double kvl = static_cast<double>(m.mla.kv_lora_rank), rope = static_cast<double>(m.mla.qk_rope_dim);
+    const double qk = static_cast<double>(m.qk_head_dim()), vd = static_cast<double>(m.v_head_dim());
+    mla_dims d;
+    d.down = ql + kvl + rope;
+    d.latents = ql + kvl;
+    d.q_in = ql > 0 ? ql : static_cast<double>(m.hidden);
+    d.q = a * qk;
+    d.kv_in = kvl;
+    d.kv_up = a * (static_cast<double>(m.mla.qk_nope_dim) + vd);
+    d.k = a * qk;
+    d.v = a * vd;
+    d.o = a * vd;
+    return d;
+  }
+  /// Elements per token a FlashAttention forward reads (Q, K, V) and writes (O).
+  [[nodiscard]] constexpr double attention_bytes_forward() const noexcept { return q + k + v + o; }
+  /// Elements per token its backward reads (Q, K, V, O, dO) and writes (dQ, dK, dV).
+  [[nodiscard]] constexpr double attention_bytes_backward() const noexcept { return 2.0 * (q + k + v) + 2.0 * o; }
 };
 
 /// Roofline compute model:
@@ -525,7 +562,9 @@ struct roofline {
       gemm(name, op_phase::backward_weight, in, o, tokens, 8.0, false);  // dW += X^T dY
     }
 
-    [[nodiscard]] double attention_dense_flops() const { return 4.0 * T * s * q; }
+    [[nodiscard]] double attention_dense_flops() const {
+      return m.is_mla() ? 4.0 * T * s * m.attention_flops_width() / t : 4.0 * T * s * q;
+    }
 
     void attention_forward(op_phase ph, bool recompute) {
       op_cost op;
@@ -536,7 +575,8 @@ struct roofline {
       op.recompute = recompute;
       op.flops = attention_dense_flops() * rl.attention_causal_factor;
       op.model_flops = recompute ? 0.0 : attention_dense_flops();
-      op.bytes = e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
+      op.bytes = m.is_mla() ? e * T * mla().attention_bytes_forward() + 4.0 * T * heads
+                            : e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
       push(op, par.dtype);
     }
 
@@ -551,7 +591,8 @@ struct roofline {
       op.model_flops = 2.0 * attention_dense_flops();
       // Read Q, K, V, O, dO and the fp32 log-sum-exp; write dQ, dK, dV (and the fp32
       // row-sum of dO*O that FlashAttention-2 precomputes).
-      op.bytes = e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
+      op.bytes = m.is_mla() ? e * T * mla().attention_bytes_backward() + 8.0 * T * heads
+                            : e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
       push(op, par.dtype);
     }
 
@@ -582,11 +623,43 @@ struct roofline {
       }
     }
 
+    // Multi-head latent attention (`mla_spec`), on the T tokens the sequence-parallel
+    // all-gather before the first projection gives every TP rank: the query and key/value down
+    // projections (duplicated on the TP ranks) as one GEMM (same FLOPs and bytes as Megatron's
+    // two, one kernel fewer), the latents' RMSNorms, the up projections (sharded by heads), the
+    // attention core with query/key heads of qk_head_dim and value heads of v_head_dim, and the
+    // output projection.
+    [[nodiscard]] mla_dims mla() const { return mla_dims::of(m, t); }
+    void mla_forward(op_phase ph, bool recompute) {
+      const mla_dims d = mla();
+      linear_forward("mla_down_proj", ph, T, h, d.down, recompute);
+      vector_op("mla_latent_norm", op_class::norm, ph, norm_flops * T * d.latents, 2.0 * e * T * d.latents, recompute);
+      linear_forward("mla_q_up_proj", ph, T, d.q_in, d.q, recompute);
+      linear_forward("mla_kv_up_proj", ph, T, d.kv_in, d.kv_up, recompute);
+      attention_forward(ph, recompute);
+      linear_forward("attn_out_proj", ph, T, d.o, h, recompute);
+    }
+    void mla_backward() {
+      const mla_dims d = mla();
+      linear_backward("attn_out_proj", T, d.o, h);
+      if (par.recompute == recompute_kind::selective) attention_forward(op_phase::backward_input, true);
+      attention_backward();
+      linear_backward("mla_kv_up_proj", T, d.kv_in, d.kv_up);
+      linear_backward("mla_q_up_proj", T, d.q_in, d.q);
+      vector_op("mla_latent_norm", op_class::norm, op_phase::backward_input, 2.0 * norm_flops * T * d.latents,
+                4.0 * e * T * d.latents);
+      linear_backward("mla_down_proj", T, h, d.down);
+    }
+
     void layer_forward(op_phase ph, bool recompute) {
       norm_forward("input_norm", ph, recompute);
-      linear_forward("qkv_proj", ph, T, h, q + 2.0 * kv, recompute);
-      attention_forward(ph, recompute);
-      linear_forward("attn_out_proj", ph, T, q, h, recompute);
+      if (m.is_mla()) {
+        mla_forward(ph, recompute);
+      } else {
+        linear_forward("qkv_proj", ph, T, h, q + 2.0 * kv, recompute);
+        attention_forward(ph, recompute);
+        linear_forward("attn_out_proj", ph, T, q, h, recompute);
+      }
       residual_forward("attn_residual", ph, recompute);
       norm_forward("post_attn_norm", ph, recompute);
       if (m.is_moe()) {
@@ -673,6 +746,11 @@ struct roofline {
       }
       norm_backward("post_attn_norm");
       residual_backward("attn_residual");
+      if (m.is_mla()) {
+        mla_backward();
+        norm_backward("input_norm");
+        return;
+      }
       linear_backward("attn_out_proj", T, q, h);
       if (par.recompute == recompute_kind::selective) {
         attention_forward(op_phase::backward_input, true);

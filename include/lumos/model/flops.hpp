@@ -47,11 +47,38 @@ struct parameter_breakdown {
   return m.norm == norm_kind::layernorm ? 2 * m.hidden : m.hidden;
 }
 
+/// GEMM weights of multi-head latent attention, split as Megatron splits them over tensor
+/// parallelism: `duplicated` the down projections (h x q_lora_rank, or the direct query
+/// projection when q_lora_rank is 0, which is sharded; h x (kv_lora_rank + rope)), `sharded` the
+/// up projections (q_lora_rank x heads (nope + rope), kv_lora_rank x heads (nope + v)) and the
+/// output projection (heads v x h). Zeros for ordinary attention.
+struct mla_weights {
+  std::int64_t duplicated = 0;
+  std::int64_t sharded = 0;
+};
+
+/// See `mla_weights`. O(1).
+[[nodiscard]] constexpr mla_weights mla_matmul_weights(const transformer& m) noexcept {
+  if (!m.is_mla()) return {};
+  const std::int64_t h = m.hidden, a = m.heads, ql = m.mla.q_lora_rank, kvl = m.mla.kv_lora_rank;
+  const std::int64_t qk = m.qk_head_dim(), v = m.v_head_dim();
+  mla_weights w;
+  w.duplicated = h * (kvl + m.mla.qk_rope_dim) + (ql > 0 ? h * ql : 0);
+  w.sharded = (ql > 0 ? ql : h) * a * qk + kvl * a * (m.mla.qk_nope_dim + v) + a * v * h;
+  return w;
+}
+
+/// GEMM weights of one layer's attention (QKV and output projection; MLA: `mla_matmul_weights`).
+[[nodiscard]] constexpr std::int64_t attention_matmul_weights(const transformer& m) noexcept {
+  if (m.is_mla()) return mla_matmul_weights(m).duplicated + mla_matmul_weights(m).sharded;
+  const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width();
+  return h * (q + 2 * kv) + q * h;
+}
+
 /// Weights of the GEMMs of one layer (no biases, no norms): the `N` of the "6 N" rule.
 [[nodiscard]] constexpr std::int64_t layer_matmul_weights(const transformer& m) noexcept {
-  const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width();
-  const std::int64_t attn = h * (q + 2 * kv) + q * h;
-  const std::int64_t mlp = (m.mlp == mlp_kind::gelu ? 2 : 3) * h * m.ffn;
+  const std::int64_t attn = attention_matmul_weights(m);
+  const std::int64_t mlp = (m.mlp == mlp_kind::gelu ? 2 : 3) * m.hidden * m.ffn;
   return attn + mlp;
 }
 
@@ -68,7 +95,13 @@ struct parameter_split {
 };
 
 /// Attention block with both norms of a layer: QKV and output projection (and their biases).
+/// MLA: its duplicated down projections and the latents' RMSNorms (q_lora_rank + kv_lora_rank)
+/// are replicated on the TP ranks, its up and output projections sharded.
 [[nodiscard]] constexpr parameter_split attention_parameters(const transformer& m) noexcept {
+  if (m.is_mla()) {
+    const mla_weights w = mla_matmul_weights(m);
+    return {w.sharded, w.duplicated + 2 * norm_parameter_count(m) + m.mla.q_lora_rank + m.mla.kv_lora_rank};
+  }
   const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width();
   parameter_split p{h * (q + 2 * kv) + q * h, 2 * norm_parameter_count(m)};
   if (m.linear_bias) {
@@ -105,8 +138,8 @@ struct parameter_split {
 /// routed experts and the shared experts): the active `N` of the "6 N" rule. 0 for a dense model.
 [[nodiscard]] constexpr std::int64_t moe_layer_active_matmul_weights(const transformer& m) noexcept {
   if (!m.is_moe()) return 0;
-  const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width();
-  return h * (q + 2 * kv) + q * h + h * m.moe.experts + (m.moe.top_k + m.moe.shared_experts) * expert_matmul_weights(m);
+  const std::int64_t h = m.hidden;
+  return attention_matmul_weights(m) + h * m.moe.experts + (m.moe.top_k + m.moe.shared_experts) * expert_matmul_weights(m);
 }
 
 /// General count for GELU/SwiGLU, MHA/GQA, LayerNorm/RMSNorm, learned/rotary, tied/untied,
@@ -151,6 +184,7 @@ struct parameter_split {
 /// configuration validates (tp divides heads, kv_heads, ffn).
 [[nodiscard]] constexpr std::int64_t layer_parameters_per_rank(const transformer& m,
                                                                int tp) noexcept {
+  if (m.is_mla()) return attention_parameters(m).per_rank(tp) + mlp_parameters(m, m.ffn).per_rank(tp);
   const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width();
   std::int64_t sharded = layer_matmul_weights(m);
   std::int64_t replicated = 2 * norm_parameter_count(m);
@@ -197,11 +231,12 @@ inline void require_stage(const parallel_config& par, int stage) {
 }
 
 /// Routed-expert parameters of one MoE layer held by one rank: experts / ep experts, each
-/// sharded over the tp ranks (expert tensor parallelism = tp). 0 for a dense model.
-[[nodiscard]] constexpr std::int64_t moe_layer_expert_parameters_per_rank(const transformer& m, int tp, int ep) noexcept {
+/// sharded over the `etp` ranks of its expert-tensor-parallel group (`parallel_config::expert_tp`).
+/// 0 for a dense model.
+[[nodiscard]] constexpr std::int64_t moe_layer_expert_parameters_per_rank(const transformer& m, int etp, int ep) noexcept {
   if (!m.is_moe()) return 0;
   const parameter_split one = mlp_parameters(m, m.moe.expert_ffn);
-  return m.moe.experts / ep * (one.sharded / tp + one.replicated);
+  return m.moe.experts / ep * (one.sharded / etp + one.replicated);
 }
 
 /// Routed-expert parameters one GPU of stage `stage` holds (reduced over the
@@ -210,7 +245,7 @@ inline void require_stage(const parallel_config& par, int stage) {
 [[nodiscard]] inline std::int64_t stage_expert_parameters_per_rank(const transformer& m, const parallel_config& par,
                                                                    int stage) {
   detail::require_stage(par, stage);
-  return stage_moe_layers(m, par, stage) * moe_layer_expert_parameters_per_rank(m, par.tp, par.ep);
+  return stage_moe_layers(m, par, stage) * moe_layer_expert_parameters_per_rank(m, par.expert_tp(), par.ep);
 }
 
 /// Parameters held by one GPU of pipeline stage `stage` (all its virtual chunks), before any
@@ -226,7 +261,7 @@ inline void require_stage(const parallel_config& par, int stage) {
   std::int64_t n = (par.stage_layers(m, stage) - moe_layers) * layer_parameters_per_rank(m, par.tp);
   if (moe_layers > 0) {
     n += moe_layers * (moe_layer_dense_parameters_per_rank(m, par.tp) +
-                       moe_layer_expert_parameters_per_rank(m, par.tp, par.ep));
+                       moe_layer_expert_parameters_per_rank(m, par.expert_tp(), par.ep));
   }
   if (stage == 0) {
     n += m.vocab * m.hidden / par.tp;
@@ -242,7 +277,8 @@ inline void require_stage(const parallel_config& par, int stage) {
 /// Parameters whose optimizer step one GPU of stage `stage` runs: all of its stage's
 /// (`stage_parameters_per_rank`) without ZeRO; with ZeRO stage >= 1 (the distributed optimizer)
 /// the dense ones divided by the sharding group (`parallel_config::shard_size`: dp * cp, or with
-/// HSDP the shard group) and the routed experts' by the expert-data-parallel size dp * cp / ep.
+/// HSDP the shard group) and the routed experts' by the expert-data-parallel size
+/// (`parallel_config::expert_data_parallel`: tp * cp * dp / (ep * expert tp)).
 [[nodiscard]] inline double optimizer_parameters_per_rank(const transformer& m, const parallel_config& par, int stage) {
   const std::int64_t all = stage_parameters_per_rank(m, par, stage);
   if (par.zero_stage < 1) return static_cast<double>(all);
@@ -285,11 +321,12 @@ inline void require_stage(const parallel_config& par, int stage) {
 }
 
 /// Forward FLOPs of one layer for one sequence of length s (GEMMs + attention):
-/// 2 s N_layer + 4 s^2 q_width.
+/// 2 s N_layer + 4 s^2 w, w = `transformer::attention_flops_width` (q_width; under MLA
+/// heads (qk_head_dim + v_head_dim) / 2).
 [[nodiscard]] constexpr double layer_forward_flops_per_sequence(const transformer& m) noexcept {
   const double s = static_cast<double>(m.seq);
   return 2.0 * s * static_cast<double>(layer_matmul_weights(m)) +
-         4.0 * s * s * static_cast<double>(m.q_width());
+         4.0 * s * s * m.attention_flops_width();
 }
 
 /// Forward FLOPs of one MoE layer for one sequence: 2 s N_active + 4 s^2 q_width, N_active =
@@ -300,7 +337,7 @@ inline void require_stage(const parallel_config& par, int stage) {
   if (!m.is_moe()) return 0.0;
   const double s = static_cast<double>(m.seq);
   return 2.0 * s * static_cast<double>(moe_layer_active_matmul_weights(m)) +
-         4.0 * s * s * static_cast<double>(m.q_width());
+         4.0 * s * s * m.attention_flops_width();
 }
 
 /// Forward FLOPs of all transformer layers for one sequence: dense layers (all of a dense
@@ -335,7 +372,7 @@ inline void require_stage(const parallel_config& par, int stage) {
   switch (r) {
     case recompute_kind::none: return base;
     case recompute_kind::selective:
-      return base + 4.0 * B * s * s * l * static_cast<double>(m.q_width());
+      return base + 4.0 * B * s * s * l * m.attention_flops_width();
     case recompute_kind::full:
       return base + (m.is_moe() ? B * layers_forward_flops_per_sequence(m) : B * l * layer_forward_flops_per_sequence(m));
   }

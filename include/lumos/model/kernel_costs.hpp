@@ -44,7 +44,11 @@ namespace lumos::model {
 ///    the token copies each expert computes under balanced routing), their activation, the
 ///    unpermutation, and the shared experts as a dense MLP (named like one, so that the TP hooks
 ///    of the MLP apply to them); backward mirrors them. The dispatch collectives between them are
-///    communication (`moe_layer_collectives`);
+///    communication (`moe_layer_collectives`). As Megatron-Core's MoE layer runs them, also: a
+///    launch per local expert of each grouped GEMM (Transformer Engine's GroupedLinear), the
+///    dropless dispatcher's token counts with their device-to-host copies and the host
+///    synchronisation before the dispatch (`op_cost::host_sync`), and with EP and several local
+///    experts the chunk sort after the dispatch and its inverse before the combine;
 ///  - embedding gather and its scatter-add gradient; head: final LayerNorm, logits GEMM,
 ///    vocabulary-parallel cross-entropy (max, sub, exp, sum, div, target gather);
 ///  - optimizer: fp16 loss-scale unscale and found-inf check, gradient L2 norm, clip scale,
@@ -290,7 +294,14 @@ struct kernel_level {
       }
     }
 
-    [[nodiscard]] double attention_dense_flops() const { return 4.0 * T * s * q; }
+    [[nodiscard]] double attention_dense_flops() const {
+      return m.is_mla() ? 4.0 * T * s * m.attention_flops_width() / t : 4.0 * T * s * q;
+    }
+    // Per-head query/key and value dimensions (MLA: nope + rope and v; else head_dim both), and the
+    // attention output's width per rank.
+    [[nodiscard]] double head_qk() const { return m.is_mla() ? static_cast<double>(m.qk_head_dim()) : hd; }
+    [[nodiscard]] double head_v() const { return m.is_mla() ? static_cast<double>(m.v_head_dim()) : hd; }
+    [[nodiscard]] double out_width() const { return m.is_mla() ? heads * static_cast<double>(m.v_head_dim()) : q; }
 
     void attention_forward(op_phase ph, bool rc) {
       if (pr.attention == attention_impl::flash) {
@@ -302,7 +313,8 @@ struct kernel_level {
         op.recompute = rc;
         op.flops = attention_dense_flops() * k.attention_causal_factor;
         op.model_flops = rc ? 0.0 : attention_dense_flops();
-        op.bytes = e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
+        op.bytes = m.is_mla() ? e * T * mla_dims::of(m, t).attention_bytes_forward() + 4.0 * T * heads
+                              : e * T * (q + 2.0 * kv) + e * T * q + 4.0 * T * heads;
         push(op, op.flops / (peak16 * pr.flash_forward * pr.at_scale) * 1e9);
         return;
       }
@@ -311,11 +323,11 @@ struct kernel_level {
       // QK^T over every head: batched GEMM [sl x hd] x [hd x s] (baddbmm in Megatron; sl = s / cp
       // local queries against every key); the model FLOPs of the attention core (4 T s q) are
       // counted on the two batched GEMMs.
-      gemm("attention", ph, sl, s, hd, e, rc, batch, true, op_class::attention);
+      gemm("attention", ph, sl, s, head_qk(), e, rc, batch, true, op_class::attention);
       vector("attention_softmax", op_class::norm, ph, 5.0 * scores, 2.0 * e * scores, rc, true);
       if (m.dropout) vector("attention_dropout", op_class::elementwise, ph, 2.0 * scores, 2.0 * e * scores + scores, rc);
-      gemm("attention_pv", ph, sl, hd, s, e, rc, batch, true, op_class::attention);
-      vector("attention_context_copy", op_class::elementwise, ph, 0, 2.0 * e * T * q, rc);
+      gemm("attention_pv", ph, sl, head_v(), s, e, rc, batch, true, op_class::attention);
+      vector("attention_context_copy", op_class::elementwise, ph, 0, 2.0 * e * T * out_width(), rc);
     }
 
     void attention_backward() {
@@ -327,30 +339,57 @@ struct kernel_level {
         op.phase = op_phase::backward_input;
         op.flops = attention_dense_flops() * k.attention_causal_factor * 2.5;
         op.model_flops = 2.0 * attention_dense_flops();
-        op.bytes = e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
+        op.bytes = m.is_mla() ? e * T * mla_dims::of(m, t).attention_bytes_backward() + 8.0 * T * heads
+                              : e * T * (4.0 * q + 4.0 * kv) + 8.0 * T * heads;
         push(op, op.flops / (peak16 * pr.flash_backward * pr.at_scale) * 1e9);
         return;
       }
       const double batch = b * heads;
       const double scores = batch * sl * s;
       const op_phase B = op_phase::backward_input;
-      vector("attention_context_copy", op_class::elementwise, B, 0, 2.0 * e * T * q, false);
+      vector("attention_context_copy", op_class::elementwise, B, 0, 2.0 * e * T * out_width(), false);
       // d(PV): dP = dO V^T [sl x s, K = hd] and dV = P^T dO [s x hd, K = sl]
-      gemm("attention_pv", B, sl, s, hd, e, false, batch, true, op_class::attention);
-      gemm("attention_pv", B, s, hd, sl, e, false, batch, false, op_class::attention);
+      gemm("attention_pv", B, sl, s, head_v(), e, false, batch, true, op_class::attention);
+      gemm("attention_pv", B, s, head_v(), sl, e, false, batch, false, op_class::attention);
       if (m.dropout) vector("attention_dropout", op_class::elementwise, B, 2.0 * scores, 2.0 * e * scores + scores, false);
       vector("attention_softmax", op_class::norm, B, 4.0 * scores, 3.0 * e * scores, false, true);
       // d(QK^T): dQ = dS K [sl x hd, K = s], dK = dS^T Q [s x hd, K = sl]
-      gemm("attention", B, sl, hd, s, e, false, batch, true, op_class::attention);
-      gemm("attention", B, s, hd, sl, e, false, batch, false, op_class::attention);
+      gemm("attention", B, sl, head_qk(), s, e, false, batch, true, op_class::attention);
+      gemm("attention", B, s, head_qk(), sl, e, false, batch, false, op_class::attention);
+    }
+
+    // Multi-head latent attention: as `roofline`'s (fused down projections on the gathered
+    // tokens, the latents' RMSNorms, up projections, attention, output projection).
+    void mla_forward(op_phase ph, bool rc) {
+      const mla_dims d = mla_dims::of(m, t);
+      linear_forward("mla_down_proj", "", ph, h, d.down, rc, false);
+      vector("mla_latent_norm", op_class::norm, ph, 4.0 * T * d.latents, 2.0 * e * T * d.latents, rc);
+      linear_forward("mla_q_up_proj", "", ph, d.q_in, d.q, rc, false);
+      linear_forward("mla_kv_up_proj", "", ph, d.kv_in, d.kv_up, rc, false);
+      attention_forward(ph, rc);
+      linear_forward("attn_out_proj", "", ph, d.o, h, rc, false);
+    }
+    void mla_backward() {
+      const mla_dims d = mla_dims::of(m, t);
+      linear_backward("attn_out_proj", "attn_out_proj_bias_grad", d.o, h);
+      if (par.recompute == recompute_kind::selective) attention_forward(op_phase::backward_input, true);
+      attention_backward();
+      linear_backward("mla_kv_up_proj", "", d.kv_in, d.kv_up);
+      linear_backward("mla_q_up_proj", "", d.q_in, d.q);
+      vector("mla_latent_norm", op_class::norm, op_phase::backward_input, 8.0 * T * d.latents, 4.0 * e * T * d.latents, false);
+      linear_backward("mla_down_proj", "", h, d.down);
     }
 
     void layer_forward(op_phase ph, bool rc) {
       first_of_layer = true;
       norm_forward("input_norm", ph, rc);
-      linear_forward("qkv_proj", "qkv_bias", ph, h, q + 2.0 * kv, rc, true);
-      attention_forward(ph, rc);
-      linear_forward("attn_out_proj", "", ph, q, h, rc, false);  // bias fused into the residual
+      if (m.is_mla()) {
+        mla_forward(ph, rc);
+      } else {
+        linear_forward("qkv_proj", "qkv_bias", ph, h, q + 2.0 * kv, rc, true);
+        attention_forward(ph, rc);
+        linear_forward("attn_out_proj", "", ph, q, h, rc, false);  // bias fused into the residual
+      }
       residual_forward("attn_residual", ph, rc);
       norm_forward("post_attn_norm", ph, rc);
       if (m.is_moe()) {
@@ -388,10 +427,54 @@ struct kernel_level {
     }
 
     // One grouped GEMM over the local experts; its model FLOPs discount the capacity padding.
+    // Transformer Engine's GroupedLinear launches one cuBLAS GEMM per local expert from its C++
+    // loop (general_grouped_gemm): one framework op, a launch per expert.
     void expert_gemm(std::string_view name, op_phase ph, double M, double N, double K, double c_bytes, bool rc,
                      const moe_layer_shape& x) {
       gemm(name, ph, M, N, K, c_bytes, rc, x.local_experts, !rc);
-      out.ops.back().model_flops *= x.model_fraction;
+      op_cost& op = out.ops.back();
+      op.model_flops *= x.model_fraction;
+      const auto launches = static_cast<std::int32_t>(x.local_experts);
+      op.cpu = detail::round_ns(static_cast<double>(op.cpu) + (launches - 1) * pr.cpu_launch_ns);
+      op.kernels = launches;
+    }
+
+    // Tiny latency-bound kernels of one framework op: each at least min_kernel_ns on the GPU and
+    // one launch on the host.
+    void small_kernels(std::string_view name, op_phase ph, std::int32_t kernels, double bytes, bool rc) {
+      vector(name, op_class::elementwise, ph, 0, bytes, rc);
+      op_cost& op = out.ops.back();
+      op.duration = std::max(op.duration, detail::round_ns(kernels * pr.min_kernel_ns));
+      op.cpu = detail::round_ns(static_cast<double>(op.cpu) + (kernels - 1) * pr.cpu_launch_ns);
+      op.kernels = kernels;
+    }
+
+    // Megatron's MoEAlltoAllTokenDispatcher (dropless): `preprocess` counts the tokens per expert
+    // (routing_map.sum), and with EP or expert TP all-gathers the counts over the EP x expert-TP
+    // group (moe_layer_collectives) and reduces them to the all-to-all's input and output splits
+    // and the local experts' row counts; the splits and counts are copied to the host
+    // (all_to_all_single and TE's GroupedLinear take them as host lists), so the host waits for
+    // the device before it launches the dispatch (its cuda_sync_point): the permutation carries
+    // the synchronisation (`op_cost::host_sync`). Launches: the count, its int64 cast, and with
+    // EP or expert TP the local experts' slice, two sums and the split reshapes (7 kernels);
+    // 3 device-to-host copies (2 without a dispatch). A capacity factor pads every expert to a
+    // static size: no counts, no synchronisation.
+    [[nodiscard]] bool dropless_sync() const noexcept { return m.moe.capacity_factor <= 0; }
+    void token_counts(op_phase ph, bool rc, const moe_layer_shape& x) {
+      if (!dropless_sync()) return;
+      const bool dispatch = par.ep > 1 || par.expert_tp() > 1;
+      const double E = static_cast<double>(m.moe.experts);
+      small_kernels("moe_token_counts", ph, dispatch ? 10 : 4, x.tokens * E + 16.0 * E, rc);
+    }
+
+    // Megatron's sort_chunks_by_idxs with several local experts and EP: the received tokens come
+    // grouped by source rank, the grouped GEMM wants them by expert; one copy of the rank's
+    // copies after the dispatch, its inverse before the combine (and their gradients).
+    [[nodiscard]] bool sorts_chunks(const moe_layer_shape& x) const noexcept {
+      return m.moe.dispatcher == moe_dispatcher::alltoall && par.ep > 1 && x.local_experts > 1;
+    }
+    void sort_chunks(op_phase ph, bool rc, const moe_layer_shape& x) {
+      if (sorts_chunks(x)) vector("moe_sort_chunks", op_class::elementwise, ph, 0, 2.0 * e * h * x.copies + 8.0 * x.copies, rc);
     }
 
     // Router, permutation, the rank's experts (grouped GEMMs), unpermutation, shared experts.
@@ -401,13 +484,17 @@ struct kernel_level {
       gemm("moe_router", ph, x.tokens, E, h, e, rc);
       // softmax over the scores in fp32, top-k selection, the routing map and probabilities
       vector("moe_route", op_class::norm, ph, 8.0 * x.tokens * E, x.tokens * E * (e + 8.0) + 12.0 * x.tokens * top, rc, true);
+      token_counts(ph, rc, x);
       vector("moe_permute", op_class::elementwise, ph, 0, e * h * (x.tokens + x.routed) + 8.0 * x.routed, rc);
+      out.ops.back().host_sync = dropless_sync();
+      sort_chunks(ph, rc, x);
       const bool gelu = m.mlp == mlp_kind::gelu;
       expert_gemm(gelu ? "moe_expert_fc1" : "moe_expert_gate", ph, x.rows, x.width, h, e, rc, x);
       if (!gelu) expert_gemm("moe_expert_up", ph, x.rows, x.width, h, e, rc, x);
       vector("moe_expert_act", op_class::elementwise, ph, (gelu ? 8.0 : 6.0) * x.copies * x.width,
              (gelu ? 2.0 : 3.0) * e * x.copies * x.width, rc);
       expert_gemm(gelu ? "moe_expert_fc2" : "moe_expert_down", ph, x.rows, h, x.width, e, rc, x);
+      sort_chunks(ph, rc, x);
       vector("moe_unpermute", op_class::elementwise, ph, 2.0 * x.routed * h, e * h * (x.routed + x.tokens) + 4.0 * x.routed, rc);
       if (x.shared_width > 0) mlp_forward(ph, rc, x.shared_width);
     }
@@ -419,6 +506,7 @@ struct kernel_level {
       if (x.shared_width > 0) mlp_backward(x.shared_width);
       // the gradient of each copy (scaled by its probability) and of the probabilities
       vector("moe_unpermute", op_class::elementwise, B, 2.0 * x.routed * h, e * h * (x.tokens + 2.0 * x.routed), false);
+      sort_chunks(B, false, x);
       const bool gelu = m.mlp == mlp_kind::gelu;
       const std::string_view out_name = gelu ? "moe_expert_fc2" : "moe_expert_down";
       expert_gemm(out_name, B, x.rows, x.width, h, e, false, x);
@@ -432,6 +520,7 @@ struct kernel_level {
       const std::string_view in_name = gelu ? "moe_expert_fc1" : "moe_expert_gate";
       expert_gemm(in_name, B, x.rows, h, x.width, e, false, x);
       expert_gemm(in_name, W, h, x.width, x.rows, 8.0, false, x);
+      sort_chunks(B, false, x);
       vector("moe_permute", op_class::elementwise, B, x.routed * h, e * h * (x.routed + x.tokens), false);
       vector("moe_route", op_class::norm, B, 6.0 * x.tokens * E, x.tokens * E * (2.0 * e + 4.0) + 8.0 * x.tokens * top, false, true);
       gemm("moe_router", B, x.tokens, h, E, e, false);
@@ -448,6 +537,11 @@ struct kernel_level {
       }
       norm_backward("post_attn_norm", "post_attn_norm_weight_grad");
       residual_backward("attn_residual");
+      if (m.is_mla()) {
+        mla_backward();
+        norm_backward("input_norm", "input_norm_weight_grad");
+        return;
+      }
       linear_backward("attn_out_proj", "attn_out_proj_bias_grad", q, h);
       if (par.recompute == recompute_kind::selective) attention_forward(op_phase::backward_input, true);
       attention_backward();

@@ -108,10 +108,16 @@ namespace detail {
 /// weight gradients are their fp8 casts, 1 byte an element: the QKV and first MLP inputs
 /// (replicated: 2 sbh less), the attention output projection's and the last MLP GEMM's inputs
 /// (sharded: sbq + sbf less). The other saved tensors stay 16-bit.
+/// Multi-head latent attention: sharded Q and K (2 x 2 sb heads qk_head_dim), V and the attention
+/// output (2 x 2 sb heads v_head_dim); `duplicated`, on every TP rank whatever sp says (the down
+/// projections run whole on each after the sequence-parallel all-gather): the latents before and
+/// after their RMSNorms (2 x 2 sb (q_lora_rank + kv_lora_rank)); in fp8 the up projections' inputs
+/// are 1 byte (sb (q_lora_rank + kv_lora_rank) less).
 struct layer_activation_terms {
   double replicated;
   double sharded;
   double core;
+  double duplicated = 0;
 };
 
 [[nodiscard]] constexpr layer_activation_terms layer_activations(const transformer& m,
@@ -125,6 +131,17 @@ struct layer_activation_terms {
   r.sharded = 2.0 * sb * q + 4.0 * sb * kv + 2.0 * sb * q +
               (m.mlp == mlp_kind::gelu ? 4.0 * sb * f : 6.0 * sb * f);
   r.core = (m.dropout ? 5.0 : 2.0) * a * s * sb;
+  if (m.is_mla()) {
+    const double qk = static_cast<double>(m.qk_head_dim()), v = static_cast<double>(m.v_head_dim());
+    const double latents = static_cast<double>(m.mla.q_lora_rank + m.mla.kv_lora_rank);
+    r.sharded = 4.0 * sb * a * qk + 4.0 * sb * a * v + (m.mlp == mlp_kind::gelu ? 4.0 * sb * f : 6.0 * sb * f);
+    r.duplicated = 4.0 * sb * latents - (fp8 ? sb * latents : 0.0);
+    if (fp8) {
+      r.replicated -= 2.0 * sb * h;
+      r.sharded -= sb * a * v + sb * f;
+    }
+    return r;
+  }
   if (fp8) {
     r.replicated -= 2.0 * sb * h;
     r.sharded -= sb * q + sb * f;
@@ -154,7 +171,8 @@ struct layer_activation_terms {
   }
   const detail::layer_activation_terms a = detail::layer_activations(m, par.micro_batch, par.dtype == precision::fp8);
   const bool keep_core = !flash_attention && par.recompute == recompute_kind::none;
-  return (a.replicated / rep_div + a.sharded / t + (keep_core ? a.core / t : 0.0)) / c;
+  const double bytes = (a.replicated / rep_div + a.sharded / t + (keep_core ? a.core / t : 0.0)) / c;
+  return m.is_mla() ? bytes + a.duplicated / c : bytes;
 }
 
 /// Token copies one rank's routed experts compute per micro-batch, as a multiple of the
@@ -189,21 +207,28 @@ struct layer_activation_terms {
   const double per_width = (m.mlp == mlp_kind::gelu ? 4.0 : 6.0) - (fp8 ? 1.0 : 0.0);
   const double dense_mlp = per_width * sb * static_cast<double>(m.ffn) / t;
   const double router = 4.0 * sb / (par.sequence_parallel() ? t : 1.0) * static_cast<double>(m.moe.experts);
-  const double copies = expert_token_factor(m) * sb;
-  const double experts = copies * ((fp8 ? 1.0 : 2.0) * h + per_width * ef / t);
+  // The copies of the rank's expert-tensor-parallel group, each at its 1 / etp slice of width
+  // (moe_shape; sb x factor when etp = tp).
+  const int etp = par.expert_tp();
+  const double copies = expert_token_factor(m) * (etp == par.tp ? sb : sb / t * etp);
+  const double experts = copies * ((fp8 ? 1.0 : 2.0) * h + per_width * ef / etp);
   const double shared = per_width * sb * static_cast<double>(m.moe.shared_experts) * ef / t;
   return layer_activation_bytes(m, par, flash_attention) - dense_mlp + router + experts + shared;
 }
 
 /// MoE dispatch buffers of one layer per micro-batch on one rank (see `memory_breakdown`):
 /// all-to-all — send and receive buffers of the rank's token copies (2 x 2 h x T/t x top_k);
-/// allgather — the tokens gathered over the EP x TP group (2 h x ep x T) and their
-/// reduce-scatter input. 0 for a dense model or ep = 1 with tp = 1 (nothing moves).
+/// allgather — the tokens gathered over the EP x expert-TP group (2 h x ep x T, T / t x etp for
+/// each of the ep ranks when expert tp differs from tp) and their
+/// reduce-scatter input. 0 for a dense model or ep = 1 with expert tp = 1 (nothing moves).
 [[nodiscard]] constexpr double moe_dispatch_buffer_bytes(const transformer& m, const parallel_config& par) noexcept {
-  if (!m.is_moe() || (par.ep <= 1 && par.tp <= 1)) return 0.0;
+  if (!m.is_moe() || (par.ep <= 1 && par.expert_tp() <= 1)) return 0.0;
   const double T = static_cast<double>(par.local_seq(m)) * static_cast<double>(par.micro_batch);
   const double e = activation_bytes(par.dtype), h = static_cast<double>(m.hidden);
-  if (m.moe.dispatcher == moe_dispatcher::allgather) return 2.0 * e * h * T * static_cast<double>(par.ep);
+  if (m.moe.dispatcher == moe_dispatcher::allgather) {
+    const int etp = par.expert_tp();
+    return etp == par.tp ? 2.0 * e * h * T * static_cast<double>(par.ep) : 2.0 * e * h * T / par.tp * etp * static_cast<double>(par.ep);
+  }
   return 2.0 * e * h * T / par.tp * expert_token_factor(m);
 }
 
@@ -266,17 +291,25 @@ struct fp8_gemm_count {
 [[nodiscard]] inline fp8_gemm_count fp8_gemms_per_rank(const transformer& m, const parallel_config& par, int stage) {
   detail::require_stage(par, stage);
   const double t = par.tp, h = static_cast<double>(m.hidden);
-  const double attention = (h * static_cast<double>(m.q_width() + 2 * m.kv_width()) + static_cast<double>(m.q_width()) * h) / t;
+  // MLA: its down projections (one GEMM, duplicated on the TP ranks), two up projections and the
+  // output projection.
+  const mla_weights mla = mla_matmul_weights(m);
+  const double attention = m.is_mla() ? static_cast<double>(mla.duplicated) + static_cast<double>(mla.sharded) / t
+                                      : (h * static_cast<double>(m.q_width() + 2 * m.kv_width()) + static_cast<double>(m.q_width()) * h) / t;
+  const double attention_gemms = m.is_mla() ? 4.0 : 2.0;
   const double mlp_gemms = m.mlp == mlp_kind::gelu ? 2.0 : 3.0;
   const double moe_layers = static_cast<double>(stage_moe_layers(m, par, stage));
   const double dense_layers = static_cast<double>(par.stage_layers(m, stage)) - moe_layers;
   fp8_gemm_count c;
-  c.weights = dense_layers * static_cast<double>(layer_matmul_weights(m)) / t;
-  c.gemms = dense_layers * (2.0 + mlp_gemms);
+  c.weights = m.is_mla() ? dense_layers * (attention + mlp_gemms * h * static_cast<double>(m.ffn) / t)
+                         : dense_layers * static_cast<double>(layer_matmul_weights(m)) / t;
+  c.gemms = dense_layers * (attention_gemms + mlp_gemms);
   if (moe_layers > 0) {
     const double experts = static_cast<double>(m.moe.experts / par.ep + m.moe.shared_experts);
-    c.weights += moe_layers * (attention + experts * static_cast<double>(expert_matmul_weights(m)) / t);
-    c.gemms += moe_layers * (2.0 + experts * mlp_gemms);
+    const double routed = static_cast<double>(m.moe.experts / par.ep), shared = static_cast<double>(m.moe.shared_experts);
+    const double one = static_cast<double>(expert_matmul_weights(m));
+    c.weights += moe_layers * (attention + (par.expert_tp() == par.tp ? experts * one / t : routed * one / par.expert_tp() + shared * one / t));
+    c.gemms += moe_layers * (attention_gemms + experts * mlp_gemms);
   }
   return c;
 }

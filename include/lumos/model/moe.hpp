@@ -16,15 +16,17 @@
 namespace lumos::model {
 
 /// The sizes of one MoE layer on one rank for one micro-batch of T = b s tokens, t = tp,
-/// balanced routing (every expert receives the same share; what the Megatron-Bridge
+/// x = expert_tp() (the expert-tensor-parallel size), balanced routing (every expert receives the same share; what the Megatron-Bridge
 /// benchmarks force). See `expert_token_factor` (memory.hpp) for the derivation of `copies`.
 struct moe_layer_shape {
   double tokens = 0;         ///< tokens the rank's router sees: T / t (its sequence shard), T when t = 1
   double routed = 0;         ///< token copies the rank sends to experts: tokens x top_k x capacity
-  double copies = 0;         ///< token copies the rank's experts compute: T x top_k x capacity
+  /// token copies the rank's experts compute: routed x x, the copies of the x ranks of its
+  /// expert-tensor-parallel group (T x top_k x capacity when x = t)
+  double copies = 0;
   double local_experts = 0;  ///< routed experts on the rank: experts / ep
   double rows = 0;           ///< rows of each expert's GEMMs: copies / local_experts
-  double width = 0;          ///< each expert's FFN slice: expert_ffn / t
+  double width = 0;          ///< each expert's FFN slice: expert_ffn / x
   double shared_width = 0;   ///< the shared experts' FFN slice: shared_experts x expert_ffn / t
   /// Model FLOPs per executed FLOP of the expert GEMMs: 1 / capacity factor (padding is not
   /// useful work, dropped tokens are not done), 1 when dropless.
@@ -39,18 +41,20 @@ struct moe_layer_shape {
   const double factor = expert_token_factor(m);
   x.tokens = par.sequence_parallel() ? T / t : T;
   x.routed = x.tokens * factor;
-  x.copies = T * factor;
+  const int etp = par.expert_tp();
+  x.copies = (etp == par.tp ? T : x.tokens * etp) * factor;
   x.local_experts = static_cast<double>(m.moe.experts / par.ep);
   x.rows = x.copies / x.local_experts;
-  x.width = static_cast<double>(m.moe.expert_ffn) / t;
+  x.width = static_cast<double>(m.moe.expert_ffn) / etp;
   x.shared_width = static_cast<double>(m.moe.shared_experts * m.moe.expert_ffn) / t;
   x.model_fraction = m.moe.capacity_factor > 0 ? 1.0 / m.moe.capacity_factor : 1.0;
   return x;
 }
 
 /// The group a token-dispatch collective runs over: the expert-parallel group (ep ranks,
-/// stride tp), the tensor-parallel group (expert tensor parallelism), or both together (ep x tp
-/// consecutive ranks: the allgather dispatcher's group).
+/// stride expert_tp()), the expert-tensor-parallel group (expert_tp() consecutive ranks; the
+/// tensor-parallel group when expert_tp() = tp), or both together (ep x expert_tp() consecutive
+/// ranks: the allgather dispatcher's group).
 enum class moe_group : std::uint8_t { ep, tp, ep_tp };
 
 /// Where a dispatch collective sits in the MoE layer's ops (see `moe_layer_collectives`).
@@ -76,15 +80,16 @@ struct moe_collective {
 
 /// The dispatch collectives of one MoE layer in execution order, forward then backward
 /// (Megatron's token dispatchers):
-///  - alltoall: forward, after the permutation, the all-to-all dispatch over the EP group (each
-///    rank's `routed` copies, h wide) and, with tp > 1, the all-gather of the received copies
-///    over the TP group (expert tensor parallelism); before the unpermutation their reverse
+///  - alltoall: dropless, before the permutation, the all-gather of the token counts per expert
+///    (int64) over the EP x expert-TP group; forward, after the permutation, the all-to-all dispatch over the EP group (each
+///    rank's `routed` copies, h wide) and, with expert_tp() > 1, the all-gather of the received
+///    copies over the expert-TP group (expert tensor parallelism); before the unpermutation their reverse
 ///    (reduce-scatter, all-to-all combine). Backward mirrors them: after the unpermutation's
 ///    gradient the all-to-all and the all-gather, before the permutation's gradient the
-///    reduce-scatter and the all-to-all. Empty when ep = 1 and tp = 1.
-///  - allgather: the tokens (not their copies) all-gathered over the EP x TP group before the
-///    permutation, the outputs reduce-scattered after the unpermutation; backward the reverse.
-///    Empty when ep x tp = 1.
+///    reduce-scatter and the all-to-all. Empty when ep = 1 and expert_tp() = 1.
+///  - allgather: the tokens (not their copies) all-gathered over the EP x expert-TP group before
+///    the permutation, the outputs reduce-scattered after the unpermutation; backward the reverse.
+///    Empty when ep x expert_tp() = 1.
 /// Full recomputation repeats the forward ones in backward; callers add them. Into `out`
 /// (overwritten). Precondition: `m.is_moe()` (else `out` is empty).
 inline void moe_layer_collectives(const transformer& m, const parallel_config& par, std::vector<moe_collective>& out) {
@@ -94,9 +99,10 @@ inline void moe_layer_collectives(const transformer& m, const parallel_config& p
   const double row = static_cast<double>(m.hidden) * activation_bytes(par.dtype);
   using C = collective;
   using H = moe_hook;
+  const int etp = par.expert_tp();
   if (m.moe.dispatcher == moe_dispatcher::allgather) {
-    if (std::int64_t{par.ep} * par.tp <= 1) return;
-    const auto gathered = static_cast<std::int64_t>(x.tokens * row * par.ep * par.tp);
+    if (std::int64_t{par.ep} * etp <= 1) return;
+    const auto gathered = static_cast<std::int64_t>(x.tokens * row * par.ep * etp);
     out.push_back({"moe_dispatch_all_gather", C::all_gather, gathered, moe_group::ep_tp, H::before_permute});
     out.push_back({"moe_combine_reduce_scatter", C::reduce_scatter, gathered, moe_group::ep_tp, H::after_unpermute});
     out.push_back({"moe_combine_grad_all_gather", C::all_gather, gathered, moe_group::ep_tp, H::before_unpermute_grad});
@@ -105,7 +111,12 @@ inline void moe_layer_collectives(const transformer& m, const parallel_config& p
   }
   const auto sent = static_cast<std::int64_t>(x.routed * row);
   const auto gathered = static_cast<std::int64_t>(x.copies * row);
-  const bool ep = par.ep > 1, tp = par.tp > 1;
+  const bool ep = par.ep > 1, tp = etp > 1;
+  // Dropless: the int64 token counts per expert all-gathered over the EP x expert-TP group
+  // (the dispatcher's preprocess; tiny, latency-bound, before the host reads the splits).
+  if (m.moe.capacity_factor <= 0 && (ep || tp)) {
+    out.push_back({"moe_token_count_all_gather", C::all_gather, m.moe.experts * 8 * par.ep * etp, moe_group::ep_tp, H::before_permute});
+  }
   if (ep) out.push_back({"moe_dispatch_all_to_all", C::all_to_all, sent, moe_group::ep, H::after_permute});
   if (tp) out.push_back({"moe_dispatch_tp_all_gather", C::all_gather, gathered, moe_group::tp, H::after_permute});
   if (tp) out.push_back({"moe_combine_tp_reduce_scatter", C::reduce_scatter, gathered, moe_group::tp, H::before_unpermute});
@@ -116,23 +127,25 @@ inline void moe_layer_collectives(const transformer& m, const parallel_config& p
   if (ep) out.push_back({"moe_dispatch_grad_all_to_all", C::all_to_all, sent, moe_group::ep, H::before_permute_grad});
 }
 
-/// Placement of an expert-parallel group: ep ranks of the DP x CP group, stride tp. O(ep).
+/// Placement of an expert-parallel group in the folded expert grid (`parallel_config`): ep
+/// ranks, stride expert_tp() (with etp = tp: ep ranks of the DP x CP group). Its node span (an
+/// EP group wider than a node sends its all-to-alls over the network) follows. O(ep).
 [[nodiscard]] inline group_placement expert_parallel_group(const parallel_config& par, const hardware& hw) {
-  return detail::place(0, par.tp, par.ep, hw);
+  return detail::place(0, par.expert_tp(), par.ep, hw);
 }
 
-/// Placement of an expert-data-parallel group (the replicas of one expert shard): dp * cp / ep
-/// ranks, stride tp x ep. O(dp * cp / ep).
+/// Placement of an expert-data-parallel group (the replicas of one expert shard):
+/// `expert_data_parallel()` ranks, stride ep x expert_tp(). O(expert_data_parallel()).
 [[nodiscard]] inline group_placement expert_data_parallel_group(const parallel_config& par, const hardware& hw) {
-  return detail::place(0, std::int64_t{par.tp} * par.ep, par.expert_data_parallel(), hw);
+  return detail::place(0, std::int64_t{par.expert_tp()} * par.ep, par.expert_data_parallel(), hw);
 }
 
 /// Placement of the group `g` of `par`.
 [[nodiscard]] inline group_placement moe_group_placement(moe_group g, const parallel_config& par, const hardware& hw) {
   switch (g) {
     case moe_group::ep: return expert_parallel_group(par, hw);
-    case moe_group::tp: return tensor_parallel_group(par, hw);
-    case moe_group::ep_tp: return detail::place(0, 1, std::int64_t{par.tp} * par.ep, hw);
+    case moe_group::tp: return par.expert_tp() == par.tp ? tensor_parallel_group(par, hw) : detail::place(0, 1, par.expert_tp(), hw);
+    case moe_group::ep_tp: return detail::place(0, 1, std::int64_t{par.expert_tp()} * par.ep, hw);
   }
   return {};
 }

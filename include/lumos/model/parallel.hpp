@@ -45,12 +45,16 @@ enum class cp_comm_kind : std::uint8_t { p2p, allgather };
 /// ranks at stride tp): each holds seq / cp tokens of every micro-batch (2 chunks of seq / (2 cp)
 /// for causal load balancing), so the CP ranks share a micro-batch and gradients and the
 /// distributed optimizer are reduced and sharded over the dp * cp ranks of a stage.
-/// Expert parallelism (MoE models) does not add to the world: the `ep` ranks of an
-/// expert-parallel group are `ep` consecutive ranks of the DP x CP group (stride tp), each
-/// holding experts / ep of every MoE layer's experts; an expert's weights are sharded over the
-/// TP group as the dense MLP's are (expert tensor parallelism = tp, Megatron's default), and its
-/// gradients are reduced over the expert-data-parallel group of dp * cp / ep ranks (stride
-/// tp * ep). EP divides DP x CP (Megatron's rule).
+/// Expert parallelism (MoE models) does not add to the world. Megatron's MoE parallel folding
+/// (Liu et al. 2025, "MoE Parallel Folding"; `--expert-tensor-parallel-size`): the expert layers
+/// lay their own grid ETP x EP x EDP over the same tp * cp * dp ranks of a pipeline stage as the
+/// attention's TP x CP x DP, etp innermost: an expert-tensor-parallel group is `etp` consecutive
+/// ranks (each holding 1 / etp of its experts' width), an expert-parallel group `ep` ranks at
+/// stride etp (each holding experts / ep of every MoE layer's experts), and the
+/// expert-data-parallel group, over which the experts' gradients are reduced and their optimizer
+/// sharded, the tp * cp * dp / (ep * etp) ranks at stride ep * etp. EP x ETP divides TP x CP x DP.
+/// `etp = 0` means etp = tp (Megatron's default when the size is not set); then the rule is
+/// Megatron's older one, EP divides DP x CP, and the EP group is ep ranks of the DP x CP group.
 /// Each iteration runs `micro_batches()` micro-batches of `micro_batch` sequences on every
 /// pipeline; `global_batch` counts sequences over all data-parallel replicas.
 /// The pipeline schedule is not interpreted here: `schedule` is an opaque name for pipeline/.
@@ -61,7 +65,8 @@ struct parallel_config {
   int cp = 1;  ///< context-parallel size (ranks sharing each sequence); 1 = none
   cp_comm_kind cp_comm = cp_comm_kind::p2p;  ///< how CP ranks exchange keys and values
   int vp = 1;  ///< virtual pipeline chunks per stage (interleaved schedule); 1 = none
-  int ep = 1;  ///< expert-parallel size (MoE models; divides dp * cp); 1 = every rank holds every expert
+  int ep = 1;  ///< expert-parallel size (MoE models; ep * expert_tp() divides tp * cp * dp); 1 = every rank holds every expert
+  int etp = 0;  ///< expert-tensor-parallel size (MoE models); 0 = tp (see `expert_tp`)
   bool sp = false;  ///< sequence parallelism (Korthikanti et al.); no effect when tp == 1
   /// Megatron's `--tp-comm-overlap` (Transformer Engine userbuffers): each sequence-parallel
   /// collective of a layer overlaps the GEMM beside it. Needs sp when tp > 1.
@@ -98,9 +103,14 @@ struct parallel_config {
   [[nodiscard]] constexpr std::int64_t local_seq(const transformer& m) const noexcept {
     return cp > 1 ? m.seq / cp : m.seq;
   }
-  /// Ranks of an expert-data-parallel group (the replicas of one expert shard): dp * cp / ep.
+  /// Expert-tensor-parallel size: `etp`, or tp when etp is 0.
+  [[nodiscard]] constexpr int expert_tp() const noexcept { return etp > 0 ? etp : tp; }
+  /// Ranks of an expert-data-parallel group (the replicas of one expert shard):
+  /// tp * cp * dp / (ep * expert_tp()), which is dp * cp / ep when etp = tp.
   [[nodiscard]] constexpr int expert_data_parallel() const noexcept {
-    return ep > 0 ? gradient_ranks() / ep : gradient_ranks();
+    if (ep <= 0) return gradient_ranks();
+    if (expert_tp() == tp) return gradient_ranks() / ep;
+    return static_cast<int>(std::int64_t{tp} * gradient_ranks() / (std::int64_t{ep} * expert_tp()));
   }
   /// Whether parameters are sharded over data parallelism (FSDP, or ZeRO stage 3).
   [[nodiscard]] constexpr bool sharded_parameters() const noexcept { return fsdp || zero_stage >= 3; }
@@ -242,34 +252,39 @@ struct parallel_config {
     }
   }
 
-  /// The expert-parallel rules of `validate`: ep > 1 needs a MoE model; ep divides dp * cp (the
-  /// EP group is made of data- and context-parallel ranks) and the routed experts; with tp > 1 the expert FFN
-  /// divides by tp (expert tensor parallelism = tp) and sequence parallelism is on (Megatron
-  /// requires it for MoE with tensor parallelism: the router sees each rank's sequence shard).
+  /// The expert-parallel rules of `validate`: ep > 1 or etp > 0 needs a MoE model; etp >= 0;
+  /// ep * expert_tp() divides tp * cp * dp (the expert grid folds over the stage's ranks) and ep
+  /// the routed experts; expert_tp() divides the expert FFN; with tp > 1 sequence parallelism is
+  /// on (Megatron requires it for MoE with tensor parallelism: the router sees each rank's
+  /// sequence shard).
   void validate_experts(const transformer& m) const {
     const std::string e = std::to_string(ep);
     if (!m.is_moe()) {
-      if (ep > 1) {
-        throw error("ep = " + e + " needs a mixture-of-experts model: model '" + m.name +
-                    "' has no experts (set experts, or ep = 1)");
+      if (ep > 1 || etp > 0) {
+        throw error((ep > 1 ? "ep = " + e : "expert tp = " + std::to_string(etp)) + " needs a mixture-of-experts model: model '" +
+                    m.name + "' has no experts (set experts, or ep = 1 and no expert tp)");
       }
       return;
     }
-    if (gradient_ranks() % ep != 0) {
-      throw error("ep (" + e + ") must divide dp * cp (" + std::to_string(dp) + " * " + std::to_string(cp) + " = " +
-                  std::to_string(gradient_ranks()) +
-                  "): the expert-parallel group is made of data- and context-parallel ranks (EP divides DP x CP)");
+    if (etp < 0) throw error("expert tp must be at least 1 (or 0: the same as tp), got " + std::to_string(etp));
+    const std::int64_t stage_ranks = std::int64_t{tp} * cp * dp, expert_grid = std::int64_t{ep} * expert_tp();
+    if (stage_ranks % expert_grid != 0) {
+      throw error("ep * expert tp (" + e + " * " + std::to_string(expert_tp()) + " = " + std::to_string(expert_grid) +
+                  ") must divide tp * cp * dp (" + std::to_string(tp) + " * " + std::to_string(cp) + " * " + std::to_string(dp) +
+                  " = " + std::to_string(stage_ranks) +
+                  "): the expert layers fold EP x expert-TP x expert-DP over a pipeline stage's TP x CP x DP ranks"
+                  " (expert tp defaults to tp; set it, e.g. 1, or change ep)");
     }
     if (m.moe.experts % ep != 0) {
       throw error("model '" + m.name + "': experts (" + std::to_string(m.moe.experts) + ") must be divisible by ep (" + e +
                   "): each expert-parallel rank holds the same number of experts");
     }
+    if (m.moe.expert_ffn % expert_tp() != 0) {
+      throw error("model '" + m.name + "': expert_ffn (" + std::to_string(m.moe.expert_ffn) +
+                  ") is not divisible by expert tp (" + std::to_string(expert_tp()) +
+                  "): each expert-tensor-parallel rank holds the same slice of every local expert's width");
+    }
     if (tp > 1) {
-      if (m.moe.expert_ffn % tp != 0) {
-        throw error("model '" + m.name + "': expert_ffn (" + std::to_string(m.moe.expert_ffn) +
-                    ") is not divisible by tp (" + std::to_string(tp) +
-                    "): experts are sharded over the tensor-parallel group like the dense MLP");
-      }
       if (!sp) {
         throw error("a mixture-of-experts model with tp > 1 needs sequence parallelism (Megatron requires it): turn sp on");
       }

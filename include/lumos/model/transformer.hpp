@@ -1,6 +1,6 @@
 #pragma once
 // Decoder-only transformer description (dense or mixture-of-experts) and the GPT-3, Llama-3,
-// Qwen3-MoE, GPT-OSS and Mixtral presets.
+// Qwen3-MoE, GPT-OSS, Mixtral and DeepSeek-V3 presets.
 
 #include <lumos/core/error.hpp>
 
@@ -54,6 +54,25 @@ struct moe_spec {
   [[nodiscard]] constexpr bool enabled() const noexcept { return experts > 0; }
 };
 
+/// Multi-head latent attention (DeepSeek-V2/V3; Megatron-Core's `MLASelfAttention`): queries
+/// and keys/values pass through low-rank latents. Per token: the query down projection
+/// h -> q_lora_rank, its RMSNorm and the up projection q_lora_rank -> heads x (nope + rope); the
+/// key/value down projection h -> kv_lora_rank + rope (the rope part is one key shared by all
+/// heads), its RMSNorm on the kv_lora_rank part and the up projection kv_lora_rank -> heads x
+/// (nope + v); attention with query/key heads of nope + rope and value heads of v; the output
+/// projection heads x v -> h. Megatron keeps the down projections and their norms whole on every
+/// tensor-parallel rank (duplicated linear layers) and shards the up and output projections by
+/// heads. `kv_lora_rank == 0`: ordinary attention.
+struct mla_spec {
+  std::int64_t q_lora_rank = 0;   ///< query latent; 0 = queries projected directly h -> heads x (nope + rope)
+  std::int64_t kv_lora_rank = 0;  ///< key/value latent (0: no MLA)
+  std::int64_t qk_nope_dim = 0;   ///< per-head query/key dimensions without rotary positions
+  std::int64_t qk_rope_dim = 0;   ///< per-head query/key dimensions with rotary positions
+  std::int64_t v_dim = 0;         ///< per-head value dimensions
+
+  [[nodiscard]] constexpr bool enabled() const noexcept { return kv_lora_rank > 0; }
+};
+
 /// A decoder-only, pre-norm transformer. All sizes are counts (not bytes). Every layer is
 /// identical: norm -> attention (QKV, core, output projection) -> residual -> norm -> MLP ->
 /// residual; then a final norm and the logits projection.
@@ -81,6 +100,7 @@ struct transformer {
   /// `hidden` wide (Qwen3-MoE: 32 heads of 128 on a hidden of 2048; GPT-OSS: 64 of 64 on 2880).
   std::int64_t head_size = 0;
   moe_spec moe;  ///< mixture-of-experts layers (dense model when `moe.experts == 0`)
+  mla_spec mla;  ///< multi-head latent attention (ordinary attention when `mla.kv_lora_rank == 0`)
 
   [[nodiscard]] constexpr std::int64_t head_dim() const noexcept { return head_size > 0 ? head_size : hidden / heads; }
   /// Whether the model has mixture-of-experts layers.
@@ -93,6 +113,19 @@ struct transformer {
   [[nodiscard]] constexpr std::int64_t q_width() const noexcept { return heads * head_dim(); }
   /// Width of each of the key and value projections (kv_heads * head_dim).
   [[nodiscard]] constexpr std::int64_t kv_width() const noexcept { return kv_heads * head_dim(); }
+  /// Whether attention is multi-head latent attention.
+  [[nodiscard]] constexpr bool is_mla() const noexcept { return mla.enabled(); }
+  /// Per-head dimensions of queries and keys: nope + rope under MLA, else head_dim.
+  [[nodiscard]] constexpr std::int64_t qk_head_dim() const noexcept {
+    return is_mla() ? mla.qk_nope_dim + mla.qk_rope_dim : head_dim();
+  }
+  /// Per-head dimensions of values (and of the attention output): v_dim under MLA, else head_dim.
+  [[nodiscard]] constexpr std::int64_t v_head_dim() const noexcept { return is_mla() ? mla.v_dim : head_dim(); }
+  /// The width w of the attention core's FLOPs, 4 s^2 w per sequence (QK^T: 2 s^2 heads qk_head_dim,
+  /// PV: 2 s^2 heads v_head_dim): q_width, or heads (qk_head_dim + v_head_dim) / 2 under MLA.
+  [[nodiscard]] constexpr double attention_flops_width() const noexcept {
+    return is_mla() ? static_cast<double>(heads * (qk_head_dim() + v_head_dim())) / 2.0 : static_cast<double>(q_width());
+  }
 
   /// Throws `lumos::error` naming the first inconsistent field.
   void validate() const {
@@ -127,6 +160,7 @@ struct transformer {
                   std::to_string(head_size));
     }
     validate_moe();
+    validate_mla();
     if (head_size == 0 && hidden % heads != 0) {
       throw error("model '" + name + "': hidden (" + std::to_string(hidden) +
                   ") must be divisible by heads (" + std::to_string(heads) + ")");
@@ -135,6 +169,23 @@ struct transformer {
       throw error("model '" + name + "': heads (" + std::to_string(heads) +
                   ") must be a multiple of kv_heads (" + std::to_string(kv_heads) + ")");
     }
+  }
+
+  /// The `mla` part of `validate()`: nothing for ordinary attention; else q_lora_rank >= 0 and
+  /// positive per-head dimensions, each at most `max_size`, and no linear biases (MLA's
+  /// projections have none in DeepSeek's models; the model does not cost them).
+  void validate_mla() const {
+    if (mla.kv_lora_rank < 0) throw error("model '" + name + "': kv_lora_rank must be >= 0, got " + std::to_string(mla.kv_lora_rank));
+    if (!is_mla()) return;
+    const std::string m = "model '" + name + "': ";
+    for (const auto& [v, field] : {std::pair{mla.kv_lora_rank, "kv_lora_rank"}, std::pair{mla.qk_nope_dim, "qk_nope_dim"},
+                                   std::pair{mla.qk_rope_dim, "qk_rope_dim"}, std::pair{mla.v_dim, "v_dim"}}) {
+      if (v < 1 || v > max_size) throw error(m + field + " must be in [1, " + std::to_string(max_size) + "], got " + std::to_string(v));
+    }
+    if (mla.q_lora_rank < 0 || mla.q_lora_rank > max_size) {
+      throw error(m + "q_lora_rank must be in [0, " + std::to_string(max_size) + "], got " + std::to_string(mla.q_lora_rank));
+    }
+    if (linear_bias) throw error(m + "multi-head latent attention is modelled without linear biases: set linear_bias false");
   }
 
   /// The `moe` part of `validate()`: nothing to check for a dense model; else top_k in
@@ -321,10 +372,28 @@ namespace detail {
   return m;
 }
 
+/// DeepSeek-V3 (`deepseek-ai/DeepSeek-V3` config.json): 61 layers, hidden 7168, 128 heads of
+/// multi-head latent attention (q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128,
+/// qk_rope_head_dim 64, v_head_dim 128), the first 3 layers dense with an MLP of 18432
+/// (`first_k_dense_replace`, `intermediate_size`), then 256 routed experts of width 2048
+/// (`moe_intermediate_size`), 1 shared expert, top-8, vocabulary 129280, untied embeddings
+/// (671e9 parameters, 37e9 active). Not modelled: the multi-token-prediction module
+/// (`num_nextn_predict_layers` 1, about 14e9 more parameters, one more layer and logits head in
+/// training when enabled), the sigmoid router's score-correction bias and its group-limited
+/// top-k (costed as a plain top-k).
+[[nodiscard]] inline transformer deepseek_v3() {
+  transformer m = detail::moe_base("deepseek-v3", 61, 7168, 128, 128, 0, 129280);
+  m.ffn = 18432;
+  m.mla = {.q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_dim = 128, .qk_rope_dim = 64, .v_dim = 128};
+  m.moe = {.experts = 256, .shared_experts = 1, .top_k = 8, .expert_ffn = 2048, .first_dense_layers = 3};
+  return m;
+}
+
 /// Names accepted by `model_preset`.
-inline constexpr std::array<std::string_view, 12> model_preset_names = {
+inline constexpr std::array<std::string_view, 13> model_preset_names = {
     "gpt3-15b",   "gpt3-44b",   "gpt3-117b",     "gpt3-175b",       "llama3-8b",    "llama3-70b",
-    "llama3-405b", "llama3.1-405b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b"};
+    "llama3-405b", "llama3.1-405b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b",
+    "deepseek-v3"};
 
 /// The preset called `name` (see `model_preset_names`). Throws `lumos::error` listing the
 /// valid names when there is none.
@@ -341,6 +410,7 @@ inline constexpr std::array<std::string_view, 12> model_preset_names = {
   if (name == "qwen3-235b-a22b") return qwen3_235b_a22b();
   if (name == "gpt-oss-120b") return gpt_oss_120b();
   if (name == "mixtral-8x7b") return mixtral_8x7b();
+  if (name == "deepseek-v3") return deepseek_v3();
   std::string msg = "unknown model preset '" + std::string(name) + "'; valid names:";
   for (auto n : model_preset_names) {
     msg += ' ';

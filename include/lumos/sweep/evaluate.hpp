@@ -98,6 +98,8 @@ struct problem {
   bool overlap_param_gather = false;
   /// How the CP ranks exchange keys and values (`parallel_config::cp_comm`).
   model::cp_comm_kind cp_comm = model::cp_comm_kind::p2p;
+  /// Expert-tensor-parallel size of every configuration (`parallel_config::etp`; 0 = its tp).
+  int expert_tp = 0;
   /// For the configurations with FSDP: the shard group (`parallel_config::hsdp`, 0 = dp) and
   /// whether parameters are gathered again for the backward (`reshard_after_forward`).
   int hsdp = 0;
@@ -447,6 +449,7 @@ class evaluator {
     p.cp_comm = problem_.cp_comm;
     p.vp = c.vp;
     p.ep = c.ep;
+    p.etp = problem_.expert_tp;
     p.sp = c.sp;
     p.tp_comm_overlap = problem_.tp_comm_overlap && c.sp;
     p.overlap_param_gather = problem_.overlap_param_gather;

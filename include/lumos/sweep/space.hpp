@@ -23,7 +23,8 @@ struct space {
   std::vector<int> cp{1};  ///< context-parallel sizes
   std::vector<int> dp;  ///< empty: gpus / (tp·pp·cp)
   std::vector<int> vp{1};
-  std::vector<int> ep{1};  ///< expert-parallel sizes (MoE models); each must divide dp·cp
+  std::vector<int> ep{1};  ///< expert-parallel sizes (MoE models); ep·etp must divide tp·cp·dp
+  int expert_tp = 0;       ///< expert-tensor-parallel size (`parallel_config::etp`; 0 = each configuration's tp)
   std::vector<std::int64_t> micro_batch{1};
   std::vector<synth::schedule_policy> schedules{synth::policy_of<pipeline::one_f_one_b>()};
   std::vector<model::recompute_kind> recompute{model::recompute_kind::none};
@@ -32,8 +33,9 @@ struct space {
 };
 
 /// The configurations of `s` for `gpus` GPUs (0: no constraint), in order: tp, pp, cp, dp, vp,
-/// ep, micro-batch, schedule, recompute, sp, fsdp — the first varying slowest. An ep that does
-/// not divide dp·cp is left out (not a layout of this dp and cp). A cp that does not divide the
+/// ep, micro-batch, schedule, recompute, sp, fsdp — the first varying slowest. An ep whose
+/// expert grid ep·etp does not divide tp·cp·dp is left out (not a layout of these ranks; etp =
+/// `expert_tp`, or tp: then ep must divide dp·cp). A cp that does not divide the
 /// sequence into 2·cp chunks is kept and rejected by `validate`. Combinations whose sizes do
 /// not multiply to `gpus` are left out (they are not configurations of this machine); vp > 1
 /// with a schedule that has no chunks, are kept and rejected by `validate` with their reason.
@@ -69,7 +71,8 @@ struct space {
         for (std::size_t ivp = 0; ivp < s.vp.size(); ++ivp) {
           if (again(s.vp, ivp)) continue;
           for (std::size_t iep = 0; iep < s.ep.size(); ++iep) {
-          if (again(s.ep, iep) || s.ep[iep] < 1 || (std::int64_t{dp} * cp) % s.ep[iep] != 0) continue;
+          const std::int64_t etp = s.expert_tp > 0 ? s.expert_tp : tp;
+          if (again(s.ep, iep) || s.ep[iep] < 1 || (std::int64_t{tp} * dp * cp) % (s.ep[iep] * etp) != 0) continue;
           for (std::size_t imb = 0; imb < s.micro_batch.size(); ++imb) {
             if (again(s.micro_batch, imb)) continue;
             for (std::size_t isc = 0; isc < s.schedules.size(); ++isc) {

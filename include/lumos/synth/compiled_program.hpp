@@ -117,6 +117,11 @@ struct program_buffers {
   std::vector<model::moe_collective> moe_collectives;
   std::vector<std::int64_t> nodes;  ///< placement scratch
   std::array<std::vector<detail::item>, 4> layer_items, head_items, embed_items;
+  /// [pass kind] → a layer's items as runs that end at a host synchronisation (one run when none).
+  std::array<std::vector<detail::totals>, 4> layer_runs;
+  model::op_list dense_layer_ops;  ///< a MoE model's dense first layers: one layer's ops
+  std::array<std::vector<detail::item>, 4> dense_layer_items;
+  std::vector<detail::dense_chunk> dense_chunks;  ///< [virtual stage] → its dense layers (the leading ones)
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2> buckets;
   /// The routed experts' gradient buckets (reduced over the expert-data-parallel group), as `buckets`.
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2> expert_buckets;

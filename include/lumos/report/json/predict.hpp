@@ -28,7 +28,8 @@ inline void predict_job_json(json_writer& w, const synth::job& j, const synth::p
     // Only for MoE models, so that a dense model's object keeps its fields.
     w.field("experts", m.moe.experts).field("top_k", m.moe.top_k).field("expert_ffn", m.moe.expert_ffn);
     w.field("shared_experts", m.moe.shared_experts).field("capacity_factor", m.moe.capacity_factor);
-    w.field("moe_dispatcher", model::to_string(m.moe.dispatcher)).field("ep", p.ep);
+    w.field("moe_dispatcher", model::to_string(m.moe.dispatcher)).field("ep", p.ep).field("expert_tp", p.expert_tp());
+    w.field("expert_data_parallel", p.expert_data_parallel());
   }
   w.field("gpu", j.hardware.name).field("precision", model::to_string(p.dtype)).field("gpus", r.gpus);
   w.field("profile", profile_name);

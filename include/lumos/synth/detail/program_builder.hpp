@@ -75,10 +75,6 @@ class program_builder {
     bucket_params_ = opt_.bucket_params > 0 ? opt_.bucket_params : model::megatron_bucket_params(dp_);
     layers_per_chunk_ = static_cast<int>(par_.layers_per_chunk(m_));
     embedding_loss_in_split_ = par_.embedding_loss_in_split(m_);
-    if (m_.is_moe() && m_.moe.first_dense_layers > 0) {
-      throw error("model '" + m_.name + "': the program builder repeats one layer template, so first_dense_layers (" +
-                  std::to_string(m_.moe.first_dense_layers) + ") must be 0 to build or predict a MoE job");
-    }
     if (m_.is_moe() && (par_.zero_stage >= 2 || par_.fsdp) && dp_ > 1) {
       throw error("ZeRO stage " + std::to_string(par_.zero_stage) + (par_.fsdp ? " (FSDP)" : "") +
                   " with a mixture-of-experts model is not modelled: use zero_stage 0 or 1 (the distributed optimizer)");
@@ -236,6 +232,11 @@ class program_builder {
   [[nodiscard]] int chunk_layers(bool first, bool last) const noexcept {
     return std::max(0, layers_per_chunk_ - (embedding_loss_in_split_ && first ? 1 : 0) - (embedding_loss_in_split_ && last ? 1 : 0));
   }
+  /// Ranks of the expert grid's ETP x EP plane (model::parallel_config): the stride of an
+  /// expert-data-parallel group's columns.
+  [[nodiscard]] int expert_grid() const noexcept { return par_.expert_tp() * par_.ep; }
+  /// Parameters of one of a MoE model's dense first layers on a rank (reduced over DP).
+  [[nodiscard]] std::int64_t dense_layer_params() const noexcept { return model::layer_parameters_per_rank(m_, tp_); }
   time_ns launch_cost_ = 0;
   time_ns collective_cpu_ = 0;
   std::int64_t bucket_params_ = 0;
@@ -263,7 +264,7 @@ class program_builder {
   // [pass_kind][first][last] → totals of a whole chunk pass.
   std::array<std::array<std::array<totals, 2>, 2>, 4> pass_totals_{};
   // [pass_kind] → totals of one layer, the embedding, the head (per-unit passes at `pass`).
-  std::array<std::array<totals, 3>, 4> unit_totals_{};
+  std::array<std::array<totals, 4>, 4> unit_totals_{};  ///< [pass kind][layer, embedding, head, dense layer]
   // [first][last] → (backward segment index closing a bucket, bucket params).
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& buckets_;
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2>& expert_buckets_;  ///< as buckets_, routed experts
@@ -391,9 +392,15 @@ class program_builder {
   graph::task_id emit_beside(rank_state& rs, const item& i);
   void emit_items(rank_state& rs, const std::vector<item>& items, int layer = -1, bool forward = false);
   void emit_totals(rank_state& rs, const totals& t, pass_kind pk);
-  void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out) const;
+  void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out, int dense = 0) const;
+  // A MoE model's dense first layers (synth/detail/program_templates.hpp): their layer template
+  // and the virtual stages that hold them; the chunk of `o` on `stage` when it is one of those.
+  void build_dense_chunks();
+  [[nodiscard]] int dense_layers_of(int vs) const noexcept;
+  [[nodiscard]] const dense_chunk* dense_chunk_of(int stage, const pipeline::op& o) const noexcept;
   void emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
-                 const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad = false);
+                 const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad = false,
+                 const dense_chunk* dense = nullptr);
   void emit_segment(rank_state& rs, pass_kind pk, const segment& seg, int& layers_seen, int chunk_layers);
   void ensure_task(rank_state& rs);
   graph::processor_id dp_stream(rank_state& rs);

@@ -70,6 +70,7 @@ void program_builder<Compute, Comm>::emit_items(rank_state& rs, const std::vecto
       emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu, i.element_bytes);
     } else {
       emit_compute(rs, i.duration, i.cpu, i.cpu, i.name, i.op);
+      if (i.host_sync) host_wait(rs, rs.last_compute);
     }
     if (beside != graph::no_task) {
       rs.pending.push_back(beside);
@@ -100,18 +101,22 @@ void program_builder<Compute, Comm>::emit_totals(rank_state& rs, const totals& t
   }
 }
 
-// The segments of a chunk pass in execution order.
+// The segments of a chunk pass in execution order; `dense`: the chunk's first layers that are a
+// MoE model's dense ones.
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out) const {
+void program_builder<Compute, Comm>::segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out, int dense) const {
   const auto k = static_cast<std::size_t>(pk);
   out.clear();
+  const int n = chunk_layers(first, last);
+  const segment moe{&layer_items_[k], layer_params_};
+  const segment dense_layer{&buf_.dense_layer_items[k], dense > 0 ? dense_layer_params() : 0};
   if (pk == pass_kind::forward) {
     if (first) out.push_back({&embed_items_[k], embed_params_});
-    for (int l = 0; l < chunk_layers(first, last); ++l) out.push_back({&layer_items_[k], layer_params_});
+    for (int l = 0; l < n; ++l) out.push_back(l < dense ? dense_layer : moe);
     if (last) out.push_back({&head_items_[k], head_params_});
   } else {
     if (last) out.push_back({&head_items_[k], head_params_});
-    for (int l = 0; l < chunk_layers(first, last); ++l) out.push_back({&layer_items_[k], layer_params_});
+    for (int l = n; l-- > 0;) out.push_back(l < dense ? dense_layer : moe);
     if (first) out.push_back({&embed_items_[k], embed_params_});
   }
 }
@@ -122,12 +127,22 @@ template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_segment(rank_state& rs, pass_kind pk, const segment& seg, int& layers_seen, int chunk_layers) {
   const auto k = static_cast<std::size_t>(pk);
   if (opt_.detail == granularity::kernel) {
-    const bool is_layer = seg.items == &layer_items_[k];
+    const bool is_layer = seg.items == &layer_items_[k] || seg.items == &buf_.dense_layer_items[k];
     const int layer = !is_layer ? -1 : pk == pass_kind::forward ? layers_seen : chunk_layers - 1 - layers_seen;
     layers_seen += is_layer ? 1 : 0;
     emit_items(rs, *seg.items, layer, pk == pass_kind::forward);
+  } else if (seg.items == &layer_items_[k] && buf_.layer_runs[k].size() > 1) {
+    // Runs split at the layer's host synchronisations: the host waits for the GPU between them.
+    const std::vector<totals>& runs = buf_.layer_runs[k];
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      emit_totals(rs, runs[r], pk);
+      if (r + 1 < runs.size()) host_wait(rs, rs.last_compute);
+    }
   } else {
-    const std::size_t unit = seg.items == &layer_items_[k] ? 0 : seg.items == &embed_items_[k] ? 1 : 2;
+    const std::size_t unit = seg.items == &layer_items_[k]              ? 0
+                             : seg.items == &embed_items_[k]            ? 1
+                             : seg.items == &buf_.dense_layer_items[k] ? 3
+                                                                        : 2;
     emit_totals(rs, unit_totals_[k][unit], pk);
   }
 }
@@ -139,18 +154,22 @@ void program_builder<Compute, Comm>::emit_segment(rank_state& rs, pass_kind pk, 
 // (`final_grad`: the chunk's last gradient pass, after which HSDP all-reduces them).
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
-                                               const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad) {
+                                               const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad,
+                                               const dense_chunk* dense) {
   const auto k = static_cast<std::size_t>(pk);
-  if (buckets == nullptr && opt_.detail == granularity::pass && !fsdp_) {
-    emit_totals(rs, pass_totals_[k][first][last], pk);
+  const int dense_layers = dense != nullptr ? dense->dense : 0;
+  // A layer with host synchronisations is emitted run by run (emit_segment).
+  const bool synced = buf_.layer_runs[k].size() > 1 && chunk_layers(first, last) > dense_layers;
+  if (buckets == nullptr && opt_.detail == granularity::pass && !fsdp_ && !synced) {
+    emit_totals(rs, dense != nullptr ? dense->passes[k] : pass_totals_[k][first][last], pk);
     ensure_task(rs);
     return;
   }
-  segments_of(pk, first, last, segments_scratch_);
+  segments_of(pk, first, last, segments_scratch_, dense_layers);
   const bool gathers = fsdp_ && fsdp_gathers(pk);
   const bool reduces = fsdp_ && pk == (split_ ? pass_kind::weight_grad : pass_kind::backward);
   std::size_t next_bucket = 0, next_expert_bucket = 0;
-  const auto* expert_buckets = buckets != nullptr ? &expert_buckets_[first][last] : nullptr;
+  const auto* expert_buckets = buckets == nullptr ? nullptr : dense != nullptr ? &dense->expert_buckets : &expert_buckets_[first][last];
   // Layers of the chunk in model order (backward passes run them last first).
   int layers_seen = 0;
   // A segment without work still marks the point its gradients are final.
@@ -212,7 +231,7 @@ graph::processor_id program_builder<Compute, Comm>::dp_stream(rank_state& rs) {
 // The expert-data-parallel group of `rs` (MoE): the ranks of its stage that hold its expert shard.
 template <model::ComputeModel Compute, model::CommModel Comm>
 group_state& program_builder<Compute, Comm>::expert_dp_group(rank_state& rs) {
-  return cached_group(rs.edp_group, group_type::edp, rs.info.stage, rs.col % (tp_ * par_.ep));
+  return cached_group(rs.edp_group, group_type::edp, rs.info.stage, rs.col % expert_grid());
 }
 
 // Reduction of `params` gradients that are final once `after` ends: all-reduce (no ZeRO) or
@@ -395,12 +414,13 @@ void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
     });
     for (const std::int32_t i : chunks) {
       const auto [f, l] = chunk_role(s, order[static_cast<std::size_t>(i)]);
-      const auto& bs = buckets_[f][l];
+      const dense_chunk* dc = dense_chunk_of(s, order[static_cast<std::size_t>(i)]);
+      const auto& bs = dc != nullptr ? dc->buckets : buckets_[f][l];
       for (auto b = bs.rbegin(); b != bs.rend(); ++b) {
         rs.all_gathered = gather_parameters(rs, b->second, graph::no_task).complete;
         if (rs.first_gathered == graph::no_task) rs.first_gathered = rs.all_gathered;
       }
-      const auto& xs = expert_buckets_[f][l];
+      const auto& xs = dc != nullptr ? dc->expert_buckets : expert_buckets_[f][l];
       for (auto b = xs.rbegin(); b != xs.rend(); ++b) {
         const graph::task_id t = gather_parameters(rs, b->second, graph::no_task, true).complete;
         if (t != graph::no_task) rs.all_gathered = t;
@@ -480,7 +500,9 @@ void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
   }
   const bool bucketed = final_grad_[static_cast<std::size_t>(s)][i] != 0 && opt_.overlap_grad_reduce && par_.zero_stage <= 1 && dp_ > 1;
   const std::size_t pass_mark = span_mark(rs);
-  emit_pass(rs, pass_of(o), first, last, bucketed ? &buckets_[first][last] : nullptr, final_grad_[static_cast<std::size_t>(s)][i] != 0);
+  const dense_chunk* dc = dense_chunk_of(s, o);
+  const auto* buckets = dc != nullptr ? &dc->buckets : &buckets_[first][last];
+  emit_pass(rs, pass_of(o), first, last, bucketed ? buckets : nullptr, final_grad_[static_cast<std::size_t>(s)][i] != 0, dc);
   span_close(rs, o.kind == pipeline::op_kind::forward ? span_kind::forward : span_kind::backward, o.micro_batch, pass_mark);
   const graph::task_id done = rs.last_compute;
   // Send the output if another stage consumes it.
@@ -502,7 +524,7 @@ void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
     rs.prefetched = fsdp_gather(rs, first_unit_params(pass_of(order[i + 1]), f2, l2), rs.fsdp_free);
   }
   const pipeline::op_kind grad_kind = split_ ? pipeline::op_kind::weight : pipeline::op_kind::backward;
-  if (par_.zero_stage >= 2 && !fsdp_ && o.kind == grad_kind) reduce_gradients(rs, chunk_params_[first][last], done);
+  if (par_.zero_stage >= 2 && !fsdp_ && o.kind == grad_kind) reduce_gradients(rs, dc != nullptr ? dc->params : chunk_params_[first][last], done);
   flush_launches(rs);
 }
 
@@ -523,11 +545,12 @@ void program_builder<Compute, Comm>::end_rank(rank_state& rs) {
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (final_grad[i] == 0) continue;
       const auto [first, last] = chunk_role(s, order[i]);
-      for (const auto& b : buckets_[first][last]) {
+      const dense_chunk* dc = dense_chunk_of(s, order[i]);
+      for (const auto& b : dc != nullptr ? dc->buckets : buckets_[first][last]) {
         reduce_gradients(rs, b.second, after);
         after = graph::no_task;
       }
-      for (const auto& b : expert_buckets_[first][last]) {
+      for (const auto& b : dc != nullptr ? dc->expert_buckets : expert_buckets_[first][last]) {
         reduce_gradients(rs, b.second, after, true);
         after = graph::no_task;
       }
@@ -590,11 +613,12 @@ void program_builder<Compute, Comm>::optimizer_step(rank_state& rs) {
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (final_grad[i] == 0) continue;
       const auto [first, last] = chunk_role(s, order[i]);
-      for (const auto& b : buckets_[first][last]) {
+      const dense_chunk* dc = dense_chunk_of(s, order[i]);
+      for (const auto& b : dc != nullptr ? dc->buckets : buckets_[first][last]) {
         (void)gather_parameters(rs, b.second, after);
         after = graph::no_task;
       }
-      for (const auto& b : expert_buckets_[first][last]) {
+      for (const auto& b : dc != nullptr ? dc->expert_buckets : expert_buckets_[first][last]) {
         (void)gather_parameters(rs, b.second, after, true);
         after = graph::no_task;
       }

@@ -61,7 +61,8 @@ std::pair<std::size_t, std::size_t> program_builder<Compute, Comm>::expected_siz
     for (const pipeline::op& o : (*orders_)[static_cast<std::size_t>(s)]) {
       const int vs = o.chunk * pp_ + s;
       const auto k = static_cast<std::size_t>(pass_of(o));
-      const totals& tot = pass_totals_[k][vs == 0][vs == virtual_stages - 1];
+      const dense_chunk* dc = dense_chunk_of(s, o);
+      const totals& tot = dc != nullptr ? dc->passes[k] : pass_totals_[k][vs == 0][vs == virtual_stages - 1];
       if (opt_.detail == granularity::kernel) {
         t += 2 * static_cast<std::size_t>(tot.compute_kernels) + 4 * static_cast<std::size_t>(tot.comm_kernels);
         e += static_cast<std::size_t>(tot.compute_kernels) + 3 * static_cast<std::size_t>(tot.comm_kernels);
@@ -163,10 +164,10 @@ void program_builder<Compute, Comm>::build_groups() {
   grad_base_ = act_base_ + pp_ * tp_ * dp_;
   norm_base_ = grad_base_ + pp_ * tp_ * dp_;
   embd_base_ = norm_base_ + dp_;
-  edp_base_ = embd_base_ + tp_ * dp_;  // expert-data-parallel: pp·tp·ep groups (MoE only)
+  edp_base_ = embd_base_ + tp_ * dp_;  // expert-data-parallel: pp·etp·ep groups (MoE only)
   // HSDP: shard groups (pp·tp·replicas) and replica groups (pp·tp·shard); FSDP without hybrid
   // sharding shards over the dp groups. Context-parallel rings: pp·tp·(dp / cp) groups.
-  shard_base_ = edp_base_ + (m_.is_moe() ? pp_ * tp_ * par_.ep : 0);
+  shard_base_ = edp_base_ + (m_.is_moe() ? pp_ * expert_grid() : 0);
   const bool hybrid = fsdp_ && replicas_ > 1;
   replica_base_ = shard_base_ + (hybrid ? pp_ * tp_ * replicas_ : 0);
   cp_base_ = replica_base_ + (hybrid ? pp_ * tp_ * shard_ : 0);
@@ -184,7 +185,7 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
     case group_type::grad: id = grad_base_ + a * tp_ * dp_ + b; break;
     case group_type::norm: id = norm_base_ + (par_.zero_stage >= 1 ? 0 : a); break;  // a = dp index
     case group_type::embd: id = embd_base_ + a; break;                // a = column
-    case group_type::edp: id = edp_base_ + a * tp_ * par_.ep + b; break;  // a = stage, b = column mod tp·ep
+    case group_type::edp: id = edp_base_ + a * expert_grid() + b; break;  // a = stage, b = column mod etp·ep
     case group_type::shard: id = shard_base_ + a * tp_ * replicas_ + b; break;  // b = replica · tp + tp index
     case group_type::replica: id = replica_base_ + a * tp_ * shard_ + b; break;  // b = dp index mod shard · tp + tp index
     case group_type::cp: id = cp_base_ + a * tp_ * (dp_ / par_.cp) + b; break;  // b = dp index / cp · tp + tp index
@@ -252,10 +253,10 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
       }
       break;
     case group_type::edp:
-      // The ranks holding the same expert shard: columns b, b + tp·ep, b + 2·tp·ep, ...
+      // The ranks holding the same expert shard in the folded expert grid: columns b, b + etp·ep, ...
       gs.type = comm_group::expert_dp;
       if (named) gs.name = "edp." + std::to_string(a) + "." + std::to_string(b);
-      for (int c = b; c < tp_ * dp_; c += tp_ * par_.ep) gs.ranks.push_back(global_rank(a, c));
+      for (int c = b; c < tp_ * dp_; c += expert_grid()) gs.ranks.push_back(global_rank(a, c));
       gs.participants = opt_.unfold ? par_.expert_data_parallel() : 1;
       break;
     case group_type::shard:

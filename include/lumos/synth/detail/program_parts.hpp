@@ -54,6 +54,9 @@ struct item {
   /// A transfer on a stream of its own that runs beside the next item (context parallelism's
   /// ring exchange beside its attention): the item after that one waits for it.
   bool beside = false;
+  /// Compute: the launching thread waits for this item's kernels (and all before them) to finish
+  /// before it goes on (`model::op_cost::host_sync`).
+  bool host_sync = false;
 };
 
 /// A span of a pass after which weight gradients of `params` parameters are final (a layer,
@@ -86,30 +89,44 @@ struct totals {
   void add(const std::vector<item>& items, std::int64_t times = 1) {
     for (std::int64_t r = 0; r < times; ++r) {
       time_ns beside = -1;  // the duration of a `beside` item the next item runs with
-      for (const item& i : items) {
-        cpu += i.cpu;
-        lead = std::max(lead, cpu - compute - comm);
-        if (i.beside) {
-          beside = i.duration;
-          comm_kernels += i.kernels;
-          comm_bytes += i.bytes;
-          continue;
-        }
-        if (i.comm) {
-          comm += i.duration;
-          comm_kernels += i.kernels;
-          comm_bytes += i.bytes;
-        } else {
-          compute += i.duration;
-          compute_kernels += i.kernels;
-        }
-        if (beside >= 0) {
-          comm += std::max<time_ns>(0, beside - i.duration);
-          beside = -1;
-        }
-      }
+      for (const item& i : items) add_one(i, beside);
     }
   }
+  /// One item of a run; `beside` carries the duration of a `beside` item to the next item
+  /// (start a run with -1).
+  void add_one(const item& i, time_ns& beside) {
+    cpu += i.cpu;
+    lead = std::max(lead, cpu - compute - comm);
+    if (i.beside) {
+      beside = i.duration;
+      comm_kernels += i.kernels;
+      comm_bytes += i.bytes;
+      return;
+    }
+    if (i.comm) {
+      comm += i.duration;
+      comm_kernels += i.kernels;
+      comm_bytes += i.bytes;
+    } else {
+      compute += i.duration;
+      compute_kernels += i.kernels;
+    }
+    if (beside >= 0) {
+      comm += std::max<time_ns>(0, beside - i.duration);
+      beside = -1;
+    }
+  }
+};
+
+/// A virtual stage of a MoE model that holds some of its dense first layers
+/// (`model::moe_spec::first_dense_layers`): how many, its passes' totals and its gradient buckets
+/// (the dense layers' parameters all reduced over the data-parallel group), in place of those the
+/// builder keeps for the chunks of MoE layers only.
+struct dense_chunk {
+  int dense = 0;                         ///< dense layers of the chunk (its first ones)
+  std::array<totals, 4> passes{};        ///< [pass kind] → totals of the chunk's pass
+  std::vector<std::pair<int, std::int64_t>> buckets, expert_buckets;
+  std::int64_t params = 0;               ///< parameters of the chunk on a rank
 };
 
 using model::placement_of;

@@ -77,6 +77,7 @@ item program_builder<Compute, Comm>::compute_item(const model::op_cost& o) {
     i.name = n_unnamed_;
     i.op = note_op(o);
     i.recompute = o.recompute;
+    i.host_sync = o.host_sync;
     return i;
   }
   std::string name(o.name);
@@ -94,6 +95,7 @@ item program_builder<Compute, Comm>::compute_item(const model::op_cost& o) {
   i.cpu = o.cpu >= 0 ? o.cpu : launch_cost_ * o.kernels;
   i.name = intern(name);
   i.op = note_op(o);
+  i.host_sync = o.host_sync;
   i.recompute = o.recompute;
   return i;
 }
@@ -316,11 +318,19 @@ void program_builder<Compute, Comm>::build_templates() {
     layer_template(buf_.layer_ops, pk, layer_items_[k]);
     embed_template(buf_.embedding_ops, pk, embed_items_[k]);
     head_template(buf_.head_ops, pk, head_items_[k]);
+    // A host synchronisation splits a layer's totals: the host waits for the GPU between runs.
+    std::vector<totals>& runs = buf_.layer_runs[k];
+    runs.assign(1, totals{});
+    time_ns beside = -1;
+    for (const item& i : layer_items_[k]) {
+      runs.back().add_one(i, beside);
+      if (i.host_sync) runs.emplace_back();
+    }
   }
   // A MoE layer's dense part (attention, router, shared experts) is reduced over the
   // data-parallel group, its routed experts over the expert-data-parallel group.
   layer_params_ = m_.is_moe() ? model::moe_layer_dense_parameters_per_rank(m_, tp_) : model::layer_parameters_per_rank(m_, tp_);
-  expert_layer_params_ = model::moe_layer_expert_parameters_per_rank(m_, tp_, par_.ep);
+  expert_layer_params_ = model::moe_layer_expert_parameters_per_rank(m_, par_.expert_tp(), par_.ep);
   embed_params_ = m_.vocab * m_.hidden / tp_ + (m_.position == model::position_kind::learned ? m_.seq * m_.hidden : 0);
   head_params_ = model::norm_parameter_count(m_) + ((!m_.tied_embeddings || pp_ > 1) ? m_.vocab * m_.hidden / tp_ : 0);
 
@@ -345,6 +355,7 @@ void program_builder<Compute, Comm>::build_templates() {
     unit_totals_[k][1].add(embed_items_[k]);
     unit_totals_[k][2].add(head_items_[k]);
   }
+  build_dense_chunks();
   // Buckets over the backward order of a chunk's segments: head, layers (last first), embedding.
   std::vector<std::int64_t>& segments = buf_.segments;
   for (int first = 0; first < 2; ++first) {
@@ -384,6 +395,77 @@ void program_builder<Compute, Comm>::build_templates() {
     }
     p2p_folded_[static_cast<std::size_t>(s)] = worst;
   }
+}
+
+// A MoE model's dense first layers: one dense layer's template (the model without experts, its
+// MLP `ffn` wide; its TP collectives are a dense layer's), and for each leading virtual stage
+// that holds some, its passes' totals and gradient buckets with them (backward: the MoE layers
+// last first, then the dense ones). Empty for other models.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::build_dense_chunks() {
+  buf_.dense_chunks.clear();
+  if (!m_.is_moe() || m_.moe.first_dense_layers <= 0) return;
+  model::transformer dense = m_;
+  dense.moe = {};
+  dense.name += " (dense layers)";
+  model::parallel_config dense_par = par_;
+  dense_par.ep = 1;
+  dense_par.etp = 0;
+  model::tensor_parallel_layer_collectives(dense, dense_par, buf_.tp_collectives);
+  layer_ops(compute_, dense, dense_par, hw_, buf_.dense_layer_ops);
+  for (std::size_t k = 0; k < 4; ++k) {
+    layer_template(buf_.dense_layer_ops, static_cast<pass_kind>(k), buf_.dense_layer_items[k]);
+    unit_totals_[k][3] = {};
+    unit_totals_[k][3].add(buf_.dense_layer_items[k]);
+  }
+  model::tensor_parallel_layer_collectives(m_, par_, buf_.tp_collectives);
+  const int virtual_stages = pp_ * shape_.chunks;
+  for (int vs = 0; vs < virtual_stages && dense_layers_of(vs) > 0; ++vs) {
+    const bool first = vs == 0, last = vs == virtual_stages - 1;
+    dense_chunk& c = buf_.dense_chunks.emplace_back();
+    c.dense = dense_layers_of(vs);
+    const int n = chunk_layers(first, last);
+    for (std::size_t k = 0; k < 4; ++k) {
+      const bool forward = static_cast<pass_kind>(k) == pass_kind::forward;
+      totals& t = c.passes[k];
+      if (first && forward) t.add(embed_items_[k]);
+      if (last && !forward) t.add(head_items_[k]);
+      if (forward) t.add(buf_.dense_layer_items[k], c.dense);
+      t.add(layer_items_[k], n - c.dense);
+      if (!forward) t.add(buf_.dense_layer_items[k], c.dense);
+      if (last && forward) t.add(head_items_[k]);
+      if (first && !forward) t.add(embed_items_[k]);
+    }
+    std::vector<std::int64_t>& segments = buf_.segments;
+    segments.clear();
+    if (last) segments.push_back(head_params_);
+    segments.insert(segments.end(), static_cast<std::size_t>(n - c.dense), layer_params_);
+    segments.insert(segments.end(), static_cast<std::size_t>(c.dense), dense_layer_params());
+    if (first) segments.push_back(embed_params_);
+    model::gradient_buckets(segments, bucket_params_, c.buckets);
+    c.params = std::accumulate(segments.begin(), segments.end(), std::int64_t{0});
+    for (std::int64_t& seg : segments) seg = 0;
+    for (int l = 0; l < n - c.dense; ++l) segments[static_cast<std::size_t>((last ? 1 : 0) + l)] = expert_layer_params_;
+    model::gradient_buckets(segments, bucket_params_, c.expert_buckets);
+  }
+}
+
+// Dense first layers of a MoE model in virtual stage `vs`: the layers it holds below
+// first_dense_layers (Megatron's split: virtual stage v holds layers from v x per chunk, one
+// fewer from v > 0 when the embedding counts as a layer of virtual stage 0).
+template <model::ComputeModel Compute, model::CommModel Comm>
+int program_builder<Compute, Comm>::dense_layers_of(int vs) const noexcept {
+  if (!m_.is_moe()) return 0;
+  const int virtual_stages = pp_ * shape_.chunks;
+  const std::int64_t begin = std::int64_t{vs} * layers_per_chunk_ - (embedding_loss_in_split_ && vs > 0 ? 1 : 0);
+  const std::int64_t count = chunk_layers(vs == 0, vs == virtual_stages - 1);
+  return static_cast<int>(std::clamp<std::int64_t>(m_.moe.first_dense_layers - begin, 0, count));
+}
+
+template <model::ComputeModel Compute, model::CommModel Comm>
+const dense_chunk* program_builder<Compute, Comm>::dense_chunk_of(int stage, const pipeline::op& o) const noexcept {
+  const auto vs = static_cast<std::size_t>(o.chunk * pp_ + stage);
+  return vs < buf_.dense_chunks.size() ? &buf_.dense_chunks[vs] : nullptr;
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
