@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <string_view>
@@ -164,7 +165,9 @@ TEST_CASE("whatif --routing on unbalanced EP traces: balanced evens the ranks' e
   const int r0 = traced.begin()->first, r1 = std::next(traced.begin())->first;
   CHECK(even.at(r0) > traced.at(r0));
   CHECK(even.at(r1) < traced.at(r1));
-  CHECK(b.predicted.simulated_ns <= m.predicted.simulated_ns);
+  // The copies only move between the ranks: the expert GEMM time summed over both stays about the same.
+  const double sum_traced = double(traced.at(r0) + traced.at(r1)), sum_even = double(even.at(r0) + even.at(r1));
+  CHECK(std::abs(sum_even - sum_traced) <= 0.05 * sum_traced);
 }
 
 TEST_CASE("whatif --routing balanced on a loop of per-expert GEMMs: each expert's GEMMs at the mean rows", "[whatif][moe]") {

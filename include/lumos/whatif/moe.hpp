@@ -176,7 +176,9 @@ struct moe_ranks {
         }
         m.experts = static_cast<double>(g->experts);
         m.m = static_cast<double>(g->rows) / m.experts, m.k = static_cast<double>(g->k), m.n = static_cast<double>(g->n);
-        m.wgrad = g->k != hidden && g->k != width;
+        // A weight gradient reads the rows as K (backward only: a forward down projection reads
+        // the width, or half a fused gate-and-up width).
+        m.wgrad = !forward && g->k != hidden && g->k != width && 2 * g->k != width;
       }
     } else if (linear) {
       const auto has = [&](std::int64_t v) { return std::find(d.begin(), d.end(), v) != d.end(); };
@@ -300,8 +302,10 @@ inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>
   const double w1 = static_cast<double>(r.width), w2 = static_cast<double>(width_to);
   const double l1 = static_cast<double>(from.experts) / from.ep, l2 = static_cast<double>(to.experts) / to.ep;
   const double topk = static_cast<double>(to.top_k) / static_cast<double>(from.top_k);
+  // The model's time without its shortest-kernel floor: the measured kernel is what the ratio
+  // scales, and `moe_scale` floors the result.
   auto gemm = [&](double rows, double w, double batch) {
-    return std::max(k.gemm_ns(costs.hw, peak, costs.element_bytes, std::max(rows, 1.0), w, h, 2.0, batch), min_ns);
+    return k.gemm_ns(costs.hw, peak, costs.element_bytes, std::max(rows, 1.0), w, h, 2.0, batch);
   };
   for (const moe_op& o : ops) {
     const double c1 = r.copies[o.rank], c2 = copies[o.rank];
@@ -319,10 +323,10 @@ inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>
           // Its dims in the target: the rows per expert (M, or K of a weight gradient) and the
           // width (whichever of the others is it) follow, the hidden width stays.
           const double rows2 = c2 / l2;
-          const auto width = [&](double d) { return d == w1 ? w2 : d; };
+          const auto width = [&](double d) { return d == w1 ? w2 : 2 * d == w1 ? w2 / 2 : d; };
           const double c_bytes = o.wgrad ? 8.0 : 2.0;
           const auto at = [&](double M, double N, double K, double batch) {
-            return std::max(k.gemm_ns(costs.hw, peak, costs.element_bytes, M, N, K, c_bytes, batch), min_ns);
+            return k.gemm_ns(costs.hw, peak, costs.element_bytes, std::max(M, 1.0), N, K, c_bytes, batch);
           };
           ratio = o.wgrad ? at(width(o.m), width(o.n), rows2, l2) / at(o.m, o.n, o.k, o.experts)
                           : at(rows2, width(o.n), width(o.k), l2) / at(o.m, o.n, o.k, o.experts);
