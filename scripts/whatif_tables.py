@@ -171,6 +171,24 @@ CASES = [
      {"--pp": "1", "--global-batch": "2"}, {"--micro-batch": "2", "--global-batch": "8"}),
 ]
 
+# Mixture of experts: configuration M, a MoE job (Qwen3-30B-A3B's layer shape, 128 experts, top-8,
+# expert FFN 768; 2 layers so that the script stays quick), TP 1, DP 4, EP 2, 2 micro-batches of 1
+# per replica, H100, bf16. The MOE_CASES start from M instead of A.
+MOE_BASE = {
+    "--model": "qwen3-30b-a3b", "--layers": "2", "--seq": "4096", "--tp": "1", "--pp": "1", "--dp": "4", "--ep": "2",
+    "--micro-batch": "1", "--global-batch": "8", "--gpu": "h100-sxm", "--precision": "bf16",
+}
+MOE_CASES = [
+    ("MoE: EP 2→4", {}, {"--ep": "4"}),
+    # From EP 4 over DP 8 (two replicas of each expert shard: the expert gradients are reduced).
+    ("MoE: EP 4→2", {"--ep": "4", "--dp": "8", "--global-batch": "16"}, {"--ep": "2"}),
+    ("MoE: EP 2→1 (all-to-alls removed)", {}, {"--ep": "1"}),
+    ("MoE: experts 128→64", {}, {"--experts": "64"}),
+    ("MoE: top-8→4", {}, {"--top-k": "4"}),
+    ("MoE: expert FFN 768→1536", {}, {"--expert-ffn": "1536"}),
+    ("MoE: EP 2→4 on H200", {}, {"--ep": "4", "--gpu": "h200-sxm"}),
+]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = 3.0  # percent
 
@@ -253,15 +271,17 @@ def main():
                 made[key] = (d, replay_ns(lumos, d))
             return made[key]
 
-        for name, a_changes, change in CASES:
-            a = dict(BASE, **a_changes)
+        for case in [c + (BASE,) for c in CASES] + [c + (MOE_BASE,) for c in MOE_CASES]:
+            name, a_changes, change, origin_base = case
+            a = dict(origin_base, **a_changes)
             b = dict(a, **change)
             a_dir, base_ns = traces(a)
             _, direct_ns = traces(b)
             cmd = [lumos, "whatif", a_dir] + flags(change) + ["--json"]
             r = run(cmd)
             shown = " ".join(shlex.quote(x) for x in flags(change))
-            a_text = "A" if not a_changes else "A with " + " ".join(flags(a_changes))
+            origin = "M" if origin_base is MOE_BASE else "A"
+            a_text = origin if not a_changes else origin + " with " + " ".join(flags(a_changes))
             if r.returncode != 0:
                 first = (r.stderr.strip().splitlines() or ["(no message)"])[0]
                 first = re.sub(r"/[^ ]*lumos-whatif-tables-[^ /]*/", "", first)
@@ -288,14 +308,15 @@ def main():
         "after building `lumos`). Configuration A: `lumos synth %s --detail kernel --unfold`" % base_text,
         "(GPT-style, FFN 4h, vocabulary 51200; one trace file per rank, 8 ranks). For each case: baseline = `lumos replay` of A's",
         "traces; predicted = `lumos whatif A_DIR FLAGS --json`; direct = `lumos synth` of B (A with FLAGS) with the same",
-        "detail, replayed; error = (predicted − direct) / direct. Times are the iteration in ms.",
+        "detail, replayed; error = (predicted − direct) / direct. Times are the iteration in ms. The MoE cases start from",
+        "configuration M: `lumos synth %s --detail kernel --unfold` (4 ranks)." % " ".join(flags(MOE_BASE)),
         "",
         "| case | from | what-if flags | baseline | predicted | direct | error | ≤ %g %% |" % TARGET,
         "|---|---|---|---:|---:|---:|---:|:---:|",
     ] + rows + [
         "",
         "%d of %d cases built; %d within %g %%%s." % (
-            built, len(CASES), within, TARGET,
+            built, len(CASES) + len(MOE_CASES), within, TARGET,
             ("; mean |error| %.2f %%" % (sum(errors) / len(errors))) if errors else ""),
     ]
     section = "\n".join(lines) + "\n"
@@ -307,8 +328,8 @@ def main():
             diff = difflib.unified_diff((have or "").splitlines(), section.splitlines(), "document", "generated now", lineterm="", n=0)
             problems.append("%s's section differs from what the script generates now (run python3 scripts/whatif_tables.py):\n  %s"
                             % (args.doc, "\n  ".join(list(diff)[:40])))
-        if built != len(CASES):
-            problems.append("%d of %d cases built" % (built, len(CASES)))
+        if built != len(CASES) + len(MOE_CASES):
+            problems.append("%d of %d cases built" % (built, len(CASES) + len(MOE_CASES)))
         problems += wrong_model
         if errors and max(errors) > CHECK_EACH:
             problems.append("a case misses by %.2f %% (> %g %%)" % (max(errors), CHECK_EACH))

@@ -53,6 +53,20 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
     throw usage_error("whatif --cp-comm: from traces only p2p (ring attention) is rewritten (got '" + *comm + "')");
   }
   o.dp = positive("--dp");
+  o.moe.ep = positive("--ep");
+  o.moe.experts = positive("--experts");
+  o.moe.top_k = positive("--top-k");
+  if (const auto ffn = a.option("--expert-ffn")) {
+    o.moe.expert_ffn = parse_number<std::int64_t>(*ffn, "--expert-ffn");
+    if (*o.moe.expert_ffn <= 0) throw usage_error("--expert-ffn must be positive (got " + *ffn + ")");
+    if (*o.moe.expert_ffn > model::transformer::max_size) {
+      throw usage_error("--expert-ffn " + *ffn + " is more than the supported " + std::to_string(model::transformer::max_size));
+    }
+  }
+  if (const auto routing = a.option("--routing")) {
+    if (*routing != "balanced" && *routing != "measured") throw usage_error("--routing must be balanced or measured (got '" + *routing + "')");
+    o.moe.routing = *routing == "balanced" ? whatif::moe_routing::balanced : whatif::moe_routing::measured;
+  }
   o.pp = positive("--pp");
   o.vp = positive("--vp");
   if (const auto gb = positive("--global-batch")) o.global_batch = *gb;
@@ -137,9 +151,10 @@ inline whatif_request parse_whatif_change(args& a) {
 inline void require_change(const whatif_request& req) {
   const whatif::whatif_options& o = req.options;
   if (o.gpu.empty() && o.host_speed == 1.0 && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && !o.precision &&
-      req.scaled.none()) {
+      !o.moe.any() && req.scaled.none()) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
-                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, --precision fp8, --host-speed F, or --scale");
+                      "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, --precision fp8, --ep/--experts/--top-k/--expert-ffn N, "
+                      "--routing balanced|measured, --host-speed F, or --scale");
   }
 }
 

@@ -16,6 +16,19 @@
 
 namespace lumos::whatif {
 
+/// How the experts' loads of a MoE what-if are set (whatif/moe.hpp): as the traces measured
+/// them, or even over the experts.
+enum class moe_routing : std::uint8_t { measured, balanced };
+
+/// The mixture-of-experts part of a target (whatif/moe.hpp); unset fields keep the traces' own.
+struct moe_target {
+  std::optional<int> ep, experts, top_k;
+  std::optional<std::int64_t> expert_ffn;  ///< each expert's FFN width (full, not per TP rank)
+  std::optional<moe_routing> routing;
+
+  [[nodiscard]] bool any() const noexcept { return ep || experts || top_k || expert_ffn || routing; }
+};
+
 /// One target configuration. Unset fields keep the traces' own.
 struct whatif_options {
   report::replay_options replay;  ///< step and scales, applied to the baseline and the prediction
@@ -40,6 +53,8 @@ struct whatif_options {
   std::optional<synth::schedule_policy> schedule;
   /// Training precision of the target (whatif/precision.hpp): fp8 from bf16 or fp16 traces.
   std::optional<model::precision> precision;
+  /// Expert parallelism, experts, top-k, expert FFN and routing of a MoE target (whatif/moe.hpp).
+  moe_target moe;
   /// The target host's CPU speed relative to the traced host's: the prediction's CPU times are
   /// the traced ones / `host_speed`. 1 (the default) keeps the traced host, also under `gpu`.
   double host_speed = 1.0;
@@ -55,7 +70,7 @@ struct whatif_options {
   [[nodiscard]] bool pipeline_asked() const noexcept { return pp || vp || schedule; }
   /// A change that reads the traces' structure (layers, passes, groups, shape) is asked.
   [[nodiscard]] bool needs_structure() const noexcept {
-    return dp || global_batch || pipeline_asked() || layers || shape.any() || precision;
+    return dp || global_batch || pipeline_asked() || layers || shape.any() || precision || moe.any();
   }
 };
 

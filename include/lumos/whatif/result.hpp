@@ -8,6 +8,7 @@
 #include <lumos/whatif/pipeline.hpp>
 #include <lumos/whatif/pipeline_graph.hpp>
 #include <lumos/whatif/summary.hpp>
+#include <lumos/whatif/options.hpp>
 #include <lumos/whatif/structure.hpp>
 
 #include <optional>
@@ -15,6 +16,20 @@
 #include <vector>
 
 namespace lumos::whatif {
+
+/// One side of a MoE what-if (whatif/moe.hpp): the EP degree, routed experts, top-k and expert
+/// FFN width (full, not per TP rank).
+struct moe_config {
+  int ep = 1, experts = 0, top_k = 0;
+  std::int64_t expert_ffn = 0;
+  friend bool operator==(const moe_config&, const moe_config&) = default;
+};
+
+/// A MoE what-if's traced and target configuration and its routing.
+struct moe_summary {
+  moe_config from, to;
+  moe_routing routing = moe_routing::measured;
+};
 
 /// The baseline replay, the predicted one, and what was changed.
 struct whatif_result {
@@ -49,6 +64,8 @@ struct whatif_result {
     time_ns iteration_ns;  ///< the predicted step on that host
   };
   std::vector<host_point> host_sensitivity;
+  /// Set when a MoE change was asked (`--ep`, `--experts`, `--top-k`, `--expert-ffn`, `--routing`).
+  std::optional<moe_summary> moe;
   double host_speed = 1.0;  ///< the prediction's host speed relative to the traced host's (whatif_options)
 };
 

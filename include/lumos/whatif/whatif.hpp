@@ -11,6 +11,7 @@
 //   tensor parallel  tensor_parallel.hpp   TP groups resized; from TP 1, Megatron's TP collectives
 //   precision        precision.hpp         fp8: the layers' linear GEMMs rescaled, TE's cast kernels inserted
 //   context parallel context_parallel.hpp  CP: the key/value exchanges re-timed, inserted or emptied; gradients over DP x CP
+//   MoE              moe.hpp               expert parallelism, experts, top-k, expert FFN, routing
 //   gradient buckets gradient_buckets.hpp  a split's distributed-optimizer buckets, per stage
 //   data parallel    data_parallel.hpp     gradient collectives resized, or inserted from DP 1
 //   global batch     data_parallel.hpp     the micro-batches per replica the global batch implies
@@ -33,6 +34,7 @@
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/layers.hpp>
+#include <lumos/whatif/moe.hpp>
 #include <lumos/whatif/options.hpp>
 #include <lumos/whatif/result.hpp>
 #include <lumos/whatif/shape.hpp>
@@ -53,7 +55,7 @@
 namespace lumos::whatif {
 
 /// The shipped passes, in the order a what-if runs them (see the header comment).
-using shipped_passes = std::tuple<shape_pass, tensor_parallel_pass, precision_pass, context_parallel_pass, gradient_bucket_pass, data_parallel_pass, batch_pass, stage_plan_pass,
+using shipped_passes = std::tuple<shape_pass, tensor_parallel_pass, precision_pass, context_parallel_pass, moe_pass, gradient_bucket_pass, data_parallel_pass, batch_pass, stage_plan_pass,
                                   node_placement_pass, layers_pass, micro_batch_pass, stage_split_pass, gpu_pass>;
 
 namespace detail {

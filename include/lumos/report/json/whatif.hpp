@@ -120,14 +120,21 @@ inline void host_json(json_writer& w, const whatif::whatif_result& r) {
 
 namespace detail {
 
-/// `with_cp`: the context-parallel size too (only where the traces or the target have CP).
+/// A MoE configuration's fields (whatif/moe.hpp).
+inline void moe_config_fields(json_writer& w, const whatif::moe_config& m) {
+  w.field("ep", m.ep).field("experts", m.experts).field("top_k", m.top_k).field("expert_ffn", m.expert_ffn);
+}
+
+/// `with_cp`: the context-parallel size too (only where the traces or the target have CP); `moe`:
+/// the MoE fields (with a MoE change).
 inline void shape_config_json(json_writer& w, const char* key, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu,
-                              bool with_cp) {
+                              bool with_cp, const whatif::moe_config* moe = nullptr) {
   w.key(key).begin_object();
   w.field("hidden", c.hidden).field("ffn", c.ffn).field("heads", c.heads).field("head_dim", c.head_dim).field("seq", c.seq);
   w.field("micro_batch_size", c.micro_batch).field("tp", c.tp);
   if (with_cp) w.field("cp", c.cp);
   w.field("world", f.world);
+  if (moe) moe_config_fields(w, *moe);
   w.field("memory_bytes_per_gpu", f.memory_bytes_per_gpu).field("model_flops_per_rank", f.model_flops_per_rank).field("mfu", mfu);
   w.field("vocab_known", f.vocab_known).end_object();
 }
@@ -144,13 +151,23 @@ inline void pipeline_simulation_json(json_writer& w, const whatif::pipeline_simu
 }  // namespace detail
 
 /// The model shape of the traces and of the target, with memory per GPU, FLOPs and MFU, under
-/// `shape` (with `cp` where either has context parallelism).
-inline void whatif_shape_json(json_writer& w, const whatif::shape_summary& s) {
+/// `shape` (with `cp` where either has context parallelism); with a MoE change (`moe`) the EP
+/// degree, experts, top-k and expert FFN of each.
+inline void whatif_shape_json(json_writer& w, const whatif::shape_summary& s, const whatif::moe_summary* moe = nullptr) {
   w.key("shape").begin_object();
   const bool cp = s.from.cp > 1 || s.to.cp > 1;
-  detail::shape_config_json(w, "baseline", s.from, s.baseline, s.mfu_baseline, cp);
-  detail::shape_config_json(w, "predicted", s.to, s.predicted, s.mfu_predicted, cp);
+  detail::shape_config_json(w, "baseline", s.from, s.baseline, s.mfu_baseline, cp, moe ? &moe->from : nullptr);
+  detail::shape_config_json(w, "predicted", s.to, s.predicted, s.mfu_predicted, cp, moe ? &moe->to : nullptr);
   w.end_object();
+}
+
+/// A MoE change (whatif/moe.hpp) under `moe`: the traced and the target configuration and the routing.
+inline void whatif_moe_json(json_writer& w, const whatif::moe_summary& m) {
+  w.key("moe").begin_object().key("baseline").begin_object();
+  detail::moe_config_fields(w, m.from);
+  w.end_object().key("predicted").begin_object();
+  detail::moe_config_fields(w, m.to);
+  w.end_object().field("routing", m.routing == whatif::moe_routing::balanced ? "balanced" : "measured").end_object();
 }
 
 /// A pipeline change predicted by the pass-level model (whatif/pipeline.hpp), under `pipeline`.
@@ -223,7 +240,8 @@ struct written_traces {
   change_records_json(w, r.changes);
   attribution_json(w, r.why);
   host_json(w, r);
-  if (r.shape) whatif_shape_json(w, *r.shape);
+  if (r.shape) whatif_shape_json(w, *r.shape, r.moe ? &*r.moe : nullptr);
+  if (r.moe) whatif_moe_json(w, *r.moe);
   if (r.pipeline) whatif_pipeline_json(w, *r.pipeline);
   if (r.stages) stage_split_json(w, *r.stages, r.predicted.simulated_ns, r.bubble_fraction);
   if (r.structure) {

@@ -285,7 +285,7 @@ class program_builder {
   std::vector<std::int32_t>& group_slot_;
   std::deque<group_state>& groups_;
   int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0, edp_base_ = 0;
-  int shard_base_ = 0, replica_base_ = 0, cp_base_ = 0;
+  int shard_base_ = 0, replica_base_ = 0, cp_base_ = 0, ep_base_ = 0;
   model::group_placement tp_placement_;
   std::array<model::group_placement, 3> moe_placement_{};  ///< [model::moe_group]
   std::array<model::cp_exchange, 2> cp_exchange_{};  ///< a layer's K/V exchange: [0] forward, [1] backward
@@ -330,7 +330,7 @@ class program_builder {
   [[nodiscard]] time_ns p2p_time(int s, int col) const;
 
   // ---- stage plan and process groups: synth/detail/program_groups.hpp ----
-  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp, shard, replica, cp };
+  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp, shard, replica, cp, ep };
   static void keep_forwards(stage_orders& orders);
   void prepare();
   void plan_stages();

@@ -66,7 +66,12 @@ void program_builder<Compute, Comm>::emit_items(rank_state& rs, const std::vecto
       beside = emit_beside(rs, i);
       continue;
     }
-    if (i.comm) {
+    if (i.comm && i.expert_parallel) {
+      group_state& gs = cached_group(rs.ep_group, group_type::ep, rs.info.stage, (rs.info.dp_index / par_.ep) * tp_ + rs.info.tp_index);
+      rs.last_compute = collective(rs, rs.info.compute, gs, rs.seq_ep, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1,
+                                   i.cpu, i.cpu, i.element_bytes, graph::no_task, false)
+                            .complete;
+    } else if (i.comm) {
       emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu, i.element_bytes);
     } else {
       emit_compute(rs, i.duration, i.cpu, i.cpu, i.name, i.op);

@@ -171,8 +171,10 @@ void program_builder<Compute, Comm>::build_groups() {
   const bool hybrid = fsdp_ && replicas_ > 1;
   replica_base_ = shard_base_ + (hybrid ? pp_ * tp_ * replicas_ : 0);
   cp_base_ = replica_base_ + (hybrid ? pp_ * tp_ * shard_ : 0);
+  // Expert-parallel groups (MoE): pp·tp·(dp / ep).
+  ep_base_ = cp_base_ + (par_.cp > 1 ? pp_ * tp_ * (dp_ / par_.cp) : 0);
   buf_.groups_used = 0;
-  group_slot_.assign(static_cast<std::size_t>(cp_base_ + (par_.cp > 1 ? pp_ * tp_ * (dp_ / par_.cp) : 0)), -1);
+  group_slot_.assign(static_cast<std::size_t>(ep_base_ + (m_.is_moe() && par_.ep > 1 ? pp_ * tp_ * (dp_ / par_.ep) : 0)), -1);
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -189,6 +191,7 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
     case group_type::shard: id = shard_base_ + a * tp_ * replicas_ + b; break;  // b = replica · tp + tp index
     case group_type::replica: id = replica_base_ + a * tp_ * shard_ + b; break;  // b = dp index mod shard · tp + tp index
     case group_type::cp: id = cp_base_ + a * tp_ * (dp_ / par_.cp) + b; break;  // b = dp index / cp · tp + tp index
+    case group_type::ep: id = ep_base_ + a * tp_ * (dp_ / par_.ep) + b; break;  // b = dp index / ep · tp + tp index
   }
   std::int32_t& slot = group_slot_[static_cast<std::size_t>(id)];
   if (slot < 0) {
@@ -279,6 +282,15 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
       if (named) gs.name = "cp." + std::to_string(a) + "." + std::to_string(b);
       for (int c = 0; c < par_.cp; ++c) gs.ranks.push_back(global_rank(a, (j * par_.cp + c) * tp_ + t));
       gs.participants = opt_.unfold ? par_.cp : 1;
+      break;
+    }
+    case group_type::ep: {
+      // ep consecutive dp indices at the same tp index (Megatron's expert-parallel group).
+      const int t = b % tp_, j = b / tp_;
+      gs.type = comm_group::ep;
+      if (named) gs.name = "ep." + std::to_string(a) + "." + std::to_string(b);
+      for (int e = 0; e < par_.ep; ++e) gs.ranks.push_back(global_rank(a, (j * par_.ep + e) * tp_ + t));
+      gs.participants = opt_.unfold ? par_.ep : 1;
       break;
     }
     case group_type::embd:

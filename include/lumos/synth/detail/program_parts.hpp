@@ -57,6 +57,8 @@ struct item {
   /// Compute: the launching thread waits for this item's kernels (and all before them) to finish
   /// before it goes on (`model::op_cost::host_sync`).
   bool host_sync = false;
+  /// A collective over the rank's expert-parallel group (MoE token dispatch), not its TP group.
+  bool expert_parallel = false;
 };
 
 /// A span of a pass after which weight gradients of `params` parameters are final (a layer,
@@ -282,6 +284,7 @@ struct rank_state {
   std::int64_t seq_norm = 0, seq_embd = 0, seq_edp = 0;
   std::int64_t seq_replica = 0;  ///< FSDP's hybrid-sharding replica group
   std::int64_t seq_cp = 0;       ///< context parallelism's ring exchange
+  std::int64_t seq_ep = 0;       ///< expert parallelism's token dispatch
   task_list pending;  ///< start edges into the next compute-stream task
   task_list waits;    ///< host waits folded into the next CPU task (compiled)
   graph::task_id last_compute = graph::no_task;
@@ -334,11 +337,12 @@ struct rank_state {
   group_state* shard_group = nullptr;    ///< FSDP: the ranks its states are sharded over
   group_state* replica_group = nullptr;  ///< HSDP: the ranks holding the same shard
   group_state* cp_group = nullptr;       ///< the ranks of its context-parallel ring
+  group_state* ep_group = nullptr;       ///< the ranks its routed experts are sharded over (MoE)
 
   /// Ready for another rank, keeping the capacity of its lists.
   void reset() {
     info = {};
-    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = seq_replica = seq_cp = 0;
+    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = seq_replica = seq_cp = seq_ep = 0;
     pending.clear();
     waits.clear();
     last_compute = last_dp = graph::no_task;
@@ -356,7 +360,7 @@ struct rank_state {
     fsdp_reduce = no_processor;
     fsdp_free = graph::no_task;
     posted = {};
-    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = shard_group = replica_group = cp_group = nullptr;
+    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = shard_group = replica_group = cp_group = ep_group = nullptr;
   }
 };
 

@@ -1,0 +1,682 @@
+#pragma once
+// The mixture-of-experts what-if (`lumos whatif --ep N --experts N --top-k K --expert-ffn N
+// --routing balanced|measured`): the MoE layers of the traces (structure/moe.hpp finds them)
+// rewritten for another expert-parallel degree, expert count, top-k or expert FFN width.
+//
+// Per rank, the token copies its experts compute set the expert work: with balanced routing
+// every rank computes its tokens x top-k copies whatever the EP degree; with the measured
+// routing each expert keeps the share of the copies the traces gave it, the experts are dealt
+// to the target's EP ranks in order (experts / EP each), and a rank computes the copies of the
+// experts it holds. Where the traced ranks do not stand for every rank of the target's EP
+// group, each computes the copies of the slowest one: the dispatch and combine all-to-alls wait
+// for it, so it sets the pace. Then:
+//  - each grouped expert GEMM (`aten::_grouped_mm` and the like) is rescaled by the kernel-level
+//    model's time of its experts (experts / EP of the target, rows = copies / experts, the
+//    expert FFN width) over the traced one; a loop of per-expert GEMMs by each expert's rows
+//    (routing) and the width; the experts' activation by copies x width;
+//  - the router GEMM by the expert count, its top-k by the expert count, the permutation and
+//    unpermutation by the token copies they move (1 + top-k);
+//  - each all-to-all of the EP group (its message: the rank's tokens x top-k x hidden) re-timed
+//    through the NCCL model over the target's EP group (a group that spans nodes costs the
+//    cross-node link), as a ratio on its measured time, its group's members renumbered as the
+//    target's; to EP 1 they are removed with their launches;
+//  - the optimizer kernels follow the parameters per rank (dense + the experts it holds) and the
+//    expert-data-parallel gradient collectives the expert parameters per rank over a group of
+//    DP x CP / EP ranks.
+// Measured launches and CPU work stay. Runs after the tensor-parallel and precision passes and
+// before the data-parallel one (which prices the gradients of the target) and before the
+// layers are copied, so that copies carry it.
+
+#include <lumos/core/error.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/model/comm.hpp>
+#include <lumos/model/kernel_costs.hpp>
+#include <lumos/model/nccl.hpp>
+#include <lumos/whatif/change.hpp>
+#include <lumos/whatif/configuration.hpp>
+#include <lumos/whatif/context.hpp>
+#include <lumos/whatif/detail/shapes.hpp>
+#include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/result.hpp>
+#include <lumos/whatif/shape.hpp>
+#include <lumos/whatif/tensor_parallel.hpp>
+#include <lumos/whatif/structure/moe.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace lumos::whatif {
+
+/// What the MoE rewrite of a graph did.
+struct moe_stats {
+  std::size_t expert_gemms = 0, routers = 0, routes = 0, permutes = 0, activations = 0;
+  std::size_t all_to_alls = 0, removed = 0;  ///< all-to-alls re-timed, removed
+  std::size_t expert_gradients = 0, gradients_removed = 0;  ///< expert-DP gradient collectives re-timed, removed
+  time_ns gradient_before = 0, gradient_after = 0;
+  std::size_t optimizer = 0;       ///< optimizer kernels rescaled by the parameters per rank
+  time_ns expert_before = 0, expert_after = 0, a2a_before = 0, a2a_after = 0;
+  double copies_from = 0, copies_to = 0;  ///< copies per rank, the slowest traced rank's
+};
+
+namespace detail {
+
+/// The MoE ops of the layers a MoE what-if rescales.
+enum class moe_op_kind : std::uint8_t { router, route, permute, expert_gemm, expert_act };
+
+struct moe_op {
+  graph::task_id task = graph::no_task;
+  std::size_t rank = 0;  ///< index into job.ranks
+  moe_op_kind kind = moe_op_kind::router;
+  std::int64_t rows = 0;  ///< a per-expert GEMM's rows (0: a grouped GEMM or another op)
+  /// A grouped GEMM's dims per expert (M x K · K x N) and experts, when recorded; `wgrad`: a
+  /// weight gradient (K = rows, an fp32 output), else M = rows.
+  double m = 0, n = 0, k = 0, experts = 0;
+  bool wgrad = false;
+};
+
+/// What the traces' MoE layers hold per rank: the copies its experts computed (first forward
+/// grouped GEMM, or the sum of the first MoE layer's per-expert GEMMs) and its experts.
+struct moe_ranks {
+  std::vector<double> copies;       ///< per job rank (0: no expert GEMM seen)
+  std::vector<std::int64_t> local;  ///< experts of the rank
+  std::int64_t width = 0;           ///< the expert FFN width per rank, as traced
+  bool grouped = false, loop = false;
+};
+
+/// The names that tell what a GPU op of a MoE layer is: its kernel and its innermost operator.
+[[nodiscard]] inline std::string moe_names_of(const trace::rank_trace& t, const gpu_op_context& c) {
+  std::string s = lower(t.name(t.events[c.op]));
+  if (c.shape_op != no_event) s += "|" + lower(t.name(t.events[c.shape_op]));
+  if (c.cpu_op != no_event) s += "|" + lower(t.name(t.events[c.cpu_op]));
+  return s;
+}
+
+/// The operator whose shapes tell op `c`'s: the innermost GEMM operator, else the outermost one.
+[[nodiscard]] inline std::uint32_t moe_shape_op(const gpu_op_context& c) noexcept { return c.shape_op != no_event ? c.shape_op : c.cpu_op; }
+
+/// The GEMM dims of op `c` (`moe_shape_op`'s `Input Dims`).
+[[nodiscard]] inline std::vector<std::vector<std::int64_t>> moe_dims_of(const trace::rank_trace& t, const gpu_op_context& c) {
+  const std::uint32_t op = moe_shape_op(c);
+  return op != no_event ? parse_dims(t.arg_text(op, trace::arg_key::input_dims)) : std::vector<std::vector<std::int64_t>>{};
+}
+
+/// Whether op `c` is a grouped GEMM over experts (its operator's or its kernel's name).
+[[nodiscard]] inline bool moe_grouped(const trace::rank_trace& t, const gpu_op_context& c) {
+  const std::uint32_t op = moe_shape_op(c);
+  return (op != no_event && is_grouped_gemm_op(t.name(t.events[op]))) || lower(t.name(t.events[c.op])).find("grouped") != std::string::npos;
+}
+
+/// The expert FFN width per rank of the traces: N of the first forward grouped GEMM reading
+/// the hidden width, else of the first forward GEMM after a router that reads the hidden width
+/// for fewer rows than the router saw (an expert of a loop). 0 when none.
+[[nodiscard]] inline std::int64_t traced_expert_width(const trace::job& job, const job_structure& st, std::int64_t hidden,
+                                                      std::int64_t experts) {
+  std::int64_t router_rows = 0;
+  for (const gpu_op_context& c : st.gpu_ops) {
+    if (c.layer < 0 || c.comm || c.phase != phase_kind::forward || moe_shape_op(c) == no_event) continue;
+    const trace::rank_trace& t = job.ranks[c.rank];
+    const auto dims = moe_dims_of(t, c);
+    if (moe_grouped(t, c)) {
+      if (const auto g = grouped_dims_of(dims); g && g->k == hidden) return g->n;
+      continue;
+    }
+    if (c.shape_op == no_event) continue;
+    const auto gs = gemm_of(t.name(t.events[c.shape_op]), dims);
+    if (!gs || gs->kind != gemm_shape::role::linear) continue;
+    if (gs->k == hidden && gs->n == experts) {
+      router_rows = gs->m;
+    } else if (router_rows > 0 && gs->k == hidden && gs->m < router_rows) {
+      return gs->n;
+    }
+  }
+  return 0;
+}
+
+/// The MoE ops of `st`'s layers (see the header comment), per rank in launch order, and what
+/// each rank's experts computed. `hidden`, `experts`, `width`: the traces'.
+[[nodiscard]] inline std::vector<moe_op> find_moe_ops(const trace::job& job, const graph::built_job& b, const job_structure& st,
+                                                      std::int64_t hidden, std::int64_t experts, std::int64_t width, moe_ranks& ranks) {
+  std::vector<moe_op> out;
+  ranks.copies.assign(job.ranks.size(), 0.0);
+  ranks.local.assign(job.ranks.size(), 0);
+  ranks.width = width;
+  std::vector<std::int64_t> loop_layer(job.ranks.size(), -1);  // the pass and layer whose per-expert GEMMs were summed
+  for (const gpu_op_context& c : st.gpu_ops) {
+    if (c.layer < 0 || c.comm || c.rank >= b.ranks.size()) continue;
+    const auto& map = b.ranks[c.rank].task_of_event;
+    if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
+    const trace::rank_trace& t = job.ranks[c.rank];
+    moe_op m{.task = map[c.op], .rank = c.rank};
+    const std::string names = moe_names_of(t, c);
+    const bool forward = c.phase == phase_kind::forward;
+    const auto dims = moe_dims_of(t, c);
+    // The GEMM's dims, copied out of the optional (GCC 12 takes its members for uninitialized).
+    std::array<std::int64_t, 3> d{0, 0, 0};  // M, K, N
+    bool linear = false;
+    if (c.shape_op != no_event) {
+      if (const auto gs = gemm_of(t.name(t.events[c.shape_op]), dims); gs && gs->kind == gemm_shape::role::linear) {
+        d = {gs->m, gs->k, gs->n};
+        linear = true;
+      }
+    }
+    if (moe_grouped(t, c)) {
+      m.kind = moe_op_kind::expert_gemm;
+      ranks.grouped = true;
+      if (const auto g = grouped_dims_of(dims); g && g->experts > 0) {
+        if (forward && ranks.copies[c.rank] == 0 && g->k == hidden) {
+          ranks.copies[c.rank] = static_cast<double>(g->rows);
+          ranks.local[c.rank] = g->experts;
+        }
+        m.experts = static_cast<double>(g->experts);
+        m.m = static_cast<double>(g->rows) / m.experts, m.k = static_cast<double>(g->k), m.n = static_cast<double>(g->n);
+        // A weight gradient reads the rows as K (backward only: a forward down projection reads
+        // the width, or half a fused gate-and-up width).
+        m.wgrad = !forward && g->k != hidden && g->k != width && 2 * g->k != width;
+      }
+    } else if (linear) {
+      const auto has = [&](std::int64_t v) { return std::find(d.begin(), d.end(), v) != d.end(); };
+      if (experts != hidden && has(experts) && has(hidden)) {
+        m.kind = moe_op_kind::router;
+      } else if (width > 0 && width != hidden && has(width) && has(hidden)) {
+        // A per-expert GEMM of a loop: rows are M, or K of a weight gradient.
+        m.kind = moe_op_kind::expert_gemm;
+        m.rows = d[1] != hidden && d[1] != width ? d[1] : d[0];
+        ranks.loop = true;
+        const std::int64_t key = static_cast<std::int64_t>(c.pass) * 1000000 + c.layer;
+        if (forward && d[2] == hidden && (loop_layer[c.rank] < 0 || loop_layer[c.rank] == key)) {
+          loop_layer[c.rank] = key;
+          ranks.copies[c.rank] += static_cast<double>(d[0]);
+          ++ranks.local[c.rank];
+        }
+      } else {
+        continue;
+      }
+    } else if (names.find("topk") != std::string::npos || names.find("scatter") != std::string::npos) {
+      m.kind = moe_op_kind::route;
+    } else if (names.find("index") != std::string::npos) {
+      m.kind = moe_op_kind::permute;
+    } else if (names.find("silu") != std::string::npos || names.find("gelu") != std::string::npos) {
+      m.kind = moe_op_kind::expert_act;
+    } else {
+      continue;
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
+/// The data-parallel index of global rank `rank` (Megatron's order: TP innermost, then DP x CP).
+[[nodiscard]] inline int dp_index_of(int rank, int tp, int dpcp) noexcept { return (rank / std::max(1, tp)) % std::max(1, dpcp); }
+
+/// The members of the expert-parallel group of `ep` ranks that global rank `rank` is in.
+[[nodiscard]] inline std::vector<int> ep_members(int rank, int tp, int dpcp, int ep) {
+  const int position = dp_index_of(rank, tp, dpcp) % std::max(1, ep);
+  const int first = rank - position * std::max(1, tp);
+  std::vector<int> out;
+  for (int i = 0; i < ep; ++i) out.push_back(first + i * std::max(1, tp));
+  return out;
+}
+
+/// Per job rank, the token copies its experts compute in the target (see the header comment).
+/// `note` says how they were set. `dpcp`: the traces' DP x CP.
+[[nodiscard]] inline std::vector<double> target_copies(const trace::job& job, const moe_ranks& r, const moe_config& from,
+                                                       const moe_config& to, moe_routing routing, int tp, int dpcp, std::string& note) {
+  const std::size_t n = job.ranks.size();
+  std::vector<double> out(n, 0.0);
+  double sum = 0;
+  std::size_t seen = 0;
+  for (const double c : r.copies) {
+    if (c > 0) sum += c, ++seen;
+  }
+  if (seen == 0) return out;
+  const double k = static_cast<double>(to.top_k) / static_cast<double>(from.top_k);
+  const double mean = sum / static_cast<double>(seen);
+  if (routing == moe_routing::balanced || to.experts != from.experts) {
+    note = routing == moe_routing::balanced ? "balanced routing: every rank's experts compute the mean copies of the traced ranks"
+                                            : "another expert count: the traces' per-expert loads do not apply, routing taken as balanced";
+    for (std::size_t i = 0; i < n; ++i) out[i] = r.copies[i] > 0 ? mean * k : 0.0;
+    return out;
+  }
+  // The traced experts' loads: each rank's copies spread over its experts.
+  const std::size_t experts = static_cast<std::size_t>(from.experts);
+  const std::int64_t local1 = from.experts / from.ep;
+  std::vector<double> load(experts, -1.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (r.copies[i] <= 0 || r.local[i] <= 0) continue;
+    const int p = dp_index_of(job.ranks[i].rank, tp, dpcp) % from.ep;
+    for (std::int64_t x = 0; x < local1; ++x) load[static_cast<std::size_t>(p * local1 + x)] = r.copies[i] / static_cast<double>(r.local[i]);
+  }
+  double known = 0;
+  std::size_t known_n = 0;
+  for (const double l : load) {
+    if (l >= 0) known += l, ++known_n;
+  }
+  for (double& l : load) {
+    if (l < 0) l = known / static_cast<double>(std::max<std::size_t>(1, known_n));
+  }
+  const std::int64_t local2 = to.experts / to.ep;
+  const double tokens = static_cast<double>(to.ep) / static_cast<double>(from.ep);  // the group's tokens
+  std::vector<double> at(static_cast<std::size_t>(to.ep), 0.0);
+  for (int q = 0; q < to.ep; ++q) {
+    for (std::int64_t x = 0; x < local2; ++x) at[static_cast<std::size_t>(q)] += load[static_cast<std::size_t>(q * local2 + x)];
+    at[static_cast<std::size_t>(q)] *= tokens * k;
+  }
+  std::set<int> covered;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (r.copies[i] > 0) covered.insert(dp_index_of(job.ranks[i].rank, tp, dpcp) % to.ep);
+  }
+  const bool every = static_cast<int>(covered.size()) == to.ep;
+  const double slowest = *std::max_element(at.begin(), at.end());
+  note = every ? "measured routing: each rank's experts compute the traced loads of the experts it holds"
+               : "measured routing: the traced ranks do not stand for every EP rank, each computes the copies of the slowest (" +
+                     std::to_string(static_cast<long long>(std::llround(slowest))) + ")";
+  for (std::size_t i = 0; i < n; ++i) {
+    if (r.copies[i] > 0) out[i] = every ? at[static_cast<std::size_t>(dp_index_of(job.ranks[i].rank, tp, dpcp) % to.ep)] : slowest;
+  }
+  return out;
+}
+
+/// Scales the duration of `t` by `ratio`, no kernel shorter than `min_ns` (a kernel already
+/// shorter keeps its time).
+inline void moe_scale(graph::task_graph& g, graph::task_id t, double ratio, double min_ns) {
+  const double d = static_cast<double>(g.duration[t]);
+  g.duration[t] = static_cast<time_ns>(std::llround(std::max(d * ratio, std::min(d, min_ns))));
+}
+
+/// Rescales the MoE ops `ops` of `g` from `from` to `to` (see the header comment): `copies`,
+/// the target's per rank (`target_copies`), `hidden` the traces', `even`: the experts' loads
+/// evened out (balanced routing). Returns what it did.
+inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>& ops, const moe_ranks& r,
+                                 const std::vector<double>& copies, const moe_config& from, const moe_config& to, std::int64_t hidden,
+                                 std::int64_t width_to, bool even, const shape_costs& costs) {
+  moe_stats st;
+  const model::kernel_level k{.profile = costs.profile};
+  const double peak = costs.hw.peak_flops(costs.dtype), min_ns = costs.profile.min_kernel_ns, h = static_cast<double>(hidden);
+  const double w1 = static_cast<double>(r.width), w2 = static_cast<double>(width_to);
+  const double l1 = static_cast<double>(from.experts) / from.ep, l2 = static_cast<double>(to.experts) / to.ep;
+  const double topk = static_cast<double>(to.top_k) / static_cast<double>(from.top_k);
+  // The model's time without its shortest-kernel floor: the measured kernel is what the ratio
+  // scales, and `moe_scale` floors the result.
+  auto gemm = [&](double rows, double w, double batch) {
+    return k.gemm_ns(costs.hw, peak, costs.element_bytes, std::max(rows, 1.0), w, h, 2.0, batch);
+  };
+  for (const moe_op& o : ops) {
+    const double c1 = r.copies[o.rank], c2 = copies[o.rank];
+    const double rows = c1 > 0 ? c2 / c1 : topk;
+    const time_ns before = g.duration[o.task];
+    switch (o.kind) {
+      case moe_op_kind::expert_gemm: {
+        double ratio = 1;
+        if (o.rows > 0) {
+          // A loop: this expert's rows in the target, an even share of the rank's copies or its own.
+          const double local = static_cast<double>(std::max<std::int64_t>(1, r.local[o.rank]));
+          const double n2 = even && c1 > 0 ? c2 / local : static_cast<double>(o.rows) * rows;
+          ratio = gemm(n2, w2, 1) / gemm(static_cast<double>(o.rows), w1, 1);
+        } else if (o.experts > 0 && c1 > 0) {
+          // Its dims in the target: the rows per expert (M, or K of a weight gradient) and the
+          // width (whichever of the others is it) follow, the hidden width stays.
+          const double rows2 = c2 / l2;
+          const auto width = [&](double d) { return d == w1 ? w2 : 2 * d == w1 ? w2 / 2 : d; };
+          const double c_bytes = o.wgrad ? 8.0 : 2.0;
+          const auto at = [&](double M, double N, double K, double batch) {
+            return k.gemm_ns(costs.hw, peak, costs.element_bytes, std::max(M, 1.0), N, K, c_bytes, batch);
+          };
+          ratio = o.wgrad ? at(width(o.m), width(o.n), rows2, l2) / at(o.m, o.n, o.k, o.experts)
+                          : at(rows2, width(o.n), width(o.k), l2) / at(o.m, o.n, o.k, o.experts);
+        } else if (c1 > 0) {
+          ratio = gemm(c2 / l2, w2, l2) / gemm(c1 / l1, w1, l1);
+        }
+        moe_scale(g, o.task, ratio, min_ns);
+        ++st.expert_gemms;
+        st.expert_before += before;
+        st.expert_after += g.duration[o.task];
+        break;
+      }
+      case moe_op_kind::expert_act:
+        moe_scale(g, o.task, rows * w2 / w1, min_ns);
+        ++st.activations;
+        break;
+      case moe_op_kind::router:
+        moe_scale(g, o.task, static_cast<double>(to.experts) / from.experts, min_ns);
+        ++st.routers;
+        break;
+      case moe_op_kind::route:
+        moe_scale(g, o.task, static_cast<double>(to.experts) / from.experts, min_ns);
+        ++st.routes;
+        break;
+      case moe_op_kind::permute:
+        moe_scale(g, o.task, (1.0 + from.top_k * topk) / (1.0 + from.top_k), min_ns);
+        ++st.permutes;
+        break;
+    }
+  }
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    if (r.copies[i] > 0 && copies[i] > st.copies_to) st.copies_from = r.copies[i], st.copies_to = copies[i];
+  }
+  return st;
+}
+
+/// One collective of the traces a MoE what-if re-times or removes: a matched instance (its
+/// completes carry the transfer) or a lone op whose peers are absent from the job (a folded or
+/// partial job: one gpu_comm task).
+struct moe_comm {
+  std::vector<graph::task_id> transfer, arrive;
+  graph::task_id join = graph::no_task;
+  model::collective kind = model::collective::all_to_all;
+  double bytes = 0;       ///< its message (0: unknown)
+  int rank = 0;           ///< a member's global rank
+  int members = 0;        ///< its group's size
+  std::size_t instance = ~std::size_t{0};  ///< index into the graph's collectives, or none (lone)
+  bool expert = false;    ///< an expert-DP gradient collective
+};
+
+/// The expert-data-parallel groups of `st`: groups with the DP role whose name or description
+/// says expert.
+[[nodiscard]] inline std::set<std::string> expert_dp_groups(const job_structure& st) {
+  std::set<std::string> out;
+  for (const auto& pg : st.groups) {
+    const bool dp = std::any_of(pg.roles.begin(), pg.roles.end(), [](const auto& r) { return r.value == group_role::dp; });
+    if (dp && (lower(pg.name).find("expert") != std::string::npos || lower(pg.description).find("expert") != std::string::npos ||
+               pg.name.starts_with("edp."))) {
+      out.insert(pg.name);
+    }
+  }
+  return out;
+}
+
+/// The all-to-alls (every one: the EP dispatch and combine) and the gradient collectives of the
+/// DP groups (`expert` set for the expert-DP ones) of `b`, matched or lone. O(tasks + events).
+[[nodiscard]] inline std::vector<moe_comm> moe_comms(const trace::job& job, const graph::built_job& b, const job_structure& st) {
+  const graph::task_graph& g = b.graph;
+  const std::set<std::string> experts = expert_dp_groups(st), dp = groups_with_role(st, group_role::dp);
+  auto wanted = [&](model::collective k, const std::string& group) {
+    const bool gradient = k == model::collective::reduce_scatter || k == model::collective::all_reduce || k == model::collective::all_gather;
+    return k == model::collective::all_to_all || (gradient && dp.count(group));
+  };
+  std::vector<moe_comm> out;
+  for (std::size_t i = 0; i < g.collectives.size(); ++i) {
+    const graph::collective_instance& ci = g.collectives[i];
+    const auto kind = collective_of_kind(ci.kind);
+    if (!kind || ci.complete.empty() || !wanted(*kind, ci.group)) continue;
+    out.push_back({.transfer = ci.complete, .arrive = ci.arrive, .join = ci.join, .kind = *kind, .bytes = static_cast<double>(ci.bytes),
+                   .rank = !ci.group_ranks.empty() ? *std::min_element(ci.group_ranks.begin(), ci.group_ranks.end()) : g.rank[ci.complete.front()],
+                   .members = static_cast<int>(ci.group_ranks.size()), .instance = i, .expert = experts.count(ci.group) > 0});
+  }
+  for (const lone_collective& c : lone_collectives(job, b)) {
+    const auto kind = collective_of_kind(c.kind == "sendrecv" ? std::string("alltoall") : c.kind);
+    if (!kind || (c.kind == "sendrecv" && c.group_size <= 2) || !wanted(*kind, c.group)) continue;  // a send/recv pair: pipeline
+    moe_comm m{.transfer = {c.task}, .arrive = {}, .join = graph::no_task, .kind = *kind, .bytes = static_cast<double>(c.elements), .rank = g.rank[c.task],
+               .members = static_cast<int>(c.group_size), .expert = experts.count(c.group) > 0};
+    if (c.arrive != graph::no_task) m.arrive = {c.arrive};
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+/// The members of the target's group of `c` (the EP group of an all-to-all, the expert-DP group
+/// of an expert gradient collective) and of its traced one; `dpcp_from`, `dpcp_to`: DP x CP.
+[[nodiscard]] inline std::pair<std::vector<int>, std::vector<int>> moe_members(const moe_comm& c, const moe_config& from, const moe_config& to,
+                                                                               int tp, int dpcp_from, int dpcp_to) {
+  const int tps = std::max(1, tp);
+  if (c.kind == model::collective::all_to_all) return {ep_members(c.rank, tps, dpcp_from, from.ep), ep_members(c.rank, tps, dpcp_from, to.ep)};
+  // Megatron's expert-data-parallel group: the ranks at the same TP index and EP position.
+  const int d = dp_index_of(c.rank, tps, dpcp_from), base = c.rank - d * tps - c.rank % tps;
+  std::vector<int> old_members, members;
+  for (int j = 0; j < dpcp_from / from.ep; ++j) old_members.push_back(base + ((j * from.ep + d % from.ep) * tps + c.rank % tps));
+  for (int j = 0; j < dpcp_to / to.ep; ++j) members.push_back(base + ((j * to.ep + d % to.ep) * tps + c.rank % tps));
+  return {old_members, members};
+}
+
+/// Re-times `c` for the target (see the header comment): an all-to-all's message x the top-k
+/// ratio over the target's EP group, an expert gradient collective's x the expert parameters
+/// per rank (`params`) over its expert-DP group, by `nccl` on `hw`, as a ratio on its measured
+/// time; a matched instance's group members renumbered as the target's.
+inline void retime_moe_comm(graph::task_graph& g, const moe_comm& c, const moe_config& from, const moe_config& to, int tp, int dpcp_from,
+                            int dpcp_to, double params, const model::nccl_model& nccl, const model::hardware& hw, moe_stats& st) {
+  const bool a2a = c.kind == model::collective::all_to_all;
+  const double factor = a2a ? static_cast<double>(to.top_k) / static_cast<double>(from.top_k) : params;
+  const auto [old_members, members] = moe_members(c, from, to, tp, dpcp_from, dpcp_to);
+  time_ns measured = 0;
+  for (const graph::task_id t : c.transfer) measured = std::max(measured, g.duration[t]);
+  double bytes = c.bytes;
+  if (bytes <= 0) {
+    // Unrecorded: the size the model gives the measured time over the traced group.
+    const auto& link = static_cast<int>(old_members.size()) * tp > hw.nvlink_domain_size() ? nccl.profile.inter : nccl.profile.intra;
+    bytes = bytes_for_time(c.kind, static_cast<double>(measured), static_cast<std::int64_t>(old_members.size()), link);
+  }
+  const auto size = [](double v) { return std::max<std::int64_t>(1, std::llround(v)); };
+  const time_ns t1 = nccl.collective_time({c.kind, size(bytes), model::placement_of(old_members, hw)}, hw);
+  const time_ns t2 = nccl.collective_time({c.kind, size(bytes * factor), model::placement_of(members, hw)}, hw);
+  const double ratio = t1 > 0 ? static_cast<double>(t2) / static_cast<double>(t1) : 1.0;
+  for (const graph::task_id t : c.transfer) {
+    (a2a ? st.a2a_before : st.gradient_before) += g.duration[t];
+    g.duration[t] = static_cast<time_ns>(std::llround(static_cast<double>(g.duration[t]) * ratio));
+    (a2a ? st.a2a_after : st.gradient_after) += g.duration[t];
+  }
+  if (c.instance < g.collectives.size()) {
+    graph::collective_instance& ci = g.collectives[c.instance];
+    if (ci.bytes > 0) ci.bytes = size(static_cast<double>(ci.bytes) * factor);
+    if (!ci.group_ranks.empty()) ci.group_ranks = members;
+  }
+  ++(a2a ? st.all_to_alls : st.expert_gradients);
+}
+
+/// Removes the collectives `which` of `b` with their joins and launch calls; `transfer` sums
+/// the transfer time removed. Renumbers the graph's tasks.
+inline void remove_moe_comms(graph::built_job& b, const std::vector<moe_comm>& which, time_ns& transfer) {
+  graph::task_graph& g = b.graph;
+  std::vector<graph::task_id> launcher(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch) launcher[e.to] = e.from;
+  }
+  std::vector<std::uint8_t> gone(g.task_count(), 0);
+  for (const moe_comm& c : which) {
+    for (const auto* list : {&c.arrive, &c.transfer}) {
+      for (const graph::task_id t : *list) {
+        gone[t] = 1;
+        if (list == &c.transfer) transfer += g.duration[t];
+        if (launcher[t] != graph::no_task && g.kind[launcher[t]] == graph::task_kind::cpu) gone[launcher[t]] = 1;
+      }
+    }
+    if (c.join != graph::no_task) gone[c.join] = 1;
+  }
+  std::vector<repeat_group> groups;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (gone[t]) groups.push_back({.tasks = {t}, .count = 0});
+  }
+  (void)adopt(b, repeat_groups(g, groups));
+}
+
+/// The factor on the optimizer's work per rank: its parameters per rank follow the expert
+/// parameters (`params`: target over traced, per rank), weighed against the dense ones by the
+/// gradients each reduces on one rank (the bytes of the gradient collectives of `comms` on the
+/// rank of the first: dense ones over the DP groups, expert ones over the expert-DP groups). With
+/// reduce-scatters (a distributed optimizer) each steps its shard: 1 / DP of the dense ones,
+/// 1 / (DP x CP / EP) of the expert ones. 1 when no gradient collective tells the split.
+[[nodiscard]] inline double optimizer_factor(const graph::task_graph& g, const std::vector<moe_comm>& comms, double params, int dp,
+                                             int edp_from, int edp_to) {
+  double dense = 0, mine = 0;
+  bool sharded = false;
+  int rank = -1;
+  for (const moe_comm& c : comms) {
+    if (c.kind != model::collective::reduce_scatter && c.kind != model::collective::all_reduce) continue;
+    const int r = g.rank[c.transfer.front()];
+    if (rank < 0) rank = r;
+    if (r != rank) continue;
+    sharded = sharded || c.kind == model::collective::reduce_scatter;
+    (c.expert ? mine : dense) += c.bytes;
+  }
+  if (dense + mine <= 0) return 1.0;
+  const double sd = sharded ? dp : 1, s1 = sharded ? edp_from : 1, s2 = sharded ? std::max(1, edp_to) : 1;
+  return (dense / sd + mine * params / s2) / (dense / sd + mine / s1);
+}
+
+/// Scales the optimizer-phase GPU ops of `st` in `b` by `ratio` (memory-bound: no kernel under
+/// the profile's shortest). Returns how many.
+inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st, double ratio, double min_ns) {
+  std::size_t n = 0;
+  for (const gpu_op_context& c : st.gpu_ops) {
+    if (c.comm || c.phase != phase_kind::optimizer || c.rank >= b.ranks.size()) continue;
+    const auto& map = b.ranks[c.rank].task_of_event;
+    if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
+    const graph::task_id t = map[c.op];
+    b.graph.duration[t] = static_cast<time_ns>(std::llround(memory_scaled_ns(static_cast<double>(b.graph.duration[t]), ratio, min_ns)));
+    ++n;
+  }
+  return n;
+}
+
+/// The traced MoE configuration of `st` (its expert width per rank `width`, its TP `tp`) and
+/// the target `t` asks, checked: throws `lumos::error` naming the rule a target breaks.
+[[nodiscard]] inline std::pair<moe_config, moe_config> moe_configs(const job_structure& st, const moe_target& t, std::int64_t width,
+                                                                   int tp, int dpcp_to) {
+  const moe_structure& m = st.moe;
+  moe_config from;
+  from.experts = m.experts.value.value_or(0);
+  from.ep = m.ep.value.value_or(st.parallel.ep.value.value_or(1));
+  from.top_k = m.top_k.value.value_or(0);
+  from.expert_ffn = width * tp;
+  if (t.top_k && from.top_k <= 0) throw error("whatif --top-k: the traces' top-k is unknown (" + m.top_k.source + ")");
+  if (from.top_k <= 0) from.top_k = 1;  // only ratios of it are used
+  if (t.expert_ffn && width <= 0) {
+    throw error("whatif --expert-ffn: the traces' expert FFN width is unknown (no expert GEMM reading the hidden width with recorded "
+                "Input Dims)");
+  }
+  moe_config to = from;
+  auto positive = [](const auto& v, const char* flag) {
+    if (v && *v <= 0) throw error(std::string("whatif ") + flag + ": must be positive (got " + std::to_string(*v) + ")");
+  };
+  positive(t.ep, "--ep"), positive(t.experts, "--experts"), positive(t.top_k, "--top-k"), positive(t.expert_ffn, "--expert-ffn");
+  if (t.ep) to.ep = *t.ep;
+  if (t.experts) to.experts = *t.experts;
+  if (t.top_k) to.top_k = *t.top_k;
+  if (t.expert_ffn) to.expert_ffn = *t.expert_ffn;
+  const std::string ep = std::to_string(to.ep);
+  if (dpcp_to % to.ep != 0) {
+    throw error("whatif --ep " + ep + ": EP must divide DP x CP of the target (" + std::to_string(dpcp_to) +
+                "): expert parallelism shards the experts over data-parallel ranks, the world stays");
+  }
+  if (to.experts % to.ep != 0) {
+    throw error("whatif --ep " + ep + ": the " + std::to_string(to.experts) + " experts do not divide over " + ep + " EP ranks");
+  }
+  if (to.top_k > to.experts) {
+    throw error("whatif --top-k " + std::to_string(to.top_k) + ": more than the " + std::to_string(to.experts) + " experts");
+  }
+  if (to.expert_ffn % tp != 0) {
+    throw error("whatif --expert-ffn " + std::to_string(to.expert_ffn) + ": does not divide over TP " + std::to_string(tp));
+  }
+  return {from, to};
+}
+
+}  // namespace detail
+
+/// Pass: a mixture-of-experts change (`--ep`, `--experts`, `--top-k`, `--expert-ffn`,
+/// `--routing`; see the header comment). Refused with an error when the traces have no MoE
+/// layer, when a loop of per-expert GEMMs would change length (another EP or expert count), and
+/// from EP 1 to more (no all-to-all traced to resize).
+struct moe_pass {
+  std::optional<moe_summary> made;
+
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept { return ctx.options.moe.any(); }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) {
+    const moe_target& t = ctx.options.moe;
+    const job_structure& st = ctx.structure(b);
+    if (!st.moe.found()) throw error("whatif --ep/--experts/--top-k/--expert-ffn/--routing: no MoE layer in the traces (" + st.moe.layers.source + ")");
+    if (!st.model.hidden.known()) throw error("whatif: the MoE change needs the traces' hidden size (" + st.model.hidden.source + ")");
+    const std::int64_t hidden = static_cast<std::int64_t>(*st.model.hidden.value);
+    const int tp = st.parallel.tp.value.value_or(1);
+    const int dp = st.parallel.dp.value.value_or(1);
+    const std::int64_t width = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
+    auto [from, to] = detail::moe_configs(st, t, width, tp, ctx.options.dp.value_or(dp));
+    const moe_routing routing = t.routing.value_or(moe_routing::measured);
+    detail::moe_ranks ranks;
+    const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
+    if (ranks.loop && !ranks.grouped && (to.ep != from.ep || to.experts != from.experts)) {
+      throw error("whatif --ep/--experts: the traces run their experts as a loop of per-expert GEMMs, whose length would change; "
+                  "only --top-k, --expert-ffn and --routing rewrite them");
+    }
+    if (from.ep == 1 && to.ep > 1) {
+      throw error("whatif --ep " + std::to_string(to.ep) + ": the traces have no expert parallelism (EP 1, no dispatch all-to-all); "
+                  "inserting the all-to-alls is not supported, only resizing or removing them");
+    }
+    std::string routing_note;
+    const std::vector<double> copies = detail::target_copies(ctx.job, ranks, from, to, routing, tp, dp, routing_note);
+    const shape_costs& costs = ctx.costs(b);
+    moe_stats s = detail::rescale_moe_ops(b.graph, ops, ranks, copies, from, to, hidden, to.expert_ffn / tp,
+                                          routing == moe_routing::balanced || to.experts != from.experts, costs);
+    const model::nccl_model nccl = ctx.nccl ? ctx.nccl->first : model::nccl_model{ctx.traced_profile()};
+    const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
+    const int dpcp_to = ctx.options.dp.value_or(dp);
+    const std::vector<detail::moe_comm> comms = detail::moe_comms(ctx.job, b, st);
+    const double params = (static_cast<double>(to.experts) / to.ep * static_cast<double>(to.expert_ffn)) /
+                          (static_cast<double>(from.experts) / from.ep * static_cast<double>(from.expert_ffn));
+    const double optimizer = detail::optimizer_factor(b.graph, comms, params, dp, dp / from.ep, dpcp_to / to.ep);
+    if (optimizer != 1.0) s.optimizer = detail::scale_optimizer(b, st, optimizer, costs.profile.min_kernel_ns);
+    std::vector<detail::moe_comm> removed;
+    const bool resized = to.ep != from.ep || to.experts != from.experts || to.expert_ffn != from.expert_ffn;
+    for (const detail::moe_comm& c : comms) {
+      const bool a2a = c.kind == model::collective::all_to_all;
+      if (!a2a && !c.expert) continue;
+      if (a2a ? to.ep == 1 : dpcp_to / to.ep == 1) {
+        // EP 1 dispatches no tokens; one replica of each expert shard reduces no gradients.
+        removed.push_back(c);
+        ++(a2a ? s.removed : s.gradients_removed);
+      } else if (a2a ? (to.ep != from.ep || to.top_k != from.top_k) : resized) {
+        detail::retime_moe_comm(b.graph, c, from, to, tp, dp, dpcp_to, params, nccl, hw, s);
+      }
+    }
+    if (!removed.empty()) {
+      time_ns gone = 0;
+      detail::remove_moe_comms(b, removed, gone);
+      if (to.ep == 1) s.a2a_before += gone;
+      ctx.refresh(b);
+    }
+    made = moe_summary{from, to, routing};
+    change_list out{moe_change(from, to, routing, routing_note, s)};
+    if (dp / from.ep == 1 && dpcp_to / to.ep > 1) {
+      out.push_back(note("moe", "expert gradients",
+                         "the traces reduce no expert gradients (EP = DP x CP: one replica of each expert shard); the target's "
+                         "reductions over " + std::to_string(dpcp_to / to.ep) + " expert-data-parallel ranks are not inserted, "
+                         "the prediction lacks them"));
+    }
+    return out;
+  }
+  void after_replay(const context&, whatif_result& out) const { out.moe = made; }
+
+ private:
+  [[nodiscard]] static change moe_change(const moe_config& from, const moe_config& to, moe_routing routing, const std::string& note,
+                                         const moe_stats& s) {
+    auto text = [](const moe_config& c) {
+      return "EP " + std::to_string(c.ep) + ", " + std::to_string(c.experts) + " experts, top-" + std::to_string(c.top_k) + ", expert FFN " +
+             std::to_string(c.expert_ffn);
+    };
+    char line[2048];
+    std::snprintf(line, sizeof line,
+                  "%s -> %s (%s routing; %s): %zu expert GEMMs rescaled by the kernel model of the copies each rank computes "
+                  "(%.0f -> %.0f on the slowest rank) over experts / EP, %.3f -> %.3f ms; %zu routers, %zu top-k, %zu "
+                  "permutations, %zu expert activations rescaled; %zu all-to-alls re-timed through the NCCL model over the "
+                  "target's EP group, %zu removed (EP 1), %.3f -> %.3f ms; %zu expert-data-parallel gradient collectives re-timed "
+                  "for the expert parameters per rank over DP x CP / EP ranks, %.3f -> %.3f ms, %zu removed (one replica of each "
+                  "expert shard); %zu optimizer kernels by the parameters per rank; launches and CPU work as traced",
+                  text(from).c_str(), text(to).c_str(), routing == moe_routing::balanced ? "balanced" : "measured", note.c_str(),
+                  s.expert_gemms, s.copies_from, s.copies_to, static_cast<double>(s.expert_before) / 1e6,
+                  static_cast<double>(s.expert_after) / 1e6, s.routers, s.routes, s.permutes, s.activations, s.all_to_alls, s.removed,
+                  static_cast<double>(s.a2a_before) / 1e6, static_cast<double>(s.a2a_after) / 1e6, s.expert_gradients,
+                  static_cast<double>(s.gradient_before) / 1e6, static_cast<double>(s.gradient_after) / 1e6, s.gradients_removed,
+                  s.optimizer);
+    return changed("moe", "MoE", text(from), text(to), line,
+                   {count_figure("expert GEMMs rescaled", s.expert_gemms), time_figure("expert GEMM time", s.expert_before, s.expert_after),
+                    count_figure("all-to-alls re-timed", s.all_to_alls), count_figure("all-to-alls removed", s.removed),
+                    time_figure("all-to-all time", s.a2a_before, s.a2a_after)});
+  }
+};
+static_assert(Rewrite<moe_pass>);
+
+}  // namespace lumos::whatif

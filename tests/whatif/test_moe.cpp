@@ -1,0 +1,186 @@
+// The MoE what-if (include/lumos/whatif/moe.hpp): expert parallelism resized on a synth MoE job
+// (the all-to-alls re-timed over the new EP group, removed at EP 1, a target EP that does not
+// divide DP refused), and measured against balanced routing on the hand-made unbalanced traces.
+#include "../unit/test_support.hpp"
+
+#include <lumos/trace/job.hpp>
+#include <lumos/whatif/whatif.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+using namespace lumos;
+
+namespace {
+
+const whatif::change* moe_test_change(const whatif::whatif_result& r) {
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [](const whatif::change& x) { return x.subject == "MoE"; });
+  return c == r.changes.end() ? nullptr : &*c;
+}
+
+/// The all-to-all collective instances of `g`.
+std::vector<const graph::collective_instance*> moe_test_all_to_alls(const graph::task_graph& g) {
+  std::vector<const graph::collective_instance*> out;
+  for (const auto& ci : g.collectives) {
+    if (ci.kind == "alltoall" || ci.kind == "all_to_all") out.push_back(&ci);
+  }
+  return out;
+}
+
+/// Per rank, the summed time of the tasks whose name says grouped GEMM or names an expert GEMM.
+std::map<int, time_ns> moe_test_expert_time(const graph::task_graph& g, std::string_view what) {
+  std::map<int, time_ns> out;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.task_name(t).find(what) != std::string_view::npos) out[g.rank[t]] += g.duration[t];
+  }
+  return out;
+}
+
+}  // namespace
+
+#ifdef LUMOS_CLI_PATH
+namespace {
+
+/// A synth MoE job (Qwen3-30B-A3B's layers, 1 layer, DP 4, EP 2), written once.
+const std::filesystem::path& moe_test_job_dir() {
+  static lumos_test::temp_dir dir;
+  static const std::filesystem::path out = [] {
+    const auto p = dir.path() / "ep2";
+    const auto r = lumos_test::run_cli("synth --model qwen3-30b-a3b --layers 1 --seq 1024 --tp 1 --pp 1 --dp 4 --ep 2 --micro-batch 1 "
+                                       "--global-batch 4 --gpu h100-sxm --detail kernel --unfold --out " + p.string());
+    REQUIRE(r.code == 0);
+    return p;
+  }();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("synth MoE traces run the all-to-alls over an expert-parallel group", "[whatif][moe]") {
+  const trace::job job = trace::load_job({moe_test_job_dir()});
+  whatif::whatif_options o;
+  o.moe.routing = whatif::moe_routing::measured;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  REQUIRE(r.structure);
+  CHECK(r.structure->moe.ep.value == 2);
+  CHECK(r.structure->parallel.ep.value == 2);
+  bool ep_group = false;
+  for (const auto& g : r.structure->groups) {
+    for (const auto& role : g.roles) {
+      ep_group = ep_group || (role.value == whatif::group_role::ep && g.description == "EXPERT_MODEL_PARALLEL_GROUP" && g.ranks.size() == 2);
+    }
+  }
+  CHECK(ep_group);
+  const auto a2a = moe_test_all_to_alls(r.baseline.built.graph);
+  REQUIRE(!a2a.empty());
+  for (const auto* ci : a2a) CHECK(ci->group_ranks.size() == 2);
+  // Nothing asked but the traces' own routing: nothing moves.
+  CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
+}
+
+TEST_CASE("whatif --ep: all-to-alls re-timed over the new EP group, removed at EP 1, a bad EP refused", "[whatif][moe]") {
+  const trace::job job = trace::load_job({moe_test_job_dir()});
+  whatif::whatif_options o;
+  o.moe.ep = 4;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const whatif::change* c = moe_test_change(r);
+  REQUIRE(c != nullptr);
+  CHECK(c->from.find("EP 2") != std::string::npos);
+  CHECK(c->to.find("EP 4") != std::string::npos);
+  REQUIRE(r.moe);
+  CHECK(r.moe->to.ep == 4);
+  CHECK(r.moe->to.experts == 128);
+  const auto before = moe_test_all_to_alls(r.baseline.built.graph), after = moe_test_all_to_alls(r.predicted.built.graph);
+  CHECK(after.size() == before.size());
+  time_ns t_before = 0, t_after = 0;
+  for (const auto* ci : before) t_before += r.baseline.built.graph.duration[ci->complete.front()];
+  for (const auto* ci : after) {
+    CHECK(ci->group_ranks.size() == 4);
+    t_after += r.predicted.built.graph.duration[ci->complete.front()];
+  }
+  // The same bytes per rank over twice the peers: more of them leave the rank.
+  CHECK(t_after > t_before);
+  // Balanced synth routing: each rank's experts compute the same copies, 32 experts instead of 64.
+  const auto gemm_before = moe_test_expert_time(r.baseline.built.graph, "GemmGrouped"), gemm_after = moe_test_expert_time(r.predicted.built.graph, "GemmGrouped");
+  REQUIRE(!gemm_before.empty());
+  for (const auto& [rank, t] : gemm_before) CHECK(std::abs(double(gemm_after.at(rank)) - double(t)) <= 0.2 * double(t));
+
+  whatif::whatif_options one;
+  one.moe.ep = 1;
+  const whatif::whatif_result r1 = whatif::run_whatif(job, one);
+  CHECK(moe_test_all_to_alls(r1.predicted.built.graph).empty());
+  const whatif::change* c1 = moe_test_change(r1);
+  REQUIRE(c1 != nullptr);
+  REQUIRE(c1->figures.size() == 5);
+  CHECK(c1->figures[3].after == double(before.size()));  // all-to-alls removed
+  CHECK(r1.predicted.built.graph.task_count() < r1.baseline.built.graph.task_count());
+
+  whatif::whatif_options bad;
+  bad.moe.ep = 3;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, bad), Catch::Contains("EP must divide DP x CP"));
+  bad.moe.ep = 8;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, bad), Catch::Contains("EP must divide DP x CP"));
+  bad.dp = 8;  // the target's DP 8 takes EP 8
+  CHECK_NOTHROW(whatif::run_whatif(job, bad));
+}
+
+TEST_CASE("whatif --ep --trace-out: the written traces replay to the prediction", "[whatif][moe]") {
+  lumos_test::temp_dir dir;
+  const auto out = dir.path() / "ep4";
+  const auto r = lumos_test::run_cli("whatif " + moe_test_job_dir().string() + " --ep 4 --json --trace-out " + out.string());
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("\"moe\":{\"baseline\":{\"ep\":2") != std::string::npos);
+  const auto again = lumos_test::run_cli("replay " + out.string() + " --json");
+  REQUIRE(again.code == 0);
+  const std::string key = "\"predicted\":{\"iteration_ns\":";
+  const auto predicted = r.out.find(key);
+  REQUIRE(predicted != std::string::npos);
+  const auto at = predicted + key.size();
+  const std::string ns = r.out.substr(at, r.out.find(',', at) - at);
+  CHECK(!ns.empty());
+  CHECK(again.out.find("\"simulated_ns\":" + ns) != std::string::npos);
+  const auto bad = lumos_test::run_cli("whatif " + moe_test_job_dir().string() + " --ep 3");
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("EP must divide DP x CP") != std::string::npos);
+}
+#endif  // LUMOS_CLI_PATH
+
+TEST_CASE("whatif --routing on unbalanced EP traces: balanced evens the ranks' expert GEMMs, measured keeps them", "[whatif][moe]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "ep2_grouped_splits"});
+  whatif::whatif_options measured, balanced;
+  measured.moe.routing = whatif::moe_routing::measured;
+  balanced.moe.routing = whatif::moe_routing::balanced;
+  const whatif::whatif_result m = whatif::run_whatif(job, measured), b = whatif::run_whatif(job, balanced);
+  const auto traced = moe_test_expert_time(m.baseline.built.graph, "Grouped");
+  const auto kept = moe_test_expert_time(m.predicted.built.graph, "Grouped"), even = moe_test_expert_time(b.predicted.built.graph, "Grouped");
+  REQUIRE(traced.size() == 2);
+  CHECK(kept == traced);
+  // Rank 0's experts computed 480 rows, rank 1's 544: balanced, both compute 512.
+  const int r0 = traced.begin()->first, r1 = std::next(traced.begin())->first;
+  CHECK(even.at(r0) > traced.at(r0));
+  CHECK(even.at(r1) < traced.at(r1));
+  // The copies only move between the ranks: the expert GEMM time summed over both stays about the same.
+  const double sum_traced = double(traced.at(r0) + traced.at(r1)), sum_even = double(even.at(r0) + even.at(r1));
+  CHECK(std::abs(sum_even - sum_traced) <= 0.05 * sum_traced);
+}
+
+TEST_CASE("whatif --routing balanced on a loop of per-expert GEMMs: each expert's GEMMs at the mean rows", "[whatif][moe]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "loop_unbalanced"});
+  whatif::whatif_options o;
+  o.moe.routing = whatif::moe_routing::balanced;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const whatif::change* c = moe_test_change(r);
+  REQUIRE(c != nullptr);
+  REQUIRE(c->figures.size() >= 2);
+  CHECK(c->figures[0].after > 0);  // expert GEMMs rescaled
+  // An EP or expert-count change would change the loop's length: refused.
+  whatif::whatif_options ep;
+  ep.moe.experts = 8;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, ep), Catch::Contains("loop of per-expert GEMMs"));
+}
