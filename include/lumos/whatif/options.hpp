@@ -40,6 +40,11 @@ struct whatif_options {
   std::optional<synth::schedule_policy> schedule;
   /// Training precision of the target (whatif/precision.hpp): fp8 from bf16 or fp16 traces.
   std::optional<model::precision> precision;
+  /// Fully sharded data parallelism of the target (whatif/fsdp.hpp): on or off, hybrid sharding's
+  /// shard group, and whether backward passes gather the parameters again. Unset: the traces'.
+  std::optional<bool> fsdp;
+  std::optional<int> hsdp;
+  std::optional<bool> reshard_after_forward;
   /// The target host's CPU speed relative to the traced host's: the prediction's CPU times are
   /// the traced ones / `host_speed`. 1 (the default) keeps the traced host, also under `gpu`.
   double host_speed = 1.0;
@@ -55,7 +60,7 @@ struct whatif_options {
   [[nodiscard]] bool pipeline_asked() const noexcept { return pp || vp || schedule; }
   /// A change that reads the traces' structure (layers, passes, groups, shape) is asked.
   [[nodiscard]] bool needs_structure() const noexcept {
-    return dp || global_batch || pipeline_asked() || layers || shape.any() || precision;
+    return dp || global_batch || pipeline_asked() || layers || shape.any() || precision || fsdp || hsdp || reshard_after_forward;
   }
 };
 
