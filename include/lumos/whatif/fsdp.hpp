@@ -40,6 +40,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -58,25 +60,30 @@ namespace detail {
   return out;
 }
 
-/// Whether the pass a launch at job time `at` on rank `rs` serves is a backward pass: the pass it
-/// falls in (`phase`, as its markers say), else, outside the passes' markers (a prefetch
-/// launched between two passes), the next pass to start.
-[[nodiscard]] inline bool serves_backward(const rank_structure& rs, time_ns at, phase_kind phase) {
-  if (phase == phase_kind::backward) return true;
-  if (phase != phase_kind::other) return false;
-  for (const pass_info& p : rs.passes) {
-    if (at < p.start) return p.op.kind != pipeline::op_kind::forward;
-  }
-  return false;
-}
-
-/// The phase of each GPU task of `b` that structure discovery saw launched (other for the rest).
-[[nodiscard]] inline std::vector<phase_kind> phase_of_tasks(const graph::built_job& b, const job_structure& st) {
-  std::vector<phase_kind> out(b.graph.task_count(), phase_kind::other);
-  for (const gpu_op_context& c : st.gpu_ops) {
-    if (c.rank >= b.ranks.size() || c.op >= b.ranks[c.rank].task_of_event.size()) continue;
-    const graph::task_id t = b.ranks[c.rank].task_of_event[c.op];
-    if (t != graph::no_task) out[t] = c.phase;
+/// Per task of `b`, 1 for a communication op launched for a backward pass: in one, before its
+/// last compute op, or after the last compute op of a pass (a prefetch, inside the pass's
+/// markers or between two passes) when the next compute op launched is a backward pass's.
+/// O(GPU ops x log passes).
+[[nodiscard]] inline std::vector<std::uint8_t> launched_for_backward(const graph::built_job& b, const job_structure& st) {
+  std::vector<std::uint8_t> out(b.graph.task_count(), 0);
+  std::map<std::size_t, std::set<int>> later;  // rank -> passes with a compute op launched later
+  std::map<std::size_t, int> next;              // rank -> the pass of the next compute op launched
+  for (auto it = st.gpu_ops.rbegin(); it != st.gpu_ops.rend(); ++it) {
+    const gpu_op_context& c = *it;
+    if (c.rank >= b.ranks.size() || c.rank >= st.ranks.size()) continue;
+    if (!c.comm) {
+      if (c.pass >= 0) later[c.rank].insert(c.pass), next[c.rank] = c.pass;
+      continue;
+    }
+    const auto& map = b.ranks[c.rank].task_of_event;
+    if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
+    const auto& passes = st.ranks[c.rank].passes;
+    const bool inside = c.pass >= 0 && later[c.rank].contains(c.pass);
+    const auto n = next.find(c.rank);
+    const int pass = inside ? c.pass : n != next.end() ? n->second : -1;
+    if (pass >= 0 && static_cast<std::size_t>(pass) < passes.size()) {
+      out[map[c.op]] = passes[static_cast<std::size_t>(pass)].op.kind != pipeline::op_kind::forward;
+    }
   }
   return out;
 }
@@ -152,20 +159,17 @@ inline std::size_t release_gather_waits(graph::task_graph& g, const std::vector<
   return dropped + capped;
 }
 
-/// Removes the all-gathers of `st.fsdp`'s shard group that serve backward passes (`serves_backward`
-/// of their launch call), each with its launch call and join, matched across ranks or not
+/// Removes the all-gathers of `st.fsdp`'s shard group launched for backward passes
+/// (`launched_for_backward`), each with its launch call and join, matched across ranks or not
 /// (`lone_collectives`: the ranks folded onto one). Returns how many; task ids of `b` change when
 /// any is (`adopt`). O(tasks + edges).
 inline std::size_t remove_backward_gathers(graph::built_job& b, const trace::job& job, const job_structure& st) {
   const graph::task_graph& g = b.graph;
   const std::vector<graph::task_id> call = detail::launch_calls(g);
-  const std::vector<phase_kind> phase = detail::phase_of_tasks(b, st);
+  const std::vector<std::uint8_t> backward = detail::launched_for_backward(b, st);
   std::vector<repeat_group> groups;
   auto remove = [&](std::vector<graph::task_id> tasks, graph::task_id first) {
-    const graph::task_id by = call[first];
-    const int rank = g.rank[first];
-    const auto rs = std::find_if(st.ranks.begin(), st.ranks.end(), [&](const rank_structure& r) { return r.rank == rank; });
-    if (rs == st.ranks.end() || !detail::serves_backward(*rs, g.observed_start[by != graph::no_task ? by : first], phase[first])) return;
+    if (!backward[first]) return;
     const std::size_t gpu = tasks.size();
     for (std::size_t k = 0; k < gpu; ++k) {
       if (tasks[k] != graph::no_task) tasks.push_back(call[tasks[k]]);
