@@ -354,7 +354,7 @@ TEST_CASE("FSDP traces: inspect --structure finds the shard group, whatif --fsdp
           "[cli][whatif][fsdp]") {
   lumos_test::temp_dir dir;
   const auto a = dir.path() / "fsdp", b = dir.path() / "zero1";
-  const std::string job = "synth --model llama3-8b --layers 2 --hidden 1024 --heads 16 --seq 1024 --tp 1 --dp 4 --micro-batch 1 "
+  const std::string job = "synth --model llama3-8b --layers 2 --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --tp 1 --dp 4 --micro-batch 1 "
                           "--global-batch 8 --gpu h100-sxm --detail kernel --out ";
   REQUIRE(run(job + a.string() + " --fsdp on").code == 0);
   REQUIRE(run(job + b.string()).code == 0);

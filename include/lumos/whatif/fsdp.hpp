@@ -51,6 +51,14 @@ namespace lumos::whatif {
 
 namespace detail {
 
+/// Whether a collective's kind is an all-gather: "allgather", or c10d's names for FSDP2's
+/// (`_allgather_base`, `allgather_into_tensor_coalesced`).
+[[nodiscard]] inline bool is_gather_kind(std::string_view kind) {
+  std::string k(kind);
+  std::erase(k, '_');
+  return k.starts_with("allgather");
+}
+
 /// The tasks that launched each task of `g` (no_task where none did).
 [[nodiscard]] inline std::vector<graph::task_id> launch_calls(const graph::task_graph& g) {
   std::vector<graph::task_id> out(g.task_count(), graph::no_task);
@@ -93,14 +101,13 @@ namespace detail {
 /// The GPU tasks of `st.fsdp`'s shard-group all-gathers in `b` (matched across ranks or not).
 [[nodiscard]] inline std::vector<graph::task_id> shard_gathers(const graph::built_job& b, const trace::job& job, const job_structure& st) {
   std::vector<graph::task_id> out;
-  auto gather = [](std::string_view kind) { return collective_of_kind(kind) == model::collective::all_gather; };
   for (const graph::collective_instance& ci : b.graph.collectives) {
-    if (ci.group != st.fsdp.group || !gather(ci.kind)) continue;
+    if (ci.group != st.fsdp.group || !detail::is_gather_kind(ci.kind)) continue;
     out.insert(out.end(), ci.arrive.begin(), ci.arrive.end());
     out.insert(out.end(), ci.complete.begin(), ci.complete.end());
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (c.group == st.fsdp.group && gather(c.kind)) out.push_back(c.task), out.push_back(c.arrive);
+    if (c.group == st.fsdp.group && detail::is_gather_kind(c.kind)) out.push_back(c.task), out.push_back(c.arrive);
   }
   std::erase(out, graph::no_task);
   return out;
@@ -179,16 +186,15 @@ inline std::size_t remove_backward_gathers(graph::built_job& b, const trace::job
     tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
     groups.push_back({std::move(tasks), 0});
   };
-  auto gather = [&](std::string_view kind) { return collective_of_kind(kind) == model::collective::all_gather; };
   for (const graph::collective_instance& ci : g.collectives) {
-    if (ci.group != st.fsdp.group || !gather(ci.kind) || ci.complete.empty()) continue;
+    if (ci.group != st.fsdp.group || !detail::is_gather_kind(ci.kind) || ci.complete.empty()) continue;
     std::vector<graph::task_id> tasks = ci.arrive;
     tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
     tasks.push_back(ci.join);
     remove(std::move(tasks), ci.complete.front());
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (c.group == st.fsdp.group && gather(c.kind) && c.task != graph::no_task) remove({c.arrive, c.task}, c.task);
+    if (c.group == st.fsdp.group && detail::is_gather_kind(c.kind) && c.task != graph::no_task) remove({c.arrive, c.task}, c.task);
   }
   if (groups.empty()) return 0;
   std::vector<graph::task_id> removed;
@@ -223,8 +229,7 @@ struct fsdp_pass {
       return {note("fsdp", "FSDP", "--fsdp off: the traces do not shard parameters; nothing to change")};
     }
     if (f.replicas.value.value_or(1) > 1) {
-      throw error("whatif: the traces run hybrid sharding (HSDP, " + f.replicas.source +
-                  "); rewriting HSDP traces is not built yet");
+      throw error("whatif: the traces run hybrid sharding (" + f.replicas.source + "); rewriting HSDP traces is not built yet");
     }
     const int traced_dp = st.parallel.dp.value.value_or(f.shard.value.value_or(1));
     const int dp = o.dp.value_or(traced_dp);
