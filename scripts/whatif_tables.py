@@ -36,6 +36,11 @@ BASE = {
 
 # The context-parallel cases' configuration A: a small Llama-3-8B-like job at sequence 8192.
 LLAMA = {"--model": "llama3-8b", "--layers": "4", "--ffn": "7168", "--seq": "8192", "--pp": "1", "--global-batch": "4"}
+# The FSDP cases' A: Llama 3 8B's layer (hidden 4096, SwiGLU, 8 KV heads, vocabulary 128256) with 4
+# layers, no TP or PP, 2 micro-batches per replica, parameters sharded over the DP ranks.
+FSDP4 = {"--model": "llama3-8b", "--layers": "4", "--hidden": "4096", "--heads": "32", "--tp": "1", "--pp": "1",
+         "--dp": "4", "--global-batch": "8", "--fsdp": "on"}
+FSDP8 = dict(FSDP4, **{"--dp": "8", "--global-batch": "16"})
 
 # (name, changes of A relative to BASE, what-if flags = changes from A to B). B = A + flags,
 # except that a whatif flag that is not a synth flag (none so far) would need mapping.
@@ -169,6 +174,17 @@ CASES = [
      {"--global-batch": "16"}),
     ("micro-batch ×2 and global batch ×4 from one micro-batch per replica (1 → 2 micro-batches)",
      {"--pp": "1", "--global-batch": "2"}, {"--micro-batch": "2", "--global-batch": "8"}),
+    # FSDP (whatif/fsdp.hpp): a Llama 3 8B-shaped job of 4 layers, every rank sharding the
+    # parameters. --dp resizes each unit's all-gathers and reduce-scatters (count kept, shard 1/N);
+    # --fsdp off replaces them with the distributed optimizer's buckets; reshard after forward off
+    # removes the backward's gathers.
+    ("FSDP degree 4→8", FSDP4, {"--dp": "8", "--global-batch": "16"}),
+    ("FSDP degree 8→4", FSDP8, {"--dp": "4", "--global-batch": "8"}),
+    ("FSDP degree 4→16 (two nodes)", FSDP4, {"--dp": "16", "--global-batch": "32"}),
+    ("FSDP degree 4→8 on H200", FSDP4, {"--dp": "8", "--global-batch": "16", "--gpu": "h200-sxm"}),
+    ("FSDP on → off (distributed optimizer)", FSDP4, {"--fsdp": "off"}),
+    ("FSDP on → off with DP 8→4", FSDP8, {"--fsdp": "off", "--dp": "4", "--global-batch": "8"}),
+    ("FSDP, reshard after forward on → off", FSDP4, {"--reshard-after-forward": "off"}),
 ]
 
 # Mixture of experts: configuration M, a MoE job (Qwen3-30B-A3B's layer shape, 128 experts, top-8,

@@ -126,6 +126,19 @@ inline void structure_cp_text(const whatif::job_structure& st, std::string& out)
   structure_fact_text(out, "exchange", st.cp.comm);
 }
 
+// Sharded data parallelism (FSDP2, ZeRO-3), when found.
+inline void structure_fsdp_text(const whatif::job_structure& st, std::string& out) {
+  const auto& f = st.fsdp;
+  if (!f.found()) return;
+  out += "fully sharded data parallelism    [" + f.source + "]\n";
+  structure_fact_text(out, "units", f.units);
+  structure_fact_text(out, "all-gathers per iteration", f.all_gathers);
+  structure_fact_text(out, "reduce-scatters per iteration", f.reduce_scatters);
+  structure_fact_text(out, "shard group", f.shard);
+  structure_fact_text(out, "HSDP replicas", f.replicas);
+  structure_fact_text(out, "reshard after forward", f.reshard_after_forward);
+}
+
 inline void structure_text(const whatif::job_structure& st, bool with_groups, std::string& out) {
   out += "parallelism\n";
   structure_fact_text(out, "world", st.parallel.world);
@@ -167,6 +180,7 @@ inline void structure_text(const whatif::job_structure& st, bool with_groups, st
   }
   structure_moe_text(st, out);
   structure_cp_text(st, out);
+  structure_fsdp_text(st, out);
   const bool chunks = report::structure_shows_chunks(st);
   out += "ranks\n";
   for (const auto& r : st.ranks) {

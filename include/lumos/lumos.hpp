@@ -90,6 +90,7 @@
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/fsdp.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/layers.hpp>
@@ -109,6 +110,7 @@
 #include <lumos/whatif/stage_split.hpp>
 #include <lumos/whatif/structure.hpp>
 #include <lumos/whatif/structure/classify.hpp>
+#include <lumos/whatif/structure/fsdp.hpp>
 #include <lumos/whatif/structure/gradients.hpp>
 #include <lumos/whatif/structure/groups.hpp>
 #include <lumos/whatif/structure/inputs.hpp>

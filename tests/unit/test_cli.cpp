@@ -403,6 +403,44 @@ TEST_CASE("whatif --cp: synth jobs with and without CP read back, found by inspe
   CHECK(run("whatif " + two.string() + " --cp 2 --cp-comm allgather").code == 2);
 }
 
+TEST_CASE("FSDP traces: inspect --structure finds the shard group, whatif --fsdp off agrees with synth, bad combinations exit 2",
+          "[cli][whatif][fsdp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "fsdp", b = dir.path() / "zero1";
+  const std::string job = "synth --model llama3-8b --layers 2 --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --tp 1 --dp 4 --micro-batch 1 "
+                          "--global-batch 8 --gpu h100-sxm --detail kernel --out ";
+  REQUIRE(run(job + a.string() + " --fsdp on").code == 0);
+  REQUIRE(run(job + b.string()).code == 0);
+  const result st = run("inspect " + a.string() + " --structure --json");
+  REQUIRE(st.code == 0);
+  simdjson::dom::parser p0, p1, p2;
+  simdjson::dom::element fsdp = p0.parse(st.out)["fsdp"];
+  CHECK(int64_t(fsdp["units"]["value"]) == 4);
+  CHECK(int64_t(fsdp["shard"]["value"]) == 4);
+  CHECK(std::string_view(fsdp["reshard_after_forward"]["value"]) == "on");
+  CHECK(run("inspect " + b.string() + " --structure").out.find("fully sharded") == std::string::npos);
+  const result direct = run("replay " + b.string() + " --json");
+  REQUIRE(direct.code == 0);
+  const double want = double(int64_t(p1.parse(direct.out)["job"]["simulated_ns"]));
+  const result r = run("whatif " + a.string() + " --fsdp off --json");
+  REQUIRE(r.code == 0);
+  simdjson::dom::element doc = p2.parse(r.out);
+  CHECK(std::abs(double(int64_t(doc["predicted"]["iteration_ns"])) - want) <= 0.03 * want);
+  bool said = false;
+  for (const auto c : simdjson::dom::array(doc["change_records"])) {
+    said = said || (std::string_view(c["pass"]) == "fsdp" && std::string_view(c["to"]) == "off");
+  }
+  CHECK(said);
+  CHECK(run("whatif " + a.string() + " --fsdp maybe").code == 2);
+  CHECK(run("whatif " + a.string() + " --fsdp off --reshard-after-forward off").code == 2);
+  const result hsdp = run("whatif " + a.string() + " --dp 8 --hsdp 3");
+  CHECK(hsdp.code == 2);
+  CHECK(hsdp.err.find("must divide --dp") != std::string::npos);
+  const result on = run("whatif " + b.string() + " --fsdp on");
+  CHECK(on.code == 2);
+  CHECK(on.err.find("do not shard parameters") != std::string::npos);
+}
+
 TEST_CASE("whatif --tp from 1: the inserted all-reduces are written by --trace-out and replay to the prediction",
           "[cli][whatif][tp]") {
   lumos_test::temp_dir dir;

@@ -23,6 +23,30 @@
 
 namespace lumos::cli {
 
+/// `--fsdp on|off`, `--reshard-after-forward on|off` and `--hsdp N` into `o`, with their usage errors.
+inline void parse_fsdp_options(args& a, whatif::whatif_options& o) {
+  auto on_off = [&](const char* flag) -> std::optional<bool> {
+    const auto v = a.option(flag);
+    if (!v) return std::nullopt;
+    if (*v != "on" && *v != "off") throw usage_error(std::string(flag) + " must be on or off (got '" + *v + "')");
+    return *v == "on";
+  };
+  o.fsdp = on_off("--fsdp");
+  o.reshard_after_forward = on_off("--reshard-after-forward");
+  if (o.reshard_after_forward && o.fsdp == false) {
+    throw usage_error("--reshard-after-forward is an FSDP setting: it cannot go with --fsdp off");
+  }
+  if (const auto h = a.option("--hsdp")) {
+    const int n = parse_number<int>(*h, "--hsdp");
+    if (n <= 0) throw usage_error("--hsdp must be a positive shard group size (got " + *h + ")");
+    if (o.fsdp == false) throw usage_error("--hsdp is a shard group size of FSDP: it cannot go with --fsdp off");
+    if (o.dp && *o.dp % n != 0) {
+      throw usage_error("--hsdp (" + *h + ") must divide --dp (" + std::to_string(*o.dp) + "): dp / hsdp shard groups replicate each other");
+    }
+    throw usage_error("--hsdp from traces is not supported yet (lumos predict, synth and sweep take --hsdp)");
+  }
+}
+
 /// The what-if's target from `lumos whatif`'s flags, everything but the inputs, outputs and
 /// folding: `scaled` is what `--scale` gave (`parse_scales`). Usage errors for bad values.
 inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) {
@@ -89,6 +113,7 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
       throw usage_error("--precision must be bf16, fp16 or fp8 (got '" + *prec + "')");
     }
   }
+  parse_fsdp_options(a, o);
   if (const auto speed = a.option("--host-speed")) {
     o.host_speed = parse_number<double>(*speed, "--host-speed");
     if (!(o.host_speed > 0) || !std::isfinite(o.host_speed)) {
@@ -151,10 +176,10 @@ inline whatif_request parse_whatif_change(args& a) {
 inline void require_change(const whatif_request& req) {
   const whatif::whatif_options& o = req.options;
   if (o.gpu.empty() && o.host_speed == 1.0 && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && !o.precision &&
-      !o.moe.any() && req.scaled.none()) {
+      !o.moe.any() && !o.fsdp && !o.reshard_after_forward && req.scaled.none()) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
                       "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, --precision fp8, --ep/--experts/--top-k/--expert-ffn N, "
-                      "--routing balanced|measured, --host-speed F, or --scale");
+                      "--routing balanced|measured, --fsdp on|off, --reshard-after-forward on|off, --host-speed F, or --scale");
   }
 }
 

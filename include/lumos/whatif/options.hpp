@@ -55,6 +55,11 @@ struct whatif_options {
   std::optional<model::precision> precision;
   /// Expert parallelism, experts, top-k, expert FFN and routing of a MoE target (whatif/moe.hpp).
   moe_target moe;
+  /// Fully sharded data parallelism of the target (whatif/fsdp.hpp): on or off, hybrid sharding's
+  /// shard group, and whether backward passes gather the parameters again. Unset: the traces'.
+  std::optional<bool> fsdp;
+  std::optional<int> hsdp;
+  std::optional<bool> reshard_after_forward;
   /// The target host's CPU speed relative to the traced host's: the prediction's CPU times are
   /// the traced ones / `host_speed`. 1 (the default) keeps the traced host, also under `gpu`.
   double host_speed = 1.0;
@@ -70,7 +75,8 @@ struct whatif_options {
   [[nodiscard]] bool pipeline_asked() const noexcept { return pp || vp || schedule; }
   /// A change that reads the traces' structure (layers, passes, groups, shape) is asked.
   [[nodiscard]] bool needs_structure() const noexcept {
-    return dp || global_batch || pipeline_asked() || layers || shape.any() || precision || moe.any();
+    return dp || global_batch || pipeline_asked() || layers || shape.any() || precision || moe.any() || fsdp || hsdp ||
+           reshard_after_forward;
   }
 };
 

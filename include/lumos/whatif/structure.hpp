@@ -8,6 +8,7 @@
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/structure/classify.hpp>
 #include <lumos/whatif/structure/context_parallel.hpp>
+#include <lumos/whatif/structure/fsdp.hpp>
 #include <lumos/whatif/structure/gradients.hpp>
 #include <lumos/whatif/structure/groups.hpp>
 #include <lumos/whatif/structure/inputs.hpp>
@@ -36,7 +37,7 @@ namespace lumos::whatif {
 /// The facets run in this order, each reading what the ones before it found: the launches of
 /// each rank's iteration (built once), iteration, phases, passes, layers, stages, layout (world
 /// and PP), schedule, process groups, TP/DP/EP, gradient reduction, model shape, memory recipe, layer task
-/// groups, GPU op contexts, all-to-alls, MoE layers; the user's facts last.
+/// groups, GPU op contexts, all-to-alls, MoE layers, FSDP; the user's facts last.
 [[nodiscard]] inline job_structure discover_structure(const trace::job& job, const graph::built_job& built,
                                                       const structure_options& options = {}) {
   discovery_inputs in = make_discovery_inputs(job, built, options);
@@ -58,6 +59,7 @@ namespace lumos::whatif {
   discover_gpu_ops(in, out);
   discover_all_to_alls(in, out);
   discover_moe(in, out);
+  discover_fsdp(in, out);
   apply_overrides(options, out);
   return out;
 }

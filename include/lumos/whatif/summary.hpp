@@ -33,6 +33,14 @@ struct shape_figures {
   bool vocab_known = false;
 };
 
+/// Fully sharded data parallelism for the memory summary: parameters, gradients and optimizer
+/// states sharded over DP (model/memory.hpp's fsdp terms), with or without the backward's
+/// re-gathers.
+struct fsdp_memory {
+  bool on = false;
+  bool reshard_after_forward = true;
+};
+
 /// The figures of `m` (a `counted_transformer`: its layers, KV heads, MLP and embeddings; `vocab`
 /// 0 when unknown) under TP `c.tp` over `pp` stages and `dp` replicas, `passes` forward passes
 /// per rank per iteration (micro-batches × chunks), `backward` whether the iteration trains.
@@ -40,7 +48,8 @@ struct shape_figures {
 /// (whatif/structure/memory_recipe.hpp): on one GPU its memory is model/eager_memory.hpp's peak.
 [[nodiscard]] inline shape_figures figures_of(const shape_config& c, model::transformer m, int pp, int dp,
                                               std::int64_t passes, bool backward, double in_flight,
-                                              bool distributed_optimizer = false, const memory_recipe_facts* recipe = nullptr) {
+                                              bool distributed_optimizer = false, const memory_recipe_facts* recipe = nullptr,
+                                              const fsdp_memory* fsdp = nullptr) {
   shape_figures f;
   f.world = static_cast<std::int64_t>(c.tp) * pp * dp * c.cp;
   m.name = "whatif";
@@ -54,6 +63,9 @@ struct shape_figures {
   par.cp = c.cp;  // activations of seq / cp tokens, and the ring's K/V buffers (model/memory.hpp)
   par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
   par.zero_stage = distributed_optimizer ? 1 : 0;  // the optimizer's states sharded over DP
+  if (fsdp != nullptr && fsdp->on && dp > 1) {
+    par.fsdp = true, par.zero_stage = 3, par.reshard_after_forward = fsdp->reshard_after_forward;
+  }
   if (recipe && recipe->recipe && backward && c.tp == 1 && pp == 1 && dp == 1 && m.vocab > 1 && m.hidden % m.heads == 0) {
     m.tied_embeddings = recipe->tied_embeddings;
     const auto params = static_cast<double>(model::stage_parameters_per_rank(m, par, 0));
@@ -96,6 +108,7 @@ struct parallel_target {
   std::optional<bool> distributed_optimizer;
   std::optional<int> micro_batches;  ///< per replica
   std::optional<synth::schedule_policy> schedule;
+  std::optional<fsdp_memory> fsdp;  ///< the target's FSDP (default: as the traces, `job_structure::fsdp`)
 };
 
 /// Micro-batches whose activations a stage holds at once, for the memory summary: all m when
@@ -157,11 +170,13 @@ struct parallel_target {
     const auto kind_to = target.schedule ? target.schedule : st.parallel.schedule.value;
     const bool distributed = st.gradients.method.value == std::string("reduce-scatter + all-gather");
     const bool gated = st.model.gated_mlp;
+    const fsdp_memory traced_fsdp{st.fsdp.found(), st.fsdp.reshard_after_forward.value.value_or("on") == "on"};
+    const fsdp_memory fsdp_to = target.fsdp.value_or(traced_fsdp);
     s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
-                            summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed, &st.memory);
+                            summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed, &st.memory, &traced_fsdp);
     s.predicted = figures_of(to, counted_transformer(to, st, vocab, gated, static_cast<int>(layers_to_n)), pp_to, dp_to, m_to * chunks_to,
                              backward, summary_in_flight(kind_to, pp_to, m_to, chunks_to), target.distributed_optimizer.value_or(distributed),
-                             &st.memory);
+                             &st.memory, &fsdp_to);
   }
   std::string from_preset(from_gpu);
   if (from_preset.empty()) {

@@ -12,6 +12,8 @@
 //   precision        precision.hpp         fp8: the layers' linear GEMMs rescaled, TE's cast kernels inserted
 //   context parallel context_parallel.hpp  CP: the key/value exchanges re-timed, inserted or emptied; gradients over DP x CP
 //   MoE              moe.hpp               expert parallelism, experts, top-k, expert FFN, routing
+//   fsdp             fsdp.hpp              FSDP on/off (the distributed optimizer's buckets), reshard
+//                                          after forward; --dp on FSDP traces described (resized below)
 //   gradient buckets gradient_buckets.hpp  a split's distributed-optimizer buckets, per stage
 //   data parallel    data_parallel.hpp     gradient collectives resized, or inserted from DP 1
 //   global batch     data_parallel.hpp     the micro-batches per replica the global batch implies
@@ -31,6 +33,7 @@
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/context_parallel.hpp>
 #include <lumos/whatif/data_parallel.hpp>
+#include <lumos/whatif/fsdp.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/layers.hpp>
@@ -55,7 +58,7 @@
 namespace lumos::whatif {
 
 /// The shipped passes, in the order a what-if runs them (see the header comment).
-using shipped_passes = std::tuple<shape_pass, tensor_parallel_pass, precision_pass, context_parallel_pass, moe_pass, gradient_bucket_pass, data_parallel_pass, batch_pass, stage_plan_pass,
+using shipped_passes = std::tuple<shape_pass, tensor_parallel_pass, precision_pass, context_parallel_pass, moe_pass, fsdp_pass, gradient_bucket_pass, data_parallel_pass, batch_pass, stage_plan_pass,
                                   node_placement_pass, layers_pass, micro_batch_pass, stage_split_pass, gpu_pass>;
 
 namespace detail {
@@ -140,6 +143,11 @@ inline void report_summary(const context& ctx, whatif_result& out) {
   parallel_target target;
   target.pp = o.pp, target.dp = o.dp, target.micro_batches = ctx.micro_batches, target.chunks = o.vp, target.schedule = o.schedule;
   if (ctx.buckets_inserted) target.distributed_optimizer = true;
+  if (o.fsdp || o.reshard_after_forward) {
+    const bool traced_on = out.structure->fsdp.found();
+    const bool traced_reshard = out.structure->fsdp.reshard_after_forward.value.value_or("on") == "on";
+    target.fsdp = fsdp_memory{o.fsdp.value_or(traced_on), o.reshard_after_forward.value_or(traced_reshard)};
+  }
   if (o.pipeline_asked()) {
     // As the pipeline change: the traces' schedule when they have stages, else 1F1B; interleaved
     // with --vp, and with two chunks without it.

@@ -228,6 +228,21 @@ inline void structure_moe_json(json_writer& w, const whatif::job_structure& st) 
   w.end_array();
 }
 
+/// `"fsdp"`: sharded data parallelism (FSDP2, ZeRO-3), absent when no group shards parameters.
+inline void structure_fsdp_json(json_writer& w, const whatif::job_structure& st) {
+  const auto& f = st.fsdp;
+  if (!f.found()) return;
+  w.key("fsdp").begin_object();
+  structure_fact_json(w, "units", f.units);
+  structure_fact_json(w, "all_gathers", f.all_gathers);
+  structure_fact_json(w, "reduce_scatters", f.reduce_scatters);
+  structure_fact_json(w, "shard", f.shard);
+  structure_fact_json(w, "hsdp_replicas", f.replicas);
+  structure_fact_json(w, "reshard_after_forward", f.reshard_after_forward);
+  w.field("group", f.group).field("replica_group", f.replica_group).field("source", f.source);
+  w.end_object();
+}
+
 }  // namespace detail
 
 /// Whether `structure_json` lists the per-layer task groups (`inspect --structure --groups`).
@@ -241,6 +256,7 @@ inline void structure_json(json_writer& w, const whatif::job_structure& st, laye
   detail::structure_groups_json(w, st);
   detail::structure_moe_json(w, st);
   detail::structure_cp_json(w, st);
+  detail::structure_fsdp_json(w, st);
   detail::structure_ranks_json(w, st);
   w.field("layer_task_groups", st.layer_groups.size());
   if (groups == layer_groups::listed) {

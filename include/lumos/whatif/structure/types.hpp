@@ -212,6 +212,21 @@ struct cp_structure {
   [[nodiscard]] bool found() const noexcept { return size.known(); }
 };
 
+/// Fully sharded data parallelism (FSDP2, ZeRO-3) as the traces show it
+/// (whatif/structure/fsdp.hpp). Every fact unknown when no group shards parameters.
+struct fsdp_structure {
+  fact<int> units;            ///< FSDP units: reduce-scatters per backward pass
+  fact<int> all_gathers;      ///< parameter all-gathers per iteration on one rank
+  fact<int> reduce_scatters;  ///< gradient reduce-scatters per iteration on one rank
+  fact<int> shard;            ///< ranks of the shard group
+  fact<int> replicas;         ///< HSDP: ranks of the replica group (1: no hybrid sharding)
+  fact<std::string> reshard_after_forward;  ///< "on": backward passes gather again; "off": they do not
+  std::string group, replica_group;          ///< the groups' names
+  std::string source;                        ///< what FSDP was recognised by
+
+  [[nodiscard]] bool found() const noexcept { return all_gathers.known(); }
+};
+
 /// What `discover_structure` found.
 struct job_structure {
   parallel_layout parallel;
@@ -224,6 +239,7 @@ struct job_structure {
   std::vector<gpu_op_context> gpu_ops;  ///< every GPU op launched in the iteration, per rank in launch order
   moe_structure moe;
   cp_structure cp;
+  fsdp_structure fsdp;  ///< sharded parameters (FSDP2, ZeRO-3), when found
   std::vector<all_to_all_info> all_to_alls;  ///< every all-to-all of the iteration (expert dispatch, embedding shards)
   fact<std::string> layers_method;  ///< "module annotations" / "kernel periodicity"
   std::vector<std::string> notes;   ///< ambiguities, conflicts, overrides

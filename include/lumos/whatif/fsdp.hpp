@@ -1,0 +1,303 @@
+#pragma once
+// The fully-sharded data-parallel what-if (`lumos whatif --fsdp on|off`, `--reshard-after-forward
+// on|off`, and `--dp N` on FSDP traces). What structure discovery found of FSDP
+// (whatif/structure/fsdp.hpp) says which collectives are the units' parameter all-gathers and
+// gradient reduce-scatters; the pass rewrites them as `lumos synth --fsdp` and `predict` build
+// them (synth/detail/program_emission.hpp):
+//   --dp N            the shard group becomes N ranks. Each unit keeps its all-gathers and
+//                     reduce-scatters (one per unit and pass); their transfer time follows the
+//                     profile's NCCL model of the group at its new size and placement (a group
+//                     that leaves the node pays the inter-node link), the message of a unit being
+//                     the same and each rank's shard 1/N of it. That is the data-parallel pass's
+//                     resize of the DP group's collectives (data_parallel.hpp), which this pass
+//                     leaves to it, and the optimizer's kernels step 1/N of the parameters
+//                     (`shard_optimizer`).
+//   --fsdp off        the target runs Megatron's distributed optimizer (ZeRO-1, `predict`'s default
+//                     without --fsdp): every gather and reduce-scatter of the shard group is
+//                     removed (`strip_gradient_collectives`) and the distributed optimizer's
+//                     buckets inserted for the target's replicas (`insert_target_buckets`,
+//                     gradient_buckets.hpp): reduce-scatters as the final backward pass completes
+//                     their layers, all-gathers after the optimizer step. The optimizer steps 1/N
+//                     of the parameters under both, so its kernels stay.
+//   --reshard-after-forward off   the backward passes' all-gathers (those launched for a
+//                     backward pass, the prefetched first one included) are removed: the forward's
+//                     gathered parameters stay for the backward.
+// Not rewritten (an error says so): --fsdp on from traces without FSDP, --reshard-after-forward on
+// from traces whose backward passes do not gather, hybrid-sharded (HSDP) traces, and --hsdp.
+
+#include <lumos/core/error.hpp>
+#include <lumos/graph/task_graph.hpp>
+#include <lumos/whatif/change.hpp>
+#include <lumos/whatif/collectives.hpp>
+#include <lumos/whatif/context.hpp>
+#include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/gradient_buckets.hpp>
+#include <lumos/whatif/shape.hpp>
+#include <lumos/whatif/structure.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace lumos::whatif {
+
+namespace detail {
+
+/// Whether a collective's kind is an all-gather: "allgather", or c10d's names for FSDP2's
+/// (`_allgather_base`, `allgather_into_tensor_coalesced`).
+[[nodiscard]] inline bool is_gather_kind(std::string_view kind) {
+  std::string k(kind);
+  std::erase(k, '_');
+  return k.starts_with("allgather");
+}
+
+/// The tasks that launched each task of `g` (no_task where none did).
+[[nodiscard]] inline std::vector<graph::task_id> launch_calls(const graph::task_graph& g) {
+  std::vector<graph::task_id> out(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch) out[e.to] = e.from;
+  }
+  return out;
+}
+
+/// Per task of `b`, 1 for a communication op launched for a backward pass: in one, before its
+/// last compute op, or after the last compute op of a pass (a prefetch, inside the pass's
+/// markers or between two passes) when the next compute op launched is a backward pass's.
+/// O(GPU ops x log passes).
+[[nodiscard]] inline std::vector<std::uint8_t> launched_for_backward(const graph::built_job& b, const job_structure& st) {
+  std::vector<std::uint8_t> out(b.graph.task_count(), 0);
+  std::map<std::size_t, std::set<int>> later;  // rank -> passes with a compute op launched later
+  std::map<std::size_t, int> next;              // rank -> the pass of the next compute op launched
+  for (auto it = st.gpu_ops.rbegin(); it != st.gpu_ops.rend(); ++it) {
+    const gpu_op_context& c = *it;
+    if (c.rank >= b.ranks.size() || c.rank >= st.ranks.size()) continue;
+    if (!c.comm) {
+      if (c.pass >= 0) later[c.rank].insert(c.pass), next[c.rank] = c.pass;
+      continue;
+    }
+    const auto& map = b.ranks[c.rank].task_of_event;
+    if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
+    const auto& passes = st.ranks[c.rank].passes;
+    const bool inside = c.pass >= 0 && later[c.rank].contains(c.pass);
+    const auto n = next.find(c.rank);
+    const int pass = inside ? c.pass : n != next.end() ? n->second : -1;
+    if (pass >= 0 && static_cast<std::size_t>(pass) < passes.size()) {
+      out[map[c.op]] = passes[static_cast<std::size_t>(pass)].op.kind != pipeline::op_kind::forward;
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// The GPU tasks of `st.fsdp`'s shard-group all-gathers in `b` (matched across ranks or not).
+[[nodiscard]] inline std::vector<graph::task_id> shard_gathers(const graph::built_job& b, const trace::job& job, const job_structure& st) {
+  std::vector<graph::task_id> out;
+  for (const graph::collective_instance& ci : b.graph.collectives) {
+    if (ci.group != st.fsdp.group || !detail::is_gather_kind(ci.kind)) continue;
+    out.insert(out.end(), ci.arrive.begin(), ci.arrive.end());
+    out.insert(out.end(), ci.complete.begin(), ci.complete.end());
+  }
+  for (const lone_collective& c : lone_collectives(job, b)) {
+    if (c.group == st.fsdp.group && detail::is_gather_kind(c.kind)) out.push_back(c.task), out.push_back(c.arrive);
+  }
+  std::erase(out, graph::no_task);
+  return out;
+}
+
+/// Before `gathers` are removed, the waits for them go: the edges from a gather to an op on
+/// another processor (the unit's compute waiting for its parameters, which the target holds
+/// already) are dropped rather than moved to the task before the gather on its stream, as
+/// removing it would. Such an op may also hold the wait as its launch latency, when the trace
+/// rounds its start to just before the gather's end (no edge then) and its stream has no other
+/// idle-GPU launch to learn a latency from (the first kernel of a step that starts with a gather):
+/// the launch delay of an op that waited for a gather, by an edge or starting within 1 us of one's
+/// end on another stream of its rank, is capped at the gathers' own launch latency, which their
+/// idle stream shows, and so is every launch delay onto its stream, whose learnt typical latency
+/// that wait may be (every launch edge keeps it, clipped to its slack). Returns the waits
+/// released. O(edges + launches x log gathers).
+inline std::size_t release_gather_waits(graph::task_graph& g, const std::vector<graph::task_id>& gathers) {
+  std::vector<std::uint8_t> is_gather(g.task_count(), 0), waited(g.task_count(), 0);
+  std::vector<std::pair<time_ns, graph::task_id>> ends;
+  for (const graph::task_id t : gathers) {
+    is_gather[t] = 1;
+    if (g.kind[t] == graph::task_kind::gpu_comm) ends.emplace_back(g.observed_end[t], t);
+  }
+  std::sort(ends.begin(), ends.end());
+  std::int32_t latency = std::numeric_limits<std::int32_t>::max();
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch && is_gather[e.to]) latency = std::min(latency, std::max<std::int32_t>(e.delay, 0));
+    if (e.kind != graph::edge_kind::launch && is_gather[e.from] && !is_gather[e.to] && g.processor[e.from] != g.processor[e.to]) {
+      waited[e.to] = 1;
+    }
+  }
+  if (latency == std::numeric_limits<std::int32_t>::max()) return 0;
+  const std::size_t dropped = std::erase_if(g.edges, [&](const graph::edge& e) {
+    return e.kind != graph::edge_kind::launch && is_gather[e.from] && !is_gather[e.to] && g.processor[e.from] != g.processor[e.to];
+  });
+  constexpr time_ns rounding = 1000;
+  auto after_gather = [&](graph::task_id t) {
+    const time_ns at = g.observed_start[t];
+    for (auto it = std::lower_bound(ends.begin(), ends.end(), std::pair{at - rounding, graph::task_id{0}});
+         it != ends.end() && it->first <= at + rounding; ++it) {
+      if (g.rank[it->second] == g.rank[t] && g.processor[it->second] != g.processor[t]) return true;
+    }
+    return false;
+  };
+  // The streams whose ops waited: their learnt launch latency may be such a wait, which every
+  // launch edge onto them keeps as its typical delay (clipped to its slack).
+  std::vector<std::uint8_t> stream_waited(g.processors.size(), 0);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch && !is_gather[e.to] && (waited[e.to] || after_gather(e.to))) stream_waited[g.processor[e.to]] = 1;
+  }
+  std::size_t capped = 0;
+  for (graph::edge& e : g.edges) {
+    if (e.kind != graph::edge_kind::launch || e.delay <= latency || is_gather[e.to] || !stream_waited[g.processor[e.to]]) continue;
+    e.delay = latency, ++capped;
+  }
+  return dropped + capped;
+}
+
+/// Removes the all-gathers of `st.fsdp`'s shard group launched for backward passes
+/// (`launched_for_backward`), each with its launch call and join, matched across ranks or not
+/// (`lone_collectives`: the ranks folded onto one). Returns how many; task ids of `b` change when
+/// any is (`adopt`). O(tasks + edges).
+inline std::size_t remove_backward_gathers(graph::built_job& b, const trace::job& job, const job_structure& st) {
+  const graph::task_graph& g = b.graph;
+  const std::vector<graph::task_id> call = detail::launch_calls(g);
+  const std::vector<std::uint8_t> backward = detail::launched_for_backward(b, st);
+  std::vector<repeat_group> groups;
+  auto remove = [&](std::vector<graph::task_id> tasks, graph::task_id first) {
+    if (!backward[first]) return;
+    const std::size_t gpu = tasks.size();
+    for (std::size_t k = 0; k < gpu; ++k) {
+      if (tasks[k] != graph::no_task) tasks.push_back(call[tasks[k]]);
+    }
+    std::erase(tasks, graph::no_task);
+    std::sort(tasks.begin(), tasks.end());
+    tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
+    groups.push_back({std::move(tasks), 0});
+  };
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (ci.group != st.fsdp.group || !detail::is_gather_kind(ci.kind) || ci.complete.empty()) continue;
+    std::vector<graph::task_id> tasks = ci.arrive;
+    tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
+    tasks.push_back(ci.join);
+    remove(std::move(tasks), ci.complete.front());
+  }
+  for (const lone_collective& c : lone_collectives(job, b)) {
+    if (c.group == st.fsdp.group && detail::is_gather_kind(c.kind) && c.task != graph::no_task) remove({c.arrive, c.task}, c.task);
+  }
+  if (groups.empty()) return 0;
+  std::vector<graph::task_id> removed;
+  for (const repeat_group& r : groups) removed.insert(removed.end(), r.tasks.begin(), r.tasks.end());
+  (void)release_gather_waits(b.graph, removed);
+  (void)adopt(b, repeat_groups(b.graph, groups));
+  return groups.size();
+}
+
+/// Pass: fully sharded data parallelism (see the header comment). Runs before the gradient
+/// buckets and the data-parallel pass: after `--fsdp off` they see the distributed optimizer's
+/// buckets it inserted.
+struct fsdp_pass {
+  [[nodiscard]] bool wanted(const context& ctx) const {
+    const whatif_options& o = ctx.options;
+    if (o.fsdp || o.hsdp || o.reshard_after_forward) return true;
+    const auto& st = ctx.known_structure();
+    return o.dp && st && st->fsdp.found();
+  }
+
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    const whatif_options& o = ctx.options;
+    const job_structure& st = ctx.structure(b);
+    const fsdp_structure& f = st.fsdp;
+    if (o.hsdp) throw error("whatif --hsdp: hybrid sharding is not rewritten from traces yet (lumos predict --hsdp models it)");
+    if (!f.found()) {
+      if (o.fsdp.value_or(false)) {
+        throw error("whatif --fsdp on: the traces do not shard parameters (no group all-gathers in forward passes and "
+                    "reduce-scatters in backward); inserting FSDP's collectives is not built yet (lumos predict --fsdp on models it)");
+      }
+      if (o.reshard_after_forward) throw error("whatif --reshard-after-forward: the traces do not run FSDP (`lumos inspect --structure` shows no fsdp)");
+      return {note("fsdp", "FSDP", "--fsdp off: the traces do not shard parameters; nothing to change")};
+    }
+    if (f.replicas.value.value_or(1) > 1) {
+      throw error("whatif: the traces run hybrid sharding (" + f.replicas.source + "); rewriting HSDP traces is not built yet");
+    }
+    const int traced_dp = st.parallel.dp.value.value_or(f.shard.value.value_or(1));
+    const int dp = o.dp.value_or(traced_dp);
+    if (!o.fsdp.value_or(true)) return turn_off(ctx, b, dp);
+    change_list out;
+    if (o.reshard_after_forward) out.push_back(reshard(ctx, b, *o.reshard_after_forward));
+    if (dp != traced_dp) out.push_back(resized(ctx.structure(b).fsdp, traced_dp, dp));
+    if (out.empty()) out.push_back(note("fsdp", "FSDP", "--fsdp on: the traces run FSDP already (" + f.source + "); nothing to change"));
+    return out;
+  }
+
+  /// `--dp` on FSDP traces: what the data-parallel pass makes of the units' collectives.
+  [[nodiscard]] static change resized(const fsdp_structure& f, int from, int to) {
+    char line[640];
+    std::snprintf(line, sizeof line,
+                  "FSDP shard group %d -> %d ranks: each of the %d units keeps its all-gathers and reduce-scatters (%d and %d per "
+                  "iteration), a unit's message the same and each rank's shard of it 1/%d instead of 1/%d; their transfer times are "
+                  "resized by the data-parallel pass (the NCCL model of the group at its new size and placement), and the "
+                  "optimizer's kernels step 1/%d of the parameters",
+                  from, to, f.units.value.value_or(0), f.all_gathers.value.value_or(0), f.reduce_scatters.value.value_or(0), to, from, to);
+    return changed("fsdp", "shard group", std::to_string(from), std::to_string(to), line,
+                   {count_figure("all-gathers per iteration", static_cast<std::size_t>(f.all_gathers.value.value_or(0))),
+                    count_figure("reduce-scatters per iteration", static_cast<std::size_t>(f.reduce_scatters.value.value_or(0)))});
+  }
+
+  /// `--reshard-after-forward on|off`.
+  [[nodiscard]] static change reshard(context& ctx, graph::built_job& b, bool on) {
+    const fsdp_structure& f = ctx.structure(b).fsdp;
+    const std::string traced = f.reshard_after_forward.value.value_or("unknown");
+    if (on) {
+      if (traced == "on") return note("fsdp", "reshard after forward", "--reshard-after-forward on: the traces' backward passes gather already");
+      throw error("whatif --reshard-after-forward on: the traces' backward passes do not gather (" + f.reshard_after_forward.source +
+                  "); inserting backward all-gathers is not built yet");
+    }
+    if (traced == "off") return note("fsdp", "reshard after forward", "--reshard-after-forward off: the traces' backward passes do not gather");
+    const std::size_t removed = remove_backward_gathers(b, ctx.job, ctx.structure(b));
+    ctx.refresh(b);
+    return changed("fsdp", "reshard after forward", "on", "off",
+                   "reshard after forward on -> off: the forward's gathered parameters stay for the backward, so the " +
+                       std::to_string(removed) + " all-gathers launched for backward passes (the prefetched first included) are removed",
+                   {count_figure("all-gathers removed", removed)});
+  }
+
+  /// `--fsdp off`: the shard group's collectives replaced by the distributed optimizer's buckets.
+  [[nodiscard]] static change_list turn_off(context& ctx, graph::built_job& b, int dp) {
+    const job_structure& st = ctx.structure(b);
+    const shape_config from = ctx.shape_from ? *ctx.shape_from : traced_shape(st);
+    const std::int64_t vocab = traced_vocab_local(ctx.job, st, from) * from.tp;
+    const int gathers = st.fsdp.all_gathers.value.value_or(0), scatters = st.fsdp.reduce_scatters.value.value_or(0);
+    (void)release_gather_waits(b.graph, shard_gathers(b, ctx.job, st));
+    const std::size_t removed = strip_gradient_collectives(b, ctx.job, st);
+    if (removed == 0) throw error("whatif --fsdp off: no all-gather or reduce-scatter of the shard group to remove");
+    ctx.refresh(b);
+    const bucket_insertion bi = insert_target_buckets(ctx, b, dp, from, vocab);
+    if (bi.buckets == 0) throw error("whatif --fsdp off: " + describe_buckets(bi, dp, bucket_profile_name(ctx, b), false));
+    char why[512];
+    std::snprintf(why, sizeof why,
+                  "FSDP -> the distributed optimizer (ZeRO-1): the shard group's %d all-gathers and %d reduce-scatters per iteration "
+                  "(%zu collectives on the traced ranks) removed, parameters stay whole on every rank (the optimizer still steps 1/%d "
+                  "of them), and Megatron's gradient buckets for %d replicas inserted",
+                  gathers, scatters, removed, dp, dp);
+    change_list out;
+    out.push_back(changed("fsdp", "FSDP", "on", "off", why,
+                          {count_figure("collectives removed", removed), count_figure("buckets inserted", bi.buckets)}));
+    out.push_back(bucket_change(bi, dp, bucket_profile_name(ctx, b), ctx.options.layers.has_value(), "the buckets"));
+    return out;
+  }
+};
+static_assert(Rewrite<fsdp_pass>);
+
+}  // namespace lumos::whatif

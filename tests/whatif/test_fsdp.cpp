@@ -1,0 +1,181 @@
+// Fully sharded data parallelism in traces (include/lumos/whatif/structure/fsdp.hpp) and its
+// what-if (include/lumos/whatif/fsdp.hpp): discovery on the hand-made FSDP2 traces of
+// tests/data/fsdp (make_fsdp_trace.py says how they were built) and on FSDP jobs synthesised at the
+// kernel level, whose what-ifs are compared with the target synthesised directly.
+#include "../synth/kernel_job_support.hpp"
+#include "../unit/test_support.hpp"
+
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/trace/job.hpp>
+#include <lumos/whatif/whatif.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <string_view>
+
+using namespace lumos;
+
+namespace {
+
+whatif::job_structure discover_fsdp_job(const std::filesystem::path& path) {
+  const trace::job job = trace::load_job({path});
+  const graph::built_job built = graph::build_graph(job);
+  return whatif::discover_structure(job, built);
+}
+
+// A Llama-style job of 2 layers (hidden 1024, SwiGLU, 8 KV heads) on `dp` ranks, one sequence of 1024
+// per micro-batch, 2 micro-batches per replica.
+synth::job fsdp_synth_job(int dp, bool fsdp, bool reshard = true) {
+  synth::job j;
+  j.model = model::detail::llama3("fsdp-test", 2, 1024, 3584, 16);
+  j.model.seq = 1024, j.model.vocab = 32000;
+  j.hardware = model::hardware_preset("h100-sxm");
+  j.parallel.dp = dp;
+  j.parallel.micro_batch = 1;
+  j.parallel.global_batch = 2 * dp;
+  j.parallel.fsdp = fsdp;
+  j.parallel.zero_stage = fsdp ? 3 : 1;
+  j.parallel.reshard_after_forward = reshard;
+  return j;
+}
+
+// Writes `j` as kernel-level traces of every rank into `dir`; returns its simulated iteration.
+time_ns write_fsdp_job(const synth::job& j, const std::filesystem::path& dir) {
+  synth::program_options opt;
+  opt.unfold = true;
+  return lumos_test::write_kernel_job(j, opt, model::profile_preset("h100-sxm"), dir);
+}
+
+double fsdp_error(time_ns predicted, time_ns direct) {
+  return std::abs(static_cast<double>(predicted - direct)) / static_cast<double>(direct);
+}
+
+const whatif::change* fsdp_change(const whatif::whatif_result& r, std::string_view subject) {
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [&](const whatif::change& x) { return x.subject == subject; });
+  return c == r.changes.end() ? nullptr : &*c;
+}
+
+}  // namespace
+
+TEST_CASE("FSDP2 traces: the shard group, its units, gathers and reduce-scatters, and the backward re-gathers",
+          "[whatif][structure][fsdp]") {
+  const auto st = discover_fsdp_job(lumos_test::data_dir() / "fsdp" / "fsdp2_shard2");
+  const auto& f = st.fsdp;
+  REQUIRE(f.found());
+  // Two blocks and the root: 3 reduce-scatters in the one backward pass.
+  CHECK(*f.units.value == 3);
+  CHECK(*f.reduce_scatters.value == 3);
+  // 3 forward gathers and the 2 blocks' again in backward (the root is not resharded).
+  CHECK(*f.all_gathers.value == 5);
+  CHECK(*f.reshard_after_forward.value == "on");
+  CHECK(*f.shard.value == 2);
+  CHECK(*f.replicas.value == 1);
+  CHECK(f.group == "1");
+  CHECK(f.source.find("FSDP::all_gather") != std::string::npos);
+  CHECK(f.source.find("FSDP::post_backward_reduce") != std::string::npos);
+  CHECK(*st.model.layers.value == 2);
+}
+
+TEST_CASE("HSDP traces: the replica group's all-reduces, and no backward gathers without resharding", "[whatif][structure][fsdp]") {
+  const auto st = discover_fsdp_job(lumos_test::data_dir() / "fsdp" / "hsdp_2x2");
+  const auto& f = st.fsdp;
+  REQUIRE(f.found());
+  CHECK(*f.units.value == 3);
+  CHECK(*f.all_gathers.value == 3);
+  CHECK(*f.reshard_after_forward.value == "off");
+  CHECK(*f.shard.value == 2);
+  CHECK(*f.replicas.value == 2);
+  CHECK(f.replica_group == "3");
+}
+
+TEST_CASE("no FSDP in traces whose data parallelism gathers only after the step, or that have none", "[whatif][structure][fsdp]") {
+  CHECK_FALSE(discover_fsdp_job(lumos_test::data_dir() / "moe" / "loop_unbalanced").fsdp.found());
+  lumos_test::temp_dir dir;
+  (void)write_fsdp_job(fsdp_synth_job(2, false), dir.path());
+  CHECK_FALSE(discover_fsdp_job(dir.path()).fsdp.found());
+}
+
+TEST_CASE("a synthesised FSDP job: units are its layers, embedding and head, gathered in forward and backward",
+          "[whatif][structure][fsdp]") {
+  lumos_test::temp_dir dir;
+  (void)write_fsdp_job(fsdp_synth_job(4, true), dir.path());
+  const auto& f = discover_fsdp_job(dir.path()).fsdp;
+  REQUIRE(f.found());
+  CHECK(*f.units.value == 4);
+  CHECK(*f.reduce_scatters.value == 4 * 2);
+  CHECK(*f.all_gathers.value == 4 * 2 * 2);
+  CHECK(*f.reshard_after_forward.value == "on");
+  CHECK(*f.shard.value == 4);
+}
+
+TEST_CASE("whatif on FSDP traces agrees with the target synthesised directly: --dp, --fsdp off, --reshard-after-forward off",
+          "[whatif][fsdp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_fsdp_job(fsdp_synth_job(4, true), a);
+  const trace::job job = trace::load_job({a});
+
+  SECTION("--dp 8: the units' collectives resized, their count kept") {
+    const time_ns direct = write_fsdp_job(fsdp_synth_job(8, true), dir.path() / "b");
+    whatif::whatif_options o;
+    o.dp = 8, o.global_batch = 16;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, direct) < 0.03);
+    const whatif::change* c = fsdp_change(r, "shard group");
+    REQUIRE(c != nullptr);
+    CHECK(c->from == "4");
+    CHECK(c->to == "8");
+  }
+  SECTION("--fsdp off: the distributed optimizer's buckets instead") {
+    const time_ns direct = write_fsdp_job(fsdp_synth_job(4, false), dir.path() / "b");
+    whatif::whatif_options o;
+    o.fsdp = false;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, direct) < 0.03);
+    const whatif::change* c = fsdp_change(r, "FSDP");
+    REQUIRE(c != nullptr);
+    CHECK(c->to == "off");
+    // No all-gather before the optimizer step is left: they all follow it.
+    REQUIRE(c->figures.size() == 2);
+    // The rank's gathers are now one per bucket, after the step.
+    std::size_t gathers = 0;
+    for (const auto& ci : r.predicted.built.graph.collectives) gathers += ci.kind.find("gather") != std::string::npos;
+    CHECK(static_cast<double>(gathers) == c->figures[1].after);
+    REQUIRE(r.shape);
+    CHECK(r.shape->predicted.memory_bytes_per_gpu > r.shape->baseline.memory_bytes_per_gpu);  // whole parameters
+  }
+  SECTION("--reshard-after-forward off: the backward gathers removed") {
+    const time_ns direct = write_fsdp_job(fsdp_synth_job(4, true, false), dir.path() / "b");
+    whatif::whatif_options o;
+    o.reshard_after_forward = false;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, direct) < 0.03);
+    const whatif::change* c = fsdp_change(r, "reshard after forward");
+    REQUIRE(c != nullptr);
+    REQUIRE(c->figures.size() == 1);
+    CHECK(c->figures[0].after > 0);
+    // The gathers left are those of the job synthesised without resharding.
+    const trace::job direct_job = trace::load_job({dir.path() / "b"});
+    const graph::built_job direct_graph = graph::build_graph(direct_job);
+    auto gathers = [](const graph::task_graph& g) {
+      std::size_t n = 0;
+      for (const auto& ci : g.collectives) n += ci.kind.find("gather") != std::string::npos;
+      return n;
+    };
+    CHECK(gathers(r.predicted.built.graph) == gathers(direct_graph.graph));
+  }
+  SECTION("what is not rewritten says so") {
+    whatif::whatif_options o;
+    o.hsdp = 2;
+    CHECK_THROWS_AS(whatif::run_whatif(job, o), error);
+    lumos_test::temp_dir ddp;
+    (void)write_fsdp_job(fsdp_synth_job(4, false), ddp.path());
+    whatif::whatif_options on;
+    on.fsdp = true;
+    CHECK_THROWS_WITH(whatif::run_whatif(trace::load_job({ddp.path()}), on), Catch::Contains("do not shard parameters"));
+  }
+}
