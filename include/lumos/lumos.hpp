@@ -88,6 +88,7 @@
 #include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
+#include <lumos/whatif/context_parallel.hpp>
 #include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/fsdp.hpp>
@@ -96,6 +97,7 @@
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/model_fit.hpp>
+#include <lumos/whatif/moe.hpp>
 #include <lumos/whatif/options.hpp>
 #include <lumos/whatif/pass_labels.hpp>
 #include <lumos/whatif/pipeline.hpp>
@@ -110,6 +112,7 @@
 #include <lumos/whatif/stage_split.hpp>
 #include <lumos/whatif/structure.hpp>
 #include <lumos/whatif/structure/classify.hpp>
+#include <lumos/whatif/structure/context_parallel.hpp>
 #include <lumos/whatif/structure/fsdp.hpp>
 #include <lumos/whatif/structure/gradients.hpp>
 #include <lumos/whatif/structure/groups.hpp>
