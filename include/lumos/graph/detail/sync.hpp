@@ -115,8 +115,9 @@ auto trace_graph_builder<Comm>::find_blocking_calls(std::size_t r) -> awaited_ma
 // runtime may bound the ops of a stream or of a whole device: the queue depth at each launch
 // call's start (ops enqueued from the oldest unfinished one on: a queue frees its entries in
 // order, so on a device an op that finished early on another stream does not free a slot before
-// the ops enqueued ahead of it), the largest depth met (the
-// observed capacity), and the launches made while the queue was at most half full (their
+// the ops enqueued ahead of it), the observed capacity (a stream's largest depth; on a device the
+// depth its long launches meet, see below), and the launches made while the queue was at most
+// half full (their
 // durations are what a launch costs when it does not block). The queue was full when at least a
 // quarter of the launches made within 5 % of the capacity (at least one op) took longer than the
 // 95th percentile of the free ones (five times the free launches' rate); each of those longer
@@ -129,7 +130,7 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
   rank_state& s = ranks_[r];
   constexpr std::size_t min_samples = 8;  // fewer free launches or full-queue launches: no evidence
   std::vector<std::size_t> long_depths;
-  std::vector<time_ns> enqueued, free_durations, ended_by;  // ended_by[i]: latest end of the first i+1 enqueued
+  std::vector<time_ns> free_durations, ended_by;  // ended_by[i]: latest end of the first i+1 enqueued
   std::vector<std::pair<time_ns, event_index>> ended;  // (end, op), by end
   std::vector<std::pair<time_ns, event_index>> queue;  // (enqueue, op), by enqueue
   struct launch {
@@ -139,28 +140,34 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
   };
   std::vector<launch> launches;
   std::unordered_set<event_index> found;  // calls found blocked
-  // The device's ops by end, per device (a call freed by another stream's op is the device pass's).
-  std::map<int, std::vector<std::pair<time_ns, event_index>>> device_ends;
+  // Per device with several streams, its ops by end (a call freed by another stream's op is the
+  // device pass's).
+  std::map<int, std::vector<event_index>> devices;
+  std::map<int, int> streams_of;
   for (const auto& [key, ops] : s.streams) {
-    auto& d = device_ends[key.device];
-    for (const event_index o : ops) d.emplace_back(t.events[o].end(), o);
+    auto& d = devices[key.device];
+    d.insert(d.end(), ops.begin(), ops.end());
+    ++streams_of[key.device];
   }
-  for (auto& [device, d] : device_ends) std::sort(d.begin(), d.end());
+  std::map<int, std::vector<std::pair<time_ns, event_index>>> device_ends;
+  for (const auto& [device, ops] : devices) {
+    if (streams_of[device] < 2) continue;
+    auto& d = device_ends[device];
+    for (const event_index o : ops) d.emplace_back(t.events[o].end(), o);
+    std::sort(d.begin(), d.end());
+  }
   // The launches onto the queue whose ops (by start) are `ops`, on `device` (all of its ops when
   // `whole_device`).
   auto detect = [&](const std::vector<event_index>& ops, int device, bool whole_device) {
     if (ops.size() < 2 * min_samples) return;
-    enqueued.clear();
     ended.clear();
     queue.clear();
     ended_by.clear();
     launches.clear();
     for (const event_index o : ops) {
-      enqueued.push_back(s.enqueue[o]);
       ended.emplace_back(t.events[o].end(), o);
       queue.emplace_back(s.enqueue[o], o);
     }
-    std::sort(enqueued.begin(), enqueued.end());
     std::sort(ended.begin(), ended.end());
     std::sort(queue.begin(), queue.end());
     for (const auto& [at, o] : queue) ended_by.push_back(std::max(ended_by.empty() ? time_ns{0} : ended_by.back(), t.events[o].end()));
@@ -171,7 +178,7 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
       const std::string_view name = t.name(t.events[c]);
       if (!detail::is_kernel_launch(name) && !name.starts_with("cudaMemsetAsync") && !name.starts_with("hipMemsetAsync")) continue;
       const time_ns at = t.events[c].ts;
-      const auto in = static_cast<std::size_t>(std::lower_bound(enqueued.begin(), enqueued.end(), at) - enqueued.begin());
+      const auto in = static_cast<std::size_t>(std::lower_bound(queue.begin(), queue.end(), std::pair{at, event_index{0}}) - queue.begin());
       // The oldest op (by enqueue) not finished at `at`: the first whose prefix of ends reaches past it.
       const auto first = static_cast<std::size_t>(std::upper_bound(ended_by.begin(), ended_by.end(), at) - ended_by.begin());
       const std::size_t depth = in > first ? in - first : 0;
@@ -222,23 +229,19 @@ void trace_graph_builder<Comm>::find_queue_blocked_launches(std::size_t r, await
       if (freed_end <= call.ts || call.end() - freed_end > options_.sync_tolerance) continue;
       // A call that returned long after its stream's op ended (more than a free launch takes)
       // while an op of another stream ended in between was freed by that one: left to the device.
-      const auto& all = device_ends[device];
-      const auto last = std::upper_bound(all.begin(), all.end(), std::pair{call.end(), ~event_index{0}});
-      if (!whole_device && call.end() - freed_end > free_p95 && last != all.begin() && (last - 1)->first > freed_end) continue;
+      if (const auto d = device_ends.find(device); !whole_device && d != device_ends.end() && call.end() - freed_end > free_p95) {
+        const auto last = std::upper_bound(d->second.begin(), d->second.end(), std::pair{call.end(), ~event_index{0}});
+        if (last != d->second.begin() && (last - 1)->first > freed_end) continue;
+      }
       awaited.add(l.call, freed);
       found.insert(l.call);
       ++s.counts.queue_blocked_launches;
       s.counts.queue_blocked_wait += freed_end - call.ts;
     }
   };
-  std::map<int, std::vector<event_index>> devices;
-  for (const auto& [key, ops] : s.streams) {
-    detect(ops, key.device, false);
-    auto& d = devices[key.device];
-    d.insert(d.end(), ops.begin(), ops.end());
-  }
-  if (s.streams.size() == devices.size()) return;  // one stream per device: done
+  for (const auto& [key, ops] : s.streams) detect(ops, key.device, false);
   for (auto& [device, ops] : devices) {
+    if (streams_of[device] < 2) continue;  // one stream: done
     std::sort(ops.begin(), ops.end(), [&](event_index a, event_index b) { return t.events[a].ts < t.events[b].ts || (t.events[a].ts == t.events[b].ts && a < b); });
     detect(ops, device, true);
   }
