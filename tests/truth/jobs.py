@@ -21,6 +21,11 @@ def _steps(b: ThreadBuilder, body, steps: int = STEPS) -> None:
         b.add(AnnotationEnd(), Idle(b.draw(10_000, 30_000)))
 
 
+def _skewed(b: ThreadBuilder, factor: float):
+    """`draw(lo, hi)` of `b` times `factor`: a rank whose CPU or GPU is that much slower."""
+    return lambda lo, hi: round(b.draw(lo, hi) * factor)
+
+
 def gpu_bound() -> Job:
     """(a) Big kernels, light CPU: the CPU runs ahead, a launch queue forms, one
     cudaDeviceSynchronize per step drains it."""
@@ -193,11 +198,7 @@ def data_parallel() -> Job:
         b = ThreadBuilder(f"data_parallel/{r}")
         seq = [0]
 
-        def busy(lo, hi, b=b, r=r):
-            return round(b.draw(lo, hi) * cpu_factor[r])
-
-        def gpu(lo, hi, b=b, r=r):
-            return round(b.draw(lo, hi) * gpu_factor[r])
+        busy, gpu = _skewed(b, cpu_factor[r]), _skewed(b, gpu_factor[r])
 
         def allreduce(b, n, bucket, r=r, seq=seq):
             seq[0] += 1
@@ -342,11 +343,7 @@ def fsdp() -> Job:
         b = ThreadBuilder(f"fsdp/{r}")
         seq = [0]
 
-        def busy(lo, hi, b=b, r=r):
-            return round(b.draw(lo, hi) * cpu_factor[r])
-
-        def gpu(lo, hi, b=b, r=r):
-            return round(b.draw(lo, hi) * gpu_factor[r])
+        busy, gpu = _skewed(b, cpu_factor[r]), _skewed(b, gpu_factor[r])
 
         def gather(b, n, phase, layer, r=r, seq=seq):
             seq[0] += 1
@@ -421,8 +418,7 @@ def context_parallel() -> Job:
         b = ThreadBuilder(f"context_parallel/{r}")
         seq = [0]
 
-        def gpu(lo, hi, b=b, r=r):
-            return round(b.draw(lo, hi) * gpu_factor[r])
+        gpu = _skewed(b, gpu_factor[r])
 
         def exchange(b, n, tag, r=r, seq=seq):
             seq[0] += 1
