@@ -26,7 +26,7 @@ namespace lumos::cli {
 inline constexpr std::string_view whatif_usage =
     "usage: lumos whatif PATH... [--gpu PRESET] [--from-gpu PRESET] [--layers N] [--dp N] [--global-batch N]\n"
     "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
-    "                    [--micro-batch N] [--tp N] [--sp on|off] [--precision fp8] [--profile FILE] [--host-speed F]\n"
+    "                    [--micro-batch N] [--tp N] [--sp on|off] [--precision fp8] [--profile FILE] [--host-speed F|PROFILE]\n"
     "                    [--ep N] [--experts N] [--top-k K] [--expert-ffn N] [--routing balanced|measured]\n"
     "                    [--fsdp on|off] [--reshard-after-forward on|off] [--step N]\n"
     "                    [--scale KIND=F]... [--scale op:TEXT=F]... [--no-fold] [--json] [--trace-out DIR] [--report FILE]\n"
@@ -58,6 +58,9 @@ inline constexpr std::string_view whatif_usage =
     "                      host is kept, also under --gpu): the prediction's CPU times / F. When the\n"
     "                      predicted step is mostly host work, the output gives it at host speed x0.8 and\n"
     "                      x1.25 too\n"
+    "  --host-speed PROFILE the target host as a profile with a host entry (`lumos calibrate` of a trace\n"
+    "                      recorded on the target machine): F is the median ratio of the cheap ATen ops'\n"
+    "                      durations, the traces' over the profile's\n"
     "  --layers N          N transformer layers: each layer's launches and kernels (found by\n"
     "                      `lumos inspect --structure`) repeated or removed in place, with its collectives\n"
     "  --hidden N, --ffn N, --heads N, --seq N, --micro-batch N\n"
@@ -175,7 +178,11 @@ inline std::string folding_text(const trace::rank_folding& folding) {
 inline std::string host_text(const whatif::whatif_result& r) {
   std::string out;
   char line[256];
-  if (r.host_speed != 1.0) {
+  if (!r.host_profile.empty()) {
+    std::snprintf(line, sizeof line, "host: %.3gx the traced host's CPU speed (--host-speed: the host entry of profile '%s', median over %zu ATen ops)\n",
+                  r.host_speed, r.host_profile.c_str(), r.host_ops);
+    out += line;
+  } else if (r.host_speed != 1.0) {
     std::snprintf(line, sizeof line, "host: %.3gx the traced host's CPU speed (--host-speed)\n", r.host_speed);
     out += line;
   } else if (!r.host_sensitivity.empty() || std::any_of(r.changes.begin(), r.changes.end(), [](const whatif::change& c) { return c.pass == "gpu"; })) {

@@ -415,6 +415,7 @@ _WHATIF_FLAGS = {
     "layers": "--layers", "gpu": "--gpu", "from_gpu": "--from-gpu", "dp": "--dp", "pp": "--pp", "vp": "--vp",
     "tp": "--tp", "sp": "--sp", "global_batch": "--global-batch", "micro_batch": "--micro-batch", "hidden": "--hidden",
     "ffn": "--ffn", "heads": "--heads", "seq": "--seq", "schedule": "--schedule", "profile": "--profile", "step": "--step",
+    "host_speed": "--host-speed",
 }
 
 
@@ -424,20 +425,23 @@ def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[in
            micro_batch: Optional[int] = None, hidden: Optional[int] = None, ffn: Optional[int] = None,
            heads: Optional[int] = None, seq: Optional[int] = None, schedule: Optional[str] = None,
            profile: Optional[PathLike] = None, step: Optional[int] = None, scale: Optional[Mapping[str, float]] = None,
-           fold: bool = True) -> WhatIf:
+           fold: bool = True, host_speed: Optional[Union[float, PathLike]] = None) -> WhatIf:
     """Rewrites the job's execution graph for another configuration and replays it, as
     ``lumos whatif`` does: ``lumos.whatif(job, gpu="h200-sxm")``, ``lumos.whatif(job, tp=4,
     dp=2)``, ``lumos.whatif(job, pp=2, schedule="1f1b")``. Each keyword is the command's flag
     (``_`` for ``-``), read by the command's own parser: same defaults, checks and messages
     (``lumos whatif --help`` explains each). ``sp`` takes a boolean or on/off; ``profile`` a
-    file from :func:`calibrate`; ``scale`` as for :func:`replay` (applied to the baseline and
+    file from :func:`calibrate`; ``host_speed`` the target host, a factor or a profile from
+    :func:`calibrate` of a trace recorded on it; ``scale`` as for :func:`replay` (applied to the baseline and
     the prediction). ``fold=False`` replays every traced rank (``--no-fold``); by default ranks
     with identical traces are folded onto one of each class. Raises :class:`LumosError`."""
     if not isinstance(job, Job):
         job = load_job(job)
     config = dict(layers=layers, gpu=gpu, from_gpu=from_gpu, dp=dp, pp=pp, vp=vp, tp=tp, sp=sp, global_batch=global_batch,
                   micro_batch=micro_batch, hidden=hidden, ffn=ffn, heads=heads, seq=seq, schedule=schedule,
-                  profile=None if profile is None else os.fspath(profile), step=step)
+                  profile=None if profile is None else os.fspath(profile), step=step,
+                  host_speed=None if host_speed is None else (repr(float(host_speed)) if isinstance(host_speed, (int, float))
+                                                              else os.fspath(host_speed)))
     flags = _flags("whatif", _WHATIF_FLAGS, config)
     for key, factor in (scale or {}).items():
         flags += ["--scale", f"{key}={float(factor)!r}"]

@@ -116,7 +116,7 @@ def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[in
            micro_batch: Optional[int] = ..., hidden: Optional[int] = ..., ffn: Optional[int] = ...,
            heads: Optional[int] = ..., seq: Optional[int] = ..., schedule: Optional[str] = ...,
            profile: Optional[PathLike] = ..., step: Optional[int] = ..., scale: Optional[Mapping[str, float]] = ...,
-           fold: bool = ...) -> WhatIf: ...
+           fold: bool = ..., host_speed: Optional[Union[float, PathLike]] = ...) -> WhatIf: ...
 
 class Prediction:
     iteration_ns: int

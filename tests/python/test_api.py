@@ -296,6 +296,7 @@ TINY_WHATIFS = [
     (dict(dp=4), ["--dp", "4"]),
     (dict(scale={"comm": 2}), ["--scale", "comm=2"]),
     (dict(gpu="a100-sxm-80gb", scale={"op:gemm": 0.8}), ["--gpu", "a100-sxm-80gb", "--scale", "op:gemm=0.8"]),
+    (dict(gpu="h200-sxm", host_speed=1.25), ["--gpu", "h200-sxm", "--host-speed", "1.25"]),
 ]
 
 

@@ -685,6 +685,27 @@ TEST_CASE("cost profile JSON round-trips exactly and rejects bad input", "[model
   CHECK_THROWS_AS(lm::profile_from_json("{\"gemm.half_dim\": }", p), lumos::error);
 }
 
+TEST_CASE("a profile's host entry reads back, and compares two hosts by the median of their shared ops", "[model][profile][host]") {
+  lm::cost_profile p = lm::h100_profile();
+  p.host_ops = {{"aten::empty", 2000}, {"aten::view", 1000}, {"aten::t", 3000}, {"aten::add_", 8000}, {"aten::zero_", 4000}};
+  const std::string text = lm::to_json(p);
+  const lm::cost_profile q = lm::profile_from_json(text, lm::h100_profile());
+  CHECK(q.host_ops == p.host_ops);
+  CHECK(lm::to_json(q) == text);
+  CHECK(lm::to_json(lm::h100_profile()).find("host_ops") == std::string::npos);  // presets have no host
+  CHECK_THROWS_AS(lm::profile_from_json("{\"host_ops\": {\"aten::view\": -1}}", p), lumos::error);
+  // Host b runs four of the five ops at half the speed and one (its shape moved) far slower: b is
+  // half as fast, whatever the outlier.
+  std::map<std::string, double> b = p.host_ops;
+  for (auto& [op, ns] : b) ns *= 2;
+  b["aten::add_"] = 80000;
+  const auto est = lm::relative_host_speed(p.host_ops, b);
+  REQUIRE(est);
+  CHECK(est->speed == 2.0);
+  CHECK(est->ops == 5);
+  CHECK_FALSE(lm::relative_host_speed(p.host_ops, {{"aten::view", 1.0}}));  // too few shared ops to tell
+}
+
 // ---- TP communication overlap (parallel_config::tp_comm_overlap) ----
 
 namespace {

@@ -2,6 +2,7 @@
 #include "test_support.hpp"
 
 #include <lumos/cli/args.hpp>
+#include <lumos/cli/predict.hpp>
 #include <lumos/model/moe.hpp>
 #include <lumos/model/transformer.hpp>
 
@@ -815,6 +816,41 @@ TEST_CASE("whatif --host-speed: the host is a stated assumption, and a host-boun
   CHECK(text.out.find("host: the traced host's CPU speed is kept") != std::string::npos);
   CHECK(text.out.find("host sensitivity: the predicted step is mostly host work:") != std::string::npos);
   for (const char* bad : {"0", "-1", "nan", "fast"}) CHECK(run("whatif " + data("gpu/h100-h1024") + " --host-speed " + bad).code == 2);
+}
+
+TEST_CASE("whatif --host-speed PROFILE: the target host from the host entry calibrate fits on another run of it", "[cli][whatif][host]") {
+  lumos_test::temp_dir dir;
+  simdjson::dom::parser parser;
+  // The H200 host, calibrated on the H200 base run; predicted from the H100 trace of another configuration.
+  const std::string profile = (dir.path() / "h200.json").string();
+  REQUIRE(run("calibrate " + data("gpu/h200-base") + " -o " + profile).code == 0);
+  const lumos::model::cost_profile p = lumos::cli::read_profile_file(profile);
+  REQUIRE(p.host_ops.size() >= 5);
+  const lumos::model::cost_profile traced = [&] {
+    const std::string h100 = (dir.path() / "h100.json").string();
+    REQUIRE(run("calibrate " + data("gpu/h100-h1024") + " -o " + h100).code == 0);
+    return lumos::cli::read_profile_file(h100);
+  }();
+  const auto expected = lumos::model::relative_host_speed(p.host_ops, traced.host_ops);
+  REQUIRE(expected);
+  const result r = run("whatif " + data("gpu/h100-h1024") + " --gpu h200-sxm --json --host-speed " + profile);
+  REQUIRE(r.code == 0);
+  simdjson::dom::element j = parser.parse(r.out);
+  CHECK(double(j["host_speed"]) == Approx(expected->speed).epsilon(1e-12));  // the traces' entry is calibrate's
+  char speed[32];
+  std::snprintf(speed, sizeof speed, "%.17g", expected->speed);
+  const result same = run("whatif " + data("gpu/h100-h1024") + " --gpu h200-sxm --json --host-speed " + speed);
+  CHECK(int64_t(parser.parse(same.out)["predicted"]["iteration_ns"]) == int64_t(parser.parse(r.out)["predicted"]["iteration_ns"]));
+  const result text = run("whatif " + data("gpu/h100-h1024") + " --gpu h200-sxm --host-speed " + profile);
+  CHECK(text.out.find("(--host-speed: the host entry of profile 'calibrated', median over ") != std::string::npos);
+  // A profile without a host entry (a preset's) cannot say which host it is.
+  const std::string preset = (dir.path() / "preset.json").string();
+  {
+    std::ofstream(preset) << lumos::model::to_json(lumos::model::h200_profile());
+  }
+  const result none = run("whatif " + data("gpu/h100-h1024") + " --host-speed " + preset);
+  CHECK(none.code == 2);
+  CHECK(none.err.find("has no host entry") != std::string::npos);
 }
 
 TEST_CASE("whatif folds identical ranks: one of each class stands for the rest, with the prediction of every rank", "[cli][whatif][fold]") {

@@ -15,10 +15,13 @@
 #include <lumos/whatif/options.hpp>
 #include <lumos/whatif/result.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 
 namespace lumos::cli {
@@ -115,9 +118,16 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
   }
   parse_fsdp_options(a, o);
   if (const auto speed = a.option("--host-speed")) {
-    o.host_speed = parse_number<double>(*speed, "--host-speed");
-    if (!(o.host_speed > 0) || !std::isfinite(o.host_speed)) {
-      throw usage_error("--host-speed must be a positive factor (got " + *speed + ")");
+    // A factor, or a profile whose host entry is the target host (`lumos calibrate`).
+    double f = 0;
+    const auto [end, ec] = std::from_chars(speed->data(), speed->data() + speed->size(), f);
+    if (ec == std::errc{} && end == speed->data() + speed->size()) {
+      if (!(f > 0) || !std::isfinite(f)) throw usage_error("--host-speed must be a positive factor (got " + *speed + ")");
+      o.host_speed = f;
+    } else if (std::filesystem::is_regular_file(*speed)) {
+      o.host_profile = read_profile_file(*speed);
+    } else {
+      throw usage_error("--host-speed must be a positive factor or a profile file with a host entry (got " + *speed + ")");
     }
   }
   if (const auto file = a.option("--profile")) o.profile = read_profile_file(*file);
@@ -175,7 +185,7 @@ inline whatif_request parse_whatif_change(args& a) {
 /// A usage error unless the request changes something.
 inline void require_change(const whatif_request& req) {
   const whatif::whatif_options& o = req.options;
-  if (o.gpu.empty() && o.host_speed == 1.0 && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && !o.precision &&
+  if (o.gpu.empty() && o.host_speed == 1.0 && !o.host_profile && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && !o.precision &&
       !o.moe.any() && !o.fsdp && !o.reshard_after_forward && req.scaled.none()) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
                       "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, --precision fp8, --ep/--experts/--top-k/--expert-ffn N, "

@@ -474,6 +474,35 @@ inline void fit_collectives(const calibration& out, cost_profile& p, const std::
 
 }  // namespace detail
 
+/// The host entry of `ranks` (`cost_profile::host_ops`): the median duration of each ATen op
+/// called at least `min_calls` times whose median is at most `max_ns`. Cheap, frequent ops
+/// (views, empty, transposes, small in-place updates) are dispatch work: their time is the
+/// host's speed (with the profiler's per-op cost, which any other profiled trace has as well),
+/// not the GPU's or the shapes'.
+[[nodiscard]] inline std::map<std::string, double> host_entry(const std::vector<trace::rank_trace>& ranks, std::size_t min_calls = 10,
+                                                             double max_ns = 30000) {
+  std::map<std::string, std::vector<double>, std::less<>> durations;
+  for (const trace::rank_trace& r : ranks) {
+    for (const trace::event& e : r.events) {
+      if (e.cat != trace::category::cpu_op || e.ph != trace::phase::complete) continue;
+      const std::string_view name = r.name(e);
+      if (!name.starts_with("aten::")) continue;
+      auto it = durations.find(name);
+      if (it == durations.end()) it = durations.emplace(std::string(name), std::vector<double>{}).first;
+      it->second.push_back(static_cast<double>(e.dur));
+    }
+  }
+  std::map<std::string, double> out;
+  for (auto& [name, d] : durations) {
+    if (d.size() < min_calls) continue;
+    std::sort(d.begin(), d.end());
+    const std::size_t n = d.size();
+    const double median = n % 2 == 1 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2;
+    if (median > 0 && median <= max_ns) out.emplace(name, median);
+  }
+  return out;
+}
+
 /// Calibrates on `ranks` (one or more ranks of one run, e.g. `trace::load_job(...).ranks`). The base profile is the preset of the GPU
 /// the traces name (deviceProperties, `preset_of_device`: A100, H100, H200, B200, GB200, MI300X; else `fallback`,
 /// with a note); fitted values replace
@@ -488,6 +517,8 @@ inline void fit_collectives(const calibration& out, cost_profile& p, const std::
 ///    op dispatch = top-level CPU op time / kernels launched - one launch (what the traced host
 ///    really spent per kernel, profiler overhead included; backward ops keep the preset when the
 ///    traces have none);
+///  - the host entry (`host_entry`): medians of the cheap, frequent ATen ops, which another
+///    trace's compare with (`relative_host_speed`: `whatif --host-speed PROFILE`);
 ///  - NCCL: the k-th all-reduce, all-gather or reduce-scatter kernel of a process group on each
 ///    rank is one collective (a group's ranks issue them in the same order; point-to-point,
 ///    all-to-all and broadcast kernels are left out); its transfer is the shortest participant;
@@ -517,6 +548,9 @@ inline void fit_collectives(const calibration& out, cost_profile& p, const std::
     if (c.bytes > 0 && c.group > 1) out.collectives.push_back(c);
   }
   detail::fit_collectives(out, p, from);
+  p.host_ops = host_entry(ranks);
+  p.provenance["host_ops"] = from + "median durations of " + std::to_string(p.host_ops.size()) +
+                             " ATen ops called >= 10 times with a median <= 30 us (profiler on)";
   p.name = "calibrated";
   validate(p);
   out.profile = p;

@@ -13,11 +13,14 @@
 #include <array>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace lumos::model {
 
@@ -78,6 +81,12 @@ struct cost_profile {
   nccl_link intra;  ///< NVLink / NVSwitch
   nccl_link inter;  ///< one NIC per GPU
 
+  /// The host entry: median duration (ns) of cheap framework ops (ATen op name -> ns) on the host
+  /// the profile was fitted on, as `lumos calibrate` measures them (model/calibrate.hpp,
+  /// `host_entry`). Comparing it with a trace's own gives that host's speed relative to the
+  /// traced one (`relative_host_speed`). Empty in the presets: a datasheet has no host.
+  std::map<std::string, double> host_ops;
+
   std::map<std::string, std::string> provenance;  ///< key -> where the value comes from
 };
 
@@ -129,6 +138,33 @@ inline void validate(const cost_profile& p) {
     }
   });
   if (!(p.intra.busbw > 0) || !(p.inter.busbw > 0)) throw error("profile '" + p.name + "': nccl busbw must be > 0");
+  for (const auto& [op, ns] : p.host_ops) {
+    if (!(ns > 0) || !std::isfinite(ns)) throw error("profile '" + p.name + "': host_ops \"" + op + "\" = " + std::to_string(ns) + " must be > 0");
+  }
+}
+
+/// A host's speed relative to another's, from their host entries (`cost_profile::host_ops`).
+struct host_speed_estimate {
+  double speed = 1;     ///< > 1: the first host runs the ops faster than the second
+  std::size_t ops = 0;  ///< ops both entries have, whose ratios gave `speed`
+};
+
+/// The speed of host `a` relative to host `b`: the median over the ops both entries have of b's
+/// duration / a's. The median, because one op's time also moves with what it was called on
+/// (a tensor's size, the allocator's state) and a few such ops must not set the answer. Nothing
+/// when they share fewer than `min_ops` ops.
+[[nodiscard]] inline std::optional<host_speed_estimate> relative_host_speed(const std::map<std::string, double>& a,
+                                                                           const std::map<std::string, double>& b,
+                                                                           std::size_t min_ops = 5) {
+  std::vector<double> ratios;
+  for (const auto& [op, ns] : a) {
+    const auto it = b.find(op);
+    if (it != b.end() && ns > 0) ratios.push_back(it->second / ns);
+  }
+  if (ratios.size() < min_ops) return std::nullopt;
+  std::sort(ratios.begin(), ratios.end());
+  const std::size_t n = ratios.size();
+  return host_speed_estimate{n % 2 == 1 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2, n};
 }
 
 namespace detail {
@@ -165,8 +201,22 @@ inline void put_escaped(std::string& out, std::string_view s) {
     out += ": ";
     out += buf;
   });
-  out += ",\n  \"provenance\": {";
   bool first = true;
+  if (!p.host_ops.empty()) {
+    out += ",\n  \"host_ops\": {";
+    for (const auto& [op, ns] : p.host_ops) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.17g", ns);
+      out += first ? "\n    " : ",\n    ";
+      first = false;
+      detail::put_escaped(out, op);
+      out += ": ";
+      out += buf;
+    }
+    out += "\n  }";
+    first = true;
+  }
+  out += ",\n  \"provenance\": {";
   for (const auto& [k, v] : p.provenance) {
     out += first ? "\n    " : ",\n    ";
     first = false;
@@ -180,7 +230,8 @@ inline void put_escaped(std::string& out, std::string_view s) {
 
 namespace detail {
 // A small reader for the flat JSON `to_json` writes (and hand edits of it): one object of
-// string or number values, plus one nested object of strings ("provenance").
+// string or number values, plus one nested object of strings ("provenance") and one of numbers
+// ("host_ops").
 class profile_reader {
  public:
   profile_reader(std::string_view text, std::string where) : s_(text), where_(std::move(where)) {}
@@ -204,6 +255,17 @@ class profile_reader {
             }
             break;
           }
+        }
+        expect('}');
+      } else if (key == "host_ops") {
+        expect('{');
+        base.host_ops.clear();  // the file's host, not a mix with the base's
+        while (peek() != '}') {
+          std::string op = string();
+          expect(':');
+          base.host_ops[std::move(op)] = number();
+          if (peek() != ',') break;
+          ++i_;
         }
         expect('}');
       } else if (key == "name" || key == "hardware" || key == "attention") {

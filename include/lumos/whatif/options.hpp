@@ -63,6 +63,10 @@ struct whatif_options {
   /// The target host's CPU speed relative to the traced host's: the prediction's CPU times are
   /// the traced ones / `host_speed`. 1 (the default) keeps the traced host, also under `gpu`.
   double host_speed = 1.0;
+  /// The target host as a cost profile with a host entry (`lumos calibrate` on a trace recorded
+  /// on the target machine): the host speed is then its entry against the traces' own
+  /// (`model::relative_host_speed`), in place of `host_speed`, which must stay 1.
+  std::optional<model::cost_profile> host_profile;
 
   /// The replay options of the prediction: `replay` with the host's speed applied.
   [[nodiscard]] report::replay_options predicted_replay() const {

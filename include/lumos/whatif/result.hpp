@@ -67,6 +67,10 @@ struct whatif_result {
   /// Set when a MoE change was asked (`--ep`, `--experts`, `--top-k`, `--expert-ffn`, `--routing`).
   std::optional<moe_summary> moe;
   double host_speed = 1.0;  ///< the prediction's host speed relative to the traced host's (whatif_options)
+  /// With `whatif_options::host_profile`: the profile's name and the ops its host entry shares
+  /// with the traces, whose median ratio gave `host_speed`.
+  std::string host_profile;
+  std::size_t host_ops = 0;
 };
 
 }  // namespace lumos::whatif

@@ -28,6 +28,7 @@
 // that the copies carry them, and the GPU change runs last, on every op the others made.
 
 #include <lumos/graph/trace_builder.hpp>
+#include <lumos/model/calibrate.hpp>
 #include <lumos/report/replay_report.hpp>
 #include <lumos/whatif/change.hpp>
 #include <lumos/whatif/context.hpp>
@@ -202,6 +203,19 @@ inline void report_unprofiled(whatif_result& out, double share) {
   p.unprofiled_ns = out.pipeline ? scaled(p.simulated_ns) : std::min(ranks, p.simulated_ns);
 }
 
+/// The host speed of `o.host_profile` against `job`'s traced host: the medians of the cheap ATen
+/// ops the profile's host entry and the traces share.
+[[nodiscard]] inline model::host_speed_estimate target_host_speed(const trace::job& job, const whatif_options& o) {
+  const model::cost_profile& p = *o.host_profile;
+  if (o.host_speed != 1.0) throw error("whatif: give the target host as a speed or as a profile, not both");
+  if (p.host_ops.empty()) {
+    throw error("profile '" + p.name + "' has no host entry (host_ops): fit one with `lumos calibrate` on a trace recorded on the target host");
+  }
+  const auto est = model::relative_host_speed(p.host_ops, model::host_entry(job.ranks));
+  if (!est) throw error("the host entry of profile '" + p.name + "' shares fewer than 5 ATen ops with the traces: their hosts cannot be compared");
+  return *est;
+}
+
 }  // namespace detail
 
 /// Runs the baseline of `job` and the what-if that `passes` make of it, in their order: each
@@ -209,6 +223,16 @@ inline void report_unprofiled(whatif_result& out, double share) {
 /// passes that define `after_replay` finish the prediction.
 template <Rewrite... Passes>
 [[nodiscard]] whatif_result run_passes(const trace::job& job, const whatif_options& o, std::tuple<Passes...> passes) {
+  if (o.host_profile) {
+    const model::host_speed_estimate host = detail::target_host_speed(job, o);
+    whatif_options at_speed = o;
+    at_speed.host_profile.reset();
+    at_speed.host_speed = host.speed;
+    whatif_result out = run_passes(job, at_speed, std::move(passes));
+    out.host_profile = o.host_profile->name;
+    out.host_ops = host.ops;
+    return out;
+  }
   context ctx(job, o);
   whatif_result out;
   out.baseline = report::replay_job(job, o.replay);
