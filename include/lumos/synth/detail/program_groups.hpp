@@ -275,22 +275,16 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
       gs.participants = opt_.unfold ? n : 1;
       break;
     }
-    case group_type::cp: {
-      // cp consecutive dp indices (Megatron's order: tp, cp, dp, pp) at the same tp index.
-      const int t = b % tp_, j = b / tp_;
-      gs.type = comm_group::context_parallel;
-      if (named) gs.name = "cp." + std::to_string(a) + "." + std::to_string(b);
-      for (int c = 0; c < par_.cp; ++c) gs.ranks.push_back(global_rank(a, (j * par_.cp + c) * tp_ + t));
-      gs.participants = opt_.unfold ? par_.cp : 1;
-      break;
-    }
+    case group_type::cp:
     case group_type::ep: {
-      // ep consecutive dp indices at the same tp index (Megatron's expert-parallel group).
-      const int t = b % tp_, j = b / tp_;
-      gs.type = comm_group::ep;
-      if (named) gs.name = "ep." + std::to_string(a) + "." + std::to_string(b);
-      for (int e = 0; e < par_.ep; ++e) gs.ranks.push_back(global_rank(a, (j * par_.ep + e) * tp_ + t));
-      gs.participants = opt_.unfold ? par_.ep : 1;
+      // n consecutive dp indices at the same tp index: Megatron's context-parallel group (its
+      // order: tp, cp, dp, pp) or expert-parallel group.
+      const bool cp = type == group_type::cp;
+      const int n = cp ? par_.cp : par_.ep, t = b % tp_, j = b / tp_;
+      gs.type = cp ? comm_group::context_parallel : comm_group::ep;
+      if (named) gs.name = std::string(cp ? "cp." : "ep.") + std::to_string(a) + "." + std::to_string(b);
+      for (int c = 0; c < n; ++c) gs.ranks.push_back(global_rank(a, (j * n + c) * tp_ + t));
+      gs.participants = opt_.unfold ? n : 1;
       break;
     }
     case group_type::embd:
