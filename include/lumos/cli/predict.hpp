@@ -70,13 +70,13 @@ struct predict_request {
   [[nodiscard]] std::string profile_name() const { return roofline ? std::string("roofline") : profile.name; }
 };
 
-/// `text` ("bf16", "fp16" or "fp8") as a precision, or a usage error naming `flag`: the
-/// `--precision` of predict, synth, sweep (each item of its list) and whatif.
+/// `text` ("bf16", "fp16" or "fp8") as a precision, or a one-line `lumos::error` naming `flag`:
+/// the `--precision` of predict, synth, sweep (each item of its list) and whatif.
 inline model::precision parse_precision(std::string_view text, std::string_view flag = "--precision") {
   for (const model::precision p : {model::precision::bf16, model::precision::fp16, model::precision::fp8}) {
     if (text == model::to_string(p)) return p;
   }
-  throw usage_error(std::string(flag) + " must be bf16, fp16 or fp8, got '" + std::string(text) + "'");
+  throw lumos::error(std::string(flag) + " must be bf16, fp16 or fp8, got '" + std::string(text) + "'");
 }
 
 /// Reads a profile file (`lumos calibrate -o`), on top of the preset of the hardware it names
