@@ -36,7 +36,7 @@ inline constexpr std::string_view sweep_usage =
     "usage: lumos sweep --gpus N [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
     "                   [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
     "                   [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
-    "                   [--capacity-factor {F,dropless}] [--gpu PRESET] [--precision P]\n"
+    "                   [--capacity-factor {F,dropless}] [--gpu PRESET] [--precision LIST]\n"
     "                   [--profile FILE] [--cost-model {kernel,roofline}] [--attention {flash,unfused}]\n"
     "                   [--tp LIST] [--pp LIST] [--cp LIST] [--cp-comm {p2p,allgather}] [--dp LIST]\n"
     "                   [--vp LIST] [--ep LIST] [--micro-batch LIST]\n"
@@ -69,6 +69,10 @@ inline constexpr std::string_view sweep_usage =
     "  --fsdp        off, on: fully sharded data parallelism (ZeRO-3) or the distributed optimizer\n"
     "                (default off); --hsdp and --reshard-after-forward as for 'lumos predict', for\n"
     "                the configurations with FSDP (an --hsdp that does not divide dp is an error)\n"
+    "  --precision   bf16, fp16, fp8: the training precisions searched (default bf16), ranked\n"
+    "                together; a precision the GPU has no tensor cores for (fp8 on A100) is\n"
+    "                rejected per configuration (reason precision) when another listed one runs,\n"
+    "                and is an error (exit 2) when none does\n"
     "  --global-batch sequences per iteration (default 1536, GPT-3's)\n"
     "  --memory-margin fraction of HBM kept free for what the memory model leaves out (default 0.10)\n"
     "  --top K       rows of the ranking (default 10)\n"
@@ -101,7 +105,10 @@ inline void write_text(const std::string& path, const std::string& text) {
 // An fsdp column only when the sweep has FSDP configurations (the others keep their columns).
 inline void sweep_csv(const std::vector<sweep::result>& rs, std::string& out) {
   const bool fsdp_column = std::any_of(rs.begin(), rs.end(), [](const sweep::result& r) { return r.config.fsdp; });
+  // Likewise a precision column only when the sweep has several precisions.
+  const bool precision_column = sweep::precisions(rs).size() > 1;
   out += fsdp_column ? "index,tp,pp,dp,vp,micro_batch,schedule,recompute,sp,fsdp," : "index,tp,pp,dp,vp,micro_batch,schedule,recompute,sp,";
+  if (precision_column) out += "precision,";
   out += "status,reason,micro_batches,iteration_ns,mfu,hfu,tokens_per_s,tflops_per_gpu,memory_bytes,memory_stage,bubble_fraction,message\n";
   char line[512];
   for (std::size_t i = 0; i < rs.size(); ++i) {
@@ -111,10 +118,11 @@ inline void sweep_csv(const std::vector<sweep::result>& rs, std::string& out) {
     for (char& ch : msg) {
       if (ch == '"') ch = '\'';
     }
-    std::snprintf(line, sizeof line, "%zu,%d,%d,%d,%d,%lld,%s,%s,%s%s,%s,%s,%lld,", i, c.tp, c.pp, c.dp, c.vp,
+    std::snprintf(line, sizeof line, "%zu,%d,%d,%d,%d,%lld,%s,%s,%s%s%s,%s,%s,%lld,", i, c.tp, c.pp, c.dp, c.vp,
                   static_cast<long long>(c.micro_batch), std::string(c.schedule.name).c_str(),
                   std::string(model::to_string(c.recompute)).c_str(), c.sp ? "on" : "off",
-                  !fsdp_column ? "" : c.fsdp ? ",on" : ",off", r.ok() ? "ok" : "rejected",
+                  !fsdp_column ? "" : c.fsdp ? ",on" : ",off",
+                  precision_column ? ("," + std::string(model::to_string(c.dtype))).c_str() : "", r.ok() ? "ok" : "rejected",
                   std::string(sweep::to_string(r.reason)).c_str(), static_cast<long long>(r.micro_batches));
     out += line;
     if (r.predicted) {
@@ -148,8 +156,9 @@ inline void sweep_text(const sweep_request& req, const std::vector<sweep::result
     std::snprintf(line, sizeof line, fmt, xs...);
     out += line;
   };
+  const std::vector<model::precision> precisions = sweep::precisions(rs);
   put("lumos sweep: %s on %lld x %s, %s, global batch %lld, profile %s\n", j.model.name.c_str(),
-      static_cast<long long>(req.gpus), j.hardware.name.c_str(), std::string(model::to_string(j.parallel.dtype)).c_str(),
+      static_cast<long long>(req.gpus), j.hardware.name.c_str(), sweep::precision_names(precisions, "/").c_str(),
       static_cast<long long>(req.global_batch), profile.c_str());
   put("  %zu configurations: %zu predicted, %zu rejected\n", rs.size(), counts[0], rs.size() - counts[0]);
   if (rs.size() > counts[0]) {
@@ -172,16 +181,24 @@ inline void sweep_text(const sweep_request& req, const std::vector<sweep::result
   // when the sweep has FSDP configurations.
   const bool cp_column = std::any_of(best.begin(), best.end(), [&](std::size_t i) { return rs[i].config.cp != 1; });
   const bool fsdp_column = std::any_of(rs.begin(), rs.end(), [](const sweep::result& r) { return r.config.fsdp; });
+  const bool precision_column = precisions.size() > 1;
   auto narrow = [](int v) { return std::string(v < 10 ? "   " : v < 100 ? "  " : " ") + std::to_string(v); };
-  put("  %4s %4s %4s%s %5s %3s%s %4s %-17s %-9s %-3s%s %12s %7s %11s %7s\n", "#", "tp", "pp", cp_column ? "   cp" : "", "dp", "vp",
-      ep_column ? "  ep" : "", "mb", "schedule", "recompute", "sp", fsdp_column ? " fsdp" : "", "iteration", "MFU", "memory/GPU", "bubble");
+  put("  %4s %4s %4s%s %5s %3s%s %4s %-17s %-9s %-3s%s%s %12s %7s %11s %7s\n", "#", "tp", "pp", cp_column ? "   cp" : "", "dp", "vp",
+      ep_column ? "  ep" : "", "mb", "schedule", "recompute", "sp", fsdp_column ? " fsdp" : "", precision_column ? " prec" : "",
+      "iteration", "MFU", "memory/GPU", "bubble");
   for (std::size_t k = 0; k < best.size(); ++k) {
     const sweep::result& r = rs[best[k]];
     const sweep::configuration& c = r.config;
-    put("  %4zu %4d %4d%s %5d %3d%s %4lld %-17s %-9s %-3s%s %10.3f s %7s %11s %7s\n", k + 1, c.tp, c.pp,
+    std::string prec;
+    if (precision_column) {
+      prec = " " + std::string(model::to_string(c.dtype));
+      prec.resize(5, ' ');
+    }
+    put("  %4zu %4d %4d%s %5d %3d%s %4lld %-17s %-9s %-3s%s%s %10.3f s %7s %11s %7s\n", k + 1, c.tp, c.pp,
         cp_column ? (" " + narrow(c.cp)).c_str() : "", c.dp, c.vp, ep_column ? narrow(c.ep).c_str() : "",
         static_cast<long long>(c.micro_batch), std::string(c.schedule.name).c_str(),
         std::string(model::to_string(c.recompute)).c_str(), c.sp ? "on" : "off", !fsdp_column ? "" : c.fsdp ? " on  " : " off ",
+        prec.c_str(),
         static_cast<double>(r.m.iteration_ns) / 1e9, detail::pct(r.m.mfu).c_str(), detail::bytes_text(r.memory_bytes).c_str(),
         detail::pct(r.m.bubble_fraction).c_str());
   }

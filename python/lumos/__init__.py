@@ -545,8 +545,8 @@ class Sweep(_Plain):
 def sweep(**config: Any) -> Sweep:
     """Searches the parallel configurations of a model on ``gpus`` GPUs, as ``lumos sweep``
     does: ``lumos.sweep(model="gpt3-175b", gpus=512, tp=[4, 8], recompute="selective", top=5)``.
-    Lists (``tp``, ``pp``, ``dp``, ``vp``, ``micro_batch``, ``schedule``, ``recompute``, ``sp``)
-    take a Python list or a comma-separated string. Runs with the GIL released on every core
+    Lists (``tp``, ``pp``, ``dp``, ``vp``, ``micro_batch``, ``schedule``, ``recompute``, ``sp``,
+    ``precision``) take a Python list or a comma-separated string. Runs with the GIL released on every core
     (``threads`` to limit); the result is the same for any thread count."""
     return Sweep(json.loads(_lumos.sweep_json(_flags("sweep", _SWEEP_FLAGS, config))))
 

@@ -153,6 +153,52 @@ TEST_CASE("evaluate with overlapped parameter all-gathers gives synth::predict's
   CHECK(compared > 0);
 }
 
+TEST_CASE("precision: a dimension of the space, predicted as synth::predict, rejected where the GPU lacks it", "[sweep][precision]") {
+  const lm::cost_profile profile = lm::profile_preset("h100-sxm");
+  const sw::problem p = small_problem();
+  sw::space s = small_space();
+  const std::vector<sw::configuration> one = sw::enumerate(s, p.gpus);
+  s.precisions = {lm::precision::bf16, lm::precision::fp8, lm::precision::bf16};
+  const std::vector<sw::configuration> both = sw::enumerate(s, p.gpus);
+  REQUIRE(both.size() == 2 * one.size());
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    CHECK(both[2 * i] == one[i]);
+    sw::configuration fp8 = one[i];
+    fp8.dtype = lm::precision::fp8;
+    CHECK(both[2 * i + 1] == fp8);
+  }
+  const auto kernel = sw::make_evaluator(p, profile);
+  // The fp16 loss-scale host sync is on, and acts only in fp16: a bf16 configuration predicts as
+  // `lumos predict` does with it off.
+  REQUIRE(kernel.fixed().options.program.loss_scale_host_sync);
+  ls::predict_options without_sync = kernel.fixed().options;
+  without_sync.program.loss_scale_host_sync = false;
+  sw::workspace w;
+  std::size_t compared = 0;
+  for (std::size_t i = 0; i < both.size() && compared < 12; ++i) {
+    const sw::result r = kernel.evaluate(both[i], w);
+    if (!r.ok() || both[i].recompute == lm::recompute_kind::full) continue;
+    CHECK(kernel.job_of(both[i]).parallel.dtype == both[i].dtype);
+    require_matches_predict(kernel, r, both[i].dtype == lm::precision::fp8 ? kernel.fixed().options : without_sync, kernel.compute_model(),
+                            kernel.comm_model());
+    ++compared;
+  }
+  CHECK(compared == 12);
+  sw::configuration fp16 = one.front();
+  fp16.dtype = lm::precision::fp16;
+  const sw::result r16 = kernel.evaluate(fp16, w);
+  if (r16.ok()) require_matches_predict(kernel, r16, kernel.fixed().options, kernel.compute_model(), kernel.comm_model());
+
+  sw::problem a100 = small_problem();
+  a100.hardware = lm::hardware_preset("a100-sxm-80gb");
+  const sw::evaluator<lm::roofline, lm::ring_alpha_beta> ev(a100);  // constructs: no fixed precision to refuse
+  const sw::result r8 = ev.validate(both[1]);
+  CHECK(r8.reason == sw::rejection::precision);
+  CHECK(std::string(r8.why()).find("fp8") != std::string::npos);
+  CHECK(ev.validate(both[0]).reason != sw::rejection::precision);
+  CHECK(sw::precisions(std::vector<sw::result>{r8, ev.validate(both[0])}) == std::vector<lm::precision>{lm::precision::fp8, lm::precision::bf16});
+}
+
 TEST_CASE("enumerate: a value listed twice counts once", "[sweep]") {
   const sw::space once = small_space();
   sw::space twice = once;

@@ -103,7 +103,8 @@ TEST_CASE("lumos sweep: bad flags are one-line errors with exit code 2", "[sweep
   for (const char* args : {"sweep", "sweep --gpus 0", "sweep --gpus 8 --tp 1,,2", "sweep --gpus 8 --tp x",
                            "sweep --gpus 8 --recompute some", "sweep --gpus 8 --sp maybe", "sweep --gpus 8 --threads 0",
                            "sweep --gpus 8 --schedule fast", "sweep --gpus 8 --memory-margin 1.5",
-                           "sweep --gpus 8 --tp 3 --pp 1", "sweep --gpus 8 --bogus", "sweep --gpus 8 --fsdp maybe"}) {
+                           "sweep --gpus 8 --tp 3 --pp 1", "sweep --gpus 8 --bogus", "sweep --gpus 8 --fsdp maybe",
+                           "sweep --gpus 8 --precision fp9", "sweep --gpus 8 --precision bf16,", "sweep --gpus 8 --precision fp8 --gpu a100-sxm-80gb"}) {
     const result r = lumos_test::run_cli(args);
     INFO(args << "\n" << r.err);
     CHECK(r.code == 2);
@@ -131,6 +132,68 @@ TEST_CASE("lumos sweep --cp: context parallelism joins the space, a cp the seque
     seen |= std::int64_t{1} << cp;
   }
   CHECK(seen == (2 | 4 | 16));
+}
+
+TEST_CASE("lumos sweep --precision bf16,fp8: one ranking over both, rows that say theirs", "[sweep][cli][precision]") {
+  const std::string args = "sweep --model llama3-8b --layers 4 --seq 1024 --gpus 8 --global-batch 16 --tp 1,2 --pp 1 "
+                           "--micro-batch 1 --recompute none --sp off";
+  lumos_test::temp_dir dir;
+  const auto csv_one = dir.path() / "one.csv", csv_both = dir.path() / "both.csv";
+  const result one = lumos_test::run_cli(args + " --json --csv " + csv_one.string());
+  const result both = lumos_test::run_cli(args + " --precision bf16,fp8 --json --csv " + csv_both.string());
+  INFO(both.err);
+  REQUIRE(one.code == 0);
+  REQUIRE(both.code == 0);
+  simdjson::dom::parser p1, p2;
+  const simdjson::dom::element a = p1.parse(one.out), b = p2.parse(both.out);
+  CHECK(std::string_view(a["problem"]["precision"].get_string()) == "bf16");
+  CHECK(std::string_view(b["problem"]["precision"].get_string()) == "bf16,fp8");
+  const auto ra = a["results"].get_array(), rb = b["results"].get_array();
+  REQUIRE(rb.size() == 2 * ra.size());
+  // Each configuration in bf16, as the single-precision sweep predicts it, then in fp8.
+  bool fp8_ok = false;
+  for (std::size_t i = 0; i < ra.size(); ++i) {
+    CHECK(std::string_view(rb.at(2 * i)["precision"].get_string()) == "bf16");
+    CHECK(std::string_view(rb.at(2 * i + 1)["precision"].get_string()) == "fp8");
+    CHECK(rb.at(2 * i)["tp"].get_int64().value() == rb.at(2 * i + 1)["tp"].get_int64().value());
+    if (std::string_view(ra.at(i)["status"].get_string()) != "ok") continue;
+    CHECK(rb.at(2 * i)["iteration_ns"].get_int64().value() == ra.at(i)["iteration_ns"].get_int64().value());
+    fp8_ok = fp8_ok || std::string_view(rb.at(2 * i + 1)["status"].get_string()) == "ok";
+  }
+  CHECK(fp8_ok);
+  // One ranking over both precisions: fastest first, the first no slower than any accepted row.
+  std::int64_t last = 0;
+  for (const auto i : b["top"].get_array()) {
+    const std::int64_t ns = rb.at(static_cast<std::size_t>(i.get_int64().value()))["iteration_ns"].get_int64().value();
+    CHECK(ns >= last);
+    last = ns;
+  }
+  const std::int64_t best_ns = rb.at(static_cast<std::size_t>(b["top"].at(0).get_int64().value()))["iteration_ns"].get_int64().value();
+  for (const auto item : rb) {
+    if (std::string_view(item["status"].get_string()) == "ok") CHECK(item["iteration_ns"].get_int64().value() >= best_ns);
+  }
+  // The CSV and the table name the precision only when several are searched.
+  CHECK(lumos_test::read_file(csv_both).find(",sp,precision,status,") != std::string::npos);
+  CHECK(lumos_test::read_file(csv_one).find("precision") == std::string::npos);
+  CHECK(lumos_test::run_cli(args + " --precision bf16,fp8").out.find(" prec ") != std::string::npos);
+  CHECK(lumos_test::run_cli(args).out.find(" prec ") == std::string::npos);
+}
+
+TEST_CASE("lumos sweep --precision bf16,fp8 on an A100: fp8 rejected per configuration, bf16 ranked", "[sweep][cli][precision]") {
+  const result r = lumos_test::run_cli(
+      "sweep --model llama3-8b --layers 4 --seq 1024 --gpus 8 --global-batch 16 --tp 1,2 --pp 1 --micro-batch 1 "
+      "--recompute none --sp off --gpu a100-sxm-80gb --precision bf16,fp8 --json");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  const simdjson::dom::element doc = parser.parse(r.out);
+  const std::int64_t total = doc["configurations"].get_int64().value();
+  CHECK(doc["rejected"]["precision"].get_int64().value() == total / 2);
+  CHECK(doc["accepted"].get_int64().value() > 0);
+  for (const auto item : doc["results"].get_array()) {
+    const bool fp8 = std::string_view(item["precision"].get_string()) == "fp8";
+    CHECK((std::string_view(item["reason"].get_string()) == "precision") == fp8);
+  }
 }
 
 #endif  // LUMOS_CLI_PATH

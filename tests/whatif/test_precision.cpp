@@ -1,15 +1,20 @@
 // The precision what-if (include/lumos/whatif/precision.hpp) on a recorded bf16 H100 trace: the
 // layers' linear GEMMs rescaled by the kernel model's fp8/bf16 ratio, a cast kernel inserted
 // right before each on its stream and launched from the GEMM's thread, the rest untouched; the
-// traces' own precision changes nothing.
+// traces' own precision changes nothing. The memory summary counts fp8 as predict does, on jobs
+// synthesised at the kernel level.
+#include "../synth/kernel_job_support.hpp"
 #include "../unit/test_support.hpp"
 
+#include <lumos/model/profile.hpp>
+#include <lumos/synth/predict.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <string_view>
 
@@ -20,6 +25,29 @@ namespace {
 const trace::job& bf16_job() {
   static const trace::job job = trace::load_job({lumos_test::data_dir() / "gpu" / "h100-base"});
   return job;
+}
+
+// A Llama-style job of 2 layers on 2 data-parallel ranks with the distributed optimizer (as
+// `lumos predict`), in `dtype`.
+synth::job memory_job(model::precision dtype) {
+  synth::job j;
+  j.model = model::detail::llama3("fp8-memory", 2, 1024, 3584, 16);
+  j.model.seq = 1024, j.model.vocab = 32000;
+  j.hardware = model::hardware_preset("h100-sxm");
+  j.parallel.dp = 2, j.parallel.micro_batch = 1, j.parallel.global_batch = 4, j.parallel.zero_stage = 1;
+  j.parallel.dtype = dtype;
+  return j;
+}
+
+// The job's memory per GPU as `lumos predict` gives it.
+double predicted_memory(model::precision dtype) { return synth::predict(memory_job(dtype)).memory.total(); }
+
+// The job's kernel-level traces in `dir`, as loaded by whatif.
+trace::job memory_job_traces(model::precision dtype, const std::filesystem::path& dir) {
+  synth::program_options opt;
+  opt.unfold = true;
+  (void)lumos_test::write_kernel_job(memory_job(dtype), opt, model::profile_preset("h100-sxm"), dir);
+  return trace::load_job({dir});
 }
 
 bool is_cast(std::string_view name) { return name.find("transformer_engine::detail::cast_transpose") != std::string_view::npos; }
@@ -93,4 +121,34 @@ TEST_CASE("whatif --precision: the traces' own precision changes nothing", "[wha
   CHECK(c->text.find("nothing to change") != std::string::npos);
   o.precision = model::precision::fp16;
   CHECK_THROWS_WITH(whatif::run_whatif(bf16_job(), o), Catch::Contains("only --precision fp8"));
+}
+
+TEST_CASE("whatif --precision fp8: memory per GPU with fp8's terms, as predict counts them", "[whatif][precision][memory]") {
+  lumos_test::temp_dir dir;
+  const double bf16 = predicted_memory(model::precision::bf16), fp8 = predicted_memory(model::precision::fp8);
+  REQUIRE(fp8 != bf16);
+
+  SECTION("bf16 traces to fp8") {
+    whatif::whatif_options o;
+    o.precision = model::precision::fp8;
+    const whatif::whatif_result r = whatif::run_whatif(memory_job_traces(model::precision::bf16, dir.path()), o);
+    REQUIRE(r.shape);
+    const double base = r.shape->baseline.memory_bytes_per_gpu, to = r.shape->predicted.memory_bytes_per_gpu;
+    REQUIRE(base > 0);
+    // The target within what the baseline's own row allows (the traces' shape against the job's),
+    // and fp8's terms (weight copies, scaling state, fp8-saved inputs) as predict's difference.
+    const double allowed = std::abs(base - bf16) / bf16 + 1e-3;
+    CHECK(std::abs(to - fp8) / fp8 <= allowed);
+    CHECK(to - base == Approx(fp8 - bf16).epsilon(0.01));
+  }
+  SECTION("fp8 traces: the baseline counts fp8 (whatif has no fp8 to 16-bit rewrite)") {
+    const trace::job job = memory_job_traces(model::precision::fp8, dir.path());
+    whatif::whatif_options o;
+    o.layers = 2;  // the traces' own count: a what-if that changes nothing
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    REQUIRE(r.structure);
+    CHECK(r.structure->model.dtype.value.value_or("") == "fp8");
+    REQUIRE(r.shape);
+    CHECK(std::abs(r.shape->baseline.memory_bytes_per_gpu - fp8) / fp8 < std::abs(r.shape->baseline.memory_bytes_per_gpu - bf16) / bf16);
+  }
 }

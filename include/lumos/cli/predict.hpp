@@ -70,6 +70,15 @@ struct predict_request {
   [[nodiscard]] std::string profile_name() const { return roofline ? std::string("roofline") : profile.name; }
 };
 
+/// `text` ("bf16", "fp16" or "fp8") as a precision, or a one-line `lumos::error` naming `flag`:
+/// the `--precision` of predict, synth, sweep (each item of its list) and whatif.
+inline model::precision parse_precision(std::string_view text, std::string_view flag = "--precision") {
+  for (const model::precision p : {model::precision::bf16, model::precision::fp16, model::precision::fp8}) {
+    if (text == model::to_string(p)) return p;
+  }
+  throw lumos::error(std::string(flag) + " must be bf16, fp16 or fp8, got '" + std::string(text) + "'");
+}
+
 /// Reads a profile file (`lumos calibrate -o`), on top of the preset of the hardware it names
 /// (A100's when it names none of the presets).
 inline model::cost_profile read_profile_file(const std::string& path) {
@@ -201,17 +210,7 @@ inline model::parallel_config parse_parallel(args& a) {
       throw lumos::error("--recompute must be none, selective or full, got '" + *r + "'");
     }
   }
-  if (const auto prec = a.option("--precision")) {
-    if (*prec == "bf16") {
-      p.dtype = model::precision::bf16;
-    } else if (*prec == "fp16") {
-      p.dtype = model::precision::fp16;
-    } else if (*prec == "fp8") {
-      p.dtype = model::precision::fp8;
-    } else {
-      throw lumos::error("--precision must be bf16, fp16 or fp8, got '" + *prec + "'");
-    }
-  }
+  if (const auto prec = a.option("--precision")) p.dtype = parse_precision(*prec);
   // FSDP is ZeRO-3 (--dp is then the sharding degree, --hsdp the shard group under hybrid
   // sharding); otherwise Megatron's distributed optimizer (ZeRO-1).
   on_off(a, "--fsdp", p.fsdp);

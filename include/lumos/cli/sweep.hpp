@@ -43,7 +43,7 @@ inline std::vector<std::string> split_list(const std::string& text, std::string_
 
 /// Everything `lumos sweep` parsed.
 struct sweep_request {
-  predict_request base;  ///< model, hardware, precision, profile, cost model
+  predict_request base;  ///< model, hardware, profile, cost model (the precisions: `space`)
   std::int64_t gpus = 0;
   sweep::space space;
   std::int64_t global_batch = 1536;
@@ -60,7 +60,7 @@ namespace detail {
 // The list flags as given (read before predict's parser, which would take them as numbers).
 struct sweep_lists {
   std::optional<std::string> tp, pp, dp, cp, vp, ep, micro_batch, schedule, recompute, sp, global_batch, memory_margin, top, threads;
-  std::optional<std::string> fsdp;
+  std::optional<std::string> fsdp, precision;
 };
 
 // A list of sizes, each in [1, 2^24]; `fallback` when the flag is absent.
@@ -108,6 +108,17 @@ inline void parse_variants(const sweep_lists& l, sweep::space& s) {
     if (v != "on" && v != "off") throw usage_error("--fsdp values must be on or off, got '" + v + "'");
     s.fsdp.push_back(v == "on");
   }
+  s.precisions.clear();
+  for (const std::string& v : split_list(l.precision.value_or("bf16"), "--precision")) s.precisions.push_back(parse_precision(v));
+}
+
+// A listed precision the GPU lacks is rejected configuration by configuration (counted under
+// `precision`) when another listed one runs; when none does, the sweep is an error, the one a
+// single precision gives (exit 2).
+inline void check_precisions(const sweep_request& req) {
+  const model::hardware& hw = req.base.job.hardware;
+  const auto& ps = req.space.precisions;
+  if (std::none_of(ps.begin(), ps.end(), [&](model::precision p) { return hw.supports(p); })) (void)hw.peak_flops(ps.front());
 }
 
 // The global batch, memory margin, ranking length and thread count.
@@ -154,6 +165,7 @@ inline sweep_request parse_sweep(args& a) {
   l.recompute = a.option("--recompute");
   l.sp = a.option("--sp");
   l.fsdp = a.option("--fsdp");
+  l.precision = a.option("--precision");
   l.global_batch = a.option("--global-batch");
   l.memory_margin = a.option("--memory-margin");
   l.top = a.option("--top");
@@ -161,7 +173,7 @@ inline sweep_request parse_sweep(args& a) {
   if (const auto f = a.option("--csv")) req.csv = *f;
   if (const auto f = a.option("--report")) req.report = *f;
   req.json = a.flag("--json");
-  req.base = parse_predict(a);  // model, GPU, precision, profile, cost model flags
+  req.base = parse_predict(a);  // model, GPU, profile, cost model flags
 
   sweep::space& s = req.space;
   const model::transformer& m = req.base.job.model;
@@ -177,6 +189,7 @@ inline sweep_request parse_sweep(args& a) {
   for (const int x : detail::sizes(l.micro_batch, "--micro-batch", {1, 2, 4})) s.micro_batch.push_back(x);
   detail::parse_variants(l, s);
   detail::parse_limits(l, req);
+  detail::check_precisions(req);
   return req;
 }
 
@@ -185,7 +198,6 @@ inline sweep::problem sweep_problem(const sweep_request& req) {
   sweep::problem p;
   p.model = req.base.job.model;
   p.hardware = req.base.job.hardware;
-  p.dtype = req.base.job.parallel.dtype;
   p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
   p.overlap_param_gather = req.base.job.parallel.overlap_param_gather;
   p.cp_comm = req.base.job.parallel.cp_comm;
@@ -195,7 +207,12 @@ inline sweep::problem sweep_problem(const sweep_request& req) {
   p.gpus = req.gpus;
   p.global_batch = req.global_batch;
   p.memory_margin = req.memory_margin;
-  if (!req.base.roofline) apply_profile(req.base, p.options.program);
+  if (!req.base.roofline) {
+    apply_profile(req.base, p.options.program);
+    const auto& ps = req.space.precisions;
+    p.options.program.loss_scale_host_sync =
+        req.base.profile.cpu_loss_scale_sync > 0 && std::find(ps.begin(), ps.end(), model::precision::fp16) != ps.end();
+  }
   return p;
 }
 

@@ -105,17 +105,7 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
     }
   }
   if (const auto from = a.option("--from-gpu")) o.from_gpu = *from;
-  if (const auto prec = a.option("--precision")) {
-    if (*prec == "fp8") {
-      o.precision = model::precision::fp8;
-    } else if (*prec == "bf16") {
-      o.precision = model::precision::bf16;
-    } else if (*prec == "fp16") {
-      o.precision = model::precision::fp16;
-    } else {
-      throw usage_error("--precision must be bf16, fp16 or fp8 (got '" + *prec + "')");
-    }
-  }
+  if (const auto prec = a.option("--precision")) o.precision = parse_precision(*prec);
   parse_fsdp_options(a, o);
   if (const auto speed = a.option("--host-speed")) {
     // A factor, or a profile whose host entry is the target host (`lumos calibrate`).

@@ -116,17 +116,23 @@ struct hardware {
     return nvlink_domain > 0 ? nvlink_domain : gpus_per_node;
   }
 
+  /// Whether the GPU has tensor cores for `p` (a dense peak above 0; not fp8 on A100).
+  [[nodiscard]] constexpr bool supports(precision p) const noexcept { return tensor_peak(p) > 0; }
+
   /// Dense tensor-core peak for `p`, FLOP/s. Throws `lumos::error` when the GPU has no such
   /// format (fp8 on A100).
   [[nodiscard]] constexpr double peak_flops(precision p) const {
-    const double v = p == precision::bf16   ? gpu.bf16_flops
-                     : p == precision::fp16 ? gpu.fp16_flops
-                                            : gpu.fp8_flops;
+    const double v = tensor_peak(p);
     if (v <= 0) {
       throw error("hardware '" + name + "' has no " + std::string(to_string(p)) +
                   " tensor-core peak (not supported by this GPU); use bf16 or fp16");
     }
     return v;
+  }
+
+ private:
+  [[nodiscard]] constexpr double tensor_peak(precision p) const noexcept {
+    return p == precision::bf16 ? gpu.bf16_flops : p == precision::fp16 ? gpu.fp16_flops : gpu.fp8_flops;
   }
 };
 

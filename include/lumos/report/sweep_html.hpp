@@ -101,7 +101,7 @@ struct point {
 class page {
  public:
   page(const sweep::problem& p, const std::vector<sweep::result>& rs, const sweep_html_options& opt)
-      : p_(p), rs_(rs), opt_(opt), counts_(sweep::count_reasons(rs)), front_(sweep::pareto_front(rs)) {
+      : p_(p), rs_(rs), opt_(opt), counts_(sweep::count_reasons(rs)), front_(sweep::pareto_front(rs)), precisions_(sweep::precisions(rs)) {
     std::vector<bool> on_front(rs_.size(), false);
     for (const std::size_t i : front_) on_front[i] = true;
     const double gpus = static_cast<double>(std::max<std::int64_t>(p_.gpus, 1));
@@ -163,7 +163,7 @@ class page {
     put(out_, "<p class=\"sub\">%s (%lld layers, hidden %lld, %lld heads, sequence %lld) on %lld × %s, %s, global batch %lld",
         esc(m.name).c_str(), static_cast<long long>(m.layers), static_cast<long long>(m.hidden), static_cast<long long>(m.heads),
         static_cast<long long>(m.seq),
-        static_cast<long long>(p_.gpus), esc(p_.hardware.name).c_str(), std::string(model::to_string(p_.dtype)).c_str(),
+        static_cast<long long>(p_.gpus), esc(p_.hardware.name).c_str(), sweep::precision_names(precisions_, "/").c_str(),
         static_cast<long long>(p_.global_batch));
     if (!opt_.profile.empty()) out_ += ", profile " + esc(opt_.profile);
     out_ += "</p>\n<section id=\"summary\"><div class=\"cards\">";
@@ -245,12 +245,16 @@ class page {
         top + plot_h / 2, y_label);
   }
 
-  // "tp 2 · pp 4 · dp 2 · vp 1 · mb 2 · 1f1b · recompute full · sp on".
+  // Whether the configurations' precisions are shown (only when the sweep has several).
+  [[nodiscard]] bool several_precisions() const { return precisions_.size() > 1; }
+
+  // "tp 2 · pp 4 · dp 2 · vp 1 · mb 2 · 1f1b · recompute full · sp on" (" · fp8" with several precisions).
   [[nodiscard]] std::string describe(const sweep::configuration& c) const {
     std::string s;
     put(s, "tp %d · pp %d · dp %d · vp %d · mb %lld · ", c.tp, c.pp, c.dp, c.vp, static_cast<long long>(c.micro_batch));
     s += esc(c.schedule.name);
     s += " · recompute " + std::string(model::to_string(c.recompute)) + (c.sp ? " · sp on" : " · sp off");
+    if (several_precisions()) s += " · " + std::string(model::to_string(c.dtype));
     return s;
   }
 
@@ -261,6 +265,7 @@ class page {
         c.vp, static_cast<long long>(c.micro_batch));
     out_ += " data-schedule=\"" + esc(c.schedule.name) + "\" data-recompute=\"" + std::string(model::to_string(c.recompute)) +
             "\" data-sp=\"" + (c.sp ? "on" : "off") + "\"";
+    if (several_precisions()) out_ += " data-precision=\"" + std::string(model::to_string(c.dtype)) + "\"";
     put(out_, " data-iteration-ms=\"%.6f\" data-memory-gib=\"%.4f\"", static_cast<double>(r.m.iteration_ns) / 1e6, r.memory_bytes / gib);
   }
 
@@ -281,9 +286,9 @@ class page {
   // The table header of a list of configurations, then `extra` columns.
   void config_header(const char* extra) {
     put(out_, "<thead><tr><th class=\"n\">#</th><th class=\"n\">tp</th><th class=\"n\">pp</th><th class=\"n\">dp</th><th class=\"n\">vp</th>"
-              "<th class=\"n\">mb</th><th>schedule</th><th>recompute</th><th>sp</th><th class=\"n\">iteration</th>"
+              "<th class=\"n\">mb</th><th>schedule</th><th>recompute</th><th>sp</th>%s<th class=\"n\">iteration</th>"
               "<th class=\"n\">memory/GPU</th><th class=\"n\">MFU</th>%s</tr></thead><tbody>",
-        extra);
+        several_precisions() ? "<th>precision</th>" : "", extra);
   }
 
   // The cells of a configuration's row, after its first cell.
@@ -293,6 +298,7 @@ class page {
         c.pp, c.dp, c.vp, static_cast<long long>(c.micro_batch));
     out_ += "<td>" + esc(c.schedule.name) + "</td><td>" + std::string(model::to_string(c.recompute)) + "</td><td>" +
             (c.sp ? "on" : "off") + "</td>";
+    if (several_precisions()) out_ += "<td>" + std::string(model::to_string(c.dtype)) + "</td>";
     put(out_, "<td class=\"n\">%s</td><td class=\"n\">%.2f GiB</td><td class=\"n\">%s</td>", html::ms(r.m.iteration_ns).c_str(),
         r.memory_bytes / gib, pct(r.m.mfu).c_str());
   }
@@ -381,6 +387,7 @@ class page {
   const sweep_html_options& opt_;
   std::array<std::size_t, sweep::all_rejections.size()> counts_;
   std::vector<std::size_t> front_;  // by memory
+  std::vector<model::precision> precisions_;  // of the results, by first appearance
   std::vector<std::string_view> schedules_;  // by first appearance
   std::vector<point> points_;  // by index
   std::string out_;

@@ -58,8 +58,8 @@
 namespace lumos::sweep {
 
 /// What a sweep varies: the parallel layout, the micro-batch, the pipeline schedule (any
-/// `pipeline::PipelineSchedule`, as `synth::policy_of<S>()`), recomputation and sequence
-/// parallelism. Plain data.
+/// `pipeline::PipelineSchedule`, as `synth::policy_of<S>()`), recomputation, sequence
+/// parallelism, sharding and the training precision. Plain data.
 struct configuration {
   int tp = 1;
   int pp = 1;
@@ -74,6 +74,9 @@ struct configuration {
   /// Fully sharded data parallelism over dp (`parallel_config::fsdp`, ZeRO stage 3) instead of
   /// the problem's ZeRO stage; its shard group and resharding are the problem's.
   bool fsdp = false;
+  /// Training precision (`parallel_config::dtype`): bf16, fp16, or fp8 GEMMs in the layers. A
+  /// precision the problem's GPU has no tensor cores for is rejected (`rejection::precision`).
+  model::precision dtype = model::precision::bf16;
 
   [[nodiscard]] constexpr std::int64_t gpus() const noexcept { return std::int64_t{tp} * pp * cp * dp; }
   friend bool operator==(const configuration&, const configuration&) = default;
@@ -88,7 +91,6 @@ struct problem {
   model::hardware hardware = model::h100_sxm();
   std::int64_t global_batch = 1536;
   std::int64_t gpus = 0;  ///< 0: any; otherwise tp·pp·dp must equal it
-  model::precision dtype = model::precision::bf16;
   int zero_stage = 1;  ///< Megatron's distributed optimizer, as `lumos predict`
   /// Overlap TP collectives with GEMMs (`parallel_config::tp_comm_overlap`) in the
   /// configurations with sequence parallelism; the others cannot.
@@ -107,6 +109,8 @@ struct problem {
   double memory_margin = 0.10;
   /// The prediction's options. The sweep forces the folded `pass` program without collective
   /// records or names (what synth::predict uses by default, minus the names).
+  /// `program.loss_scale_host_sync` takes effect in the fp16 configurations only: the host
+  /// waits after the found-inf reduction, which only fp16 training runs.
   synth::predict_options options{};
 };
 
@@ -115,6 +119,7 @@ enum class rejection : std::uint8_t {
   none,
   gpu_count,      ///< tp·pp·dp differs from the GPU count
   sizes,          ///< a size below 1
+  precision,      ///< the GPU has no tensor cores for the configuration's precision (fp8 on A100)
   tp_divisibility,     ///< heads, KV heads, ffn, vocabulary (or seq under sp) not divisible by tp
   layer_divisibility,  ///< layers not divisible by pp·vp
   batch_divisibility,  ///< global batch not divisible by micro-batch·dp
@@ -123,8 +128,8 @@ enum class rejection : std::uint8_t {
   error,          ///< anything else the builder or the models refused (message says what)
 };
 
-inline constexpr std::array<rejection, 9> all_rejections = {
-    rejection::none, rejection::gpu_count, rejection::sizes, rejection::tp_divisibility, rejection::layer_divisibility,
+inline constexpr std::array<rejection, 10> all_rejections = {
+    rejection::none, rejection::gpu_count, rejection::sizes, rejection::precision, rejection::tp_divisibility, rejection::layer_divisibility,
     rejection::batch_divisibility, rejection::schedule, rejection::memory, rejection::error};
 
 /// Machine name of a reason ("ok", "gpu-count", ...), as CSV and JSON write it.
@@ -133,6 +138,7 @@ inline constexpr std::array<rejection, 9> all_rejections = {
     case rejection::none: return "ok";
     case rejection::gpu_count: return "gpu-count";
     case rejection::sizes: return "sizes";
+    case rejection::precision: return "precision";
     case rejection::tp_divisibility: return "tp-divisibility";
     case rejection::layer_divisibility: return "layer-divisibility";
     case rejection::batch_divisibility: return "batch-divisibility";
@@ -266,8 +272,9 @@ inline void say_what(result& r, rejection why, const char* what) {
 
 /// Predicts configurations of one `problem` with the compute model `Compute` and the
 /// communication model `Comm` (the kernel-level model and NCCL by default, as `lumos predict`).
-/// Construction validates the fixed part (model shape, precision on the GPU, ZeRO stage) and
-/// throws `lumos::error` if it is invalid; after that nothing throws. Thread-safety: see the
+/// Construction validates the fixed part (model shape, ZeRO stage, batch, margin) and throws
+/// `lumos::error` if it is invalid; after that nothing throws (a configuration in a precision
+/// the GPU lacks is a rejection). Thread-safety: see the
 /// header comment (share the evaluator, one workspace per thread).
 template <model::ComputeModel Compute = model::kernel_level, model::CommModel Comm = model::nccl_model>
 class evaluator {
@@ -275,7 +282,6 @@ class evaluator {
   evaluator(problem p, Compute compute = {}, Comm comm = {})
       : problem_(std::move(p)), compute_(std::move(compute)), comm_(std::move(comm)) {
     problem_.model.validate();
-    (void)problem_.hardware.peak_flops(problem_.dtype);  // throws for fp8 before Hopper
     if (problem_.zero_stage < 0 || problem_.zero_stage > 3) throw error("zero_stage must be 0, 1, 2 or 3");
     if (problem_.global_batch < 1) throw error("the global batch must be positive");
     if (!(problem_.memory_margin >= 0 && problem_.memory_margin < 1)) throw error("the memory margin must be in [0, 1)");
@@ -309,6 +315,12 @@ class evaluator {
     result r;
     r.config = c;
     const model::transformer& m = problem_.model;
+    if (!problem_.hardware.supports(c.dtype)) {
+      r.reason = rejection::precision;
+      const std::string_view name = model::to_string(c.dtype);
+      detail::say(r, "the %s has no %.*s tensor cores", problem_.hardware.name.c_str(), static_cast<int>(name.size()), name.data());
+      return r;
+    }
     if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.vp < 1 || c.cp < 1 || c.micro_batch < 1) {
       detail::say(r, "sizes must be at least 1 (tp %d, pp %d, dp %d, vp %d, micro-batch %lld)", c.tp, c.pp, c.dp, c.vp,
                   static_cast<long long>(c.micro_batch));
@@ -456,7 +468,7 @@ class evaluator {
     p.micro_batch = c.micro_batch;
     p.global_batch = problem_.global_batch;
     p.recompute = c.recompute;
-    p.dtype = problem_.dtype;
+    p.dtype = c.dtype;
     p.zero_stage = c.fsdp ? 3 : problem_.zero_stage;
     p.fsdp = c.fsdp;
     p.hsdp = c.fsdp ? problem_.hsdp : 0;
@@ -516,7 +528,7 @@ class evaluator {
     x.tokens_per_s = model::tokens_per_second(m, problem_.global_batch, makespan);
     const double model_flops = model::model_flops(m, problem_.global_batch);
     const double hardware_flops = model::hardware_flops(m, problem_.global_batch, c.recompute);
-    const double peak = problem_.hardware.peak_flops(problem_.dtype);
+    const double peak = problem_.hardware.peak_flops(c.dtype);
     x.model_tflops_per_gpu = model::tflops_per_gpu(model_flops, makespan, gpus);
     x.mfu = model::utilisation(model_flops, makespan, gpus, peak);
     x.hfu = model::utilisation(hardware_flops, makespan, gpus, peak);
@@ -530,13 +542,14 @@ class evaluator {
 };
 
 /// The evaluator `lumos predict` corresponds to: kernel-level compute model and NCCL from one
-/// cost profile (with the profile's host-side options applied to the program, as the CLI does).
+/// cost profile (with the profile's host-side options applied to the program, as the CLI does;
+/// the loss-scale host sync for the fp16 configurations).
 [[nodiscard]] inline evaluator<> make_evaluator(problem p, const model::cost_profile& profile) {
   synth::program_options& o = p.options.program;
   o.collective_cpu = static_cast<time_ns>(profile.cpu_collective_ns);
   o.launch_cost = static_cast<time_ns>(profile.cpu_launch_ns);
   o.p2p_host_sync = profile.cpu_p2p_sync > 0;
-  o.loss_scale_host_sync = profile.cpu_loss_scale_sync > 0 && p.dtype == model::precision::fp16;
+  o.loss_scale_host_sync = profile.cpu_loss_scale_sync > 0;
   return evaluator<>(std::move(p), model::kernel_level{profile}, model::nccl_model{profile});
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // space — the configurations a sweep enumerates: the cartesian product of lists of sizes,
-// micro-batches, schedules, recomputation kinds and sp settings, in a fixed order, so that a
-// configuration has an index (what threads and MPI ranks split, and what results are sorted by).
+// micro-batches, schedules, recomputation kinds, sp and FSDP settings and precisions, in a
+// fixed order, so that a configuration has an index (what threads and MPI ranks split, and
+// what results are sorted by).
 
 #include <lumos/pipeline/interleaved_one_f_one_b.hpp>
 #include <lumos/pipeline/one_f_one_b.hpp>
@@ -30,16 +31,19 @@ struct space {
   std::vector<model::recompute_kind> recompute{model::recompute_kind::none};
   std::vector<bool> sp{false};
   std::vector<bool> fsdp{false};  ///< FSDP off (the problem's ZeRO stage) and/or on
+  std::vector<model::precision> precisions{model::precision::bf16};  ///< training precisions
 };
 
 /// The configurations of `s` for `gpus` GPUs (0: no constraint), in order: tp, pp, cp, dp, vp,
-/// ep, micro-batch, schedule, recompute, sp, fsdp — the first varying slowest. An ep whose
+/// ep, micro-batch, schedule, recompute, sp, fsdp, precision — the first varying slowest (so
+/// that one precision enumerates as a space without the dimension). An ep whose
 /// expert grid ep·etp does not divide tp·cp·dp is left out (not a layout of these ranks; etp =
 /// `expert_tp`, or tp: then ep must divide dp·cp). A cp that does not divide the
 /// sequence into 2·cp chunks is kept and rejected by `validate`. Combinations whose sizes do
 /// not multiply to `gpus` are left out (they are not configurations of this machine); vp > 1
 /// with a schedule that has no chunks, are kept and rejected by `validate` with their reason.
 /// sp on with tp = 1 shards nothing (the same job as sp off) and is left out when off is listed.
+/// A precision the GPU lacks is kept and rejected by `validate` (`rejection::precision`).
 /// A value listed twice counts once (`--tp 1,1` is the configurations of `--tp 1`, not each
 /// of them twice). O(product of the list sizes).
 [[nodiscard]] inline std::vector<configuration> enumerate(const space& s, std::int64_t gpus) {
@@ -85,6 +89,8 @@ struct space {
                   if (sp && tp == 1 && std::find(s.sp.begin(), s.sp.end(), false) != s.sp.end()) continue;
                   for (std::size_t ifs = 0; ifs < s.fsdp.size(); ++ifs) {
                     if (again(s.fsdp, ifs)) continue;
+                    for (std::size_t ipr = 0; ipr < s.precisions.size(); ++ipr) {
+                    if (again(s.precisions, ipr)) continue;
                     configuration c;
                     c.tp = tp;
                     c.pp = pp;
@@ -97,7 +103,9 @@ struct space {
                     c.recompute = s.recompute[irc];
                     c.sp = sp;
                     c.fsdp = s.fsdp[ifs];
+                    c.dtype = s.precisions[ipr];
                     out.push_back(c);
+                    }
                   }
                 }
               }

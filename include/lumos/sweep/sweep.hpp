@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <functional>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -150,6 +152,26 @@ template <class Compute, class Comm>
     g = e;
   }
   return front;
+}
+
+/// The precisions of `results`' configurations, each once, in the order of their first
+/// result (a sweep's listed precisions, as `enumerate` varies them fastest). O(results).
+[[nodiscard]] inline std::vector<model::precision> precisions(const std::vector<result>& results) {
+  std::vector<model::precision> out;
+  for (const result& r : results) {
+    if (std::find(out.begin(), out.end(), r.config.dtype) == out.end()) out.push_back(r.config.dtype);
+  }
+  return out;
+}
+
+/// The names of `ps` ("bf16", "fp8") joined by `separator`.
+[[nodiscard]] inline std::string precision_names(const std::vector<model::precision>& ps, std::string_view separator) {
+  std::string out;
+  for (const model::precision p : ps) {
+    if (!out.empty()) out += separator;
+    out += model::to_string(p);
+  }
+  return out;
 }
 
 /// Count of results per reason, indexed by `static_cast<std::size_t>(rejection)`.

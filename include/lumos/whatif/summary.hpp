@@ -46,10 +46,13 @@ struct fsdp_memory {
 /// per rank per iteration (micro-batches × chunks), `backward` whether the iteration trains.
 /// `recipe`: the traced step is PyTorch eager with a torch.optim Adam optimizer
 /// (whatif/structure/memory_recipe.hpp): on one GPU its memory is model/eager_memory.hpp's peak.
+/// `dtype`: the training precision; fp8 adds what model/memory.hpp counts for it (the weights'
+/// fp8 copies, the scaling state, the fp8 GEMM inputs saved for backward) to the Megatron model's
+/// figure (the eager recipe counts the traced autocast as it is).
 [[nodiscard]] inline shape_figures figures_of(const shape_config& c, model::transformer m, int pp, int dp,
                                               std::int64_t passes, bool backward, double in_flight,
                                               bool distributed_optimizer = false, const memory_recipe_facts* recipe = nullptr,
-                                              const fsdp_memory* fsdp = nullptr) {
+                                              const fsdp_memory* fsdp = nullptr, model::precision dtype = model::precision::bf16) {
   shape_figures f;
   f.world = static_cast<std::int64_t>(c.tp) * pp * dp * c.cp;
   m.name = "whatif";
@@ -61,6 +64,7 @@ struct fsdp_memory {
   model::parallel_config par;
   par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
   par.cp = c.cp;  // activations of seq / cp tokens, and the ring's K/V buffers (model/memory.hpp)
+  par.dtype = dtype;
   par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
   par.zero_stage = distributed_optimizer ? 1 : 0;  // the optimizer's states sharded over DP
   if (fsdp != nullptr && fsdp->on && dp > 1) {
@@ -109,7 +113,15 @@ struct parallel_target {
   std::optional<int> micro_batches;  ///< per replica
   std::optional<synth::schedule_policy> schedule;
   std::optional<fsdp_memory> fsdp;  ///< the target's FSDP (default: as the traces, `job_structure::fsdp`)
+  std::optional<model::precision> precision;  ///< the target's training precision (default: the traces')
 };
+
+/// The training precision of the traces, as their GEMM kernels name it (`model_shape::dtype`;
+/// bf16 when unknown).
+[[nodiscard]] inline model::precision traced_precision(const job_structure& st) {
+  const std::string dt = st.model.dtype.value.value_or("bf16");
+  return dt == "fp8" ? model::precision::fp8 : dt == "fp16" ? model::precision::fp16 : model::precision::bf16;
+}
 
 /// Micro-batches whose activations a stage holds at once, for the memory summary: all m when
 /// stage 0 of `schedule` on (p, m, v) runs every forward before its first backward and keeps its
@@ -172,11 +184,13 @@ struct parallel_target {
     const bool gated = st.model.gated_mlp;
     const fsdp_memory traced_fsdp{st.fsdp.found(), st.fsdp.reshard_after_forward.value.value_or("on") == "on"};
     const fsdp_memory fsdp_to = target.fsdp.value_or(traced_fsdp);
+    const model::precision traced_dtype = traced_precision(st);
     s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
-                            summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed, &st.memory, &traced_fsdp);
+                            summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed, &st.memory, &traced_fsdp,
+                            traced_dtype);
     s.predicted = figures_of(to, counted_transformer(to, st, vocab, gated, static_cast<int>(layers_to_n)), pp_to, dp_to, m_to * chunks_to,
                              backward, summary_in_flight(kind_to, pp_to, m_to, chunks_to), target.distributed_optimizer.value_or(distributed),
-                             &st.memory, &fsdp_to);
+                             &st.memory, &fsdp_to, target.precision.value_or(traced_dtype));
   }
   std::string from_preset(from_gpu);
   if (from_preset.empty()) {

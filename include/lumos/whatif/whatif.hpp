@@ -144,6 +144,7 @@ inline void report_summary(const context& ctx, whatif_result& out) {
   parallel_target target;
   target.pp = o.pp, target.dp = o.dp, target.micro_batches = ctx.micro_batches, target.chunks = o.vp, target.schedule = o.schedule;
   if (ctx.buckets_inserted) target.distributed_optimizer = true;
+  target.precision = o.precision;  // fp8's weight copies, scaling state and fp8-saved inputs (whatif --precision)
   if (o.fsdp || o.reshard_after_forward) {
     const bool traced_on = out.structure->fsdp.found();
     const bool traced_reshard = out.structure->fsdp.reshard_after_forward.value.value_or("on") == "on";

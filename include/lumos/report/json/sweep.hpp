@@ -25,6 +25,7 @@ inline void sweep_result_json(json_writer& w, std::size_t index, const sweep::re
   if (c.cp != 1) w.field("cp", c.cp);  // context parallelism; absent: 1
   w.field("micro_batch", c.micro_batch).field("schedule", std::string(c.schedule.name));
   w.field("recompute", std::string(model::to_string(c.recompute))).field("sp", c.sp).field("fsdp", c.fsdp);
+  w.field("precision", model::to_string(c.dtype));
   w.field("status", r.ok() ? "ok" : "rejected").field("reason", std::string(sweep::to_string(r.reason)));
   if (!r.ok()) w.field("message", std::string(r.why()));
   if (r.micro_batches > 0) w.field("micro_batches", r.micro_batches);
@@ -42,7 +43,8 @@ inline void sweep_result_json(json_writer& w, std::size_t index, const sweep::re
   w.end_object();
 }
 
-/// The sweep of problem `p` as one JSON object: the problem (`profile_name`: its cost model's),
+/// The sweep of problem `p` as one JSON object: the problem (`profile_name`: its cost model's;
+/// `precision`: the results' precisions, comma-separated as `--precision` lists them),
 /// the counts of configurations, accepted and rejected per reason, the indices of the `top`
 /// fastest, and every result in order. O(results).
 inline void sweep_json(json_writer& w, const sweep::problem& p, std::string_view profile_name, const std::vector<sweep::result>& rs,
@@ -53,7 +55,7 @@ inline void sweep_json(json_writer& w, const sweep::problem& p, std::string_view
   w.key("problem").begin_object();
   w.field("model", p.model.name).field("layers", p.model.layers).field("hidden", p.model.hidden);
   w.field("heads", p.model.heads).field("seq", p.model.seq).field("vocab", p.model.vocab);
-  w.field("gpu", p.hardware.name).field("gpus", p.gpus).field("precision", model::to_string(p.dtype));
+  w.field("gpu", p.hardware.name).field("gpus", p.gpus).field("precision", sweep::precision_names(sweep::precisions(rs), ","));
   w.field("global_batch", p.global_batch).field("memory_margin", p.memory_margin).field("profile", profile_name);
   w.field("hbm_bytes", static_cast<std::int64_t>(p.hardware.gpu.hbm_capacity));
   w.field("tp_comm_overlap", p.tp_comm_overlap).field("overlap_param_gather", p.overlap_param_gather);
