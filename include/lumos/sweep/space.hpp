@@ -90,21 +90,21 @@ struct space {
                   for (std::size_t ifs = 0; ifs < s.fsdp.size(); ++ifs) {
                     if (again(s.fsdp, ifs)) continue;
                     for (std::size_t ipr = 0; ipr < s.precisions.size(); ++ipr) {
-                    if (again(s.precisions, ipr)) continue;
-                    configuration c;
-                    c.tp = tp;
-                    c.pp = pp;
-                    c.dp = dp;
-                    c.cp = cp;
-                    c.vp = s.vp[ivp];
-                    c.ep = s.ep[iep];
-                    c.micro_batch = s.micro_batch[imb];
-                    c.schedule = s.schedules[isc];
-                    c.recompute = s.recompute[irc];
-                    c.sp = sp;
-                    c.fsdp = s.fsdp[ifs];
-                    c.dtype = s.precisions[ipr];
-                    out.push_back(c);
+                      if (again(s.precisions, ipr)) continue;
+                      configuration c;
+                      c.tp = tp;
+                      c.pp = pp;
+                      c.dp = dp;
+                      c.cp = cp;
+                      c.vp = s.vp[ivp];
+                      c.ep = s.ep[iep];
+                      c.micro_batch = s.micro_batch[imb];
+                      c.schedule = s.schedules[isc];
+                      c.recompute = s.recompute[irc];
+                      c.sp = sp;
+                      c.fsdp = s.fsdp[ifs];
+                      c.dtype = s.precisions[ipr];
+                      out.push_back(c);
                     }
                   }
                 }
