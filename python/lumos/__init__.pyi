@@ -142,7 +142,8 @@ def predict(*, model: str = ..., layers: int = ..., hidden: int = ..., ffn: int 
             schedule: str = ..., recompute: str = ..., gpu: str = ..., precision: str = ...,
             profile: str = ..., attention: str = ..., cost_model: str = ..., forward_only: bool = ...,
             unfold: bool = ..., mtp_layers: int = ..., routing: str = ...,
-            routing_from: PathLike = ...) -> Prediction: ...
+            routing_from: PathLike = ..., experts: int = ..., top_k: int = ..., expert_ffn: int = ...,
+            ep: int = ..., expert_tp: int = ...) -> Prediction: ...
 
 _List = Union[int, str, Sequence[Union[int, str, bool]]]
 

@@ -400,6 +400,13 @@ TEST_CASE("predict and sweep take --mtp-layers; DeepSeek-V3 on Megatron-Bridge's
   const auto without = lumos_test::run_cli(row + " --mtp-layers 0");
   CHECK(without.code == 2);
   CHECK(without.err.find("layers (61) must be divisible by pp * vp") != std::string::npos);
+  // sweep: the module makes pp 16 a split of 64; without it every pp 16 configuration is rejected.
+  const std::string sweep = "sweep --gpus 256 --model deepseek-v3 --ep 8 --pp 16 --tp 1 --json";
+  const auto swept = lumos_test::run_cli(sweep), swept_without = lumos_test::run_cli(sweep + " --mtp-layers 0");
+  REQUIRE(swept.code == 0);
+  REQUIRE(swept_without.code == 0);
+  CHECK(swept.out.find("\"layer-divisibility\":0") != std::string::npos);
+  CHECK(swept_without.out.find("\"layer-divisibility\":9") != std::string::npos);
   const auto bad = lumos_test::run_cli("predict --model deepseek-v3 --mtp-layers -1");
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--mtp-layers must be an integer") != std::string::npos);
