@@ -4,6 +4,7 @@
 #include "cli.hpp"
 
 #include <lumos/cli/predict.hpp>
+#include <lumos/cli/routing.hpp>
 #include <lumos/graph/compile.hpp>
 #include <lumos/report/html.hpp>
 #include <lumos/report/json/predict.hpp>
@@ -30,8 +31,9 @@ inline constexpr std::string_view predict_usage =
     "usage: lumos predict [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
     "                     [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
     "                     [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
-    "                     [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
+    "                     [--mtp-layers N] [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
     "                     [--expert-tp N] [--cp N] [--cp-comm {p2p,allgather}]\n"
+    "                     [--routing {balanced,measured}] [--routing-from PATH]\n"
     "                     [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
     "                     [--fsdp {on,off}] [--hsdp N] [--reshard-after-forward {on,off}]\n"
     "                     [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
@@ -55,7 +57,13 @@ inline constexpr std::string_view predict_usage =
     "  --moe-dispatcher  alltoall (default: all-to-all over the EP group) or allgather (all-gather\n"
     "              and reduce-scatter over the EP x TP group)\n"
     "  --capacity-factor  tokens each expert computes as a multiple of its balanced share (drops\n"
-    "              or pads), or dropless (default); routing is balanced\n"
+    "              or pads), or dropless (default)\n"
+    "  --routing   balanced (default: every expert the same share) or measured: the per-expert\n"
+    "              token counts of the MoE trace(s) at --routing-from PATH, dealt to the EP ranks;\n"
+    "              the busiest rank's experts and the all-to-alls waiting on it set the pace\n"
+    "  --mtp-layers  multi-token-prediction modules (deepseek-v3: 1, others 0), each a block, a 2h->h\n"
+    "              projection and an output head on the last pipeline stage, counted as a layer\n"
+    "              of its last virtual stage\n"
     "  --tp/--pp/--dp/--vp  parallel sizes (default 1); --sp sequence parallelism (default off)\n"
     "  --cp        context-parallel size (default 1): each sequence is split over cp ranks (2*cp\n"
     "              load-balanced chunks, so 2*cp divides --seq); world = TP x PP x CP x DP; gradients\n"
@@ -136,18 +144,24 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
   };
   put("lumos predict: %s on %lld x %s, %s\n", m.name.c_str(), static_cast<long long>(r.gpus), j.hardware.name.c_str(),
       std::string(model::to_string(p.dtype)).c_str());
-  put("  model         %lld layers, hidden %lld, ffn %lld, %lld heads (%lld kv), seq %lld, vocab %lld\n",
-      static_cast<long long>(m.layers), static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
+  // Multi-token prediction only when used, so that other models' line reads as before.
+  const std::string mtp = m.mtp_layers > 0 ? " + " + std::to_string(m.mtp_layers) + " multi-token prediction" : "";
+  put("  model         %lld layers%s, hidden %lld, ffn %lld, %lld heads (%lld kv), seq %lld, vocab %lld\n",
+      static_cast<long long>(m.layers), mtp.c_str(), static_cast<long long>(m.hidden), static_cast<long long>(m.ffn),
       static_cast<long long>(m.heads), static_cast<long long>(m.kv_heads), static_cast<long long>(m.seq),
       static_cast<long long>(m.vocab));
   if (m.is_moe()) {
     const model::moe_spec& x = m.moe;
     std::string cf = x.capacity_factor > 0 ? "capacity factor " + std::to_string(x.capacity_factor) : "dropless";
+    char routing[96] = "balanced routing";
+    if (x.load_imbalance != 1.0) {
+      std::snprintf(routing, sizeof routing, "measured routing (busiest EP rank %.3fx the mean load)", x.load_imbalance);
+    }
     put("  experts       %lld routed (top-%lld) of FFN %lld, %lld shared, EP %d x expert TP %d (expert-data-parallel %d),\n"
-        "                %s dispatcher, %s, balanced routing\n",
+        "                %s dispatcher, %s, %s\n",
         static_cast<long long>(x.experts), static_cast<long long>(x.top_k), static_cast<long long>(x.expert_ffn),
         static_cast<long long>(x.shared_experts), p.ep, p.expert_tp(), p.expert_data_parallel(),
-        std::string(model::to_string(x.dispatcher)).c_str(), cf.c_str());
+        std::string(model::to_string(x.dispatcher)).c_str(), cf.c_str(), routing);
   }
   std::string sched(r.schedule.name);
   if (r.shape.chunks > 1) sched += " (v = " + std::to_string(r.shape.chunks) + ")";
@@ -297,6 +311,7 @@ inline int run_predict(args& a) {
   const bool json = a.flag("--json");
   const auto html = a.option("--report");
   predict_request req = parse_predict(a);
+  const measured_routing routing = parse_routing(a, req);
   a.no_positionals();
   synth::predict_options opt;
   opt.program.unfold = req.unfold;
@@ -308,6 +323,7 @@ inline int run_predict(args& a) {
     report::predict_json(req.job, r, wall_ms, out, req.profile_name());
   } else {
     predict_text(req.job, r, wall_ms, out, req.roofline ? nullptr : &req.profile);
+    if (!routing.path.empty()) out += "  routing from  " + routing.path + ": " + routing.source + "\n";
   }
   if (html) {
     predict_report(req, *html);

@@ -36,7 +36,7 @@ inline constexpr std::string_view sweep_usage =
     "usage: lumos sweep --gpus N [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
     "                   [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
     "                   [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
-    "                   [--capacity-factor {F,dropless}] [--gpu PRESET] [--precision LIST]\n"
+    "                   [--mtp-layers N] [--capacity-factor {F,dropless}] [--gpu PRESET] [--precision LIST]\n"
     "                   [--profile FILE] [--cost-model {kernel,roofline}] [--attention {flash,unfused}]\n"
     "                   [--tp LIST] [--pp LIST] [--cp LIST] [--cp-comm {p2p,allgather}] [--dp LIST]\n"
     "                   [--vp LIST] [--ep LIST] [--micro-batch LIST]\n"

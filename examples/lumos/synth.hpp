@@ -19,7 +19,7 @@ inline constexpr std::string_view synth_usage =
     "usage: lumos synth [--model PRESET] [--layers N] [--hidden N] [--ffn N] [--heads N]\n"
     "                   [--kv-heads N] [--seq N] [--vocab N] [--experts N] [--top-k K]\n"
     "                   [--expert-ffn N] [--shared-experts N] [--moe-dispatcher {alltoall,allgather}]\n"
-    "                   [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
+    "                   [--mtp-layers N] [--capacity-factor {F,dropless}] [--tp N] [--pp N] [--dp N] [--vp N] [--ep N]\n"
     "                   [--expert-tp N] [--cp N] [--cp-comm {p2p,allgather}]\n"
     "                   [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
     "                   [--fsdp {on,off}] [--hsdp N] [--reshard-after-forward {on,off}]\n"

@@ -138,6 +138,7 @@
 #include <lumos/cli/args.hpp>
 #include <lumos/cli/calibrate.hpp>
 #include <lumos/cli/predict.hpp>
+#include <lumos/cli/routing.hpp>
 #include <lumos/cli/scale.hpp>
 #include <lumos/cli/sweep.hpp>
 #include <lumos/cli/whatif.hpp>

@@ -475,6 +475,8 @@ _PREDICT_FLAGS = {
     "global_batch": "--global-batch", "schedule": "--schedule", "recompute": "--recompute", "gpu": "--gpu", "precision": "--precision",
     "profile": "--profile", "attention": "--attention", "cost_model": "--cost-model",
     "forward_only": "--forward-only", "unfold": "--unfold",
+    "mtp_layers": "--mtp-layers", "routing": "--routing", "routing_from": "--routing-from",
+    "experts": "--experts", "top_k": "--top-k", "expert_ffn": "--expert-ffn", "ep": "--ep", "expert_tp": "--expert-tp",
 }
 _SWITCHES = {"unfold", "forward_only"}
 

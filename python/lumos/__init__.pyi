@@ -141,7 +141,9 @@ def predict(*, model: str = ..., layers: int = ..., hidden: int = ..., ffn: int 
             vp: int = ..., sp: Union[bool, str] = ..., micro_batch: int = ..., global_batch: int = ...,
             schedule: str = ..., recompute: str = ..., gpu: str = ..., precision: str = ...,
             profile: str = ..., attention: str = ..., cost_model: str = ..., forward_only: bool = ...,
-            unfold: bool = ...) -> Prediction: ...
+            unfold: bool = ..., mtp_layers: int = ..., routing: str = ...,
+            routing_from: PathLike = ..., experts: int = ..., top_k: int = ..., expert_ffn: int = ...,
+            ep: int = ..., expert_tp: int = ...) -> Prediction: ...
 
 _List = Union[int, str, Sequence[Union[int, str, bool]]]
 

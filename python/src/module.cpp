@@ -11,6 +11,7 @@
 #include <lumos/cli/args.hpp>
 #include <lumos/cli/calibrate.hpp>
 #include <lumos/cli/predict.hpp>
+#include <lumos/cli/routing.hpp>
 #include <lumos/cli/sweep.hpp>
 #include <lumos/cli/whatif.hpp>
 #include <lumos/graph/trace_builder.hpp>
@@ -192,7 +193,8 @@ std::string frozen_json(const py_replay& r) {
 /// `lumos predict FLAGS... --json`, read by the CLI's parser: same defaults, checks and messages.
 std::string predict_json(const std::vector<std::string>& flags) {
   lumos::cli::args a(flags);
-  const lumos::cli::predict_request req = lumos::cli::parse_predict(a);
+  lumos::cli::predict_request req = lumos::cli::parse_predict(a);
+  (void)lumos::cli::parse_routing(a, req);
   a.no_positionals();
   lumos::synth::predict_options opt;
   opt.program.unfold = req.unfold;

@@ -229,11 +229,15 @@ TEST_CASE("deepseek-v3 has its public shape and parameter counts", "[model][moe]
   CHECK(d.moe.top_k == 8);
   CHECK(d.moe.expert_ffn == 2048);
   CHECK(d.moe.first_dense_layers == 3);
-  CHECK(d.moe_layers() == 58);
+  CHECK(d.mtp_layers == 1);
+  CHECK(d.moe_layers() == 59);  // 58 of the decoder and the multi-token-prediction block
   // DeepSeek-V3 technical report: 671e9 total parameters, 37e9 activated per token, for the main
-  // model (the MTP module's 14e9 are not modelled).
-  CHECK(moe_near(static_cast<double>(parameter_count(d)), 671e9, 0.01));
-  CHECK(moe_near(static_cast<double>(active_parameter_count(d)), 37e9, 0.03));
+  // model, which is the preset without its multi-token-prediction module.
+  transformer main = d;
+  main.mtp_layers = 0;
+  CHECK(main.moe_layers() == 58);
+  CHECK(moe_near(static_cast<double>(parameter_count(main)), 671e9, 0.01));
+  CHECK(moe_near(static_cast<double>(active_parameter_count(main)), 37e9, 0.03));
 }
 
 TEST_CASE("MLA FLOPs follow the hand derivation, and its down projections are not split by TP", "[model][moe][mla]") {
@@ -338,4 +342,155 @@ TEST_CASE("dropless MoE layers synchronise the host once per forward, and launch
   const op_list padded = kernel_level{}.layer(q, p, h100_sxm());
   for (const op_cost& o : padded.ops) CHECK_FALSE(o.host_sync);
   CHECK(padded.find("moe_token_counts", op_phase::forward) == nullptr);
+}
+
+TEST_CASE("DeepSeek-V3's multi-token-prediction module: parameters, FLOPs and Megatron-Bridge's pipeline split",
+          "[model][moe][mtp]") {
+  const transformer d = deepseek_v3();
+  transformer main = d;
+  main.mtp_layers = 0;
+  // The module beside the main model: one MoE block, the projection 2h -> h and three RMSNorms of h
+  // (hidden states, embeddings, before the shared head); the embedding and the head are shared.
+  const std::int64_t h = 7168;
+  const parameter_breakdown pd = parameter_counts(d), pm = parameter_counts(main);
+  CHECK(pd.layers - pm.layers == pd.per_moe_layer);
+  CHECK(pd.mtp == 2 * h * h + 3 * h);
+  CHECK(parameter_count(d) - parameter_count(main) == pd.per_moe_layer + 2 * h * h + 3 * h);
+  // About 11.6e9: DeepSeek's 14e9 for the module counts its copies of the embedding and the head too.
+  CHECK(moe_near(static_cast<double>(parameter_count(d) - parameter_count(main)), 11.6e9, 0.02));
+  // FLOPs: the block, a second logits GEMM and the projection (forward 2 s x weights), x3 for backward.
+  const double s = static_cast<double>(d.seq), V = static_cast<double>(d.vocab), hd = static_cast<double>(h);
+  const double extra = 3.0 * (moe_layer_forward_flops_per_sequence(d) + 2.0 * s * V * hd + 2.0 * s * 2.0 * hd * hd);
+  CHECK(moe_near(model_flops(d, 1) - model_flops(main, 1), extra, 1e-12));
+  // Megatron-Bridge's split (PUBLISHED.md section 8): 61 layers + 1 MTP + embedding + loss = 64 over
+  // pp 16: the first stage holds 3 layers and the embedding, the last 2 layers, the MTP block and the
+  // loss, the others 4 layers.
+  parallel_config p = moe_config(16, 16, 8, 1, 2048);
+  p.etp = 1;
+  CHECK_NOTHROW(p.validate(d));
+  CHECK(p.embedding_loss_in_split(d));
+  CHECK(p.stage_layers(d, 0) == 3);
+  CHECK(p.stage_layers(d, 7) == 4);
+  CHECK(p.stage_layers(d, 15) == 3);
+  std::int64_t blocks = 0;
+  for (int st = 0; st < 16; ++st) blocks += p.stage_layers(d, st);
+  CHECK(blocks == 62);
+  CHECK(stage_moe_layers(d, p, 15) == 3);
+  CHECK(stage_moe_layers(d, p, 0) == 0);
+  // Without the module 61 + 2 = 63 does not split over 16.
+  CHECK_THROWS_WITH(p.validate(main), Contains("must be divisible by pp * vp"));
+  // The last stage holds the module's projection and norms and, untied, its copy of the embedding.
+  CHECK(stage_parameters_per_rank(d, p, 15) - 3 * (moe_layer_dense_parameters_per_rank(d, 1) + moe_layer_expert_parameters_per_rank(d, 1, 8)) ==
+        h + 129280 * h + 2 * h * h + 3 * h + 129280 * h);
+  // The cost models' head runs one output head per loss: the module's logits GEMM doubles the head's.
+  // (pp 1: the main model does not split over pp 16.)
+  const parallel_config one = moe_config(1, 8, 8, 1, 8);
+  const op_list head = kernel_level{}.head(d, one, h100_sxm()), head_main = kernel_level{}.head(main, one, h100_sxm());
+  CHECK(moe_near(head.model_flops(), 2.0 * head_main.model_flops() + 3.0 * 2.0 * s * 2.0 * hd * hd, 1e-9));
+  CHECK(moe_near(roofline{}.head(d, one, h100_sxm()).model_flops(),
+                 2.0 * roofline{}.head(main, one, h100_sxm()).model_flops() + 3.0 * 2.0 * s * 2.0 * hd * hd, 1e-9));
+}
+
+TEST_CASE("predict and sweep take --mtp-layers; DeepSeek-V3 on Megatron-Bridge's PP 16 layout predicts", "[model][moe][mtp][cli]") {
+  const std::string row = "predict --model deepseek-v3 --gpu b200 --precision fp8 --seq 4096 --tp 1 --pp 16 --dp 16 --ep 8 --expert-tp 1 "
+                          "--micro-batch 1 --global-batch 2048 --overlap-param-gather on --json";
+  const auto with = lumos_test::run_cli(row);
+  REQUIRE(with.code == 0);
+  CHECK(with.out.find("\"mtp_layers\":1") != std::string::npos);
+  const auto without = lumos_test::run_cli(row + " --mtp-layers 0");
+  CHECK(without.code == 2);
+  CHECK(without.err.find("layers (61) must be divisible by pp * vp") != std::string::npos);
+  // sweep: the module makes pp 16 a split of 64; without it every pp 16 configuration is rejected.
+  const std::string sweep = "sweep --gpus 256 --model deepseek-v3 --ep 8 --pp 16 --tp 1 --json";
+  const auto swept = lumos_test::run_cli(sweep), swept_without = lumos_test::run_cli(sweep + " --mtp-layers 0");
+  REQUIRE(swept.code == 0);
+  REQUIRE(swept_without.code == 0);
+  CHECK(swept.out.find("\"layer-divisibility\":0") != std::string::npos);
+  CHECK(swept_without.out.find("\"layer-divisibility\":9") != std::string::npos);
+  const auto bad = lumos_test::run_cli("predict --model deepseek-v3 --mtp-layers -1");
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--mtp-layers must be an integer") != std::string::npos);
+}
+
+TEST_CASE("measured routing: the busiest EP rank's share of the experts' loads over the mean", "[model][moe][routing]") {
+  // tests/data/moe/loop_unbalanced's experts: 200, 130, 90, 92 token copies (mean 128).
+  const std::vector<std::int64_t> loads{200, 130, 90, 92};
+  CHECK(expert_load_imbalance(loads, 4, 4) == Approx(200.0 / 128.0));
+  CHECK(expert_load_imbalance(loads, 4, 2) == Approx(330.0 / 256.0));
+  CHECK(expert_load_imbalance(loads, 4, 1) == 1.0);
+  // 8 target experts: each traced expert's load split over two, dealt two per rank: as 4 over 4.
+  CHECK(expert_load_imbalance(loads, 8, 4) == Approx(200.0 / 128.0));
+  CHECK(expert_load_imbalance(loads, 8, 8) == Approx(100.0 / 64.0));
+  // 2 target experts: pairs of traced experts summed.
+  CHECK(expert_load_imbalance(loads, 2, 2) == Approx(330.0 / 256.0));
+  CHECK_THROWS_WITH(expert_load_imbalance(loads, 6, 2), Contains("do not map onto 6 experts"));
+  CHECK_THROWS_WITH(expert_load_imbalance(loads, 4, 3), Contains("must divide the experts"));
+  CHECK_THROWS_WITH(expert_load_imbalance({0, 0}, 2, 2), Contains("0 tokens"));
+  // The busiest rank's experts compute f x the balanced rows; its all-to-alls move f x the bytes.
+  transformer m = qwen3_30b_a3b();
+  parallel_config p = moe_config(1, 8, 8, 2, 16);
+  transformer u = m;
+  u.moe.load_imbalance = 1.5;
+  CHECK(moe_shape(u, p).rows == 1.5 * moe_shape(m, p).rows);
+  CHECK(moe_shape(u, p).routed == moe_shape(m, p).routed);
+  std::vector<moe_collective> cb, cu;
+  moe_layer_collectives(m, p, cb);
+  moe_layer_collectives(u, p, cu);
+  REQUIRE(cb.size() == cu.size());
+  for (std::size_t i = 0; i < cb.size(); ++i) {
+    if (cb[i].kind == collective::all_to_all) CHECK(cu[i].bytes == static_cast<std::int64_t>(1.5 * static_cast<double>(cb[i].bytes)));
+  }
+  u.moe.load_imbalance = 0.5;
+  CHECK_THROWS_WITH(u.validate(), Contains("load_imbalance must be in [1, experts"));
+}
+
+TEST_CASE("predict --routing measured: an unbalanced trace predicts slower by what its busiest rank's load says",
+          "[model][moe][routing][cli]") {
+  const std::string trace = std::string(LUMOS_SOURCE_DIR) + "/tests/data/moe/loop_unbalanced";
+  // 4 experts over EP 4: the busiest rank's expert has 200 of a mean 128 copies.
+  const std::string job = "predict --model qwen3-30b-a3b --layers 4 --experts 4 --top-k 2 --expert-ffn 4096 --dp 4 --ep 4 "
+                          "--micro-batch 4 --global-batch 16 --seq 4096 --json";
+  const auto balanced = lumos_test::run_cli(job);
+  const auto measured = lumos_test::run_cli(job + " --routing measured --routing-from " + trace);
+  REQUIRE(balanced.code == 0);
+  REQUIRE(measured.code == 0);
+  CHECK(measured.out.find("\"load_imbalance\":1.5625") != std::string::npos);
+  auto iteration = [](const std::string& json) {
+    simdjson::dom::parser parser;
+    return static_cast<double>(parser.parse(json)["iteration_ns"].get_int64().value());
+  };
+  const double tb = iteration(balanced.out), tm = iteration(measured.out);
+  // The busiest rank's expert work (GEMMs, activation, all-to-alls) grows by f = 1.5625, the rest not:
+  // the step grows by f - 1 times that work's share of it, so between none and f - 1 of it.
+  transformer m = qwen3_30b_a3b();
+  m.layers = 4;
+  m.moe = {.experts = 4, .shared_experts = 0, .top_k = 2, .expert_ffn = 4096};
+  m.seq = 4096;
+  parallel_config p = moe_config(1, 4, 4, 4, 16);
+  transformer u = m;
+  u.moe.load_imbalance = 1.5625;
+  const op_list lb = kernel_level{}.layer(m, p, h100_sxm()), lu = kernel_level{}.layer(u, p, h100_sxm());
+  double experts_b = 0, experts_u = 0;
+  for (const op_cost& o : lb.ops) experts_b += o.role == op_role::moe_expert ? static_cast<double>(o.duration) : 0.0;
+  for (const op_cost& o : lu.ops) experts_u += o.role == op_role::moe_expert ? static_cast<double>(o.duration) : 0.0;
+  // Large expert GEMMs are compute-bound: their time follows the rows.
+  CHECK(experts_u / experts_b == Approx(1.5625).epsilon(0.05));
+  // 4 layers x 1 micro-batch of the busiest rank's extra GEMM time at least, and the step grows
+  // by less than f.
+  CHECK(tm - tb >= 0.95 * 4.0 * (experts_u - experts_b));
+  CHECK(tm < 1.5625 * tb);
+  // Text: the routing and where it came from.
+  const auto text = lumos_test::run_cli(job.substr(0, job.size() - 7) + " --routing measured --routing-from " + trace);
+  CHECK(text.out.find("measured routing (busiest EP rank 1.562x the mean load)") != std::string::npos);
+  CHECK(text.out.find("M of each expert's down-projection GEMM") != std::string::npos);
+  // Bad uses exit 2 with the rule.
+  for (const std::string& bad : std::vector<std::string>{" --routing measured", " --routing-from " + trace, " --routing skewed"}) {
+    INFO(bad);
+    const auto e = lumos_test::run_cli(job + bad);
+    CHECK(e.code == 2);
+    CHECK(!e.err.empty());
+  }
+  const auto dense = lumos_test::run_cli("predict --model llama3-8b --routing measured --routing-from " + trace);
+  CHECK(dense.code == 2);
+  CHECK(dense.err.find("needs a mixture-of-experts model") != std::string::npos);
 }

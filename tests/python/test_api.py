@@ -192,6 +192,23 @@ def test_predict_tp_comm_overlap_matches_cli(cli):
     assert p.iteration_ns < lumos.predict(**PREDICT).iteration_ns
 
 
+def test_predict_measured_routing_matches_cli(cli):
+    # tests/data/moe/loop_unbalanced: 4 experts with 200, 130, 90, 92 token copies; over EP 4 the
+    # busiest rank has 200 of a mean 128.
+    trace = str(Path(__file__).resolve().parents[1] / "data" / "moe" / "loop_unbalanced")
+    moe = dict(model="qwen3-30b-a3b", layers=4, experts=4, top_k=2, expert_ffn=4096, dp=4, ep=4, micro_batch=4,
+               global_batch=16, seq=4096)
+    p = lumos.predict(**moe, routing="measured", routing_from=trace)
+    theirs = cli("predict", "--model", "qwen3-30b-a3b", "--layers", 4, "--experts", 4, "--top-k", 2, "--expert-ffn", 4096,
+                 "--dp", 4, "--ep", 4, "--micro-batch", 4, "--global-batch", 16, "--seq", 4096, "--routing", "measured",
+                 "--routing-from", trace, "--json")
+    assert p.iteration_ns == theirs["iteration_ns"]
+    assert p.job["load_imbalance"] == 1.5625
+    assert p.iteration_ns > lumos.predict(**moe).iteration_ns
+    with pytest.raises(lumos.LumosError, match="needs --routing-from"):
+        lumos.predict(**moe, routing="measured")
+
+
 def test_predict_errors():
     with pytest.raises(lumos.LumosError) as e:
         lumos.predict(model="gpt3-15b", tp=0)

@@ -137,6 +137,14 @@ inline void parse_moe(args& a, model::transformer& m) {
   if (!m.is_moe() && (x.top_k > 0 || x.shared_experts > 0 || x.expert_ffn > 0)) {
     throw lumos::error("--top-k, --expert-ffn and --shared-experts need a mixture-of-experts model: give --experts N");
   }
+  if (const auto v = a.option("--mtp-layers")) {
+    std::int64_t n = -1;
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+    if (ec != std::errc{} || end != v->data() + v->size() || n < 0 || n > model::transformer::max_layers) {
+      throw lumos::error("--mtp-layers must be an integer in [0, " + std::to_string(model::transformer::max_layers) + "], got '" + *v + "'");
+    }
+    m.mtp_layers = n;
+  }
 }
 
 // --model and the shape flags that override it.

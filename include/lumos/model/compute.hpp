@@ -788,6 +788,27 @@ struct roofline {
     }
 
     void head() {
+      output_head();
+      for (std::int64_t i = 0; i < m.mtp_layers; ++i) mtp_module();
+    }
+
+    // A multi-token-prediction module's own ops (its block is a layer of the last chunk): the
+    // shifted tokens' embedding lookup, two norms, the column-parallel projection 2h -> h of the
+    // concatenated normalised embeddings and hidden states, and its output head.
+    void mtp_module() {
+      vector_op("mtp_embedding", op_class::elementwise, op_phase::forward, T * h, 8.0 * T + 2.0 * e * T * h);
+      norm_forward("mtp_norm", op_phase::forward, false);
+      norm_forward("mtp_norm", op_phase::forward, false);
+      linear_forward("mtp_eh_proj", op_phase::forward, T, 2.0 * h, h / t, false);
+      linear_backward("mtp_eh_proj", T, 2.0 * h, h / t);
+      norm_backward("mtp_norm");
+      norm_backward("mtp_norm");
+      vector_op("mtp_embedding", op_class::elementwise, op_phase::backward_weight, T * h / t,
+                8.0 * T + e * T * h + 8.0 * T * h / t);
+      output_head();
+    }
+
+    void output_head() {
       norm_forward("final_norm", op_phase::forward, false);
       linear_forward("logits", op_phase::forward, T, h, V, false);
       // Vocabulary-parallel cross-entropy (Megatron): read bf16 logits, write fp32

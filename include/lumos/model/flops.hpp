@@ -36,15 +36,32 @@ struct parameter_breakdown {
   std::int64_t position_embedding = 0;  ///< s * h for learned positions, else 0
   std::int64_t final_norm = 0;
   std::int64_t output = 0;  ///< separate logits matrix (V * h) when embeddings are untied
+  /// The multi-token-prediction modules apart from their blocks (which `layers` counts): each
+  /// one's projection 2h -> h and its three norms (`mtp_extra_parameters`)
+  std::int64_t mtp = 0;
 
   [[nodiscard]] constexpr std::int64_t total() const noexcept {
-    return layers + word_embedding + position_embedding + final_norm + output;
+    return layers + word_embedding + position_embedding + final_norm + output + mtp;
   }
 };
 
 /// Parameters of one norm layer: LayerNorm has scale and shift, RMSNorm scale only.
 [[nodiscard]] constexpr std::int64_t norm_parameter_count(const transformer& m) noexcept {
   return m.norm == norm_kind::layernorm ? 2 * m.hidden : m.hidden;
+}
+
+/// Parameters of one multi-token-prediction module apart from its transformer block, split as
+/// Megatron splits them: the projection `eh_proj` 2h -> h (column-parallel, sharded) and the norms
+/// of the hidden states, of the embeddings and before the shared output head (replicated). The
+/// module shares the embedding and the output head with the model (DeepSeek-V3 report, section 2.2).
+struct mtp_extra {
+  std::int64_t sharded = 0;
+  std::int64_t replicated = 0;
+};
+
+/// See `mtp_extra`. O(1).
+[[nodiscard]] constexpr mtp_extra mtp_extra_parameters(const transformer& m) noexcept {
+  return {.sharded = 2 * m.hidden * m.hidden, .replicated = 3 * norm_parameter_count(m)};
 }
 
 /// GEMM weights of multi-head latent attention, split as Megatron splits them over tensor
@@ -149,7 +166,7 @@ struct parameter_split {
   const std::int64_t layer = attention_parameters(m).total() + mlp_parameters(m, m.ffn).total();
   parameter_breakdown p;
   p.per_layer = layer;
-  p.layers = (m.layers - m.moe_layers()) * layer;
+  p.layers = (m.blocks() - m.moe_layers()) * layer;
   if (m.is_moe()) {
     const std::int64_t experts = m.moe.experts * mlp_parameters(m, m.moe.expert_ffn).total();
     p.per_moe_layer = attention_parameters(m).total() + router_parameters(m) + experts +
@@ -161,6 +178,7 @@ struct parameter_split {
   p.position_embedding = m.position == position_kind::learned ? m.seq * h : 0;
   p.final_norm = norm_parameter_count(m);
   p.output = m.tied_embeddings ? 0 : m.vocab * h;
+  p.mtp = m.mtp_layers * (mtp_extra_parameters(m).sharded + mtp_extra_parameters(m).replicated);
   return p;
 }
 
@@ -248,9 +266,21 @@ inline void require_stage(const parallel_config& par, int stage) {
   return stage_moe_layers(m, par, stage) * moe_layer_expert_parameters_per_rank(m, par.expert_tp(), par.ep);
 }
 
+/// Parameters the multi-token-prediction modules add to one GPU of the last stage beside their
+/// blocks: their projections (sharded by tp) and norms, and, with pp > 1 and untied embeddings,
+/// the copy of the word embedding the modules look their tokens up in (Megatron builds the
+/// embedding on the last stage too when it runs MTP and keeps the copies' gradients in sync as
+/// for tied embeddings). 0 without MTP.
+[[nodiscard]] constexpr std::int64_t mtp_head_parameters_per_rank(const transformer& m, const parallel_config& par) noexcept {
+  if (m.mtp_layers <= 0) return 0;
+  const mtp_extra x = mtp_extra_parameters(m);
+  return m.mtp_layers * (x.sharded / par.tp + x.replicated) + (par.pp > 1 && !m.tied_embeddings ? m.vocab * m.hidden / par.tp : 0);
+}
+
 /// Parameters held by one GPU of pipeline stage `stage` (all its virtual chunks), before any
 /// ZeRO sharding. MoE layers count their local routed experts (`stage_expert_parameters_per_rank`). Stage 0 adds the vocabulary-sharded word embedding and the (replicated)
-/// learned positions; the last stage adds the final norm and the logits matrix — for tied
+/// learned positions; the last stage adds the final norm, the multi-token-prediction modules'
+/// projections and norms (their blocks are layers of the stage) and the logits matrix — for tied
 /// embeddings with pp > 1 Megatron keeps a second copy of the word embedding there and
 /// all-reduces its gradient with stage 0. Throws `lumos::error` for a stage out of range.
 [[nodiscard]] inline std::int64_t stage_parameters_per_rank(const transformer& m,
@@ -270,6 +300,7 @@ inline void require_stage(const parallel_config& par, int stage) {
   if (stage == par.pp - 1) {
     n += norm_parameter_count(m);
     if (!m.tied_embeddings || par.pp > 1) n += m.vocab * m.hidden / par.tp;
+    n += mtp_head_parameters_per_rank(m, par);
   }
   return n;
 }
@@ -340,25 +371,27 @@ inline void require_stage(const parallel_config& par, int stage) {
          4.0 * s * s * m.attention_flops_width();
 }
 
-/// Forward FLOPs of all transformer layers for one sequence: dense layers (all of a dense
-/// model) at `layer_forward_flops_per_sequence`, MoE layers at
-/// `moe_layer_forward_flops_per_sequence`.
+/// Forward FLOPs of all transformer blocks (`transformer::blocks`, the multi-token-prediction
+/// ones included) for one sequence: dense layers (all of a dense model) at
+/// `layer_forward_flops_per_sequence`, MoE layers at `moe_layer_forward_flops_per_sequence`.
 [[nodiscard]] constexpr double layers_forward_flops_per_sequence(const transformer& m) noexcept {
-  if (!m.is_moe()) return static_cast<double>(m.layers) * layer_forward_flops_per_sequence(m);
+  if (!m.is_moe()) return static_cast<double>(m.blocks()) * layer_forward_flops_per_sequence(m);
   const std::int64_t moe = m.moe_layers();
-  return static_cast<double>(m.layers - moe) * layer_forward_flops_per_sequence(m) +
+  return static_cast<double>(m.blocks() - moe) * layer_forward_flops_per_sequence(m) +
          static_cast<double>(moe) * moe_layer_forward_flops_per_sequence(m);
 }
 
-/// Model FLOPs per iteration for any preset shape (GQA, SwiGLU, MoE):
-///   F = 3 B [ sum over layers (2 s N_layer + 4 s^2 q_width) + 2 s V h ],
-/// N_layer the layer's GEMM weights a token runs through (MoE: `moe_layer_active_matmul_weights`).
+/// Model FLOPs per iteration for any preset shape (GQA, SwiGLU, MoE, multi-token prediction):
+///   F = 3 B [ sum over blocks (2 s N_layer + 4 s^2 q_width) + (1 + mtp) 2 s V h + mtp 2 s 2h^2 ],
+/// N_layer the layer's GEMM weights a token runs through (MoE: `moe_layer_active_matmul_weights`),
+/// mtp the multi-token-prediction modules (each a block, a 2h -> h projection and a logits GEMM).
 /// Equals `megatron_model_flops` for GPT shapes.
 [[nodiscard]] constexpr double model_flops(const transformer& m,
                                            std::int64_t global_batch) noexcept {
   const double B = static_cast<double>(global_batch), s = static_cast<double>(m.seq);
-  const double logits = 2.0 * s * static_cast<double>(m.vocab) * static_cast<double>(m.hidden);
-  return 3.0 * B * (layers_forward_flops_per_sequence(m) + logits);
+  const double h = static_cast<double>(m.hidden), mtp = static_cast<double>(m.mtp_layers);
+  const double logits = 2.0 * s * static_cast<double>(m.vocab) * h;
+  return 3.0 * B * (layers_forward_flops_per_sequence(m) + (1.0 + mtp) * logits + mtp * 2.0 * s * 2.0 * h * h);
 }
 
 /// Hardware FLOPs per iteration: model FLOPs plus re-executed forward work. Selective
@@ -367,7 +400,7 @@ inline void require_stage(const parallel_config& par, int stage) {
 [[nodiscard]] constexpr double hardware_flops(const transformer& m, std::int64_t global_batch,
                                               recompute_kind r) noexcept {
   const double B = static_cast<double>(global_batch), s = static_cast<double>(m.seq),
-               l = static_cast<double>(m.layers);
+               l = static_cast<double>(m.blocks());
   const double base = model_flops(m, global_batch);
   switch (r) {
     case recompute_kind::none: return base;

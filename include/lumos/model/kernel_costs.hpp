@@ -569,6 +569,28 @@ struct kernel_level {
     }
 
     void head() {
+      output_head();
+      for (std::int64_t i = 0; i < m.mtp_layers; ++i) mtp_module();
+    }
+
+    // A multi-token-prediction module's own ops (its block is a layer of the last chunk): the
+    // lookup of the shifted tokens in the shared embedding, the norms of those embeddings and of
+    // the hidden states, the column-parallel projection 2h -> h of their concatenation, and its
+    // output head (final norm, the shared logits GEMM, the cross-entropy).
+    void mtp_module() {
+      vector("mtp_embedding", op_class::elementwise, op_phase::forward, T * h, 8.0 * T + 2.0 * e * T * h, false);
+      norm_forward("mtp_norm", op_phase::forward, false);
+      norm_forward("mtp_norm", op_phase::forward, false);
+      gemm("mtp_eh_proj", op_phase::forward, T, h / t, 2.0 * h, e, false);
+      gemm("mtp_eh_proj", op_phase::backward_input, T, 2.0 * h, h / t, e, false);
+      gemm("mtp_eh_proj", op_phase::backward_weight, 2.0 * h, h / t, T, 8.0, false);
+      norm_backward("mtp_norm", "mtp_norm_weight_grad");
+      norm_backward("mtp_norm", "mtp_norm_weight_grad");
+      vector("mtp_embedding", op_class::elementwise, op_phase::backward_weight, T * h / t, 8.0 * T + e * T * h + 8.0 * T * h / t, false);
+      output_head();
+    }
+
+    void output_head() {
       norm_forward("final_norm", op_phase::forward, false);
       gemm("logits", op_phase::forward, T, V, h, e, false);
       // Megatron's vocabulary-parallel cross-entropy, as the trace shows it: max over the

@@ -208,9 +208,9 @@ struct layer_activation_terms {
   const double dense_mlp = per_width * sb * static_cast<double>(m.ffn) / t;
   const double router = 4.0 * sb / (par.sequence_parallel() ? t : 1.0) * static_cast<double>(m.moe.experts);
   // The copies of the rank's expert-tensor-parallel group, each at its 1 / etp slice of width
-  // (moe_shape; sb x factor when etp = tp).
+  // (moe_shape; sb x factor when etp = tp; the busiest EP rank's under unbalanced routing).
   const int etp = par.expert_tp();
-  const double copies = expert_token_factor(m) * (etp == par.tp ? sb : sb / t * etp);
+  const double copies = expert_token_factor(m) * (etp == par.tp ? sb : sb / t * etp) * m.moe.load_imbalance;
   const double experts = copies * ((fp8 ? 1.0 : 2.0) * h + per_width * ef / etp);
   const double shared = per_width * sb * static_cast<double>(m.moe.shared_experts) * ef / t;
   return layer_activation_bytes(m, par, flash_attention) - dense_mlp + router + experts + shared;
@@ -378,10 +378,13 @@ struct fp8_gemm_count {
   if (stage == 0 && m.dropout) io += sbh / rep_div;  // embedding dropout mask
   if (stage == par.pp - 1) {
     // final-norm input and logits-GEMM input (Megatron saves the sequence shard under sp),
-    // and the fp32 logits the vocabulary-parallel cross-entropy keeps
-    io += 2.0 * sbh / rep_div + 2.0 * sbh / rep_div +
-          4.0 * sl * static_cast<double>(par.micro_batch) *
-              static_cast<double>(m.vocab) / par.tp;
+    // and the fp32 logits the vocabulary-parallel cross-entropy keeps: once per output head
+    // (the model's and each multi-token-prediction module's); each module also keeps the inputs
+    // of its two norms (h each) and of its 2h -> h projection
+    const double mtp = static_cast<double>(m.mtp_layers);
+    io += (1.0 + mtp) * (2.0 * sbh / rep_div + 2.0 * sbh / rep_div +
+                         4.0 * sl * static_cast<double>(par.micro_batch) * static_cast<double>(m.vocab) / par.tp);
+    io += mtp * 2.0 * 4.0 * sbh / rep_div;
   }
   r.io_activations = io * inflight;
 

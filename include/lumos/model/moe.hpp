@@ -3,13 +3,16 @@
 // grouped-GEMM sizes) and the token-dispatch collectives of one MoE layer, for the compute
 // models (compute.hpp, kernel_costs.hpp), the program builder and the memory model.
 
+#include <lumos/core/error.hpp>
 #include <lumos/model/comm.hpp>
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/memory.hpp>
 #include <lumos/model/parallel.hpp>
 #include <lumos/model/transformer.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -18,6 +21,8 @@ namespace lumos::model {
 /// The sizes of one MoE layer on one rank for one micro-batch of T = b s tokens, t = tp,
 /// x = expert_tp() (the expert-tensor-parallel size), balanced routing (every expert receives the same share; what the Megatron-Bridge
 /// benchmarks force). See `expert_token_factor` (memory.hpp) for the derivation of `copies`.
+/// Unbalanced routing (`moe_spec::load_imbalance` f > 1) gives the busiest EP rank's sizes: its
+/// experts compute f x `copies` (and f x `rows`); what it routes (`tokens`, `routed`) does not change.
 struct moe_layer_shape {
   double tokens = 0;         ///< tokens the rank's router sees: T / t (its sequence shard), T when t = 1
   double routed = 0;         ///< token copies the rank sends to experts: tokens x top_k x capacity
@@ -42,7 +47,7 @@ struct moe_layer_shape {
   x.tokens = par.sequence_parallel() ? T / t : T;
   x.routed = x.tokens * factor;
   const int etp = par.expert_tp();
-  x.copies = (etp == par.tp ? T : x.tokens * etp) * factor;
+  x.copies = (etp == par.tp ? T : x.tokens * etp) * factor * m.moe.load_imbalance;
   x.local_experts = static_cast<double>(m.moe.experts / par.ep);
   x.rows = x.copies / x.local_experts;
   x.width = static_cast<double>(m.moe.expert_ffn) / etp;
@@ -109,7 +114,9 @@ inline void moe_layer_collectives(const transformer& m, const parallel_config& p
     out.push_back({"moe_dispatch_grad_reduce_scatter", C::reduce_scatter, gathered, moe_group::ep_tp, H::after_permute_grad});
     return;
   }
-  const auto sent = static_cast<std::int64_t>(x.routed * row);
+  // The busiest EP rank receives load_imbalance x the balanced copies; an all-to-all ends with
+  // its largest receiver (moe_spec::load_imbalance).
+  const auto sent = static_cast<std::int64_t>(x.routed * row * m.moe.load_imbalance);
   const auto gathered = static_cast<std::int64_t>(x.copies * row);
   const bool ep = par.ep > 1, tp = etp > 1;
   // Dropless: the int64 token counts per expert all-gathered over the EP x expert-TP group
@@ -125,6 +132,47 @@ inline void moe_layer_collectives(const transformer& m, const parallel_config& p
   if (tp) out.push_back({"moe_combine_grad_tp_all_gather", C::all_gather, gathered, moe_group::tp, H::after_unpermute_grad});
   if (tp) out.push_back({"moe_dispatch_grad_tp_reduce_scatter", C::reduce_scatter, gathered, moe_group::tp, H::before_permute_grad});
   if (ep) out.push_back({"moe_dispatch_grad_all_to_all", C::all_to_all, sent, moe_group::ep, H::before_permute_grad});
+}
+
+/// The `moe_spec::load_imbalance` of measured routing: `loads[j]` token copies per expert j of a
+/// trace, spread over the target's `experts` experts (each traced expert's load split evenly
+/// over experts / loads.size() consecutive target experts, or consecutive groups of
+/// loads.size() / experts traced experts summed), the target experts dealt to the `ep` ranks
+/// in consecutive blocks of experts / ep as Megatron places them, and the busiest rank's share
+/// over the mean (1 / ep). Throws `lumos::error` when the counts do not nest (neither of
+/// loads.size() and experts divides the other), ep does not divide experts, or the loads are
+/// empty, negative or all zero. O(loads + experts).
+[[nodiscard]] inline double expert_load_imbalance(const std::vector<std::int64_t>& loads, std::int64_t experts, int ep) {
+  const auto n = static_cast<std::int64_t>(loads.size());
+  if (n == 0) throw error("measured routing: no per-expert token counts");
+  if (experts <= 0 || ep <= 0 || experts % ep != 0) {
+    throw error("measured routing: ep (" + std::to_string(ep) + ") must divide the experts (" + std::to_string(experts) + ")");
+  }
+  if (experts % n != 0 && n % experts != 0) {
+    throw error("measured routing: the trace's " + std::to_string(n) + " expert loads do not map onto " + std::to_string(experts) +
+                " experts (one count must divide the other)");
+  }
+  double total = 0;
+  for (const std::int64_t v : loads) {
+    if (v < 0) throw error("measured routing: a negative token count (" + std::to_string(v) + ")");
+    total += static_cast<double>(v);
+  }
+  if (!(total > 0)) throw error("measured routing: every expert received 0 tokens");
+  std::vector<double> share(static_cast<std::size_t>(experts), 0.0);
+  if (n >= experts) {
+    for (std::int64_t j = 0; j < n; ++j) share[static_cast<std::size_t>(j / (n / experts))] += static_cast<double>(loads[static_cast<std::size_t>(j)]) / total;
+  } else {
+    const double split = static_cast<double>(experts / n);
+    for (std::int64_t e = 0; e < experts; ++e) share[static_cast<std::size_t>(e)] = static_cast<double>(loads[static_cast<std::size_t>(e / (experts / n))]) / total / split;
+  }
+  const std::int64_t per_rank = experts / ep;
+  double busiest = 0;
+  for (std::int64_t r = 0; r < ep; ++r) {
+    double sum = 0;
+    for (std::int64_t e = r * per_rank; e < (r + 1) * per_rank; ++e) sum += share[static_cast<std::size_t>(e)];
+    busiest = std::max(busiest, sum);
+  }
+  return std::max(1.0, busiest * ep);
 }
 
 /// Placement of an expert-parallel group in the folded expert grid (`parallel_config`): ep

@@ -144,9 +144,12 @@ struct parallel_config {
   /// but divides layers + 2, so the embedding counts as a layer of the first virtual stage and
   /// the loss as one of the last, each of which holds one transformer layer fewer than the
   /// others (Llama 3.1 405B: 126 + 2 = 128 over pp 8 x vp 8, Megatron-Bridge's recipe).
+  /// Multi-token-prediction blocks count as layers of the last virtual stage (`transformer::blocks`;
+  /// DeepSeek-V3: 61 + 1 + 2 = 64 over pp 16, Megatron-Bridge's layout "embedding, decoder x 61,
+  /// mtp, loss" cut into equal virtual stages). "Layers" below are such blocks.
   [[nodiscard]] constexpr bool embedding_loss_in_split(const transformer& m) const noexcept {
     const std::int64_t chunks = std::int64_t{pp} * vp;
-    return chunks > 1 && m.layers % chunks != 0 && (m.layers + 2) % chunks == 0;
+    return chunks > 1 && m.blocks() % chunks != 0 && (m.blocks() + 2) % chunks == 0;
   }
   /// Transformer layers held by a pipeline stage other than the first and the last (all its
   /// virtual chunks together); `stage_layers` has every stage's.
@@ -156,7 +159,7 @@ struct parallel_config {
   /// Transformer layers in one virtual chunk (== layers_per_stage when vp == 1); under
   /// `embedding_loss_in_split` the first and the last virtual stage hold one fewer.
   [[nodiscard]] constexpr std::int64_t layers_per_chunk(const transformer& m) const noexcept {
-    return (m.layers + (embedding_loss_in_split(m) ? 2 : 0)) / (std::int64_t{pp} * vp);
+    return (m.blocks() + (embedding_loss_in_split(m) ? 2 : 0)) / (std::int64_t{pp} * vp);
   }
   /// Transformer layers of virtual chunk `chunk` (0 <= chunk < vp) of stage `stage`.
   [[nodiscard]] constexpr std::int64_t chunk_layers(const transformer& m, int stage, int chunk) const noexcept {
@@ -226,8 +229,9 @@ struct parallel_config {
                   " virtual chunks need pipeline parallelism: set pp > 1 or vp = 1");
     }
     const std::int64_t chunks = std::int64_t{pp} * vp;
-    if (m.layers % chunks != 0 && !embedding_loss_in_split(m)) {
-      throw error("model '" + m.name + "': layers (" + std::to_string(m.layers) +
+    if (m.blocks() % chunks != 0 && !embedding_loss_in_split(m)) {
+      const std::string mtp = m.mtp_layers > 0 ? " + " + std::to_string(m.mtp_layers) + " multi-token-prediction" : "";
+      throw error("model '" + m.name + "': layers (" + std::to_string(m.layers) + mtp +
                   ") must be divisible by pp * vp (" + std::to_string(pp) + " * " +
                   std::to_string(vp) + " = " + std::to_string(chunks) +
                   "), or layers + 2 with the embedding and the loss counted as layers: choose pp "

@@ -50,6 +50,13 @@ struct moe_spec {
   double capacity_factor = 0;
   moe_dispatcher dispatcher = moe_dispatcher::alltoall;
   bool router_bias = false;  ///< the router GEMM has a bias (GPT-OSS)
+  /// Token copies the busiest expert-parallel rank's experts compute over the mean of the EP
+  /// ranks (1: balanced routing, what the published benchmarks force). The busiest rank sets the
+  /// pace: its grouped GEMMs run on this many times the balanced rows, and the dispatch and
+  /// combine all-to-alls, which finish when their largest receiver does, move this many times the
+  /// balanced bytes (`moe_shape`, `moe_layer_collectives`; `expert_load_imbalance` derives it from
+  /// measured per-expert loads).
+  double load_imbalance = 1;
 
   [[nodiscard]] constexpr bool enabled() const noexcept { return experts > 0; }
 };
@@ -101,13 +108,24 @@ struct transformer {
   std::int64_t head_size = 0;
   moe_spec moe;  ///< mixture-of-experts layers (dense model when `moe.experts == 0`)
   mla_spec mla;  ///< multi-head latent attention (ordinary attention when `mla.kv_lora_rank == 0`)
+  /// Multi-token-prediction modules trained with the model (DeepSeek-V3; Megatron's
+  /// `--mtp-num-layers`). Module k predicts token i + k + 1: it normalises the previous depth's
+  /// hidden states and the (shared) embedding of token i + k, concatenates them, projects 2h -> h
+  /// (`eh_proj`), runs one transformer block like the model's last (MoE in a MoE model), and
+  /// applies its own final norm, the shared output head and a cross-entropy loss (weighted into
+  /// the main loss). Megatron places the modules on the last pipeline stage, after the decoder.
+  std::int64_t mtp_layers = 0;
 
   [[nodiscard]] constexpr std::int64_t head_dim() const noexcept { return head_size > 0 ? head_size : hidden / heads; }
   /// Whether the model has mixture-of-experts layers.
   [[nodiscard]] constexpr bool is_moe() const noexcept { return moe.enabled(); }
-  /// Layers whose MLP is a mixture of experts (0 for a dense model).
+  /// Transformer blocks the pipeline holds: the decoder's layers, then one per multi-token
+  /// prediction module (`mtp_layers`), which the last virtual stage holds.
+  [[nodiscard]] constexpr std::int64_t blocks() const noexcept { return layers + mtp_layers; }
+  /// Blocks whose MLP is a mixture of experts, the multi-token-prediction blocks included (0 for
+  /// a dense model).
   [[nodiscard]] constexpr std::int64_t moe_layers() const noexcept {
-    return is_moe() ? layers - moe.first_dense_layers : 0;
+    return is_moe() ? blocks() - moe.first_dense_layers : 0;
   }
   /// Width of the query projection (heads * head_dim; == hidden unless `head_size` says otherwise).
   [[nodiscard]] constexpr std::int64_t q_width() const noexcept { return heads * head_dim(); }
@@ -151,6 +169,10 @@ struct transformer {
       }
     };
     at_most(layers, max_layers, "layers");
+    if (mtp_layers < 0 || mtp_layers > max_layers) {
+      throw error("model '" + name + "': mtp_layers must be in [0, " + std::to_string(max_layers) + "], got " +
+                  std::to_string(mtp_layers));
+    }
     for (const auto& [v, field] : {std::pair{hidden, "hidden"}, std::pair{ffn, "ffn"}, std::pair{heads, "heads"},
                                    std::pair{kv_heads, "kv_heads"}, std::pair{seq, "seq"}, std::pair{vocab, "vocab"}}) {
       at_most(v, max_size, field);
@@ -190,7 +212,7 @@ struct transformer {
 
   /// The `moe` part of `validate()`: nothing to check for a dense model; else top_k in
   /// [1, experts], a positive expert_ffn, shared_experts >= 0, first_dense_layers in
-  /// [0, layers), capacity_factor 0 (dropless) or positive.
+  /// [0, layers), capacity_factor 0 (dropless) or positive, load_imbalance in [1, experts].
   void validate_moe() const {
     if (moe.experts < 0) throw error("model '" + name + "': experts must be >= 0, got " + std::to_string(moe.experts));
     if (!is_moe()) return;
@@ -212,6 +234,10 @@ struct transformer {
     }
     if (!(moe.capacity_factor >= 0) || moe.capacity_factor > 1e6) {
       throw error(m + "capacity_factor must be 0 (dropless) or positive, got " + std::to_string(moe.capacity_factor));
+    }
+    if (!(moe.load_imbalance >= 1) || moe.load_imbalance > static_cast<double>(moe.experts)) {
+      throw error(m + "load_imbalance must be in [1, experts = " + std::to_string(moe.experts) +
+                  "] (the busiest EP rank's token copies over the mean), got " + std::to_string(moe.load_imbalance));
     }
   }
 };
@@ -377,15 +403,18 @@ namespace detail {
 /// qk_rope_head_dim 64, v_head_dim 128), the first 3 layers dense with an MLP of 18432
 /// (`first_k_dense_replace`, `intermediate_size`), then 256 routed experts of width 2048
 /// (`moe_intermediate_size`), 1 shared expert, top-8, vocabulary 129280, untied embeddings
-/// (671e9 parameters, 37e9 active). Not modelled: the multi-token-prediction module
-/// (`num_nextn_predict_layers` 1, about 14e9 more parameters, one more layer and logits head in
-/// training when enabled), the sigmoid router's score-correction bias and its group-limited
-/// top-k (costed as a plain top-k).
+/// (671e9 parameters, 37e9 active), and one multi-token-prediction module
+/// (`num_nextn_predict_layers` 1: one more MoE block, its 2h -> h projection and norms, about
+/// 11.5e9 more parameters, and a second logits head and loss in training; the DeepSeek-V3 report,
+/// section 2.2, and Megatron-Bridge's recipe train with it: `--mtp-layers 0` leaves it out). Not
+/// modelled: the sigmoid router's score-correction bias and its group-limited top-k (costed as a
+/// plain top-k).
 [[nodiscard]] inline transformer deepseek_v3() {
   transformer m = detail::moe_base("deepseek-v3", 61, 7168, 128, 128, 0, 129280);
   m.ffn = 18432;
   m.mla = {.q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_dim = 128, .qk_rope_dim = 64, .v_dim = 128};
   m.moe = {.experts = 256, .shared_experts = 1, .top_k = 8, .expert_ffn = 2048, .first_dense_layers = 3};
+  m.mtp_layers = 1;
   return m;
 }
 

@@ -371,10 +371,11 @@ class evaluator {
     }
     const std::int64_t chunks = std::int64_t{c.pp} * c.vp;
     // Megatron's split with the embedding and the loss counted as layers (parallel_config::embedding_loss_in_split).
-    if (m.layers % chunks != 0 && (chunks == 1 || (m.layers + 2) % chunks != 0)) {
+    if (m.blocks() % chunks != 0 && (chunks == 1 || (m.blocks() + 2) % chunks != 0)) {
       r.reason = rejection::layer_divisibility;
-      detail::say(r, "layers (%lld) are not divisible by pp*vp (%lld)", static_cast<long long>(m.layers),
-                  static_cast<long long>(chunks));
+      detail::say(r, m.mtp_layers > 0 ? "layers (%lld with the multi-token-prediction blocks) are not divisible by pp*vp (%lld)"
+                                      : "layers (%lld) are not divisible by pp*vp (%lld)",
+                  static_cast<long long>(m.blocks()), static_cast<long long>(chunks));
       return r;
     }
     const std::int64_t per_step = c.micro_batch * c.dp;

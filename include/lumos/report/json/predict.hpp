@@ -30,7 +30,10 @@ inline void predict_job_json(json_writer& w, const synth::job& j, const synth::p
     w.field("shared_experts", m.moe.shared_experts).field("capacity_factor", m.moe.capacity_factor);
     w.field("moe_dispatcher", model::to_string(m.moe.dispatcher)).field("ep", p.ep).field("expert_tp", p.expert_tp());
     w.field("expert_data_parallel", p.expert_data_parallel());
+    // Only when routing is not balanced (`--routing measured`).
+    if (m.moe.load_imbalance != 1.0) w.field("load_imbalance", m.moe.load_imbalance);
   }
+  if (m.mtp_layers > 0) w.field("mtp_layers", m.mtp_layers);
   w.field("gpu", j.hardware.name).field("precision", model::to_string(p.dtype)).field("gpus", r.gpus);
   w.field("profile", profile_name);
   w.field("tp", p.tp).field("pp", p.pp).field("dp", p.dp).field("vp", p.vp).field("sp", p.sp);

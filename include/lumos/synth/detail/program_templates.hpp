@@ -334,7 +334,8 @@ void program_builder<Compute, Comm>::build_templates() {
   layer_params_ = m_.is_moe() ? model::moe_layer_dense_parameters_per_rank(m_, tp_) : model::layer_parameters_per_rank(m_, tp_);
   expert_layer_params_ = model::moe_layer_expert_parameters_per_rank(m_, par_.expert_tp(), par_.ep);
   embed_params_ = m_.vocab * m_.hidden / tp_ + (m_.position == model::position_kind::learned ? m_.seq * m_.hidden : 0);
-  head_params_ = model::norm_parameter_count(m_) + ((!m_.tied_embeddings || pp_ > 1) ? m_.vocab * m_.hidden / tp_ : 0);
+  head_params_ = model::norm_parameter_count(m_) + ((!m_.tied_embeddings || pp_ > 1) ? m_.vocab * m_.hidden / tp_ : 0) +
+                 model::mtp_head_parameters_per_rank(m_, par_);
 
   for (std::size_t k = 0; k < 4; ++k) {
     for (int first = 0; first < 2; ++first) {
