@@ -66,7 +66,6 @@ struct moe_stats {
   std::size_t expert_gemms = 0, routers = 0, routes = 0, permutes = 0, activations = 0;
   std::size_t all_to_alls = 0, removed = 0;  ///< all-to-alls re-timed, removed
   std::size_t inserted = 0, joined = 0;      ///< all-to-alls inserted from EP 1; of them joined over their EP group
-  std::size_t counts = 0;                    ///< token-count all-gathers inserted from EP 1
   std::size_t expert_gradients = 0, gradients_removed = 0;  ///< expert-DP gradient collectives re-timed, removed
   time_ns gradient_before = 0, gradient_after = 0;
   std::size_t optimizer = 0;       ///< optimizer kernels rescaled by the parameters per rank
@@ -531,13 +530,6 @@ inline std::vector<std::vector<graph::task_id>> remove_moe_comms(graph::built_jo
       s.first = std::min(s.first, o.task), s.last = std::max(s.last, o.task);
     }
   }
-  // A forward pass's permutation: the last permutation kernel before its first expert GEMM.
-  for (const moe_op& o : ops) {
-    if (o.kind != moe_op_kind::permute || o.phase != static_cast<int>(phase_kind::forward)) continue;
-    const auto it = by.find({o.rank, o.pass, o.layer, o.phase});
-    if (it == by.end() || g.processor[o.task] != g.processor[it->second.first] || o.task > it->second.first) continue;
-    if (it->second.permute == graph::no_task || o.task > it->second.permute) it->second.permute = o.task;
-  }
   std::vector<dispatch_site> out;
   for (auto& [key, site] : by) out.push_back(site);
   return out;
@@ -691,21 +683,12 @@ struct moe_pass {
     }
     if (from.ep == 1 && to.ep > 1) {
       const auto members = [&](int rank) { return detail::ep_members(rank, tp, dp, to.ep); };
-      // The dropless dispatcher's token counts (int64 per expert) over the EP x expert-TP ranks
-      // (dropless, Megatron's default: the traces do not say whether a capacity factor padded).
-      const auto count_members = [&](int rank) {
-        std::vector<int> out;
-        for (int i = 0; i < to.ep * tp; ++i) out.push_back(rank - rank % (to.ep * tp) + i);
-        return out;
-      };
-      const std::int64_t count_bytes = std::int64_t{to.experts} * 8 * to.ep * tp;
-      const detail::dispatch_insertion d =
-          detail::insert_dispatch(b, anchors, moved, members, count_bytes, count_members, nccl, hw, costs.profile);
+      const detail::dispatch_insertion d = detail::insert_dispatch(b, anchors, moved, members, nccl, hw, costs.profile);
       if (d.all_to_alls == 0) {
         throw error("whatif --ep " + std::to_string(to.ep) + ": no MoE layer pass with launched expert GEMMs to place the dispatch and "
                     "combine all-to-alls beside");
       }
-      s.inserted = d.all_to_alls, s.joined = d.joined, s.counts = d.counts, s.a2a_after += d.transfer;
+      s.inserted = d.all_to_alls, s.joined = d.joined, s.a2a_after += d.transfer;
       ctx.refresh(b);
     }
     made = moe_summary{from, to, routing};
@@ -754,8 +737,7 @@ struct moe_pass {
                   "%s -> %s (%s routing; %s): %zu expert GEMMs rescaled by the kernel model of the copies each rank computes "
                   "(%.0f -> %.0f on the slowest rank) over experts / EP, %.3f -> %.3f ms; %zu routers, %zu top-k, %zu "
                   "permutations, %zu expert activations rescaled; %zu all-to-alls re-timed through the NCCL model over the "
-                  "target's EP group, %zu removed (EP 1), %zu inserted from EP 1 (%zu joined over their EP group; %zu token-count "
-                  "all-gathers before the permutation), %.3f -> %.3f ms; %zu expert-data-parallel gradient collectives re-timed "
+                  "target's EP group, %zu removed (EP 1), %zu inserted from EP 1 (%zu joined over their EP group), %.3f -> %.3f ms; %zu expert-data-parallel gradient collectives re-timed "
                   "for the expert parameters per rank over DP x CP / EP ranks, %.3f -> %.3f ms, %zu removed (one replica of each "
                   "expert shard); %zu optimizer kernels by the parameters per rank; per-expert launches of %zu runs: %zu removed, "
                   "%zu added (each with its launch call); %zu grouped operators with the launches folded into their host time: "
@@ -763,7 +745,7 @@ struct moe_pass {
                   text(from).c_str(), text(to).c_str(), routing == moe_routing::balanced ? "balanced" : "measured", note.c_str(),
                   s.expert_gemms, s.copies_from, s.copies_to, static_cast<double>(s.expert_before) / 1e6,
                   static_cast<double>(s.expert_after) / 1e6, s.routers, s.routes, s.permutes, s.activations, s.all_to_alls, s.removed, s.inserted,
-                  s.joined, s.counts, static_cast<double>(s.a2a_before) / 1e6, static_cast<double>(s.a2a_after) / 1e6, s.expert_gradients,
+                  s.joined, static_cast<double>(s.a2a_before) / 1e6, static_cast<double>(s.a2a_after) / 1e6, s.expert_gradients,
                   static_cast<double>(s.gradient_before) / 1e6, static_cast<double>(s.gradient_after) / 1e6, s.gradients_removed,
                   s.optimizer, s.launch_runs, s.launches_removed, s.launches_added, s.folded, static_cast<double>(s.host_before) / 1e6,
                   static_cast<double>(s.host_after) / 1e6);

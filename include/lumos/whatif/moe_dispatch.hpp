@@ -11,11 +11,9 @@
 // link). The instances join over the EP group (Megatron's: EP consecutive data-parallel ranks at
 // one TP index) where every member's traces are in the job, on a new process group named
 // `ep.inserted.FIRST` (its first member); a member absent from the job (a folded job) leaves each
-// rank's instance to itself, its time the model's. The dropless dispatcher's token-count exchange
-// (the int64 counts per expert all-gathered over the EP x expert-TP group before the permutation,
-// `model::moe_layer_collectives`) goes before each forward pass's permutation (the last
-// permutation kernel before the experts), launched as the all-to-alls are, each rank's instance to
-// itself (latency-bound: its host time is most of it).
+// rank's instance to itself, its time the model's. The dropless dispatcher's token-count
+// all-gather is not inserted: a process group of its own in the written traces would read back
+// as another parallelism (an all-gather inside the forward passes), and it is small.
 
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/comm.hpp>
@@ -43,7 +41,6 @@ namespace detail {
 /// dispatch goes before the first, the combine after the last.
 struct dispatch_site {
   graph::task_id first = graph::no_task, last = graph::no_task;  ///< GPU tasks, stream order
-  graph::task_id permute = graph::no_task;                        ///< forward: the permutation before `first` (none: no count exchange)
   int rank = 0;                                                   ///< global rank
   double bytes = 0;                                               ///< the rank's tokens x top-k x hidden, in bytes
 };
@@ -55,7 +52,6 @@ struct dispatch_site {
 struct dispatch_anchor {
   graph::task_id gpu_before = graph::no_task, cpu_before = graph::no_task;  ///< dispatch
   graph::task_id gpu_after = graph::no_task, cpu_after = graph::no_task;    ///< combine: the task it precedes
-  graph::task_id gpu_counts = graph::no_task, cpu_counts = graph::no_task;  ///< the token-count exchange: the permutation
   time_ns delay = 0;                                                        ///< the experts' launch edge's
   graph::edge_flags flags = graph::edge_flags::none;
   int rank = 0;
@@ -78,11 +74,8 @@ struct dispatch_anchor {
     const std::uint32_t l1 = launch_of[s.first], l2 = launch_of[s.last];
     if (l1 == ~std::uint32_t{0} || l2 == ~std::uint32_t{0}) continue;
     const graph::edge& e = g.edges[l1];
-    const std::uint32_t lp = s.permute != graph::no_task ? launch_of[s.permute] : ~std::uint32_t{0};
     out.push_back({.gpu_before = s.first, .cpu_before = e.from, .gpu_after = next[s.last], .cpu_after = next[g.edges[l2].from],
-                   .gpu_counts = lp != ~std::uint32_t{0} ? s.permute : graph::no_task,
-                   .cpu_counts = lp != ~std::uint32_t{0} ? g.edges[lp].from : graph::no_task, .delay = e.delay, .flags = e.flags(),
-                   .rank = s.rank, .bytes = s.bytes});
+                   .delay = e.delay, .flags = e.flags(), .rank = s.rank, .bytes = s.bytes});
   }
   return out;
 }
@@ -90,21 +83,19 @@ struct dispatch_anchor {
 /// What `insert_dispatch` made.
 struct dispatch_insertion {
   std::size_t all_to_alls = 0, joined = 0;  ///< inserted; of them joined over their EP group
-  std::size_t counts = 0;                   ///< token-count all-gathers inserted
   time_ns transfer = 0;                     ///< the all-to-alls' transfer time, summed
 };
 
 /// Inserts the dispatch and combine of each anchor of `anchors` into `b` (see the header
 /// comment): the tasks it names are mapped through `copies` (where an edit since `anchors` were
 /// taken put them; empty: none), the transfers timed by `nccl` on `hw` over the EP group of `ep`
-/// ranks that `members` gives each global rank, the launches with `profile`'s host times; the
-/// token-count exchange of `count_bytes` over the group `count_members` gives (0 bytes: none).
-/// Task ids change (`adopt`). O(tasks + edges).
-template <class Members, class CountMembers>
+/// ranks that `members` gives each global rank, the launches with `profile`'s host times. Task
+/// ids change (`adopt`). O(tasks + edges).
+template <class Members>
 [[nodiscard]] dispatch_insertion insert_dispatch(graph::built_job& b, const std::vector<dispatch_anchor>& anchors,
                                                  const std::vector<std::vector<graph::task_id>>& copies, Members&& members,
-                                                 std::int64_t count_bytes, CountMembers&& count_members, const model::nccl_model& nccl,
-                                                 const model::hardware& hw, const model::cost_profile& profile) {
+                                                 const model::nccl_model& nccl, const model::hardware& hw,
+                                                 const model::cost_profile& profile) {
   graph::task_graph& g = b.graph;
   const auto kept = [&](graph::task_id t) {
     if (t == graph::no_task || copies.empty()) return t;
@@ -121,7 +112,6 @@ template <class Members, class CountMembers>
     const dispatch_anchor* a;
     time_ns transfer;
     std::size_t at;  ///< its first insertion
-    bool counts;     ///< with a token-count exchange (its 3 insertions last)
   };
   std::vector<insertion> ins;
   std::vector<placed> done;
@@ -149,14 +139,7 @@ template <class Members, class CountMembers>
     // Dispatch before the experts, combine after them.
     launched(cb, gb, transfer, "ncclDevKernel_AllToAll");
     launched(ca, ga, transfer, "ncclDevKernel_AllToAll");
-    const graph::task_id gc = kept(a.gpu_counts), cc = kept(a.cpu_counts);
-    const bool counts = count_bytes > 0 && gc != graph::no_task && cc != graph::no_task && prev[gc] != graph::no_task &&
-                        prev[cc] != graph::no_task;
-    if (counts) {
-      const model::collective_op op{model::collective::all_gather, count_bytes, model::placement_of(count_members(a.rank), hw)};
-      launched(cc, gc, nccl.collective_time(op, hw), "ncclDevKernel_AllGather");
-    }
-    done.push_back({&a, transfer, at, counts});
+    done.push_back({&a, transfer, at});
   }
   edited_graph e = insert_after(g, ins);
   dispatch_insertion out;
@@ -167,22 +150,13 @@ template <class Members, class CountMembers>
     std::int64_t bytes = 0;
   };
   std::map<int, member_calls> groups;
-  std::map<int, std::int64_t> count_sequence;
   for (std::size_t i = 0; i < done.size(); ++i) {
     const dispatch_anchor& a = *done[i].a;
-    for (std::size_t j = 0; j < (done[i].counts ? 3u : 2u); ++j) {
+    for (std::size_t j = 0; j < 2; ++j) {
       const std::size_t x = done[i].at + 3 * j;
       const graph::task_id call = e.inserted[x], arrive = e.inserted[x + 1], complete = e.inserted[x + 2];
       e.graph.add_edge(call, arrive, a.delay, graph::edge_kind::launch, a.flags);
       e.graph.add_edge(arrive, complete, 0, graph::edge_kind::dependency);
-      if (j == 2) {
-        e.graph.collectives.push_back({.kind = "allgather", .group = std::string(inserted_ep_group) + "counts." + std::to_string(a.rank),
-                                       .group_ranks = {}, .bytes = count_bytes, .sequence = count_sequence[a.rank]++,
-                                       .arrive = {arrive}, .complete = {complete}, .join = graph::no_task,
-                                       .match = "inserted by an EP change from 1: the token counts (the group folded onto its traced rank)"});
-        ++out.counts;
-        continue;
-      }
       const std::vector<int> group = members(a.rank);
       member_calls& mc = groups[group.front()];
       mc.members = group;
