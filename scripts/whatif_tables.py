@@ -199,6 +199,9 @@ MOE_CASES = [
     # From EP 4 over DP 8 (two replicas of each expert shard: the expert gradients are reduced).
     ("MoE: EP 4→2", {"--ep": "4", "--dp": "8", "--global-batch": "16"}, {"--ep": "2"}),
     ("MoE: EP 2→1 (all-to-alls removed)", {}, {"--ep": "1"}),
+    # From EP 1 the dispatch and combine are inserted around each MoE layer pass's experts.
+    ("MoE: EP 1→2 (all-to-alls inserted)", {"--ep": "1"}, {"--ep": "2"}),
+    ("MoE: EP 1→4 (all-to-alls inserted)", {"--ep": "1"}, {"--ep": "4"}),
     ("MoE: experts 128→64", {}, {"--experts": "64"}),
     ("MoE: top-8→4", {}, {"--top-k": "4"}),
     ("MoE: expert FFN 768→1536", {}, {"--expert-ffn": "1536"}),

@@ -98,6 +98,7 @@
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/model_fit.hpp>
 #include <lumos/whatif/moe.hpp>
+#include <lumos/whatif/moe_dispatch.hpp>
 #include <lumos/whatif/options.hpp>
 #include <lumos/whatif/pass_labels.hpp>
 #include <lumos/whatif/pipeline.hpp>

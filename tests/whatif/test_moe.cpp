@@ -1,6 +1,8 @@
 // The MoE what-if (include/lumos/whatif/moe.hpp): expert parallelism resized on a synth MoE job
-// (the all-to-alls re-timed over the new EP group, removed at EP 1, a target EP that does not
-// divide DP refused), and measured against balanced routing on the hand-made unbalanced traces.
+// (the all-to-alls re-timed over the new EP group, removed at EP 1, inserted from EP 1 with their
+// launches and joined over a new EP group, a target EP that does not divide DP refused), measured
+// against balanced routing on the hand-made unbalanced traces, and a loop of per-expert GEMMs
+// lengthened or shortened with the experts per rank.
 #include "../unit/test_support.hpp"
 
 #include <lumos/trace/job.hpp>
@@ -60,7 +62,71 @@ const std::filesystem::path& moe_test_job_dir() {
   return out;
 }
 
+/// The job with 2 layers (structure discovery places the backward of a layer between two others)
+/// at EP `ep`: at 1 no all-to-all; at another, the direct truth of an EP change from 1.
+const std::filesystem::path& moe_test_job_dir(int ep) {
+  static lumos_test::temp_dir dir;
+  static std::map<int, std::filesystem::path> made;
+  auto [it, fresh] = made.try_emplace(ep);
+  if (fresh) {
+    it->second = dir.path() / ("ep" + std::to_string(ep));
+    const auto r = lumos_test::run_cli("synth --model qwen3-30b-a3b --layers 2 --seq 1024 --tp 1 --pp 1 --dp 4 --ep " + std::to_string(ep) +
+                                       " --micro-batch 1 --global-batch 4 --gpu h100-sxm --detail kernel --unfold --out " + it->second.string());
+    REQUIRE(r.code == 0);
+  }
+  return it->second;
+}
+
 }  // namespace
+
+TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their launches, joined over a new EP group", "[whatif][moe]") {
+  const trace::job job = trace::load_job({moe_test_job_dir(1)});
+  for (const int ep : {2, 4}) {
+    whatif::whatif_options o;
+    o.moe.ep = ep;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    CHECK(moe_test_all_to_alls(r.baseline.built.graph).empty());
+    const auto a2a = moe_test_all_to_alls(r.predicted.built.graph);
+    // As many all-to-all instances as the job synthesized at that EP runs, each joined over EP ranks.
+    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_dir(ep)}), whatif::whatif_options{});
+    CHECK(a2a.size() == moe_test_all_to_alls(direct.baseline.built.graph).size());
+    std::size_t participants = 0;
+    for (const auto* ci : a2a) {
+      CHECK(ci->group.starts_with("ep.inserted."));
+      CHECK(ci->group_ranks.size() == std::size_t(ep));
+      CHECK(ci->arrive.size() == std::size_t(ep));
+      CHECK(ci->join != graph::no_task);
+      CHECK(ci->bytes > 0);
+      participants += ci->arrive.size();
+    }
+    // Each participant launched by a call of its own.
+    const auto launches = [](const graph::task_graph& g) {
+      std::size_t n = 0;
+      for (graph::task_id t = 0; t < g.task_count(); ++t) n += g.task_name(t) == "cudaLaunchKernel";
+      return n;
+    };
+    // The expert-data-parallel gradient collectives' participants (removed with their launches
+    // where EP = DP: one replica of each expert shard).
+    const auto expert_dp = [](const graph::task_graph& g) {
+      std::size_t n = 0;
+      for (const auto& ci : g.collectives) n += ci.group.starts_with("edp.") ? ci.complete.size() : 0;
+      return n;
+    };
+    CHECK(launches(r.predicted.built.graph) + expert_dp(r.baseline.built.graph) ==
+          launches(r.baseline.built.graph) + participants + expert_dp(r.predicted.built.graph));
+    const whatif::change* c = moe_test_change(r);
+    REQUIRE(c != nullptr);
+    CHECK(c->figures[5].after == double(participants));  // all-to-alls inserted
+    // The prediction is near the job synthesized at that EP.
+    const double err = double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0;
+    CHECK(std::abs(err) < 0.05);
+  }
+  whatif::whatif_options bad;
+  bad.moe.ep = 3;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, bad), Catch::Contains("EP must divide DP x CP"));
+  const auto cli = lumos_test::run_cli("whatif " + moe_test_job_dir(1).string() + " --ep 3");
+  CHECK(cli.code == 2);
+}
 
 TEST_CASE("synth MoE traces run the all-to-alls over an expert-parallel group", "[whatif][moe]") {
   const trace::job job = trace::load_job({moe_test_job_dir()});
@@ -117,7 +183,7 @@ TEST_CASE("whatif --ep: all-to-alls re-timed over the new EP group, removed at E
   CHECK(moe_test_all_to_alls(r1.predicted.built.graph).empty());
   const whatif::change* c1 = moe_test_change(r1);
   REQUIRE(c1 != nullptr);
-  REQUIRE(c1->figures.size() == 5);
+  REQUIRE(c1->figures.size() == 8);
   CHECK(c1->figures[3].after == double(before.size()));  // all-to-alls removed
   CHECK(r1.predicted.built.graph.task_count() < r1.baseline.built.graph.task_count());
 
@@ -179,8 +245,39 @@ TEST_CASE("whatif --routing balanced on a loop of per-expert GEMMs: each expert'
   REQUIRE(c != nullptr);
   REQUIRE(c->figures.size() >= 2);
   CHECK(c->figures[0].after > 0);  // expert GEMMs rescaled
-  // An EP or expert-count change would change the loop's length: refused.
-  whatif::whatif_options ep;
-  ep.moe.experts = 8;
-  CHECK_THROWS_WITH(whatif::run_whatif(job, ep), Catch::Contains("loop of per-expert GEMMs"));
+}
+
+TEST_CASE("whatif --experts on a loop of per-expert GEMMs: the loop's units repeated or removed with their launches", "[whatif][moe]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "loop_unbalanced"});
+  // Kernels and launch calls of a graph.
+  const auto counts = [](const graph::task_graph& g) {
+    std::pair<std::size_t, std::size_t> n{0, 0};
+    for (graph::task_id t = 0; t < g.task_count(); ++t) {
+      if (g.kind[t] == graph::task_kind::gpu_compute) ++n.first;
+      if (g.task_name(t) == "cudaLaunchKernel") ++n.second;
+    }
+    return n;
+  };
+  whatif::whatif_options twice, half;
+  twice.moe.experts = 8;
+  half.moe.experts = 2;
+  const whatif::whatif_result r2 = whatif::run_whatif(job, twice), r05 = whatif::run_whatif(job, half);
+  const auto base = counts(r2.baseline.built.graph), more = counts(r2.predicted.built.graph), fewer = counts(r05.predicted.built.graph);
+  REQUIRE(more.first > base.first);
+  CHECK(fewer.first < base.first);
+  // Twice the experts add as many units as half of them remove, less the last unit's tail
+  // (what follows its last GEMM, which the loop's last unit leaves out).
+  const std::size_t added = more.first - base.first, removed = base.first - fewer.first;
+  CHECK(added >= removed);
+  CHECK(added <= 2 * removed + 2);
+  // Every kernel comes or goes with its launch call.
+  CHECK(more.second - base.second == added);
+  CHECK(base.second - fewer.second == removed);
+  const whatif::change* c = moe_test_change(r2);
+  REQUIRE(c != nullptr);
+  REQUIRE(c->figures.size() == 8);
+  CHECK(c->figures[7].after == double(added));  // per-expert launches added
+  // Each expert of the target computes an even share of the rank's copies: with twice the
+  // experts, the expert GEMMs' time about stays (each of twice as many GEMMs has half the rows).
+  CHECK(r2.predicted.simulated_ns > 0);
 }

@@ -19,11 +19,14 @@
 //  - each all-to-all of the EP group (its message: the rank's tokens x top-k x hidden) re-timed
 //    through the NCCL model over the target's EP group (a group that spans nodes costs the
 //    cross-node link), as a ratio on its measured time, its group's members renumbered as the
-//    target's; to EP 1 they are removed with their launches;
+//    target's; to EP 1 they are removed with their launches; from EP 1 they are inserted around
+//    the experts of each MoE layer pass (moe_dispatch.hpp);
+//  - the launches that run once per local expert follow the experts per rank
+//    (detail/moe_launches.hpp);
 //  - the optimizer kernels follow the parameters per rank (dense + the experts it holds) and the
 //    expert-data-parallel gradient collectives the expert parameters per rank over a group of
 //    DP x CP / EP ranks.
-// Measured launches and CPU work stay. Runs after the tensor-parallel and precision passes and
+// Other measured launches and CPU work stay. Runs after the tensor-parallel and precision passes and
 // before the data-parallel one (which prices the gradients of the target) and before the
 // layers are copied, so that copies carry it.
 
@@ -35,8 +38,10 @@
 #include <lumos/whatif/change.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
+#include <lumos/whatif/detail/moe_launches.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/moe_dispatch.hpp>
 #include <lumos/whatif/result.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/tensor_parallel.hpp>
@@ -47,9 +52,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <numeric>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace lumos::whatif {
@@ -58,9 +65,13 @@ namespace lumos::whatif {
 struct moe_stats {
   std::size_t expert_gemms = 0, routers = 0, routes = 0, permutes = 0, activations = 0;
   std::size_t all_to_alls = 0, removed = 0;  ///< all-to-alls re-timed, removed
+  std::size_t inserted = 0, joined = 0;      ///< all-to-alls inserted from EP 1; of them joined over their EP group
   std::size_t expert_gradients = 0, gradients_removed = 0;  ///< expert-DP gradient collectives re-timed, removed
   time_ns gradient_before = 0, gradient_after = 0;
   std::size_t optimizer = 0;       ///< optimizer kernels rescaled by the parameters per rank
+  std::size_t launch_runs = 0, launches_removed = 0, launches_added = 0;  ///< per-expert launches (detail/moe_launches.hpp)
+  std::size_t folded = 0;  ///< grouped operators whose per-expert launches are folded into their host time
+  time_ns host_before = 0, host_after = 0;
   time_ns expert_before = 0, expert_after = 0, a2a_before = 0, a2a_after = 0;
   double copies_from = 0, copies_to = 0;  ///< copies per rank, the slowest traced rank's
 };
@@ -79,6 +90,8 @@ struct moe_op {
   /// weight gradient (K = rows, an fp32 output), else M = rows.
   double m = 0, n = 0, k = 0, experts = 0;
   bool wgrad = false;
+  std::uint32_t owner = ~std::uint32_t{0};  ///< the operator that launched it (`moe_shape_op`)
+  int pass = -1, layer = -1, phase = -1;
 };
 
 /// What the traces' MoE layers hold per rank: the copies its experts computed (first forward
@@ -153,7 +166,7 @@ struct moe_ranks {
     const auto& map = b.ranks[c.rank].task_of_event;
     if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
     const trace::rank_trace& t = job.ranks[c.rank];
-    moe_op m{.task = map[c.op], .rank = c.rank};
+    moe_op m{.task = map[c.op], .rank = c.rank, .owner = moe_shape_op(c), .pass = c.pass, .layer = c.layer, .phase = static_cast<int>(c.phase)};
     const std::string names = moe_names_of(t, c);
     const bool forward = c.phase == phase_kind::forward;
     const auto dims = moe_dims_of(t, c);
@@ -315,9 +328,11 @@ inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>
       case moe_op_kind::expert_gemm: {
         double ratio = 1;
         if (o.rows > 0) {
-          // A loop: this expert's rows in the target, an even share of the rank's copies or its own.
-          const double local = static_cast<double>(std::max<std::int64_t>(1, r.local[o.rank]));
-          const double n2 = even && c1 > 0 ? c2 / local : static_cast<double>(o.rows) * rows;
+          // A loop: this expert's rows in the target, an even share of the rank's copies or its
+          // own; an even share of the target's experts per rank when their count changes (the
+          // loop's length follows them: detail/moe_launches.hpp).
+          const double local = l1 != l2 ? l2 : static_cast<double>(std::max<std::int64_t>(1, r.local[o.rank]));
+          const double n2 = (even || l1 != l2) && c1 > 0 ? c2 / local : static_cast<double>(o.rows) * rows;
           ratio = gemm(n2, w2, 1) / gemm(static_cast<double>(o.rows), w1, 1);
         } else if (o.experts > 0 && c1 > 0) {
           // Its dims in the target: the rows per expert (M, or K of a weight gradient) and the
@@ -340,7 +355,8 @@ inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>
         break;
       }
       case moe_op_kind::expert_act:
-        moe_scale(g, o.task, rows * w2 / w1, min_ns);
+        // A loop's activation is one expert's: its rows follow the copies per local expert.
+        moe_scale(g, o.task, rows * w2 / w1 * (r.loop && !r.grouped ? l1 / l2 : 1.0), min_ns);
         ++st.activations;
         break;
       case moe_op_kind::router:
@@ -468,9 +484,11 @@ inline void retime_moe_comm(graph::task_graph& g, const moe_comm& c, const moe_c
   ++(a2a ? st.all_to_alls : st.expert_gradients);
 }
 
-/// Removes the collectives `which` of `b` with their joins and launch calls; `transfer` sums
-/// the transfer time removed. Renumbers the graph's tasks.
-inline void remove_moe_comms(graph::built_job& b, const std::vector<moe_comm>& which, time_ns& transfer) {
+/// Removes the collectives `which` of `b` with their joins and launch calls, and applies the
+/// disjoint editor groups `groups` in the same edit; `transfer` sums the transfer time removed.
+/// Renumbers the graph's tasks.
+inline std::vector<std::vector<graph::task_id>> remove_moe_comms(graph::built_job& b, const std::vector<moe_comm>& which,
+                                                                 time_ns& transfer, std::vector<repeat_group> groups = {}) {
   graph::task_graph& g = b.graph;
   std::vector<graph::task_id> launcher(g.task_count(), graph::no_task);
   for (const graph::edge& e : g.edges) {
@@ -487,11 +505,34 @@ inline void remove_moe_comms(graph::built_job& b, const std::vector<moe_comm>& w
     }
     if (c.join != graph::no_task) gone[c.join] = 1;
   }
-  std::vector<repeat_group> groups;
   for (graph::task_id t = 0; t < g.task_count(); ++t) {
     if (gone[t]) groups.push_back({.tasks = {t}, .count = 0});
   }
-  (void)adopt(b, repeat_groups(g, groups));
+  return adopt(b, repeat_groups(g, groups));
+}
+
+/// The dispatch sites of `ops` (detail/moe_dispatch.hpp): per rank, pass, layer and forward or
+/// backward phase, its first and last expert GEMM, and the rank's tokens x top-k x hidden in
+/// bytes (`copies` per job rank as traced, `topk` the target's over the traced top-k).
+[[nodiscard]] inline std::vector<dispatch_site> dispatch_sites(const graph::task_graph& g, const std::vector<moe_op>& ops,
+                                                               const std::vector<double>& copies, double topk, double hidden,
+                                                               double element_bytes) {
+  std::map<std::tuple<std::size_t, int, int, int>, dispatch_site> by;
+  for (const moe_op& o : ops) {
+    if (o.kind != moe_op_kind::expert_gemm || o.layer < 0) continue;
+    if (o.phase != static_cast<int>(phase_kind::forward) && o.phase != static_cast<int>(phase_kind::backward)) continue;
+    if (o.rank >= copies.size() || copies[o.rank] <= 0) continue;
+    auto [it, fresh] = by.try_emplace({o.rank, o.pass, o.layer, o.phase});
+    dispatch_site& s = it->second;
+    if (fresh) {
+      s = {.first = o.task, .last = o.task, .rank = g.rank[o.task], .bytes = copies[o.rank] * topk * hidden * element_bytes};
+    } else if (g.processor[o.task] == g.processor[s.first]) {
+      s.first = std::min(s.first, o.task), s.last = std::max(s.last, o.task);
+    }
+  }
+  std::vector<dispatch_site> out;
+  for (auto& [key, site] : by) out.push_back(site);
+  return out;
 }
 
 /// The factor on the optimizer's work per rank: its parameters per rank follow the expert
@@ -579,8 +620,8 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
 
 /// Pass: a mixture-of-experts change (`--ep`, `--experts`, `--top-k`, `--expert-ffn`,
 /// `--routing`; see the header comment). Refused with an error when the traces have no MoE
-/// layer, when a loop of per-expert GEMMs would change length (another EP or expert count), and
-/// from EP 1 to more (no all-to-all traced to resize).
+/// layer, when a loop of per-expert GEMMs must change length and its per-expert units cannot be
+/// told, and from EP 1 when no MoE layer pass has launched expert GEMMs to place the all-to-alls.
 struct moe_pass {
   std::optional<moe_summary> made;
 
@@ -598,19 +639,20 @@ struct moe_pass {
     const moe_routing routing = t.routing.value_or(moe_routing::measured);
     detail::moe_ranks ranks;
     const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
-    if (ranks.loop && !ranks.grouped && (to.ep != from.ep || to.experts != from.experts)) {
-      throw error("whatif --ep/--experts: the traces run their experts as a loop of per-expert GEMMs, whose length would change; "
-                  "only --top-k, --expert-ffn and --routing rewrite them");
-    }
-    if (from.ep == 1 && to.ep > 1) {
-      throw error("whatif --ep " + std::to_string(to.ep) + ": the traces have no expert parallelism (EP 1, no dispatch all-to-all); "
-                  "inserting the all-to-alls is not supported, only resizing or removing them");
-    }
     std::string routing_note;
     const std::vector<double> copies = detail::target_copies(ctx.job, ranks, from, to, routing, tp, dp, routing_note);
     const shape_costs& costs = ctx.costs(b);
     moe_stats s = detail::rescale_moe_ops(b.graph, ops, ranks, copies, from, to, hidden, to.expert_ffn / tp,
                                           routing == moe_routing::balanced || to.experts != from.experts, costs);
+    detail::expert_launch_plan launches = plan_launches(b, ops, ranks, from, to);
+    // From EP 1: where the dispatch and combine go, taken before the edits below renumber.
+    std::vector<detail::dispatch_anchor> anchors;
+    if (from.ep == 1 && to.ep > 1) {
+      anchors = detail::dispatch_anchors(b.graph, detail::dispatch_sites(b.graph, ops, ranks.copies, static_cast<double>(to.top_k) / from.top_k,
+                                                                         static_cast<double>(hidden), costs.element_bytes));
+    }
+    s.launch_runs = launches.runs, s.launches_removed = launches.kernels_removed, s.launches_added = launches.kernels_added;
+    s.folded = launches.folded, s.host_before = launches.host_before, s.host_after = launches.host_after;
     const model::nccl_model nccl = ctx.nccl ? ctx.nccl->first : model::nccl_model{ctx.traced_profile()};
     const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
     const int dpcp_to = ctx.options.dp.value_or(dp);
@@ -632,10 +674,21 @@ struct moe_pass {
         detail::retime_moe_comm(b.graph, c, from, to, tp, dp, dpcp_to, params, nccl, hw, s);
       }
     }
-    if (!removed.empty()) {
+    std::vector<std::vector<graph::task_id>> moved;  // where the edit put each task (empty: no edit)
+    if (!removed.empty() || !launches.groups.empty()) {
       time_ns gone = 0;
-      detail::remove_moe_comms(b, removed, gone);
+      moved = detail::remove_moe_comms(b, removed, gone, std::move(launches.groups));
       if (to.ep == 1) s.a2a_before += gone;
+      ctx.refresh(b);
+    }
+    if (from.ep == 1 && to.ep > 1) {
+      const auto members = [&](int rank) { return detail::ep_members(rank, tp, dp, to.ep); };
+      const detail::dispatch_insertion d = detail::insert_dispatch(b, anchors, moved, members, nccl, hw, costs.profile);
+      if (d.all_to_alls == 0) {
+        throw error("whatif --ep " + std::to_string(to.ep) + ": no MoE layer pass with launched expert GEMMs to place the dispatch and "
+                    "combine all-to-alls beside");
+      }
+      s.inserted = d.all_to_alls, s.joined = d.joined, s.a2a_after += d.transfer;
       ctx.refresh(b);
     }
     made = moe_summary{from, to, routing};
@@ -651,6 +704,28 @@ struct moe_pass {
   void after_replay(const context&, whatif_result& out) const { out.moe = made; }
 
  private:
+  /// The per-expert launches of `ops` planned for the target's local experts (one edit with the
+  /// removals). Throws `lumos::error` when a loop of per-expert GEMMs must change length and its
+  /// units cannot be told.
+  [[nodiscard]] static detail::expert_launch_plan plan_launches(graph::built_job& b, const std::vector<detail::moe_op>& ops,
+                                                                const detail::moe_ranks& ranks, const moe_config& from,
+                                                                const moe_config& to) {
+    std::vector<detail::expert_launch> launches;
+    for (const detail::moe_op& o : ops) {
+      if (o.kind != detail::moe_op_kind::expert_gemm) continue;
+      launches.push_back({.task = o.task, .rank = o.rank, .owner = o.owner, .pass = o.pass, .layer = o.layer, .phase = o.phase,
+                          .loop = o.rows > 0, .experts = static_cast<std::int64_t>(o.experts)});
+    }
+    const std::int64_t l1 = from.experts / from.ep, l2 = to.experts / to.ep;
+    detail::expert_launch_plan plan = detail::expert_launch_groups(b.graph, detail::expert_runs(b.graph, launches, ranks.local), l1, l2);
+    if (ranks.loop && !ranks.grouped && l1 != l2 && plan.runs == 0) {
+      throw error("whatif --ep/--experts: the traces run their experts as a loop of per-expert GEMMs whose per-expert units "
+                  "(the same GEMM count for each expert, launched from one host thread) cannot be told, so the loop's length "
+                  "cannot follow the experts per rank; only --top-k, --expert-ffn and --routing rewrite them");
+    }
+    return plan;
+  }
+
   [[nodiscard]] static change moe_change(const moe_config& from, const moe_config& to, moe_routing routing, const std::string& note,
                                          const moe_stats& s) {
     auto text = [](const moe_config& c) {
@@ -662,19 +737,24 @@ struct moe_pass {
                   "%s -> %s (%s routing; %s): %zu expert GEMMs rescaled by the kernel model of the copies each rank computes "
                   "(%.0f -> %.0f on the slowest rank) over experts / EP, %.3f -> %.3f ms; %zu routers, %zu top-k, %zu "
                   "permutations, %zu expert activations rescaled; %zu all-to-alls re-timed through the NCCL model over the "
-                  "target's EP group, %zu removed (EP 1), %.3f -> %.3f ms; %zu expert-data-parallel gradient collectives re-timed "
+                  "target's EP group, %zu removed (EP 1), %zu inserted from EP 1 (%zu joined over their EP group), %.3f -> %.3f ms; %zu expert-data-parallel gradient collectives re-timed "
                   "for the expert parameters per rank over DP x CP / EP ranks, %.3f -> %.3f ms, %zu removed (one replica of each "
-                  "expert shard); %zu optimizer kernels by the parameters per rank; launches and CPU work as traced",
+                  "expert shard); %zu optimizer kernels by the parameters per rank; per-expert launches of %zu runs: %zu removed, "
+                  "%zu added (each with its launch call); %zu grouped operators with the launches folded into their host time: "
+                  "%.3f -> %.3f ms; other launches and CPU work as traced",
                   text(from).c_str(), text(to).c_str(), routing == moe_routing::balanced ? "balanced" : "measured", note.c_str(),
                   s.expert_gemms, s.copies_from, s.copies_to, static_cast<double>(s.expert_before) / 1e6,
-                  static_cast<double>(s.expert_after) / 1e6, s.routers, s.routes, s.permutes, s.activations, s.all_to_alls, s.removed,
-                  static_cast<double>(s.a2a_before) / 1e6, static_cast<double>(s.a2a_after) / 1e6, s.expert_gradients,
+                  static_cast<double>(s.expert_after) / 1e6, s.routers, s.routes, s.permutes, s.activations, s.all_to_alls, s.removed, s.inserted,
+                  s.joined, static_cast<double>(s.a2a_before) / 1e6, static_cast<double>(s.a2a_after) / 1e6, s.expert_gradients,
                   static_cast<double>(s.gradient_before) / 1e6, static_cast<double>(s.gradient_after) / 1e6, s.gradients_removed,
-                  s.optimizer);
+                  s.optimizer, s.launch_runs, s.launches_removed, s.launches_added, s.folded, static_cast<double>(s.host_before) / 1e6,
+                  static_cast<double>(s.host_after) / 1e6);
     return changed("moe", "MoE", text(from), text(to), line,
                    {count_figure("expert GEMMs rescaled", s.expert_gemms), time_figure("expert GEMM time", s.expert_before, s.expert_after),
                     count_figure("all-to-alls re-timed", s.all_to_alls), count_figure("all-to-alls removed", s.removed),
-                    time_figure("all-to-all time", s.a2a_before, s.a2a_after)});
+                    time_figure("all-to-all time", s.a2a_before, s.a2a_after), count_figure("all-to-alls inserted", s.inserted),
+                    count_figure("per-expert launches removed", s.launches_removed),
+                    count_figure("per-expert launches added", s.launches_added)});
   }
 };
 static_assert(Rewrite<moe_pass>);
