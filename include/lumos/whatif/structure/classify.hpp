@@ -5,6 +5,7 @@
 // events again.
 
 #include <lumos/core/strings.hpp>
+#include <lumos/trace/comm.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
@@ -98,10 +99,10 @@ class comm_args_source {
   return false;
 }
 
-/// Collective kind of a communication op from its `Collective name` arg or its kernel name.
+/// Collective kind of a communication op from its `Collective name` arg (c10d's variants named by
+/// the collective they run: `trace::collective_name_kind`) or its kernel name.
 [[nodiscard]] inline std::string comm_kind(std::string_view kernel, std::string_view arg) {
-  std::string s = lower(arg);
-  std::erase(s, '_');
+  const std::string s = trace::collective_name_kind(arg);
   if (s == "alltoall" || s == "alltoallbase" || s == "alltoallv") return "alltoall";
   if (s == "send" || s == "recv" || s == "sendrecv" || s == "coalesced") return "sendrecv";
   if (!s.empty()) return s;

@@ -49,12 +49,7 @@ struct fsdp_group_counts {
   for (const launch_rec& l : in.ranks[ri].launches) {
     if (!l.comm || l.p2p) continue;
     const std::size_t src = args_of.of(l.op);
-    std::string kind = comm_kind(t.name(t.events[l.op]), t.arg_text(src, trace::arg_key::collective_name));
-    // FSDP2's collectives record c10d's names (`_allgather_base`, `_reduce_scatter_base`, their
-    // coalesced forms).
-    for (const char* k : {"allgather", "reducescatter", "allreduce"}) {
-      if (kind.starts_with(k)) kind = k;
-    }
+    const std::string kind = comm_kind(t.name(t.events[l.op]), t.arg_text(src, trace::arg_key::collective_name));
     std::string name(t.arg_text(src, trace::arg_key::process_group_name));
     if (name.empty()) name = l.instance >= 0 ? "world" : "(unmatched, peers absent)";
     fsdp_group_counts& c = out[name];
