@@ -51,6 +51,9 @@ inline constexpr std::uint32_t no_event = ~std::uint32_t{0};
 /// The phase an enclosing CPU event marks, if any (see docs/whatif.md).
 [[nodiscard]] inline std::optional<phase_kind> phase_marker(std::string_view name) {
   if (name.starts_with("ProfilerStep#")) return std::nullopt;
+  // FSDP2's hooks (FSDP::pre_forward, FSDP::post_forward, ...) wrap a unit's gathers, not its
+  // compute: as markers they would leave the unit's GEMMs outside the pass they run in.
+  if (name.starts_with("FSDP::")) return std::nullopt;
   const std::string l = lower(name);
   if (l.find("backward") != std::string::npos || l.starts_with("autograd::engine::evaluate_function")) return phase_kind::backward;
   if (l.find("zero_grad") != std::string::npos) return phase_kind::other;
