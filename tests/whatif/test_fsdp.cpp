@@ -128,13 +128,13 @@ TEST_CASE("whatif on FSDP2 traces with c10d's collective names: --fsdp off and -
     REQUIRE(c->figures.size() == 2);
     // 5 gathers and 3 reduce-scatters per rank, matched across the 2 ranks.
     CHECK(c->figures[0].after == 8);
-    std::size_t gathers = 0, scatters_before_step = 0;
+    std::size_t gathers = 0, shard_group_scatters = 0;
     for (const auto& ci : r.predicted.built.graph.collectives) {
       gathers += ci.kind == "allgather";
-      scatters_before_step += ci.kind == "reducescatter" && ci.group == "0";
+      shard_group_scatters += ci.kind == "reducescatter" && ci.group == "0";
     }
     CHECK(static_cast<double>(gathers) == c->figures[1].after);
-    CHECK(scatters_before_step == 0);  // the shard group's are gone; the buckets' are the inserted group's
+    CHECK(shard_group_scatters == 0);  // the shard group's are gone; the buckets' are the inserted group's
   }
   SECTION("--dp 4: the shard group resized") {
     whatif::whatif_options o;

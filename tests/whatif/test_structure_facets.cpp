@@ -136,6 +136,8 @@ TEST_CASE("structure classify: names of events say phases, collectives, kernels,
   CHECK(phase_marker("Optimizer.zero_grad#Adam.zero_grad") == whatif::phase_kind::other);
   CHECK_FALSE(phase_marker("ProfilerStep#3").has_value());  // the iteration, not a phase
   CHECK_FALSE(phase_marker("aten::mm").has_value());
+  CHECK_FALSE(phase_marker("FSDP::pre_forward").has_value());  // FSDP2's hooks wrap gathers, not the unit's compute
+  CHECK_FALSE(phase_marker("FSDP::post_backward_reduce").has_value());
   CHECK(comm_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "") == "allreduce");
   CHECK(comm_kind("ncclKernel_AllGather_RING_LL_Sum_int8_t", "") == "allgather");
   CHECK(comm_kind("anything", "all_to_allv") == "alltoall");  // the arg wins over the kernel name
