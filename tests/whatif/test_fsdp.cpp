@@ -92,6 +92,62 @@ TEST_CASE("HSDP traces: the replica group's all-reduces, and no backward gathers
   CHECK(f.replica_group == "3");
 }
 
+TEST_CASE("FSDP2 over the default process group: the shard group is DP, not TP, and the units' compute is in its passes",
+          "[whatif][structure][fsdp]") {
+  const auto st = discover_fsdp_job(lumos_test::data_dir() / "fsdp" / "fsdp2_default_pg");
+  const auto& f = st.fsdp;
+  REQUIRE(f.found());
+  CHECK(f.group == "0");
+  CHECK(*f.units.value == 3);
+  CHECK(*f.all_gathers.value == 5);  // c10d's _allgather_base
+  CHECK(*f.reduce_scatters.value == 3);  // c10d's _reduce_scatter_base
+  CHECK(*f.shard.value == 2);
+  // Its forward all-gathers are the units' parameters: no TP, the group's 2 ranks are DP.
+  CHECK(*st.parallel.tp.value == 1);
+  CHECK(*st.parallel.dp.value == 2);
+  const auto g = std::find_if(st.groups.begin(), st.groups.end(), [](const whatif::process_group& x) { return x.name == "0"; });
+  REQUIRE(g != st.groups.end());
+  CHECK(g->description == "default_pg");
+  CHECK(std::none_of(g->roles.begin(), g->roles.end(), [](const auto& r) { return r.value == whatif::group_role::tp; }));
+  const auto dp = std::find_if(g->roles.begin(), g->roles.end(), [](const auto& r) { return r.value == whatif::group_role::dp; });
+  REQUIRE(dp != g->roles.end());
+  CHECK(dp->source.find("FSDP shard group") != std::string::npos);
+  // FSDP::pre_forward marks no phase: the blocks' GEMMs are in the forward pass, whose shapes give the model.
+  CHECK(*st.model.hidden.value == 256);
+}
+
+TEST_CASE("whatif on FSDP2 traces with c10d's collective names: --fsdp off and --dp", "[whatif][fsdp]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "fsdp" / "fsdp2_default_pg"});
+  SECTION("--fsdp off: the _allgather_base and _reduce_scatter_base collectives replaced by buckets") {
+    whatif::whatif_options o;
+    o.fsdp = false;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    const whatif::change* c = fsdp_change(r, "FSDP");
+    REQUIRE(c != nullptr);
+    CHECK(c->to == "off");
+    REQUIRE(c->figures.size() == 2);
+    // 5 gathers and 3 reduce-scatters per rank, matched across the 2 ranks.
+    CHECK(c->figures[0].after == 8);
+    std::size_t gathers = 0, shard_group_scatters = 0;
+    for (const auto& ci : r.predicted.built.graph.collectives) {
+      gathers += ci.kind == "allgather";
+      shard_group_scatters += ci.kind == "reducescatter" && ci.group == "0";
+    }
+    CHECK(static_cast<double>(gathers) == c->figures[1].after);
+    CHECK(shard_group_scatters == 0);  // the shard group's are gone; the buckets' are the inserted group's
+  }
+  SECTION("--dp 4: the shard group resized") {
+    whatif::whatif_options o;
+    o.dp = 4;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    const whatif::change* c = fsdp_change(r, "shard group");
+    REQUIRE(c != nullptr);
+    CHECK(c->from == "2");
+    CHECK(c->to == "4");
+    CHECK(r.predicted.simulated_ns > 0);
+  }
+}
+
 TEST_CASE("no FSDP in traces whose data parallelism gathers only after the step, or that have none", "[whatif][structure][fsdp]") {
   CHECK_FALSE(discover_fsdp_job(lumos_test::data_dir() / "moe" / "loop_unbalanced").fsdp.found());
   lumos_test::temp_dir dir;

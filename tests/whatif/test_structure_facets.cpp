@@ -136,10 +136,24 @@ TEST_CASE("structure classify: names of events say phases, collectives, kernels,
   CHECK(phase_marker("Optimizer.zero_grad#Adam.zero_grad") == whatif::phase_kind::other);
   CHECK_FALSE(phase_marker("ProfilerStep#3").has_value());  // the iteration, not a phase
   CHECK_FALSE(phase_marker("aten::mm").has_value());
+  CHECK_FALSE(phase_marker("FSDP::pre_forward").has_value());  // FSDP2's hooks wrap gathers, not the unit's compute
+  CHECK_FALSE(phase_marker("FSDP::post_backward_reduce").has_value());
   CHECK(comm_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "") == "allreduce");
   CHECK(comm_kind("ncclKernel_AllGather_RING_LL_Sum_int8_t", "") == "allgather");
   CHECK(comm_kind("anything", "all_to_allv") == "alltoall");  // the arg wins over the kernel name
   CHECK(comm_kind("anything", "send") == "sendrecv");
+  // c10d's variants (FSDP2, DDP's coalesced ops) are the collective they run.
+  for (const char* name : {"_allgather_base", "allgather_into_tensor_coalesced", "allgather_coalesced", "all_gather"}) {
+    INFO(name);
+    CHECK(comm_kind("ncclDevKernel_AllGather_RING_LL", name) == "allgather");
+  }
+  for (const char* name : {"_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "REDUCE_SCATTER"}) {
+    INFO(name);
+    CHECK(comm_kind("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", name) == "reducescatter");
+  }
+  CHECK(comm_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "allreduce_coalesced") == "allreduce");
+  CHECK(comm_kind("ncclDevKernel_Reduce_Sum_f32_RING_LL", "reduce") == "reduce");  // not an all-reduce
+  CHECK(comm_kind("anything", "_alltoall_base") == "alltoall");
   CHECK(dtype_of_kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n") == "bf16");
   CHECK(dtype_of_kernel("ampere_fp16_s16816gemm_fp16_128x128") == "fp16");
   CHECK(dtype_of_kernel("void gelu_kernel") == "");

@@ -149,7 +149,7 @@ struct task_spec {
 /// communication kernels across ranks, and by model-driven builders; used by reports and by
 /// the trace writer (which emits one communication kernel per participant with these args).
 struct collective_instance {
-  std::string kind;              ///< "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "send_recv", ...
+  std::string kind;              ///< "allreduce", "allgather", "reducescatter", "alltoall", "send", ... (collective_name_kind)
   std::string group;             ///< process group name ("0", "tp.3", ...)
   std::vector<int> group_ranks;  ///< global ranks of the group, when known
   std::int64_t bytes = 0;        ///< message size in bytes (0 when unknown)

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <concepts>
+#include <string>
 #include <string_view>
 
 namespace lumos::trace {
@@ -44,5 +46,23 @@ struct default_comm_classifier {
   }
 };
 static_assert(CommClassifier<default_comm_classifier>);
+
+/// A `Collective name` arg in the one spelling the rest of lumos compares against: lower case,
+/// underscores dropped, and c10d's variants of a collective named by the collective they run
+/// (`_allgather_base`, `allgather_into_tensor_coalesced`, `allgather_coalesced` → "allgather";
+/// `_reduce_scatter_base`, `reduce_scatter_tensor_coalesced` → "reducescatter";
+/// `allreduce_coalesced` → "allreduce"). FSDP2 and DDP record these names, which name the same
+/// NCCL collective as the plain ones. Other names keep their letters ("send", "alltoallbase").
+[[nodiscard]] inline std::string collective_name_kind(std::string_view arg) {
+  std::string s;
+  s.reserve(arg.size());
+  for (const char c : arg) {
+    if (c != '_') s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  for (const std::string_view kind : {"allgather", "reducescatter", "allreduce"}) {
+    if (s.starts_with(kind)) return std::string(kind);
+  }
+  return s;
+}
 
 }  // namespace lumos::trace

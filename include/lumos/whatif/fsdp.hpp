@@ -51,14 +51,6 @@ namespace lumos::whatif {
 
 namespace detail {
 
-/// Whether a collective's kind is an all-gather: "allgather", or c10d's names for FSDP2's
-/// (`_allgather_base`, `allgather_into_tensor_coalesced`).
-[[nodiscard]] inline bool is_gather_kind(std::string_view kind) {
-  std::string k(kind);
-  std::erase(k, '_');
-  return k.starts_with("allgather");
-}
-
 /// The tasks that launched each task of `g` (no_task where none did).
 [[nodiscard]] inline std::vector<graph::task_id> launch_calls(const graph::task_graph& g) {
   std::vector<graph::task_id> out(g.task_count(), graph::no_task);
@@ -102,12 +94,12 @@ namespace detail {
 [[nodiscard]] inline std::vector<graph::task_id> shard_gathers(const graph::built_job& b, const trace::job& job, const job_structure& st) {
   std::vector<graph::task_id> out;
   for (const graph::collective_instance& ci : b.graph.collectives) {
-    if (ci.group != st.fsdp.group || !detail::is_gather_kind(ci.kind)) continue;
+    if (ci.group != st.fsdp.group || ci.kind != "allgather") continue;
     out.insert(out.end(), ci.arrive.begin(), ci.arrive.end());
     out.insert(out.end(), ci.complete.begin(), ci.complete.end());
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (c.group == st.fsdp.group && detail::is_gather_kind(c.kind)) out.push_back(c.task), out.push_back(c.arrive);
+    if (c.group == st.fsdp.group && c.kind == "allgather") out.push_back(c.task), out.push_back(c.arrive);
   }
   std::erase(out, graph::no_task);
   return out;
@@ -187,14 +179,14 @@ inline std::size_t remove_backward_gathers(graph::built_job& b, const trace::job
     groups.push_back({std::move(tasks), 0});
   };
   for (const graph::collective_instance& ci : g.collectives) {
-    if (ci.group != st.fsdp.group || !detail::is_gather_kind(ci.kind) || ci.complete.empty()) continue;
+    if (ci.group != st.fsdp.group || ci.kind != "allgather" || ci.complete.empty()) continue;
     std::vector<graph::task_id> tasks = ci.arrive;
     tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
     tasks.push_back(ci.join);
     remove(std::move(tasks), ci.complete.front());
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (c.group == st.fsdp.group && detail::is_gather_kind(c.kind) && c.task != graph::no_task) remove({c.arrive, c.task}, c.task);
+    if (c.group == st.fsdp.group && c.kind == "allgather" && c.task != graph::no_task) remove({c.arrive, c.task}, c.task);
   }
   if (groups.empty()) return 0;
   std::vector<graph::task_id> removed;

@@ -36,8 +36,9 @@ namespace lumos::whatif {
 ///
 /// The facets run in this order, each reading what the ones before it found: the launches of
 /// each rank's iteration (built once), iteration, phases, passes, layers, stages, layout (world
-/// and PP), schedule, process groups, TP/DP/EP, gradient reduction, model shape, memory recipe, layer task
-/// groups, GPU op contexts, all-to-alls, MoE layers, FSDP; the user's facts last.
+/// and PP), schedule, process groups, context parallelism, FSDP, TP/DP/EP, gradient reduction, model
+/// shape, memory recipe, layer task groups, GPU op contexts, all-to-alls, MoE layers; the user's
+/// facts last.
 [[nodiscard]] inline job_structure discover_structure(const trace::job& job, const graph::built_job& built,
                                                       const structure_options& options = {}) {
   discovery_inputs in = make_discovery_inputs(job, built, options);
@@ -51,6 +52,7 @@ namespace lumos::whatif {
   discover_schedule(in, out);
   discover_groups(in, out);
   discover_context_parallel(in, out);
+  discover_fsdp(in, out);  // labels the shard group DP before the degrees are read off the roles
   discover_parallel_degrees(in, out);
   discover_gradients(in, out);
   discover_model_shape(in, out);
@@ -59,7 +61,6 @@ namespace lumos::whatif {
   discover_gpu_ops(in, out);
   discover_all_to_alls(in, out);
   discover_moe(in, out);
-  discover_fsdp(in, out);
   apply_overrides(options, out);
   return out;
 }

@@ -21,6 +21,11 @@ The construction, which the tests assert:
 5 all-gathers (3 forward + 2 backward) and 3 reduce-scatters.
 `hsdp_2x2`: 4 ranks, shard groups {0,1} {2,3} (`mesh_dp_shard`) and replica groups {0,2} {1,3}
 (`mesh_dp_replicate`), reshard after forward off: 3 all-gathers, 3 reduce-scatters, 3 all-reduces.
+`fsdp2_default_pg`: `fsdp2_shard2` as FSDP2 over the whole world writes it on one node: the only
+process group is the default one (name "0", description `default_pg`), and each collective's
+`record_param_comms` sits inside c10d's operator (`c10d::_allgather_base_`,
+`c10d::_reduce_scatter_base_`) beside the NCCL backend's (`nccl:_all_gather_base`,
+`nccl:_reduce_scatter_base`), as torch.distributed records them.
 
 Run from anywhere: python3 tests/data/fsdp/make_fsdp_trace.py  (deterministic output).
 """
@@ -37,8 +42,8 @@ ADAM = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::na
 
 
 class Rank:
-    def __init__(self, rank, world, shard_ranks, replica_ranks, reshard):
-        self.rank, self.world = rank, world
+    def __init__(self, rank, world, shard_ranks, replica_ranks, reshard, default_pg=False):
+        self.rank, self.world, self.default_pg = rank, world, default_pg
         self.shard_ranks, self.replica_ranks, self.reshard = shard_ranks, replica_ranks, reshard
         self.events = []
         self.t = 1000.0  # µs; CPU cursor
@@ -83,10 +88,22 @@ class Rank:
         self.x(cat, name, tid, begin, self.t - begin)
 
     def collective(self, tid, kernel, coll, group, desc, ranks, stream, nelems_in, nelems_out, dtype, dur):
+        if self.default_pg:
+            group, desc = "0", "default_pg"
         args = {"Collective name": coll, "Process Group Name": group, "Process Group Description": desc,
                 "Process Group Ranks": "[" + ", ".join(map(str, ranks)) + "]", "Group size": len(ranks), "dtype": dtype,
                 "In msg nelems": nelems_in, "Out msg nelems": nelems_out}
-        self.op("record_param_comms", tid, None, kernel, stream, dur, args)
+        if not self.default_pg:
+            self.op("record_param_comms", tid, None, kernel, stream, dur, args)
+            return
+        # torch.distributed's nesting: c10d's operator, the record_param_comms that launches the
+        # kernel, then the NCCL backend's op.
+        backend = {"_allgather_base": "nccl:_all_gather_base", "_reduce_scatter_base": "nccl:_reduce_scatter_base"}.get(coll, "nccl:" + coll)
+
+        def body():
+            self.op("record_param_comms", tid, None, kernel, stream, dur, args)
+            self.op(backend, tid)
+        self.scope("c10d::" + coll + "_", tid, body, "cpu_op")
 
     def shard_group(self):
         return "1" if self.shard_ranks[0] == 0 else "2"
@@ -191,6 +208,10 @@ def build():
         rk = Rank(r, 4, shard, replica, False)
         step(rk)
         write(rk, "hsdp_2x2")
+    for r in range(2):
+        rk = Rank(r, 2, [0, 1], [r], True, default_pg=True)
+        step(rk)
+        write(rk, "fsdp2_default_pg")
 
 
 if __name__ == "__main__":

@@ -51,12 +51,7 @@ namespace detail {
 // Collective type of a communication kernel from its name: ncclKernel_AllReduce_..., 
 // ncclDevKernel_AllGather_..., or the collective args.
 [[nodiscard]] inline std::string collective_type(std::string_view name, std::string_view arg) {
-  if (!arg.empty()) {
-    std::string s(arg);
-    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    std::erase(s, '_');
-    return s;
-  }
+  if (!arg.empty()) return trace::collective_name_kind(arg);
   for (std::string_view kind : {"AllReduce", "AllGather", "ReduceScatter", "SendRecv", "Broadcast", "AllToAll", "Reduce",
                                 "Send", "Recv"}) {
     if (name.find(kind) != std::string_view::npos) {

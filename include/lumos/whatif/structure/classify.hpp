@@ -5,6 +5,7 @@
 // events again.
 
 #include <lumos/core/strings.hpp>
+#include <lumos/trace/comm.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
@@ -50,6 +51,9 @@ inline constexpr std::uint32_t no_event = ~std::uint32_t{0};
 /// The phase an enclosing CPU event marks, if any (see docs/whatif.md).
 [[nodiscard]] inline std::optional<phase_kind> phase_marker(std::string_view name) {
   if (name.starts_with("ProfilerStep#")) return std::nullopt;
+  // FSDP2's hooks (FSDP::pre_forward, FSDP::post_forward, ...) wrap a unit's gathers, not its
+  // compute: as markers they would leave the unit's GEMMs outside the pass they run in.
+  if (name.starts_with("FSDP::")) return std::nullopt;
   const std::string l = lower(name);
   if (l.find("backward") != std::string::npos || l.starts_with("autograd::engine::evaluate_function")) return phase_kind::backward;
   if (l.find("zero_grad") != std::string::npos) return phase_kind::other;
@@ -98,10 +102,10 @@ class comm_args_source {
   return false;
 }
 
-/// Collective kind of a communication op from its `Collective name` arg or its kernel name.
+/// Collective kind of a communication op from its `Collective name` arg (c10d's variants named by
+/// the collective they run: `trace::collective_name_kind`) or its kernel name.
 [[nodiscard]] inline std::string comm_kind(std::string_view kernel, std::string_view arg) {
-  std::string s = lower(arg);
-  std::erase(s, '_');
+  const std::string s = trace::collective_name_kind(arg);
   if (s == "alltoall" || s == "alltoallbase" || s == "alltoallv") return "alltoall";
   if (s == "send" || s == "recv" || s == "sendrecv" || s == "coalesced") return "sendrecv";
   if (!s.empty()) return s;

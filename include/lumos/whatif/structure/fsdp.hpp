@@ -12,6 +12,7 @@
 #include <lumos/whatif/structure/inputs.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -49,12 +50,7 @@ struct fsdp_group_counts {
   for (const launch_rec& l : in.ranks[ri].launches) {
     if (!l.comm || l.p2p) continue;
     const std::size_t src = args_of.of(l.op);
-    std::string kind = comm_kind(t.name(t.events[l.op]), t.arg_text(src, trace::arg_key::collective_name));
-    // FSDP2's collectives record c10d's names (`_allgather_base`, `_reduce_scatter_base`, their
-    // coalesced forms).
-    for (const char* k : {"allgather", "reducescatter", "allreduce"}) {
-      if (kind.starts_with(k)) kind = k;
-    }
+    const std::string kind = comm_kind(t.name(t.events[l.op]), t.arg_text(src, trace::arg_key::collective_name));
     std::string name(t.arg_text(src, trace::arg_key::process_group_name));
     if (name.empty()) name = l.instance >= 0 ? "world" : "(unmatched, peers absent)";
     fsdp_group_counts& c = out[name];
@@ -81,12 +77,36 @@ struct fsdp_group_counts {
 
 }  // namespace detail
 
+namespace detail {
+
+/// The shard group is data parallelism: where group-role discovery took it for TP because it
+/// gathers inside forward passes (a group with no description, as FSDP2 over the whole world runs
+/// on `default_pg`), those gathers are the units' parameters, not activations. Drops that inferred
+/// TP role and gives it the DP role (or says why its inferred DP role holds), before the parallel
+/// degrees are read off the roles.
+inline void label_shard_group(job_structure& out, const std::string& shard, const std::string& why) {
+  for (process_group& g : out.groups) {
+    if (g.name != shard) continue;
+    std::erase_if(g.roles, [](const auto& r) {
+      return r.value == group_role::tp && r.source.find("inside forward passes") != std::string::npos;
+    });
+    // A DP role the description gave stays as it is; one inferred from the reduce-scatters says
+    // why the group is DP: it shards the parameters.
+    const auto dp = std::find_if(g.roles.begin(), g.roles.end(), [](const auto& r) { return r.value == group_role::dp; });
+    if (dp == g.roles.end()) g.roles.insert(g.roles.begin(), {group_role::dp, "FSDP shard group: " + why, ""});
+    else if (dp->source.find("Process Group Description") == std::string::npos) dp->source = "FSDP shard group: " + why;
+  }
+}
+
+}  // namespace detail
+
 /// Fills `out.fsdp` (see the header comment): the shard group (the group that all-gathers in
 /// forward passes and reduce-scatters in backward), its size, the units (reduce-scatters per
 /// backward pass: each unit reduces its gradients once per micro-batch), the all-gathers and
 /// reduce-scatters per iteration, whether backward passes gather again (reshard after forward),
 /// and HSDP's replica groups (gradient all-reduces over another group). Leaves it not `found()`
-/// when no group shards parameters. Runs after `discover_groups` and `discover_passes`. Linear in
+/// when no group shards parameters, and labels the shard group DP (`label_shard_group`). Runs after
+/// `discover_groups` and `discover_passes`, before `discover_parallel_degrees`. Linear in
 /// the launches and events of the ranks it reads.
 inline void discover_fsdp(const discovery_inputs& in, job_structure& out) {
   fsdp_structure& f = out.fsdp;
@@ -154,6 +174,7 @@ inline void discover_fsdp(const discovery_inputs& in, job_structure& out) {
                           " ranks after the reduce-scatters (hybrid sharding)";
       break;
     }
+    detail::label_shard_group(out, *shard, "all-gathers in forward passes and reduce-scatters in backward");
     return;
   }
 }
