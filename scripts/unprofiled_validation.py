@@ -69,9 +69,10 @@ def whatif_unprofiled_ms(lumos, a, flags):
 
 
 def pairs(lumos, manifest):
-    """gpu_validation's what-if pairs as (group, change, A, B, command, flags) (its `pair_specs`)."""
+    """gpu_validation's what-if pairs as (group, change, A, B, command, flags) (its `pair_specs`), but
+    those whose target host is a calibrated profile: the same pairs as its H100 <-> H200 table."""
     return [(g, label, a, b, f"lumos {how} A " + " ".join(flags), list(flags))
-            for g, label, a, b, how, flags in gpu_validation.pair_specs(manifest)]
+            for g, label, a, b, how, flags in gpu_validation.pair_specs(manifest) if g != gpu_validation.HOST_TABLE]
 
 
 def split(name):

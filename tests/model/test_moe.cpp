@@ -391,7 +391,7 @@ TEST_CASE("DeepSeek-V3's multi-token-prediction module: parameters, FLOPs and Me
                  2.0 * roofline{}.head(main, one, h100_sxm()).model_flops() + 3.0 * 2.0 * s * 2.0 * hd * hd, 1e-9));
 }
 
-TEST_CASE("predict and sweep take --mtp-layers; DeepSeek-V3 on Megatron-Bridge's PP 16 layout predicts", "[model][moe][mtp][cli]") {
+TEST_CASE("predict and sweep take --mtp-layers and DeepSeek-V3 on Megatron-Bridge's PP 16 layout predicts", "[model][moe][mtp][cli]") {
   const std::string row = "predict --model deepseek-v3 --gpu b200 --precision fp8 --seq 4096 --tp 1 --pp 16 --dp 16 --ep 8 --expert-tp 1 "
                           "--micro-batch 1 --global-batch 2048 --overlap-param-gather on --json";
   const auto with = lumos_test::run_cli(row);

@@ -345,3 +345,13 @@ TEST_CASE("structure: the memory recipe of a PyTorch eager step", "[structure][m
   CHECK(p.st.memory.recipe->loss == 2);  // no log-softmax kernel: the residual's type
   CHECK_FALSE(p.st.memory.recipe->weight_copies);
 }
+
+TEST_CASE("a process group that records no ranks and no size has no size (not size 0)", "[whatif][structure]") {
+  // An all-reduce in forward whose "Process Group Ranks" is [] and which has no "Group size": its
+  // group's role is TP and its size unknown; TP is never 0 (that would divide by zero downstream).
+  const discovered d = discover(fs::path(LUMOS_TEST_DATA_DIR) / "traps" / "empty_group_ranks.json");
+  const whatif::process_group* tp = group_with(d.st, whatif::group_role::tp);
+  REQUIRE(tp != nullptr);
+  CHECK_FALSE(tp->size.known());
+  CHECK(d.st.parallel.tp.value.value_or(1) >= 1);
+}

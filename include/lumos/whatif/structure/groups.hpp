@@ -128,7 +128,9 @@ inline void add_collective(const discovery_inputs& in, std::size_t ri, const com
 /// The size, per-iteration collective counts and roles of group `key`. `world`: the world size.
 inline void settle_group(const std::string& key, group_acc& acc, int world) {
   auto& pg = acc.g;
-  if (!pg.size.known() && key != "unmatched") {
+  // A group no rank is recorded in (its collectives carry neither ranks nor a size) has no size:
+  // 0 would read as TP 0 downstream.
+  if (!pg.size.known() && key != "unmatched" && !pg.ranks.empty()) {
     pg.size.value = static_cast<int>(pg.ranks.size());
     pg.size.source = "ranks that joined its collectives";
   } else if (!pg.size.known()) {
