@@ -6,93 +6,71 @@ more slowly, so rank 0's all-reduce waits), and a final cudaStreamSynchronize.
 
 Usage: python3 scripts/make_example_job.py [OUT_DIR]   (default: examples/data/tiny_job)
 Rank 0 is written as .json, rank 1 as .json.gz, so both formats are covered."""
-import gzip
-import json
 import os
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ left in tests/data
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data"))
+import kineto_writer  # noqa: E402
 
 BASE_US = 1_700_000_000_000_000  # absolute microseconds, like older Kineto traces
 
 
-class Rank:
+# The GPU of these traces, as older Kineto described it.
+H100 = {"name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85029158912, "computeMajor": 9, "computeMinor": 0, "numSms": 132}
+
+
+class Rank(kineto_writer.Rank):
+    """A rank as older Kineto traces record it: absolute times, External ids on runtime calls,
+    the device's index as its kernels' process; compute-stream kernels take `speed` times as long."""
+
+    LAUNCH_US = 4.0
+    QUEUE_US = 6.0
+
     def __init__(self, rank, speed):
-        self.rank, self.speed = rank, speed
-        self.pid, self.tid = 4000 + rank, 4000 + rank
-        self.events, self.corr, self.ext = [], 100, 1
-        self.cpu = 0.0       # CPU clock (us, relative)
-        self.stream = {7: 0.0, 20: 0.0}  # stream free times
-        self.last_on = {7: None, 20: None}
+        super().__init__(rank)
+        self.speed = speed
+        self.pid = self.main = 4000 + rank
+        self.t, self.corr, self.ext, self.device, self.base = 0.0, 100, 0, rank, BASE_US
 
-    def x(self, cat, name, ts, dur, pid, tid, args):
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
-                            "ts": round(BASE_US + ts, 3), "dur": round(dur, 3), "args": args})
+    def runtime_args(self, corr, cbid):
+        return {"External id": self.ext, "cbid": cbid, "correlation": corr}
 
-    def cpu_op(self, name, dur, body=None, dims=None):
-        ext = self.ext
-        self.ext += 1
-        start = self.cpu
-        self.cpu += 1.0
-        if body:
-            body(ext)
-        self.cpu = max(self.cpu + 1.0, start + dur)
-        args = {"External id": ext}
-        if dims is not None:
-            args["Input Dims"] = dims
-        self.x("cpu_op", name, start, self.cpu - start, self.pid, self.tid, args)
-        self.cpu += 2.0  # Python gap between ops
+    def kernel_args(self, stream, corr):
+        return {"External id": self.ext, "queued": 0, "device": self.device, "context": 1, "stream": stream,
+                "correlation": corr, "grid": [132, 1, 1], "block": [256, 1, 1]}
 
-    def launch(self, ext, kernel, stream, gpu_dur, api="cudaLaunchKernel", extra=None, ready=0.0):
-        corr = self.corr
-        self.corr += 1
-        t = self.cpu
-        self.x("cuda_runtime", api, t, 4.0, self.pid, self.tid,
-               {"External id": ext, "cbid": 211, "correlation": corr})
-        self.cpu += 4.0
-        start = max(t + 6.0, self.stream[stream], ready)
-        dur = gpu_dur * (self.speed if stream == 7 else 1.0)
-        args = {"External id": ext, "queued": 0, "device": self.rank, "context": 1,
-                "stream": stream, "correlation": corr, "grid": [132, 1, 1], "block": [256, 1, 1]}
-        if extra:
-            args.update(extra)
-        self.x("kernel", kernel, start, dur, self.rank, stream, args)
-        self.stream[stream] = start + dur
-        self.last_on[stream] = start + dur
-        return start, dur
+    def launch(self, kernel, tid, stream=7, dur=None, **kw):
+        return super().launch(kernel, tid, stream, dur * (self.speed if stream == 7 else 1.0), **kw)
 
-    def runtime(self, ext, name, dur=2.0):
-        corr = self.corr
-        self.corr += 1
-        self.x("cuda_runtime", name, self.cpu, dur, self.pid, self.tid,
-               {"External id": ext, "cbid": 1, "correlation": corr})
-        self.cpu += dur
+    def cpu_op(self, name, least, dims=None, **work):
+        """An operator of the main thread lasting at least `least` µs (`work`: what it launches or
+        runs, as Rank.op takes it), then the Python gap to the next."""
+        self.op(name, self.main, dims, min_dur=least, **work)
+        self.t += 2.0
 
 
-def build(allreduce_start):
+def build():
     ranks = [Rank(0, 1.0), Rank(1, 1.25)]
     for r in ranks:
-        step_start = r.cpu
+        r.step_start = r.t
         for layer in range(3):
-            r.cpu_op("aten::mm", 10, lambda e, r=r: r.launch(e, "sm90_xmma_gemm_bf16_fwd", 7, 120.0),
-                     dims=[[4096, 1024], [1024, 1024]])
-            r.cpu_op("aten::gelu", 8, lambda e, r=r: r.launch(e, "vectorized_elementwise_kernel", 7, 30.0),
-                     dims=[[4096, 1024]])
+            r.cpu_op("aten::mm", 10, [[4096, 1024], [1024, 1024]], kernel="sm90_xmma_gemm_bf16_fwd", dur=120.0)
+            r.cpu_op("aten::gelu", 8, [[4096, 1024]], kernel="vectorized_elementwise_kernel", dur=30.0)
         for layer in range(3):
-            r.cpu_op("aten::mm", 10, lambda e, r=r: r.launch(e, "sm90_xmma_gemm_bf16_bwd", 7, 240.0),
-                     dims=[[4096, 1024], [1024, 1024]])
+            r.cpu_op("aten::mm", 10, [[4096, 1024], [1024, 1024]], kernel="sm90_xmma_gemm_bf16_bwd", dur=240.0)
         # Gradient all-reduce on the communication stream, after the compute stream's work.
-        def comm(ext, r=r):
-            r.runtime(ext, "cudaEventRecord")
-            r.runtime(ext, "cudaStreamWaitEvent")
-            ready = r.last_on[7]
-            r.launch(ext, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        def comm(r=r):
+            r.runtime("cudaEventRecord", r.main, 2.0, 1)
+            r.runtime("cudaStreamWaitEvent", r.main, 2.0, 1)
+            r.launch("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", r.main,
                      20, 0.0, api="cudaLaunchKernelExC",
-                     extra={"Collective name": "allreduce", "In msg nelems": 3145728,
+                     kargs={"Collective name": "allreduce", "In msg nelems": 3145728,
                             "Out msg nelems": 3145728, "Group size": 2, "dtype": "BFloat16",
                             "Process Group Name": "0", "Process Group Description": "default_pg",
-                            "Process Group Ranks": "[0, 1]"}, ready=ready)
-        r.cpu_op("record_param_comms", 12, comm)
+                            "Process Group Ranks": "[0, 1]"}, after=r.free[7])
+        r.cpu_op("record_param_comms", 12, body=comm)
         r.comm_ready = r.events[-2]["ts"] - BASE_US  # the NCCL kernel's own start
-        r.step_start = step_start
     # A collective ends together on every rank: it starts when the last rank arrives.
     transfer = 180.0
     start = max(r.comm_ready for r in ranks)
@@ -100,56 +78,28 @@ def build(allreduce_start):
         k = r.events[-2]
         k["ts"] = round(BASE_US + r.comm_ready, 3)
         k["dur"] = round(start + transfer - r.comm_ready, 3)
-        r.stream[20] = start + transfer
+        r.free[20] = start + transfer
     for r in ranks:
-        def opt(ext, r=r):
-            r.runtime(ext, "cudaEventRecord")
-            r.runtime(ext, "cudaStreamWaitEvent")
-            r.launch(ext, "multi_tensor_apply_kernel", 7, 60.0, ready=r.stream[20])
-        r.cpu_op("Optimizer.step#AdamW.step", 20, opt)
-        sync_start = r.cpu
-        end_gpu = r.stream[7]
-        sync_end = max(sync_start + 3.0, end_gpu + 4.0)
-        corr = r.corr
-        r.corr += 1
-        r.x("cuda_runtime", "cudaStreamSynchronize", sync_start, sync_end - sync_start, r.pid, r.tid,
-            {"External id": r.ext, "cbid": 131, "correlation": corr})
-        r.cpu = sync_end + 1.0
-        r.x("user_annotation", "ProfilerStep#1", r.step_start, r.cpu - r.step_start, r.pid, r.tid,
-            {"External id": 0})
+        def opt(r=r):
+            r.runtime("cudaEventRecord", r.main, 2.0, 1)
+            r.runtime("cudaStreamWaitEvent", r.main, 2.0, 1)
+            r.launch("multi_tensor_apply_kernel", r.main, 7, 60.0, after=r.free[20])
+        r.cpu_op("Optimizer.step#AdamW.step", 20, body=opt)
+        sync_start = r.t
+        sync_end = max(sync_start + 3.0, r.free[7] + 4.0)
+        r.ext += 1  # the synchronize's own External id
+        r.runtime("cudaStreamSynchronize", r.main, sync_end - sync_start, 131)
+        r.t = sync_end + 1.0
+        r.x("user_annotation", "ProfilerStep#1", r.main, r.step_start, r.t - r.step_start, {"External id": 0})
     return ranks
-
-
-def document(r):
-    meta = [
-        {"name": "process_name", "ph": "M", "ts": BASE_US, "pid": r.pid, "tid": 0, "args": {"name": "python"}},
-        {"name": "thread_name", "ph": "M", "ts": BASE_US, "pid": r.pid, "tid": r.tid, "args": {"name": "thread %d (python)" % r.tid}},
-        {"name": "process_name", "ph": "M", "ts": BASE_US, "pid": r.rank, "tid": 0, "args": {"name": "python"}},
-        {"name": "thread_name", "ph": "M", "ts": BASE_US, "pid": r.rank, "tid": 7, "args": {"name": "stream 7"}},
-        {"name": "thread_name", "ph": "M", "ts": BASE_US, "pid": r.rank, "tid": 20, "args": {"name": "stream 20"}},
-    ]
-    events = sorted(r.events, key=lambda e: (e["ts"], -e["dur"]))
-    return {
-        "schemaVersion": 1,
-        "deviceProperties": [{"id": i, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85029158912,
-                              "computeMajor": 9, "computeMinor": 0, "numSms": 132} for i in range(2)],
-        "distributedInfo": {"backend": "nccl", "rank": r.rank, "world_size": 2},
-        "traceEvents": meta + events,
-        "traceName": "tiny_job rank %d (written by scripts/make_example_job.py)" % r.rank,
-    }
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "examples", "data", "tiny_job")
-    os.makedirs(out, exist_ok=True)
-    for r in build(None):
-        text = json.dumps(document(r), indent=1)
-        if r.rank == 0:
-            with open(os.path.join(out, "rank0.json"), "w") as f:
-                f.write(text + "\n")
-        else:
-            with gzip.GzipFile(os.path.join(out, "rank1.json.gz"), "wb", mtime=0) as f:
-                f.write((text + "\n").encode())
+    for r in build():
+        doc = r.document(2, "tiny_job rank %d (written by scripts/make_example_job.py)" % r.rank, devices=2, device=H100,
+                         meta=r.metadata([7, 20]))
+        kineto_writer.write_json(os.path.join(out, "rank0.json" if r.rank == 0 else "rank1.json.gz"), doc, indent=1)
 
 
 if __name__ == "__main__":

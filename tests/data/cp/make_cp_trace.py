@@ -22,8 +22,13 @@ where its send/recv run (inside the attention) tells it is context parallelism.
 
 Run from anywhere: python3 tests/data/cp/make_cp_trace.py  (deterministic output).
 """
-import json
 import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ left in tests/data
+sys.path.insert(0, os.path.dirname(HERE))
+import kineto_writer  # noqa: E402
 
 HIDDEN, HEADS, HEAD_DIM, SEQ, CP, MBS = 256, 4, 64, 8192, 2, 1
 LOCAL = SEQ // CP
@@ -39,52 +44,10 @@ FLASH_BWD = "void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_
 SENDRECV = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
 
 
-class Rank:
+class Rank(kineto_writer.Rank):
     def __init__(self, rank, described):
-        self.rank = rank
+        super().__init__(rank)
         self.described = described
-        self.events = []
-        self.t = 1000.0  # µs; CPU cursor
-        self.corr = 1
-        self.ext = 1
-        self.free = {7: 0.0, 20: 0.0}
-        self.pid, self.main, self.autograd = 100 + rank, 1, 2
-
-    def x(self, cat, name, tid, ts, dur, args=None, pid=None):
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": self.pid if pid is None else pid, "tid": tid,
-                            "ts": round(ts, 3), "dur": round(dur, 3), "args": args or {}})
-
-    def launch(self, kernel, tid, dur=8.0, kargs=None, stream=7, after=0.0):
-        c = self.corr
-        self.corr += 1
-        call = self.t
-        self.x("cuda_runtime", "cudaLaunchKernel", tid, call, 2.0, {"correlation": c, "cbid": 211})
-        start = max(call + 3.0, self.free[stream], after)
-        args = {"device": 0, "stream": stream, "correlation": c, "External id": self.ext}
-        args.update(kargs or {})
-        self.x("kernel", kernel, stream, start, dur, args, pid=0)
-        self.free[stream] = start + dur
-        self.t = call + 4.0
-        return start + dur
-
-    def op(self, name, tid, dims, kernel=None, dur=8.0):
-        begin = self.t
-        self.t += 1.0
-        self.ext += 1
-        if kernel:
-            self.launch(kernel, tid, dur)
-        self.t += 1.0
-        args = {"External id": self.ext}
-        if dims is not None:
-            args["Input Dims"] = dims
-        self.x("cpu_op", name, tid, begin, self.t - begin, args)
-
-    def scope(self, name, tid, body):
-        begin = self.t
-        self.t += 1.0
-        body()
-        self.t += 1.0
-        self.x("user_annotation", name, tid, begin, self.t - begin)
 
     def exchange(self, tid, elements):
         """One ring step: record_param_comms around the NCCL send/recv on the CP stream."""
@@ -92,12 +55,7 @@ class Rank:
                 "dtype": "BFloat16", "In msg nelems": elements, "Out msg nelems": elements}
         if self.described:
             args["Process Group Description"] = "cp"
-        begin = self.t
-        self.t += 0.5
-        self.ext += 1
-        self.launch(SENDRECV, tid, 12.0, args, stream=20, after=self.free[7])
-        self.t += 0.5
-        self.x("cpu_op", "record_param_comms", tid, begin, self.t - begin, {"External id": self.ext})
+        self.comms(tid, SENDRECV, args, stream=20, dur=12.0, after=self.free[7])
 
     def attention(self, tid, name, kernel, elements, dur):
         """TE's CP attention: flash-attn on the chunk in hand, the exchange beside it, flash-attn
@@ -107,9 +65,9 @@ class Rank:
         self.ext += 1
         outer = self.ext
         dims = [[MBS, LOCAL, HEADS, HEAD_DIM]] * 3
-        self.op(name, tid, dims, kernel, dur)
+        self.op(name, tid, dims, kernel, dur=dur)
         self.exchange(tid, elements)
-        self.op(name, tid, dims, kernel, dur)
+        self.op(name, tid, dims, kernel, dur=dur)
         self.t += 1.0
         self.x("cpu_op", "te::AttnFuncWithCPAndKVP2P", tid, begin, self.t - begin, {"External id": outer})
 
@@ -144,25 +102,11 @@ def step(rk):
     rk.t += 5.0
     rk.scope("## backward ##", rk.autograd, backward)
     rk.t += 2.0
-    rk.scope("Optimizer.step#AdamW.step", rk.main,
-             lambda: rk.op("aten::_foreach_add_", rk.main, None, "void multi_tensor_apply_kernel<AdamFunctor<c10::BFloat16>>"))
-    rk.t += 5.0
-    rk.x("user_annotation", "ProfilerStep#1", rk.main, begin - 1.0, rk.t - begin + 1.0)
+    rk.close_step(begin, "aten::_foreach_add_", "void multi_tensor_apply_kernel<AdamFunctor<c10::BFloat16>>")
 
 
 def write(rk, name):
-    rk.events.sort(key=lambda e: (e["ts"], -e["dur"]))
-    doc = {"schemaVersion": 1,
-           "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132, "totalGlobalMem": 85045870592,
-                                 "computeMajor": 9, "computeMinor": 0}],
-           "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": CP},
-           "traceEvents": rk.events,
-           "traceName": f"{name} rank {rk.rank} (lumos tests/data/cp/make_cp_trace.py)"}
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"rank{rk.rank}.json"), "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.write("\n")
+    rk.write(os.path.join(HERE, name), CP, f"{name} rank {rk.rank} (lumos tests/data/cp/make_cp_trace.py)")
 
 
 def build():

@@ -29,8 +29,13 @@ process group is the default one (name "0", description `default_pg`), and each 
 
 Run from anywhere: python3 tests/data/fsdp/make_fsdp_trace.py  (deterministic output).
 """
-import json
 import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ left in tests/data
+sys.path.insert(0, os.path.dirname(HERE))
+import kineto_writer  # noqa: E402
 
 HIDDEN, FFN, SEQ, VOCAB, LAYERS = 256, 1024, 128, 32000, 2
 LAYER_PARAMS = 4 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN
@@ -41,51 +46,13 @@ COPY = "void at::native::(anonymous namespace)::split_with_sizes_copy_out_contig
 ADAM = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::FusedAdamMathFunctor>"
 
 
-class Rank:
+class Rank(kineto_writer.Rank):
+    KERNEL_US = 20.0
+
     def __init__(self, rank, world, shard_ranks, replica_ranks, reshard, default_pg=False):
-        self.rank, self.world, self.default_pg = rank, world, default_pg
+        super().__init__(rank)
+        self.world, self.default_pg = world, default_pg
         self.shard_ranks, self.replica_ranks, self.reshard = shard_ranks, replica_ranks, reshard
-        self.events = []
-        self.t = 1000.0  # µs; CPU cursor
-        self.corr = 1
-        self.ext = 1
-        self.free = {}  # stream -> µs it is free
-        self.pid, self.main, self.autograd = 100 + rank, 1, 2
-
-    def x(self, cat, name, tid, ts, dur, args=None, pid=None):
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": self.pid if pid is None else pid, "tid": tid,
-                            "ts": round(ts, 3), "dur": round(dur, 3), "args": args or {}})
-
-    def launch(self, kernel, tid, stream=7, dur=20.0, kargs=None):
-        c = self.corr
-        self.corr += 1
-        call = self.t
-        self.x("cuda_runtime", "cudaLaunchKernel", tid, call, 2.0, {"correlation": c, "cbid": 211})
-        start = max(call + 3.0, self.free.get(stream, 0.0))
-        args = {"device": 0, "stream": stream, "correlation": c, "External id": self.ext}
-        args.update(kargs or {})
-        self.x("kernel", kernel, stream, start, dur, args, pid=0)
-        self.free[stream] = start + dur
-        self.t = call + 4.0
-
-    def op(self, name, tid, dims=None, kernel=None, stream=7, dur=20.0, kargs=None):
-        begin = self.t
-        self.t += 1.0
-        self.ext += 1
-        if kernel:
-            self.launch(kernel, tid, stream, dur, kargs)
-        self.t += 1.0
-        args = {"External id": self.ext}
-        if dims is not None:
-            args["Input Dims"] = dims
-        self.x("cpu_op", name, tid, begin, self.t - begin, args)
-
-    def scope(self, name, tid, body, cat="user_annotation"):
-        begin = self.t
-        self.t += 1.0
-        body()
-        self.t += 1.0
-        self.x(cat, name, tid, begin, self.t - begin)
 
     def collective(self, tid, kernel, coll, group, desc, ranks, stream, nelems_in, nelems_out, dtype, dur):
         if self.default_pg:
@@ -94,14 +61,14 @@ class Rank:
                 "Process Group Ranks": "[" + ", ".join(map(str, ranks)) + "]", "Group size": len(ranks), "dtype": dtype,
                 "In msg nelems": nelems_in, "Out msg nelems": nelems_out}
         if not self.default_pg:
-            self.op("record_param_comms", tid, None, kernel, stream, dur, args)
+            self.op("record_param_comms", tid, None, kernel, stream=stream, dur=dur, kargs=args)
             return
         # torch.distributed's nesting: c10d's operator, the record_param_comms that launches the
         # kernel, then the NCCL backend's op.
         backend = {"_allgather_base": "nccl:_all_gather_base", "_reduce_scatter_base": "nccl:_reduce_scatter_base"}.get(coll, "nccl:" + coll)
 
         def body():
-            self.op("record_param_comms", tid, None, kernel, stream, dur, args)
+            self.op("record_param_comms", tid, None, kernel, stream=stream, dur=dur, kargs=args)
             self.op(backend, tid)
         self.scope("c10d::" + coll + "_", tid, body, "cpu_op")
 
@@ -119,7 +86,7 @@ class Rank:
                 tid, "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "_allgather_base", self.shard_group(),
                 "mesh_dp_shard", self.shard_ranks, 20, params // n, params, "BFloat16", 200.0))
             self.scope("FSDP::all_gather_copy_out", tid, lambda: self.op(
-                "aten::split_with_sizes_copy", tid, [[params], [], []], COPY, 7, 15.0))
+                "aten::split_with_sizes_copy", tid, [[params], [], []], COPY, dur=15.0))
         self.scope(hook, tid, body)
 
     def reduce(self, tid, params):
@@ -177,24 +144,11 @@ def step(rk):
     grad("EmbeddingBackward0", "void at::native::embedding_backward_feature_kernel<c10::BFloat16, float, long>")
     rk.scope("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", ag, lambda: rk.reduce(ag, ROOT_PARAMS), "cpu_op")
     rk.t += 2.0
-    rk.scope("Optimizer.step#AdamW.step", main, lambda: rk.op("aten::_fused_adamw_", main, None, ADAM))
-    rk.t += 5.0
-    rk.x("user_annotation", "ProfilerStep#1", main, begin - 1.0, rk.t - begin + 1.0)
+    rk.close_step(begin, "aten::_fused_adamw_", ADAM)
 
 
 def write(rk, name):
-    rk.events.sort(key=lambda e: (e["ts"], -e["dur"]))
-    doc = {"schemaVersion": 1,
-           "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132, "totalGlobalMem": 85045870592,
-                                 "computeMajor": 9, "computeMinor": 0}],
-           "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": rk.world},
-           "traceEvents": rk.events,
-           "traceName": name + " rank %d (lumos tests/data/fsdp/make_fsdp_trace.py)" % rk.rank}
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "rank%d.json" % rk.rank), "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.write("\n")
+    rk.write(os.path.join(HERE, name), rk.world, name + " rank %d (lumos tests/data/fsdp/make_fsdp_trace.py)" % rk.rank)
 
 
 def build():

@@ -24,8 +24,13 @@ experts compute 480 rows and rank 1's 544.
 
 Run from anywhere: python3 tests/data/moe/make_moe_trace.py  (deterministic output).
 """
-import json
 import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ left in tests/data
+sys.path.insert(0, os.path.dirname(HERE))
+import kineto_writer  # noqa: E402
 
 HIDDEN, EXPERT_FFN, SEQ, MBS, EXPERTS, TOP_K = 256, 512, 128, 2, 4, 2
 TOKENS = SEQ * MBS
@@ -38,52 +43,7 @@ SENT = [[300, 212], [180, 332]]  # ep2_grouped_splits: token copies rank r sends
 assert all(sum(row) == TOKENS * TOP_K for row in SENT)
 
 
-class Rank:
-    def __init__(self, rank=0):
-        self.rank = rank
-        self.events = []
-        self.t = 1000.0  # µs; CPU cursor
-        self.corr = 1
-        self.ext = 1
-        self.stream_free = 0.0
-        self.pid, self.main, self.autograd = 100 + rank, 1, 2
-
-    def x(self, cat, name, tid, ts, dur, args=None, pid=None):
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": self.pid if pid is None else pid, "tid": tid,
-                            "ts": round(ts, 3), "dur": round(dur, 3), "args": args or {}})
-
-    def launch(self, kernel, tid, dur=8.0, kargs=None):
-        c = self.corr
-        self.corr += 1
-        call = self.t
-        self.x("cuda_runtime", "cudaLaunchKernel", tid, call, 2.0, {"correlation": c, "cbid": 211})
-        start = max(call + 3.0, self.stream_free)
-        args = {"device": 0, "stream": 7, "correlation": c, "External id": self.ext}
-        args.update(kargs or {})
-        self.x("kernel", kernel, 7, start, dur, args, pid=0)
-        self.stream_free = start + dur
-        self.t = call + 4.0
-
-    def op(self, name, tid, dims, kernel=None):
-        begin = self.t
-        self.t += 1.0
-        self.ext += 1
-        if kernel:
-            self.launch(kernel, tid)
-        self.t += 1.0
-        args = {"External id": self.ext}
-        if dims is not None:
-            args["Input Dims"] = dims
-        self.x("cpu_op", name, tid, begin, self.t - begin, args)
-
-    def scope(self, name, tid, body):
-        begin = self.t
-        self.t += 1.0
-        body()
-        self.t += 1.0
-        self.x("user_annotation", name, tid, begin, self.t - begin)
-
-
+TRACE_NAME = " (lumos tests/data/moe/make_moe_trace.py)"
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
 EW = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3> >"
 
@@ -104,12 +64,7 @@ def all_to_all(rk, sent, received):
             "In split size": "[" + ", ".join(map(str, sent)) + "]", "Out split size": "[" + ", ".join(map(str, received)) + "]"}
     begin = rk.t
     rk.t += 1.0
-    rk.ext += 1
-    inner = rk.t
-    rk.t += 0.5
-    rk.launch("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", rk.main, 20.0, args)
-    rk.t += 0.5
-    rk.x("cpu_op", "record_param_comms", rk.main, inner, rk.t - inner, {"External id": rk.ext})
+    rk.comms(rk.main, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", args, dur=20.0)
     rk.t += 1.0
     rk.x("cpu_op", "c10d::alltoall_base_", rk.main, begin, rk.t - begin,
          {"External id": rk.ext, "Input Dims": [[sum(received), HIDDEN], [sum(sent), HIDDEN], [], [], [], []]})
@@ -156,21 +111,6 @@ def decoder_layer(rk):
               "void at::native::indexFuncLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>")
 
 
-def write(rk, world, name, trace_name):
-    rk.events.sort(key=lambda e: (e["ts"], -e["dur"]))
-    doc = {"schemaVersion": 1,
-           "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132, "totalGlobalMem": 85045870592,
-                                 "computeMajor": 9, "computeMinor": 0}],
-           "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": world},
-           "traceEvents": rk.events,
-           "traceName": trace_name + " (lumos tests/data/moe/make_moe_trace.py)"}
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"rank{rk.rank}.json"), "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.write("\n")
-
-
 def step(rk, forward_layer, backward_names):
     begin = rk.t
     rk.op("aten::embedding", rk.main, [[32000, HIDDEN], [MBS, SEQ]], "void at::native::indexSelectLargeIndex<c10::BFloat16>")
@@ -182,20 +122,17 @@ def step(rk, forward_layer, backward_names):
         for name in backward_names:
             rk.op("autograd::engine::evaluate_function: " + name, rk.autograd, None, GEMM if name.startswith("Mm") else EW)
     rk.t += 2.0
-    rk.scope("Optimizer.step#AdamW.step", rk.main,
-             lambda: rk.op("aten::_foreach_add_", rk.main, None, "void multi_tensor_apply_kernel<AdamFunctor<c10::BFloat16>>"))
-    rk.t += 5.0
-    rk.x("user_annotation", "ProfilerStep#1", rk.main, begin - 1.0, rk.t - begin + 1.0)
+    rk.close_step(begin, "aten::_foreach_add_", "void multi_tensor_apply_kernel<AdamFunctor<c10::BFloat16>>")
 
 
 def build():
-    rk = Rank()
+    rk = kineto_writer.Rank(0)
     step(rk, lambda: decoder_layer(rk), ("MmBackward0", "SiluBackward0", "MmBackward0", "TopkBackward0", "MmBackward0", "MmBackward0"))
-    write(rk, 1, "loop_unbalanced", "moe loop rank 0")
+    rk.write(os.path.join(HERE, "loop_unbalanced"), 1, "moe loop rank 0" + TRACE_NAME)
     for r in range(len(SENT)):
-        rk = Rank(r)
+        rk = kineto_writer.Rank(r)
         step(rk, lambda rk=rk, r=r: grouped_layer(rk, r), ("GroupedMmBackward0", "SiluBackward0", "GroupedMmBackward0", "MmBackward0"))
-        write(rk, len(SENT), "ep2_grouped_splits", f"moe ep2 rank {r}")
+        rk.write(os.path.join(HERE, "ep2_grouped_splits"), len(SENT), f"moe ep2 rank {r}" + TRACE_NAME)
 
 
 if __name__ == "__main__":

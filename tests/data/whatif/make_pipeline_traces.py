@@ -17,12 +17,17 @@ Each trace is built from a known construction, which the tests assert:
 
 Run from anywhere: python3 tests/data/whatif/make_pipeline_traces.py  (deterministic output).
 """
-import gzip
-import json
 import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ left in tests/data
+sys.path.insert(0, os.path.dirname(HERE))
+import kineto_writer  # noqa: E402
 
 HIDDEN, FFN, HEADS, HEAD_DIM, SEQ, MBS = 1024, 4096, 16, 64, 512, 2
 TOKENS = SEQ * MBS
+SENDRECV = "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
 
 CONFIGS = {
     # name: (schedule, p, m, v, layers_per_chunk, annotate)
@@ -89,47 +94,6 @@ BWD_LAYER = [
 ]
 
 
-class Rank:
-    def __init__(self, rank, world):
-        self.rank, self.world = rank, world
-        self.events = []
-        self.t = 1000.0  # µs; CPU cursor
-        self.corr = 1
-        self.ext = 1
-        self.stream_free = {7: 0.0, 21: 0.0}
-        self.pid = 100 + rank
-        self.main, self.autograd = 1, 2
-
-    def x(self, cat, name, pid, tid, ts, dur, args=None):
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
-                            "ts": round(ts, 3), "dur": round(dur, 3), "args": args or {}})
-
-    def launch(self, kernel, tid, stream=7, dur=8.0, at=None, kargs=None):
-        """cudaLaunchKernel at the cursor (2 µs); the kernel runs on `stream`."""
-        c = self.corr
-        self.corr += 1
-        call = self.t
-        self.x("cuda_runtime", "cudaLaunchKernel", self.pid, tid, call, 2.0, {"correlation": c, "cbid": 211})
-        start = max(call + 3.0, self.stream_free[stream], at if at is not None else 0.0)
-        args = {"device": 0, "stream": stream, "correlation": c, "External id": self.ext}
-        args.update(kargs or {})
-        self.x("kernel", kernel, 0, stream, start, dur, args)
-        self.stream_free[stream] = start + dur
-        self.t = call + 4.0
-        return start + dur
-
-    def cpu_op(self, name, tid, dims, body):
-        begin = self.t
-        self.t += 1.0
-        self.ext += 1
-        body()
-        self.t += 1.0
-        args = {"External id": self.ext}
-        if dims is not None:
-            args["Input Dims"] = dims
-        self.x("cpu_op", name, self.pid, tid, begin, self.t - begin, args)
-
-
 def p2p_args(kind, tag, src, dst):
     """Args of a send/recv kernel. One group per direction and tensor kind, so that the k-th op of
     a rank in a group pairs with the k-th of its peer (docs/whatif.md)."""
@@ -139,7 +103,7 @@ def p2p_args(kind, tag, src, dst):
 
 
 def build(name, kind, p, m, v, lpc, annotate):
-    ranks = [Rank(r, p) for r in range(p)]
+    ranks = [kineto_writer.Rank(r) for r in range(p)]
     orders = [stage_ops(kind, p, m, v, r) for r in range(p)]
     pos = [0] * p
     sent = {}  # (what, micro_batch, to virtual stage) -> kernel ready time
@@ -148,7 +112,7 @@ def build(name, kind, p, m, v, lpc, annotate):
 
     def forward_layer(rk, tid):
         for kernel, op, dims in FWD_LAYER:
-            rk.cpu_op(op, tid, dims, lambda: rk.launch(kernel, tid))
+            rk.op(op, tid, dims, kernel)
 
     def run(r, op):
         rk = ranks[r]
@@ -163,37 +127,29 @@ def build(name, kind, p, m, v, lpc, annotate):
                 return False
             src = src_vs % p
             args = p2p_args("recv", group_tag, src, r)
-            end = rk.launch("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", rk.main, 21, 6.0,
-                            at=sent[key], kargs=args)
+            end = rk.launch(SENDRECV, rk.main, stream=21, dur=6.0, after=sent[key], kargs=args)
             rk.t = max(rk.t, end + 1.0)  # the pass waits for its input
         if k == "F":
             if vs == 0:
-                rk.cpu_op("aten::embedding", rk.main, [[50304, HIDDEN], [MBS, SEQ]],
-                          lambda: rk.launch("void indexSelectLargeIndex<__nv_bfloat16>", rk.main))
+                rk.op("aten::embedding", rk.main, [[50304, HIDDEN], [MBS, SEQ]], "void indexSelectLargeIndex<__nv_bfloat16>")
             for layer in range(lpc):
                 if annotate:
-                    begin = rk.t
-                    rk.t += 1.0
-                    forward_layer(rk, rk.main)
-                    rk.t += 1.0
-                    rk.x("user_annotation", "megatron.core.transformer.TransformerLayer", rk.pid, rk.main, begin, rk.t - begin)
+                    rk.scope("megatron.core.transformer.TransformerLayer", rk.main, lambda: forward_layer(rk, rk.main))
                 else:
                     forward_layer(rk, rk.main)
             if vs == V - 1:
-                rk.cpu_op("aten::cross_entropy_loss", rk.main, [[TOKENS, 50304], [TOKENS]],
-                          lambda: rk.launch("void cross_entropy_fwd<__nv_bfloat16>", rk.main))
+                rk.op("aten::cross_entropy_loss", rk.main, [[TOKENS, 50304], [TOKENS]], "void cross_entropy_fwd<__nv_bfloat16>")
         else:
             rk.t += 5.0  # backward() hands off to the autograd thread
             if vs == V - 1:
-                rk.cpu_op("autograd::engine::evaluate_function: NllLossBackward0", rk.autograd, None,
-                          lambda: rk.launch("void cross_entropy_bwd<__nv_bfloat16>", rk.autograd))
+                rk.op("autograd::engine::evaluate_function: NllLossBackward0", rk.autograd, None,
+                      "void cross_entropy_bwd<__nv_bfloat16>")
             for layer in range(lpc):
                 for kernel, op in BWD_LAYER:
-                    rk.cpu_op("autograd::engine::evaluate_function: " + op, rk.autograd, None,
-                              lambda kernel=kernel: rk.launch(kernel, rk.autograd))
+                    rk.op("autograd::engine::evaluate_function: " + op, rk.autograd, None, kernel)
             if vs == 0:
-                rk.cpu_op("autograd::engine::evaluate_function: EmbeddingBackward0", rk.autograd, None,
-                          lambda: rk.launch("void embedding_backward_kernel<__nv_bfloat16>", rk.autograd))
+                rk.op("autograd::engine::evaluate_function: EmbeddingBackward0", rk.autograd, None,
+                      "void embedding_backward_kernel<__nv_bfloat16>")
             rk.t += 2.0
         # send what this pass produces
         dst_vs = vs + 1 if k == "F" else vs - 1
@@ -201,7 +157,7 @@ def build(name, kind, p, m, v, lpc, annotate):
             dst = dst_vs % p
             args = p2p_args("send", group_tag, r, dst)
             sent[(group_tag, mb, dst_vs)] = rk.t
-            rk.launch("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", rk.main, 21, 6.0, kargs=args)
+            rk.launch(SENDRECV, rk.main, stream=21, dur=6.0, kargs=args)
         return True
 
     progress = True
@@ -214,29 +170,10 @@ def build(name, kind, p, m, v, lpc, annotate):
     assert all(pos[r] == len(orders[r]) for r in range(p)), f"{name}: schedule deadlocked"
     # The optimizer step and the iteration's annotation.
     for rk in ranks:
-        begin = rk.t
-        rk.t += 1.0
-        for _ in range(3):
-            rk.cpu_op("aten::_foreach_add_", rk.main, None,
-                      lambda rk=rk: rk.launch("void multi_tensor_apply_kernel<AdamFunctor<__nv_bfloat16>>", rk.main))
-        rk.t += 1.0
-        rk.x("user_annotation", "Optimizer.step#AdamW.step", rk.pid, rk.main, begin, rk.t - begin)
-        rk.t += 5.0
-        rk.x("user_annotation", "ProfilerStep#1", rk.pid, rk.main, steps[rk.rank] - 1.0, rk.t - steps[rk.rank] + 1.0)
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    os.makedirs(out, exist_ok=True)
-    for rk in ranks:
-        rk.events.sort(key=lambda e: (e["ts"], -e["dur"]))
-        doc = {"schemaVersion": 1,
-               "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132, "totalGlobalMem": 85045870592,
-                                     "computeMajor": 9, "computeMinor": 0}],
-               "distributedInfo": {"backend": "nccl", "rank": rk.rank, "world_size": p},
-               "traceEvents": rk.events,
-               "traceName": f"{name} rank {rk.rank} (lumos tests/data/whatif/make_pipeline_traces.py)"}
-        data = json.dumps(doc, separators=(",", ":")).encode()
-        with open(os.path.join(out, f"rank{rk.rank}.json.gz"), "wb") as f:
-            with gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as z:
-                z.write(data)
+        rk.close_step(steps[rk.rank], "aten::_foreach_add_", "void multi_tensor_apply_kernel<AdamFunctor<__nv_bfloat16>>", ops=3)
+        kineto_writer.write_json(os.path.join(HERE, name, f"rank{rk.rank}.json.gz"),
+                                 rk.document(p, f"{name} rank {rk.rank} (lumos tests/data/whatif/make_pipeline_traces.py)"),
+                                 newline=False, stored_name=False)
 
 
 if __name__ == "__main__":
