@@ -140,6 +140,14 @@ TEST_CASE("whatif --precision fp8: memory per GPU with fp8's terms, as predict c
     const double allowed = std::abs(base - bf16) / bf16 + 1e-3;
     CHECK(std::abs(to - fp8) / fp8 <= allowed);
     CHECK(to - base == Approx(fp8 - bf16).epsilon(0.01));
+    // MFU on each side's own peak, as predict counts it: the fp8 prediction against the fp8 peak.
+    const model::hardware h100 = model::hardware_preset("h100-sxm");
+    const double flops = r.shape->predicted.model_flops_per_rank, t = static_cast<double>(r.predicted.simulated_ns) * 1e-9;
+    REQUIRE(flops > 0);
+    CHECK(r.shape->mfu_predicted == Approx(flops / (t * h100.peak_flops(model::precision::fp8))).epsilon(1e-9));
+    CHECK(r.shape->mfu_baseline ==
+          Approx(r.shape->baseline.model_flops_per_rank / (static_cast<double>(r.baseline.simulated_ns) * 1e-9 * h100.peak_flops(model::precision::bf16)))
+              .epsilon(1e-9));
   }
   SECTION("fp8 traces: the baseline counts fp8 (whatif has no fp8 to 16-bit rewrite)") {
     const trace::job job = memory_job_traces(model::precision::fp8, dir.path());

@@ -148,7 +148,8 @@ struct parallel_target {
 
 /// Memory and MFU of the traced and the predicted configuration. MFU counts the model FLOPs of
 /// the transformer layers (and the logits GEMM when a logits GEMM named the vocabulary) that one
-/// rank runs per iteration, against the dense peak of the target GPU in the traces' precision.
+/// rank runs per iteration, against the dense peak of each side's GPU in its precision (the
+/// traces' for the baseline, `target.precision` or the traces' for the prediction).
 /// `target`: the predicted configuration's stages, replicas, chunks, micro-batches and schedule.
 [[nodiscard]] inline shape_summary summarize(const trace::job& job, const job_structure& st, const shape_config& from,
                                              const shape_config& to, std::optional<int> layers,
@@ -176,6 +177,7 @@ struct parallel_target {
   const std::int64_t m = std::max<std::int64_t>(passes / std::max(chunks, 1), 1);
   const std::int64_t vocab_local = traced_vocab_local(job, st, from);
   const std::int64_t vocab = vocab_local * from.tp;
+  const model::precision traced_dtype = traced_precision(st);
   if (layers_from > 0) {
     const int pp_to = target.pp.value_or(pp), dp_to = target.dp.value_or(dp), chunks_to = target.chunks.value_or(chunks);
     const std::int64_t m_to = target.micro_batches.value_or(m);
@@ -184,7 +186,6 @@ struct parallel_target {
     const bool gated = st.model.gated_mlp;
     const fsdp_memory traced_fsdp{st.fsdp.found(), st.fsdp.reshard_after_forward.value.value_or("on") == "on"};
     const fsdp_memory fsdp_to = target.fsdp.value_or(traced_fsdp);
-    const model::precision traced_dtype = traced_precision(st);
     s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
                             summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed, &st.memory, &traced_fsdp,
                             traced_dtype);
@@ -201,15 +202,16 @@ struct parallel_target {
     }
   }
   const std::string preset = !gpu.empty() ? std::string(gpu) : from_preset;
-  auto mfu = [&](const std::string& p, double flops, time_ns t) {
+  // Each side against the peak of its own precision, as `lumos predict` reports MFU: an fp8
+  // what-if is measured against the fp8 peak, not credited with the bf16 one.
+  auto mfu = [&](const std::string& p, model::precision dt, double flops, time_ns t) {
     if (p.empty() || t <= 0 || flops <= 0) return 0.0;
     const model::hardware hw = model::hardware_preset(p);
-    const std::string dt = st.model.dtype.value.value_or("bf16");
-    const double peak = dt == "fp16" ? hw.gpu.fp16_flops : hw.gpu.bf16_flops;
-    return flops / (static_cast<double>(t) * 1e-9 * peak);
+    if (!hw.supports(dt)) return 0.0;
+    return flops / (static_cast<double>(t) * 1e-9 * hw.peak_flops(dt));
   };
-  s.mfu_baseline = mfu(from_preset, s.baseline.model_flops_per_rank, baseline_ns);
-  s.mfu_predicted = mfu(preset, s.predicted.model_flops_per_rank, predicted_ns);
+  s.mfu_baseline = mfu(from_preset, traced_dtype, s.baseline.model_flops_per_rank, baseline_ns);
+  s.mfu_predicted = mfu(preset, target.precision.value_or(traced_dtype), s.predicted.model_flops_per_rank, predicted_ns);
   if (!preset.empty() && s.predicted.memory_bytes_per_gpu > 0) {
     const model::hardware hw = model::hardware_preset(preset);
     const double cap = static_cast<double>(hw.gpu.hbm_capacity);
