@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <set>
@@ -74,6 +75,26 @@ TEST_CASE("grouped expert GEMMs and all-to-alls with split sizes: tokens per EP 
   CHECK(combine.in_elements == dispatch.out_elements);
   CHECK(combine.out_elements == dispatch.in_elements);
   for (const auto& a : st.all_to_alls) CHECK(a.group == "3");
+}
+
+TEST_CASE("grouped GEMM rows that do not divide over the experts still sum to the rows as expert tokens", "[whatif][structure][moe]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "ep2_grouped_splits"});
+  const graph::built_job built = graph::build_graph(job);
+  const whatif::discovery_inputs in = whatif::make_discovery_inputs(job, built);
+  // A grouped GEMM over 3 experts with no split sizes recorded: the per-expert sizes are taken as
+  // even, and no row is lost to the division.
+  whatif::detail::moe_layer_rec m;
+  m.grouped = "aten::_grouped_mm";
+  m.local = 3;
+  m.rows = 1000;
+  whatif::moe_structure moe;
+  whatif::detail::moe_expert_tokens(in, 0, m, moe);
+  REQUIRE(moe.expert_tokens.known());
+  const std::vector<std::int64_t>& tokens = *moe.expert_tokens.value;
+  REQUIRE(tokens.size() == 3);
+  CHECK(std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0}) == m.rows);
+  const auto [lo, hi] = std::minmax_element(tokens.begin(), tokens.end());
+  CHECK(*hi - *lo <= 1);
 }
 
 TEST_CASE("a dense job has no MoE layers and says why", "[whatif][structure][moe]") {

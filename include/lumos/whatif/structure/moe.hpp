@@ -332,7 +332,10 @@ inline void moe_expert_tokens(const discovery_inputs& in, std::size_t ri, const 
     }
   }
   if (!m.grouped.empty() && m.local > 0) {
-    moe.expert_tokens.value = std::vector<std::int64_t>(static_cast<std::size_t>(m.local), m.rows / m.local);
+    // Even, the remainder one each on the first experts: the sizes still sum to the rows.
+    std::vector<std::int64_t> even(static_cast<std::size_t>(m.local), m.rows / m.local);
+    for (std::int64_t x = 0; x < m.rows % m.local; ++x) ++even[static_cast<std::size_t>(x)];
+    moe.expert_tokens.value = std::move(even);
     moe.expert_tokens.source = "rows of '" + m.grouped + "' (" + std::to_string(m.rows) + ") / " + std::to_string(m.local) +
                                " experts, taken as even: the per-expert sizes are not recorded" + where;
     moe.expert_tokens_per = "expert";
