@@ -215,15 +215,31 @@ TEST_CASE("whatif --ep --trace-out: the written traces replay to the prediction"
   CHECK(bad.code == 2);
   CHECK(bad.err.find("EP must divide DP x CP") != std::string::npos);
 }
-TEST_CASE("a shared expert beside the routed grouped experts is no routed expert of the MoE what-if", "[whatif][moe]") {
-  // DeepSeek-V3's layers: a shared expert of the routed experts' FFN width beside them, its
-  // GEMMs over every token.
+TEST_CASE("a shared expert and dense layers beside the routed grouped experts are no part of the MoE what-if", "[whatif][moe]") {
+  // DeepSeek-V3's layers: 3 dense ones, then a MoE one with a shared expert of the routed
+  // experts' FFN width beside them, its GEMMs over every token. Forward passes only: the
+  // backward of these unlike layers is not delimited into layers.
   lumos_test::temp_dir dir;
-  const auto p = dir.path() / "shared";
-  const auto made = lumos_test::run_cli("synth --model deepseek-v3 --layers 4 --mtp-layers 0 --seq 1024 --tp 1 --pp 1 --dp 8 --ep 8 "
-                                        "--micro-batch 1 --global-batch 8 --gpu h100-sxm --detail kernel --out " + p.string());
-  REQUIRE(made.code == 0);
-  const trace::job job = trace::load_job({p});
+  const auto synth = [&](int top_k) {
+    const auto p = dir.path() / ("top" + std::to_string(top_k));
+    const auto made = lumos_test::run_cli("synth --model deepseek-v3 --layers 4 --mtp-layers 0 --seq 1024 --tp 1 --pp 1 --dp 8 --ep 8 "
+                                          "--top-k " + std::to_string(top_k) + " --micro-batch 1 --global-batch 8 --gpu h100-sxm "
+                                          "--detail kernel --forward-only --out " + p.string());
+    REQUIRE(made.code == 0);
+    return p;
+  };
+  const trace::job job = trace::load_job({synth(8)});
+  {
+    // The activations of the dense MLPs and of the shared expert keep their time when the
+    // routed experts' top-k halves: as the job synthesized at top-4 has them.
+    whatif::whatif_options half;
+    half.moe.top_k = 4;
+    const whatif::whatif_result r = whatif::run_whatif(job, half);
+    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({synth(4)}), whatif::whatif_options{});
+    const auto predicted = moe_test_expert_time(r.predicted.built.graph, "Silu"), truth = moe_test_expert_time(direct.baseline.built.graph, "Silu");
+    REQUIRE(truth.size() == 1);
+    CHECK(std::abs(double(predicted.at(0)) / double(truth.at(0)) - 1.0) < 0.05);
+  }
   whatif::whatif_options o;
   o.moe.routing = whatif::moe_routing::measured;
   const whatif::whatif_result r = whatif::run_whatif(job, o);

@@ -185,6 +185,10 @@ struct expert_width {
   ranks.width = width;
   std::vector<std::int64_t> loop_layer(job.ranks.size(), -1);  // the pass and layer whose per-expert GEMMs were summed
   std::vector<std::int64_t> tokens(job.ranks.size(), 0);       // the rows of the rank's first forward router
+  // The layer pass of the last GEMM with shapes, and whether it was an expert's: an activation
+  // after another GEMM of its layer pass is a shared expert's or a dense MLP's.
+  std::tuple<std::size_t, int, int> last_gemm{~std::size_t{0}, -1, -1};
+  bool last_expert = false;
   for (const gpu_op_context& c : st.gpu_ops) {
     if (c.layer < 0 || c.comm || c.rank >= b.ranks.size()) continue;
     const auto& map = b.ranks[c.rank].task_of_event;
@@ -203,9 +207,12 @@ struct expert_width {
         linear = true;
       }
     }
+    const std::tuple<std::size_t, int, int> here{c.rank, c.pass, c.layer};
+    const auto gemm_seen = [&](bool expert) { last_gemm = here, last_expert = expert; };
     if (moe_grouped(t, c)) {
       m.kind = moe_op_kind::expert_gemm;
       ranks.grouped = true;
+      gemm_seen(true);
       if (const auto g = grouped_dims_of(dims); g && g->experts > 0) {
         if (forward && ranks.copies[c.rank] == 0 && g->k == hidden) {
           ranks.copies[c.rank] = static_cast<double>(g->rows);
@@ -219,6 +226,7 @@ struct expert_width {
       }
     } else if (linear) {
       const auto has = [&](std::int64_t v) { return std::find(d.begin(), d.end(), v) != d.end(); };
+      gemm_seen(false);
       if (experts != hidden && has(experts) && has(hidden)) {
         m.kind = moe_op_kind::router;
         if (forward && tokens[c.rank] == 0 && d[1] == hidden && d[2] == experts) tokens[c.rank] = d[0];
@@ -228,6 +236,7 @@ struct expert_width {
         m.kind = moe_op_kind::expert_gemm;
         m.rows = d[1] != hidden && d[1] != width ? d[1] : d[0];
         if (m.rows == tokens[c.rank]) continue;
+        gemm_seen(true);
         ranks.loop = true;
         const std::int64_t key = static_cast<std::int64_t>(c.pass) * 1000000 + c.layer;
         if (forward && d[2] == hidden && (loop_layer[c.rank] < 0 || loop_layer[c.rank] == key)) {
@@ -244,12 +253,22 @@ struct expert_width {
     } else if (names.find("index") != std::string::npos) {
       m.kind = moe_op_kind::permute;
     } else if (names.find("silu") != std::string::npos || names.find("gelu") != std::string::npos) {
+      if (last_gemm == here && !last_expert) continue;
       m.kind = moe_op_kind::expert_act;
     } else {
       continue;
     }
     out.push_back(m);
   }
+  // The ops told by their names alone count in the layers with a router or an expert GEMM: a
+  // dense layer's (DeepSeek's first layers) are its own.
+  std::set<std::pair<std::size_t, int>> moe_layers;
+  for (const moe_op& o : out) {
+    if (o.kind == moe_op_kind::router || o.kind == moe_op_kind::expert_gemm) moe_layers.insert({o.rank, o.layer});
+  }
+  std::erase_if(out, [&](const moe_op& o) {
+    return o.kind != moe_op_kind::router && o.kind != moe_op_kind::expert_gemm && moe_layers.count({o.rank, o.layer}) == 0;
+  });
   return out;
 }
 
