@@ -2,7 +2,8 @@
 // (the all-to-alls re-timed over the new EP group, removed at EP 1, inserted from EP 1 with their
 // launches and joined over a new EP group, a target EP that does not divide DP refused), measured
 // against balanced routing on the hand-made unbalanced traces, and a loop of per-expert GEMMs
-// lengthened or shortened with the experts per rank.
+// lengthened or shortened with the experts per rank; the traced configuration read right (a
+// fused gate-and-up width, a shared expert and dense layers left out) and errors that name the flag.
 #include "../unit/test_support.hpp"
 
 #include <lumos/trace/job.hpp>
