@@ -105,7 +105,7 @@ TEST_CASE("a dense job has no MoE layers and says why", "[whatif][structure][moe
   CHECK(st.all_to_alls.empty());
 }
 
-TEST_CASE("the DLRM trace's all-to-alls join across its 8 ranks, with their sizes, and claim no MoE layer",
+TEST_CASE("the DLRM trace's all-to-alls join across its 8 ranks with their sizes and claim no MoE layer",
           "[whatif][structure][moe][traces]") {
   LUMOS_REQUIRE_TRACES(traces);
   const auto st = discover_moe_job(traces / "param_dlrm_8xV100");
