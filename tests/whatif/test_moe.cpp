@@ -80,7 +80,7 @@ const std::filesystem::path& moe_test_job_dir(int ep) {
 
 }  // namespace
 
-TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their launches, joined over a new EP group", "[whatif][moe]") {
+TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their launches and joined over a new EP group", "[whatif][moe]") {
   const trace::job job = trace::load_job({moe_test_job_dir(1)});
   for (const int ep : {2, 4}) {
     whatif::whatif_options o;
@@ -151,7 +151,7 @@ TEST_CASE("synth MoE traces run the all-to-alls over an expert-parallel group", 
   CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
 }
 
-TEST_CASE("whatif --ep: all-to-alls re-timed over the new EP group, removed at EP 1, a bad EP refused", "[whatif][moe]") {
+TEST_CASE("whatif --ep: all-to-alls re-timed over the new EP group and removed at EP 1 and a bad EP refused", "[whatif][moe]") {
   const trace::job job = trace::load_job({moe_test_job_dir()});
   whatif::whatif_options o;
   o.moe.ep = 4;
@@ -258,7 +258,7 @@ TEST_CASE("a shared expert and dense layers beside the routed grouped experts ar
 }
 #endif  // LUMOS_CLI_PATH
 
-TEST_CASE("whatif --routing on unbalanced EP traces: balanced evens the ranks' expert GEMMs, measured keeps them", "[whatif][moe]") {
+TEST_CASE("whatif --routing on unbalanced EP traces: balanced evens the ranks' expert GEMMs and measured keeps them", "[whatif][moe]") {
   const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "ep2_grouped_splits"});
   whatif::whatif_options measured, balanced;
   measured.moe.routing = whatif::moe_routing::measured;

@@ -48,7 +48,7 @@ TEST_CASE("a loop of per-expert GEMMs after a router gives the measured tokens o
   CHECK(*st.model.hidden.value == 256);
 }
 
-TEST_CASE("grouped expert GEMMs and all-to-alls with split sizes: tokens per EP peer, sizes joined across ranks",
+TEST_CASE("grouped expert GEMMs and all-to-alls with split sizes: tokens per EP peer and sizes joined across ranks",
           "[whatif][structure][moe]") {
   const auto st = discover_moe_job(lumos_test::data_dir() / "moe" / "ep2_grouped_splits");
   const auto& moe = st.moe;
@@ -145,7 +145,7 @@ TEST_CASE("the DLRM trace's all-to-alls join across its 8 ranks with their sizes
   CHECK(uneven >= 1);  // the sparse features' values: each rank receives its embedding shards' share
 }
 
-TEST_CASE("the operator names of MoE layers and all-to-alls that PyTorch, Megatron and grouped_gemm record", "[whatif][structure][moe]") {
+TEST_CASE("the operator names of MoE layers and all-to-alls that PyTorch and Megatron and grouped_gemm record", "[whatif][structure][moe]") {
   using namespace whatif::detail;
   for (const char* n : {"aten::topk", "torch.ops.aten.topk", "fused_topk_with_score_function"}) CHECK(is_topk_op(n));
   CHECK_FALSE(is_topk_op("aten::softmax"));
