@@ -2,7 +2,8 @@
 // (the all-to-alls re-timed over the new EP group, removed at EP 1, inserted from EP 1 with their
 // launches and joined over a new EP group, a target EP that does not divide DP refused), measured
 // against balanced routing on the hand-made unbalanced traces, and a loop of per-expert GEMMs
-// lengthened or shortened with the experts per rank.
+// lengthened or shortened with the experts per rank; the traced configuration read right (a
+// fused gate-and-up width, a shared expert and dense layers left out) and errors that name the flag.
 #include "../unit/test_support.hpp"
 
 #include <lumos/trace/job.hpp>
@@ -79,7 +80,7 @@ const std::filesystem::path& moe_test_job_dir(int ep) {
 
 }  // namespace
 
-TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their launches, joined over a new EP group", "[whatif][moe]") {
+TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their launches and joined over a new EP group", "[whatif][moe]") {
   const trace::job job = trace::load_job({moe_test_job_dir(1)});
   for (const int ep : {2, 4}) {
     whatif::whatif_options o;
@@ -150,7 +151,7 @@ TEST_CASE("synth MoE traces run the all-to-alls over an expert-parallel group", 
   CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
 }
 
-TEST_CASE("whatif --ep: all-to-alls re-timed over the new EP group, removed at EP 1, a bad EP refused", "[whatif][moe]") {
+TEST_CASE("whatif --ep: all-to-alls re-timed over the new EP group and removed at EP 1 and a bad EP refused", "[whatif][moe]") {
   const trace::job job = trace::load_job({moe_test_job_dir()});
   whatif::whatif_options o;
   o.moe.ep = 4;
@@ -215,9 +216,49 @@ TEST_CASE("whatif --ep --trace-out: the written traces replay to the prediction"
   CHECK(bad.code == 2);
   CHECK(bad.err.find("EP must divide DP x CP") != std::string::npos);
 }
+TEST_CASE("a shared expert and dense layers beside the routed grouped experts are no part of the MoE what-if", "[whatif][moe]") {
+  // DeepSeek-V3's layers: 3 dense ones, then a MoE one with a shared expert of the routed
+  // experts' FFN width beside them, its GEMMs over every token. Forward passes only: the
+  // backward of these unlike layers is not delimited into layers.
+  lumos_test::temp_dir dir;
+  const auto synth = [&](int top_k) {
+    const auto p = dir.path() / ("top" + std::to_string(top_k));
+    const auto made = lumos_test::run_cli("synth --model deepseek-v3 --layers 4 --mtp-layers 0 --seq 1024 --tp 1 --pp 1 --dp 8 --ep 8 "
+                                          "--top-k " + std::to_string(top_k) + " --micro-batch 1 --global-batch 8 --gpu h100-sxm "
+                                          "--detail kernel --forward-only --out " + p.string());
+    REQUIRE(made.code == 0);
+    return p;
+  };
+  const trace::job job = trace::load_job({synth(8)});
+  {
+    // The activations of the dense MLPs and of the shared expert keep their time when the
+    // routed experts' top-k halves: as the job synthesized at top-4 has them.
+    whatif::whatif_options half;
+    half.moe.top_k = 4;
+    const whatif::whatif_result r = whatif::run_whatif(job, half);
+    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({synth(4)}), whatif::whatif_options{});
+    const auto predicted = moe_test_expert_time(r.predicted.built.graph, "Silu"), truth = moe_test_expert_time(direct.baseline.built.graph, "Silu");
+    REQUIRE(truth.size() == 1);
+    CHECK(std::abs(double(predicted.at(0)) / double(truth.at(0)) - 1.0) < 0.05);
+  }
+  whatif::whatif_options o;
+  o.moe.routing = whatif::moe_routing::measured;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  REQUIRE(r.structure);
+  const whatif::job_structure& st = *r.structure;
+  REQUIRE(st.model.hidden.known());
+  const std::int64_t hidden = *st.model.hidden.value, experts = 256;
+  const whatif::detail::expert_width width = whatif::detail::traced_expert_width(job, st, hidden, experts);
+  whatif::detail::moe_ranks ranks;
+  (void)whatif::detail::find_moe_ops(job, r.baseline.built, st, hidden, experts, width.n, ranks);
+  // Synth routes evenly: a rank's experts compute its 1024 tokens x top-8, over 256 / EP 8 experts.
+  REQUIRE(ranks.copies.size() == 1);
+  CHECK(ranks.copies[0] == 1024.0 * 8);
+  CHECK(ranks.local[0] == 256 / 8);
+}
 #endif  // LUMOS_CLI_PATH
 
-TEST_CASE("whatif --routing on unbalanced EP traces: balanced evens the ranks' expert GEMMs, measured keeps them", "[whatif][moe]") {
+TEST_CASE("whatif --routing on unbalanced EP traces: balanced evens the ranks' expert GEMMs and measured keeps them", "[whatif][moe]") {
   const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "ep2_grouped_splits"});
   whatif::whatif_options measured, balanced;
   measured.moe.routing = whatif::moe_routing::measured;
@@ -280,4 +321,61 @@ TEST_CASE("whatif --experts on a loop of per-expert GEMMs: the loop's units repe
   // Each expert of the target computes an even share of the rank's copies: with twice the
   // experts, the expert GEMMs' time about stays (each of twice as many GEMMs has half the rows).
   CHECK(r2.predicted.simulated_ns > 0);
+}
+
+TEST_CASE("whatif --ep with measured routing on a loop of per-expert GEMMs: each expert keeps its traced rows", "[whatif][moe]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "loop_unbalanced"});
+  whatif::whatif_options o;
+  o.moe.routing = whatif::moe_routing::measured;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  REQUIRE(r.structure);
+  const whatif::job_structure& st = *r.structure;
+  const std::int64_t hidden = *st.model.hidden.value, experts = *st.moe.experts.value;
+  const whatif::detail::expert_width width = whatif::detail::traced_expert_width(job, st, hidden, experts);
+  whatif::detail::moe_ranks ranks;
+  (void)whatif::detail::find_moe_ops(job, r.baseline.built, st, hidden, experts, width.n, ranks);
+  const whatif::moe_config from{.ep = 1, .experts = 4, .top_k = 2}, to{.ep = 2, .experts = 4, .top_k = 2};
+  std::string note;
+  const std::vector<double> copies = whatif::detail::target_copies(job, ranks, from, to, whatif::moe_routing::measured, 1, 1, note);
+  // make_moe_trace.py's EXPERT_TOKENS: experts 0 and 1 (EP rank 0 of the target) received 200 + 130
+  // rows, 2 and 3 (EP rank 1) 90 + 92. The target's EP group holds 2 ranks' tokens, and the one
+  // traced rank stands for both EP ranks: it computes the slowest one's copies.
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0] == Approx(2.0 * (200 + 130)));
+}
+
+TEST_CASE("whatif --expert-ffn on grouped GEMMs with gate and up fused: the traced expert FFN is half their width", "[whatif][moe]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "ep2_grouped_splits"});
+  // make_moe_trace.py's EXPERT_FFN, its first grouped GEMM 2 x that wide (gate and up).
+  whatif::whatif_options same, twice;
+  same.moe.expert_ffn = 512;
+  twice.moe.expert_ffn = 1024;
+  const whatif::whatif_result r = whatif::run_whatif(job, same), r2 = whatif::run_whatif(job, twice);
+  REQUIRE(r.moe);
+  CHECK(r.moe->from.expert_ffn == 512);
+  CHECK(r.predicted.simulated_ns == r.baseline.simulated_ns);
+  const auto traced = moe_test_expert_time(r2.baseline.built.graph, "Grouped"), wider = moe_test_expert_time(r2.predicted.built.graph, "Grouped");
+  REQUIRE(traced.size() == 2);
+  for (const auto& [rank, t] : traced) CHECK(wider.at(rank) > t);
+}
+
+TEST_CASE("MoE what-if errors name the flag that asked and the traces' own configuration", "[whatif][moe]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "ep2_grouped_splits"});
+  // The traces: EP 2 over 4 experts, top-2, DP 2.
+  whatif::whatif_options experts;
+  experts.moe.experts = 3;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, experts), Catch::Contains("whatif --experts 3: the 3 experts do not divide over 2 EP ranks"));
+  whatif::whatif_options fewer;
+  fewer.moe.ep = 1;
+  fewer.moe.experts = 1;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, fewer), Catch::Contains("whatif --experts 1: top-2 is more than the 1 experts"));
+  // A traced EP that does not divide the traced experts is the traces' to explain, not a flag's.
+  whatif::job_structure st;
+  st.moe.experts.value = 4;
+  st.parallel.ep.value = 3;
+  st.parallel.ep.source = "size of group 'x'";
+  st.moe.top_k.value = 2;
+  whatif::moe_target t;
+  t.top_k = 1;
+  CHECK_THROWS_WITH(whatif::detail::moe_configs(st, t, 512, 1, 6), Catch::Contains("the traces' EP 3 (size of group 'x') does not divide their 4 experts"));
 }

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <set>
@@ -47,7 +48,7 @@ TEST_CASE("a loop of per-expert GEMMs after a router gives the measured tokens o
   CHECK(*st.model.hidden.value == 256);
 }
 
-TEST_CASE("grouped expert GEMMs and all-to-alls with split sizes: tokens per EP peer, sizes joined across ranks",
+TEST_CASE("grouped expert GEMMs and all-to-alls with split sizes: tokens per EP peer and sizes joined across ranks",
           "[whatif][structure][moe]") {
   const auto st = discover_moe_job(lumos_test::data_dir() / "moe" / "ep2_grouped_splits");
   const auto& moe = st.moe;
@@ -76,6 +77,26 @@ TEST_CASE("grouped expert GEMMs and all-to-alls with split sizes: tokens per EP 
   for (const auto& a : st.all_to_alls) CHECK(a.group == "3");
 }
 
+TEST_CASE("grouped GEMM rows that do not divide over the experts still sum to the rows as expert tokens", "[whatif][structure][moe]") {
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "ep2_grouped_splits"});
+  const graph::built_job built = graph::build_graph(job);
+  const whatif::discovery_inputs in = whatif::make_discovery_inputs(job, built);
+  // A grouped GEMM over 3 experts with no split sizes recorded: the per-expert sizes are taken as
+  // even, and no row is lost to the division.
+  whatif::detail::moe_layer_rec m;
+  m.grouped = "aten::_grouped_mm";
+  m.local = 3;
+  m.rows = 1000;
+  whatif::moe_structure moe;
+  whatif::detail::moe_expert_tokens(in, 0, m, moe);
+  REQUIRE(moe.expert_tokens.known());
+  const std::vector<std::int64_t>& tokens = *moe.expert_tokens.value;
+  REQUIRE(tokens.size() == 3);
+  CHECK(std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0}) == m.rows);
+  const auto [lo, hi] = std::minmax_element(tokens.begin(), tokens.end());
+  CHECK(*hi - *lo <= 1);
+}
+
 TEST_CASE("a dense job has no MoE layers and says why", "[whatif][structure][moe]") {
   const auto st = discover_moe_job(lumos_test::data_dir() / "whatif" / "pp2_1f1b");
   CHECK_FALSE(st.moe.found());
@@ -84,7 +105,7 @@ TEST_CASE("a dense job has no MoE layers and says why", "[whatif][structure][moe
   CHECK(st.all_to_alls.empty());
 }
 
-TEST_CASE("the DLRM trace's all-to-alls join across its 8 ranks, with their sizes, and claim no MoE layer",
+TEST_CASE("the DLRM trace's all-to-alls join across its 8 ranks with their sizes and claim no MoE layer",
           "[whatif][structure][moe][traces]") {
   LUMOS_REQUIRE_TRACES(traces);
   const auto st = discover_moe_job(traces / "param_dlrm_8xV100");
@@ -124,7 +145,7 @@ TEST_CASE("the DLRM trace's all-to-alls join across its 8 ranks, with their size
   CHECK(uneven >= 1);  // the sparse features' values: each rank receives its embedding shards' share
 }
 
-TEST_CASE("the operator names of MoE layers and all-to-alls that PyTorch, Megatron and grouped_gemm record", "[whatif][structure][moe]") {
+TEST_CASE("the operator names of MoE layers and all-to-alls that PyTorch and Megatron and grouped_gemm record", "[whatif][structure][moe]") {
   using namespace whatif::detail;
   for (const char* n : {"aten::topk", "torch.ops.aten.topk", "fused_topk_with_score_function"}) CHECK(is_topk_op(n));
   CHECK_FALSE(is_topk_op("aten::softmax"));

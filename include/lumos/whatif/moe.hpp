@@ -99,6 +99,9 @@ struct moe_op {
 struct moe_ranks {
   std::vector<double> copies;       ///< per job rank (0: no expert GEMM seen)
   std::vector<std::int64_t> local;  ///< experts of the rank
+  /// Per job rank, the rows of each of its experts where a loop's GEMMs tell them (empty: a
+  /// grouped GEMM, whose per-expert sizes are not recorded).
+  std::vector<std::vector<double>> expert_rows;
   std::int64_t width = 0;           ///< the expert FFN width per rank, as traced
   bool grouped = false, loop = false;
 };
@@ -126,18 +129,37 @@ struct moe_ranks {
   return (op != no_event && is_grouped_gemm_op(t.name(t.events[op]))) || lower(t.name(t.events[c.op])).find("grouped") != std::string::npos;
 }
 
-/// The expert FFN width per rank of the traces: N of the first forward grouped GEMM reading
-/// the hidden width, else of the first forward GEMM after a router that reads the hidden width
-/// for fewer rows than the router saw (an expert of a loop). 0 when none.
-[[nodiscard]] inline std::int64_t traced_expert_width(const trace::job& job, const job_structure& st, std::int64_t hidden,
+/// The width the traces' experts compute per rank: `n` the N of the first forward grouped GEMM
+/// reading the hidden width, else of the first forward GEMM after a router that reads the hidden
+/// width for fewer rows than the router saw (an expert of a loop); 0 when none. `fused`: the
+/// down projection after it reads half of it (gate and up in one GEMM, Megatron's GroupedMLP):
+/// the expert FFN is `n` / 2.
+struct expert_width {
+  std::int64_t n = 0;
+  bool fused = false;
+  [[nodiscard]] std::int64_t ffn() const noexcept { return fused ? n / 2 : n; }
+};
+
+[[nodiscard]] inline expert_width traced_expert_width(const trace::job& job, const job_structure& st, std::int64_t hidden,
                                                       std::int64_t experts) {
   std::int64_t router_rows = 0;
+  expert_width out;
+  // The first expert GEMM reading the hidden width (`n`), then the first writing it.
+  const auto seen = [&](std::int64_t k, std::int64_t n) {
+    if (out.n == 0 && k == hidden) {
+      out.n = n;
+    } else if (out.n > 0 && n == hidden && k != hidden) {
+      out.fused = 2 * k == out.n;
+      return true;
+    }
+    return false;
+  };
   for (const gpu_op_context& c : st.gpu_ops) {
     if (c.layer < 0 || c.comm || c.phase != phase_kind::forward || moe_shape_op(c) == no_event) continue;
     const trace::rank_trace& t = job.ranks[c.rank];
     const auto dims = moe_dims_of(t, c);
     if (moe_grouped(t, c)) {
-      if (const auto g = grouped_dims_of(dims); g && g->k == hidden) return g->n;
+      if (const auto g = grouped_dims_of(dims); g && seen(g->k, g->n)) return out;
       continue;
     }
     if (c.shape_op == no_event) continue;
@@ -145,11 +167,11 @@ struct moe_ranks {
     if (!gs || gs->kind != gemm_shape::role::linear) continue;
     if (gs->k == hidden && gs->n == experts) {
       router_rows = gs->m;
-    } else if (router_rows > 0 && gs->k == hidden && gs->m < router_rows) {
-      return gs->n;
+    } else if (router_rows > 0 && gs->m < router_rows && seen(gs->k, gs->n)) {
+      return out;
     }
   }
-  return 0;
+  return out;
 }
 
 /// The MoE ops of `st`'s layers (see the header comment), per rank in launch order, and what
@@ -159,8 +181,14 @@ struct moe_ranks {
   std::vector<moe_op> out;
   ranks.copies.assign(job.ranks.size(), 0.0);
   ranks.local.assign(job.ranks.size(), 0);
+  ranks.expert_rows.assign(job.ranks.size(), {});
   ranks.width = width;
   std::vector<std::int64_t> loop_layer(job.ranks.size(), -1);  // the pass and layer whose per-expert GEMMs were summed
+  std::vector<std::int64_t> tokens(job.ranks.size(), 0);       // the rows of the rank's first forward router
+  // The layer pass of the last GEMM with shapes, and whether it was an expert's: an activation
+  // after another GEMM of its layer pass is a shared expert's or a dense MLP's.
+  std::tuple<std::size_t, int, int> last_gemm{~std::size_t{0}, -1, -1};
+  bool last_expert = false;
   for (const gpu_op_context& c : st.gpu_ops) {
     if (c.layer < 0 || c.comm || c.rank >= b.ranks.size()) continue;
     const auto& map = b.ranks[c.rank].task_of_event;
@@ -179,9 +207,12 @@ struct moe_ranks {
         linear = true;
       }
     }
+    const std::tuple<std::size_t, int, int> here{c.rank, c.pass, c.layer};
+    const auto gemm_seen = [&](bool expert) { last_gemm = here, last_expert = expert; };
     if (moe_grouped(t, c)) {
       m.kind = moe_op_kind::expert_gemm;
       ranks.grouped = true;
+      gemm_seen(true);
       if (const auto g = grouped_dims_of(dims); g && g->experts > 0) {
         if (forward && ranks.copies[c.rank] == 0 && g->k == hidden) {
           ranks.copies[c.rank] = static_cast<double>(g->rows);
@@ -195,17 +226,23 @@ struct moe_ranks {
       }
     } else if (linear) {
       const auto has = [&](std::int64_t v) { return std::find(d.begin(), d.end(), v) != d.end(); };
+      gemm_seen(false);
       if (experts != hidden && has(experts) && has(hidden)) {
         m.kind = moe_op_kind::router;
+        if (forward && tokens[c.rank] == 0 && d[1] == hidden && d[2] == experts) tokens[c.rank] = d[0];
       } else if (width > 0 && width != hidden && has(width) && has(hidden)) {
-        // A per-expert GEMM of a loop: rows are M, or K of a weight gradient.
+        // A per-expert GEMM of a loop: rows are M, or K of a weight gradient. One over every
+        // token the router saw is a shared expert's (or a dense MLP's), which routing leaves be.
         m.kind = moe_op_kind::expert_gemm;
         m.rows = d[1] != hidden && d[1] != width ? d[1] : d[0];
+        if (m.rows == tokens[c.rank]) continue;
+        gemm_seen(true);
         ranks.loop = true;
         const std::int64_t key = static_cast<std::int64_t>(c.pass) * 1000000 + c.layer;
         if (forward && d[2] == hidden && (loop_layer[c.rank] < 0 || loop_layer[c.rank] == key)) {
           loop_layer[c.rank] = key;
           ranks.copies[c.rank] += static_cast<double>(d[0]);
+          ranks.expert_rows[c.rank].push_back(static_cast<double>(d[0]));
           ++ranks.local[c.rank];
         }
       } else {
@@ -216,12 +253,22 @@ struct moe_ranks {
     } else if (names.find("index") != std::string::npos) {
       m.kind = moe_op_kind::permute;
     } else if (names.find("silu") != std::string::npos || names.find("gelu") != std::string::npos) {
+      if (last_gemm == here && !last_expert) continue;
       m.kind = moe_op_kind::expert_act;
     } else {
       continue;
     }
     out.push_back(m);
   }
+  // The ops told by their names alone count in the layers with a router or an expert GEMM: a
+  // dense layer's (DeepSeek's first layers) are its own.
+  std::set<std::pair<std::size_t, int>> moe_layers;
+  for (const moe_op& o : out) {
+    if (o.kind == moe_op_kind::router || o.kind == moe_op_kind::expert_gemm) moe_layers.insert({o.rank, o.layer});
+  }
+  std::erase_if(out, [&](const moe_op& o) {
+    return o.kind != moe_op_kind::router && o.kind != moe_op_kind::expert_gemm && moe_layers.count({o.rank, o.layer}) == 0;
+  });
   return out;
 }
 
@@ -257,14 +304,19 @@ struct moe_ranks {
     for (std::size_t i = 0; i < n; ++i) out[i] = r.copies[i] > 0 ? mean * k : 0.0;
     return out;
   }
-  // The traced experts' loads: each rank's copies spread over its experts.
+  // The traced experts' loads: each expert's rows where a loop tells them, else each rank's
+  // copies spread over its experts.
   const std::size_t experts = static_cast<std::size_t>(from.experts);
   const std::int64_t local1 = from.experts / from.ep;
   std::vector<double> load(experts, -1.0);
   for (std::size_t i = 0; i < n; ++i) {
     if (r.copies[i] <= 0 || r.local[i] <= 0) continue;
     const int p = dp_index_of(job.ranks[i].rank, tp, dpcp) % from.ep;
-    for (std::int64_t x = 0; x < local1; ++x) load[static_cast<std::size_t>(p * local1 + x)] = r.copies[i] / static_cast<double>(r.local[i]);
+    const bool own = i < r.expert_rows.size() && static_cast<std::int64_t>(r.expert_rows[i].size()) == local1;
+    for (std::int64_t x = 0; x < local1; ++x) {
+      load[static_cast<std::size_t>(p * local1 + x)] =
+          own ? r.expert_rows[i][static_cast<std::size_t>(x)] : r.copies[i] / static_cast<double>(r.local[i]);
+    }
   }
   double known = 0;
   std::size_t known_n = 0;
@@ -574,8 +626,9 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
   return n;
 }
 
-/// The traced MoE configuration of `st` (its expert width per rank `width`, its TP `tp`) and
-/// the target `t` asks, checked: throws `lumos::error` naming the rule a target breaks.
+/// The traced MoE configuration of `st` (its expert FFN per rank `width`, its TP `tp`) and
+/// the target `t` asks, checked: throws `lumos::error` naming the rule a target breaks and the
+/// flag that asked it.
 [[nodiscard]] inline std::pair<moe_config, moe_config> moe_configs(const job_structure& st, const moe_target& t, std::int64_t width,
                                                                    int tp, int dpcp_to) {
   const moe_structure& m = st.moe;
@@ -584,6 +637,10 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
   from.ep = m.ep.value.value_or(st.parallel.ep.value.value_or(1));
   from.top_k = m.top_k.value.value_or(0);
   from.expert_ffn = width * tp;
+  if (from.ep <= 0 || from.experts % from.ep != 0) {
+    throw error("whatif: the traces' EP " + std::to_string(from.ep) + " (" + (m.ep.known() ? m.ep.source : st.parallel.ep.source) +
+                ") does not divide their " + std::to_string(from.experts) + " experts (" + m.experts.source + ")");
+  }
   if (t.top_k && from.top_k <= 0) throw error("whatif --top-k: the traces' top-k is unknown (" + m.top_k.source + ")");
   if (from.top_k <= 0) from.top_k = 1;  // only ratios of it are used
   if (t.expert_ffn && width <= 0) {
@@ -600,15 +657,21 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
   if (t.top_k) to.top_k = *t.top_k;
   if (t.expert_ffn) to.expert_ffn = *t.expert_ffn;
   const std::string ep = std::to_string(to.ep);
+  // The flag that asked what breaks a rule: the traces' value stands where none was given.
+  const auto asked = [](const auto& given, const char* flag, const char* other, const auto& value) {
+    return std::string(given ? flag : other) + " " + std::to_string(value);
+  };
   if (dpcp_to % to.ep != 0) {
-    throw error("whatif --ep " + ep + ": EP must divide DP x CP of the target (" + std::to_string(dpcp_to) +
-                "): expert parallelism shards the experts over data-parallel ranks, the world stays");
+    throw error("whatif " + asked(t.ep, "--ep", "--dp", t.ep ? to.ep : dpcp_to) + ": EP must divide DP x CP of the target (EP " + ep + ", DP x CP " +
+                std::to_string(dpcp_to) + "): expert parallelism shards the experts over data-parallel ranks, the world stays");
   }
   if (to.experts % to.ep != 0) {
-    throw error("whatif --ep " + ep + ": the " + std::to_string(to.experts) + " experts do not divide over " + ep + " EP ranks");
+    throw error("whatif " + asked(t.ep, "--ep", "--experts", t.ep ? to.ep : to.experts) + ": the " + std::to_string(to.experts) +
+                " experts do not divide over " + ep + " EP ranks");
   }
   if (to.top_k > to.experts) {
-    throw error("whatif --top-k " + std::to_string(to.top_k) + ": more than the " + std::to_string(to.experts) + " experts");
+    throw error("whatif " + asked(t.top_k, "--top-k", "--experts", t.top_k ? to.top_k : to.experts) + ": top-" + std::to_string(to.top_k) +
+                " is more than the " + std::to_string(to.experts) + " experts");
   }
   if (to.expert_ffn % tp != 0) {
     throw error("whatif --expert-ffn " + std::to_string(to.expert_ffn) + ": does not divide over TP " + std::to_string(tp));
@@ -634,15 +697,16 @@ struct moe_pass {
     const std::int64_t hidden = static_cast<std::int64_t>(*st.model.hidden.value);
     const int tp = st.parallel.tp.value.value_or(1);
     const int dp = st.parallel.dp.value.value_or(1);
-    const std::int64_t width = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
-    auto [from, to] = detail::moe_configs(st, t, width, tp, ctx.options.dp.value_or(dp));
+    const detail::expert_width traced = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
+    const std::int64_t width = traced.n;
+    auto [from, to] = detail::moe_configs(st, t, traced.ffn(), tp, ctx.options.dp.value_or(dp));
     const moe_routing routing = t.routing.value_or(moe_routing::measured);
     detail::moe_ranks ranks;
     const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
     std::string routing_note;
     const std::vector<double> copies = detail::target_copies(ctx.job, ranks, from, to, routing, tp, dp, routing_note);
     const shape_costs& costs = ctx.costs(b);
-    moe_stats s = detail::rescale_moe_ops(b.graph, ops, ranks, copies, from, to, hidden, to.expert_ffn / tp,
+    moe_stats s = detail::rescale_moe_ops(b.graph, ops, ranks, copies, from, to, hidden, to.expert_ffn / tp * (traced.fused ? 2 : 1),
                                           routing == moe_routing::balanced || to.experts != from.experts, costs);
     detail::expert_launch_plan launches = plan_launches(b, ops, ranks, from, to);
     // From EP 1: where the dispatch and combine go, taken before the edits below renumber.

@@ -189,27 +189,30 @@ inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const co
   return l.find("alltoall") != std::string::npos || l.find("all_to_all") != std::string::npos;
 }
 
-/// The CPU operators of rank trace `t` that are all-to-alls.
+/// The CPU operators of rank trace `t` that are all-to-alls, by start (then event order).
 [[nodiscard]] inline std::vector<std::uint32_t> all_to_all_ops(const trace::rank_trace& t) {
   std::vector<std::uint32_t> out;
   for (std::uint32_t i = 0; i < t.events.size(); ++i) {
     if (t.events[i].cat == trace::category::cpu_op && is_all_to_all_op(t.name(t.events[i]))) out.push_back(i);
   }
+  std::stable_sort(out.begin(), out.end(), [&](std::uint32_t a, std::uint32_t b) { return t.events[a].ts < t.events[b].ts; });
   return out;
 }
 
-/// The innermost all-to-all operator of `ops` around the runtime call of launch `l` (an
-/// autograd function or a module's operator may enclose it), or `no_event`.
+/// The innermost all-to-all operator of `ops` (`all_to_all_ops`) around the runtime call of
+/// launch `l` (an autograd function or a module's operator may enclose it), or `no_event`: the
+/// latest to start before the call that encloses it (the last in event order among equal
+/// starts). Searched back from the call, so an enclosed launch costs the operators nested in
+/// the innermost one, not all of them.
 [[nodiscard]] inline std::uint32_t enclosing_all_to_all(const trace::rank_trace& t, const std::vector<std::uint32_t>& ops, const launch_rec& l) {
   if (l.call == no_event) return no_event;
   const trace::event& c = t.events[l.call];
-  std::uint32_t best = no_event;
-  for (const std::uint32_t i : ops) {
-    const trace::event& e = t.events[i];
-    if (e.lane != c.lane || e.ts > c.ts || e.end() < c.end()) continue;
-    if (best == no_event || e.ts >= t.events[best].ts) best = i;
+  auto it = std::upper_bound(ops.begin(), ops.end(), c.ts, [&](const auto ts, std::uint32_t i) { return ts < t.events[i].ts; });
+  while (it != ops.begin()) {
+    const trace::event& e = t.events[*--it];
+    if (e.lane == c.lane && e.end() >= c.end()) return *it;
   }
-  return best;
+  return no_event;
 }
 
 /// The elements an all-to-all launch sent and received: its `In`/`Out msg nelems`, else the
@@ -239,7 +242,8 @@ inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const co
 /// Fills `out.all_to_alls`: every all-to-all launched in the iteration of any rank, one entry
 /// per graph collective instance (its ranks, each rank's message sizes, the split sizes), in
 /// the order the first rank that ran each launched it. Runs after `discover_groups`. Linear in
-/// launches.
+/// launches where each all-to-all launch is inside an all-to-all operator (see
+/// `enclosing_all_to_all`).
 inline void discover_all_to_alls(const discovery_inputs& in, job_structure& out) {
   std::map<int, std::size_t> of_instance;
   for (std::size_t ri = 0; ri < in.rank_count(); ++ri) {
@@ -332,7 +336,10 @@ inline void moe_expert_tokens(const discovery_inputs& in, std::size_t ri, const 
     }
   }
   if (!m.grouped.empty() && m.local > 0) {
-    moe.expert_tokens.value = std::vector<std::int64_t>(static_cast<std::size_t>(m.local), m.rows / m.local);
+    // Even, the remainder one each on the first experts: the sizes still sum to the rows.
+    std::vector<std::int64_t> even(static_cast<std::size_t>(m.local), m.rows / m.local);
+    for (std::int64_t x = 0; x < m.rows % m.local; ++x) ++even[static_cast<std::size_t>(x)];
+    moe.expert_tokens.value = std::move(even);
     moe.expert_tokens.source = "rows of '" + m.grouped + "' (" + std::to_string(m.rows) + ") / " + std::to_string(m.local) +
                                " experts, taken as even: the per-expert sizes are not recorded" + where;
     moe.expert_tokens_per = "expert";
