@@ -438,7 +438,7 @@ struct moe_comm {
   std::vector<graph::task_id> transfer, arrive;
   graph::task_id join = graph::no_task;
   model::collective kind = model::collective::all_to_all;
-  double bytes = 0;       ///< its message (0: unknown)
+  double bytes = 0;       ///< its message in bytes (0: unknown)
   int rank = 0;           ///< a member's global rank
   int members = 0;        ///< its group's size
   std::size_t instance = ~std::size_t{0};  ///< index into the graph's collectives, or none (lone)
@@ -473,14 +473,17 @@ struct moe_comm {
     const graph::collective_instance& ci = g.collectives[i];
     const auto kind = collective_of_kind(ci.kind);
     if (!kind || ci.complete.empty() || !wanted(*kind, ci.group)) continue;
-    out.push_back({.transfer = ci.complete, .arrive = ci.arrive, .join = ci.join, .kind = *kind, .bytes = static_cast<double>(ci.bytes),
+    // The graph's message sizes are elements (`In msg nelems`); the NCCL model takes bytes.
+    const double bytes = static_cast<double>(ci.bytes * element_bytes_of_kernel(g.task_name(ci.complete.front())));
+    out.push_back({.transfer = ci.complete, .arrive = ci.arrive, .join = ci.join, .kind = *kind, .bytes = bytes,
                    .rank = !ci.group_ranks.empty() ? *std::min_element(ci.group_ranks.begin(), ci.group_ranks.end()) : g.rank[ci.complete.front()],
                    .members = static_cast<int>(ci.group_ranks.size()), .instance = i, .expert = experts.count(ci.group) > 0});
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
     const auto kind = collective_of_kind(c.kind == "sendrecv" ? std::string("alltoall") : c.kind);
     if (!kind || (c.kind == "sendrecv" && c.group_size <= 2) || !wanted(*kind, c.group)) continue;  // a send/recv pair: pipeline
-    moe_comm m{.transfer = {c.task}, .arrive = {}, .join = graph::no_task, .kind = *kind, .bytes = static_cast<double>(c.elements), .rank = g.rank[c.task],
+    const double bytes = static_cast<double>(c.elements * element_bytes_of_kernel(g.task_name(c.task)));
+    moe_comm m{.transfer = {c.task}, .arrive = {}, .join = graph::no_task, .kind = *kind, .bytes = bytes, .rank = g.rank[c.task],
                .members = static_cast<int>(c.group_size), .expert = experts.count(c.group) > 0};
     if (c.arrive != graph::no_task) m.arrive = {c.arrive};
     out.push_back(std::move(m));
@@ -497,7 +500,7 @@ struct moe_comm {
   // Megatron's expert-data-parallel group: the ranks at the same TP index and EP position.
   const int d = dp_index_of(c.rank, tps, dpcp_from), base = c.rank - d * tps - c.rank % tps;
   std::vector<int> old_members, members;
-  for (int j = 0; j < dpcp_from / from.ep; ++j) old_members.push_back(base + ((j * from.ep + d % from.ep) * tps + c.rank % tps));
+  for (int j = 0; j < std::max(1, dpcp_from / from.ep); ++j) old_members.push_back(base + ((j * from.ep + d % from.ep) * tps + c.rank % tps));
   for (int j = 0; j < dpcp_to / to.ep; ++j) members.push_back(base + ((j * to.ep + d % to.ep) * tps + c.rank % tps));
   return {old_members, members};
 }
@@ -723,7 +726,10 @@ struct moe_pass {
     const std::vector<detail::moe_comm> comms = detail::moe_comms(ctx.job, b, st);
     const double params = (static_cast<double>(to.experts) / to.ep * static_cast<double>(to.expert_ffn)) /
                           (static_cast<double>(from.experts) / from.ep * static_cast<double>(from.expert_ffn));
-    const double optimizer = detail::optimizer_factor(b.graph, comms, params, dp, dp / from.ep, dpcp_to / to.ep);
+    // The traced expert-DP group: DP x CP / EP, 1 where the traces show fewer DP ranks than EP
+    // (a partial job whose DP group is not in it).
+    const int edp_from = std::max(1, dp / from.ep);
+    const double optimizer = detail::optimizer_factor(b.graph, comms, params, dp, edp_from, dpcp_to / to.ep);
     if (optimizer != 1.0) s.optimizer = detail::scale_optimizer(b, st, optimizer, costs.profile.min_kernel_ns);
     std::vector<detail::moe_comm> removed;
     const bool resized = to.ep != from.ep || to.experts != from.experts || to.expert_ffn != from.expert_ffn;
@@ -757,7 +763,7 @@ struct moe_pass {
     }
     made = moe_summary{from, to, routing};
     change_list out{moe_change(from, to, routing, routing_note, s)};
-    if (dp / from.ep == 1 && dpcp_to / to.ep > 1) {
+    if (edp_from == 1 && dpcp_to / to.ep > 1) {
       out.push_back(note("moe", "expert gradients",
                          "the traces reduce no expert gradients (EP = DP x CP: one replica of each expert shard); the target's "
                          "reductions over " + std::to_string(dpcp_to / to.ep) + " expert-data-parallel ranks are not inserted, "
