@@ -15,7 +15,8 @@
 //    attention, and the op after the attention waits for it;
 //  - the gradient reduction over DP × CP: each gradient collective re-timed by the NCCL model
 //    from the traced group's size to size / traced CP × target CP (the data-parallel size stays
-//    the traces'), and a distributed optimizer's step over 1/(DP × CP) of the parameters.
+//    the traces'), and a distributed optimizer's step over 1/(DP × CP) of the parameters; with a
+//    data-parallel change the data-parallel pass resizes the group instead, to DP' × CP'.
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
@@ -25,6 +26,7 @@
 #include <lumos/whatif/change.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
+#include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/precision.hpp>
@@ -198,7 +200,10 @@ struct context_parallel_pass {
     const std::array<double, 2> new_ns{cp_exchange_ns(to.cp, s.chunk_to, false, link_of(to)),
                                        cp_exchange_ns(to.cp, s.chunk_to, true, link_of(to))};
     retime(ctx, b, st, old_ns, new_ns, s);
-    if (from.cp != to.cp) gradients(ctx, b, st, from.cp, to.cp, from.tp, to.tp, costs, s);
+    // With a data-parallel change (or a TP change that moves the DP groups) the data-parallel
+    // pass resizes the DP x CP group from the traces' to the target's in one step.
+    const bool dp_resizes = data_parallel_pass{}.wanted(ctx);
+    if (from.cp != to.cp && !dp_resizes) gradients(ctx, b, st, from.cp, to.cp, from.tp, to.tp, costs, s);
     if (from.cp == 1 && to.cp > 1) {
       const auto fwd = static_cast<time_ns>(std::llround(new_ns[0])), bwd = static_cast<time_ns>(std::llround(new_ns[1]));
       const auto [n, transfer] = insert_cp_exchanges(b, detail::attention_sites(ctx.job, b, st), fwd, bwd, costs.profile);
@@ -211,7 +216,9 @@ struct context_parallel_pass {
       ctx.refresh(b);
     }
     change_list out{record(from, to, s)};
-    if (from.cp != to.cp && to.cp > 1 && s.gradient == 0) {
+    if (from.cp != to.cp && dp_resizes) {
+      out.push_back(note("context parallel", "gradients", "the gradient collectives over DP x CP are resized by the data-parallel pass"));
+    } else if (from.cp != to.cp && to.cp > 1 && s.gradient == 0) {
       out.push_back(note("context parallel", "gradients",
                          "the traces reduce no gradients (one replica at CP 1): the gradient reduction over the " + std::to_string(to.cp) +
                              " ranks of DP x CP is not inserted, and the prediction lacks it"));
