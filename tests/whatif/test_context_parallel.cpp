@@ -52,7 +52,9 @@ synth::job cp_synth_job(int cp, int dp, int global_batch, int pp = 1, const std:
 time_ns write_cp_job(const synth::job& j, const std::filesystem::path& dir) {
   synth::program_options opt;
   opt.unfold = true;
-  return lumos_test::write_kernel_job(j, opt, model::profile_preset("h100-sxm"), dir);
+  const model::cost_profile profile = model::profile_preset("h100-sxm");
+  opt.p2p_host_sync = profile.cpu_p2p_sync > 0;  // as `lumos synth` writes them
+  return lumos_test::write_kernel_job(j, opt, profile, dir);
 }
 
 double cp_error(time_ns predicted, time_ns direct) {
@@ -251,4 +253,20 @@ TEST_CASE("whatif with CP: a pipeline change the graph cannot make is refused", 
   whatif::whatif_options o;
   o.schedule = synth::parse_schedule("1f1b");
   CHECK_THROWS_WITH(whatif::run_whatif(job, o), Catch::Contains("pass-level pipeline model does not time the key/value exchanges"));
+}
+
+TEST_CASE("whatif --cp 2 from CP 1 with more micro-batches repeats the inserted exchanges with their layers", "[whatif][cp][dp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_cp_job(cp_synth_job(1, 1, 2), a);
+  const trace::job job = trace::load_job({a});
+  whatif::whatif_options o;
+  o.shape.cp = 2, o.global_batch = 4;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const time_ns direct = write_cp_job(cp_synth_job(2, 1, 4), dir.path() / "b");
+  CHECK(cp_error(r.predicted.simulated_ns, direct) <= 0.03);
+  // 2 layers x 4 micro-batches x forward and backward.
+  const std::map<int, int> n = exchanges_per_rank(r.predicted.built.graph);
+  REQUIRE(n.size() == 1);
+  CHECK(n.begin()->second == 16);
 }

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -128,7 +129,11 @@ class context {
   void refresh(const graph::built_job& b) {
     if (!traced_structure_) traced_structure_ = std::move(structure_);
     discover(b);
+    for (const auto& place : layer_placers) place(*structure_, b);
   }
+  /// What passes that inserted tasks into the layers (which discovery, reading the traces' events,
+  /// does not see) run after every `refresh` to put them back in their layer groups.
+  std::vector<std::function<void(job_structure&, const graph::built_job&)>> layer_placers;
   /// The structure of the traces as they were: the first one discovered.
   [[nodiscard]] const std::optional<job_structure>& traced_structure() const noexcept {
     return traced_structure_ ? traced_structure_ : structure_;

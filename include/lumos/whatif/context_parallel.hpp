@@ -96,10 +96,36 @@ namespace detail {
 
 }  // namespace detail
 
+/// Adds each exchange inserted from CP 1 (its folded group's send/recv) and its launch to the
+/// layer task group that holds the op after its attention, which waits for it, so that a layer or
+/// micro-batch change repeats or removes it with the layer. `st` is the structure of `b`.
+inline void attach_exchanges(job_structure& st, const graph::built_job& b) {
+  const graph::task_graph& g = b.graph;
+  std::map<graph::task_id, graph::task_id> after, call;
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::cross_stream) after.emplace(e.from, e.to);
+    if (e.kind == graph::edge_kind::launch) call.emplace(e.to, e.from);
+  }
+  std::map<graph::task_id, std::size_t> group_of;
+  for (std::size_t i = 0; i < st.layer_groups.size(); ++i) {
+    for (const graph::task_id t : st.layer_groups[i].tasks) group_of.emplace(t, i);
+  }
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (ci.group.rfind("cp.folded.", 0) != 0 || ci.arrive.size() != 1 || ci.complete.size() != 1) continue;
+    const auto a = after.find(ci.complete.front());
+    const auto it = a == after.end() ? group_of.end() : group_of.find(a->second);
+    if (it == group_of.end()) continue;
+    auto& tasks = st.layer_groups[it->second].tasks;
+    if (const auto c = call.find(ci.arrive.front()); c != call.end()) tasks.push_back(c->second);
+    tasks.insert(tasks.end(), {ci.arrive.front(), ci.complete.front()});
+  }
+}
+
 /// From CP 1: an exchange inserted beside each of `sites` (attention kernel, backward) of `b` on a
 /// context-parallel stream per rank (see the header comment), its transfer `fwd` or `bwd` ns,
 /// launched with the profile's host time, a folded group per rank (`cp.folded.R`: the CP peers
-/// run the same, so the transfer is its time). Returns the kernels inserted and their transfer time.
+/// run the same, so the transfer is its time). Returns the kernels inserted and their transfer
+/// time.
 inline std::pair<std::size_t, time_ns> insert_cp_exchanges(graph::built_job& b, const std::vector<std::pair<graph::task_id, bool>>& sites, time_ns fwd,
                                        time_ns bwd, const model::cost_profile& profile) {
   graph::task_graph& g = b.graph;
@@ -213,6 +239,7 @@ struct context_parallel_pass {
       }
       s.inserted = n;
       s.exchange_after += transfer;
+      ctx.layer_placers.emplace_back(attach_exchanges);
       ctx.refresh(b);
     }
     change_list out{record(from, to, s)};
