@@ -109,6 +109,8 @@ CASES = [
     ("CP 2→1 with DP 2→4 (Llama-like)", LLAMA_CP2_DP2, {"--cp": "1", "--dp": "4"}),
     ("CP 1→2 with DP 1→2 (Llama-like, buckets inserted)", LLAMA, {"--cp": "2", "--dp": "2"}),
     ("CP 2, global batch ×2 (Llama-like, 2 → 4 micro-batches)", LLAMA_CP2_DP2, {"--global-batch": "8"}),
+    ("CP 1→2, global batch ×2 (Llama-like, the inserted exchanges repeated with the micro-batches)", LLAMA,
+     {"--cp": "2", "--global-batch": "8"}),
     # Composed with pipeline changes in the graph: the exchanges travel with the passes they sit in.
     ("CP 2, PP 1→2 (Llama-like, in the graph)", LLAMA_CP2_DP2, {"--pp": "2"}),
     ("CP 1→2 with PP 1→2 (Llama-like, in the graph)", LLAMA, {"--cp": "2", "--pp": "2"}),
