@@ -36,6 +36,8 @@ BASE = {
 
 # The context-parallel cases' configuration A: a small Llama-3-8B-like job at sequence 8192.
 LLAMA = {"--model": "llama3-8b", "--layers": "4", "--ffn": "7168", "--seq": "8192", "--pp": "1", "--global-batch": "4"}
+# Its CP 2 x DP 2 variant (4 ranks, 2 micro-batches per replica).
+LLAMA_CP2_DP2 = dict(LLAMA, **{"--cp": "2", "--dp": "2"})
 # The FSDP cases' A: Llama 3 8B's layer (hidden 4096, SwiGLU, 8 KV heads, vocabulary 128256) with 4
 # layers, no TP or PP, 2 micro-batches per replica, parameters sharded over the DP ranks.
 FSDP4 = {"--model": "llama3-8b", "--layers": "4", "--hidden": "4096", "--heads": "32", "--tp": "1", "--pp": "1",
@@ -100,6 +102,25 @@ CASES = [
     ("CP 2→4 with the sequence ×2 (Llama-like)", dict(LLAMA, **{"--cp": "2"}), {"--cp": "4", "--seq": "16384"}),
     ("CP 2→1 (Llama-like)", dict(LLAMA, **{"--cp": "2"}), {"--cp": "1"}),
     ("CP 1→2 on H200 (Llama-like)", LLAMA, {"--cp": "2", "--gpu": "h200-sxm"}),
+    # Composed with DP and the global batch: the gradient group holds DP x CP ranks and is resized
+    # once to the target's; the micro-batches per replica follow the replicas (DP), not CP.
+    ("CP 2 with DP 2→4, same global batch (Llama-like, 2 → 1 micro-batches)", LLAMA_CP2_DP2, {"--dp": "4"}),
+    ("CP 2→4 with DP 2→1 (Llama-like, DP × CP kept, 2 → 4 micro-batches)", LLAMA_CP2_DP2, {"--cp": "4", "--dp": "1"}),
+    ("CP 2→1 with DP 2→4 (Llama-like)", LLAMA_CP2_DP2, {"--cp": "1", "--dp": "4"}),
+    ("CP 1→2 with DP 1→2 (Llama-like, buckets inserted)", LLAMA, {"--cp": "2", "--dp": "2"}),
+    ("CP 2, global batch ×2 (Llama-like, 2 → 4 micro-batches)", LLAMA_CP2_DP2, {"--global-batch": "8"}),
+    ("CP 1→2, global batch ×2 (Llama-like, the inserted exchanges repeated with the micro-batches)", LLAMA,
+     {"--cp": "2", "--global-batch": "8"}),
+    # Composed with pipeline changes in the graph: the exchanges travel with the passes they sit in.
+    ("CP 2, PP 1→2 (Llama-like, in the graph)", LLAMA_CP2_DP2, {"--pp": "2"}),
+    ("CP 1→2 with PP 1→2 (Llama-like, in the graph)", LLAMA, {"--cp": "2", "--pp": "2"}),
+    ("CP 2→4 with PP 1→2 (Llama-like, in the graph)", dict(LLAMA, **{"--cp": "2"}), {"--cp": "4", "--pp": "2"}),
+    ("CP 2, PP 2→4 (Llama-like, in the graph)", dict(LLAMA_CP2_DP2, **{"--pp": "2"}), {"--pp": "4"}),
+    ("CP 2, PP 2, 1F1B → interleaved 2 chunks (Llama-like, in the graph)", dict(LLAMA_CP2_DP2, **{"--pp": "2"}),
+     {"--vp": "2", "--schedule": "interleaved"}),
+    ("CP 2, PP 2, 1F1B → ZB-H1 (Llama-like, in the graph)", dict(LLAMA, **{"--cp": "2", "--pp": "2"}), {"--schedule": "zb-h1"}),
+    ("CP 2, PP 2, global batch ×2 (Llama-like, 2 → 4 micro-batches, in the graph)", dict(LLAMA_CP2_DP2, **{"--pp": "2"}),
+     {"--global-batch": "8"}),
     ("layers ×2 on H200", {}, {"--layers": "16", "--gpu": "h200-sxm"}),
     ("PP 2→4 with DP ×2 (in the graph)", {}, {"--pp": "4", "--dp": "4", "--global-batch": "32"}),
     # From traces without pipeline stages a PP change is made in the graph itself: every rank of

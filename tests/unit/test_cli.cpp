@@ -351,11 +351,12 @@ TEST_CASE("whatif --precision fp8 on a bf16 synth job agrees with synth in fp8, 
   CHECK(run("whatif " + a.string() + " --precision fp4").code == 2);
 }
 
-TEST_CASE("whatif --cp: synth jobs with and without CP read back, found by inspect, rewritten to agree with synth", "[cli][whatif][cp]") {
+TEST_CASE("whatif --cp: synth jobs with and without CP read back, found by inspect, rewritten with and without --dp to agree with synth", "[cli][whatif][cp]") {
   lumos_test::temp_dir dir;
   const auto one = dir.path() / "cp1", two = dir.path() / "cp2";
-  const std::string job = "synth --model llama3-8b --layers 2 --hidden 1024 --heads 8 --ffn 3584 --seq 4096 --tp 1 --dp 2 --micro-batch 1 "
-                          "--global-batch 4 --gpu h100-sxm --detail kernel --unfold ";
+  const std::string shape = "synth --model llama3-8b --layers 2 --hidden 1024 --heads 8 --ffn 3584 --seq 4096 --tp 1 --micro-batch 1 "
+                            "--global-batch 4 --gpu h100-sxm --detail kernel --unfold ";
+  const std::string job = shape + "--dp 2 ", job_at_dp1 = shape + "--dp 1 ";
   REQUIRE(run(job + "--cp 1 --out " + one.string()).code == 0);
   REQUIRE(run(job + "--cp 2 --out " + two.string()).code == 0);
   const result text = run("inspect " + two.string() + " --structure");
@@ -400,7 +401,13 @@ TEST_CASE("whatif --cp: synth jobs with and without CP read back, found by inspe
   const result odd = run("whatif " + two.string() + " --cp 3");
   CHECK(odd.code == 2);
   CHECK(odd.err.find("2 * cp") != std::string::npos);
-  CHECK(run("whatif " + two.string() + " --cp 4 --dp 2").code == 2);
+  // With --dp the gradient group of DP x CP ranks is resized, and the micro-batches per replica
+  // follow the replicas: the job at CP 2 and DP 1 from either.
+  const auto solo = dir.path() / "cp2dp1";
+  REQUIRE(run(job_at_dp1 + "--cp 2 --out " + solo.string()).code == 0);
+  const double t3 = direct(solo);
+  CHECK(std::abs(predicted(two, "--dp 1") - t3) <= 0.03 * t3);
+  CHECK(std::abs(predicted(one, "--cp 2 --dp 1") - t3) <= 0.03 * t3);
   CHECK(run("whatif " + two.string() + " --cp 2 --cp-comm allgather").code == 2);
 }
 

@@ -1,14 +1,21 @@
 // Context parallelism in traces (whatif/structure/context_parallel.hpp) and the CP what-if
 // (whatif/context_parallel.hpp): the hand-made Transformer Engine ring-attention traces of
-// tests/data/cp (make_cp_trace.py says how they were built) and the exchange model.
+// tests/data/cp (make_cp_trace.py says how they were built) and the exchange model; CP composed
+// with DP, the global batch and pipeline changes on jobs synthesised at the kernel level, against
+// the target synthesised directly.
+#include "../synth/kernel_job_support.hpp"
 #include "../unit/test_support.hpp"
 
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/profile.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -24,6 +31,50 @@ const trace::job& te_cp2_job() {
 whatif::job_structure discover_cp_job(const trace::job& job) {
   const graph::built_job built = graph::build_graph(job);
   return whatif::discover_structure(job, built);
+}
+
+// A Llama-style job of 2 layers (hidden 1024, SwiGLU, 8 KV heads, vocabulary 32000), sequence 4096,
+// one sequence per micro-batch, `global_batch` sequences, with CP `cp`, DP `dp` and `pp` stages of
+// `schedule`.
+synth::job cp_synth_job(int cp, int dp, int global_batch, int pp = 1, const std::string& schedule = "") {
+  synth::job j;
+  j.model = model::detail::llama3("cp-test", 2, 1024, 3584, 8);
+  j.model.seq = 4096, j.model.vocab = 32000;
+  j.hardware = model::hardware_preset("h100-sxm");
+  j.parallel.cp = cp, j.parallel.dp = dp, j.parallel.pp = pp;
+  j.parallel.micro_batch = 1, j.parallel.global_batch = global_batch;
+  j.parallel.zero_stage = 1;  // Megatron's distributed optimizer, as `lumos synth` runs it
+  j.parallel.schedule = schedule;
+  return j;
+}
+
+// Writes `j` as kernel-level traces of every rank into `dir`; returns its simulated iteration.
+time_ns write_cp_job(const synth::job& j, const std::filesystem::path& dir) {
+  synth::program_options opt;
+  opt.unfold = true;
+  const model::cost_profile profile = model::profile_preset("h100-sxm");
+  opt.p2p_host_sync = profile.cpu_p2p_sync > 0;  // as `lumos synth` writes them
+  return lumos_test::write_kernel_job(j, opt, profile, dir);
+}
+
+double cp_error(time_ns predicted, time_ns direct) {
+  return std::abs(static_cast<double>(predicted - direct)) / static_cast<double>(direct);
+}
+
+const whatif::change* cp_change(const whatif::whatif_result& r, std::string_view subject) {
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [&](const whatif::change& x) { return x.subject == subject; });
+  return c == r.changes.end() ? nullptr : &*c;
+}
+
+// Per rank of `g`, the exchange kernels on its context-parallel streams.
+std::map<int, int> exchanges_per_rank(const graph::task_graph& g) {
+  std::map<int, int> out;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.kind[t] != graph::task_kind::comm_complete && g.kind[t] != graph::task_kind::gpu_comm) continue;
+    if (g.processors[g.processor[t]].name.find("context-parallel") == std::string::npos) continue;
+    ++out[g.rank[t]];
+  }
+  return out;
 }
 
 }  // namespace
@@ -116,4 +167,106 @@ TEST_CASE("whatif --cp on TE's ring: attention and tokens per rank follow, the e
   whatif::whatif_options odd;
   odd.shape.cp = 3;
   CHECK_THROWS_WITH(whatif::run_whatif(job, odd), Catch::Contains("divisible by 2 * cp"));
+}
+
+TEST_CASE("whatif --dp on CP traces resizes the DP x CP gradient group and keeps the global batch", "[whatif][cp][dp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_cp_job(cp_synth_job(2, 2, 4), a);
+  const trace::job job = trace::load_job({a});
+  whatif::whatif_options o;
+  o.dp = 4;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const time_ns direct = write_cp_job(cp_synth_job(2, 4, 4), dir.path() / "b");
+  CHECK(cp_error(r.predicted.simulated_ns, direct) <= 0.03);
+  // The gradient group of 2 replicas x CP 2 becomes 4 x 2; 4 sequences over 4 replicas.
+  const whatif::change* dp = cp_change(r, "DP");
+  REQUIRE(dp != nullptr);
+  CHECK(dp->from == "4");
+  CHECK(dp->to == "8");
+  const whatif::change* m = cp_change(r, "micro-batches per replica");
+  REQUIRE(m != nullptr);
+  CHECK(m->from == "2");
+  CHECK(m->to == "1");
+  std::size_t scatters = 0;
+  for (const auto& ci : r.predicted.built.graph.collectives) {
+    if (whatif::collective_of_kind(ci.kind) != model::collective::reduce_scatter) continue;
+    CHECK(ci.group_ranks.size() == 8);
+    ++scatters;
+  }
+  CHECK(scatters > 0);
+  // The global batch in sequences: 8 over 2 replicas is 4 micro-batches each.
+  whatif::whatif_options g;
+  g.global_batch = 8;
+  const whatif::whatif_result rg = whatif::run_whatif(job, g);
+  const whatif::change* mg = cp_change(rg, "micro-batches per replica");
+  REQUIRE(mg != nullptr);
+  CHECK(mg->to == "4");
+  CHECK(cp_error(rg.predicted.simulated_ns, write_cp_job(cp_synth_job(2, 2, 8), dir.path() / "g")) <= 0.03);
+}
+
+TEST_CASE("whatif --cp with --dp: the data-parallel pass resizes the gradients once to DP x CP", "[whatif][cp][dp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_cp_job(cp_synth_job(2, 2, 4), a);
+  const trace::job job = trace::load_job({a});
+  whatif::whatif_options o;
+  o.shape.cp = 4, o.dp = 1;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const time_ns direct = write_cp_job(cp_synth_job(4, 1, 4), dir.path() / "b");
+  CHECK(cp_error(r.predicted.simulated_ns, direct) <= 0.03);
+  // The CP pass leaves the gradients to the data-parallel pass: none re-timed twice.
+  const whatif::change* cp = cp_change(r, "CP");
+  REQUIRE(cp != nullptr);
+  CHECK(cp->figures[4].before == 0.0);
+  const whatif::change* m = cp_change(r, "micro-batches per replica");
+  REQUIRE(m != nullptr);
+  CHECK(m->from == "2");
+  CHECK(m->to == "4");
+  const bool grouped = std::any_of(r.changes.begin(), r.changes.end(), [](const whatif::change& c) {
+    return c.text.find("2 x 2 -> 1 x 4") != std::string::npos;
+  });
+  CHECK(grouped);
+}
+
+TEST_CASE("whatif --cp 2 --pp 2 from CP 1: every stage's passes carry the inserted exchanges", "[whatif][cp][pp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_cp_job(cp_synth_job(1, 1, 2), a);
+  const trace::job job = trace::load_job({a});
+  whatif::whatif_options o;
+  o.shape.cp = 2, o.pp = 2;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  REQUIRE(r.stages);
+  const time_ns direct = write_cp_job(cp_synth_job(2, 1, 2, 2), dir.path() / "b");
+  CHECK(cp_error(r.predicted.simulated_ns, direct) <= 0.03);
+  // Each stage holds one layer: one exchange per forward and per backward pass of its 2 micro-batches.
+  const std::map<int, int> n = exchanges_per_rank(r.predicted.built.graph);
+  REQUIRE(n.size() == 2);
+  for (const auto& [rank, count] : n) CHECK(count == 4);
+}
+
+TEST_CASE("whatif with CP: a pipeline change the graph cannot make is refused", "[whatif][cp][pp]") {
+  lumos_test::temp_dir dir;
+  (void)write_cp_job(cp_synth_job(2, 1, 2, 2, "zb-h1"), dir.path());
+  const trace::job job = trace::load_job({dir.path()});
+  whatif::whatif_options o;
+  o.schedule = synth::parse_schedule("1f1b");
+  CHECK_THROWS_WITH(whatif::run_whatif(job, o), Catch::Contains("pass-level pipeline model does not time the key/value exchanges"));
+}
+
+TEST_CASE("whatif --cp 2 from CP 1 with more micro-batches repeats the inserted exchanges with their layers", "[whatif][cp][dp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_cp_job(cp_synth_job(1, 1, 2), a);
+  const trace::job job = trace::load_job({a});
+  whatif::whatif_options o;
+  o.shape.cp = 2, o.global_batch = 4;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const time_ns direct = write_cp_job(cp_synth_job(2, 1, 4), dir.path() / "b");
+  CHECK(cp_error(r.predicted.simulated_ns, direct) <= 0.03);
+  // 2 layers x 4 micro-batches x forward and backward.
+  const std::map<int, int> n = exchanges_per_rank(r.predicted.built.graph);
+  REQUIRE(n.size() == 1);
+  CHECK(n.begin()->second == 16);
 }

@@ -131,11 +131,6 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
       }
     }
   }
-  // The gradient group is DP x CP and the pipeline passes carry the exchanges: rewritten together
-  // they are not modelled yet.
-  if (o.shape.cp && (o.dp || o.global_batch || o.pp || o.vp || o.schedule)) {
-    throw usage_error("whatif --cp: --dp, --global-batch, --pp, --vp and --schedule with --cp are not supported yet");
-  }
   if (const auto tp = a.option("--tp")) {
     o.shape.tp = parse_number<int>(*tp, "--tp");
     if (*o.shape.tp <= 0) throw usage_error("--tp must be positive (got " + *tp + ")");

@@ -21,8 +21,10 @@
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/structure.hpp>
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -127,7 +129,11 @@ class context {
   void refresh(const graph::built_job& b) {
     if (!traced_structure_) traced_structure_ = std::move(structure_);
     discover(b);
+    for (const auto& place : layer_placers) place(*structure_, b);
   }
+  /// What passes that inserted tasks into the layers (which discovery, reading the traces' events,
+  /// does not see) run after every `refresh` to put them back in their layer groups.
+  std::vector<std::function<void(job_structure&, const graph::built_job&)>> layer_placers;
   /// The structure of the traces as they were: the first one discovered.
   [[nodiscard]] const std::optional<job_structure>& traced_structure() const noexcept {
     return traced_structure_ ? traced_structure_ : structure_;
@@ -167,6 +173,32 @@ class context {
     const auto& st = traced_structure();
     return st ? st->parallel.pp.value.value_or(1) : 1;
   }
+
+  /// The traces' context parallelism (their shape's, else their CP group's size; 1 without) and
+  /// the target's (`--cp`, else the traces').
+  [[nodiscard]] int traced_cp() const {
+    if (shape_from) return shape_from->cp;
+    const auto& st = traced_structure();
+    return st && st->cp.found() ? std::max(*st->cp.size.value, 1) : 1;
+  }
+  [[nodiscard]] int target_cp() const { return shape_to ? shape_to->cp : traced_cp(); }
+
+  /// The traces' data-parallel replicas: their gradient group's size / their CP, since under
+  /// context parallelism Megatron reduces the gradients over DP x CP ranks (discovery's DP is
+  /// that group's size). Unset when the group's size is unknown; throws when it is no multiple
+  /// of CP.
+  [[nodiscard]] std::optional<int> traced_replicas() const {
+    const auto& st = traced_structure();
+    if (!st || !st->parallel.dp.known()) return std::nullopt;
+    const int group = *st->parallel.dp.value, cp = traced_cp();
+    if (group % cp != 0) {
+      throw error("whatif: the traces' gradient group of " + std::to_string(group) + " ranks (" + st->parallel.dp.source +
+                  ") is no multiple of their CP " + std::to_string(cp) + ": DP x CP ranks reduce the gradients");
+    }
+    return group / cp;
+  }
+  /// The target's gradient group: its replicas (`--dp`, else the traces') x its CP.
+  [[nodiscard]] int target_gradient_group() const { return options.dp.value_or(traced_replicas().value_or(1)) * target_cp(); }
 
  private:
   void discover(const graph::built_job& b) {

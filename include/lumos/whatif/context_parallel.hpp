@@ -15,7 +15,8 @@
 //    attention, and the op after the attention waits for it;
 //  - the gradient reduction over DP × CP: each gradient collective re-timed by the NCCL model
 //    from the traced group's size to size / traced CP × target CP (the data-parallel size stays
-//    the traces'), and a distributed optimizer's step over 1/(DP × CP) of the parameters.
+//    the traces'), and a distributed optimizer's step over 1/(DP × CP) of the parameters; with a
+//    data-parallel change the data-parallel pass resizes the group instead, to DP' × CP'.
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
@@ -25,6 +26,7 @@
 #include <lumos/whatif/change.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
+#include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/precision.hpp>
@@ -94,10 +96,36 @@ namespace detail {
 
 }  // namespace detail
 
+/// Adds each exchange inserted from CP 1 (its folded group's send/recv) and its launch to the
+/// layer task group that holds the op after its attention, which waits for it, so that a layer or
+/// micro-batch change repeats or removes it with the layer. `st` is the structure of `b`.
+inline void attach_exchanges(job_structure& st, const graph::built_job& b) {
+  const graph::task_graph& g = b.graph;
+  std::map<graph::task_id, graph::task_id> after, call;
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::cross_stream) after.emplace(e.from, e.to);
+    if (e.kind == graph::edge_kind::launch) call.emplace(e.to, e.from);
+  }
+  std::map<graph::task_id, std::size_t> group_of;
+  for (std::size_t i = 0; i < st.layer_groups.size(); ++i) {
+    for (const graph::task_id t : st.layer_groups[i].tasks) group_of.emplace(t, i);
+  }
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (ci.group.rfind("cp.folded.", 0) != 0 || ci.arrive.size() != 1 || ci.complete.size() != 1) continue;
+    const auto a = after.find(ci.complete.front());
+    const auto it = a == after.end() ? group_of.end() : group_of.find(a->second);
+    if (it == group_of.end()) continue;
+    auto& tasks = st.layer_groups[it->second].tasks;
+    if (const auto c = call.find(ci.arrive.front()); c != call.end()) tasks.push_back(c->second);
+    tasks.insert(tasks.end(), {ci.arrive.front(), ci.complete.front()});
+  }
+}
+
 /// From CP 1: an exchange inserted beside each of `sites` (attention kernel, backward) of `b` on a
 /// context-parallel stream per rank (see the header comment), its transfer `fwd` or `bwd` ns,
 /// launched with the profile's host time, a folded group per rank (`cp.folded.R`: the CP peers
-/// run the same, so the transfer is its time). Returns the kernels inserted and their transfer time.
+/// run the same, so the transfer is its time). Returns the kernels inserted and their transfer
+/// time.
 inline std::pair<std::size_t, time_ns> insert_cp_exchanges(graph::built_job& b, const std::vector<std::pair<graph::task_id, bool>>& sites, time_ns fwd,
                                        time_ns bwd, const model::cost_profile& profile) {
   graph::task_graph& g = b.graph;
@@ -198,7 +226,10 @@ struct context_parallel_pass {
     const std::array<double, 2> new_ns{cp_exchange_ns(to.cp, s.chunk_to, false, link_of(to)),
                                        cp_exchange_ns(to.cp, s.chunk_to, true, link_of(to))};
     retime(ctx, b, st, old_ns, new_ns, s);
-    if (from.cp != to.cp) gradients(ctx, b, st, from.cp, to.cp, from.tp, to.tp, costs, s);
+    // With a data-parallel change (or a TP change that moves the DP groups) the data-parallel
+    // pass resizes the DP x CP group from the traces' to the target's in one step.
+    const bool dp_resizes = data_parallel_pass{}.wanted(ctx);
+    if (from.cp != to.cp && !dp_resizes) gradients(ctx, b, st, from.cp, to.cp, from.tp, to.tp, costs, s);
     if (from.cp == 1 && to.cp > 1) {
       const auto fwd = static_cast<time_ns>(std::llround(new_ns[0])), bwd = static_cast<time_ns>(std::llround(new_ns[1]));
       const auto [n, transfer] = insert_cp_exchanges(b, detail::attention_sites(ctx.job, b, st), fwd, bwd, costs.profile);
@@ -208,10 +239,13 @@ struct context_parallel_pass {
       }
       s.inserted = n;
       s.exchange_after += transfer;
+      ctx.layer_placers.emplace_back(attach_exchanges);
       ctx.refresh(b);
     }
     change_list out{record(from, to, s)};
-    if (from.cp != to.cp && to.cp > 1 && s.gradient == 0) {
+    if (from.cp != to.cp && dp_resizes) {
+      out.push_back(note("context parallel", "gradients", "the gradient collectives over DP x CP are resized by the data-parallel pass"));
+    } else if (from.cp != to.cp && to.cp > 1 && s.gradient == 0) {
       out.push_back(note("context parallel", "gradients",
                          "the traces reduce no gradients (one replica at CP 1): the gradient reduction over the " + std::to_string(to.cp) +
                              " ranks of DP x CP is not inserted, and the prediction lacks it"));

@@ -390,36 +390,52 @@ struct data_parallel_pass {
     return ctx.options.dp || ctx.options.global_batch || tp_moves_dp(ctx);
   }
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
-    const whatif_options& o = ctx.options;
     const job_structure& st = ctx.structure(b);
-    const int dp = o.dp ? *o.dp : st.parallel.dp.value.value_or(1);
+    // Under context parallelism the gradient group holds DP x CP ranks: it is resized from its
+    // size in the graph (the traces' DP x CP, or the target's where the stage buckets were
+    // inserted) to the target's, and the CP pass leaves the gradients to this one.
+    const int cp_from = ctx.traced_cp(), cp_to = ctx.target_cp();
+    const std::optional<int> replicas = ctx.traced_replicas();
+    const int group_to = ctx.target_gradient_group();
     const model::hardware& hw = ctx.comm_hw;
     const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
     const auto& nccl = ctx.nccl;
-    const dp_rewrite_stats d = resize_data_parallel(b.graph, st, dp, hw.nvlink_domain_size(), ratio, ctx.comm_hw_note, nccl ? &nccl->first : nullptr,
-                                                    nccl ? &nccl->second : nullptr, lone_collectives(ctx.job, b),
-                                                    ctx.shape_to ? ctx.shape_to->tp : 0);
-    ctx.dp_from = d.from, ctx.dp_to = d.to;
+    const dp_rewrite_stats d = resize_data_parallel(b.graph, st, group_to, hw.nvlink_domain_size(), ratio, ctx.comm_hw_note,
+                                                    nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr,
+                                                    lone_collectives(ctx.job, b), ctx.shape_to ? ctx.shape_to->tp : 0);
+    ctx.dp_from = replicas.value_or(d.from), ctx.dp_to = group_to / cp_to;
     change_list out;
     if (d.from == 1 && d.to > 1 && d.no_dp_group) {
       out.push_back(insert_reduction(ctx, b, d.to));
     } else {
       out = dp_changes(d);
     }
-    if (d.from != d.to) {
-      const double min_ns = ctx.costs(b).profile.min_kernel_ns;
-      const shape_stats sh = shard_optimizer(b, ctx.structure(b), d.from, d.to, min_ns, ctx.buckets_inserted);
-      if (sh.optimizer > 0) {
-        char line[256];
-        std::snprintf(line, sizeof line,
-                      "distributed optimizer (gradients reduce-scattered, parameters all-gathered): each rank steps 1/%d of the "
-                      "parameters instead of 1/%d, %zu optimizer kernels %.3f -> %.3f ms",
-                      d.to, d.from, sh.optimizer, static_cast<double>(sh.before) / 1e6, static_cast<double>(sh.after) / 1e6);
-        out.push_back(changed("data parallel", "optimizer share", "1/" + std::to_string(d.from), "1/" + std::to_string(d.to), line,
-                              {time_figure("optimizer kernel time", sh.before, sh.after)}));
-      }
+    if (cp_from > 1 || cp_to > 1) {
+      out.push_back(note("data parallel", "DP x CP",
+                         "the gradient group holds DP x CP ranks: " + std::to_string(*ctx.dp_from) + " x " + std::to_string(cp_from) + " -> " +
+                             std::to_string(*ctx.dp_to) + " x " + std::to_string(cp_to) + " (the replicas follow --dp, CP --cp)"));
+    }
+    const int group_from = replicas ? *replicas * cp_from : d.from;
+    if (group_from != d.to) {
+      const change_list shard = shard_change(ctx, b, group_from, d.to);
+      out.insert(out.end(), shard.begin(), shard.end());
     }
     return out;
+  }
+
+  /// The distributed optimizer's step over 1/`to` of the parameters instead of 1/`from` (the
+  /// traced gradient group and the target's).
+  [[nodiscard]] static change_list shard_change(context& ctx, graph::built_job& b, int from, int to) {
+    const double min_ns = ctx.costs(b).profile.min_kernel_ns;
+    const shape_stats sh = shard_optimizer(b, ctx.structure(b), from, to, min_ns, ctx.buckets_inserted);
+    if (sh.optimizer == 0) return {};
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "distributed optimizer (gradients reduce-scattered, parameters all-gathered): each rank steps 1/%d of the "
+                  "parameters instead of 1/%d, %zu optimizer kernels %.3f -> %.3f ms",
+                  to, from, sh.optimizer, static_cast<double>(sh.before) / 1e6, static_cast<double>(sh.after) / 1e6);
+    return {changed("data parallel", "optimizer share", "1/" + std::to_string(from), "1/" + std::to_string(to), line,
+                    {time_figure("optimizer kernel time", sh.before, sh.after)})};
   }
 
   /// One replica traced and `dp` asked: no gradient reduction to resize, so Megatron's is inserted.
@@ -551,11 +567,12 @@ struct node_placement_pass {
     if (moved.empty()) return {};
     return {note("node placement", "cross-node transfers", moved)};
   }
-  /// The traced rank layout and the target's.
+  /// The traced rank layout and the target's; a stage's ranks are TP x DP x CP (`dp`: the
+  /// gradient group of DP x CP ranks).
   [[nodiscard]] static std::pair<rank_layout, rank_layout> layouts(const context& ctx) {
-    const auto& par = ctx.known_structure()->parallel;
+    const auto& par = ctx.traced_structure()->parallel;
     const rank_layout from{ctx.shape_from ? ctx.shape_from->tp : par.tp.value.value_or(1), par.dp.value.value_or(1), ctx.traced_pp()};
-    const rank_layout to{ctx.shape_to ? ctx.shape_to->tp : from.tp, ctx.options.dp.value_or(from.dp), ctx.options.pp.value_or(from.pp)};
+    const rank_layout to{ctx.shape_to ? ctx.shape_to->tp : from.tp, ctx.target_gradient_group(), ctx.options.pp.value_or(from.pp)};
     return {from, to};
   }
 };

@@ -224,7 +224,8 @@ struct fsdp_pass {
       throw error("whatif: the traces run hybrid sharding (" + f.replicas.source + "); rewriting HSDP traces is not built yet");
     }
     const int traced_dp = st.parallel.dp.value.value_or(f.shard.value.value_or(1));
-    const int dp = o.dp.value_or(traced_dp);
+    // The shard group holds DP x CP ranks under context parallelism: --dp counts replicas.
+    const int dp = o.dp || ctx.target_cp() != ctx.traced_cp() ? ctx.target_gradient_group() : traced_dp;
     if (!o.fsdp.value_or(true)) return turn_off(ctx, b, dp);
     change_list out;
     if (o.reshard_after_forward) out.push_back(reshard(ctx, b, *o.reshard_after_forward));

@@ -752,10 +752,11 @@ struct gradient_bucket_pass {
     const auto& st = ctx.known_structure();
     if (!o.pp || *o.pp <= 1 || ctx.traced_pp() != 1 || !st) return false;
     const int traced_dp = st->parallel.dp.value.value_or(1);
-    return traced_dp > 1 && (!o.dp || *o.dp == traced_dp) && runs_distributed_optimizer(*st);
+    return traced_dp > 1 && (!o.dp || *o.dp == ctx.traced_replicas()) && runs_distributed_optimizer(*st);
   }
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
-    const int traced_dp = ctx.structure(b).parallel.dp.value.value_or(1);
+    // The replicas' gradient group at the target's CP (DP x CP ranks reduce the gradients).
+    const int group = ctx.target_gradient_group();
     graph::built_job kept = b;
     std::optional<job_structure> kept_structure = ctx.known_structure(), kept_traced = ctx.refreshed_from();
     const bool kept_inserted = ctx.buckets_inserted;
@@ -766,11 +767,11 @@ struct gradient_bucket_pass {
       const std::size_t removed = strip_gradient_collectives(b, ctx.job, st);
       if (removed == 0) return {};
       ctx.refresh(b);  // the buckets are placed in the layers of the stripped graph
-      const bucket_insertion bi = insert_target_buckets(ctx, b, traced_dp, from, vocab);
+      const bucket_insertion bi = insert_target_buckets(ctx, b, group, from, vocab);
       if (bi.buckets == 0 || !bi.skipped.empty()) {
         throw error(bi.skipped.empty() ? "no bucket formed" : "no bucket formed on " + bi.skipped.front());
       }
-      return {bucket_change(bi, traced_dp, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
+      return {bucket_change(bi, group, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
                             "PP 1 -> " + std::to_string(*ctx.options.pp) + ": the traces' " + std::to_string(removed) +
                                 " data-parallel reduce-scatters and all-gathers (buckets over the whole model) removed, since Megatron "
                                 "forms each stage's buckets from its own parameters, and each target stage's reduction inserted")};
