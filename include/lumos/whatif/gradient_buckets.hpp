@@ -502,6 +502,8 @@ struct dp_stream_writer {
   int rank = 0;
   std::int64_t sequence = 0;
   graph::task_id previous = graph::no_task;  ///< the complete of the collective written last
+  std::string_view group = inserted_gradient_group;  ///< the name of the collectives' group, before the rank
+  std::string_view match = "inserted by a DP change from 1 (the group folded onto its traced rank)";
 
   /// One collective after `op` (launched with it when `op` was); returns its arrive, whose
   /// complete is the next task.
@@ -518,7 +520,7 @@ struct dp_stream_writer {
     }
     graph::collective_instance ci;
     ci.kind = kind;
-    ci.group = std::string(inserted_gradient_group) + std::to_string(rank);
+    ci.group = std::string(group) + std::to_string(rank);
     ci.group_ranks = p.members;
     // Its elements, as a traced instance counts them (In msg nelems), so that a what-if of the
     // written job resizes it as it resizes a traced bucket.
@@ -526,7 +528,7 @@ struct dp_stream_writer {
     ci.sequence = sequence++;
     ci.arrive = {arrive};
     ci.complete = {complete};
-    ci.match = "inserted by a DP change from 1 (the group folded onto its traced rank)";
+    ci.match = match;
     ng.collectives.push_back(std::move(ci));
     previous = complete;
     return arrive;
