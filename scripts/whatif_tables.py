@@ -43,6 +43,8 @@ LLAMA_CP2_DP2 = dict(LLAMA, **{"--cp": "2", "--dp": "2"})
 FSDP4 = {"--model": "llama3-8b", "--layers": "4", "--hidden": "4096", "--heads": "32", "--tp": "1", "--pp": "1",
          "--dp": "4", "--global-batch": "8", "--fsdp": "on"}
 FSDP8 = dict(FSDP4, **{"--dp": "8", "--global-batch": "16"})
+# The same job without FSDP: Megatron's distributed optimizer (ZeRO-1), synth's default.
+ZERO1 = dict(FSDP4, **{"--fsdp": "off"})
 
 # (name, changes of A relative to BASE, what-if flags = changes from A to B). B = A + flags,
 # except that a whatif flag that is not a synth flag (none so far) would need mapping.
@@ -206,6 +208,10 @@ CASES = [
     ("FSDP on → off (distributed optimizer)", FSDP4, {"--fsdp": "off"}),
     ("FSDP on → off with DP 8→4", FSDP8, {"--fsdp": "off", "--dp": "4", "--global-batch": "8"}),
     ("FSDP, reshard after forward on → off", FSDP4, {"--reshard-after-forward": "off"}),
+    # --fsdp on from the distributed optimizer: its buckets removed, each unit's collectives inserted.
+    ("FSDP off → on (from the distributed optimizer)", ZERO1, {"--fsdp": "on"}),
+    ("FSDP off → on, reshard after forward off", ZERO1, {"--fsdp": "on", "--reshard-after-forward": "off"}),
+    ("FSDP off → on with DP 4→8", ZERO1, {"--fsdp": "on", "--dp": "8", "--global-batch": "16"}),
 ]
 
 # Mixture of experts: configuration M, a MoE job (Qwen3-30B-A3B's layer shape, 128 experts, top-8,

@@ -444,9 +444,17 @@ TEST_CASE("FSDP traces: inspect --structure finds the shard group, whatif --fsdp
   const result hsdp = run("whatif " + a.string() + " --dp 8 --hsdp 3");
   CHECK(hsdp.code == 2);
   CHECK(hsdp.err.find("must divide --dp") != std::string::npos);
-  const result on = run("whatif " + b.string() + " --fsdp on");
-  CHECK(on.code == 2);
-  CHECK(on.err.find("do not shard parameters") != std::string::npos);
+  // --fsdp on from the distributed optimizer's traces: the FSDP job's own replay is the truth.
+  const result fsdp_direct = run("replay " + a.string() + " --json");
+  REQUIRE(fsdp_direct.code == 0);
+  simdjson::dom::parser p3, p4;
+  const double fsdp_want = double(int64_t(p3.parse(fsdp_direct.out)["job"]["simulated_ns"]));
+  const result on = run("whatif " + b.string() + " --fsdp on --json");
+  REQUIRE(on.code == 0);
+  CHECK(std::abs(double(int64_t(p4.parse(on.out)["predicted"]["iteration_ns"])) - fsdp_want) <= 0.03 * fsdp_want);
+  const result batch = run("whatif " + b.string() + " --fsdp on --dp 8");
+  CHECK(batch.code == 2);
+  CHECK(batch.err.find("--global-batch") != std::string::npos);
 }
 
 TEST_CASE("whatif --tp from 1: the inserted all-reduces are written by --trace-out and replay to the prediction",

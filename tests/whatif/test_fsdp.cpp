@@ -8,14 +8,20 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/trace/job.hpp>
+#include <lumos/report/whatif_files.hpp>
 #include <lumos/whatif/whatif.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 using namespace lumos;
 
@@ -228,10 +234,175 @@ TEST_CASE("whatif on FSDP traces agrees with the target synthesised directly: --
     whatif::whatif_options o;
     o.hsdp = 2;
     CHECK_THROWS_AS(whatif::run_whatif(job, o), error);
-    lumos_test::temp_dir ddp;
-    (void)write_fsdp_job(fsdp_synth_job(4, false), ddp.path());
-    whatif::whatif_options on;
-    on.fsdp = true;
-    CHECK_THROWS_WITH(whatif::run_whatif(trace::load_job({ddp.path()}), on), Catch::Contains("do not shard parameters"));
+  }
+}
+
+namespace {
+
+// The DDP job of `fsdp_synth_job`: gradients all-reduced in buckets, every rank stepping every parameter.
+synth::job ddp_synth_job(int dp) {
+  synth::job j = fsdp_synth_job(dp, false);
+  j.parallel.zero_stage = 0;
+  return j;
+}
+
+// Per traced rank: the all-gathers and reduce-scatters `--fsdp on` inserted into `g`.
+std::map<int, std::pair<std::size_t, std::size_t>> inserted_fsdp(const graph::task_graph& g) {
+  std::map<int, std::pair<std::size_t, std::size_t>> out;
+  for (const auto& ci : g.collectives) {
+    if (!ci.group.starts_with(whatif::inserted_fsdp_group)) continue;
+    auto& [gathers, scatters] = out[g.rank[ci.complete.front()]];
+    ++(ci.kind == "allgather" ? gathers : scatters);
+  }
+  return out;
+}
+
+// Every inserted collective's waits held in the replay: each gather ends before the first kernel
+// of its unit starts, and each reduce-scatter starts after its unit's last kernel ends.
+void check_fsdp_waits(const whatif::whatif_result& r) {
+  const graph::task_graph& g = r.predicted.built.graph;
+  const report::task_times times = r.predicted.simulated_times();
+  std::vector<std::uint8_t> gather(g.task_count(), 0), scatter(g.task_count(), 0);
+  for (const auto& ci : g.collectives) {
+    if (!ci.group.starts_with(whatif::inserted_fsdp_group)) continue;
+    (ci.kind == "allgather" ? gather : scatter)[ci.complete.front()] = 1;
+    if (ci.kind != "allgather") scatter[ci.arrive.front()] = 1;
+  }
+  std::size_t fed = 0, waited = 0;
+  for (const graph::edge& e : g.edges) {
+    if (e.kind != graph::edge_kind::cross_stream) continue;
+    if (gather[e.from] && g.kind[e.to] == graph::task_kind::gpu_compute) {
+      ++fed;
+      CHECK(times.begin_of(e.to) >= times.end_of(e.from));
+    }
+    if (scatter[e.to] && g.kind[e.to] == graph::task_kind::comm_arrive && g.kind[e.from] == graph::task_kind::gpu_compute) {
+      ++waited;
+      CHECK(times.begin_of(e.to) >= times.end_of(e.from));
+    }
+  }
+  const auto counts = inserted_fsdp(g);
+  std::size_t gathers = 0, scatters = 0;
+  for (const auto& [rank, n] : counts) gathers += n.first, scatters += n.second;
+  CHECK(fed == gathers);
+  CHECK(waited == scatters);
+}
+
+// The data-parallel collectives left in `r`'s prediction of the traces' own groups.
+std::size_t traced_dp_collectives(const whatif::whatif_result& r) {
+  REQUIRE(r.structure);
+  const std::set<std::string> dp = whatif::groups_with_role(*r.structure, whatif::group_role::dp);
+  REQUIRE_FALSE(dp.empty());
+  return static_cast<std::size_t>(std::count_if(r.predicted.built.graph.collectives.begin(), r.predicted.built.graph.collectives.end(),
+                                                [&](const graph::collective_instance& ci) { return dp.contains(ci.group); }));
+}
+
+}  // namespace
+
+TEST_CASE("whatif --fsdp on from distributed-optimizer and DDP traces agrees with the FSDP job synthesised directly",
+          "[whatif][fsdp]") {
+  lumos_test::temp_dir dir;
+  (void)write_fsdp_job(fsdp_synth_job(4, false), dir.path() / "zero1");
+  const trace::job job = trace::load_job({dir.path() / "zero1"});
+  // The truth: the FSDP jobs synthesised directly, and what discovery counts of their collectives.
+  auto direct = [&](int dp, bool reshard, const std::string& name) {
+    const time_ns t = write_fsdp_job(fsdp_synth_job(dp, true, reshard), dir.path() / name);
+    return std::pair{t, discover_fsdp_job(dir.path() / name).fsdp};
+  };
+  whatif::whatif_options on;
+  on.fsdp = true;
+
+  SECTION("the distributed optimizer's buckets replaced by each unit's gathers and reduce-scatters") {
+    const auto [t, f] = direct(4, true, "b");
+    const whatif::whatif_result r = whatif::run_whatif(job, on);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    const whatif::change* c = fsdp_change(r, "FSDP");
+    REQUIRE(c != nullptr);
+    CHECK(c->from == "off");
+    CHECK(c->to == "on");
+    REQUIRE(c->figures.size() == 3);
+    CHECK(c->figures[0].after > 0);
+    CHECK(traced_dp_collectives(r) == 0);
+    const auto counts = inserted_fsdp(r.predicted.built.graph);
+    REQUIRE(counts.size() == r.predicted.ranks.size());
+    for (const auto& [rank, n] : counts) {
+      CHECK(n.first == static_cast<std::size_t>(*f.all_gathers.value));
+      CHECK(n.second == static_cast<std::size_t>(*f.reduce_scatters.value));
+    }
+    CHECK(c->figures[1].after == static_cast<double>(*f.all_gathers.value) * static_cast<double>(counts.size()));
+    check_fsdp_waits(r);
+    // The memory summary counts FSDP as it counts the FSDP job's own traces.
+    whatif::whatif_options kept;
+    kept.reshard_after_forward = true;
+    const whatif::whatif_result fsdp = whatif::run_whatif(trace::load_job({dir.path() / "b"}), kept);
+    REQUIRE(r.shape);
+    REQUIRE(fsdp.shape);
+    CHECK(r.shape->predicted.memory_bytes_per_gpu < r.shape->baseline.memory_bytes_per_gpu);
+    CHECK(r.shape->predicted.memory_bytes_per_gpu == Approx(fsdp.shape->baseline.memory_bytes_per_gpu));
+  }
+  SECTION("reshard after forward off: the backward passes gather nothing") {
+    const auto [t, f] = direct(4, false, "b");
+    whatif::whatif_options o = on;
+    o.reshard_after_forward = false;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    for (const auto& [rank, n] : inserted_fsdp(r.predicted.built.graph)) {
+      CHECK(n.first == static_cast<std::size_t>(*f.all_gathers.value));
+      CHECK(n.second == static_cast<std::size_t>(*f.reduce_scatters.value));
+    }
+  }
+  SECTION("with --dp 8 and the global batch that keeps the micro-batches: a shard group of 8") {
+    const auto [t, f] = direct(8, true, "b");
+    whatif::whatif_options o = on;
+    o.dp = 8, o.global_batch = 16;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    for (const auto& ci : r.predicted.built.graph.collectives) {
+      if (ci.group.starts_with(whatif::inserted_fsdp_group)) CHECK(ci.group_ranks.size() == 8);
+    }
+    // The micro-batches per replica changing (the global batch kept) is not built.
+    whatif::whatif_options kept = on;
+    kept.dp = 8;
+    CHECK_THROWS_WITH(whatif::run_whatif(job, kept), Catch::Contains("--global-batch"));
+  }
+  SECTION("from DDP: the all-reduce buckets removed and the optimizer sharded") {
+    const auto [t, f] = direct(4, true, "b");
+    (void)write_fsdp_job(ddp_synth_job(4), dir.path() / "ddp");
+    const trace::job ddp = trace::load_job({dir.path() / "ddp"});
+    const whatif::whatif_result r = whatif::run_whatif(ddp, on);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    CHECK(traced_dp_collectives(r) == 0);
+    const whatif::change* c = fsdp_change(r, "optimizer share");
+    REQUIRE(c != nullptr);
+    CHECK(c->to == "1/4");
+    for (const auto& [rank, n] : inserted_fsdp(r.predicted.built.graph)) {
+      CHECK(n.first == static_cast<std::size_t>(*f.all_gathers.value));
+      CHECK(n.second == static_cast<std::size_t>(*f.reduce_scatters.value));
+    }
+    check_fsdp_waits(r);
+  }
+  SECTION("the written traces read back as the FSDP job and replay to the prediction") {
+    const auto [t, f] = direct(4, true, "b");
+    const whatif::whatif_result r = whatif::run_whatif(job, on);
+    const auto out = dir.path() / "written";
+    (void)report::write_whatif_traces(on, r, job, out);
+    const auto& back = discover_fsdp_job(out).fsdp;
+    REQUIRE(back.found());
+    CHECK(*back.units.value == *f.units.value);
+    CHECK(*back.all_gathers.value == *f.all_gathers.value);
+    CHECK(*back.reduce_scatters.value == *f.reduce_scatters.value);
+    CHECK(*back.shard.value == 4);
+    CHECK(*back.reshard_after_forward.value == "on");
+    const trace::job written = trace::load_job({out});
+    CHECK(report::replay_job(written).simulated_ns == r.predicted.simulated_ns);
+  }
+  SECTION("what stays refused says so") {
+    whatif::whatif_options layers = on;
+    layers.layers = 4;
+    CHECK_THROWS_WITH(whatif::run_whatif(job, layers), Catch::Contains("--layers"));
+    whatif::whatif_options hsdp = on;
+    hsdp.hsdp = 2;
+    CHECK_THROWS_WITH(whatif::run_whatif(job, hsdp), Catch::Contains("hybrid sharding"));
+    (void)write_fsdp_job(fsdp_synth_job(1, false), dir.path() / "one");
+    CHECK_THROWS_WITH(whatif::run_whatif(trace::load_job({dir.path() / "one"}), on), Catch::Contains("reduce no data-parallel gradients"));
   }
 }

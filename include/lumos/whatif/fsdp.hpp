@@ -22,8 +22,16 @@
 //   --reshard-after-forward off   the backward passes' all-gathers (those launched for a
 //                     backward pass, the prefetched first one included) are removed: the forward's
 //                     gathered parameters stay for the backward.
-// Not rewritten (an error says so): --fsdp on from traces without FSDP, --reshard-after-forward on
-// from traces whose backward passes do not gather, hybrid-sharded (HSDP) traces, and --hsdp.
+//   --fsdp on         from DDP or distributed-optimizer traces: the DP group's gradient
+//                     collectives are removed (`strip_gradient_collectives`: DDP's all-reduce
+//                     buckets, or ZeRO-1's reduce-scatters and all-gathers after the step) and
+//                     FSDP's per-unit all-gathers and reduce-scatters inserted over the target's DP
+//                     ranks (`insert_fsdp_collectives`, fsdp_insertion.hpp), with or without the
+//                     backward's gathers (--reshard-after-forward). The optimizer steps 1/N of the
+//                     parameters: ZeRO-1's did already, DDP's kernels are sharded here.
+// Not rewritten (an error says so): --reshard-after-forward on from traces whose backward passes
+// do not gather, --fsdp on from traces with one replica or with --layers or a pipeline change,
+// hybrid-sharded (HSDP) traces, and --hsdp.
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
@@ -31,6 +39,7 @@
 #include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/fsdp_insertion.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -213,10 +222,7 @@ struct fsdp_pass {
     const fsdp_structure& f = st.fsdp;
     if (o.hsdp) throw error("whatif --hsdp: hybrid sharding is not rewritten from traces yet (lumos predict --hsdp models it)");
     if (!f.found()) {
-      if (o.fsdp.value_or(false)) {
-        throw error("whatif --fsdp on: the traces do not shard parameters (no group all-gathers in forward passes and "
-                    "reduce-scatters in backward); inserting FSDP's collectives is not built yet (lumos predict --fsdp on models it)");
-      }
+      if (o.fsdp.value_or(false)) return turn_on(ctx, b);
       if (o.reshard_after_forward) throw error("whatif --reshard-after-forward: the traces do not run FSDP (`lumos inspect --structure` shows no fsdp)");
       return {note("fsdp", "FSDP", "--fsdp off: the traces do not shard parameters; nothing to change")};
     }
@@ -264,6 +270,82 @@ struct fsdp_pass {
                    "reshard after forward on -> off: the forward's gathered parameters stay for the backward, so the " +
                        std::to_string(removed) + " all-gathers launched for backward passes (the prefetched first included) are removed",
                    {count_figure("all-gathers removed", removed)});
+  }
+
+  /// `--fsdp on` from DDP or distributed-optimizer traces: their gradient collectives replaced by
+  /// FSDP's per-unit ones (fsdp_insertion.hpp) over the target's DP ranks.
+  [[nodiscard]] static change_list turn_on(context& ctx, graph::built_job& b) {
+    const whatif_options& o = ctx.options;
+    const job_structure& st = ctx.structure(b);
+    const int traced_dp = st.parallel.dp.value.value_or(1);
+    const int dp = o.dp.value_or(traced_dp);
+    const bool zero1 = runs_distributed_optimizer(st);
+    const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
+    if (traced_dp <= 1 || (!zero1 && !ddp)) {
+      throw error("whatif --fsdp on: the traces reduce no data-parallel gradients by DDP's all-reduces or the distributed optimizer's "
+                  "reduce-scatters (" + (traced_dp <= 1 ? st.parallel.dp.source : st.gradients.method.source) +
+                  "); FSDP is inserted only in place of those (lumos predict --fsdp on models it)");
+    }
+    if (dp <= 1) throw error("whatif --fsdp on --dp " + std::to_string(dp) + ": a shard group of one rank shards nothing");
+    if (st.moe.layers.value.value_or(0) > 0) throw error("whatif --fsdp on: FSDP of a MoE model is not modelled (lumos synth refuses it too)");
+    if (o.layers || o.pipeline_asked()) {
+      throw error("whatif --fsdp on from traces without FSDP, together with --layers or a pipeline change, is not built yet "
+                  "(each runs alone)");
+    }
+    const shape_config from = ctx.shape_from ? *ctx.shape_from : traced_shape(st);
+    const std::int64_t vocab = traced_vocab_local(ctx.job, st, from) * from.tp;
+    const std::size_t removed = strip_gradient_collectives(b, ctx.job, st, ddp);
+    if (removed == 0) throw error("whatif --fsdp on: no gradient collective of the data-parallel group to remove");
+    ctx.refresh(b);
+    const job_structure& stripped = ctx.structure(b);
+    const shape_costs& costs = ctx.costs(b);
+    const model::nccl_model model_of_costs{costs.profile};
+    const bool reshard = o.reshard_after_forward.value_or(true);
+    const fsdp_insertion fi = insert_fsdp_collectives(b, stripped, ctx.shape_to ? *ctx.shape_to : from, vocab, stripped.model.gated_mlp, dp,
+                                                      reshard, ctx.nccl ? ctx.nccl->first : model_of_costs,
+                                                      ctx.nccl ? ctx.nccl->second : costs.hw, costs.profile);
+    if (fi.gathers == 0 || fi.scatters == 0) {
+      throw error("whatif --fsdp on: no FSDP unit found to gather and reduce-scatter (" +
+                  (fi.skipped.empty() ? std::string("no forward or backward pass found") : fi.skipped.front()) + ")");
+    }
+    ctx.refresh(b);
+    ctx.fsdp_inserted = true;
+    change_list out;
+    out.push_back(turned_on(fi, removed, ddp, traced_dp, dp, reshard, bucket_profile_name(ctx, b)));
+    // DDP's optimizer stepped every parameter; FSDP's steps the rank's 1/N (the distributed
+    // optimizer's already stepped 1/DP: a DP change resizes it with the data-parallel pass).
+    if (ddp) {
+      const shape_stats sh = shard_optimizer(b, ctx.structure(b), 1, dp, costs.profile.min_kernel_ns, true);
+      char line[256];
+      std::snprintf(line, sizeof line, "the optimizer steps the rank's 1/%d of the parameters: %zu optimizer kernels %.3f -> %.3f ms", dp,
+                    sh.optimizer, static_cast<double>(sh.before) / 1e6, static_cast<double>(sh.after) / 1e6);
+      out.push_back(changed("fsdp", "optimizer share", "1", "1/" + std::to_string(dp), line,
+                            {time_figure("optimizer kernel time", sh.before, sh.after)}));
+    }
+    return out;
+  }
+
+  /// The `changes` record of `turn_on`.
+  [[nodiscard]] static change turned_on(const fsdp_insertion& fi, std::size_t removed, bool ddp, int traced_dp, int dp, bool reshard,
+                                        const std::string& profile) {
+    char why[1024];
+    std::snprintf(why, sizeof why,
+                  "%s -> FSDP: the traced gradient collectives (%zu on the traced ranks: %s) removed, and FSDP's per-unit "
+                  "collectives inserted as lumos synth --fsdp on builds them over a shard group of %d ranks (the traces' %d): each "
+                  "unit (the embedding, each layer, the head) all-gathered (bf16 parameters) before its forward%s, prefetched one "
+                  "unit ahead, and its fp32 gradients reduce-scattered after its backward, on an FSDP stream of each rank, the "
+                  "optimizer waiting for the last (%zu all-gathers and %zu reduce-scatters on %zu rank(s); the first rank: %zu "
+                  "units a pass, %.3f ms of all-gathers and %.3f ms of reduce-scatters by the %s profile's NCCL model)%s",
+                  ddp ? "DDP" : "the distributed optimizer (ZeRO-1)", removed,
+                  ddp ? "all-reduce buckets" : "bucket reduce-scatters and the all-gathers after the step", dp, traced_dp,
+                  reshard ? " and again before its backward (reshard after forward)" : "", fi.gathers, fi.scatters, fi.ranks, fi.units,
+                  static_cast<double>(fi.gather_first) / 1e6, static_cast<double>(fi.scatter_first) / 1e6, profile.c_str(),
+                  fi.skipped.empty() ? "" : "; not on some passes");
+    std::string text = why;
+    if (!fi.skipped.empty()) text += " (" + fi.skipped.front() + ")";
+    return changed("fsdp", "FSDP", "off", "on", text,
+                   {count_figure("collectives removed", removed), count_figure("all-gathers inserted", fi.gathers),
+                    count_figure("reduce-scatters inserted", fi.scatters)});
   }
 
   /// `--fsdp off`: the shard group's collectives replaced by the distributed optimizer's buckets.

@@ -43,6 +43,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -436,19 +437,22 @@ struct bucket_planner {
   }
 };
 
+/// Adds a stream to `b` on the device that runs task `on`, numbered after that rank's streams and
+/// named "(WHAT, inserted)".
+inline graph::processor_id add_inserted_stream(graph::built_job& b, graph::task_id on, std::string_view what) {
+  const graph::processor_info at = b.graph.processors[b.graph.processor[on]];
+  std::int64_t stream = 0;
+  for (const auto& q : b.graph.processors) {
+    if (q.kind == graph::processor_kind::gpu_stream && q.rank == at.rank) stream = std::max(stream, q.index);
+  }
+  return b.graph.add_processor({graph::processor_kind::gpu_stream, at.rank, at.owner, stream + 1,
+                                "rank " + std::to_string(at.rank) + " stream " + std::to_string(stream + 1) + " (" +
+                                    std::string(what) + ", inserted)"});
+}
+
 /// Adds a data-parallel stream per plan to `b`, on the device of the op its first bucket follows.
 inline void add_dp_streams(graph::built_job& b, std::vector<rank_buckets>& plans) {
-  const graph::task_graph& g = b.graph;
-  for (rank_buckets& p : plans) {
-    const graph::processor_info on = g.processors[g.processor[p.buckets.front().after]];
-    std::int64_t stream = 0;
-    for (const auto& q : g.processors) {
-      if (q.kind == graph::processor_kind::gpu_stream && q.rank == on.rank) stream = std::max(stream, q.index);
-    }
-    p.stream = b.graph.add_processor({graph::processor_kind::gpu_stream, on.rank, on.owner, stream + 1,
-                                      "rank " + std::to_string(on.rank) + " stream " + std::to_string(stream + 1) +
-                                          " (data-parallel, inserted)"});
-  }
+  for (rank_buckets& p : plans) p.stream = add_inserted_stream(b, p.buckets.front().after, "data-parallel");
 }
 
 /// The host launches of the collectives of `plans`, as insertions into `g`: each reduce-scatter
@@ -498,6 +502,8 @@ struct dp_stream_writer {
   int rank = 0;
   std::int64_t sequence = 0;
   graph::task_id previous = graph::no_task;  ///< the complete of the collective written last
+  std::string_view group = inserted_gradient_group;  ///< the name of the collectives' group, before the rank
+  std::string_view match = "inserted by a DP change from 1 (the group folded onto its traced rank)";
 
   /// One collective after `op` (launched with it when `op` was); returns its arrive, whose
   /// complete is the next task.
@@ -514,7 +520,7 @@ struct dp_stream_writer {
     }
     graph::collective_instance ci;
     ci.kind = kind;
-    ci.group = std::string(inserted_gradient_group) + std::to_string(rank);
+    ci.group = std::string(group) + std::to_string(rank);
     ci.group_ranks = p.members;
     // Its elements, as a traced instance counts them (In msg nelems), so that a what-if of the
     // written job resizes it as it resizes a traced bucket.
@@ -522,7 +528,7 @@ struct dp_stream_writer {
     ci.sequence = sequence++;
     ci.arrive = {arrive};
     ci.complete = {complete};
-    ci.match = "inserted by a DP change from 1 (the group folded onto its traced rank)";
+    ci.match = match;
     ng.collectives.push_back(std::move(ci));
     previous = complete;
     return arrive;
@@ -599,13 +605,17 @@ struct dp_stream_writer {
 /// parameters, where the traced buckets span the whole model). Other collectives of those groups
 /// (an all-reduce of the gradient norm) stay. Returns the collectives removed: 0, with `b`
 /// unchanged, when the groups reduce no gradient by reduce-scatter (all-reduce buckets, or no DP).
+/// `all_reduces`: DDP's all-reduce buckets go too (those of more than 1024 elements or of an
+/// unknown size: a gradient norm or a loss is a few scalars), and they count as a reduction.
 /// Task ids of `b` change (`adopt`); the caller discovers the structure again.
-inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::job& job, const job_structure& st) {
+inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::job& job, const job_structure& st,
+                                              bool all_reduces = false) {
   const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
   if (dp_groups.empty()) return 0;
   const graph::task_graph& g = b.graph;
-  auto stripped = [](std::string_view kind) {
+  auto stripped = [all_reduces](std::string_view kind, std::int64_t elements) {
     const auto k = collective_of_kind(kind);
+    if (k && all_reduces && *k == model::collective::all_reduce) return elements <= 0 || elements > 1024;
     return k && (*k == model::collective::reduce_scatter || *k == model::collective::all_gather);
   };
   std::vector<graph::task_id> launch_of(g.task_count(), graph::no_task);
@@ -617,7 +627,8 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
   // One group per collective: its GPU tasks, their launch calls and its join (each alone or
   // adjacent on its processor).
   auto drop = [&](std::string_view kind, std::vector<graph::task_id> tasks) {
-    scatter = scatter || collective_of_kind(kind) == model::collective::reduce_scatter;
+    scatter = scatter || collective_of_kind(kind) == model::collective::reduce_scatter ||
+              collective_of_kind(kind) == model::collective::all_reduce;
     const std::size_t gpu = tasks.size();
     for (std::size_t k = 0; k < gpu; ++k) {
       if (tasks[k] != graph::no_task && launch_of[tasks[k]] != graph::no_task) tasks.push_back(launch_of[tasks[k]]);
@@ -628,14 +639,14 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
     if (!tasks.empty()) groups.push_back({std::move(tasks), 0});
   };
   for (const graph::collective_instance& ci : g.collectives) {
-    if (!dp_groups.contains(ci.group) || !stripped(ci.kind)) continue;
+    if (!dp_groups.contains(ci.group) || !stripped(ci.kind, ci.bytes)) continue;
     std::vector<graph::task_id> tasks = ci.arrive;
     tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
     tasks.push_back(ci.join);
     drop(ci.kind, std::move(tasks));
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (dp_groups.contains(c.group) && stripped(c.kind)) drop(c.kind, {c.arrive, c.task});
+    if (dp_groups.contains(c.group) && stripped(c.kind, c.elements)) drop(c.kind, {c.arrive, c.task});
   }
   if (!scatter || groups.empty()) return 0;
   const std::size_t removed = groups.size();

@@ -407,6 +407,11 @@ struct micro_batch_pass {
   [[nodiscard]] bool wanted(const context& ctx) const noexcept { return ctx.split.accumulate; }
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
     const job_structure& st = ctx.structure(b);
+    if (ctx.fsdp_inserted) {
+      // The inserted collectives are not in the passes' periods, which would be copied without them.
+      throw error("whatif --fsdp on from traces without FSDP: changing the micro-batches per replica (to " + std::to_string(*ctx.micro_batches) +
+                  ") is not built yet; keep them with --global-batch (the traces' micro-batches x the target's --dp x the micro-batch size)");
+    }
     const bool staged = ctx.split.staged;
     const auto* copies = ctx.layer_copies ? &*ctx.layer_copies : nullptr;
     const micro_batch_rewrite mr = staged ? stage_micro_batches_to(b, ctx.job, st, *ctx.micro_batches, copies)

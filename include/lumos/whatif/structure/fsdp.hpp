@@ -174,7 +174,15 @@ inline void discover_fsdp(const discovery_inputs& in, job_structure& out) {
                           " ranks after the reduce-scatters (hybrid sharding)";
       break;
     }
-    detail::label_shard_group(out, *shard, "all-gathers in forward passes and reduce-scatters in backward");
+    const std::string why = "all-gathers in forward passes and reduce-scatters in backward";
+    detail::label_shard_group(out, *shard, why);
+    // Ranks whose shard group has a name of its own (each rank's group of a folded job) shard
+    // the same way: their groups' forward gathers are parameters too.
+    for (std::size_t other = ri + 1; other < in.rank_count(); ++other) {
+      for (const auto& [name, oc] : detail::fsdp_counts(in, other)) {
+        if (name != *shard && oc.gathers_forward > 0 && oc.scatters_backward > 0) detail::label_shard_group(out, name, why);
+      }
+    }
     return;
   }
 }
