@@ -278,7 +278,8 @@ struct fsdp_pass {
     const whatif_options& o = ctx.options;
     const job_structure& st = ctx.structure(b);
     const int traced_dp = st.parallel.dp.value.value_or(1);
-    const int dp = o.dp.value_or(traced_dp);
+    // As for FSDP traces: under context parallelism the shard group is DP x CP ranks.
+    const int dp = o.dp || ctx.target_cp() != ctx.traced_cp() ? ctx.target_gradient_group() : traced_dp;
     const bool zero1 = runs_distributed_optimizer(st);
     const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
     if (traced_dp <= 1 || (!zero1 && !ddp)) {
