@@ -92,6 +92,7 @@
 #include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/fsdp.hpp>
+#include <lumos/whatif/fsdp_insertion.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/layers.hpp>
