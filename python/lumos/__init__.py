@@ -415,7 +415,9 @@ _WHATIF_FLAGS = {
     "layers": "--layers", "gpu": "--gpu", "from_gpu": "--from-gpu", "dp": "--dp", "pp": "--pp", "vp": "--vp",
     "tp": "--tp", "sp": "--sp", "global_batch": "--global-batch", "micro_batch": "--micro-batch", "hidden": "--hidden",
     "ffn": "--ffn", "heads": "--heads", "seq": "--seq", "schedule": "--schedule", "profile": "--profile", "step": "--step",
-    "host_speed": "--host-speed",
+    "host_speed": "--host-speed", "precision": "--precision", "cp": "--cp", "fsdp": "--fsdp", "hsdp": "--hsdp",
+    "reshard_after_forward": "--reshard-after-forward", "ep": "--ep", "experts": "--experts", "top_k": "--top-k",
+    "expert_ffn": "--expert-ffn", "routing": "--routing",
 }
 
 
@@ -425,12 +427,18 @@ def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[in
            micro_batch: Optional[int] = None, hidden: Optional[int] = None, ffn: Optional[int] = None,
            heads: Optional[int] = None, seq: Optional[int] = None, schedule: Optional[str] = None,
            profile: Optional[PathLike] = None, step: Optional[int] = None, scale: Optional[Mapping[str, float]] = None,
-           fold: bool = True, host_speed: Optional[Union[float, PathLike]] = None) -> WhatIf:
+           fold: bool = True, host_speed: Optional[Union[float, PathLike]] = None, precision: Optional[str] = None,
+           cp: Optional[int] = None, fsdp: Optional[Union[bool, str]] = None, hsdp: Optional[int] = None,
+           reshard_after_forward: Optional[Union[bool, str]] = None, ep: Optional[int] = None, experts: Optional[int] = None,
+           top_k: Optional[int] = None, expert_ffn: Optional[int] = None, routing: Optional[str] = None) -> WhatIf:
     """Rewrites the job's execution graph for another configuration and replays it, as
     ``lumos whatif`` does: ``lumos.whatif(job, gpu="h200-sxm")``, ``lumos.whatif(job, tp=4,
     dp=2)``, ``lumos.whatif(job, pp=2, schedule="1f1b")``. Each keyword is the command's flag
     (``_`` for ``-``), read by the command's own parser: same defaults, checks and messages
-    (``lumos whatif --help`` explains each). ``sp`` takes a boolean or on/off; ``profile`` a
+    (``lumos whatif --help`` explains each): ``lumos.whatif(job, cp=4, dp=1)``,
+    ``lumos.whatif(job, fsdp=True, dp=8, global_batch=16)``, ``lumos.whatif(job, ep=4)``,
+    ``lumos.whatif(job, precision="fp8")``. ``sp``, ``fsdp`` and ``reshard_after_forward`` take a
+    boolean or on/off; ``profile`` a
     file from :func:`calibrate`; ``host_speed`` the target host, a factor or a profile from
     :func:`calibrate` of a trace recorded on it; ``scale`` as for :func:`replay` (applied to the baseline and
     the prediction). ``fold=False`` replays every traced rank (``--no-fold``); by default ranks
@@ -441,7 +449,9 @@ def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[in
                   micro_batch=micro_batch, hidden=hidden, ffn=ffn, heads=heads, seq=seq, schedule=schedule,
                   profile=None if profile is None else os.fspath(profile), step=step,
                   host_speed=None if host_speed is None else (repr(float(host_speed)) if isinstance(host_speed, (int, float))
-                                                              else os.fspath(host_speed)))
+                                                              else os.fspath(host_speed)),
+                  precision=precision, cp=cp, fsdp=fsdp, hsdp=hsdp, reshard_after_forward=reshard_after_forward, ep=ep,
+                  experts=experts, top_k=top_k, expert_ffn=expert_ffn, routing=routing)
     flags = _flags("whatif", _WHATIF_FLAGS, config)
     for key, factor in (scale or {}).items():
         flags += ["--scale", f"{key}={float(factor)!r}"]

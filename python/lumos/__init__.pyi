@@ -116,7 +116,10 @@ def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[in
            micro_batch: Optional[int] = ..., hidden: Optional[int] = ..., ffn: Optional[int] = ...,
            heads: Optional[int] = ..., seq: Optional[int] = ..., schedule: Optional[str] = ...,
            profile: Optional[PathLike] = ..., step: Optional[int] = ..., scale: Optional[Mapping[str, float]] = ...,
-           fold: bool = ..., host_speed: Optional[Union[float, PathLike]] = ...) -> WhatIf: ...
+           fold: bool = ..., host_speed: Optional[Union[float, PathLike]] = ..., precision: Optional[str] = ...,
+           cp: Optional[int] = ..., fsdp: Optional[Union[bool, str]] = ..., hsdp: Optional[int] = ...,
+           reshard_after_forward: Optional[Union[bool, str]] = ..., ep: Optional[int] = ..., experts: Optional[int] = ...,
+           top_k: Optional[int] = ..., expert_ffn: Optional[int] = ..., routing: Optional[str] = ...) -> WhatIf: ...
 
 class Prediction:
     iteration_ns: int

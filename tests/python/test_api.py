@@ -330,6 +330,31 @@ def test_whatif_matches_cli_on_the_example_job(example_job, cli, keywords, flags
                                                                    theirs["attribution"])
 
 
+# The parallelism, precision and MoE keywords on the hand-made traces of tests/data, as the flags.
+DATA_WHATIFS = [
+    ("cp/te_cp2", dict(cp=4), ["--cp", "4"]),
+    ("fsdp/fsdp2_shard2", dict(fsdp=True, dp=4), ["--fsdp", "on", "--dp", "4"]),
+    ("fsdp/fsdp2_shard2", dict(reshard_after_forward=False), ["--reshard-after-forward", "off"]),
+    ("moe/ep2_grouped_splits", dict(ep=1), ["--ep", "1"]),
+    ("moe/ep2_grouped_splits", dict(top_k=1, routing="balanced"), ["--top-k", "1", "--routing", "balanced"]),
+]
+
+
+@pytest.mark.parametrize("data,keywords,flags", DATA_WHATIFS)
+def test_whatif_keywords_are_the_flags(cli, data, keywords, flags):
+    path = Path(__import__("os").environ.get("LUMOS_SOURCE_DIR", Path(__file__).resolve().parents[2])) / "tests" / "data" / data
+    assert lumos.whatif(path, **keywords).to_dict() == cli("whatif", path, *flags, "--json")
+
+
+def test_whatif_fsdp_and_precision_errors_are_the_cli_messages(example_job):
+    for keywords, flags in ((dict(hsdp=2), ["--hsdp", 2]), (dict(precision="fp4"), ["--precision", "fp4"]),
+                            (dict(fsdp="maybe"), ["--fsdp", "maybe"])):
+        with pytest.raises(lumos.LumosError) as e:
+            lumos.whatif(example_job, **keywords)
+        expected = whatif_cli_error(example_job, *flags)
+        assert expected is None or str(e.value) == expected, flags
+
+
 def test_whatif_replays_are_replays(megatron, cli):
     np = pytest.importorskip("numpy")
     job = lumos.load_job(megatron)
