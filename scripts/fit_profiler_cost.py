@@ -2,7 +2,7 @@
 """Fits the profiler's host time per recorded event (include/lumos/model/profiler_cost.hpp).
 
 For every run of one GPU in tests/data/gpu/manifest.json (`--fit h100`: the runs named h100-*),
-`lumos replay RUN --step S --json --profiler-cost C` estimates the step without the profiler
+`lumos replay RUN --step 1,2,3 --json --profiler-cost C` estimates the step without the profiler
 (`job.unprofiled_ns`, the mean over the 3 recorded steps), against the run's
 `unprofiled_step_ms_median`. The fit is the C (us per event, one cost shared by operator ranges
 and runtime calls: in these runs the two cannot be told apart) with the least mean |error|, on a
@@ -38,16 +38,13 @@ def manifest():
 
 def unprofiled_ms(lumos, name, cost_us=None, flags=()):
     """Mean over the recorded steps of `lumos replay NAME FLAGS --json`'s job.unprofiled_ns, in ms."""
-    vals = []
-    for s in STEPS:
-        cmd = [lumos, "replay", os.path.join(DATA, name), *flags, "--step", str(s), "--json"]
-        if cost_us is not None:
-            cmd += ["--profiler-cost", f"{cost_us:.1f}"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()[-400:]}")
-        vals.append(json.loads(r.stdout)["job"]["unprofiled_ns"] / 1e6)
-    return statistics.mean(vals)
+    cmd = [lumos, "replay", os.path.join(DATA, name), *flags, "--step", ",".join(map(str, STEPS)), "--json"]
+    if cost_us is not None:
+        cmd += ["--profiler-cost", f"{cost_us:.1f}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()[-400:]}")
+    return statistics.mean(d["job"]["unprofiled_ns"] / 1e6 for d in json.loads(r.stdout))
 
 
 def runs_of(m, gpu):

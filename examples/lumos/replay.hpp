@@ -1,5 +1,5 @@
 #pragma once
-// lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]
+// lumos replay PATH... [--step N[,N...]] [--scale compute=F] [--scale comm=F] [--scale cpu=F]
 //              [--scale op:TEXT=F]... [--json] [--explain] [--trace-out FILE] [--critical-path]
 
 #include "cli.hpp"
@@ -26,12 +26,14 @@
 namespace lumos::cli {
 
 inline constexpr std::string_view replay_usage =
-    "usage: lumos replay PATH... [--step N] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
+    "usage: lumos replay PATH... [--step N[,N...]] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
     "                    [--scale op:TEXT=F]... [--json] [--explain] [--strict] [--align-clocks]\n"
     "                    [--durations-from-step M] [--profiler-cost US]\n"
     "                    [--trace-out FILE] [--critical-path] [--report FILE]\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
-    "  --step N            replay ProfilerStep#N (default: the last one every rank has)\n"
+    "  --step N            replay ProfilerStep#N (default: the last one every rank has); N,M,...: each\n"
+    "                      of the steps in turn from one reading of the traces (--json: an array of the\n"
+    "                      steps' documents, in the order given; not with --trace-out or --report)\n"
     "  --scale KIND=F      multiply GPU compute, communication transfer or CPU busy time by F > 0\n"
     "  --scale op:TEXT=F   multiply by F >= 0 the time of every CPU op whose name contains TEXT (with\n"
     "                      everything nested in it and the GPU ops it launched) and of every GPU op\n"
@@ -280,6 +282,7 @@ inline std::string held_out_text(const report::replay_session& s) {
 /// What `lumos replay` was asked.
 struct replay_request {
   report::replay_options opt;
+  std::vector<int> steps;  ///< `--step N,M,...` with more than one step; else `opt.step`
   bool json = false;
   bool explain = false;
   bool critical = false;
@@ -291,7 +294,11 @@ struct replay_request {
 inline replay_request parse_replay(args& a) {
   replay_request req;
   report::replay_options& opt = req.opt;
-  if (const auto step = a.option("--step")) opt.step = parse_number<int>(*step, "--step");
+  if (const auto step = a.option("--step")) {
+    for (const std::string& n : split_list(*step, "--step")) req.steps.push_back(parse_number<int>(n, "--step"));
+    opt.step = req.steps.front();
+    if (req.steps.size() == 1) req.steps.clear();
+  }
   const what_if scaled = parse_scales(a.options("--scale"));
   opt.scales = scaled.scales;
   opt.build.op_scales = scaled.ops;
@@ -306,6 +313,9 @@ inline replay_request parse_replay(args& a) {
   req.html = a.option("--report");
   req.inputs = a.positionals();
   if (req.inputs.empty()) throw usage_error("replay needs at least one PATH");
+  if (!req.steps.empty() && (req.trace_out || req.html)) {
+    throw usage_error("--trace-out and --report write one step: give --step one step");
+  }
   return req;
 }
 
@@ -320,13 +330,12 @@ inline trace::job load_inputs(const std::vector<std::string>& inputs) {
   return trace::load_job(paths(inputs), load);
 }
 
-inline int run_replay(args& a) {
-  replay_request req = parse_replay(a);
-  report::replay_options& opt = req.opt;
-  trace::job job = load_inputs(req.inputs);
-  // Written traces and the HTML report read the events again; otherwise each rank's go as soon
-  // as its tasks are added (the events of a 512-rank job are 822 MiB, its graph about 1 GiB).
-  if (!req.trace_out && !req.html) {
+/// What `lumos replay` prints for the step of `opt` (text, or the JSON document).
+inline std::string replay_step(trace::job& job, const replay_request& req, report::replay_options opt) {
+  // Written traces, the HTML report and the next of several steps read the events again;
+  // otherwise each rank's go as soon as its tasks are added (the events of a 512-rank job are
+  // 822 MiB, its graph about 1 GiB).
+  if (!req.trace_out && !req.html && req.steps.empty()) {
     opt.release_events = [&job](std::size_t i) { job.ranks[i].drop_events(); };
     opt.release_observations = true;    // they read the observed times and source events too
     opt.release_edges = !req.critical;  // and, as the critical path, the edges
@@ -380,6 +389,24 @@ inline int run_replay(args& a) {
     if (req.explain) out += explain_text(s, frozen);
     for (const auto& f : written) out += "wrote " + f.string() + "\n";
   }
+  return out;
+}
+
+inline int run_replay(args& a) {
+  const replay_request req = parse_replay(a);
+  trace::job job = load_inputs(req.inputs);
+  if (req.steps.empty()) {
+    write_stdout(replay_step(job, req, req.opt));
+    return 0;
+  }
+  std::string out = req.json ? "[\n" : "";
+  for (std::size_t i = 0; i < req.steps.size(); ++i) {
+    report::replay_options opt = req.opt;
+    opt.step = req.steps[i];
+    if (i > 0) out += req.json ? ",\n" : "\n";
+    out += replay_step(job, req, opt);
+  }
+  if (req.json) out += "]\n";
   write_stdout(out);
   return 0;
 }

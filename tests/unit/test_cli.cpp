@@ -248,6 +248,22 @@ TEST_CASE("replay --json prints the documented object", "[cli][replay]") {
   CHECK(int64_t(parser2.parse(again.out)["job"]["measured_ns"]) == int64_t(job["simulated_ns"]));
 }
 
+TEST_CASE("replay --step N,M: each step from one reading, equal to the one-step replays", "[cli][replay]") {
+  const std::string run_dir = std::string(LUMOS_SOURCE_DIR) + "/tests/data/gpu/h100-small-l8";
+  for (const std::string flags : {" --json --critical-path", " --json --durations-from-step 2", ""}) {
+    const result all = run("replay " + run_dir + " --step 3,1" + flags);
+    REQUIRE(all.code == 0);
+    const result three = run("replay " + run_dir + " --step 3" + flags), one = run("replay " + run_dir + " --step 1" + flags);
+    REQUIRE((three.code == 0 && one.code == 0));
+    CHECK(all.out == (flags.empty() ? three.out + "\n" + one.out : "[\n" + three.out + ",\n" + one.out + "]\n"));
+  }
+  lumos_test::temp_dir dir;
+  const result written = run("replay " + run_dir + " --step 1,2 --trace-out " + (dir.path() / "out").string());
+  CHECK(written.code == 2);
+  CHECK(written.err.find("--step one step") != std::string::npos);
+  CHECK(run("replay " + run_dir + " --step 1,,2").code == 2);
+}
+
 TEST_CASE("replay prints a table per rank and the job line", "[cli][replay]") {
   const result r = run("replay " + std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job --critical-path");
   REQUIRE(r.code == 0);

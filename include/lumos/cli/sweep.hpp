@@ -22,25 +22,6 @@
 
 namespace lumos::cli {
 
-namespace detail {
-
-/// The items of a comma-separated list; an empty item is a usage error naming `flag`.
-inline std::vector<std::string> split_list(const std::string& text, std::string_view flag) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', at);
-    std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    if (item.empty()) throw usage_error(std::string(flag) + " has an empty item in '" + text + "'");
-    out.push_back(std::move(item));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
-
-}  // namespace detail
-
 /// Everything `lumos sweep` parsed.
 struct sweep_request {
   predict_request base;  ///< model, hardware, profile, cost model (the precisions: `space`)
