@@ -219,6 +219,44 @@ TEST_CASE("a traced collective's element size from its NCCL kernel's name", "[wh
   CHECK(element_bytes_of_kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == 1);
 }
 
+TEST_CASE("a traced collective's element size from its dtype arg before its kernel's name", "[whatif][dp]") {
+  // PyTorch writes the tensor's dtype beside In msg nelems on the kernel and its
+  // record_param_comms op; all-gathers and all-to-alls name no type in their kernel.
+  CHECK(trace::dtype_bytes("BFloat16") == 2);
+  CHECK(trace::dtype_bytes("Float") == 4);
+  CHECK(trace::dtype_bytes("Float8_e4m3fn") == 1);
+  CHECK(trace::dtype_bytes("Long") == 8);
+  CHECK(trace::dtype_bytes("Quaternion") == 0);
+  graph::task_graph g;
+  const auto p = g.add_processor({graph::processor_kind::gpu_stream, 0, 0, 7, "s"});
+  graph::collective_instance ci;
+  ci.kind = "allgather";
+  ci.complete.push_back(g.add_task({.kind = graph::task_kind::comm_complete, .processor = p, .name = "ncclDevKernel_AllGather_RING_LL(x)"}));
+  CHECK(whatif::element_bytes_of(ci, g) == 1);
+  ci.element_bytes = 2;
+  CHECK(whatif::element_bytes_of(ci, g) == 2);
+  // The hand-made FSDP2 job: its matched all-gathers state BFloat16, its reduce-scatters Float.
+  std::size_t matched = 0;
+  const auto fsdp = graph::build_graph(trace::load_job({lumos_test::data_dir() / "fsdp" / "fsdp2_shard2"}));
+  for (const graph::collective_instance& c : fsdp.graph.collectives) {
+    if (c.kind != "allgather" && c.kind != "reducescatter") continue;
+    ++matched;
+    CHECK(c.element_bytes == (c.kind == "allgather" ? 2 : 4));
+  }
+  CHECK(matched > 0u);
+  // One rank of a vLLM TP 8 job: its all-gathers (no peer in the trace) state BFloat16.
+  LUMOS_REQUIRE_TRACES(traces);
+  const trace::job job = trace::load_job({traces / "tracelens_H100_B200" / "b200_vllm_tp8_eager_trace.json.gz"});
+  const auto built = graph::build_graph(job);
+  std::size_t gathers = 0;
+  for (const whatif::lone_collective& c : whatif::lone_collectives(job, built)) {
+    if (c.kind != "allgather") continue;
+    ++gathers;
+    CHECK(c.element_bytes == 2);
+  }
+  CHECK(gathers > 0u);
+}
+
 TEST_CASE("whatif --dp on the DLRM trace: identity, and DP x2 scales the gradient all-reduces", "[whatif][dp][traces]") {
   LUMOS_REQUIRE_TRACES(traces);
   const trace::job job = trace::load_job({traces / "param_dlrm_8xV100"});

@@ -152,7 +152,12 @@ struct collective_instance {
   std::string kind;              ///< "allreduce", "allgather", "reducescatter", "alltoall", "send", ... (collective_name_kind)
   std::string group;             ///< process group name ("0", "tp.3", ...)
   std::vector<int> group_ranks;  ///< global ranks of the group, when known
-  std::int64_t bytes = 0;        ///< message size in bytes (0 when unknown)
+  /// Message size: `In msg nelems` of a traced collective (elements; see `element_bytes`), bytes
+  /// of a modelled one (0 when unknown).
+  std::int64_t bytes = 0;
+  /// Bytes per element of a traced collective's message, from its `dtype` arg (0 when the trace
+  /// does not say: the kernel's name may, see whatif::element_bytes_of).
+  std::int64_t element_bytes = 0;
   std::int64_t sequence = 0;     ///< position among the group's collectives
   std::vector<task_id> arrive;   ///< per participant present in the graph
   std::vector<task_id> complete; ///< same order as `arrive`

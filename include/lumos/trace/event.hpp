@@ -164,6 +164,16 @@ inline constexpr std::size_t arg_key_count = static_cast<std::size_t>(arg_key::c
   return keys[static_cast<std::size_t>(k)];
 }
 
+/// Bytes per element of a tensor dtype as PyTorch's profiler writes it in a communication op's
+/// `dtype` arg ("BFloat16", "Float", "Float8_e4m3fn", ...); 0 for a name it does not know.
+[[nodiscard]] constexpr std::int64_t dtype_bytes(std::string_view dtype) noexcept {
+  if (dtype == "BFloat16" || dtype == "Half" || dtype == "Short") return 2;
+  if (dtype == "Float" || dtype == "Int" || dtype == "ComplexHalf") return 4;
+  if (dtype == "Double" || dtype == "Long" || dtype == "ComplexFloat") return 8;
+  if (dtype == "Byte" || dtype == "Char" || dtype == "Bool" || dtype.starts_with("Float8")) return 1;
+  return 0;
+}
+
 /// A CPU thread or a GPU stream row of the trace, identified by its (pid, tid).
 struct lane {
   std::int64_t pid = 0;

@@ -76,6 +76,13 @@ struct comm_fit {
   return 1;
 }
 
+/// Bytes per element of a traced collective's message: its `dtype` arg, else the type its kernel's
+/// name carries (`element_bytes_of_kernel`), else 1.
+[[nodiscard]] inline std::int64_t element_bytes_of(const graph::collective_instance& ci, const graph::task_graph& g) noexcept {
+  if (ci.element_bytes > 0) return ci.element_bytes;
+  return ci.complete.empty() ? 1 : element_bytes_of_kernel(g.task_name(ci.complete.front()));
+}
+
 /// Fits `comm_fit` for kind `c` on every matched instance of that kind in `g` with a known size:
 /// x = bus_factor(n)·bytes, y = the transfer time (mean over participants). Least squares when
 /// the sizes differ and the fit is physical (alpha ≥ 0, bandwidth > 0), else bandwidth through
@@ -89,7 +96,7 @@ struct comm_fit {
     if (n <= 1) continue;
     double sum = 0;
     for (const graph::task_id t : ci.complete) sum += static_cast<double>(g.duration[t]);
-    xs.push_back(model::bus_factor(c, n) * static_cast<double>(ci.bytes));
+    xs.push_back(model::bus_factor(c, n) * static_cast<double>(ci.bytes * element_bytes_of(ci, g)));
     ys.push_back(sum / static_cast<double>(ci.complete.size()));
   }
   if (xs.empty()) throw error("whatif --dp: the trace has no sized collective of this kind to fit a communication model on");
@@ -122,6 +129,7 @@ struct lone_collective {
   std::string group;                     ///< Process Group Name ("" when not recorded)
   std::string kind;                      ///< "allreduce", "reducescatter", ... (detail::comm_kind)
   std::int64_t elements = 0;             ///< In msg nelems, as collective_instance::bytes (0: unknown)
+  std::int64_t element_bytes = 1;        ///< bytes per element: its dtype, else its kernel's name, else 1
   std::int64_t group_size = 0;           ///< Group size (0: unknown)
 };
 
@@ -144,6 +152,8 @@ struct lone_collective {
       c.group = std::string(t.arg_text(src, trace::arg_key::process_group_name));
       c.kind = detail::comm_kind(t.name(t.events[i]), t.arg_text(src, trace::arg_key::collective_name));
       if (const auto v = t.arg(src, trace::arg_key::in_msg_nelems)) c.elements = *v;
+      c.element_bytes = trace::dtype_bytes(t.arg_text(src, trace::arg_key::dtype));
+      if (c.element_bytes == 0) c.element_bytes = element_bytes_of_kernel(b.graph.task_name(task));
       if (const auto v = t.arg(src, trace::arg_key::group_size)) c.group_size = detail::group_size_of(*v).value_or(0);
       out.push_back(std::move(c));
     }

@@ -307,7 +307,8 @@ struct context_parallel_pass {
       const double d = static_cast<double>(g.duration[t]);
       double bytes = 0;
       if (const auto ne = tr.arg(c.op, trace::arg_key::in_msg_nelems); ne && *ne > 0) {
-        bytes = static_cast<double>(*ne) * costs.element_bytes;
+        const std::int64_t traced = trace::dtype_bytes(tr.arg_text(c.op, trace::arg_key::dtype));
+        bytes = static_cast<double>(*ne) * (traced > 0 ? static_cast<double>(traced) : costs.element_bytes);
       } else {
         bytes = bytes_for_time(coll, d, n, n * tp > costs.hw.nvlink_domain_size() ? costs.profile.inter : costs.profile.intra);
       }

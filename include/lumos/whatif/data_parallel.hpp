@@ -128,7 +128,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     // The traced elements in bytes: priced at a quarter of its size, the tied embedding's fp32
     // all-reduce of a 4-layer hidden-1024 job moved to another node was 1.93 ms where the job
     // synthesised so ran 2.25 (`--dp 4` from TP 2 PP 2 DP 2: -1.92 %).
-    const std::int64_t bytes = ci.bytes * (ci.complete.empty() ? 1 : element_bytes_of_kernel(g.task_name(ci.complete.front())));
+    const std::int64_t bytes = ci.bytes * element_bytes_of(ci, g);
     const bool p2p = ci.kind == "sendrecv" || ci.kind == "send_recv";
     const auto kind = collective_of_kind(ci.kind);
     if ((!p2p && !kind) || (p2p && (depth_changes || p2p_to_split))) continue;
@@ -302,7 +302,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     // A DP group of n replicas: scaled by the DP ratio (a world group that is also DP grows the same way).
     const std::int64_t n_new = std::max<std::int64_t>(1, n * dp / out.from);
     const int member = ci.complete.empty() ? -1 : g.rank[ci.complete.front()];
-    const double ratio = ratio_of(*kind, ci.bytes, n, n_new, member);
+    const double ratio = ratio_of(*kind, ci.bytes * element_bytes_of(ci, g), n, n_new, member);
     for (const graph::task_id t : ci.complete) rescale(t, ratio);
     // Members beyond the traced ranks get numbers past the largest (they are not in the graph).
     int next = ci.group_ranks.empty() ? 0 : *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
@@ -315,7 +315,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     const auto kind = gradient_kind(c.kind);
     if (!kind) continue;
     const std::int64_t n = c.group_size > 0 ? c.group_size : out.from;
-    const double ratio = ratio_of(*kind, c.elements, n, std::max<std::int64_t>(1, n * dp / out.from), g.rank[c.task]);
+    const double ratio = ratio_of(*kind, c.elements * c.element_bytes, n, std::max<std::int64_t>(1, n * dp / out.from), g.rank[c.task]);
     rescale(c.task, ratio);
     ++out.collectives, ++out.lone;
   }

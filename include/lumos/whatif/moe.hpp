@@ -474,7 +474,7 @@ struct moe_comm {
     const auto kind = collective_of_kind(ci.kind);
     if (!kind || ci.complete.empty() || !wanted(*kind, ci.group)) continue;
     // The graph's message sizes are elements (`In msg nelems`); the NCCL model takes bytes.
-    const double bytes = static_cast<double>(ci.bytes * element_bytes_of_kernel(g.task_name(ci.complete.front())));
+    const double bytes = static_cast<double>(ci.bytes * element_bytes_of(ci, g));
     out.push_back({.transfer = ci.complete, .arrive = ci.arrive, .join = ci.join, .kind = *kind, .bytes = bytes,
                    .rank = !ci.group_ranks.empty() ? *std::min_element(ci.group_ranks.begin(), ci.group_ranks.end()) : g.rank[ci.complete.front()],
                    .members = static_cast<int>(ci.group_ranks.size()), .instance = i, .expert = experts.count(ci.group) > 0});
@@ -482,7 +482,7 @@ struct moe_comm {
   for (const lone_collective& c : lone_collectives(job, b)) {
     const auto kind = collective_of_kind(c.kind == "sendrecv" ? std::string("alltoall") : c.kind);
     if (!kind || (c.kind == "sendrecv" && c.group_size <= 2) || !wanted(*kind, c.group)) continue;  // a send/recv pair: pipeline
-    const double bytes = static_cast<double>(c.elements * element_bytes_of_kernel(g.task_name(c.task)));
+    const double bytes = static_cast<double>(c.elements * c.element_bytes);
     moe_comm m{.transfer = {c.task}, .arrive = {}, .join = graph::no_task, .kind = *kind, .bytes = bytes, .rank = g.rank[c.task],
                .members = static_cast<int>(c.group_size), .expert = experts.count(c.group) > 0};
     if (c.arrive != graph::no_task) m.arrive = {c.arrive};

@@ -501,7 +501,8 @@ class shape_rescaler {
     const auto& link = n > costs_.hw.nvlink_domain_size() ? costs_.profile.inter : costs_.profile.intra;
     double bytes = 0;
     if (const auto ne = tr.arg(c.op, trace::arg_key::in_msg_nelems); ne && *ne > 0) {
-      bytes = static_cast<double>(*ne) * costs_.element_bytes;
+      const std::int64_t traced = trace::dtype_bytes(tr.arg_text(c.op, trace::arg_key::dtype));
+      bytes = static_cast<double>(*ne) * (traced > 0 ? static_cast<double>(traced) : costs_.element_bytes);
     } else {
       bytes = c.p2p ? 0.0 : bytes_for_time(coll, d, n, link);
     }

@@ -214,6 +214,10 @@ void trace_graph_builder<Comm>::add_instance_plans(const instance_runs& found, c
         const trace::rank_trace& t = job_.ranks[members[k]->member.rank_index];
         if (const auto nel = t.arg(members[k]->source, trace::arg_key::in_msg_nelems)) info.bytes = *nel;
       }
+      for (std::size_t k = i; k < j && info.element_bytes == 0; ++k) {
+        const trace::rank_trace& t = job_.ranks[members[k]->member.rank_index];
+        info.element_bytes = trace::dtype_bytes(t.arg_text(members[k]->source, trace::arg_key::dtype));
+      }
       info.match = group.empty() ? "world group + order of same-type kernels" : "process group + sequence";
       const auto id = static_cast<std::int32_t>(first_id + x);
       plan.members.reserve(j - i);
