@@ -6,6 +6,7 @@
 // fused gate-and-up width, a shared expert and dense layers left out) and errors that name the flag.
 #include "../unit/test_support.hpp"
 
+#include <lumos/report/json/whatif.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
 
@@ -378,4 +379,29 @@ TEST_CASE("MoE what-if errors name the flag that asked and the traces' own confi
   whatif::moe_target t;
   t.top_k = 1;
   CHECK_THROWS_WITH(whatif::detail::moe_configs(st, t, 512, 1, 6), Catch::Contains("the traces' EP 3 (size of group 'x') does not divide their 4 experts"));
+}
+
+TEST_CASE("MoE traces whose top-k is unknown: the what-if says so instead of top-1", "[whatif][moe]") {
+  whatif::job_structure st;
+  st.moe.layers.value = 2;
+  st.moe.experts.value = 8;
+  st.moe.ep.value = 2;
+  st.moe.top_k.source = "no router found";
+  whatif::moe_target t;
+  t.ep = 4;
+  const auto [from, to] = whatif::detail::moe_configs(st, t, 1024, 1, 4);
+  CHECK_FALSE(from.top_k_known);
+  CHECK_FALSE(to.top_k_known);
+  CHECK(from.top_k == to.top_k);  // a placeholder whose ratio is 1
+  std::string json;
+  json_writer w(json);
+  w.begin_object();
+  report::detail::moe_config_fields(w, to);
+  w.end_object();
+  CHECK(json.find("\"top_k\":null") != std::string::npos);
+  t = {};
+  t.top_k = 2;
+  CHECK_THROWS_WITH(whatif::detail::moe_configs(st, t, 1024, 1, 4), Catch::Contains("top-k is unknown"));
+  st.moe.top_k.value = 4;
+  CHECK(whatif::detail::moe_configs(st, t, 1024, 1, 4).first.top_k_known);
 }

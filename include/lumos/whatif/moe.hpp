@@ -645,6 +645,7 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
                 ") does not divide their " + std::to_string(from.experts) + " experts (" + m.experts.source + ")");
   }
   if (t.top_k && from.top_k <= 0) throw error("whatif --top-k: the traces' top-k is unknown (" + m.top_k.source + ")");
+  from.top_k_known = from.top_k > 0;
   if (from.top_k <= 0) from.top_k = 1;  // only ratios of it are used
   if (t.expert_ffn && width <= 0) {
     throw error("whatif --expert-ffn: the traces' expert FFN width is unknown (no expert GEMM reading the hidden width with recorded "
@@ -799,7 +800,8 @@ struct moe_pass {
   [[nodiscard]] static change moe_change(const moe_config& from, const moe_config& to, moe_routing routing, const std::string& note,
                                          const moe_stats& s) {
     auto text = [](const moe_config& c) {
-      return "EP " + std::to_string(c.ep) + ", " + std::to_string(c.experts) + " experts, top-" + std::to_string(c.top_k) + ", expert FFN " +
+      return "EP " + std::to_string(c.ep) + ", " + std::to_string(c.experts) + " experts, " +
+             (c.top_k_known ? "top-" + std::to_string(c.top_k) : std::string("top-k unknown")) + ", expert FFN " +
              std::to_string(c.expert_ffn);
     };
     char line[2048];

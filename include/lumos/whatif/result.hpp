@@ -22,6 +22,9 @@ namespace lumos::whatif {
 struct moe_config {
   int ep = 1, experts = 0, top_k = 0;
   std::int64_t expert_ffn = 0;
+  /// False when the traces do not tell their top-k (`top_k` is then 1, a placeholder: only the
+  /// ratio of the two sides' top-k is used, and no --top-k change is made).
+  bool top_k_known = true;
   friend bool operator==(const moe_config&, const moe_config&) = default;
 };
 

@@ -122,7 +122,13 @@ namespace detail {
 
 /// A MoE configuration's fields (whatif/moe.hpp).
 inline void moe_config_fields(json_writer& w, const whatif::moe_config& m) {
-  w.field("ep", m.ep).field("experts", m.experts).field("top_k", m.top_k).field("expert_ffn", m.expert_ffn);
+  w.field("ep", m.ep).field("experts", m.experts);
+  if (m.top_k_known) {
+    w.field("top_k", m.top_k);
+  } else {
+    w.key("top_k").null();  // the traces do not tell it
+  }
+  w.field("expert_ffn", m.expert_ffn);
 }
 
 /// `with_cp`: the context-parallel size too (only where the traces or the target have CP); `moe`:
