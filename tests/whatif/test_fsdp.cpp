@@ -336,6 +336,15 @@ TEST_CASE("whatif --hsdp on FSDP and HSDP traces agrees with the HSDP job synthe
     CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
     CHECK(replica_reduces(r.predicted.built.graph, "fsdp.replica.").empty());
   }
+  SECTION("TP's backward all-reduces are not a replica group") {
+    synth::job j = fsdp_synth_job(4, true);
+    j.parallel.tp = 2;
+    (void)write_fsdp_job(j, dir.path() / "tp");
+    const auto st = discover_fsdp_job(dir.path() / "tp");
+    REQUIRE(st.fsdp.found());
+    CHECK(*st.fsdp.replicas.value == 1);
+    CHECK(*st.parallel.dp.value == 4);
+  }
   SECTION("what is not rewritten says so") {
     (void)write_fsdp_job(fsdp_synth_job(4, false), dir.path() / "zero1");
     whatif::whatif_options o;

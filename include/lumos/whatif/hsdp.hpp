@@ -287,7 +287,7 @@ inline std::size_t strip_replica_reduces(graph::built_job& b, const trace::job& 
   if (!f.shard.known()) throw error("whatif --hsdp: the traces' shard group size is unknown (" + f.shard.source + ")");
   if (ctx.traced_cp() != 1 || ctx.target_cp() != 1) throw error("whatif --hsdp with context parallelism is not built yet");
   if (o.layers || o.pipeline_asked()) throw error("whatif --hsdp or --dp on HSDP traces, together with --layers or a pipeline change, is not built yet");
-  if (st.parallel.chunks.value.value_or(1) > 1) throw error("whatif --hsdp: traces with model chunks (interleaved 1F1B) are not rewritten yet");
+  if (st.parallel.pp.value.value_or(1) > 1) throw error("whatif --hsdp: HSDP rewrites of traces with pipeline stages are not built yet");
   const int shard_from = *f.shard.value, replicas_from = f.replicas.value.value_or(1);
   const int dp_from = shard_from * replicas_from, dp = o.dp.value_or(dp_from);
   const int shard = o.hsdp.value_or(replicas_from > 1 ? shard_from : dp);
