@@ -55,6 +55,8 @@ struct fsdp_groups {
   std::set<std::string> shard, replica;
 };
 
+/// The shard and replica groups of `st`, by their collectives per iteration (every rank's own
+/// group of a folded or unfolded job, not only the facet's `group` and `replica_group`).
 [[nodiscard]] inline fsdp_groups fsdp_group_names(const job_structure& st) {
   fsdp_groups out;
   for (const process_group& g : st.groups) {
