@@ -45,9 +45,11 @@ FSDP4 = {"--model": "llama3-8b", "--layers": "4", "--hidden": "4096", "--heads":
 FSDP8 = dict(FSDP4, **{"--dp": "8", "--global-batch": "16"})
 # The same job without FSDP: Megatron's distributed optimizer (ZeRO-1), synth's default.
 ZERO1 = dict(FSDP4, **{"--fsdp": "off"})
+# Hybrid sharding: DP 8 as 2 shard groups of 4 ranks, each unit's shard all-reduced over 2 replicas.
+HSDP = dict(FSDP8, **{"--hsdp": "4"})
 
-# (name, changes of A relative to BASE, what-if flags = changes from A to B). B = A + flags,
-# except that a whatif flag that is not a synth flag (none so far) would need mapping.
+# (name, changes of A relative to BASE, what-if flags = changes from A to B). B = A + flags
+# (`target`: --fsdp off drops A's --hsdp, a shard group size of FSDP that synth refuses without it).
 CASES = [
     ("DP ×2", {}, {"--dp": "4", "--global-batch": "32"}),
     ("DP ×4", {}, {"--dp": "8", "--global-batch": "64"}),
@@ -212,6 +214,13 @@ CASES = [
     ("FSDP off → on (from the distributed optimizer)", ZERO1, {"--fsdp": "on"}),
     ("FSDP off → on, reshard after forward off", ZERO1, {"--fsdp": "on", "--reshard-after-forward": "off"}),
     ("FSDP off → on with DP 4→8", ZERO1, {"--fsdp": "on", "--dp": "8", "--global-batch": "16"}),
+    # HSDP (whatif/hsdp.hpp): the shard groups' collectives resized, the replica all-reduces
+    # inserted after the final backward's reduce-scatters (those of HSDP traces removed first).
+    ("FSDP → HSDP, shard group 8→4 (2 replicas)", FSDP8, {"--hsdp": "4"}),
+    ("HSDP → FSDP, shard group 4→8", HSDP, {"--hsdp": "8"}),
+    ("HSDP shard group 4→2 (4 replicas)", HSDP, {"--hsdp": "2"}),
+    ("HSDP, DP 8→16 (4 replicas)", HSDP, {"--dp": "16", "--global-batch": "32"}),
+    ("HSDP → off (distributed optimizer)", HSDP, {"--fsdp": "off"}),
 ]
 
 # Mixture of experts: configuration M, a MoE job (Qwen3-30B-A3B's layer shape, 128 experts, top-8,
@@ -244,6 +253,14 @@ def flags(d):
     for k, v in d.items():
         out += [k, v]
     return out
+
+
+def target(a, change):
+    """Configuration B of a case: A with the what-if's flags."""
+    b = dict(a, **change)
+    if b.get("--fsdp") == "off":
+        b.pop("--hsdp", None)
+    return b
 
 
 def run(cmd):
@@ -320,7 +337,7 @@ def main():
         for case in [c + (BASE,) for c in CASES] + [c + (MOE_BASE,) for c in MOE_CASES]:
             name, a_changes, change, origin_base = case
             a = dict(origin_base, **a_changes)
-            b = dict(a, **change)
+            b = target(a, change)
             a_dir, base_ns = traces(a)
             _, direct_ns = traces(b)
             cmd = [lumos, "whatif", a_dir] + flags(change) + ["--json"]

@@ -95,6 +95,7 @@
 #include <lumos/whatif/fsdp_insertion.hpp>
 #include <lumos/whatif/gpu_change.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
+#include <lumos/whatif/hsdp.hpp>
 #include <lumos/whatif/layers.hpp>
 #include <lumos/whatif/micro_batches.hpp>
 #include <lumos/whatif/model_fit.hpp>

@@ -230,10 +230,128 @@ TEST_CASE("whatif on FSDP traces agrees with the target synthesised directly: --
     };
     CHECK(gathers(r.predicted.built.graph) == gathers(direct_graph.graph));
   }
-  SECTION("what is not rewritten says so") {
+  SECTION("a shard group that does not divide the DP ranks says so") {
+    whatif::whatif_options o;
+    o.hsdp = 3;
+    CHECK_THROWS_WITH(whatif::run_whatif(job, o), Catch::Contains("must divide"));
+  }
+}
+
+namespace {
+
+// The HSDP job of `fsdp_synth_job`: shard groups of `shard` ranks, dp / shard replicas.
+synth::job hsdp_synth_job(int dp, int shard) {
+  synth::job j = fsdp_synth_job(dp, true);
+  j.parallel.hsdp = shard;
+  return j;
+}
+
+// Per rank, the elements of each replica all-reduce in `g` whose group's name starts with
+// `prefix`, in order.
+std::map<int, std::vector<std::int64_t>> replica_reduces(const graph::task_graph& g, std::string_view prefix) {
+  std::map<int, std::vector<std::int64_t>> out;
+  for (const auto& ci : g.collectives) {
+    if (ci.kind != "allreduce" || !ci.group.starts_with(prefix)) continue;
+    for (const graph::task_id t : ci.complete) out[g.rank[t]].push_back(ci.bytes);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("whatif --hsdp on FSDP and HSDP traces agrees with the HSDP job synthesised directly", "[whatif][fsdp][hsdp]") {
+  lumos_test::temp_dir dir;
+  (void)write_fsdp_job(fsdp_synth_job(4, true), dir.path() / "fsdp");
+  (void)write_fsdp_job(hsdp_synth_job(4, 2), dir.path() / "hsdp");
+  const trace::job fsdp = trace::load_job({dir.path() / "fsdp"});
+  const trace::job hsdp = trace::load_job({dir.path() / "hsdp"});
+  auto direct = [&](const synth::job& j, const std::string& name) { return write_fsdp_job(j, dir.path() / name); };
+
+  SECTION("HSDP traces: DP is the shard group times its replicas") {
+    const auto st = discover_fsdp_job(dir.path() / "hsdp");
+    CHECK(*st.fsdp.shard.value == 2);
+    CHECK(*st.fsdp.replicas.value == 2);
+    CHECK(*st.parallel.dp.value == 4);
+  }
+  SECTION("FSDP -> --hsdp 2: each unit's shard all-reduced over 2 replicas after the final backward") {
+    const time_ns t = direct(hsdp_synth_job(4, 2), "b");
     whatif::whatif_options o;
     o.hsdp = 2;
-    CHECK_THROWS_AS(whatif::run_whatif(job, o), error);
+    const whatif::whatif_result r = whatif::run_whatif(fsdp, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    const whatif::change* c = fsdp_change(r, "HSDP");
+    REQUIRE(c != nullptr);
+    CHECK(c->from == "4 x 1");
+    CHECK(c->to == "2 x 2");
+    REQUIRE(fsdp_change(r, "HSDP shard group") != nullptr);
+    // As many all-reduces per rank, of the same messages, as the job synthesised with HSDP.
+    const trace::job b = trace::load_job({dir.path() / "b"});
+    const auto want = replica_reduces(graph::build_graph(b).graph, "fsdp.replica.");
+    const auto got = replica_reduces(r.predicted.built.graph, whatif::inserted_hsdp_group);
+    REQUIRE(got.size() == r.predicted.ranks.size());
+    for (const auto& [rank, elements] : got) {
+      REQUIRE(want.contains(rank));
+      CHECK(elements == want.at(rank));
+    }
+    for (const auto& ci : r.predicted.built.graph.collectives) {
+      if (ci.group.starts_with(whatif::inserted_hsdp_group)) CHECK(ci.group_ranks.size() == 2);
+    }
+    REQUIRE(r.shape);
+    CHECK(r.shape->predicted.memory_bytes_per_gpu > r.shape->baseline.memory_bytes_per_gpu);  // states over 2 ranks, not 4
+
+    // Written out, the job reads back with its replica all-reduces and replays to the prediction
+    // (the shard groups' written records keep the traced group's size, as after --dp on FSDP traces).
+    const auto out = dir.path() / "written";
+    (void)report::write_whatif_traces(o, r, fsdp, out);
+    const auto back = discover_fsdp_job(out);
+    REQUIRE(back.fsdp.found());
+    CHECK(*back.fsdp.replicas.value == 2);
+    CHECK(back.fsdp.replica_group.starts_with(whatif::inserted_hsdp_group));
+    CHECK(report::replay_job(trace::load_job({out})).simulated_ns == r.predicted.simulated_ns);
+  }
+  SECTION("HSDP -> --hsdp 4: the replica all-reduces removed, plain FSDP") {
+    const time_ns t = direct(fsdp_synth_job(4, true), "b");
+    whatif::whatif_options o;
+    o.hsdp = 4;
+    const whatif::whatif_result r = whatif::run_whatif(hsdp, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    CHECK(replica_reduces(r.predicted.built.graph, "fsdp.replica.").empty());
+    CHECK(replica_reduces(r.predicted.built.graph, whatif::inserted_hsdp_group).empty());
+  }
+  SECTION("HSDP -> --dp 8: the shard group kept, 4 replicas") {
+    const time_ns t = direct(hsdp_synth_job(8, 2), "b");
+    whatif::whatif_options o;
+    o.dp = 8, o.global_batch = 16;
+    const whatif::whatif_result r = whatif::run_whatif(hsdp, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    for (const auto& ci : r.predicted.built.graph.collectives) {
+      if (ci.group.starts_with(whatif::inserted_hsdp_group)) CHECK(ci.group_ranks.size() == 4);
+    }
+  }
+  SECTION("HSDP -> --fsdp off: the distributed optimizer's buckets instead of every FSDP collective") {
+    const time_ns t = direct(fsdp_synth_job(4, false), "b");
+    whatif::whatif_options o;
+    o.fsdp = false;
+    const whatif::whatif_result r = whatif::run_whatif(hsdp, o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    CHECK(replica_reduces(r.predicted.built.graph, "fsdp.replica.").empty());
+  }
+  SECTION("TP's backward all-reduces are not a replica group") {
+    synth::job j = fsdp_synth_job(4, true);
+    j.parallel.tp = 2;
+    (void)write_fsdp_job(j, dir.path() / "tp");
+    const auto st = discover_fsdp_job(dir.path() / "tp");
+    REQUIRE(st.fsdp.found());
+    CHECK(*st.fsdp.replicas.value == 1);
+    CHECK(*st.parallel.dp.value == 4);
+  }
+  SECTION("what is not rewritten says so") {
+    (void)write_fsdp_job(fsdp_synth_job(4, false), dir.path() / "zero1");
+    whatif::whatif_options o;
+    o.hsdp = 2;
+    CHECK_THROWS_WITH(whatif::run_whatif(trace::load_job({dir.path() / "zero1"}), o), Catch::Contains("do not run FSDP"));
+    o.layers = 4;
+    CHECK_THROWS_WITH(whatif::run_whatif(fsdp, o), Catch::Contains("--layers"));
   }
 }
 

@@ -46,7 +46,7 @@ inline void parse_fsdp_options(args& a, whatif::whatif_options& o) {
     if (o.dp && *o.dp % n != 0) {
       throw usage_error("--hsdp (" + *h + ") must divide --dp (" + std::to_string(*o.dp) + "): dp / hsdp shard groups replicate each other");
     }
-    throw usage_error("--hsdp from traces is not supported yet (lumos predict, synth and sweep take --hsdp)");
+    o.hsdp = n;
   }
 }
 
@@ -171,10 +171,10 @@ inline whatif_request parse_whatif_change(args& a) {
 inline void require_change(const whatif_request& req) {
   const whatif::whatif_options& o = req.options;
   if (o.gpu.empty() && o.host_speed == 1.0 && !o.host_profile && !o.layers && !o.dp && !o.global_batch && !o.pp && !o.vp && !o.schedule && !o.shape.any() && !o.precision &&
-      !o.moe.any() && !o.fsdp && !o.reshard_after_forward && req.scaled.none()) {
+      !o.moe.any() && !o.fsdp && !o.hsdp && !o.reshard_after_forward && req.scaled.none()) {
     throw usage_error("whatif needs a change: --gpu PRESET, --layers N, --dp N, --pp N, --vp N, --schedule NAME, "
                       "--hidden/--ffn/--heads/--seq/--micro-batch/--tp N, --precision fp8, --ep/--experts/--top-k/--expert-ffn N, "
-                      "--routing balanced|measured, --fsdp on|off, --reshard-after-forward on|off, --host-speed F, or --scale");
+                      "--routing balanced|measured, --fsdp on|off, --hsdp N, --reshard-after-forward on|off, --host-speed F, or --scale");
   }
 }
 

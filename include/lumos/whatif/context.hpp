@@ -160,7 +160,8 @@ class context {
   std::optional<int> dp_from, dp_to;                 ///< the data-parallel change, when one was made
   std::optional<int> micro_batches;                  ///< per replica, when a pass changed them
   bool buckets_inserted = false;                     ///< gradient buckets were inserted (one replica traced)
-  bool fsdp_inserted = false;                        ///< FSDP's collectives were inserted (`--fsdp on` from DDP or ZeRO-1)
+  bool fsdp_inserted = false;                        ///< FSDP's collectives were inserted (`--fsdp on` from DDP or ZeRO-1, or HSDP's)
+  bool hsdp_rewritten = false;                       ///< the FSDP pass resized the gradient collectives for HSDP (hsdp.hpp)
   split_choice split;                                ///< how the pipeline change is made
   /// Per task, 1 for a weight gradient (zero bubble split in the graph), found before layer copies.
   std::vector<std::uint8_t> weight_tasks;

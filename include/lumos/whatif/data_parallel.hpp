@@ -322,6 +322,16 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   return out;
 }
 
+/// `resize_data_parallel` of the DP groups of `st` (the structure of `b`, or a view of it) to `to`
+/// ranks, timed as `ctx` says (its communication hardware, the NCCL model, the target's TP).
+[[nodiscard]] inline dp_rewrite_stats resize_gradient_group(const context& ctx, graph::built_job& b, const job_structure& st, int to) {
+  const model::hardware& hw = ctx.comm_hw;
+  const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
+  const auto& nccl = ctx.nccl;
+  return resize_data_parallel(b.graph, st, to, hw.nvlink_domain_size(), ratio, ctx.comm_hw_note, nccl ? &nccl->first : nullptr,
+                              nccl ? &nccl->second : nullptr, lone_collectives(ctx.job, b), ctx.shape_to ? ctx.shape_to->tp : 0);
+}
+
 /// The DP rewrite as change records: the resize (subject "DP") and the notes on how it was timed.
 [[nodiscard]] inline change_list dp_changes(const dp_rewrite_stats& d) {
   const std::string pass = "data parallel";
@@ -390,6 +400,7 @@ struct data_parallel_pass {
     return ctx.options.dp || ctx.options.global_batch || tp_moves_dp(ctx);
   }
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    if (ctx.hsdp_rewritten) return {};  // the shard and replica groups' collectives are HSDP's (hsdp.hpp)
     const job_structure& st = ctx.structure(b);
     // Under context parallelism the gradient group holds DP x CP ranks: it is resized from its
     // size in the graph (the traces' DP x CP, or the target's where the stage buckets were
@@ -397,12 +408,7 @@ struct data_parallel_pass {
     const int cp_from = ctx.traced_cp(), cp_to = ctx.target_cp();
     const std::optional<int> replicas = ctx.traced_replicas();
     const int group_to = ctx.target_gradient_group();
-    const model::hardware& hw = ctx.comm_hw;
-    const double ratio = hw.inter_node.effective_bandwidth() / hw.intra_node.effective_bandwidth();
-    const auto& nccl = ctx.nccl;
-    const dp_rewrite_stats d = resize_data_parallel(b.graph, st, group_to, hw.nvlink_domain_size(), ratio, ctx.comm_hw_note,
-                                                    nccl ? &nccl->first : nullptr, nccl ? &nccl->second : nullptr,
-                                                    lone_collectives(ctx.job, b), ctx.shape_to ? ctx.shape_to->tp : 0);
+    const dp_rewrite_stats d = resize_gradient_group(ctx, b, st, group_to);
     ctx.dp_from = replicas.value_or(d.from), ctx.dp_to = group_to / cp_to;
     change_list out;
     if (d.from == 1 && d.to > 1 && d.no_dp_group) {

@@ -29,9 +29,13 @@
 //                     ranks (`insert_fsdp_collectives`, fsdp_insertion.hpp), with or without the
 //                     backward's gathers (--reshard-after-forward). The optimizer steps 1/N of the
 //                     parameters: ZeRO-1's did already, DDP's kernels are sharded here.
+//   --hsdp H          on FSDP or HSDP traces (and --dp on HSDP traces): shard groups of H ranks,
+//                     replicated over dp / H groups whose all-reduces are inserted (hsdp.hpp).
+//                     --fsdp off on HSDP traces removes the replica all-reduces with the rest.
 // Not rewritten (an error says so): --reshard-after-forward on from traces whose backward passes
 // do not gather, --fsdp on from traces with one replica or with --layers or a pipeline change,
-// hybrid-sharded (HSDP) traces, and --hsdp.
+// --hsdp from traces without FSDP, and HSDP rewrites of traces with pipeline stages or context
+// parallelism, or with --layers or a pipeline change.
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
@@ -41,6 +45,7 @@
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/fsdp_insertion.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
+#include <lumos/whatif/hsdp.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
 
@@ -99,16 +104,17 @@ namespace detail {
 
 }  // namespace detail
 
-/// The GPU tasks of `st.fsdp`'s shard-group all-gathers in `b` (matched across ranks or not).
+/// The GPU tasks of the shard groups' all-gathers in `b` (matched across ranks or not).
 [[nodiscard]] inline std::vector<graph::task_id> shard_gathers(const graph::built_job& b, const trace::job& job, const job_structure& st) {
+  const std::set<std::string> shard = fsdp_group_names(st).shard;
   std::vector<graph::task_id> out;
   for (const graph::collective_instance& ci : b.graph.collectives) {
-    if (ci.group != st.fsdp.group || ci.kind != "allgather") continue;
+    if (!shard.contains(ci.group) || ci.kind != "allgather") continue;
     out.insert(out.end(), ci.arrive.begin(), ci.arrive.end());
     out.insert(out.end(), ci.complete.begin(), ci.complete.end());
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (c.group == st.fsdp.group && c.kind == "allgather") out.push_back(c.task), out.push_back(c.arrive);
+    if (shard.contains(c.group) && c.kind == "allgather") out.push_back(c.task), out.push_back(c.arrive);
   }
   std::erase(out, graph::no_task);
   return out;
@@ -175,6 +181,7 @@ inline std::size_t remove_backward_gathers(graph::built_job& b, const trace::job
   const graph::task_graph& g = b.graph;
   const std::vector<graph::task_id> call = detail::launch_calls(g);
   const std::vector<std::uint8_t> backward = detail::launched_for_backward(b, st);
+  const std::set<std::string> shard = fsdp_group_names(st).shard;
   std::vector<repeat_group> groups;
   auto remove = [&](std::vector<graph::task_id> tasks, graph::task_id first) {
     if (!backward[first]) return;
@@ -188,14 +195,14 @@ inline std::size_t remove_backward_gathers(graph::built_job& b, const trace::job
     groups.push_back({std::move(tasks), 0});
   };
   for (const graph::collective_instance& ci : g.collectives) {
-    if (ci.group != st.fsdp.group || ci.kind != "allgather" || ci.complete.empty()) continue;
+    if (!shard.contains(ci.group) || ci.kind != "allgather" || ci.complete.empty()) continue;
     std::vector<graph::task_id> tasks = ci.arrive;
     tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
     tasks.push_back(ci.join);
     remove(std::move(tasks), ci.complete.front());
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (c.group == st.fsdp.group && c.kind == "allgather" && c.task != graph::no_task) remove({c.arrive, c.task}, c.task);
+    if (shard.contains(c.group) && c.kind == "allgather" && c.task != graph::no_task) remove({c.arrive, c.task}, c.task);
   }
   if (groups.empty()) return 0;
   std::vector<graph::task_id> removed;
@@ -220,22 +227,29 @@ struct fsdp_pass {
     const whatif_options& o = ctx.options;
     const job_structure& st = ctx.structure(b);
     const fsdp_structure& f = st.fsdp;
-    if (o.hsdp) throw error("whatif --hsdp: hybrid sharding is not rewritten from traces yet (lumos predict --hsdp models it)");
     if (!f.found()) {
+      if (o.hsdp) {
+        throw error("whatif --hsdp: the traces do not run FSDP (`lumos inspect --structure` shows no fsdp); hybrid sharding is "
+                    "rewritten from FSDP or HSDP traces only (with --fsdp on, write the FSDP job with --trace-out first; lumos predict "
+                    "--hsdp models it)");
+      }
       if (o.fsdp.value_or(false)) return turn_on(ctx, b);
       if (o.reshard_after_forward) throw error("whatif --reshard-after-forward: the traces do not run FSDP (`lumos inspect --structure` shows no fsdp)");
       return {note("fsdp", "FSDP", "--fsdp off: the traces do not shard parameters; nothing to change")};
     }
-    if (f.replicas.value.value_or(1) > 1) {
-      throw error("whatif: the traces run hybrid sharding (" + f.replicas.source + "); rewriting HSDP traces is not built yet");
-    }
+    const bool hybrid = f.replicas.value.value_or(1) > 1;
     const int traced_dp = st.parallel.dp.value.value_or(f.shard.value.value_or(1));
     // The shard group holds DP x CP ranks under context parallelism: --dp counts replicas.
     const int dp = o.dp || ctx.target_cp() != ctx.traced_cp() ? ctx.target_gradient_group() : traced_dp;
-    if (!o.fsdp.value_or(true)) return turn_off(ctx, b, dp);
+    if (!o.fsdp.value_or(true)) return turn_off(ctx, b, dp, hybrid);
     change_list out;
     if (o.reshard_after_forward) out.push_back(reshard(ctx, b, *o.reshard_after_forward));
-    if (dp != traced_dp) out.push_back(resized(ctx.structure(b).fsdp, traced_dp, dp));
+    if (o.hsdp || (hybrid && dp != traced_dp)) {
+      const change_list h = rewrite_hsdp(ctx, b);
+      out.insert(out.end(), h.begin(), h.end());
+    } else if (dp != traced_dp) {
+      out.push_back(resized(ctx.structure(b).fsdp, traced_dp, dp));
+    }
     if (out.empty()) out.push_back(note("fsdp", "FSDP", "--fsdp on: the traces run FSDP already (" + f.source + "); nothing to change"));
     return out;
   }
@@ -349,28 +363,39 @@ struct fsdp_pass {
                     count_figure("reduce-scatters inserted", fi.scatters)});
   }
 
-  /// `--fsdp off`: the shard group's collectives replaced by the distributed optimizer's buckets.
-  [[nodiscard]] static change_list turn_off(context& ctx, graph::built_job& b, int dp) {
+  /// `--fsdp off`: the shard group's collectives (and `hybrid`, HSDP's replica all-reduces)
+  /// replaced by the distributed optimizer's buckets.
+  [[nodiscard]] static change_list turn_off(context& ctx, graph::built_job& b, int dp, bool hybrid) {
     const job_structure& st = ctx.structure(b);
     const shape_config from = ctx.shape_from ? *ctx.shape_from : traced_shape(st);
     const std::int64_t vocab = traced_vocab_local(ctx.job, st, from) * from.tp;
     const int gathers = st.fsdp.all_gathers.value.value_or(0), scatters = st.fsdp.reduce_scatters.value.value_or(0);
+    const int shard = st.fsdp.shard.value.value_or(dp);
     (void)release_gather_waits(b.graph, shard_gathers(b, ctx.job, st));
-    const std::size_t removed = strip_gradient_collectives(b, ctx.job, st);
+    const std::size_t removed = strip_gradient_collectives(b, ctx.job, st, hybrid);
     if (removed == 0) throw error("whatif --fsdp off: no all-gather or reduce-scatter of the shard group to remove");
     ctx.refresh(b);
     const bucket_insertion bi = insert_target_buckets(ctx, b, dp, from, vocab);
     if (bi.buckets == 0) throw error("whatif --fsdp off: " + describe_buckets(bi, dp, bucket_profile_name(ctx, b), false));
-    char why[512];
+    char why[640];
     std::snprintf(why, sizeof why,
-                  "FSDP -> the distributed optimizer (ZeRO-1): the shard group's %d all-gathers and %d reduce-scatters per iteration "
+                  "FSDP -> the distributed optimizer (ZeRO-1): the shard group's %d all-gathers and %d reduce-scatters per iteration%s "
                   "(%zu collectives on the traced ranks) removed, parameters stay whole on every rank (the optimizer still steps 1/%d "
                   "of them), and Megatron's gradient buckets for %d replicas inserted",
-                  gathers, scatters, removed, dp, dp);
+                  gathers, scatters, hybrid ? " and HSDP's replica all-reduces" : "", removed, dp, dp);
     change_list out;
     out.push_back(changed("fsdp", "FSDP", "on", "off", why,
                           {count_figure("collectives removed", removed), count_figure("buckets inserted", bi.buckets)}));
     out.push_back(bucket_change(bi, dp, bucket_profile_name(ctx, b), ctx.options.layers.has_value(), "the buckets"));
+    if (hybrid) {
+      // HSDP's optimizer stepped the shard group's share; the distributed optimizer's steps 1/DP.
+      const shape_stats sh = shard_optimizer(b, ctx.structure(b), shard, dp, ctx.costs(b).profile.min_kernel_ns, true);
+      char line[256];
+      std::snprintf(line, sizeof line, "the optimizer steps the rank's 1/%d of the parameters instead of HSDP's 1/%d: %zu optimizer kernels %.3f -> %.3f ms",
+                    dp, shard, sh.optimizer, static_cast<double>(sh.before) / 1e6, static_cast<double>(sh.after) / 1e6);
+      out.push_back(changed("fsdp", "optimizer share", "1/" + std::to_string(shard), "1/" + std::to_string(dp), line,
+                            {time_figure("optimizer kernel time", sh.before, sh.after)}));
+    }
     return out;
   }
 };

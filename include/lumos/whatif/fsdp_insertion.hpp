@@ -195,6 +195,17 @@ struct fsdp_planner {
   }
 };
 
+/// The host launch of a collective inserted into `g` right after host task `call`: the profile's
+/// launch, after the rest of its collective host time.
+[[nodiscard]] inline insertion collective_launch(const graph::task_graph& g, graph::task_id call, const model::cost_profile& profile) {
+  const auto launch_ns = static_cast<time_ns>(std::llround(profile.cpu_launch_ns));
+  const time_ns host_ns = std::max<time_ns>(0, static_cast<time_ns>(std::llround(profile.cpu_collective_ns)) - launch_ns);
+  return {.after = call,
+          .spec = {.kind = graph::task_kind::cpu, .duration = launch_ns, .busy_gap = host_ns, .rank = g.rank[call],
+                   .observed_start = g.observed_end[call], .observed_end = g.observed_end[call]},
+          .name = "cudaLaunchKernel"};
+}
+
 /// Writes `plans` into `b` (see the header comment). Task ids change (`adopt`).
 inline void write_fsdp_collectives(graph::built_job& b, std::vector<fsdp_rank_plan>& plans, const model::cost_profile& profile,
                                    fsdp_insertion& out) {
@@ -206,18 +217,13 @@ inline void write_fsdp_collectives(graph::built_job& b, std::vector<fsdp_rank_pl
     std::vector<graph::task_id> last(g.processors.size(), graph::no_task);
     for (graph::task_id t = 0; t < g.task_count(); ++t) before[t] = last[g.processor[t]], last[g.processor[t]] = t;
   }
-  const auto launch_ns = static_cast<time_ns>(std::llround(profile.cpu_launch_ns));
-  const time_ns host_ns = std::max<time_ns>(0, static_cast<time_ns>(std::llround(profile.cpu_collective_ns)) - launch_ns);
   std::vector<insertion> ins;
   for (const fsdp_rank_plan& p : plans) {
     for (const fsdp_collective& c : p.collectives) {
       if (!launches.launched(c.near)) continue;
       graph::task_id call = g.edges[launches.of[c.near]].from;
       if (before[call] != graph::no_task) call = before[call];
-      ins.push_back({.after = call,
-                     .spec = {.kind = graph::task_kind::cpu, .duration = launch_ns, .busy_gap = host_ns, .rank = g.rank[call],
-                              .observed_start = g.observed_end[call], .observed_end = g.observed_end[call]},
-                     .name = "cudaLaunchKernel"});
+      ins.push_back(collective_launch(g, call, profile));
     }
   }
   edited_graph e = insert_after(g, ins);

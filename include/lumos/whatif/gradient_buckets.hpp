@@ -40,8 +40,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -598,36 +600,26 @@ struct dp_stream_writer {
   return out;
 }
 
-/// Removes the traces' gradient reduction when it is the distributed optimizer's: the
-/// reduce-scatters and all-gathers of the data-parallel groups, each with its launch call and
-/// join, matched or not (`lone_collectives`), so that `insert_gradient_buckets` can form the
-/// buckets of another layout (a pipeline split: Megatron forms each stage's buckets from its own
-/// parameters, where the traced buckets span the whole model). Other collectives of those groups
-/// (an all-reduce of the gradient norm) stay. Returns the collectives removed: 0, with `b`
-/// unchanged, when the groups reduce no gradient by reduce-scatter (all-reduce buckets, or no DP).
-/// `all_reduces`: DDP's all-reduce buckets go too (those of more than 1024 elements or of an
-/// unknown size: a gradient norm or a loss is a few scalars), and they count as a reduction.
-/// Task ids of `b` change (`adopt`); the caller discovers the structure again.
-inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::job& job, const job_structure& st,
-                                              bool all_reduces = false) {
-  const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
-  if (dp_groups.empty()) return 0;
+/// Removes the collectives of `groups` that `pick(kind, elements)` selects, each with its launch
+/// call and join, matched across ranks or not (`lone_collectives`). Returns how many: 0, with `b`
+/// unchanged, when none of them reduces (a reduce-scatter or an all-reduce). `before`, when given,
+/// sees the graph and the collectives' tasks before they go. Task ids of `b` change (`adopt`); the
+/// caller discovers the structure again.
+template <class Pick>
+inline std::size_t strip_collectives(graph::built_job& b, const trace::job& job, const std::set<std::string>& groups, Pick pick,
+                                     const std::function<void(graph::task_graph&, const std::vector<repeat_group>&)>& before = {}) {
+  if (groups.empty()) return 0;
   const graph::task_graph& g = b.graph;
-  auto stripped = [all_reduces](std::string_view kind, std::int64_t elements) {
-    const auto k = collective_of_kind(kind);
-    if (k && all_reduces && *k == model::collective::all_reduce) return elements <= 0 || elements > 1024;
-    return k && (*k == model::collective::reduce_scatter || *k == model::collective::all_gather);
-  };
   std::vector<graph::task_id> launch_of(g.task_count(), graph::no_task);
   for (const graph::edge& e : g.edges) {
     if (e.kind == graph::edge_kind::launch) launch_of[e.to] = e.from;
   }
-  std::vector<repeat_group> groups;
-  bool scatter = false;
+  std::vector<repeat_group> removed;
+  bool reduces = false;
   // One group per collective: its GPU tasks, their launch calls and its join (each alone or
   // adjacent on its processor).
   auto drop = [&](std::string_view kind, std::vector<graph::task_id> tasks) {
-    scatter = scatter || collective_of_kind(kind) == model::collective::reduce_scatter ||
+    reduces = reduces || collective_of_kind(kind) == model::collective::reduce_scatter ||
               collective_of_kind(kind) == model::collective::all_reduce;
     const std::size_t gpu = tasks.size();
     for (std::size_t k = 0; k < gpu; ++k) {
@@ -636,22 +628,42 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
     std::erase(tasks, graph::no_task);
     std::sort(tasks.begin(), tasks.end());
     tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
-    if (!tasks.empty()) groups.push_back({std::move(tasks), 0});
+    if (!tasks.empty()) removed.push_back({std::move(tasks), 0});
   };
   for (const graph::collective_instance& ci : g.collectives) {
-    if (!dp_groups.contains(ci.group) || !stripped(ci.kind, ci.bytes)) continue;
+    if (!groups.contains(ci.group) || !pick(std::string_view(ci.kind), ci.bytes)) continue;
     std::vector<graph::task_id> tasks = ci.arrive;
     tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
     tasks.push_back(ci.join);
     drop(ci.kind, std::move(tasks));
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (dp_groups.contains(c.group) && stripped(c.kind, c.elements)) drop(c.kind, {c.arrive, c.task});
+    if (groups.contains(c.group) && pick(std::string_view(c.kind), c.elements)) drop(c.kind, {c.arrive, c.task});
   }
-  if (!scatter || groups.empty()) return 0;
-  const std::size_t removed = groups.size();
-  (void)adopt(b, repeat_groups(g, groups));
-  return removed;
+  if (!reduces || removed.empty()) return 0;
+  if (before) before(b.graph, removed);
+  const std::size_t count = removed.size();
+  (void)adopt(b, repeat_groups(g, removed));
+  return count;
+}
+
+/// Removes the traces' gradient reduction when it is the distributed optimizer's: the
+/// reduce-scatters and all-gathers of the data-parallel groups (`strip_collectives`), so that
+/// `insert_gradient_buckets` can form the buckets of another layout (a pipeline split: Megatron
+/// forms each stage's buckets from its own parameters, where the traced buckets span the whole
+/// model). Other collectives of those groups (an all-reduce of the gradient norm) stay. Returns
+/// the collectives removed: 0, with `b` unchanged, when the groups reduce no gradient by
+/// reduce-scatter (all-reduce buckets, or no DP). `all_reduces`: DDP's all-reduce buckets (or
+/// HSDP's replica all-reduces) go too (those of more than 1024 elements or of an unknown size: a
+/// gradient norm or a loss is a few scalars), and they count as a reduction. Task ids of `b`
+/// change (`adopt`); the caller discovers the structure again.
+inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::job& job, const job_structure& st,
+                                              bool all_reduces = false) {
+  return strip_collectives(b, job, groups_with_role(st, group_role::dp), [all_reduces](std::string_view kind, std::int64_t elements) {
+    const auto k = collective_of_kind(kind);
+    if (k && all_reduces && *k == model::collective::all_reduce) return elements <= 0 || elements > 1024;
+    return k && (*k == model::collective::reduce_scatter || *k == model::collective::all_gather);
+  });
 }
 
 /// The `changes` line of an insertion to `dp` replicas, timed by the NCCL model of `profile`;

@@ -39,7 +39,14 @@ struct shape_figures {
 struct fsdp_memory {
   bool on = false;
   bool reshard_after_forward = true;
+  int hsdp = 0;  ///< hybrid sharding's shard group (0, or the DP size: every DP rank shards)
 };
+
+/// The traces' FSDP for the memory summary (`job_structure::fsdp`).
+[[nodiscard]] inline fsdp_memory traced_fsdp_memory(const job_structure& st) {
+  const fsdp_structure& f = st.fsdp;
+  return {f.found(), f.reshard_after_forward.value.value_or("on") == "on", f.replicas.value.value_or(1) > 1 ? f.shard.value.value_or(0) : 0};
+}
 
 /// The figures of `m` (a `counted_transformer`: its layers, KV heads, MLP and embeddings; `vocab`
 /// 0 when unknown) under TP `c.tp` over `pp` stages and `dp` replicas, `passes` forward passes
@@ -69,6 +76,7 @@ struct fsdp_memory {
   par.zero_stage = distributed_optimizer ? 1 : 0;  // the optimizer's states sharded over DP
   if (fsdp != nullptr && fsdp->on && dp > 1) {
     par.fsdp = true, par.zero_stage = 3, par.reshard_after_forward = fsdp->reshard_after_forward;
+    if (fsdp->hsdp > 0 && fsdp->hsdp < dp && dp % fsdp->hsdp == 0) par.hsdp = fsdp->hsdp;
   }
   if (recipe && recipe->recipe && backward && c.tp == 1 && pp == 1 && dp == 1 && m.vocab > 1 && m.hidden % m.heads == 0) {
     m.tied_embeddings = recipe->tied_embeddings;
@@ -184,7 +192,7 @@ struct parallel_target {
     const auto kind_to = target.schedule ? target.schedule : st.parallel.schedule.value;
     const bool distributed = st.gradients.method.value == std::string("reduce-scatter + all-gather");
     const bool gated = st.model.gated_mlp;
-    const fsdp_memory traced_fsdp{st.fsdp.found(), st.fsdp.reshard_after_forward.value.value_or("on") == "on"};
+    const fsdp_memory traced_fsdp = traced_fsdp_memory(st);
     const fsdp_memory fsdp_to = target.fsdp.value_or(traced_fsdp);
     s.baseline = figures_of(from, counted_transformer(from, st, vocab, gated, static_cast<int>(layers_from)), pp, dp, passes, backward,
                             summary_in_flight(st.parallel.schedule.value, pp, m, chunks), distributed, &st.memory, &traced_fsdp,

@@ -145,10 +145,9 @@ inline void report_summary(const context& ctx, whatif_result& out) {
   target.pp = o.pp, target.dp = o.dp, target.micro_batches = ctx.micro_batches, target.chunks = o.vp, target.schedule = o.schedule;
   if (ctx.buckets_inserted) target.distributed_optimizer = true;
   target.precision = o.precision;  // fp8's weight copies, scaling state and fp8-saved inputs (whatif --precision)
-  if (o.fsdp || o.reshard_after_forward) {
-    const bool traced_on = out.structure->fsdp.found();
-    const bool traced_reshard = out.structure->fsdp.reshard_after_forward.value.value_or("on") == "on";
-    target.fsdp = fsdp_memory{o.fsdp.value_or(traced_on), o.reshard_after_forward.value_or(traced_reshard)};
+  if (o.fsdp || o.reshard_after_forward || o.hsdp) {
+    const fsdp_memory traced = traced_fsdp_memory(*out.structure);
+    target.fsdp = fsdp_memory{o.fsdp.value_or(traced.on), o.reshard_after_forward.value_or(traced.reshard_after_forward), o.hsdp.value_or(traced.hsdp)};
   }
   if (o.pipeline_asked()) {
     // As the pipeline change: the traces' schedule when they have stages, else 1F1B; interleaved

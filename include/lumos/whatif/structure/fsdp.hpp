@@ -168,6 +168,11 @@ inline void discover_fsdp(const discovery_inputs& in, job_structure& out) {
       if (name == *shard || rc.reduces == 0) continue;
       const process_group* g = detail::group_named(out, name);
       if (g == nullptr || !g->size.value || *g->size.value < 2) continue;
+      // TP's (and CP's, EP's) backward all-reduces are activations, not gradients.
+      const bool other_role = std::any_of(g->roles.begin(), g->roles.end(), [](const auto& r) {
+        return r.value == group_role::tp || r.value == group_role::cp || r.value == group_role::ep || r.value == group_role::pp;
+      });
+      if (other_role) continue;
       f.replicas.value = *g->size.value;
       f.replica_group = name;
       f.replicas.source = "gradient all-reduces over group '" + name + "' of " + std::to_string(*g->size.value) +

@@ -71,12 +71,21 @@ inline void role_size(job_structure& out, group_role r, fact<int>& f) {
 
 /// Fills `out.parallel.tp`, `dp` and `ep`: the size of the groups with that role; else TP and
 /// EP are 1 (no collective in a forward pass, no all-to-all) unless some communication found no
-/// peer, and DP is world / (TP × PP) when those are known and divide it. Runs after
-/// `discover_layout` and `discover_groups`. Linear in groups.
+/// peer, and DP is world / (TP × PP) when those are known and divide it. Under hybrid sharding
+/// DP is the shard group's size times its replicas (`discover_fsdp`). Runs after
+/// `discover_layout`, `discover_groups` and `discover_fsdp`. Linear in groups.
 inline void discover_parallel_degrees(const discovery_inputs& in, job_structure& out) {
   auto& par = out.parallel;
   detail::role_size(out, group_role::tp, par.tp);
-  detail::role_size(out, group_role::dp, par.dp);
+  if (const fsdp_structure& f = out.fsdp; f.found() && f.shard.known() && f.replicas.value.value_or(1) > 1) {
+    // Hybrid sharding: the DP ranks are the shard groups' ranks times the replicas of each shard
+    // (the two kinds of DP group differ in size, and neither alone is the DP degree).
+    par.dp.value = *f.shard.value * *f.replicas.value;
+    par.dp.source = "HSDP: shard group of " + std::to_string(*f.shard.value) + " ranks x " + std::to_string(*f.replicas.value) +
+                    " replicas (" + f.replicas.source + ")";
+  } else {
+    detail::role_size(out, group_role::dp, par.dp);
+  }
   detail::role_size(out, group_role::ep, par.ep);
   const bool all_ranks = static_cast<int>(in.rank_count()) == *par.world.value;
   if (!par.tp.known()) {
