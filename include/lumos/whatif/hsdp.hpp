@@ -153,21 +153,21 @@ struct unit_scatter {
   }
   std::vector<std::vector<unit_scatter>> out(b.ranks.size());
   const launch_edges launches(g);
-  auto add = [&](graph::task_id arrive, graph::task_id complete, std::int64_t elements) {
+  auto add = [&](graph::task_id arrive, graph::task_id complete, std::int64_t elements, std::int64_t element_bytes) {
     if (complete == graph::no_task) return;
     const auto ri = index_of.find(g.rank[complete]);
     if (ri == index_of.end()) return;
     const int pass = arrive != graph::no_task && pass_of[arrive] >= 0 ? pass_of[arrive] : pass_of[complete];
     if (pass < 0 || pass != final_pass[ri->second]) return;
     const graph::task_id launched = arrive != graph::no_task && launches.launched(arrive) ? arrive : complete;
-    out[ri->second].push_back({launched, complete, elements, element_bytes_of_kernel(g.task_name(complete))});
+    out[ri->second].push_back({launched, complete, elements, element_bytes});
   };
   for (const graph::collective_instance& ci : g.collectives) {
     if (!shard.contains(ci.group) || collective_of_kind(ci.kind) != model::collective::reduce_scatter) continue;
-    for (std::size_t k = 0; k < ci.complete.size(); ++k) add(k < ci.arrive.size() ? ci.arrive[k] : graph::no_task, ci.complete[k], ci.bytes);
+    for (std::size_t k = 0; k < ci.complete.size(); ++k) add(k < ci.arrive.size() ? ci.arrive[k] : graph::no_task, ci.complete[k], ci.bytes, element_bytes_of(ci, g));
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (shard.contains(c.group) && collective_of_kind(c.kind) == model::collective::reduce_scatter) add(c.arrive, c.task, c.elements);
+    if (shard.contains(c.group) && collective_of_kind(c.kind) == model::collective::reduce_scatter) add(c.arrive, c.task, c.elements, c.element_bytes);
   }
   for (auto& r : out) {
     std::sort(r.begin(), r.end(), [&](const unit_scatter& x, const unit_scatter& y) {
