@@ -55,15 +55,36 @@ TEST_CASE("predict --pipeline-layout of the even split predicts the even split",
   CHECK(blocks == std::vector<std::int64_t>{1, 2, 2, 1});
 }
 
-TEST_CASE("predict --pipeline-layout: the stage with the most layers sets the pace", "[cli][synth][layout]") {
-  using layout_cli::iteration_ns;
-  const std::string job = "--model llama3-8b --layers 8 --seq 1024 --pp 4 --global-batch 16";
-  const std::int64_t even = iteration_ns(job);
-  const std::int64_t heavy = iteration_ns(job + " --pipeline-layout 'Et*5|t|t|tL'");
-  CHECK(heavy > even);
-  // Moving the layers elsewhere keeps the slowest stage's count and so about the same time.
-  const std::int64_t heavy_last = iteration_ns(job + " --pipeline-layout 'Et|t|t|t*5L'");
-  CHECK(heavy_last > even);
+TEST_CASE("predict --pipeline-layout: each stage's busy time follows its layers", "[cli][synth][layout]") {
+  const std::string job = "predict --model llama3-8b --layers 8 --seq 1024 --pp 4 --global-batch 16 --json";
+  // [stage] -> pipeline busy time, and the iteration.
+  auto busy = [&](const std::string& layout, std::int64_t& iteration) {
+    const layout_cli::result r = layout_cli::run(job + (layout.empty() ? "" : " --pipeline-layout '" + layout + "'"));
+    INFO(layout << "\n" << r.err);
+    REQUIRE(r.code == 0);
+    simdjson::dom::parser p;
+    const simdjson::dom::element doc = p.parse(r.out);
+    iteration = int64_t(doc["iteration_ns"]);
+    std::vector<double> out;
+    for (const auto st : doc["stages"].get_array()) out.push_back(static_cast<double>(int64_t(st["pipeline_busy_ns"])));
+    return out;
+  };
+  std::int64_t even_ns = 0, light_ns = 0, heavy_last_ns = 0, heavy_first_ns = 0;
+  const std::vector<double> even = busy("", even_ns);
+  const std::vector<double> heavy_first = busy("Et*5|t|t|tL", heavy_first_ns);
+  REQUIRE(even.size() == 4);
+  REQUIRE(heavy_first.size() == 4);
+  // A middle stage (no embedding, no loss) with 1 layer instead of 2 is busy half as long.
+  CHECK(heavy_first[1] == Approx(even[1] / 2).epsilon(0.01));
+  CHECK(heavy_first[2] == Approx(even[2] / 2).epsilon(0.01));
+  CHECK(heavy_first[0] > 2 * even[0]);  // 5 layers and the embedding against 2 and the embedding
+  // Llama 3's 128k-token logits make the loss's stage the slowest of the even split: one layer
+  // more there slows the iteration, one layer moved off it (Megatron's lighter last stage) speeds it up.
+  REQUIRE(even[3] > even[0]);
+  (void)busy("Et|t*2|t*2|t*3L", heavy_last_ns);
+  (void)busy("Et*3|t*2|t*2|tL", light_ns);
+  CHECK(heavy_last_ns > even_ns);
+  CHECK(light_ns < even_ns);
 }
 
 TEST_CASE("synth --pipeline-layout puts the layout's layers on each rank and agrees with predict", "[cli][synth][layout]") {
