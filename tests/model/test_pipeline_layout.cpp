@@ -73,6 +73,7 @@ TEST_CASE("bad pipeline layout strings name the character at fault", "[model][pi
       {"*2EtL", "at character 1: '*' must follow an item or a group"},
       {"E()tL", "at character 2: empty group '()'"},
       {"E(t*99999)*99999L", "expands to more than"},
+      {"E" + std::string(100, '(') + "t" + std::string(100, ')') + "L", "at character 66: groups nested more than 64 deep"},
       {"t|tL", "must start with E"},
       {"EtE|tL", "E (the embedding) must come first"},
       {"EtL|t", "L (the loss) must come last"},

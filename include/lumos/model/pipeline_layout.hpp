@@ -68,6 +68,7 @@ class layout_parser {
  private:
   // A bound on the expanded layout: far beyond any model, small enough to refuse "(t*99999)*99999".
   static constexpr std::size_t max_symbols = std::size_t{1} << 20;
+  static constexpr int max_depth = 64;
 
   std::string sequence() {
     std::string out;
@@ -90,8 +91,11 @@ class layout_parser {
       return std::string(1, c);
     }
     if (c == '(') {
+      // The recursion's depth, bounded: a string of a million '(' must not exhaust the stack.
+      if (++depth_ > max_depth) fail("groups nested more than " + std::to_string(max_depth) + " deep");
       const std::size_t open = pos_++;
       std::string inner = sequence();
+      --depth_;
       if (pos_ >= text_.size()) fail_at(open, "'(' is not closed");
       ++pos_;
       if (inner.empty()) fail_at(open, "empty group '()'");
@@ -117,6 +121,7 @@ class layout_parser {
 
   std::string_view text_;
   std::size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace detail

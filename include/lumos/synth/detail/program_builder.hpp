@@ -393,15 +393,16 @@ class program_builder {
   void emit_items(rank_state& rs, const std::vector<item>& items, int layer = -1, bool forward = false);
   void emit_totals(rank_state& rs, const totals& t, pass_kind pk);
   void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out, int layers, int dense) const;
-  // A MoE model's dense first layers (synth/detail/program_templates.hpp): their layer template
-  // and the virtual stages that hold them; the chunk of `o` on `stage` when it is one of those.
+  // The virtual stages with their own plans (synth/detail/program_templates.hpp): those of an
+  // explicit layout, or those holding a MoE model's dense first layers (and their layer
+  // template); the plan of the chunk of `o` on `stage` when it has one.
   void build_chunk_plans();
   [[nodiscard]] int dense_layers_of(int vs) const noexcept;
   [[nodiscard]] int layers_of(int vs) const noexcept;
   [[nodiscard]] const chunk_plan* chunk_plan_of(int stage, const pipeline::op& o) const noexcept;
   void emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
                  const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad = false,
-                 const chunk_plan* dense = nullptr);
+                 const chunk_plan* plan = nullptr);
   void emit_segment(rank_state& rs, pass_kind pk, const segment& seg, int& layers_seen, int chunk_layers);
   void ensure_task(rank_state& rs);
   graph::processor_id dp_stream(rank_state& rs);

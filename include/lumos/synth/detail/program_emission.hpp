@@ -160,14 +160,14 @@ void program_builder<Compute, Comm>::emit_segment(rank_state& rs, pass_kind pk, 
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
                                                const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad,
-                                               const chunk_plan* dense) {
+                                               const chunk_plan* plan) {
   const auto k = static_cast<std::size_t>(pk);
-  const int dense_layers = dense != nullptr ? dense->dense : 0;
-  const int n = dense != nullptr ? dense->layers : chunk_layers(first, last);
+  const int dense_layers = plan != nullptr ? plan->dense : 0;
+  const int n = plan != nullptr ? plan->layers : chunk_layers(first, last);
   // A layer with host synchronisations is emitted run by run (emit_segment).
   const bool synced = buf_.layer_runs[k].size() > 1 && n > dense_layers;
   if (buckets == nullptr && opt_.detail == granularity::pass && !fsdp_ && !synced) {
-    emit_totals(rs, dense != nullptr ? dense->passes[k] : pass_totals_[k][first][last], pk);
+    emit_totals(rs, plan != nullptr ? plan->passes[k] : pass_totals_[k][first][last], pk);
     ensure_task(rs);
     return;
   }
@@ -175,7 +175,7 @@ void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, boo
   const bool gathers = fsdp_ && fsdp_gathers(pk);
   const bool reduces = fsdp_ && pk == (split_ ? pass_kind::weight_grad : pass_kind::backward);
   std::size_t next_bucket = 0, next_expert_bucket = 0;
-  const auto* expert_buckets = buckets == nullptr ? nullptr : dense != nullptr ? &dense->expert_buckets : &expert_buckets_[first][last];
+  const auto* expert_buckets = buckets == nullptr ? nullptr : plan != nullptr ? &plan->expert_buckets : &expert_buckets_[first][last];
   // Layers of the chunk in model order (backward passes run them last first).
   int layers_seen = 0;
   // A segment without work still marks the point its gradients are final.
