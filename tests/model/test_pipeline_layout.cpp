@@ -156,13 +156,18 @@ TEST_CASE("a layout places a MoE model's dense first layers by their index", "[m
   CHECK(stage_moe_layers(m, p, 3) == 13);
 }
 
-TEST_CASE("Megatron's first and last pipeline layers split the rest evenly", "[model][pipeline][layout]") {
+TEST_CASE("Megatron's first and last pipeline stage layers split the rest evenly", "[model][pipeline][layout]") {
   using namespace lumos::model;
-  CHECK(uneven_first_last_layout(61, 0, 16, 4, 1).blocks == parse_pipeline_layout("Et*4|(t*4|)*14tL").blocks);
-  const pipeline_layout with_mtp = uneven_first_last_layout(61, 1, 32, 1, 0);
+  CHECK(uneven_first_last_layout(61, 0, 16, 1, 4, 1).blocks == parse_pipeline_layout("Et*4|(t*4|)*14tL").blocks);
+  const pipeline_layout with_mtp = uneven_first_last_layout(61, 1, 32, 1, 1, 0);
   CHECK(with_mtp.blocks == parse_pipeline_layout("Et|(tt|)*30mL").blocks);
   CHECK(with_mtp.mtp == 1);
-  CHECK(uneven_first_last_layout(8, 0, 4, 2, -1).blocks == std::vector<std::int64_t>{2, 2, 2, 2});
-  CHECK_THROWS_WITH(uneven_first_last_layout(61, 0, 16, 5, 1), Catch::Contains("must split evenly"));
-  CHECK_THROWS_WITH(uneven_first_last_layout(8, 0, 2, 9, 0), Catch::Contains("leave -1 of 8 layers"));
+  CHECK(uneven_first_last_layout(8, 0, 4, 1, 2, -1).blocks == std::vector<std::int64_t>{2, 2, 2, 2});
+  // With chunks, each stage's layers split over its chunks: stage 0 holds 2 (1 + 1), stage 1 8 (4 + 4);
+  // virtual stage v is chunk v / pp of stage v mod pp.
+  CHECK(uneven_first_last_layout(10, 0, 2, 2, 2, -1).blocks == std::vector<std::int64_t>{1, 4, 1, 4});
+  CHECK_THROWS_WITH(uneven_first_last_layout(61, 0, 16, 1, 5, 1), Catch::Contains("must split evenly"));
+  CHECK_THROWS_WITH(uneven_first_last_layout(8, 0, 2, 1, 9, 0), Catch::Contains("leave -1 of 8 layers"));
+  CHECK_THROWS_WITH(uneven_first_last_layout(8, 0, 2, 2, 3, -1), Catch::Contains("a stage's 3 layers do not split evenly over vp = 2"));
+  CHECK_THROWS_WITH(uneven_first_last_layout(8, 0, 1, 1, 3, -1), Catch::Contains("need pp >= 2"));
 }

@@ -45,8 +45,9 @@ TEST_CASE("predict --pipeline-layout of the even split predicts the even split",
   // Megatron's split with the embedding and the loss counted as layers: 6 + 2 over 4 virtual stages.
   const std::string six = "--model llama3-8b --layers 6 --seq 1024 --pp 2 --vp 2 --global-batch 8";
   CHECK(iteration_ns(six + " --pipeline-layout 'Et|t*2|t*2|tL'") == iteration_ns(six));
-  // Megatron's first/last-stage flags give the same layout.
-  CHECK(iteration_ns(six + " --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1") == iteration_ns(six));
+  // Megatron's first/last-stage flags give the same split: 6 + 2 over 4 stages.
+  const std::string four = "--model llama3-8b --layers 6 --seq 1024 --pp 4 --global-batch 8";
+  CHECK(iteration_ns(four + " --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1") == iteration_ns(four));
   const layout_cli::result r = layout_cli::run("predict " + six + " --pipeline-layout '(Et|t*2|)t*2|tL' --json");
   REQUIRE(r.code == 0);
   simdjson::dom::parser p;

@@ -265,7 +265,7 @@ inline void parse_layout(args& a, const model::transformer& m, model::parallel_c
   }
   if (text) p.layout = model::parse_pipeline_layout(*text);
   if (first >= 0 || last >= 0) {
-    p.layout = model::uneven_first_last_layout(m.layers, m.mtp_layers, p.pp * p.vp, first, last);
+    p.layout = model::uneven_first_last_layout(m.layers, m.mtp_layers, p.pp, p.vp, first, last);
   }
 }
 

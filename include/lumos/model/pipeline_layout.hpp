@@ -174,23 +174,35 @@ class layout_parser {
 }
 
 /// Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers: `first`
-/// transformer layers on virtual stage 0 and `last` on the last one (-1: not given), the others
-/// split evenly over the virtual stages between them (which must divide them; the MTP blocks
-/// join the last virtual stage). Throws `lumos::error` for counts that do not fit.
-[[nodiscard]] inline pipeline_layout uneven_first_last_layout(std::int64_t layers, std::int64_t mtp, int virtual_stages,
+/// transformer layers on pipeline stage 0 and `last` on stage pp - 1 (-1: not given), the others
+/// split evenly over the stages between, and each stage's layers evenly over its `vp` chunks (the
+/// counts must divide so, Megatron's rule; the MTP blocks join the last virtual stage). Throws
+/// `lumos::error` for counts that do not fit.
+[[nodiscard]] inline pipeline_layout uneven_first_last_layout(std::int64_t layers, std::int64_t mtp, int pp, int vp,
                                                               std::int64_t first, std::int64_t last) {
-  const int middle = virtual_stages - (first >= 0 ? 1 : 0) - (last >= 0 ? 1 : 0);
+  if (pp < 2 || vp < 1) throw error("uneven first/last pipeline stages need pp >= 2");
+  const int middle = pp - (first >= 0 ? 1 : 0) - (last >= 0 ? 1 : 0);
   const std::int64_t rest = layers - (first >= 0 ? first : 0) - (last >= 0 ? last : 0);
-  if (virtual_stages < 2 || middle < 0) throw error("uneven first/last pipeline stages need pp * vp >= 2");
+  const std::string given = "decoder first/last pipeline layers (" + std::to_string(first) + ", " + std::to_string(last) + ")";
   if (rest < 0 || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0)) {
-    throw error("decoder first/last pipeline layers (" + std::to_string(first) + ", " + std::to_string(last) + ") leave " +
-                std::to_string(rest) + " of " + std::to_string(layers) + " layers for " + std::to_string(middle) +
-                " middle virtual stages: they must split evenly (Megatron's rule)");
+    throw error(given + " leave " + std::to_string(rest) + " of " + std::to_string(layers) + " layers for " +
+                std::to_string(middle) + " middle pipeline stages: they must split evenly (Megatron's rule)");
+  }
+  const std::int64_t per_stage = middle > 0 ? rest / middle : 0;
+  for (const std::int64_t n : {first, last, per_stage}) {
+    if (n > 0 && n % vp != 0) {
+      throw error(given + ": a stage's " + std::to_string(n) + " layers do not split evenly over vp = " + std::to_string(vp) +
+                  " chunks (Megatron's rule)");
+    }
   }
   pipeline_layout out;
-  out.blocks.assign(static_cast<std::size_t>(virtual_stages), middle > 0 ? rest / middle : 0);
-  if (first >= 0) out.blocks.front() = first;
-  if (last >= 0) out.blocks.back() = last;
+  out.blocks.resize(static_cast<std::size_t>(pp) * static_cast<std::size_t>(vp));
+  for (int c = 0; c < vp; ++c) {
+    for (int s = 0; s < pp; ++s) {
+      const std::int64_t n = s == 0 && first >= 0 ? first : s == pp - 1 && last >= 0 ? last : per_stage;
+      out.blocks[static_cast<std::size_t>(c) * static_cast<std::size_t>(pp) + static_cast<std::size_t>(s)] = n / vp;
+    }
+  }
   out.blocks.back() += mtp;
   out.mtp = mtp;
   return out;
