@@ -111,7 +111,7 @@ TEST_CASE("synth --pipeline-layout puts the layout's layers on each rank and agr
   CHECK(layout_cli::iteration_ns(job) == synthesised);
 }
 
-TEST_CASE("--pipeline-layout: bad layouts are one-line errors with exit code 2", "[cli][synth][layout]") {
+TEST_CASE("predict and whatif: bad pipeline layouts are one-line errors with exit code 2", "[cli][synth][layout]") {
   const std::string job = "predict --model llama3-8b --layers 8 --seq 1024 --pp 2 --vp 2 --global-batch 8";
   for (const std::string bad : {" --pipeline-layout 'Et*3|tL'",          // 2 virtual stages, pp x vp is 4
                                 " --pipeline-layout 'Et*2|t*2|t*2|t*3L'",  // 9 layers
