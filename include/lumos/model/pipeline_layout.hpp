@@ -147,7 +147,7 @@ class layout_parser {
   };
   for (std::size_t i = 0; i < items.size(); ++i) {
     const char c = items[i];
-    const std::string where = "virtual stage " + std::to_string(out.blocks.size() - 1);
+    auto where = [&] { return "virtual stage " + std::to_string(out.blocks.size() - 1); };
     if (c == '|') {
       close_stage();
       out.blocks.push_back(0);
@@ -155,10 +155,10 @@ class layout_parser {
       continue;
     }
     stage_has_item = true;
-    if (c == 'E' && i != 0) fail("E (the embedding) must come first, found it again in " + where);
+    if (c == 'E' && i != 0) fail("E (the embedding) must come first, found it again in " + where());
     if (c != 'E' && i == 0) fail("the layout must start with E (the embedding on virtual stage 0)");
-    if (c == 'L' && i + 1 != items.size()) fail("L (the loss) must come last, found it in " + where + " before other items");
-    if (c == 't' && seen_mtp) fail("a transformer layer follows a multi-token-prediction block in " + where);
+    if (c == 'L' && i + 1 != items.size()) fail("L (the loss) must come last, found it in " + where() + " before other items");
+    if (c == 't' && seen_mtp) fail("a transformer layer follows a multi-token-prediction block in " + where());
     if (c == 't' || c == 'm') ++out.blocks.back();
     if (c == 'm') {
       seen_mtp = true;
