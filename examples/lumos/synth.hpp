@@ -24,6 +24,8 @@ inline constexpr std::string_view synth_usage =
     "                   [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
     "                   [--fsdp {on,off}] [--hsdp N] [--reshard-after-forward {on,off}]\n"
     "                   [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
+    "                   [--pipeline-layout STR | --decoder-first-pipeline-num-layers N\n"
+    "                    --decoder-last-pipeline-num-layers N]\n"
     "                   [--recompute {none,selective,full}] [--gpu PRESET]\n"
     "                   [--precision {bf16,fp16,fp8}] [--profile FILE] [--attention {flash,unfused}]\n"
     "                   [--cost-model {kernel,roofline}] [--forward-only]\n"

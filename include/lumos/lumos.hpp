@@ -47,6 +47,7 @@
 #include <lumos/model/moe.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/parallel.hpp>
+#include <lumos/model/pipeline_layout.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/model/profiler_cost.hpp>
 #include <lumos/model/transformer.hpp>

@@ -248,6 +248,27 @@ inline void parse_costs(args& a, predict_request& req) {
   }
 }
 
+// --pipeline-layout STR, or --decoder-first/last-pipeline-num-layers N (Megatron's flags; not
+// both kinds): the layers of each virtual stage, checked against the model by validate.
+inline void parse_layout(args& a, const model::transformer& m, model::parallel_config& p) {
+  const auto text = a.option("--pipeline-layout");
+  auto layers = [&](std::string_view name) -> std::int64_t {
+    const auto v = a.option(name);
+    if (!v) return -1;
+    if (*v == "0") return 0;
+    return positive_value(*v, name);
+  };
+  const std::int64_t first = layers("--decoder-first-pipeline-num-layers");
+  const std::int64_t last = layers("--decoder-last-pipeline-num-layers");
+  if (text && (first >= 0 || last >= 0)) {
+    throw lumos::error("--pipeline-layout places every layer: leave out --decoder-first/last-pipeline-num-layers");
+  }
+  if (text) p.layout = model::parse_pipeline_layout(*text);
+  if (first >= 0 || last >= 0) {
+    p.layout = model::uneven_first_last_layout(m.layers, m.mtp_layers, p.pp, p.vp, first, last);
+  }
+}
+
 }  // namespace detail
 
 /// Reads `lumos predict`'s flags from `a` (leaving other words for the caller to check).
@@ -255,6 +276,7 @@ inline predict_request parse_predict(args& a) {
   predict_request req;
   req.job.model = detail::parse_model(a);
   req.job.parallel = detail::parse_parallel(a);
+  detail::parse_layout(a, req.job.model, req.job.parallel);
   if (const auto s = a.option("--schedule")) req.job.schedule = synth::parse_schedule(*s);
   detail::parse_costs(a, req);
   req.unfold = a.flag("--unfold");

@@ -154,7 +154,17 @@ inline sweep_request parse_sweep(args& a) {
   if (const auto f = a.option("--csv")) req.csv = *f;
   if (const auto f = a.option("--report")) req.report = *f;
   req.json = a.flag("--json");
-  req.base = parse_predict(a);  // model, GPU, profile, cost model flags
+  if (a.option("--decoder-first-pipeline-num-layers") || a.option("--decoder-last-pipeline-num-layers")) {
+    throw usage_error("sweep takes a fixed --pipeline-layout, not --decoder-first/last-pipeline-num-layers");
+  }
+  req.base = parse_predict(a);  // model, GPU, profile, cost model flags, --pipeline-layout
+  if (const model::pipeline_layout& layout = req.base.job.parallel.layout; !layout.empty()) {
+    // Its counts against the model once here; its virtual stages against each configuration's pp * vp.
+    model::parallel_config whole;
+    whole.pp = layout.virtual_stages();
+    whole.layout = layout;
+    whole.validate_layout(req.base.job.model);
+  }
 
   sweep::space& s = req.space;
   const model::transformer& m = req.base.job.model;
@@ -185,6 +195,7 @@ inline sweep::problem sweep_problem(const sweep_request& req) {
   p.expert_tp = req.base.job.parallel.etp;
   p.hsdp = req.base.job.parallel.hsdp;
   p.reshard_after_forward = req.base.job.parallel.reshard_after_forward;
+  p.layout = req.base.job.parallel.layout;
   p.gpus = req.gpus;
   p.global_batch = req.global_batch;
   p.memory_margin = req.memory_margin;

@@ -227,12 +227,9 @@ inline void require_stage(const parallel_config& par, int stage) {
 [[nodiscard]] constexpr std::int64_t stage_moe_layers(const transformer& m, const parallel_config& par,
                                                       int stage) noexcept {
   if (!m.is_moe()) return 0;
-  const std::int64_t per_chunk = par.layers_per_chunk(m);
-  const bool split = par.embedding_loss_in_split(m);  // virtual stage 0 holds one layer fewer
   std::int64_t n = 0;
   for (int c = 0; c < par.vp; ++c) {
-    const std::int64_t v = std::int64_t{c} * par.pp + stage;
-    const std::int64_t first = v * per_chunk - (split && v > 0 ? 1 : 0);
+    const std::int64_t first = par.first_layer(m, c * par.pp + stage);
     const std::int64_t count = par.chunk_layers(m, stage, c);
     n += std::clamp<std::int64_t>(first + count - m.moe.first_dense_layers, 0, count);
   }

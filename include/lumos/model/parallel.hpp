@@ -3,9 +3,12 @@
 
 #include <lumos/core/error.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/pipeline_layout.hpp>
 #include <lumos/model/transformer.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <string>
 #include <string_view>
 
@@ -92,6 +95,9 @@ struct parallel_config {
   /// its backward; off keeps them from the forward to the backward (no backward gathers).
   bool reshard_after_forward = true;
   std::string schedule;  ///< opaque, for pipeline/ (e.g. "1f1b"); empty = caller's default
+  /// Explicit layers per virtual stage (Megatron's --pipeline-model-parallel-layout); empty =
+  /// the even split, or Megatron's split with the embedding and the loss counted as layers.
+  pipeline_layout layout;
 
   [[nodiscard]] constexpr std::int64_t world_size() const noexcept {
     return std::int64_t{tp} * pp * cp * dp;
@@ -146,29 +152,54 @@ struct parallel_config {
   /// others (Llama 3.1 405B: 126 + 2 = 128 over pp 8 x vp 8, Megatron-Bridge's recipe).
   /// Multi-token-prediction blocks count as layers of the last virtual stage (`transformer::blocks`;
   /// DeepSeek-V3: 61 + 1 + 2 = 64 over pp 16, Megatron-Bridge's layout "embedding, decoder x 61,
-  /// mtp, loss" cut into equal virtual stages). "Layers" below are such blocks.
+  /// mtp, loss" cut into equal virtual stages). "Layers" below are such blocks. False under an
+  /// explicit `layout`.
   [[nodiscard]] constexpr bool embedding_loss_in_split(const transformer& m) const noexcept {
     const std::int64_t chunks = std::int64_t{pp} * vp;
-    return chunks > 1 && m.blocks() % chunks != 0 && (m.blocks() + 2) % chunks == 0;
+    return layout.empty() && chunks > 1 && m.blocks() % chunks != 0 && (m.blocks() + 2) % chunks == 0;
   }
   /// Transformer layers held by a pipeline stage other than the first and the last (all its
-  /// virtual chunks together); `stage_layers` has every stage's.
+  /// virtual chunks together); under an explicit `layout`, the most any stage holds.
+  /// `stage_layers` has every stage's.
   [[nodiscard]] constexpr std::int64_t layers_per_stage(const transformer& m) const noexcept {
+    if (!layout.empty()) {
+      std::int64_t most = 0;
+      for (int s = 0; s < pp; ++s) most = std::max(most, stage_layers(m, s));
+      return most;
+    }
     return layers_per_chunk(m) * vp;
   }
   /// Transformer layers in one virtual chunk (== layers_per_stage when vp == 1); under
-  /// `embedding_loss_in_split` the first and the last virtual stage hold one fewer.
+  /// `embedding_loss_in_split` the first and the last virtual stage hold one fewer; under an
+  /// explicit `layout`, the most any virtual stage holds.
   [[nodiscard]] constexpr std::int64_t layers_per_chunk(const transformer& m) const noexcept {
+    if (!layout.empty()) return *std::max_element(layout.blocks.begin(), layout.blocks.end());
     return (m.blocks() + (embedding_loss_in_split(m) ? 2 : 0)) / (std::int64_t{pp} * vp);
+  }
+  /// Transformer layers of virtual stage `v` (chunk v / pp of stage v % pp), 0 <= v < pp * vp.
+  [[nodiscard]] constexpr std::int64_t virtual_stage_layers(const transformer& m, int v) const noexcept {
+    if (!layout.empty()) return layout.blocks[static_cast<std::size_t>(v)];
+    const bool split = embedding_loss_in_split(m);
+    return layers_per_chunk(m) - (split && v == 0 ? 1 : 0) - (split && v == pp * vp - 1 ? 1 : 0);
+  }
+  /// Index of the first layer of virtual stage `v` in model order (the layers before it).
+  [[nodiscard]] constexpr std::int64_t first_layer(const transformer& m, int v) const noexcept {
+    if (!layout.empty()) {
+      return std::accumulate(layout.blocks.begin(), layout.blocks.begin() + v, std::int64_t{0});
+    }
+    return std::int64_t{v} * layers_per_chunk(m) - (embedding_loss_in_split(m) && v > 0 ? 1 : 0);
   }
   /// Transformer layers of virtual chunk `chunk` (0 <= chunk < vp) of stage `stage`.
   [[nodiscard]] constexpr std::int64_t chunk_layers(const transformer& m, int stage, int chunk) const noexcept {
-    const bool split = embedding_loss_in_split(m);
-    return layers_per_chunk(m) - (split && stage == 0 && chunk == 0 ? 1 : 0) -
-           (split && stage == pp - 1 && chunk == vp - 1 ? 1 : 0);
+    return virtual_stage_layers(m, chunk * pp + stage);
   }
   /// Transformer layers held by stage `stage` (all its virtual chunks together).
   [[nodiscard]] constexpr std::int64_t stage_layers(const transformer& m, int stage) const noexcept {
+    if (!layout.empty()) {
+      std::int64_t n = 0;
+      for (int c = 0; c < vp; ++c) n += chunk_layers(m, stage, c);
+      return n;
+    }
     const bool split = embedding_loss_in_split(m);
     return layers_per_stage(m) - (split && stage == 0 ? 1 : 0) - (split && stage == pp - 1 ? 1 : 0);
   }
@@ -229,13 +260,34 @@ struct parallel_config {
                   " virtual chunks need pipeline parallelism: set pp > 1 or vp = 1");
     }
     const std::int64_t chunks = std::int64_t{pp} * vp;
-    if (m.blocks() % chunks != 0 && !embedding_loss_in_split(m)) {
+    if (!layout.empty()) {
+      validate_layout(m);
+    } else if (m.blocks() % chunks != 0 && !embedding_loss_in_split(m)) {
       const std::string mtp = m.mtp_layers > 0 ? " + " + std::to_string(m.mtp_layers) + " multi-token-prediction" : "";
       throw error("model '" + m.name + "': layers (" + std::to_string(m.layers) + mtp +
                   ") must be divisible by pp * vp (" + std::to_string(pp) + " * " +
                   std::to_string(vp) + " = " + std::to_string(chunks) +
                   "), or layers + 2 with the embedding and the loss counted as layers: choose pp "
                   "and vp whose product divides the layer count");
+    }
+  }
+
+  /// The rules of `validate` for an explicit `layout`: one entry per virtual stage (pp * vp), its
+  /// transformer layers the model's, its MTP blocks the model's.
+  void validate_layout(const transformer& m) const {
+    const std::string text = "pipeline layout '" + layout.to_string() + "'";
+    if (std::int64_t{layout.virtual_stages()} != std::int64_t{pp} * vp) {
+      throw error(text + " has " + std::to_string(layout.virtual_stages()) + " virtual stages, pp * vp is " +
+                  std::to_string(pp) + " * " + std::to_string(vp) + " = " + std::to_string(std::int64_t{pp} * vp) +
+                  ": give one '|'-separated group per virtual stage");
+    }
+    if (layout.layers() != m.layers) {
+      throw error(text + " places " + std::to_string(layout.layers()) + " transformer layers, model '" + m.name + "' has " +
+                  std::to_string(m.layers));
+    }
+    if (layout.mtp != m.mtp_layers) {
+      throw error(text + " places " + std::to_string(layout.mtp) + " multi-token-prediction blocks (m), model '" + m.name +
+                  "' has " + std::to_string(m.mtp_layers));
     }
   }
 

@@ -107,6 +107,9 @@ struct problem {
   int hsdp = 0;
   bool reshard_after_forward = true;
   double memory_margin = 0.10;
+  /// An explicit split of the layers (`parallel_config::layout`), taken by the configurations
+  /// whose pp * vp is its virtual-stage count; the others split the layers evenly. Empty: none.
+  model::pipeline_layout layout;
   /// The prediction's options. The sweep forces the folded `pass` program without collective
   /// records or names (what synth::predict uses by default, minus the names).
   /// `program.loss_scale_host_sync` takes effect in the fp16 configurations only: the host
@@ -370,8 +373,16 @@ class evaluator {
       return r;
     }
     const std::int64_t chunks = std::int64_t{c.pp} * c.vp;
-    // Megatron's split with the embedding and the loss counted as layers (parallel_config::embedding_loss_in_split).
-    if (m.blocks() % chunks != 0 && (chunks == 1 || (m.blocks() + 2) % chunks != 0)) {
+    if (takes_layout(c)) {
+      try {
+        parallel_of(c).validate_layout(m);
+      } catch (const std::exception& e) {
+        r.reason = rejection::layer_divisibility;
+        detail::say(r, "%s", e.what());
+        return r;
+      }
+    } else if (m.blocks() % chunks != 0 && (chunks == 1 || (m.blocks() + 2) % chunks != 0)) {
+      // Megatron's split with the embedding and the loss counted as layers (parallel_config::embedding_loss_in_split).
       r.reason = rejection::layer_divisibility;
       detail::say(r, m.mtp_layers > 0 ? "layers (%lld with the multi-token-prediction blocks) are not divisible by pp*vp (%lld)"
                                       : "layers (%lld) are not divisible by pp*vp (%lld)",
@@ -453,8 +464,13 @@ class evaluator {
   Compute compute_;
   Comm comm_;
 
+  [[nodiscard]] bool takes_layout(const configuration& c) const noexcept {
+    return !problem_.layout.empty() && std::int64_t{c.pp} * c.vp == problem_.layout.virtual_stages();
+  }
+
   [[nodiscard]] model::parallel_config parallel_of(const configuration& c) const {
     model::parallel_config p;
+    if (takes_layout(c)) p.layout = problem_.layout;
     p.tp = c.tp;
     p.pp = c.pp;
     p.dp = c.dp;

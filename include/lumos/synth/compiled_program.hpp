@@ -121,7 +121,7 @@ struct program_buffers {
   std::array<std::vector<detail::totals>, 4> layer_runs;
   model::op_list dense_layer_ops;  ///< a MoE model's dense first layers: one layer's ops
   std::array<std::vector<detail::item>, 4> dense_layer_items;
-  std::vector<detail::dense_chunk> dense_chunks;  ///< [virtual stage] → its dense layers (the leading ones)
+  std::vector<detail::chunk_plan> chunk_plans;  ///< [virtual stage] → its own layers (the leading ones, or all)
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2> buckets;
   /// The routed experts' gradient buckets (reduced over the expert-data-parallel group), as `buckets`.
   std::array<std::array<std::vector<std::pair<int, std::int64_t>>, 2>, 2> expert_buckets;

@@ -44,6 +44,13 @@ inline void predict_job_json(json_writer& w, const synth::job& j, const synth::p
   w.field("schedule", r.schedule.name).field("recompute", model::to_string(p.recompute));
   w.field("zero_stage", p.zero_stage);
   w.field("fsdp", p.fsdp).field("hsdp", p.hsdp).field("reshard_after_forward", p.reshard_after_forward);
+  if (!p.layout.empty()) {
+    // Only for an explicit layout: the blocks (transformer layers and MTP blocks) of each
+    // virtual stage, in virtual-stage order.
+    w.key("pipeline_layout").begin_array();
+    for (const std::int64_t n : p.layout.blocks) w.value(n);
+    w.end_array();
+  }
   w.end_object();
 }
 

@@ -392,15 +392,17 @@ class program_builder {
   graph::task_id emit_beside(rank_state& rs, const item& i);
   void emit_items(rank_state& rs, const std::vector<item>& items, int layer = -1, bool forward = false);
   void emit_totals(rank_state& rs, const totals& t, pass_kind pk);
-  void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out, int dense = 0) const;
-  // A MoE model's dense first layers (synth/detail/program_templates.hpp): their layer template
-  // and the virtual stages that hold them; the chunk of `o` on `stage` when it is one of those.
-  void build_dense_chunks();
+  void segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out, int layers, int dense) const;
+  // The virtual stages with their own plans (synth/detail/program_templates.hpp): those of an
+  // explicit layout, or those holding a MoE model's dense first layers (and their layer
+  // template); the plan of the chunk of `o` on `stage` when it has one.
+  void build_chunk_plans();
   [[nodiscard]] int dense_layers_of(int vs) const noexcept;
-  [[nodiscard]] const dense_chunk* dense_chunk_of(int stage, const pipeline::op& o) const noexcept;
+  [[nodiscard]] int layers_of(int vs) const noexcept;
+  [[nodiscard]] const chunk_plan* chunk_plan_of(int stage, const pipeline::op& o) const noexcept;
   void emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
                  const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad = false,
-                 const dense_chunk* dense = nullptr);
+                 const chunk_plan* plan = nullptr);
   void emit_segment(rank_state& rs, pass_kind pk, const segment& seg, int& layers_seen, int chunk_layers);
   void ensure_task(rank_state& rs);
   graph::processor_id dp_stream(rank_state& rs);
@@ -412,7 +414,7 @@ class program_builder {
   collective_tasks fsdp_gather(rank_state& rs, std::int64_t params, graph::task_id after);
   void fsdp_reduce(rank_state& rs, std::int64_t params, graph::task_id after, bool final_grad);
   [[nodiscard]] bool fsdp_gathers(pass_kind pk) const noexcept;
-  [[nodiscard]] std::int64_t first_unit_params(pass_kind pk, bool first, bool last) const noexcept;
+  [[nodiscard]] std::int64_t first_unit_params(pass_kind pk, bool first, bool last, int layers) const noexcept;
   group_state& expert_dp_group(rank_state& rs);
   [[nodiscard]] time_ns p2p_duration(int sender_stage, int col) const;
   [[nodiscard]] int simulated_ranks() const noexcept { return opt_.unfold ? world_ : pp_; }
@@ -421,6 +423,7 @@ class program_builder {
   }
   [[nodiscard]] pass_kind pass_of(const pipeline::op& o) const noexcept;
   [[nodiscard]] std::pair<bool, bool> chunk_role(int stage, const pipeline::op& o) const noexcept;
+  [[nodiscard]] int plan_layers(int stage, const pipeline::op& o) const noexcept;
   void begin_rank(rank_state& rs, int index);
   struct receive {
     group_state* group;

@@ -106,13 +106,13 @@ void program_builder<Compute, Comm>::emit_totals(rank_state& rs, const totals& t
   }
 }
 
-// The segments of a chunk pass in execution order; `dense`: the chunk's first layers that are a
-// MoE model's dense ones.
+// The segments of a chunk pass in execution order; `n`: the chunk's layers, `dense`: its first
+// layers that are a MoE model's dense ones.
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out, int dense) const {
+void program_builder<Compute, Comm>::segments_of(pass_kind pk, bool first, bool last, std::vector<segment>& out, int n,
+                                                 int dense) const {
   const auto k = static_cast<std::size_t>(pk);
   out.clear();
-  const int n = chunk_layers(first, last);
   const segment moe{&layer_items_[k], layer_params_};
   const segment dense_layer{&buf_.dense_layer_items[k], dense > 0 ? dense_layer_params() : 0};
   if (pk == pass_kind::forward) {
@@ -160,21 +160,22 @@ void program_builder<Compute, Comm>::emit_segment(rank_state& rs, pass_kind pk, 
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, bool first, bool last,
                                                const std::vector<std::pair<int, std::int64_t>>* buckets, bool final_grad,
-                                               const dense_chunk* dense) {
+                                               const chunk_plan* plan) {
   const auto k = static_cast<std::size_t>(pk);
-  const int dense_layers = dense != nullptr ? dense->dense : 0;
+  const int dense_layers = plan != nullptr ? plan->dense : 0;
+  const int n = plan != nullptr ? plan->layers : chunk_layers(first, last);
   // A layer with host synchronisations is emitted run by run (emit_segment).
-  const bool synced = buf_.layer_runs[k].size() > 1 && chunk_layers(first, last) > dense_layers;
+  const bool synced = buf_.layer_runs[k].size() > 1 && n > dense_layers;
   if (buckets == nullptr && opt_.detail == granularity::pass && !fsdp_ && !synced) {
-    emit_totals(rs, dense != nullptr ? dense->passes[k] : pass_totals_[k][first][last], pk);
+    emit_totals(rs, plan != nullptr ? plan->passes[k] : pass_totals_[k][first][last], pk);
     ensure_task(rs);
     return;
   }
-  segments_of(pk, first, last, segments_scratch_, dense_layers);
+  segments_of(pk, first, last, segments_scratch_, n, dense_layers);
   const bool gathers = fsdp_ && fsdp_gathers(pk);
   const bool reduces = fsdp_ && pk == (split_ ? pass_kind::weight_grad : pass_kind::backward);
   std::size_t next_bucket = 0, next_expert_bucket = 0;
-  const auto* expert_buckets = buckets == nullptr ? nullptr : dense != nullptr ? &dense->expert_buckets : &expert_buckets_[first][last];
+  const auto* expert_buckets = buckets == nullptr ? nullptr : plan != nullptr ? &plan->expert_buckets : &expert_buckets_[first][last];
   // Layers of the chunk in model order (backward passes run them last first).
   int layers_seen = 0;
   // A segment without work still marks the point its gradients are final.
@@ -195,7 +196,7 @@ void program_builder<Compute, Comm>::emit_pass(rank_state& rs, pass_kind pk, boo
                                                         : collective_tasks{};
     }
     const graph::task_id before = rs.last_compute;
-    emit_segment(rs, pk, seg, layers_seen, chunk_layers(first, last));
+    emit_segment(rs, pk, seg, layers_seen, n);
     if (reduces) {
       anchor(before);
       fsdp_reduce(rs, seg.params, rs.last_compute, final_grad);
@@ -304,11 +305,12 @@ bool program_builder<Compute, Comm>::fsdp_gathers(pass_kind pk) const noexcept {
   return pk != pass_kind::weight_grad && par_.reshard_after_forward;
 }
 
-// Parameters of the first unit a pass of kind `pk` runs on a chunk with (`first`, `last`).
+// Parameters of the first unit a pass of kind `pk` runs on a chunk with (`first`, `last`) and
+// `layers` layers.
 template <model::ComputeModel Compute, model::CommModel Comm>
-std::int64_t program_builder<Compute, Comm>::first_unit_params(pass_kind pk, bool first, bool last) const noexcept {
-  if (pk == pass_kind::forward) return first ? embed_params_ : layers_per_chunk_ > 0 ? layer_params_ : head_params_;
-  return last ? head_params_ : layers_per_chunk_ > 0 ? layer_params_ : embed_params_;
+std::int64_t program_builder<Compute, Comm>::first_unit_params(pass_kind pk, bool first, bool last, int layers) const noexcept {
+  if (pk == pass_kind::forward) return first ? embed_params_ : layers > 0 ? layer_params_ : head_params_;
+  return last ? head_params_ : layers > 0 ? layer_params_ : embed_params_;
 }
 
 // The all-gather of one unit's `params` parameters (bf16) over the shard group, on the
@@ -375,6 +377,13 @@ std::pair<bool, bool> program_builder<Compute, Comm>::chunk_role(int stage, cons
   return {vs == 0, vs == pp_ * shape_.chunks - 1};
 }
 
+// Layers of the chunk op `o` of `stage` runs: its plan's, or a chunk of the even split's.
+template <model::ComputeModel Compute, model::CommModel Comm>
+int program_builder<Compute, Comm>::plan_layers(int stage, const pipeline::op& o) const noexcept {
+  const chunk_plan* dc = chunk_plan_of(stage, o);
+  return dc != nullptr ? dc->layers : layers_per_chunk_;
+}
+
 // The processors of simulated rank `index` (global rank, or stage when folded), and what its
 // first op needs: under --overlap-param-gather, the all-gathers of the parameters the previous
 // step updated; under ZeRO-3, the first op's parameters.
@@ -419,7 +428,7 @@ void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
     });
     for (const std::int32_t i : chunks) {
       const auto [f, l] = chunk_role(s, order[static_cast<std::size_t>(i)]);
-      const dense_chunk* dc = dense_chunk_of(s, order[static_cast<std::size_t>(i)]);
+      const chunk_plan* dc = chunk_plan_of(s, order[static_cast<std::size_t>(i)]);
       const auto& bs = dc != nullptr ? dc->buckets : buckets_[f][l];
       for (auto b = bs.rbegin(); b != bs.rend(); ++b) {
         rs.all_gathered = gather_parameters(rs, b->second, graph::no_task).complete;
@@ -435,7 +444,7 @@ void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
   rs.in_pipeline = true;
   if (fsdp_ && !order.empty() && fsdp_gathers(pass_of(order[0]))) {
     const auto [f, l] = chunk_role(s, order[0]);
-    rs.prefetched = fsdp_gather(rs, first_unit_params(pass_of(order[0]), f, l), graph::no_task);
+    rs.prefetched = fsdp_gather(rs, first_unit_params(pass_of(order[0]), f, l, plan_layers(s, order[0])), graph::no_task);
   }
 }
 
@@ -505,7 +514,7 @@ void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
   }
   const bool bucketed = final_grad_[static_cast<std::size_t>(s)][i] != 0 && opt_.overlap_grad_reduce && par_.zero_stage <= 1 && dp_ > 1;
   const std::size_t pass_mark = span_mark(rs);
-  const dense_chunk* dc = dense_chunk_of(s, o);
+  const chunk_plan* dc = chunk_plan_of(s, o);
   const auto* buckets = dc != nullptr ? &dc->buckets : &buckets_[first][last];
   emit_pass(rs, pass_of(o), first, last, bucketed ? buckets : nullptr, final_grad_[static_cast<std::size_t>(s)][i] != 0, dc);
   span_close(rs, o.kind == pipeline::op_kind::forward ? span_kind::forward : span_kind::backward, o.micro_batch, pass_mark);
@@ -526,7 +535,7 @@ void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
   // op's gradients reduce-scattered.
   if (fsdp_ && i + 1 < order.size() && fsdp_gathers(pass_of(order[i + 1]))) {
     const auto [f2, l2] = chunk_role(s, order[i + 1]);
-    rs.prefetched = fsdp_gather(rs, first_unit_params(pass_of(order[i + 1]), f2, l2), rs.fsdp_free);
+    rs.prefetched = fsdp_gather(rs, first_unit_params(pass_of(order[i + 1]), f2, l2, plan_layers(s, order[i + 1])), rs.fsdp_free);
   }
   const pipeline::op_kind grad_kind = split_ ? pipeline::op_kind::weight : pipeline::op_kind::backward;
   if (par_.zero_stage >= 2 && !fsdp_ && o.kind == grad_kind) reduce_gradients(rs, dc != nullptr ? dc->params : chunk_params_[first][last], done);
@@ -550,7 +559,7 @@ void program_builder<Compute, Comm>::end_rank(rank_state& rs) {
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (final_grad[i] == 0) continue;
       const auto [first, last] = chunk_role(s, order[i]);
-      const dense_chunk* dc = dense_chunk_of(s, order[i]);
+      const chunk_plan* dc = chunk_plan_of(s, order[i]);
       for (const auto& b : dc != nullptr ? dc->buckets : buckets_[first][last]) {
         reduce_gradients(rs, b.second, after);
         after = graph::no_task;
@@ -618,7 +627,7 @@ void program_builder<Compute, Comm>::optimizer_step(rank_state& rs) {
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (final_grad[i] == 0) continue;
       const auto [first, last] = chunk_role(s, order[i]);
-      const dense_chunk* dc = dense_chunk_of(s, order[i]);
+      const chunk_plan* dc = chunk_plan_of(s, order[i]);
       for (const auto& b : dc != nullptr ? dc->buckets : buckets_[first][last]) {
         (void)gather_parameters(rs, b.second, after);
         after = graph::no_task;

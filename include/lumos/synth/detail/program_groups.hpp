@@ -61,7 +61,7 @@ std::pair<std::size_t, std::size_t> program_builder<Compute, Comm>::expected_siz
     for (const pipeline::op& o : (*orders_)[static_cast<std::size_t>(s)]) {
       const int vs = o.chunk * pp_ + s;
       const auto k = static_cast<std::size_t>(pass_of(o));
-      const dense_chunk* dc = dense_chunk_of(s, o);
+      const chunk_plan* dc = chunk_plan_of(s, o);
       const totals& tot = dc != nullptr ? dc->passes[k] : pass_totals_[k][vs == 0][vs == virtual_stages - 1];
       if (opt_.detail == granularity::kernel) {
         t += 2 * static_cast<std::size_t>(tot.compute_kernels) + 4 * static_cast<std::size_t>(tot.comm_kernels);

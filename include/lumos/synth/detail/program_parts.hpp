@@ -120,12 +120,14 @@ struct totals {
   }
 };
 
-/// A virtual stage of a MoE model that holds some of its dense first layers
-/// (`model::moe_spec::first_dense_layers`): how many, its passes' totals and its gradient buckets
-/// (the dense layers' parameters all reduced over the data-parallel group), in place of those the
-/// builder keeps for the chunks of MoE layers only.
-struct dense_chunk {
+/// A virtual stage whose passes the builder's shared templates (by first / last virtual stage)
+/// do not describe: one that holds some of a MoE model's dense first layers
+/// (`model::moe_spec::first_dense_layers`), or any under an explicit pipeline layout
+/// (`model::parallel_config::layout`). Its layers, its passes' totals and its gradient buckets
+/// (the dense layers' parameters all reduced over the data-parallel group).
+struct chunk_plan {
   int dense = 0;                         ///< dense layers of the chunk (its first ones)
+  int layers = 0;                        ///< layers of the chunk, the dense ones included
   std::array<totals, 4> passes{};        ///< [pass kind] → totals of the chunk's pass
   std::vector<std::pair<int, std::int64_t>> buckets, expert_buckets;
   std::int64_t params = 0;               ///< parameters of the chunk on a rank

@@ -358,7 +358,7 @@ void program_builder<Compute, Comm>::build_templates() {
     unit_totals_[k][1].add(embed_items_[k]);
     unit_totals_[k][2].add(head_items_[k]);
   }
-  build_dense_chunks();
+  build_chunk_plans();
   // Buckets over the backward order of a chunk's segments: head, layers (last first), embedding.
   std::vector<std::int64_t>& segments = buf_.segments;
   for (int first = 0; first < 2; ++first) {
@@ -400,34 +400,39 @@ void program_builder<Compute, Comm>::build_templates() {
   }
 }
 
-// A MoE model's dense first layers: one dense layer's template (the model without experts, its
-// MLP `ffn` wide; its TP collectives are a dense layer's), and for each leading virtual stage
-// that holds some, its passes' totals and gradient buckets with them (backward: the MoE layers
-// last first, then the dense ones). Empty for other models.
+// The virtual stages with their own plans (`chunk_plan`): under an explicit layout every one,
+// otherwise the leading ones that hold some of a MoE model's dense first layers. A dense layer's
+// template is the model without experts, its MLP `ffn` wide, its TP collectives a dense layer's.
+// A plan's passes' totals and gradient buckets follow the shared templates' order (backward: the
+// MoE layers last first, then the dense ones). Empty for other jobs.
 template <model::ComputeModel Compute, model::CommModel Comm>
-void program_builder<Compute, Comm>::build_dense_chunks() {
-  buf_.dense_chunks.clear();
-  if (!m_.is_moe() || m_.moe.first_dense_layers <= 0) return;
-  model::transformer dense = m_;
-  dense.moe = {};
-  dense.name += " (dense layers)";
-  model::parallel_config dense_par = par_;
-  dense_par.ep = 1;
-  dense_par.etp = 0;
-  model::tensor_parallel_layer_collectives(dense, dense_par, buf_.tp_collectives);
-  layer_ops(compute_, dense, dense_par, hw_, buf_.dense_layer_ops);
-  for (std::size_t k = 0; k < 4; ++k) {
-    layer_template(buf_.dense_layer_ops, static_cast<pass_kind>(k), buf_.dense_layer_items[k]);
-    unit_totals_[k][3] = {};
-    unit_totals_[k][3].add(buf_.dense_layer_items[k]);
+void program_builder<Compute, Comm>::build_chunk_plans() {
+  buf_.chunk_plans.clear();
+  const bool dense_first = m_.is_moe() && m_.moe.first_dense_layers > 0;
+  if (!dense_first && par_.layout.empty()) return;
+  if (dense_first) {
+    model::transformer dense = m_;
+    dense.moe = {};
+    dense.name += " (dense layers)";
+    model::parallel_config dense_par = par_;
+    dense_par.ep = 1;
+    dense_par.etp = 0;
+    model::tensor_parallel_layer_collectives(dense, dense_par, buf_.tp_collectives);
+    layer_ops(compute_, dense, dense_par, hw_, buf_.dense_layer_ops);
+    for (std::size_t k = 0; k < 4; ++k) {
+      layer_template(buf_.dense_layer_ops, static_cast<pass_kind>(k), buf_.dense_layer_items[k]);
+      unit_totals_[k][3] = {};
+      unit_totals_[k][3].add(buf_.dense_layer_items[k]);
+    }
+    model::tensor_parallel_layer_collectives(m_, par_, buf_.tp_collectives);
   }
-  model::tensor_parallel_layer_collectives(m_, par_, buf_.tp_collectives);
   const int virtual_stages = pp_ * shape_.chunks;
-  for (int vs = 0; vs < virtual_stages && dense_layers_of(vs) > 0; ++vs) {
+  for (int vs = 0; vs < virtual_stages && (!par_.layout.empty() || dense_layers_of(vs) > 0); ++vs) {
     const bool first = vs == 0, last = vs == virtual_stages - 1;
-    dense_chunk& c = buf_.dense_chunks.emplace_back();
+    chunk_plan& c = buf_.chunk_plans.emplace_back();
     c.dense = dense_layers_of(vs);
-    const int n = chunk_layers(first, last);
+    c.layers = layers_of(vs);
+    const int n = c.layers;
     for (std::size_t k = 0; k < 4; ++k) {
       const bool forward = static_cast<pass_kind>(k) == pass_kind::forward;
       totals& t = c.passes[k];
@@ -453,22 +458,26 @@ void program_builder<Compute, Comm>::build_dense_chunks() {
   }
 }
 
+// Layers of virtual stage `vs`: the explicit layout's, or Megatron's even split's.
+template <model::ComputeModel Compute, model::CommModel Comm>
+int program_builder<Compute, Comm>::layers_of(int vs) const noexcept {
+  if (par_.layout.empty()) return chunk_layers(vs == 0, vs == pp_ * shape_.chunks - 1);
+  return static_cast<int>(par_.virtual_stage_layers(m_, vs));
+}
+
 // Dense first layers of a MoE model in virtual stage `vs`: the layers it holds below
-// first_dense_layers (Megatron's split: virtual stage v holds layers from v x per chunk, one
-// fewer from v > 0 when the embedding counts as a layer of virtual stage 0).
+// first_dense_layers.
 template <model::ComputeModel Compute, model::CommModel Comm>
 int program_builder<Compute, Comm>::dense_layers_of(int vs) const noexcept {
   if (!m_.is_moe()) return 0;
-  const int virtual_stages = pp_ * shape_.chunks;
-  const std::int64_t begin = std::int64_t{vs} * layers_per_chunk_ - (embedding_loss_in_split_ && vs > 0 ? 1 : 0);
-  const std::int64_t count = chunk_layers(vs == 0, vs == virtual_stages - 1);
-  return static_cast<int>(std::clamp<std::int64_t>(m_.moe.first_dense_layers - begin, 0, count));
+  const std::int64_t begin = par_.first_layer(m_, vs);
+  return static_cast<int>(std::clamp<std::int64_t>(m_.moe.first_dense_layers - begin, 0, layers_of(vs)));
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
-const dense_chunk* program_builder<Compute, Comm>::dense_chunk_of(int stage, const pipeline::op& o) const noexcept {
+const chunk_plan* program_builder<Compute, Comm>::chunk_plan_of(int stage, const pipeline::op& o) const noexcept {
   const auto vs = static_cast<std::size_t>(o.chunk * pp_ + stage);
-  return vs < buf_.dense_chunks.size() ? &buf_.dense_chunks[vs] : nullptr;
+  return vs < buf_.chunk_plans.size() ? &buf_.chunk_plans[vs] : nullptr;
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
