@@ -42,9 +42,11 @@
 #include <cstdio>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace lumos::whatif {
@@ -598,6 +600,45 @@ struct dp_stream_writer {
   return out;
 }
 
+namespace detail {
+
+/// The collectives of the groups `names` that `pick(kind, elements)` selects, matched or not
+/// (`lone_collectives`), each as a group of `b`'s tasks to remove with `repeat_groups` (count 0):
+/// its GPU tasks, their launch calls and its join (each alone or adjacent on its processor).
+template <class Pick>
+[[nodiscard]] std::vector<repeat_group> collectives_to_remove(const graph::built_job& b, const trace::job& job,
+                                                              const std::set<std::string>& names, Pick&& pick) {
+  const graph::task_graph& g = b.graph;
+  std::vector<graph::task_id> launch_of(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch) launch_of[e.to] = e.from;
+  }
+  std::vector<repeat_group> groups;
+  auto drop = [&](std::vector<graph::task_id> tasks) {
+    const std::size_t gpu = tasks.size();
+    for (std::size_t k = 0; k < gpu; ++k) {
+      if (tasks[k] != graph::no_task && launch_of[tasks[k]] != graph::no_task) tasks.push_back(launch_of[tasks[k]]);
+    }
+    std::erase(tasks, graph::no_task);
+    std::sort(tasks.begin(), tasks.end());
+    tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
+    if (!tasks.empty()) groups.push_back({std::move(tasks), 0});
+  };
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (!names.contains(ci.group) || !pick(ci.kind, ci.bytes)) continue;
+    std::vector<graph::task_id> tasks = ci.arrive;
+    tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
+    tasks.push_back(ci.join);
+    drop(std::move(tasks));
+  }
+  for (const lone_collective& c : lone_collectives(job, b)) {
+    if (names.contains(c.group) && pick(c.kind, c.elements)) drop({c.arrive, c.task});
+  }
+  return groups;
+}
+
+}  // namespace detail
+
 /// Removes the traces' gradient reduction when it is the distributed optimizer's: the
 /// reduce-scatters and all-gathers of the data-parallel groups, each with its launch call and
 /// join, matched or not (`lone_collectives`), so that `insert_gradient_buckets` can form the
@@ -612,45 +653,19 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
                                               bool all_reduces = false) {
   const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
   if (dp_groups.empty()) return 0;
-  const graph::task_graph& g = b.graph;
-  auto stripped = [all_reduces](std::string_view kind, std::int64_t elements) {
-    const auto k = collective_of_kind(kind);
-    if (k && all_reduces && *k == model::collective::all_reduce) return elements <= 0 || elements > 1024;
-    return k && (*k == model::collective::reduce_scatter || *k == model::collective::all_gather);
-  };
-  std::vector<graph::task_id> launch_of(g.task_count(), graph::no_task);
-  for (const graph::edge& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch) launch_of[e.to] = e.from;
-  }
-  std::vector<repeat_group> groups;
   bool scatter = false;
-  // One group per collective: its GPU tasks, their launch calls and its join (each alone or
-  // adjacent on its processor).
-  auto drop = [&](std::string_view kind, std::vector<graph::task_id> tasks) {
-    scatter = scatter || collective_of_kind(kind) == model::collective::reduce_scatter ||
-              collective_of_kind(kind) == model::collective::all_reduce;
-    const std::size_t gpu = tasks.size();
-    for (std::size_t k = 0; k < gpu; ++k) {
-      if (tasks[k] != graph::no_task && launch_of[tasks[k]] != graph::no_task) tasks.push_back(launch_of[tasks[k]]);
-    }
-    std::erase(tasks, graph::no_task);
-    std::sort(tasks.begin(), tasks.end());
-    tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
-    if (!tasks.empty()) groups.push_back({std::move(tasks), 0});
-  };
-  for (const graph::collective_instance& ci : g.collectives) {
-    if (!dp_groups.contains(ci.group) || !stripped(ci.kind, ci.bytes)) continue;
-    std::vector<graph::task_id> tasks = ci.arrive;
-    tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
-    tasks.push_back(ci.join);
-    drop(ci.kind, std::move(tasks));
-  }
-  for (const lone_collective& c : lone_collectives(job, b)) {
-    if (dp_groups.contains(c.group) && stripped(c.kind, c.elements)) drop(c.kind, {c.arrive, c.task});
-  }
+  const std::vector<repeat_group> groups =
+      detail::collectives_to_remove(b, job, dp_groups, [&](std::string_view kind, std::int64_t elements) {
+        const auto k = collective_of_kind(kind);
+        const bool drop = k && all_reduces && *k == model::collective::all_reduce
+                              ? elements <= 0 || elements > 1024
+                              : k && (*k == model::collective::reduce_scatter || *k == model::collective::all_gather);
+        scatter = scatter || (drop && (*k == model::collective::reduce_scatter || *k == model::collective::all_reduce));
+        return drop;
+      });
   if (!scatter || groups.empty()) return 0;
   const std::size_t removed = groups.size();
-  (void)adopt(b, repeat_groups(g, groups));
+  (void)adopt(b, repeat_groups(b.graph, groups));
   return removed;
 }
 
