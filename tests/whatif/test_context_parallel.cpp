@@ -426,3 +426,21 @@ TEST_CASE("whatif --cp 2 --cp-comm allgather from CP 1 with more micro-batches r
   CHECK(scatters.begin()->second == 8);
   CHECK(exchanges_per_rank(r.predicted.built.graph).empty());
 }
+
+TEST_CASE("whatif --cp-comm allgather on TE's ring: one all-gather and one reduce-scatter per layer, not one per ring step's attention call",
+          "[whatif][cp]") {
+  whatif::whatif_options o;
+  o.shape.cp_comm = allgather;
+  const whatif::whatif_result r = whatif::run_whatif(te_cp2_job(), o);
+  // Each ring step runs its own flash-attn call (2 per layer at CP 2): 2 layers of one micro-batch.
+  const std::map<int, int> gathers = inserted_cp_collectives(r.predicted.built.graph, "allgather");
+  const std::map<int, int> scatters = inserted_cp_collectives(r.predicted.built.graph, "reducescatter");
+  REQUIRE(gathers.size() == 2);
+  REQUIRE(scatters.size() == 2);
+  for (const auto& [rank, n] : gathers) CHECK(n == 2);
+  for (const auto& [rank, n] : scatters) CHECK(n == 2);
+  const whatif::change* cp = cp_change(r, "CP");
+  REQUIRE(cp != nullptr);
+  CHECK(cp->figures[1].after == 8.0);  // the ring's send/recv: 2 ranks x 2 layers x forward and backward
+  CHECK(cp->figures[2].after == 8.0);
+}

@@ -49,6 +49,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -107,12 +108,13 @@ struct cp_site {
   bool backward = false;
 };
 
-/// The attention operators of the layers where an exchange is inserted, in every forward and
-/// backward pass.
+/// The attention of each layer where an exchange is inserted, in every forward and backward pass:
+/// the attention operators of a layer in a pass are one site, those of its forward apart from
+/// those of its backward (a recomputed forward's own; by the operator's name), since Transformer
+/// Engine's ring runs one attention call per ring step where the all-gather variant runs one.
 [[nodiscard]] inline std::vector<cp_site> attention_sites(const trace::job& job, const graph::built_job& b, const job_structure& st) {
   std::vector<cp_site> out;
-  std::uint32_t last = no_event;
-  std::size_t last_rank = ~std::size_t{0};
+  std::tuple<std::size_t, int, int, bool> last{~std::size_t{0}, -1, -1, false};  // rank, pass, layer, a backward operator
   for (const gpu_op_context& c : st.gpu_ops) {
     if (c.comm || c.layer < 0 || c.shape_op == no_event || (c.phase != phase_kind::forward && c.phase != phase_kind::backward)) continue;
     const trace::rank_trace& tr = job.ranks[c.rank];
@@ -120,11 +122,14 @@ struct cp_site {
     if (!gs || gs->kind != gemm_shape::role::attention) continue;
     const auto& map = b.ranks[c.rank].task_of_event;
     if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
-    if (c.shape_op == last && c.rank == last_rank) {
-      if (!out.empty()) out.back().last = map[c.op];
+    const std::string_view op = tr.name(tr.events[c.shape_op]);
+    const std::tuple<std::size_t, int, int, bool> key{c.rank, c.pass, c.layer,
+                                                      op.find("backward") != std::string_view::npos || op.find("Backward") != std::string_view::npos};
+    if (key == last && !out.empty()) {
+      out.back().last = map[c.op];
       continue;
     }
-    last = c.shape_op, last_rank = c.rank;
+    last = key;
     out.push_back({map[c.op], map[c.op], c.phase == phase_kind::backward});
   }
   return out;
