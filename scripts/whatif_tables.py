@@ -38,6 +38,8 @@ BASE = {
 LLAMA = {"--model": "llama3-8b", "--layers": "4", "--ffn": "7168", "--seq": "8192", "--pp": "1", "--global-batch": "4"}
 # Its CP 2 x DP 2 variant (4 ranks, 2 micro-batches per replica).
 LLAMA_CP2_DP2 = dict(LLAMA, **{"--cp": "2", "--dp": "2"})
+# Its CP 2 variant with the all-gather exchange.
+LLAMA_CP2_AG = dict(LLAMA, **{"--cp": "2", "--cp-comm": "allgather"})
 # The FSDP cases' A: Llama 3 8B's layer (hidden 4096, SwiGLU, 8 KV heads, vocabulary 128256) with 4
 # layers, no TP or PP, 2 micro-batches per replica, parameters sharded over the DP ranks.
 FSDP4 = {"--model": "llama3-8b", "--layers": "4", "--hidden": "4096", "--heads": "32", "--tp": "1", "--pp": "1",
@@ -106,6 +108,15 @@ CASES = [
     ("CP 2→4 with the sequence ×2 (Llama-like)", dict(LLAMA, **{"--cp": "2"}), {"--cp": "4", "--seq": "16384"}),
     ("CP 2→1 (Llama-like)", dict(LLAMA, **{"--cp": "2"}), {"--cp": "1"}),
     ("CP 1→2 on H200 (Llama-like)", LLAMA, {"--cp": "2", "--gpu": "h200-sxm"}),
+    # The all-gather variant (Llama 3's: K and V all-gathered over the CP group before the forward
+    # attention, dK and dV reduce-scattered after the backward one, on the compute stream): the
+    # ring's exchanges emptied and the collectives inserted, or the reverse; re-timed or emptied.
+    ("CP 2, ring → all-gather (Llama-like)", dict(LLAMA, **{"--cp": "2"}), {"--cp-comm": "allgather"}),
+    ("CP 2, all-gather → ring (Llama-like)", LLAMA_CP2_AG, {"--cp-comm": "p2p"}),
+    ("CP 2→4 all-gather with the sequence ×2 (Llama-like)", LLAMA_CP2_AG, {"--cp": "4", "--seq": "16384"}),
+    ("CP 2→1 from all-gather (Llama-like)", LLAMA_CP2_AG, {"--cp": "1"}),
+    ("CP 1→2 with all-gather (Llama-like)", LLAMA, {"--cp": "2", "--cp-comm": "allgather"}),
+    ("CP 1→2 with all-gather and PP 1→2 (Llama-like, in the graph)", LLAMA, {"--cp": "2", "--cp-comm": "allgather", "--pp": "2"}),
     # Composed with DP and the global batch: the gradient group holds DP x CP ranks and is resized
     # once to the target's; the micro-batches per replica follow the replicas (DP), not CP.
     ("CP 2 with DP 2→4, same global batch (Llama-like, 2 → 1 micro-batches)", LLAMA_CP2_DP2, {"--dp": "4"}),
@@ -313,7 +324,7 @@ def main():
     ap.add_argument("--print", action="store_true", help="print the section instead of writing the document")
     ap.add_argument("--check", action="store_true",
                     help="the test (ctest whatif_tables): the document's section equals the one generated now, every "
-                         "case built, each within %g %% and the mean within %g %%; writes nothing" % (CHECK_EACH, CHECK_MEAN))
+                         "case built, each within %g %%%% and the mean within %g %%%%; writes nothing" % (CHECK_EACH, CHECK_MEAN))
     args = ap.parse_args()
     lumos = os.path.abspath(args.lumos)
     if not os.access(lumos, os.X_OK):

@@ -81,7 +81,9 @@ inline constexpr std::string_view whatif_usage =
     "                      inserted from CP 1 beside the attention, emptied to CP 1; gradients over\n"
     "                      DP x CP (with --dp N: N replicas x CP; micro-batches follow the replicas).\n"
     "                      With --pp/--vp/--schedule when the graph makes the pipeline change\n"
-    "  --cp-comm p2p       the exchange (only p2p, ring attention, is rewritten from traces)\n"
+    "  --cp-comm C         the target's K/V exchange: p2p (ring attention) or allgather (K, V\n"
+    "                      all-gathered before the attention, dK, dV reduce-scattered after it);\n"
+    "                      the traced one emptied and the target's inserted (default: the traces')\n"
     "  --dp N              N data-parallel replicas: the gradient collectives resized with a latency +\n"
     "                      bandwidth model fitted on the trace's own collectives (ring factor, inter-node\n"
     "                      bandwidth beyond 8 GPUs per node); the traced ranks stand for every replica.\n"
@@ -141,7 +143,9 @@ inline std::string shape_text(const whatif::shape_summary& s) {
   // CP only where either side has it, so that the line of a job without CP reads as it did.
   const bool cp = s.from.cp > 1 || s.to.cp > 1;
   auto row = [&](const char* what, const whatif::shape_config& c, const whatif::shape_figures& f, double mfu) {
-    const std::string tp = cp ? std::to_string(c.tp) + ", CP " + std::to_string(c.cp) : std::to_string(c.tp);
+    // The all-gather exchange is named (the ring is the default, as for predict).
+    const std::string comm = c.cp > 1 && c.cp_comm == model::cp_comm_kind::allgather ? " (allgather)" : "";
+    const std::string tp = cp ? std::to_string(c.tp) + ", CP " + std::to_string(c.cp) + comm : std::to_string(c.tp);
     std::snprintf(line, sizeof line, "  %-9s hidden %lld, FFN %lld, %lld heads of %lld, seq %lld, micro-batch %lld, TP %s, %lld ranks: %.2f GiB per GPU, MFU %.1f %%\n",
                   what, static_cast<long long>(c.hidden), static_cast<long long>(c.ffn), static_cast<long long>(c.heads),
                   static_cast<long long>(c.head_dim), static_cast<long long>(c.seq), static_cast<long long>(c.micro_batch), tp.c_str(),

@@ -424,7 +424,23 @@ TEST_CASE("whatif --cp: synth jobs with and without CP read back, found by inspe
   const double t3 = direct(solo);
   CHECK(std::abs(predicted(two, "--dp 1") - t3) <= 0.03 * t3);
   CHECK(std::abs(predicted(one, "--cp 2 --dp 1") - t3) <= 0.03 * t3);
-  CHECK(run("whatif " + two.string() + " --cp 2 --cp-comm allgather").code == 2);
+  // The all-gather variant: found in its traces, made from the ring's and from CP 1, and the ring
+  // made from it, each against the job synthesised with the target's exchange.
+  const auto gathered = dir.path() / "cp2ag";
+  REQUIRE(run(job + "--cp 2 --cp-comm allgather --out " + gathered.string()).code == 0);
+  const result ag = run("inspect " + gathered.string() + " --structure --json");
+  REQUIRE(ag.code == 0);
+  simdjson::dom::parser p4;
+  CHECK(std::string_view(p4.parse(ag.out)["cp"]["comm"]["value"]) == "allgather");
+  const double t4 = direct(gathered);
+  CHECK(std::abs(predicted(two, "--cp-comm allgather") - t4) <= 0.03 * t4);
+  CHECK(std::abs(predicted(one, "--cp 2 --cp-comm allgather") - t4) <= 0.03 * t4);
+  CHECK(std::abs(predicted(gathered, "--cp-comm p2p") - t2) <= 0.03 * t2);
+  CHECK(std::abs(predicted(gathered, "--cp 1") - t1) <= 0.03 * t1);
+  const result none = run("whatif " + one.string() + " --cp-comm allgather");  // CP 1: nothing to exchange
+  CHECK(none.code == 2);
+  CHECK(none.err.find("no context parallelism") != std::string::npos);
+  CHECK(run("whatif " + two.string() + " --cp-comm ring").code == 2);
 }
 
 TEST_CASE("FSDP traces: inspect --structure finds the shard group, whatif --fsdp off agrees with synth, bad combinations exit 2",

@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 using namespace lumos;
 
@@ -34,14 +35,16 @@ whatif::job_structure discover_cp_job(const trace::job& job) {
 }
 
 // A Llama-style job of 2 layers (hidden 1024, SwiGLU, 8 KV heads, vocabulary 32000), sequence 4096,
-// one sequence per micro-batch, `global_batch` sequences, with CP `cp`, DP `dp` and `pp` stages of
-// `schedule`.
-synth::job cp_synth_job(int cp, int dp, int global_batch, int pp = 1, const std::string& schedule = "") {
+// one sequence per micro-batch, `global_batch` sequences, with CP `cp` exchanging keys and values as
+// `comm` says, DP `dp` and `pp` stages of `schedule`.
+synth::job cp_synth_job(int cp, int dp, int global_batch, int pp = 1, const std::string& schedule = "",
+                        model::cp_comm_kind comm = model::cp_comm_kind::p2p) {
   synth::job j;
   j.model = model::detail::llama3("cp-test", 2, 1024, 3584, 8);
   j.model.seq = 4096, j.model.vocab = 32000;
   j.hardware = model::hardware_preset("h100-sxm");
   j.parallel.cp = cp, j.parallel.dp = dp, j.parallel.pp = pp;
+  j.parallel.cp_comm = comm;
   j.parallel.micro_batch = 1, j.parallel.global_batch = global_batch;
   j.parallel.zero_stage = 1;  // Megatron's distributed optimizer, as `lumos synth` runs it
   j.parallel.schedule = schedule;
@@ -269,4 +272,175 @@ TEST_CASE("whatif --cp 2 from CP 1 with more micro-batches repeats the inserted 
   const std::map<int, int> n = exchanges_per_rank(r.predicted.built.graph);
   REQUIRE(n.size() == 1);
   CHECK(n.begin()->second == 16);
+}
+
+namespace {
+
+constexpr auto allgather = model::cp_comm_kind::allgather;
+
+// Per rank of `g`: the collective instances of `kind` that a CP change inserted (their folded
+// group `cp.folded.R`).
+std::map<int, int> inserted_cp_collectives(const graph::task_graph& g, std::string_view kind) {
+  std::map<int, int> out;
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (!ci.group.starts_with("cp.folded.") || ci.kind != kind) continue;
+    REQUIRE(ci.complete.size() == 1);
+    CHECK(ci.group == "cp.folded." + std::to_string(g.rank[ci.complete.front()]));
+    ++out[g.rank[ci.complete.front()]];
+  }
+  return out;
+}
+
+// The transfer of every inserted collective of `kind`, each checked to run on the compute
+// stream (not on a context-parallel one).
+std::vector<time_ns> inserted_transfers(const graph::task_graph& g, std::string_view kind) {
+  std::vector<time_ns> out;
+  for (const graph::collective_instance& ci : g.collectives) {
+    if (!ci.group.starts_with("cp.folded.") || ci.kind != kind) continue;
+    const graph::task_id t = ci.complete.front();
+    CHECK(g.processors[g.processor[t]].name.find("context-parallel") == std::string::npos);
+    out.push_back(g.duration[t]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the all-gather variant's traces: the CP group is found with its exchange and is no FSDP shard group",
+          "[whatif][structure][cp]") {
+  lumos_test::temp_dir dir;
+  (void)write_cp_job(cp_synth_job(2, 2, 4, 1, "", allgather), dir.path());
+  const trace::job job = trace::load_job({dir.path()});
+  const auto st = discover_cp_job(job);
+  REQUIRE(st.cp.found());
+  CHECK(*st.cp.size.value == 2);
+  CHECK(*st.cp.comm.value == "allgather");
+  // One all-gather per layer of a forward pass (the reduce-scatters are the backward's).
+  REQUIRE(st.cp.exchanges_per_layer.known());
+  CHECK(*st.cp.exchanges_per_layer.value == 1);
+  // It gathers in forward and reduce-scatters in backward as an FSDP shard group does, but its
+  // description makes it CP: no parameters are sharded, and DP stays the gradient group's.
+  CHECK_FALSE(st.fsdp.found());
+  CHECK(st.parallel.dp.value == 4);
+  const whatif::shape_config c = whatif::traced_shape(st);
+  CHECK(c.cp == 2);
+  CHECK(c.cp_comm == allgather);
+  // The ring's traces keep theirs.
+  CHECK(whatif::traced_shape(discover_cp_job(te_cp2_job())).cp_comm == model::cp_comm_kind::p2p);
+}
+
+TEST_CASE("whatif --cp-comm allgather from the ring: per layer an all-gather before the attention and a reduce-scatter after it",
+          "[whatif][cp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_cp_job(cp_synth_job(2, 1, 2), a);
+  const trace::job job = trace::load_job({a});
+  whatif::whatif_options o;
+  o.shape.cp_comm = allgather;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const synth::job target = cp_synth_job(2, 1, 2, 1, "", allgather);
+  CHECK(cp_error(r.predicted.simulated_ns, write_cp_job(target, dir.path() / "b")) <= 0.03);
+  // 2 layers x 2 micro-batches on each traced rank (both CP ranks are written).
+  const std::map<int, int> gathers = inserted_cp_collectives(r.predicted.built.graph, "allgather");
+  const std::map<int, int> scatters = inserted_cp_collectives(r.predicted.built.graph, "reducescatter");
+  REQUIRE(gathers.size() == 2);
+  REQUIRE(scatters.size() == 2);
+  for (const auto& [rank, n] : gathers) CHECK(n == 4);
+  for (const auto& [rank, n] : scatters) CHECK(n == 4);
+  // Each the model's exchange of the whole K and V (cp x the chunk) over the CP group.
+  const model::nccl_model nccl{model::profile_preset("h100-sxm")};
+  const model::cp_exchange fwd = model::context_parallel_exchange(target.model, target.parallel, target.hardware, nccl, false);
+  const model::cp_exchange bwd = model::context_parallel_exchange(target.model, target.parallel, target.hardware, nccl, true);
+  CHECK(fwd.bytes == 2 * 2 * 2048 * 8 * 128 * 2);  // CP x (K, V) x seq / CP x KV heads x head dim x 2 bytes
+  for (const time_ns t : inserted_transfers(r.predicted.built.graph, "allgather")) CHECK(t == fwd.duration);
+  for (const time_ns t : inserted_transfers(r.predicted.built.graph, "reducescatter")) CHECK(t == bwd.duration);
+  // The ring's exchanges are removed with their launches.
+  const whatif::change* cp = cp_change(r, "CP");
+  REQUIRE(cp != nullptr);
+  CHECK(cp->from == "2 (p2p)");
+  CHECK(cp->to == "2 (allgather)");
+  CHECK(cp->text.find("exchange p2p -> allgather") != std::string::npos);
+  CHECK(cp->figures[1].after == 16.0);  // 2 ranks x 2 layers x 2 micro-batches x forward and backward
+  CHECK(cp->figures[2].after == 16.0);
+  CHECK(cp->text.find("16 removed with their launches") != std::string::npos);
+  CHECK(exchanges_per_rank(r.predicted.built.graph).empty());
+}
+
+TEST_CASE("whatif from the all-gather variant: re-timed with CP, emptied to CP 1, replaced by the ring", "[whatif][cp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_cp_job(cp_synth_job(2, 1, 2, 1, "", allgather), a);
+  const trace::job job = trace::load_job({a});
+
+  whatif::whatif_options four;
+  four.shape.cp = 4, four.shape.seq = 8192;
+  const whatif::whatif_result r4 = whatif::run_whatif(job, four);
+  synth::job four_job = cp_synth_job(4, 1, 2, 1, "", allgather);
+  four_job.model.seq = 8192;
+  CHECK(cp_error(r4.predicted.simulated_ns, write_cp_job(four_job, dir.path() / "four")) <= 0.03);
+  const whatif::change* c4 = cp_change(r4, "CP");
+  REQUIRE(c4 != nullptr);
+  CHECK(c4->figures[0].after == 16.0);  // 2 ranks x 2 layers x 2 micro-batches x forward and backward
+  CHECK(c4->figures[3].after > c4->figures[3].before);
+
+  whatif::whatif_options one;
+  one.shape.cp = 1;
+  const whatif::whatif_result r1 = whatif::run_whatif(job, one);
+  CHECK(cp_error(r1.predicted.simulated_ns, write_cp_job(cp_synth_job(1, 1, 2), dir.path() / "one")) <= 0.03);
+  const whatif::change* c1 = cp_change(r1, "CP");
+  REQUIRE(c1 != nullptr);
+  CHECK(c1->figures[1].after == 16.0);
+  CHECK(c1->figures[3].after == 0.0);
+
+  whatif::whatif_options ring;
+  ring.shape.cp_comm = model::cp_comm_kind::p2p;
+  const whatif::whatif_result rr = whatif::run_whatif(job, ring);
+  CHECK(cp_error(rr.predicted.simulated_ns, write_cp_job(cp_synth_job(2, 1, 2), dir.path() / "ring")) <= 0.03);
+  for (const auto& [rank, n] : exchanges_per_rank(rr.predicted.built.graph)) CHECK(n == 8);
+  // The traced all-gathers and reduce-scatters of the CP group are gone.
+  const auto traced = std::count_if(rr.predicted.built.graph.collectives.begin(), rr.predicted.built.graph.collectives.end(),
+                                    [](const graph::collective_instance& ci) { return ci.group.starts_with("cp.0."); });
+  CHECK(traced == 0);
+
+  whatif::whatif_options none;
+  none.shape.cp = 1, none.shape.cp_comm = allgather;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, none), Catch::Contains("no context parallelism"));
+}
+
+TEST_CASE("whatif --cp 2 --cp-comm allgather from CP 1 with more micro-batches repeats the collectives with their layers",
+          "[whatif][cp][dp]") {
+  lumos_test::temp_dir dir;
+  const auto a = dir.path() / "a";
+  (void)write_cp_job(cp_synth_job(1, 1, 2), a);
+  const trace::job job = trace::load_job({a});
+  whatif::whatif_options o;
+  o.shape.cp = 2, o.shape.cp_comm = allgather, o.global_batch = 4;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  CHECK(cp_error(r.predicted.simulated_ns, write_cp_job(cp_synth_job(2, 1, 4, 1, "", allgather), dir.path() / "b")) <= 0.03);
+  // 2 layers x 4 micro-batches.
+  const std::map<int, int> gathers = inserted_cp_collectives(r.predicted.built.graph, "allgather");
+  const std::map<int, int> scatters = inserted_cp_collectives(r.predicted.built.graph, "reducescatter");
+  REQUIRE(gathers.size() == 1);
+  CHECK(gathers.begin()->second == 8);
+  REQUIRE(scatters.size() == 1);
+  CHECK(scatters.begin()->second == 8);
+  CHECK(exchanges_per_rank(r.predicted.built.graph).empty());
+}
+
+TEST_CASE("whatif --cp-comm allgather on TE's ring: one all-gather and one reduce-scatter per layer, not one per ring step's attention call",
+          "[whatif][cp]") {
+  whatif::whatif_options o;
+  o.shape.cp_comm = allgather;
+  const whatif::whatif_result r = whatif::run_whatif(te_cp2_job(), o);
+  // Each ring step runs its own flash-attn call (2 per layer at CP 2): 2 layers of one micro-batch.
+  const std::map<int, int> gathers = inserted_cp_collectives(r.predicted.built.graph, "allgather");
+  const std::map<int, int> scatters = inserted_cp_collectives(r.predicted.built.graph, "reducescatter");
+  REQUIRE(gathers.size() == 2);
+  REQUIRE(scatters.size() == 2);
+  for (const auto& [rank, n] : gathers) CHECK(n == 2);
+  for (const auto& [rank, n] : scatters) CHECK(n == 2);
+  const whatif::change* cp = cp_change(r, "CP");
+  REQUIRE(cp != nullptr);
+  CHECK(cp->figures[1].after == 8.0);  // the ring's send/recv: 2 ranks x 2 layers x forward and backward
+  CHECK(cp->figures[2].after == 8.0);
 }

@@ -76,8 +76,9 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
     return n;
   };
   o.shape.cp = positive("--cp");
-  if (const auto comm = a.option("--cp-comm"); comm && *comm != "p2p") {
-    throw usage_error("whatif --cp-comm: from traces only p2p (ring attention) is rewritten (got '" + *comm + "')");
+  if (const auto comm = a.option("--cp-comm")) {
+    if (*comm != "p2p" && *comm != "allgather") throw usage_error("--cp-comm must be p2p or allgather (got '" + *comm + "')");
+    o.shape.cp_comm = *comm == "p2p" ? model::cp_comm_kind::p2p : model::cp_comm_kind::allgather;
   }
   o.dp = positive("--dp");
   o.moe.ep = positive("--ep");

@@ -4,6 +4,7 @@
 
 #include <lumos/core/error.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/parallel.hpp>
 #include <lumos/model/profile.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -64,8 +65,10 @@ struct shape_target {
   std::optional<bool> sp;
   /// Context-parallel size of the target (whatif/context_parallel.hpp).
   std::optional<int> cp;
+  /// How the target's CP ranks exchange keys and values (`--cp-comm`; else the traces').
+  std::optional<model::cp_comm_kind> cp_comm;
 
-  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp || sp || cp; }
+  [[nodiscard]] bool any() const noexcept { return hidden || ffn || heads || seq || micro_batch || tp || sp || cp || cp_comm; }
 };
 
 /// One configuration's transformer shape (full model) and tensor-parallel size.
@@ -79,6 +82,9 @@ struct shape_config {
   /// causal attention, causal load balancing), the keys and values of the rest exchanged over
   /// the CP group (whatif/context_parallel.hpp).
   int cp = 1;
+  /// How the CP ranks exchange keys and values: ring attention's send/recv or an all-gather before
+  /// the attention (p2p at CP 1, where there is nothing to exchange).
+  model::cp_comm_kind cp_comm = model::cp_comm_kind::p2p;
 
   /// Tokens of each sequence one rank holds: seq / cp.
   [[nodiscard]] std::int64_t local_seq() const noexcept { return cp > 1 ? seq / cp : seq; }
@@ -112,6 +118,7 @@ struct shape_config {
   if (st.cp.found() && *st.cp.size.value > 1) {
     c.cp = *st.cp.size.value;
     c.seq *= c.cp;
+    if (st.cp.comm.value == "allgather") c.cp_comm = model::cp_comm_kind::allgather;
   }
   return c;
 }
@@ -142,6 +149,14 @@ struct shape_config {
     if (*t.cp <= 0) throw error("whatif --cp: must be positive (got " + std::to_string(*t.cp) + ")");
     to.cp = *t.cp;
   }
+  if (t.cp_comm) {
+    if (to.cp <= 1) {
+      throw error(std::string("whatif --cp-comm ") + std::string(model::to_string(*t.cp_comm)) +
+                  ": the target has no context parallelism (CP 1); --cp N sets it");
+    }
+    to.cp_comm = *t.cp_comm;
+  }
+  if (to.cp <= 1) to.cp_comm = model::cp_comm_kind::p2p;
   if (to.cp > 1 && to.seq % (2 * std::int64_t{to.cp}) != 0) {
     throw error("whatif --cp " + std::to_string(to.cp) + ": the sequence (" + std::to_string(to.seq) + ") must be divisible by 2 * cp (" +
                 std::to_string(2 * std::int64_t{to.cp}) + "): causal load balancing splits each sequence into 2 * cp chunks");

@@ -47,6 +47,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace lumos::whatif {
@@ -600,27 +601,21 @@ struct dp_stream_writer {
   return out;
 }
 
-/// Removes the collectives of `groups` that `pick(kind, elements)` selects, each with its launch
-/// call and join, matched across ranks or not (`lone_collectives`). Returns how many: 0, with `b`
-/// unchanged, when none of them reduces (a reduce-scatter or an all-reduce). `before`, when given,
-/// sees the graph and the collectives' tasks before they go. Task ids of `b` change (`adopt`); the
-/// caller discovers the structure again.
+namespace detail {
+
+/// The collectives of the groups `names` that `pick(kind, elements)` selects, matched or not
+/// (`lone_collectives`), each as a group of `b`'s tasks to remove with `repeat_groups` (count 0):
+/// its GPU tasks, their launch calls and its join (each alone or adjacent on its processor).
 template <class Pick>
-inline std::size_t strip_collectives(graph::built_job& b, const trace::job& job, const std::set<std::string>& groups, Pick pick,
-                                     const std::function<void(graph::task_graph&, const std::vector<repeat_group>&)>& before = {}) {
-  if (groups.empty()) return 0;
+[[nodiscard]] std::vector<repeat_group> collectives_to_remove(const graph::built_job& b, const trace::job& job,
+                                                              const std::set<std::string>& names, Pick&& pick) {
   const graph::task_graph& g = b.graph;
   std::vector<graph::task_id> launch_of(g.task_count(), graph::no_task);
   for (const graph::edge& e : g.edges) {
     if (e.kind == graph::edge_kind::launch) launch_of[e.to] = e.from;
   }
-  std::vector<repeat_group> removed;
-  bool reduces = false;
-  // One group per collective: its GPU tasks, their launch calls and its join (each alone or
-  // adjacent on its processor).
-  auto drop = [&](std::string_view kind, std::vector<graph::task_id> tasks) {
-    reduces = reduces || collective_of_kind(kind) == model::collective::reduce_scatter ||
-              collective_of_kind(kind) == model::collective::all_reduce;
+  std::vector<repeat_group> groups;
+  auto drop = [&](std::vector<graph::task_id> tasks) {
     const std::size_t gpu = tasks.size();
     for (std::size_t k = 0; k < gpu; ++k) {
       if (tasks[k] != graph::no_task && launch_of[tasks[k]] != graph::no_task) tasks.push_back(launch_of[tasks[k]]);
@@ -628,22 +623,43 @@ inline std::size_t strip_collectives(graph::built_job& b, const trace::job& job,
     std::erase(tasks, graph::no_task);
     std::sort(tasks.begin(), tasks.end());
     tasks.erase(std::unique(tasks.begin(), tasks.end()), tasks.end());
-    if (!tasks.empty()) removed.push_back({std::move(tasks), 0});
+    if (!tasks.empty()) groups.push_back({std::move(tasks), 0});
   };
   for (const graph::collective_instance& ci : g.collectives) {
-    if (!groups.contains(ci.group) || !pick(std::string_view(ci.kind), ci.bytes)) continue;
+    if (!names.contains(ci.group) || !pick(ci.kind, ci.bytes)) continue;
     std::vector<graph::task_id> tasks = ci.arrive;
     tasks.insert(tasks.end(), ci.complete.begin(), ci.complete.end());
     tasks.push_back(ci.join);
-    drop(ci.kind, std::move(tasks));
+    drop(std::move(tasks));
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
-    if (groups.contains(c.group) && pick(std::string_view(c.kind), c.elements)) drop(c.kind, {c.arrive, c.task});
+    if (names.contains(c.group) && pick(c.kind, c.elements)) drop({c.arrive, c.task});
   }
+  return groups;
+}
+
+}  // namespace detail
+
+/// Removes the collectives of `groups` that `pick(kind, elements)` selects, each with its launch
+/// call and join, matched across ranks or not (`detail::collectives_to_remove`). Returns how many:
+/// 0, with `b` unchanged, when none of them reduces (a reduce-scatter or an all-reduce). `before`,
+/// when given, sees the graph and the collectives' tasks before they go. Task ids of `b` change
+/// (`adopt`); the caller discovers the structure again.
+template <class Pick>
+inline std::size_t strip_collectives(graph::built_job& b, const trace::job& job, const std::set<std::string>& groups, Pick pick,
+                                     const std::function<void(graph::task_graph&, const std::vector<repeat_group>&)>& before = {}) {
+  if (groups.empty()) return 0;
+  bool reduces = false;
+  const std::vector<repeat_group> removed = detail::collectives_to_remove(b, job, groups, [&](std::string_view kind, std::int64_t elements) {
+    if (!pick(kind, elements)) return false;
+    const auto k = collective_of_kind(kind);
+    reduces = reduces || k == model::collective::reduce_scatter || k == model::collective::all_reduce;
+    return true;
+  });
   if (!reduces || removed.empty()) return 0;
   if (before) before(b.graph, removed);
   const std::size_t count = removed.size();
-  (void)adopt(b, repeat_groups(g, removed));
+  (void)adopt(b, repeat_groups(b.graph, removed));
   return count;
 }
 

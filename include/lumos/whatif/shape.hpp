@@ -859,12 +859,15 @@ struct shape_pass {
     const shape_config& to = *ctx.shape_to;
     const shape_costs& costs = ctx.costs(b);
     if (!ctx.costs_note().empty()) out.push_back(note("shape", "cost profile", ctx.costs_note()));
-    if (from == to && !layer_params && !pp_params) {
+    // The exchange of the CP ranks is the CP pass's: it leaves every kernel's shape as it is.
+    shape_config dims = to;
+    dims.cp_comm = from.cp_comm;
+    if (dims == from && !layer_params && !pp_params) {
       out.push_back(note("shape", "shape", "shape: the traces' own (nothing rescaled)"));
       return out;
     }
     const shape_stats ss = rescale_shape(b, ctx.job, st, from, to, costs, st.model.gated_mlp, layer_params, pp_params);
-    if (from == to) {
+    if (dims == from) {
       out.push_back(parameter_change(ss, layer_params && pp_params ? "layers and stages" : pp_params ? "stages" : "layers"));
     } else {
       out.push_back(shape_change(from, to, ss));

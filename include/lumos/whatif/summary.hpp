@@ -70,7 +70,8 @@ struct fsdp_memory {
   m.vocab = vocab > 0 ? (vocab + c.tp - 1) / c.tp * c.tp : c.tp;
   model::parallel_config par;
   par.tp = c.tp, par.pp = pp, par.dp = dp, par.micro_batch = c.micro_batch;
-  par.cp = c.cp;  // activations of seq / cp tokens, and the ring's K/V buffers (model/memory.hpp)
+  par.cp = c.cp;  // activations of seq / cp tokens, and the exchange's K/V buffers (model/memory.hpp)
+  par.cp_comm = c.cp_comm;
   par.dtype = dtype;
   par.global_batch = c.micro_batch * dp * std::max<std::int64_t>(passes, 1);
   par.zero_stage = distributed_optimizer ? 1 : 0;  // the optimizer's states sharded over DP

@@ -25,6 +25,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace lumos::whatif {
@@ -72,15 +73,31 @@ struct tp_collective {
   std::string kernel = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL";
 };
 
+/// A collective of kind `kind` (as a collective instance names it) and `transfer` ns, written as
+/// `kernel`, launched with the profile's host time per collective.
+[[nodiscard]] inline tp_collective launched_collective(std::string kind, time_ns transfer, std::string kernel,
+                                                       const model::cost_profile& profile) {
+  tp_collective c;
+  c.kind = std::move(kind);
+  c.transfer = transfer;
+  c.launch = static_cast<time_ns>(std::llround(profile.cpu_launch_ns));
+  c.host = std::max<time_ns>(0, static_cast<time_ns>(std::llround(profile.cpu_collective_ns)) - c.launch);
+  c.kernel = std::move(kernel);
+  return c;
+}
+
 /// Inserts each of `hooks` with its collective `kind[message]`: a collective right after its
 /// GPU task on that stream (Megatron runs the TP collectives in the compute stream's order) and
 /// its launch on the CPU thread right after that task's launch, with the same launch latency;
 /// several after one task follow each other in the order given. A TP group is folded onto its
 /// traced rank (TP ranks are symmetric), so each instance has that one participant, in a group of
 /// its own (`tp.folded.R`, no join: no peer to wait for, the transfer is its time); written out
-/// (`--trace-out`) it reads back the same way.
+/// (`--trace-out`) it reads back the same way. `group` and `match` name the folded group and say
+/// what inserted it (another group folded the same way, context parallelism's all-gathers).
 [[nodiscard]] inline edited_graph insert_tp_hooks(const graph::task_graph& g, const std::vector<tp_hook>& hooks,
-                                                  const std::array<tp_collective, tp_message_count>& kind) {
+                                                  const std::array<tp_collective, tp_message_count>& kind,
+                                                  std::string_view group = "tp.folded.",
+                                                  std::string_view match = "inserted by a TP change from 1 (the group folded onto its traced rank)") {
   constexpr std::uint32_t none = ~std::uint32_t{0};
   std::vector<std::uint32_t> launch_of(g.task_count(), none);  // launch edge into a task
   for (std::uint32_t i = 0; i < g.edges.size(); ++i) {
@@ -122,14 +139,14 @@ struct tp_collective {
     }
     graph::collective_instance ci;
     ci.kind = of(h).kind;
-    ci.group = "tp.folded." + std::to_string(g.rank[k]);
+    ci.group = std::string(group) + std::to_string(g.rank[k]);
     // Left unknown (0): the trace writer states sizes in elements, which it can only do for
     // model-built jobs; a what-if read from the written traces takes the size from the time.
     ci.bytes = 0;
     ci.sequence = sequence[g.rank[k]]++;
     ci.arrive = {e.inserted[i]};
     ci.complete = {e.inserted[i + 1]};
-    ci.match = "inserted by a TP change from 1 (the group folded onto its traced rank)";
+    ci.match = match;
     e.graph.collectives.push_back(std::move(ci));
     i += 2;
   }
@@ -182,13 +199,8 @@ inline change insert_tp_collectives(graph::built_job& b, const std::vector<tp_ho
   const auto& link = to.tp > costs.hw.nvlink_domain_size() ? costs.profile.inter : costs.profile.intra;
   const std::string dtype = costs.dtype == model::precision::fp16 ? "f16" : "bf16";
   auto made = [&](model::collective coll, double size, std::string kind, std::string kernel) {
-    tp_collective c;
-    c.kind = std::move(kind);
-    c.transfer = static_cast<time_ns>(std::llround(collective_ns(coll, size, to.tp, link)));
-    c.launch = static_cast<time_ns>(std::llround(costs.profile.cpu_launch_ns));
-    c.host = std::max<time_ns>(0, static_cast<time_ns>(std::llround(costs.profile.cpu_collective_ns)) - c.launch);
-    c.kernel = std::move(kernel);
-    return c;
+    return launched_collective(std::move(kind), static_cast<time_ns>(std::llround(collective_ns(coll, size, to.tp, link))),
+                               std::move(kernel), costs.profile);
   };
   using model::collective;
   const std::array<tp_collective, tp_message_count> kind = {

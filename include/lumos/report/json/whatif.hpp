@@ -138,7 +138,7 @@ inline void shape_config_json(json_writer& w, const char* key, const whatif::sha
   w.key(key).begin_object();
   w.field("hidden", c.hidden).field("ffn", c.ffn).field("heads", c.heads).field("head_dim", c.head_dim).field("seq", c.seq);
   w.field("micro_batch_size", c.micro_batch).field("tp", c.tp);
-  if (with_cp) w.field("cp", c.cp);
+  if (with_cp) w.field("cp", c.cp).field("cp_comm", model::to_string(c.cp_comm));
   w.field("world", f.world);
   if (moe) moe_config_fields(w, *moe);
   w.field("memory_bytes_per_gpu", f.memory_bytes_per_gpu).field("model_flops_per_rank", f.model_flops_per_rank).field("mfu", mfu);

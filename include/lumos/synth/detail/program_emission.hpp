@@ -66,9 +66,13 @@ void program_builder<Compute, Comm>::emit_items(rank_state& rs, const std::vecto
       beside = emit_beside(rs, i);
       continue;
     }
-    if (i.comm && i.expert_parallel) {
-      group_state& gs = cached_group(rs.ep_group, group_type::ep, rs.info.stage, (rs.info.dp_index / par_.ep) * tp_ + rs.info.tp_index);
-      rs.last_compute = collective(rs, rs.info.compute, gs, rs.seq_ep, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1,
+    if (i.comm && (i.expert_parallel || i.context_parallel)) {
+      const int n = i.expert_parallel ? par_.ep : par_.cp;
+      const int column = (rs.info.dp_index / n) * tp_ + rs.info.tp_index;
+      group_state& gs = i.expert_parallel ? cached_group(rs.ep_group, group_type::ep, rs.info.stage, column)
+                                          : cached_group(rs.cp_group, group_type::cp, rs.info.stage, column);
+      rs.last_compute = collective(rs, rs.info.compute, gs, i.expert_parallel ? rs.seq_ep : rs.seq_cp, collective_kind_name(i.kind), i.bytes,
+                                   i.duration, i.name, 1,
                                    i.cpu, i.cpu, i.element_bytes, graph::no_task, false)
                             .complete;
     } else if (i.comm) {

@@ -59,6 +59,9 @@ struct item {
   bool host_sync = false;
   /// A collective over the rank's expert-parallel group (MoE token dispatch), not its TP group.
   bool expert_parallel = false;
+  /// A collective over the rank's context-parallel group (the all-gather variant's K/V
+  /// all-gather and dK/dV reduce-scatter), not its TP group.
+  bool context_parallel = false;
 };
 
 /// A span of a pass after which weight gradients of `params` parameters are final (a layer,
@@ -285,7 +288,7 @@ struct rank_state {
   std::int64_t seq_tp = 0, seq_dp = 0, seq_act_out = 0, seq_act_in = 0, seq_grad_out = 0, seq_grad_in = 0;
   std::int64_t seq_norm = 0, seq_embd = 0, seq_edp = 0;
   std::int64_t seq_replica = 0;  ///< FSDP's hybrid-sharding replica group
-  std::int64_t seq_cp = 0;       ///< context parallelism's ring exchange
+  std::int64_t seq_cp = 0;       ///< context parallelism's ring exchange or all-gather
   std::int64_t seq_ep = 0;       ///< expert parallelism's token dispatch
   task_list pending;  ///< start edges into the next compute-stream task
   task_list waits;    ///< host waits folded into the next CPU task (compiled)

@@ -198,8 +198,7 @@ void program_builder<Compute, Comm>::emit_moe_collectives(const model::op_cost& 
 // ring's cp - 1 steps, `beside` the attention: launched right before it, the op after the
 // attention waits for it (its bytes: what a rank sends; emit_beside places it). The all-gather
 // variant goes whole before the forward attention, its reduce-scatter after the backward one,
-// items on the compute stream joined over the TP group as the MoE dispatch is (every rank of
-// the CP group runs the same layer at the same point).
+// collectives over the CP group on the compute stream, as the MoE dispatch's over its group.
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::emit_cp_exchange(const model::op_cost& o, bool after, std::vector<item>& out) {
   if (par_.cp <= 1 || o.role != model::op_role::attention) return;
@@ -213,6 +212,8 @@ void program_builder<Compute, Comm>::emit_cp_exchange(const model::op_cost& o, b
   if (x.overlapped) {
     i.beside = true;
     i.bytes = model::context_parallel_kv_bytes(m_, par_) * (par_.cp - 1) * (ph == hook_phase::fwd ? 1 : 2);
+  } else {
+    i.context_parallel = true;
   }
   out.push_back(i);
 }

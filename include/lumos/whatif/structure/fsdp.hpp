@@ -114,6 +114,9 @@ inline void discover_fsdp(const discovery_inputs& in, job_structure& out) {
     const auto counts = detail::fsdp_counts(in, ri);
     const std::string* shard = nullptr;
     for (const auto& [name, c] : counts) {
+      // Context parallelism's all-gather variant gathers keys and values in forward and
+      // reduce-scatters their gradients in backward too, over the CP group (discovered before).
+      if (std::find(out.cp.groups.begin(), out.cp.groups.end(), name) != out.cp.groups.end()) continue;
       if (c.gathers_forward > 0 && c.scatters_backward > 0) {
         shard = &name;
         break;
