@@ -56,6 +56,8 @@ inline constexpr std::string_view sweep_usage =
     "  --vp          default 1;  --micro-batch default 1,2,4\n"
     "  --pipeline-layout  as for 'lumos predict': the configurations whose pp x vp is its count of\n"
     "                virtual stages take it, the others split the layers evenly\n"
+    "  --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers  refused (exit 2):\n"
+    "                a sweep's stage counts vary, give a fixed --pipeline-layout instead\n"
     "  --cp          context-parallel sizes (default 1): each sequence is split over cp ranks\n"
     "                (world = TP x PP x CP x DP); a cp whose 2*cp chunks do not divide --seq is rejected\n"
     "  --cp-comm     p2p (default: ring attention) or allgather (all-gather of K and V), for every cp > 1\n"

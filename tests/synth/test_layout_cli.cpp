@@ -127,7 +127,10 @@ TEST_CASE("predict and whatif: bad pipeline layouts are one-line errors with exi
   }
   const layout_cli::result whatif = layout_cli::run("whatif nowhere --pipeline-layout 'EtL'");
   CHECK(whatif.code == 2);
-  CHECK(whatif.err.find("not supported from traces yet") != std::string::npos);
+  CHECK(whatif.err.find("unknown option --pipeline-layout") != std::string::npos);  // not from traces
+  const layout_cli::result sweep = layout_cli::run("sweep --gpus 4 --model llama3-8b --decoder-first-pipeline-num-layers 2");
+  CHECK(sweep.code == 2);
+  CHECK(sweep.err.find("not --decoder-first/last-pipeline-num-layers") != std::string::npos);
 }
 
 TEST_CASE("sweep --pipeline-layout applies to the configurations of its virtual stages", "[cli][sweep][layout]") {

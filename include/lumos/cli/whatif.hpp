@@ -97,9 +97,6 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
   }
   o.pp = positive("--pp");
   o.vp = positive("--vp");
-  for (const char* flag : {"--pipeline-layout", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"}) {
-    if (a.option(flag)) throw usage_error(std::string(flag) + " is not supported from traces yet (predict and synth take it)");
-  }
   if (const auto gb = positive("--global-batch")) o.global_batch = *gb;
   if (const auto sched = a.option("--schedule")) {
     try {
