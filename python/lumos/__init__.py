@@ -417,7 +417,7 @@ _WHATIF_FLAGS = {
     "ffn": "--ffn", "heads": "--heads", "seq": "--seq", "schedule": "--schedule", "profile": "--profile", "step": "--step",
     "host_speed": "--host-speed", "precision": "--precision", "cp": "--cp", "fsdp": "--fsdp", "hsdp": "--hsdp",
     "reshard_after_forward": "--reshard-after-forward", "ep": "--ep", "experts": "--experts", "top_k": "--top-k",
-    "expert_ffn": "--expert-ffn", "routing": "--routing",
+    "expert_ffn": "--expert-ffn", "routing": "--routing", "cp_comm": "--cp-comm",
 }
 
 
@@ -430,7 +430,8 @@ def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[in
            fold: bool = True, host_speed: Optional[Union[float, PathLike]] = None, precision: Optional[str] = None,
            cp: Optional[int] = None, fsdp: Optional[Union[bool, str]] = None, hsdp: Optional[int] = None,
            reshard_after_forward: Optional[Union[bool, str]] = None, ep: Optional[int] = None, experts: Optional[int] = None,
-           top_k: Optional[int] = None, expert_ffn: Optional[int] = None, routing: Optional[str] = None) -> WhatIf:
+           top_k: Optional[int] = None, expert_ffn: Optional[int] = None, routing: Optional[str] = None,
+           cp_comm: Optional[str] = None) -> WhatIf:
     """Rewrites the job's execution graph for another configuration and replays it, as
     ``lumos whatif`` does: ``lumos.whatif(job, gpu="h200-sxm")``, ``lumos.whatif(job, tp=4,
     dp=2)``, ``lumos.whatif(job, pp=2, schedule="1f1b")``. Each keyword is the command's flag
@@ -451,7 +452,7 @@ def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[in
                   host_speed=None if host_speed is None else (repr(float(host_speed)) if isinstance(host_speed, (int, float))
                                                               else os.fspath(host_speed)),
                   precision=precision, cp=cp, fsdp=fsdp, hsdp=hsdp, reshard_after_forward=reshard_after_forward, ep=ep,
-                  experts=experts, top_k=top_k, expert_ffn=expert_ffn, routing=routing)
+                  experts=experts, top_k=top_k, expert_ffn=expert_ffn, routing=routing, cp_comm=cp_comm)
     flags = _flags("whatif", _WHATIF_FLAGS, config)
     for key, factor in (scale or {}).items():
         flags += ["--scale", f"{key}={float(factor)!r}"]
@@ -487,6 +488,10 @@ _PREDICT_FLAGS = {
     "forward_only": "--forward-only", "unfold": "--unfold",
     "mtp_layers": "--mtp-layers", "routing": "--routing", "routing_from": "--routing-from",
     "experts": "--experts", "top_k": "--top-k", "expert_ffn": "--expert-ffn", "ep": "--ep", "expert_tp": "--expert-tp",
+    "shared_experts": "--shared-experts", "moe_dispatcher": "--moe-dispatcher", "capacity_factor": "--capacity-factor",
+    "cp": "--cp", "cp_comm": "--cp-comm", "fsdp": "--fsdp", "hsdp": "--hsdp", "reshard_after_forward": "--reshard-after-forward",
+    "pipeline_layout": "--pipeline-layout", "decoder_first_pipeline_num_layers": "--decoder-first-pipeline-num-layers",
+    "decoder_last_pipeline_num_layers": "--decoder-last-pipeline-num-layers",
 }
 _SWITCHES = {"unfold", "forward_only"}
 
@@ -498,6 +503,11 @@ _SWEEP_FLAGS = {
     "tp": "--tp", "pp": "--pp", "dp": "--dp", "vp": "--vp", "micro_batch": "--micro-batch",
     "schedule": "--schedule", "recompute": "--recompute", "sp": "--sp", "tp_comm_overlap": "--tp-comm-overlap",
     "overlap_param_gather": "--overlap-param-gather", "global_batch": "--global-batch", "memory_margin": "--memory-margin", "top": "--top", "threads": "--threads",
+    "attention": "--attention", "forward_only": "--forward-only", "unfold": "--unfold", "mtp_layers": "--mtp-layers",
+    "experts": "--experts", "top_k": "--top-k", "expert_ffn": "--expert-ffn", "ep": "--ep", "expert_tp": "--expert-tp",
+    "shared_experts": "--shared-experts", "moe_dispatcher": "--moe-dispatcher", "capacity_factor": "--capacity-factor",
+    "cp": "--cp", "cp_comm": "--cp-comm", "fsdp": "--fsdp", "hsdp": "--hsdp", "reshard_after_forward": "--reshard-after-forward",
+    "pipeline_layout": "--pipeline-layout",
 }
 
 

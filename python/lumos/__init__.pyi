@@ -119,7 +119,8 @@ def whatif(job: Union[Job, PathLike, Iterable[PathLike]], *, layers: Optional[in
            fold: bool = ..., host_speed: Optional[Union[float, PathLike]] = ..., precision: Optional[str] = ...,
            cp: Optional[int] = ..., fsdp: Optional[Union[bool, str]] = ..., hsdp: Optional[int] = ...,
            reshard_after_forward: Optional[Union[bool, str]] = ..., ep: Optional[int] = ..., experts: Optional[int] = ...,
-           top_k: Optional[int] = ..., expert_ffn: Optional[int] = ..., routing: Optional[str] = ...) -> WhatIf: ...
+           top_k: Optional[int] = ..., expert_ffn: Optional[int] = ..., routing: Optional[str] = ...,
+           cp_comm: Optional[str] = ...) -> WhatIf: ...
 
 class Prediction:
     iteration_ns: int
@@ -146,7 +147,11 @@ def predict(*, model: str = ..., layers: int = ..., hidden: int = ..., ffn: int 
             profile: str = ..., attention: str = ..., cost_model: str = ..., forward_only: bool = ...,
             unfold: bool = ..., mtp_layers: int = ..., routing: str = ...,
             routing_from: PathLike = ..., experts: int = ..., top_k: int = ..., expert_ffn: int = ...,
-            ep: int = ..., expert_tp: int = ...) -> Prediction: ...
+            ep: int = ..., expert_tp: int = ..., tp_comm_overlap: Union[bool, str] = ...,
+            overlap_param_gather: Union[bool, str] = ..., shared_experts: int = ..., moe_dispatcher: str = ...,
+            capacity_factor: Union[float, str] = ..., cp: int = ..., cp_comm: str = ..., fsdp: Union[bool, str] = ...,
+            hsdp: int = ..., reshard_after_forward: Union[bool, str] = ..., pipeline_layout: str = ...,
+            decoder_first_pipeline_num_layers: int = ..., decoder_last_pipeline_num_layers: int = ...) -> Prediction: ...
 
 _List = Union[int, str, Sequence[Union[int, str, bool]]]
 
@@ -164,7 +169,12 @@ def sweep(*, gpus: int, model: str = ..., layers: int = ..., hidden: int = ..., 
           kv_heads: int = ..., seq: int = ..., vocab: int = ..., gpu: str = ..., precision: str = ...,
           profile: str = ..., cost_model: str = ..., tp: _List = ..., pp: _List = ..., dp: _List = ...,
           vp: _List = ..., micro_batch: _List = ..., schedule: _List = ..., recompute: _List = ..., sp: _List = ...,
-          global_batch: int = ..., memory_margin: float = ..., top: int = ..., threads: int = ...) -> Sweep: ...
+          global_batch: int = ..., memory_margin: float = ..., top: int = ..., threads: int = ...,
+          tp_comm_overlap: _List = ..., overlap_param_gather: Union[bool, str] = ..., attention: str = ...,
+          forward_only: bool = ..., unfold: bool = ..., mtp_layers: int = ..., experts: int = ..., top_k: int = ...,
+          expert_ffn: int = ..., ep: _List = ..., expert_tp: int = ..., shared_experts: int = ..., moe_dispatcher: str = ...,
+          capacity_factor: Union[float, str] = ..., cp: _List = ..., cp_comm: str = ..., fsdp: _List = ..., hsdp: int = ...,
+          reshard_after_forward: Union[bool, str] = ..., pipeline_layout: str = ...) -> Sweep: ...
 
 def calibrate(paths: Union[PathLike, Iterable[PathLike]], rank: Optional[int] = ...,
               output: Optional[PathLike] = ...) -> Dict[str, Any]: ...

@@ -1,5 +1,6 @@
 """The lumos Python package against the lumos CLI: same numbers, same messages."""
 import json
+import re
 import subprocess
 import threading
 import time
@@ -207,6 +208,36 @@ def test_predict_measured_routing_matches_cli(cli):
     assert p.iteration_ns > lumos.predict(**moe).iteration_ns
     with pytest.raises(lumos.LumosError, match="needs --routing-from"):
         lumos.predict(**moe, routing="measured")
+
+
+def taken_options(command, *required):
+    """The options `lumos COMMAND` takes, from its error for an unknown one (None without the CLI)."""
+    message = cli_error(command, *required, "--no-such-option-of-lumos")
+    if message is None:
+        pytest.skip("the lumos CLI was not built (LUMOS_CLI unset)")
+    return set(re.findall(r"--[a-z0-9-]+", message.split("(this command takes:", 1)[1].split(")", 1)[0]))
+
+
+@pytest.mark.parametrize("command,known,required,outputs", [
+    ("predict", lumos._PREDICT_FLAGS, (), {"--json", "--report"}),
+    # sweep refuses the decoder first/last flags (a fixed --pipeline-layout instead)
+    ("sweep", lumos._SWEEP_FLAGS, ("--gpus", "8"), {"--json", "--csv", "--report", "--decoder-first-pipeline-num-layers",
+                                                    "--decoder-last-pipeline-num-layers"}),
+])
+def test_every_model_flag_is_a_keyword(command, known, required, outputs):
+    assert taken_options(command, *required) - outputs == set(known.values())
+
+
+def test_predict_cp_fsdp_and_layout_keywords_match_cli(cli):
+    base = dict(model="llama3-8b", layers=8, seq=8192, global_batch=16)
+    for keywords, flags in ((dict(cp=2, cp_comm="allgather", dp=2), ["--cp", 2, "--cp-comm", "allgather", "--dp", 2]),
+                            (dict(fsdp=True, dp=8, hsdp=4, reshard_after_forward=False),
+                             ["--fsdp", "on", "--dp", 8, "--hsdp", 4, "--reshard-after-forward", "off"]),
+                            (dict(pp=2, pipeline_layout="Et*3|t*5L"), ["--pp", 2, "--pipeline-layout", "Et*3|t*5L"])):
+        p = lumos.predict(**base, **keywords)
+        theirs = cli("predict", "--model", "llama3-8b", "--layers", 8, "--seq", 8192, "--global-batch", 16, *flags, "--json")
+        assert p.iteration_ns == theirs["iteration_ns"], flags
+        assert p.to_dict()["memory_bytes_per_gpu"] == theirs["memory_bytes_per_gpu"], flags
 
 
 def test_predict_errors():
