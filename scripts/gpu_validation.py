@@ -64,10 +64,10 @@ HOST_TABLE = "whatif: H100 <-> H200, target host from a calibrated profile"
 GATES = {
     "held-out steps": (4.0, 20.0),
     "--scale": (3.5, 4.5),
-    "whatif: one factor": (10.1, 36.1),
-    "whatif: several factors": (10.4, 31.7),
+    "whatif: one factor": (8.7, 36.1),
+    "whatif: several factors": (9.3, 30.9),
     "whatif: H100 <-> H200": (13.0, 38.7),
-    "whatif: every pair": (10.7, 38.7),
+    "whatif: every pair": (9.7, 38.7),
     HOST_TABLE: (10.4, 25.6),
     "predict --profile: held out": (11.1, 35.6),
     "predict --profile: fitted (the calibrated trace)": (3.4, 4.2),

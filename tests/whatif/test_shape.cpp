@@ -375,6 +375,70 @@ TEST_CASE("whatif --tp 2 from a real TP 1 trace: the collectives of Megatron's T
   CHECK(sp.at("allreduce") == 3);
 }
 
+TEST_CASE("parameter_tensor_ratio: weights and vectors follow the parameters, activations are not read as one", "[whatif][shape]") {
+  // The recorded GPT's shape: hidden 2048, FFN 8192, 16 heads of 128, seq 1024, micro-batch 1.
+  whatif::shape_config a;
+  a.hidden = 2048, a.ffn = 8192, a.heads = 16, a.head_dim = 128, a.seq = 1024, a.micro_batch = 1, a.tp = 1;
+  using dims = std::vector<std::int64_t>;
+  auto ratio = [&](const whatif::shape_config& b, dims d) { return whatif::parameter_tensor_ratio(d, a, b); };
+  whatif::shape_config batch = a;
+  batch.micro_batch = 8;
+  for (const dims& d : {dims{8192, 2048}, dims{2048, 8192}, dims{6144, 2048}, dims{2048, 2048}, dims{32768, 2048}, dims{2048}, dims{6144}}) {
+    REQUIRE(ratio(batch, d));
+    CHECK(*ratio(batch, d) == 1.0);  // the micro-batch leaves the weights alone
+  }
+  whatif::shape_config narrow = a;
+  narrow.hidden = 1024, narrow.ffn = 4096, narrow.head_dim = 64;
+  CHECK(*ratio(narrow, {8192, 2048}) == 0.25);  // FC1: FFN x hidden, both halved
+  CHECK(*ratio(narrow, {6144, 2048}) == 0.25);  // QKV: 3 heads x d x hidden
+  CHECK(*ratio(narrow, {32768, 2048}) == 0.5);  // the embedding: the vocabulary stays
+  CHECK(*ratio(narrow, {2048}) == 0.5);         // a norm's weight
+  whatif::shape_config tp2 = a;
+  tp2.tp = 2;
+  CHECK(*ratio(tp2, {6144, 2048}) == 0.5);  // a column-parallel weight's shard
+  // Activations: rank 3, or a dim that is the tokens or the sequence.
+  CHECK_FALSE(ratio(batch, {1, 1024, 2048}));
+  CHECK_FALSE(ratio(batch, {1024, 2048}));
+  CHECK_FALSE(ratio(batch, {4096, 1000}));  // no width of the model
+}
+
+TEST_CASE("whatif --micro-batch on a real autocast trace: the fp32 weights' casts stay, the activations' copies grow",
+          "[whatif][shape]") {
+  // tests/data/gpu/h100-mb1: a GPT recorded with micro-batch 1 under autocast, whose forward casts
+  // every fp32 weight to bf16 (aten::to -> aten::copy_ of a 2-D weight) before its GEMM; its other
+  // copies work on activations ([b, s, h] and wider).
+  const auto job = trace::load_job({lumos_test::data_dir() / "gpu" / "h100-mb1"});
+  whatif::whatif_options o;
+  o.shape.micro_batch = 8;
+  const auto r = whatif::run_whatif(job, o);
+  REQUIRE(r.structure);
+  const auto& before = r.baseline.built.graph;
+  const auto& after = r.predicted.built.graph;
+  REQUIRE(before.task_count() == after.task_count());
+  constexpr std::uint32_t none = ~std::uint32_t{0};
+  std::size_t weights = 0, activations = 0, grown = 0;
+  for (const auto& c : r.structure->gpu_ops) {
+    if (c.inner_op == none || c.shape_op != none || c.phase != whatif::phase_kind::forward) continue;
+    const auto& tr = job.ranks[c.rank];
+    if (tr.name(tr.events[c.inner_op]) != "aten::copy_") continue;
+    const graph::task_id t = r.baseline.built.ranks[c.rank].task_of_event[c.op];
+    if (t == graph::no_task) continue;
+    const auto dims = whatif::detail::parse_dims(tr.arg_text(c.inner_op, trace::arg_key::input_dims));
+    REQUIRE_FALSE(dims.empty());
+    if (dims[0].size() == 2) {
+      ++weights;
+      CHECK(after.duration[t] == before.duration[t]);
+    } else if (dims[0].size() >= 3) {
+      ++activations;
+      CHECK(after.duration[t] >= before.duration[t]);
+      grown += after.duration[t] > before.duration[t];
+    }
+  }
+  CHECK(weights >= 4 * 8);  // QKV, output projection, FC1 and FC2 of each of the 8 layers
+  CHECK(activations > 0);
+  CHECK(grown > 0);
+}
+
 TEST_CASE("parameter_ratios: 1 at the traces' own shape, and more parameters per rank with more layers or width",
           "[whatif][shape]") {
   const auto job = trace::load_job({lumos_test::data_dir() / "whatif" / "pp4_1f1b"});

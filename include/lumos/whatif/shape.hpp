@@ -38,6 +38,7 @@
 #include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/gpu_change.hpp>
+#include <lumos/whatif/shape_mapping.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -92,11 +93,6 @@ namespace detail {
           l.find("bwd") == std::string::npos);
 }
 
-struct mapped_gemm {
-  detail::gemm_shape from, to;
-  bool tokens_out = true; ///< the output carries the tokens (else a weight gradient)
-};
-
 } // namespace detail
 
 /// What a shape rewrite did.
@@ -113,123 +109,6 @@ struct shape_stats {
   /// rank (`tensor_parallel.hpp` inserts them): see `tp_hook`.
   std::vector<tp_hook> tp_collectives;
 };
-
-/// The key/value heads of a grouped-query QKV GEMM of width `w` per rank (q + 2·kv_heads·d/TP),
-/// when `w` reads as one.
-[[nodiscard]] inline std::optional<std::int64_t> gqa_kv_heads(std::int64_t w, const shape_config& a) {
-  const std::int64_t kv2 = w - a.q_local();
-  if (a.head_dim <= 0 || kv2 <= 0 || kv2 >= 2 * a.q_local() || kv2 % (2 * a.head_dim) != 0) return std::nullopt;
-  return kv2 / (2 * a.head_dim) * a.tp;
-}
-
-/// Maps one GEMM or attention operator's shape from `a` to `b`; nullopt when its dims are not
-/// the ones a transformer layer (or, `outside` the layers, the logits head) has.
-[[nodiscard]] inline std::optional<detail::mapped_gemm> map_gemm(const detail::gemm_shape& g, const shape_config& a,
-                                                                 const shape_config& b, bool outside,
-                                                                 std::int64_t* vocab_local = nullptr,
-                                                                 double input_width = 0) {
-  detail::mapped_gemm r;
-  r.from = r.to = g;
-  using role = detail::gemm_shape::role;
-  if (g.kind == role::attention) {
-    if (g.heads != a.heads_local() || g.seq != a.local_seq() || g.head_dim != a.head_dim || g.b != a.micro_batch)
-      return std::nullopt;
-    r.to.b = b.micro_batch, r.to.heads = b.heads_local(), r.to.seq = b.local_seq(), r.to.head_dim = b.head_dim;
-    return r;
-  }
-  if (g.kind == role::batched) {
-    if (g.batch != a.micro_batch * a.heads_local()) return std::nullopt;
-    r.to.batch = b.micro_batch * b.heads_local();
-    // Under context parallelism the rank's queries (seq / cp) against every key (seq).
-    for (std::int64_t* d : {&r.to.m, &r.to.n, &r.to.k}) {
-      if (*d == a.local_seq()) {
-        *d = b.local_seq();
-      } else if (*d == a.seq) {
-        *d = b.seq;
-      } else if (*d == a.head_dim) {
-        *d = b.head_dim;
-      } else {
-        return std::nullopt;
-      }
-    }
-    return r;
-  }
-  // Linear: one dim is the tokens (M forward and dgrad, K for a weight gradient), one the hidden
-  // width, one an inner width. When values coincide (tokens = hidden) either choice gives the same
-  // multiset of new dims, and the GEMM model is symmetric in M, N, K.
-  std::int64_t* dims[3] = {&r.to.m, &r.to.k, &r.to.n};
-  int tok = -1;
-  for (int i = 0; i < 3 && tok < 0; ++i) {
-    if (*dims[i] == a.tokens()) tok = i;
-  }
-  if (tok < 0) return std::nullopt;
-  r.tokens_out = tok != 1;
-  std::int64_t* w[2];
-  for (int i = 0, j = 0; i < 3; ++i) {
-    if (i != tok) w[j++] = dims[i];
-  }
-  const std::int64_t inner_from[4] = {3 * a.q_local(), a.q_local(), a.ffn_local(), 2 * a.ffn_local()};
-  const std::int64_t inner_to[4] = {3 * b.q_local(), b.q_local(), b.ffn_local(), 2 * b.ffn_local()};
-  auto inner = [&](std::int64_t v) -> std::optional<std::int64_t> {
-    for (int i = 0; i < 4; ++i) {
-      if (v == inner_from[i]) return inner_to[i];
-    }
-    return std::nullopt;
-  };
-  int hid = *w[0] == a.hidden ? 0 : *w[1] == a.hidden ? 1 : -1;
-  if (hid < 0) return std::nullopt;
-  std::int64_t* other = w[1 - hid];
-  const std::int64_t old_other = *other;
-  *w[hid] = b.hidden;
-  if (const auto v = inner(old_other)) {
-    *other = *v;
-  } else if (old_other == a.hidden) {
-    *other = b.hidden;
-  } else if (const auto kv = gqa_kv_heads(old_other, a); kv && *kv % b.tp == 0) {
-    // Grouped-query attention: QKV writes q + 2·kv_heads·d per rank; the KV heads stay.
-    *other = b.q_local() + 2 * (*kv / b.tp) * b.head_dim;
-  } else if (kv && !outside) {
-    // Megatron shards whole key/value groups: no such TP exists (synth and predict refuse it too).
-    throw error("whatif --tp " + std::to_string(b.tp) + ": the traced QKV GEMMs hold " + std::to_string(*kv) +
-                " key/value heads (grouped-query attention), which do not divide over " + std::to_string(b.tp) +
-                " tensor-parallel ranks");
-  } else if (outside) {
-    // The logits GEMM: the vocabulary shard, V/TP.
-    if (vocab_local) *vocab_local = old_other;
-    if ((old_other * a.tp) % b.tp != 0) return std::nullopt;
-    *other = old_other * a.tp / b.tp;
-  } else {
-    return std::nullopt;
-  }
-  *dims[tok] = b.tokens();
-  // K and the output width had the same size in the traces (hidden = FFN/TP, say) and map to
-  // different ones: K is the width of the activation the GEMM reads (`input_width`, in the new
-  // shape; 0 when unknown). FC1 and FC2 of such a model differ only in this.
-  if (r.tokens_out && input_width > 0) {
-    std::int64_t& out_to = tok == 0 ? r.to.n : r.to.m;
-    const std::int64_t out_from = tok == 0 ? r.from.n : r.from.m;
-    if (r.from.k == out_from && r.to.k != out_to &&
-        std::abs(static_cast<double>(out_to) - input_width) < std::abs(static_cast<double>(r.to.k) - input_width)) {
-      std::swap(r.to.k, out_to);
-    }
-  }
-  return r;
-}
-
-/// The width other than the tokens and the hidden size of a linear GEMM outside the layers (the
-/// logits head's vocabulary shard), or 0 when its dims are not tokens x hidden x something.
-[[nodiscard]] inline std::int64_t logits_width(const detail::gemm_shape& g, const shape_config& a) {
-  const std::int64_t d[3] = {g.m, g.n, g.k};
-  int tok = -1, hid = -1;
-  for (int i = 0; i < 3; ++i) {
-    if (tok < 0 && d[i] == a.tokens()) {
-      tok = i;
-    } else if (hid < 0 && d[i] == a.hidden) {
-      hid = i;
-    }
-  }
-  return tok < 0 || hid < 0 ? 0 : d[3 - tok - hid];
-}
 
 /// V/TP from the first linear GEMM outside the layers (the logits); 0 when there is none.
 [[nodiscard]] inline std::int64_t traced_vocab_local(const trace::job& job, const job_structure& st,
@@ -687,8 +566,25 @@ class shape_rescaler {
     const bool norm = lname.find("layer_norm") != std::string::npos || lname.find("layernorm") != std::string::npos ||
                       lname.find("rms_norm") != std::string::npos || lname.find("rmsnorm") != std::string::npos ||
                       lname.find("gammabeta") != std::string::npos;
-    set(t, memory_scaled_ns(static_cast<double>(g_.duration[t]), norm ? base_to_ / base_from_ : s.act_new / s.act_old, min_ns_));
+    const std::optional<double> params = parameter_operands(c);
+    const double ratio = params ? *params : norm ? base_to_ / base_from_ : s.act_new / s.act_old;
+    set(t, memory_scaled_ns(static_cast<double>(g_.duration[t]), ratio, min_ns_));
     if (scattered) s.act_old = base_from_, s.act_new = base_to_;
+  }
+
+  /// The ratio of `parameter_tensor_ratio` when every tensor the innermost operator around `c`
+  /// reads (its recorded Input Dims) is parameter-shaped, the same for all; else nullopt.
+  [[nodiscard]] std::optional<double> parameter_operands(const gpu_op_context& c) const {
+    if (c.inner_op == no_event) return std::nullopt;
+    const trace::rank_trace& tr = job_.ranks[c.rank];
+    std::optional<double> out;
+    for (const auto& d : parse_dims(tr.arg_text(c.inner_op, trace::arg_key::input_dims))) {
+      if (d.empty()) continue;  // a scalar
+      const auto r = parameter_tensor_ratio(d, from_, to_);
+      if (!r || (out && *out != *r)) return std::nullopt;
+      out = r;
+    }
+    return out;
   }
 
   /// A hook after `t` on `rank`, the first after the rank's current GEMM operator or not.

@@ -43,6 +43,7 @@ struct launch_rec {
   std::int64_t scope = -1;         ///< outermost enclosing layer-scope event
   std::uint32_t shape_op = no_event;  ///< innermost enclosing GEMM / attention operator
   std::uint32_t cpu_op = no_event;    ///< outermost enclosing CPU operator
+  std::uint32_t inner_op = no_event;  ///< innermost enclosing CPU operator
   std::uint32_t pass_marker = no_event;  ///< outermost enclosing user annotation that marks a phase
   int pass = -1, layer = -1;       ///< set by `discover_passes` and `discover_layers`
   int instance = -1;               ///< graph collective instance
@@ -193,7 +194,10 @@ namespace detail {
           }
           if (s->marker && t.events[s->index].cat == trace::category::user_annotation) base.pass_marker = s->index;
           if (s->shape && base.shape_op == no_event) base.shape_op = s->index;
-          if (t.events[s->index].cat == trace::category::cpu_op) base.cpu_op = s->index;  // the last is the outermost
+          if (t.events[s->index].cat == trace::category::cpu_op) {
+            base.cpu_op = s->index;  // the last is the outermost
+            if (base.inner_op == no_event) base.inner_op = s->index;
+          }
         }
         for (const auto& s : stack) {
           if (s.scope) {

@@ -53,7 +53,7 @@ inline void discover_layer_tasks(const discovery_inputs& in, job_structure& out)
 inline void discover_gpu_ops(const discovery_inputs& in, job_structure& out) {
   for (std::size_t ri = 0; ri < in.rank_count(); ++ri) {
     for (const auto& l : in.ranks[ri].launches) {
-      out.gpu_ops.push_back({ri, l.op, l.shape_op, l.cpu_op, l.phase, l.pass, l.layer, l.comm, l.p2p});
+      out.gpu_ops.push_back({ri, l.op, l.shape_op, l.cpu_op, l.phase, l.pass, l.layer, l.comm, l.p2p, l.inner_op});
     }
   }
 }

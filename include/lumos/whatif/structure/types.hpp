@@ -155,6 +155,7 @@ struct gpu_op_context {
   phase_kind phase = phase_kind::other;
   int pass = -1, layer = -1;  ///< index into the rank's passes, layer within it (-1: outside both)
   bool comm = false, p2p = false;
+  std::uint32_t inner_op = ~std::uint32_t{0};  ///< innermost enclosing CPU operator (event index), or none
 };
 
 /// How the traced step keeps its memory (whatif/structure/memory_recipe.hpp): a PyTorch eager
