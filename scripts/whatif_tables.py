@@ -49,6 +49,9 @@ FSDP8 = dict(FSDP4, **{"--dp": "8", "--global-batch": "16"})
 ZERO1 = dict(FSDP4, **{"--fsdp": "off"})
 # Hybrid sharding: DP 8 as 2 shard groups of 4 ranks, each unit's shard all-reduced over 2 replicas.
 HSDP = dict(FSDP8, **{"--hsdp": "4"})
+# The same with 2 pipeline stages (16 ranks, 4 micro-batches per replica).
+FSDP8_PP2 = dict(FSDP8, **{"--pp": "2", "--global-batch": "32"})
+HSDP_PP2 = dict(FSDP8_PP2, **{"--hsdp": "4"})
 
 # (name, changes of A relative to BASE, what-if flags = changes from A to B). B = A + flags
 # (`target`: --fsdp off drops A's --hsdp, a shard group size of FSDP that synth refuses without it).
@@ -232,6 +235,12 @@ CASES = [
     ("HSDP shard group 4→2 (4 replicas)", HSDP, {"--hsdp": "2"}),
     ("HSDP, DP 8→16 (4 replicas)", HSDP, {"--dp": "16", "--global-batch": "32"}),
     ("HSDP → off (distributed optimizer)", HSDP, {"--fsdp": "off"}),
+    # With pipeline stages each stage all-reduces its own units after its final backward.
+    ("FSDP → HSDP with PP 2, shard group 8→4 (2 replicas)", FSDP8_PP2, {"--hsdp": "4"}),
+    ("HSDP → FSDP with PP 2, shard group 4→8", HSDP_PP2, {"--hsdp": "8"}),
+    ("HSDP with PP 2, shard group 4→2 (4 replicas)", HSDP_PP2, {"--hsdp": "2"}),
+    ("HSDP with PP 2, DP 8→16 (4 replicas)", HSDP_PP2, {"--dp": "16", "--global-batch": "64"}),
+    ("HSDP with PP 2 → off (distributed optimizer)", HSDP_PP2, {"--fsdp": "off"}),
 ]
 
 # Mixture of experts: configuration M, a MoE job (Qwen3-30B-A3B's layer shape, 128 experts, top-8,

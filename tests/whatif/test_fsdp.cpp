@@ -191,6 +191,28 @@ TEST_CASE("whatif on FSDP traces agrees with the target synthesised directly: --
     REQUIRE(c != nullptr);
     CHECK(c->from == "4");
     CHECK(c->to == "8");
+    // Written out (the 4 traced ranks standing for the 8), the job reads back with shard groups of 8.
+    const auto out = dir.path() / "written";
+    (void)report::write_whatif_traces(o, r, job, out);
+    const auto back = discover_fsdp_job(out);
+    REQUIRE(back.fsdp.found());
+    CHECK(*back.fsdp.shard.value == 8);
+    CHECK(*back.parallel.dp.value == 8);
+    CHECK(report::replay_job(trace::load_job({out})).simulated_ns == r.predicted.simulated_ns);
+  }
+  SECTION("--dp 2: written out, the first 2 ranks with shard groups of 2") {
+    whatif::whatif_options o;
+    o.dp = 2, o.global_batch = 4;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    const auto out = dir.path() / "written";
+    const report::written_traces w = report::write_whatif_traces(o, r, job, out);
+    CHECK(w.files.size() == 2);
+    const auto back = discover_fsdp_job(out);
+    REQUIRE(back.fsdp.found());
+    CHECK(*back.fsdp.shard.value == 2);
+    CHECK(*back.parallel.dp.value == 2);
+    CHECK(*back.parallel.world.value == 2);
+    CHECK(report::replay_job(trace::load_job({out})).simulated_ns == r.predicted.simulated_ns);
   }
   SECTION("--fsdp off: the distributed optimizer's buckets instead") {
     const time_ns direct = write_fsdp_job(fsdp_synth_job(4, false), dir.path() / "b");
@@ -299,15 +321,41 @@ TEST_CASE("whatif --hsdp on FSDP and HSDP traces agrees with the HSDP job synthe
     REQUIRE(r.shape);
     CHECK(r.shape->predicted.memory_bytes_per_gpu > r.shape->baseline.memory_bytes_per_gpu);  // states over 2 ranks, not 4
 
-    // Written out, the job reads back with its replica all-reduces and replays to the prediction
-    // (the shard groups' written records keep the traced group's size, as after --dp on FSDP traces).
+    // Written out, the job reads back as the target (shard groups of 2, their replica
+    // all-reduces, DP 4) and replays to the prediction.
     const auto out = dir.path() / "written";
     (void)report::write_whatif_traces(o, r, fsdp, out);
     const auto back = discover_fsdp_job(out);
     REQUIRE(back.fsdp.found());
+    CHECK(*back.fsdp.shard.value == 2);
     CHECK(*back.fsdp.replicas.value == 2);
+    CHECK(*back.parallel.dp.value == 4);
     CHECK(back.fsdp.replica_group.starts_with(whatif::inserted_hsdp_group));
     CHECK(report::replay_job(trace::load_job({out})).simulated_ns == r.predicted.simulated_ns);
+  }
+  SECTION("FSDP with interleaved pipeline stages -> --hsdp 2: each stage's chunks all-reduce their own units") {
+    auto staged = [](synth::job j) {
+      j.model.layers = 4;
+      j.parallel.pp = 2, j.parallel.vp = 2, j.parallel.global_batch = 16;
+      return j;
+    };
+    (void)write_fsdp_job(staged(fsdp_synth_job(4, true)), dir.path() / "pp");
+    const time_ns t = direct(staged(hsdp_synth_job(4, 2)), "b");
+    whatif::whatif_options o;
+    o.hsdp = 2;
+    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({dir.path() / "pp"}), o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
+    // Per rank the all-reduces of the job synthesised with HSDP: both chunks' units, on both stages.
+    const auto want = replica_reduces(graph::build_graph(trace::load_job({dir.path() / "b"})).graph, "fsdp.replica.");
+    const auto got = replica_reduces(r.predicted.built.graph, whatif::inserted_hsdp_group);
+    REQUIRE(got.size() == r.predicted.ranks.size());
+    std::set<std::size_t> stages;
+    for (const auto& [rank, elements] : got) {
+      REQUIRE(want.contains(rank));
+      CHECK(elements == want.at(rank));
+      stages.insert(static_cast<std::size_t>(rank) / 4);
+    }
+    CHECK(stages.size() == 2);
   }
   SECTION("HSDP -> --hsdp 4: the replica all-reduces removed, plain FSDP") {
     const time_ns t = direct(fsdp_synth_job(4, true), "b");
@@ -317,6 +365,15 @@ TEST_CASE("whatif --hsdp on FSDP and HSDP traces agrees with the HSDP job synthe
     CHECK(fsdp_error(r.predicted.simulated_ns, t) < 0.03);
     CHECK(replica_reduces(r.predicted.built.graph, "fsdp.replica.").empty());
     CHECK(replica_reduces(r.predicted.built.graph, whatif::inserted_hsdp_group).empty());
+    // Written out: one shard group of the 4 ranks, no replicas, replaying to the prediction.
+    const auto out = dir.path() / "written";
+    (void)report::write_whatif_traces(o, r, hsdp, out);
+    const auto back = discover_fsdp_job(out);
+    REQUIRE(back.fsdp.found());
+    CHECK(*back.fsdp.shard.value == 4);
+    CHECK(back.fsdp.replicas.value.value_or(1) == 1);
+    CHECK(*back.parallel.dp.value == 4);
+    CHECK(report::replay_job(trace::load_job({out})).simulated_ns == r.predicted.simulated_ns);
   }
   SECTION("HSDP -> --dp 8: the shard group kept, 4 replicas") {
     const time_ns t = direct(hsdp_synth_job(8, 2), "b");
@@ -350,6 +407,9 @@ TEST_CASE("whatif --hsdp on FSDP and HSDP traces agrees with the HSDP job synthe
     whatif::whatif_options o;
     o.hsdp = 2;
     CHECK_THROWS_WITH(whatif::run_whatif(trace::load_job({dir.path() / "zero1"}), o), Catch::Contains("do not run FSDP"));
+    o.hsdp = 1;
+    CHECK_THROWS_WITH(whatif::run_whatif(fsdp, o), Catch::Contains("--hsdp 1"));
+    o.hsdp = 2;
     o.layers = 4;
     CHECK_THROWS_WITH(whatif::run_whatif(fsdp, o), Catch::Contains("--layers"));
   }

@@ -61,10 +61,11 @@ inline void stage_ranks_out(const whatif::stage_split& st, const replay_session&
   sj.decorations = &transfers;
 }
 
-// A folded TP or DP change: the traced ranks stand for the target's, written with the target's
-// group sizes and world, so that the written job reads back as the target. Returns the note.
+// A folded TP or DP change (or HSDP's shard groups resized): the traced ranks stand for the
+// target's, written with the target's group sizes and world, so that the written job reads back
+// as the target. Returns the note.
 inline std::string folded_ranks_out(const whatif::whatif_options& o, const whatif::job_structure& structure, const trace::job& job,
-                                    const std::vector<int>& ranks, simulated_job& sj) {
+                                    std::vector<int>& ranks, simulated_job& sj) {
   const auto& par = structure.parallel;
   const int tp_from = par.tp.value.value_or(1), dp_from = par.dp.value.value_or(1);
   const int world = par.world.value.value_or(static_cast<int>(job.ranks.size()));
@@ -79,6 +80,16 @@ inline std::string folded_ranks_out(const whatif::whatif_options& o, const whati
              " ranks (folded: tensor- and data-parallel ranks are symmetric, the traced ones stand for the rest; "
              "their collectives name the target's groups)";
     }
+  } else if (target > 0 && target < written_ranks && par.tp.known() && par.dp.known() && par.pp.value.value_or(1) == 1 &&
+             o.shape.tp.value_or(tp_from) == tp_from) {
+    // Fewer replicas, no stages, TP kept: the target's ranks are the traced ones numbered below
+    // it (DP outermost), written; the rest are replicas of them.
+    std::erase_if(ranks, [&](int k) { return k >= target; });
+    sj.groups_from_graph = true;
+    sj.world_size = target;
+    return "the target has " + std::to_string(target) + " ranks, fewer than the " + std::to_string(written_ranks) +
+           " traced ones: ranks 0-" + std::to_string(target - 1) + " are written (data-parallel replicas are symmetric), their "
+           "collectives naming the target's groups";
   } else if (target > 0 && target < written_ranks) {
     return "the target has " + std::to_string(target) + " ranks, fewer than the " + std::to_string(written_ranks) +
            " traced ones written: each keeps its traced number, world size and collective groups";
@@ -90,9 +101,10 @@ inline std::string folded_ranks_out(const whatif::whatif_options& o, const whati
 
 /// Writes the prediction of what-if `r` (options `o`) of `job` as Kineto traces under `dir`, one
 /// file per rank (`.json.gz` when `gzip`), as `lumos whatif --trace-out` does: after a pipeline
-/// split in the graph every rank of every stage, after a folded TP or DP change the traced ranks
-/// with the target's groups and world (the note says how they stand for the rest). `lumos replay`
-/// reads the files back and replays them to the same prediction. Preconditions: `job` holds
+/// split in the graph every rank of every stage, after a folded TP, DP or HSDP change the traced
+/// ranks (those of the target's world, when DP shrinks) with the target's groups and world (the
+/// note says how they stand for the rest). `lumos replay` reads the files back and replays them to
+/// the same prediction. Preconditions: `job` holds
 /// every traced rank (not folded), `r` has no pass-level pipeline model
 /// (`cli::require_writable`).
 inline written_traces write_whatif_traces(const whatif::whatif_options& o, const whatif::whatif_result& r, const trace::job& job,
@@ -103,7 +115,7 @@ inline written_traces write_whatif_traces(const whatif::whatif_options& o, const
   std::vector<int> ranks = rank_numbers(job);
   if (r.stages) {
     detail::stage_ranks_out(*r.stages, r.predicted, sj, ranks, transfers);
-  } else if ((o.dp || o.shape.tp) && r.structure) {
+  } else if ((o.dp || o.shape.tp || o.hsdp) && r.structure) {
     out.folded_note = detail::folded_ranks_out(o, *r.structure, job, ranks, sj);
   }
   out.files = write_kineto(sj, ranks, dir, gzip);

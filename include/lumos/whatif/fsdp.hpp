@@ -34,7 +34,7 @@
 //                     --fsdp off on HSDP traces removes the replica all-reduces with the rest.
 // Not rewritten (an error says so): --reshard-after-forward on from traces whose backward passes
 // do not gather, --fsdp on from traces with one replica or with --layers or a pipeline change,
-// --hsdp from traces without FSDP, and HSDP rewrites of traces with pipeline stages or context
+// --hsdp from traces without FSDP, --hsdp 1, and HSDP rewrites of traces with context
 // parallelism, or with --layers or a pipeline change.
 
 #include <lumos/core/error.hpp>

@@ -7,7 +7,7 @@
 //  - the shard groups' all-gathers and reduce-scatters stay, each re-timed by the profile's NCCL
 //    model at H ranks and their placement, as the data-parallel pass resizes a DP group
 //    (`resize_data_parallel` over the shard groups alone), a unit's message the same;
-//  - after the final gradient pass of the step (its last micro-batch), each unit's reduced shard
+//  - after each model chunk's final gradient pass (its last micro-batch), each unit's reduced shard
 //    is all-reduced over its replica group: the N / H ranks holding the same shard, H DP ranks
 //    apart at their Megatron ranks (`model::placement_of`), a message of the unit's gradients / H,
 //    on a stream of its own (another communicator), launched with the unit's reduce-scatter and
@@ -130,8 +130,8 @@ struct unit_scatter {
 };
 
 /// Per traced rank (index into `b.ranks`), the reduce-scatters of the shard groups `shard` that
-/// its final gradient pass (the last backward, or weight-gradient pass of a split backward)
-/// launched, in launch order. O(GPU ops + collectives).
+/// its final gradient passes (each model chunk's last backward, or weight-gradient pass of a
+/// split backward) launched, in launch order. O(GPU ops + collectives).
 [[nodiscard]] inline std::vector<std::vector<unit_scatter>> final_scatters(const graph::built_job& b, const trace::job& job,
                                                                            const job_structure& st, const std::set<std::string>& shard) {
   const graph::task_graph& g = b.graph;
@@ -143,13 +143,18 @@ struct unit_scatter {
   }
   std::map<int, std::size_t> index_of;  // global rank -> traced rank
   for (std::size_t ri = 0; ri < b.ranks.size(); ++ri) index_of[b.ranks[ri].rank] = ri;
-  std::vector<int> final_pass(b.ranks.size(), -1);
+  // Per traced rank, its final gradient pass of each model chunk (an interleaved stage's chunks
+  // each end their gradients at their own last micro-batch).
+  std::vector<std::set<int>> final_passes(b.ranks.size());
   for (std::size_t ri = 0; ri < b.ranks.size() && ri < st.ranks.size(); ++ri) {
     const auto& passes = st.ranks[ri].passes;
     const bool split = std::any_of(passes.begin(), passes.end(), [](const pass_info& p) { return p.op.kind == pipeline::op_kind::weight; });
+    std::map<int, int> last;  // chunk -> its last gradient pass
     for (std::size_t p = 0; p < passes.size(); ++p) {
-      if (passes[p].op.kind == (split ? pipeline::op_kind::weight : pipeline::op_kind::backward)) final_pass[ri] = static_cast<int>(p);
+      const pipeline::op& o = passes[p].op;
+      if (o.kind == (split ? pipeline::op_kind::weight : pipeline::op_kind::backward)) last[o.chunk] = static_cast<int>(p);
     }
+    for (const auto& [chunk, p] : last) final_passes[ri].insert(p);
   }
   std::vector<std::vector<unit_scatter>> out(b.ranks.size());
   const launch_edges launches(g);
@@ -158,7 +163,7 @@ struct unit_scatter {
     const auto ri = index_of.find(g.rank[complete]);
     if (ri == index_of.end()) return;
     const int pass = arrive != graph::no_task && pass_of[arrive] >= 0 ? pass_of[arrive] : pass_of[complete];
-    if (pass < 0 || pass != final_pass[ri->second]) return;
+    if (pass < 0 || !final_passes[ri->second].contains(pass)) return;
     const graph::task_id launched = arrive != graph::no_task && launches.launched(arrive) ? arrive : complete;
     out[ri->second].push_back({launched, complete, elements, element_bytes});
   };
@@ -216,7 +221,7 @@ inline std::size_t strip_replica_reduces(graph::built_job& b, const trace::job& 
 }
 
 /// Inserts, on every traced rank, the all-reduce of each unit's reduced shard over a replica group
-/// of `replicas` ranks after the reduce-scatters of its final gradient pass (see the header
+/// of `replicas` ranks after the reduce-scatters of its final gradient passes (see the header
 /// comment), for shard groups of `shard` ranks at TP `tp`. `st` must be `discover_structure` of
 /// `b` as it is. Task ids of `b` change (`adopt`). Returns what was inserted.
 [[nodiscard]] inline hsdp_insertion insert_replica_reduces(graph::built_job& b, const trace::job& job, const job_structure& st, int shard,
@@ -289,13 +294,16 @@ inline std::size_t strip_replica_reduces(graph::built_job& b, const trace::job& 
   if (!f.shard.known()) throw error("whatif --hsdp: the traces' shard group size is unknown (" + f.shard.source + ")");
   if (ctx.traced_cp() != 1 || ctx.target_cp() != 1) throw error("whatif --hsdp with context parallelism is not built yet");
   if (o.layers || o.pipeline_asked()) throw error("whatif --hsdp or --dp on HSDP traces, together with --layers or a pipeline change, is not built yet");
-  if (st.parallel.pp.value.value_or(1) > 1) throw error("whatif --hsdp: HSDP rewrites of traces with pipeline stages are not built yet");
   const int shard_from = *f.shard.value, replicas_from = f.replicas.value.value_or(1);
   const int dp_from = shard_from * replicas_from, dp = o.dp.value_or(dp_from);
   const int shard = o.hsdp.value_or(replicas_from > 1 ? shard_from : dp);
   if (dp % shard != 0) {
     throw error("whatif --hsdp " + std::to_string(shard) + ": it must divide the DP ranks (" + std::to_string(dp) +
                 "): dp / hsdp shard groups replicate each other");
+  }
+  if (shard == 1) {
+    throw error("whatif --hsdp 1: a shard group of one rank (no gathers or reduce-scatters, each unit's whole gradients "
+                "all-reduced over every DP rank) is not built yet");
   }
   const int replicas = dp / shard;
   if (shard == shard_from && replicas == replicas_from) {
