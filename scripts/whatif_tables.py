@@ -262,6 +262,17 @@ MOE_CASES = [
     ("MoE: top-8→4", {}, {"--top-k": "4"}),
     ("MoE: expert FFN 768→1536", {}, {"--expert-ffn": "1536"}),
     ("MoE: EP 2→4 on H200", {}, {"--ep": "4", "--gpu": "h200-sxm"}),
+    # Context parallelism (whatif/context_parallel.hpp with the MoE pass): the tokens per rank, and
+    # so the expert GEMMs, router and all-to-alls, follow seq / CP; the expert gradients' group is
+    # DP x CP / EP.
+    ("MoE: CP 1→2", {}, {"--cp": "2"}),
+    ("MoE: CP 2→1", {"--cp": "2"}, {"--cp": "1"}),
+    ("MoE: CP 2→4 with the sequence ×2", {"--cp": "2"}, {"--cp": "4", "--seq": "8192"}),
+    ("MoE: CP 1→2 with EP 2→4", {}, {"--cp": "2", "--ep": "4"}),
+    ("MoE: CP 2, EP 2→4", {"--cp": "2"}, {"--ep": "4"}),
+    ("MoE: CP 1→2 with EP 1→2 (all-to-alls inserted)", {"--ep": "1"}, {"--cp": "2", "--ep": "2"}),
+    ("MoE: CP 1→2 with all-gather", {}, {"--cp": "2", "--cp-comm": "allgather"}),
+    ("MoE: sequence ×2", {}, {"--seq": "8192"}),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

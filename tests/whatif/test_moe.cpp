@@ -3,7 +3,9 @@
 // launches and joined over a new EP group, a target EP that does not divide DP refused), measured
 // against balanced routing on the hand-made unbalanced traces, and a loop of per-expert GEMMs
 // lengthened or shortened with the experts per rank; the traced configuration read right (a
-// fused gate-and-up width, a shared expert and dense layers left out) and errors that name the flag.
+// fused gate-and-up width, a shared expert and dense layers left out) and errors that name the flag;
+// CP changes of the synth MoE job (the tokens per rank through the experts and all-to-alls, with
+// and without an EP change) against the direct job, and what is refused on MoE layers.
 #include "../unit/test_support.hpp"
 
 #include <lumos/report/json/whatif.hpp>
@@ -64,20 +66,24 @@ const std::filesystem::path& moe_test_job_dir() {
   return out;
 }
 
-/// The job with 2 layers (structure discovery places the backward of a layer between two others)
-/// at EP `ep`: at 1 no all-to-all; at another, the direct truth of an EP change from 1.
-const std::filesystem::path& moe_test_job_dir(int ep) {
+/// The job with 2 layers (structure discovery places the backward of a layer between two others),
+/// seq 1024, DP 4, with `flags` (its EP, CP), written once each: a what-if's input or the direct
+/// truth of its target.
+const std::filesystem::path& moe_test_job_with(const std::string& flags) {
   static lumos_test::temp_dir dir;
-  static std::map<int, std::filesystem::path> made;
-  auto [it, fresh] = made.try_emplace(ep);
+  static std::map<std::string, std::filesystem::path> made;
+  auto [it, fresh] = made.try_emplace(flags);
   if (fresh) {
-    it->second = dir.path() / ("ep" + std::to_string(ep));
-    const auto r = lumos_test::run_cli("synth --model qwen3-30b-a3b --layers 2 --seq 1024 --tp 1 --pp 1 --dp 4 --ep " + std::to_string(ep) +
-                                       " --micro-batch 1 --global-batch 4 --gpu h100-sxm --detail kernel --unfold --out " + it->second.string());
+    it->second = dir.path() / ("job" + std::to_string(made.size()));
+    const auto r = lumos_test::run_cli("synth --model qwen3-30b-a3b --layers 2 --seq 1024 --tp 1 --pp 1 --dp 4 --micro-batch 1 "
+                                       "--global-batch 4 --gpu h100-sxm --detail kernel --unfold " + flags + " --out " + it->second.string());
     REQUIRE(r.code == 0);
   }
   return it->second;
 }
+
+/// The job at EP `ep`: at 1 no all-to-all; at another, the direct truth of an EP change from 1.
+const std::filesystem::path& moe_test_job_dir(int ep) { return moe_test_job_with("--ep " + std::to_string(ep)); }
 
 }  // namespace
 
@@ -405,3 +411,92 @@ TEST_CASE("MoE traces whose top-k is unknown: the what-if says so instead of top
   st.moe.top_k.value = 4;
   CHECK(whatif::detail::moe_configs(st, t, 1024, 1, 4).first.top_k_known);
 }
+
+#ifdef LUMOS_CLI_PATH
+namespace {
+
+/// The summed message of the all-to-alls of `g` (the graph's `bytes`).
+std::int64_t moe_test_a2a_bytes(const graph::task_graph& g) {
+  std::int64_t n = 0;
+  for (const auto* ci : moe_test_all_to_alls(g)) n += ci->bytes;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("whatif --cp 2 on MoE traces: expert GEMMs and all-to-all messages follow the tokens per rank as the direct job has them", "[whatif][moe][cp]") {
+  const trace::job job = trace::load_job({moe_test_job_with("--ep 2")});
+  const trace::job truth_job = trace::load_job({moe_test_job_with("--ep 2 --cp 2")});
+  whatif::whatif_options o;
+  o.shape.cp = 2;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const whatif::whatif_result truth = whatif::run_whatif(truth_job, {});
+  // The all-to-alls keep their count and carry half the tokens: the direct job's messages.
+  const auto& before = r.baseline.built.graph;
+  const auto& after = r.predicted.built.graph;
+  REQUIRE(!moe_test_all_to_alls(before).empty());
+  CHECK(moe_test_all_to_alls(after).size() == moe_test_all_to_alls(before).size());
+  CHECK(2 * moe_test_a2a_bytes(after) == moe_test_a2a_bytes(before));
+  CHECK(moe_test_a2a_bytes(after) == moe_test_a2a_bytes(truth.baseline.built.graph) * static_cast<std::int64_t>(moe_test_all_to_alls(after).size()) /
+                                         static_cast<std::int64_t>(moe_test_all_to_alls(truth.baseline.built.graph).size()));
+  // The grouped expert GEMMs of half the copies: within 5 % of the direct job's, rank 0.
+  const auto gemm_before = moe_test_expert_time(before, "GemmGrouped"), gemm_after = moe_test_expert_time(after, "GemmGrouped");
+  const auto gemm_truth = moe_test_expert_time(truth.baseline.built.graph, "GemmGrouped");
+  REQUIRE(gemm_before.count(0));
+  CHECK(gemm_after.at(0) < gemm_before.at(0));
+  CHECK(std::abs(double(gemm_after.at(0)) - double(gemm_truth.at(0))) <= 0.05 * double(gemm_truth.at(0)));
+  // The MoE change says the tokens per rank halve; the ring is inserted beside the attention.
+  const whatif::change* c = moe_test_change(r);
+  REQUIRE(c != nullptr);
+  CHECK(c->text.find("tokens per rank x0.500") != std::string::npos);
+  std::size_t exchanges = 0;
+  for (const auto& ci : after.collectives) exchanges += ci.group.rfind("cp.folded.", 0) == 0;
+  CHECK(exchanges > 0);
+  CHECK_FALSE(r.moe);  // no MoE flag: no MoE summary
+  CHECK(std::abs(double(r.predicted.simulated_ns) - double(truth.baseline.simulated_ns)) <= 0.03 * double(truth.baseline.simulated_ns));
+}
+
+TEST_CASE("whatif --cp with --ep on MoE traces: the EP and expert-DP groups of DP x CP as the direct job runs them", "[whatif][moe][cp]") {
+  const trace::job job = trace::load_job({moe_test_job_with("--ep 2")});
+  whatif::whatif_options o;
+  o.shape.cp = 2;
+  o.moe.ep = 4;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const whatif::whatif_result truth = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4 --cp 2")}), {});
+  for (const auto* ci : moe_test_all_to_alls(r.predicted.built.graph)) CHECK(ci->group_ranks.size() == 4);
+  CHECK(std::abs(double(r.predicted.simulated_ns) - double(truth.baseline.simulated_ns)) <= 0.03 * double(truth.baseline.simulated_ns));
+  // EP 8 does not divide DP 4 x CP 1: the CP change that makes it fit is allowed, its absence refused.
+  whatif::whatif_options big;
+  big.moe.ep = 8;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, big), Catch::Contains("EP must divide DP x CP"));
+  big.shape.cp = 2;
+  CHECK_NOTHROW(whatif::run_whatif(job, big));
+  // From CP 2 with EP 8 (DP 4 x CP 2) to CP 1: the traced EP no longer divides, named by --cp.
+  whatif::whatif_options one;
+  one.shape.cp = 1;
+  CHECK_THROWS_WITH(whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 8 --cp 2")}), one),
+                    Catch::Contains("whatif --cp 1: EP must divide DP x CP of the target (EP 8, DP x CP 4)"));
+}
+
+TEST_CASE("whatif --cp --trace-out on MoE traces: the written traces replay to the prediction and refusals exit 2", "[whatif][moe][cp]") {
+  lumos_test::temp_dir dir;
+  const auto out = dir.path() / "cp2";
+  const std::string in = moe_test_job_with("--ep 2").string();
+  const auto r = lumos_test::run_cli("whatif " + in + " --cp 2 --json --trace-out " + out.string());
+  REQUIRE(r.code == 0);
+  const auto again = lumos_test::run_cli("replay " + out.string() + " --json");
+  REQUIRE(again.code == 0);
+  const std::string key = "\"predicted\":{\"iteration_ns\":";
+  const auto predicted = r.out.find(key);
+  REQUIRE(predicted != std::string::npos);
+  const auto at = predicted + key.size();
+  const std::string ns = r.out.substr(at, r.out.find(',', at) - at);
+  CHECK(!ns.empty());
+  CHECK(again.out.find("\"simulated_ns\":" + ns) != std::string::npos);
+  for (const char* bad : {"--hidden 4096", "--tp 2", "--cp 2 --layers 4", "--cp 2 --pp 2"}) {
+    const auto refused = lumos_test::run_cli("whatif " + in + " " + std::string(bad));
+    CHECK(refused.code == 2);
+    CHECK(refused.err.find("MoE layers") != std::string::npos);
+  }
+}
+#endif  // LUMOS_CLI_PATH

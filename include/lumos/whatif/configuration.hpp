@@ -96,7 +96,10 @@ struct shape_config {
 };
 
 /// The traces' shape from structure discovery; throws `lumos::error` naming what is unknown.
-[[nodiscard]] inline shape_config traced_shape(const job_structure& st) {
+/// With `moe_layers`, traces whose layers are MoE layers (no dense MLP, so no FFN the GEMMs tell)
+/// get FFN 0: their experts are the MoE pass's (whatif/moe.hpp), and only the changes that keep
+/// the layer's weights (sequence, micro-batch, CP) may use the shape.
+[[nodiscard]] inline shape_config traced_shape(const job_structure& st, bool moe_layers = false) {
   const auto& m = st.model;
   auto need = [](const auto& f, const char* what) {
     if (!f.known()) {
@@ -107,7 +110,7 @@ struct shape_config {
   };
   shape_config c;
   c.hidden = need(m.hidden, "hidden size");
-  c.ffn = need(m.ffn, "FFN size");
+  c.ffn = moe_layers && st.moe.found() && !m.ffn.known() ? 0 : need(m.ffn, "FFN size");
   c.heads = need(m.heads, "head count");
   c.head_dim = need(m.head_dim, "head dimension");
   c.seq = need(m.seq, "sequence length");
@@ -121,6 +124,23 @@ struct shape_config {
     if (st.cp.comm.value == "allgather") c.cp_comm = model::cp_comm_kind::allgather;
   }
   return c;
+}
+
+/// On traces of MoE layers only (no dense MLP): a change of the layer's weights would have to
+/// rewrite the experts too, which the MoE pass does for the expert flags only. The changes of
+/// the tokens per rank (sequence, micro-batch, CP) keep the weights: the MoE pass follows them,
+/// but not with a layer or stage change (`layers_or_stages`), whose parameters per rank would
+/// count the dense weights only.
+inline void refuse_moe_weight_changes(const shape_target& t, bool layers_or_stages) {
+  if (layers_or_stages) {
+    throw error("whatif --seq/--micro-batch/--cp with --layers or --pp: not modelled on traces whose layers are MoE layers "
+                "(the parameters per rank would count the dense weights only)");
+  }
+  const char* flag = t.hidden ? "--hidden" : t.ffn ? "--ffn" : t.heads ? "--heads" : t.tp ? "--tp" : t.sp ? "--sp" : nullptr;
+  if (flag == nullptr) return;
+  throw error(std::string("whatif ") + flag + ": the traces' layers are MoE layers (no dense MLP); a change of the layer's "
+              "weights is not modelled on them (--seq, --micro-batch, --cp and --cp-comm are, with --ep, --experts, --top-k, "
+              "--expert-ffn)");
 }
 
 /// The target shape: `t` applied to `from`. The head dimension follows hidden / heads when the

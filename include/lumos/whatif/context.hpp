@@ -158,6 +158,8 @@ class context {
   std::optional<shape_config> shape_from, shape_to;  ///< the traces' model shape and the target's
   std::vector<tp_hook> tp_hooks;                     ///< where TP collectives go, from TP 1 (shape pass)
   std::optional<int> dp_from, dp_to;                 ///< the data-parallel change, when one was made
+  /// The CP pass re-timed the gradient collectives (dense and expert) for the target's DP x CP.
+  bool cp_gradients = false;
   std::optional<int> micro_batches;                  ///< per replica, when a pass changed them
   bool buckets_inserted = false;                     ///< gradient buckets were inserted (one replica traced)
   bool fsdp_inserted = false;                        ///< FSDP's collectives were inserted (`--fsdp on` from DDP or ZeRO-1, or HSDP's)

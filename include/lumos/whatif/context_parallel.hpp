@@ -307,7 +307,10 @@ struct context_parallel_pass {
     // With a data-parallel change (or a TP change that moves the DP groups) the data-parallel
     // pass resizes the DP x CP group from the traces' to the target's in one step.
     const bool dp_resizes = data_parallel_pass{}.wanted(ctx);
-    if (from.cp != to.cp && !dp_resizes) gradients(ctx, b, st, from.cp, to.cp, from.tp, to.tp, costs, s);
+    if (from.cp != to.cp && !dp_resizes) {
+      gradients(ctx, b, st, from.cp, to.cp, from.tp, to.tp, costs, s);
+      ctx.cp_gradients = true;
+    }
     if (replaced) remove_exchanges(ctx, b, st);
     if ((from.cp == 1 && to.cp > 1) || replaced) {
       const auto fwd = static_cast<time_ns>(std::llround(new_ns[0])), bwd = static_cast<time_ns>(std::llround(new_ns[1]));
@@ -369,11 +372,14 @@ struct context_parallel_pass {
   }
 
   /// The gradient collectives over DP x CP: re-timed from the traced group's size to size /
-  /// `cp_from` x `cp_to` by the NCCL model (ranks at stride `tp`, `tp_to` in the target), and a
-  /// distributed optimizer's step sharded as they are.
+  /// `cp_from` x `cp_to` by the NCCL model (ranks at stride `tp`, `tp_to` in the target; an
+  /// expert-data-parallel group's, DP x CP / EP, at stride TP x EP of the traces' EP, whose change
+  /// is the MoE pass's), and a distributed optimizer's step sharded as they are.
   static void gradients(const context& ctx, graph::built_job& b, const job_structure& st, int cp_from, int cp_to, int tp, int tp_to,
                         const shape_costs& costs, cp_stats& s) {
     const std::map<std::string, bool> grad = detail::gradient_groups(st);
+    const std::set<std::string> experts = detail::expert_dp_groups(st);
+    const int ep = std::max(1, st.moe.ep.value.value_or(st.parallel.ep.value.value_or(1)));
     const auto instance = detail::collectives_by_complete(b.graph);
     graph::task_graph& g = b.graph;
     for (const gpu_op_context& c : st.gpu_ops) {
@@ -411,8 +417,9 @@ struct context_parallel_pass {
         const model::collective_op op{coll, static_cast<std::int64_t>(std::llround(bytes)), model::detail::place(0, stride, ranks, costs.hw)};
         return std::max<double>(1.0, static_cast<double>(nccl.collective_time(op, costs.hw)));
       };
+      const int stride = experts.count(pg) ? ep : 1;
       s.gradient_before += g.duration[t];
-      g.duration[t] = static_cast<time_ns>(std::llround(d * time(n_to, tp_to) / time(n, tp)));
+      g.duration[t] = static_cast<time_ns>(std::llround(d * time(n_to, tp_to * stride) / time(n, tp * stride)));
       s.gradient_after += g.duration[t];
       ++s.gradient;
     }

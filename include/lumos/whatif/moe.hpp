@@ -39,6 +39,7 @@
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/detail/moe_launches.hpp>
+#include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/moe_dispatch.hpp>
@@ -357,10 +358,13 @@ inline void moe_scale(graph::task_graph& g, graph::task_id t, double ratio, doub
 
 /// Rescales the MoE ops `ops` of `g` from `from` to `to` (see the header comment): `copies`,
 /// the target's per rank (`target_copies`), `hidden` the traces', `even`: the experts' loads
-/// evened out (balanced routing). Returns what it did.
+/// evened out (balanced routing). `tokens`: the tokens per rank, target over traced (a sequence,
+/// micro-batch or CP change), which the copies already carry; the shape pass has rescaled the
+/// memory-bound ops (top-k, permutation, activation) by it, the router GEMM is rescaled here.
+/// Returns what it did.
 inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>& ops, const moe_ranks& r,
                                  const std::vector<double>& copies, const moe_config& from, const moe_config& to, std::int64_t hidden,
-                                 std::int64_t width_to, bool even, const shape_costs& costs) {
+                                 std::int64_t width_to, bool even, const shape_costs& costs, double tokens = 1.0) {
   moe_stats st;
   const model::kernel_level k{.profile = costs.profile};
   const double peak = costs.hw.peak_flops(costs.dtype), min_ns = costs.profile.min_kernel_ns, h = static_cast<double>(hidden);
@@ -408,11 +412,11 @@ inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>
       }
       case moe_op_kind::expert_act:
         // A loop's activation is one expert's: its rows follow the copies per local expert.
-        moe_scale(g, o.task, rows * w2 / w1 * (r.loop && !r.grouped ? l1 / l2 : 1.0), min_ns);
+        moe_scale(g, o.task, rows / tokens * w2 / w1 * (r.loop && !r.grouped ? l1 / l2 : 1.0), min_ns);
         ++st.activations;
         break;
       case moe_op_kind::router:
-        moe_scale(g, o.task, static_cast<double>(to.experts) / from.experts, min_ns);
+        moe_scale(g, o.task, tokens * static_cast<double>(to.experts) / from.experts, min_ns);
         ++st.routers;
         break;
       case moe_op_kind::route:
@@ -444,20 +448,6 @@ struct moe_comm {
   std::size_t instance = ~std::size_t{0};  ///< index into the graph's collectives, or none (lone)
   bool expert = false;    ///< an expert-DP gradient collective
 };
-
-/// The expert-data-parallel groups of `st`: groups with the DP role whose name or description
-/// says expert.
-[[nodiscard]] inline std::set<std::string> expert_dp_groups(const job_structure& st) {
-  std::set<std::string> out;
-  for (const auto& pg : st.groups) {
-    const bool dp = std::any_of(pg.roles.begin(), pg.roles.end(), [](const auto& r) { return r.value == group_role::dp; });
-    if (dp && (lower(pg.name).find("expert") != std::string::npos || lower(pg.description).find("expert") != std::string::npos ||
-               pg.name.starts_with("edp."))) {
-      out.insert(pg.name);
-    }
-  }
-  return out;
-}
 
 /// The all-to-alls (every one: the EP dispatch and combine) and the gradient collectives of the
 /// DP groups (`expert` set for the expert-DP ones) of `b`, matched or lone. O(tasks + events).
@@ -631,9 +621,10 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
 
 /// The traced MoE configuration of `st` (its expert FFN per rank `width`, its TP `tp`) and
 /// the target `t` asks, checked: throws `lumos::error` naming the rule a target breaks and the
-/// flag that asked it.
+/// flag that asked it. `dpcp_flag`: the flag that set the target's DP x CP `dpcp_to` (with its
+/// value), named where EP does not divide it and `--ep` was not given.
 [[nodiscard]] inline std::pair<moe_config, moe_config> moe_configs(const job_structure& st, const moe_target& t, std::int64_t width,
-                                                                   int tp, int dpcp_to) {
+                                                                   int tp, int dpcp_to, const std::string& dpcp_flag = {}) {
   const moe_structure& m = st.moe;
   moe_config from;
   from.experts = m.experts.value.value_or(0);
@@ -666,7 +657,8 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
     return std::string(given ? flag : other) + " " + std::to_string(value);
   };
   if (dpcp_to % to.ep != 0) {
-    throw error("whatif " + asked(t.ep, "--ep", "--dp", t.ep ? to.ep : dpcp_to) + ": EP must divide DP x CP of the target (EP " + ep + ", DP x CP " +
+    const std::string flag = t.ep || dpcp_flag.empty() ? asked(t.ep, "--ep", "--dp", t.ep ? to.ep : dpcp_to) : dpcp_flag;
+    throw error("whatif " + flag + ": EP must divide DP x CP of the target (EP " + ep + ", DP x CP " +
                 std::to_string(dpcp_to) + "): expert parallelism shards the experts over data-parallel ranks, the world stays");
   }
   if (to.experts % to.ep != 0) {
@@ -692,7 +684,9 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
 struct moe_pass {
   std::optional<moe_summary> made;
 
-  [[nodiscard]] bool wanted(const context& ctx) const noexcept { return ctx.options.moe.any(); }
+  /// Wanted for a MoE flag, and on MoE traces whose tokens per rank change (`--seq`,
+  /// `--micro-batch`, `--cp`): the experts' copies, the router and the all-to-alls follow them.
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept { return ctx.options.moe.any() || tokens_ratio(ctx) != 1.0; }
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) {
     const moe_target& t = ctx.options.moe;
     const job_structure& st = ctx.structure(b);
@@ -700,37 +694,57 @@ struct moe_pass {
     if (!st.model.hidden.known()) throw error("whatif: the MoE change needs the traces' hidden size (" + st.model.hidden.source + ")");
     const std::int64_t hidden = static_cast<std::int64_t>(*st.model.hidden.value);
     const int tp = st.parallel.tp.value.value_or(1);
-    const int dp = st.parallel.dp.value.value_or(1);
+    const int dp = st.parallel.dp.value.value_or(1);  // the traces' DP x CP (their gradient group)
+    const double tokens = tokens_ratio(ctx);
+    // The target's DP x CP: its replicas (`--dp`, else the traces') x its CP. The gradient
+    // collectives as the MoE pass finds them: re-timed by the CP pass to DP x CP of the target
+    // CP (`dpcp_base`) where it resized them.
+    const int cp_from = ctx.traced_cp(), cp_to = ctx.target_cp();
+    const int dpcp_to = ctx.options.dp.value_or(std::max(1, dp / cp_from)) * cp_to;
+    const int dpcp_base = ctx.cp_gradients ? std::max(1, dp / cp_from) * cp_to : dp;
+    const std::string dpcp_flag = cp_to != cp_from && !t.ep ? "--cp " + std::to_string(cp_to) : std::string();
     const detail::expert_width traced = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
     const std::int64_t width = traced.n;
-    auto [from, to] = detail::moe_configs(st, t, traced.ffn(), tp, ctx.options.dp.value_or(dp));
+    auto [from, to] = detail::moe_configs(st, t, traced.ffn(), tp, dpcp_to, dpcp_flag);
     const moe_routing routing = t.routing.value_or(moe_routing::measured);
     detail::moe_ranks ranks;
     const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
     std::string routing_note;
-    const std::vector<double> copies = detail::target_copies(ctx.job, ranks, from, to, routing, tp, dp, routing_note);
+    std::vector<double> copies = detail::target_copies(ctx.job, ranks, from, to, routing, tp, dp, routing_note);
+    if (tokens != 1.0) {
+      for (double& c : copies) c *= tokens;
+      routing_note += "; the tokens per rank x" + decimal(tokens, 3) + " (sequence / CP x micro-batch)";
+    }
     const shape_costs& costs = ctx.costs(b);
     moe_stats s = detail::rescale_moe_ops(b.graph, ops, ranks, copies, from, to, hidden, to.expert_ffn / tp * (traced.fused ? 2 : 1),
-                                          routing == moe_routing::balanced || to.experts != from.experts, costs);
+                                          routing == moe_routing::balanced || to.experts != from.experts, costs, tokens);
     detail::expert_launch_plan launches = plan_launches(b, ops, ranks, from, to);
     // From EP 1: where the dispatch and combine go, taken before the edits below renumber.
     std::vector<detail::dispatch_anchor> anchors;
     if (from.ep == 1 && to.ep > 1) {
-      anchors = detail::dispatch_anchors(b.graph, detail::dispatch_sites(b.graph, ops, ranks.copies, static_cast<double>(to.top_k) / from.top_k,
+      anchors = detail::dispatch_anchors(b.graph, detail::dispatch_sites(b.graph, ops, ranks.copies, tokens * to.top_k / from.top_k,
                                                                          static_cast<double>(hidden), costs.element_bytes));
     }
     s.launch_runs = launches.runs, s.launches_removed = launches.kernels_removed, s.launches_added = launches.kernels_added;
     s.folded = launches.folded, s.host_before = launches.host_before, s.host_after = launches.host_after;
     const model::nccl_model nccl = ctx.nccl ? ctx.nccl->first : model::nccl_model{ctx.traced_profile()};
     const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
-    const int dpcp_to = ctx.options.dp.value_or(dp);
-    const std::vector<detail::moe_comm> comms = detail::moe_comms(ctx.job, b, st);
+    std::vector<detail::moe_comm> comms = detail::moe_comms(ctx.job, b, st);
+    // The shape pass re-timed the all-to-alls for the tokens per rank: their messages now.
+    for (detail::moe_comm& c : comms) {
+      if (c.kind != model::collective::all_to_all || tokens == 1.0) continue;
+      c.bytes *= tokens;
+      if (c.instance < b.graph.collectives.size() && b.graph.collectives[c.instance].bytes > 0) {
+        std::int64_t& n = b.graph.collectives[c.instance].bytes;
+        n = std::max<std::int64_t>(1, std::llround(static_cast<double>(n) * tokens));
+      }
+    }
     const double params = (static_cast<double>(to.experts) / to.ep * static_cast<double>(to.expert_ffn)) /
                           (static_cast<double>(from.experts) / from.ep * static_cast<double>(from.expert_ffn));
     // The traced expert-DP group: DP x CP / EP, 1 where the traces show fewer DP ranks than EP
     // (a partial job whose DP group is not in it).
-    const int edp_from = std::max(1, dp / from.ep);
-    const double optimizer = detail::optimizer_factor(b.graph, comms, params, dp, edp_from, dpcp_to / to.ep);
+    const int edp_traced = std::max(1, dp / from.ep), edp_from = edp_traced == 1 ? 1 : std::max(1, dpcp_base / from.ep);
+    const double optimizer = detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, dpcp_to / to.ep);
     if (optimizer != 1.0) s.optimizer = detail::scale_optimizer(b, st, optimizer, costs.profile.min_kernel_ns);
     std::vector<detail::moe_comm> removed;
     const bool resized = to.ep != from.ep || to.experts != from.experts || to.expert_ffn != from.expert_ffn;
@@ -742,7 +756,7 @@ struct moe_pass {
         removed.push_back(c);
         ++(a2a ? s.removed : s.gradients_removed);
       } else if (a2a ? (to.ep != from.ep || to.top_k != from.top_k) : resized) {
-        detail::retime_moe_comm(b.graph, c, from, to, tp, dp, dpcp_to, params, nccl, hw, s);
+        detail::retime_moe_comm(b.graph, c, from, to, tp, dpcp_base, dpcp_to, params, nccl, hw, s);
       }
     }
     std::vector<std::vector<graph::task_id>> moved;  // where the edit put each task (empty: no edit)
@@ -762,9 +776,9 @@ struct moe_pass {
       s.inserted = d.all_to_alls, s.joined = d.joined, s.a2a_after += d.transfer;
       ctx.refresh(b);
     }
-    made = moe_summary{from, to, routing};
+    if (t.any()) made = moe_summary{from, to, routing};
     change_list out{moe_change(from, to, routing, routing_note, s)};
-    if (edp_from == 1 && dpcp_to / to.ep > 1) {
+    if (edp_traced == 1 && dpcp_to / to.ep > 1) {
       out.push_back(note("moe", "expert gradients",
                          "the traces reduce no expert gradients (EP = DP x CP: one replica of each expert shard); the target's "
                          "reductions over " + std::to_string(dpcp_to / to.ep) + " expert-data-parallel ranks are not inserted, "
@@ -775,6 +789,14 @@ struct moe_pass {
   void after_replay(const context&, whatif_result& out) const { out.moe = made; }
 
  private:
+  /// The tokens per rank of the target over the traces' (1 without a shape change or on traces
+  /// without MoE layers).
+  [[nodiscard]] static double tokens_ratio(const context& ctx) noexcept {
+    const auto& st = ctx.traced_structure();
+    if (!ctx.shape_from || !ctx.shape_to || !st || !st->moe.found() || ctx.shape_from->tokens() <= 0) return 1.0;
+    return static_cast<double>(ctx.shape_to->tokens()) / static_cast<double>(ctx.shape_from->tokens());
+  }
+
   /// The per-expert launches of `ops` planned for the target's local experts (one edit with the
   /// removals). Throws `lumos::error` when a loop of per-expert GEMMs must change length and its
   /// units cannot be told.

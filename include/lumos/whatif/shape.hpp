@@ -749,7 +749,8 @@ struct shape_pass {
       }
     }
     if (!o.shape.any() && !layers_shape) return out;
-    ctx.shape_from = layers_shape ? *layers_shape : traced_shape(st);
+    ctx.shape_from = layers_shape ? *layers_shape : traced_shape(st, true);
+    if (ctx.shape_from->ffn == 0) refuse_moe_weight_changes(o.shape, layer_params || pp_params);
     ctx.shape_to = layers_shape ? *layers_shape : target_shape(*ctx.shape_from, o.shape);
     const shape_config& from = *ctx.shape_from;
     const shape_config& to = *ctx.shape_to;

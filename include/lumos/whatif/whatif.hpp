@@ -141,6 +141,8 @@ inline void report_summary(const context& ctx, whatif_result& out) {
       return;  // the shape is unknown: no memory or MFU figures
     }
   }
+  // MoE layers without a dense MLP (FFN 0): the dense transformer the figures count is not theirs.
+  if (from->ffn == 0) return;
   parallel_target target;
   target.pp = o.pp, target.dp = o.dp, target.micro_batches = ctx.micro_batches, target.chunks = o.vp, target.schedule = o.schedule;
   if (ctx.buckets_inserted) target.distributed_optimizer = true;

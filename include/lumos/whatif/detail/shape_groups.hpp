@@ -7,6 +7,7 @@
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/structure.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -25,6 +26,20 @@ namespace lumos::whatif::detail {
       tp = tp || (r.value && *r.value == group_role::tp);
     }
     out[pg.name] = dp && !tp;
+  }
+  return out;
+}
+
+/// The expert-data-parallel groups of `st`: groups with the DP role whose name or description
+/// says expert.
+[[nodiscard]] inline std::set<std::string> expert_dp_groups(const job_structure& st) {
+  std::set<std::string> out;
+  for (const auto& pg : st.groups) {
+    const bool dp = std::any_of(pg.roles.begin(), pg.roles.end(), [](const auto& r) { return r.value == group_role::dp; });
+    if (dp && (lower(pg.name).find("expert") != std::string::npos || lower(pg.description).find("expert") != std::string::npos ||
+               pg.name.starts_with("edp."))) {
+      out.insert(pg.name);
+    }
   }
   return out;
 }
