@@ -227,7 +227,14 @@ struct expert_width {
     } else if (linear) {
       const auto has = [&](std::int64_t v) { return std::find(d.begin(), d.end(), v) != d.end(); };
       gemm_seen(false);
-      if (experts != hidden && has(experts) && has(hidden)) {
+      // The router's GEMMs by where its dims sit, not by holding them: with as many tokens as
+      // experts every GEMM over the tokens that reads the hidden width holds both. Forward: the
+      // hidden width to the experts; data gradient: back; weight gradient: the hidden width and
+      // the experts over the tokens (K).
+      const bool router = (d[1] == hidden && d[2] == experts) || (d[1] == experts && d[2] == hidden) ||
+                          (tokens[c.rank] > 0 && d[1] == tokens[c.rank] &&
+                           ((d[0] == hidden && d[2] == experts) || (d[0] == experts && d[2] == hidden)));
+      if (experts != hidden && router) {
         m.kind = moe_op_kind::router;
         if (forward && tokens[c.rank] == 0 && d[1] == hidden && d[2] == experts) tokens[c.rank] = d[0];
       } else if (width > 0 && width != hidden && has(width) && has(hidden)) {
