@@ -1,7 +1,8 @@
 // The MoE what-if (include/lumos/whatif/moe.hpp): expert parallelism resized on a synth MoE job
 // (the all-to-alls re-timed over the new EP group, removed at EP 1, inserted from EP 1 with their
 // launches and joined over a new EP group, a target EP that does not divide DP refused), measured
-// against balanced routing on the hand-made unbalanced traces, and a loop of per-expert GEMMs
+// against balanced routing on the hand-made unbalanced traces, the expert gradients inserted from
+// EP = DP, and a loop of per-expert GEMMs
 // lengthened or shortened with the experts per rank; the traced configuration read right (a
 // fused gate-and-up width, a shared expert and dense layers left out) and errors that name the flag.
 #include "../unit/test_support.hpp"
@@ -155,6 +156,51 @@ TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their
   CHECK_THROWS_WITH(whatif::run_whatif(job, bad), Catch::Contains("EP must divide DP x CP"));
   const auto cli = lumos_test::run_cli("whatif " + moe_test_job_dir(1).string() + " --ep 3");
   CHECK(cli.code == 2);
+}
+
+TEST_CASE("whatif --ep from EP = DP: the expert gradients are reduced over the new expert-data-parallel group", "[whatif][moe]") {
+  // EP 4 over DP 4 holds one replica of each expert shard: its traces reduce no expert gradient.
+  const trace::job job = trace::load_job({moe_test_job_dir(4)});
+  whatif::whatif_options o;
+  o.moe.ep = 2;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_dir(2)}), whatif::whatif_options{});
+  // The truth's expert gradient collectives on rank 0: its reduce-scatters and all-gathers beyond
+  // the dense ones the EP 4 job runs too (a transfer each: matched, or alone in a folded job).
+  const auto kernels = [](const graph::task_graph& g, std::string_view what) {
+    std::size_t n = 0;
+    for (graph::task_id t = 0; t < g.task_count(); ++t) {
+      const bool transfer = g.kind[t] == graph::task_kind::comm_complete || g.kind[t] == graph::task_kind::gpu_comm;
+      n += transfer && g.rank[t] == 0 && g.task_name(t).find(what) != std::string_view::npos;
+    }
+    return n;
+  };
+  const std::size_t scatters = kernels(direct.baseline.built.graph, "ReduceScatter") - kernels(r.baseline.built.graph, "ReduceScatter");
+  const std::size_t gathers = kernels(direct.baseline.built.graph, "AllGather") - kernels(r.baseline.built.graph, "AllGather");
+  REQUIRE(scatters > 0);
+  // The truth's expert-data-parallel group of rank 0.
+  REQUIRE(direct.structure);
+  std::vector<int> group;
+  for (const auto& pg : direct.structure->groups) {
+    if (pg.name.starts_with("edp.") && std::find(pg.ranks.begin(), pg.ranks.end(), 0) != pg.ranks.end()) group = pg.ranks;
+  }
+  REQUIRE(group.size() == 2);
+  std::size_t inserted_scatters = 0, inserted_gathers = 0;
+  for (const auto& ci : r.predicted.built.graph.collectives) {
+    if (!ci.group.starts_with("expert_dp.inserted.") || r.predicted.built.graph.rank[ci.complete.front()] != 0) continue;
+    CHECK(ci.group_ranks == group);
+    CHECK(ci.bytes > 0);
+    inserted_scatters += ci.kind == "reducescatter";
+    inserted_gathers += ci.kind == "allgather";
+  }
+  CHECK(inserted_scatters == scatters);
+  CHECK(inserted_gathers == gathers);
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [](const whatif::change& x) { return x.subject == "expert gradients"; });
+  REQUIRE(c != r.changes.end());
+  CHECK(c->text.find("inserted over 2 expert-data-parallel ranks") != std::string::npos);
+  // The prediction is near the job synthesized at EP 2 (without them it is short of it).
+  const double err = double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0;
+  CHECK(std::abs(err) < 0.03);
 }
 
 TEST_CASE("whatif --ep with 2 local experts: launches folded into a grouped GEMM's host time follow the experts per rank", "[whatif][moe]") {
