@@ -254,6 +254,9 @@ MOE_CASES = [
     ("MoE: EP 2→4", {}, {"--ep": "4"}),
     # From EP 4 over DP 8 (two replicas of each expert shard: the expert gradients are reduced).
     ("MoE: EP 4→2", {"--ep": "4", "--dp": "8", "--global-batch": "16"}, {"--ep": "2"}),
+    # From EP = DP (one replica of each expert shard: no expert gradient in the traces) the expert
+    # gradients' reduction over the new expert-data-parallel group is inserted.
+    ("MoE: EP 4→2 over DP 4 (expert gradients inserted)", {"--ep": "4"}, {"--ep": "2"}),
     ("MoE: EP 2→1 (all-to-alls removed)", {}, {"--ep": "1"}),
     # From EP 1 the dispatch and combine are inserted around each MoE layer pass's experts.
     ("MoE: EP 1→2 (all-to-alls inserted)", {"--ep": "1"}, {"--ep": "2"}),

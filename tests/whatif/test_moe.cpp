@@ -1,7 +1,8 @@
 // The MoE what-if (include/lumos/whatif/moe.hpp): expert parallelism resized on a synth MoE job
 // (the all-to-alls re-timed over the new EP group, removed at EP 1, inserted from EP 1 with their
 // launches and joined over a new EP group, a target EP that does not divide DP refused), measured
-// against balanced routing on the hand-made unbalanced traces, and a loop of per-expert GEMMs
+// against balanced routing on the hand-made unbalanced traces, the expert gradients inserted from
+// EP = DP, and a loop of per-expert GEMMs
 // lengthened or shortened with the experts per rank; the traced configuration read right (a
 // fused gate-and-up width, a shared expert and dense layers left out) and errors that name the flag;
 // CP changes of the synth MoE job (the tokens per rank through the experts and all-to-alls, with
@@ -46,6 +47,33 @@ std::map<int, time_ns> moe_test_expert_time(const graph::task_graph& g, std::str
     if (g.task_name(t).find(what) != std::string_view::npos) out[g.rank[t]] += g.duration[t];
   }
   return out;
+}
+
+/// The host time before the launches of the grouped expert GEMMs of `g`, summed.
+time_ns moe_test_grouped_host(const graph::task_graph& g) {
+  time_ns t = 0;
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::launch && g.task_name(e.to).find("Grouped") != std::string_view::npos) t += g.busy_gap[e.from];
+  }
+  return t;
+}
+
+/// The host time before the launches of the grouped expert GEMMs of the forward passes of `b`
+/// (whose traces' structure is `st`), summed.
+time_ns moe_test_forward_grouped_host(const graph::built_job& b, const whatif::job_structure& st) {
+  std::vector<graph::task_id> call(b.graph.task_count(), graph::no_task);
+  for (const graph::edge& e : b.graph.edges) {
+    if (e.kind == graph::edge_kind::launch) call[e.to] = e.from;
+  }
+  time_ns t = 0;
+  for (const whatif::gpu_op_context& c : st.gpu_ops) {
+    if (c.phase != whatif::phase_kind::forward || c.rank >= b.ranks.size()) continue;
+    const auto& map = b.ranks[c.rank].task_of_event;
+    if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
+    const graph::task_id k = map[c.op];
+    if (b.graph.task_name(k).find("Grouped") != std::string_view::npos && call[k] != graph::no_task) t += b.graph.busy_gap[call[k]];
+  }
+  return t;
 }
 
 }  // namespace
@@ -134,6 +162,78 @@ TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their
   CHECK_THROWS_WITH(whatif::run_whatif(job, bad), Catch::Contains("EP must divide DP x CP"));
   const auto cli = lumos_test::run_cli("whatif " + moe_test_job_dir(1).string() + " --ep 3");
   CHECK(cli.code == 2);
+}
+
+TEST_CASE("whatif --ep from EP = DP: the expert gradients are reduced over the new expert-data-parallel group", "[whatif][moe]") {
+  // EP 4 over DP 4 holds one replica of each expert shard: its traces reduce no expert gradient.
+  const trace::job job = trace::load_job({moe_test_job_dir(4)});
+  whatif::whatif_options o;
+  o.moe.ep = 2;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_dir(2)}), whatif::whatif_options{});
+  // The truth's expert gradient collectives on rank 0: its reduce-scatters and all-gathers beyond
+  // the dense ones the EP 4 job runs too (a transfer each: matched, or alone in a folded job).
+  const auto kernels = [](const graph::task_graph& g, std::string_view what) {
+    std::size_t n = 0;
+    for (graph::task_id t = 0; t < g.task_count(); ++t) {
+      const bool transfer = g.kind[t] == graph::task_kind::comm_complete || g.kind[t] == graph::task_kind::gpu_comm;
+      n += transfer && g.rank[t] == 0 && g.task_name(t).find(what) != std::string_view::npos;
+    }
+    return n;
+  };
+  const std::size_t scatters = kernels(direct.baseline.built.graph, "ReduceScatter") - kernels(r.baseline.built.graph, "ReduceScatter");
+  const std::size_t gathers = kernels(direct.baseline.built.graph, "AllGather") - kernels(r.baseline.built.graph, "AllGather");
+  REQUIRE(scatters > 0);
+  // The truth's expert-data-parallel group of rank 0.
+  REQUIRE(direct.structure);
+  std::vector<int> group;
+  for (const auto& pg : direct.structure->groups) {
+    if (pg.name.starts_with("edp.") && std::find(pg.ranks.begin(), pg.ranks.end(), 0) != pg.ranks.end()) group = pg.ranks;
+  }
+  REQUIRE(group.size() == 2);
+  std::size_t inserted_scatters = 0, inserted_gathers = 0;
+  for (const auto& ci : r.predicted.built.graph.collectives) {
+    if (!ci.group.starts_with("expert_dp.inserted.") || r.predicted.built.graph.rank[ci.complete.front()] != 0) continue;
+    CHECK(ci.group_ranks == group);
+    CHECK(ci.bytes > 0);
+    inserted_scatters += ci.kind == "reducescatter";
+    inserted_gathers += ci.kind == "allgather";
+  }
+  CHECK(inserted_scatters == scatters);
+  CHECK(inserted_gathers == gathers);
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [](const whatif::change& x) { return x.subject == "expert gradients"; });
+  REQUIRE(c != r.changes.end());
+  CHECK(c->text.find("inserted over 2 expert-data-parallel ranks") != std::string::npos);
+  // The prediction is near the job synthesized at EP 2 (without them it is short of it).
+  const double err = double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0;
+  CHECK(std::abs(err) < 0.03);
+}
+
+TEST_CASE("whatif --ep with 2 local experts: launches folded into a grouped GEMM's host time follow the experts per rank", "[whatif][moe]") {
+  // Synth folds one launch per local expert into the grouped GEMM's host time: 4 experts over
+  // EP 2 hold 2 per rank, over EP 4 one. The prediction's host time before the forward passes'
+  // grouped launches (whose Input Dims give their experts) is the job synthesized at EP 4's.
+  lumos_test::temp_dir dir;
+  const auto synth = [&](int ep) {
+    const auto p = dir.path() / ("ep" + std::to_string(ep));
+    const auto made = lumos_test::run_cli("synth --model qwen3-30b-a3b --experts 4 --top-k 2 --layers 1 --seq 1024 --tp 1 --pp 1 --dp 4 "
+                                          "--ep " + std::to_string(ep) + " --micro-batch 1 --global-batch 4 --gpu h100-sxm --detail kernel "
+                                          "--unfold --out " + p.string());
+    REQUIRE(made.code == 0);
+    return p;
+  };
+  whatif::whatif_options o;
+  o.moe.ep = 4;
+  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({synth(2)}), o);
+  const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({synth(4)}), whatif::whatif_options{});
+  REQUIRE(r.structure);
+  REQUIRE(direct.structure);
+  const time_ns traced = moe_test_forward_grouped_host(r.baseline.built, *r.structure),
+                predicted = moe_test_forward_grouped_host(r.predicted.built, *r.structure),
+                truth = moe_test_forward_grouped_host(direct.baseline.built, *direct.structure);
+  CAPTURE(traced, predicted, truth);
+  REQUIRE(truth < traced);
+  CHECK(std::abs(double(predicted) / double(truth) - 1.0) < 0.01);
 }
 
 TEST_CASE("synth MoE traces run the all-to-alls over an expert-parallel group", "[whatif][moe]") {
@@ -282,6 +382,38 @@ TEST_CASE("whatif --routing on unbalanced EP traces: balanced evens the ranks' e
   // The copies only move between the ranks: the expert GEMM time summed over both stays about the same.
   const double sum_traced = double(traced.at(r0) + traced.at(r1)), sum_even = double(even.at(r0) + even.at(r1));
   CHECK(std::abs(sum_even - sum_traced) <= 0.05 * sum_traced);
+}
+
+TEST_CASE("a router GEMM with as many token rows as experts: only the routers are taken for routers", "[whatif][moe]") {
+  // The loop's layers over 8 tokens and 8 experts (make_moe_trace.py): every attention GEMM has
+  // as many rows as the router has outputs. Each layer's one router GEMM is the only router op
+  // (the backward GEMMs record no shapes), as in the same layers over 256 tokens: a GEMM taken for
+  // a router is rescaled by the expert count.
+  for (const char* name : {"router_rows_are_experts", "loop_unbalanced"}) {
+    const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / name});
+    const whatif::whatif_result r = whatif::run_whatif(job, whatif::whatif_options{});
+    REQUIRE(r.structure);
+    const whatif::job_structure& st = *r.structure;
+    REQUIRE(st.moe.found());
+    const std::int64_t hidden = *st.model.hidden.value, experts = *st.moe.experts.value;
+    const whatif::detail::expert_width width = whatif::detail::traced_expert_width(job, st, hidden, experts);
+    whatif::detail::moe_ranks ranks;
+    const auto ops = whatif::detail::find_moe_ops(job, r.baseline.built, st, hidden, experts, width.n, ranks);
+    const auto routers = std::count_if(ops.begin(), ops.end(), [](const auto& o) { return o.kind == whatif::detail::moe_op_kind::router; });
+    CHECK(routers == *st.moe.layers.value);
+  }
+}
+
+TEST_CASE("a grouped GEMM over 2 local experts that launches once keeps its host time when the experts per rank change", "[whatif][moe]") {
+  // torch._grouped_mm over the 2 local experts of 4 at EP 2, with a framework's time before its
+  // launch like every other operator's (make_moe_trace.py): no launch per expert to fold.
+  const trace::job job = trace::load_job({lumos_test::data_dir() / "moe" / "ep2_grouped_splits"});
+  whatif::whatif_options o;
+  o.moe.ep = 1;
+  const whatif::whatif_result r = whatif::run_whatif(job, o);
+  const time_ns traced = moe_test_grouped_host(r.baseline.built.graph);
+  REQUIRE(traced > 0);
+  CHECK(moe_test_grouped_host(r.predicted.built.graph) == traced);
 }
 
 TEST_CASE("whatif --routing balanced on a loop of per-expert GEMMs: each expert's GEMMs at the mean rows", "[whatif][moe]") {

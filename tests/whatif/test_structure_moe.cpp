@@ -1,5 +1,5 @@
-// Structure discovery of mixture-of-experts layers and all-to-alls: the hand-made MoE trace of
-// tests/data/moe (make_moe_trace.py says how it was built) and the real all-to-alls of the shared
+// Structure discovery of mixture-of-experts layers and all-to-alls: the hand-made MoE traces of
+// tests/data/moe (make_moe_trace.py says how they were built) and the real all-to-alls of the shared
 // DLRM trace, which are no MoE layers.
 #include "../unit/test_support.hpp"
 
@@ -95,6 +95,28 @@ TEST_CASE("grouped GEMM rows that do not divide over the experts still sum to th
   CHECK(std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0}) == m.rows);
   const auto [lo, hi] = std::minmax_element(tokens.begin(), tokens.end());
   CHECK(*hi - *lo <= 1);
+}
+
+TEST_CASE("FSDP's all-gather of the experts' weights under TP is no gather of tokens: top-k stays the routers'", "[whatif][structure][moe]") {
+  // TP 2 x DP 2 without sequence parallelism (make_moe_trace.py): every router sees the 256 tokens
+  // and its experts compute 512 copies; the all-gather between them is FSDP's, of weights.
+  const auto st = discover_moe_job(lumos_test::data_dir() / "moe" / "fsdp_tp2");
+  REQUIRE(*st.parallel.tp.value == 2);
+  REQUIRE(st.moe.found());
+  REQUIRE(st.moe.top_k.known());
+  CHECK(*st.moe.top_k.value == 2);
+  CHECK(st.moe.top_k.source.find("all-gathered") == std::string::npos);
+}
+
+TEST_CASE("a router GEMM with as many token rows as experts is read with its dims the right way round", "[whatif][structure][moe]") {
+  const auto st = discover_moe_job(lumos_test::data_dir() / "moe" / "router_rows_are_experts");
+  const auto& moe = st.moe;
+  REQUIRE(moe.found());
+  CHECK(*moe.layers.value == 2);
+  CHECK(*moe.experts.value == 8);
+  CHECK(*moe.experts_per_rank.value == 8);
+  CHECK(*moe.top_k.value == 2);  // 16 copies of 8 tokens
+  CHECK(*moe.expert_tokens.value == std::vector<std::int64_t>{3, 1, 2, 2, 3, 1, 2, 2});
 }
 
 TEST_CASE("a dense job has no MoE layers and says why", "[whatif][structure][moe]") {

@@ -141,10 +141,12 @@ struct chunk_parameters {
   std::int64_t tp = 1;
   std::int64_t layer = 0;      ///< one layer's
   std::int64_t embedding = 0;  ///< the embedding's (word and learned positions)
+  bool experts = false;        ///< a MoE layer's routed experts only: the head holds none of them
 
   /// The head's: the final norm and, untied or with `stages` > 1 (the last stage then holds its
   /// own copy of a tied embedding), the logits.
   [[nodiscard]] std::int64_t head(int stages) const {
+    if (experts) return 0;
     return model::norm_parameter_count(m) + ((!m.tied_embeddings || stages > 1) ? m.vocab * m.hidden / tp : 0);
   }
 
@@ -215,7 +217,7 @@ struct bucket_planner {
     pp_to = split ? target.pp : pp;
     virtual_to = split ? target.pp * std::max(1, target.vp) : pp * chunks;
     params = {m, shape.tp, model::layer_parameters_per_rank(m, shape.tp),
-              m.vocab * m.hidden / shape.tp + (m.position == model::position_kind::learned ? m.seq * m.hidden : 0)};
+              m.vocab * m.hidden / shape.tp + (m.position == model::position_kind::learned ? m.seq * m.hidden : 0), false};
     gather_pp = target.pp > 0 ? target.pp : pp;
     gather_chunks = target.pp > 0 ? std::max(1, target.vp) : chunks;
     gather_layers = (target.layers > 0 ? target.layers : m.layers) / (static_cast<std::int64_t>(gather_pp) * gather_chunks);

@@ -43,6 +43,7 @@
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/moe_dispatch.hpp>
+#include <lumos/whatif/moe_gradients.hpp>
 #include <lumos/whatif/result.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/tensor_parallel.hpp>
@@ -55,6 +56,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -138,6 +140,7 @@ struct moe_ranks {
 struct expert_width {
   std::int64_t n = 0;
   bool fused = false;
+  int inputs = 0;  ///< GEMMs that read the hidden width before the first that writes it (gate and up apart: 2)
   [[nodiscard]] std::int64_t ffn() const noexcept { return fused ? n / 2 : n; }
 };
 
@@ -147,6 +150,7 @@ struct expert_width {
   expert_width out;
   // The first expert GEMM reading the hidden width (`n`), then the first writing it.
   const auto seen = [&](std::int64_t k, std::int64_t n) {
+    if (k == hidden) ++out.inputs;
     if (out.n == 0 && k == hidden) {
       out.n = n;
     } else if (out.n > 0 && n == hidden && k != hidden) {
@@ -228,7 +232,14 @@ struct expert_width {
     } else if (linear) {
       const auto has = [&](std::int64_t v) { return std::find(d.begin(), d.end(), v) != d.end(); };
       gemm_seen(false);
-      if (experts != hidden && has(experts) && has(hidden)) {
+      // The router's GEMMs by where its dims sit, not by holding them: with as many tokens as
+      // experts every GEMM over the tokens that reads the hidden width holds both. Forward: the
+      // hidden width to the experts; data gradient: back; weight gradient: the hidden width and
+      // the experts over the tokens (K).
+      const bool router = (d[1] == hidden && d[2] == experts) || (d[1] == experts && d[2] == hidden) ||
+                          (tokens[c.rank] > 0 && d[1] == tokens[c.rank] &&
+                           ((d[0] == hidden && d[2] == experts) || (d[0] == experts && d[2] == hidden)));
+      if (experts != hidden && router) {
         m.kind = moe_op_kind::router;
         if (forward && tokens[c.rank] == 0 && d[1] == hidden && d[2] == experts) tokens[c.rank] = d[0];
       } else if (width > 0 && width != hidden && has(width) && has(hidden)) {
@@ -776,14 +787,18 @@ struct moe_pass {
       s.inserted = d.all_to_alls, s.joined = d.joined, s.a2a_after += d.transfer;
       ctx.refresh(b);
     }
+    std::optional<change> gradients;
+    if (edp_traced == 1 && dpcp_to / to.ep > 1) {
+      const auto members = [&](int rank) {
+        detail::moe_comm c;
+        c.kind = model::collective::reduce_scatter, c.rank = rank;
+        return detail::moe_members(c, from, to, tp, dp, dpcp_to).second;
+      };
+      gradients = insert_gradients(ctx, b, to, hidden, tp, traced, members, nccl, hw);
+    }
     if (t.any()) made = moe_summary{from, to, routing};
     change_list out{moe_change(from, to, routing, routing_note, s)};
-    if (edp_traced == 1 && dpcp_to / to.ep > 1) {
-      out.push_back(note("moe", "expert gradients",
-                         "the traces reduce no expert gradients (EP = DP x CP: one replica of each expert shard); the target's "
-                         "reductions over " + std::to_string(dpcp_to / to.ep) + " expert-data-parallel ranks are not inserted, "
-                         "the prediction lacks them"));
-    }
+    if (gradients) out.push_back(*gradients);
     return out;
   }
   void after_replay(const context&, whatif_result& out) const { out.moe = made; }
@@ -795,6 +810,45 @@ struct moe_pass {
     const auto& st = ctx.traced_structure();
     if (!ctx.shape_from || !ctx.shape_to || !st || !st->moe.found() || ctx.shape_from->tokens() <= 0) return 1.0;
     return static_cast<double>(ctx.shape_to->tokens()) / static_cast<double>(ctx.shape_from->tokens());
+  }
+
+  /// The routed experts' gradient reduction of the target inserted where the traces reduce none
+  /// (moe_gradients.hpp): its parameters per MoE layer and rank, `members` the target's
+  /// expert-data-parallel group of a global rank.
+  template <class Members>
+  [[nodiscard]] static change insert_gradients(context& ctx, graph::built_job& b, const moe_config& to, std::int64_t hidden, int tp,
+                                               const detail::expert_width& traced, Members&& members, const model::nccl_model& nccl, const model::hardware& hw) {
+    const job_structure& st = ctx.structure(b);
+    if (st.gradients.method.value.value_or("") == "all-reduce") {
+      return note("moe", "expert gradients", "the traces reduce no expert gradients (EP = DP x CP) and their dense ones by all-reduce: "
+                                             "the target's expert reduction is inserted for Megatron's distributed optimizer only, "
+                                             "the prediction lacks it");
+    }
+    // The buckets need the traced TP and layers only (the experts' parameters are given): a MoE
+    // trace's FFN width, which the dense shape needs, is often unread.
+    shape_config shape = ctx.shape_from ? *ctx.shape_from : shape_config{};
+    if (!ctx.shape_from) shape.hidden = hidden, shape.ffn = hidden, shape.heads = 1, shape.seq = 1, shape.tp = std::max(1, tp);
+    const int matrices = st.model.gated_mlp || traced.fused || traced.inputs > 1 ? 3 : 2;  // gate, up and down; or up and down
+    const std::int64_t params = matrices * hidden * (to.expert_ffn / std::max(1, tp)) * (to.experts / to.ep);
+    const int dp_to = ctx.options.dp.value_or(st.parallel.dp.value.value_or(1));
+    const expert_gradient_insertion g = insert_expert_gradients(ctx.job, b, st, shape, params, model::megatron_bucket_params(dp_to), members, nccl, hw,
+                                                                ctx.costs(b).profile);
+    if (g.buckets == 0) {
+      return note("moe", "expert gradients", "the traces reduce no expert gradients (EP = DP x CP) and no final backward pass was found to "
+                                             "place the target's after: the prediction lacks them");
+    }
+    ctx.refresh(b);
+    char line[640];
+    std::snprintf(line, sizeof line,
+                  "the traces reduce no expert gradients (EP = DP x CP: one replica of each expert shard); the target's are inserted "
+                  "over %d expert-data-parallel ranks as Megatron's distributed optimizer reduces them: %zu buckets on %zu ranks "
+                  "(%zu on a stream of their own), the first rank's %lld expert parameters reduce-scattered in %.3f ms and "
+                  "all-gathered in %.3f ms (NCCL model)",
+                  g.group, g.buckets, g.ranks, g.own_streams, static_cast<long long>(g.params_first), static_cast<double>(g.scatter_first) / 1e6,
+                  static_cast<double>(g.gather_first) / 1e6);
+    return changed("moe", "expert gradients", "none (1 expert-data-parallel rank)", std::to_string(g.group) + " expert-data-parallel ranks",
+                   line, {count_figure("expert gradient buckets inserted", g.buckets),
+                          time_figure("expert reduce-scatter time (first rank)", 0, g.scatter_first)});
   }
 
   /// The per-expert launches of `ops` planned for the target's local experts (one edit with the

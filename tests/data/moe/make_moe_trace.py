@@ -22,6 +22,16 @@ each MoE block a router, aten::topk, the dispatch all-to-all (`c10d::alltoall_ba
 Rank r sends SENT[r][p] token copies to peer p (rank 0: 300, 212; rank 1: 180, 332), so rank 0's
 experts compute 480 rows and rank 1's 544.
 
+`router_rows_are_experts`: the loop of `loop_unbalanced` over 8 tokens (sequence 4 × micro-batch 2)
+and 8 experts, so that the router GEMM is [8, 256]·[256, 8] and every attention GEMM has as many
+rows as there are experts; the experts receive SMALL_EXPERT_TOKENS = 3, 1, 2, 2, 3, 1, 2, 2 copies.
+
+`fsdp_tp2`: the loop of `loop_unbalanced` on 4 ranks, TP 2 x DP 2 (no sequence parallelism: every
+rank's router sees the 256 tokens), each layer's attention followed by an all-reduce over its TP
+group (`TENSOR_MODEL_PARALLEL_GROUP`, ranks 2k and 2k + 1), and between the router and the experts
+FSDP's all-gather of the experts' weights over its DP group (`DATA_PARALLEL_GROUP`, ranks k and
+k + 2: half of 4 x 3 x 256 x 512 elements in, all of them out). Top-2: 512 copies of 256 tokens.
+
 Run from anywhere: python3 tests/data/moe/make_moe_trace.py  (deterministic output).
 """
 import os
@@ -39,6 +49,12 @@ LAYERS = 2
 assert sum(EXPERT_TOKENS) == TOKENS * TOP_K
 
 
+# router_rows_are_experts: the loop's layers over 4 x 2 = 8 tokens and 8 experts, so that the router
+# GEMM's rows equal its outputs ([8, 256]·[256, 8]); top-2 gives 16 copies.
+SMALL_SEQ, SMALL_EXPERTS = 4, 8
+SMALL_EXPERT_TOKENS = [3, 1, 2, 2, 3, 1, 2, 2]
+assert sum(SMALL_EXPERT_TOKENS) == SMALL_SEQ * MBS * TOP_K and len(SMALL_EXPERT_TOKENS) == SMALL_EXPERTS
+
 SENT = [[300, 212], [180, 332]]  # ep2_grouped_splits: token copies rank r sends to peer p
 assert all(sum(row) == TOKENS * TOP_K for row in SENT)
 
@@ -48,12 +64,13 @@ GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsiz
 EW = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3> >"
 
 
-def attention(rk, tid):
-    rk.op("aten::mm", tid, [[TOKENS, HIDDEN], [HIDDEN, 3 * HIDDEN]], GEMM)
-    rk.op("aten::_scaled_dot_product_flash_attention", tid, [[MBS, 4, SEQ, 64], [MBS, 4, SEQ, 64], [MBS, 4, SEQ, 64], [], [], []],
+def attention(rk, tid, seq=SEQ):
+    tokens = seq * MBS
+    rk.op("aten::mm", tid, [[tokens, HIDDEN], [HIDDEN, 3 * HIDDEN]], GEMM)
+    rk.op("aten::_scaled_dot_product_flash_attention", tid, [[MBS, 4, seq, 64], [MBS, 4, seq, 64], [MBS, 4, seq, 64], [], [], []],
           "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t> >")
-    rk.op("aten::mm", tid, [[TOKENS, HIDDEN], [HIDDEN, HIDDEN]], GEMM)
-    rk.op("aten::add", tid, [[TOKENS, HIDDEN], [TOKENS, HIDDEN]], EW)
+    rk.op("aten::mm", tid, [[tokens, HIDDEN], [HIDDEN, HIDDEN]], GEMM)
+    rk.op("aten::add", tid, [[tokens, HIDDEN], [tokens, HIDDEN]], EW)
 
 
 def all_to_all(rk, sent, received):
@@ -91,23 +108,53 @@ def grouped_layer(rk, r):
           "void at::native::indexFuncLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>")
 
 
-def decoder_layer(rk):
+def group_collective(rk, kind, kernel, group, description, ranks, sent, received):
+    """A collective of `kind` over process group `group` (`ranks`), `sent` and `received` elements."""
+    args = {"Collective name": kind, "Process Group Name": group, "Process Group Description": description,
+            "Process Group Ranks": "[" + ", ".join(map(str, ranks)) + "]", "Group size": len(ranks), "dtype": "BFloat16",
+            "In msg nelems": sent, "Out msg nelems": received}
+    rk.comms(rk.main, kernel + "(ncclDevKernelArgsStorage<4096ul>)", args, dur=20.0)
+
+
+def fsdp_tp_layer(rk, r):
+    """decoder_layer on rank r of TP 2 x DP 2: the attention's all-reduce over the TP group, and
+    FSDP's all-gather of the experts' weights over the DP group between the router and the experts."""
+    tp_group = [r - r % 2, r - r % 2 + 1]
+    dp_group = [r % 2, r % 2 + 2]
+    weights = EXPERTS * 3 * HIDDEN * EXPERT_FFN
+
+    def tp_all_reduce():
+        group_collective(rk, "allreduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "tp%d" % (r // 2),
+                         "TENSOR_MODEL_PARALLEL_GROUP", tp_group, TOKENS * HIDDEN, TOKENS * HIDDEN)
+
+    def fsdp_all_gather():
+        group_collective(rk, "_allgather_base", "ncclDevKernel_AllGather_RING_LL", "dp%d" % (r % 2), "DATA_PARALLEL_GROUP",
+                         dp_group, weights // 2, weights)
+    decoder_layer(rk, after_attention=tp_all_reduce, before_experts=fsdp_all_gather)
+
+
+def decoder_layer(rk, seq=SEQ, experts=EXPERTS, expert_tokens=EXPERT_TOKENS, after_attention=None, before_experts=None):
     tid = rk.main
-    attention(rk, tid)
+    tokens = seq * MBS
+    attention(rk, tid, seq)
+    if after_attention:
+        after_attention()
     # the router
-    rk.op("aten::mm", tid, [[TOKENS, HIDDEN], [HIDDEN, EXPERTS]], GEMM)
-    rk.op("aten::softmax", tid, [[TOKENS, EXPERTS], [], []],
+    rk.op("aten::mm", tid, [[tokens, HIDDEN], [HIDDEN, experts]], GEMM)
+    rk.op("aten::softmax", tid, [[tokens, experts], [], []],
           "void (anonymous namespace)::softmax_warp_forward<float, float, float, 2, false, false>")
-    rk.op("aten::topk", tid, [[TOKENS, EXPERTS], [], [], [], []], "void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>")
-    for n in EXPERT_TOKENS:
-        rk.op("aten::index", tid, [[TOKENS, HIDDEN], []],
+    rk.op("aten::topk", tid, [[tokens, experts], [], [], [], []], "void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>")
+    if before_experts:
+        before_experts()
+    for n in expert_tokens:
+        rk.op("aten::index", tid, [[tokens, HIDDEN], []],
               "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<c10::BFloat16> >")
         rk.op("aten::mm", tid, [[n, HIDDEN], [HIDDEN, EXPERT_FFN]], GEMM)
         rk.op("aten::mm", tid, [[n, HIDDEN], [HIDDEN, EXPERT_FFN]], GEMM)
         rk.op("aten::silu", tid, [[n, EXPERT_FFN]],
               "void at::native::vectorized_elementwise_kernel<4, at::native::SiluCUDAKernelImpl, at::detail::Array<char*, 2> >")
         rk.op("aten::mm", tid, [[n, EXPERT_FFN], [EXPERT_FFN, HIDDEN]], GEMM)
-        rk.op("aten::index_add_", tid, [[TOKENS, HIDDEN], [], [], [n, HIDDEN]],
+        rk.op("aten::index_add_", tid, [[tokens, HIDDEN], [], [], [n, HIDDEN]],
               "void at::native::indexFuncLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>")
 
 
@@ -129,6 +176,15 @@ def build():
     rk = kineto_writer.Rank(0)
     step(rk, lambda: decoder_layer(rk), ("MmBackward0", "SiluBackward0", "MmBackward0", "TopkBackward0", "MmBackward0", "MmBackward0"))
     rk.write(os.path.join(HERE, "loop_unbalanced"), 1, "moe loop rank 0" + TRACE_NAME)
+    rk = kineto_writer.Rank(0)
+    step(rk, lambda: decoder_layer(rk, SMALL_SEQ, SMALL_EXPERTS, SMALL_EXPERT_TOKENS),
+         ("MmBackward0", "SiluBackward0", "MmBackward0", "TopkBackward0", "MmBackward0", "MmBackward0"))
+    rk.write(os.path.join(HERE, "router_rows_are_experts"), 1, "moe loop, as many tokens as experts, rank 0" + TRACE_NAME)
+    for r in range(4):
+        rk = kineto_writer.Rank(r)
+        step(rk, lambda rk=rk, r=r: fsdp_tp_layer(rk, r),
+             ("MmBackward0", "SiluBackward0", "MmBackward0", "TopkBackward0", "MmBackward0", "MmBackward0"))
+        rk.write(os.path.join(HERE, "fsdp_tp2"), 4, f"moe loop, TP 2 x FSDP 2, rank {r}" + TRACE_NAME)
     for r in range(len(SENT)):
         rk = kineto_writer.Rank(r)
         step(rk, lambda rk=rk, r=r: grouped_layer(rk, r), ("GroupedMmBackward0", "SiluBackward0", "GroupedMmBackward0", "MmBackward0"))

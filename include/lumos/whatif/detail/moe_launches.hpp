@@ -11,8 +11,8 @@
 // of at least one launch call per expert (the launch call's time x (experts - 1) before it: the
 // per-expert launches folded into the operator's host time, as `lumos synth` writes
 // GroupedLinear) keeps its kernel; its host time before the launch changes by one launch call's
-// time per expert added or removed. A grouped kernel with little host time (torch._grouped_mm)
-// is left as traced.
+// time per expert added or removed. A grouped kernel with no more host time than the launches
+// before it (torch._grouped_mm) is left as traced.
 
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/whatif/editor.hpp>
@@ -132,14 +132,34 @@ struct expert_launch_plan {
   time_ns host_before = 0, host_after = 0;  ///< their host time before the launch
 };
 
+/// The host time before an ordinary launch where launch call `call` runs: the median of those
+/// before the ordinary launch calls (`is_call`) that precede it on its thread (`on`, `at`: each
+/// processor's tasks and each task's position there), at most `window` of them.
+[[nodiscard]] inline time_ns usual_launch_gap(const graph::task_graph& g, graph::task_id call, const std::vector<std::uint8_t>& is_call,
+                                              const std::vector<std::vector<graph::task_id>>& on, const std::vector<std::size_t>& at,
+                                              std::size_t window = 8) {
+  const auto& thread = on[g.processor[call]];
+  std::vector<time_ns> gaps;
+  for (std::size_t i = at[call]; i > 0 && gaps.size() < window && at[call] - i < 16 * window; --i) {
+    if (is_call[thread[i - 1]]) gaps.push_back(g.busy_gap[thread[i - 1]]);
+  }
+  if (gaps.empty()) return 0;
+  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+  return gaps[gaps.size() / 2];
+}
+
 /// The folded launches of run `r` (`expert_run::folded`) taken from `from` to `to` local experts:
 /// the host time before its launch call `call` changed by the call's time per expert. Returns
-/// whether the run holds folded launches.
-inline bool retime_folded_launches(graph::task_graph& g, const expert_run& r, graph::task_id call, std::int64_t from, std::int64_t to,
-                                   expert_launch_plan& plan) {
+/// whether the run holds folded launches: the host time before the call exceeds an ordinary
+/// launch's (`usual`) by at least half a call per expert beyond the first. An operator's host
+/// time alone cannot tell: with 2 local experts one launch call's worth is less than the
+/// framework's own time before a launch, which a grouped kernel that launches once (torch's
+/// `_grouped_mm`) has too.
+inline bool retime_folded_launches(graph::task_graph& g, const expert_run& r, graph::task_id call, time_ns usual, std::int64_t from,
+                                   std::int64_t to, expert_launch_plan& plan) {
   if (r.folded <= 1 || call == graph::no_task) return false;
   const time_ns per = g.duration[call];
-  if (per <= 0 || g.busy_gap[call] < per * (r.folded - 1)) return false;
+  if (per <= 0 || 2 * (g.busy_gap[call] - usual) < per * (r.folded - 1)) return false;
   const std::int64_t experts = r.folded * to / from;
   plan.host_before += g.busy_gap[call];
   g.busy_gap[call] = std::max<time_ns>(0, g.busy_gap[call] + per * (experts - r.folded));
@@ -170,10 +190,20 @@ inline bool retime_folded_launches(graph::task_graph& g, const expert_run& r, gr
     at[t] = on[g.processor[t]].size();
     on[g.processor[t]].push_back(t);
   }
-  std::vector<std::uint8_t> used(g.task_count(), 0);
+  std::vector<std::uint8_t> used(g.task_count(), 0), is_call(g.task_count(), 0);
+  for (const graph::task_id c : launcher) {
+    if (c != graph::no_task) is_call[c] = 1;
+  }
+  // The grouped operators' own calls are not ordinary: in backward they follow one another.
+  for (const expert_run& r : runs) {
+    if (r.folded > 0 && launcher[r.units.front().front()] != graph::no_task) is_call[launcher[r.units.front().front()]] = 0;
+  }
   for (const expert_run& r : runs) {
     if (r.folded > 0) {
-      if (r.folded * to % from == 0) (void)retime_folded_launches(g, r, launcher[r.units.front().front()], from, to, plan);
+      const graph::task_id call = launcher[r.units.front().front()];
+      if (r.folded * to % from == 0 && call != graph::no_task) {
+        (void)retime_folded_launches(g, r, call, usual_launch_gap(g, call, is_call, on, at), from, to, plan);
+      }
       continue;
     }
     const std::size_t n = r.units.size();

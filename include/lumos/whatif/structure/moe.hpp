@@ -134,7 +134,8 @@ inline void add_expert_gemm(const trace::rank_trace& t, const launch_rec& l, std
 }
 
 /// What collective launch `l` of rank `ri` inside MoE layer `m` tells: the layer's first
-/// all-to-all, or an all-gather of tokens before its experts.
+/// all-to-all, or an all-gather of tokens before its experts (of the router's rows, where its
+/// size is recorded).
 inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const comm_args_source& args_of, const launch_rec& l,
                             moe_layer_rec& m) {
   const trace::rank_trace& t = in.job.ranks[ri];
@@ -143,7 +144,10 @@ inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const co
   const std::size_t peers = l.instance >= 0 ? in.participants(l.instance).size() : 0;
   if (kind == "sendrecv" && peers > 2) kind = "alltoall";
   if (kind == "alltoall" && m.a2a == no_event) m.a2a = l.op;
-  if (kind == "allgather" && m.rows == 0) m.gathered = true;
+  // A sequence-parallel shard of tokens is the router's rows x the hidden width; an all-gather of
+  // another size before the experts (FSDP's of their weights) gathers no token.
+  const auto elements = t.arg(src, trace::arg_key::in_msg_nelems);
+  if (kind == "allgather" && m.rows == 0 && (!elements || *elements == m.tokens * m.hidden)) m.gathered = true;
 }
 
 /// The MoE layers of rank `ri`'s first forward pass, in launch order. Linear in its launches.
