@@ -102,6 +102,7 @@
 #include <lumos/whatif/model_fit.hpp>
 #include <lumos/whatif/moe.hpp>
 #include <lumos/whatif/moe_dispatch.hpp>
+#include <lumos/whatif/moe_gradients.hpp>
 #include <lumos/whatif/options.hpp>
 #include <lumos/whatif/pass_labels.hpp>
 #include <lumos/whatif/pipeline.hpp>
@@ -110,6 +111,7 @@
 #include <lumos/whatif/precision.hpp>
 #include <lumos/whatif/result.hpp>
 #include <lumos/whatif/shape.hpp>
+#include <lumos/whatif/shape_mapping.hpp>
 #include <lumos/whatif/stage_emission.hpp>
 #include <lumos/whatif/stage_geometry.hpp>
 #include <lumos/whatif/stage_plan.hpp>

@@ -144,10 +144,15 @@ inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const co
   const std::size_t peers = l.instance >= 0 ? in.participants(l.instance).size() : 0;
   if (kind == "sendrecv" && peers > 2) kind = "alltoall";
   if (kind == "alltoall" && m.a2a == no_event) m.a2a = l.op;
-  // A sequence-parallel shard of tokens is the router's rows x the hidden width; an all-gather of
-  // another size before the experts (FSDP's of their weights) gathers no token.
+  // A sequence-parallel shard of tokens is the router's rows x the hidden width (PyTorch's
+  // `In msg nelems`: the input; some writers give the gathered whole, the shard x the ranks it
+  // gathers from, which are at most the world); an all-gather of another size before the experts
+  // (FSDP's of their weights, the dropless dispatcher's token counts) gathers no token.
   const auto elements = t.arg(src, trace::arg_key::in_msg_nelems);
-  if (kind == "allgather" && m.rows == 0 && (!elements || *elements == m.tokens * m.hidden)) m.gathered = true;
+  const std::int64_t shard = m.tokens * m.hidden;
+  const std::int64_t world = std::max<std::int64_t>(t.world_size.value_or(0), static_cast<std::int64_t>(in.job.ranks.size()));
+  const bool tokens = !elements || (shard > 0 && *elements % shard == 0 && *elements / shard <= world);
+  if (kind == "allgather" && m.rows == 0 && tokens) m.gathered = true;
 }
 
 /// The MoE layers of rank `ri`'s first forward pass, in launch order. Linear in its launches.
