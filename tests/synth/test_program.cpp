@@ -21,6 +21,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace lm = lumos::model;
@@ -268,6 +269,126 @@ TEST_CASE("pipeline p2p, data-parallel buckets and SP collectives are where the 
     seen.insert(name);
   }
   CHECK(seen == expected);
+}
+
+namespace {
+
+// The collectives of a folded kernel-level program by the name of their task: how many, and
+// their sizes and groups.
+struct named_collectives {
+  std::size_t count = 0;
+  std::set<std::int64_t> bytes;
+  std::set<std::string> kinds, group_kinds;
+};
+std::map<std::string, named_collectives, std::less<>> collectives_by_name(const ls::job& j) {
+  ls::program_options o;
+  o.detail = ls::granularity::kernel;
+  const ls::program p = ls::build_program(j, o);
+  std::map<std::string, named_collectives, std::less<>> out;
+  for (const auto& ci : p.graph.collectives) {
+    REQUIRE(!ci.complete.empty());
+    named_collectives& n = out[std::string(p.graph.task_name(ci.complete.front()))];
+    ++n.count;
+    n.bytes.insert(ci.bytes);
+    n.kinds.insert(ci.kind);
+    n.group_kinds.insert(ci.group.substr(0, ci.group.find('.')));
+  }
+  return out;
+}
+
+std::size_t mtp_collective_names(const std::map<std::string, named_collectives, std::less<>>& c) {
+  std::size_t n = 0;
+  for (const auto& [name, x] : c) n += name.starts_with("mtp_") ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("multi-token prediction: the projection's and the lookup's TP collectives and the embedding copies' all-reduce",
+          "[synth][program][mtp]") {
+  // Megatron-Core's MultiTokenPredictionLayer, per micro-batch: the lookup of the shifted tokens
+  // in the vocabulary-parallel embedding (its output all-reduced over TP, or reduce-scattered
+  // with SP and its gradient all-gathered), eh_proj a column-parallel linear 2h -> h (its input
+  // gradient all-reduced; with SP its input all-gathered, its input gradient reduce-scattered
+  // and its input re-gathered for the weight gradient), its output all-gathered over TP (the
+  // backward only splits) and with SP split back over the sequence (the backward all-gathers).
+  // Once per step the word embedding's gradient is all-reduced between the first stage and the
+  // last stage's copy (finalize_model_grads), fp32 main gradients of vocab x h / tp.
+  SECTION("a DeepSeek-V3-like MoE model with SP: TP 2, PP 2") {
+    ls::job j = make_job(2, 2, 2, 4);
+    j.model = lm::deepseek_v3();
+    j.model.layers = 5;  // 3 dense and 2 MoE layers, and the MTP block: 3 blocks a stage
+    j.model.hidden = 512;
+    j.model.heads = j.model.kv_heads = 8;
+    j.model.ffn = 1024;
+    j.model.seq = 256;
+    j.model.vocab = 4096;
+    j.model.moe.experts = 8;
+    j.model.moe.top_k = 2;
+    j.model.moe.expert_ffn = 256;
+    j.parallel.ep = 2;
+    j.parallel.sp = true;
+    const std::size_t m = 2;  // micro-batches: global batch 4 over dp 2
+    const std::int64_t B = 1 * 256 * 512 * 2;  // micro-batch x seq x hidden, bf16
+    const auto with = collectives_by_name(j);
+    const std::map<std::string, std::pair<std::int64_t, std::string>> expected = {
+        {"mtp_embedding_reduce_scatter", {B, "reduce_scatter"}},
+        {"mtp_embedding_grad_all_gather", {B, "allgather"}},
+        {"mtp_eh_proj_input_all_gather", {2 * B, "allgather"}},
+        {"mtp_eh_proj_output_all_gather", {B, "allgather"}},
+        {"mtp_eh_proj_grad_all_gather", {B, "allgather"}},
+        {"mtp_eh_proj_dgrad_reduce_scatter", {2 * B, "reduce_scatter"}},
+        {"mtp_eh_proj_input_regather", {2 * B, "allgather"}}};
+    for (const auto& [name, e] : expected) {
+      INFO(name);
+      REQUIRE(with.contains(name));
+      const named_collectives& c = with.find(name)->second;
+      CHECK(c.count == m);
+      CHECK(c.bytes == std::set<std::int64_t>{e.first});
+      CHECK(c.kinds == std::set<std::string>{e.second});
+      CHECK(c.group_kinds == std::set<std::string>{"tp"});
+    }
+    CHECK(mtp_collective_names(with) == expected.size());
+    REQUIRE(with.contains("embedding_grad_all_reduce"));
+    const named_collectives& e = with.find("embedding_grad_all_reduce")->second;
+    CHECK(e.count == 1);
+    CHECK(e.bytes == std::set<std::int64_t>{4096 * 512 / 2 * 4});
+    CHECK(e.group_kinds == std::set<std::string>{"embd"});
+
+    // Without the module (one more layer in its place) none of them is there: the embedding is
+    // untied, so the stages hold one copy each.
+    j.model.layers = 6;
+    j.model.mtp_layers = 0;
+    const auto without = collectives_by_name(j);
+    CHECK(mtp_collective_names(without) == 0);
+    CHECK_FALSE(without.contains("embedding_grad_all_reduce"));
+    // The model's own embedding keeps its collectives in both.
+    CHECK(without.find("embedding_reduce_scatter")->second.count == with.find("embedding_reduce_scatter")->second.count);
+  }
+  SECTION("a dense model without SP: all-reduces, and no embedding copies with PP 1") {
+    ls::job j = make_job(2, 2, 1, 2);
+    j.model.layers = 3;
+    j.model.mtp_layers = 1;
+    j.model.tied_embeddings = false;
+    const std::int64_t B = 1 * 512 * 1024 * 2;
+    const auto with = collectives_by_name(j);
+    CHECK(mtp_collective_names(with) == 3);
+    for (const auto& [name, bytes, kind] : {std::tuple{"mtp_embedding_all_reduce", B, "allreduce"},
+                                            std::tuple{"mtp_eh_proj_output_all_gather", B, "allgather"},
+                                            std::tuple{"mtp_eh_proj_dgrad_all_reduce", 2 * B, "allreduce"}}) {
+      INFO(name);
+      REQUIRE(with.contains(name));
+      CHECK(with.find(name)->second.count == 2);
+      CHECK(with.find(name)->second.bytes == std::set<std::int64_t>{bytes});
+      CHECK(with.find(name)->second.kinds == std::set<std::string>{kind});
+    }
+    CHECK(with.find("embedding_grad_all_reduce")->second.bytes == std::set<std::int64_t>{32768 * 1024 / 2 * 4});
+    j.parallel.pp = 1;
+    j.model.layers = 4;
+    const auto one_stage = collectives_by_name(j);
+    CHECK(mtp_collective_names(one_stage) == 3);
+    CHECK_FALSE(one_stage.contains("embedding_grad_all_reduce"));
+  }
 }
 
 TEST_CASE("predict: sanity of the figures", "[synth][predict]") {

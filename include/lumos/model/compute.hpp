@@ -84,6 +84,8 @@ enum class op_role : std::uint8_t {
   fp8_cast,       ///< an fp8 GEMM operand cast to fp8 with its transpose (input, weight or output gradient)
   fp8_amax,       ///< the amax reduction current scaling runs over an operand before its cast
   mla_up_proj,    ///< an up projection of multi-head latent attention (its down projection has the qkv role)
+  mtp_embedding,  ///< a multi-token-prediction module's lookup of the shifted tokens in the word embedding
+  mtp_eh_proj,    ///< a multi-token-prediction module's column-parallel projection 2h -> h
 };
 
 /// The role of the op names the shipped models (`roofline`, `kernel_level`) emit; `other` for
@@ -111,6 +113,7 @@ enum class op_role : std::uint8_t {
       {"moe_expert_up", op_role::moe_expert}, {"moe_expert_down", op_role::moe_expert},
       {"moe_expert_act", op_role::moe_expert_act}, {"mla_down_proj", op_role::qkv},
       {"mla_q_up_proj", op_role::mla_up_proj}, {"mla_kv_up_proj", op_role::mla_up_proj},
+      {"mtp_embedding", op_role::mtp_embedding}, {"mtp_eh_proj", op_role::mtp_eh_proj},
   };
   for (const entry& e : table) {
     if (e.name == n) return e.role;

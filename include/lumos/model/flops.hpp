@@ -263,6 +263,15 @@ inline void require_stage(const parallel_config& par, int stage) {
   return stage_moe_layers(m, par, stage) * moe_layer_expert_parameters_per_rank(m, par.expert_tp(), par.ep);
 }
 
+/// Whether the first and the last pipeline stage each hold a copy of the word embedding, whose
+/// gradients are then all-reduced between them once per step over the embedding group (Megatron's
+/// `_allreduce_word_embedding_grads`, after the data-parallel reductions): with pp > 1, for tied
+/// embeddings (the last stage's output layer) or multi-token prediction (the modules' lookup of
+/// their shifted tokens on the last stage). O(1).
+[[nodiscard]] constexpr bool embedding_copies_synced(const transformer& m, const parallel_config& par) noexcept {
+  return par.pp > 1 && (m.tied_embeddings || m.mtp_layers > 0);
+}
+
 /// Parameters the multi-token-prediction modules add to one GPU of the last stage beside their
 /// blocks: their projections (sharded by tp) and norms, and, with pp > 1 and untied embeddings,
 /// the copy of the word embedding the modules look their tokens up in (Megatron builds the

@@ -10,7 +10,7 @@
 //               (Megatron makes the compute stream wait for each TP collective, so they serialise
 //               with compute as if they ran on it; the async overlap of SP's weight-gradient
 //               re-gathers with dgrad GEMMs is not modelled); a data-parallel stream (13) for
-//               gradient reductions, ZeRO parameter all-gathers and the tied-embedding all-reduce;
+//               gradient reductions, ZeRO parameter all-gathers and the embedding-copies all-reduce;
 //               four pipeline p2p streams (21 send to the next stage, 22 send to the previous,
 //               23 receive from the previous, 24 receive from the next), one per direction so
 //               that a waiting receive never holds a send back. Receives are posted as early as
@@ -39,7 +39,12 @@
 //               all-reduce (SP: reduce-scatter) of its output, SP all-gather of its gradient.
 //               Head: SP all-gather before the logits, three small fp32 all-reduces of the
 //               vocabulary-parallel cross-entropy, all-reduce (SP: reduce-scatter) of the logits
-//               dgrad, SP re-gather for its weight gradient.
+//               dgrad, SP re-gather for its weight gradient. A multi-token-prediction module:
+//               its lookup's as the embedding's; its column-parallel projection eh_proj's on its
+//               2h-wide input (all-reduce of the input gradient; SP: all-gather of the input,
+//               reduce-scatter of its gradient, re-gather for the weight gradient), the
+//               all-gather of its output over TP, and with SP the all-gather of the output's
+//               gradient (its split back over the sequence); its head's as the head's.
 //   DP          gradients in buckets of `bucket_params` parameters (Megatron's max(40e6, 1e6·dp)),
 //               formed over each chunk's layers in backward order; a bucket's reduction starts
 //               when its last layer's gradients are final — after the chunk's last B (or W) of
@@ -50,7 +55,8 @@
 //               reduce-scatters its chunk's gradients (every micro-batch), then the ZeRO-1
 //               all-gather. ZeRO-3: additionally all-gathers the chunk's parameters before every
 //               F and B pass, prefetched one op ahead on the DP stream; no final all-gather.
-//   end         the tied-embedding gradient all-reduce between the first and last stage (pp > 1),
+//   end         the all-reduce of the word embedding's gradient between its copies on the first
+//               and last stage (pp > 1 with tied embeddings or multi-token prediction),
 //               then on the compute stream, after every reduction: the gradient norm, its fp32
 //               all-reduce over the model-parallel group (the whole world under ZeRO ≥ 1), the
 //               Adam step.

@@ -322,6 +322,8 @@ class program_builder {
   [[nodiscard]] static hook_phase phase_of(const model::op_cost& o) noexcept;
   void layer_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out);
   void embed_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out);
+  void embedding_collectives(const model::op_cost& o, bool after, std::vector<item>& out);
+  void eh_proj_collectives(const model::op_cost& o, bool after, std::vector<item>& out);
   void head_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out);
   [[nodiscard]] std::int64_t activation_message() const;
   void build_templates();

@@ -404,7 +404,7 @@ void program_builder<Compute, Comm>::begin_rank(rank_state& rs, int index) {
   const int s = r.stage;
   r.cpu = cpu_thread(rank);
   r.compute = stream(r, 7, "compute");
-  if (dp_ > 1 || (m_.tied_embeddings && pp_ > 1 && (s == 0 || s == pp_ - 1))) (void)dp_stream(rs);
+  if (dp_ > 1 || (model::embedding_copies_synced(m_, par_) && (s == 0 || s == pp_ - 1))) (void)dp_stream(rs);
   if (pp_ > 1) {
     r.send_next = stream(r, 21, "pipeline send to next stage");
     r.send_prev = stream(r, 22, "pipeline send to previous stage");
@@ -547,7 +547,7 @@ void program_builder<Compute, Comm>::emit_op(rank_state& rs) {
 }
 
 // After the rank's last op: the gradient reductions that did not overlap the backward, the
-// tied embedding's all-reduce, the optimizer step and the final sync.
+// all-reduce of the word embedding's copies, the optimizer step and the final sync.
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::end_rank(rank_state& rs) {
   simulated_rank& r = rs.info;
@@ -579,8 +579,9 @@ void program_builder<Compute, Comm>::end_rank(rank_state& rs) {
     final_device_sync(rs);
     return;
   }
-  // Tied embeddings across stages: the first and last stage add their gradients.
-  if (m_.tied_embeddings && pp_ > 1 && (s == 0 || s == pp_ - 1)) {
+  // The word embedding's copies on the first and last stage (tied embeddings, or the
+  // multi-token-prediction modules' lookup): the two stages add their gradients.
+  if (model::embedding_copies_synced(m_, par_) && (s == 0 || s == pp_ - 1)) {
     group_state& gs = group(group_type::embd, rs.col, 0);
     const auto bytes = static_cast<std::int64_t>(static_cast<double>(m_.vocab * m_.hidden / tp_) * opt_.grad_reduce_bytes);
     const time_ns d = comm_.collective_time({model::collective::all_reduce, bytes, gs.placement}, hw_);

@@ -250,22 +250,68 @@ void program_builder<Compute, Comm>::layer_template(const model::op_list& ops, p
 }
 
 // Embedding and head: their TP collectives (Megatron's vocabulary-parallel embedding,
-// output layer and cross-entropy).
+// output layer and cross-entropy, and the multi-token-prediction modules').
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::embed_template(const model::op_list& ops, pass_kind pk, std::vector<item>& out) {
-  const std::int64_t B = activation_message();
   out.clear();
   for (const model::op_cost& o : ops.ops) {
     if (!in_pass(o, pk)) continue;
-    const hook_phase ph = phase_of(o);
-    if (tp_ > 1 && par_.sp && o.role == model::op_role::word_embedding && ph == hook_phase::wgrad) {
-      out.push_back(comm_item("embedding_grad_all_gather", model::collective::all_gather, B));
-    }
+    embedding_collectives(o, false, out);
     out.push_back(compute_item(o));
-    if (tp_ > 1 && o.role == model::op_role::word_embedding && ph == hook_phase::fwd) {
-      out.push_back(par_.sp ? comm_item("embedding_reduce_scatter", model::collective::reduce_scatter, B)
-                            : comm_item("embedding_all_reduce", model::collective::all_reduce, B));
-    }
+    embedding_collectives(o, true, out);
+  }
+}
+
+// The vocabulary-parallel embedding's collectives before (`after` false) or after a lookup op:
+// the all-reduce (SP: reduce-scatter) of its output, and with SP the all-gather of its output
+// gradient before the scatter-add. A multi-token-prediction module looks its shifted tokens up
+// in the same embedding module, so its lookup has the same collectives.
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::embedding_collectives(const model::op_cost& o, bool after, std::vector<item>& out) {
+  const bool mtp = o.role == model::op_role::mtp_embedding;
+  if (tp_ <= 1 || (!mtp && o.role != model::op_role::word_embedding)) return;
+  using C = model::collective;
+  const std::int64_t B = activation_message();
+  const hook_phase ph = phase_of(o);
+  if (!after && par_.sp && ph == hook_phase::wgrad) {
+    out.push_back(comm_item(mtp ? "mtp_embedding_grad_all_gather" : "embedding_grad_all_gather", C::all_gather, B));
+  }
+  if (after && ph == hook_phase::fwd) {
+    out.push_back(par_.sp ? comm_item(mtp ? "mtp_embedding_reduce_scatter" : "embedding_reduce_scatter", C::reduce_scatter, B)
+                          : comm_item(mtp ? "mtp_embedding_all_reduce" : "embedding_all_reduce", C::all_reduce, B));
+  }
+}
+
+// The collectives around a multi-token-prediction module's projection `eh_proj` (Megatron-Core's
+// MultiTokenPredictionLayer). It is a column-parallel linear 2h -> h, so it has a column-parallel
+// layer's collectives on its 2h-wide input: without SP the all-reduce of the input gradient; with
+// SP the all-gather of the sequence-sharded input, the reduce-scatter of the input gradient and
+// the input's re-gather for the weight gradient. Its h / tp-wide output is then all-gathered over
+// TP (gather_from_tensor_model_parallel_region, whose backward only splits the gradient: no
+// communication) for the transformer block; with SP the gathered output is split back over the
+// sequence (scatter_to_sequence_parallel_region: no communication forward, an all-gather of the
+// gradient backward).
+template <model::ComputeModel Compute, model::CommModel Comm>
+void program_builder<Compute, Comm>::eh_proj_collectives(const model::op_cost& o, bool after, std::vector<item>& out) {
+  if (tp_ <= 1 || o.role != model::op_role::mtp_eh_proj) return;
+  using C = model::collective;
+  const std::int64_t B = activation_message();
+  const bool sp = par_.sp;
+  switch (phase_of(o)) {
+    case hook_phase::fwd:
+      if (!after && sp) out.push_back(comm_item("mtp_eh_proj_input_all_gather", C::all_gather, 2 * B));
+      if (after) out.push_back(comm_item("mtp_eh_proj_output_all_gather", C::all_gather, B));
+      break;
+    case hook_phase::dgrad:
+      if (!after && sp) out.push_back(comm_item("mtp_eh_proj_grad_all_gather", C::all_gather, B));
+      if (after) {
+        out.push_back(sp ? comm_item("mtp_eh_proj_dgrad_reduce_scatter", C::reduce_scatter, 2 * B)
+                         : comm_item("mtp_eh_proj_dgrad_all_reduce", C::all_reduce, 2 * B));
+      }
+      break;
+    case hook_phase::wgrad:
+      if (!after && sp) out.push_back(comm_item("mtp_eh_proj_input_regather", C::all_gather, 2 * B));
+      break;
   }
 }
 
@@ -281,7 +327,11 @@ void program_builder<Compute, Comm>::head_template(const model::op_list& ops, pa
       if (ph == hook_phase::fwd) out.push_back(comm_item("final_norm_all_gather", model::collective::all_gather, B));
       if (ph == hook_phase::wgrad) out.push_back(comm_item("logits_input_regather", model::collective::all_gather, B));
     }
+    embedding_collectives(o, false, out);
+    eh_proj_collectives(o, false, out);
     out.push_back(compute_item(o));
+    embedding_collectives(o, true, out);
+    eh_proj_collectives(o, true, out);
     if (tp_ > 1 && o.role == model::op_role::cross_entropy && ph == hook_phase::fwd) {
       // max, target logit and sum of exponentials: three fp32 all-reduces over the tokens
       for (const char* n : {"cross_entropy_max_all_reduce", "cross_entropy_target_all_reduce",
