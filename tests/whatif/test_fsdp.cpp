@@ -161,6 +161,19 @@ TEST_CASE("no FSDP in traces whose data parallelism gathers only after the step,
   CHECK_FALSE(discover_fsdp_job(dir.path()).fsdp.found());
 }
 
+TEST_CASE("no FSDP in a TP group with sequence parallelism: its gathers in forward are activations", "[whatif][structure][fsdp]") {
+  lumos_test::temp_dir dir;
+  synth::job j = fsdp_synth_job(2, false);
+  j.parallel.tp = 2;
+  j.parallel.sp = true;
+  (void)write_fsdp_job(j, dir.path());
+  const whatif::job_structure st = discover_fsdp_job(dir.path());
+  CHECK_FALSE(st.fsdp.found());
+  REQUIRE(st.parallel.dp.value);
+  CHECK(*st.parallel.dp.value == 2);
+  CHECK(st.parallel.dp.source.find("DATA_PARALLEL_GROUP") != std::string::npos);
+}
+
 TEST_CASE("a synthesised FSDP job: units are its layers, embedding and head, gathered in forward and backward",
           "[whatif][structure][fsdp]") {
   lumos_test::temp_dir dir;

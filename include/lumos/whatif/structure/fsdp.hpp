@@ -79,6 +79,19 @@ struct fsdp_group_counts {
 
 namespace detail {
 
+/// Whether the group's recorded description gives it roles other than data parallelism and not
+/// data parallelism (TENSOR_MODEL_PARALLEL_GROUP, an expert or pipeline group; Megatron's
+/// DATA_PARALLEL_GROUP_WITH_CP is data parallel).
+[[nodiscard]] inline bool described_as_other_than_dp(const process_group& g) {
+  bool other = false;
+  for (const auto& r : g.roles) {
+    if (!r.source.starts_with("Process Group Description")) continue;
+    if (r.value == group_role::dp) return false;
+    other = other || r.value != group_role::world;
+  }
+  return other;
+}
+
 /// The shard group is data parallelism: where group-role discovery took it for TP because it
 /// gathers inside forward passes (a group with no description, as FSDP2 over the whole world runs
 /// on `default_pg`), those gathers are the units' parameters, not activations. Drops that inferred
@@ -117,6 +130,10 @@ inline void discover_fsdp(const discovery_inputs& in, job_structure& out) {
       // Context parallelism's all-gather variant gathers keys and values in forward and
       // reduce-scatters their gradients in backward too, over the CP group (discovered before).
       if (std::find(out.cp.groups.begin(), out.cp.groups.end(), name) != out.cp.groups.end()) continue;
+      // Sequence parallelism gathers activations in forward and reduce-scatters their gradients
+      // in backward over the TP group: a group whose description names another role is no
+      // shard group (Megatron FSDP shards over its data-parallel group).
+      if (const process_group* g = detail::group_named(out, name); g && detail::described_as_other_than_dp(*g)) continue;
       if (c.gathers_forward > 0 && c.scatters_backward > 0) {
         shard = &name;
         break;
