@@ -40,6 +40,7 @@
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/detail/moe_comms.hpp>
 #include <lumos/whatif/detail/moe_launches.hpp>
+#include <lumos/whatif/detail/moe_written.hpp>
 #include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/editor.hpp>
@@ -547,6 +548,7 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
 /// told, and from EP 1 when no MoE layer pass has launched expert GEMMs to place the all-to-alls.
 struct moe_pass {
   std::optional<moe_summary> made;
+  report::arg_edits written;  ///< the target's sizes for `--trace-out` (detail/moe_written.hpp)
 
   /// Wanted for a MoE flag, and on MoE traces whose tokens per rank change (`--seq`,
   /// `--micro-batch`, `--cp`): the experts' copies, the router and the all-to-alls follow them.
@@ -632,7 +634,7 @@ struct moe_pass {
     }
     if (from.ep == 1 && to.ep > 1) {
       const auto members = [&](int rank) { return detail::ep_members(rank, tp, dp, to.ep); };
-      const detail::dispatch_insertion d = detail::insert_dispatch(b, anchors, moved, members, nccl, hw, costs.profile);
+      const detail::dispatch_insertion d = detail::insert_dispatch(b, anchors, moved, members, nccl, hw, costs.profile, costs.element_bytes);
       if (d.all_to_alls == 0) {
         throw error("whatif --ep " + std::to_string(to.ep) + ": no MoE layer pass with launched expert GEMMs to place the dispatch and "
                     "combine all-to-alls beside");
@@ -649,12 +651,16 @@ struct moe_pass {
       };
       gradients = insert_gradients(ctx, b, to, hidden, tp, traced, members, nccl, hw);
     }
+    written = written_args(ctx.job, ops, ranks, copies, from, to, hidden, width, to.expert_ffn / tp * (traced.fused ? 2 : 1), tokens, tp, dpcp_to);
     if (t.any()) made = moe_summary{from, to, routing};
     change_list out{moe_change(from, to, routing, routing_note, s)};
     if (gradients) out.push_back(*gradients);
     return out;
   }
-  void after_replay(const context&, whatif_result& out) const { out.moe = made; }
+  void after_replay(const context&, whatif_result& out) const {
+    out.moe = made;
+    out.written_args = written;
+  }
 
  private:
   /// The tokens per rank of the target over the traces' (1 without a shape change or on traces
@@ -663,6 +669,22 @@ struct moe_pass {
     const auto& st = ctx.traced_structure();
     if (!ctx.shape_from || !ctx.shape_to || !st || !st->moe.found() || ctx.shape_from->tokens() <= 0) return 1.0;
     return static_cast<double>(ctx.shape_to->tokens()) / static_cast<double>(ctx.shape_from->tokens());
+  }
+
+  /// The traced args the written traces carry with the target's sizes (detail/moe_written.hpp).
+  [[nodiscard]] static report::arg_edits written_args(const trace::job& job, const std::vector<detail::moe_op>& ops, const detail::moe_ranks& ranks,
+                                                      const std::vector<double>& copies, const moe_config& from, const moe_config& to,
+                                                      std::int64_t hidden, std::int64_t width_from, std::int64_t width_to, double tokens,
+                                                      int tp, int dpcp) {
+    std::vector<detail::grouped_op_ref> grouped;
+    for (const detail::moe_op& o : ops) {
+      if (o.kind == detail::moe_op_kind::expert_gemm && o.experts > 0 && o.owner != detail::no_event) grouped.push_back({o.rank, o.owner, o.wgrad});
+    }
+    const detail::moe_written_sizes z{.local_from = from.experts / std::max(1, from.ep), .local_to = to.experts / std::max(1, to.ep),
+                                      .width_from = width_from, .width_to = width_to, .hidden = hidden,
+                                      .messages = tokens * static_cast<double>(to.top_k) / static_cast<double>(std::max(1, from.top_k)),
+                                      .tp = std::max(1, tp), .dpcp = std::max(1, dpcp), .ep = to.ep, .ep_from = from.ep};
+    return detail::moe_written_args(job, grouped, copies, ranks.copies, z);
   }
 
   /// The routed experts' gradient reduction of the target inserted where the traces reduce none
