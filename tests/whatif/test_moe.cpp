@@ -248,6 +248,45 @@ TEST_CASE("whatif --ep from EP = DP: the expert gradients are reduced over the n
   CHECK(std::abs(err) < 0.03);
 }
 
+TEST_CASE("whatif --layers on MoE traces: the optimizer and the expert gradients follow the layers as the direct job has them", "[whatif][moe]") {
+  // The optimizer phase's GPU time on rank 0 and its expert gradient collectives (transfers, by
+  // their kind): the prediction's and the job synthesized with 4 layers'.
+  const auto optimizer_ns = [](const whatif::whatif_result& w, bool predicted) {
+    const auto& g = predicted ? w.predicted.built.graph : w.baseline.built.graph;
+    time_ns n = 0;
+    for (graph::task_id t = 0; t < g.task_count(); ++t) {
+      if (g.rank[t] == 0 && graph::is_gpu(g.kind[t]) && g.task_name(t).find("multi_tensor_apply") != std::string_view::npos) n += g.duration[t];
+    }
+    return n;
+  };
+  const auto expert_collectives = [](const graph::task_graph& g) {
+    std::map<std::string, std::size_t> n;
+    for (const auto& ci : g.collectives) {
+      const bool expert = ci.group.starts_with("edp.") || ci.group.starts_with("expert_dp.inserted.");
+      if (expert && !ci.complete.empty() && g.rank[ci.complete.front()] == 0) ++n[ci.kind];
+    }
+    return n;
+  };
+  for (const std::string from : {"--ep 2", "--ep 4"}) {
+    INFO("from " + from);
+    whatif::whatif_options o;
+    o.layers = 4;
+    if (from != "--ep 2") o.moe.ep = 2;  // from EP = DP: the expert gradients inserted
+    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with(from)}), o);
+    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --layers 4")}), whatif::whatif_options{});
+    const double traced = static_cast<double>(optimizer_ns(r, false)), truth = static_cast<double>(optimizer_ns(direct, false));
+    REQUIRE(traced > 0);
+    REQUIRE(truth > traced);  // 4 layers step more parameters than 2
+    CHECK(std::abs(static_cast<double>(optimizer_ns(r, true)) / truth - 1.0) < 0.02);
+    // Each bucket's reduce-scatter goes with its layer, which the layer change copies.
+    const auto have = expert_collectives(r.predicted.built.graph), want = expert_collectives(direct.baseline.built.graph);
+    REQUIRE(want.count("reducescatter"));
+    CHECK(have.count("reducescatter"));
+    if (have.count("reducescatter")) CHECK(have.at("reducescatter") == want.at("reducescatter"));
+    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+  }
+}
+
 TEST_CASE("whatif --ep with 2 local experts: launches folded into a grouped GEMM's host time follow the experts per rank", "[whatif][moe]") {
   // Synth folds one launch per local expert into the grouped GEMM's host time: 4 experts over
   // EP 2 hold 2 per rank, over EP 4 one. The prediction's host time before the forward passes'
