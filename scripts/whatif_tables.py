@@ -257,6 +257,13 @@ MOE_CASES = [
     # From EP = DP (one replica of each expert shard: no expert gradient in the traces) the expert
     # gradients' reduction over the new expert-data-parallel group is inserted.
     ("MoE: EP 4→2 over DP 4 (expert gradients inserted)", {"--ep": "4"}, {"--ep": "2"}),
+    # With the target's DP (the data-parallel pass shards the optimizer) and layers (the inserted
+    # reduce-scatters go with their layers, the all-gathers are the target layers').
+    ("MoE: EP 4→2 with DP 4→8 (expert gradients inserted)", {"--ep": "4"}, {"--ep": "2", "--dp": "8"}),
+    ("MoE: EP 4→2 with layers 2→4 (expert gradients inserted)", {"--ep": "4"}, {"--ep": "2", "--layers": "4"}),
+    ("MoE: EP 4→2 with DP 4→8 and layers 2→4", {"--ep": "4"}, {"--ep": "2", "--dp": "8", "--layers": "4"}),
+    # Each rank steps experts / EP over DP x CP / EP replicas: the optimizer's expert share stays.
+    ("MoE: EP 4→1 over DP 4", {"--ep": "4"}, {"--ep": "1"}),
     ("MoE: EP 2→1 (all-to-alls removed)", {}, {"--ep": "1"}),
     # From EP 1 the dispatch and combine are inserted around each MoE layer pass's experts.
     ("MoE: EP 1→2 (all-to-alls inserted)", {"--ep": "1"}, {"--ep": "2"}),
@@ -276,6 +283,9 @@ MOE_CASES = [
     ("MoE: CP 1→2 with EP 1→2 (all-to-alls inserted)", {"--ep": "1"}, {"--cp": "2", "--ep": "2"}),
     ("MoE: CP 1→2 with all-gather", {}, {"--cp": "2", "--cp-comm": "allgather"}),
     ("MoE: sequence ×2", {}, {"--seq": "8192"}),
+    # The optimizer steps the target layers' parameters (experts included), the experts' all-gathers
+    # after it are every layer's.
+    ("MoE: layers 2→4", {}, {"--layers": "4"}),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -113,6 +113,45 @@ const std::filesystem::path& moe_test_job_with(const std::string& flags) {
 /// The job at EP `ep`: at 1 no all-to-all; at another, the direct truth of an EP change from 1.
 const std::filesystem::path& moe_test_job_dir(int ep) { return moe_test_job_with("--ep " + std::to_string(ep)); }
 
+/// Whether `lumos replay` of the traces a what-if wrote to `dir` gives the iteration its `--json`
+/// output `whatif_json` predicted.
+bool replays_to_prediction(const std::string& whatif_json, const std::filesystem::path& dir) {
+  const auto again = lumos_test::run_cli("replay " + dir.string() + " --json");
+  const std::string key = "\"predicted\":{\"iteration_ns\":";
+  const auto predicted = whatif_json.find(key);
+  if (again.code != 0 || predicted == std::string::npos) return false;
+  const auto at = predicted + key.size();
+  const std::string ns = whatif_json.substr(at, whatif_json.find(',', at) - at);
+  return !ns.empty() && again.out.find("\"simulated_ns\":" + ns) != std::string::npos;
+}
+
+/// What `lumos inspect --structure` reads of a job's MoE layers and all-to-alls: the experts,
+/// experts per rank, top-k, EP, tokens per expert, and each all-to-all's ranks and sizes (sorted).
+struct moe_read_back {
+  std::vector<int> facts;
+  std::vector<std::int64_t> expert_tokens;
+  std::vector<std::vector<std::int64_t>> all_to_alls;
+  friend bool operator==(const moe_read_back&, const moe_read_back&) = default;
+};
+
+moe_read_back moe_read(const std::filesystem::path& dir) {
+  const trace::job job = trace::load_job({dir});
+  const whatif::job_structure st = whatif::discover_structure(job, graph::build_graph(job));
+  moe_read_back out;
+  for (const auto* f : {&st.moe.layers, &st.moe.experts, &st.moe.experts_per_rank, &st.moe.top_k, &st.moe.ep}) out.facts.push_back(f->value.value_or(-1));
+  out.expert_tokens = st.moe.expert_tokens.value.value_or(std::vector<std::int64_t>{});
+  for (const whatif::all_to_all_info& a : st.all_to_alls) {
+    std::vector<std::int64_t> row(a.ranks.begin(), a.ranks.end());
+    for (const auto* v : {&a.in_elements, &a.out_elements, &a.in_splits, &a.out_splits}) {
+      row.push_back(-2);
+      row.insert(row.end(), v->begin(), v->end());
+    }
+    out.all_to_alls.push_back(std::move(row));
+  }
+  std::sort(out.all_to_alls.begin(), out.all_to_alls.end());
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their launches and joined over a new EP group", "[whatif][moe]") {
@@ -207,6 +246,45 @@ TEST_CASE("whatif --ep from EP = DP: the expert gradients are reduced over the n
   // The prediction is near the job synthesized at EP 2 (without them it is short of it).
   const double err = double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0;
   CHECK(std::abs(err) < 0.03);
+}
+
+TEST_CASE("whatif --layers on MoE traces: the optimizer and the expert gradients follow the layers as the direct job has them", "[whatif][moe]") {
+  // The optimizer phase's GPU time on rank 0 and its expert gradient collectives (transfers, by
+  // their kind): the prediction's and the job synthesized with 4 layers'.
+  const auto optimizer_ns = [](const whatif::whatif_result& w, bool predicted) {
+    const auto& g = predicted ? w.predicted.built.graph : w.baseline.built.graph;
+    time_ns n = 0;
+    for (graph::task_id t = 0; t < g.task_count(); ++t) {
+      if (g.rank[t] == 0 && graph::is_gpu(g.kind[t]) && g.task_name(t).find("multi_tensor_apply") != std::string_view::npos) n += g.duration[t];
+    }
+    return n;
+  };
+  const auto expert_collectives = [](const graph::task_graph& g) {
+    std::map<std::string, std::size_t> n;
+    for (const auto& ci : g.collectives) {
+      const bool expert = ci.group.starts_with("edp.") || ci.group.starts_with("expert_dp.inserted.");
+      if (expert && !ci.complete.empty() && g.rank[ci.complete.front()] == 0) ++n[ci.kind];
+    }
+    return n;
+  };
+  for (const std::string from : {"--ep 2", "--ep 4"}) {
+    INFO("from " + from);
+    whatif::whatif_options o;
+    o.layers = 4;
+    if (from != "--ep 2") o.moe.ep = 2;  // from EP = DP: the expert gradients inserted
+    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with(from)}), o);
+    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --layers 4")}), whatif::whatif_options{});
+    const double traced = static_cast<double>(optimizer_ns(r, false)), truth = static_cast<double>(optimizer_ns(direct, false));
+    REQUIRE(traced > 0);
+    REQUIRE(truth > traced);  // 4 layers step more parameters than 2
+    CHECK(std::abs(static_cast<double>(optimizer_ns(r, true)) / truth - 1.0) < 0.02);
+    // Each bucket's reduce-scatter goes with its layer, which the layer change copies.
+    const auto have = expert_collectives(r.predicted.built.graph), want = expert_collectives(direct.baseline.built.graph);
+    REQUIRE(want.count("reducescatter"));
+    CHECK(have.count("reducescatter"));
+    if (have.count("reducescatter")) CHECK(have.at("reducescatter") == want.at("reducescatter"));
+    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+  }
 }
 
 TEST_CASE("whatif --ep with 2 local experts: launches folded into a grouped GEMM's host time follow the experts per rank", "[whatif][moe]") {
@@ -310,19 +388,52 @@ TEST_CASE("whatif --ep --trace-out: the written traces replay to the prediction"
   const auto r = lumos_test::run_cli("whatif " + moe_test_job_dir().string() + " --ep 4 --json --trace-out " + out.string());
   REQUIRE(r.code == 0);
   CHECK(r.out.find("\"moe\":{\"baseline\":{\"ep\":2") != std::string::npos);
-  const auto again = lumos_test::run_cli("replay " + out.string() + " --json");
-  REQUIRE(again.code == 0);
-  const std::string key = "\"predicted\":{\"iteration_ns\":";
-  const auto predicted = r.out.find(key);
-  REQUIRE(predicted != std::string::npos);
-  const auto at = predicted + key.size();
-  const std::string ns = r.out.substr(at, r.out.find(',', at) - at);
-  CHECK(!ns.empty());
-  CHECK(again.out.find("\"simulated_ns\":" + ns) != std::string::npos);
+  CHECK(replays_to_prediction(r.out, out));
   const auto bad = lumos_test::run_cli("whatif " + moe_test_job_dir().string() + " --ep 3");
   CHECK(bad.code == 2);
   CHECK(bad.err.find("EP must divide DP x CP") != std::string::npos);
 }
+TEST_CASE("whatif --ep and --top-k --trace-out: the written job reads back as the job synthesized at the target", "[whatif][moe]") {
+  // Each what-if's written traces: the experts per rank, tokens per expert, top-k, EP and each
+  // all-to-all's group and messages that structure discovery reads are the direct job's.
+  struct item {
+    std::string from, flags, to;
+  };
+  for (const item& c : {item{"--ep 2", "--ep 4", "--ep 4"}, item{"--ep 4", "--ep 2", "--ep 2"}, item{"--ep 2", "--top-k 4", "--ep 2 --top-k 4"},
+                        item{"--ep 1", "--ep 2", "--ep 2"}, item{"--ep 2", "--ep 1", "--ep 1"}}) {
+    INFO(c.from + " with " + c.flags);
+    lumos_test::temp_dir dir;
+    const auto out = dir.path() / "written";
+    const auto r = lumos_test::run_cli("whatif " + moe_test_job_with(c.from).string() + " " + c.flags + " --json --trace-out " + out.string());
+    REQUIRE(r.code == 0);
+    const moe_read_back written = moe_read(out), direct = moe_read(moe_test_job_with(c.to));
+    CHECK(written.facts == direct.facts);
+    CHECK(written.expert_tokens == direct.expert_tokens);
+    CHECK(written.all_to_alls == direct.all_to_alls);
+    CHECK(replays_to_prediction(r.out, out));
+  }
+  // Recorded split sizes (rows to and from each EP peer): at top-1 from top-2 each peer's share
+  // halves, as the measured routing keeps it.
+  const std::string splits = LUMOS_TEST_DATA_DIR "/moe/ep2_grouped_splits";
+  lumos_test::temp_dir dir;
+  const auto out = dir.path() / "top1";
+  REQUIRE(lumos_test::run_cli("whatif " + splits + " --top-k 1 --trace-out " + out.string()).code == 0);
+  const trace::job traced_job = trace::load_job({splits}), written_job = trace::load_job({out});
+  const whatif::job_structure traced = whatif::discover_structure(traced_job, graph::build_graph(traced_job));
+  const whatif::job_structure written = whatif::discover_structure(written_job, graph::build_graph(written_job));
+  REQUIRE(!traced.all_to_alls.empty());
+  REQUIRE(written.all_to_alls.size() == traced.all_to_alls.size());
+  for (std::size_t i = 0; i < traced.all_to_alls.size(); ++i) {
+    for (const auto side : {&whatif::all_to_all_info::in_splits, &whatif::all_to_all_info::out_splits}) {
+      const auto& was = traced.all_to_alls[i].*side;
+      const auto& now = written.all_to_alls[i].*side;
+      REQUIRE(now.size() == was.size());
+      for (std::size_t k = 0; k < was.size(); ++k) CHECK(now[k] == (was[k] + 1) / 2);
+    }
+  }
+  CHECK(written.moe.top_k.value == std::optional<int>(1));
+}
+
 TEST_CASE("a shared expert and dense layers beside the routed grouped experts are no part of the MoE what-if", "[whatif][moe]") {
   // DeepSeek-V3's layers: 3 dense ones, then a MoE one with a shared expert of the routed
   // experts' FFN width beside them, its GEMMs over every token. Forward passes only: the
@@ -616,15 +727,7 @@ TEST_CASE("whatif --cp --trace-out on MoE traces: the written traces replay to t
   const std::string in = moe_test_job_with("--ep 2").string();
   const auto r = lumos_test::run_cli("whatif " + in + " --cp 2 --json --trace-out " + out.string());
   REQUIRE(r.code == 0);
-  const auto again = lumos_test::run_cli("replay " + out.string() + " --json");
-  REQUIRE(again.code == 0);
-  const std::string key = "\"predicted\":{\"iteration_ns\":";
-  const auto predicted = r.out.find(key);
-  REQUIRE(predicted != std::string::npos);
-  const auto at = predicted + key.size();
-  const std::string ns = r.out.substr(at, r.out.find(',', at) - at);
-  CHECK(!ns.empty());
-  CHECK(again.out.find("\"simulated_ns\":" + ns) != std::string::npos);
+  CHECK(replays_to_prediction(r.out, out));
   for (const char* bad : {"--hidden 4096", "--tp 2", "--cp 2 --layers 4", "--cp 2 --pp 2"}) {
     const auto refused = lumos_test::run_cli("whatif " + in + " " + std::string(bad));
     CHECK(refused.code == 2);

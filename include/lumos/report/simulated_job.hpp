@@ -13,11 +13,25 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace lumos::report {
+
+/// An arg of a traced event written with another value: a what-if that resized what the event
+/// records (a MoE change's all-to-all messages and grouped GEMM shapes) writes the target's, so
+/// that the written job reads back as the target.
+struct arg_edit {
+  trace::arg_key key = trace::arg_key::input_dims;
+  std::string json;  ///< the value as raw JSON (a number, or a string with its quotes)
+};
+
+/// The edits of a job's traced events, keyed by (the trace's rank number, event index); an
+/// edit replaces its key's value where the event records the key and is not written otherwise.
+using arg_edits = std::map<std::pair<int, std::uint32_t>, std::vector<arg_edit>>;
 
 /// How a model-built task is written in a kernel-level trace (`trace_decorations`).
 struct task_decoration {
@@ -94,6 +108,8 @@ struct simulated_job {
   /// The collective args of a communication op are its instance's in the graph (as with
   /// `subset`): a what-if that folded a TP or DP change writes the target's group sizes.
   bool groups_from_graph = false;
+  /// Args of traced events written with other values (their copies' too), or null.
+  const arg_edits* edits = nullptr;
   /// Subset: the groups of communication ops that are no collective instance, where the graph
   /// renamed them (each `complete` lists its ops; a pipeline what-if's stage copies of a TP group
   /// whose other ranks the traces lack). Other such ops keep their trace's args.

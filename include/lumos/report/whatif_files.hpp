@@ -118,6 +118,7 @@ inline written_traces write_whatif_traces(const whatif::whatif_options& o, const
   } else if ((o.dp || o.shape.tp || o.hsdp) && r.structure) {
     out.folded_note = detail::folded_ranks_out(o, *r.structure, job, ranks, sj);
   }
+  if (!r.written_args.empty()) sj.edits = &r.written_args;
   out.files = write_kineto(sj, ranks, dir, gzip);
   return out;
 }

@@ -67,16 +67,16 @@ struct bucket_insertion {
   std::vector<std::array<graph::task_id, 4>> in_layers;
 };
 
-/// Adds each reduce-scatter of `bi` to the layer task group that holds the op it follows (the
+/// Adds each reduce-scatter of an insertion to the layer task group that holds the op it follows (the
 /// layer that closes its bucket), so that a layer change repeats or removes it with the layer and
 /// a pipeline split puts it on that layer's stage. `st` is the structure discovered after the
-/// insertion.
-inline void attach_to_layers(job_structure& st, const bucket_insertion& bi) {
+/// insertion; `in_layers` as `bucket_insertion::in_layers`.
+inline void attach_to_layers(job_structure& st, const std::vector<std::array<graph::task_id, 4>>& in_layers) {
   std::unordered_map<graph::task_id, std::size_t> group_of;
   for (std::size_t i = 0; i < st.layer_groups.size(); ++i) {
     for (const graph::task_id t : st.layer_groups[i].tasks) group_of.emplace(t, i);
   }
-  for (const auto& [hook, call, arrive, complete] : bi.in_layers) {
+  for (const auto& [hook, call, arrive, complete] : in_layers) {
     const auto it = group_of.find(hook);
     if (it == group_of.end()) continue;
     auto& tasks = st.layer_groups[it->second].tasks;
@@ -772,7 +772,7 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
   if (bi.buckets > 0) {
     ctx.buckets_inserted = true;
     ctx.refresh(b);
-    attach_to_layers(ctx.structure(b), bi);
+    attach_to_layers(ctx.structure(b), bi.in_layers);
   }
   return bi;
 }

@@ -33,6 +33,7 @@
 #include <lumos/core/error.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/comm.hpp>
+#include <lumos/model/flops.hpp>
 #include <lumos/model/kernel_costs.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/whatif/change.hpp>
@@ -40,6 +41,7 @@
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/detail/moe_comms.hpp>
 #include <lumos/whatif/detail/moe_launches.hpp>
+#include <lumos/whatif/detail/moe_written.hpp>
 #include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/editor.hpp>
@@ -547,10 +549,13 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
 /// told, and from EP 1 when no MoE layer pass has launched expert GEMMs to place the all-to-alls.
 struct moe_pass {
   std::optional<moe_summary> made;
+  report::arg_edits written;  ///< the target's sizes for `--trace-out` (detail/moe_written.hpp)
 
   /// Wanted for a MoE flag, and on MoE traces whose tokens per rank change (`--seq`,
   /// `--micro-batch`, `--cp`): the experts' copies, the router and the all-to-alls follow them.
-  [[nodiscard]] bool wanted(const context& ctx) const noexcept { return ctx.options.moe.any() || tokens_ratio(ctx) != 1.0; }
+  [[nodiscard]] bool wanted(const context& ctx) const noexcept {
+    return ctx.options.moe.any() || tokens_ratio(ctx) != 1.0 || layers_unpriced(ctx);
+  }
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) {
     const moe_target& t = ctx.options.moe;
     const job_structure& st = ctx.structure(b);
@@ -570,6 +575,13 @@ struct moe_pass {
     const detail::expert_width traced = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
     const std::int64_t width = traced.n;
     auto [from, to] = detail::moe_configs(st, t, traced.ffn(), tp, dpcp_to, dpcp_flag);
+    // `--layers`: the optimizer steps the parameters of the target's layers (see `layer_parameters`).
+    // A plain double (0: none), as GCC 12 takes an optional's for uninitialized.
+    const double layered = layers_unpriced(ctx) ? layer_parameters(ctx, st, from, to, traced, dp / cp_from, cp_from) : 0.0;
+    const double gathers = layered > 0 ? static_cast<double>(*ctx.options.layers) / st.model.layers.value.value_or(1) : 1.0;
+    const model::nccl_model nccl = ctx.nccl ? ctx.nccl->first : model::nccl_model{ctx.traced_profile()};
+    const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
+    if (!t.any() && tokens == 1.0) return layers_only(ctx, b, st, from, layered, gathers, tp, dp, nccl, hw);
     const moe_routing routing = t.routing.value_or(moe_routing::measured);
     detail::moe_ranks ranks;
     const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
@@ -591,8 +603,6 @@ struct moe_pass {
     }
     s.launch_runs = launches.runs, s.launches_removed = launches.kernels_removed, s.launches_added = launches.kernels_added;
     s.folded = launches.folded, s.host_before = launches.host_before, s.host_after = launches.host_after;
-    const model::nccl_model nccl = ctx.nccl ? ctx.nccl->first : model::nccl_model{ctx.traced_profile()};
-    const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
     std::vector<detail::moe_comm> comms = detail::moe_comms(ctx.job, b, st);
     // The shape pass re-timed the all-to-alls for the tokens per rank: their messages now.
     for (detail::moe_comm& c : comms) {
@@ -608,7 +618,7 @@ struct moe_pass {
     // The traced expert-DP group: DP x CP / EP, 1 where the traces show fewer DP ranks than EP
     // (a partial job whose DP group is not in it).
     const int edp_traced = std::max(1, dp / from.ep), edp_from = edp_traced == 1 ? 1 : std::max(1, dpcp_base / from.ep);
-    const double optimizer = detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, dpcp_to / to.ep);
+    const double optimizer = layered > 0 ? layered : detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, dpcp_to / to.ep);
     if (optimizer != 1.0) s.optimizer = detail::scale_optimizer(b, st, optimizer, costs.profile.min_kernel_ns);
     std::vector<detail::moe_comm> removed;
     const bool resized = to.ep != from.ep || to.experts != from.experts || to.expert_ffn != from.expert_ffn;
@@ -619,8 +629,11 @@ struct moe_pass {
         // EP 1 dispatches no tokens; one replica of each expert shard reduces no gradients.
         removed.push_back(c);
         ++(a2a ? s.removed : s.gradients_removed);
-      } else if (a2a ? (to.ep != from.ep || to.top_k != from.top_k) : resized) {
-        detail::retime_moe_comm(b.graph, c, from, to, tp, dpcp_base, dpcp_to, params, nccl, hw, s);
+      } else if (a2a ? (to.ep != from.ep || to.top_k != from.top_k) : resized || (gathers != 1.0 && c.kind == model::collective::all_gather)) {
+        // The expert parameters' all-gathers after the optimizer are those of every layer; the
+        // reduce-scatters go with their layers, which the layer change copies.
+        const double layer_part = c.kind == model::collective::all_gather ? gathers : 1.0;
+        detail::retime_moe_comm(b.graph, c, from, to, tp, dpcp_base, dpcp_to, params * layer_part, nccl, hw, s);
       }
     }
     std::vector<std::vector<graph::task_id>> moved;  // where the edit put each task (empty: no edit)
@@ -632,7 +645,7 @@ struct moe_pass {
     }
     if (from.ep == 1 && to.ep > 1) {
       const auto members = [&](int rank) { return detail::ep_members(rank, tp, dp, to.ep); };
-      const detail::dispatch_insertion d = detail::insert_dispatch(b, anchors, moved, members, nccl, hw, costs.profile);
+      const detail::dispatch_insertion d = detail::insert_dispatch(b, anchors, moved, members, nccl, hw, costs.profile, costs.element_bytes);
       if (d.all_to_alls == 0) {
         throw error("whatif --ep " + std::to_string(to.ep) + ": no MoE layer pass with launched expert GEMMs to place the dispatch and "
                     "combine all-to-alls beside");
@@ -649,12 +662,16 @@ struct moe_pass {
       };
       gradients = insert_gradients(ctx, b, to, hidden, tp, traced, members, nccl, hw);
     }
+    written = written_args(ctx.job, ops, ranks, copies, from, to, hidden, width, to.expert_ffn / tp * (traced.fused ? 2 : 1), tokens, tp, dpcp_to);
     if (t.any()) made = moe_summary{from, to, routing};
     change_list out{moe_change(from, to, routing, routing_note, s)};
     if (gradients) out.push_back(*gradients);
     return out;
   }
-  void after_replay(const context&, whatif_result& out) const { out.moe = made; }
+  void after_replay(const context&, whatif_result& out) const {
+    out.moe = made;
+    out.written_args = written;
+  }
 
  private:
   /// The tokens per rank of the target over the traces' (1 without a shape change or on traces
@@ -663,6 +680,77 @@ struct moe_pass {
     const auto& st = ctx.traced_structure();
     if (!ctx.shape_from || !ctx.shape_to || !st || !st->moe.found() || ctx.shape_from->tokens() <= 0) return 1.0;
     return static_cast<double>(ctx.shape_to->tokens()) / static_cast<double>(ctx.shape_from->tokens());
+  }
+
+  /// `--layers` alone on MoE traces: the optimizer kernels by the parameters per rank
+  /// (`layered`, 0: unknown) and the expert parameters' all-gathers after it by the layers
+  /// (`gathers`); their reduce-scatters go with the layers, which the layer pass copies.
+  [[nodiscard]] static change_list layers_only(context& ctx, graph::built_job& b, const job_structure& st, const moe_config& c, double layered,
+                                               double gathers, int tp, int dp, const model::nccl_model& nccl, const model::hardware& hw) {
+    if (layered <= 0) return {};
+    moe_stats s;
+    s.optimizer = detail::scale_optimizer(b, st, layered, ctx.costs(b).profile.min_kernel_ns);
+    for (const detail::moe_comm& m : detail::moe_comms(ctx.job, b, st)) {
+      if (m.expert && m.kind == model::collective::all_gather) detail::retime_moe_comm(b.graph, m, c, c, tp, dp, dp, gathers, nccl, hw, s);
+    }
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "layers %d -> %d on MoE layers: %zu optimizer kernels by the parameters per rank x%.3f (the routed experts' over "
+                  "the expert-data-parallel group, the rest over DP x CP); %zu expert parameter all-gathers by the layers, %.3f -> "
+                  "%.3f ms",
+                  st.model.layers.value.value_or(0), *ctx.options.layers, s.optimizer, layered, s.expert_gradients,
+                  static_cast<double>(s.gradient_before) / 1e6, static_cast<double>(s.gradient_after) / 1e6);
+    return {note("moe", "optimizer", line)};
+  }
+
+  /// Whether a layer change leaves the parameters per rank to this pass: on MoE traces the shape
+  /// pass counts none (their dense FFN is unknown) and keeps the optimizer as traced.
+  [[nodiscard]] static bool layers_unpriced(const context& ctx) noexcept {
+    const auto& st = ctx.traced_structure();
+    return ctx.options.layers && !ctx.shape_from && !ctx.options.pp && st && st->moe.found() && st->parallel.pp.value.value_or(1) == 1;
+  }
+
+  /// The optimizer's parameters per rank of the target's layers and MoE layers (`to`) over the
+  /// traces' (model::optimizer_parameters_per_rank: with the distributed optimizer the routed
+  /// experts' over the expert-data-parallel group, the rest over DP x CP), both at the traces' DP
+  /// `dp` x CP `cp`: the data-parallel pass shards the optimizer for the target's. 0 when the
+  /// traces do not tell the attention's shape.
+  [[nodiscard]] static double layer_parameters(const context& ctx, const job_structure& st, const moe_config& from,
+                                                              const moe_config& to, const detail::expert_width& traced, int dp, int cp) {
+    shape_config shape;
+    try {
+      shape = traced_shape(st, true);
+    } catch (const error&) {
+      return 0.0;
+    }
+    const bool gated = st.model.gated_mlp || traced.fused || traced.inputs > 1;
+    const std::int64_t vocab = traced_vocab_local(ctx.job, st, shape) * shape.tp;
+    const bool distributed = st.gradients.method.value.value_or("") == "reduce-scatter + all-gather";
+    const auto count = [&](const moe_config& c, int layers) {
+      model::transformer m = counted_transformer(shape, st, vocab, gated, layers);
+      m.moe.experts = c.experts, m.moe.top_k = c.top_k, m.moe.expert_ffn = c.expert_ffn;
+      model::parallel_config par;
+      par.tp = shape.tp, par.dp = std::max(1, dp), par.cp = std::max(1, cp), par.ep = c.ep, par.zero_stage = distributed ? 1 : 0;
+      return model::optimizer_parameters_per_rank(m, par, 0);
+    };
+    const double a = count(from, st.model.layers.value.value_or(1)), b = count(to, *ctx.options.layers);
+    return a > 0 && b > 0 ? b / a : 0.0;
+  }
+
+  /// The traced args the written traces carry with the target's sizes (detail/moe_written.hpp).
+  [[nodiscard]] static report::arg_edits written_args(const trace::job& job, const std::vector<detail::moe_op>& ops, const detail::moe_ranks& ranks,
+                                                      const std::vector<double>& copies, const moe_config& from, const moe_config& to,
+                                                      std::int64_t hidden, std::int64_t width_from, std::int64_t width_to, double tokens,
+                                                      int tp, int dpcp) {
+    std::vector<detail::grouped_op_ref> grouped;
+    for (const detail::moe_op& o : ops) {
+      if (o.kind == detail::moe_op_kind::expert_gemm && o.experts > 0 && o.owner != detail::no_event) grouped.push_back({o.rank, o.owner, o.wgrad});
+    }
+    const detail::moe_written_sizes z{.local_from = from.experts / std::max(1, from.ep), .local_to = to.experts / std::max(1, to.ep),
+                                      .width_from = width_from, .width_to = width_to, .hidden = hidden,
+                                      .messages = tokens * static_cast<double>(to.top_k) / static_cast<double>(std::max(1, from.top_k)),
+                                      .tp = std::max(1, tp), .dpcp = std::max(1, dpcp), .ep = to.ep, .ep_from = from.ep};
+    return detail::moe_written_args(job, grouped, copies, ranks.copies, z);
   }
 
   /// The routed experts' gradient reduction of the target inserted where the traces reduce none
@@ -684,13 +772,18 @@ struct moe_pass {
     const int matrices = st.model.gated_mlp || traced.fused || traced.inputs > 1 ? 3 : 2;  // gate, up and down; or up and down
     const std::int64_t params = matrices * hidden * (to.expert_ffn / std::max(1, tp)) * (to.experts / to.ep);
     const int dp_to = ctx.options.dp.value_or(st.parallel.dp.value.value_or(1));
-    const expert_gradient_insertion g = insert_expert_gradients(ctx.job, b, st, shape, params, model::megatron_bucket_params(dp_to), members, nccl, hw,
-                                                                ctx.costs(b).profile);
+    // With `--layers` the all-gathers are the target's layers'; each reduce-scatter goes with the
+    // layer closing its bucket, which the layer change repeats or removes.
+    bucket_target layout;
+    layout.layers = ctx.options.layers.value_or(0);
+    const expert_gradient_insertion g = insert_expert_gradients(ctx.job, b, st, shape, layout, params, model::megatron_bucket_params(dp_to), members,
+                                                                nccl, hw, ctx.costs(b).profile);
     if (g.buckets == 0) {
       return note("moe", "expert gradients", "the traces reduce no expert gradients (EP = DP x CP) and no final backward pass was found to "
                                              "place the target's after: the prediction lacks them");
     }
     ctx.refresh(b);
+    attach_to_layers(ctx.structure(b), g.in_layers);
     char line[640];
     std::snprintf(line, sizeof line,
                   "the traces reduce no expert gradients (EP = DP x CP: one replica of each expert shard); the target's are inserted "

@@ -89,13 +89,14 @@ struct dispatch_insertion {
 /// Inserts the dispatch and combine of each anchor of `anchors` into `b` (see the header
 /// comment): the tasks it names are mapped through `copies` (where an edit since `anchors` were
 /// taken put them; empty: none), the transfers timed by `nccl` on `hw` over the EP group of `ep`
-/// ranks that `members` gives each global rank, the launches with `profile`'s host times. Task
-/// ids change (`adopt`). O(tasks + edges).
+/// ranks that `members` gives each global rank, the launches with `profile`'s host times; their
+/// instances record elements of `element_bytes` each, as traced ones do. Task ids change
+/// (`adopt`). O(tasks + edges).
 template <class Members>
 [[nodiscard]] dispatch_insertion insert_dispatch(graph::built_job& b, const std::vector<dispatch_anchor>& anchors,
                                                  const std::vector<std::vector<graph::task_id>>& copies, Members&& members,
                                                  const model::nccl_model& nccl, const model::hardware& hw,
-                                                 const model::cost_profile& profile) {
+                                                 const model::cost_profile& profile, double element_bytes) {
   graph::task_graph& g = b.graph;
   const auto kept = [&](graph::task_id t) {
     if (t == graph::no_task || copies.empty()) return t;
@@ -160,7 +161,8 @@ template <class Members>
       const std::vector<int> group = members(a.rank);
       member_calls& mc = groups[group.front()];
       mc.members = group;
-      mc.bytes = std::max<std::int64_t>(1, std::llround(a.bytes));
+      // As a traced collective records it: elements and their size (what `In msg nelems` says).
+      mc.bytes = std::max<std::int64_t>(1, std::llround(a.bytes / std::max(1.0, element_bytes)));
       mc.of[a.rank].emplace_back(arrive, complete);
       out.transfer += done[i].transfer;
       ++out.all_to_alls;
@@ -175,7 +177,8 @@ template <class Members>
     if (whole) {
       for (std::size_t k = 0; k < n; ++k) {
         graph::collective_instance ci{.kind = "alltoall", .group = name, .group_ranks = mc.members, .bytes = mc.bytes,
-                                      .sequence = static_cast<std::int64_t>(k), .arrive = {}, .complete = {}, .join = graph::no_task,
+                                      .element_bytes = std::llround(std::max(1.0, element_bytes)), .sequence = static_cast<std::int64_t>(k),
+                                      .arrive = {}, .complete = {}, .join = graph::no_task,
                                       .match = "inserted by an EP change from 1, joined over its EP group"};
         const graph::processor_id barrier = e.graph.add_processor(
             {graph::processor_kind::barrier, -1, 0, static_cast<std::int64_t>(e.graph.collectives.size()),
@@ -195,7 +198,8 @@ template <class Members>
     for (const auto& [rank, calls] : mc.of) {
       for (std::size_t k = 0; k < calls.size(); ++k) {
         e.graph.collectives.push_back({.kind = "alltoall", .group = name + "." + std::to_string(rank), .group_ranks = mc.members, .bytes = mc.bytes,
-                                       .sequence = static_cast<std::int64_t>(k), .arrive = {calls[k].first}, .complete = {calls[k].second},
+                                       .element_bytes = std::llround(std::max(1.0, element_bytes)), .sequence = static_cast<std::int64_t>(k),
+                                       .arrive = {calls[k].first}, .complete = {calls[k].second},
                                        .join = graph::no_task,
                                        .match = "inserted by an EP change from 1 (the EP group folded onto its traced rank)"});
       }

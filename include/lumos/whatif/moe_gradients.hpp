@@ -23,6 +23,7 @@
 #include <lumos/whatif/gradient_buckets.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -43,6 +44,9 @@ struct expert_gradient_insertion {
   std::int64_t params_first = 0;       ///< expert parameters reduced by the first rank that got buckets
   time_ns scatter_first = 0, gather_first = 0;  ///< their reduce-scatters' and all-gathers' transfers
   int group = 0;                       ///< the expert-data-parallel group's size
+  /// Each reduce-scatter as the tasks a layer change copies with the layer closing its bucket
+  /// (`bucket_insertion::in_layers`, for `attach_to_layers`).
+  std::vector<std::array<graph::task_id, 4>> in_layers;
 };
 
 namespace detail {
@@ -123,9 +127,10 @@ namespace detail {
 
 /// Writes the edges and collective instances of plan `p`, whose arrives and completes are the
 /// inserted tasks from `first` on (`place_expert_collectives`), its launch calls taken in order
-/// from `next_call` (`bucket_launches`).
+/// from `next_call` (`bucket_launches`); each reduce-scatter recorded in `in_layers`.
 inline void link_expert_collectives(const graph::task_graph& g, edited_graph& e, const launch_edges& launches, const rank_buckets& p,
-                                    std::size_t first, std::size_t& next_call, int rank) {
+                                    std::size_t first, std::size_t& next_call, int rank,
+                                    std::vector<std::array<graph::task_id, 4>>& in_layers) {
   graph::task_graph& ng = e.graph;
   std::int64_t sequence = 0;
   graph::task_id previous = graph::no_task;
@@ -150,7 +155,10 @@ inline void link_expert_collectives(const graph::task_graph& g, edited_graph& e,
     return arrive;
   };
   for (const gradient_bucket& k : p.buckets) {
-    ng.add_edge(e.first(k.after), collective(k.after, "reducescatter", k.params), 0, graph::edge_kind::cross_stream);
+    const graph::task_id call = launches.launched(k.after) ? e.inserted[next_call] : graph::no_task;
+    const graph::task_id a = collective(k.after, "reducescatter", k.params);
+    ng.add_edge(e.first(k.after), a, 0, graph::edge_kind::cross_stream);
+    in_layers.push_back({e.first(k.after), call, a, e.inserted[first - 1]});
   }
   if (p.gate != graph::no_task) ng.add_edge(previous, e.first(p.gate), 0, graph::edge_kind::cross_stream);
   for (const graph::task_id t : p.after_sync) ng.add_edge(previous, e.first(t), 0, graph::edge_kind::cross_stream);
@@ -170,19 +178,19 @@ inline void link_expert_collectives(const graph::task_graph& g, edited_graph& e,
 /// Inserts the reduction of the routed experts' gradients into `b` (see the header comment):
 /// `expert_params` per MoE layer and rank in the target, `bucket_params` Megatron's bucket size,
 /// `members(rank)` the target's expert-data-parallel group of a global rank. `st` must be
-/// `discover_structure` of `b` (built from `job`) as it is, `shape` its traced shape (its TP). Task ids of `b` change
-/// (`adopt`). O(tasks + edges) per rank with buckets.
+/// `discover_structure` of `b` (built from `job`) as it is, `shape` its traced shape (its TP),
+/// `layout` the target's layers (the all-gathers'). Task ids of `b` change (`adopt`). O(tasks +
+/// edges) per rank with buckets.
 template <class Members>
 [[nodiscard]] expert_gradient_insertion insert_expert_gradients(const trace::job& job, graph::built_job& b, const job_structure& st,
-                                                                const shape_config& shape,
+                                                                const shape_config& shape, const bucket_target& layout,
                                                                 std::int64_t expert_params, std::int64_t bucket_params, Members&& members,
                                                                 const model::nccl_model& nccl, const model::hardware& hw,
                                                                 const model::cost_profile& profile) {
   expert_gradient_insertion out;
   bucket_insertion planned;
   planned.bucket_params = bucket_params;
-  const bucket_target traced_layout;  // the planner holds a reference to it
-  detail::bucket_planner planner(b, st, shape, 0, st.model.gated_mlp, 1, nccl, hw, traced_layout, planned);
+  detail::bucket_planner planner(b, st, shape, 0, st.model.gated_mlp, 1, nccl, hw, layout, planned);
   planner.params.layer = expert_params, planner.params.embedding = 0, planner.params.experts = true;
   std::vector<detail::rank_buckets> plans;
   for (std::size_t ri = 0; ri < b.ranks.size() && ri < st.ranks.size(); ++ri) {
@@ -219,7 +227,7 @@ template <class Members>
   }
   edited_graph e = insert_after(b.graph, ins);
   std::size_t next_call = 0;
-  bucket_insertion unused;
+  bucket_insertion written;  // the own-stream writer's reduce-scatters in their layers
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const detail::rank_buckets& p = plans[i];
     const int rank = b.graph.rank[p.buckets.front().after];
@@ -227,13 +235,14 @@ template <class Members>
       detail::dp_stream_writer w{b.graph, e, launches, p, next_call, rank};
       w.group = inserted_expert_group;
       w.match = "inserted by an EP change from one expert-data-parallel rank (the group folded onto its traced rank)";
-      w.write(unused);
+      w.write(written);
     } else {
-      detail::link_expert_collectives(b.graph, e, launches, p, first[i], next_call, rank);
+      detail::link_expert_collectives(b.graph, e, launches, p, first[i], next_call, rank, out.in_layers);
     }
     out.buckets += p.buckets.size();
     ++out.ranks;
   }
+  out.in_layers.insert(out.in_layers.end(), written.in_layers.begin(), written.in_layers.end());
   const detail::rank_buckets& p0 = plans.front();
   out.group = static_cast<int>(p0.members.size());
   for (const detail::gradient_bucket& k : p0.buckets) out.params_first += k.params, out.scatter_first += k.scatter;

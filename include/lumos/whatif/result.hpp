@@ -3,6 +3,7 @@
 // that made the prediction.
 
 #include <lumos/report/replay_report.hpp>
+#include <lumos/report/simulated_job.hpp>
 #include <lumos/whatif/attribution.hpp>
 #include <lumos/whatif/change.hpp>
 #include <lumos/whatif/pipeline.hpp>
@@ -69,6 +70,9 @@ struct whatif_result {
   std::vector<host_point> host_sensitivity;
   /// Set when a MoE change was asked (`--ep`, `--experts`, `--top-k`, `--expert-ffn`, `--routing`).
   std::optional<moe_summary> moe;
+  /// The traced events' args `--trace-out` writes with the target's values (a MoE change's
+  /// expert GEMM shapes and all-to-all messages: whatif/detail/moe_written.hpp).
+  report::arg_edits written_args;
   double host_speed = 1.0;  ///< the prediction's host speed relative to the traced host's (whatif_options)
   /// With `whatif_options::host_profile`: the profile's name and the ops its host entry shares
   /// with the traces, whose median ratio gave `host_speed`.

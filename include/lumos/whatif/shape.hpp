@@ -745,7 +745,10 @@ struct shape_pass {
       try {
         layers_shape = traced_shape(st);
       } catch (const error& e) {
-        out.push_back(note("shape", "optimizer and gradient work", std::string("optimizer and gradient work kept as traced: ") + e.what()));
+        // A layer change on MoE layers: the MoE pass counts their parameters (whatif/moe.hpp).
+        if (!st.moe.found() || pp_params) {
+          out.push_back(note("shape", "optimizer and gradient work", std::string("optimizer and gradient work kept as traced: ") + e.what()));
+        }
       }
     }
     if (!o.shape.any() && !layers_shape) return out;

@@ -51,8 +51,10 @@ class time_warp {
 
 // `ids`: added to the event's correlation and External id (a what-if's copy of a repeated task
 // is written with ids of its own, which pair its launch, kernel and operator as the original's do).
+// `edits`: the event's args written with other values (`simulated_job::edits`), or null.
 inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, std::size_t i, std::int64_t ids = 0,
-                                  std::int64_t record_ids = 0, const graph::collective_instance* group = nullptr) {
+                                  std::int64_t record_ids = 0, const graph::collective_instance* group = nullptr,
+                                  const std::vector<arg_edit>* edits = nullptr) {
   const trace::event& e = r.events[i];
   if (group != nullptr) {
     // The op's group as the graph has it (a what-if that made stages renamed and renumbered it).
@@ -75,7 +77,13 @@ inline void write_args_from_trace(json_writer& w, const trace::rank_trace& r, st
       continue;
     }
     w.key(trace::json_key(k));
-    if (k == trace::arg_key::wait_on_event_record_correlation) {
+    const arg_edit* edit = nullptr;
+    for (std::size_t x = 0; edits != nullptr && x < edits->size() && edit == nullptr; ++x) {
+      if ((*edits)[x].key == k) edit = &(*edits)[x];
+    }
+    if (edit != nullptr) {
+      w.raw(edit->json);
+    } else if (k == trace::arg_key::wait_on_event_record_correlation) {
       w.value(r.arg_values[a] + record_ids);  // the copy of the record it waits for, if that was repeated too
     } else if (!trace::is_string_arg(k)) {
       w.value(r.arg_values[a]);
@@ -187,7 +195,11 @@ class kineto_rank {
     w.field("pid", lane.pid_text != no_string ? 0 : lane.pid).field("tid", lane.tid_text != no_string ? 0 : lane.tid);
     w.key("ts").microseconds(us(begin)).key("dur").microseconds(end - begin);
     w.key("args").begin_object();
-    write_args_from_trace(w, *src, i, ids, record_ids, group);
+    const std::vector<arg_edit>* edits = nullptr;
+    if (job.edits != nullptr) {
+      if (const auto it = job.edits->find({src->rank, static_cast<std::uint32_t>(i)}); it != job.edits->end()) edits = &it->second;
+    }
+    write_args_from_trace(w, *src, i, ids, record_ids, group, edits);
     w.end_object().end_object();
   }
 
