@@ -159,16 +159,16 @@ struct gather_ends {
 
   /// Caps at the gathers' launch latency every launch delay onto a stream with an op in `waited`:
   /// the stream's learnt typical latency may be that wait, which every launch edge onto it keeps
-  /// (clipped to its slack). Returns how many.
-  std::size_t cap_launches(graph::task_graph& g, const std::vector<std::uint8_t>& waited) const {
+  /// (clipped to its slack). Returns the ops whose launch delay it capped.
+  std::vector<graph::task_id> cap_launches(graph::task_graph& g, const std::vector<std::uint8_t>& waited) const {
     std::vector<std::uint8_t> stream_waited(g.processors.size(), 0);
     for (const graph::edge& e : g.edges) {
       if (e.kind == graph::edge_kind::launch && !is_gather[e.to] && waited[e.to]) stream_waited[g.processor[e.to]] = 1;
     }
-    std::size_t capped = 0;
+    std::vector<graph::task_id> capped;
     for (graph::edge& e : g.edges) {
       if (e.kind != graph::edge_kind::launch || e.delay <= latency || is_gather[e.to] || !stream_waited[g.processor[e.to]]) continue;
-      e.delay = latency, ++capped;
+      e.delay = latency, capped.push_back(e.to);
     }
     return capped;
   }
@@ -200,7 +200,7 @@ inline std::size_t release_gather_waits(graph::task_graph& g, const std::vector<
   for (graph::task_id t = 0; t < g.task_count(); ++t) {
     if (!ge.is_gather[t] && graph::is_gpu(g.kind[t]) && ge.waited_by(g, t) != graph::no_task) waited[t] = 1;
   }
-  return dropped + ge.cap_launches(g, waited);
+  return dropped + ge.cap_launches(g, waited).size();
 }
 
 /// Before `gathers` are re-timed (a resized or re-placed shard group), the ops that waited for
@@ -209,8 +209,10 @@ inline std::size_t release_gather_waits(graph::task_graph& g, const std::vector<
 /// traced gather's end as the op's launch delay or stream gap instead: a compute op starting
 /// within 1 us of a gather's end on another stream of its rank gets a cross-stream edge from it,
 /// its stream gap capped at its stream's typical gap (the median), and the launch delays onto its
-/// stream at the gathers' own launch latency (`gather_ends::cap_launches`). Returns the edges
-/// added. O(tasks x log gathers + edges).
+/// stream at the gathers' own launch latency (`gather_ends::cap_launches`); an op there whose
+/// capped delay held a wait for another stream's op that ended within 1 us of its start (a
+/// pipeline receive) gets an edge from that op. Returns the edges added. O(tasks x log tasks +
+/// edges).
 inline std::size_t bind_gather_waits(graph::task_graph& g, const std::vector<graph::task_id>& gathers) {
   const detail::gather_ends ge(g, gathers, {graph::task_kind::gpu_comm, graph::task_kind::comm_complete});
   if (ge.ends.empty()) return 0;
@@ -241,7 +243,30 @@ inline std::size_t bind_gather_waits(graph::task_graph& g, const std::vector<gra
     g.add_edge(w, t, std::max<time_ns>(g.observed_start[t] - g.observed_end[w], 0), graph::edge_kind::cross_stream);
     ++added;
   }
-  if (ge.latency != std::numeric_limits<std::int32_t>::max()) (void)ge.cap_launches(g, waited);
+  if (ge.latency == std::numeric_limits<std::int32_t>::max()) return added;
+  // Another op on those streams may hold the wait for a transfer the trace rounded alike (a
+  // pipeline receive) as its launch delay, which the cap takes: it gets its edge too.
+  const std::vector<graph::task_id> capped = ge.cap_launches(g, waited);
+  std::vector<std::uint8_t> was_capped(g.task_count(), 0);
+  for (const graph::task_id t : capped) was_capped[t] = !waited[t];
+  std::vector<graph::task_id> gpu_ops;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.kind[t] == graph::task_kind::gpu_compute || g.kind[t] == graph::task_kind::gpu_comm || g.kind[t] == graph::task_kind::comm_complete) {
+      gpu_ops.push_back(t);
+    }
+  }
+  const detail::gather_ends others(g, gpu_ops, {graph::task_kind::gpu_compute, graph::task_kind::gpu_comm, graph::task_kind::comm_complete});
+  std::set<std::pair<graph::task_id, graph::task_id>> into_capped;
+  for (const graph::edge& e : g.edges) {
+    if (e.kind != graph::edge_kind::launch && was_capped[e.to]) into_capped.emplace(e.from, e.to);
+  }
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (!was_capped[t]) continue;
+    const graph::task_id w = others.waited_by(g, t);
+    if (w == graph::no_task || into_capped.contains({w, t})) continue;
+    g.add_edge(w, t, std::max<time_ns>(g.observed_start[t] - g.observed_end[w], 0), graph::edge_kind::cross_stream);
+    ++added;
+  }
   return added;
 }
 
