@@ -50,6 +50,7 @@ ZERO1 = dict(FSDP4, **{"--fsdp": "off"})
 # Hybrid sharding: DP 8 as 2 shard groups of 4 ranks, each unit's shard all-reduced over 2 replicas.
 HSDP = dict(FSDP8, **{"--hsdp": "4"})
 # The same with 2 pipeline stages (16 ranks, 4 micro-batches per replica).
+FSDP4_PP2 = dict(FSDP4, **{"--pp": "2", "--global-batch": "16"})
 FSDP8_PP2 = dict(FSDP8, **{"--pp": "2", "--global-batch": "32"})
 HSDP_PP2 = dict(FSDP8_PP2, **{"--hsdp": "4"})
 
@@ -235,7 +236,10 @@ CASES = [
     ("HSDP shard group 4→2 (4 replicas)", HSDP, {"--hsdp": "2"}),
     ("HSDP, DP 8→16 (4 replicas)", HSDP, {"--dp": "16", "--global-batch": "32"}),
     ("HSDP → off (distributed optimizer)", HSDP, {"--fsdp": "off"}),
-    # With pipeline stages each stage all-reduces its own units after its final backward.
+    # With pipeline stages: each stage's shard group resized (4 micro-batches per replica), and
+    # for HSDP each stage all-reduces its own units after its final backward.
+    ("FSDP degree 8→4 with PP 2", FSDP8_PP2, {"--dp": "4", "--global-batch": "16"}),
+    ("FSDP degree 4→8 with PP 2", FSDP4_PP2, {"--dp": "8", "--global-batch": "32"}),
     ("FSDP → HSDP with PP 2, shard group 8→4 (2 replicas)", FSDP8_PP2, {"--hsdp": "4"}),
     ("HSDP → FSDP with PP 2, shard group 4→8", HSDP_PP2, {"--hsdp": "8"}),
     ("HSDP with PP 2, shard group 4→2 (4 replicas)", HSDP_PP2, {"--hsdp": "2"}),

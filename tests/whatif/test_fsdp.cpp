@@ -272,6 +272,50 @@ TEST_CASE("whatif on FSDP traces agrees with the target synthesised directly: --
   }
 }
 
+TEST_CASE("whatif --dp on FSDP traces with pipeline stages agrees with the target synthesised directly", "[whatif][fsdp]") {
+  lumos_test::temp_dir dir;
+  // 4 layers over 2 stages, 2 micro-batches per replica.
+  auto staged = [](synth::job j) {
+    j.model.layers = 4;
+    j.parallel.pp = 2;
+    return j;
+  };
+  auto check_dp = [&](const synth::job& from, const synth::job& to) {
+    (void)write_fsdp_job(from, dir.path() / "a");
+    const time_ns direct = write_fsdp_job(to, dir.path() / "b");
+    whatif::whatif_options o;
+    o.dp = to.parallel.dp, o.global_batch = to.parallel.global_batch;
+    // Unfolded: every traced rank replays, the replicas beyond the target's DP too.
+    whatif::whatif_result r = whatif::run_whatif(trace::load_job({dir.path() / "a"}), o);
+    CHECK(fsdp_error(r.predicted.simulated_ns, direct) < 0.005);
+    return r;
+  };
+  SECTION("DP 4 -> 2: the compute that waited for a gather waits for its re-timed end") {
+    // Llama 3 8B's layer: the head's gather is long enough that its wait, kept at the traced
+    // end, would hold each stage's head back by the time the smaller group saves.
+    auto wide = [&](int dp) {
+      synth::job j = staged(fsdp_synth_job(dp, true));
+      j.model = model::detail::llama3("fsdp-pp-test", 4, 4096, 14336, 32);
+      j.model.seq = 1024, j.model.vocab = 32000;
+      return j;
+    };
+    check_dp(wide(4), wide(2));
+  }
+  SECTION("DP 8 -> 4: the stages' transfers of the replicas beyond the target's DP move onto one node too") {
+    // Stages 8 ranks apart cross a node of 8 GPUs; 4 apart they share it. The traced replicas
+    // 4..7 stand in for 0..3, and their shard groups' gathers join those of 0..3.
+    const whatif::whatif_result r = check_dp(staged(fsdp_synth_job(8, true)), staged(fsdp_synth_job(4, true)));
+    // Replicas are symmetric: each traced rank's transfers take the time of the rank it stands for.
+    const graph::task_graph& g = r.predicted.built.graph;
+    std::map<int, std::vector<time_ns>> transfers;
+    for (graph::task_id t = 0; t < g.task_count(); ++t) {
+      if (g.kind[t] == graph::task_kind::comm_complete || g.kind[t] == graph::task_kind::gpu_comm) transfers[g.rank[t]].push_back(g.duration[t]);
+    }
+    REQUIRE(transfers.size() == 16);
+    for (const int rank : {4, 5, 6, 7, 12, 13, 14, 15}) CHECK(transfers.at(rank) == transfers.at(rank - 4));
+  }
+}
+
 namespace {
 
 // The HSDP job of `fsdp_synth_job`: shard groups of `shard` ranks, dp / shard replicas.

@@ -95,7 +95,7 @@ struct rank_layout {
 /// from layout `from` to `to`. Megatron numbers ranks TP innermost, then DP, then PP, so pipeline
 /// neighbours are tp·dp apart: a larger stage can move a stage's partner onto another node, and
 /// its transfers then go over the NIC; a deeper pipeline moves the last stage further away. A
-/// traced rank s·(tp·dp) + d·tp + t becomes s'·(tp'·dp') + d·tp' + (t mod tp'), with s' =
+/// traced rank s·(tp·dp) + d·tp + t becomes s'·(tp'·dp') + (d mod dp')·tp' + (t mod tp'), with s' =
 /// `traced_stage_to(s)`. Collectives across stages (the tied embedding's first and last stage)
 /// are re-timed by the profile's NCCL model (hierarchical placement), send/recv pairs too (intra-
 /// or inter-node link) unless the depth changes (then the pipeline model times the transfers
@@ -116,10 +116,13 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   const bool depth_changes = from.pp != to.pp;
   // A smaller TP folds the traced TP ranks beyond the new size onto the new group's ranks
   // (traced rank t replays as t mod the new TP), so they land on the node of the rank they stand for.
+  // So does a smaller DP: the traced replicas beyond it still replay (their collectives resized),
+  // as stand-ins for replica d mod the new DP, and transfers that crossed a node and no longer do
+  // must not keep their old link there, or their stage waits on them (FSDP's gathers join them).
   auto renumbered = [&](std::int64_t r) {
     const std::int64_t x = r % old_stride;
     const std::int64_t s = traced_stage_to(static_cast<int>(r / old_stride), from.pp, to.pp);
-    return s * new_stride + x / from.tp * to.tp + x % from.tp % to.tp;
+    return s * new_stride + x / from.tp % std::max(to.dp, 1) * to.tp + x % from.tp % to.tp;
   };
   std::size_t moved = 0;
   time_ns before = 0, after = 0;

@@ -11,7 +11,8 @@
 //                     the same and each rank's shard 1/N of it. That is the data-parallel pass's
 //                     resize of the DP group's collectives (data_parallel.hpp), which this pass
 //                     leaves to it, and the optimizer's kernels step 1/N of the parameters
-//                     (`shard_optimizer`).
+//                     (`shard_optimizer`). The compute that waited for a gather first gets an
+//                     edge from it (`bind_gather_waits`), so that it waits for the new end.
 //   --fsdp off        the target runs Megatron's distributed optimizer (ZeRO-1, `predict`'s default
 //                     without --fsdp): every gather and reduce-scatter of the shard group is
 //                     removed (`strip_gradient_collectives`) and the distributed optimizer's
@@ -53,6 +54,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <set>
@@ -120,6 +122,60 @@ namespace detail {
   return out;
 }
 
+namespace detail {
+
+/// The shard group's gathers as the waits for them are found: which tasks they are, their ends
+/// on the GPU (`kinds`: the task kinds whose end counts) and their own launch latency.
+struct gather_ends {
+  std::vector<std::uint8_t> is_gather;
+  std::vector<std::pair<time_ns, graph::task_id>> ends;  ///< by end
+  /// The least launch delay onto a gather: their idle stream shows the bare latency (none: max).
+  std::int32_t latency = std::numeric_limits<std::int32_t>::max();
+
+  gather_ends(const graph::task_graph& g, const std::vector<graph::task_id>& gathers, std::initializer_list<graph::task_kind> kinds)
+      : is_gather(g.task_count(), 0) {
+    for (const graph::task_id t : gathers) {
+      is_gather[t] = 1;
+      if (std::find(kinds.begin(), kinds.end(), g.kind[t]) != kinds.end()) ends.emplace_back(g.observed_end[t], t);
+    }
+    std::sort(ends.begin(), ends.end());
+    for (const graph::edge& e : g.edges) {
+      if (e.kind == graph::edge_kind::launch && is_gather[e.to]) latency = std::min(latency, std::max<std::int32_t>(e.delay, 0));
+    }
+  }
+
+  /// The gather that `t` started within 1 us of the end of, on another stream of its rank: the
+  /// trace rounds a waiting op's start to just before the gather's end, where no edge is inferred
+  /// (no_task: none).
+  [[nodiscard]] graph::task_id waited_by(const graph::task_graph& g, graph::task_id t) const {
+    constexpr time_ns rounding = 1000;
+    const time_ns at = g.observed_start[t];
+    for (auto it = std::lower_bound(ends.begin(), ends.end(), std::pair{at - rounding, graph::task_id{0}});
+         it != ends.end() && it->first <= at + rounding; ++it) {
+      if (g.rank[it->second] == g.rank[t] && g.processor[it->second] != g.processor[t]) return it->second;
+    }
+    return graph::no_task;
+  }
+
+  /// Caps at the gathers' launch latency every launch delay onto a stream with an op in `waited`:
+  /// the stream's learnt typical latency may be that wait, which every launch edge onto it keeps
+  /// (clipped to its slack). Returns the ops whose launch delay it capped.
+  std::vector<graph::task_id> cap_launches(graph::task_graph& g, const std::vector<std::uint8_t>& waited) const {
+    std::vector<std::uint8_t> stream_waited(g.processors.size(), 0);
+    for (const graph::edge& e : g.edges) {
+      if (e.kind == graph::edge_kind::launch && !is_gather[e.to] && waited[e.to]) stream_waited[g.processor[e.to]] = 1;
+    }
+    std::vector<graph::task_id> capped;
+    for (graph::edge& e : g.edges) {
+      if (e.kind != graph::edge_kind::launch || e.delay <= latency || is_gather[e.to] || !stream_waited[g.processor[e.to]]) continue;
+      e.delay = latency, capped.push_back(e.to);
+    }
+    return capped;
+  }
+};
+
+}  // namespace detail
+
 /// Before `gathers` are removed, the waits for them go: the edges from a gather to an op on
 /// another processor (the unit's compute waiting for its parameters, which the target holds
 /// already) are dropped rather than moved to the task before the gather on its stream, as
@@ -128,49 +184,90 @@ namespace detail {
 /// idle-GPU launch to learn a latency from (the first kernel of a step that starts with a gather):
 /// the launch delay of an op that waited for a gather, by an edge or starting within 1 us of one's
 /// end on another stream of its rank, is capped at the gathers' own launch latency, which their
-/// idle stream shows, and so is every launch delay onto its stream, whose learnt typical latency
-/// that wait may be (every launch edge keeps it, clipped to its slack). Returns the waits
-/// released. O(edges + launches x log gathers).
+/// idle stream shows, and so is every launch delay onto its stream (`gather_ends::cap_launches`).
+/// Returns the waits released. O(edges + launches x log gathers).
 inline std::size_t release_gather_waits(graph::task_graph& g, const std::vector<graph::task_id>& gathers) {
-  std::vector<std::uint8_t> is_gather(g.task_count(), 0), waited(g.task_count(), 0);
-  std::vector<std::pair<time_ns, graph::task_id>> ends;
-  for (const graph::task_id t : gathers) {
-    is_gather[t] = 1;
-    if (g.kind[t] == graph::task_kind::gpu_comm) ends.emplace_back(g.observed_end[t], t);
-  }
-  std::sort(ends.begin(), ends.end());
-  std::int32_t latency = std::numeric_limits<std::int32_t>::max();
-  for (const graph::edge& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch && is_gather[e.to]) latency = std::min(latency, std::max<std::int32_t>(e.delay, 0));
-    if (e.kind != graph::edge_kind::launch && is_gather[e.from] && !is_gather[e.to] && g.processor[e.from] != g.processor[e.to]) {
-      waited[e.to] = 1;
-    }
-  }
-  if (latency == std::numeric_limits<std::int32_t>::max()) return 0;
-  const std::size_t dropped = std::erase_if(g.edges, [&](const graph::edge& e) {
-    return e.kind != graph::edge_kind::launch && is_gather[e.from] && !is_gather[e.to] && g.processor[e.from] != g.processor[e.to];
-  });
-  constexpr time_ns rounding = 1000;
-  auto after_gather = [&](graph::task_id t) {
-    const time_ns at = g.observed_start[t];
-    for (auto it = std::lower_bound(ends.begin(), ends.end(), std::pair{at - rounding, graph::task_id{0}});
-         it != ends.end() && it->first <= at + rounding; ++it) {
-      if (g.rank[it->second] == g.rank[t] && g.processor[it->second] != g.processor[t]) return true;
-    }
-    return false;
+  const detail::gather_ends ge(g, gathers, {graph::task_kind::gpu_comm});
+  if (ge.latency == std::numeric_limits<std::int32_t>::max()) return 0;
+  std::vector<std::uint8_t> waited(g.task_count(), 0);
+  auto across = [&](const graph::edge& e) {
+    return e.kind != graph::edge_kind::launch && ge.is_gather[e.from] && !ge.is_gather[e.to] && g.processor[e.from] != g.processor[e.to];
   };
-  // The streams whose ops waited: their learnt launch latency may be such a wait, which every
-  // launch edge onto them keeps as its typical delay (clipped to its slack).
-  std::vector<std::uint8_t> stream_waited(g.processors.size(), 0);
   for (const graph::edge& e : g.edges) {
-    if (e.kind == graph::edge_kind::launch && !is_gather[e.to] && (waited[e.to] || after_gather(e.to))) stream_waited[g.processor[e.to]] = 1;
+    if (across(e)) waited[e.to] = 1;
   }
-  std::size_t capped = 0;
-  for (graph::edge& e : g.edges) {
-    if (e.kind != graph::edge_kind::launch || e.delay <= latency || is_gather[e.to] || !stream_waited[g.processor[e.to]]) continue;
-    e.delay = latency, ++capped;
+  const std::size_t dropped = std::erase_if(g.edges, across);
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (!ge.is_gather[t] && graph::is_gpu(g.kind[t]) && ge.waited_by(g, t) != graph::no_task) waited[t] = 1;
   }
-  return dropped + capped;
+  return dropped + ge.cap_launches(g, waited).size();
+}
+
+/// Before `gathers` are re-timed (a resized or re-placed shard group), the ops that waited for
+/// one get an edge from it, so the wait moves with the gather's new end. The trace rounds such an
+/// op's start to just before the gather's end, so the graph may have no edge for it and hold the
+/// traced gather's end as the op's launch delay or stream gap instead: a compute op starting
+/// within 1 us of a gather's end on another stream of its rank gets a cross-stream edge from it,
+/// its stream gap capped at its stream's typical gap (the median), and the launch delays onto its
+/// stream at the gathers' own launch latency (`gather_ends::cap_launches`); an op there whose
+/// capped delay held a wait for another stream's op that ended within 1 us of its start (a
+/// pipeline receive) gets an edge from that op. Returns the edges added. O(tasks x log tasks +
+/// edges).
+inline std::size_t bind_gather_waits(graph::task_graph& g, const std::vector<graph::task_id>& gathers) {
+  const detail::gather_ends ge(g, gathers, {graph::task_kind::gpu_comm, graph::task_kind::comm_complete});
+  if (ge.ends.empty()) return 0;
+  std::set<std::pair<graph::task_id, graph::task_id>> bound;
+  for (const graph::edge& e : g.edges) {
+    if (e.kind != graph::edge_kind::launch && ge.is_gather[e.from]) bound.emplace(e.from, e.to);
+  }
+  std::vector<std::vector<time_ns>> gaps(g.processors.size());
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.kind[t] == graph::task_kind::gpu_compute) gaps[g.processor[t]].push_back(g.idle_gap[t]);
+  }
+  std::vector<time_ns> typical(g.processors.size(), 0);
+  for (std::size_t p = 0; p < gaps.size(); ++p) {
+    if (gaps[p].empty()) continue;
+    auto mid = gaps[p].begin() + static_cast<std::ptrdiff_t>(gaps[p].size() / 2);
+    std::nth_element(gaps[p].begin(), mid, gaps[p].end());
+    typical[p] = *mid;
+  }
+  std::vector<std::uint8_t> waited(g.task_count(), 0);
+  std::size_t added = 0;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.kind[t] != graph::task_kind::gpu_compute) continue;
+    const graph::task_id w = ge.waited_by(g, t);
+    if (w == graph::no_task) continue;
+    waited[t] = 1;
+    g.idle_gap[t] = std::min(g.idle_gap[t], typical[g.processor[t]]);
+    if (bound.contains({w, t})) continue;
+    g.add_edge(w, t, std::max<time_ns>(g.observed_start[t] - g.observed_end[w], 0), graph::edge_kind::cross_stream);
+    ++added;
+  }
+  if (ge.latency == std::numeric_limits<std::int32_t>::max()) return added;
+  // Another op on those streams may hold the wait for a transfer the trace rounded alike (a
+  // pipeline receive) as its launch delay, which the cap takes: it gets its edge too.
+  const std::vector<graph::task_id> capped = ge.cap_launches(g, waited);
+  std::vector<std::uint8_t> was_capped(g.task_count(), 0);
+  for (const graph::task_id t : capped) was_capped[t] = !waited[t];
+  std::vector<graph::task_id> gpu_ops;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.kind[t] == graph::task_kind::gpu_compute || g.kind[t] == graph::task_kind::gpu_comm || g.kind[t] == graph::task_kind::comm_complete) {
+      gpu_ops.push_back(t);
+    }
+  }
+  const detail::gather_ends others(g, gpu_ops, {graph::task_kind::gpu_compute, graph::task_kind::gpu_comm, graph::task_kind::comm_complete});
+  std::set<std::pair<graph::task_id, graph::task_id>> into_capped;
+  for (const graph::edge& e : g.edges) {
+    if (e.kind != graph::edge_kind::launch && was_capped[e.to]) into_capped.emplace(e.from, e.to);
+  }
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (!was_capped[t]) continue;
+    const graph::task_id w = others.waited_by(g, t);
+    if (w == graph::no_task || into_capped.contains({w, t})) continue;
+    g.add_edge(w, t, std::max<time_ns>(g.observed_start[t] - g.observed_end[w], 0), graph::edge_kind::cross_stream);
+    ++added;
+  }
+  return added;
 }
 
 /// Removes the all-gathers of `st.fsdp`'s shard group launched for backward passes
@@ -244,6 +341,9 @@ struct fsdp_pass {
     if (!o.fsdp.value_or(true)) return turn_off(ctx, b, dp, hybrid);
     change_list out;
     if (o.reshard_after_forward) out.push_back(reshard(ctx, b, *o.reshard_after_forward));
+    // The gathers are re-timed below (the shard group resized or re-placed): the waits for them
+    // must follow their new ends.
+    if (o.hsdp || dp != traced_dp) (void)bind_gather_waits(b.graph, shard_gathers(b, ctx.job, ctx.structure(b)));
     if (o.hsdp || (hybrid && dp != traced_dp)) {
       const change_list h = rewrite_hsdp(ctx, b);
       out.insert(out.end(), h.begin(), h.end());
