@@ -199,6 +199,8 @@ CASES = [
     # Without pipeline stages the micro-batches run in sequence (gradient accumulation): a count
     # change repeats or removes whole micro-batches in the graph.
     ("DP ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--dp": "4"}),
+    # Sequence parallelism gathers and reduce-scatters activations over TP: no FSDP shard group.
+    ("DP ×2 with SP, global batch ×2", {"--pp": "1", "--sp": "on"}, {"--dp": "4", "--global-batch": "32"}),
     ("global batch ×2 (8 → 16 micro-batches)", {"--pp": "1"}, {"--global-batch": "32"}),
     ("micro-batch ×2, same global batch (8 → 4 micro-batches)", {"--pp": "1"}, {"--micro-batch": "2"}),
     ("layers ×2, global batch ×2 (8 → 16 micro-batches)", {"--pp": "1"}, {"--layers": "16", "--global-batch": "32"}),
