@@ -271,6 +271,10 @@ MOE_CASES = [
     # Each rank steps experts / EP over DP x CP / EP replicas: the optimizer's expert share stays.
     ("MoE: EP 4→1 over DP 4", {"--ep": "4"}, {"--ep": "1"}),
     ("MoE: EP 2→1 (all-to-alls removed)", {}, {"--ep": "1"}),
+    # The MoE pass re-times the traced expert gradients for the target's expert-DP group (DP x CP
+    # / EP of the target): the data-parallel pass leaves them, and shards the optimizer once.
+    ("MoE: EP 2→1 with DP 4→8", {}, {"--ep": "1", "--dp": "8", "--global-batch": "16"}),
+    ("MoE: EP 2→4 with DP 4→8", {}, {"--ep": "4", "--dp": "8", "--global-batch": "16"}),
     # From EP 1 the dispatch and combine are inserted around each MoE layer pass's experts.
     ("MoE: EP 1→2 (all-to-alls inserted)", {"--ep": "1"}, {"--ep": "2"}),
     ("MoE: EP 1→4 (all-to-alls inserted)", {"--ep": "1"}, {"--ep": "4"}),

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -160,6 +161,9 @@ class context {
   std::optional<int> dp_from, dp_to;                 ///< the data-parallel change, when one was made
   /// The CP pass re-timed the gradient collectives (dense and expert) for the target's DP x CP.
   bool cp_gradients = false;
+  /// Gradient groups a pass re-timed for the target's DP already (the MoE pass's expert-DP
+  /// groups): the data-parallel pass leaves them.
+  std::set<std::string> gradient_groups_sized;
   std::optional<int> micro_batches;                  ///< per replica, when a pass changed them
   bool buckets_inserted = false;                     ///< gradient buckets were inserted (one replica traced)
   bool fsdp_inserted = false;                        ///< FSDP's collectives were inserted (`--fsdp on` from DDP or ZeRO-1, or HSDP's)

@@ -393,6 +393,18 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
          ctx.known_structure()->parallel.dp.value.value_or(1) > 1;
 }
 
+/// A copy of `st` whose groups that a pass before re-timed for the target's DP
+/// (`context::gradient_groups_sized`) are no DP group, as their collectives are the target's
+/// already; none when there are no such groups.
+[[nodiscard]] inline std::optional<job_structure> without_sized_groups(const context& ctx, const job_structure& st) {
+  if (ctx.gradient_groups_sized.empty()) return std::nullopt;
+  std::optional<job_structure> out = st;
+  for (process_group& pg : out->groups) {
+    if (ctx.gradient_groups_sized.contains(pg.name)) std::erase_if(pg.roles, [](const auto& r) { return r.value == group_role::dp; });
+  }
+  return out;
+}
+
 /// Pass: data-parallel replicas (`--dp`; `--global-batch` alone keeps the traces' DP, and a TP
 /// change alone moves the DP groups across nodes). The traced gradient collectives are resized
 /// (`resize_data_parallel`); from one replica Megatron's reduction is inserted
@@ -411,7 +423,8 @@ struct data_parallel_pass {
     const int cp_from = ctx.traced_cp(), cp_to = ctx.target_cp();
     const std::optional<int> replicas = ctx.traced_replicas();
     const int group_to = ctx.target_gradient_group();
-    const dp_rewrite_stats d = resize_gradient_group(ctx, b, st, group_to);
+    const std::optional<job_structure> trimmed = without_sized_groups(ctx, st);
+    const dp_rewrite_stats d = resize_gradient_group(ctx, b, trimmed ? *trimmed : st, group_to);
     ctx.dp_from = replicas.value_or(d.from), ctx.dp_to = group_to / cp_to;
     change_list out;
     if (d.from == 1 && d.to > 1 && d.no_dp_group) {

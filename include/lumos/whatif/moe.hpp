@@ -39,6 +39,7 @@
 #include <lumos/whatif/change.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
+#include <lumos/whatif/data_parallel.hpp>
 #include <lumos/whatif/detail/moe_comms.hpp>
 #include <lumos/whatif/detail/moe_launches.hpp>
 #include <lumos/whatif/detail/moe_written.hpp>
@@ -451,9 +452,11 @@ inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>
 /// gradients each reduces on one rank (the bytes of the gradient collectives of `comms` on the
 /// rank of the first: dense ones over the DP groups, expert ones over the expert-DP groups). With
 /// reduce-scatters (a distributed optimizer) each steps its shard: 1 / DP of the dense ones,
-/// 1 / (DP x CP / EP) of the expert ones. 1 when no gradient collective tells the split.
+/// 1 / (DP x CP / EP) of the expert ones (`edp_to`: the target's divisor of the experts, over the
+/// sharding a later pass applies to the whole optimizer, so it may be below 1). 1 when no gradient
+/// collective tells the split.
 [[nodiscard]] inline double optimizer_factor(const graph::task_graph& g, const std::vector<moe_comm>& comms, double params, int dp,
-                                             int edp_from, int edp_to) {
+                                             int edp_from, double edp_to) {
   double dense = 0, mine = 0;
   bool sharded = false;
   int rank = -1;
@@ -466,7 +469,7 @@ inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>
     (c.expert ? mine : dense) += c.bytes;
   }
   if (dense + mine <= 0) return 1.0;
-  const double sd = sharded ? dp : 1, s1 = sharded ? edp_from : 1, s2 = sharded ? std::max(1, edp_to) : 1;
+  const double sd = sharded ? dp : 1, s1 = sharded ? edp_from : 1, s2 = sharded && edp_to > 0 ? edp_to : 1;
   return (dense / sd + mine * params / s2) / (dense / sd + mine / s1);
 }
 
@@ -618,7 +621,13 @@ struct moe_pass {
     // The traced expert-DP group: DP x CP / EP, 1 where the traces show fewer DP ranks than EP
     // (a partial job whose DP group is not in it).
     const int edp_traced = std::max(1, dp / from.ep), edp_from = edp_traced == 1 ? 1 : std::max(1, dpcp_base / from.ep);
-    const double optimizer = layered > 0 ? layered : detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, dpcp_to / to.ep);
+    // The data-parallel pass then steps the whole optimizer on the traced gradient group over the
+    // target's; the experts' share here is taken at the target's EP over that ratio, so that the
+    // two give the target's expert shard once.
+    const int group_from = ctx.traced_replicas().value_or(std::max(1, dp / cp_from)) * cp_from;
+    const bool dp_shards = data_parallel_pass{}.wanted(ctx) && group_from != dpcp_to;
+    const double edp_to = (dp_shards ? static_cast<double>(group_from) : static_cast<double>(dpcp_to)) / to.ep;
+    const double optimizer = layered > 0 ? layered : detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, edp_to);
     if (optimizer != 1.0) s.optimizer = detail::scale_optimizer(b, st, optimizer, costs.profile.min_kernel_ns);
     std::vector<detail::moe_comm> removed;
     const bool resized = to.ep != from.ep || to.experts != from.experts || to.expert_ffn != from.expert_ffn;
@@ -634,6 +643,7 @@ struct moe_pass {
         // reduce-scatters go with their layers, which the layer change copies.
         const double layer_part = c.kind == model::collective::all_gather ? gathers : 1.0;
         detail::retime_moe_comm(b.graph, c, from, to, tp, dpcp_base, dpcp_to, params * layer_part, nccl, hw, s);
+        if (c.expert) ctx.gradient_groups_sized.insert(c.group);
       }
     }
     std::vector<std::vector<graph::task_id>> moved;  // where the edit put each task (empty: no edit)

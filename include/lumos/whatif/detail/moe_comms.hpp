@@ -64,6 +64,7 @@ struct moe_comm {
   int members = 0;        ///< its group's size
   std::size_t instance = ~std::size_t{0};  ///< index into the graph's collectives, or none (lone)
   bool expert = false;    ///< an expert-DP gradient collective
+  std::string group;      ///< its process group's name
 };
 
 /// The all-to-alls (every one: the EP dispatch and combine) and the gradient collectives of the
@@ -84,14 +85,14 @@ struct moe_comm {
     const double bytes = static_cast<double>(ci.bytes * element_bytes_of(ci, g));
     out.push_back({.transfer = ci.complete, .arrive = ci.arrive, .join = ci.join, .kind = *kind, .bytes = bytes,
                    .rank = !ci.group_ranks.empty() ? *std::min_element(ci.group_ranks.begin(), ci.group_ranks.end()) : g.rank[ci.complete.front()],
-                   .members = static_cast<int>(ci.group_ranks.size()), .instance = i, .expert = experts.count(ci.group) > 0});
+                   .members = static_cast<int>(ci.group_ranks.size()), .instance = i, .expert = experts.count(ci.group) > 0, .group = ci.group});
   }
   for (const lone_collective& c : lone_collectives(job, b)) {
     const auto kind = collective_of_kind(c.kind == "sendrecv" ? std::string("alltoall") : c.kind);
     if (!kind || (c.kind == "sendrecv" && c.group_size <= 2) || !wanted(*kind, c.group)) continue;  // a send/recv pair: pipeline
     const double bytes = static_cast<double>(c.elements * c.element_bytes);
     moe_comm m{.transfer = {c.task}, .arrive = {}, .join = graph::no_task, .kind = *kind, .bytes = bytes, .rank = g.rank[c.task],
-               .members = static_cast<int>(c.group_size), .expert = experts.count(c.group) > 0};
+               .members = static_cast<int>(c.group_size), .expert = experts.count(c.group) > 0, .group = c.group};
     if (c.arrive != graph::no_task) m.arrive = {c.arrive};
     out.push_back(std::move(m));
   }
