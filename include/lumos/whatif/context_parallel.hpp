@@ -238,15 +238,8 @@ inline std::pair<std::size_t, time_ns> insert_cp_exchanges(graph::built_job& b, 
     e.graph.add_edge(arrive, complete, 0, graph::edge_kind::dependency);
     e.graph.add_edge(e.first(s.before), arrive, 0, graph::edge_kind::cross_stream);
     e.graph.add_edge(complete, e.first(s.after), 0, graph::edge_kind::cross_stream);
-    graph::collective_instance ci;
-    ci.kind = "sendrecv";
-    ci.group = "cp.folded." + std::to_string(rank);
-    ci.bytes = 0;
-    ci.sequence = sequence[rank]++;
-    ci.arrive = {arrive};
-    ci.complete = {complete};
-    ci.match = "inserted by a CP change from 1 (the CP group folded onto its traced rank)";
-    e.graph.collectives.push_back(std::move(ci));
+    add_folded_collective(e.graph, "sendrecv", "cp.folded." + std::to_string(rank), {}, 0, sequence[rank]++, arrive, complete,
+                          "inserted by a CP change from 1 (the CP group folded onto its traced rank)");
   }
   (void)adopt(b, std::move(e));
   return {placed.size(), transfer};

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -327,6 +328,18 @@ inline std::vector<std::vector<graph::task_id>> adopt(graph::built_job& b, edite
   b.kept = std::move(kept);
   b.graph = std::move(edited.graph);
   return std::move(edited.copies);
+}
+
+/// Adds to `g` an inserted collective of one participant (`arrive`, `complete`): its group of
+/// `members` folded onto the rank that holds it, the others standing for ranks the job does not
+/// hold. `elements`: its message as a traced instance counts it (In msg nelems), so that a what-if
+/// of the written job resizes it as it resizes a traced one (0: unknown).
+inline void add_folded_collective(graph::task_graph& g, std::string_view kind, std::string group, std::vector<int> members,
+                                  std::int64_t elements, std::int64_t sequence, graph::task_id arrive, graph::task_id complete,
+                                  std::string_view match) {
+  g.collectives.push_back({.kind = std::string(kind), .group = std::move(group), .group_ranks = std::move(members), .bytes = elements,
+                           .element_bytes = 0, .sequence = sequence, .arrive = {arrive}, .complete = {complete},
+                           .join = graph::no_task, .match = std::string(match)});
 }
 
 }  // namespace lumos::whatif

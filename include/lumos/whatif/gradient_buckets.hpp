@@ -523,18 +523,7 @@ struct dp_stream_writer {
       const graph::edge& l = g.edges[launches.of[op]];
       ng.add_edge(e.inserted[next_call++], arrive, l.delay, graph::edge_kind::launch, l.flags());
     }
-    graph::collective_instance ci;
-    ci.kind = kind;
-    ci.group = std::string(group) + std::to_string(rank);
-    ci.group_ranks = p.members;
-    // Its elements, as a traced instance counts them (In msg nelems), so that a what-if of the
-    // written job resizes it as it resizes a traced bucket.
-    ci.bytes = elements;
-    ci.sequence = sequence++;
-    ci.arrive = {arrive};
-    ci.complete = {complete};
-    ci.match = match;
-    ng.collectives.push_back(std::move(ci));
+    add_folded_collective(ng, kind, std::string(group) + std::to_string(rank), p.members, elements, sequence++, arrive, complete, match);
     previous = complete;
     return arrive;
   }

@@ -141,16 +141,8 @@ inline void link_expert_collectives(const graph::task_graph& g, edited_graph& e,
       const graph::edge& l = g.edges[launches.of[op]];
       ng.add_edge(e.inserted[next_call++], arrive, l.delay, graph::edge_kind::launch, l.flags());
     }
-    graph::collective_instance ci;
-    ci.kind = kind;
-    ci.group = std::string(inserted_expert_group) + std::to_string(rank);
-    ci.group_ranks = p.members;
-    ci.bytes = elements;
-    ci.sequence = sequence++;
-    ci.arrive = {arrive};
-    ci.complete = {complete};
-    ci.match = "inserted by an EP change from one expert-data-parallel rank (the group folded onto its traced rank)";
-    ng.collectives.push_back(std::move(ci));
+    add_folded_collective(ng, kind, std::string(inserted_expert_group) + std::to_string(rank), p.members, elements, sequence++, arrive,
+                          complete, "inserted by an EP change from one expert-data-parallel rank (the group folded onto its traced rank)");
     previous = complete;
     return arrive;
   };

@@ -137,17 +137,10 @@ struct tp_collective {
       e.graph.add_edge(e.inserted[i], e.inserted[i + 1], l.delay, graph::edge_kind::launch, l.flags());
       ++i;
     }
-    graph::collective_instance ci;
-    ci.kind = of(h).kind;
-    ci.group = std::string(group) + std::to_string(g.rank[k]);
-    // Left unknown (0): the trace writer states sizes in elements, which it can only do for
-    // model-built jobs; a what-if read from the written traces takes the size from the time.
-    ci.bytes = 0;
-    ci.sequence = sequence[g.rank[k]]++;
-    ci.arrive = {e.inserted[i]};
-    ci.complete = {e.inserted[i + 1]};
-    ci.match = match;
-    e.graph.collectives.push_back(std::move(ci));
+    // Its size left unknown (0): the trace writer states sizes in elements, which it can only do
+    // for model-built jobs; a what-if read from the written traces takes the size from the time.
+    add_folded_collective(e.graph, of(h).kind, std::string(group) + std::to_string(g.rank[k]), {}, 0, sequence[g.rank[k]]++,
+                          e.inserted[i], e.inserted[i + 1], match);
     i += 2;
   }
   return e;
