@@ -398,11 +398,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
 /// already; none when there are no such groups.
 [[nodiscard]] inline std::optional<job_structure> without_sized_groups(const context& ctx, const job_structure& st) {
   if (ctx.gradient_groups_sized.empty()) return std::nullopt;
-  std::optional<job_structure> out = st;
-  for (process_group& pg : out->groups) {
-    if (ctx.gradient_groups_sized.contains(pg.name)) std::erase_if(pg.roles, [](const auto& r) { return r.value == group_role::dp; });
-  }
-  return out;
+  return with_dp_groups(st, [&](const std::string& name) { return !ctx.gradient_groups_sized.contains(name); });
 }
 
 /// Pass: data-parallel replicas (`--dp`; `--global-batch` alone keeps the traces' DP, and a TP

@@ -315,11 +315,8 @@ inline std::size_t strip_replica_reduces(graph::built_job& b, const trace::job& 
   if (removed > 0) ctx.refresh(b);
   if (shard != shard_from) {
     // The shard groups alone, at the traced shard size: the data-parallel pass's resize of them.
-    job_structure shards = ctx.structure(b);
-    const std::set<std::string> names = fsdp_group_names(shards).shard;
-    for (process_group& pg : shards.groups) {
-      if (!names.contains(pg.name)) std::erase_if(pg.roles, [](const auto& r) { return r.value == group_role::dp; });
-    }
+    const std::set<std::string> names = fsdp_group_names(ctx.structure(b)).shard;
+    job_structure shards = with_dp_groups(ctx.structure(b), [&](const std::string& name) { return names.contains(name); });
     shards.parallel.dp.value = shard_from;
     const dp_rewrite_stats d = resize_gradient_group(ctx, b, shards, shard);
     const shape_stats sh = shard_optimizer(b, ctx.structure(b), shard_from, shard, ctx.costs(b).profile.min_kernel_ns, true);

@@ -246,6 +246,18 @@ struct job_structure {
   std::vector<std::string> notes;   ///< ambiguities, conflicts, overrides
 };
 
+/// A copy of `st` in which only the groups `keep(name)` holds stay data-parallel groups (the
+/// others lose that role): the view a pass resizes when some DP groups are another pass's
+/// (re-timed already, or HSDP's replica groups).
+template <class Keep>
+[[nodiscard]] job_structure with_dp_groups(const job_structure& st, Keep&& keep) {
+  job_structure out = st;
+  for (process_group& pg : out.groups) {
+    if (!keep(std::as_const(pg.name))) std::erase_if(pg.roles, [](const fact<group_role>& r) { return r.value == group_role::dp; });
+  }
+  return out;
+}
+
 /// The stage of a `pp_new`-stage pipeline that traced stage `s` of `pp_old` stands for when the
 /// depth changes: the first stays first and the last stays last (they hold the embedding, the
 /// head and the tied embedding's all-reduce, which end the iteration), a middle stage keeps its
