@@ -434,6 +434,48 @@ TEST_CASE("whatif --ep and --top-k --trace-out: the written job reads back as th
   CHECK(written.moe.top_k.value == std::optional<int>(1));
 }
 
+TEST_CASE("whatif --micro-batch --seq and --experts --trace-out on MoE traces: the written router reads back as the job synthesized at the target",
+          "[whatif][moe]") {
+  // The written router GEMMs and top-k carry the target's tokens per rank and experts, so that
+  // `lumos inspect --structure` reads the top-k (copies / router tokens), the experts (the router
+  // GEMM's N) and the EP (experts / experts per rank) of the direct job. Seq 512: tokens per rank
+  // other than the hidden width (2048) and the experts, which a dim could not be told from.
+  struct item {
+    std::string from, flags, to;
+  };
+  for (const item& c : {item{"--ep 2", "--seq 512", "--ep 2 --seq 512"},
+                        item{"--ep 2 --seq 512", "--micro-batch 2", "--ep 2 --seq 512 --micro-batch 2 --global-batch 8"},
+                        item{"--ep 2", "--experts 64", "--ep 2 --experts 64"},
+                        item{"--ep 2 --seq 512", "--micro-batch 2 --experts 64 --ep 4",
+                             "--ep 4 --seq 512 --micro-batch 2 --global-batch 8 --experts 64"}}) {
+    INFO(c.from + " with " + c.flags);
+    lumos_test::temp_dir dir;
+    const auto out = dir.path() / "written";
+    const auto r = lumos_test::run_cli("whatif " + moe_test_job_with(c.from).string() + " " + c.flags + " --json --trace-out " + out.string());
+    REQUIRE(r.code == 0);
+    const auto structure = [](const std::filesystem::path& d) {
+      const auto s = lumos_test::run_cli("inspect --structure --json " + d.string());
+      REQUIRE(s.code == 0);
+      return s.out;
+    };
+    const std::string written = structure(out), direct = structure(moe_test_job_with(c.to));
+    // Each MoE fact's value as the JSON writes it: `"experts":{"value":64,"source":...`.
+    const auto value = [](const std::string& json, const std::string& key) {
+      const auto at = json.find("\"" + key + "\":{\"value\":", json.find("\"moe\":{"));
+      return at == std::string::npos ? std::string("absent") : json.substr(at, json.find(",\"source\"", at) - at);
+    };
+    for (const char* key : {"experts", "experts_per_rank", "top_k", "ep", "expert_tokens"}) {
+      INFO(key);
+      CHECK(value(written, key) == value(direct, key));
+      CHECK(value(written, key) != "absent");
+    }
+    const moe_read_back w = moe_read(out), d = moe_read(moe_test_job_with(c.to));
+    CHECK(w.facts == d.facts);
+    CHECK(w.all_to_alls == d.all_to_alls);
+    CHECK(replays_to_prediction(r.out, out));
+  }
+}
+
 TEST_CASE("a shared expert and dense layers beside the routed grouped experts are no part of the MoE what-if", "[whatif][moe]") {
   // DeepSeek-V3's layers: 3 dense ones, then a MoE one with a shared expert of the routed
   // experts' FFN width beside them, its GEMMs over every token. Forward passes only: the

@@ -94,6 +94,7 @@ struct moe_ranks {
   /// Per job rank, the rows of each of its experts where a loop's GEMMs tell them (empty: a
   /// grouped GEMM, whose per-expert sizes are not recorded).
   std::vector<std::vector<double>> expert_rows;
+  std::vector<std::int64_t> tokens;  ///< per job rank, the rows of its first forward router GEMM (0: none seen)
   std::int64_t width = 0;           ///< the expert FFN width per rank, as traced
   bool grouped = false, loop = false;
 };
@@ -176,9 +177,10 @@ struct expert_width {
   ranks.copies.assign(job.ranks.size(), 0.0);
   ranks.local.assign(job.ranks.size(), 0);
   ranks.expert_rows.assign(job.ranks.size(), {});
+  ranks.tokens.assign(job.ranks.size(), 0);
   ranks.width = width;
   std::vector<std::int64_t> loop_layer(job.ranks.size(), -1);  // the pass and layer whose per-expert GEMMs were summed
-  std::vector<std::int64_t> tokens(job.ranks.size(), 0);       // the rows of the rank's first forward router
+  std::vector<std::int64_t>& tokens = ranks.tokens;
   // The layer pass of the last GEMM with shapes, and whether it was an expert's: an activation
   // after another GEMM of its layer pass is a shared expert's or a dense MLP's.
   std::tuple<std::size_t, int, int> last_gemm{~std::size_t{0}, -1, -1};
@@ -588,6 +590,11 @@ struct moe_pass {
     const moe_routing routing = t.routing.value_or(moe_routing::measured);
     detail::moe_ranks ranks;
     const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
+    std::vector<detail::router_op_ref> routers;
+    for (const detail::moe_op& o : ops) {
+      if (o.kind == detail::moe_op_kind::router && o.owner != detail::no_event) routers.push_back({o.rank, o.owner, o.layer, true});
+    }
+    detail::add_score_ops(ctx.job, st, routers);  // before a refresh renews `st`
     std::string routing_note;
     std::vector<double> copies = detail::target_copies(ctx.job, ranks, from, to, routing, tp, dp, routing_note);
     if (tokens != 1.0) {
@@ -672,7 +679,8 @@ struct moe_pass {
       };
       gradients = insert_gradients(ctx, b, to, hidden, tp, traced, members, nccl, hw);
     }
-    written = written_args(ctx.job, ops, ranks, copies, from, to, hidden, width, to.expert_ffn / tp * (traced.fused ? 2 : 1), tokens, tp, dpcp_to);
+    written = written_args(ctx.job, ops, routers, ranks, copies, from, to, hidden, width, to.expert_ffn / tp * (traced.fused ? 2 : 1), tokens, tp,
+                           dpcp_to);
     if (t.any()) made = moe_summary{from, to, routing};
     change_list out{moe_change(from, to, routing, routing_note, s)};
     if (gradients) out.push_back(*gradients);
@@ -748,7 +756,8 @@ struct moe_pass {
   }
 
   /// The traced args the written traces carry with the target's sizes (detail/moe_written.hpp).
-  [[nodiscard]] static report::arg_edits written_args(const trace::job& job, const std::vector<detail::moe_op>& ops, const detail::moe_ranks& ranks,
+  [[nodiscard]] static report::arg_edits written_args(const trace::job& job, const std::vector<detail::moe_op>& ops,
+                                                      const std::vector<detail::router_op_ref>& routers, const detail::moe_ranks& ranks,
                                                       const std::vector<double>& copies, const moe_config& from, const moe_config& to,
                                                       std::int64_t hidden, std::int64_t width_from, std::int64_t width_to, double tokens,
                                                       int tp, int dpcp) {
@@ -759,8 +768,9 @@ struct moe_pass {
     const detail::moe_written_sizes z{.local_from = from.experts / std::max(1, from.ep), .local_to = to.experts / std::max(1, to.ep),
                                       .width_from = width_from, .width_to = width_to, .hidden = hidden,
                                       .messages = tokens * static_cast<double>(to.top_k) / static_cast<double>(std::max(1, from.top_k)),
-                                      .tp = std::max(1, tp), .dpcp = std::max(1, dpcp), .ep = to.ep, .ep_from = from.ep};
-    return detail::moe_written_args(job, grouped, copies, ranks.copies, z);
+                                      .tp = std::max(1, tp), .dpcp = std::max(1, dpcp), .ep = to.ep, .ep_from = from.ep,
+                                      .experts_from = from.experts, .experts_to = to.experts, .tokens = tokens};
+    return detail::moe_written_args(job, grouped, copies, ranks.copies, routers, ranks.tokens, z);
   }
 
   /// The routed experts' gradient reduction of the target inserted where the traces reduce none

@@ -10,9 +10,14 @@
 //    traced where the EP degree stays, else the target's peers evenly) and its operator's
 //    `Input Dims` (the first dimension of each tensor), by the messages' ratio (top-k and
 //    tokens per rank); its group's name, ranks and size the target's EP group's.
-// A context-parallel all-to-all (Ulysses) is left as traced. The router's and other GEMMs keep
-// their traced shapes (a tokens-per-rank change, `--micro-batch` or `--seq`, is not written
-// into them).
+//  - the router's operators of each MoE layer (its GEMMs, forward and backward, and the
+//    operators whose `Input Dims` hold the tokens x experts scores: top-k, softmax, their
+//    gradients): the tokens by the tokens-per-rank ratio (`--micro-batch`, `--seq`, `--cp`) and
+//    the experts the target's, so that the written job's top-k (copies / router tokens) and
+//    experts (the router GEMM's N) read the target's. A dim whose traced size is two of tokens,
+//    experts and hidden cannot be told and is left as traced.
+// A context-parallel all-to-all (Ulysses) is left as traced; the other GEMMs keep their traced
+// shapes (the shape pass writes no dims).
 
 #include <lumos/report/simulated_job.hpp>
 #include <lumos/trace/data.hpp>
@@ -22,9 +27,12 @@
 #include <lumos/whatif/structure/classify.hpp>
 #include <lumos/whatif/structure/moe.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +45,38 @@ struct grouped_op_ref {
   std::uint32_t event = 0;
   bool wgrad = false;
 };
+
+/// An operator of a MoE layer in the traces that may hold the router's sizes: job rank index,
+/// event, its layer, and whether it is the router's GEMM (else another operator of the layer,
+/// rewritten only where one of its tensors is the tokens x experts scores).
+struct router_op_ref {
+  std::size_t rank = 0;
+  std::uint32_t event = 0;
+  int layer = -1;
+  bool gemm = false;
+};
+
+/// Adds to `routers` (the router GEMMs of `st`'s MoE layers) the enclosing operators (innermost
+/// and outermost) of each GPU op of those layers that scores or selects experts (top-k, softmax,
+/// sigmoid, scatter, their gradients) by its kernel's or operators' names: a rotary table of seq
+/// x head dim elsewhere in the layer can have the scores' shape. Linear in the GPU ops.
+inline void add_score_ops(const trace::job& job, const job_structure& st, std::vector<router_op_ref>& routers) {
+  static constexpr const char* score_ops[] = {"topk", "softmax", "sigmoid", "scatter"};
+  std::set<std::pair<std::size_t, int>> layers;
+  for (const router_op_ref& r : routers) layers.insert({r.rank, r.layer});
+  for (const gpu_op_context& c : st.gpu_ops) {
+    if (c.comm || c.layer < 0 || c.shape_op != no_event || !layers.count({c.rank, c.layer})) continue;
+    const trace::rank_trace& t = job.ranks[c.rank];
+    std::string names = lower(t.name(t.events[c.op]));
+    for (const std::uint32_t e : {c.inner_op, c.cpu_op}) {
+      if (e != no_event) names += "|" + lower(t.name(t.events[e]));
+    }
+    if (std::none_of(std::begin(score_ops), std::end(score_ops), [&](const char* n) { return names.find(n) != std::string::npos; })) continue;
+    for (const std::uint32_t e : {c.inner_op, c.cpu_op}) {
+      if (e != no_event) routers.push_back({c.rank, e, c.layer, false});
+    }
+  }
+}
 
 /// `{{4, 8}, {2}}` → `[[4, 8], [2]]`, as the traces write `Input Dims`.
 [[nodiscard]] inline std::string dims_json(const std::vector<std::vector<std::int64_t>>& dims) {
@@ -56,7 +96,31 @@ struct moe_written_sizes {
   double messages = 1.0;
   int tp = 1, dpcp = 1, ep = 1;  ///< the target's EP group: Megatron's order over TP and DP x CP
   int ep_from = 1;
+  std::int64_t experts_from = 0, experts_to = 0;  ///< the experts of a MoE layer, traced and target
+  double tokens = 1.0;                            ///< the tokens per rank, target over traced
 };
+
+/// The router operator's dims `d` for the target, `tokens` the rows its rank's router saw in the
+/// traces; empty when nothing changes or (not the router's GEMM, `gemm`) no tensor of `d` is
+/// the tokens x experts scores.
+[[nodiscard]] inline std::vector<std::vector<std::int64_t>> router_dims_for(std::vector<std::vector<std::int64_t>> d, std::int64_t tokens,
+                                                                           bool gemm, const moe_written_sizes& z) {
+  const std::int64_t e = z.experts_from;
+  const auto scores = [&](const std::vector<std::int64_t>& v) { return v.size() == 2 && v[0] == tokens && v[1] == e; };
+  if (tokens <= 0 || (!gemm && std::none_of(d.begin(), d.end(), scores))) return {};
+  // With as many tokens as experts or as the hidden width a dim of that size could be either.
+  const bool by_tokens = tokens != e && tokens != z.hidden, by_experts = e != tokens && e != z.hidden;
+  const std::int64_t tokens_to = std::max<std::int64_t>(1, std::llround(static_cast<double>(tokens) * z.tokens));
+  bool changed = false;
+  for (auto& v : d) {
+    for (std::int64_t& x : v) {
+      const std::int64_t to = by_tokens && x == tokens ? tokens_to : by_experts && x == e ? z.experts_to : x;
+      changed = changed || to != x;
+      x = to;
+    }
+  }
+  return changed ? d : std::vector<std::vector<std::int64_t>>{};
+}
 
 /// The grouped GEMM's dims `d` for the target, `rows` its token copies there; empty when they
 /// are not the tokens-by-weights shapes the MoE structure reads (left as traced).
@@ -147,10 +211,13 @@ inline void all_to_all_edits(const trace::rank_trace& t, std::uint32_t i, const 
 
 /// The args of `job`'s events the written traces carry for the target (see the header comment).
 /// `grouped`: the grouped expert GEMMs; `copies`, `traced_copies`: per job rank, the token
-/// copies its experts compute in the target and in the traces. O(events).
+/// copies its experts compute in the target and in the traces; `routers`: the operators of the
+/// MoE layers that may hold the router's sizes, `router_tokens` per job rank the rows its router
+/// saw. O(events).
 [[nodiscard]] inline report::arg_edits moe_written_args(const trace::job& job, const std::vector<grouped_op_ref>& grouped,
                                                         const std::vector<double>& copies, const std::vector<double>& traced_copies,
-                                                        const moe_written_sizes& z) {
+                                                        const std::vector<router_op_ref>& routers,
+                                                        const std::vector<std::int64_t>& router_tokens, const moe_written_sizes& z) {
   report::arg_edits out;
   for (const grouped_op_ref& g : grouped) {
     const trace::rank_trace& t = job.ranks[g.rank];
@@ -162,6 +229,12 @@ inline void all_to_all_edits(const trace::rank_trace& t, std::uint32_t i, const 
     // A weight gradient's tokens are its experts x K; another's its rows.
     const double rows = static_cast<double>(g.wgrad ? d->experts * d->k : d->rows) * copies[g.rank] / from;
     if (const auto to = grouped_dims_for(dims, g.wgrad, rows, z); !to.empty()) out[{t.rank, g.event}].push_back({trace::arg_key::input_dims, dims_json(to)});
+  }
+  for (const router_op_ref& r : routers) {
+    const trace::rank_trace& t = job.ranks[r.rank];
+    if (r.rank >= router_tokens.size() || out.count({t.rank, r.event})) continue;
+    const auto to = router_dims_for(parse_dims(t.arg_text(r.event, trace::arg_key::input_dims)), router_tokens[r.rank], r.gemm, z);
+    if (!to.empty()) out[{t.rank, r.event}].push_back({trace::arg_key::input_dims, dims_json(to)});
   }
   if (z.ep <= 1) return out;  // the all-to-alls are removed
   // Each rank's traced EP group; a target group is named after its first member's, and where
