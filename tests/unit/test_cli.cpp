@@ -862,7 +862,13 @@ TEST_CASE("whatif --host-speed: the host is a stated assumption, and a host-boun
   const result text = run("whatif " + data("gpu/h100-h1024") + " --gpu h200-sxm");
   CHECK(text.out.find("host: the traced host's CPU speed is kept") != std::string::npos);
   CHECK(text.out.find("host sensitivity: the predicted step is mostly host work:") != std::string::npos);
-  for (const char* bad : {"0", "-1", "nan", "fast"}) CHECK(run("whatif " + data("gpu/h100-h1024") + " --host-speed " + bad).code == 2);
+  for (const char* bad : {"0", "-1", "nan", "fast", "1e-308", "1e7"}) {
+    const result r = run("whatif " + data("gpu/h100-h1024") + " --host-speed " + bad);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("--host-speed must be") != std::string::npos);
+  }
+  // The slowest host it takes: CPU times a million times longer, a longer step (not an overflow).
+  CHECK(int64_t(whatif("h100-h1024", "--host-speed 1e-6")["predicted"]["iteration_ns"]) > step);
 }
 
 TEST_CASE("whatif --host-speed PROFILE: the target host from the host entry calibrate fits on another run of it", "[cli][whatif][host]") {
