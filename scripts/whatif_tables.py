@@ -55,7 +55,8 @@ FSDP8_PP2 = dict(FSDP8, **{"--pp": "2", "--global-batch": "32"})
 HSDP_PP2 = dict(FSDP8_PP2, **{"--hsdp": "4"})
 
 # (name, changes of A relative to BASE, what-if flags = changes from A to B). B = A + flags
-# (`target`: --fsdp off drops A's --hsdp, a shard group size of FSDP that synth refuses without it).
+# (`target`: --fsdp off drops A's --hsdp, a shard group size of FSDP that synth refuses without it,
+# and CP 1 A's --cp-comm, an exchange synth refuses without CP).
 CASES = [
     ("DP ×2", {}, {"--dp": "4", "--global-batch": "32"}),
     ("DP ×4", {}, {"--dp": "8", "--global-batch": "64"}),
@@ -314,6 +315,8 @@ def target(a, change):
     b = dict(a, **change)
     if b.get("--fsdp") == "off":
         b.pop("--hsdp", None)
+    if b.get("--cp", "1") == "1":
+        b.pop("--cp-comm", None)
     return b
 
 

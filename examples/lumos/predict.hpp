@@ -76,10 +76,11 @@ inline constexpr std::string_view predict_usage =
     "              / last pipeline stage, the others split evenly over the stages between (and\n"
     "              each stage's over its vp chunks)\n"
     "  --cp        context-parallel size (default 1): each sequence is split over cp ranks (2*cp\n"
-    "              load-balanced chunks, so 2*cp divides --seq); world = TP x PP x CP x DP; gradients\n"
-    "              and the distributed optimizer span DP x CP\n"
+    "              load-balanced chunks, so 2*cp divides --seq, and with --sp on TP x CP divides it);\n"
+    "              world = TP x PP x CP x DP; gradients and the distributed optimizer span DP x CP\n"
     "  --cp-comm   how CP ranks exchange keys and values: p2p (default: ring attention, overlapped\n"
-    "              with the attention) or allgather (all-gather of K and V before the attention)\n"
+    "              with the attention) or allgather (all-gather of K and V before the attention);\n"
+    "              allgather needs --cp > 1\n"
     "  --ep        expert-parallel size (default 1); EP divides the experts, and EP x expert TP\n"
     "              divides TP x CP x DP (Megatron's MoE parallel folding: the expert layers lay\n"
     "              EP x ETP x EDP over a stage's TP x CP x DP ranks; with expert TP = TP, EP divides\n"
@@ -99,7 +100,7 @@ inline constexpr std::string_view predict_usage =
     "              the dp / N groups, which all-reduce their gradient shards (needs --fsdp on)\n"
     "  --reshard-after-forward  free each layer's gathered parameters after its forward and gather\n"
     "              them again for its backward (default on); off keeps them: no backward gathers,\n"
-    "              more memory\n"
+    "              more memory (needs --fsdp on)\n"
     "  --micro-batch  sequences per micro-batch (default 1)\n"
     "  --global-batch sequences per iteration (default micro-batch x dp x 4pp with pp > 1,\n"
     "              micro-batch x dp otherwise)\n"
@@ -162,7 +163,8 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
       static_cast<long long>(m.vocab));
   if (m.is_moe()) {
     const model::moe_spec& x = m.moe;
-    std::string cf = x.capacity_factor > 0 ? "capacity factor " + std::to_string(x.capacity_factor) : "dropless";
+    char cf[64] = "dropless";
+    if (x.capacity_factor > 0) std::snprintf(cf, sizeof cf, "capacity factor %g", x.capacity_factor);
     char routing[96] = "balanced routing";
     if (x.load_imbalance != 1.0) {
       std::snprintf(routing, sizeof routing, "measured routing (busiest EP rank %.3fx the mean load)", x.load_imbalance);
@@ -171,16 +173,22 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
         "                %s dispatcher, %s, %s\n",
         static_cast<long long>(x.experts), static_cast<long long>(x.top_k), static_cast<long long>(x.expert_ffn),
         static_cast<long long>(x.shared_experts), p.ep, p.expert_tp(), p.expert_data_parallel(),
-        std::string(model::to_string(x.dispatcher)).c_str(), cf.c_str(), routing);
+        std::string(model::to_string(x.dispatcher)).c_str(), cf, routing);
   }
   std::string sched(r.schedule.name);
   if (r.shape.chunks > 1) sched += " (v = " + std::to_string(r.shape.chunks) + ")";
   // CP only when used, so that the line of a job without it reads as before.
   const std::string cp = p.cp > 1 ? " x CP " + std::to_string(p.cp) + " (" + std::string(model::to_string(p.cp_comm)) + ")" : "";
-  put("  parallelism   TP %d x PP %d%s x DP %d, %s, sp %s%s, recompute %s, ZeRO-1 (distributed optimizer%s)\n", p.tp,
-      p.pp, cp.c_str(), p.dp, sched.c_str(), p.sp ? "on" : "off", p.tp_comm_overlap ? " (TP comm overlapped)" : "",
-      std::string(model::to_string(p.recompute)).c_str(),
-      p.overlap_param_gather && p.gradient_ranks() > 1 ? ", parameter all-gather overlapped with the first forward" : "");
+  std::string sharding = "ZeRO-1 (distributed optimizer";
+  if (p.fsdp && p.hsdp > 0) {
+    sharding = "HSDP (shard groups of " + std::to_string(p.hsdp) + ", " + std::to_string(p.dp / p.hsdp) + " replicas";
+  } else if (p.fsdp) {
+    sharding = "FSDP (ZeRO-3";
+  }
+  if (p.fsdp && !p.reshard_after_forward) sharding += ", parameters kept after the forward";
+  put("  parallelism   TP %d x PP %d%s x DP %d, %s, sp %s%s, recompute %s, %s%s)\n", p.tp, p.pp, cp.c_str(), p.dp, sched.c_str(),
+      p.sp ? "on" : "off", p.tp_comm_overlap ? " (TP comm overlapped)" : "", std::string(model::to_string(p.recompute)).c_str(),
+      sharding.c_str(), p.overlap_param_gather && p.gradient_ranks() > 1 ? ", parameter all-gather overlapped with the first forward" : "");
   put("  batch         %lld sequences of %lld tokens, micro-batch %lld, %d micro-batches per pipeline\n",
       static_cast<long long>(p.global_batch), static_cast<long long>(m.seq), static_cast<long long>(p.micro_batch),
       r.shape.micro_batches);

@@ -104,13 +104,19 @@ TEST_CASE("lumos sweep: bad flags are one-line errors with exit code 2", "[sweep
                            "sweep --gpus 8 --recompute some", "sweep --gpus 8 --sp maybe", "sweep --gpus 8 --threads 0",
                            "sweep --gpus 8 --schedule fast", "sweep --gpus 8 --memory-margin 1.5",
                            "sweep --gpus 8 --tp 3 --pp 1", "sweep --gpus 8 --bogus", "sweep --gpus 8 --fsdp maybe",
-                           "sweep --gpus 8 --precision fp9", "sweep --gpus 8 --precision bf16,", "sweep --gpus 8 --precision fp8 --gpu a100-sxm-80gb"}) {
+                           "sweep --gpus 8 --precision fp9", "sweep --gpus 8 --precision bf16,", "sweep --gpus 8 --precision fp8 --gpu a100-sxm-80gb",
+                           // FSDP settings without FSDP in the space, experts on a dense model: errors as predict's
+                           "sweep --gpus 8 --hsdp 2", "sweep --gpus 8 --fsdp off --reshard-after-forward off",
+                           "sweep --gpus 8 --ep 1,2", "sweep --gpus 8 --expert-tp 2", "sweep --gpus 8 --cp-comm allgather",
+                           "sweep --gpus 8 --model qwen3-30b-a3b --fsdp on", "sweep --gpus 8 --model qwen3-30b-a3b --ep 3"}) {
     const result r = lumos_test::run_cli(args);
     INFO(args << "\n" << r.err);
     CHECK(r.code == 2);
     CHECK(r.out.empty());
     CHECK(r.err.rfind("lumos", 0) == 0);
   }
+  // An EP that divides no configuration's ranks is named as such, not as a GPU count.
+  CHECK(lumos_test::run_cli("sweep --gpus 8 --model qwen3-30b-a3b --ep 3").err.find("no --ep of the list") != std::string::npos);
 }
 
 TEST_CASE("lumos sweep --cp: context parallelism joins the space, a cp the sequence cannot split is rejected", "[sweep][cli][cp]") {

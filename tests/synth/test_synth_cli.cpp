@@ -222,6 +222,18 @@ TEST_CASE("lumos predict --fsdp on: ZeRO-3 in the job object, the states sharded
   CHECK(int64_t(b["iteration_ns"]) > 0);
   // Without the backward gathers the step cannot be longer.
   CHECK(int64_t(e["iteration_ns"]) <= int64_t(b["iteration_ns"]));
+  // The text names the sharding the job runs, not the distributed optimizer's.
+  const std::string text = base.substr(0, base.size() - std::string(" --json").size());
+  const auto parallelism = [&](const std::string& flags) {
+    const std::string out = run(text + flags).out;
+    const auto at = out.find("  parallelism");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  CHECK(parallelism(" --dp 8").find("ZeRO-1 (distributed optimizer)") != std::string::npos);
+  CHECK(parallelism(" --dp 8 --fsdp on").find(", FSDP (ZeRO-3)") != std::string::npos);
+  CHECK(parallelism(" --dp 16 --fsdp on --hsdp 8").find(", HSDP (shard groups of 8, 2 replicas)") != std::string::npos);
+  CHECK(parallelism(" --dp 8 --fsdp on --reshard-after-forward off").find("FSDP (ZeRO-3, parameters kept after the forward)") !=
+        std::string::npos);
 }
 
 TEST_CASE("lumos synth --detail kernel --fsdp on reads back and replays to the prediction", "[cli][synth][fsdp][roundtrip]") {
@@ -251,7 +263,9 @@ TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cl
                            "predict --tp 2 --tp-comm-overlap on",  // overlap needs --sp on
                            "predict --fsdp maybe", "predict --dp 8 --hsdp 4",  // hsdp needs fsdp
                            "predict --dp 8 --fsdp on --hsdp 3", "predict --dp 8 --fsdp on --hsdp 0",
-                           "predict --fsdp on --reshard-after-forward later"}) {
+                           "predict --fsdp on --reshard-after-forward later",
+                           "predict --dp 8 --reshard-after-forward off",  // an FSDP setting without FSDP
+                           "predict --model llama3-8b --seq 12 --cp 2 --tp 4 --sp on"}) {  // 6 tokens per CP rank over TP 4
     INFO(args);
     const result r = run(args);
     CHECK(r.code == 2);
@@ -261,6 +275,10 @@ TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cl
   }
   const result heads = run("predict --tp 5");
   CHECK(heads.err.find("heads (96) is not divisible by tp (5)") != std::string::npos);
+  CHECK(run("predict --dp 8 --reshard-after-forward off").err.find("--reshard-after-forward is a setting of FSDP: it needs --fsdp on") !=
+        std::string::npos);
+  CHECK(run("predict --model llama3-8b --seq 12 --cp 2 --tp 4 --sp on").err.find("seq (12) is not divisible by tp * cp (4 * 2 = 8)") !=
+        std::string::npos);
   const result unknown = run("predict --bogus 3");
   CHECK(unknown.code == 2);
   CHECK(unknown.err.find("unknown option --bogus") != std::string::npos);
@@ -284,7 +302,8 @@ TEST_CASE("lumos predict --cp: the job object, the world size and the errors", "
   CHECK(int64_t(doc["iteration_ns"]) < int64_t(p2.parse(without.out)["iteration_ns"]));
   const result text = run(job);
   CHECK(text.out.find("x CP 2 (p2p)") != std::string::npos);
-  for (const char* bad : {" --cp 0", " --cp 3", " --cp-comm ring", " --seq 4094"}) {  // 2 * cp divides seq
+  for (const char* bad : {" --cp 0", " --cp 3", " --cp-comm ring", " --seq 4094",  // 2 * cp divides seq
+                          " --cp 1 --cp-comm allgather"}) {                     // no CP: no exchange to choose
     INFO(bad);
     const result e = run(job + bad);
     CHECK(e.code == 2);

@@ -862,7 +862,13 @@ TEST_CASE("whatif --host-speed: the host is a stated assumption, and a host-boun
   const result text = run("whatif " + data("gpu/h100-h1024") + " --gpu h200-sxm");
   CHECK(text.out.find("host: the traced host's CPU speed is kept") != std::string::npos);
   CHECK(text.out.find("host sensitivity: the predicted step is mostly host work:") != std::string::npos);
-  for (const char* bad : {"0", "-1", "nan", "fast"}) CHECK(run("whatif " + data("gpu/h100-h1024") + " --host-speed " + bad).code == 2);
+  for (const char* bad : {"0", "-1", "nan", "fast", "1e-308", "1e7"}) {
+    const result r = run("whatif " + data("gpu/h100-h1024") + " --host-speed " + bad);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("--host-speed must be") != std::string::npos);
+  }
+  // The slowest host it takes: CPU times a million times longer, a longer step (not an overflow).
+  CHECK(int64_t(whatif("h100-h1024", "--host-speed 1e-6")["predicted"]["iteration_ns"]) > step);
 }
 
 TEST_CASE("whatif --host-speed PROFILE: the target host from the host entry calibrate fits on another run of it", "[cli][whatif][host]") {
@@ -1490,12 +1496,15 @@ TEST_CASE("each command's help lists every option it takes, and no other", "[cli
 TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
   for (const char* bad : {"--scale compute", "--scale gpu=2", "--scale compute=-1", "--scale compute=abc", "--step x", "--scale op:=2",
-                          "--scale op:gemm=-1", "--scale op:gemm=x", "--durations-from-step x"}) {
+                          "--scale op:gemm=-1", "--scale op:gemm=x", "--durations-from-step x",
+                          "--profiler-cost op=1,", "--profiler-cost op=1,op=2", "--profiler-cost ,runtime=1"}) {
     INFO(bad);
     const result r = run("replay " + example + " " + bad);
     CHECK(r.code == 2);
     CHECK(!r.err.empty());
   }
+  CHECK(run("replay " + example + " --profiler-cost op=1,op=2").err.find("gives op twice") != std::string::npos);
+  CHECK(run("replay " + example + " --profiler-cost op=1,runtime=2,python=0").code == 0);
   const result missing = run("replay " + example + " --step 9");
   CHECK(missing.code == 2);
   CHECK(missing.err.find("no ProfilerStep#9") != std::string::npos);

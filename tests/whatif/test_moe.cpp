@@ -516,6 +516,18 @@ TEST_CASE("a shared expert and dense layers beside the routed grouped experts ar
   CHECK(ranks.copies[0] == 1024.0 * 8);
   CHECK(ranks.local[0] == 256 / 8);
 }
+
+TEST_CASE("structure discovery: the expert-data-parallel group is neither EP nor the DP degree", "[whatif][moe][structure]") {
+  // DP 4 with EP 1 and 2: the expert-data-parallel groups hold 4 and 2 ranks, the EP groups 1 and 2.
+  for (const int ep : {1, 2}) {
+    INFO("EP " << ep);
+    const trace::job job = trace::load_job({moe_test_job_dir(ep)});
+    const whatif::job_structure st = whatif::discover_structure(job, graph::build_graph(job));
+    CHECK(st.parallel.ep.value == ep);
+    CHECK(st.parallel.dp.value == 4);
+    CHECK(st.parallel.ep.source.find("EXPERT_DATA_PARALLEL") == std::string::npos);
+  }
+}
 #endif  // LUMOS_CLI_PATH
 
 TEST_CASE("whatif --routing on unbalanced EP traces: balanced evens the ranks' expert GEMMs and measured keeps them", "[whatif][moe]") {

@@ -158,5 +158,17 @@ TEST_CASE("whatif --precision fp8: memory per GPU with fp8's terms, as predict c
     CHECK(r.structure->model.dtype.value.value_or("") == "fp8");
     REQUIRE(r.shape);
     CHECK(std::abs(r.shape->baseline.memory_bytes_per_gpu - fp8) / fp8 < std::abs(r.shape->baseline.memory_bytes_per_gpu - bf16) / bf16);
+    // fp8 training cannot move to a GPU without fp8 tensor cores (predict refuses it too); it can
+    // to one with them.
+    whatif::whatif_options gpu;
+    gpu.gpu = "a100-sxm-80gb";
+    CHECK_THROWS_WITH(whatif::run_whatif(job, gpu), Catch::Contains("the traces train in fp8") && Catch::Contains("no fp8 tensor cores"));
+    CHECK_THROWS(synth::predict([] {
+      synth::job j = memory_job(model::precision::fp8);
+      j.hardware = model::hardware_preset("a100-sxm-80gb");
+      return j;
+    }()));
+    gpu.gpu = "h200-sxm";
+    CHECK(whatif::run_whatif(job, gpu).predicted.simulated_ns < r.baseline.simulated_ns);
   }
 }

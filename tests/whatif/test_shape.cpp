@@ -89,6 +89,13 @@ TEST_CASE("map_gemm: tokens, hidden and inner widths follow the new shape", "[wh
   const auto g = whatif::map_gemm(gqa, a, b, false);
   REQUIRE(g);
   CHECK(g->to.n == 3072);
+  // The heads stay a multiple of the KV heads: 8 heads of 128 group over the 4, 2 heads do not.
+  whatif::shape_config fewer = a;
+  fewer.heads = 8, fewer.head_dim = 128;
+  REQUIRE(whatif::map_gemm(gqa, a, fewer, false));
+  CHECK(whatif::map_gemm(gqa, a, fewer, false)->to.n == 1024 + 2 * 4 * 128);
+  fewer.heads = 2, fewer.head_dim = 512;
+  CHECK_THROWS_WITH(whatif::map_gemm(gqa, a, fewer, false), Catch::Contains("4 key/value heads") && Catch::Contains("multiple of them"));
 }
 
 TEST_CASE("map_gemm: when K and the output width coincide, K follows the activation the GEMM reads", "[whatif][shape][tp]") {
@@ -133,6 +140,17 @@ TEST_CASE("target_shape: head dim follows hidden / heads, and invalid targets ar
   t = {};
   t.ffn = 4100;
   CHECK_THROWS_WITH(whatif::target_shape(tp8, t), Catch::Contains("FFN width 4100 does not divide over 8"));
+  // Sequence parallelism splits each CP rank's seq / cp tokens over the TP ranks.
+  whatif::shape_config sp8 = tp8;
+  sp8.sp = true;
+  t = {};
+  t.seq = 12;
+  CHECK_THROWS_WITH(whatif::target_shape(sp8, t), Catch::Contains("sequence (12) is not divisible by TP x CP (8 x 1)"));
+  t.cp = 2;
+  t.seq = 24;  // 2 * cp divides it, but not each rank's 12 tokens over TP 8
+  CHECK_THROWS_WITH(whatif::target_shape(sp8, t), Catch::Contains("sequence (24) is not divisible by TP x CP (8 x 2)"));
+  t.seq = 32;
+  CHECK(whatif::target_shape(sp8, t).local_seq() == 16);
   t = {};
   t.tp = 2; // from TP 1: the all-reduces are inserted (tensor_parallel.hpp), the shape is valid
   CHECK(whatif::target_shape(a, t).ffn_local() == a.ffn / 2);

@@ -48,12 +48,14 @@ inline int positive_small(args& a, std::string_view name, int fallback) {
   return static_cast<int>(x);
 }
 
-// `--NAME on|off`, when given.
-inline void on_off(args& a, std::string_view name, bool& target) {
-  if (const auto v = a.option(name)) {
+// `--NAME on|off`, when given (returned).
+inline bool on_off(args& a, std::string_view name, bool& target) {
+  const auto v = a.option(name);
+  if (v) {
     if (*v != "on" && *v != "off") throw lumos::error(std::string(name) + " must be on or off, got '" + *v + "'");
     target = *v == "on";
   }
+  return v.has_value();
 }
 
 }  // namespace detail
@@ -64,6 +66,8 @@ struct predict_request {
   bool unfold = false;
   bool roofline = false;
   bool forward_only = false;
+  /// `--reshard-after-forward` was given: an FSDP setting, refused without FSDP (`require_fsdp_for_settings`).
+  bool reshard_after_forward_given = false;
   model::cost_profile profile;
 
   /// The cost model's name as the reports print it: "roofline", or the profile's name.
@@ -183,8 +187,9 @@ inline model::transformer parse_model(args& a) {
   return m;
 }
 
-// The parallel sizes, batch, recomputation and precision.
-inline model::parallel_config parse_parallel(args& a) {
+// The parallel sizes, batch, recomputation and precision; `reshard_given`: whether
+// --reshard-after-forward was given.
+inline model::parallel_config parse_parallel(args& a, bool& reshard_given) {
   model::parallel_config p;
   p.tp = positive_small(a, "--tp", 1);
   p.pp = positive_small(a, "--pp", 1);
@@ -223,7 +228,7 @@ inline model::parallel_config parse_parallel(args& a) {
   // sharding); otherwise Megatron's distributed optimizer (ZeRO-1).
   on_off(a, "--fsdp", p.fsdp);
   p.hsdp = positive_small(a, "--hsdp", 0);
-  on_off(a, "--reshard-after-forward", p.reshard_after_forward);
+  reshard_given = on_off(a, "--reshard-after-forward", p.reshard_after_forward);
   p.zero_stage = p.fsdp ? 3 : 1;
   return p;
 }
@@ -271,11 +276,28 @@ inline void parse_layout(args& a, const model::transformer& m, model::parallel_c
 
 }  // namespace detail
 
+/// A one-line error when `--hsdp` or `--reshard-after-forward` was given to a job without FSDP
+/// (`fsdp`: predict's --fsdp, or whether sweep's --fsdp list has on): they would change nothing.
+inline void require_fsdp_for_settings(const predict_request& req, bool fsdp) {
+  if (fsdp) return;
+  const char* flag = req.job.parallel.hsdp > 0 ? "--hsdp" : req.reshard_after_forward_given ? "--reshard-after-forward" : nullptr;
+  if (flag != nullptr) throw lumos::error(std::string(flag) + " is a setting of FSDP: it needs --fsdp on");
+}
+
 /// Reads `lumos predict`'s flags from `a` (leaving other words for the caller to check).
-inline predict_request parse_predict(args& a) {
+/// `listed`: the caller read the sizes and --fsdp itself as lists (sweep) and checks the settings
+/// that depend on them.
+inline predict_request parse_predict(args& a, bool listed = false) {
   predict_request req;
   req.job.model = detail::parse_model(a);
-  req.job.parallel = detail::parse_parallel(a);
+  req.job.parallel = detail::parse_parallel(a, req.reshard_after_forward_given);
+  if (!listed) {
+    require_fsdp_for_settings(req, req.job.parallel.fsdp);
+    // As whatif: the exchange of keys and values of a job without context parallelism is none.
+    if (req.job.parallel.cp == 1 && req.job.parallel.cp_comm != model::cp_comm_kind::p2p) {
+      throw lumos::error("--cp-comm allgather: the job has no context parallelism (cp 1); --cp N sets it");
+    }
+  }
   detail::parse_layout(a, req.job.model, req.job.parallel);
   if (const auto s = a.option("--schedule")) req.job.schedule = synth::parse_schedule(*s);
   detail::parse_costs(a, req);

@@ -54,7 +54,8 @@ inline what_if parse_scales(const std::vector<std::string>& items) {
 /// `--profiler-cost`: the profiler's host time per recorded event, in µs, for the step without the
 /// profiler — `US` for every kind, or `KIND=US` items separated by commas (kinds `op`, `runtime`,
 /// `python`; kinds left out keep the shipped `model::fitted_profiler_cost`). 0 everywhere: no
-/// estimate. Usage errors for a malformed item, an unknown kind or a cost out of range.
+/// estimate. Usage errors for a malformed or empty item, an unknown or repeated kind or a cost out
+/// of range.
 inline model::profiler_cost parse_profiler_cost(std::string_view text) {
   model::profiler_cost c = model::fitted_profiler_cost;
   auto us = [&](std::string_view v, const std::string& what) {
@@ -66,13 +67,17 @@ inline model::profiler_cost parse_profiler_cost(std::string_view text) {
     c.per_op = c.per_runtime = c.per_python = us(text, "--profiler-cost");
     return c;
   }
-  while (!text.empty()) {
+  std::string seen = ",";
+  for (bool more = true; more;) {
     const auto comma = text.find(',');
     const std::string_view item = text.substr(0, comma);
-    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+    more = comma != std::string_view::npos;
+    if (more) text = text.substr(comma + 1);
     const auto eq = item.find('=');
     if (eq == std::string_view::npos) throw usage_error("--profiler-cost expects US or KIND=US,... (got '" + std::string(item) + "')");
     const std::string kind(item.substr(0, eq));
+    if (seen.find("," + kind + ",") != std::string::npos) throw usage_error("--profiler-cost gives " + kind + " twice");
+    seen += kind + ",";
     const time_ns v = us(item.substr(eq + 1), "--profiler-cost " + kind);
     if (kind == "op") c.per_op = v;
     else if (kind == "runtime") c.per_runtime = v;

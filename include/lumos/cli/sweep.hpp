@@ -102,6 +102,21 @@ inline void check_precisions(const sweep_request& req) {
   if (std::none_of(ps.begin(), ps.end(), [&](model::precision p) { return hw.supports(p); })) (void)hw.peak_flops(ps.front());
 }
 
+// --ep or --expert-tp on a dense model, or only FSDP for a MoE one: an error as predict's, not
+// a space of rejections.
+inline void check_experts(const sweep_request& req) {
+  const auto& ep = req.space.ep;
+  const int most = ep.empty() ? 1 : *std::max_element(ep.begin(), ep.end());
+  model::parallel_config p;
+  p.ep = most;
+  p.etp = req.base.job.parallel.etp;
+  if (!req.base.job.model.is_moe()) p.validate_experts(req.base.job.model);
+  const auto& fsdp = req.space.fsdp;
+  if (req.base.job.model.is_moe() && std::find(fsdp.begin(), fsdp.end(), false) == fsdp.end()) {
+    throw usage_error("--fsdp on: FSDP (ZeRO-3) of a mixture-of-experts model is not modelled; list off too, or leave --fsdp out");
+  }
+}
+
 // The global batch, memory margin, ranking length and thread count.
 inline void parse_limits(const sweep_lists& l, sweep_request& req) {
   if (l.global_batch) {
@@ -157,7 +172,7 @@ inline sweep_request parse_sweep(args& a) {
   if (a.option("--decoder-first-pipeline-num-layers") || a.option("--decoder-last-pipeline-num-layers")) {
     throw usage_error("sweep takes a fixed --pipeline-layout, not --decoder-first/last-pipeline-num-layers");
   }
-  req.base = parse_predict(a);  // model, GPU, profile, cost model flags, --pipeline-layout
+  req.base = parse_predict(a, true);  // model, GPU, profile, cost model flags, --pipeline-layout
   if (const model::pipeline_layout& layout = req.base.job.parallel.layout; !layout.empty()) {
     // Its counts against the model once here; its virtual stages against each configuration's pp * vp.
     model::parallel_config whole;
@@ -179,6 +194,11 @@ inline sweep_request parse_sweep(args& a) {
   s.micro_batch.clear();
   for (const int x : detail::sizes(l.micro_batch, "--micro-batch", {1, 2, 4})) s.micro_batch.push_back(x);
   detail::parse_variants(l, s);
+  require_fsdp_for_settings(req.base, std::find(s.fsdp.begin(), s.fsdp.end(), true) != s.fsdp.end());
+  if (req.base.job.parallel.cp_comm != model::cp_comm_kind::p2p && std::none_of(s.cp.begin(), s.cp.end(), [](int c) { return c > 1; })) {
+    throw usage_error("--cp-comm allgather: no --cp of the space is above 1");
+  }
+  detail::check_experts(req);
   detail::parse_limits(l, req);
   detail::check_precisions(req);
   return req;
@@ -211,7 +231,16 @@ inline sweep::problem sweep_problem(const sweep_request& req) {
 /// The configurations of the request's lists that multiply to its GPU count.
 inline std::vector<sweep::configuration> sweep_configurations(const sweep_request& req) {
   std::vector<sweep::configuration> configs = sweep::enumerate(req.space, req.gpus);
-  if (configs.empty()) throw usage_error("no configuration of the lists multiplies to " + std::to_string(req.gpus) + " GPUs");
+  if (configs.empty()) {
+    sweep::space any_ep = req.space;
+    any_ep.ep = {1};
+    any_ep.expert_tp = 0;
+    if (!sweep::enumerate(any_ep, req.gpus).empty()) {
+      throw usage_error("no --ep of the list, with expert TP " + (req.space.expert_tp > 0 ? std::to_string(req.space.expert_tp) : std::string("= tp")) +
+                        ", divides TP x CP x DP of a configuration of " + std::to_string(req.gpus) + " GPUs (EP x expert TP must)");
+    }
+    throw usage_error("no configuration of the lists multiplies to " + std::to_string(req.gpus) + " GPUs");
+  }
   return configs;
 }
 

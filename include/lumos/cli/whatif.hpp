@@ -113,7 +113,8 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
     double f = 0;
     const auto [end, ec] = std::from_chars(speed->data(), speed->data() + speed->size(), f);
     if (ec == std::errc{} && end == speed->data() + speed->size()) {
-      if (!(f > 0) || !std::isfinite(f)) throw usage_error("--host-speed must be a positive factor (got " + *speed + ")");
+      // The CPU times are divided by it: bounded as --scale's factors are, so that they stay times.
+      if (!(f >= 1e-6 && f <= 1e6)) throw usage_error("--host-speed must be a factor from 1e-6 to 1e6 (got " + *speed + ")");
       o.host_speed = f;
     } else if (std::filesystem::is_regular_file(*speed)) {
       o.host_profile = read_profile_file(*speed);

@@ -245,10 +245,12 @@ struct parallel_config {
     divisible_by_tp(m.ffn, "ffn", "choose tp that divides the MLP width");
     divisible_by_tp(m.vocab, "vocab",
                     "pad the vocabulary to a multiple of tp (Megatron pads to 128 * tp)");
-    if (sequence_parallel() && m.seq % tp != 0) {
-      throw error("model '" + m.name + "': seq (" + std::to_string(m.seq) +
-                  ") is not divisible by tp (" + t +
-                  ") as sequence parallelism requires: change seq or tp, or turn sp off");
+    // Each CP rank's seq / cp tokens are what sequence parallelism splits over the TP ranks.
+    if (sequence_parallel() && m.seq % (std::int64_t{tp} * cp) != 0) {
+      const std::string by = cp > 1 ? "tp * cp (" + t + " * " + std::to_string(cp) + " = " + std::to_string(std::int64_t{tp} * cp) + ")"
+                                    : "tp (" + t + ")";
+      throw error("model '" + m.name + "': seq (" + std::to_string(m.seq) + ") is not divisible by " + by +
+                  " as sequence parallelism requires: change seq or tp, or turn sp off");
     }
     if (tp_comm_overlap && tp > 1 && !sp) {
       throw error("tp_comm_overlap overlaps the sequence-parallel all-gathers and reduce-scatters "

@@ -183,7 +183,8 @@ class layout_parser {
   if (pp < 2 || vp < 1) throw error("uneven first/last pipeline stages need pp >= 2");
   const int middle = pp - (first >= 0 ? 1 : 0) - (last >= 0 ? 1 : 0);
   const std::int64_t rest = layers - (first >= 0 ? first : 0) - (last >= 0 ? last : 0);
-  const std::string given = "decoder first/last pipeline layers (" + std::to_string(first) + ", " + std::to_string(last) + ")";
+  auto count = [](std::int64_t n) { return n >= 0 ? std::to_string(n) : std::string("not given"); };
+  const std::string given = "decoder first/last pipeline layers (" + count(first) + ", " + count(last) + ")";
   if (rest < 0 || (middle == 0 && rest != 0) || (middle > 0 && rest % middle != 0)) {
     throw error(given + " leave " + std::to_string(rest) + " of " + std::to_string(layers) + " layers for " +
                 std::to_string(middle) + " middle pipeline stages: they must split evenly (Megatron's rule)");

@@ -143,6 +143,17 @@ inline void refuse_moe_weight_changes(const shape_target& t, bool layers_or_stag
               "--expert-ffn)");
 }
 
+/// Throws `lumos::error` when `to` changes the sequence, TP or CP of `from` so that, with sequence
+/// parallelism (`sp`: asked, or the traces' own), each CP rank's seq / cp tokens do not split over
+/// the TP ranks (as predict checks).
+inline void check_sequence_split(const shape_config& from, const shape_config& to, bool sp) {
+  if (!sp || to.tp <= 1 || (to.seq == from.seq && to.tp == from.tp && to.cp == from.cp)) return;
+  if (to.seq % (std::int64_t{to.tp} * to.cp) != 0) {
+    throw error("whatif: the sequence (" + std::to_string(to.seq) + ") is not divisible by TP x CP (" + std::to_string(to.tp) + " x " +
+                std::to_string(to.cp) + "): sequence parallelism splits each CP rank's tokens over the TP ranks");
+  }
+}
+
 /// The target shape: `t` applied to `from`. The head dimension follows hidden / heads when the
 /// traced model has heads·d = hidden (Megatron's default), else it stays. Throws `lumos::error`
 /// for a target that is not a valid transformer (non-positive sizes, hidden not divisible by
@@ -189,6 +200,7 @@ inline void refuse_moe_weight_changes(const shape_target& t, bool layers_or_stag
     if (*t.sp && to.tp <= 1) throw error("whatif --sp on: needs a tensor-parallel size above 1 (--tp)");
     to.sp = *t.sp;
   }
+  check_sequence_split(from, to, to.sp);
   if (from.heads * from.head_dim == from.hidden && (to.hidden != from.hidden || to.heads != from.heads)) {
     if (to.hidden % to.heads != 0) {
       throw error("whatif: hidden " + std::to_string(to.hidden) + " does not divide into " + std::to_string(to.heads) +

@@ -19,6 +19,7 @@
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
+#include <lumos/whatif/structure/classify.hpp>
 
 #include <algorithm>
 #include <array>
@@ -26,10 +27,10 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
-#include <utility>
-#include <vector>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace lumos::whatif {
 
@@ -148,6 +149,19 @@ struct gpu_ratios {
   return false;
 }
 
+/// The name of an fp8 GEMM kernel of `g`, or empty: a target GPU without fp8 tensor cores has no
+/// rate for it (the traces' training precision would not run there).
+[[nodiscard]] inline std::string fp8_gemm(const graph::task_graph& g) {
+  std::vector<bool> seen(g.strings.size(), false);
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.kind[t] != graph::task_kind::gpu_compute || g.name[t] >= seen.size() || seen[g.name[t]]) continue;
+    seen[g.name[t]] = true;
+    const std::string_view name = g.task_name(t);
+    if (detail::is_gemm_kernel(name) && detail::dtype_of_kernel(name) == "fp8") return std::string(name);
+  }
+  return {};
+}
+
 /// What a GPU change did.
 struct gpu_change_stats {
   std::size_t compute = 0, memory = 0, host_copy = 0, communication = 0;
@@ -193,6 +207,12 @@ struct gpu_pass {
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
     const model::hardware& from = *ctx.traced_gpu;
     const model::hardware& to = *ctx.target_gpu;
+    if (to.gpu.fp8_flops <= 0) {
+      if (const std::string gemm = fp8_gemm(b.graph); !gemm.empty()) {
+        throw error("whatif --gpu " + to.name + ": the traces train in fp8 (GEMM kernel '" + gemm + "'), and the " + to.name +
+                    " has no fp8 tensor cores");
+      }
+    }
     const gpu_ratios r = ratios(from, ctx.traced_profile(), to, model::profile_preset(to.name));
     change_list out;
     char line[512];

@@ -242,6 +242,7 @@ class shape_rescaler {
     sp_ = forward_reduce_scatter(job, st);
     insert_tp_ = from.tp == 1 && to.tp > 1;
     insert_sp_ = insert_tp_ && to.sp;
+    check_sequence_split(from, to, sp_ || insert_sp_);
     base_from_ = act_from_ / (sp_ ? from.tp : 1), base_to_ = act_to_ / (sp_ || insert_sp_ ? to.tp : 1);
     if (sp_ || insert_sp_) out_.sequence_parallel = true;
     for (shape_rank_state& s : rank_) s.act_old = base_from_, s.act_new = base_to_;

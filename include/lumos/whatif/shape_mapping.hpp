@@ -96,7 +96,11 @@ struct mapped_gemm {
     *other = *v;
   } else if (old_other == a.hidden) {
     *other = b.hidden;
-  } else if (const auto kv = gqa_kv_heads(old_other, a); kv && *kv % b.tp == 0) {
+  } else if (const auto kv = gqa_kv_heads(old_other, a); kv && !outside && b.heads % *kv != 0) {
+    // Each key/value head serves a whole group of query heads (synth and predict refuse others too).
+    throw error("whatif --heads " + std::to_string(b.heads) + ": the traced QKV GEMMs hold " + std::to_string(*kv) +
+                " key/value heads (grouped-query attention), and the heads must be a multiple of them");
+  } else if (kv && *kv % b.tp == 0) {
     // Grouped-query attention: QKV writes q + 2·kv_heads·d per rank; the KV heads stay.
     *other = b.q_local() + 2 * (*kv / b.tp) * b.head_dim;
   } else if (kv && !outside) {

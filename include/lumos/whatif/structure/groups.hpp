@@ -125,6 +125,12 @@ inline void add_collective(const discovery_inputs& in, std::size_t ri, const com
   return false;
 }
 
+/// Whether a group's description says expert data parallelism (Megatron's EXPERT_DATA_PARALLEL_GROUP):
+/// the ranks that hold the same experts and reduce their gradients, data-parallel rather than EP.
+[[nodiscard]] inline bool expert_data_parallel_description(std::string_view d) {
+  return has_word(d, "expert") && (has_word(d, "data") || has_word(d, "dp"));
+}
+
 /// The size, per-iteration collective counts and roles of group `key`. `world`: the world size.
 inline void settle_group(const std::string& key, group_acc& acc, int world) {
   auto& pg = acc.g;
@@ -148,7 +154,9 @@ inline void settle_group(const std::string& key, group_acc& acc, int world) {
   if (has_word(d, "tp") || has_word(d, "tensor")) pg.roles.push_back({group_role::tp, desc_src, ""});
   if (has_word(d, "dp") || has_word(d, "data")) pg.roles.push_back({group_role::dp, desc_src, ""});
   if (has_word(d, "pp") || has_word(d, "pipeline")) pg.roles.push_back({group_role::pp, desc_src, ""});
-  if (has_word(d, "ep") || has_word(d, "expert") || has_word(d, "moe")) pg.roles.push_back({group_role::ep, desc_src, ""});
+  if ((has_word(d, "ep") || has_word(d, "expert") || has_word(d, "moe")) && !expert_data_parallel_description(d)) {
+    pg.roles.push_back({group_role::ep, desc_src, ""});
+  }
   if (context_parallel_description(d)) pg.roles.push_back({group_role::cp, desc_src, ""});
   auto add_role = [&](group_role r, std::string why) {
     for (const auto& x : pg.roles) {

@@ -2,6 +2,8 @@
 // Structure facet: the parallel layout — world size and pipeline depth from the traces and the
 // pipelines walked; tensor-, data- and expert-parallel degrees from the process groups' roles.
 
+#include <lumos/whatif/structure/classify.hpp>
+#include <lumos/whatif/structure/groups.hpp>
 #include <lumos/whatif/structure/inputs.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
@@ -51,19 +53,35 @@ inline void discover_layout(const discovery_inputs& in, job_structure& out) {
 
 namespace detail {
 
-/// Sets `f` to the size of the groups of role `r` (notes groups of that role that disagree).
-inline void role_size(job_structure& out, group_role r, fact<int>& f) {
-  for (const auto& pg : out.groups) {
-    for (const auto& role : pg.roles) {
-      if (role.value != r || !pg.size.known() || (r == group_role::pp)) continue;
-      if (f.known() && *f.value != *pg.size.value) {
-        out.notes.push_back(std::string(to_string(r)) + " groups of different sizes (" + std::to_string(*f.value) + " and " +
-                            std::to_string(*pg.size.value) + ")");
-        continue;
-      }
-      f.value = *pg.size.value;
-      f.source = "size of group '" + pg.name + "': " + role.source;
+/// `f` from group `pg` when it has role `r` (a note when it disagrees with the size already found).
+inline void role_size_of(job_structure& out, group_role r, const process_group& pg, fact<int>& f) {
+  for (const auto& role : pg.roles) {
+    if (role.value != r || !pg.size.known() || (r == group_role::pp)) continue;
+    if (f.known() && *f.value != *pg.size.value) {
+      out.notes.push_back(std::string(to_string(r)) + " groups of different sizes (" + std::to_string(*f.value) + " and " +
+                          std::to_string(*pg.size.value) + ")");
+      continue;
     }
+    f.value = *pg.size.value;
+    f.source = "size of group '" + pg.name + "': " + role.source;
+  }
+}
+
+/// Sets `f` to the size of the groups of role `r` (notes groups of that role that disagree). The
+/// expert-data-parallel groups of a MoE job are data-parallel for the experts' weights only: DP
+/// and TP come from the other groups when there are any.
+inline void role_size(job_structure& out, group_role r, fact<int>& f) {
+  const auto expert_group = [](const process_group& pg) {
+    return pg.name.starts_with("edp.") || lower(pg.name).find("expert") != std::string::npos ||
+           expert_data_parallel_description(lower(pg.description));
+  };
+  const bool experts_last = r == group_role::dp || r == group_role::tp;
+  for (const auto& pg : out.groups) {
+    if (!experts_last || !expert_group(pg)) role_size_of(out, r, pg, f);
+  }
+  if (!experts_last || f.known()) return;
+  for (const auto& pg : out.groups) {
+    if (expert_group(pg)) role_size_of(out, r, pg, f);
   }
 }
 
