@@ -152,6 +152,10 @@ class block_cache {
     std::lock_guard lock(mutex_);
     return held_;
   }
+  void release() noexcept {
+    std::lock_guard lock(mutex_);
+    while (!blocks_.empty()) drop_last();
+  }
 
   // Moves cached pages under [at, end): page-aligned, inside a block this cache handed out, and
   // pages there never written (a vector's spare capacity), which the moved ones replace. Returns
@@ -305,6 +309,16 @@ class block_cache {
 inline void set_block_cache_limit([[maybe_unused]] std::size_t bytes) noexcept {
 #if defined(LUMOS_BLOCK_CACHE)
   detail::block_cache::instance().set_limit(bytes);
+#endif
+}
+
+/// Gives back every freed block the cache holds now; the limit stays. For a program that knows
+/// nothing coming will take them: only `large_allocator`'s blocks of its `mapped_threshold` and
+/// more (and lent capacity) and `recyclable_allocator`'s stores reuse them. A no-op where large
+/// blocks do not come from mmap.
+inline void release_block_cache() noexcept {
+#if defined(LUMOS_BLOCK_CACHE)
+  detail::block_cache::instance().release();
 #endif
 }
 

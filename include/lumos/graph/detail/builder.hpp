@@ -276,6 +276,18 @@ inline void add_counts(build_stats& to, build_stats&& from) {
 // few parts, so the moves (each a mapping of the process) stay few.
 class column_pages {
  public:
+  /// Whether a column of `g` (as reserved) is large enough to be lent pages, with room for the
+  /// compile's arrays, a few times a column, to be large_allocator's mapped blocks too.
+  [[nodiscard]] static bool worth_lending(task_graph& g) {
+    bool any = false;
+    column_pages none;
+    none.each(g, 0, 0, [&](std::size_t, const auto& column, const auto&, std::size_t) {
+      using value = typename std::remove_cvref_t<decltype(column)>::value_type;
+      any = any || column.capacity() * sizeof(value) >= large_allocator<value>::mapped_threshold / 4;
+    });
+    return any;
+  }
+
   void lend(task_graph& g, std::size_t tasks, std::size_t edges) {
     std::uint32_t refused = 0;  // columns whose buffers cannot be lent pages (below the cache's blocks)
     while (block_cache_bytes() > 0) {
@@ -336,6 +348,13 @@ class trace_graph_builder {
     // makes two, plus its join): growing ten columns one task at a time would copy them all.
     out_.graph.reserve(events + events / 16, events);
     for (const trace::rank_trace& t : job_.ranks) event_counts_.push_back(t.events.size());
+    // The block cache's freed blocks serve large_allocator's mapped blocks (lent to the columns
+    // as they fill, or taken by the compile's arrays) and event stores. A graph whose columns
+    // stay well below those blocks (a job of up to about a million events) takes none of them:
+    // what the cache holds then (the reader's outgrown buffers, and the events freed as the
+    // ranks are built) would only add to the peak, and goes back at once.
+    lend_pages_ = detail::column_pages::worth_lending(out_.graph);
+    if (!lend_pages_) release_block_cache();
     build_ranks();
     finish_collectives();
     for (kept_delay& k : out_.kept) k.at = out_.graph.observed_start[k.task];
@@ -462,6 +481,10 @@ class trace_graph_builder {
   // while the kernel zeroes as many fresh ones (a 512-rank job: about 800 MB, faulted in by the
   // build's one serial thread before).
   void lend_freed_pages(std::size_t r) {
+    if (!lend_pages_) {
+      release_block_cache();
+      return;
+    }
     constexpr std::size_t ahead = 8;  // ranks: a freed block goes to one or two columns
     events_built_ += event_counts_[r];
     if (events_built_ == 0) return;
@@ -629,6 +652,7 @@ class trace_graph_builder {
   std::vector<std::size_t> event_counts_;  // per rank, read before any is freed
   std::size_t events_built_ = 0;           // of the ranks built so far
   detail::column_pages column_pages_;
+  bool lend_pages_ = true;  // the columns can be lent the freed events' pages (see `build`)
 };
 
 }  // namespace lumos::graph
