@@ -711,6 +711,10 @@ TEST_CASE("MoE what-if errors name the flag that asked and the traces' own confi
   fewer.moe.ep = 1;
   fewer.moe.experts = 1;
   CHECK_THROWS_WITH(whatif::run_whatif(job, fewer), Catch::Contains("whatif --experts 1: top-2 is more than the 1 experts"));
+  // A DP that EP 2 no longer divides: the world stays, so the experts cannot spread over it.
+  whatif::whatif_options one;
+  one.dp = 1;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, one), Catch::Contains("whatif --dp 1: EP must divide DP x CP of the target (EP 2, DP x CP 1)"));
   // A traced EP that does not divide the traced experts is the traces' to explain, not a flag's.
   whatif::job_structure st;
   st.moe.experts.value = 4;

@@ -558,11 +558,11 @@ struct moe_pass {
   std::optional<moe_summary> made;
   report::arg_edits written;  ///< the target's sizes for `--trace-out` (detail/moe_written.hpp)
 
-  /// Wanted for a MoE flag, on MoE traces whose tokens per rank change (`--seq`,
-  /// `--micro-batch`, `--cp`): the experts' copies, the router and the all-to-alls follow them,
-  /// and where the target replicates expert shards the traces hold once (`--dp`).
+  /// Wanted for a MoE flag, on MoE traces whose tokens per rank change (`--seq`, `--micro-batch`,
+  /// `--cp`): the experts' copies, the router and the all-to-alls follow them, and where another
+  /// DP x CP regroups the experts (`--dp`: an expert shard replicated, or EP no longer dividing).
   [[nodiscard]] bool wanted(const context& ctx) const {
-    return ctx.options.moe.any() || tokens_ratio(ctx) != 1.0 || layers_unpriced(ctx) || experts_replicated(ctx);
+    return ctx.options.moe.any() || tokens_ratio(ctx) != 1.0 || layers_unpriced(ctx) || experts_regrouped(ctx);
   }
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) {
     const moe_target& t = ctx.options.moe;
@@ -590,7 +590,7 @@ struct moe_pass {
     const double gathers = !layered.empty() ? static_cast<double>(*ctx.options.layers) / layers_from : 1.0;
     const model::nccl_model nccl = ctx.nccl ? ctx.nccl->first : model::nccl_model{ctx.traced_profile()};
     const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
-    if (!t.any() && tokens == 1.0 && !experts_replicated(ctx)) return layers_only(ctx, b, st, from, layered, gathers, tp, dp, nccl, hw);
+    if (!t.any() && tokens == 1.0 && !experts_regrouped(ctx)) return layers_only(ctx, b, st, from, layered, gathers, tp, dp, nccl, hw);
     const moe_routing routing = t.routing.value_or(moe_routing::measured);
     detail::moe_ranks ranks;
     const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
@@ -705,13 +705,14 @@ struct moe_pass {
     return static_cast<double>(ctx.shape_to->tokens()) / static_cast<double>(ctx.shape_from->tokens());
   }
 
-  /// Whether the traces hold one replica of each expert shard (EP = DP x CP: no expert gradient
-  /// reduced) and the target more (a larger DP x CP at the same EP): their reduction is inserted.
-  [[nodiscard]] static bool experts_replicated(const context& ctx) {
+  /// Whether the target's DP x CP at the traced EP is refused (EP no longer divides it) or needs
+  /// the expert gradients the traces do not reduce (EP = DP x CP: one replica of each shard).
+  [[nodiscard]] static bool experts_regrouped(const context& ctx) {
     const auto& st = ctx.traced_structure();
     if (!st || !st->moe.found() || !st->model.hidden.known() || ctx.options.moe.ep) return false;
     const int ep = st->moe.ep.value.value_or(st->parallel.ep.value.value_or(1)), dpcp = st->parallel.dp.value.value_or(1);
-    return ep > 1 && dpcp / ep == 1 && ctx.target_gradient_group() / ep > 1;
+    const int to = ctx.target_gradient_group();
+    return ep > 1 && to != dpcp && (to % ep != 0 || (dpcp / ep == 1 && to / ep > 1));
   }
 
   /// `--layers` alone on MoE traces: the optimizer kernels by the parameters per rank
@@ -744,10 +745,9 @@ struct moe_pass {
   }
 
   /// Per rank: the optimizer's parameters of its stage with `layers_to` layers and the target's MoE
-  /// layers (`to`) over the traces' (model::optimizer_parameters_per_rank: with the distributed
-  /// optimizer the routed experts' over the expert-data-parallel group, the rest over DP x CP),
-  /// both at the traces' DP `dp` x CP `cp` and stages: the data-parallel pass shards the optimizer
-  /// for the target's. Empty when the traces do not tell the attention's shape.
+  /// layers (`to`) over the traces' (model::optimizer_parameters_per_rank), both at the traces' DP
+  /// `dp` x CP `cp` and stages: the data-parallel pass shards the optimizer for the target's DP.
+  /// Empty when the traces do not tell the attention's shape.
   [[nodiscard]] static std::vector<double> optimizer_ratios(const context& ctx, const job_structure& st, const moe_config& from,
                                                             const moe_config& to, const detail::expert_width& traced, int dp, int cp,
                                                             int layers_to) {
@@ -765,8 +765,7 @@ struct moe_pass {
       model::transformer m = counted_transformer(shape, st, vocab, gated, std::max(layers, pp));
       m.moe.experts = c.experts, m.moe.top_k = c.top_k, m.moe.expert_ffn = c.expert_ffn;
       model::parallel_config par;
-      // The distributed optimizer's expert share (experts / DP x CP) holds at any EP: the traced
-      // one divides the traces' DP x CP, where the target's may not.
+      // The distributed optimizer's expert share (experts / DP x CP) holds at the traced EP too.
       par.tp = shape.tp, par.pp = pp, par.dp = std::max(1, dp), par.cp = std::max(1, cp), par.ep = distributed ? from.ep : c.ep;
       par.zero_stage = distributed ? 1 : 0;
       return model::optimizer_parameters_per_rank(m, par, std::clamp(stage, 0, pp - 1));
