@@ -301,6 +301,15 @@ TEST_CASE("whatif --layers on MoE traces with 2 stages: each stage's optimizer f
   CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
 }
 
+TEST_CASE("whatif --pp on MoE traces: the note says the parameters per stage are not counted", "[whatif][moe]") {
+  whatif::whatif_options o;
+  o.pp = 2;
+  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2")}), o);
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [](const whatif::change& x) { return x.subject == "optimizer and gradient work"; });
+  REQUIRE(c != r.changes.end());
+  CHECK(c->text.find("not counted on MoE layers") != std::string::npos);
+}
+
 TEST_CASE("whatif --experts and --expert-ffn from EP = DP: the optimizer follows the expert parameters as the direct job has them", "[whatif][moe]") {
   // EP 4 over DP 4 reduces no expert gradient, so no collective tells the experts' share of the
   // optimizer's parameters: the model counts it.
