@@ -283,6 +283,10 @@ MOE_CASES = [
     ("MoE: top-8→4", {}, {"--top-k": "4"}),
     ("MoE: expert FFN 768→1536", {}, {"--expert-ffn": "1536"}),
     ("MoE: EP 2→4 on H200", {}, {"--ep": "4", "--gpu": "h200-sxm"}),
+    # From EP = DP (no expert gradient traced to tell the experts' share of the optimizer) the
+    # model counts the parameters each rank steps; a larger DP inserts the experts' reduction.
+    ("MoE: expert FFN 768→1536 over EP = DP 4 (optimizer by the model's parameters)", {"--ep": "4"}, {"--expert-ffn": "1536"}),
+    ("MoE: DP 4→8 over EP 4 (expert gradients inserted)", {"--ep": "4"}, {"--dp": "8", "--global-batch": "16"}),
     # Context parallelism (whatif/context_parallel.hpp with the MoE pass): the tokens per rank, and
     # so the expert GEMMs, router and all-to-alls, follow seq / CP; the expert gradients' group is
     # DP x CP / EP.
@@ -293,6 +297,8 @@ MOE_CASES = [
     ("MoE: CP 2, EP 2→4", {"--cp": "2"}, {"--ep": "4"}),
     ("MoE: CP 1→2 with EP 1→2 (all-to-alls inserted)", {"--ep": "1"}, {"--cp": "2", "--ep": "2"}),
     ("MoE: CP 1→2 with all-gather", {}, {"--cp": "2", "--cp-comm": "allgather"}),
+    # The expert-data-parallel group's members are TP x EP apart: 8 of them span two nodes.
+    ("MoE: CP 2, DP 4→8 (two nodes)", {"--cp": "2"}, {"--dp": "8", "--global-batch": "16"}),
     ("MoE: sequence ×2", {}, {"--seq": "8192"}),
     # The optimizer steps the target layers' parameters (experts included), the experts' all-gathers
     # after it are every layer's.

@@ -125,6 +125,16 @@ bool replays_to_prediction(const std::string& whatif_json, const std::filesystem
   return !ns.empty() && again.out.find("\"simulated_ns\":" + ns) != std::string::npos;
 }
 
+/// The optimizer's GPU time on rank 0 of a what-if's prediction or of its baseline.
+time_ns moe_test_optimizer_ns(const whatif::whatif_result& w, bool predicted) {
+  const auto& g = predicted ? w.predicted.built.graph : w.baseline.built.graph;
+  time_ns n = 0;
+  for (graph::task_id t = 0; t < g.task_count(); ++t) {
+    if (g.rank[t] == 0 && graph::is_gpu(g.kind[t]) && g.task_name(t).find("multi_tensor_apply") != std::string_view::npos) n += g.duration[t];
+  }
+  return n;
+}
+
 /// What `lumos inspect --structure` reads of a job's MoE layers and all-to-alls: the experts,
 /// experts per rank, top-k, EP, tokens per expert, and each all-to-all's ranks and sizes (sorted).
 struct moe_read_back {
@@ -251,14 +261,7 @@ TEST_CASE("whatif --ep from EP = DP: the expert gradients are reduced over the n
 TEST_CASE("whatif --layers on MoE traces: the optimizer and the expert gradients follow the layers as the direct job has them", "[whatif][moe]") {
   // The optimizer phase's GPU time on rank 0 and its expert gradient collectives (transfers, by
   // their kind): the prediction's and the job synthesized with 4 layers'.
-  const auto optimizer_ns = [](const whatif::whatif_result& w, bool predicted) {
-    const auto& g = predicted ? w.predicted.built.graph : w.baseline.built.graph;
-    time_ns n = 0;
-    for (graph::task_id t = 0; t < g.task_count(); ++t) {
-      if (g.rank[t] == 0 && graph::is_gpu(g.kind[t]) && g.task_name(t).find("multi_tensor_apply") != std::string_view::npos) n += g.duration[t];
-    }
-    return n;
-  };
+  const auto optimizer_ns = moe_test_optimizer_ns;
   const auto expert_collectives = [](const graph::task_graph& g) {
     std::map<std::string, std::size_t> n;
     for (const auto& ci : g.collectives) {
@@ -283,6 +286,86 @@ TEST_CASE("whatif --layers on MoE traces: the optimizer and the expert gradients
     REQUIRE(want.count("reducescatter"));
     CHECK(have.count("reducescatter"));
     if (have.count("reducescatter")) CHECK(have.at("reducescatter") == want.at("reducescatter"));
+    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+  }
+}
+
+TEST_CASE("whatif --layers on MoE traces with 2 stages: each stage's optimizer follows its layers as the direct job has them", "[whatif][moe]") {
+  whatif::whatif_options o;
+  o.layers = 8;
+  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --pp 2 --layers 4")}), o);
+  const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --pp 2 --layers 8")}), whatif::whatif_options{});
+  const double truth = static_cast<double>(moe_test_optimizer_ns(direct, false));
+  REQUIRE(truth > 1.5 * static_cast<double>(moe_test_optimizer_ns(r, false)));
+  CHECK(std::abs(static_cast<double>(moe_test_optimizer_ns(r, true)) / truth - 1.0) < 0.02);
+  CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+}
+
+TEST_CASE("whatif --pp on MoE traces: the note says the parameters per stage are not counted", "[whatif][moe]") {
+  whatif::whatif_options o;
+  o.pp = 2;
+  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2")}), o);
+  const auto c = std::find_if(r.changes.begin(), r.changes.end(), [](const whatif::change& x) { return x.subject == "optimizer and gradient work"; });
+  REQUIRE(c != r.changes.end());
+  CHECK(c->text.find("not counted on MoE layers") != std::string::npos);
+}
+
+TEST_CASE("whatif --experts and --expert-ffn from EP = DP: the optimizer follows the expert parameters as the direct job has them", "[whatif][moe]") {
+  // EP 4 over DP 4 reduces no expert gradient, so no collective tells the experts' share of the
+  // optimizer's parameters: the model counts it.
+  for (const std::string change : {"--experts 64", "--expert-ffn 1536"}) {
+    INFO(change);
+    whatif::whatif_options o;
+    if (change == "--experts 64") o.moe.experts = 64;
+    else o.moe.expert_ffn = 1536;
+    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4")}), o);
+    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4 " + change)}), whatif::whatif_options{});
+    const double truth = static_cast<double>(moe_test_optimizer_ns(direct, false));
+    REQUIRE(truth > 0);
+    REQUIRE(std::abs(static_cast<double>(moe_test_optimizer_ns(r, false)) / truth - 1.0) > 0.2);  // the experts are most parameters
+    CHECK(std::abs(static_cast<double>(moe_test_optimizer_ns(r, true)) / truth - 1.0) < 0.02);
+    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+  }
+}
+
+TEST_CASE("whatif --dp on MoE traces across nodes: the expert-data-parallel group's members TP x EP apart as the direct job has them", "[whatif][moe]") {
+  // DP 8 -> 16 at EP 2: the expert-DP group grows from 4 to 8 members 2 apart, over two nodes.
+  const auto edp_ns = [](const graph::task_graph& g) {
+    time_ns n = 0;
+    for (const auto& ci : g.collectives) {
+      if (!ci.group.starts_with("edp.")) continue;
+      for (const graph::task_id t : ci.complete) n += g.rank[t] == 0 ? g.duration[t] : 0;
+    }
+    return n;
+  };
+  whatif::whatif_options o;
+  o.dp = 16, o.global_batch = 16;
+  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --dp 8 --global-batch 8")}), o);
+  const whatif::whatif_result direct =
+      whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --dp 16 --global-batch 16")}), whatif::whatif_options{});
+  const double truth = static_cast<double>(edp_ns(direct.baseline.built.graph));
+  REQUIRE(truth > 0);
+  CHECK(std::abs(static_cast<double>(edp_ns(r.predicted.built.graph)) / truth - 1.0) < 0.05);
+  CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+}
+
+TEST_CASE("whatif --dp from EP = DP: the expert gradients of the replicated expert shards are inserted", "[whatif][moe]") {
+  // With 2 stages too: the inserted groups are priced at the target's ranks, which the larger
+  // stages' renumbering must not move again.
+  for (const std::string stages : {"", " --pp 2 --layers 4"}) {
+    INFO("from EP = DP" + stages);
+    whatif::whatif_options o;
+    o.dp = 8, o.global_batch = 8;
+    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4" + stages)}), o);
+    const whatif::whatif_result direct =
+        whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4 --dp 8 --global-batch 8" + stages)}), whatif::whatif_options{});
+    std::size_t inserted = 0;
+    for (const auto& ci : r.predicted.built.graph.collectives) inserted += ci.group.starts_with("expert_dp.inserted.");
+    CHECK(inserted > 0);
+    const auto c = std::find_if(r.changes.begin(), r.changes.end(), [](const whatif::change& x) { return x.subject == "expert gradients"; });
+    REQUIRE(c != r.changes.end());
+    CHECK(c->text.find("inserted over 2 expert-data-parallel ranks") != std::string::npos);
+    CHECK_FALSE(r.moe);  // no MoE flag: no MoE summary
     CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
   }
 }
@@ -515,6 +598,24 @@ TEST_CASE("a shared expert and dense layers beside the routed grouped experts ar
   REQUIRE(ranks.copies.size() == 1);
   CHECK(ranks.copies[0] == 1024.0 * 8);
   CHECK(ranks.local[0] == 256 / 8);
+  // Which kind of layer 2 more would be (DeepSeek's: MoE ones) the traces do not tell.
+  whatif::whatif_options more;
+  more.layers = 6;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, more), Catch::Contains("mix dense and MoE layers (1 MoE of 4"));
+}
+
+TEST_CASE("grouped MoE traces whose tokens per rank equal the expert FFN: only the grouped GEMMs are the experts'", "[whatif][moe]") {
+  // Sequence 768 = Qwen3-30B-A3B's expert FFN: the attention's GEMMs over 768 tokens that read
+  // the hidden width are no per-expert GEMMs of a loop.
+  whatif::whatif_options o;
+  o.moe.top_k = 4;
+  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --seq 768")}), o);
+  const whatif::whatif_result direct =
+      whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --seq 768 --top-k 4")}), whatif::whatif_options{});
+  const auto gemms = moe_test_expert_time(r.predicted.built.graph, "gemm"), truth = moe_test_expert_time(direct.baseline.built.graph, "gemm");
+  REQUIRE(truth.count(0));
+  CHECK(std::abs(double(gemms.at(0)) / double(truth.at(0)) - 1.0) < 0.03);
+  CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
 }
 
 TEST_CASE("structure discovery: the expert-data-parallel group is neither EP nor the DP degree", "[whatif][moe][structure]") {
@@ -673,6 +774,10 @@ TEST_CASE("MoE what-if errors name the flag that asked and the traces' own confi
   fewer.moe.ep = 1;
   fewer.moe.experts = 1;
   CHECK_THROWS_WITH(whatif::run_whatif(job, fewer), Catch::Contains("whatif --experts 1: top-2 is more than the 1 experts"));
+  // A DP that EP 2 no longer divides: the world stays, so the experts cannot spread over it.
+  whatif::whatif_options one;
+  one.dp = 1;
+  CHECK_THROWS_WITH(whatif::run_whatif(job, one), Catch::Contains("whatif --dp 1: EP must divide DP x CP of the target (EP 2, DP x CP 1)"));
   // A traced EP that does not divide the traced experts is the traces' to explain, not a flag's.
   whatif::job_structure st;
   st.moe.experts.value = 4;

@@ -12,6 +12,7 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/context.hpp>
+#include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -128,6 +129,8 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   time_ns before = 0, after = 0;
   for (auto& ci : g.collectives) {
     if (ci.bytes <= 0 || ci.group_ranks.size() < 2 || own_rewrite.count(ci.group)) continue;
+    // A collective a what-if inserted (`*.inserted.R`, `*.folded.R`) is priced at the target's ranks.
+    if (ci.group.find(".inserted.") != std::string::npos || ci.group.find(".folded.") != std::string::npos) continue;
     // The traced elements in bytes: priced at a quarter of its size, the tied embedding's fp32
     // all-reduce of a 4-layer hidden-1024 job moved to another node was 1.93 ms where the job
     // synthesised so ran 2.25 (`--dp 4` from TP 2 PP 2 DP 2: -1.92 %).
@@ -212,6 +215,10 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   if (out.from <= 0) throw error("whatif --dp: the traces' data-parallel size " + std::to_string(out.from) + " is not a size (" + st.parallel.dp.source + ")");
   out.to = dp;
   const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
+  // An expert-data-parallel group's members are TP x EP apart (Megatron lays EP inside DP), so it
+  // leaves a node EP times sooner than the dense group.
+  const std::set<std::string> expert_groups = detail::expert_dp_groups(st);
+  const int ep = std::max(1, st.moe.ep.value.value_or(st.parallel.ep.value.value_or(1)));
   const int tp = st.parallel.tp.value.value_or(1);
   const int tp_new = tp_to > 0 ? tp_to : tp;
   out.tp = tp, out.tp_to = tp_new;
@@ -242,38 +249,40 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     return kind;
   };
   // The members of the DP group of traced rank `rank` with `members` replicas at TP `tp_of`, as
-  // Megatron numbers ranks (TP innermost, then DP, then PP): the rank's stage and TP column kept.
+  // Megatron numbers ranks (TP innermost, then DP, then PP): the rank's stage and TP column kept
+  // (an expert-data-parallel group's, `apart` = EP: its EP column too).
   // A group need not start at a node boundary (TP 2, DP 3: stage 1's groups are {6, 8, 10} and
   // {7, 9, 11}, two members on one node and one on the next), which the placement then prices
   // as lumos synth does (`model::placement_of`).
-  auto members_of = [&](int rank, std::int64_t members, int tp_of) {
-    const std::int64_t stage = rank / (static_cast<std::int64_t>(tp) * out.from);
-    const std::int64_t first = stage * tp_of * members + rank % tp % std::max(1, tp_of);
+  auto members_of = [&](int rank, std::int64_t members, int tp_of, int apart) {
+    const std::int64_t stage = rank / (static_cast<std::int64_t>(tp) * out.from), stride = static_cast<std::int64_t>(tp_of) * apart;
+    const std::int64_t first = stage * stride * members + rank % (static_cast<std::int64_t>(tp) * apart) % std::max<std::int64_t>(1, stride);
     std::vector<int> ranks;
-    for (std::int64_t i = 0; i < members; ++i) ranks.push_back(static_cast<int>(first + i * tp_of));
+    for (std::int64_t i = 0; i < members; ++i) ranks.push_back(static_cast<int>(first + i * stride));
     return ranks;
   };
   // The factor on the transfer time of a collective of `kind` and `bytes` (0: unknown) from n
   // to n_new members; `rank`, a traced member's number (-1: unknown, the groups then start at a
-  // node boundary).
-  auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new, int rank) {
-    // GPUs a group's ranks occupy: its members are TP apart, so it leaves a node once n · tp
-    // exceeds the node.
-    const bool crossed_before = n * tp > gpus_per_node, crossed_after = n_new * tp_new > gpus_per_node;
+  // node boundary); `apart`, EP for an expert-data-parallel group, else 1.
+  auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new, int rank, int apart) {
+    // GPUs a group's ranks occupy: its members are TP (x EP) apart, so it leaves a node once
+    // n · tp exceeds the node.
+    const bool crossed_before = n * tp * apart > gpus_per_node, crossed_after = n_new * tp_new * apart > gpus_per_node;
     const double slower = crossed_after && !crossed_before ? inter_over_intra : 1.0;
     if (bytes > 0 && nccl != nullptr && hw != nullptr) {
       auto placed = [&](std::int64_t members, int tp_of) {
-        const std::int64_t per_node = std::max<std::int64_t>(1, hw->nvlink_domain_size() / std::max(1, tp_of));
+        const std::int64_t per_node = std::max<std::int64_t>(1, hw->nvlink_domain_size() / std::max(1, tp_of * apart));
         const std::int64_t r = std::min(members, per_node);
         return model::group_placement{members - members % r, r};
       };
       const std::int64_t size = std::max<std::int64_t>(1, bytes * tp / tp_new);
       // (Groups whose ranks would pass 2^30 are placed from a node boundary instead.)
       const std::int64_t stages = rank / (static_cast<std::int64_t>(tp) * out.from) + 1;
-      const bool at_ranks = rank >= 0 && std::max(n * tp, n_new * tp_new) <= (std::int64_t{1} << 30) / stages;
-      const auto t_old = nccl->collective_time({kind, size, at_ranks ? model::placement_of(members_of(rank, n, tp), *hw) : placed(n, tp)}, *hw);
-      const auto t_new =
-          nccl->collective_time({kind, size, at_ranks ? model::placement_of(members_of(rank, n_new, tp_new), *hw) : placed(n_new, tp_new)}, *hw);
+      const bool at_ranks = rank >= 0 && std::max(n * tp, n_new * tp_new) * apart <= (std::int64_t{1} << 30) / stages;
+      const auto t_old =
+          nccl->collective_time({kind, size, at_ranks ? model::placement_of(members_of(rank, n, tp, apart), *hw) : placed(n, tp)}, *hw);
+      const auto t_new = nccl->collective_time(
+          {kind, size, at_ranks ? model::placement_of(members_of(rank, n_new, tp_new, apart), *hw) : placed(n_new, tp_new)}, *hw);
       ++out.modelled;
       return t_old > 0 ? static_cast<double>(t_new) / static_cast<double>(t_old) : 1.0;
     }
@@ -305,7 +314,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     // A DP group of n replicas: scaled by the DP ratio (a world group that is also DP grows the same way).
     const std::int64_t n_new = std::max<std::int64_t>(1, n * dp / out.from);
     const int member = ci.complete.empty() ? -1 : g.rank[ci.complete.front()];
-    const double ratio = ratio_of(*kind, ci.bytes * element_bytes_of(ci, g), n, n_new, member);
+    const double ratio = ratio_of(*kind, ci.bytes * element_bytes_of(ci, g), n, n_new, member, expert_groups.count(ci.group) ? ep : 1);
     for (const graph::task_id t : ci.complete) rescale(t, ratio);
     // Members beyond the traced ranks get numbers past the largest (they are not in the graph).
     int next = ci.group_ranks.empty() ? 0 : *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
@@ -318,7 +327,8 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     const auto kind = gradient_kind(c.kind);
     if (!kind) continue;
     const std::int64_t n = c.group_size > 0 ? c.group_size : out.from;
-    const double ratio = ratio_of(*kind, c.elements * c.element_bytes, n, std::max<std::int64_t>(1, n * dp / out.from), g.rank[c.task]);
+    const double ratio = ratio_of(*kind, c.elements * c.element_bytes, n, std::max<std::int64_t>(1, n * dp / out.from), g.rank[c.task],
+                                  expert_groups.count(c.group) ? ep : 1);
     rescale(c.task, ratio);
     ++out.collectives, ++out.lone;
   }

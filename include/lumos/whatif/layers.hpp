@@ -221,6 +221,15 @@ class layer_closure {
                 "); `lumos inspect --structure` shows what was found");
   }
   const int total = *st.model.layers.value;
+  // Dense layers beside MoE ones (DeepSeek's first layers): which kind the target adds or drops
+  // is the model's choice, which the traces do not tell.
+  const auto& moe_layers = st.moe.layers.value;
+  const auto per_pass = st.ranks.empty() ? std::optional<int>{} : st.ranks.front().layers_per_pass.value;
+  if (moe_layers && per_pass && *moe_layers > 0 && *moe_layers < *per_pass) {
+    throw error("whatif --layers " + std::to_string(layers) + ": the traces mix dense and MoE layers (" + std::to_string(*moe_layers) +
+                " MoE of " + std::to_string(*per_pass) + " layers per pass on rank 0): which kind the target's layers add or remove "
+                "is not told by the traces");
+  }
   const graph::task_graph& g = b.graph;
   const detail::merged_layers merged = detail::merge_layer_groups(st);
   detail::layer_closure closure(g);

@@ -185,6 +185,10 @@ struct expert_width {
   // after another GEMM of its layer pass is a shared expert's or a dense MLP's.
   std::tuple<std::size_t, int, int> last_gemm{~std::size_t{0}, -1, -1};
   bool last_expert = false;
+  // With grouped experts no other GEMM is one expert's (one over as many tokens as the FFN is wide).
+  const bool grouped = std::any_of(st.gpu_ops.begin(), st.gpu_ops.end(), [&](const gpu_op_context& c) {
+    return c.layer >= 0 && !c.comm && c.rank < job.ranks.size() && moe_grouped(job.ranks[c.rank], c);
+  });
   for (const gpu_op_context& c : st.gpu_ops) {
     if (c.layer < 0 || c.comm || c.rank >= b.ranks.size()) continue;
     const auto& map = b.ranks[c.rank].task_of_event;
@@ -233,7 +237,7 @@ struct expert_width {
       if (experts != hidden && router) {
         m.kind = moe_op_kind::router;
         if (forward && tokens[c.rank] == 0 && d[1] == hidden && d[2] == experts) tokens[c.rank] = d[0];
-      } else if (width > 0 && width != hidden && has(width) && has(hidden)) {
+      } else if (!grouped && width > 0 && width != hidden && has(width) && has(hidden)) {
         // A per-expert GEMM of a loop: rows are M, or K of a weight gradient. One over every
         // token the router saw is a shared expert's (or a dense MLP's), which routing leaves be.
         m.kind = moe_op_kind::expert_gemm;
@@ -475,16 +479,16 @@ inline moe_stats rescale_moe_ops(graph::task_graph& g, const std::vector<moe_op>
   return (dense / sd + mine * params / s2) / (dense / sd + mine / s1);
 }
 
-/// Scales the optimizer-phase GPU ops of `st` in `b` by `ratio` (memory-bound: no kernel under
-/// the profile's shortest). Returns how many.
-inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st, double ratio, double min_ns) {
+/// Scales the optimizer-phase GPU ops of `st` in `b` by each rank's ratio (`ratios[rank]`;
+/// memory-bound: no kernel under the profile's shortest). Returns how many.
+inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st, const std::vector<double>& ratios, double min_ns) {
   std::size_t n = 0;
   for (const gpu_op_context& c : st.gpu_ops) {
-    if (c.comm || c.phase != phase_kind::optimizer || c.rank >= b.ranks.size()) continue;
+    if (c.comm || c.phase != phase_kind::optimizer || c.rank >= b.ranks.size() || c.rank >= ratios.size()) continue;
     const auto& map = b.ranks[c.rank].task_of_event;
     if (c.op >= map.size() || map[c.op] == graph::no_task) continue;
     const graph::task_id t = map[c.op];
-    b.graph.duration[t] = static_cast<time_ns>(std::llround(memory_scaled_ns(static_cast<double>(b.graph.duration[t]), ratio, min_ns)));
+    b.graph.duration[t] = static_cast<time_ns>(std::llround(memory_scaled_ns(static_cast<double>(b.graph.duration[t]), ratios[c.rank], min_ns)));
     ++n;
   }
   return n;
@@ -556,10 +560,11 @@ struct moe_pass {
   std::optional<moe_summary> made;
   report::arg_edits written;  ///< the target's sizes for `--trace-out` (detail/moe_written.hpp)
 
-  /// Wanted for a MoE flag, and on MoE traces whose tokens per rank change (`--seq`,
-  /// `--micro-batch`, `--cp`): the experts' copies, the router and the all-to-alls follow them.
-  [[nodiscard]] bool wanted(const context& ctx) const noexcept {
-    return ctx.options.moe.any() || tokens_ratio(ctx) != 1.0 || layers_unpriced(ctx);
+  /// Wanted for a MoE flag, on MoE traces whose tokens per rank change (`--seq`, `--micro-batch`,
+  /// `--cp`): the experts' copies, the router and the all-to-alls follow them, and where another
+  /// DP x CP regroups the experts (`--dp`: an expert shard replicated, or EP no longer dividing).
+  [[nodiscard]] bool wanted(const context& ctx) const {
+    return ctx.options.moe.any() || tokens_ratio(ctx) != 1.0 || layers_unpriced(ctx) || experts_regrouped(ctx);
   }
   [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) {
     const moe_target& t = ctx.options.moe;
@@ -580,13 +585,14 @@ struct moe_pass {
     const detail::expert_width traced = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
     const std::int64_t width = traced.n;
     auto [from, to] = detail::moe_configs(st, t, traced.ffn(), tp, dpcp_to, dpcp_flag);
-    // `--layers`: the optimizer steps the parameters of the target's layers (see `layer_parameters`).
-    // A plain double (0: none), as GCC 12 takes an optional's for uninitialized.
-    const double layered = layers_unpriced(ctx) ? layer_parameters(ctx, st, from, to, traced, dp / cp_from, cp_from) : 0.0;
-    const double gathers = layered > 0 ? static_cast<double>(*ctx.options.layers) / st.model.layers.value.value_or(1) : 1.0;
+    // `--layers`: the optimizer steps the parameters of the target's layers (see `optimizer_ratios`).
+    const int layers_from = st.model.layers.value.value_or(1);
+    const std::vector<double> layered =
+        layers_unpriced(ctx) ? optimizer_ratios(ctx, st, from, to, traced, dp / cp_from, cp_from, *ctx.options.layers) : std::vector<double>{};
+    const double gathers = !layered.empty() ? static_cast<double>(*ctx.options.layers) / layers_from : 1.0;
     const model::nccl_model nccl = ctx.nccl ? ctx.nccl->first : model::nccl_model{ctx.traced_profile()};
     const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
-    if (!t.any() && tokens == 1.0) return layers_only(ctx, b, st, from, layered, gathers, tp, dp, nccl, hw);
+    if (!t.any() && tokens == 1.0 && !experts_regrouped(ctx)) return layers_only(ctx, b, st, from, layered, gathers, tp, dp, nccl, hw);
     const moe_routing routing = t.routing.value_or(moe_routing::measured);
     detail::moe_ranks ranks;
     const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
@@ -634,8 +640,15 @@ struct moe_pass {
     const int group_from = ctx.traced_replicas().value_or(std::max(1, dp / cp_from)) * cp_from;
     const bool dp_shards = data_parallel_pass{}.wanted(ctx) && group_from != dpcp_to;
     const double edp_to = (dp_shards ? static_cast<double>(group_from) : static_cast<double>(dpcp_to)) / to.ep;
-    const double optimizer = layered > 0 ? layered : detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, edp_to);
-    if (optimizer != 1.0) s.optimizer = detail::scale_optimizer(b, st, optimizer, costs.profile.min_kernel_ns);
+    // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it.
+    std::vector<double> optimizer = layered;
+    if (optimizer.empty() && edp_traced == 1 && (to.experts != from.experts || to.expert_ffn != from.expert_ffn)) {
+      optimizer = optimizer_ratios(ctx, st, from, to, traced, dp / cp_from, cp_from, layers_from);
+    }
+    if (optimizer.empty()) optimizer.assign(b.ranks.size(), detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, edp_to));
+    if (std::any_of(optimizer.begin(), optimizer.end(), [](double r) { return r != 1.0; })) {
+      s.optimizer = detail::scale_optimizer(b, st, optimizer, costs.profile.min_kernel_ns);
+    }
     std::vector<detail::moe_comm> removed;
     const bool resized = to.ep != from.ep || to.experts != from.experts || to.expert_ffn != from.expert_ffn;
     for (const detail::moe_comm& c : comms) {
@@ -700,12 +713,23 @@ struct moe_pass {
     return static_cast<double>(ctx.shape_to->tokens()) / static_cast<double>(ctx.shape_from->tokens());
   }
 
+  /// Whether the target's DP x CP at the traced EP is refused (EP no longer divides it) or needs
+  /// the expert gradients the traces do not reduce (EP = DP x CP: one replica of each shard).
+  [[nodiscard]] static bool experts_regrouped(const context& ctx) {
+    const auto& st = ctx.traced_structure();
+    if (!st || !st->moe.found() || !st->model.hidden.known() || ctx.options.moe.ep) return false;
+    const int ep = st->moe.ep.value.value_or(st->parallel.ep.value.value_or(1)), dpcp = st->parallel.dp.value.value_or(1);
+    const int to = ctx.target_gradient_group();
+    return ep > 1 && to != dpcp && (to % ep != 0 || (dpcp / ep == 1 && to / ep > 1));
+  }
+
   /// `--layers` alone on MoE traces: the optimizer kernels by the parameters per rank
-  /// (`layered`, 0: unknown) and the expert parameters' all-gathers after it by the layers
+  /// (`layered`, empty: unknown) and the expert parameters' all-gathers after it by the layers
   /// (`gathers`); their reduce-scatters go with the layers, which the layer pass copies.
-  [[nodiscard]] static change_list layers_only(context& ctx, graph::built_job& b, const job_structure& st, const moe_config& c, double layered,
-                                               double gathers, int tp, int dp, const model::nccl_model& nccl, const model::hardware& hw) {
-    if (layered <= 0) return {};
+  [[nodiscard]] static change_list layers_only(context& ctx, graph::built_job& b, const job_structure& st, const moe_config& c,
+                                               const std::vector<double>& layered, double gathers, int tp, int dp,
+                                               const model::nccl_model& nccl, const model::hardware& hw) {
+    if (layered.empty()) return {};
     moe_stats s;
     s.optimizer = detail::scale_optimizer(b, st, layered, ctx.costs(b).profile.min_kernel_ns);
     for (const detail::moe_comm& m : detail::moe_comms(ctx.job, b, st)) {
@@ -716,7 +740,7 @@ struct moe_pass {
                   "layers %d -> %d on MoE layers: %zu optimizer kernels by the parameters per rank x%.3f (the routed experts' over "
                   "the expert-data-parallel group, the rest over DP x CP); %zu expert parameter all-gathers by the layers, %.3f -> "
                   "%.3f ms",
-                  st.model.layers.value.value_or(0), *ctx.options.layers, s.optimizer, layered, s.expert_gradients,
+                  st.model.layers.value.value_or(0), *ctx.options.layers, s.optimizer, layered.front(), s.expert_gradients,
                   static_cast<double>(s.gradient_before) / 1e6, static_cast<double>(s.gradient_after) / 1e6);
     return {note("moe", "optimizer", line)};
   }
@@ -725,34 +749,43 @@ struct moe_pass {
   /// pass counts none (their dense FFN is unknown) and keeps the optimizer as traced.
   [[nodiscard]] static bool layers_unpriced(const context& ctx) noexcept {
     const auto& st = ctx.traced_structure();
-    return ctx.options.layers && !ctx.shape_from && !ctx.options.pp && st && st->moe.found() && st->parallel.pp.value.value_or(1) == 1;
+    return ctx.options.layers && !ctx.shape_from && !ctx.options.pp && st && st->moe.found();
   }
 
-  /// The optimizer's parameters per rank of the target's layers and MoE layers (`to`) over the
-  /// traces' (model::optimizer_parameters_per_rank: with the distributed optimizer the routed
-  /// experts' over the expert-data-parallel group, the rest over DP x CP), both at the traces' DP
-  /// `dp` x CP `cp`: the data-parallel pass shards the optimizer for the target's. 0 when the
-  /// traces do not tell the attention's shape.
-  [[nodiscard]] static double layer_parameters(const context& ctx, const job_structure& st, const moe_config& from,
-                                                              const moe_config& to, const detail::expert_width& traced, int dp, int cp) {
+  /// Per rank: the optimizer's parameters of its stage with `layers_to` layers and the target's MoE
+  /// layers (`to`) over the traces' (model::optimizer_parameters_per_rank), both at the traces' DP
+  /// `dp` x CP `cp` and stages: the data-parallel pass shards the optimizer for the target's DP.
+  /// Empty when the traces do not tell the attention's shape.
+  [[nodiscard]] static std::vector<double> optimizer_ratios(const context& ctx, const job_structure& st, const moe_config& from,
+                                                            const moe_config& to, const detail::expert_width& traced, int dp, int cp,
+                                                            int layers_to) {
     shape_config shape;
     try {
       shape = traced_shape(st, true);
     } catch (const error&) {
-      return 0.0;
+      return {};
     }
     const bool gated = st.model.gated_mlp || traced.fused || traced.inputs > 1;
     const std::int64_t vocab = traced_vocab_local(ctx.job, st, shape) * shape.tp;
     const bool distributed = st.gradients.method.value.value_or("") == "reduce-scatter + all-gather";
-    const auto count = [&](const moe_config& c, int layers) {
-      model::transformer m = counted_transformer(shape, st, vocab, gated, layers);
+    const int pp = std::max(1, st.parallel.pp.value.value_or(1));
+    const auto count = [&](const moe_config& c, int layers, int stage) {
+      model::transformer m = counted_transformer(shape, st, vocab, gated, std::max(layers, pp));
       m.moe.experts = c.experts, m.moe.top_k = c.top_k, m.moe.expert_ffn = c.expert_ffn;
       model::parallel_config par;
-      par.tp = shape.tp, par.dp = std::max(1, dp), par.cp = std::max(1, cp), par.ep = c.ep, par.zero_stage = distributed ? 1 : 0;
-      return model::optimizer_parameters_per_rank(m, par, 0);
+      // The distributed optimizer's expert share (experts / DP x CP) holds at the traced EP too.
+      par.tp = shape.tp, par.pp = pp, par.dp = std::max(1, dp), par.cp = std::max(1, cp), par.ep = distributed ? from.ep : c.ep;
+      par.zero_stage = distributed ? 1 : 0;
+      return model::optimizer_parameters_per_rank(m, par, std::clamp(stage, 0, pp - 1));
     };
-    const double a = count(from, st.model.layers.value.value_or(1)), b = count(to, *ctx.options.layers);
-    return a > 0 && b > 0 ? b / a : 0.0;
+    std::vector<double> out(ctx.job.ranks.size(), 1.0);
+    for (std::size_t ri = 0; ri < out.size(); ++ri) {
+      const int stage = ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0;
+      const double a = count(from, st.model.layers.value.value_or(1), stage), b = count(to, layers_to, stage);
+      if (a <= 0 || b <= 0) return {};
+      out[ri] = b / a;
+    }
+    return out;
   }
 
   /// The traced args the written traces carry with the target's sizes (detail/moe_written.hpp).

@@ -747,7 +747,11 @@ struct shape_pass {
         layers_shape = traced_shape(st);
       } catch (const error& e) {
         // A layer change on MoE layers: the MoE pass counts their parameters (whatif/moe.hpp).
-        if (!st.moe.found() || pp_params) {
+        if (st.moe.found() && pp_params) {
+          out.push_back(note("shape", "optimizer and gradient work",
+                             "optimizer and gradient work kept as traced: the parameters per stage are not counted on MoE layers (no dense "
+                             "FFN in them; the stages' share of the experts' is not modelled), so the prediction misses their change"));
+        } else if (!st.moe.found()) {
           out.push_back(note("shape", "optimizer and gradient work", std::string("optimizer and gradient work kept as traced: ") + e.what()));
         }
       }

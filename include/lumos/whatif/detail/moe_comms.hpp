@@ -106,10 +106,13 @@ struct moe_comm {
   const int tps = std::max(1, tp);
   if (c.kind == model::collective::all_to_all) return {ep_members(c.rank, tps, dpcp_from, from.ep), ep_members(c.rank, tps, dpcp_from, to.ep)};
   // Megatron's expert-data-parallel group: the ranks at the same TP index and EP position.
-  const int d = dp_index_of(c.rank, tps, dpcp_from), base = c.rank - d * tps - c.rank % tps;
+  // A later pipeline stage starts TP x DP x CP ranks on in each numbering: the target's members
+  // are numbered as the target's ranks (a larger stage moves them to another node).
+  const int d = dp_index_of(c.rank, tps, dpcp_from), stage = c.rank / (tps * std::max(1, dpcp_from));
+  const int base = stage * tps * std::max(1, dpcp_from), base_to = stage * tps * std::max(1, dpcp_to);
   std::vector<int> old_members, members;
   for (int j = 0; j < std::max(1, dpcp_from / from.ep); ++j) old_members.push_back(base + ((j * from.ep + d % from.ep) * tps + c.rank % tps));
-  for (int j = 0; j < dpcp_to / to.ep; ++j) members.push_back(base + ((j * to.ep + d % to.ep) * tps + c.rank % tps));
+  for (int j = 0; j < dpcp_to / to.ep; ++j) members.push_back(base_to + ((j * to.ep + d % to.ep) * tps + c.rank % tps));
   return {old_members, members};
 }
 
