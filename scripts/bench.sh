@@ -15,6 +15,10 @@
 #                                     # measured (7c0b8c7) and this checkout, alternating, on its job
 #   bash scripts/bench.sh touch       # first writes to fresh memory, with and without huge pages
 #                                     # (bench/first_touch.cpp; why the CLI turns huge pages off)
+#   bash scripts/bench.sh release     # whole commands against the previous milestone: `lumos replay
+#                                     # TRACE --critical-path` on every single-rank shared trace,
+#                                     # its build and this checkout's alternating, three rounds:
+#                                     # medians of time and peak RSS, this checkout's ratios
 # Extra arguments go to Google Benchmark (e.g. --benchmark_filter=BM_read_mem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,6 +101,66 @@ if [ "$suite" = scale ]; then
   timed inspect "$lumos" inspect "$dir/job"
   build/bench/bench/scale_phases "$dir/job"
   build/bench/bench/scale_phases "$dir/job" 1
+  exit 0
+fi
+if [ "$suite" = release ]; then
+  # The previous milestone: the last commit of the section before "Unreleased" in CHANGELOG.md
+  # ("Large jobs"); LUMOS_BENCH_BASE names another commit. Needs the history (a full clone).
+  base=${LUMOS_BENCH_BASE:-7740157}
+  traces=${LUMOS_TRACE_DIR:-../shared/traces}
+  [ -d "$traces" ] || { echo "bench.sh release: no shared traces at $traces (set LUMOS_TRACE_DIR)" >&2; exit 1; }
+  git cat-file -e "$base^{commit}" 2>/dev/null || { echo "bench.sh release: needs the history to $base (a full clone)" >&2; exit 1; }
+  cmake --build --preset bench --target lumos >/dev/null
+  now=build/bench/examples/lumos
+  dir=$(mktemp -d)
+  trap 'git worktree remove --force "$dir/src" 2>/dev/null; rm -rf "$dir"' EXIT
+  git worktree add --detach "$dir/src" "$base" >/dev/null 2>&1
+  cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUMOS_BUILD_TESTS=OFF -DLUMOS_BUILD_PYTHON=OFF >/dev/null
+  cmake --build "$dir/build" --target lumos >/dev/null
+  then=$dir/build/examples/lumos
+  # The single-rank sets (the multi-rank ones are jobs of several files, not one trace each).
+  mapfile -t files < <(cd "$traces" && find hta_testdata tracelens_H100_B200 -name '*.json.gz' -not -path '*execution_trace*' | sort)
+  echo "lumos replay TRACE --critical-path on ${#files[@]} single-rank traces in $traces; $(nproc) cores;" \
+       "$base (the previous milestone) against $(git rev-parse --short HEAD)"
+  : >"$dir/times"
+  for round in 1 2 3; do  # alternating, so that a drift of the machine's speed reaches both alike
+    for f in "${files[@]}"; do
+      for who in then now; do
+        bin=$then; [ "$who" = now ] && bin=$now
+        # Wall time from bash's clock (microseconds; /usr/bin/time rounds to 10 ms, longer than
+        # the small traces take), peak RSS from /usr/bin/time.
+        t0=$EPOCHREALTIME
+        /usr/bin/time -f "%M" -o "$dir/time" "$bin" replay "$traces/$f" --critical-path >"$dir/out" 2>&1 || { echo "$who: $f"; cat "$dir/out"; exit 1; }
+        t1=$EPOCHREALTIME
+        wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f", b - a }')
+        read -r kb <"$dir/time"
+        printf '%s %s %s %s\n' "$f" "$who" "$wall" "$kb" >>"$dir/times"
+      done
+    done
+  done
+  awk '
+    { k = $1 SUBSEP $2; n[k]++; t[k, n[k]] = $3; r[k, n[k]] = $4; seen[$1] = 1 }
+    function median(a, k,   m, i, j, x, v) {
+      m = n[k]
+      for (i = 1; i <= m; i++) v[i] = a[k, i]
+      for (i = 2; i <= m; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
+      return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+    }
+    END {
+      printf "%-86s %8s %8s %7s %9s %9s %7s\n", "trace (medians of 3 runs)", "then s", "now s", "x time", "then MiB", "now MiB", "x RSS"
+      cnt = 0; lt = 0; lm = 0
+      for (f in seen) names[++cnt] = f
+      for (i = 2; i <= cnt; i++) { x = names[i]; for (j = i - 1; j >= 1 && names[j] > x; j--) names[j + 1] = names[j]; names[j + 1] = x }
+      for (i = 1; i <= cnt; i++) {
+        f = names[i]
+        ts = median(t, f SUBSEP "then"); tn = median(t, f SUBSEP "now")
+        ms = median(r, f SUBSEP "then") / 1024; mn = median(r, f SUBSEP "now") / 1024
+        xt = ts > 0 ? tn / ts : 1
+        printf "%-86s %8.3f %8.3f %7.2f %9.0f %9.0f %7.2f\n", f, ts, tn, xt, ms, mn, mn / ms
+        lt += log(xt); lm += log(mn / ms)
+      }
+      printf "geometric mean over %d traces: time x %.2f, peak RSS x %.2f (this checkout over the previous milestone)\n", cnt, exp(lt / cnt), exp(lm / cnt)
+    }' "$dir/times"
   exit 0
 fi
 if [ "$suite" = filed ]; then
