@@ -25,6 +25,20 @@ cd "$(dirname "$0")/.."
 suite=${1:-reader}
 shift || true
 cmake --preset bench >/dev/null
+# Builds this checkout's lumos (build/bench: $now) and commit $1's in a temporary worktree ($then,
+# under $dir, removed on exit); $2 names the suite in errors, $3 what else the old commit needs.
+old_beside_head() {
+  git cat-file -e "$1^{commit}" 2>/dev/null || { echo "bench.sh $2: needs the history to $1 (a full clone)" >&2; exit 1; }
+  cmake --build --preset bench --target lumos >/dev/null
+  now=build/bench/examples/lumos
+  dir=$(mktemp -d)
+  trap 'git worktree remove --force "$dir/src" 2>/dev/null; rm -rf "$dir"' EXIT
+  git worktree add --detach "$dir/src" "$1" >/dev/null 2>&1
+  cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUMOS_BUILD_TESTS=OFF -DLUMOS_BUILD_PYTHON=OFF >/dev/null ||
+    { echo "bench.sh $2: $1 does not configure${3:+ (it needs $3)}" >&2; exit 1; }
+  cmake --build "$dir/build" --target lumos >/dev/null
+  then=$dir/build/examples/lumos
+}
 if [ "$suite" = touch ]; then
   cmake --build --preset bench --target first_touch >/dev/null
   exec build/bench/bench/first_touch "$@"
@@ -109,15 +123,7 @@ if [ "$suite" = release ]; then
   base=${LUMOS_BENCH_BASE:-7740157}
   traces=${LUMOS_TRACE_DIR:-../shared/traces}
   [ -d "$traces" ] || { echo "bench.sh release: no shared traces at $traces (set LUMOS_TRACE_DIR)" >&2; exit 1; }
-  git cat-file -e "$base^{commit}" 2>/dev/null || { echo "bench.sh release: needs the history to $base (a full clone)" >&2; exit 1; }
-  cmake --build --preset bench --target lumos >/dev/null
-  now=build/bench/examples/lumos
-  dir=$(mktemp -d)
-  trap 'git worktree remove --force "$dir/src" 2>/dev/null; rm -rf "$dir"' EXIT
-  git worktree add --detach "$dir/src" "$base" >/dev/null 2>&1
-  cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUMOS_BUILD_TESTS=OFF -DLUMOS_BUILD_PYTHON=OFF >/dev/null
-  cmake --build "$dir/build" --target lumos >/dev/null
-  then=$dir/build/examples/lumos
+  old_beside_head "$base" release
   # The single-rank sets (the multi-rank ones are jobs of several files, not one trace each).
   mapfile -t files < <(cd "$traces" && find hta_testdata tracelens_H100_B200 -name '*.json.gz' -not -path '*execution_trace*' | sort)
   echo "lumos replay TRACE --critical-path on ${#files[@]} single-rank traces in $traces; $(nproc) cores;" \
@@ -174,16 +180,7 @@ if [ "$suite" = filed ]; then
   # (apt-get install libboost-dev librange-v3-dev).
   filed=7c0b8c7
   issue_synth=167 issue_replay=13.4 issue_inspect=1.7  # the issue's text: seconds on its machine
-  git cat-file -e "$filed^{commit}" 2>/dev/null || { echo "bench.sh filed: needs the history to $filed (a full clone)" >&2; exit 1; }
-  cmake --build --preset bench --target lumos >/dev/null
-  now=build/bench/examples/lumos
-  dir=$(mktemp -d)
-  trap 'git worktree remove --force "$dir/src" 2>/dev/null; rm -rf "$dir"' EXIT
-  git worktree add --detach "$dir/src" "$filed" >/dev/null 2>&1
-  cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLUMOS_BUILD_TESTS=OFF >/dev/null ||
-    { echo "bench.sh filed: $filed does not configure (it needs libboost-dev and librange-v3-dev)" >&2; exit 1; }
-  cmake --build "$dir/build" --target lumos >/dev/null
-  then=$dir/build/examples/lumos
+  old_beside_head "$filed" filed "libboost-dev and librange-v3-dev"
   job=(--model gpt3-175b --tp 8 --pp 8 --dp 8 --global-batch 256 --unfold --gzip)
   run() {  # label, command...: appends "label wall-seconds peak-KB" to $dir/times
     /usr/bin/time -f "%e %M" -o "$dir/time" "${@:2}" >"$dir/out" 2>&1 || { cat "$dir/out"; exit 1; }
