@@ -13,6 +13,7 @@
 #include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/detail/shape_groups.hpp>
+#include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/shape.hpp>
 #include <lumos/whatif/structure.hpp>
@@ -129,8 +130,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   time_ns before = 0, after = 0;
   for (auto& ci : g.collectives) {
     if (ci.bytes <= 0 || ci.group_ranks.size() < 2 || own_rewrite.count(ci.group)) continue;
-    // A collective a what-if inserted (`*.inserted.R`, `*.folded.R`) is priced at the target's ranks.
-    if (ci.group.find(".inserted.") != std::string::npos || ci.group.find(".folded.") != std::string::npos) continue;
+    if (made_by_whatif(ci.group)) continue;  // priced at the target's ranks when it was made
     // The traced elements in bytes: priced at a quarter of its size, the tied embedding's fp32
     // all-reduce of a 4-layer hidden-1024 job moved to another node was 1.93 ms where the job
     // synthesised so ran 2.25 (`--dp 4` from TP 2 PP 2 DP 2: -1.92 %).

@@ -28,6 +28,12 @@ namespace lumos::whatif {
 /// schedule their gradients are the W passes', so they run after them.
 inline constexpr std::string_view inserted_gradient_group = "dp.inserted.";
 
+/// Whether `group` names collectives a what-if inserted (`*.inserted.R`) or folded onto one rank
+/// (`*.folded.R`, `add_folded_collective`): sized for the target already, not traced.
+[[nodiscard]] inline bool made_by_whatif(std::string_view group) noexcept {
+  return group.find(".inserted.") != std::string_view::npos || group.find(".folded.") != std::string_view::npos;
+}
+
 namespace detail {
 /// Task `t` of `g` as the spec that adds a copy of it (same kind, processor, times, name, rank
 /// and source).
