@@ -376,7 +376,10 @@ struct moe_pass {
     const std::string dpcp_flag = cp_to != cp_from && !t.ep ? "--cp " + std::to_string(cp_to) : std::string();
     const detail::expert_width traced = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
     const std::int64_t width = traced.n;
-    auto [from, to] = detail::moe_configs(st, t, traced.ffn(), tp, dpcp_to, dpcp_flag);
+    // Named references, not structured bindings: lambdas below capture them (clang 14 cannot).
+    const std::pair<moe_config, moe_config> configs = detail::moe_configs(st, t, traced.ffn(), tp, dpcp_to, dpcp_flag);
+    const moe_config& from = configs.first;
+    const moe_config& to = configs.second;
     // `--layers`: the optimizer steps the parameters of the target's layers (see `optimizer_ratios`).
     const int layers_from = st.model.layers.value.value_or(1);
     const std::vector<double> layered =

@@ -89,7 +89,8 @@ struct expert_run {
     const std::size_t per = gemms.size() / static_cast<std::size_t>(n);
     const auto& stream = on[g.processor[gemms.front()]];
     std::sort(gemms.begin(), gemms.end(), [&](graph::task_id a, graph::task_id b) { return at[a] < at[b]; });
-    if (std::any_of(gemms.begin(), gemms.end(), [&](graph::task_id t) { return g.processor[t] != g.processor[gemms.front()]; })) continue;
+    const auto first_processor = g.processor[gemms.front()];
+    if (std::any_of(gemms.begin(), gemms.end(), [&](graph::task_id t) { return g.processor[t] != first_processor; })) continue;
     expert_run r{.units = {}, .loop = true};
     for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j) {
       const std::size_t begin = at[gemms[j * per]];
