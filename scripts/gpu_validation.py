@@ -93,10 +93,8 @@ def trace(name):
 
 
 def step_json(lumos, args):
-    """`lumos ARGS --step S --json` of each recorded step (a replay reads the traces once for all)."""
-    if args[0] == "replay":
-        return json.loads(run([lumos, *args, "--step", ",".join(map(str, STEPS)), "--json"]))
-    return [json.loads(run([lumos, *args, "--step", str(s), "--json"])) for s in STEPS]
+    """`lumos ARGS --step S --json` of each recorded step (one reading of the traces for all)."""
+    return json.loads(run([lumos, *args, "--step", ",".join(map(str, STEPS)), "--json"]))
 
 
 _replays = {}

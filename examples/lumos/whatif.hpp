@@ -28,7 +28,7 @@ inline constexpr std::string_view whatif_usage =
     "                    [--pp N] [--vp N] [--schedule NAME] [--hidden N] [--ffn N] [--heads N] [--seq N]\n"
     "                    [--micro-batch N] [--tp N] [--sp on|off] [--precision fp8] [--profile FILE] [--host-speed F|PROFILE]\n"
     "                    [--ep N] [--experts N] [--top-k K] [--expert-ffn N] [--routing balanced|measured]\n"
-    "                    [--fsdp on|off] [--hsdp N] [--reshard-after-forward on|off] [--step N]\n"
+    "                    [--fsdp on|off] [--hsdp N] [--reshard-after-forward on|off] [--step N[,N...]]\n"
     "                    [--scale KIND=F]... [--scale op:TEXT=F]... [--no-fold] [--json] [--trace-out DIR] [--report FILE]\n"
     "  Rewrites the execution graph built from a job's traces for another configuration and replays\n"
     "  it: what the trace measured and the change does not touch stays; waits are recomputed.\n"
@@ -124,7 +124,9 @@ inline constexpr std::string_view whatif_usage =
     "                      interleaved without --vp: 2 model chunks per stage\n"
     "  --profile FILE      the cluster's cost profile (`lumos calibrate -o FILE`) for the shape, TP and DP\n"
     "                      rewrites' kernel and NCCL models (default: the preset of the traced GPU)\n"
-    "  --step N, --scale, --profiler-cost  as for `lumos replay`, applied to the baseline and the prediction\n"
+    "  --step N, --scale, --profiler-cost  as for `lumos replay`, applied to the baseline and the prediction;\n"
+    "                      --step N,M,...: the what-if of each step in turn from one reading of the traces\n"
+    "                      (--json: an array of the steps' documents; not with --trace-out or --report)\n"
     "  --no-fold           replay every traced rank: by default ranks whose traces are identical (the\n"
     "                      ranks of a job `lumos synth --unfold` writes) are folded onto one of each\n"
     "                      class, which stands for the rest (\"folded\" in --json; rows show those kept);\n"
@@ -275,6 +277,21 @@ inline int run_whatif(args& a) {
   trace::job job = trace::load_job(paths(inputs));
   // Every shipped rewrite changes identical ranks alike: one of each class stands for the rest.
   const trace::rank_folding folding = fold ? trace::fold_identical_ranks(job) : trace::rank_folding{};
+  if (!req.steps.empty()) {
+    if (trace_out || html) throw usage_error("--trace-out and --report write one step: give --step one step");
+    write_diagnostics(folding_text(folding));
+    std::string out = json ? "[\n" : "";
+    for (std::size_t i = 0; i < req.steps.size(); ++i) {
+      whatif::whatif_options step_options = o;
+      step_options.replay.step = req.steps[i];
+      const whatif::whatif_result r = whatif::run_whatif(job, step_options);
+      if (i > 0) out += json ? ",\n" : "\n";
+      out += json ? report::whatif_json(r, job, folding, nullptr) : whatif_text(r, job, {}, folding);
+    }
+    if (json) out += "]\n";
+    write_stdout(out);
+    return 0;
+  }
   const whatif::whatif_result r = whatif::run_whatif(job, o);
   if (trace_out) require_writable(r);
   report::written_traces written;

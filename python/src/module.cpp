@@ -230,6 +230,7 @@ std::string sweep_json(const std::vector<std::string>& flags) {
 py_whatif run_whatif(const py_job& j, const std::vector<std::string>& flags, const std::vector<std::string>& inputs) {
   lumos::cli::args a(flags);
   const lumos::cli::whatif_request req = lumos::cli::parse_whatif_change(a);
+  if (!req.steps.empty()) throw lumos::cli::usage_error("whatif runs one step here: give --step one step");
   const bool fold = !a.flag("--no-fold");
   a.no_positionals();
   lumos::cli::require_change(req);

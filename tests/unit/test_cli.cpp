@@ -264,6 +264,24 @@ TEST_CASE("replay --step N,M: each step from one reading, equal to the one-step 
   CHECK(run("replay " + run_dir + " --step 1,,2").code == 2);
 }
 
+TEST_CASE("whatif --step N,M: each step's what-if from one reading, equal to the one-step what-ifs", "[cli][whatif]") {
+  const std::string run_dir = std::string(LUMOS_SOURCE_DIR) + "/tests/data/gpu/h100-small-l8";
+  for (const std::string flags : {" --layers 4 --json", " --micro-batch 2 --global-batch 2"}) {
+    const result all = run("whatif " + run_dir + " --step 3,1" + flags);
+    REQUIRE(all.code == 0);
+    const result three = run("whatif " + run_dir + " --step 3" + flags), one = run("whatif " + run_dir + " --step 1" + flags);
+    REQUIRE((three.code == 0 && one.code == 0));
+    CHECK(all.out == (flags.find("--json") == std::string::npos ? three.out + "\n" + one.out : "[\n" + three.out + ",\n" + one.out + "]\n"));
+  }
+  lumos_test::temp_dir dir;
+  for (const std::string& out : {" --trace-out " + (dir.path() / "out").string(), " --report " + (dir.path() / "r.html").string()}) {
+    const result written = run("whatif " + run_dir + " --layers 4 --step 1,2" + out);
+    CHECK(written.code == 2);
+    CHECK(written.err.find("--step one step") != std::string::npos);
+  }
+  CHECK(run("whatif " + run_dir + " --layers 4 --step 1,,2").code == 2);
+}
+
 TEST_CASE("replay prints a table per rank and the job line", "[cli][replay]") {
   const result r = run("replay " + std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job --critical-path");
   REQUIRE(r.code == 0);

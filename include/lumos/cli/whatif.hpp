@@ -23,6 +23,7 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace lumos::cli {
 
@@ -50,11 +51,11 @@ inline void parse_fsdp_options(args& a, whatif::whatif_options& o) {
   }
 }
 
-/// The what-if's target from `lumos whatif`'s flags, everything but the inputs, outputs and
-/// folding: `scaled` is what `--scale` gave (`parse_scales`). Usage errors for bad values.
+/// The what-if's target from `lumos whatif`'s flags, everything but the inputs, outputs, folding
+/// and the step (`parse_whatif_change`): `scaled` is what `--scale` gave (`parse_scales`). Usage
+/// errors for bad values.
 inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) {
   whatif::whatif_options o;
-  if (const auto step = a.option("--step")) o.replay.step = parse_number<int>(*step, "--step");
   o.replay.scales = scaled.scales;
   o.replay.profiler = profiler_cost_option(a);
   o.replay.build.op_scales = scaled.ops;
@@ -158,6 +159,7 @@ inline whatif::whatif_options whatif_options_of(args& a, const what_if& scaled) 
 struct whatif_request {
   what_if scaled;
   whatif::whatif_options options;
+  std::vector<int> steps;  ///< `--step N,M,...` with more than one step: the what-if of each in turn
 };
 
 /// Reads `--scale` and the change flags (`whatif_options_of`), in the order the command asks
@@ -165,7 +167,12 @@ struct whatif_request {
 inline whatif_request parse_whatif_change(args& a) {
   whatif_request req;
   req.scaled = parse_scales(a.options("--scale"));
+  if (const auto step = a.option("--step")) {
+    for (const std::string& n : split_list(*step, "--step")) req.steps.push_back(parse_number<int>(n, "--step"));
+  }
   req.options = whatif_options_of(a, req.scaled);
+  if (!req.steps.empty()) req.options.replay.step = req.steps.front();
+  if (req.steps.size() == 1) req.steps.clear();
   return req;
 }
 
