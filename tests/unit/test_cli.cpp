@@ -1534,6 +1534,14 @@ TEST_CASE("input limits: micro-batches per pipeline and the traces' world exit 2
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
   CHECK_FALSE(std::filesystem::exists(dir.path() / "s"));
+  // Within the bound, synth's kernels of as many layers as a model may have, times as many
+  // micro-batches, are more tasks than a graph numbers on any machine: an error before building.
+  const std::string layers = std::to_string(lumos::model::transformer::max_layers);
+  const result huge = run("synth --model llama3-8b --tp 8 --layers " + layers + " --global-batch " + bound + " --out " + (dir.path() / "s").string());
+  CHECK(huge.code == 2);
+  CHECK(huge.err.find("lumos: the iteration's graph (" + layers + " layers, " + bound + " micro-batches per pipeline, kernel detail) would hold ") == 0);
+  CHECK(huge.err.find("more than a graph numbers") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "s"));
   // The documented bound is the one the command applies.
   CHECK(lumos_test::read_file(std::filesystem::path(LUMOS_SOURCE_DIR) / "README.md").find("runs at most " + bound + "\nmicro-batches") !=
         std::string::npos);
