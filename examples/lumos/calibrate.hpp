@@ -8,9 +8,9 @@
 #include <lumos/model/hardware.hpp>
 #include <lumos/model/kernel_costs.hpp>
 #include <lumos/model/profile.hpp>
+#include <lumos/report/trace_files.hpp>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 namespace lumos::cli {
@@ -33,10 +33,7 @@ inline int run_calibrate(args& a) {
   if (inputs.empty()) throw usage_error("calibrate needs at least one trace directory or file");
   if (!out_path) throw usage_error("calibrate needs -o profile.json");
   const model::calibration c = calibrate_inputs(inputs, only);
-  std::ofstream f(*out_path, std::ios::binary);
-  if (!f) throw lumos::error("cannot write '" + *out_path + "'");
-  f << model::to_json(c.profile);
-  if (!f) throw lumos::error("cannot write '" + *out_path + "'");
+  report::detail::write_plain(*out_path, model::to_json(c.profile));
 
   std::string out;
   char line[512];

@@ -11,6 +11,7 @@
 #include <lumos/cli/sweep.hpp>
 #include <lumos/report/json/sweep.hpp>
 #include <lumos/report/sweep_html.hpp>
+#include <lumos/report/trace_files.hpp>
 #include <lumos/sweep/space.hpp>
 #include <lumos/sweep/sweep.hpp>
 
@@ -24,7 +25,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -102,10 +102,7 @@ inline std::string fixed(const char* fmt, double v) {
 }
 
 // `text` as the whole content of file `path` (rank 0's outputs: CSV and HTML).
-inline void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  if (!f || !f.write(text.data(), static_cast<std::streamsize>(text.size()))) throw lumos::error("cannot write '" + path + "'");
-}
+inline void write_text(const std::string& path, const std::string& text) { report::detail::write_plain(path, text); }
 
 // An fsdp column only when the sweep has FSDP configurations (the others keep their columns).
 inline void sweep_csv(const std::vector<sweep::result>& rs, std::string& out) {

@@ -22,6 +22,7 @@
 
 #include <lumos/graph/build_options.hpp>
 #include <lumos/graph/compile.hpp>
+#include <lumos/graph/graph_size.hpp>
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/graph/trace_builder.hpp>
 

@@ -4,6 +4,7 @@
 #include <lumos/cli/args.hpp>
 #include <lumos/cli/predict.hpp>
 #include <lumos/model/moe.hpp>
+#include <lumos/model/parallel.hpp>
 #include <lumos/model/transformer.hpp>
 
 #include <catch2/catch.hpp>
@@ -1528,6 +1529,89 @@ TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
   CHECK(missing.err.find("no ProfilerStep#9") != std::string::npos);
   CHECK(run("replay").code == 2);
   CHECK(run("replay " + data("traps/polling_loop.json") + " --json").code == 0);  // no ProfilerStep: the trace window
+}
+
+TEST_CASE("input limits: micro-batches per pipeline and the traces' world exit 2 at once naming the rule", "[cli][limits]") {
+  lumos_test::temp_dir dir;
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  const std::string bound = std::to_string(lumos::model::max_micro_batches);
+  const std::string over = std::to_string(lumos::model::max_micro_batches + 1);
+  const std::string shape = "--model llama3-8b --layers 2 --tp 8 --micro-batch 1";
+  // Millions of micro-batches once ran for minutes or out of memory: over the bound, an error
+  // naming the flags and the bound before any graph is built.
+  for (const std::string& command : {"predict " + shape + " --global-batch " + over,
+                                     "predict " + shape + " --global-batch 1000000000000",
+                                     "synth " + shape + " --global-batch " + over + " --out " + (dir.path() / "s").string(),
+                                     "whatif " + data("gpu/h100-base") + " --micro-batch 1 --global-batch " + over,
+                                     "whatif " + data("gpu/h100-base") + " --global-batch 16000000 --scale compute=2"}) {
+    INFO(command);
+    const result r = run(command);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("more than the " + bound + " lumos builds an iteration of") != std::string::npos);
+    CHECK(r.err.find("--global-batch") != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "s"));
+  // Within the bound, synth's kernels of as many layers as a model may have, times as many
+  // micro-batches, are more tasks than a graph numbers on any machine: an error before building.
+  const std::string layers = std::to_string(lumos::model::transformer::max_layers);
+  const result huge = run("synth --model llama3-8b --tp 8 --layers " + layers + " --global-batch " + bound + " --out " + (dir.path() / "s").string());
+  CHECK(huge.code == 2);
+  CHECK(huge.err.find("lumos: the iteration's graph (" + layers + " layers, " + bound + " micro-batches per pipeline, kernel detail) would hold ") == 0);
+  CHECK(huge.err.find("more than a graph numbers") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "s"));
+  // The documented bound is the one the command applies.
+  CHECK(lumos_test::read_file(std::filesystem::path(LUMOS_SOURCE_DIR) / "README.md").find("runs at most " + bound + "\nmicro-batches") !=
+        std::string::npos);
+  // The bound itself builds.
+  const result at = run("predict " + shape + " --global-batch " + bound + " --json");
+  REQUIRE(at.code == 0);
+  simdjson::dom::parser parser;
+  CHECK(int64_t(parser.parse(at.out)["job"]["micro_batches_per_pipeline"]) == lumos::model::max_micro_batches);
+  // A sweep rejects each configuration over the bound with the reason, and predicts the others.
+  const result sweep = run("sweep --gpus 2 " + shape.substr(0, shape.find(" --tp")) + " --tp 1,2 --global-batch " + std::to_string(2 * lumos::model::max_micro_batches) +
+                           " --threads 1 --csv " + (dir.path() / "sweep.csv").string());
+  REQUIRE(sweep.code == 0);
+  const std::string csv = lumos_test::read_file(dir.path() / "sweep.csv");
+  CHECK(csv.find("too many micro-batches per pipeline") != std::string::npos);
+  CHECK(csv.find(",ok,") != std::string::npos);
+
+  // inspect --structure: the degrees given and the traced ones make the traces' recorded world
+  // (tiny_job: 2 ranks of TP 2) or the rule is named.
+  const result wrong = run("inspect " + example + " --structure --tp 1");
+  CHECK(wrong.code == 2);
+  CHECK(wrong.err.find("TP x PP x DP must be the traces' world of 2 ranks (distributedInfo.world_size)") != std::string::npos);
+  CHECK(wrong.err.find("TP 1 (given) x PP 1 (traced) x DP 1 (traced) = 1") != std::string::npos);
+  CHECK(run("inspect " + example + " --structure --tp 3 --pp 5 --dp 7").code == 2);
+  for (const char* fits : {"--tp 1 --dp 2", "--tp 1 --pp 2", "--tp 2"}) {
+    INFO(fits);
+    CHECK(run("inspect " + example + " --structure " + std::string(fits)).code == 0);
+  }
+  // Without a recorded world the files are some of the job's ranks: the product is at least them.
+  CHECK(run("inspect " + data("gpu/h100-base") + " --structure --tp 2 --dp 4").code == 0);
+}
+
+TEST_CASE("every command that writes a file creates the directories of its path", "[cli][report]") {
+  lumos_test::temp_dir dir;
+  const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
+  const auto at = [&](const char* name) { return (dir.path() / name / "deeper" / "file").string(); };
+  for (const auto& [command, file] : std::vector<std::pair<std::string, std::string>>{
+           {"replay " + example + " --report ", at("replay") + ".html"},
+           {"report " + example + " -o ", at("report") + ".html"},
+           {"whatif " + example + " --gpu a100-sxm-80gb --report ", at("whatif") + ".html"},
+           {"predict --model llama3-8b --layers 2 --tp 8 --report ", at("predict") + ".html"},
+           {"sweep --gpus 8 --model llama3-8b --layers 2 --tp 8 --threads 1 --csv ", at("sweep") + ".csv"},
+           {"calibrate " + example + " -o ", at("calibrate") + ".json"},
+           {"replay " + data("gpu/h100-base") + " --trace-out ", at("trace") + ".json"}}) {  // one rank: one file
+    INFO(command);
+    CHECK(run(command + file).code == 0);
+    CHECK(std::filesystem::file_size(file) > 0);
+  }
+  // A file where a directory must go: one line naming it, exit 2.
+  const auto blocker = dir.write("blocker", "x");
+  const result r = run("replay " + example + " --report " + (blocker / "r.html").string());
+  CHECK(r.code == 2);
+  CHECK(r.err.find(blocker.string() + ": cannot create directory") != std::string::npos);
 }
 
 TEST_CASE("synth writes traces that inspect and replay read", "[cli][synth]") {

@@ -40,6 +40,22 @@ enum class cp_comm_kind : std::uint8_t { p2p, allgather };
   return c == cp_comm_kind::p2p ? "p2p" : "allgather";
 }
 
+/// The most micro-batches per pipeline (per data-parallel replica) of an iteration whose graph
+/// lumos builds (predict, synth, sweep, whatif). The graph, and the traces synth writes, grow
+/// with every micro-batch: twice this bound took 2 s to predict a 16-stage DeepSeek-V3, 22 s and
+/// 2 GiB for a what-if of the traced 8-layer tests/data/gpu/h100-base, and 68 s and 7 GiB for synth
+/// of Llama-3 8B at TP 8 (2.5 GB of traces); a million micro-batches ran for minutes or out of
+/// memory. Real jobs run tens to a few hundred per pipeline (Megatron-Bridge's tables).
+inline constexpr std::int64_t max_micro_batches = std::int64_t{1} << 12;
+
+/// Throws `lumos::error` when `count` micro-batches per pipeline are more than
+/// `max_micro_batches`; `what` says where the count came from and `change` what lowers it.
+inline void check_micro_batch_count(std::int64_t count, const std::string& what, const std::string& change) {
+  if (count <= max_micro_batches) return;
+  throw error(what + ": " + std::to_string(count) + " micro-batches per pipeline, more than the " + std::to_string(max_micro_batches) +
+              " lumos builds an iteration of: " + change);
+}
+
 /// Megatron-style 3D parallelism, expert parallelism, and the training options the cost models need.
 /// Rank layout as Megatron's default order (tp-cp-ep-dp-pp): tp innermost (consecutive ranks,
 /// inside a node), then cp, then dp, then pp — the placement helpers of comm.hpp take this as

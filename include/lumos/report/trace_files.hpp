@@ -26,7 +26,17 @@ namespace lumos::report {
 
 namespace detail {
 
+/// Creates the directories `path` is in, as `--trace-out` creates its own: every file a command
+/// writes (reports, traces, CSV, profiles) may name a directory that does not exist yet.
+inline void create_parent_directories(const std::filesystem::path& path) {
+  if (!path.has_parent_path()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  if (ec) throw error(path.parent_path().string() + ": cannot create directory: " + ec.message());
+}
+
 inline void write_plain(const std::filesystem::path& path, std::string_view text) {
+  create_parent_directories(path);
   std::FILE* f = std::fopen(path.string().c_str(), "wb");
   if (f == nullptr) throw error(path.string() + ": cannot write");
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
@@ -76,6 +86,7 @@ inline void write_gzip(const std::filesystem::path& path, const std::string& tex
 }
 #else
 inline void write_gzip(const std::filesystem::path& path, const std::string& text, std::string& /*scratch*/) {
+  create_parent_directories(path);
   gzFile f = gzopen(path.string().c_str(), "wb1");
   if (f == nullptr) throw error(path.string() + ": cannot write");
   bool ok = true;
@@ -119,7 +130,6 @@ inline std::vector<std::filesystem::path> write_kineto(const simulated_job& job,
   std::vector<fs::path> files;
   const bool is_file = ranks.size() == 1 && trace::is_trace_file_name(path);
   if (is_file) {
-    if (path.has_parent_path()) fs::create_directories(path.parent_path());
     detail::write_file(path, kineto_json(job, ranks.front(), index));
     files.push_back(path);
     return files;

@@ -47,7 +47,6 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <limits>
 #include <new>
 #include <string_view>
 #include <type_traits>
@@ -397,9 +396,10 @@ class evaluator {
       return r;
     }
     r.micro_batches = problem_.global_batch / per_step;
-    if (r.micro_batches > std::numeric_limits<std::int32_t>::max()) {
+    if (r.micro_batches > model::max_micro_batches) {
       r.reason = rejection::batch_divisibility;
-      detail::say(r, "too many micro-batches (%lld)", static_cast<long long>(r.micro_batches));
+      detail::say(r, "too many micro-batches per pipeline (%lld, more than the %lld lumos builds an iteration of)",
+                  static_cast<long long>(r.micro_batches), static_cast<long long>(model::max_micro_batches));
       return r;
     }
     if (c.vp > 1 && !c.schedule.supports_chunks) {

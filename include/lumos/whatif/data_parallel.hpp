@@ -10,6 +10,7 @@
 #include <lumos/model/comm.hpp>
 #include <lumos/model/nccl.hpp>
 #include <lumos/model/hardware.hpp>
+#include <lumos/model/parallel.hpp>
 #include <lumos/whatif/collectives.hpp>
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/detail/shape_groups.hpp>
@@ -68,6 +69,10 @@ struct micro_batch_plan {
       throw error("whatif --global-batch: " + std::to_string(*global_micro_batches) + " micro-batches do not divide over " +
                   std::to_string(dp_new) + " data-parallel replicas");
     }
+    model::check_micro_batch_count(*global_micro_batches / dp_new,
+                                   "whatif --global-batch: " + std::to_string(*global_micro_batches) + " micro-batches over " +
+                                       std::to_string(dp_new) + " data-parallel replicas",
+                                   "lower --global-batch, or raise --micro-batch or --dp");
     p.micro_batches = static_cast<int>(*global_micro_batches / dp_new);
     p.why = "global batch " + std::to_string(*global_micro_batches) + " micro-batches (--global-batch): " +
             std::to_string(p.micro_batches) + " per replica";
@@ -75,6 +80,10 @@ struct micro_batch_plan {
   }
   const long long global = static_cast<long long>(m) * dp_old;
   if (global % dp_new == 0) {
+    model::check_micro_batch_count(global / dp_new,
+                                   "whatif --dp " + std::to_string(dp_new) + ": the traces' " + std::to_string(global) +
+                                       " micro-batches per iteration kept",
+                                   "give --global-batch, or raise --dp or --micro-batch");
     p.micro_batches = static_cast<int>(global / dp_new);
     p.why = "global batch kept (" + std::to_string(global) + " micro-batches = " + std::to_string(dp_new) + " replicas x " +
             std::to_string(p.micro_batches) + ")";
@@ -571,6 +580,10 @@ struct batch_pass {
                   "micro-batch size " + std::to_string(size) + " does not divide the " + std::to_string(sequences) +
                       " sequences per replica: the count of micro-batches is kept (" + std::to_string(m) + "), the batch grows");
     }
+    model::check_micro_batch_count(sequences / size,
+                                   "whatif --micro-batch " + std::to_string(size) + ": the " + std::to_string(sequences) +
+                                       " sequences per replica kept",
+                                   "raise --micro-batch or --dp, or lower --global-batch");
     ctx.micro_batches = static_cast<int>(sequences / size);
     return changed(pass, "micro-batches per replica", std::to_string(m), std::to_string(*ctx.micro_batches),
                    "micro-batches per replica " + std::to_string(m) + " -> " + std::to_string(*ctx.micro_batches) + ": the " +

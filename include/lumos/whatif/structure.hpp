@@ -26,6 +26,8 @@
 #include <lumos/whatif/structure/tasks.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
+#include <algorithm>
+
 namespace lumos::whatif {
 
 /// Discovers the structure of `job` from its traces and the graph built from them (`built`
@@ -62,6 +64,8 @@ namespace lumos::whatif {
   discover_all_to_alls(in, out);
   discover_moe(in, out);
   apply_overrides(options, out);
+  const bool world_recorded = std::any_of(job.ranks.begin(), job.ranks.end(), [](const trace::rank_trace& r) { return r.world_size.has_value(); });
+  check_given_degrees(options, out, world_recorded);
   return out;
 }
 

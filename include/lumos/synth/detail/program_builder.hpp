@@ -27,7 +27,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -57,7 +56,9 @@ class program_builder {
                   " (set the schedule to interleaved or vp = 1)");
     }
     const std::int64_t micro = par_.micro_batches();
-    if (micro > std::numeric_limits<std::int32_t>::max()) throw error("too many micro-batches: " + std::to_string(micro));
+    model::check_micro_batch_count(micro, "global batch " + std::to_string(par_.global_batch) + " / (micro-batch " +
+                                              std::to_string(par_.micro_batch) + " x DP " + std::to_string(par_.dp) + ")",
+                                   "raise --micro-batch or --dp, or lower --global-batch");
     shape_ = {par_.pp, static_cast<std::int32_t>(micro), par_.vp};
     policy_.validate(shape_);
     split_ = policy_.splits_backward;

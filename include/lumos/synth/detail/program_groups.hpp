@@ -3,6 +3,7 @@
 // where each op's input comes from) and the process groups (TP, DP, p2p, norm, tied embedding)
 // with their placement and joins.
 
+#include <lumos/graph/graph_size.hpp>
 #include <lumos/synth/detail/program_builder.hpp>
 
 namespace lumos::synth::detail {
@@ -84,6 +85,9 @@ std::pair<std::size_t, std::size_t> program_builder<Compute, Comm>::expected_siz
 template <model::ComputeModel Compute, model::CommModel Comm>
 void program_builder<Compute, Comm>::reserve_graph() {
   const auto [tasks, edges] = expected_size();
+  graph::check_graph_size(static_cast<double>(tasks), static_cast<double>(edges),
+                          "the iteration's graph (" + std::to_string(m_.layers) + " layers, " + std::to_string(shape_.micro_batches) +
+                              " micro-batches per pipeline, " + std::string(opt_.detail == granularity::kernel ? "kernel" : "op") + " detail)");
   g_->processor.reserve(tasks);
   g_->kind.reserve(tasks);
   g_->duration.reserve(tasks);

@@ -1,6 +1,7 @@
 #pragma once
 // The facts the user gives (structure_options) over the ones the traces gave.
 
+#include <lumos/core/error.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
 #include <cstdint>
@@ -51,6 +52,27 @@ inline void apply_overrides(const structure_options& options, job_structure& out
   if (options.layers && out.layer_groups.empty()) {
     out.notes.push_back("--layers given but no layer boundaries were found in the trace: no per-layer task groups");
   }
+}
+
+/// Throws `lumos::error` when the TP, PP and DP that `options` gives, with the ones the traces
+/// gave for the rest, do not make the traces' world: TP x PP x DP ranks, DP being the ranks that
+/// reduce the gradients (DP x CP under context parallelism, as discovery reads it). The world is
+/// exact when the traces record it (distributedInfo.world_size); counted from the files, it is
+/// only the least the product can be (a job's files may be some of its ranks). Runs after
+/// `apply_overrides`; checks nothing when no degree was given or one is unknown.
+inline void check_given_degrees(const structure_options& options, const job_structure& st, bool world_recorded) {
+  const auto& par = st.parallel;
+  if ((!options.tp && !options.pp && !options.dp) || !par.tp.known() || !par.pp.known() || !par.dp.known() || !par.world.known()) return;
+  const std::int64_t product = std::int64_t{*par.tp.value} * *par.pp.value * *par.dp.value;
+  const std::int64_t world = *par.world.value;
+  if (world_recorded ? product == world : product >= world) return;
+  auto degree = [](const fact<int>& f, std::string_view name) {
+    return std::string(name) + " " + std::to_string(*f.value) + (f.source.rfind("given", 0) == 0 ? " (given)" : " (traced)");
+  };
+  throw error("--tp/--pp/--dp: TP x PP x DP must " + std::string(world_recorded ? "be" : "be at least") + " the traces' world of " +
+              std::to_string(world) + " ranks (" + par.world.source + "), but " + degree(par.tp, "TP") + " x " + degree(par.pp, "PP") +
+              " x " + degree(par.dp, "DP") + " = " + std::to_string(product) +
+              " (DP counts the ranks that reduce the gradients: DP x CP under context parallelism)");
 }
 
 }  // namespace lumos::whatif
