@@ -143,9 +143,10 @@ inline std::string pct(double f) {
 
 }  // namespace detail
 
-/// `profile`: the kernel-level model's profile, or null for the roofline model.
+/// `profile`: the kernel-level model's profile, or null for the roofline model;
+/// `measured_routing`: the routing was read from traces (`--routing measured`).
 inline void predict_text(const synth::job& j, const synth::prediction& r, double wall_ms, std::string& out,
-                         const model::cost_profile* profile) {
+                         const model::cost_profile* profile, bool measured_routing) {
   const auto& m = j.model;
   const auto& p = j.parallel;
   char line[768];
@@ -166,7 +167,7 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
     char cf[64] = "dropless";
     if (x.capacity_factor > 0) std::snprintf(cf, sizeof cf, "capacity factor %g", x.capacity_factor);
     char routing[96] = "balanced routing";
-    if (x.load_imbalance != 1.0) {
+    if (measured_routing || x.load_imbalance != 1.0) {
       std::snprintf(routing, sizeof routing, "measured routing (busiest EP rank %.3fx the mean load)", x.load_imbalance);
     }
     put("  experts       %lld routed (top-%lld) of FFN %lld, %lld shared, EP %d x expert TP %d (expert-data-parallel %d),\n"
@@ -338,9 +339,9 @@ inline int run_predict(args& a) {
   const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::string out;
   if (json) {
-    report::predict_json(req.job, r, wall_ms, out, req.profile_name());
+    report::predict_json(req.job, r, wall_ms, out, req.profile_name(), !routing.path.empty());
   } else {
-    predict_text(req.job, r, wall_ms, out, req.roofline ? nullptr : &req.profile);
+    predict_text(req.job, r, wall_ms, out, req.roofline ? nullptr : &req.profile, !routing.path.empty());
     if (!routing.path.empty()) out += "  routing from  " + routing.path + ": " + routing.source + "\n";
   }
   if (html) {

@@ -194,7 +194,7 @@ std::string frozen_json(const py_replay& r) {
 std::string predict_json(const std::vector<std::string>& flags) {
   lumos::cli::args a(flags);
   lumos::cli::predict_request req = lumos::cli::parse_predict(a);
-  (void)lumos::cli::parse_routing(a, req);
+  const bool measured = !lumos::cli::parse_routing(a, req).path.empty();
   a.no_positionals();
   lumos::synth::predict_options opt;
   opt.program.unfold = req.unfold;
@@ -204,7 +204,7 @@ std::string predict_json(const std::vector<std::string>& flags) {
   // The cost model the request asks for, as `lumos predict` runs it.
   const lumos::synth::prediction p = lumos::cli::run_model(req, opt);
   const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  lumos::report::predict_json(req.job, p, wall_ms, out, req.profile_name());
+  lumos::report::predict_json(req.job, p, wall_ms, out, req.profile_name(), measured);
   return out;
 }
 

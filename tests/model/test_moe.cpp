@@ -494,3 +494,27 @@ TEST_CASE("predict --routing measured: an unbalanced trace predicts slower by wh
   CHECK(dense.code == 2);
   CHECK(dense.err.find("needs a mixture-of-experts model") != std::string::npos);
 }
+
+TEST_CASE("predict --routing measured from a trace whose loads are even says measured routing with the loads it read",
+          "[model][moe][routing][cli]") {
+  // Synth routes evenly: the loads read from its job give imbalance 1, which is still the
+  // measured routing of that trace, not the default.
+  lumos_test::temp_dir dir;
+  const std::string trace = (dir.path() / "even").string();
+  REQUIRE(lumos_test::run_cli("synth --model qwen3-30b-a3b --layers 1 --seq 1024 --dp 4 --ep 2 --global-batch 4 --detail kernel --out " + trace).code == 0);
+  const std::string job = "predict --model qwen3-30b-a3b --layers 4 --dp 4 --ep 4 --global-batch 4 --seq 1024";
+  const auto text = lumos_test::run_cli(job + " --routing measured --routing-from " + trace);
+  REQUIRE(text.code == 0);
+  CHECK(text.out.find("measured routing (busiest EP rank 1.000x the mean load)") != std::string::npos);
+  CHECK(text.out.find("balanced routing") == std::string::npos);
+  CHECK(text.out.find("routing from  " + trace) != std::string::npos);
+  const auto json = lumos_test::run_cli(job + " --routing measured --routing-from " + trace + " --json");
+  REQUIRE(json.code == 0);
+  simdjson::dom::parser parser;
+  CHECK(parser.parse(json.out)["job"]["load_imbalance"].get_double().value() == 1.0);
+  // Balanced routing (the default) keeps its text and leaves the imbalance out.
+  const auto balanced = lumos_test::run_cli(job + " --json");
+  REQUIRE(balanced.code == 0);
+  CHECK(balanced.out.find("load_imbalance") == std::string::npos);
+  CHECK(lumos_test::run_cli(job).out.find("balanced routing") != std::string::npos);
+}

@@ -1783,40 +1783,52 @@ TEST_CASE("whatif --pp from traces with stages keeps the tied embedding's all-re
 
 TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP and balanced tokens", "[cli][synth][moe]") {
   lumos_test::temp_dir dir;
-  // With TP 2 (and the sequence parallelism MoE needs) each router sees half the tokens, which
-  // are all-gathered before the experts.
-  for (const auto& [preset, ep, tp] : {std::tuple<std::string, int, int>{"mixtral-8x7b", 4, 1}, {"qwen3-30b-a3b", 8, 1},
-                                       {"mixtral-8x7b", 2, 2}}) {
-    INFO(preset << " ep " << ep << " tp " << tp);
-    const auto out = dir.path() / (preset + "-tp" + std::to_string(tp));
-    const std::string flags = "--model " + preset + " --layers 2 --ep " + std::to_string(ep) + " --dp " + std::to_string(ep) +
-                              " --global-batch " + std::to_string(2 * ep) +
-                              (tp > 1 ? " --tp " + std::to_string(tp) + " --sp on" : std::string());
+  // With TP 2 (and the sequence parallelism MoE needs) each router sees half the tokens; each
+  // token copy is computed by the expert-TP ranks, which the dispatcher's all-gather before the
+  // experts tells: of the copies the all-to-all received over the expert-TP group, or (the
+  // allgather dispatcher) of the tokens over EP x expert TP ranks. Top-8 over a world of 4 and
+  // top-2 at EP 2 keep the gathered copies and tokens from passing for one another.
+  struct item {
+    std::string preset;
+    int ep, tp, expert_tp;
+    std::string dispatcher;
+  };
+  for (const item& c : {item{"mixtral-8x7b", 4, 1, 1, "alltoall"}, item{"qwen3-30b-a3b", 8, 1, 1, "alltoall"}, item{"mixtral-8x7b", 2, 2, 2, "alltoall"},
+                        item{"qwen3-30b-a3b", 2, 2, 2, "alltoall"}, item{"qwen3-30b-a3b", 2, 2, 1, "allgather"},
+                        item{"mixtral-8x7b", 2, 2, 2, "allgather"}}) {
+    INFO(c.preset << " ep " << c.ep << " tp " << c.tp << " expert tp " << c.expert_tp << " " << c.dispatcher);
+    const auto out = dir.path() / (c.preset + "-ep" + std::to_string(c.ep) + "-tp" + std::to_string(c.tp) + "-etp" + std::to_string(c.expert_tp) + c.dispatcher);
+    const std::string flags = "--model " + c.preset + " --layers 2 --ep " + std::to_string(c.ep) + " --dp " + std::to_string(c.ep) +
+                              " --global-batch " + std::to_string(2 * c.ep) + " --moe-dispatcher " + c.dispatcher +
+                              (c.tp > 1 ? " --tp " + std::to_string(c.tp) + " --sp on --expert-tp " + std::to_string(c.expert_tp) : std::string());
     REQUIRE(run("synth " + flags + " --detail kernel --out " + out.string()).code == 0);
     const result st = run("inspect --structure --json " + out.string());
     REQUIRE(st.code == 0);
     simdjson::dom::parser parser;
     const auto s = parser.parse(st.out);
-    const lumos::model::transformer m = lumos::model::model_preset(preset);
+    const lumos::model::transformer m = lumos::model::model_preset(c.preset);
     lumos::model::parallel_config par;
-    par.dp = par.ep = ep;
-    par.tp = tp;
-    par.sp = tp > 1;
+    par.dp = par.ep = c.ep;
+    par.tp = c.tp;
+    par.sp = c.tp > 1;
+    par.etp = c.expert_tp;
     par.micro_batch = 1;
     const auto x = lumos::model::moe_shape(m, par);
     const auto moe = s["moe"];
     CHECK(int64_t(moe["layers"]["value"]) == 2);
     CHECK(int64_t(moe["experts"]["value"]) == m.moe.experts);
-    CHECK(int64_t(moe["experts_per_rank"]["value"]) == m.moe.experts / ep);
+    CHECK(int64_t(moe["experts_per_rank"]["value"]) == m.moe.experts / c.ep);
     CHECK(int64_t(moe["top_k"]["value"]) == m.moe.top_k);
-    CHECK(int64_t(moe["ep"]["value"]) == ep);
-    CHECK(int64_t(s["parallel"]["ep"]["value"]) == ep);
+    CHECK(int64_t(moe["ep"]["value"]) == c.ep);
+    CHECK(int64_t(s["parallel"]["ep"]["value"]) == c.ep);
     CHECK(std::string_view(moe["expert_tokens_per"]) == "expert");
     std::vector<std::int64_t> tokens;
     for (const auto v : simdjson::dom::array(moe["expert_tokens"]["value"])) tokens.push_back(int64_t(v));
-    CHECK(tokens == std::vector<std::int64_t>(static_cast<std::size_t>(m.moe.experts / ep), static_cast<std::int64_t>(x.rows)));
+    CHECK(tokens == std::vector<std::int64_t>(static_cast<std::size_t>(m.moe.experts / c.ep), static_cast<std::int64_t>(x.rows)));
     // The dispatch and combine all-to-alls of each MoE layer, forward and backward, per micro-batch.
-    CHECK(simdjson::dom::array(s["all_to_alls"]).size() == 2u * 2u * 2u * 2u);
+    simdjson::dom::array a2a;
+    CHECK(s["all_to_alls"].get(a2a) == (c.dispatcher == "alltoall" ? simdjson::SUCCESS : simdjson::NO_SUCH_FIELD));
+    if (c.dispatcher == "alltoall") CHECK(a2a.size() == 2u * 2u * 2u * 2u);
     const result text = run("inspect --structure " + out.string());
     REQUIRE(text.code == 0);
     CHECK(text.out.find("mixture of experts\n") != std::string::npos);

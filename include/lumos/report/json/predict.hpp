@@ -18,7 +18,8 @@ namespace lumos::report {
 namespace detail {
 
 // The job predicted: model shape, machine, cost model, parallelism, batch and schedule.
-inline void predict_job_json(json_writer& w, const synth::job& j, const synth::prediction& r, std::string_view profile_name) {
+inline void predict_job_json(json_writer& w, const synth::job& j, const synth::prediction& r, std::string_view profile_name,
+                             bool measured_routing) {
   const auto& m = j.model;
   const auto& p = j.parallel;
   w.key("job").begin_object();
@@ -30,8 +31,8 @@ inline void predict_job_json(json_writer& w, const synth::job& j, const synth::p
     w.field("shared_experts", m.moe.shared_experts).field("capacity_factor", m.moe.capacity_factor);
     w.field("moe_dispatcher", model::to_string(m.moe.dispatcher)).field("ep", p.ep).field("expert_tp", p.expert_tp());
     w.field("expert_data_parallel", p.expert_data_parallel());
-    // Only when routing is not balanced (`--routing measured`).
-    if (m.moe.load_imbalance != 1.0) w.field("load_imbalance", m.moe.load_imbalance);
+    // Only when routing is measured (`--routing measured`), even where the loads read are even.
+    if (measured_routing || m.moe.load_imbalance != 1.0) w.field("load_imbalance", m.moe.load_imbalance);
   }
   if (m.mtp_layers > 0) w.field("mtp_layers", m.mtp_layers);
   w.field("gpu", j.hardware.name).field("precision", model::to_string(p.dtype)).field("gpus", r.gpus);
@@ -75,10 +76,12 @@ inline void predict_memory_json(json_writer& w, const synth::job& j, const synth
 /// Prediction `r` of job `j` as one JSON object: the job, iteration time, throughput, FLOP/s
 /// and MFU/HFU (with the FLOP convention), bubble, rank 0's breakdown, memory per GPU, the
 /// stages and the simulated graph. `wall_ms`: how long the prediction took; `profile_name`: the
-/// cost model's (`predict_request::profile_name`).
-inline void predict_json(json_writer& w, const synth::job& j, const synth::prediction& r, double wall_ms, std::string_view profile_name) {
+/// cost model's (`predict_request::profile_name`); `measured_routing`: the routing was read from
+/// traces (`--routing measured`), whose loads may be even.
+inline void predict_json(json_writer& w, const synth::job& j, const synth::prediction& r, double wall_ms, std::string_view profile_name,
+                         bool measured_routing = false) {
   w.begin_object();
-  detail::predict_job_json(w, j, r, profile_name);
+  detail::predict_job_json(w, j, r, profile_name, measured_routing);
   w.field("iteration_ns", r.iteration_ns);
   w.field("tokens_per_s", r.tokens_per_s);
   w.field("tflops_per_gpu", r.model_tflops_per_gpu);
@@ -122,9 +125,9 @@ inline void predict_json(json_writer& w, const synth::job& j, const synth::predi
 
 /// The same, appended to `out` as one line (ending in a newline).
 inline void predict_json(const synth::job& j, const synth::prediction& r, double wall_ms, std::string& out,
-                         std::string_view profile_name = "") {
+                         std::string_view profile_name = "", bool measured_routing = false) {
   json_writer w(out);
-  predict_json(w, j, r, wall_ms, profile_name);
+  predict_json(w, j, r, wall_ms, profile_name, measured_routing);
   out += '\n';
 }
 

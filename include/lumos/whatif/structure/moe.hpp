@@ -8,6 +8,7 @@
 // tokens each expert received. The all-to-alls (NCCL AllToAll / SendRecv kernels, c10d
 // all-to-all operators) are listed joined across ranks, with the sizes and split sizes recorded.
 
+#include <lumos/graph/detail/builder.hpp>
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/structure/classify.hpp>
@@ -79,9 +80,16 @@ struct moe_layer_rec {
   std::vector<std::int64_t> per_expert;              ///< loop of GEMMs: rows of each expert
   std::string grouped;                               ///< the grouped GEMM operator, if any
   std::uint32_t a2a = no_event;                      ///< the first all-to-all launched in the layer
-  /// Tokens were all-gathered between the router and the experts: under TP with sequence
-  /// parallelism each router sees a 1/TP shard and every TP rank's experts the whole.
-  bool gathered = false;
+  std::int64_t received = -1;                        ///< its `Out msg nelems` (-1: not recorded)
+  /// An all-gather launched between the router and the experts: its `In`/`Out msg nelems` (-1:
+  /// not recorded), the ranks it gathers over (0: not recorded), and whether the layer's
+  /// all-to-all came before it. See `copy_replicas`.
+  struct gather {
+    std::int64_t in = -1, out = -1;
+    int ranks = 0;
+    bool after_all_to_all = false;
+  };
+  std::vector<gather> gathers;
 };
 
 /// The GEMM launch `l` ran under, when it is a plain (M × K)·(K × N) one with recorded dims.
@@ -133,9 +141,21 @@ inline void add_expert_gemm(const trace::rank_trace& t, const launch_rec& l, std
   }
 }
 
+/// The ranks of the group collective launch `l` of rank trace `t` runs over: its `Group size`,
+/// else its `Process Group Ranks`, else the ranks that joined it (0: none says).
+[[nodiscard]] inline int comm_group_ranks(const discovery_inputs& in, const trace::rank_trace& t, std::uint32_t src, const launch_rec& l) {
+  if (const auto gs = t.arg(src, trace::arg_key::group_size)) {
+    if (const auto size = group_size_of(*gs)) return *size;
+  }
+  if (const auto ranks = graph::detail::parse_rank_list(t.arg_text(src, trace::arg_key::process_group_ranks)); !ranks.empty()) {
+    return static_cast<int>(ranks.size());
+  }
+  return l.instance >= 0 ? static_cast<int>(in.participants(l.instance).size()) : 0;
+}
+
 /// What collective launch `l` of rank `ri` inside MoE layer `m` tells: the layer's first
-/// all-to-all, or an all-gather of tokens before its experts (of the router's rows, where its
-/// size is recorded).
+/// all-to-all, or an all-gather before its experts (of tokens or of token copies: which, is
+/// told once the experts' rows are known, by `copy_replicas`).
 inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const comm_args_source& args_of, const launch_rec& l,
                             moe_layer_rec& m) {
   const trace::rank_trace& t = in.job.ranks[ri];
@@ -143,16 +163,17 @@ inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const co
   std::string kind = comm_kind(t.name(t.events[l.op]), t.arg_text(src, trace::arg_key::collective_name));
   const std::size_t peers = l.instance >= 0 ? in.participants(l.instance).size() : 0;
   if (kind == "sendrecv" && peers > 2) kind = "alltoall";
-  if (kind == "alltoall" && m.a2a == no_event) m.a2a = l.op;
-  // A sequence-parallel shard of tokens is the router's rows x the hidden width (PyTorch's
-  // `In msg nelems`: the input; some writers give the gathered whole, the shard x the ranks it
-  // gathers from, which are at most the world); an all-gather of another size before the experts
-  // (FSDP's of their weights, the dropless dispatcher's token counts) gathers no token.
-  const auto elements = t.arg(src, trace::arg_key::in_msg_nelems);
-  const std::int64_t shard = m.tokens * m.hidden;
-  const std::int64_t world = std::max<std::int64_t>(t.world_size.value_or(0), static_cast<std::int64_t>(in.job.ranks.size()));
-  const bool tokens = !elements || (shard > 0 && *elements % shard == 0 && *elements / shard <= world);
-  if (kind == "allgather" && m.rows == 0 && tokens) m.gathered = true;
+  if (kind == "alltoall" && m.a2a == no_event) {
+    m.a2a = l.op;
+    m.received = t.arg(src, trace::arg_key::out_msg_nelems).value_or(-1);
+  }
+  if (kind != "allgather" || m.rows != 0) return;
+  moe_layer_rec::gather g;
+  g.in = t.arg(src, trace::arg_key::in_msg_nelems).value_or(-1);
+  g.out = t.arg(src, trace::arg_key::out_msg_nelems).value_or(-1);
+  g.ranks = comm_group_ranks(in, t, src, l);
+  g.after_all_to_all = m.a2a != no_event;
+  m.gathers.push_back(g);
 }
 
 /// The MoE layers of rank `ri`'s first forward pass, in launch order. Linear in its launches.
@@ -292,18 +313,60 @@ inline void discover_all_to_alls(const discovery_inputs& in, job_structure& out)
 
 namespace detail {
 
-/// `moe.top_k`: the token copies the experts computed over the tokens the routers saw (times
-/// `tp` when the tokens are all-gathered before the experts: sequence-parallel shards), summed
-/// over the ranks (every token visits top-k experts, so the sums agree when no token is
-/// dropped or padded and every rank of the expert-parallel group is in the job).
-inline void moe_top_k(const std::vector<std::vector<moe_layer_rec>>& per_rank, const fact<int>& tp, moe_structure& moe) {
-  std::int64_t rows = 0, tokens = 0, gathered = 1;
+/// The ranks that compute each token copy a router of MoE layer `m` sent (expert tensor
+/// parallelism splits each expert's width over them), from the all-gather that brought its
+/// experts their rows, as Megatron's token dispatchers launch it:
+///  - after the dispatch all-to-all, the received copies all-gathered over the expert-TP group:
+///    its whole is the experts' rows;
+///  - with no all-to-all, the router's tokens (its shard) all-gathered over EP x expert TP ranks
+///    (the allgather dispatcher: the ranks / EP) or, at EP 1, the copies over the expert-TP
+///    group (their whole the experts' rows).
+/// The ranks gathered from: the whole over the input where `In msg nelems` is less than `Out`
+/// (PyTorch records the input), else (a writer that gives the gathered whole for both, as
+/// `lumos synth` does) over the rank's shard or the copies the all-to-all received, else the
+/// group's ranks (`tp` where not recorded). The whole of a token gather given alone is the shard
+/// times at most the `world`. An all-gather of other sizes (FSDP's of the experts' weights, the
+/// dropless dispatcher's token counts) gathers no token; one whose sizes are not recorded is
+/// taken as a gather of tokens. 1 when none gathers; `how` says which did.
+[[nodiscard]] inline std::int64_t copy_replicas(const moe_layer_rec& m, std::int64_t tp, std::int64_t world, std::string& how) {
+  const std::int64_t ep = m.local > 0 && m.experts % m.local == 0 ? m.experts / m.local : 1;
+  const std::int64_t shard = m.tokens * m.hidden, rows = m.rows * m.hidden;
+  std::int64_t replicas = 1;
+  for (const moe_layer_rec::gather& g : m.gathers) {
+    const std::int64_t whole = std::max(g.in, g.out), input = g.in > 0 && g.in < whole ? g.in : -1;
+    // With no all-to-all at EP > 1 the dispatcher gathers tokens, even where their whole
+    // happens to be the experts' rows (top-k = EP).
+    const bool copies = whole < 0 || (rows > 0 && whole == rows && (g.after_all_to_all || ep == 1));
+    const bool tokens = !g.after_all_to_all && (whole < 0 || (shard > 0 && (input > 0 ? input == shard
+                                                                                        : whole % shard == 0 && whole / shard <= world)));
+    if (!copies && !tokens) continue;
+    std::int64_t part = input;
+    if (part < 0 && copies && g.after_all_to_all && m.received > 0 && m.received < whole) part = m.received;
+    if (part < 0 && !copies && whole > shard) part = shard;
+    const std::int64_t parts = part > 0 && whole % part == 0 ? whole / part : g.ranks > 0 ? g.ranks : tp;
+    const std::int64_t per_copy = g.after_all_to_all ? parts : parts % ep == 0 ? parts / ep : 0;
+    if (per_copy <= 0) continue;
+    replicas = per_copy;
+    how = std::string(copies ? "the copies" : "the tokens") + " all-gathered from " + std::to_string(parts) + " ranks " +
+          (g.after_all_to_all ? "after the all-to-all" : "before the experts" + (ep > 1 ? std::string(", EP ") + std::to_string(ep) : std::string()));
+  }
+  return replicas;
+}
+
+/// `moe.top_k`: the token copies the experts computed over the tokens the routers saw times the
+/// ranks that compute each copy (`copy_replicas`), summed over the ranks (every token visits
+/// top-k experts, so the sums agree when no token is dropped or padded and every rank of the
+/// expert-parallel group is in the job).
+inline void moe_top_k(const std::vector<std::vector<moe_layer_rec>>& per_rank, const fact<int>& tp, std::int64_t world, moe_structure& moe) {
+  std::int64_t rows = 0, tokens = 0, replicated = 1;
+  std::string how;
   for (const auto& layers : per_rank) {
     if (layers.empty() || layers.front().rows <= 0) continue;
     rows += layers.front().rows;
-    const std::int64_t shards = layers.front().gathered ? tp.value.value_or(1) : 1;
-    tokens += layers.front().tokens * shards;
-    gathered = std::max(gathered, shards);
+    std::string gathered;
+    const std::int64_t replicas = copy_replicas(layers.front(), tp.value.value_or(1), world, gathered);
+    tokens += layers.front().tokens * replicas;
+    if (replicas > replicated) replicated = replicas, how = gathered;
   }
   if (rows <= 0 || tokens <= 0) {
     moe.top_k.source = "no expert GEMM with recorded shapes after the router";
@@ -312,8 +375,8 @@ inline void moe_top_k(const std::vector<std::vector<moe_layer_rec>>& per_rank, c
   const double ratio = static_cast<double>(rows) / static_cast<double>(tokens);
   const double k = std::round(ratio);
   const std::string why = "token copies the experts computed (" + std::to_string(rows) + ") / tokens the routers saw" +
-                          (gathered > 1 ? " × TP " + std::to_string(gathered) + ", all-gathered before the experts" : std::string()) + " (" +
-                          std::to_string(tokens) + "), first MoE layer summed over the ranks";
+                          (replicated > 1 ? " × the " + std::to_string(replicated) + " ranks computing each copy (" + how + ")" : std::string()) +
+                          " (" + std::to_string(tokens) + "), first MoE layer summed over the ranks";
   if (k >= 1 && std::abs(ratio - k) <= 0.02 * k) {
     moe.top_k.value = static_cast<int>(k);
     moe.top_k.source = why;
@@ -404,7 +467,9 @@ inline void discover_moe(const discovery_inputs& in, job_structure& out) {
   } else {
     moe.ep = out.parallel.ep;
   }
-  detail::moe_top_k(per_rank, out.parallel.tp, moe);
+  std::int64_t world = static_cast<std::int64_t>(in.rank_count());
+  for (const trace::rank_trace& t : in.job.ranks) world = std::max<std::int64_t>(world, t.world_size.value_or(0));
+  detail::moe_top_k(per_rank, out.parallel.tp, world, moe);
   detail::moe_expert_tokens(in, first, m, moe);
 }
 
