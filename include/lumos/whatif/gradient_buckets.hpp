@@ -795,13 +795,31 @@ struct gradient_bucket_pass {
     // On MoE layers the MoE pass forms the stages' buckets (moe.hpp, `rebucket`).
     return stages_rebucketed(ctx) && !ctx.known_structure()->moe.found();
   }
-  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
-    // The replicas' gradient group at the target's CP (DP x CP ranks reduce the gradients).
-    const int group = ctx.target_gradient_group();
+  /// Runs `rebucket()` (an edit of `b` that strips buckets and inserts others, returning its
+  /// changes); when it throws `lumos::error`, `b` and `ctx`'s structures are set back as they were
+  /// and a note says why the traced buckets were kept.
+  template <class Rebucket>
+  [[nodiscard]] static change_list kept_on_error(context& ctx, graph::built_job& b, Rebucket&& rebucket) {
     graph::built_job kept = b;
     std::optional<job_structure> kept_structure = ctx.known_structure(), kept_traced = ctx.refreshed_from();
     const bool kept_inserted = ctx.buckets_inserted;
     try {
+      return rebucket();
+    } catch (const error& e) {
+      b = std::move(kept);
+      ctx.restore_structure(std::move(kept_structure), std::move(kept_traced));
+      ctx.buckets_inserted = kept_inserted;
+      return {note("gradient buckets", "gradient buckets", std::string("gradient buckets kept as traced: ") + e.what())};
+    }
+  }
+  /// Throws `lumos::error` when `bi` formed no bucket, or none on a chunk.
+  static void require_formed(const bucket_insertion& bi) {
+    if (bi.buckets == 0 || !bi.skipped.empty()) throw error(bi.skipped.empty() ? "no bucket formed" : "no bucket formed on " + bi.skipped.front());
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    // The replicas' gradient group at the target's CP (DP x CP ranks reduce the gradients).
+    const int group = ctx.target_gradient_group();
+    return kept_on_error(ctx, b, [&]() -> change_list {
       const job_structure& st = ctx.structure(b);
       const shape_config from = ctx.shape_from ? *ctx.shape_from : traced_shape(st);
       const std::int64_t vocab = traced_vocab_local(ctx.job, st, from) * from.tp;
@@ -809,19 +827,12 @@ struct gradient_bucket_pass {
       if (removed == 0) return {};
       ctx.refresh(b);  // the buckets are placed in the layers of the stripped graph
       const bucket_insertion bi = insert_target_buckets(ctx, b, group, from, vocab);
-      if (bi.buckets == 0 || !bi.skipped.empty()) {
-        throw error(bi.skipped.empty() ? "no bucket formed" : "no bucket formed on " + bi.skipped.front());
-      }
+      require_formed(bi);
       return {bucket_change(bi, group, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
                             "PP 1 -> " + std::to_string(*ctx.options.pp) + ": the traces' " + std::to_string(removed) +
                                 " data-parallel reduce-scatters and all-gathers (buckets over the whole model) removed, since Megatron "
                                 "forms each stage's buckets from its own parameters, and each target stage's reduction inserted")};
-    } catch (const error& e) {
-      b = std::move(kept);
-      ctx.restore_structure(std::move(kept_structure), std::move(kept_traced));
-      ctx.buckets_inserted = kept_inserted;
-      return {note("gradient buckets", "gradient buckets", std::string("gradient buckets kept as traced: ") + e.what())};
-    }
+    });
   }
 };
 static_assert(Rewrite<gradient_bucket_pass>);

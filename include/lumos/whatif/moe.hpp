@@ -571,10 +571,7 @@ struct moe_pass {
                                             std::int64_t hidden, int tp, int dp, const model::nccl_model& nccl, const model::hardware& hw,
                                             bool& inserted) {
     if (!gradient_bucket_pass::stages_rebucketed(ctx)) return {};
-    graph::built_job kept = b;
-    std::optional<job_structure> kept_structure = ctx.known_structure(), kept_traced = ctx.refreshed_from();
-    const bool kept_inserted = ctx.buckets_inserted;
-    try {
+    return gradient_bucket_pass::kept_on_error(ctx, b, [&]() -> change_list {
       const job_structure& st = ctx.structure(b);
       const shape_config shape = traced_shape(st, true);
       const std::int64_t vocab = traced_vocab_local(ctx.job, st, shape) * shape.tp;
@@ -585,7 +582,7 @@ struct moe_pass {
       ctx.refresh(b);
       const int group = ctx.target_gradient_group();
       const bucket_insertion bi = insert_target_buckets(ctx, b, group, shape, vocab, model::moe_layer_dense_parameters_per_rank(m, shape.tp));
-      if (bi.buckets == 0 || !bi.skipped.empty()) throw error(bi.skipped.empty() ? "no bucket formed" : "no bucket formed on " + bi.skipped.front());
+      gradient_bucket_pass::require_formed(bi);
       change_list out{bucket_change(bi, group, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
                                     "PP 1 -> " + std::to_string(*ctx.options.pp) + " on MoE layers: the traces' " + std::to_string(removed) +
                                         " data-parallel and expert-data-parallel reduce-scatters and all-gathers (buckets over the whole "
@@ -604,12 +601,7 @@ struct moe_pass {
       }
       inserted = true;
       return out;
-    } catch (const error& e) {
-      b = std::move(kept);
-      ctx.restore_structure(std::move(kept_structure), std::move(kept_traced));
-      ctx.buckets_inserted = kept_inserted;
-      return {note("gradient buckets", "gradient buckets", std::string("gradient buckets kept as traced: ") + e.what())};
-    }
+    });
   }
 
   /// Whether the pipeline's stage count changes (`--pp` other than the traces').
