@@ -303,6 +303,11 @@ MOE_CASES = [
     # The optimizer steps the target layers' parameters (experts included), the experts' all-gathers
     # after it are every layer's.
     ("MoE: layers 2→4", {}, {"--layers": "4"}),
+    # A stage split: each stage's optimizer steps, and its buckets reduce, its own layers'
+    # parameters (the embedding on the first stage, the head on the last).
+    ("MoE: PP 1→2 (in the graph)", {}, {"--pp": "2"}),
+    ("MoE: PP 1→2 with EP 2→4 (in the graph)", {}, {"--pp": "2", "--ep": "4"}),
+    ("MoE: PP 1→2 from EP 1 (in the graph)", {"--ep": "1"}, {"--pp": "2"}),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

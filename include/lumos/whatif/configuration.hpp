@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace lumos::whatif {
 
@@ -94,6 +95,16 @@ struct shape_config {
   [[nodiscard]] std::int64_t q_local() const noexcept { return heads_local() * head_dim; }
   friend bool operator==(const shape_config&, const shape_config&) = default;
 };
+
+/// The MoE layers and all the layers of one forward pass on rank 0 when the traces mix dense and
+/// MoE layers (DeepSeek's first dense layers), whose parameters per layer differ by a count the
+/// what-if passes do not make; unset otherwise.
+[[nodiscard]] inline std::optional<std::pair<int, int>> mixed_layers(const job_structure& st) {
+  const auto& moe = st.moe.layers.value;
+  const auto per_pass = st.ranks.empty() ? std::optional<int>{} : st.ranks.front().layers_per_pass.value;
+  if (moe && per_pass && *moe > 0 && *moe < *per_pass) return std::pair{*moe, *per_pass};
+  return std::nullopt;
+}
 
 /// The traces' shape from structure discovery; throws `lumos::error` naming what is unknown.
 /// With `moe_layers`, traces whose layers are MoE layers (no dense MLP, so no FFN the GEMMs tell)

@@ -94,6 +94,9 @@ struct bucket_target {
   /// The all-gathers after the step are those of the target's stage.
   int pp = 0, vp = 1;
   int layers = 0;  ///< the target's layer count (0: the traces'), for the all-gathers
+  /// One layer's parameters per rank where the shape does not give them (0: the shape's): a MoE
+  /// layer's apart from its routed experts (attention, router, norms), whose FFN the traces lack.
+  std::int64_t layer_params = 0;
   /// A zero-bubble target split in the graph: per task of the graph, 1 for a weight gradient
   /// (`weight_gradient_tasks`). Each bucket then waits for its segment's last weight gradient,
   /// which the split puts in the W pass, instead of the segment's last kernel (in B).
@@ -216,7 +219,7 @@ struct bucket_planner {
     split = pp == 1 && chunks == 1 && target.pp > 1;
     pp_to = split ? target.pp : pp;
     virtual_to = split ? target.pp * std::max(1, target.vp) : pp * chunks;
-    params = {m, shape.tp, model::layer_parameters_per_rank(m, shape.tp),
+    params = {m, shape.tp, target.layer_params > 0 ? target.layer_params : model::layer_parameters_per_rank(m, shape.tp),
               m.vocab * m.hidden / shape.tp + (m.position == model::position_kind::learned ? m.seq * m.hidden : 0), false};
     gather_pp = target.pp > 0 ? target.pp : pp;
     gather_chunks = target.pp > 0 ? std::max(1, target.vp) : chunks;
@@ -746,15 +749,17 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
 
 /// Inserts the reduction of `dp` replicas for `ctx`'s target (`insert_gradient_buckets` with the
 /// target's shape and layout, the traced cluster's NCCL model), and discovers the structure again
-/// with the buckets in their layers. `from`: the traces' shape; `vocab`: their full vocabulary.
+/// with the buckets in their layers. `from`: the traces' shape; `vocab`: their full vocabulary;
+/// `layer_params`: one layer's parameters per rank (0: the shape's; `bucket_target`).
 [[nodiscard]] inline bucket_insertion insert_target_buckets(context& ctx, graph::built_job& b, int dp, const shape_config& from,
-                                                            std::int64_t vocab) {
+                                                            std::int64_t vocab, std::int64_t layer_params = 0) {
   const job_structure& st = ctx.structure(b);
   const shape_config to = ctx.shape_to ? *ctx.shape_to : from;
   const shape_costs& costs = ctx.costs(b);
   const model::nccl_model model_of_costs{costs.profile};
   std::vector<std::uint8_t> weight_gradients;
-  const bucket_target bt = bucket_layout(ctx, b, from, weight_gradients);
+  bucket_target bt = bucket_layout(ctx, b, from, weight_gradients);
+  bt.layer_params = layer_params;
   const bucket_insertion bi = insert_gradient_buckets(b, st, to, vocab, st.model.gated_mlp, dp,
                                                       ctx.nccl ? ctx.nccl->first : model_of_costs, ctx.nccl ? ctx.nccl->second : costs.hw,
                                                       costs.profile, bt);
@@ -777,20 +782,44 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
 /// target's shape. With a DP change too they stay as traced (the DP pass resizes them). When no
 /// bucket can be formed the traced ones are restored: better than none.
 struct gradient_bucket_pass {
-  [[nodiscard]] bool wanted(const context& ctx) const {
+  /// Whether the target's stages form their own buckets where the traces' span the whole model:
+  /// from PP 1, with the distributed optimizer over more than one replica and their DP kept.
+  [[nodiscard]] static bool stages_rebucketed(const context& ctx) {
     const whatif_options& o = ctx.options;
     const auto& st = ctx.known_structure();
     if (!o.pp || *o.pp <= 1 || ctx.traced_pp() != 1 || !st) return false;
     const int traced_dp = st->parallel.dp.value.value_or(1);
     return traced_dp > 1 && (!o.dp || *o.dp == ctx.traced_replicas()) && runs_distributed_optimizer(*st);
   }
-  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
-    // The replicas' gradient group at the target's CP (DP x CP ranks reduce the gradients).
-    const int group = ctx.target_gradient_group();
+  [[nodiscard]] bool wanted(const context& ctx) const {
+    // On MoE layers the MoE pass forms the stages' buckets (moe.hpp, `rebucket`).
+    return stages_rebucketed(ctx) && !ctx.known_structure()->moe.found();
+  }
+  /// Runs `rebucket()` (an edit of `b` that strips buckets and inserts others, returning its
+  /// changes); when it throws `lumos::error`, `b` and `ctx`'s structures are set back as they were
+  /// and a note says why the traced buckets were kept.
+  template <class Rebucket>
+  [[nodiscard]] static change_list kept_on_error(context& ctx, graph::built_job& b, Rebucket&& rebucket) {
     graph::built_job kept = b;
     std::optional<job_structure> kept_structure = ctx.known_structure(), kept_traced = ctx.refreshed_from();
     const bool kept_inserted = ctx.buckets_inserted;
     try {
+      return rebucket();
+    } catch (const error& e) {
+      b = std::move(kept);
+      ctx.restore_structure(std::move(kept_structure), std::move(kept_traced));
+      ctx.buckets_inserted = kept_inserted;
+      return {note("gradient buckets", "gradient buckets", std::string("gradient buckets kept as traced: ") + e.what())};
+    }
+  }
+  /// Throws `lumos::error` when `bi` formed no bucket, or none on a chunk.
+  static void require_formed(const bucket_insertion& bi) {
+    if (bi.buckets == 0 || !bi.skipped.empty()) throw error(bi.skipped.empty() ? "no bucket formed" : "no bucket formed on " + bi.skipped.front());
+  }
+  [[nodiscard]] change_list apply(context& ctx, graph::built_job& b) const {
+    // The replicas' gradient group at the target's CP (DP x CP ranks reduce the gradients).
+    const int group = ctx.target_gradient_group();
+    return kept_on_error(ctx, b, [&]() -> change_list {
       const job_structure& st = ctx.structure(b);
       const shape_config from = ctx.shape_from ? *ctx.shape_from : traced_shape(st);
       const std::int64_t vocab = traced_vocab_local(ctx.job, st, from) * from.tp;
@@ -798,19 +827,12 @@ struct gradient_bucket_pass {
       if (removed == 0) return {};
       ctx.refresh(b);  // the buckets are placed in the layers of the stripped graph
       const bucket_insertion bi = insert_target_buckets(ctx, b, group, from, vocab);
-      if (bi.buckets == 0 || !bi.skipped.empty()) {
-        throw error(bi.skipped.empty() ? "no bucket formed" : "no bucket formed on " + bi.skipped.front());
-      }
+      require_formed(bi);
       return {bucket_change(bi, group, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
                             "PP 1 -> " + std::to_string(*ctx.options.pp) + ": the traces' " + std::to_string(removed) +
                                 " data-parallel reduce-scatters and all-gathers (buckets over the whole model) removed, since Megatron "
                                 "forms each stage's buckets from its own parameters, and each target stage's reduction inserted")};
-    } catch (const error& e) {
-      b = std::move(kept);
-      ctx.restore_structure(std::move(kept_structure), std::move(kept_traced));
-      ctx.buckets_inserted = kept_inserted;
-      return {note("gradient buckets", "gradient buckets", std::string("gradient buckets kept as traced: ") + e.what())};
-    }
+    });
   }
 };
 static_assert(Rewrite<gradient_bucket_pass>);

@@ -7,6 +7,7 @@
 
 #include <lumos/core/error.hpp>
 #include <lumos/graph/trace_builder.hpp>
+#include <lumos/whatif/configuration.hpp>
 #include <lumos/whatif/context.hpp>
 #include <lumos/whatif/editor.hpp>
 #include <lumos/whatif/stage_geometry.hpp>
@@ -223,11 +224,9 @@ class layer_closure {
   const int total = *st.model.layers.value;
   // Dense layers beside MoE ones (DeepSeek's first layers): which kind the target adds or drops
   // is the model's choice, which the traces do not tell.
-  const auto& moe_layers = st.moe.layers.value;
-  const auto per_pass = st.ranks.empty() ? std::optional<int>{} : st.ranks.front().layers_per_pass.value;
-  if (moe_layers && per_pass && *moe_layers > 0 && *moe_layers < *per_pass) {
-    throw error("whatif --layers " + std::to_string(layers) + ": the traces mix dense and MoE layers (" + std::to_string(*moe_layers) +
-                " MoE of " + std::to_string(*per_pass) + " layers per pass on rank 0): which kind the target's layers add or remove "
+  if (const auto mixed = mixed_layers(st)) {
+    throw error("whatif --layers " + std::to_string(layers) + ": the traces mix dense and MoE layers (" + std::to_string(mixed->first) +
+                " MoE of " + std::to_string(mixed->second) + " layers per pass on rank 0): which kind the target's layers add or remove "
                 "is not told by the traces");
   }
   const graph::task_graph& g = b.graph;

@@ -43,10 +43,12 @@
 #include <lumos/whatif/detail/moe_comms.hpp>
 #include <lumos/whatif/detail/moe_launches.hpp>
 #include <lumos/whatif/detail/moe_ops.hpp>
+#include <lumos/whatif/detail/moe_stages.hpp>
 #include <lumos/whatif/detail/moe_written.hpp>
 #include <lumos/whatif/detail/shape_groups.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/editor.hpp>
+#include <lumos/whatif/gradient_buckets.hpp>
 #include <lumos/whatif/moe_dispatch.hpp>
 #include <lumos/whatif/moe_gradients.hpp>
 #include <lumos/whatif/result.hpp>
@@ -380,14 +382,21 @@ struct moe_pass {
     const std::pair<moe_config, moe_config> configs = detail::moe_configs(st, t, traced.ffn(), tp, dpcp_to, dpcp_flag);
     const moe_config& from = configs.first;
     const moe_config& to = configs.second;
-    // `--layers`: the optimizer steps the parameters of the target's layers (see `optimizer_ratios`).
+    // `--layers`, `--pp`: the optimizer steps the parameters of the target's stage (see `stage_ratios_of`).
     const int layers_from = st.model.layers.value.value_or(1);
-    const std::vector<double> layered =
-        layers_unpriced(ctx) ? optimizer_ratios(ctx, st, from, to, traced, dp / cp_from, cp_from, *ctx.options.layers) : std::vector<double>{};
-    const double gathers = !layered.empty() ? static_cast<double>(*ctx.options.layers) / layers_from : 1.0;
+    const std::optional<detail::stage_parameter_ratios> staged =
+        layers_unpriced(ctx) ? stage_ratios_of(ctx, st, from, to, traced, dp / cp_from, cp_from, ctx.options.layers.value_or(layers_from),
+                                               ctx.options.pp.value_or(ctx.traced_pp()))
+                             : std::nullopt;
+    const std::vector<double> layered = staged ? per_rank(ctx, st, staged->optimizer) : std::vector<double>{};
     const model::nccl_model nccl = ctx.nccl ? ctx.nccl->first : model::nccl_model{ctx.traced_profile()};
     const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
-    if (!t.any() && tokens == 1.0 && !experts_regrouped(ctx)) return layers_only(ctx, b, st, from, layered, gathers, tp, dp, nccl, hw);
+    if (!t.any() && tokens == 1.0 && !experts_regrouped(ctx)) {
+      bool inserted = false;
+      change_list out = rebucket(ctx, b, from, traced, hidden, tp, dp, nccl, hw, inserted);
+      for (change& c : layers_only(ctx, b, ctx.structure(b), from, staged, tp, dp, !inserted, nccl, hw)) out.push_back(std::move(c));
+      return out;
+    }
     const moe_routing routing = t.routing.value_or(moe_routing::measured);
     detail::moe_ranks ranks;
     const std::vector<detail::moe_op> ops = detail::find_moe_ops(ctx.job, b, st, hidden, from.experts, width, ranks);
@@ -438,7 +447,8 @@ struct moe_pass {
     // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it.
     std::vector<double> optimizer = layered;
     if (optimizer.empty() && edp_traced == 1 && (to.experts != from.experts || to.expert_ffn != from.expert_ffn)) {
-      optimizer = optimizer_ratios(ctx, st, from, to, traced, dp / cp_from, cp_from, layers_from);
+      const auto r = stage_ratios_of(ctx, st, from, to, traced, dp / cp_from, cp_from, layers_from, ctx.traced_pp());
+      if (r) optimizer = per_rank(ctx, st, r->optimizer);
     }
     if (optimizer.empty()) optimizer.assign(b.ranks.size(), detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, edp_to));
     if (std::any_of(optimizer.begin(), optimizer.end(), [](double r) { return r != 1.0; })) {
@@ -453,14 +463,17 @@ struct moe_pass {
         // EP 1 dispatches no tokens; one replica of each expert shard reduces no gradients.
         removed.push_back(c);
         ++(a2a ? s.removed : s.gradients_removed);
-      } else if (a2a ? (to.ep != from.ep || to.top_k != from.top_k) : resized || (gathers != 1.0 && c.kind == model::collective::all_gather)) {
-        // The expert parameters' all-gathers after the optimizer are those of every layer; the
-        // reduce-scatters go with their layers, which the layer change copies.
-        const double layer_part = c.kind == model::collective::all_gather ? gathers : 1.0;
+      } else if (a2a ? (to.ep != from.ep || to.top_k != from.top_k) : resized || (staged && c.kind == model::collective::all_gather)) {
+        // The expert parameters' all-gathers after the optimizer are those of every layer of the
+        // stage; the reduce-scatters go with their layers, which the layer change or split moves.
+        const double layer_part = staged && c.kind == model::collective::all_gather
+                                      ? detail::stage_parameter_ratios::at(staged->experts, detail::stage_of(c.rank, tp, dp))
+                                      : 1.0;
         detail::retime_moe_comm(b.graph, c, from, to, tp, dpcp_base, dpcp_to, params * layer_part, nccl, hw, s);
         if (c.expert) ctx.gradient_groups_sized.insert(c.group);
       }
     }
+    if (staged && stages_changed(ctx)) detail::retime_stage_gathers(b.graph, comms, *staged, from, tp, dp, false, true, nccl, hw, s);
     std::vector<std::vector<graph::task_id>> moved;  // where the edit put each task (empty: no edit)
     if (!removed.empty() || !launches.groups.empty()) {
       time_ns gone = 0;
@@ -518,67 +531,133 @@ struct moe_pass {
     return ep > 1 && to != dpcp && (to % ep != 0 || (dpcp / ep == 1 && to / ep > 1));
   }
 
-  /// `--layers` alone on MoE traces: the optimizer kernels by the parameters per rank
-  /// (`layered`, empty: unknown) and the expert parameters' all-gathers after it by the layers
-  /// (`gathers`); their reduce-scatters go with the layers, which the layer pass copies.
+  /// `--layers` or `--pp` alone on MoE traces: the optimizer kernels by the parameters each rank
+  /// steps in the target's stage (`staged`, unset: unknown) and, with `gathers` (the traced
+  /// buckets kept), the parameters' all-gathers after it by the stage's expert parameters, and
+  /// with a stage change its dense ones too (a layer change alone keeps them, as measured against
+  /// the direct jobs); the reduce-scatters go with the layers, which the layer pass copies and the
+  /// split moves.
   [[nodiscard]] static change_list layers_only(context& ctx, graph::built_job& b, const job_structure& st, const moe_config& c,
-                                               const std::vector<double>& layered, double gathers, int tp, int dp,
-                                               const model::nccl_model& nccl, const model::hardware& hw) {
-    if (layered.empty()) return {};
-    moe_stats s;
-    s.optimizer = detail::scale_optimizer(b, st, layered, ctx.costs(b).profile.min_kernel_ns);
-    for (const detail::moe_comm& m : detail::moe_comms(ctx.job, b, st)) {
-      if (m.expert && m.kind == model::collective::all_gather) detail::retime_moe_comm(b.graph, m, c, c, tp, dp, dp, gathers, nccl, hw, s);
+                                               const std::optional<detail::stage_parameter_ratios>& staged, int tp, int dp,
+                                               bool gathers, const model::nccl_model& nccl, const model::hardware& hw) {
+    if (!staged) {
+      return {note("moe", "optimizer", "optimizer and gradient work kept as traced: the traces do not tell the attention's shape, so "
+                                       "the parameters per stage of the MoE layers are not counted")};
     }
-    char line[512];
+    moe_stats s;
+    s.optimizer = detail::scale_optimizer(b, st, per_rank(ctx, st, staged->optimizer), ctx.costs(b).profile.min_kernel_ns);
+    const std::size_t dense =
+        gathers ? detail::retime_stage_gathers(b.graph, detail::moe_comms(ctx.job, b, st), *staged, c, tp, dp, true, stages_changed(ctx), nccl, hw, s)
+                : 0;
+    const std::string what = ctx.options.layers && stages_changed(ctx) ? "layers and stages"
+                             : ctx.options.layers                    ? "layers " + std::to_string(st.model.layers.value.value_or(0)) + " -> " +
+                                                                        std::to_string(*ctx.options.layers)
+                                                                     : "PP " + std::to_string(ctx.traced_pp()) + " -> " + std::to_string(*ctx.options.pp);
+    char line[640];
     std::snprintf(line, sizeof line,
-                  "layers %d -> %d on MoE layers: %zu optimizer kernels by the parameters per rank x%.3f (the routed experts' over "
-                  "the expert-data-parallel group, the rest over DP x CP); %zu expert parameter all-gathers by the layers, %.3f -> "
-                  "%.3f ms",
-                  st.model.layers.value.value_or(0), *ctx.options.layers, s.optimizer, layered.front(), s.expert_gradients,
-                  static_cast<double>(s.gradient_before) / 1e6, static_cast<double>(s.gradient_after) / 1e6);
+                  "%s on MoE layers: %zu optimizer kernels by the parameters per rank of each rank's stage (x%.3f on rank 0; the routed "
+                  "experts' over the expert-data-parallel group, the rest over DP x CP); the parameters' all-gathers after the step by "
+                  "the stage's: %zu of the experts', %.3f -> %.3f ms, and %zu dense",
+                  what.c_str(), s.optimizer, staged->optimizer.front(), s.expert_gradients, static_cast<double>(s.gradient_before) / 1e6,
+                  static_cast<double>(s.gradient_after) / 1e6, dense);
     return {note("moe", "optimizer", line)};
   }
 
-  /// Whether a layer change leaves the parameters per rank to this pass: on MoE traces the shape
-  /// pass counts none (their dense FFN is unknown) and keeps the optimizer as traced.
-  [[nodiscard]] static bool layers_unpriced(const context& ctx) noexcept {
-    const auto& st = ctx.traced_structure();
-    return ctx.options.layers && !ctx.shape_from && !ctx.options.pp && st && st->moe.found();
+  /// From PP 1 to stages with the distributed optimizer (gradient_bucket_pass's case on dense
+  /// traces, which the MoE layers' unknown FFN keeps from it): the traced buckets span the whole
+  /// model and Megatron forms each stage's from its own parameters, so the data-parallel
+  /// reduce-scatters and all-gathers, dense and expert, are removed and the target stages'
+  /// inserted: the dense buckets of each layer's attention, router and norms (with the embedding
+  /// and the head) over DP x CP, the routed experts' over the expert-data-parallel group. Empty
+  /// when not asked; `b` unchanged, with a note, when a bucket cannot be placed. Sets `inserted`.
+  [[nodiscard]] static change_list rebucket(context& ctx, graph::built_job& b, const moe_config& c, const detail::expert_width& traced,
+                                            std::int64_t hidden, int tp, int dp, const model::nccl_model& nccl, const model::hardware& hw,
+                                            bool& inserted) {
+    if (!gradient_bucket_pass::stages_rebucketed(ctx)) return {};
+    return gradient_bucket_pass::kept_on_error(ctx, b, [&]() -> change_list {
+      const job_structure& st = ctx.structure(b);
+      const shape_config shape = traced_shape(st, true);
+      const std::int64_t vocab = traced_vocab_local(ctx.job, st, shape) * shape.tp;
+      model::transformer m = counted_transformer(shape, st, vocab, st.model.gated_mlp || traced.fused || traced.inputs > 1);
+      m.moe.experts = c.experts, m.moe.top_k = c.top_k, m.moe.expert_ffn = c.expert_ffn;
+      const std::size_t removed = strip_gradient_collectives(b, ctx.job, st);
+      if (removed == 0) return {};
+      ctx.refresh(b);
+      const int group = ctx.target_gradient_group();
+      const bucket_insertion bi = insert_target_buckets(ctx, b, group, shape, vocab, model::moe_layer_dense_parameters_per_rank(m, shape.tp));
+      gradient_bucket_pass::require_formed(bi);
+      change_list out{bucket_change(bi, group, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
+                                    "PP 1 -> " + std::to_string(*ctx.options.pp) + " on MoE layers: the traces' " + std::to_string(removed) +
+                                        " data-parallel and expert-data-parallel reduce-scatters and all-gathers (buckets over the whole "
+                                        "model) removed, since Megatron forms each stage's buckets from its own parameters, and each target "
+                                        "stage's reduction of the dense parameters (attention, router, norms, embedding, head) inserted")};
+      if (dp / c.ep > 1) {
+        const auto members = [&](int rank) {
+          detail::moe_comm e;
+          e.kind = model::collective::reduce_scatter, e.rank = rank;
+          return detail::moe_members(e, c, c, tp, dp, dp).second;
+        };
+        change experts = insert_gradients(ctx, b, c, hidden, tp, traced, members, nccl, hw,
+                                          "the traces' expert buckets span the whole model", "the traces' buckets", bi.in_layers);
+        if (experts.from.empty()) throw error(experts.text);  // a note: none placed
+        out.push_back(std::move(experts));
+      }
+      inserted = true;
+      return out;
+    });
   }
 
-  /// Per rank: the optimizer's parameters of its stage with `layers_to` layers and the target's MoE
-  /// layers (`to`) over the traces' (model::optimizer_parameters_per_rank), both at the traces' DP
-  /// `dp` x CP `cp` and stages: the data-parallel pass shards the optimizer for the target's DP.
-  /// Empty when the traces do not tell the attention's shape.
-  [[nodiscard]] static std::vector<double> optimizer_ratios(const context& ctx, const job_structure& st, const moe_config& from,
-                                                            const moe_config& to, const detail::expert_width& traced, int dp, int cp,
-                                                            int layers_to) {
+  /// Whether the pipeline's stage count changes (`--pp` other than the traces').
+  [[nodiscard]] static bool stages_changed(const context& ctx) noexcept { return ctx.options.pp && *ctx.options.pp != ctx.traced_pp(); }
+
+  /// Whether a layer or stage change leaves the parameters per rank to this pass: on MoE traces the
+  /// shape pass counts none (their dense FFN is unknown).
+  [[nodiscard]] static bool layers_unpriced(const context& ctx) noexcept {
+    const auto& st = ctx.traced_structure();
+    return (ctx.options.layers || stages_changed(ctx)) && !ctx.shape_from && st && st->moe.found();
+  }
+
+  /// Per traced stage: the parameters of the stage it stands for in the target (`layers_to` layers
+  /// over `pp_to` stages, the target's MoE layers `to`) over its own (detail::stage_ratios of the
+  /// model of the traces' attention, vocabulary and MoE layers), both at the traces' DP `dp` x CP
+  /// `cp`: the data-parallel pass shards the optimizer for the target's DP. Unset when the traces
+  /// do not tell the attention's shape.
+  [[nodiscard]] static std::optional<detail::stage_parameter_ratios> stage_ratios_of(const context& ctx, const job_structure& st,
+                                                                                      const moe_config& from, const moe_config& to,
+                                                                                      const detail::expert_width& traced, int dp, int cp,
+                                                                                      int layers_to, int pp_to) {
     shape_config shape;
     try {
       shape = traced_shape(st, true);
     } catch (const error&) {
-      return {};
+      return std::nullopt;
     }
     const bool gated = st.model.gated_mlp || traced.fused || traced.inputs > 1;
     const std::int64_t vocab = traced_vocab_local(ctx.job, st, shape) * shape.tp;
     const bool distributed = st.gradients.method.value.value_or("") == "reduce-scatter + all-gather";
-    const int pp = std::max(1, st.parallel.pp.value.value_or(1));
-    const auto count = [&](const moe_config& c, int layers, int stage) {
+    const int pp_from = std::max(1, st.parallel.pp.value.value_or(1));
+    const auto model_of = [&](const moe_config& c, int layers, int pp) {
       model::transformer m = counted_transformer(shape, st, vocab, gated, std::max(layers, pp));
       m.moe.experts = c.experts, m.moe.top_k = c.top_k, m.moe.expert_ffn = c.expert_ffn;
       model::parallel_config par;
       // The distributed optimizer's expert share (experts / DP x CP) holds at the traced EP too.
       par.tp = shape.tp, par.pp = pp, par.dp = std::max(1, dp), par.cp = std::max(1, cp), par.ep = distributed ? from.ep : c.ep;
       par.zero_stage = distributed ? 1 : 0;
-      return model::optimizer_parameters_per_rank(m, par, std::clamp(stage, 0, pp - 1));
+      return std::pair{m, par};
     };
+    const auto [m_from, par_from] = model_of(from, st.model.layers.value.value_or(1), pp_from);
+    const auto [m_to, par_to] = model_of(to, layers_to, std::max(1, pp_to));
+    detail::stage_parameter_ratios r = detail::stage_ratios(m_from, par_from, m_to, par_to);
+    const auto bad = [](double x) { return !(x > 0) || !std::isfinite(x); };
+    if (std::any_of(r.optimizer.begin(), r.optimizer.end(), bad)) return std::nullopt;
+    return r;
+  }
+
+  /// Per rank of the traces: `of` its stage's.
+  [[nodiscard]] static std::vector<double> per_rank(const context& ctx, const job_structure& st, const std::vector<double>& of) {
     std::vector<double> out(ctx.job.ranks.size(), 1.0);
     for (std::size_t ri = 0; ri < out.size(); ++ri) {
-      const int stage = ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0;
-      const double a = count(from, st.model.layers.value.value_or(1), stage), b = count(to, layers_to, stage);
-      if (a <= 0 || b <= 0) return {};
-      out[ri] = b / a;
+      out[ri] = detail::stage_parameter_ratios::at(of, ri < st.ranks.size() ? st.ranks[ri].stage.value.value_or(0) : 0);
     }
     return out;
   }
@@ -603,10 +682,17 @@ struct moe_pass {
 
   /// The routed experts' gradient reduction of the target inserted where the traces reduce none
   /// (moe_gradients.hpp): its parameters per MoE layer and rank, `members` the target's
-  /// expert-data-parallel group of a global rank.
+  /// expert-data-parallel group of a global rank. `why`: what the traces' reduction was, `was`
+  /// its short form; `dense`: the reduce-scatters of the dense buckets a pass inserted just before
+  /// (`bucket_insertion::in_layers`), put back in their layers with the experts'.
   template <class Members>
   [[nodiscard]] static change insert_gradients(context& ctx, graph::built_job& b, const moe_config& to, std::int64_t hidden, int tp,
-                                               const detail::expert_width& traced, Members&& members, const model::nccl_model& nccl, const model::hardware& hw) {
+                                               const detail::expert_width& traced, Members&& members, const model::nccl_model& nccl,
+                                               const model::hardware& hw,
+                                               const char* why = "the traces reduce no expert gradients (EP = DP x CP: one replica of each "
+                                                                 "expert shard)",
+                                               const char* was = "none (1 expert-data-parallel rank)",
+                                               const std::vector<std::array<graph::task_id, 4>>& dense = {}) {
     const job_structure& st = ctx.structure(b);
     if (st.gradients.method.value.value_or("") == "all-reduce") {
       return note("moe", "expert gradients", "the traces reduce no expert gradients (EP = DP x CP) and their dense ones by all-reduce: "
@@ -620,10 +706,14 @@ struct moe_pass {
     const int matrices = st.model.gated_mlp || traced.fused || traced.inputs > 1 ? 3 : 2;  // gate, up and down; or up and down
     const std::int64_t params = matrices * hidden * (to.expert_ffn / std::max(1, tp)) * (to.experts / to.ep);
     const int dp_to = ctx.options.dp.value_or(st.parallel.dp.value.value_or(1));
-    // With `--layers` the all-gathers are the target's layers'; each reduce-scatter goes with the
-    // layer closing its bucket, which the layer change repeats or removes.
+    // With `--layers` the all-gathers are the target's layers', with a pipeline change each target
+    // chunk's buckets are over its own layers; each reduce-scatter goes with the layer closing its
+    // bucket, which the layer change repeats or removes and the split moves. (A zero-bubble
+    // target's weight gradients are told by the layers' shape, which MoE traces may not give.)
+    std::vector<std::uint8_t> weight_gradients;
     bucket_target layout;
     layout.layers = ctx.options.layers.value_or(0);
+    if (ctx.shape_from || !ctx.options.schedule || !ctx.options.schedule->splits_backward) layout = bucket_layout(ctx, b, shape, weight_gradients);
     const expert_gradient_insertion g = insert_expert_gradients(ctx.job, b, st, shape, layout, params, model::megatron_bucket_params(dp_to), members,
                                                                 nccl, hw, ctx.costs(b).profile);
     if (g.buckets == 0) {
@@ -632,15 +722,24 @@ struct moe_pass {
     }
     ctx.refresh(b);
     attach_to_layers(ctx.structure(b), g.in_layers);
+    std::vector<std::array<graph::task_id, 4>> carried;
+    for (const auto& tasks : dense) {
+      std::array<graph::task_id, 4> now{};
+      for (std::size_t i = 0; i < tasks.size(); ++i) {
+        now[i] = tasks[i] == graph::no_task || tasks[i] >= g.moved.size() || g.moved[tasks[i]].empty() ? graph::no_task : g.moved[tasks[i]].front();
+      }
+      if (now[0] != graph::no_task && now[2] != graph::no_task && now[3] != graph::no_task) carried.push_back(now);
+    }
+    attach_to_layers(ctx.structure(b), carried);
     char line[640];
     std::snprintf(line, sizeof line,
-                  "the traces reduce no expert gradients (EP = DP x CP: one replica of each expert shard); the target's are inserted "
+                  "%s; the target's are inserted "
                   "over %d expert-data-parallel ranks as Megatron's distributed optimizer reduces them: %zu buckets on %zu ranks "
                   "(%zu on a stream of their own), the first rank's %lld expert parameters reduce-scattered in %.3f ms and "
                   "all-gathered in %.3f ms (NCCL model)",
-                  g.group, g.buckets, g.ranks, g.own_streams, static_cast<long long>(g.params_first), static_cast<double>(g.scatter_first) / 1e6,
+                  why, g.group, g.buckets, g.ranks, g.own_streams, static_cast<long long>(g.params_first), static_cast<double>(g.scatter_first) / 1e6,
                   static_cast<double>(g.gather_first) / 1e6);
-    return changed("moe", "expert gradients", "none (1 expert-data-parallel rank)", std::to_string(g.group) + " expert-data-parallel ranks",
+    return changed("moe", "expert gradients", was, std::to_string(g.group) + " expert-data-parallel ranks",
                    line, {count_figure("expert gradient buckets inserted", g.buckets),
                           time_figure("expert reduce-scatter time (first rank)", 0, g.scatter_first)});
   }

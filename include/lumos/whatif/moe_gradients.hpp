@@ -47,17 +47,21 @@ struct expert_gradient_insertion {
   /// Each reduce-scatter as the tasks a layer change copies with the layer closing its bucket
   /// (`bucket_insertion::in_layers`, for `attach_to_layers`).
   std::vector<std::array<graph::task_id, 4>> in_layers;
+  /// Where each task of the graph before the insertion went (`adopt`), for the tasks an earlier
+  /// insertion put in the layers.
+  std::vector<std::vector<graph::task_id>> moved;
 };
 
 namespace detail {
 
 /// Per global rank, the processor its data-parallel collectives (groups `dp`) run on: matched
-/// ones, or `lone` ones whose peers are absent (a folded job).
+/// ones (also the buckets a pass inserted, `inserted_gradient_group`), or `lone` ones whose peers
+/// are absent (a folded job).
 [[nodiscard]] inline std::map<int, graph::processor_id> traced_dp_streams(const graph::task_graph& g, const std::vector<lone_collective>& lone,
                                                                           const std::set<std::string>& dp) {
   std::map<int, graph::processor_id> out;
   for (const graph::collective_instance& ci : g.collectives) {
-    if (!dp.count(ci.group)) continue;
+    if (!dp.count(ci.group) && !ci.group.starts_with(inserted_gradient_group)) continue;
     for (const graph::task_id t : ci.complete) out.emplace(g.rank[t], g.processor[t]);
   }
   for (const lone_collective& c : lone) {
@@ -239,7 +243,7 @@ template <class Members>
   out.group = static_cast<int>(p0.members.size());
   for (const detail::gradient_bucket& k : p0.buckets) out.params_first += k.params, out.scatter_first += k.scatter;
   for (const time_ns t : p0.gathers) out.gather_first += t;
-  (void)adopt(b, std::move(e));
+  out.moved = adopt(b, std::move(e));
   return out;
 }
 

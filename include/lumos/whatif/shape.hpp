@@ -742,16 +742,17 @@ struct shape_pass {
     const int layer_params = o.layers.value_or(0);
     const int pp_params = o.pp && *o.pp != ctx.traced_pp() ? *o.pp : 0;
     std::optional<shape_config> layers_shape;
+    if (const auto mixed = pp_params ? mixed_layers(st) : std::nullopt) {
+      throw error("whatif --pp " + std::to_string(pp_params) + ": the traces mix dense and MoE layers (" + std::to_string(mixed->first) +
+                  " MoE of " + std::to_string(mixed->second) + " layers per pass on rank 0): the parameters of each target stage, "
+                  "which its optimizer steps and its gradients reduce, are counted on dense or on MoE layers, not on both");
+    }
     if ((layer_params || pp_params) && !o.shape.any()) {
       try {
         layers_shape = traced_shape(st);
       } catch (const error& e) {
-        // A layer change on MoE layers: the MoE pass counts their parameters (whatif/moe.hpp).
-        if (st.moe.found() && pp_params) {
-          out.push_back(note("shape", "optimizer and gradient work",
-                             "optimizer and gradient work kept as traced: the parameters per stage are not counted on MoE layers (no dense "
-                             "FFN in them; the stages' share of the experts' is not modelled), so the prediction misses their change"));
-        } else if (!st.moe.found()) {
+        // A layer or stage change on MoE layers: the MoE pass counts their parameters (whatif/moe.hpp).
+        if (!st.moe.found()) {
           out.push_back(note("shape", "optimizer and gradient work", std::string("optimizer and gradient work kept as traced: ") + e.what()));
         }
       }
