@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace {
@@ -282,6 +283,10 @@ TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cl
   const result unknown = run("predict --bogus 3");
   CHECK(unknown.code == 2);
   CHECK(unknown.err.find("unknown option --bogus") != std::string::npos);
+  const result directory = run("predict --profile " + std::filesystem::temp_directory_path().string());
+  CHECK(directory.code == 2);
+  CHECK(lines(directory.err) == 1);
+  CHECK(directory.err.find("is a directory: give the JSON file `lumos calibrate -o` wrote") != std::string::npos);
 }
 
 TEST_CASE("lumos predict --cp: the job object, the world size and the errors", "[cli][synth][cp]") {

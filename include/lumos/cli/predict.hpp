@@ -19,10 +19,12 @@
 
 #include <charconv>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace lumos::cli {
 
@@ -86,6 +88,10 @@ inline model::precision parse_precision(std::string_view text, std::string_view 
 /// Reads a profile file (`lumos calibrate -o`), on top of the preset of the hardware it names
 /// (A100's when it names none of the presets).
 inline model::cost_profile read_profile_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw lumos::error("profile '" + path + "' is a directory: give the JSON file `lumos calibrate -o` wrote");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw lumos::error("cannot read profile '" + path + "'");
   std::ostringstream ss;
