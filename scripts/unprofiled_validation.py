@@ -44,10 +44,10 @@ END = "<!-- unprofiled:end -->"
 TARGET_MEAN, TARGET_WORST = 8.0, 20.0  # percent: issue 56's targets
 # Regression gates: the measured mean and worst |error| of each table (percent) plus 0.5 points.
 GATES = {
-    ("replay", "FITTED"): (5.8, 32.9),
-    ("replay", "HELD-OUT"): (10.2, 51.9),
-    ("what-if", "FITTED"): (7.6, 58.2),
-    ("what-if", "HELD-OUT"): (9.3, 43.3),
+    ("replay", "FITTED"): (3.8, 17.9),
+    ("replay", "HELD-OUT"): (6.9, 34.1),
+    ("what-if", "FITTED"): (6.0, 38.6),
+    ("what-if", "HELD-OUT"): (8.3, 40.3),
 }
 
 
@@ -59,7 +59,8 @@ def run_json(cmd):
 
 
 def replay_unprofiled_ms(lumos, name, flags=(), cost=None):
-    return fit_profiler_cost.unprofiled_ms(lumos, name, cost, flags)
+    """`cost`: a --profiler-cost value (None: the shipped one)."""
+    return fit_profiler_cost.replay(lumos, name, cost, flags)[0]
 
 
 def whatif_unprofiled_ms(lumos, a, flags):
@@ -96,9 +97,11 @@ def section(lumos):
     cost = fit_profiler_cost.shipped()
     with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
         prof = dict(zip(names, pool.map(lambda n: statistics.mean(gpu_validation.measured_steps_ms(lumos, n)), names)))
-        rep = dict(zip(names, pool.map(lambda n: replay_unprofiled_ms(lumos, n), names)))
+        both = dict(zip(names, pool.map(lambda n: fit_profiler_cost.replay(lumos, n), names)))
+        rep = {n: v[0] for n, v in both.items()}
+        unit = {n: v[1] / 1000.0 for n, v in both.items() if v[1] > 0}
         reverse = fit_profiler_cost.fit(lumos, "h200")
-        rev = dict(zip(names, pool.map(lambda n: replay_unprofiled_ms(lumos, n, cost=reverse), names)))
+        rev = dict(zip(names, pool.map(lambda n: replay_unprofiled_ms(lumos, n, cost=f"{reverse[0]:.2f}x"), names)))
         pr = pairs(lumos, manifest)
 
         def predict(p):
@@ -118,11 +121,19 @@ def section(lumos):
     w("event (operator ranges, CUDA runtime calls, Python frames) is taken out of each CPU task and the step replayed")
     w("(`include/lumos/model/profiler_cost.hpp`). Truth: each run's 10 steps timed without the profiler (median,")
     w("`unprofiled_step_ms_median`). Each estimate is the mean over A's 3 recorded steps.\n")
-    w(f"The shipped cost, {cost[0] / 1000:.1f} us per recorded event, is fitted on the H100 runs")
+    w("The profiler's callbacks run on the host the trace was recorded on, so the cost per event is a multiple of that")
+    w("host's speed as the trace shows it: the median time of the operators that only make a view of a tensor")
+    w("(`aten::view`, `aten::t`, ...; `metadata_op_ns` in `replay --json`). The shipped multiple,")
+    w(f"{cost[3]:.2f}, is fitted on the H100 runs")
     w("(`python3 scripts/fit_profiler_cost.py --fit h100`): rows whose truth is an H100 run are FITTED, those whose truth is an")
-    w(f"H200 run HELD-OUT. The reverse fit, on the H200 runs, gives {reverse:.1f} us per event; with it the H100 runs are")
+    w(f"H200 run HELD-OUT. The reverse fit, on the H200 runs, gives {reverse[0]:.2f}; with it the H100 runs are")
     w("held out (last column of the first table). Targets (issue 56): mean |error| <= 8 %, worst <= 20 %, for replays")
     w("and what-ifs. The truth's own spread: the H200 accumulation runs timed twice, and the repeated H100 runs, below.\n")
+    for label, runs in (("The H100 runs' metadata operators (fitted)", "h100"), ("the H200 runs' (held out)", "h200")):
+        u = sorted(v for n, v in unit.items() if n.startswith(runs + "-"))
+        w(f"{label} take {u[0]:.2f} to {u[-1]:.2f} us{',' if runs == 'h100' else '.'}")
+    w("A trace whose metadata operators take much longer (an older PyTorch, a loaded host) extrapolates the multiple;")
+    w("`metadata_op_ns` in `replay --json` gives the figure to compare.\n")
 
     w("### Replays\n")
     w("| run | rows | profiled step (ms) | unprofiled, measured (ms) | repeat (ms) | estimate (ms) | error | "
@@ -178,8 +189,11 @@ def section(lumos):
         figures[("what-if", k)] = (mean, worst)
         w(f"- {k} ({len(wrows[k])} pairs): mean |error| {mean:.2f} %, worst {worst:.2f} %, {within} within 5 %.")
     w("")
-    met = all(m <= TARGET_MEAN and x <= TARGET_WORST for m, x in figures.values())
-    w(f"Target (mean <= {TARGET_MEAN:.0f} %, worst <= {TARGET_WORST:.0f} %): {'met' if met else 'not met'}. The ctest")
+    held = [v for (kind, k), v in sorted(figures.items()) if k == "HELD-OUT"]
+    means = "met" if all(m <= TARGET_MEAN for m, _ in held) else "not met"
+    worsts = "met" if all(x <= TARGET_WORST for _, x in held) else "not met"
+    w(f"Target on the held-out rows, replays and what-ifs: mean <= {TARGET_MEAN:.0f} % {means}, worst <= {TARGET_WORST:.0f} % "
+      f"{worsts}. The ctest")
     w("`unprofiled_validation` gates each summary at its measured value plus about 0.5 points (a regression gate, not the")
     w("target):")
     for (kind, k), (gm, gw) in sorted(GATES.items()):

@@ -28,7 +28,7 @@ namespace lumos::cli {
 inline constexpr std::string_view replay_usage =
     "usage: lumos replay PATH... [--step N[,N...]] [--scale compute=F] [--scale comm=F] [--scale cpu=F]\n"
     "                    [--scale op:TEXT=F]... [--json] [--explain] [--strict] [--align-clocks]\n"
-    "                    [--durations-from-step M] [--profiler-cost US]\n"
+    "                    [--durations-from-step M] [--profiler-cost C]\n"
     "                    [--trace-out FILE] [--critical-path] [--report FILE]\n"
     "  PATH: trace files (.json/.json.gz) or directories of them, one file per rank\n"
     "  --step N            replay ProfilerStep#N (default: the last one every rank has); N,M,...: each\n"
@@ -44,9 +44,10 @@ inline constexpr std::string_view replay_usage =
     "  --align-clocks      shift each rank's clock by the offset its collectives imply (skew between hosts)\n"
     "  --durations-from-step M  leave-one-step-out: replay the step with the measured op durations\n"
     "                      of ProfilerStep#M, predicting step M (compared with its measurement)\n"
-    "  --profiler-cost US  the profiler's host time per recorded event for the step without the profiler\n"
-    "                      (US for every kind, or op=US,runtime=US,python=US; default: the fitted costs of\n"
-    "                      model/profiler_cost.hpp; 0: no estimate)\n"
+    "  --profiler-cost C   the profiler's host time per recorded event for the step without the profiler:\n"
+    "                      Fx (F times the rank's median metadata operator, e.g. aten::view), or fixed\n"
+    "                      costs in us (US for every kind, or op=US,runtime=US,python=US); default: the\n"
+    "                      fitted multiple of model/profiler_cost.hpp; 0: no estimate\n"
     "  --trace-out FILE    write the simulated job as Kineto JSON (a directory, or one file for one rank)\n"
     "  --critical-path     print the critical path of the slowest rank's iteration\n"
     "  --report FILE       also write the self-contained HTML report of the replay (`lumos report`)\n";

@@ -9,15 +9,18 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <utility>
 
 using namespace lumos;
 
 namespace {
 
 // `ops` operators of 50 us, each launching (a 4 us cudaLaunchKernel 40 us in) one kernel of
-// `kernel_us` on stream 7, 5 us apart, inside ProfilerStep#1.
-trace::job one_thread_job(int ops, double kernel_us) {
+// `kernel_us` on stream 7, 5 us apart, inside ProfilerStep#1. With `view_us`, each operator first
+// makes two views of `view_us` each (aten::view, aten::t; at most 3 us).
+trace::job one_thread_job(int ops, double kernel_us, double view_us = 0) {
   std::string ev;
   auto add = [&](const std::string& e) { ev += (ev.empty() ? "" : ",\n") + e; };
   double gpu_free = 0, cpu_end = 0;
@@ -28,6 +31,12 @@ trace::job one_thread_job(int ops, double kernel_us) {
     cpu_end = op + 50.0;
     const std::string corr = std::to_string(i + 1);
     add(R"({"ph":"X","cat":"cpu_op","name":"aten::mm","pid":1,"tid":1,"ts":)" + std::to_string(op) + R"(,"dur":50})");
+    if (view_us > 0) {
+      for (const auto& [name, at] : {std::pair{"aten::view", 2.0}, std::pair{"aten::t", 6.0}}) {
+        add(R"({"ph":"X","cat":"cpu_op","name":")" + std::string(name) + R"(","pid":1,"tid":1,"ts":)" + std::to_string(op + at) +
+            R"(,"dur":)" + std::to_string(view_us) + "}");
+      }
+    }
     add(R"({"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":)" + std::to_string(launch) +
         R"(,"dur":4,"args":{"correlation":)" + corr + "}}");
     add(R"({"ph":"X","cat":"kernel","name":"gemm","pid":0,"tid":7,"ts":)" + std::to_string(start) + R"(,"dur":)" +
@@ -61,6 +70,28 @@ TEST_CASE("the graph builder records the profiler's events around each CPU task"
   std::uint32_t total = 0;
   for (const std::uint32_t c : cost) total += c;
   CHECK(total == 10'000u * (4 * 2 + 1));
+}
+
+TEST_CASE("the profiler's cost per event follows the host speed its metadata operators show", "[profiler]") {
+  // 8 operators: 16 views, the least that measure the host; 7 operators are too few.
+  const graph::built_job fast = graph::build_graph(one_thread_job(8, 5.0, 1.0));
+  const graph::built_job slow = graph::build_graph(one_thread_job(8, 5.0, 2.0));
+  const graph::built_job few = graph::build_graph(one_thread_job(7, 5.0, 2.0));
+  CHECK(fast.ranks[0].metadata_op == 1000);
+  CHECK(slow.ranks[0].metadata_op == 2000);
+  CHECK(few.ranks[0].metadata_op == 0);
+  auto total = [](const graph::built_job& b, const model::profiler_cost& c) {
+    std::uint64_t sum = 0;
+    for (const std::uint32_t x : model::profiler_time(b, c)) sum += x;
+    return sum;
+  };
+  // Each launch records its operator, two views and itself (the first also ProfilerStep#1).
+  const std::uint64_t events = 8 * 4 + 1;
+  const model::profiler_cost multiple{.per_op = 10'000, .per_runtime = 10'000, .per_python = 10'000, .per_metadata_op = 1.5};
+  CHECK(total(fast, multiple) == events * 1500);
+  CHECK(total(slow, multiple) == events * 3000);
+  CHECK(total(few, multiple) == (7 * 4 + 1) * 10'000u);  // no measure: the fixed costs
+  CHECK(total(slow, ten_us) == events * 10'000);         // no multiple: the fixed costs
 }
 
 TEST_CASE("removing the profiler's time shortens a host-bound step and barely moves a GPU-bound one", "[profiler]") {

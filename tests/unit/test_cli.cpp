@@ -1516,7 +1516,8 @@ TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
   const std::string example = std::string(LUMOS_SOURCE_DIR) + "/examples/data/tiny_job";
   for (const char* bad : {"--scale compute", "--scale gpu=2", "--scale compute=-1", "--scale compute=abc", "--step x", "--scale op:=2",
                           "--scale op:gemm=-1", "--scale op:gemm=x", "--durations-from-step x",
-                          "--profiler-cost op=1,", "--profiler-cost op=1,op=2", "--profiler-cost ,runtime=1"}) {
+                          "--profiler-cost op=1,", "--profiler-cost op=1,op=2", "--profiler-cost ,runtime=1", "--profiler-cost 0x",
+                          "--profiler-cost -1x", "--profiler-cost x", "--profiler-cost 2xx"}) {
     INFO(bad);
     const result r = run("replay " + example + " " + bad);
     CHECK(r.code == 2);
@@ -1524,6 +1525,7 @@ TEST_CASE("replay usage and input errors exit with 2", "[cli][replay]") {
   }
   CHECK(run("replay " + example + " --profiler-cost op=1,op=2").err.find("gives op twice") != std::string::npos);
   CHECK(run("replay " + example + " --profiler-cost op=1,runtime=2,python=0").code == 0);
+  CHECK(run("replay " + example + " --profiler-cost 1.5x").code == 0);
   const result missing = run("replay " + example + " --step 9");
   CHECK(missing.code == 2);
   CHECK(missing.err.find("no ProfilerStep#9") != std::string::npos);

@@ -51,13 +51,21 @@ inline what_if parse_scales(const std::vector<std::string>& items) {
   return w;
 }
 
-/// `--profiler-cost`: the profiler's host time per recorded event, in µs, for the step without the
-/// profiler — `US` for every kind, or `KIND=US` items separated by commas (kinds `op`, `runtime`,
-/// `python`; kinds left out keep the shipped `model::fitted_profiler_cost`). 0 everywhere: no
-/// estimate. Usage errors for a malformed or empty item, an unknown or repeated kind or a cost out
-/// of range.
+/// `--profiler-cost`: the profiler's host time per recorded event, for the step without the
+/// profiler — `Fx`, F times each rank's metadata operator time (`model::profiler_cost::
+/// per_metadata_op`), or fixed costs in µs: `US` for every kind, or `KIND=US` items separated by
+/// commas (kinds `op`, `runtime`, `python`; kinds left out keep the shipped
+/// `model::fitted_profiler_cost`). Fixed costs replace the multiple. 0 everywhere: no estimate.
+/// Usage errors for a malformed or empty item, an unknown or repeated kind or a cost out of range.
 inline model::profiler_cost parse_profiler_cost(std::string_view text) {
   model::profiler_cost c = model::fitted_profiler_cost;
+  if (!text.empty() && text.back() == 'x') {
+    const double f = parse_number<double>(text.substr(0, text.size() - 1), "--profiler-cost");
+    if (!(f > 0) || f > 1e3) throw usage_error("--profiler-cost Fx must have F above 0, at most 1000 (got " + std::string(text) + ")");
+    c.per_metadata_op = f;
+    return c;
+  }
+  c.per_metadata_op = 0;
   auto us = [&](std::string_view v, const std::string& what) {
     const double x = parse_number<double>(v, what);
     if (!(x >= 0) || x > 1e6) throw usage_error(what + " must be from 0 to 1e6 us (got " + std::string(v) + ")");

@@ -204,7 +204,35 @@ struct rank_map {
   /// (model/profiler_cost.hpp removes the profiler's time from it). Kept with or without the
   /// event maps: 12 bytes a CPU task.
   std::vector<recorded_events> recorded;
+  /// The host's speed as this rank's trace shows it: the median duration of its operators that
+  /// only make a new view of a tensor (`metadata_op_median`); 0 when it has fewer than
+  /// `metadata_ops_needed` of them. Their time is the dispatcher's and the profiler's per-op work
+  /// on this host, which model/profiler_cost.hpp scales the profiler's cost by.
+  time_ns metadata_op = 0;
 };
+
+/// Operators that make a view of a tensor and nothing else: no kernel, no allocation, no copy
+/// (`aten::reshape` can copy, so it is not one).
+inline constexpr std::array<std::string_view, 18> metadata_op_names{
+    "aten::view",    "aten::t",      "aten::transpose", "aten::as_strided",     "aten::_unsafe_view", "aten::expand",
+    "aten::unsqueeze", "aten::squeeze", "aten::permute",  "aten::slice",          "aten::select",       "aten::detach",
+    "aten::alias",   "aten::_reshape_alias", "aten::view_as", "aten::split",    "aten::chunk",        "aten::narrow"};
+inline constexpr std::size_t metadata_ops_needed = 16;
+
+/// The median duration of `t`'s `cpu_op` events named in `metadata_op_names` (the lower middle
+/// of an even count), 0 with fewer than `metadata_ops_needed`. O(events).
+[[nodiscard]] inline time_ns metadata_op_median(const trace::rank_trace& t) {
+  std::array<string_id, metadata_op_names.size()> ids{};
+  std::transform(metadata_op_names.begin(), metadata_op_names.end(), ids.begin(), [&](std::string_view n) { return t.strings.find(n); });
+  std::vector<time_ns> d;
+  for (const trace::event& e : t.events) {
+    if (e.cat == trace::category::cpu_op && e.name != no_string && std::find(ids.begin(), ids.end(), e.name) != ids.end()) d.push_back(e.dur);
+  }
+  if (d.size() < metadata_ops_needed) return 0;
+  const auto mid = d.begin() + static_cast<std::ptrdiff_t>((d.size() - 1) / 2);
+  std::nth_element(d.begin(), mid, d.end());
+  return *mid;
+}
 
 /// A job's graph plus the maps back to its traces.
 struct built_job {

@@ -22,43 +22,57 @@
 
 namespace lumos::model {
 
-/// Host time the profiler adds per recorded event, by kind (ns). Linear in the event counts of
-/// `graph::recorded_events`.
+/// Host time the profiler adds per recorded event. With `per_metadata_op` set, every event costs
+/// that multiple of the rank's `graph::rank_map::metadata_op` (the median time of an operator that
+/// only makes a view: the dispatcher's and the profiler's per-op work on that host), so the cost
+/// follows the host the trace was recorded on; a rank with no such measure, or `per_metadata_op`
+/// 0, takes the fixed costs by kind (ns), linear in the event counts of `graph::recorded_events`.
 struct profiler_cost {
   time_ns per_op = 0;       ///< per `cpu_op` / `user_annotation` range
   time_ns per_runtime = 0;  ///< per `cuda_runtime` / `cuda_driver` call
   time_ns per_python = 0;   ///< per `python_function` frame
+  double per_metadata_op = 0;  ///< per event, in multiples of the rank's metadata operator time
 
-  /// The profiler's time around one task with `e` recorded.
-  [[nodiscard]] constexpr time_ns of(const graph::recorded_events& e) const noexcept {
+  /// The profiler's time around one task with `e` recorded, on a rank whose metadata operators
+  /// take `metadata_op` (0: not measured).
+  [[nodiscard]] constexpr time_ns of(const graph::recorded_events& e, time_ns metadata_op = 0) const noexcept {
+    if (per_metadata_op > 0 && metadata_op > 0) {
+      const auto each = static_cast<time_ns>(per_metadata_op * static_cast<double>(metadata_op) + 0.5);
+      return each * (static_cast<time_ns>(e.ops) + e.runtime + e.python);
+    }
     return per_op * e.ops + per_runtime * e.runtime + per_python * e.python;
   }
-  [[nodiscard]] constexpr bool none() const noexcept { return per_op == 0 && per_runtime == 0 && per_python == 0; }
+  [[nodiscard]] constexpr bool none() const noexcept {
+    return per_op == 0 && per_runtime == 0 && per_python == 0 && per_metadata_op == 0;
+  }
   friend constexpr bool operator==(const profiler_cost&, const profiler_cost&) = default;
 };
 
 /// The shipped parameters, fitted on the H100 runs of tests/data/gpu (the H200 runs held out) by
 ///     python3 scripts/fit_profiler_cost.py --fit h100
-/// which searches one cost per event, shared by operator ranges and runtime calls: in those runs
-/// (PyTorch 2.11, `record_shapes` on for 89 % of the ops, no Python stacks) the runtime calls per
-/// operator are nearly constant, so the two costs cannot be told apart, and the operator cost
-/// includes recording shapes. No recorded run has Python frames: `per_python` is an assumption
-/// (the same cost per event), not a measurement. The ctest `profiler_cost_fit` checks that these
-/// equal the script's output.
-inline constexpr profiler_cost fitted_profiler_cost{.per_op = 3700, .per_runtime = 3700, .per_python = 3700};
+/// `per_metadata_op` is the multiple with the least mean |error| of the step without the
+/// profiler on those runs. One cost is shared by every kind of event: in those runs (PyTorch
+/// 2.11, `record_shapes` on for 89 % of the ops, no Python stacks) the runtime calls per operator
+/// are nearly constant, so the kinds cannot be told apart, and the operator cost includes
+/// recording shapes. No recorded run has Python frames: their cost is an assumption (the same
+/// per event), not a measurement. The fixed costs (ranks with fewer than
+/// `graph::metadata_ops_needed` metadata operators, e.g. CUDA-graph replays) are that multiple of
+/// the median of the fitted runs' metadata operator times. The ctest `profiler_cost_fit` checks
+/// that these equal the script's output.
+inline constexpr profiler_cost fitted_profiler_cost{.per_op = 3415, .per_runtime = 3415, .per_python = 3415, .per_metadata_op = 1.42};
 
 /// Per task of `b.graph` (by task id), the profiler's host time in it under `cost`: the events
 /// recorded around the task (`graph::rank_map::recorded`, found by the task's rank and source
-/// event, so copies a what-if made of a task carry its cost). 0 for tasks without a source or
-/// recorded events (a model's tasks). Needs the graph's observations (`source`): call it before
+/// event, so copies a what-if made of a task carry its cost), at its rank's `metadata_op`. 0 for
+/// tasks without a source or recorded events (a model's tasks). Needs the graph's observations (`source`): call it before
 /// `task_graph::release_observations`. Saturates at 2^32 - 1 ns a task. O(CPU tasks · log).
 [[nodiscard]] inline std::vector<std::uint32_t> profiler_time(const graph::built_job& b, const profiler_cost& cost) {
   const graph::task_graph& g = b.graph;
   std::vector<std::uint32_t> out;
   if (cost.none() || g.observations_released()) return out;
-  std::unordered_map<int, const std::vector<graph::recorded_events>*> by_rank;
+  std::unordered_map<int, const graph::rank_map*> by_rank;
   bool any = false;
-  for (const graph::rank_map& r : b.ranks) by_rank.emplace(r.rank, &r.recorded), any = any || !r.recorded.empty();
+  for (const graph::rank_map& r : b.ranks) by_rank.emplace(r.rank, &r), any = any || !r.recorded.empty();
   if (!any) return out;
   out.assign(g.task_count(), 0);
   for (graph::task_id t = 0; t < g.task_count(); ++t) {
@@ -67,10 +81,10 @@ inline constexpr profiler_cost fitted_profiler_cost{.per_op = 3700, .per_runtime
     const auto it = by_rank.find(g.rank[t]);
     if (it == by_rank.end()) continue;
     const graph::recorded_events key{.source = g.source[t], .blocking = k == graph::task_kind::cpu_blocking};
-    const auto& rec = *it->second;
+    const auto& rec = it->second->recorded;
     const auto hit = std::lower_bound(rec.begin(), rec.end(), key);
     if (hit == rec.end() || hit->source != key.source || hit->blocking != key.blocking) continue;
-    out[t] = static_cast<std::uint32_t>(std::min<time_ns>(cost.of(*hit), std::numeric_limits<std::uint32_t>::max()));
+    out[t] = static_cast<std::uint32_t>(std::min<time_ns>(cost.of(*hit, it->second->metadata_op), std::numeric_limits<std::uint32_t>::max()));
   }
   return out;
 }

@@ -367,6 +367,7 @@ class trace_graph_builder {
       out_.ranks[r].rank = job_.ranks[r].rank;
       out_.ranks[r].offset = ranks_[r].offset;
       out_.ranks[r].recorded = std::move(ranks_[r].recorded);
+      out_.ranks[r].metadata_op = ranks_[r].metadata_op;
       std::sort(out_.ranks[r].recorded.begin(), out_.ranks[r].recorded.end());
       if (!options_.keep_event_maps) continue;
       out_.ranks[r].task_of_event = std::move(ranks_[r].task_of_event);
@@ -403,6 +404,7 @@ class trace_graph_builder {
     std::vector<task_id> task_of_event;
     std::vector<task_id> arrive_of_event;
     std::vector<recorded_events> recorded;  // per CPU task with a source (rank_map::recorded)
+    time_ns metadata_op = 0;                // rank_map::metadata_op
     std::vector<time_ns> enqueue;        // per GPU op: start of its launch call (or its own start)
     std::vector<time_ns> anchor;         // per GPU op: where its launch latency counts from (rank-local ts)
     std::vector<double> gpu_factor;      // per GPU op: product of the op_scales that apply to it (empty: none given)

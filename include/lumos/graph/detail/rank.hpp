@@ -115,6 +115,7 @@ void trace_graph_builder<Comm>::build_rank(std::size_t r) {
   const awaited_map& awaited = s.awaited;
   const producer_map& producers = s.producers;
   g.reserve(t.events.size() + t.events.size() / 16, t.events.size());  // as `build` does for the graph
+  s.metadata_op = metadata_op_median(t);
 
   // 2. CPU tasks, thread by thread (1. is the rank's analysis).
   std::vector<cpu_task_info> cpu_tasks;

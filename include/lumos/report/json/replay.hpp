@@ -10,6 +10,7 @@
 #include <lumos/report/frozen.hpp>
 #include <lumos/report/replay_report.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <filesystem>
 #include <optional>
@@ -177,6 +178,18 @@ inline void held_out_json(json_writer& w, const replay_session& s) {
   w.end_array();
 }
 
+/// The host speed the profiler's cost follows (graph::rank_map::metadata_op): the median over
+/// the ranks that measure it (the lower middle of an even count), 0 where none does.
+[[nodiscard]] inline time_ns metadata_op_ns(const graph::built_job& b) {
+  std::vector<time_ns> v;
+  for (const graph::rank_map& r : b.ranks) {
+    if (r.metadata_op > 0) v.push_back(r.metadata_op);
+  }
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
 }  // namespace detail
 
 /// The replay `s` as one JSON object: the job's measured and simulated iteration and error, the
@@ -186,7 +199,7 @@ inline void held_out_json(json_writer& w, const replay_session& s) {
 inline void replay_json(json_writer& w, const replay_session& s, const replay_json_parts& parts = {}) {
   w.begin_object();
   w.key("job").begin_object().field("measured_ns", s.measured_ns).field("simulated_ns", s.simulated_ns).field("error", s.error);
-  w.field("unprofiled_ns", s.unprofiled_ns).end_object();
+  w.field("unprofiled_ns", s.unprofiled_ns).field("metadata_op_ns", detail::metadata_op_ns(s.built)).end_object();
   w.key("scales").begin_object().field("compute", s.scales.compute).field("comm", s.scales.comm).field("cpu", s.scales.cpu);
   w.key("ops").begin_array();
   for (const auto& o : parts.ops) w.begin_object().field("text", o.text).field("factor", o.factor).end_object();
