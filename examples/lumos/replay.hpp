@@ -400,15 +400,11 @@ inline int run_replay(args& a) {
     write_stdout(replay_step(job, req, req.opt));
     return 0;
   }
-  std::string out = req.json ? "[\n" : "";
-  for (std::size_t i = 0; i < req.steps.size(); ++i) {
+  write_stdout(join_step_documents(req.steps.size(), req.json, [&](std::size_t i) {
     report::replay_options opt = req.opt;
     opt.step = req.steps[i];
-    if (i > 0) out += req.json ? ",\n" : "\n";
-    out += replay_step(job, req, opt);
-  }
-  if (req.json) out += "]\n";
-  write_stdout(out);
+    return replay_step(job, req, opt);
+  }));
   return 0;
 }
 

@@ -280,16 +280,12 @@ inline int run_whatif(args& a) {
   if (!req.steps.empty()) {
     if (trace_out || html) throw usage_error("--trace-out and --report write one step: give --step one step");
     write_diagnostics(folding_text(folding));
-    std::string out = json ? "[\n" : "";
-    for (std::size_t i = 0; i < req.steps.size(); ++i) {
+    write_stdout(join_step_documents(req.steps.size(), json, [&](std::size_t i) {
       whatif::whatif_options step_options = o;
       step_options.replay.step = req.steps[i];
       const whatif::whatif_result r = whatif::run_whatif(job, step_options);
-      if (i > 0) out += json ? ",\n" : "\n";
-      out += json ? report::whatif_json(r, job, folding, nullptr) : whatif_text(r, job, {}, folding);
-    }
-    if (json) out += "]\n";
-    write_stdout(out);
+      return json ? report::whatif_json(r, job, folding, nullptr) : whatif_text(r, job, {}, folding);
+    }));
     return 0;
   }
   const whatif::whatif_result r = whatif::run_whatif(job, o);

@@ -82,33 +82,52 @@ time_ns moe_test_grouped_host(const graph::built_job& b, const whatif::job_struc
 #ifdef LUMOS_CLI_PATH
 namespace {
 
-/// A synth MoE job (Qwen3-30B-A3B's layers, 1 layer, DP 4, EP 2), written once.
-const std::filesystem::path& moe_test_job_dir() {
-  static lumos_test::temp_dir dir;
-  static const std::filesystem::path out = [] {
-    const auto p = dir.path() / "ep2";
-    const auto r = lumos_test::run_cli("synth --model qwen3-30b-a3b --layers 1 --seq 1024 --tp 1 --pp 1 --dp 4 --ep 2 --micro-batch 1 "
-                                       "--global-batch 4 --gpu h100-sxm --detail kernel --unfold --out " + p.string());
-    REQUIRE(r.code == 0);
-    return p;
-  }();
-  return out;
-}
-
-/// The job with 2 layers (structure discovery places the backward of a layer between two others),
-/// seq 1024, DP 4, with `flags` (its EP, CP), written once each: a what-if's input or the direct
-/// truth of its target.
-const std::filesystem::path& moe_test_job_with(const std::string& flags) {
+/// The job `lumos synth ARGS --out DIR` writes, written once for each `args`.
+const std::filesystem::path& moe_test_synth(const std::string& args) {
   static lumos_test::temp_dir dir;
   static std::map<std::string, std::filesystem::path> made;
-  auto [it, fresh] = made.try_emplace(flags);
+  auto [it, fresh] = made.try_emplace(args);
   if (fresh) {
     it->second = dir.path() / ("job" + std::to_string(made.size()));
-    const auto r = lumos_test::run_cli("synth --model qwen3-30b-a3b --layers 2 --seq 1024 --tp 1 --pp 1 --dp 4 --micro-batch 1 "
-                                       "--global-batch 4 --gpu h100-sxm --detail kernel --unfold " + flags + " --out " + it->second.string());
+    const auto r = lumos_test::run_cli("synth " + args + " --out " + it->second.string());
     REQUIRE(r.code == 0);
   }
   return it->second;
+}
+
+/// A synth MoE job (Qwen3-30B-A3B's layers, 1 layer, DP 4, EP 2).
+const std::filesystem::path& moe_test_job_dir() {
+  return moe_test_synth("--model qwen3-30b-a3b --layers 1 --seq 1024 --tp 1 --pp 1 --dp 4 --ep 2 --micro-batch 1 "
+                        "--global-batch 4 --gpu h100-sxm --detail kernel --unfold");
+}
+
+/// The job with 2 layers (structure discovery places the backward of a layer between two others),
+/// seq 1024, DP 4, with `flags` (its EP, CP): a what-if's input or the direct truth of its target.
+const std::filesystem::path& moe_test_job_with(const std::string& flags) {
+  return moe_test_synth("--model qwen3-30b-a3b --layers 2 --seq 1024 --tp 1 --pp 1 --dp 4 --micro-batch 1 "
+                        "--global-batch 4 --gpu h100-sxm --detail kernel --unfold " + flags);
+}
+
+/// How far `x` is from `truth`: |x / truth - 1|.
+template <class X, class T>
+double moe_test_off(X x, T truth) {
+  return std::abs(static_cast<double>(x) / static_cast<double>(truth) - 1.0);
+}
+
+/// A what-if and its truth: the job synthesized at its target, replayed as traced.
+struct moe_test_prediction {
+  whatif::whatif_result r, direct;
+};
+
+/// What-if `o` of the job `moe_test_job_with(from)`, and as its truth the job `moe_test_job_with(to)`.
+moe_test_prediction moe_test_predict(const std::string& from, const whatif::whatif_options& o, const std::string& to) {
+  return {whatif::run_whatif(trace::load_job({moe_test_job_with(from)}), o),
+          whatif::run_whatif(trace::load_job({moe_test_job_with(to)}), whatif::whatif_options{})};
+}
+
+/// How far the predicted iteration of what-if `r` is from the iteration of its truth `direct`.
+double moe_test_iteration_off(const whatif::whatif_result& r, const whatif::whatif_result& direct) {
+  return moe_test_off(r.predicted.simulated_ns, direct.baseline.simulated_ns);
 }
 
 /// The job at EP `ep`: at 1 no all-to-all; at another, the direct truth of an EP change from 1.
@@ -204,8 +223,7 @@ TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their
     REQUIRE(c != nullptr);
     CHECK(c->figures[5].after == double(participants));  // all-to-alls inserted
     // The prediction is near the job synthesized at that EP.
-    const double err = double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0;
-    CHECK(std::abs(err) < 0.05);
+    CHECK(moe_test_iteration_off(r, direct) < 0.05);
   }
   whatif::whatif_options bad;
   bad.moe.ep = 3;
@@ -216,11 +234,9 @@ TEST_CASE("whatif --ep N from EP 1: the dispatch and combine inserted with their
 
 TEST_CASE("whatif --ep from EP = DP: the expert gradients are reduced over the new expert-data-parallel group", "[whatif][moe]") {
   // EP 4 over DP 4 holds one replica of each expert shard: its traces reduce no expert gradient.
-  const trace::job job = trace::load_job({moe_test_job_dir(4)});
   whatif::whatif_options o;
   o.moe.ep = 2;
-  const whatif::whatif_result r = whatif::run_whatif(job, o);
-  const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_dir(2)}), whatif::whatif_options{});
+  const auto [r, direct] = moe_test_predict("--ep 4", o, "--ep 2");
   // The truth's expert gradient collectives on rank 0: its reduce-scatters and all-gathers beyond
   // the dense ones the EP 4 job runs too (a transfer each: matched, or alone in a folded job).
   const auto kernels = [](const graph::task_graph& g, std::string_view what) {
@@ -255,8 +271,7 @@ TEST_CASE("whatif --ep from EP = DP: the expert gradients are reduced over the n
   REQUIRE(c != r.changes.end());
   CHECK(c->text.find("inserted over 2 expert-data-parallel ranks") != std::string::npos);
   // The prediction is near the job synthesized at EP 2 (without them it is short of it).
-  const double err = double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0;
-  CHECK(std::abs(err) < 0.03);
+  CHECK(moe_test_iteration_off(r, direct) < 0.03);
 }
 
 TEST_CASE("whatif --layers on MoE traces: the optimizer and the expert gradients follow the layers as the direct job has them", "[whatif][moe]") {
@@ -276,30 +291,28 @@ TEST_CASE("whatif --layers on MoE traces: the optimizer and the expert gradients
     whatif::whatif_options o;
     o.layers = 4;
     if (from != "--ep 2") o.moe.ep = 2;  // from EP = DP: the expert gradients inserted
-    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with(from)}), o);
-    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --layers 4")}), whatif::whatif_options{});
+    const auto [r, direct] = moe_test_predict(from, o, "--ep 2 --layers 4");
     const double traced = static_cast<double>(optimizer_ns(r, false)), truth = static_cast<double>(optimizer_ns(direct, false));
     REQUIRE(traced > 0);
     REQUIRE(truth > traced);  // 4 layers step more parameters than 2
-    CHECK(std::abs(static_cast<double>(optimizer_ns(r, true)) / truth - 1.0) < 0.02);
+    CHECK(moe_test_off(optimizer_ns(r, true), truth) < 0.02);
     // Each bucket's reduce-scatter goes with its layer, which the layer change copies.
     const auto have = expert_collectives(r.predicted.built.graph), want = expert_collectives(direct.baseline.built.graph);
     REQUIRE(want.count("reducescatter"));
     CHECK(have.count("reducescatter"));
     if (have.count("reducescatter")) CHECK(have.at("reducescatter") == want.at("reducescatter"));
-    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+    CHECK(moe_test_iteration_off(r, direct) < 0.03);
   }
 }
 
 TEST_CASE("whatif --layers on MoE traces with 2 stages: each stage's optimizer follows its layers as the direct job has them", "[whatif][moe]") {
   whatif::whatif_options o;
   o.layers = 8;
-  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --pp 2 --layers 4")}), o);
-  const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --pp 2 --layers 8")}), whatif::whatif_options{});
+  const auto [r, direct] = moe_test_predict("--ep 2 --pp 2 --layers 4", o, "--ep 2 --pp 2 --layers 8");
   const double truth = static_cast<double>(moe_test_optimizer_ns(direct, false));
   REQUIRE(truth > 1.5 * static_cast<double>(moe_test_optimizer_ns(r, false)));
-  CHECK(std::abs(static_cast<double>(moe_test_optimizer_ns(r, true)) / truth - 1.0) < 0.02);
-  CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+  CHECK(moe_test_off(moe_test_optimizer_ns(r, true), truth) < 0.02);
+  CHECK(moe_test_iteration_off(r, direct) < 0.03);
 }
 
 TEST_CASE("whatif --pp on MoE traces: each stage's optimizer and parameter all-gathers follow its layers as the direct job has them", "[whatif][moe]") {
@@ -321,19 +334,18 @@ TEST_CASE("whatif --pp on MoE traces: each stage's optimizer and parameter all-g
     INFO(std::string("from ") + from + " to " + to);
     whatif::whatif_options o;
     o.pp = pp;
-    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with(from)}), o);
-    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_with(to)}), whatif::whatif_options{});
+    const auto [r, direct] = moe_test_predict(from, o, to);
     const double truth = static_cast<double>(moe_test_optimizer_ns(direct, false));
-    REQUIRE(std::abs(static_cast<double>(moe_test_optimizer_ns(r, false)) / truth - 1.0) > 0.3);  // rank 0's stage holds another share
-    CHECK(std::abs(static_cast<double>(moe_test_optimizer_ns(r, true)) / truth - 1.0) < 0.02);
+    REQUIRE(moe_test_off(moe_test_optimizer_ns(r, false), truth) > 0.3);  // rank 0's stage holds another share
+    CHECK(moe_test_off(moe_test_optimizer_ns(r, true), truth) < 0.02);
     const auto have = gathers_ns(r.predicted.built.graph), want = gathers_ns(direct.baseline.built.graph);
     for (const bool expert : {false, true}) {
       INFO((expert ? "expert all-gathers" : "dense all-gathers"));
       REQUIRE(want.count(expert));
       REQUIRE(have.count(expert));
-      CHECK(std::abs(static_cast<double>(have.at(expert)) / static_cast<double>(want.at(expert)) - 1.0) < 0.05);
+      CHECK(moe_test_off(have.at(expert), want.at(expert)) < 0.05);
     }
-    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < within);
+    CHECK(moe_test_iteration_off(r, direct) < within);
   }
 }
 
@@ -345,13 +357,12 @@ TEST_CASE("whatif --experts and --expert-ffn from EP = DP: the optimizer follows
     whatif::whatif_options o;
     if (change == "--experts 64") o.moe.experts = 64;
     else o.moe.expert_ffn = 1536;
-    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4")}), o);
-    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4 " + change)}), whatif::whatif_options{});
+    const auto [r, direct] = moe_test_predict("--ep 4", o, "--ep 4 " + change);
     const double truth = static_cast<double>(moe_test_optimizer_ns(direct, false));
     REQUIRE(truth > 0);
-    REQUIRE(std::abs(static_cast<double>(moe_test_optimizer_ns(r, false)) / truth - 1.0) > 0.2);  // the experts are most parameters
-    CHECK(std::abs(static_cast<double>(moe_test_optimizer_ns(r, true)) / truth - 1.0) < 0.02);
-    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+    REQUIRE(moe_test_off(moe_test_optimizer_ns(r, false), truth) > 0.2);  // the experts are most parameters
+    CHECK(moe_test_off(moe_test_optimizer_ns(r, true), truth) < 0.02);
+    CHECK(moe_test_iteration_off(r, direct) < 0.03);
   }
 }
 
@@ -367,13 +378,11 @@ TEST_CASE("whatif --dp on MoE traces across nodes: the expert-data-parallel grou
   };
   whatif::whatif_options o;
   o.dp = 16, o.global_batch = 16;
-  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --dp 8 --global-batch 8")}), o);
-  const whatif::whatif_result direct =
-      whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --dp 16 --global-batch 16")}), whatif::whatif_options{});
+  const auto [r, direct] = moe_test_predict("--ep 2 --dp 8 --global-batch 8", o, "--ep 2 --dp 16 --global-batch 16");
   const double truth = static_cast<double>(edp_ns(direct.baseline.built.graph));
   REQUIRE(truth > 0);
-  CHECK(std::abs(static_cast<double>(edp_ns(r.predicted.built.graph)) / truth - 1.0) < 0.05);
-  CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+  CHECK(moe_test_off(edp_ns(r.predicted.built.graph), truth) < 0.05);
+  CHECK(moe_test_iteration_off(r, direct) < 0.03);
 }
 
 TEST_CASE("whatif --dp from EP = DP: the expert gradients of the replicated expert shards are inserted", "[whatif][moe]") {
@@ -383,9 +392,7 @@ TEST_CASE("whatif --dp from EP = DP: the expert gradients of the replicated expe
     INFO("from EP = DP" + stages);
     whatif::whatif_options o;
     o.dp = 8, o.global_batch = 8;
-    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4" + stages)}), o);
-    const whatif::whatif_result direct =
-        whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4 --dp 8 --global-batch 8" + stages)}), whatif::whatif_options{});
+    const auto [r, direct] = moe_test_predict("--ep 4" + stages, o, "--ep 4 --dp 8 --global-batch 8" + stages);
     std::size_t inserted = 0;
     for (const auto& ci : r.predicted.built.graph.collectives) inserted += ci.group.starts_with("expert_dp.inserted.");
     CHECK(inserted > 0);
@@ -393,7 +400,7 @@ TEST_CASE("whatif --dp from EP = DP: the expert gradients of the replicated expe
     REQUIRE(c != r.changes.end());
     CHECK(c->text.find("inserted over 2 expert-data-parallel ranks") != std::string::npos);
     CHECK_FALSE(r.moe);  // no MoE flag: no MoE summary
-    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+    CHECK(moe_test_iteration_off(r, direct) < 0.03);
   }
 }
 
@@ -404,19 +411,9 @@ TEST_CASE("whatif --ep with 2 local experts: launches folded into a grouped GEMM
   // EP 4's, in the forward passes and in the backward ones (whose host time before a launch is
   // less than the forward's). 2 layers: the backward of a single layer is not delimited into
   // layers (periodicity needs a repeated block), so its expert GEMMs are no MoE op to rescale.
-  lumos_test::temp_dir dir;
-  const auto synth = [&](int ep) {
-    const auto p = dir.path() / ("ep" + std::to_string(ep));
-    const auto made = lumos_test::run_cli("synth --model qwen3-30b-a3b --experts 4 --top-k 2 --layers 2 --seq 1024 --tp 1 --pp 1 --dp 4 "
-                                          "--ep " + std::to_string(ep) + " --micro-batch 1 --global-batch 4 --gpu h100-sxm --detail kernel "
-                                          "--unfold --out " + p.string());
-    REQUIRE(made.code == 0);
-    return p;
-  };
   whatif::whatif_options o;
   o.moe.ep = 4;
-  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({synth(2)}), o);
-  const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({synth(4)}), whatif::whatif_options{});
+  const auto [r, direct] = moe_test_predict("--experts 4 --top-k 2 --ep 2", o, "--experts 4 --top-k 2 --ep 4");
   REQUIRE(r.structure);
   REQUIRE(direct.structure);
   for (const whatif::phase_kind phase : {whatif::phase_kind::forward, whatif::phase_kind::backward}) {
@@ -425,7 +422,7 @@ TEST_CASE("whatif --ep with 2 local experts: launches folded into a grouped GEMM
                   truth = moe_test_grouped_host(direct.baseline.built, *direct.structure, phase);
     CAPTURE(to_string(phase), traced, predicted, truth);
     REQUIRE(truth < traced);
-    CHECK(std::abs(double(predicted) / double(truth) - 1.0) < 0.01);
+    CHECK(moe_test_off(predicted, truth) < 0.01);
   }
 }
 
@@ -595,14 +592,9 @@ TEST_CASE("a shared expert and dense layers beside the routed grouped experts ar
   // DeepSeek-V3's layers: 3 dense ones, then a MoE one with a shared expert of the routed
   // experts' FFN width beside them, its GEMMs over every token. Forward passes only: the
   // backward of these unlike layers is not delimited into layers.
-  lumos_test::temp_dir dir;
-  const auto synth = [&](int top_k) {
-    const auto p = dir.path() / ("top" + std::to_string(top_k));
-    const auto made = lumos_test::run_cli("synth --model deepseek-v3 --layers 4 --mtp-layers 0 --seq 1024 --tp 1 --pp 1 --dp 8 --ep 8 "
-                                          "--top-k " + std::to_string(top_k) + " --micro-batch 1 --global-batch 8 --gpu h100-sxm "
-                                          "--detail kernel --forward-only --out " + p.string());
-    REQUIRE(made.code == 0);
-    return p;
+  const auto synth = [](int top_k) {
+    return moe_test_synth("--model deepseek-v3 --layers 4 --mtp-layers 0 --seq 1024 --tp 1 --pp 1 --dp 8 --ep 8 --top-k " +
+                          std::to_string(top_k) + " --micro-batch 1 --global-batch 8 --gpu h100-sxm --detail kernel --forward-only");
   };
   const trace::job job = trace::load_job({synth(8)});
   {
@@ -614,7 +606,7 @@ TEST_CASE("a shared expert and dense layers beside the routed grouped experts ar
     const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({synth(4)}), whatif::whatif_options{});
     const auto predicted = moe_test_expert_time(r.predicted.built.graph, "Silu"), truth = moe_test_expert_time(direct.baseline.built.graph, "Silu");
     REQUIRE(truth.size() == 1);
-    CHECK(std::abs(double(predicted.at(0)) / double(truth.at(0)) - 1.0) < 0.05);
+    CHECK(moe_test_off(predicted.at(0), truth.at(0)) < 0.05);
   }
   whatif::whatif_options o;
   o.moe.routing = whatif::moe_routing::measured;
@@ -645,13 +637,11 @@ TEST_CASE("grouped MoE traces whose tokens per rank equal the expert FFN: only t
   // the hidden width are no per-expert GEMMs of a loop.
   whatif::whatif_options o;
   o.moe.top_k = 4;
-  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --seq 768")}), o);
-  const whatif::whatif_result direct =
-      whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --seq 768 --top-k 4")}), whatif::whatif_options{});
+  const auto [r, direct] = moe_test_predict("--ep 2 --seq 768", o, "--ep 2 --seq 768 --top-k 4");
   const auto gemms = moe_test_expert_time(r.predicted.built.graph, "gemm"), truth = moe_test_expert_time(direct.baseline.built.graph, "gemm");
   REQUIRE(truth.count(0));
-  CHECK(std::abs(double(gemms.at(0)) / double(truth.at(0)) - 1.0) < 0.03);
-  CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+  CHECK(moe_test_off(gemms.at(0), truth.at(0)) < 0.03);
+  CHECK(moe_test_iteration_off(r, direct) < 0.03);
 }
 
 TEST_CASE("structure discovery: the expert-data-parallel group is neither EP nor the DP degree", "[whatif][moe][structure]") {
@@ -863,12 +853,9 @@ std::int64_t moe_test_a2a_bytes(const graph::task_graph& g) {
 }  // namespace
 
 TEST_CASE("whatif --cp 2 on MoE traces: expert GEMMs and all-to-all messages follow the tokens per rank as the direct job has them", "[whatif][moe][cp]") {
-  const trace::job job = trace::load_job({moe_test_job_with("--ep 2")});
-  const trace::job truth_job = trace::load_job({moe_test_job_with("--ep 2 --cp 2")});
   whatif::whatif_options o;
   o.shape.cp = 2;
-  const whatif::whatif_result r = whatif::run_whatif(job, o);
-  const whatif::whatif_result truth = whatif::run_whatif(truth_job, {});
+  const auto [r, truth] = moe_test_predict("--ep 2", o, "--ep 2 --cp 2");
   // The all-to-alls keep their count and carry half the tokens: the direct job's messages.
   const auto& before = r.baseline.built.graph;
   const auto& after = r.predicted.built.graph;
@@ -882,7 +869,7 @@ TEST_CASE("whatif --cp 2 on MoE traces: expert GEMMs and all-to-all messages fol
   const auto gemm_truth = moe_test_expert_time(truth.baseline.built.graph, "GemmGrouped");
   REQUIRE(gemm_before.count(0));
   CHECK(gemm_after.at(0) < gemm_before.at(0));
-  CHECK(std::abs(double(gemm_after.at(0)) - double(gemm_truth.at(0))) <= 0.05 * double(gemm_truth.at(0)));
+  CHECK(moe_test_off(gemm_after.at(0), gemm_truth.at(0)) <= 0.05);
   // The MoE change says the tokens per rank halve; the ring is inserted beside the attention.
   const whatif::change* c = moe_test_change(r);
   REQUIRE(c != nullptr);
@@ -891,7 +878,7 @@ TEST_CASE("whatif --cp 2 on MoE traces: expert GEMMs and all-to-all messages fol
   for (const auto& ci : after.collectives) exchanges += ci.group.rfind("cp.folded.", 0) == 0;
   CHECK(exchanges > 0);
   CHECK_FALSE(r.moe);  // no MoE flag: no MoE summary
-  CHECK(std::abs(double(r.predicted.simulated_ns) - double(truth.baseline.simulated_ns)) <= 0.03 * double(truth.baseline.simulated_ns));
+  CHECK(moe_test_iteration_off(r, truth) <= 0.03);
 }
 
 TEST_CASE("whatif --cp with --ep on MoE traces: the EP and expert-DP groups of DP x CP as the direct job runs them", "[whatif][moe][cp]") {
@@ -902,7 +889,7 @@ TEST_CASE("whatif --cp with --ep on MoE traces: the EP and expert-DP groups of D
   const whatif::whatif_result r = whatif::run_whatif(job, o);
   const whatif::whatif_result truth = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 4 --cp 2")}), {});
   for (const auto* ci : moe_test_all_to_alls(r.predicted.built.graph)) CHECK(ci->group_ranks.size() == 4);
-  CHECK(std::abs(double(r.predicted.simulated_ns) - double(truth.baseline.simulated_ns)) <= 0.03 * double(truth.baseline.simulated_ns));
+  CHECK(moe_test_iteration_off(r, truth) <= 0.03);
   // EP 8 does not divide DP 4 x CP 1: the CP change that makes it fit is allowed, its absence refused.
   whatif::whatif_options big;
   big.moe.ep = 8;

@@ -76,14 +76,18 @@ inline std::size_t keep_in_last_copy(graph::task_graph& g, const micro_batch_rew
 
 namespace detail {
 
-/// The traces' micro-batches per replica, for a change to `micro_batches`: throws when the target
-/// is not positive or the traces' count is not known.
-[[nodiscard]] inline int traced_micro_batches(const parallel_layout& par, int micro_batches) {
+/// A change from the traces' micro-batches per replica to `micro_batches`, before any is
+/// repeated or removed (its `change` said already when they are the same count): throws when
+/// the target is not positive or the traces' count is not known.
+[[nodiscard]] inline micro_batch_rewrite micro_batch_change(const parallel_layout& par, int micro_batches) {
   if (micro_batches <= 0) throw error("whatif: the count of micro-batches must be positive (got " + std::to_string(micro_batches) + ")");
   if (!par.micro_batches.known()) {
     throw error("whatif: the traces' micro-batches per iteration are not known (" + par.micro_batches.source + ")");
   }
-  return *par.micro_batches.value;
+  micro_batch_rewrite out;
+  out.from = *par.micro_batches.value, out.to = micro_batches;
+  if (out.from == out.to) out.change = "micro-batches per replica: " + std::to_string(out.from) + " as traced";
+  return out;
 }
 
 /// Which micro-batches a change from m (at least 2) to `to` repeats or removes, into `out`:
@@ -165,13 +169,9 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
   const graph::task_graph& g = b.graph;
   const auto& par = st.parallel;
   if (par.pp.value.value_or(1) > 1) throw error("whatif: a micro-batch count change with pipeline stages is stage_micro_batches_to's");
-  const int m = detail::traced_micro_batches(par, micro_batches);
-  micro_batch_rewrite out;
-  out.from = m, out.to = micro_batches;
-  if (micro_batches == m) {
-    out.change = "micro-batches per replica: " + std::to_string(m) + " as traced";
-    return out;
-  }
+  micro_batch_rewrite out = detail::micro_batch_change(par, micro_batches);
+  if (out.from == out.to) return out;
+  const int m = out.from;
   const std::size_t n = g.task_count();
   std::vector<std::vector<graph::task_id>> on(g.processors.size());
   for (graph::task_id t = 0; t < n; ++t) on[g.processor[t]].push_back(t);
@@ -319,13 +319,9 @@ void mark_pass_ops(const graph::built_job& b, const job_structure& st, int m, bo
   const auto& par = st.parallel;
   const int P = par.pp.value.value_or(1);
   if (P < 2) throw error("whatif: stage_micro_batches_to needs traces with pipeline stages");
-  const int m = detail::traced_micro_batches(par, micro_batches);
-  micro_batch_rewrite out;
-  out.from = m, out.to = micro_batches;
-  if (micro_batches == m) {
-    out.change = "micro-batches per replica: " + std::to_string(m) + " as traced";
-    return out;
-  }
+  micro_batch_rewrite out = detail::micro_batch_change(par, micro_batches);
+  if (out.from == out.to) return out;
+  const int m = out.from;
   if (m < 2) throw error("whatif: the traces ran one micro-batch per iteration, so no pass of a middle micro-batch can be copied");
   const graph::task_graph& g = b.graph;
   const std::size_t n = g.task_count(), R = job.ranks.size();

@@ -673,13 +673,10 @@ inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st,
   return out;
 }
 
-/// One sentence per shape rewrite for `changes`.
-[[nodiscard]] inline std::string describe(const shape_config& a, const shape_config& b, const shape_stats& s) {
-  std::string what;
-  auto field = [&](const char* name, std::int64_t x, std::int64_t y) {
-    if (x != y)
-      what += (what.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(x) + " -> " + std::to_string(y);
-  };
+/// Calls `field(name, traced, target)` for each field a shape change can change, in the order
+/// its sentence and its record name them.
+template <class Field>
+void for_each_shape_field(const shape_config& a, const shape_config& b, Field&& field) {
   field("hidden", a.hidden, b.hidden);
   field("FFN", a.ffn, b.ffn);
   field("heads", a.heads, b.heads);
@@ -688,6 +685,16 @@ inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st,
   field("micro-batch", a.micro_batch, b.micro_batch);
   field("TP", a.tp, b.tp);
   field("CP", a.cp, b.cp);
+}
+
+/// One sentence per shape rewrite for `changes`.
+[[nodiscard]] inline std::string describe(const shape_config& a, const shape_config& b, const shape_stats& s) {
+  std::string what;
+  auto field = [&](const char* name, std::int64_t x, std::int64_t y) {
+    if (x != y)
+      what += (what.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(x) + " -> " + std::to_string(y);
+  };
+  for_each_shape_field(a, b, field);
   if (what.empty()) what = "the traces' own shape";
   if (s.sequence_parallel) what += " (sequence parallel: activations between the GEMMs are 1/TP of the tokens)";
   char line[768];
@@ -712,14 +719,7 @@ inline shape_stats shard_optimizer(graph::built_job& b, const job_structure& st,
     from += (from.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(x);
     to += (to.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(y);
   };
-  field("hidden", a.hidden, b.hidden);
-  field("FFN", a.ffn, b.ffn);
-  field("heads", a.heads, b.heads);
-  field("head dim", a.head_dim, b.head_dim);
-  field("sequence", a.seq, b.seq);
-  field("micro-batch", a.micro_batch, b.micro_batch);
-  field("TP", a.tp, b.tp);
-  field("CP", a.cp, b.cp);
+  for_each_shape_field(a, b, field);
   return changed("shape", "shape", from, to, describe(a, b, s),
                  {time_figure("GPU op time", s.before, s.after), count_figure("GEMM ops rescaled", s.gemm),
                   count_figure("attention ops rescaled", s.attention), count_figure("memory-bound ops rescaled", s.memory),

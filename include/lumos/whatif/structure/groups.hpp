@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -39,6 +40,29 @@ struct group_acc {
   std::size_t layer_sendrecv = 0, attention_sendrecv = 0;
 };
 
+/// The ranks collective launch `l` of rank trace `t` (its args on event `src`) runs over, as its
+/// args and the job tell them.
+struct collective_ranks {
+  std::vector<int> listed;               ///< its `Process Group Ranks` (empty: not recorded)
+  std::vector<int> joined;               ///< the ranks of the job that joined it, sorted (empty: peers absent)
+  std::optional<std::int64_t> size_arg;  ///< its `Group size` arg as recorded (see group_size_of)
+
+  /// How many: its `Group size`, else its `Process Group Ranks`, else the ranks that joined it
+  /// (0: none says).
+  [[nodiscard]] int count() const {
+    if (size_arg) {
+      if (const auto size = group_size_of(*size_arg)) return *size;
+    }
+    return static_cast<int>(!listed.empty() ? listed.size() : joined.size());
+  }
+};
+
+[[nodiscard]] inline collective_ranks collective_ranks_of(const discovery_inputs& in, const trace::rank_trace& t, std::size_t src,
+                                                          const launch_rec& l) {
+  return {graph::detail::parse_rank_list(t.arg_text(src, trace::arg_key::process_group_ranks)),
+          l.instance >= 0 ? in.participants(l.instance) : std::vector<int>{}, t.arg(src, trace::arg_key::group_size)};
+}
+
 /// Whether launch `l` of `t` runs inside an attention operator of a layer: its innermost GEMM or
 /// attention operator, or its outermost CPU operator, is named as attention.
 [[nodiscard]] inline bool launched_in_attention(const trace::rank_trace& t, const launch_rec& l) {
@@ -59,19 +83,18 @@ inline void add_collective(const discovery_inputs& in, std::size_t ri, const com
   const trace::rank_trace& t = in.job.ranks[ri];
   const std::size_t src = args_of.of(l.op);
   std::string kind = comm_kind(t.name(t.events[l.op]), t.arg_text(src, trace::arg_key::collective_name));
-  std::vector<int> ranks = graph::detail::parse_rank_list(t.arg_text(src, trace::arg_key::process_group_ranks));
+  const collective_ranks cr = collective_ranks_of(in, t, src, l);
   std::string name(t.arg_text(src, trace::arg_key::process_group_name));
-  std::vector<int> seen_ranks = l.instance >= 0 ? in.participants(l.instance) : std::vector<int>{};
   // Ring attention's send/recv (context parallelism) are no all-to-all, whatever their group size.
   const bool ring = kind == "sendrecv" && (context_parallel_description(t.arg_text(src, trace::arg_key::process_group_desc)) ||
                                            launched_in_attention(t, l));
-  if (kind == "sendrecv" && (seen_ranks.size() > 2 || ranks.size() > 2) && !l.p2p && !ring) kind = "alltoall";
+  if (kind == "sendrecv" && (cr.joined.size() > 2 || cr.listed.size() > 2) && !l.p2p && !ring) kind = "alltoall";
   std::string key;
   if (!name.empty()) {
     key = "name " + name;
   } else if (l.instance >= 0) {
     name = "world";
-    key = "ranks " + join_ints(seen_ranks);
+    key = "ranks " + join_ints(cr.joined);
   } else {
     name = "(unmatched, peers absent)";
     key = "unmatched";
@@ -82,10 +105,10 @@ inline void add_collective(const discovery_inputs& in, std::size_t ri, const com
     acc.g.description = std::string(t.arg_text(src, trace::arg_key::process_group_desc));
   }
   std::set<int> rs(acc.g.ranks.begin(), acc.g.ranks.end());
-  rs.insert(ranks.begin(), ranks.end());
-  rs.insert(seen_ranks.begin(), seen_ranks.end());
+  rs.insert(cr.listed.begin(), cr.listed.end());
+  rs.insert(cr.joined.begin(), cr.joined.end());
   acc.g.ranks.assign(rs.begin(), rs.end());
-  if (const auto gs = t.arg(src, trace::arg_key::group_size); gs && !acc.g.size.known()) {
+  if (const auto& gs = cr.size_arg; gs && !acc.g.size.known()) {
     if (const auto size = group_size_of(*gs)) {
       acc.g.size.value = *size;
       acc.g.size.source = "Group size arg";

@@ -12,6 +12,7 @@
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/structure/classify.hpp>
+#include <lumos/whatif/structure/groups.hpp>
 #include <lumos/whatif/structure/inputs.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
@@ -141,18 +142,6 @@ inline void add_expert_gemm(const trace::rank_trace& t, const launch_rec& l, std
   }
 }
 
-/// The ranks of the group collective launch `l` of rank trace `t` runs over: its `Group size`,
-/// else its `Process Group Ranks`, else the ranks that joined it (0: none says).
-[[nodiscard]] inline int comm_group_ranks(const discovery_inputs& in, const trace::rank_trace& t, std::uint32_t src, const launch_rec& l) {
-  if (const auto gs = t.arg(src, trace::arg_key::group_size)) {
-    if (const auto size = group_size_of(*gs)) return *size;
-  }
-  if (const auto ranks = graph::detail::parse_rank_list(t.arg_text(src, trace::arg_key::process_group_ranks)); !ranks.empty()) {
-    return static_cast<int>(ranks.size());
-  }
-  return l.instance >= 0 ? static_cast<int>(in.participants(l.instance).size()) : 0;
-}
-
 /// What collective launch `l` of rank `ri` inside MoE layer `m` tells: the layer's first
 /// all-to-all, or an all-gather before its experts (of tokens or of token copies: which, is
 /// told once the experts' rows are known, by `copy_replicas`).
@@ -171,7 +160,7 @@ inline void note_layer_comm(const discovery_inputs& in, std::size_t ri, const co
   moe_layer_rec::gather g;
   g.in = t.arg(src, trace::arg_key::in_msg_nelems).value_or(-1);
   g.out = t.arg(src, trace::arg_key::out_msg_nelems).value_or(-1);
-  g.ranks = comm_group_ranks(in, t, src, l);
+  g.ranks = collective_ranks_of(in, t, src, l).count();
   g.after_all_to_all = m.a2a != no_event;
   m.gathers.push_back(g);
 }
