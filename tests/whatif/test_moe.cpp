@@ -337,6 +337,31 @@ TEST_CASE("whatif --pp on MoE traces: each stage's optimizer and parameter all-g
   }
 }
 
+TEST_CASE("whatif --pp --vp from PP 1 on MoE traces: each chunk's dense and expert buckets reduced as the direct job reduces them", "[whatif][moe]") {
+  // Rank 0's gradient reduce-scatters (the dense group's and the experts'), on the first stage,
+  // whose chunks hold layers 0 and 2: the first layer's experts and the embedding's bucket close
+  // one after the other at the end of the backward.
+  const auto scatters = [](const graph::task_graph& g) {
+    std::map<bool, std::size_t> n;
+    for (const auto& ci : g.collectives) {
+      if (ci.kind != "reducescatter" || ci.complete.empty() || g.rank[ci.complete.front()] != 0) continue;
+      ++n[ci.group.starts_with("edp.") || ci.group.starts_with("expert_dp.")];
+    }
+    return n;
+  };
+  whatif::whatif_options o;
+  o.pp = 2, o.vp = 2;
+  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --layers 4 --global-batch 8")}), o);
+  const whatif::whatif_result direct =
+      whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --layers 4 --global-batch 8 --pp 2 --vp 2")}), whatif::whatif_options{});
+  REQUIRE(r.stages);  // split in the graph
+  const auto have = scatters(r.predicted.built.graph), want = scatters(direct.baseline.built.graph);
+  REQUIRE(want.count(false));
+  REQUIRE(want.count(true));
+  CHECK(have == want);
+  CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.01);
+}
+
 TEST_CASE("whatif --experts and --expert-ffn from EP = DP: the optimizer follows the expert parameters as the direct job has them", "[whatif][moe]") {
   // EP 4 over DP 4 reduces no expert gradient, so no collective tells the experts' share of the
   // optimizer's parameters: the model counts it.

@@ -83,13 +83,26 @@ namespace detail {
     last[g.processor[t]] = t;
   }
   if (on.empty()) return {};
-  // When each stream task's collective was launched: its launch call's start.
+  // The GPU op a stream task waits for (an inserted bucket's closing op, `insert_gradient_buckets`).
+  std::vector<graph::task_id> hook(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::cross_stream && g.processor[e.to] == stream && g.kind[e.from] == graph::task_kind::gpu_compute) {
+      hook[e.to] = e.from;
+    }
+  }
+  // When each stream task's collective was launched: its launch call's start, or, when it waits
+  // for a GPU op, that op's launch if later. A bucket a pass inserted is launched just before its
+  // closing op (inside the segment), yet it is ready only after that op: an expert bucket closed
+  // by the op before goes ahead of it, as Megatron's hooks run them (the first layer's experts
+  // before the embedding's bucket).
   std::vector<time_ns> launched(on.size());
   for (std::size_t i = 0; i < on.size(); ++i) {
     const graph::task_id t = on[i];
     // A task no call launched is part of the collective before it (an arrive's complete).
     if (launches.launched(t)) {
       launched[i] = g.observed_start[g.edges[launches.of[t]].from];
+      const graph::task_id h = hook[t];
+      if (h != graph::no_task && launches.launched(h)) launched[i] = std::max(launched[i], g.observed_start[g.edges[launches.of[h]].from]);
     } else {
       launched[i] = i > 0 ? launched[i - 1] : g.observed_start[t];
     }
