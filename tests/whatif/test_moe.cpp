@@ -7,8 +7,12 @@
 // fused gate-and-up width, a shared expert and dense layers left out) and errors that name the flag;
 // CP changes of the synth MoE job (the tokens per rank through the experts and all-to-alls, with
 // and without an EP change) against the direct job, and what is refused on MoE layers.
+#include "../synth/kernel_job_support.hpp"
 #include "../unit/test_support.hpp"
 
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/model/transformer.hpp>
 #include <lumos/report/json/whatif.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/whatif.hpp>
@@ -422,6 +426,53 @@ TEST_CASE("whatif --dp from EP = DP: the expert gradients of the replicated expe
     CHECK(c->text.find("inserted over 2 expert-data-parallel ranks") != std::string::npos);
     CHECK_FALSE(r.moe);  // no MoE flag: no MoE summary
     CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.03);
+  }
+}
+
+TEST_CASE("whatif --ep and --dp from EP = DP on DDP traces: the expert buckets all-reduced as the direct DDP job reduces them", "[whatif][moe]") {
+  // DDP (no distributed optimizer): the dense gradients all-reduced, each rank stepping every
+  // parameter it holds; Qwen3-30B-A3B's layers, 2 of them, DP 4, one micro-batch per replica.
+  lumos_test::temp_dir dir;
+  const auto ddp_job = [&](int ep, int dp) {
+    synth::job j;
+    j.model = model::model_preset("qwen3-30b-a3b");
+    j.model.layers = 2, j.model.seq = 1024;
+    j.hardware = model::hardware_preset("h100-sxm");
+    j.parallel.dp = dp, j.parallel.ep = ep, j.parallel.micro_batch = 1, j.parallel.global_batch = dp;
+    j.parallel.zero_stage = 0;
+    synth::program_options opt;
+    opt.unfold = true;
+    const auto out = dir.path() / ("ep" + std::to_string(ep) + "dp" + std::to_string(dp));
+    (void)lumos_test::write_kernel_job(j, opt, model::profile_preset("h100-sxm"), out);
+    return trace::load_job({out});
+  };
+  // Rank 0's expert gradient collectives by kind, and the group of its all-reduces.
+  const auto experts = [](const graph::task_graph& g, std::vector<int>& group) {
+    std::map<std::string, std::size_t> n;
+    for (const auto& ci : g.collectives) {
+      const bool expert = ci.group.starts_with("edp.") || ci.group.starts_with("expert_dp.inserted.");
+      if (!expert || ci.complete.empty() || g.rank[ci.complete.front()] != 0) continue;
+      ++n[ci.kind];
+      group = ci.group_ranks;
+    }
+    return n;
+  };
+  const trace::job traced = ddp_job(4, 4);
+  for (const auto& [ep, dp] : {std::pair{2, 4}, std::pair{4, 8}}) {
+    INFO("to EP " << ep << " DP " << dp);
+    whatif::whatif_options o;
+    if (ep != 4) o.moe.ep = ep;
+    if (dp != 4) o.dp = dp, o.global_batch = dp;
+    const whatif::whatif_result r = whatif::run_whatif(traced, o);
+    const whatif::whatif_result direct = whatif::run_whatif(ddp_job(ep, dp), whatif::whatif_options{});
+    REQUIRE(direct.structure);
+    REQUIRE(direct.structure->gradients.method.value == std::optional<std::string>("all-reduce"));
+    std::vector<int> have_group, want_group;
+    const auto have = experts(r.predicted.built.graph, have_group), want = experts(direct.baseline.built.graph, want_group);
+    REQUIRE(want.count("allreduce"));
+    CHECK(have == want);  // all-reduces only, as many as the direct job's
+    CHECK(have_group == want_group);
+    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.02);
   }
 }
 

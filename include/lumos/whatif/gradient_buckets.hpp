@@ -512,6 +512,8 @@ struct dp_stream_writer {
   graph::task_id previous = graph::no_task;  ///< the complete of the collective written last
   std::string_view group = inserted_gradient_group;  ///< the name of the collectives' group, before the rank
   std::string_view match = "inserted by a DP change from 1 (the group folded onto its traced rank)";
+  const char* reduce_kind = "reducescatter";  ///< each bucket's reduction (DDP's expert buckets: "allreduce")
+  std::string_view reduce_kernel = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL";
 
   /// One collective after `op` (launched with it when `op` was); returns its arrive, whose
   /// complete is the next task.
@@ -537,7 +539,7 @@ struct dp_stream_writer {
     graph::task_graph& ng = e.graph;  // the tasks appended here are on the new streams only
     for (const gradient_bucket& k : p.buckets) {
       const graph::task_id call = launches.launched(k.after) ? e.inserted[next_call] : graph::no_task;
-      const graph::task_id a = collective(k.after, "reducescatter", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", k.scatter, k.params);
+      const graph::task_id a = collective(k.after, reduce_kind, std::string(reduce_kernel), k.scatter, k.params);
       ng.add_edge(e.first(k.after), a, 0, graph::edge_kind::cross_stream);
       out.in_layers.push_back({e.first(k.after), call, a, a + 1});
     }

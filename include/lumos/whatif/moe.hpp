@@ -444,9 +444,11 @@ struct moe_pass {
     const int group_from = ctx.traced_replicas().value_or(std::max(1, dp / cp_from)) * cp_from;
     const bool dp_shards = data_parallel_pass{}.wanted(ctx) && group_from != dpcp_to;
     const double edp_to = (dp_shards ? static_cast<double>(group_from) : static_cast<double>(dpcp_to)) / to.ep;
-    // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it.
+    // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it. Under
+    // DDP each rank steps its whole expert shard, experts / EP, so an EP change moves it too.
+    const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
     std::vector<double> optimizer = layered;
-    if (optimizer.empty() && edp_traced == 1 && (to.experts != from.experts || to.expert_ffn != from.expert_ffn)) {
+    if (optimizer.empty() && edp_traced == 1 && (to.experts != from.experts || to.expert_ffn != from.expert_ffn || (ddp && to.ep != from.ep))) {
       const auto r = stage_ratios_of(ctx, st, from, to, traced, dp / cp_from, cp_from, layers_from, ctx.traced_pp());
       if (r) optimizer = per_rank(ctx, st, r->optimizer);
     }
@@ -694,11 +696,8 @@ struct moe_pass {
                                                const char* was = "none (1 expert-data-parallel rank)",
                                                const std::vector<std::array<graph::task_id, 4>>& dense = {}) {
     const job_structure& st = ctx.structure(b);
-    if (st.gradients.method.value.value_or("") == "all-reduce") {
-      return note("moe", "expert gradients", "the traces reduce no expert gradients (EP = DP x CP) and their dense ones by all-reduce: "
-                                             "the target's expert reduction is inserted for Megatron's distributed optimizer only, "
-                                             "the prediction lacks it");
-    }
+    // DDP (the dense gradients all-reduced): the experts' buckets all-reduced, nothing gathered.
+    const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
     // The buckets need the traced TP and layers only (the experts' parameters are given): a MoE
     // trace's FFN width, which the dense shape needs, is often unread.
     shape_config shape = ctx.shape_from ? *ctx.shape_from : shape_config{};
@@ -715,7 +714,7 @@ struct moe_pass {
     layout.layers = ctx.options.layers.value_or(0);
     if (ctx.shape_from || !ctx.options.schedule || !ctx.options.schedule->splits_backward) layout = bucket_layout(ctx, b, shape, weight_gradients);
     const expert_gradient_insertion g = insert_expert_gradients(ctx.job, b, st, shape, layout, params, model::megatron_bucket_params(dp_to), members,
-                                                                nccl, hw, ctx.costs(b).profile);
+                                                                nccl, hw, ctx.costs(b).profile, ddp);
     if (g.buckets == 0) {
       return note("moe", "expert gradients", "the traces reduce no expert gradients (EP = DP x CP) and no final backward pass was found to "
                                              "place the target's after: the prediction lacks them");
@@ -731,17 +730,23 @@ struct moe_pass {
       if (now[0] != graph::no_task && now[2] != graph::no_task && now[3] != graph::no_task) carried.push_back(now);
     }
     attach_to_layers(ctx.structure(b), carried);
+    char reduced[128];
+    if (ddp) {
+      std::snprintf(reduced, sizeof reduced, "all-reduced in %.3f ms", static_cast<double>(g.scatter_first) / 1e6);
+    } else {
+      std::snprintf(reduced, sizeof reduced, "reduce-scattered in %.3f ms and all-gathered in %.3f ms", static_cast<double>(g.scatter_first) / 1e6,
+                    static_cast<double>(g.gather_first) / 1e6);
+    }
     char line[640];
     std::snprintf(line, sizeof line,
                   "%s; the target's are inserted "
-                  "over %d expert-data-parallel ranks as Megatron's distributed optimizer reduces them: %zu buckets on %zu ranks "
-                  "(%zu on a stream of their own), the first rank's %lld expert parameters reduce-scattered in %.3f ms and "
-                  "all-gathered in %.3f ms (NCCL model)",
-                  why, g.group, g.buckets, g.ranks, g.own_streams, static_cast<long long>(g.params_first), static_cast<double>(g.scatter_first) / 1e6,
-                  static_cast<double>(g.gather_first) / 1e6);
+                  "over %d expert-data-parallel ranks as Megatron's %s reduces them: %zu buckets on %zu ranks "
+                  "(%zu on a stream of their own), the first rank's %lld expert parameters %s (NCCL model)",
+                  why, g.group, ddp ? "DDP (no distributed optimizer)" : "distributed optimizer", g.buckets, g.ranks, g.own_streams,
+                  static_cast<long long>(g.params_first), reduced);
     return changed("moe", "expert gradients", was, std::to_string(g.group) + " expert-data-parallel ranks",
                    line, {count_figure("expert gradient buckets inserted", g.buckets),
-                          time_figure("expert reduce-scatter time (first rank)", 0, g.scatter_first)});
+                          time_figure(ddp ? "expert all-reduce time (first rank)" : "expert reduce-scatter time (first rank)", 0, g.scatter_first)});
   }
 
   /// The per-expert launches of `ops` planned for the target's local experts (one edit with the
