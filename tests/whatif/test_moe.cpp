@@ -369,6 +369,31 @@ TEST_CASE("whatif --pp --vp from PP 1 on MoE traces: each chunk's dense and expe
   CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.01);
 }
 
+TEST_CASE("whatif --pp with --dp from PP 1 on MoE traces: each stage's buckets formed over the target's groups as the direct job has them", "[whatif][moe]") {
+  // Rank 0's gradient reduce-scatters, dense and the experts': how many, and their group sizes.
+  const auto scatters = [](const graph::task_graph& g) {
+    std::map<std::pair<bool, std::size_t>, std::size_t> n;
+    for (const auto& ci : g.collectives) {
+      if (ci.kind != "reducescatter" || ci.complete.empty() || g.rank[ci.complete.front()] != 0) continue;
+      ++n[{ci.group.starts_with("edp.") || ci.group.starts_with("expert_dp."), ci.group_ranks.size()}];
+    }
+    return n;
+  };
+  whatif::whatif_options o;
+  o.pp = 2, o.dp = 8, o.global_batch = 16;
+  const whatif::whatif_result r = whatif::run_whatif(trace::load_job({moe_test_job_with("--ep 2 --layers 4 --global-batch 8")}), o);
+  const whatif::whatif_result direct = whatif::run_whatif(
+      trace::load_job({moe_test_job_with("--ep 2 --layers 4 --global-batch 16 --pp 2 --dp 8")}), whatif::whatif_options{});
+  REQUIRE(r.stages);
+  const auto have = scatters(r.predicted.built.graph), want = scatters(direct.baseline.built.graph);
+  REQUIRE(want.count({false, 8}));
+  REQUIRE(want.count({true, 4}));
+  CHECK(have == want);
+  // The optimizer sharded once for the target's DP (the stage's share at the traced DP, then 4 / 8).
+  CHECK(std::abs(static_cast<double>(moe_test_optimizer_ns(r, true)) / static_cast<double>(moe_test_optimizer_ns(direct, false)) - 1.0) < 0.02);
+  CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.01);
+}
+
 TEST_CASE("whatif --experts and --expert-ffn from EP = DP: the optimizer follows the expert parameters as the direct job has them", "[whatif][moe]") {
   // EP 4 over DP 4 reduces no expert gradient, so no collective tells the experts' share of the
   // optimizer's parameters: the model counts it.

@@ -785,13 +785,14 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
 /// bucket can be formed the traced ones are restored: better than none.
 struct gradient_bucket_pass {
   /// Whether the target's stages form their own buckets where the traces' span the whole model:
-  /// from PP 1, with the distributed optimizer over more than one replica and their DP kept.
-  [[nodiscard]] static bool stages_rebucketed(const context& ctx) {
+  /// from PP 1, with the distributed optimizer over more than one replica and their DP kept, or
+  /// with `any_dp` another DP too (the caller inserts them at the target's).
+  [[nodiscard]] static bool stages_rebucketed(const context& ctx, bool any_dp = false) {
     const whatif_options& o = ctx.options;
     const auto& st = ctx.known_structure();
     if (!o.pp || *o.pp <= 1 || ctx.traced_pp() != 1 || !st) return false;
     const int traced_dp = st->parallel.dp.value.value_or(1);
-    return traced_dp > 1 && (!o.dp || *o.dp == ctx.traced_replicas()) && runs_distributed_optimizer(*st);
+    return traced_dp > 1 && (any_dp || !o.dp || *o.dp == ctx.traced_replicas()) && runs_distributed_optimizer(*st);
   }
   [[nodiscard]] bool wanted(const context& ctx) const {
     // On MoE layers the MoE pass forms the stages' buckets (moe.hpp, `rebucket`).

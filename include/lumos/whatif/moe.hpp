@@ -393,7 +393,7 @@ struct moe_pass {
     const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
     if (!t.any() && tokens == 1.0 && !experts_regrouped(ctx)) {
       bool inserted = false;
-      change_list out = rebucket(ctx, b, from, traced, hidden, tp, dp, nccl, hw, inserted);
+      change_list out = rebucket(ctx, b, from, traced, hidden, tp, dp, dpcp_to, nccl, hw, inserted);
       for (change& c : layers_only(ctx, b, ctx.structure(b), from, staged, tp, dp, !inserted, nccl, hw)) out.push_back(std::move(c));
       return out;
     }
@@ -570,12 +570,14 @@ struct moe_pass {
   /// model and Megatron forms each stage's from its own parameters, so the data-parallel
   /// reduce-scatters and all-gathers, dense and expert, are removed and the target stages'
   /// inserted: the dense buckets of each layer's attention, router and norms (with the embedding
-  /// and the head) over DP x CP, the routed experts' over the expert-data-parallel group. Empty
-  /// when not asked; `b` unchanged, with a note, when a bucket cannot be placed. Sets `inserted`.
+  /// and the head) over DP x CP, the routed experts' over the expert-data-parallel group, both of
+  /// the target's DP x CP `dpcp_to` (the data-parallel pass then finds them sized and shards the
+  /// optimizer from the traces' `dp`). Empty when not asked; `b` unchanged, with a note, when a
+  /// bucket cannot be placed. Sets `inserted`.
   [[nodiscard]] static change_list rebucket(context& ctx, graph::built_job& b, const moe_config& c, const detail::expert_width& traced,
-                                            std::int64_t hidden, int tp, int dp, const model::nccl_model& nccl, const model::hardware& hw,
-                                            bool& inserted) {
-    if (!gradient_bucket_pass::stages_rebucketed(ctx)) return {};
+                                            std::int64_t hidden, int tp, int dp, int dpcp_to, const model::nccl_model& nccl,
+                                            const model::hardware& hw, bool& inserted) {
+    if (!gradient_bucket_pass::stages_rebucketed(ctx, true)) return {};
     return gradient_bucket_pass::kept_on_error(ctx, b, [&]() -> change_list {
       const job_structure& st = ctx.structure(b);
       const shape_config shape = traced_shape(st, true);
@@ -593,11 +595,11 @@ struct moe_pass {
                                         " data-parallel and expert-data-parallel reduce-scatters and all-gathers (buckets over the whole "
                                         "model) removed, since Megatron forms each stage's buckets from its own parameters, and each target "
                                         "stage's reduction of the dense parameters (attention, router, norms, embedding, head) inserted")};
-      if (dp / c.ep > 1) {
+      if (dpcp_to / c.ep > 1) {
         const auto members = [&](int rank) {
           detail::moe_comm e;
           e.kind = model::collective::reduce_scatter, e.rank = rank;
-          return detail::moe_members(e, c, c, tp, dp, dp).second;
+          return detail::moe_members(e, c, c, tp, dp, dpcp_to).second;
         };
         change experts = insert_gradients(ctx, b, c, hidden, tp, traced, members, nccl, hw,
                                           "the traces' expert buckets span the whole model", "the traces' buckets", bi.in_layers);
