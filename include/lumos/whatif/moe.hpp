@@ -577,23 +577,27 @@ struct moe_pass {
   [[nodiscard]] static change_list rebucket(context& ctx, graph::built_job& b, const moe_config& c, const detail::expert_width& traced,
                                             std::int64_t hidden, int tp, int dp, int dpcp_to, const model::nccl_model& nccl,
                                             const model::hardware& hw, bool& inserted) {
-    if (!gradient_bucket_pass::stages_rebucketed(ctx, true)) return {};
+    if (!gradient_bucket_pass::stages_rebucketed(ctx, true, true)) return {};
+    // DDP traces (the dense gradients all-reduced): each stage's buckets all-reduced, none gathered.
+    const bool ddp = ctx.structure(b).gradients.method.value.value_or("") == "all-reduce";
     return gradient_bucket_pass::kept_on_error(ctx, b, [&]() -> change_list {
       const job_structure& st = ctx.structure(b);
       const shape_config shape = traced_shape(st, true);
       const std::int64_t vocab = traced_vocab_local(ctx.job, st, shape) * shape.tp;
       model::transformer m = counted_transformer(shape, st, vocab, st.model.gated_mlp || traced.fused || traced.inputs > 1);
       m.moe.experts = c.experts, m.moe.top_k = c.top_k, m.moe.expert_ffn = c.expert_ffn;
-      const std::size_t removed = strip_gradient_collectives(b, ctx.job, st);
+      const std::size_t removed = strip_gradient_collectives(b, ctx.job, st, ddp);
       if (removed == 0) return {};
       ctx.refresh(b);
       const int group = ctx.target_gradient_group();
-      const bucket_insertion bi = insert_target_buckets(ctx, b, group, shape, vocab, model::moe_layer_dense_parameters_per_rank(m, shape.tp));
+      const bucket_insertion bi =
+          insert_target_buckets(ctx, b, group, shape, vocab, model::moe_layer_dense_parameters_per_rank(m, shape.tp), ddp);
       gradient_bucket_pass::require_formed(bi);
       change_list out{bucket_change(bi, group, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
                                     "PP 1 -> " + std::to_string(*ctx.options.pp) + " on MoE layers: the traces' " + std::to_string(removed) +
-                                        " data-parallel and expert-data-parallel reduce-scatters and all-gathers (buckets over the whole "
-                                        "model) removed, since Megatron forms each stage's buckets from its own parameters, and each target "
+                                        (ddp ? " data-parallel and expert-data-parallel all-reduces" : " data-parallel and expert-data-parallel "
+                                                                                                        "reduce-scatters and all-gathers") +
+                                        " (buckets over the whole model) removed, since Megatron forms each stage's buckets from its own parameters, and each target "
                                         "stage's reduction of the dense parameters (attention, router, norms, embedding, head) inserted")};
       if (dpcp_to / c.ep > 1) {
         const auto members = [&](int rank) {
@@ -602,7 +606,7 @@ struct moe_pass {
           return detail::moe_members(e, c, c, tp, dp, dpcp_to).second;
         };
         change experts = insert_gradients(ctx, b, c, hidden, tp, traced, members, nccl, hw,
-                                          "the traces' expert buckets span the whole model", "the traces' buckets", bi.in_layers);
+                                          "the traces' expert buckets span the whole model", "the traces' buckets", bi.in_layers, ddp);
         if (experts.from.empty()) throw error(experts.text);  // a note: none placed
         out.push_back(std::move(experts));
       }
@@ -688,7 +692,8 @@ struct moe_pass {
   /// (moe_gradients.hpp): its parameters per MoE layer and rank, `members` the target's
   /// expert-data-parallel group of a global rank. `why`: what the traces' reduction was, `was`
   /// its short form; `dense`: the reduce-scatters of the dense buckets a pass inserted just before
-  /// (`bucket_insertion::in_layers`), put back in their layers with the experts'.
+  /// (`bucket_insertion::in_layers`), put back in their layers with the experts'; `ddp_traced`:
+  /// the traces ran DDP (their all-reduces since replaced).
   template <class Members>
   [[nodiscard]] static change insert_gradients(context& ctx, graph::built_job& b, const moe_config& to, std::int64_t hidden, int tp,
                                                const detail::expert_width& traced, Members&& members, const model::nccl_model& nccl,
@@ -696,10 +701,11 @@ struct moe_pass {
                                                const char* why = "the traces reduce no expert gradients (EP = DP x CP: one replica of each "
                                                                  "expert shard)",
                                                const char* was = "none (1 expert-data-parallel rank)",
-                                               const std::vector<std::array<graph::task_id, 4>>& dense = {}) {
+                                               const std::vector<std::array<graph::task_id, 4>>& dense = {}, bool ddp_traced = false) {
     const job_structure& st = ctx.structure(b);
-    // DDP (the dense gradients all-reduced): the experts' buckets all-reduced, nothing gathered.
-    const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
+    // DDP (the dense gradients all-reduced, or `ddp_traced` where a pass replaced the traced
+    // ones): the experts' buckets all-reduced, nothing gathered.
+    const bool ddp = ddp_traced || st.gradients.method.value.value_or("") == "all-reduce";
     // The buckets need the traced TP and layers only (the experts' parameters are given): a MoE
     // trace's FFN width, which the dense shape needs, is often unread.
     shape_config shape = ctx.shape_from ? *ctx.shape_from : shape_config{};
