@@ -308,6 +308,13 @@ MOE_CASES = [
     ("MoE: PP 1→2 (in the graph)", {}, {"--pp": "2"}),
     ("MoE: PP 1→2 with EP 2→4 (in the graph)", {}, {"--pp": "2", "--ep": "4"}),
     ("MoE: PP 1→2 from EP 1 (in the graph)", {"--ep": "1"}, {"--pp": "2"}),
+    # Interleaved: each chunk's buckets, the first layer's experts reduced before the embedding's.
+    ("MoE: PP 1→2, interleaved 2 chunks (in the graph)", {"--layers": "4"}, {"--pp": "2", "--vp": "2"}),
+    # With the target's DP: each stage's buckets over the target's groups, the optimizer sharded once.
+    ("MoE: PP 1→2 with DP 4→8 (in the graph)", {}, {"--pp": "2", "--dp": "8", "--global-batch": "16"}),
+    # Stages of one layer: the vocabulary (the embedding and head's parameters) from the logits GEMM,
+    # not the routers' (outside the undelimited layer of such a stage's backward).
+    ("MoE: PP 4→2 at 4 layers", {"--layers": "4", "--pp": "4"}, {"--pp": "2"}),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -62,6 +62,7 @@ struct bucket_insertion {
   time_ns gather_first = 0;       ///< their all-gathers'
   std::size_t buckets_first = 0;  ///< their count
   std::vector<std::string> skipped;  ///< chunks without a final backward pass, and why
+  bool all_reduce = false;           ///< DDP's reduction (`bucket_target::all_reduce`)
   /// Each reduce-scatter as the tasks a layer change must copy with the layer that closes its
   /// bucket: the GPU op it follows, its launch call (or no_task), its arrive and complete.
   std::vector<std::array<graph::task_id, 4>> in_layers;
@@ -101,6 +102,8 @@ struct bucket_target {
   /// (`weight_gradient_tasks`). Each bucket then waits for its segment's last weight gradient,
   /// which the split puts in the W pass, instead of the segment's last kernel (in B).
   const std::vector<std::uint8_t>* weight_gradients = nullptr;
+  /// DDP's reduction (no distributed optimizer): each bucket all-reduced, nothing gathered.
+  bool all_reduce = false;
 };
 
 namespace detail {
@@ -403,14 +406,16 @@ struct bucket_planner {
     const int rank = b.ranks[ri].rank;
     const int stage = st.ranks[ri].stage.value.value_or(0);
     plan.members = dp_group_members(rank, stage, shape.tp, tp_traced, dp);
+    const model::collective reduce = target.all_reduce ? model::collective::all_reduce : model::collective::reduce_scatter;
     for (gradient_bucket& k : plan.buckets) {
       const model::group_placement placement = model::placement_of(dp_group_members(rank, split ? k.stage : stage, shape.tp, tp_traced, dp), hw);
-      k.scatter = nccl.collective_time({model::collective::reduce_scatter, k.params * 4, placement}, hw);
+      k.scatter = nccl.collective_time({reduce, k.params * 4, placement}, hw);
     }
     // In the order they run: by when the op each follows ended in the trace.
     std::stable_sort(plan.buckets.begin(), plan.buckets.end(), [&](const gradient_bucket& x, const gradient_bucket& y) {
       return b.graph.observed_end[x.after] < b.graph.observed_end[y.after];
     });
+    if (target.all_reduce) return;
     const model::group_placement home = model::placement_of(plan.members, hw);
     for (const std::int64_t gathered : gathered_params(stage)) {
       plan.gathers.push_back(nccl.collective_time({model::collective::all_gather, gathered * 2, home}, hw));
@@ -512,6 +517,8 @@ struct dp_stream_writer {
   graph::task_id previous = graph::no_task;  ///< the complete of the collective written last
   std::string_view group = inserted_gradient_group;  ///< the name of the collectives' group, before the rank
   std::string_view match = "inserted by a DP change from 1 (the group folded onto its traced rank)";
+  const char* reduce_kind = "reducescatter";  ///< each bucket's reduction (DDP's expert buckets: "allreduce")
+  std::string_view reduce_kernel = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL";
 
   /// One collective after `op` (launched with it when `op` was); returns its arrive, whose
   /// complete is the next task.
@@ -537,7 +544,7 @@ struct dp_stream_writer {
     graph::task_graph& ng = e.graph;  // the tasks appended here are on the new streams only
     for (const gradient_bucket& k : p.buckets) {
       const graph::task_id call = launches.launched(k.after) ? e.inserted[next_call] : graph::no_task;
-      const graph::task_id a = collective(k.after, "reducescatter", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", k.scatter, k.params);
+      const graph::task_id a = collective(k.after, reduce_kind, std::string(reduce_kernel), k.scatter, k.params);
       ng.add_edge(e.first(k.after), a, 0, graph::edge_kind::cross_stream);
       out.in_layers.push_back({e.first(k.after), call, a, a + 1});
     }
@@ -570,6 +577,7 @@ struct dp_stream_writer {
                                                               const bucket_target& target = {}) {
   bucket_insertion out;
   out.bucket_params = model::megatron_bucket_params(dp);
+  out.all_reduce = target.all_reduce;
   detail::bucket_planner planner(b, st, shape, vocab, gated, dp, nccl, hw, target, out);
   std::vector<detail::rank_buckets> plans;
   for (std::size_t ri = 0; ri < b.ranks.size() && ri < st.ranks.size(); ++ri) {
@@ -583,7 +591,9 @@ struct dp_stream_writer {
   edited_graph e = insert_after(b.graph, detail::bucket_launches(b.graph, plans, launches, launch_ns, host_ns));
   std::size_t next_call = 0;
   for (const detail::rank_buckets& p : plans) {
-    detail::dp_stream_writer{b.graph, e, launches, p, next_call, b.graph.rank[p.buckets.front().after]}.write(out);
+    detail::dp_stream_writer w{b.graph, e, launches, p, next_call, b.graph.rank[p.buckets.front().after]};
+    if (target.all_reduce) w.reduce_kind = "allreduce", w.reduce_kernel = "ncclDevKernel_AllReduce_Sum_f32_RING_LL";
+    w.write(out);
     out.buckets += p.buckets.size();
     ++out.ranks;
   }
@@ -688,6 +698,16 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
     return why + ", but none was (" + (bi.skipped.empty() ? std::string("no backward pass found") : bi.skipped.front()) + ")";
   }
   char line[1024];
+  if (bi.all_reduce) {
+    std::snprintf(line, sizeof line,
+                  " as lumos synth builds it without the distributed optimizer (DDP): %zu buckets of up to %lld parameters on %zu "
+                  "rank(s), each all-reduced (fp32 gradients) on a data-parallel stream of its own once the chunk's final backward "
+                  "pass has computed the layer that closes it, the optimizer waiting for the last (the first rank: %zu buckets, "
+                  "%.1f M parameters, %.3f ms of all-reduces by the %s profile's NCCL model over %d ranks)",
+                  bi.buckets, static_cast<long long>(bi.bucket_params), bi.ranks, bi.buckets_first, static_cast<double>(bi.params_first) / 1e6,
+                  static_cast<double>(bi.scatter_first) / 1e6, profile.c_str(), dp);
+    return why + line;
+  }
   std::snprintf(line, sizeof line,
                 " as lumos synth and predict build it (the distributed optimizer, ZeRO-1): %zu buckets of up to %lld parameters on %zu rank(s), "
                 "each reduce-scattered (fp32 gradients) on a data-parallel stream of its own once the chunk's final backward "
@@ -750,9 +770,10 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
 /// Inserts the reduction of `dp` replicas for `ctx`'s target (`insert_gradient_buckets` with the
 /// target's shape and layout, the traced cluster's NCCL model), and discovers the structure again
 /// with the buckets in their layers. `from`: the traces' shape; `vocab`: their full vocabulary;
-/// `layer_params`: one layer's parameters per rank (0: the shape's; `bucket_target`).
+/// `layer_params`: one layer's parameters per rank (0: the shape's; `bucket_target`); `all_reduce`:
+/// DDP's buckets (`bucket_target::all_reduce`).
 [[nodiscard]] inline bucket_insertion insert_target_buckets(context& ctx, graph::built_job& b, int dp, const shape_config& from,
-                                                            std::int64_t vocab, std::int64_t layer_params = 0) {
+                                                            std::int64_t vocab, std::int64_t layer_params = 0, bool all_reduce = false) {
   const job_structure& st = ctx.structure(b);
   const shape_config to = ctx.shape_to ? *ctx.shape_to : from;
   const shape_costs& costs = ctx.costs(b);
@@ -760,11 +781,12 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
   std::vector<std::uint8_t> weight_gradients;
   bucket_target bt = bucket_layout(ctx, b, from, weight_gradients);
   bt.layer_params = layer_params;
+  bt.all_reduce = all_reduce;
   const bucket_insertion bi = insert_gradient_buckets(b, st, to, vocab, st.model.gated_mlp, dp,
                                                       ctx.nccl ? ctx.nccl->first : model_of_costs, ctx.nccl ? ctx.nccl->second : costs.hw,
                                                       costs.profile, bt);
   if (bi.buckets > 0) {
-    ctx.buckets_inserted = true;
+    ctx.buckets_inserted = !all_reduce;  // a distributed optimizer's (DDP's steps every parameter as traced)
     ctx.refresh(b);
     attach_to_layers(ctx.structure(b), bi.in_layers);
   }
@@ -783,13 +805,17 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
 /// bucket can be formed the traced ones are restored: better than none.
 struct gradient_bucket_pass {
   /// Whether the target's stages form their own buckets where the traces' span the whole model:
-  /// from PP 1, with the distributed optimizer over more than one replica and their DP kept.
-  [[nodiscard]] static bool stages_rebucketed(const context& ctx) {
+  /// from PP 1, with the distributed optimizer over more than one replica and their DP kept, or
+  /// with `any_dp` another DP too (the caller inserts them at the target's); with `ddp` DDP's
+  /// all-reduce buckets too, their DP kept.
+  [[nodiscard]] static bool stages_rebucketed(const context& ctx, bool any_dp = false, bool ddp = false) {
     const whatif_options& o = ctx.options;
     const auto& st = ctx.known_structure();
     if (!o.pp || *o.pp <= 1 || ctx.traced_pp() != 1 || !st) return false;
     const int traced_dp = st->parallel.dp.value.value_or(1);
-    return traced_dp > 1 && (!o.dp || *o.dp == ctx.traced_replicas()) && runs_distributed_optimizer(*st);
+    const bool dp_kept = !o.dp || *o.dp == ctx.traced_replicas();
+    if (ddp && st->gradients.method.value.value_or("") == "all-reduce") return traced_dp > 1 && dp_kept;
+    return traced_dp > 1 && (any_dp || dp_kept) && runs_distributed_optimizer(*st);
   }
   [[nodiscard]] bool wanted(const context& ctx) const {
     // On MoE layers the MoE pass forms the stages' buckets (moe.hpp, `rebucket`).

@@ -393,7 +393,7 @@ struct moe_pass {
     const model::hardware& hw = ctx.nccl ? ctx.nccl->second : ctx.comm_hw;
     if (!t.any() && tokens == 1.0 && !experts_regrouped(ctx)) {
       bool inserted = false;
-      change_list out = rebucket(ctx, b, from, traced, hidden, tp, dp, nccl, hw, inserted);
+      change_list out = rebucket(ctx, b, from, traced, hidden, tp, dp, dpcp_to, nccl, hw, inserted);
       for (change& c : layers_only(ctx, b, ctx.structure(b), from, staged, tp, dp, !inserted, nccl, hw)) out.push_back(std::move(c));
       return out;
     }
@@ -444,9 +444,11 @@ struct moe_pass {
     const int group_from = ctx.traced_replicas().value_or(std::max(1, dp / cp_from)) * cp_from;
     const bool dp_shards = data_parallel_pass{}.wanted(ctx) && group_from != dpcp_to;
     const double edp_to = (dp_shards ? static_cast<double>(group_from) : static_cast<double>(dpcp_to)) / to.ep;
-    // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it.
+    // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it. Under
+    // DDP each rank steps its whole expert shard, experts / EP, so an EP change moves it too.
+    const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
     std::vector<double> optimizer = layered;
-    if (optimizer.empty() && edp_traced == 1 && (to.experts != from.experts || to.expert_ffn != from.expert_ffn)) {
+    if (optimizer.empty() && edp_traced == 1 && (to.experts != from.experts || to.expert_ffn != from.expert_ffn || (ddp && to.ep != from.ep))) {
       const auto r = stage_ratios_of(ctx, st, from, to, traced, dp / cp_from, cp_from, layers_from, ctx.traced_pp());
       if (r) optimizer = per_rank(ctx, st, r->optimizer);
     }
@@ -568,37 +570,43 @@ struct moe_pass {
   /// model and Megatron forms each stage's from its own parameters, so the data-parallel
   /// reduce-scatters and all-gathers, dense and expert, are removed and the target stages'
   /// inserted: the dense buckets of each layer's attention, router and norms (with the embedding
-  /// and the head) over DP x CP, the routed experts' over the expert-data-parallel group. Empty
-  /// when not asked; `b` unchanged, with a note, when a bucket cannot be placed. Sets `inserted`.
+  /// and the head) over DP x CP, the routed experts' over the expert-data-parallel group, both of
+  /// the target's DP x CP `dpcp_to` (the data-parallel pass then finds them sized and shards the
+  /// optimizer from the traces' `dp`). Empty when not asked; `b` unchanged, with a note, when a
+  /// bucket cannot be placed. Sets `inserted`.
   [[nodiscard]] static change_list rebucket(context& ctx, graph::built_job& b, const moe_config& c, const detail::expert_width& traced,
-                                            std::int64_t hidden, int tp, int dp, const model::nccl_model& nccl, const model::hardware& hw,
-                                            bool& inserted) {
-    if (!gradient_bucket_pass::stages_rebucketed(ctx)) return {};
+                                            std::int64_t hidden, int tp, int dp, int dpcp_to, const model::nccl_model& nccl,
+                                            const model::hardware& hw, bool& inserted) {
+    if (!gradient_bucket_pass::stages_rebucketed(ctx, true, true)) return {};
+    // DDP traces (the dense gradients all-reduced): each stage's buckets all-reduced, none gathered.
+    const bool ddp = ctx.structure(b).gradients.method.value.value_or("") == "all-reduce";
     return gradient_bucket_pass::kept_on_error(ctx, b, [&]() -> change_list {
       const job_structure& st = ctx.structure(b);
       const shape_config shape = traced_shape(st, true);
       const std::int64_t vocab = traced_vocab_local(ctx.job, st, shape) * shape.tp;
       model::transformer m = counted_transformer(shape, st, vocab, st.model.gated_mlp || traced.fused || traced.inputs > 1);
       m.moe.experts = c.experts, m.moe.top_k = c.top_k, m.moe.expert_ffn = c.expert_ffn;
-      const std::size_t removed = strip_gradient_collectives(b, ctx.job, st);
+      const std::size_t removed = strip_gradient_collectives(b, ctx.job, st, ddp);
       if (removed == 0) return {};
       ctx.refresh(b);
       const int group = ctx.target_gradient_group();
-      const bucket_insertion bi = insert_target_buckets(ctx, b, group, shape, vocab, model::moe_layer_dense_parameters_per_rank(m, shape.tp));
+      const bucket_insertion bi =
+          insert_target_buckets(ctx, b, group, shape, vocab, model::moe_layer_dense_parameters_per_rank(m, shape.tp), ddp);
       gradient_bucket_pass::require_formed(bi);
       change_list out{bucket_change(bi, group, bucket_profile_name(ctx, b), ctx.options.layers.has_value(),
                                     "PP 1 -> " + std::to_string(*ctx.options.pp) + " on MoE layers: the traces' " + std::to_string(removed) +
-                                        " data-parallel and expert-data-parallel reduce-scatters and all-gathers (buckets over the whole "
-                                        "model) removed, since Megatron forms each stage's buckets from its own parameters, and each target "
+                                        (ddp ? " data-parallel and expert-data-parallel all-reduces" : " data-parallel and expert-data-parallel "
+                                                                                                        "reduce-scatters and all-gathers") +
+                                        " (buckets over the whole model) removed, since Megatron forms each stage's buckets from its own parameters, and each target "
                                         "stage's reduction of the dense parameters (attention, router, norms, embedding, head) inserted")};
-      if (dp / c.ep > 1) {
+      if (dpcp_to / c.ep > 1) {
         const auto members = [&](int rank) {
           detail::moe_comm e;
           e.kind = model::collective::reduce_scatter, e.rank = rank;
-          return detail::moe_members(e, c, c, tp, dp, dp).second;
+          return detail::moe_members(e, c, c, tp, dp, dpcp_to).second;
         };
         change experts = insert_gradients(ctx, b, c, hidden, tp, traced, members, nccl, hw,
-                                          "the traces' expert buckets span the whole model", "the traces' buckets", bi.in_layers);
+                                          "the traces' expert buckets span the whole model", "the traces' buckets", bi.in_layers, ddp);
         if (experts.from.empty()) throw error(experts.text);  // a note: none placed
         out.push_back(std::move(experts));
       }
@@ -684,7 +692,8 @@ struct moe_pass {
   /// (moe_gradients.hpp): its parameters per MoE layer and rank, `members` the target's
   /// expert-data-parallel group of a global rank. `why`: what the traces' reduction was, `was`
   /// its short form; `dense`: the reduce-scatters of the dense buckets a pass inserted just before
-  /// (`bucket_insertion::in_layers`), put back in their layers with the experts'.
+  /// (`bucket_insertion::in_layers`), put back in their layers with the experts'; `ddp_traced`:
+  /// the traces ran DDP (their all-reduces since replaced).
   template <class Members>
   [[nodiscard]] static change insert_gradients(context& ctx, graph::built_job& b, const moe_config& to, std::int64_t hidden, int tp,
                                                const detail::expert_width& traced, Members&& members, const model::nccl_model& nccl,
@@ -692,13 +701,11 @@ struct moe_pass {
                                                const char* why = "the traces reduce no expert gradients (EP = DP x CP: one replica of each "
                                                                  "expert shard)",
                                                const char* was = "none (1 expert-data-parallel rank)",
-                                               const std::vector<std::array<graph::task_id, 4>>& dense = {}) {
+                                               const std::vector<std::array<graph::task_id, 4>>& dense = {}, bool ddp_traced = false) {
     const job_structure& st = ctx.structure(b);
-    if (st.gradients.method.value.value_or("") == "all-reduce") {
-      return note("moe", "expert gradients", "the traces reduce no expert gradients (EP = DP x CP) and their dense ones by all-reduce: "
-                                             "the target's expert reduction is inserted for Megatron's distributed optimizer only, "
-                                             "the prediction lacks it");
-    }
+    // DDP (the dense gradients all-reduced, or `ddp_traced` where a pass replaced the traced
+    // ones): the experts' buckets all-reduced, nothing gathered.
+    const bool ddp = ddp_traced || st.gradients.method.value.value_or("") == "all-reduce";
     // The buckets need the traced TP and layers only (the experts' parameters are given): a MoE
     // trace's FFN width, which the dense shape needs, is often unread.
     shape_config shape = ctx.shape_from ? *ctx.shape_from : shape_config{};
@@ -715,7 +722,7 @@ struct moe_pass {
     layout.layers = ctx.options.layers.value_or(0);
     if (ctx.shape_from || !ctx.options.schedule || !ctx.options.schedule->splits_backward) layout = bucket_layout(ctx, b, shape, weight_gradients);
     const expert_gradient_insertion g = insert_expert_gradients(ctx.job, b, st, shape, layout, params, model::megatron_bucket_params(dp_to), members,
-                                                                nccl, hw, ctx.costs(b).profile);
+                                                                nccl, hw, ctx.costs(b).profile, ddp);
     if (g.buckets == 0) {
       return note("moe", "expert gradients", "the traces reduce no expert gradients (EP = DP x CP) and no final backward pass was found to "
                                              "place the target's after: the prediction lacks them");
@@ -731,17 +738,23 @@ struct moe_pass {
       if (now[0] != graph::no_task && now[2] != graph::no_task && now[3] != graph::no_task) carried.push_back(now);
     }
     attach_to_layers(ctx.structure(b), carried);
+    char reduced[128];
+    if (ddp) {
+      std::snprintf(reduced, sizeof reduced, "all-reduced in %.3f ms", static_cast<double>(g.scatter_first) / 1e6);
+    } else {
+      std::snprintf(reduced, sizeof reduced, "reduce-scattered in %.3f ms and all-gathered in %.3f ms", static_cast<double>(g.scatter_first) / 1e6,
+                    static_cast<double>(g.gather_first) / 1e6);
+    }
     char line[640];
     std::snprintf(line, sizeof line,
                   "%s; the target's are inserted "
-                  "over %d expert-data-parallel ranks as Megatron's distributed optimizer reduces them: %zu buckets on %zu ranks "
-                  "(%zu on a stream of their own), the first rank's %lld expert parameters reduce-scattered in %.3f ms and "
-                  "all-gathered in %.3f ms (NCCL model)",
-                  why, g.group, g.buckets, g.ranks, g.own_streams, static_cast<long long>(g.params_first), static_cast<double>(g.scatter_first) / 1e6,
-                  static_cast<double>(g.gather_first) / 1e6);
+                  "over %d expert-data-parallel ranks as Megatron's %s reduces them: %zu buckets on %zu ranks "
+                  "(%zu on a stream of their own), the first rank's %lld expert parameters %s (NCCL model)",
+                  why, g.group, ddp ? "DDP (no distributed optimizer)" : "distributed optimizer", g.buckets, g.ranks, g.own_streams,
+                  static_cast<long long>(g.params_first), reduced);
     return changed("moe", "expert gradients", was, std::to_string(g.group) + " expert-data-parallel ranks",
                    line, {count_figure("expert gradient buckets inserted", g.buckets),
-                          time_figure("expert reduce-scatter time (first rank)", 0, g.scatter_first)});
+                          time_figure(ddp ? "expert all-reduce time (first rank)" : "expert reduce-scatter time (first rank)", 0, g.scatter_first)});
   }
 
   /// The per-expert launches of `ops` planned for the target's local experts (one edit with the

@@ -13,6 +13,8 @@
 // op waits for the last reduce-scatter and the host's wait that ends the step for the last
 // all-gather. Transfers are the NCCL model's over the expert-data-parallel group at its Megatron
 // ranks; each group is folded onto its traced rank, as gradient_buckets.hpp folds DP groups.
+// Traces that all-reduce their dense gradients (DDP, no distributed optimizer) get each expert
+// bucket all-reduced instead, as `lumos synth` builds such a job, and no all-gather.
 
 #include <lumos/graph/task_graph.hpp>
 #include <lumos/model/comm.hpp>
@@ -83,13 +85,26 @@ namespace detail {
     last[g.processor[t]] = t;
   }
   if (on.empty()) return {};
-  // When each stream task's collective was launched: its launch call's start.
+  // The GPU op a stream task waits for (an inserted bucket's closing op, `insert_gradient_buckets`).
+  std::vector<graph::task_id> hook(g.task_count(), graph::no_task);
+  for (const graph::edge& e : g.edges) {
+    if (e.kind == graph::edge_kind::cross_stream && g.processor[e.to] == stream && g.kind[e.from] == graph::task_kind::gpu_compute) {
+      hook[e.to] = e.from;
+    }
+  }
+  // When each stream task's collective was launched: its launch call's start, or, when it waits
+  // for a GPU op, that op's launch if later. A bucket a pass inserted is launched just before its
+  // closing op (inside the segment), yet it is ready only after that op: an expert bucket closed
+  // by the op before goes ahead of it, as Megatron's hooks run them (the first layer's experts
+  // before the embedding's bucket).
   std::vector<time_ns> launched(on.size());
   for (std::size_t i = 0; i < on.size(); ++i) {
     const graph::task_id t = on[i];
     // A task no call launched is part of the collective before it (an arrive's complete).
     if (launches.launched(t)) {
       launched[i] = g.observed_start[g.edges[launches.of[t]].from];
+      const graph::task_id h = hook[t];
+      if (h != graph::no_task && launches.launched(h)) launched[i] = std::max(launched[i], g.observed_start[g.edges[launches.of[h]].from]);
     } else {
       launched[i] = i > 0 ? launched[i - 1] : g.observed_start[t];
     }
@@ -114,7 +129,8 @@ namespace detail {
 /// Inserts plan `p`'s collectives after the traced stream's tasks `places` (`expert_bucket_places`)
 /// as insertions into `ins`; returns the index of its first.
 [[nodiscard]] inline std::size_t place_expert_collectives(const graph::task_graph& g, const rank_buckets& p,
-                                                          const std::vector<graph::task_id>& places, std::vector<insertion>& ins) {
+                                                          const std::vector<graph::task_id>& places, std::vector<insertion>& ins,
+                                                          std::string_view reduce_kernel) {
   const std::size_t first = ins.size();
   const auto add = [&](graph::task_id after, time_ns transfer, std::string_view kernel) {
     for (const graph::task_kind k : {graph::task_kind::comm_arrive, graph::task_kind::comm_complete}) {
@@ -124,7 +140,7 @@ namespace detail {
                      .name = std::string(kernel)});
     }
   };
-  for (std::size_t i = 0; i < p.buckets.size(); ++i) add(places[i], p.buckets[i].scatter, "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL");
+  for (std::size_t i = 0; i < p.buckets.size(); ++i) add(places[i], p.buckets[i].scatter, reduce_kernel);
   for (const time_ns t : p.gathers) add(places.back(), t, "ncclDevKernel_AllGather_RING_LL");
   return first;
 }
@@ -133,7 +149,7 @@ namespace detail {
 /// inserted tasks from `first` on (`place_expert_collectives`), its launch calls taken in order
 /// from `next_call` (`bucket_launches`); each reduce-scatter recorded in `in_layers`.
 inline void link_expert_collectives(const graph::task_graph& g, edited_graph& e, const launch_edges& launches, const rank_buckets& p,
-                                    std::size_t first, std::size_t& next_call, int rank,
+                                    std::size_t first, std::size_t& next_call, int rank, const char* reduce_kind,
                                     std::vector<std::array<graph::task_id, 4>>& in_layers) {
   graph::task_graph& ng = e.graph;
   std::int64_t sequence = 0;
@@ -152,7 +168,7 @@ inline void link_expert_collectives(const graph::task_graph& g, edited_graph& e,
   };
   for (const gradient_bucket& k : p.buckets) {
     const graph::task_id call = launches.launched(k.after) ? e.inserted[next_call] : graph::no_task;
-    const graph::task_id a = collective(k.after, "reducescatter", k.params);
+    const graph::task_id a = collective(k.after, reduce_kind, k.params);
     ng.add_edge(e.first(k.after), a, 0, graph::edge_kind::cross_stream);
     in_layers.push_back({e.first(k.after), call, a, e.inserted[first - 1]});
   }
@@ -175,15 +191,18 @@ inline void link_expert_collectives(const graph::task_graph& g, edited_graph& e,
 /// `expert_params` per MoE layer and rank in the target, `bucket_params` Megatron's bucket size,
 /// `members(rank)` the target's expert-data-parallel group of a global rank. `st` must be
 /// `discover_structure` of `b` (built from `job`) as it is, `shape` its traced shape (its TP),
-/// `layout` the target's layers (the all-gathers'). Task ids of `b` change (`adopt`). O(tasks +
-/// edges) per rank with buckets.
+/// `layout` the target's layers (the all-gathers'); `all_reduce`: DDP's reduction (all-reduces,
+/// no all-gather). Task ids of `b` change (`adopt`). O(tasks + edges) per rank with buckets.
 template <class Members>
 [[nodiscard]] expert_gradient_insertion insert_expert_gradients(const trace::job& job, graph::built_job& b, const job_structure& st,
                                                                 const shape_config& shape, const bucket_target& layout,
                                                                 std::int64_t expert_params, std::int64_t bucket_params, Members&& members,
                                                                 const model::nccl_model& nccl, const model::hardware& hw,
-                                                                const model::cost_profile& profile) {
+                                                                const model::cost_profile& profile, bool all_reduce = false) {
   expert_gradient_insertion out;
+  const model::collective reduce = all_reduce ? model::collective::all_reduce : model::collective::reduce_scatter;
+  const char* reduce_kind = all_reduce ? "allreduce" : "reducescatter";
+  const std::string_view reduce_kernel = all_reduce ? "ncclDevKernel_AllReduce_Sum_f32_RING_LL" : "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL";
   bucket_insertion planned;
   planned.bucket_params = bucket_params;
   detail::bucket_planner planner(b, st, shape, 0, st.model.gated_mlp, 1, nccl, hw, layout, planned);
@@ -195,7 +214,8 @@ template <class Members>
     // The planner timed the DP group's; the experts' group is another.
     plan->members = members(b.ranks[ri].rank);
     const model::group_placement placement = model::placement_of(plan->members, hw);
-    for (detail::gradient_bucket& k : plan->buckets) k.scatter = nccl.collective_time({model::collective::reduce_scatter, k.params * 4, placement}, hw);
+    for (detail::gradient_bucket& k : plan->buckets) k.scatter = nccl.collective_time({reduce, k.params * 4, placement}, hw);
+    if (all_reduce) plan->gathers.clear(), plan->gathered.clear();  // every rank steps its whole shard
     for (std::size_t i = 0; i < plan->gathers.size(); ++i) {
       plan->gathers[i] = nccl.collective_time({model::collective::all_gather, plan->gathered[i] * 2, placement}, hw);
     }
@@ -219,7 +239,7 @@ template <class Members>
   std::vector<insertion> ins = detail::bucket_launches(b.graph, plans, launches, launch_ns, host_ns);
   std::vector<std::size_t> first(plans.size(), 0);
   for (std::size_t i = 0; i < plans.size(); ++i) {
-    if (!places[i].empty()) first[i] = detail::place_expert_collectives(b.graph, plans[i], places[i], ins);
+    if (!places[i].empty()) first[i] = detail::place_expert_collectives(b.graph, plans[i], places[i], ins, reduce_kernel);
   }
   edited_graph e = insert_after(b.graph, ins);
   std::size_t next_call = 0;
@@ -231,9 +251,10 @@ template <class Members>
       detail::dp_stream_writer w{b.graph, e, launches, p, next_call, rank};
       w.group = inserted_expert_group;
       w.match = "inserted by an EP change from one expert-data-parallel rank (the group folded onto its traced rank)";
+      w.reduce_kind = reduce_kind, w.reduce_kernel = reduce_kernel;
       w.write(written);
     } else {
-      detail::link_expert_collectives(b.graph, e, launches, p, first[i], next_call, rank, out.in_layers);
+      detail::link_expert_collectives(b.graph, e, launches, p, first[i], next_call, rank, reduce_kind, out.in_layers);
     }
     out.buckets += p.buckets.size();
     ++out.ranks;

@@ -114,12 +114,16 @@ struct shape_stats {
 [[nodiscard]] inline std::int64_t traced_vocab_local(const trace::job& job, const job_structure& st,
                                                      const shape_config& from) {
   std::int64_t vocab_local = 0;
+  // A stage of one layer may leave its backward's layer undelimited: its router GEMMs (hidden to
+  // the experts) are then outside the layers, and no vocabulary.
+  const std::int64_t router_width = st.moe.experts.value.value_or(0);
   for (const auto& c : st.gpu_ops) {
     if (c.layer >= 0 || c.shape_op == detail::no_event || vocab_local) continue;
     const auto& tr = job.ranks[c.rank];
     if (const auto gs = detail::gemm_of(tr.name(tr.events[c.shape_op]),
                                         detail::parse_dims(tr.arg_text(c.shape_op, trace::arg_key::input_dims)))) {
       (void)map_gemm(*gs, from, from, true, &vocab_local);
+      if (router_width > 0 && vocab_local == router_width) vocab_local = 0;
       // A vocabulary shard of twice the FFN reads as a gated MLP's FC1 width: without a gated MLP
       // that width can only be the logits.
       if (!vocab_local && !st.model.gated_mlp && gs->kind == detail::gemm_shape::role::linear &&
