@@ -155,8 +155,7 @@ struct layer_methods {
 };
 
 /// The layers of every pass of rank `rs` (its launches in `w`), and its `layers_per_pass`.
-inline void rank_layers(const layer_reader& reader, rank_structure& rs, const rank_work& w, layer_methods& methods,
-                        std::vector<std::string>& notes) {
+inline void rank_layers(const layer_reader& reader, rank_structure& rs, const rank_work& w, layer_methods& methods) {
   std::optional<int> forward_layers;
   for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
     auto& p = rs.passes[pi];
@@ -168,10 +167,6 @@ inline void rank_layers(const layer_reader& reader, rank_structure& rs, const ra
       if (methods.period_example.empty()) methods.period_example = "rank " + std::to_string(rs.rank) + ": " + p.layers.source;
     }
     p.layers.flag = "--layers";
-    if (forward_layers && p.layers.value && *forward_layers != *p.layers.value) {
-      notes.push_back("rank " + std::to_string(rs.rank) + ": forward passes disagree on the layer count (" +
-                      std::to_string(*forward_layers) + " and " + std::to_string(*p.layers.value) + ")");
-    }
     if (!forward_layers) forward_layers = p.layers.value;
   }
   if (forward_layers) {
@@ -191,19 +186,44 @@ inline void rank_layers(const layer_reader& reader, rank_structure& rs, const ra
   }
 }
 
+/// The layers of each model chunk of rank `rs`, in chunk order: its first forward pass's (a
+/// pipeline layout may give the chunks of a stage unlike counts, and a chunk may hold no layer:
+/// the embedding alone). Once the schedule has given the passes their chunks; notes forward
+/// passes of one chunk that disagree. Empty when a chunk has no forward pass with a known count.
+[[nodiscard]] inline std::vector<int> chunk_layers(const rank_structure& rs, int chunks, std::vector<std::string>& notes) {
+  std::vector<std::optional<int>> per(static_cast<std::size_t>(std::max(chunks, 1)));
+  bool noted = false;
+  for (const auto& p : rs.passes) {
+    if (p.op.kind != pipeline::op_kind::forward || !p.layers.value || p.op.chunk < 0 || p.op.chunk >= std::ssize(per)) continue;
+    auto& c = per[static_cast<std::size_t>(p.op.chunk)];
+    if (c && *c != *p.layers.value && !noted) {
+      notes.push_back("rank " + std::to_string(rs.rank) + ": forward passes of chunk " + std::to_string(p.op.chunk) +
+                      " disagree on the layer count (" + std::to_string(*c) + " and " + std::to_string(*p.layers.value) + ")");
+      noted = true;
+    }
+    if (!c) c = p.layers.value;
+  }
+  std::vector<int> out;
+  for (const auto& c : per) {
+    if (!c) return {};
+    out.push_back(*c);
+  }
+  return out;
+}
+
 }  // namespace detail
 
 /// Fills the `layers` of every pass, each rank's `layers_per_pass` and `out.layers_method`,
 /// and assigns each launch of `in` in a layer its layer index. A forward pass's layers are the
 /// `options.layer_scopes` scopes enclosing its launches, else the repeating block of kernel
 /// names (at least `min_period` ops) with attention in it; backward passes then look for the
-/// same number of blocks, in reverse order. Notes forward passes of a rank that disagree.
+/// same number of blocks, in reverse order.
 /// Runs after `discover_passes`. O(ops per pass × max_period).
 inline void discover_layers(discovery_inputs& in, job_structure& out) {
   detail::layer_methods methods;
   for (std::size_t ri = 0; ri < in.rank_count(); ++ri) {
     const detail::layer_reader reader{in.job.ranks[ri], in.ranks[ri].launches, in.options};
-    detail::rank_layers(reader, out.ranks[ri], in.ranks[ri], methods, out.notes);
+    detail::rank_layers(reader, out.ranks[ri], in.ranks[ri], methods);
   }
   out.layers_method.flag = "--layers";
   if (methods.by_annotation) {
