@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +125,47 @@ struct layer_reader {
     return true;
   }
 
+  /// The linear GEMM launch `l` runs, when its operator recorded its shapes.
+  [[nodiscard]] std::optional<gemm_shape> linear_of(const launch_rec& l) const {
+    if (l.shape_op == no_event) return std::nullopt;
+    auto gs = gemm_of(t.name(t.events[l.shape_op]), parse_dims(t.arg_text(l.shape_op, trace::arg_key::input_dims)));
+    if (!gs || gs->kind != gemm_shape::role::linear) return std::nullopt;
+    return gs;
+  }
+
+  /// The GEMM dims of launches `idx` (their `layer` is `in_layer` or not), each GEMM's M, K, N.
+  [[nodiscard]] std::set<std::int64_t> gemm_dims(const std::vector<std::size_t>& idx, bool in_layer) const {
+    std::set<std::int64_t> out;
+    for (const std::size_t li : idx) {
+      if ((launches[li].layer >= 0) != in_layer) continue;
+      if (const auto gs = linear_of(launches[li])) out.insert({gs->m, gs->k, gs->n});
+    }
+    return out;
+  }
+
+  /// The one layer of a backward pass whose forward held one layer (no block repeats): the
+  /// launches after the head's backward — the last GEMM with a dim of the forward head's GEMMs that
+  /// no GEMM of the layer has (the vocabulary's share) — up to the pass's last GEMM (the layer's
+  /// first one, QKV); the embedding's backward follows. `head`: those dims (empty: no head on the
+  /// stage). Left undelimited when no GEMM follows the head's.
+  void backward_single(pass_info& p, const std::vector<std::size_t>& pass, const std::set<std::int64_t>& head) const {
+    const std::vector<std::size_t> idx = periodic(pass);
+    std::size_t first = 0, last = idx.size();
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      const auto gs = linear_of(launches[idx[k]]);
+      if (!gs) continue;
+      if (head.count(gs->m) + head.count(gs->k) + head.count(gs->n) > 0) {
+        first = k + 1, last = idx.size();
+      } else {
+        last = k;
+      }
+    }
+    if (last >= idx.size() || last < first) return;
+    for (std::size_t k = first; k <= last; ++k) launches[idx[k]].layer = 0;
+    p.layers.value = 1;
+    p.layers.source = "one layer: the launches after the head's last GEMM over the vocabulary up to the pass's last GEMM";
+  }
+
   /// Layers of a backward pass: a block repeated `layers` times, in reverse layer order, its
   /// start aligned by the durations of the ops.
   void backward(pass_info& p, const std::vector<std::size_t>& pass, std::size_t layers) const {
@@ -179,10 +221,22 @@ inline void rank_layers(const layer_reader& reader, rank_structure& rs, const ra
   }
   rs.layers_per_pass.flag = "--layers";
   if (!forward_layers || *forward_layers <= 0) return;
+  // One layer repeats in no block: its backward lies between the head's and the embedding's
+  // (where every forward pass holds one: a chunk of more is no single layer).
+  const bool single = std::all_of(rs.passes.begin(), rs.passes.end(), [](const pass_info& p) {
+    return p.op.kind != pipeline::op_kind::forward || p.layers.value == std::optional<int>(1);
+  });
+  std::set<std::int64_t> head;
+  if (single) {
+    const auto first = std::find_if(rs.passes.begin(), rs.passes.end(), [](const auto& p) { return p.op.kind == pipeline::op_kind::forward; });
+    const auto& fwd = w.pass_launches[static_cast<std::size_t>(first - rs.passes.begin())];
+    head = reader.gemm_dims(fwd, false);
+    for (const std::int64_t d : reader.gemm_dims(fwd, true)) head.erase(d);
+  }
   for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
-    if (rs.passes[pi].op.kind == pipeline::op_kind::backward) {
-      reader.backward(rs.passes[pi], w.pass_launches[pi], static_cast<std::size_t>(*forward_layers));
-    }
+    if (rs.passes[pi].op.kind != pipeline::op_kind::backward) continue;
+    reader.backward(rs.passes[pi], w.pass_launches[pi], static_cast<std::size_t>(*forward_layers));
+    if (single && !rs.passes[pi].layers.known()) reader.backward_single(rs.passes[pi], w.pass_launches[pi], head);
   }
 }
 
