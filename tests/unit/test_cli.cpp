@@ -1872,10 +1872,16 @@ TEST_CASE("synth --unfold with expert TP below TP writes the groups of Megatron'
   CHECK(seen["EXPERT_TENSOR_PARALLEL_GROUP"] == groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
   CHECK(seen["EXPERT_MODEL_PARALLEL_GROUP"] == groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
   CHECK(seen["EXPERT_DATA_PARALLEL_GROUP"] == groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
-  // EP above DP (EP 4 x expert TP 2 over TP 4 x DP 2) unfolds too.
-  REQUIRE(run("synth " + std::string("--model mixtral-8x7b --layers 1 --seq 1024 --tp 4 --sp on --dp 2 --ep 4 --expert-tp 2 --global-batch 2") +
-              " --detail kernel --unfold --out " + (dir.path() / "ep4").string())
-              .code == 0);
+  // EP above DP (EP 2 x expert TP 2 over TP 4 x DP 1, EP 4 x expert TP 2 over TP 4 x DP 2) builds,
+  // folded and unfolded.
+  for (const std::string grid : {"--dp 1 --ep 2", "--dp 2 --ep 4"}) {
+    for (const std::string unfold : {"", " --unfold"}) {
+      INFO(grid << unfold);
+      CHECK(run("synth --model mixtral-8x7b --layers 1 --seq 1024 --tp 4 --sp on " + grid + " --expert-tp 2 --global-batch 2 --detail kernel" +
+                unfold + " --out " + (dir.path() / "ep").string())
+                .code == 0);
+    }
+  }
 }
 
 TEST_CASE("predict folds the expert grid with --expert-tp, and a dropless MoE job replays to its prediction", "[cli][moe][folding]") {
