@@ -212,6 +212,7 @@ TEST_CASE("an order several schedules share, or none gives, is reported, not gue
   CHECK(d2.st.notes.back().find("--layers 12 overrides the trace's 4") != std::string::npos);
 }
 
+#ifdef LUMOS_CLI_PATH
 TEST_CASE("pipeline layouts with a stage of the embedding alone or chunks of unlike layers: the layers of every chunk summed",
           "[whatif][structure][layout][mtp]") {
   // Each layout's transformer layers (t) and multi-token-prediction block (m, a layer scope of its
@@ -237,6 +238,7 @@ TEST_CASE("pipeline layouts with a stage of the embedding alone or chunks of unl
     CHECK(d.st.model.hidden.value == 1024);
   }
 }
+#endif
 
 TEST_CASE("every fact of the shared traces' structure is known or says why not", "[whatif][structure][traces]") {
   // The timesformer trace once said "heads: unknown []" (attention found, its micro-batch not):
