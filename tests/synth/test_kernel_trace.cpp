@@ -194,8 +194,8 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
     }
     // Every pass of every rank is cut into its layers, backward passes included (the last
     // backward pass of a chunk launches gradient buckets between its layers): the layer task
-    // groups the --layers what-if copies. Backward layers are found by periodicity, which needs
-    // two layers or more per chunk (with one, only the forward's annotation delimits it).
+    // groups the --layers what-if copies. Backward layers are found by periodicity with two layers
+    // or more per chunk; one lies between the head's backward and the embedding's.
     const std::int64_t m = c.global_batch / (c.micro_batch * c.dp);
     const bool zero_bubble = schedule.starts_with("zb");  // a W pass per backward pass
     const std::size_t passes_per_rank = static_cast<std::size_t>((zero_bubble ? 3 : 2) * m * c.vp);
@@ -205,8 +205,7 @@ TEST_CASE("structure discovery recovers every fact of a synthesised kernel-level
       }
     }
     const std::size_t layers_per_chunk = static_cast<std::size_t>(c.layers / (c.pp * c.vp));
-    const std::size_t delimited_passes = layers_per_chunk >= 2 ? passes_per_rank : static_cast<std::size_t>(m * c.vp);
-    CHECK(st.layer_groups.size() == read.ranks.size() * delimited_passes * layers_per_chunk);
+    CHECK(st.layer_groups.size() == read.ranks.size() * passes_per_rank * layers_per_chunk);
     // Groups: one per role, named by their description.
     for (const auto& g : st.groups) {
       for (const auto& role : g.roles) {

@@ -1789,7 +1789,9 @@ TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP 
   // token copy is computed by the expert-TP ranks, which the dispatcher's all-gather before the
   // experts tells: of the copies the all-to-all received over the expert-TP group, or (the
   // allgather dispatcher) of the tokens over EP x expert TP ranks. Top-8 over a world of 4 and
-  // top-2 at EP 2 keep the gathered copies and tokens from passing for one another.
+  // top-2 at EP 2 keep the gathered copies and tokens from passing for one another. At EP 1 with
+  // expert TP 2 under TP 4, the copies are gathered over the expert-TP group of their own (2
+  // ranks), not over TP.
   struct item {
     std::string preset;
     int ep, tp, expert_tp;
@@ -1797,7 +1799,7 @@ TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP 
   };
   for (const item& c : {item{"mixtral-8x7b", 4, 1, 1, "alltoall"}, item{"qwen3-30b-a3b", 8, 1, 1, "alltoall"}, item{"mixtral-8x7b", 2, 2, 2, "alltoall"},
                         item{"qwen3-30b-a3b", 2, 2, 2, "alltoall"}, item{"qwen3-30b-a3b", 2, 2, 1, "allgather"},
-                        item{"mixtral-8x7b", 2, 2, 2, "allgather"}}) {
+                        item{"mixtral-8x7b", 2, 2, 2, "allgather"}, item{"mixtral-8x7b", 1, 4, 2, "alltoall"}}) {
     INFO(c.preset << " ep " << c.ep << " tp " << c.tp << " expert tp " << c.expert_tp << " " << c.dispatcher);
     const auto out = dir.path() / (c.preset + "-ep" + std::to_string(c.ep) + "-tp" + std::to_string(c.tp) + "-etp" + std::to_string(c.expert_tp) + c.dispatcher);
     const std::string flags = "--model " + c.preset + " --layers 2 --ep " + std::to_string(c.ep) + " --dp " + std::to_string(c.ep) +
@@ -1823,14 +1825,16 @@ TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP 
     CHECK(int64_t(moe["top_k"]["value"]) == m.moe.top_k);
     CHECK(int64_t(moe["ep"]["value"]) == c.ep);
     CHECK(int64_t(s["parallel"]["ep"]["value"]) == c.ep);
+    CHECK(int64_t(s["parallel"]["tp"]["value"]) == c.tp);  // an expert-TP group of its own is no TP group
     CHECK(std::string_view(moe["expert_tokens_per"]) == "expert");
     std::vector<std::int64_t> tokens;
     for (const auto v : simdjson::dom::array(moe["expert_tokens"]["value"])) tokens.push_back(int64_t(v));
     CHECK(tokens == std::vector<std::int64_t>(static_cast<std::size_t>(m.moe.experts / c.ep), static_cast<std::int64_t>(x.rows)));
     // The dispatch and combine all-to-alls of each MoE layer, forward and backward, per micro-batch.
     simdjson::dom::array a2a;
-    CHECK(s["all_to_alls"].get(a2a) == (c.dispatcher == "alltoall" ? simdjson::SUCCESS : simdjson::NO_SUCH_FIELD));
-    if (c.dispatcher == "alltoall") CHECK(a2a.size() == 2u * 2u * 2u * 2u);
+    const bool all_to_all = c.dispatcher == "alltoall" && c.ep > 1;
+    CHECK(s["all_to_alls"].get(a2a) == (all_to_all ? simdjson::SUCCESS : simdjson::NO_SUCH_FIELD));
+    if (all_to_all) CHECK(a2a.size() == 2u * 2u * 2u * 2u);
     const result text = run("inspect --structure " + out.string());
     REQUIRE(text.code == 0);
     CHECK(text.out.find("mixture of experts\n") != std::string::npos);
@@ -1843,6 +1847,43 @@ TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP 
   REQUIRE(st.code == 0);
   CHECK(st.out.find("\"moe\"") == std::string::npos);
   CHECK(st.out.find("\"all_to_alls\"") == std::string::npos);
+}
+
+TEST_CASE("synth --unfold with expert TP below TP writes the groups of Megatron's folded expert grid", "[cli][synth][moe][folding]") {
+  // TP 4, DP 2, EP 2, expert TP 2 over 8 ranks: the expert grid orders them expert TP, EP, expert
+  // DP, so each expert-TP group is 2 consecutive ranks, each EP group 2 ranks 2 apart and each
+  // expert-DP group 2 ranks 4 apart; the dense layers' TP group stays 4 consecutive ranks.
+  lumos_test::temp_dir dir;
+  const auto out = dir.path() / "etp";
+  const std::string flags = "--model mixtral-8x7b --layers 1 --seq 1024 --tp 4 --sp on --dp 2 --ep 2 --expert-tp 2 --global-batch 2";
+  REQUIRE(run("synth " + flags + " --detail kernel --unfold --out " + out.string()).code == 0);
+  const result st = run("inspect --structure --json " + out.string());
+  REQUIRE(st.code == 0);
+  simdjson::dom::parser parser;
+  const auto s = parser.parse(st.out);
+  CHECK(int64_t(s["parallel"]["tp"]["value"]) == 4);
+  CHECK(int64_t(s["parallel"]["ep"]["value"]) == 2);
+  std::map<std::string, std::set<std::vector<int>>> seen;
+  for (const auto g : simdjson::dom::array(s["groups"])) {
+    std::vector<int> ranks;
+    for (const auto r : simdjson::dom::array(g["ranks"])) ranks.push_back(int(int64_t(r)));
+    seen[std::string(std::string_view(g["description"]))].insert(ranks);
+  }
+  using groups = std::set<std::vector<int>>;
+  CHECK(seen["TENSOR_MODEL_PARALLEL_GROUP"] == groups{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  CHECK(seen["EXPERT_TENSOR_PARALLEL_GROUP"] == groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(seen["EXPERT_MODEL_PARALLEL_GROUP"] == groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(seen["EXPERT_DATA_PARALLEL_GROUP"] == groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  // EP above DP (EP 2 x expert TP 2 over TP 4 x DP 1, EP 4 x expert TP 2 over TP 4 x DP 2) builds,
+  // folded and unfolded.
+  for (const std::string grid : {"--dp 1 --ep 2", "--dp 2 --ep 4"}) {
+    for (const std::string unfold : {"", " --unfold"}) {
+      INFO(grid << unfold);
+      CHECK(run("synth --model mixtral-8x7b --layers 1 --seq 1024 --tp 4 --sp on " + grid + " --expert-tp 2 --global-batch 2 --detail kernel" +
+                unfold + " --out " + (dir.path() / "ep").string())
+                .code == 0);
+    }
+  }
 }
 
 TEST_CASE("predict folds the expert grid with --expert-tp, and a dropless MoE job replays to its prediction", "[cli][moe][folding]") {

@@ -21,7 +21,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -100,11 +102,14 @@ const std::filesystem::path& moe_test_synth(const std::string& args) {
   return it->second;
 }
 
-/// A synth MoE job (Qwen3-30B-A3B's layers, 1 layer, DP 4, EP 2).
-const std::filesystem::path& moe_test_job_dir() {
-  return moe_test_synth("--model qwen3-30b-a3b --layers 1 --seq 1024 --tp 1 --pp 1 --dp 4 --ep 2 --micro-batch 1 "
-                        "--global-batch 4 --gpu h100-sxm --detail kernel --unfold");
+/// A synth MoE job (Qwen3-30B-A3B's layers, 1 layer, DP 4) at EP `ep`.
+const std::filesystem::path& moe_test_one_layer_job(int ep) {
+  return moe_test_synth("--model qwen3-30b-a3b --layers 1 --seq 1024 --tp 1 --pp 1 --dp 4 --ep " + std::to_string(ep) +
+                        " --micro-batch 1 --global-batch 4 --gpu h100-sxm --detail kernel --unfold");
 }
+
+/// The one-layer job at EP 2.
+const std::filesystem::path& moe_test_job_dir() { return moe_test_one_layer_job(2); }
 
 /// The job with 2 layers (structure discovery places the backward of a layer between two others),
 /// seq 1024, DP 4, with `flags` (its EP, CP): a what-if's input or the direct truth of its target.
@@ -541,8 +546,7 @@ TEST_CASE("whatif --ep with 2 local experts: launches folded into a grouped GEMM
   // backward: 4 experts over EP 2 hold 2 per rank, over EP 4 one. The prediction's host time
   // before the grouped launches (whose Input Dims give their experts) is the job synthesized at
   // EP 4's, in the forward passes and in the backward ones (whose host time before a launch is
-  // less than the forward's). 2 layers: the backward of a single layer is not delimited into
-  // layers (periodicity needs a repeated block), so its expert GEMMs are no MoE op to rescale.
+  // less than the forward's).
   whatif::whatif_options o;
   o.moe.ep = 4;
   const auto [r, direct] = moe_test_predict("--experts 4 --top-k 2 --ep 2", o, "--experts 4 --top-k 2 --ep 4");
@@ -555,6 +559,40 @@ TEST_CASE("whatif --ep with 2 local experts: launches folded into a grouped GEMM
     CAPTURE(to_string(phase), traced, predicted, truth);
     REQUIRE(truth < traced);
     CHECK(moe_test_off(predicted, truth) < 0.01);
+  }
+}
+
+TEST_CASE("whatif --ep --experts --expert-ffn on a one-layer MoE job: its backward layer lies between the head and the embedding", "[whatif][moe]") {
+  // One layer repeats in no block, so the backward pass's layer is read between the head's
+  // backward (its GEMMs over the vocabulary) and the embedding's: its expert GEMMs are rescaled as
+  // the forward's are, and the prediction is the job synthesized at the target.
+  const auto synth = [](const std::string& flags) {
+    return moe_test_synth("--model mixtral-8x7b --layers 1 --seq 1024 --tp 1 --pp 1 --dp 4 --micro-batch 1 --global-batch 4 "
+                          "--gpu h100-sxm --detail kernel " + flags);
+  };
+  const whatif::whatif_result two = whatif::run_whatif(trace::load_job({synth("--ep 2")}), whatif::whatif_options{});
+  REQUIRE(two.structure);
+  for (const auto& rs : two.structure->ranks) {
+    for (const auto& p : rs.passes) CHECK(p.layers.value == std::optional<int>(1));
+  }
+  struct item {
+    std::string from, to;
+    whatif::whatif_options o;
+  };
+  std::vector<item> cases(4);
+  cases[0] = {"--ep 2", "--ep 4", {}};
+  cases[0].o.moe.ep = 4;
+  cases[1] = {"--ep 4", "--ep 2", {}};
+  cases[1].o.moe.ep = 2;
+  cases[2] = {"--ep 2", "--ep 2 --experts 16", {}};
+  cases[2].o.moe.experts = 16;
+  cases[3] = {"--ep 2", "--ep 2 --expert-ffn 7168", {}};
+  cases[3].o.moe.expert_ffn = 7168;
+  for (const item& c : cases) {
+    INFO(c.from << " to " << c.to);
+    const whatif::whatif_result r = whatif::run_whatif(trace::load_job({synth(c.from)}), c.o);
+    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({synth(c.to)}), whatif::whatif_options{});
+    CHECK(moe_test_iteration_off(r, direct) < 0.03);
   }
 }
 
@@ -602,10 +640,17 @@ TEST_CASE("whatif --ep: all-to-alls re-timed over the new EP group and removed a
   }
   // The same bytes per rank over twice the peers: more of them leave the rank.
   CHECK(t_after > t_before);
-  // Balanced synth routing: each rank's experts compute the same copies, 32 experts instead of 64.
-  const auto gemm_before = moe_test_expert_time(r.baseline.built.graph, "GemmGrouped"), gemm_after = moe_test_expert_time(r.predicted.built.graph, "GemmGrouped");
-  REQUIRE(!gemm_before.empty());
-  for (const auto& [rank, t] : gemm_before) CHECK(std::abs(double(gemm_after.at(rank)) - double(t)) <= 0.2 * double(t));
+  // Balanced synth routing: each rank's experts compute the same copies, 32 experts instead of 64,
+  // forward and backward, in the time the job synthesized at EP 4 takes for them.
+  const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({moe_test_one_layer_job(4)}), whatif::whatif_options{});
+  const auto gemm_before = moe_test_expert_time(r.baseline.built.graph, "GemmGrouped"), gemm_after = moe_test_expert_time(r.predicted.built.graph, "GemmGrouped"),
+             gemm_truth = moe_test_expert_time(direct.baseline.built.graph, "GemmGrouped");
+  REQUIRE(gemm_before.size() == gemm_truth.size());
+  for (const auto& [rank, t] : gemm_truth) {
+    INFO("rank " << rank);
+    REQUIRE(moe_test_off(gemm_before.at(rank), t) > 0.2);
+    CHECK(moe_test_off(gemm_after.at(rank), t) < 0.01);
+  }
 
   whatif::whatif_options one;
   one.moe.ep = 1;

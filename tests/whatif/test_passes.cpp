@@ -9,7 +9,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <string>
+#include <utility>
 
 using namespace lumos;
 
@@ -117,3 +120,30 @@ TEST_CASE("the context resolves the traced hardware once and refuses --gpu witho
   const whatif::context named(unnamed, o);
   CHECK(named.traced_gpu->name == "h100-sxm");
 }
+
+#ifdef LUMOS_CLI_PATH
+TEST_CASE("whatif --layers and --pp from traces of one layer per stage: in the graph and as synth of the target has it", "[whatif][passes]") {
+  // Each stage's backward layer lies between its head's and its embedding's backward, so the
+  // stages split and the layers repeat in the graph, not by the pass-level model.
+  lumos_test::temp_dir dir;
+  const auto synth = [&](const std::string& flags) {
+    const auto p = dir.path() / std::to_string(std::hash<std::string>{}(flags));
+    const auto made = lumos_test::run_cli("synth --model llama3-8b --seq 1024 --global-batch 8 --gpu h100-sxm --detail kernel " + flags +
+                                          " --out " + p.string());
+    REQUIRE(made.code == 0);
+    return p;
+  };
+  const trace::job job = trace::load_job({synth("--layers 2 --pp 2")});
+  for (const auto& [change, target] : {std::pair{std::string("--layers 4"), std::string("--layers 4 --pp 2")},
+                                       std::pair{std::string("--layers 4 --pp 4"), std::string("--layers 4 --pp 4")}}) {
+    INFO(change);
+    whatif::whatif_options o;
+    o.layers = 4;
+    if (change.find("--pp 4") != std::string::npos) o.pp = 4;
+    const whatif::whatif_result r = whatif::run_whatif(job, o);
+    for (const whatif::change& c : r.changes) CHECK(c.text.find("pass-level") == std::string::npos);
+    const whatif::whatif_result direct = whatif::run_whatif(trace::load_job({synth(target)}), whatif::whatif_options{});
+    CHECK(std::abs(double(r.predicted.simulated_ns) / double(direct.baseline.simulated_ns) - 1.0) < 0.01);
+  }
+}
+#endif

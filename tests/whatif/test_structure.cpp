@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
+#include <string_view>
 
 namespace fs = std::filesystem;
 using namespace lumos;
@@ -209,6 +211,34 @@ TEST_CASE("an order several schedules share, or none gives, is reported, not gue
   REQUIRE_FALSE(d2.st.notes.empty());
   CHECK(d2.st.notes.back().find("--layers 12 overrides the trace's 4") != std::string::npos);
 }
+
+#ifdef LUMOS_CLI_PATH
+TEST_CASE("pipeline layouts with a stage of the embedding alone or chunks of unlike layers: the layers of every chunk summed",
+          "[whatif][structure][layout][mtp]") {
+  // Each layout's transformer layers (t) and multi-token-prediction block (m, a layer scope of its
+  // own) are the layers the traces hold, whichever virtual stage holds none (E alone) or more.
+  struct item {
+    const char* model;
+    int layers, pp, vp;
+    const char* layout;
+  };
+  const char* const small = " --seq 512 --hidden 1024 --ffn 2048 --heads 8 --kv-heads 8 --vocab 8192";
+  for (const item& c : {item{"llama3-8b", 2, 2, 1, "E|t*2mL"}, item{"mixtral-8x7b", 2, 2, 2, "E|t|t|mL"},
+                        item{"mixtral-8x7b", 4, 2, 2, "Et|t*2|t|mL"}, item{"llama3-8b", 3, 4, 1, "E|t|t*2|mL"}}) {
+    INFO(c.model << " pp " << c.pp << " vp " << c.vp << " " << c.layout);
+    lumos_test::temp_dir dir;
+    const std::string flags = std::string("--model ") + c.model + small + (std::string_view(c.model) == "mixtral-8x7b" ? " --expert-ffn 512" : "") +
+                              " --layers " + std::to_string(c.layers) + " --mtp-layers 1 --pp " + std::to_string(c.pp) + " --vp " +
+                              std::to_string(c.vp) + " --global-batch " + std::to_string(2 * c.pp) + " --pipeline-layout '" + c.layout + "'";
+    REQUIRE(lumos_test::run_cli("synth " + flags + " --detail kernel --out " + (dir.path() / "job").string()).code == 0);
+    const auto d = discover(dir.path() / "job");
+    CHECK(d.st.parallel.chunks.value == c.vp);
+    CHECK(d.st.model.layers.value == c.layers + 1);
+    for (const auto& n : d.st.notes) CHECK(n.find("disagree") == std::string::npos);
+    CHECK(d.st.model.hidden.value == 1024);
+  }
+}
+#endif
 
 TEST_CASE("every fact of the shared traces' structure is known or says why not", "[whatif][structure][traces]") {
   // The timesformer trace once said "heads: unknown []" (attention found, its micro-batch not):

@@ -80,7 +80,7 @@ enum class span_kind : std::uint8_t {
 };
 
 /// What a collective of the program carries (`program_notes::comms`).
-enum class comm_group : std::uint8_t { tp, dp, pp, model_parallel, world, embedding, expert_dp, context_parallel, ep };
+enum class comm_group : std::uint8_t { tp, dp, pp, model_parallel, world, embedding, expert_dp, context_parallel, ep, expert_tp };
 
 /// What a kernel-level trace writer needs beyond the graph (`program_options::notes`).
 struct program_notes {

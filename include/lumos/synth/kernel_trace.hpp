@@ -360,6 +360,7 @@ class kernel_names {
       case comm_group::expert_dp: d.group_description = "EXPERT_DATA_PARALLEL_GROUP"; break;
       case comm_group::context_parallel: d.group_description = "CONTEXT_PARALLEL_GROUP"; break;
       case comm_group::ep: d.group_description = "EXPERT_MODEL_PARALLEL_GROUP"; break;
+      case comm_group::expert_tp: d.group_description = "EXPERT_TENSOR_PARALLEL_GROUP"; break;
     }
     return d;
   }

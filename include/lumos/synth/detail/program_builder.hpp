@@ -236,6 +236,9 @@ class program_builder {
   /// Ranks of the expert grid's ETP x EP plane (model::parallel_config): the stride of an
   /// expert-data-parallel group's columns.
   [[nodiscard]] int expert_grid() const noexcept { return par_.expert_tp() * par_.ep; }
+  /// Expert tensor parallelism over a group of its own (fewer ranks than TP): its token-copy
+  /// all-gathers and reduce-scatters do not run over the TP group.
+  [[nodiscard]] bool own_expert_tp() const noexcept { return m_.is_moe() && par_.expert_tp() != tp_; }
   /// Parameters of one of a MoE model's dense first layers on a rank (reduced over DP).
   [[nodiscard]] std::int64_t dense_layer_params() const noexcept { return model::layer_parameters_per_rank(m_, tp_); }
   time_ns launch_cost_ = 0;
@@ -286,7 +289,7 @@ class program_builder {
   std::vector<std::int32_t>& group_slot_;
   std::deque<group_state>& groups_;
   int tp_base_ = 0, dp_base_ = 0, act_base_ = 0, grad_base_ = 0, norm_base_ = 0, embd_base_ = 0, edp_base_ = 0;
-  int shard_base_ = 0, replica_base_ = 0, cp_base_ = 0, ep_base_ = 0;
+  int shard_base_ = 0, replica_base_ = 0, cp_base_ = 0, ep_base_ = 0, etp_base_ = 0;
   model::group_placement tp_placement_;
   std::array<model::group_placement, 3> moe_placement_{};  ///< [model::moe_group]
   std::array<model::cp_exchange, 2> cp_exchange_{};  ///< a layer's K/V exchange: [0] forward, [1] backward
@@ -333,7 +336,7 @@ class program_builder {
   [[nodiscard]] time_ns p2p_time(int s, int col) const;
 
   // ---- stage plan and process groups: synth/detail/program_groups.hpp ----
-  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp, shard, replica, cp, ep };
+  enum class group_type : std::uint8_t { tp, dp, act, grad, norm, embd, edp, shard, replica, cp, ep, etp };
   static void keep_forwards(stage_orders& orders);
   void prepare();
   void plan_stages();
@@ -349,6 +352,7 @@ class program_builder {
     return *slot;
   }
   void init_group(group_state& gs, group_type type, int a, int b);
+  group_state& special_group(rank_state& rs, const item& i);
 
   // ---- the tasks, into the task graph or the compiled program: synth/detail/program_tasks.hpp ----
   graph::task_id add(graph::processor_id p, graph::task_kind k, time_ns d, string_id name, int rank);

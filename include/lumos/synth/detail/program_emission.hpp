@@ -44,6 +44,18 @@ graph::task_id program_builder<Compute, Comm>::emit_beside(rank_state& rs, const
       .complete;
 }
 
+// The group of a collective item that runs over no TP group: the rank's expert-parallel,
+// expert-tensor-parallel or context-parallel group.
+template <model::ComputeModel Compute, model::CommModel Comm>
+group_state& program_builder<Compute, Comm>::special_group(rank_state& rs, const item& i) {
+  if (i.expert_tp) return cached_group(rs.etp_group, group_type::etp, rs.info.stage, rs.col / par_.expert_tp());
+  if (i.expert_parallel) {
+    const int stride = par_.expert_tp();
+    return cached_group(rs.ep_group, group_type::ep, rs.info.stage, rs.col / (stride * par_.ep) * stride + rs.col % stride);
+  }
+  return cached_group(rs.cp_group, group_type::cp, rs.info.stage, (rs.info.dp_index / par_.cp) * tp_ + rs.info.tp_index);
+}
+
 // `layer` >= 0: the items are transformer layer `layer` of its chunk, in a `forward` pass or
 // not (then its recomputed forward ops, if any, form a span of their own).
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -66,14 +78,11 @@ void program_builder<Compute, Comm>::emit_items(rank_state& rs, const std::vecto
       beside = emit_beside(rs, i);
       continue;
     }
-    if (i.comm && (i.expert_parallel || i.context_parallel)) {
-      const int n = i.expert_parallel ? par_.ep : par_.cp;
-      const int column = (rs.info.dp_index / n) * tp_ + rs.info.tp_index;
-      group_state& gs = i.expert_parallel ? cached_group(rs.ep_group, group_type::ep, rs.info.stage, column)
-                                          : cached_group(rs.cp_group, group_type::cp, rs.info.stage, column);
-      rs.last_compute = collective(rs, rs.info.compute, gs, i.expert_parallel ? rs.seq_ep : rs.seq_cp, collective_kind_name(i.kind), i.bytes,
-                                   i.duration, i.name, 1,
-                                   i.cpu, i.cpu, i.element_bytes, graph::no_task, false)
+    if (i.comm && (i.expert_parallel || i.context_parallel || i.expert_tp)) {
+      group_state& gs = special_group(rs, i);
+      std::int64_t& seq = i.expert_parallel ? rs.seq_ep : i.expert_tp ? rs.seq_etp : rs.seq_cp;
+      rs.last_compute = collective(rs, rs.info.compute, gs, seq, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu,
+                                   i.element_bytes, graph::no_task, false)
                             .complete;
     } else if (i.comm) {
       emit_tp_collective(rs, collective_kind_name(i.kind), i.bytes, i.duration, i.name, 1, i.cpu, i.cpu, i.element_bytes);

@@ -175,10 +175,12 @@ void program_builder<Compute, Comm>::build_groups() {
   const bool hybrid = fsdp_ && replicas_ > 1;
   replica_base_ = shard_base_ + (hybrid ? pp_ * tp_ * replicas_ : 0);
   cp_base_ = replica_base_ + (hybrid ? pp_ * tp_ * shard_ : 0);
-  // Expert-parallel groups (MoE): pp·tp·(dp / ep).
+  // Expert-parallel groups (MoE): pp·tp·dp / ep (EP may exceed DP where expert TP < TP);
+  // expert-tensor-parallel ones of their own: pp·tp·dp / etp.
   ep_base_ = cp_base_ + (par_.cp > 1 ? pp_ * tp_ * (dp_ / par_.cp) : 0);
+  etp_base_ = ep_base_ + (m_.is_moe() && par_.ep > 1 ? pp_ * (tp_ * dp_ / par_.ep) : 0);
   buf_.groups_used = 0;
-  group_slot_.assign(static_cast<std::size_t>(ep_base_ + (m_.is_moe() && par_.ep > 1 ? pp_ * tp_ * (dp_ / par_.ep) : 0)), -1);
+  group_slot_.assign(static_cast<std::size_t>(etp_base_ + (own_expert_tp() ? pp_ * tp_ * dp_ / par_.expert_tp() : 0)), -1);
 }
 
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -195,7 +197,8 @@ group_state& program_builder<Compute, Comm>::group(group_type type, int a, int b
     case group_type::shard: id = shard_base_ + a * tp_ * replicas_ + b; break;  // b = replica · tp + tp index
     case group_type::replica: id = replica_base_ + a * tp_ * shard_ + b; break;  // b = dp index mod shard · tp + tp index
     case group_type::cp: id = cp_base_ + a * tp_ * (dp_ / par_.cp) + b; break;  // b = dp index / cp · tp + tp index
-    case group_type::ep: id = ep_base_ + a * tp_ * (dp_ / par_.ep) + b; break;  // b = dp index / ep · tp + tp index
+    case group_type::ep: id = ep_base_ + a * (tp_ * dp_ / par_.ep) + b; break;  // b = column / (etp · ep) · etp + column mod etp
+    case group_type::etp: id = etp_base_ + a * (tp_ * dp_ / par_.expert_tp()) + b; break;  // b = column / etp
   }
   std::int32_t& slot = group_slot_[static_cast<std::size_t>(id)];
   if (slot < 0) {
@@ -281,16 +284,24 @@ void program_builder<Compute, Comm>::init_group(group_state& gs, group_type type
     }
     case group_type::cp:
     case group_type::ep: {
-      // n consecutive dp indices at the same tp index: Megatron's context-parallel group (its
-      // order: tp, cp, dp, pp) or expert-parallel group.
+      // n ranks of one block of n·stride consecutive columns, `stride` apart: Megatron's
+      // context-parallel group (its order: tp, cp, dp, pp: stride tp) or expert-parallel group
+      // (the folded expert grid's order: etp, ep, edp: stride etp).
       const bool cp = type == group_type::cp;
-      const int n = cp ? par_.cp : par_.ep, t = b % tp_, j = b / tp_;
+      const int n = cp ? par_.cp : par_.ep, stride = cp ? tp_ : par_.expert_tp(), t = b % stride, j = b / stride;
       gs.type = cp ? comm_group::context_parallel : comm_group::ep;
       if (named) gs.name = std::string(cp ? "cp." : "ep.") + std::to_string(a) + "." + std::to_string(b);
-      for (int c = 0; c < n; ++c) gs.ranks.push_back(global_rank(a, (j * n + c) * tp_ + t));
+      for (int c = 0; c < n; ++c) gs.ranks.push_back(global_rank(a, (j * n + c) * stride + t));
       gs.participants = opt_.unfold ? n : 1;
       break;
     }
+    case group_type::etp:
+      // etp consecutive columns of the folded expert grid: the ranks splitting each expert's width.
+      gs.type = comm_group::expert_tp;
+      if (named) gs.name = "etp." + std::to_string(a) + "." + std::to_string(b);
+      for (int c = 0; c < par_.expert_tp(); ++c) gs.ranks.push_back(global_rank(a, b * par_.expert_tp() + c));
+      gs.participants = opt_.unfold ? par_.expert_tp() : 1;
+      break;
     case group_type::embd:
       gs.type = comm_group::embedding;
       if (named) gs.name = "embd." + std::to_string(a);

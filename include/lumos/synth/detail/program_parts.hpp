@@ -59,6 +59,9 @@ struct item {
   bool host_sync = false;
   /// A collective over the rank's expert-parallel group (MoE token dispatch), not its TP group.
   bool expert_parallel = false;
+  /// A collective over the rank's expert-tensor-parallel group where that is not its TP group
+  /// (the MoE token copies' all-gather and reduce-scatter under --expert-tp < --tp).
+  bool expert_tp = false;
   /// A collective over the rank's context-parallel group (the all-gather variant's K/V
   /// all-gather and dK/dV reduce-scatter), not its TP group.
   bool context_parallel = false;
@@ -290,6 +293,7 @@ struct rank_state {
   std::int64_t seq_replica = 0;  ///< FSDP's hybrid-sharding replica group
   std::int64_t seq_cp = 0;       ///< context parallelism's ring exchange or all-gather
   std::int64_t seq_ep = 0;       ///< expert parallelism's token dispatch
+  std::int64_t seq_etp = 0;      ///< expert tensor parallelism's token copies (own group)
   task_list pending;  ///< start edges into the next compute-stream task
   task_list waits;    ///< host waits folded into the next CPU task (compiled)
   graph::task_id last_compute = graph::no_task;
@@ -343,11 +347,12 @@ struct rank_state {
   group_state* replica_group = nullptr;  ///< HSDP: the ranks holding the same shard
   group_state* cp_group = nullptr;       ///< the ranks of its context-parallel ring
   group_state* ep_group = nullptr;       ///< the ranks its routed experts are sharded over (MoE)
+  group_state* etp_group = nullptr;      ///< the ranks splitting each of its experts' width (MoE, expert TP < TP)
 
   /// Ready for another rank, keeping the capacity of its lists.
   void reset() {
     info = {};
-    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = seq_replica = seq_cp = seq_ep = 0;
+    seq_tp = seq_dp = seq_act_out = seq_act_in = seq_grad_out = seq_grad_in = seq_norm = seq_embd = seq_edp = seq_replica = seq_cp = seq_ep = seq_etp = 0;
     pending.clear();
     waits.clear();
     last_compute = last_dp = graph::no_task;
@@ -365,7 +370,7 @@ struct rank_state {
     fsdp_reduce = no_processor;
     fsdp_free = graph::no_task;
     posted = {};
-    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = shard_group = replica_group = cp_group = ep_group = nullptr;
+    tp_group = dp_group = edp_group = act_in = act_out = grad_in = grad_out = shard_group = replica_group = cp_group = ep_group = etp_group = nullptr;
   }
 };
 

@@ -166,7 +166,8 @@ auto program_builder<Compute, Comm>::phase_of(const model::op_cost& o) noexcept 
 // (model::moe_layer_collectives lists them with their positions), timed over their own group's
 // placement. They are items on the compute stream like the TP collectives: nothing in the
 // layer can run while its tokens travel. The all-to-alls join over the rank's expert-parallel
-// group (`expert_parallel` items), the expert-TP ones over its TP group, in an unfolded build
+// group (`expert_parallel` items), the expert-TP ones over its TP group, or its expert-TP group
+// where that is smaller (`expert_tp` items), in an unfolded build
 // (every rank of an EP group runs the same layer at the same point, so its peers arrive
 // together); in a folded build the model's time over the group's placement is the whole of it.
 template <model::ComputeModel Compute, model::CommModel Comm>
@@ -187,6 +188,7 @@ void program_builder<Compute, Comm>::emit_moe_collectives(const model::op_cost& 
     if (c.hook != want) continue;
     out.push_back(comm_item(c.name, c.kind, c.bytes, 0, &moe_placement_[static_cast<std::size_t>(c.group)]));
     out.back().expert_parallel = c.group == model::moe_group::ep;
+    out.back().expert_tp = c.group == model::moe_group::tp && own_expert_tp();
   }
 }
 

@@ -154,6 +154,13 @@ inline void add_collective(const discovery_inputs& in, std::size_t ri, const com
   return has_word(d, "expert") && (has_word(d, "data") || has_word(d, "dp"));
 }
 
+/// Whether a group's description says expert tensor parallelism (Megatron's
+/// EXPERT_TENSOR_PARALLEL_GROUP, EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP): the ranks splitting each
+/// expert's width, neither the TP group of the dense layers nor the expert-parallel group.
+[[nodiscard]] inline bool expert_tensor_parallel_description(std::string_view d) {
+  return has_word(d, "expert") && (has_word(d, "tensor") || has_word(d, "tp"));
+}
+
 /// The size, per-iteration collective counts and roles of group `key`. `world`: the world size.
 inline void settle_group(const std::string& key, group_acc& acc, int world) {
   auto& pg = acc.g;
@@ -174,10 +181,11 @@ inline void settle_group(const std::string& key, group_acc& acc, int world) {
   auto has = [&](std::string_view kind, phase_kind ph) { return acc.kinds_phase.count(std::string(kind) + " in " + std::string(to_string(ph))) > 0; };
   const std::string d = lower(pg.description);
   const std::string desc_src = "Process Group Description '" + pg.description + "'";
-  if (has_word(d, "tp") || has_word(d, "tensor")) pg.roles.push_back({group_role::tp, desc_src, ""});
+  const bool expert_tp = expert_tensor_parallel_description(d);
+  if ((has_word(d, "tp") || has_word(d, "tensor")) && !expert_tp) pg.roles.push_back({group_role::tp, desc_src, ""});
   if (has_word(d, "dp") || has_word(d, "data")) pg.roles.push_back({group_role::dp, desc_src, ""});
   if (has_word(d, "pp") || has_word(d, "pipeline")) pg.roles.push_back({group_role::pp, desc_src, ""});
-  if ((has_word(d, "ep") || has_word(d, "expert") || has_word(d, "moe")) && !expert_data_parallel_description(d)) {
+  if ((has_word(d, "ep") || has_word(d, "expert") || has_word(d, "moe")) && !expert_data_parallel_description(d) && !expert_tp) {
     pg.roles.push_back({group_role::ep, desc_src, ""});
   }
   if (context_parallel_description(d)) pg.roles.push_back({group_role::cp, desc_src, ""});

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +125,47 @@ struct layer_reader {
     return true;
   }
 
+  /// The linear GEMM launch `l` runs, when its operator recorded its shapes.
+  [[nodiscard]] std::optional<gemm_shape> linear_of(const launch_rec& l) const {
+    if (l.shape_op == no_event) return std::nullopt;
+    auto gs = gemm_of(t.name(t.events[l.shape_op]), parse_dims(t.arg_text(l.shape_op, trace::arg_key::input_dims)));
+    if (!gs || gs->kind != gemm_shape::role::linear) return std::nullopt;
+    return gs;
+  }
+
+  /// The GEMM dims of launches `idx` (their `layer` is `in_layer` or not), each GEMM's M, K, N.
+  [[nodiscard]] std::set<std::int64_t> gemm_dims(const std::vector<std::size_t>& idx, bool in_layer) const {
+    std::set<std::int64_t> out;
+    for (const std::size_t li : idx) {
+      if ((launches[li].layer >= 0) != in_layer) continue;
+      if (const auto gs = linear_of(launches[li])) out.insert({gs->m, gs->k, gs->n});
+    }
+    return out;
+  }
+
+  /// The one layer of a backward pass whose forward held one layer (no block repeats): the
+  /// launches after the head's backward — the last GEMM with a dim of the forward head's GEMMs that
+  /// no GEMM of the layer has (the vocabulary's share) — up to the pass's last GEMM (the layer's
+  /// first one, QKV); the embedding's backward follows. `head`: those dims (empty: no head on the
+  /// stage). Left undelimited when no GEMM follows the head's.
+  void backward_single(pass_info& p, const std::vector<std::size_t>& pass, const std::set<std::int64_t>& head) const {
+    const std::vector<std::size_t> idx = periodic(pass);
+    std::size_t first = 0, last = idx.size();
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      const auto gs = linear_of(launches[idx[k]]);
+      if (!gs) continue;
+      if (head.count(gs->m) + head.count(gs->k) + head.count(gs->n) > 0) {
+        first = k + 1, last = idx.size();
+      } else {
+        last = k;
+      }
+    }
+    if (last >= idx.size() || last < first) return;
+    for (std::size_t k = first; k <= last; ++k) launches[idx[k]].layer = 0;
+    p.layers.value = 1;
+    p.layers.source = "one layer: the launches after the head's last GEMM over the vocabulary up to the pass's last GEMM";
+  }
+
   /// Layers of a backward pass: a block repeated `layers` times, in reverse layer order, its
   /// start aligned by the durations of the ops.
   void backward(pass_info& p, const std::vector<std::size_t>& pass, std::size_t layers) const {
@@ -155,8 +197,7 @@ struct layer_methods {
 };
 
 /// The layers of every pass of rank `rs` (its launches in `w`), and its `layers_per_pass`.
-inline void rank_layers(const layer_reader& reader, rank_structure& rs, const rank_work& w, layer_methods& methods,
-                        std::vector<std::string>& notes) {
+inline void rank_layers(const layer_reader& reader, rank_structure& rs, const rank_work& w, layer_methods& methods) {
   std::optional<int> forward_layers;
   for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
     auto& p = rs.passes[pi];
@@ -168,10 +209,6 @@ inline void rank_layers(const layer_reader& reader, rank_structure& rs, const ra
       if (methods.period_example.empty()) methods.period_example = "rank " + std::to_string(rs.rank) + ": " + p.layers.source;
     }
     p.layers.flag = "--layers";
-    if (forward_layers && p.layers.value && *forward_layers != *p.layers.value) {
-      notes.push_back("rank " + std::to_string(rs.rank) + ": forward passes disagree on the layer count (" +
-                      std::to_string(*forward_layers) + " and " + std::to_string(*p.layers.value) + ")");
-    }
     if (!forward_layers) forward_layers = p.layers.value;
   }
   if (forward_layers) {
@@ -184,11 +221,48 @@ inline void rank_layers(const layer_reader& reader, rank_structure& rs, const ra
   }
   rs.layers_per_pass.flag = "--layers";
   if (!forward_layers || *forward_layers <= 0) return;
-  for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
-    if (rs.passes[pi].op.kind == pipeline::op_kind::backward) {
-      reader.backward(rs.passes[pi], w.pass_launches[pi], static_cast<std::size_t>(*forward_layers));
-    }
+  // One layer repeats in no block: its backward lies between the head's and the embedding's
+  // (where every forward pass holds one: a chunk of more is no single layer).
+  const bool single = std::all_of(rs.passes.begin(), rs.passes.end(), [](const pass_info& p) {
+    return p.op.kind != pipeline::op_kind::forward || p.layers.value == std::optional<int>(1);
+  });
+  std::set<std::int64_t> head;
+  if (single) {
+    const auto first = std::find_if(rs.passes.begin(), rs.passes.end(), [](const auto& p) { return p.op.kind == pipeline::op_kind::forward; });
+    const auto& fwd = w.pass_launches[static_cast<std::size_t>(first - rs.passes.begin())];
+    head = reader.gemm_dims(fwd, false);
+    for (const std::int64_t d : reader.gemm_dims(fwd, true)) head.erase(d);
   }
+  for (std::size_t pi = 0; pi < rs.passes.size(); ++pi) {
+    if (rs.passes[pi].op.kind != pipeline::op_kind::backward) continue;
+    reader.backward(rs.passes[pi], w.pass_launches[pi], static_cast<std::size_t>(*forward_layers));
+    if (single && !rs.passes[pi].layers.known()) reader.backward_single(rs.passes[pi], w.pass_launches[pi], head);
+  }
+}
+
+/// The layers of each model chunk of rank `rs`, in chunk order: its first forward pass's (a
+/// pipeline layout may give the chunks of a stage unlike counts, and a chunk may hold no layer:
+/// the embedding alone). Once the schedule has given the passes their chunks; notes forward
+/// passes of one chunk that disagree. Empty when a chunk has no forward pass with a known count.
+[[nodiscard]] inline std::vector<int> chunk_layers(const rank_structure& rs, int chunks, std::vector<std::string>& notes) {
+  std::vector<std::optional<int>> per(static_cast<std::size_t>(std::max(chunks, 1)));
+  bool noted = false;
+  for (const auto& p : rs.passes) {
+    if (p.op.kind != pipeline::op_kind::forward || !p.layers.value || p.op.chunk < 0 || p.op.chunk >= std::ssize(per)) continue;
+    auto& c = per[static_cast<std::size_t>(p.op.chunk)];
+    if (c && *c != *p.layers.value && !noted) {
+      notes.push_back("rank " + std::to_string(rs.rank) + ": forward passes of chunk " + std::to_string(p.op.chunk) +
+                      " disagree on the layer count (" + std::to_string(*c) + " and " + std::to_string(*p.layers.value) + ")");
+      noted = true;
+    }
+    if (!c) c = p.layers.value;
+  }
+  std::vector<int> out;
+  for (const auto& c : per) {
+    if (!c) return {};
+    out.push_back(*c);
+  }
+  return out;
 }
 
 }  // namespace detail
@@ -197,13 +271,13 @@ inline void rank_layers(const layer_reader& reader, rank_structure& rs, const ra
 /// and assigns each launch of `in` in a layer its layer index. A forward pass's layers are the
 /// `options.layer_scopes` scopes enclosing its launches, else the repeating block of kernel
 /// names (at least `min_period` ops) with attention in it; backward passes then look for the
-/// same number of blocks, in reverse order. Notes forward passes of a rank that disagree.
+/// same number of blocks, in reverse order.
 /// Runs after `discover_passes`. O(ops per pass × max_period).
 inline void discover_layers(discovery_inputs& in, job_structure& out) {
   detail::layer_methods methods;
   for (std::size_t ri = 0; ri < in.rank_count(); ++ri) {
     const detail::layer_reader reader{in.job.ranks[ri], in.ranks[ri].launches, in.options};
-    detail::rank_layers(reader, out.ranks[ri], in.ranks[ri], methods, out.notes);
+    detail::rank_layers(reader, out.ranks[ri], in.ranks[ri], methods);
   }
   out.layers_method.flag = "--layers";
   if (methods.by_annotation) {

@@ -8,10 +8,13 @@
 #include <lumos/whatif/detail/shapes.hpp>
 #include <lumos/whatif/structure/classify.hpp>
 #include <lumos/whatif/structure/inputs.hpp>
+#include <lumos/whatif/structure/layers.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,10 +24,16 @@ namespace lumos::whatif {
 
 namespace detail {
 
-/// `md.layers`: the sum over the stages of one pipeline of layers per pass × chunks.
+/// `md.layers`: the sum over the stages of one pipeline of the layers of each of their chunks
+/// (`chunk_layers`; layers per pass × chunks where a chunk's forward pass is not told apart). A
+/// stage or chunk may hold none (a pipeline layout's embedding alone) as long as some holds one.
+/// Notes the ranks whose forward passes of one chunk disagree.
 inline void model_layers(const discovery_inputs& in, job_structure& out) {
   auto& md = out.model;
   const std::size_t nr = in.rank_count();
+  const int v = out.parallel.chunks.value.value_or(1);
+  std::vector<std::vector<int>> chunks(nr);
+  for (std::size_t ri = 0; ri < nr; ++ri) chunks[ri] = chunk_layers(out.ranks[ri], v, out.notes);
   std::vector<std::size_t> one;
   if (!in.topology.pipelines.empty()) {
     for (const int r : in.topology.pipelines.front()) one.push_back(in.rank_index(r));
@@ -32,18 +41,21 @@ inline void model_layers(const discovery_inputs& in, job_structure& out) {
     one.push_back(0);
   }
   int total = 0;
-  bool ok = !one.empty();
-  const int v = out.parallel.chunks.value.value_or(1);
+  bool ok = !one.empty(), uneven = false;
   for (const std::size_t ri : one) {
     const auto& f = out.ranks[ri].layers_per_pass;
-    ok = ok && f.known() && *f.value > 0;
-    if (ok) total += *f.value * v;
+    ok = ok && f.known();
+    if (!ok) break;
+    const auto& c = chunks[ri];
+    total += c.empty() ? *f.value * v : std::accumulate(c.begin(), c.end(), 0);
+    uneven = uneven || std::any_of(c.begin(), c.end(), [&](int n) { return n != *f.value; });
   }
+  ok = ok && total > 0;
   if (ok) {
     md.layers.value = total;
-    md.layers.source = one.size() > 1 ? "sum over the " + std::to_string(one.size()) + " stages of layers per pass × " + std::to_string(v) +
-                                            " chunk(s); " + out.layers_method.source
-                                      : out.ranks[one.front()].layers_per_pass.source;
+    const std::string per = uneven ? "the layers of each chunk (the first forward pass of each)" : "layers per pass × " + std::to_string(v) + " chunk(s)";
+    md.layers.source = one.size() > 1 || uneven ? "sum over the " + std::to_string(one.size()) + (one.size() > 1 ? " stages of " : " stage of ") + per + "; " + out.layers_method.source
+                                                : out.ranks[one.front()].layers_per_pass.source;
   } else {
     md.layers.source = nr > 0 && !one.empty() ? out.ranks[one.front()].layers_per_pass.source : "no ranks";
   }
