@@ -314,7 +314,7 @@ MOE_CASES = [
     ("MoE: PP 1→2 with DP 4→8 (in the graph)", {}, {"--pp": "2", "--dp": "8", "--global-batch": "16"}),
     # Stages of one layer: the vocabulary (the embedding and head's parameters) from the logits GEMM,
     # not the routers' (outside the undelimited layer of such a stage's backward).
-    ("MoE: PP 4→2 at 4 layers", {"--layers": "4", "--pp": "4"}, {"--pp": "2"}),
+    ("MoE: PP 4→2 at 4 layers, in the graph", {"--layers": "4", "--pp": "4"}, {"--pp": "2"}),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
