@@ -7,8 +7,8 @@ that only makes a view of a tensor (`metadata_op_ns` in `lumos replay --json`). 
 one GPU in tests/data/gpu/manifest.json (`--fit h100`: the runs named h100-*),
 `lumos replay RUN --step 1,2,3 --json --profiler-cost Fx` estimates the step without the profiler
 (`job.unprofiled_ns`, the mean over the 3 recorded steps), against the run's
-`unprofiled_step_ms_median`. The fit is the F with the least mean |error|, on a grid of 0.25 from
-0.25 to 5, then of 0.05, then of 0.01 around the best; ties go to the smaller F. One cost is shared
+`unprofiled_step_ms_median`. The fit is the F with the least mean |error|, on a grid of 0.5 from
+0.5 to 5, then of 0.1, 0.02 and 0.01 around the best; ties go to the smaller F. One cost is shared
 by operator ranges and runtime calls: in these runs the two cannot be told apart. The fixed cost
 for ranks without the measure is F times the median of the fitted runs' `metadata_op_ns`.
 
@@ -62,9 +62,11 @@ def runs_of(m, gpu):
     return sorted(n for n in m if n.startswith(gpu + "-"))
 
 
-def mean_error(lumos, m, names, multiple, pool):
-    preds = list(pool.map(lambda n: replay(lumos, n, f"{multiple:.2f}x")[0], names))
-    errs = [abs(100.0 * (p - m[n]["unprofiled_step_ms_median"]) / m[n]["unprofiled_step_ms_median"]) for n, p in zip(names, preds)]
+def mean_error(lumos, m, names, multiple, pool, units):
+    """Mean |error| over `names` at `multiple`; each run's metadata_op_ns goes into `units`."""
+    got = list(pool.map(lambda n: replay(lumos, n, f"{multiple:.2f}x"), names))
+    units.update((n, u) for n, (_, u) in zip(names, got))
+    errs = [abs(100.0 * (p - m[n]["unprofiled_step_ms_median"]) / m[n]["unprofiled_step_ms_median"]) for n, (p, _) in zip(names, got)]
     return statistics.mean(errs)
 
 
@@ -72,18 +74,19 @@ def fit(lumos, gpu):
     """(the multiple F, a multiple of 0.01; the fixed cost per event in ns) fitted on the runs of `gpu`."""
     m = manifest()
     names = runs_of(m, gpu)
-    seen = {}
+    seen, units = {}, {}
     with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
         def score(hundredths):
             if hundredths not in seen:
-                seen[hundredths] = mean_error(lumos, m, names, hundredths / 100.0, pool)
+                seen[hundredths] = mean_error(lumos, m, names, hundredths / 100.0, pool, units)
             return seen[hundredths]
 
-        best = min(range(25, 501, 25), key=lambda h: (score(h), h))
-        best = min(range(max(5, best - 20), best + 21, 5), key=lambda h: (score(h), h))
-        best = min(range(max(1, best - 4), best + 5), key=lambda h: (score(h), h))
-        units = sorted(u for u in pool.map(lambda n: replay(lumos, n, "0")[1], names) if u > 0)
-    unit = units[(len(units) - 1) // 2]
+        best = 50
+        for step, reach in ((50, 450), (10, 40), (2, 8), (1, 1)):
+            lo = max(step, best - reach)
+            best = min(range(lo, best + reach + 1, step) if step < 50 else range(50, 501, 50), key=lambda h: (score(h), h))
+    measured = sorted(u for u in units.values() if u > 0)
+    unit = measured[(len(measured) - 1) // 2]
     return best / 100.0, int(best * unit / 100.0 + 0.5)
 
 
