@@ -97,6 +97,7 @@ inline void structure_moe_text(const whatif::job_structure& st, std::string& out
     structure_fact_text(out, "experts per rank", st.moe.experts_per_rank);
     structure_fact_text(out, "top-k", st.moe.top_k);
     structure_fact_text(out, "EP", st.moe.ep);
+    structure_fact_text(out, "expert TP", st.moe.expert_tp);
     structure_fact_text(out, st.moe.expert_tokens_per == "ep_peer" ? "tokens per EP peer" : "tokens per expert", st.moe.expert_tokens);
   }
   if (st.all_to_alls.empty()) return;

@@ -366,13 +366,14 @@ struct context_parallel_pass {
 
   /// The gradient collectives over DP x CP: re-timed from the traced group's size to size /
   /// `cp_from` x `cp_to` by the NCCL model (ranks at stride `tp`, `tp_to` in the target; an
-  /// expert-data-parallel group's, DP x CP / EP, at stride TP x EP of the traces' EP, whose change
-  /// is the MoE pass's), and a distributed optimizer's step sharded as they are.
+  /// expert-data-parallel group's, TP x DP x CP / (EP x expert TP), at stride expert TP x EP of
+  /// the traces' EP, whose change is the MoE pass's), and a distributed optimizer's step sharded
+  /// as they are.
   static void gradients(const context& ctx, graph::built_job& b, const job_structure& st, int cp_from, int cp_to, int tp, int tp_to,
                         const shape_costs& costs, cp_stats& s) {
     const std::map<std::string, bool> grad = detail::gradient_groups(st);
     const std::set<std::string> experts = detail::expert_dp_groups(st);
-    const int ep = std::max(1, st.moe.ep.value.value_or(st.parallel.ep.value.value_or(1)));
+    const int ep = std::max(1, st.moe.ep.value.value_or(st.parallel.ep.value.value_or(1))), etp = traced_expert_tp(st);
     const auto instance = detail::collectives_by_complete(b.graph);
     graph::task_graph& g = b.graph;
     for (const gpu_op_context& c : st.gpu_ops) {
@@ -410,9 +411,10 @@ struct context_parallel_pass {
         const model::collective_op op{coll, static_cast<std::int64_t>(std::llround(bytes)), model::detail::place(0, stride, ranks, costs.hw)};
         return std::max<double>(1.0, static_cast<double>(nccl.collective_time(op, costs.hw)));
       };
-      const int stride = experts.count(pg) ? ep : 1;
+      const bool expert = experts.count(pg) > 0;
+      const int stride_from = expert ? etp * ep : tp, stride_to = expert ? (etp == tp ? tp_to : etp) * ep : tp_to;
       s.gradient_before += g.duration[t];
-      g.duration[t] = static_cast<time_ns>(std::llround(d * time(n_to, tp_to * stride) / time(n, tp * stride)));
+      g.duration[t] = static_cast<time_ns>(std::llround(d * time(n_to, stride_to) / time(n, stride_from)));
       s.gradient_after += g.duration[t];
       ++s.gradient;
     }

@@ -224,11 +224,12 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   if (out.from <= 0) throw error("whatif --dp: the traces' data-parallel size " + std::to_string(out.from) + " is not a size (" + st.parallel.dp.source + ")");
   out.to = dp;
   const std::set<std::string> dp_groups = groups_with_role(st, group_role::dp);
-  // An expert-data-parallel group's members are TP x EP apart (Megatron lays EP inside DP), so it
-  // leaves a node EP times sooner than the dense group.
+  // An expert-data-parallel group's members are expert TP x EP apart (Megatron folds the expert
+  // grid over the stage's ranks), so it leaves a node EP x expert TP / TP times sooner than the
+  // dense group.
   const std::set<std::string> expert_groups = detail::expert_dp_groups(st);
-  const int ep = std::max(1, st.moe.ep.value.value_or(st.parallel.ep.value.value_or(1)));
   const int tp = st.parallel.tp.value.value_or(1);
+  const double ep = std::max(1, st.moe.ep.value.value_or(st.parallel.ep.value.value_or(1))) * static_cast<double>(traced_expert_tp(st)) / tp;
   const int tp_new = tp_to > 0 ? tp_to : tp;
   out.tp = tp, out.tp_to = tp_new;
   out.gpus_per_node = gpus_per_node, out.inter_over_intra = inter_over_intra, out.inter_source = inter_source;
@@ -263,9 +264,9 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   // A group need not start at a node boundary (TP 2, DP 3: stage 1's groups are {6, 8, 10} and
   // {7, 9, 11}, two members on one node and one on the next), which the placement then prices
   // as lumos synth does (`model::placement_of`).
-  auto members_of = [&](int rank, std::int64_t members, int tp_of, int apart) {
-    const std::int64_t stage = rank / (static_cast<std::int64_t>(tp) * out.from), stride = static_cast<std::int64_t>(tp_of) * apart;
-    const std::int64_t first = stage * stride * members + rank % (static_cast<std::int64_t>(tp) * apart) % std::max<std::int64_t>(1, stride);
+  auto members_of = [&](int rank, std::int64_t members, int tp_of, double apart) {
+    const std::int64_t stage = rank / (static_cast<std::int64_t>(tp) * out.from), stride = std::max<std::int64_t>(1, std::llround(tp_of * apart));
+    const std::int64_t first = stage * stride * members + rank % std::max<std::int64_t>(1, std::llround(tp * apart)) % stride;
     std::vector<int> ranks;
     for (std::int64_t i = 0; i < members; ++i) ranks.push_back(static_cast<int>(first + i * stride));
     return ranks;
@@ -273,21 +274,21 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   // The factor on the transfer time of a collective of `kind` and `bytes` (0: unknown) from n
   // to n_new members; `rank`, a traced member's number (-1: unknown, the groups then start at a
   // node boundary); `apart`, EP for an expert-data-parallel group, else 1.
-  auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new, int rank, int apart) {
+  auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new, int rank, double apart) {
     // GPUs a group's ranks occupy: its members are TP (x EP) apart, so it leaves a node once
     // n · tp exceeds the node.
-    const bool crossed_before = n * tp * apart > gpus_per_node, crossed_after = n_new * tp_new * apart > gpus_per_node;
+    const bool crossed_before = static_cast<double>(n * tp) * apart > gpus_per_node, crossed_after = static_cast<double>(n_new * tp_new) * apart > gpus_per_node;
     const double slower = crossed_after && !crossed_before ? inter_over_intra : 1.0;
     if (bytes > 0 && nccl != nullptr && hw != nullptr) {
       auto placed = [&](std::int64_t members, int tp_of) {
-        const std::int64_t per_node = std::max<std::int64_t>(1, hw->nvlink_domain_size() / std::max(1, tp_of * apart));
+        const std::int64_t per_node = std::max<std::int64_t>(1, hw->nvlink_domain_size() / std::max<std::int64_t>(1, std::llround(tp_of * apart)));
         const std::int64_t r = std::min(members, per_node);
         return model::group_placement{members - members % r, r};
       };
       const std::int64_t size = std::max<std::int64_t>(1, bytes * tp / tp_new);
       // (Groups whose ranks would pass 2^30 are placed from a node boundary instead.)
       const std::int64_t stages = rank / (static_cast<std::int64_t>(tp) * out.from) + 1;
-      const bool at_ranks = rank >= 0 && std::max(n * tp, n_new * tp_new) * apart <= (std::int64_t{1} << 30) / stages;
+      const bool at_ranks = rank >= 0 && static_cast<double>(std::max(n * tp, n_new * tp_new)) * apart <= static_cast<double>((std::int64_t{1} << 30) / stages);
       const auto t_old =
           nccl->collective_time({kind, size, at_ranks ? model::placement_of(members_of(rank, n, tp, apart), *hw) : placed(n, tp)}, *hw);
       const auto t_new = nccl->collective_time(
@@ -323,7 +324,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     // A DP group of n replicas: scaled by the DP ratio (a world group that is also DP grows the same way).
     const std::int64_t n_new = std::max<std::int64_t>(1, n * dp / out.from);
     const int member = ci.complete.empty() ? -1 : g.rank[ci.complete.front()];
-    const double ratio = ratio_of(*kind, ci.bytes * element_bytes_of(ci, g), n, n_new, member, expert_groups.count(ci.group) ? ep : 1);
+    const double ratio = ratio_of(*kind, ci.bytes * element_bytes_of(ci, g), n, n_new, member, expert_groups.count(ci.group) ? ep : 1.0);
     for (const graph::task_id t : ci.complete) rescale(t, ratio);
     // Members beyond the traced ranks get numbers past the largest (they are not in the graph).
     int next = ci.group_ranks.empty() ? 0 : *std::max_element(ci.group_ranks.begin(), ci.group_ranks.end()) + 1;
@@ -337,7 +338,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
     if (!kind) continue;
     const std::int64_t n = c.group_size > 0 ? c.group_size : out.from;
     const double ratio = ratio_of(*kind, c.elements * c.element_bytes, n, std::max<std::int64_t>(1, n * dp / out.from), g.rank[c.task],
-                                  expert_groups.count(c.group) ? ep : 1);
+                                  expert_groups.count(c.group) ? ep : 1.0);
     rescale(c.task, ratio);
     ++out.collectives, ++out.lone;
   }

@@ -288,12 +288,14 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
   return n;
 }
 
-/// The traced MoE configuration of `st` (its expert FFN per rank `width`, its TP `tp`) and
+/// The traced MoE configuration of `st` (its expert FFN per rank `width`, its expert TP `tp`) and
 /// the target `t` asks, checked: throws `lumos::error` naming the rule a target breaks and the
 /// flag that asked it. `dpcp_flag`: the flag that set the target's DP x CP `dpcp_to` (with its
-/// value), named where EP does not divide it and `--ep` was not given.
+/// value), named where EP does not divide it and `--ep` was not given. `tp_dense`: the TP of the
+/// attention where the expert TP differs (0: the same), `dpcp_to` then the stage's TP x DP x CP
+/// ranks over the expert TP.
 [[nodiscard]] inline std::pair<moe_config, moe_config> moe_configs(const job_structure& st, const moe_target& t, std::int64_t width,
-                                                                   int tp, int dpcp_to, const std::string& dpcp_flag = {}) {
+                                                                   int tp, int dpcp_to, const std::string& dpcp_flag = {}, int tp_dense = 0) {
   const moe_structure& m = st.moe;
   moe_config from;
   from.experts = m.experts.value.value_or(0);
@@ -325,6 +327,11 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
   const auto asked = [](const auto& given, const char* flag, const char* other, const auto& value) {
     return std::string(given ? flag : other) + " " + std::to_string(value);
   };
+  if (dpcp_to % to.ep != 0 && tp_dense > 0 && tp_dense != tp) {
+    const std::string flag = t.ep || dpcp_flag.empty() ? asked(t.ep, "--ep", "--dp", t.ep ? to.ep : dpcp_to * tp / tp_dense) : dpcp_flag;
+    throw error("whatif " + flag + ": EP x expert TP must divide TP x DP x CP of the target (EP " + ep + " x expert TP " + std::to_string(tp) +
+                ", TP x DP x CP " + std::to_string(dpcp_to * tp) + "): the expert grid folds over a stage's ranks, the world stays");
+  }
   if (dpcp_to % to.ep != 0) {
     const std::string flag = t.ep || dpcp_flag.empty() ? asked(t.ep, "--ep", "--dp", t.ep ? to.ep : dpcp_to) : dpcp_flag;
     throw error("whatif " + flag + ": EP must divide DP x CP of the target (EP " + ep + ", DP x CP " +
@@ -339,7 +346,8 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
                 " is more than the " + std::to_string(to.experts) + " experts");
   }
   if (to.expert_ffn % tp != 0) {
-    throw error("whatif --expert-ffn " + std::to_string(to.expert_ffn) + ": does not divide over TP " + std::to_string(tp));
+    throw error("whatif --expert-ffn " + std::to_string(to.expert_ffn) + ": does not divide over " + (tp_dense > 0 && tp_dense != tp ? "expert TP " : "TP ") +
+                std::to_string(tp));
   }
   return {from, to};
 }
@@ -366,26 +374,31 @@ struct moe_pass {
     if (!st.moe.found()) throw error("whatif --ep/--experts/--top-k/--expert-ffn/--routing: no MoE layer in the traces (" + st.moe.layers.source + ")");
     if (!st.model.hidden.known()) throw error("whatif: the MoE change needs the traces' hidden size (" + st.model.hidden.source + ")");
     const std::int64_t hidden = static_cast<std::int64_t>(*st.model.hidden.value);
-    const int tp = st.parallel.tp.value.value_or(1);
-    const int dp = st.parallel.dp.value.value_or(1);  // the traces' DP x CP (their gradient group)
+    // The expert grid folds expert TP x EP x expert DP over a stage's TP x DP x CP ranks: here it
+    // is Megatron's order with `tp` the expert TP and `dp` (DP x CP) the stage's ranks over it,
+    // the traces' DP x CP `dp_dense` when expert TP = TP.
+    const int tp_dense = st.parallel.tp.value.value_or(1), tp = traced_expert_tp(st);
+    const int dp_dense = st.parallel.dp.value.value_or(1);  // the traces' DP x CP (their gradient group)
+    const auto grid = [&](int dpcp) { return std::max(1, tp_dense * dpcp / tp); };
+    const int dp = grid(dp_dense);
     const double tokens = tokens_ratio(ctx);
     // The target's DP x CP: its replicas (`--dp`, else the traces') x its CP. The gradient
     // collectives as the MoE pass finds them: re-timed by the CP pass to DP x CP of the target
     // CP (`dpcp_base`) where it resized them.
     const int cp_from = ctx.traced_cp(), cp_to = ctx.target_cp();
-    const int dpcp_to = ctx.options.dp.value_or(std::max(1, dp / cp_from)) * cp_to;
-    const int dpcp_base = ctx.cp_gradients ? std::max(1, dp / cp_from) * cp_to : dp;
+    const int dpcp_to = grid(ctx.options.dp.value_or(std::max(1, dp_dense / cp_from)) * cp_to);
+    const int dpcp_dense = ctx.cp_gradients ? std::max(1, dp_dense / cp_from) * cp_to : dp_dense, dpcp_base = grid(dpcp_dense);
     const std::string dpcp_flag = cp_to != cp_from && !t.ep ? "--cp " + std::to_string(cp_to) : std::string();
     const detail::expert_width traced = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
     const std::int64_t width = traced.n;
     // Named references, not structured bindings: lambdas below capture them (clang 14 cannot).
-    const std::pair<moe_config, moe_config> configs = detail::moe_configs(st, t, traced.ffn(), tp, dpcp_to, dpcp_flag);
+    const std::pair<moe_config, moe_config> configs = detail::moe_configs(st, t, traced.ffn(), tp, dpcp_to, dpcp_flag, tp_dense);
     const moe_config& from = configs.first;
     const moe_config& to = configs.second;
     // `--layers`, `--pp`: the optimizer steps the parameters of the target's stage (see `stage_ratios_of`).
     const int layers_from = st.model.layers.value.value_or(1);
     const std::optional<detail::stage_parameter_ratios> staged =
-        layers_unpriced(ctx) ? stage_ratios_of(ctx, st, from, to, traced, dp / cp_from, cp_from, ctx.options.layers.value_or(layers_from),
+        layers_unpriced(ctx) ? stage_ratios_of(ctx, st, from, to, traced, dp_dense / cp_from, cp_from, ctx.options.layers.value_or(layers_from),
                                                ctx.options.pp.value_or(ctx.traced_pp()))
                              : std::nullopt;
     const std::vector<double> layered = staged ? per_rank(ctx, st, staged->optimizer) : std::vector<double>{};
@@ -442,17 +455,17 @@ struct moe_pass {
     // target's; the experts' share here is taken at the target's EP over that ratio, so that the
     // two give the target's expert shard once.
     const int group_from = ctx.traced_replicas().value_or(std::max(1, dp / cp_from)) * cp_from;
-    const bool dp_shards = data_parallel_pass{}.wanted(ctx) && group_from != dpcp_to;
-    const double edp_to = (dp_shards ? static_cast<double>(group_from) : static_cast<double>(dpcp_to)) / to.ep;
+    const bool dp_shards = data_parallel_pass{}.wanted(ctx) && grid(group_from) != dpcp_to;
+    const double edp_to = (dp_shards ? static_cast<double>(grid(group_from)) : static_cast<double>(dpcp_to)) / to.ep;
     // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it. Under
     // DDP each rank steps its whole expert shard, experts / EP, so an EP change moves it too.
     const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
     std::vector<double> optimizer = layered;
     if (optimizer.empty() && edp_traced == 1 && (to.experts != from.experts || to.expert_ffn != from.expert_ffn || (ddp && to.ep != from.ep))) {
-      const auto r = stage_ratios_of(ctx, st, from, to, traced, dp / cp_from, cp_from, layers_from, ctx.traced_pp());
+      const auto r = stage_ratios_of(ctx, st, from, to, traced, dp_dense / cp_from, cp_from, layers_from, ctx.traced_pp());
       if (r) optimizer = per_rank(ctx, st, r->optimizer);
     }
-    if (optimizer.empty()) optimizer.assign(b.ranks.size(), detail::optimizer_factor(b.graph, comms, params, dpcp_base, edp_from, edp_to));
+    if (optimizer.empty()) optimizer.assign(b.ranks.size(), detail::optimizer_factor(b.graph, comms, params, dpcp_dense, edp_from, edp_to));
     if (std::any_of(optimizer.begin(), optimizer.end(), [](double r) { return r != 1.0; })) {
       s.optimizer = detail::scale_optimizer(b, st, optimizer, costs.profile.min_kernel_ns);
     }
@@ -528,8 +541,10 @@ struct moe_pass {
   [[nodiscard]] static bool experts_regrouped(const context& ctx) {
     const auto& st = ctx.traced_structure();
     if (!st || !st->moe.found() || !st->model.hidden.known() || ctx.options.moe.ep) return false;
-    const int ep = st->moe.ep.value.value_or(st->parallel.ep.value.value_or(1)), dpcp = st->parallel.dp.value.value_or(1);
-    const int to = ctx.target_gradient_group();
+    const int ep = st->moe.ep.value.value_or(st->parallel.ep.value.value_or(1));
+    // Over the expert grid: the stage's ranks over the expert TP (DP x CP when it is the TP).
+    const int tp = st->parallel.tp.value.value_or(1), etp = traced_expert_tp(*st);
+    const int dpcp = tp * st->parallel.dp.value.value_or(1) / etp, to = tp * ctx.target_gradient_group() / etp;
     return ep > 1 && to != dpcp && (to % ep != 0 || (dpcp / ep == 1 && to / ep > 1));
   }
 
@@ -650,6 +665,7 @@ struct moe_pass {
       model::parallel_config par;
       // The distributed optimizer's expert share (experts / DP x CP) holds at the traced EP too.
       par.tp = shape.tp, par.pp = pp, par.dp = std::max(1, dp), par.cp = std::max(1, cp), par.ep = distributed ? from.ep : c.ep;
+      if (traced_expert_tp(st) != shape.tp) par.etp = traced_expert_tp(st);
       par.zero_stage = distributed ? 1 : 0;
       return std::pair{m, par};
     };

@@ -208,6 +208,7 @@ inline void structure_moe_json(json_writer& w, const whatif::job_structure& st) 
     structure_fact_json(w, "experts_per_rank", st.moe.experts_per_rank);
     structure_fact_json(w, "top_k", st.moe.top_k);
     structure_fact_json(w, "ep", st.moe.ep);
+    structure_fact_json(w, "expert_tp", st.moe.expert_tp);
     structure_fact_json(w, "expert_tokens", st.moe.expert_tokens);
     w.field("expert_tokens_per", st.moe.expert_tokens_per);
     w.end_object();

@@ -9,6 +9,7 @@
 
 #include <lumos/trace/data.hpp>
 #include <lumos/whatif/structure/classify.hpp>
+#include <lumos/whatif/structure/groups.hpp>
 #include <lumos/whatif/structure/inputs.hpp>
 #include <lumos/whatif/structure/types.hpp>
 
@@ -81,8 +82,10 @@ namespace detail {
 
 /// Whether the group's recorded description gives it roles other than data parallelism and not
 /// data parallelism (TENSOR_MODEL_PARALLEL_GROUP, an expert or pipeline group; Megatron's
-/// DATA_PARALLEL_GROUP_WITH_CP is data parallel).
+/// DATA_PARALLEL_GROUP_WITH_CP is data parallel), or names expert tensor parallelism (no role:
+/// its all-gathers and reduce-scatters around the experts are tokens, not shards of parameters).
 [[nodiscard]] inline bool described_as_other_than_dp(const process_group& g) {
+  if (expert_tensor_parallel_description(lower(g.description))) return true;
   bool other = false;
   for (const auto& r : g.roles) {
     if (!r.source.starts_with("Process Group Description")) continue;

@@ -359,8 +359,12 @@ inline void moe_top_k(const std::vector<std::vector<moe_layer_rec>>& per_rank, c
   }
   if (rows <= 0 || tokens <= 0) {
     moe.top_k.source = "no expert GEMM with recorded shapes after the router";
+    moe.expert_tp.source = moe.top_k.source;
     return;
   }
+  moe.expert_tp.value = static_cast<int>(replicated);
+  moe.expert_tp.source = replicated > 1 ? how + " (first MoE layer)"
+                                        : "no all-gather of the token copies before the experts: each copy computed on one rank";
   const double ratio = static_cast<double>(rows) / static_cast<double>(tokens);
   const double k = std::round(ratio);
   const std::string why = "token copies the experts computed (" + std::to_string(rows) + ") / tokens the routers saw" +
@@ -411,7 +415,7 @@ inline void moe_expert_tokens(const discovery_inputs& in, std::size_t ri, const 
 
 }  // namespace detail
 
-/// Fills `out.moe`: the MoE layers, experts, experts per rank, top-k, EP degree and per-expert
+/// Fills `out.moe`: the MoE layers, experts, experts per rank, top-k, EP degree, expert TP and per-expert
 /// tokens, each with where it was read; all unknown when no rank's first forward pass has a
 /// router. Sets `out.parallel.ep` from the experts' sharding when the groups gave none or 1.
 /// Runs after `discover_passes` and `discover_parallel_degrees`. Linear in launches.
@@ -460,6 +464,12 @@ inline void discover_moe(const discovery_inputs& in, job_structure& out) {
   for (const trace::rank_trace& t : in.job.ranks) world = std::max<std::int64_t>(world, t.world_size.value_or(0));
   detail::moe_top_k(per_rank, out.parallel.tp, world, moe);
   detail::moe_expert_tokens(in, first, m, moe);
+}
+
+/// The traces' expert-tensor-parallel size: `st.moe.expert_tp`, else (no expert GEMM with
+/// recorded shapes) the TP size, Megatron's default.
+[[nodiscard]] inline int traced_expert_tp(const job_structure& st) noexcept {
+  return std::max(1, st.moe.expert_tp.value.value_or(st.parallel.tp.value.value_or(1)));
 }
 
 }  // namespace lumos::whatif

@@ -192,6 +192,9 @@ struct moe_structure {
   fact<int> experts_per_rank;  ///< routed experts whose GEMMs one rank runs
   fact<int> top_k;             ///< experts each token visits
   fact<int> ep;                ///< expert-parallel degree: experts / experts per rank
+  /// Expert-tensor-parallel degree: the ranks that compute each token copy (each holds 1 / it of
+  /// every local expert's width); the TP size or 1 in Megatron's recipes.
+  fact<int> expert_tp;
   /// Tokens of the first MoE layer of the first forward pass: per expert of the rank
   /// (`expert_tokens_per` "expert"), or per EP peer the dispatch all-to-all received from
   /// ("ep_peer") when only its split sizes say it.
