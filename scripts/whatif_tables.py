@@ -257,6 +257,8 @@ MOE_BASE = {
     "--model": "qwen3-30b-a3b", "--layers": "2", "--seq": "4096", "--tp": "1", "--pp": "1", "--dp": "4", "--ep": "2",
     "--micro-batch": "1", "--global-batch": "8", "--gpu": "h100-sxm", "--precision": "bf16",
 }
+# M at TP 2 (sequence parallel) with expert TP 1 and DP 2: the same 4 ranks, the experts unsharded.
+ETP1 = {"--tp": "2", "--sp": "on", "--expert-tp": "1", "--dp": "2", "--global-batch": "4"}
 MOE_CASES = [
     ("MoE: EP 2→4", {}, {"--ep": "4"}),
     # From EP 4 over DP 8 (two replicas of each expert shard: the expert gradients are reduced).
@@ -315,6 +317,14 @@ MOE_CASES = [
     # Stages of one layer: the vocabulary (the embedding and head's parameters) from the logits GEMM,
     # not the routers' (outside the undelimited layer of such a stage's backward).
     ("MoE: PP 4→2 at 4 layers, in the graph", {"--layers": "4", "--pp": "4"}, {"--pp": "2"}),
+    # Expert TP other than TP (Megatron's --expert-tensor-parallel-size): whatif reads it from the
+    # traces and regroups the folded expert grid (expert TP x EP x expert DP over TP x DP x CP).
+    ("MoE, expert TP 1 under TP 2: EP 2→4", ETP1, {"--ep": "4"}),
+    ("MoE, expert TP 1 under TP 2: EP 2→1", ETP1, {"--ep": "1"}),
+    ("MoE, expert TP 1 under TP 2: DP 2→4", ETP1, {"--dp": "4", "--global-batch": "8"}),
+    ("MoE, expert TP 1 under TP 2: CP 1→2", ETP1, {"--cp": "2"}),
+    ("MoE, expert TP 1 under TP 2: expert FFN 768→1536", ETP1, {"--expert-ffn": "1536"}),
+    ("MoE, expert TP 2 over TP 1: DP 4→8", {"--expert-tp": "2"}, {"--dp": "8", "--global-batch": "16"}),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

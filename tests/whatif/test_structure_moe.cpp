@@ -1,15 +1,22 @@
 // Structure discovery of mixture-of-experts layers and all-to-alls: the hand-made MoE traces of
 // tests/data/moe (make_moe_trace.py says how they were built) and the real all-to-alls of the shared
 // DLRM trace, which are no MoE layers.
+#include "../synth/kernel_job_support.hpp"
 #include "../unit/test_support.hpp"
 
+#include <lumos/model/hardware.hpp>
+#include <lumos/model/profile.hpp>
+#include <lumos/model/transformer.hpp>
 #include <lumos/trace/job.hpp>
 #include <lumos/whatif/structure.hpp>
+#include <lumos/whatif/whatif.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -185,4 +192,52 @@ TEST_CASE("the operator names of MoE layers and all-to-alls that PyTorch and Meg
   CHECK_FALSE(grouped_dims_of({{6144, 2048}, {2048, 768}}));
   CHECK(parse_int_list("[2048, 1024, 0, 4096]") == std::vector<std::int64_t>{2048, 1024, 0, 4096});
   CHECK(parse_int_list("[]").empty());
+}
+
+TEST_CASE("expert TP 1 under TP 2: read from the traces, and the MoE what-ifs regroup the folded expert grid", "[whatif][structure][moe]") {
+  // Qwen3-30B-A3B's layers, 2 of them, TP 2 with sequence parallelism and expert TP 1, DP 2 (4
+  // ranks): the expert grid is EP 2 consecutive ranks, its expert-data-parallel groups {0, 2}, {1, 3}.
+  lumos_test::temp_dir dir;
+  const auto job_at = [&](int ep, int dp, int expert_ffn = 768) {
+    synth::job j;
+    j.model = model::model_preset("qwen3-30b-a3b");
+    j.model.layers = 2, j.model.seq = 1024, j.model.moe.expert_ffn = expert_ffn;
+    j.hardware = model::hardware_preset("h100-sxm");
+    j.parallel.tp = 2, j.parallel.sp = true, j.parallel.etp = 1, j.parallel.dp = dp, j.parallel.ep = ep;
+    j.parallel.micro_batch = 1, j.parallel.global_batch = 4;
+    synth::program_options opt;
+    opt.unfold = true;
+    const auto out = dir.path() / ("ep" + std::to_string(ep) + "dp" + std::to_string(dp) + "ffn" + std::to_string(expert_ffn));
+    (void)lumos_test::write_kernel_job(j, opt, model::profile_preset("h100-sxm"), out);
+    return trace::load_job({out});
+  };
+  const trace::job traced = job_at(2, 2);
+  const whatif::job_structure st = whatif::discover_structure(traced, graph::build_graph(traced));
+  REQUIRE(st.moe.found());
+  CHECK(*st.parallel.tp.value == 2);
+  CHECK(*st.moe.ep.value == 2);
+  REQUIRE(st.moe.expert_tp.known());
+  CHECK(*st.moe.expert_tp.value == 1);
+  CHECK_FALSE(st.fsdp.found());
+  // Each within 3 % of the direct job (before, read as expert TP 2: --dp 4 +48 %, --expert-ffn
+  // 1536 -24 %, --ep 4 refused).
+  const auto off = [](time_ns x, time_ns truth) { return std::abs(static_cast<double>(x) / static_cast<double>(truth) - 1.0); };
+  const auto direct = [](const trace::job& j) { return report::replay_job(j).simulated_ns; };
+  whatif::whatif_options dp4;
+  dp4.dp = 4;
+  CHECK(off(whatif::run_whatif(traced, dp4).predicted.simulated_ns, direct(job_at(2, 4))) < 0.03);
+  whatif::whatif_options ep4;
+  ep4.moe.ep = 4;  // EP 4 x expert TP 1 divides the 4 ranks, though not DP 2
+  CHECK(off(whatif::run_whatif(traced, ep4).predicted.simulated_ns, direct(job_at(4, 2))) < 0.03);
+  whatif::whatif_options ffn;
+  ffn.moe.expert_ffn = 1536;
+  CHECK(off(whatif::run_whatif(traced, ffn).predicted.simulated_ns, direct(job_at(2, 2, 1536))) < 0.03);
+  // Refused: an expert grid that does not fold over the stage's ranks, and a TP change on MoE layers.
+  whatif::whatif_options ep8;
+  ep8.moe.ep = 8;
+  CHECK_THROWS_WITH(whatif::run_whatif(traced, ep8),
+                    Catch::Contains("--ep 8: EP x expert TP must divide TP x DP x CP of the target (EP 8 x expert TP 1, TP x DP x CP 4)"));
+  whatif::whatif_options tp4;
+  tp4.shape.tp = 4;
+  CHECK_THROWS_WITH(whatif::run_whatif(traced, tp4), Catch::Contains("whatif --tp: the traces' layers are MoE layers"));
 }
