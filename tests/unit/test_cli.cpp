@@ -1824,6 +1824,7 @@ TEST_CASE("inspect --structure of a MoE job synth wrote: its experts, top-k, EP 
     CHECK(int64_t(moe["experts_per_rank"]["value"]) == m.moe.experts / c.ep);
     CHECK(int64_t(moe["top_k"]["value"]) == m.moe.top_k);
     CHECK(int64_t(moe["ep"]["value"]) == c.ep);
+    CHECK(int64_t(moe["expert_tp"]["value"]) == (c.tp > 1 ? c.expert_tp : 1));
     CHECK(int64_t(s["parallel"]["ep"]["value"]) == c.ep);
     CHECK(int64_t(s["parallel"]["tp"]["value"]) == c.tp);  // an expert-TP group of its own is no TP group
     CHECK(std::string_view(moe["expert_tokens_per"]) == "expert");

@@ -273,7 +273,7 @@ inline std::string retime_across_nodes(graph::task_graph& g, const job_structure
   };
   // The factor on the transfer time of a collective of `kind` and `bytes` (0: unknown) from n
   // to n_new members; `rank`, a traced member's number (-1: unknown, the groups then start at a
-  // node boundary); `apart`, EP for an expert-data-parallel group, else 1.
+  // node boundary); `apart`, EP x expert TP / TP for an expert-data-parallel group, else 1.
   auto ratio_of = [&](model::collective kind, std::int64_t bytes, std::int64_t n, std::int64_t n_new, int rank, double apart) {
     // GPUs a group's ranks occupy: its members are TP (x EP) apart, so it leaves a node once
     // n · tp exceeds the node.

@@ -454,7 +454,7 @@ struct moe_pass {
     // The data-parallel pass then steps the whole optimizer on the traced gradient group over the
     // target's; the experts' share here is taken at the target's EP over that ratio, so that the
     // two give the target's expert shard once.
-    const int group_from = ctx.traced_replicas().value_or(std::max(1, dp / cp_from)) * cp_from;
+    const int group_from = ctx.traced_replicas().value_or(std::max(1, dp_dense / cp_from)) * cp_from;
     const bool dp_shards = data_parallel_pass{}.wanted(ctx) && grid(group_from) != dpcp_to;
     const double edp_to = (dp_shards ? static_cast<double>(grid(group_from)) : static_cast<double>(dpcp_to)) / to.ep;
     // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it. Under
