@@ -463,6 +463,22 @@ inline void discover_moe(const discovery_inputs& in, job_structure& out) {
   std::int64_t world = static_cast<std::int64_t>(in.rank_count());
   for (const trace::rank_trace& t : in.job.ranks) world = std::max<std::int64_t>(world, t.world_size.value_or(0));
   detail::moe_top_k(per_rank, out.parallel.tp, world, moe);
+  // No token gathered before the experts: the copies are the routers' own. Under sequence
+  // parallelism (reduce-scatters over the TP group in forward passes) each router holds 1/TP of
+  // the tokens, so each copy is computed on one rank (expert TP 1); without it every TP rank routes
+  // every token and computes every copy, on its 1/TP of the experts' width (expert TP = TP).
+  const int tp = out.parallel.tp.value.value_or(1);
+  if (moe.expert_tp.value == 1 && tp > 1) {
+    const bool sp = std::any_of(out.groups.begin(), out.groups.end(), [](const process_group& g) {
+      const bool is_tp = std::any_of(g.roles.begin(), g.roles.end(), [](const auto& r) { return r.value == group_role::tp; });
+      return is_tp && std::any_of(g.collectives.begin(), g.collectives.end(), [](const auto& c) { return c.first == "reducescatter in forward"; });
+    });
+    if (!sp) {
+      moe.expert_tp.value = tp;
+      moe.expert_tp.source = "no all-gather of the token copies before the experts and no sequence parallelism (no reduce-scatter "
+                             "over the TP group in forward passes): every TP rank computes every copy on its share of the experts' width";
+    }
+  }
   detail::moe_expert_tokens(in, first, m, moe);
 }
 
