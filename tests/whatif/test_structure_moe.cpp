@@ -240,4 +240,17 @@ TEST_CASE("expert TP 1 under TP 2: read from the traces, and the MoE what-ifs re
   whatif::whatif_options tp4;
   tp4.shape.tp = 4;
   CHECK_THROWS_WITH(whatif::run_whatif(traced, tp4), Catch::Contains("whatif --tp: the traces' layers are MoE layers"));
+  // Also beside dense layers (DeepSeek-V3's first 3), whose FFN the shape rewrite knows: the
+  // experts would be rescaled as the dense MLP (--tp 1 was +40.7 % off the direct job).
+  synth::job j;
+  j.model = model::model_preset("deepseek-v3");
+  j.model.layers = 4, j.model.seq = 1024, j.model.mtp_layers = 0;
+  j.hardware = model::hardware_preset("h100-sxm");
+  j.parallel.tp = 2, j.parallel.sp = true, j.parallel.etp = 1, j.parallel.dp = 2, j.parallel.ep = 2;
+  j.parallel.micro_batch = 1, j.parallel.global_batch = 2;
+  (void)lumos_test::write_kernel_job(j, synth::program_options{.unfold = true}, model::profile_preset("h100-sxm"), dir.path() / "mixed");
+  whatif::whatif_options tp1;
+  tp1.shape.tp = 1;
+  CHECK_THROWS_WITH(whatif::run_whatif(trace::load_job({dir.path() / "mixed"}), tp1),
+                    Catch::Contains("whatif --tp 1: the traces' layers include MoE layers (1 per pass, expert TP 1)"));
 }

@@ -764,6 +764,13 @@ struct shape_pass {
     if (!o.shape.any() && !layers_shape) return out;
     ctx.shape_from = layers_shape ? *layers_shape : traced_shape(st, true);
     if (ctx.shape_from->ffn == 0) refuse_moe_weight_changes(o.shape, layer_params || pp_params);
+    // Dense layers beside MoE ones (DeepSeek's first layers): the rewrite would take the experts'
+    // GEMMs for the dense MLP's, while the experts keep their own TP and grid.
+    if (o.shape.tp && *o.shape.tp != ctx.shape_from->tp && st.moe.found()) {
+      throw error("whatif --tp " + std::to_string(*o.shape.tp) + ": the traces' layers include MoE layers (" + std::to_string(*st.moe.layers.value) +
+                  " per pass, expert TP " + std::to_string(traced_expert_tp(st)) +
+                  "); a TP change is not modelled on them (their experts, expert-TP collectives and expert grid would have to follow)");
+    }
     ctx.shape_to = layers_shape ? *layers_shape : target_shape(*ctx.shape_from, o.shape);
     const shape_config& from = *ctx.shape_from;
     const shape_config& to = *ctx.shape_to;
