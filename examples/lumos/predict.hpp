@@ -92,7 +92,7 @@ inline constexpr std::string_view predict_usage =
     "  --overlap-param-gather  Megatron's --overlap-param-gather: the distributed optimizer's\n"
     "              parameter all-gathers overlap the next iteration's first forward pass instead\n"
     "              of ending the step (steady state; default off; needs the distributed optimizer)\n"
-    "  --distributed-optimizer  Megatron's --use-distributed-optimizer (ZeRO-1; default on): gradients\n"
+    "  --distributed-optimizer  Megatron's distributed optimizer (ZeRO-1; default on): gradients\n"
     "              reduce-scattered, optimizer states sharded over DP x CP (the experts' over their\n"
     "              expert-data-parallel group), parameters all-gathered after the step; off: DDP,\n"
     "              gradients all-reduced, every DP rank holds and steps all its stage's optimizer\n"
