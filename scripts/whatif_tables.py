@@ -257,6 +257,7 @@ MOE_BASE = {
     "--model": "qwen3-30b-a3b", "--layers": "2", "--seq": "4096", "--tp": "1", "--pp": "1", "--dp": "4", "--ep": "2",
     "--micro-batch": "1", "--global-batch": "8", "--gpu": "h100-sxm", "--precision": "bf16",
 }
+DDP = {"--distributed-optimizer": "off"}  # a case's traces and target without the distributed optimizer
 MOE_CASES = [
     ("MoE: EP 2→4", {}, {"--ep": "4"}),
     # From EP 4 over DP 8 (two replicas of each expert shard: the expert gradients are reduced).
@@ -315,6 +316,11 @@ MOE_CASES = [
     # Stages of one layer: the vocabulary (the embedding and head's parameters) from the logits GEMM,
     # not the routers' (outside the undelimited layer of such a stage's backward).
     ("MoE: PP 4→2 at 4 layers, in the graph", {"--layers": "4", "--pp": "4"}, {"--pp": "2"}),
+    # DDP (`--distributed-optimizer off`, traces and target): the dense and the experts' gradients
+    # all-reduced over their DP groups, every rank stepping all its parameters' optimizer states.
+    ("MoE DDP: EP 4→2", dict(DDP, **{"--ep": "4", "--dp": "8", "--global-batch": "16"}), {"--ep": "2"}),
+    ("MoE DDP: EP 4, DP 4→8 (expert gradients inserted)", dict(DDP, **{"--ep": "4"}), {"--dp": "8", "--global-batch": "16"}),
+    ("MoE DDP: PP 1→2 (in the graph)", DDP, {"--pp": "2"}),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
