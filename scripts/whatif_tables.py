@@ -257,6 +257,7 @@ MOE_BASE = {
     "--model": "qwen3-30b-a3b", "--layers": "2", "--seq": "4096", "--tp": "1", "--pp": "1", "--dp": "4", "--ep": "2",
     "--micro-batch": "1", "--global-batch": "8", "--gpu": "h100-sxm", "--precision": "bf16",
 }
+DDP = {"--distributed-optimizer": "off"}  # a case's traces and target without the distributed optimizer
 # M at TP 2 (sequence parallel) with expert TP 1 and DP 2: the same 4 ranks, the experts unsharded.
 ETP1 = {"--tp": "2", "--sp": "on", "--expert-tp": "1", "--dp": "2", "--global-batch": "4"}
 MOE_CASES = [
@@ -317,6 +318,11 @@ MOE_CASES = [
     # Stages of one layer: the vocabulary (the embedding and head's parameters) from the logits GEMM,
     # not the routers' (outside the undelimited layer of such a stage's backward).
     ("MoE: PP 4→2 at 4 layers, in the graph", {"--layers": "4", "--pp": "4"}, {"--pp": "2"}),
+    # DDP (`--distributed-optimizer off`, traces and target): the dense and the experts' gradients
+    # all-reduced over their DP groups, every rank stepping all its parameters' optimizer states.
+    ("MoE DDP: EP 4→2", dict(DDP, **{"--ep": "4", "--dp": "8", "--global-batch": "16"}), {"--ep": "2"}),
+    ("MoE DDP: EP 4, DP 4→8 (expert gradients inserted)", dict(DDP, **{"--ep": "4"}), {"--dp": "8", "--global-batch": "16"}),
+    ("MoE DDP: PP 1→2 (in the graph)", DDP, {"--pp": "2"}),
     # Expert TP other than TP (Megatron's --expert-tensor-parallel-size): whatif reads it from the
     # traces and regroups the folded expert grid (expert TP x EP x expert DP over TP x DP x CP).
     ("MoE, expert TP 1 under TP 2: EP 2→4", ETP1, {"--ep": "4"}),

@@ -35,8 +35,8 @@ inline constexpr std::string_view predict_usage =
     "                     [--expert-tp N] [--cp N] [--cp-comm {p2p,allgather}]\n"
     "                     [--routing {balanced,measured}] [--routing-from PATH]\n"
     "                     [--sp {on,off}] [--tp-comm-overlap {on,off}] [--overlap-param-gather {on,off}]\n"
-    "                     [--fsdp {on,off}] [--hsdp N] [--reshard-after-forward {on,off}]\n"
-    "                     [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
+    "                     [--distributed-optimizer {on,off}] [--fsdp {on,off}] [--hsdp N]\n"
+    "                     [--reshard-after-forward {on,off}] [--micro-batch N] [--global-batch N] [--schedule NAME]\n"
     "                     [--pipeline-layout STR | --decoder-first-pipeline-num-layers N\n"
     "                      --decoder-last-pipeline-num-layers N]\n"
     "                     [--recompute {none,selective,full}] [--gpu PRESET]\n"
@@ -91,9 +91,14 @@ inline constexpr std::string_view predict_usage =
     "              collective of a layer overlaps its GEMM (default off; needs --sp on when tp > 1)\n"
     "  --overlap-param-gather  Megatron's --overlap-param-gather: the distributed optimizer's\n"
     "              parameter all-gathers overlap the next iteration's first forward pass instead\n"
-    "              of ending the step (steady state; default off)\n"
+    "              of ending the step (steady state; default off; needs the distributed optimizer)\n"
+    "  --distributed-optimizer  Megatron's distributed optimizer (ZeRO-1; default on): gradients\n"
+    "              reduce-scattered, optimizer states sharded over DP x CP (the experts' over their\n"
+    "              expert-data-parallel group), parameters all-gathered after the step; off: DDP,\n"
+    "              gradients all-reduced, every DP rank holds and steps all its stage's optimizer\n"
+    "              states (more memory per GPU); not with --fsdp on or --overlap-param-gather on\n"
     "  --fsdp      fully sharded data parallelism (FSDP2 / ZeRO-3; default off: the distributed\n"
-    "              optimizer, ZeRO-1): --dp ranks shard parameters, gradients and optimizer states;\n"
+    "              optimizer, or DDP): --dp ranks shard parameters, gradients and optimizer states;\n"
     "              each layer is all-gathered before its forward and backward (the next one\n"
     "              prefetched) and its gradients reduce-scattered every micro-batch\n"
     "  --hsdp      hybrid sharding: shard over groups of N ranks (N divides --dp), replicate across\n"
@@ -118,8 +123,8 @@ inline constexpr std::string_view predict_usage =
     "  --unfold    simulate every rank (default: one rank per pipeline stage, identical ranks folded)\n"
     "  --report    also write the HTML report of the modelled iteration (its traces, as `lumos synth`\n"
     "              writes them, replayed)\n"
-    "  Fixed: Megatron's distributed optimizer (ZeRO-1) with fp32 main gradients, gradient\n"
-    "  reduction in buckets overlapped with the backward, FlashAttention.\n";
+    "  Fixed: fp32 main gradients, gradient reduction in buckets overlapped with the backward,\n"
+    "  FlashAttention.\n";
 
 namespace detail {
 
@@ -180,7 +185,7 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
   if (r.shape.chunks > 1) sched += " (v = " + std::to_string(r.shape.chunks) + ")";
   // CP only when used, so that the line of a job without it reads as before.
   const std::string cp = p.cp > 1 ? " x CP " + std::to_string(p.cp) + " (" + std::string(model::to_string(p.cp_comm)) + ")" : "";
-  std::string sharding = "ZeRO-1 (distributed optimizer";
+  std::string sharding = p.zero_stage == 0 ? "DDP (no distributed optimizer: gradients all-reduced" : "ZeRO-1 (distributed optimizer";
   if (p.fsdp && p.hsdp > 0) {
     sharding = "HSDP (shard groups of " + std::to_string(p.hsdp) + ", " + std::to_string(p.dp / p.hsdp) + " replicas";
   } else if (p.fsdp) {
@@ -250,8 +255,9 @@ inline void predict_text(const synth::job& j, const synth::prediction& r, double
         "                fp8 GEMM inputs saved for backward at 1 B\n",
         detail::bytes_text(mem.fp8_weights).c_str(), detail::bytes_text(mem.fp8_scaling_state).c_str());
   }
-  out += p.cp > 1 ? "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP x CP;\n"
-                  : "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP;\n";
+  out += p.zero_stage == 0 ? "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter, not sharded;\n"
+         : p.cp > 1        ? "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP x CP;\n"
+                           : "                (bf16 weights 2 B, fp32 main gradients 4 B, Adam 12 B per parameter sharded over DP;\n";
   out += "                activations per Korthikanti et al. with FlashAttention)\n";
   put("  simulated     %zu ranks%s, %zu tasks, %zu edges, in %.1f ms\n", r.simulated_ranks,
       r.unfolded ? " (every rank)" : " (one per stage; identical ranks folded)", r.tasks, r.edges, wall_ms);

@@ -233,6 +233,7 @@ def test_predict_cp_fsdp_and_layout_keywords_match_cli(cli):
     for keywords, flags in ((dict(cp=2, cp_comm="allgather", dp=2), ["--cp", 2, "--cp-comm", "allgather", "--dp", 2]),
                             (dict(fsdp=True, dp=8, hsdp=4, reshard_after_forward=False),
                              ["--fsdp", "on", "--dp", 8, "--hsdp", 4, "--reshard-after-forward", "off"]),
+                            (dict(dp=8, distributed_optimizer=False), ["--dp", 8, "--distributed-optimizer", "off"]),
                             (dict(pp=2, pipeline_layout="Et*3|t*5L"), ["--pp", 2, "--pipeline-layout", "Et*3|t*5L"])):
         p = lumos.predict(**base, **keywords)
         theirs = cli("predict", "--model", "llama3-8b", "--layers", 8, "--seq", 8192, "--global-batch", 16, *flags, "--json")

@@ -99,6 +99,33 @@ TEST_CASE("lumos sweep --fsdp on,off: FSDP is a dimension of the space", "[sweep
   CHECK(lumos_test::run_cli(args.substr(0, args.size() - 7)).out.find("fsdp") == std::string::npos);
 }
 
+TEST_CASE("lumos sweep --distributed-optimizer off: DDP for the configurations without FSDP, as predict's", "[sweep][cli][ddp]") {
+  const std::string args = "sweep --model llama3-8b --layers 4 --seq 1024 --gpus 8 --global-batch 16 --tp 1,2 --pp 1 "
+                           "--micro-batch 1 --recompute none --sp off --json";
+  simdjson::dom::parser p1, p2, p3;
+  const result on = lumos_test::run_cli(args);
+  const result off = lumos_test::run_cli(args + " --distributed-optimizer off --fsdp off,on");
+  INFO(off.err);
+  REQUIRE(on.code == 0);
+  REQUIRE(off.code == 0);
+  const simdjson::dom::element a = p1.parse(on.out), b = p2.parse(off.out);
+  CHECK(a["problem"]["zero_stage"].get_int64().value() == 1);
+  CHECK(b["problem"]["zero_stage"].get_int64().value() == 0);
+  // Results 0 and 2 of `off` are tp 1 and 2 without FSDP: the optimizer states of DP 8 and 4
+  // unsharded, more memory than the same configurations of `on`.
+  const auto ra = a["results"].get_array(), rb = b["results"].get_array();
+  REQUIRE(rb.size() == 2 * ra.size());
+  for (std::size_t i = 0; i < ra.size(); ++i) {
+    CHECK(!rb.at(2 * i)["fsdp"].get_bool().value());
+    CHECK(rb.at(2 * i)["memory_bytes_per_gpu"].get_double().value() > ra.at(i)["memory_bytes_per_gpu"].get_double().value());
+  }
+  // The first is `lumos predict --distributed-optimizer off` of its configuration.
+  const result predicted = lumos_test::run_cli("predict --model llama3-8b --layers 4 --seq 1024 --dp 8 --global-batch 16 "
+                                               "--distributed-optimizer off --json");
+  REQUIRE(predicted.code == 0);
+  CHECK(rb.at(0)["iteration_ns"].get_int64().value() == p3.parse(predicted.out)["iteration_ns"].get_int64().value());
+}
+
 TEST_CASE("lumos sweep: bad flags are one-line errors with exit code 2", "[sweep][cli]") {
   for (const char* args : {"sweep", "sweep --gpus 0", "sweep --gpus 8 --tp 1,,2", "sweep --gpus 8 --tp x",
                            "sweep --gpus 8 --recompute some", "sweep --gpus 8 --sp maybe", "sweep --gpus 8 --threads 0",
@@ -108,7 +135,10 @@ TEST_CASE("lumos sweep: bad flags are one-line errors with exit code 2", "[sweep
                            // FSDP settings without FSDP in the space, experts on a dense model: errors as predict's
                            "sweep --gpus 8 --hsdp 2", "sweep --gpus 8 --fsdp off --reshard-after-forward off",
                            "sweep --gpus 8 --ep 1,2", "sweep --gpus 8 --expert-tp 2", "sweep --gpus 8 --cp-comm allgather",
-                           "sweep --gpus 8 --model qwen3-30b-a3b --fsdp on", "sweep --gpus 8 --model qwen3-30b-a3b --ep 3"}) {
+                           "sweep --gpus 8 --model qwen3-30b-a3b --fsdp on", "sweep --gpus 8 --model qwen3-30b-a3b --ep 3",
+                           // DDP: not with FSDP alone (ZeRO-3), nor with the parameter gathers it does not make
+                           "sweep --gpus 8 --distributed-optimizer maybe", "sweep --gpus 8 --fsdp on --distributed-optimizer off",
+                           "sweep --gpus 8 --overlap-param-gather on --distributed-optimizer off"}) {
     const result r = lumos_test::run_cli(args);
     INFO(args << "\n" << r.err);
     CHECK(r.code == 2);

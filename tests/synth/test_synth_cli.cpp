@@ -237,6 +237,58 @@ TEST_CASE("lumos predict --fsdp on: ZeRO-3 in the job object, the states sharded
         std::string::npos);
 }
 
+TEST_CASE("lumos predict --distributed-optimizer off: DDP, zero_stage 0, the optimizer states unsharded", "[cli][synth][ddp]") {
+  const std::string base = "predict --model llama3-8b --layers 4 --seq 1024 --tp 1 --pp 1 --dp 8 --global-batch 16";
+  simdjson::dom::parser p1, p2, p3;
+  const result on = run(base + " --json");
+  const result off = run(base + " --distributed-optimizer off --json");
+  const result said_on = run(base + " --distributed-optimizer on --json");
+  for (const result* r : {&on, &off, &said_on}) {
+    INFO(r->err);
+    REQUIRE(r->code == 0);
+  }
+  const simdjson::dom::element a = p1.parse(on.out), b = p2.parse(off.out), c = p3.parse(said_on.out);
+  CHECK(int64_t(a["job"]["zero_stage"]) == 1);
+  CHECK(int64_t(b["job"]["zero_stage"]) == 0);
+  CHECK(int64_t(c["iteration_ns"]) == int64_t(a["iteration_ns"]));  // on is the default
+  const auto mem = [](const simdjson::dom::element& x, const char* f) { return double(x["memory_bytes_per_gpu"][f]); };
+  // Every DP rank holds all of its stage's optimizer states: 8 times the distributed optimizer's.
+  CHECK(mem(b, "optimizer") == Approx(8 * mem(a, "optimizer")));
+  CHECK(mem(b, "parameters") == Approx(mem(a, "parameters")));
+  CHECK(mem(b, "total") > mem(a, "total"));
+  CHECK(int64_t(b["iteration_ns"]) > 0);
+  const std::string text = run(base + " --distributed-optimizer off").out;
+  CHECK(text.find("DDP (no distributed optimizer: gradients all-reduced)") != std::string::npos);
+  CHECK(text.find("Adam 12 B per parameter, not sharded") != std::string::npos);
+  // A MoE job too: its experts' gradients all-reduced over their expert-data-parallel group.
+  const result moe = run("predict --model qwen3-30b-a3b --layers 2 --seq 1024 --dp 4 --ep 2 --global-batch 8 --distributed-optimizer off --json");
+  INFO(moe.err);
+  REQUIRE(moe.code == 0);
+  simdjson::dom::parser p4;
+  CHECK(int64_t(p4.parse(moe.out)["job"]["zero_stage"]) == 0);
+}
+
+TEST_CASE("lumos synth --detail kernel --distributed-optimizer off: all-reduced gradients that replay to the prediction",
+          "[cli][synth][ddp][roundtrip]") {
+  const std::string job = "--model llama3-8b --layers 2 --seq 1024 --tp 1 --pp 1 --dp 4 --global-batch 8 --distributed-optimizer off";
+  lumos_test::temp_dir dir;
+  const result s = run("synth " + job + " --detail kernel --out " + dir.path().string());
+  INFO(s.err);
+  REQUIRE(s.code == 0);
+  std::string traces;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path())) traces += lumos_test::read_file(f.path());
+  CHECK(traces.find("AllReduce") != std::string::npos);
+  CHECK(traces.find("ReduceScatter") == std::string::npos);
+  const result replayed = run("replay " + dir.path().string() + " --json");
+  const result predicted = run("predict " + job + " --json");
+  REQUIRE(replayed.code == 0);
+  REQUIRE(predicted.code == 0);
+  simdjson::dom::parser p1, p2;
+  const auto simulated = int64_t(p1.parse(replayed.out)["job"]["simulated_ns"]);
+  const auto iteration = int64_t(p2.parse(predicted.out)["iteration_ns"]);
+  CHECK(std::abs(static_cast<double>(simulated - iteration)) <= 0.01 * static_cast<double>(iteration));
+}
+
 TEST_CASE("lumos synth --detail kernel --fsdp on reads back and replays to the prediction", "[cli][synth][fsdp][roundtrip]") {
   const std::string job = "--model llama3-8b --layers 4 --seq 1024 --tp 2 --pp 2 --dp 4 --global-batch 16 --fsdp on --hsdp 2";
   lumos_test::temp_dir dir;
@@ -266,6 +318,8 @@ TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cl
                            "predict --dp 8 --fsdp on --hsdp 3", "predict --dp 8 --fsdp on --hsdp 0",
                            "predict --fsdp on --reshard-after-forward later",
                            "predict --dp 8 --reshard-after-forward off",  // an FSDP setting without FSDP
+                           "predict --distributed-optimizer maybe", "predict --dp 8 --fsdp on --distributed-optimizer off",
+                           "predict --dp 8 --overlap-param-gather on --distributed-optimizer off",
                            "predict --model llama3-8b --seq 12 --cp 2 --tp 4 --sp on"}) {  // 6 tokens per CP rank over TP 4
     INFO(args);
     const result r = run(args);
@@ -277,6 +331,9 @@ TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cl
   const result heads = run("predict --tp 5");
   CHECK(heads.err.find("heads (96) is not divisible by tp (5)") != std::string::npos);
   CHECK(run("predict --dp 8 --reshard-after-forward off").err.find("--reshard-after-forward is a setting of FSDP: it needs --fsdp on") !=
+        std::string::npos);
+  CHECK(run("predict --dp 8 --fsdp on --distributed-optimizer off").err.find("--fsdp on is ZeRO-3") != std::string::npos);
+  CHECK(run("predict --dp 8 --overlap-param-gather on --distributed-optimizer off").err.find("it needs --distributed-optimizer on") !=
         std::string::npos);
   CHECK(run("predict --model llama3-8b --seq 12 --cp 2 --tp 4 --sp on").err.find("seq (12) is not divisible by tp * cp (4 * 2 = 8)") !=
         std::string::npos);

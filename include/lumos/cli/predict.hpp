@@ -231,11 +231,21 @@ inline model::parallel_config parse_parallel(args& a, bool& reshard_given) {
   }
   if (const auto prec = a.option("--precision")) p.dtype = parse_precision(*prec);
   // FSDP is ZeRO-3 (--dp is then the sharding degree, --hsdp the shard group under hybrid
-  // sharding); otherwise Megatron's distributed optimizer (ZeRO-1).
+  // sharding); otherwise Megatron's distributed optimizer (ZeRO-1), or with it off DDP (ZeRO-0:
+  // gradients all-reduced, optimizer states replicated on every DP rank).
   on_off(a, "--fsdp", p.fsdp);
   p.hsdp = positive_small(a, "--hsdp", 0);
   reshard_given = on_off(a, "--reshard-after-forward", p.reshard_after_forward);
-  p.zero_stage = p.fsdp ? 3 : 1;
+  bool distributed_optimizer = true;
+  on_off(a, "--distributed-optimizer", distributed_optimizer);
+  if (!distributed_optimizer && p.fsdp) {
+    throw lumos::error("--distributed-optimizer off: --fsdp on is ZeRO-3, which shards the optimizer states itself; give one of them");
+  }
+  if (!distributed_optimizer && p.overlap_param_gather) {
+    throw lumos::error("--overlap-param-gather on overlaps the distributed optimizer's parameter all-gathers: it needs "
+                       "--distributed-optimizer on (DDP gathers no parameters)");
+  }
+  p.zero_stage = p.fsdp ? 3 : distributed_optimizer ? 1 : 0;
   return p;
 }
 

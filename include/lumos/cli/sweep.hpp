@@ -102,8 +102,8 @@ inline void check_precisions(const sweep_request& req) {
   if (std::none_of(ps.begin(), ps.end(), [&](model::precision p) { return hw.supports(p); })) (void)hw.peak_flops(ps.front());
 }
 
-// --ep or --expert-tp on a dense model, or only FSDP for a MoE one: an error as predict's, not
-// a space of rejections.
+// --ep or --expert-tp on a dense model, only FSDP for a MoE one, or only FSDP with the
+// distributed optimizer off: an error as predict's, not a space of rejections.
 inline void check_experts(const sweep_request& req) {
   const auto& ep = req.space.ep;
   const int most = ep.empty() ? 1 : *std::max_element(ep.begin(), ep.end());
@@ -112,6 +112,10 @@ inline void check_experts(const sweep_request& req) {
   p.etp = req.base.job.parallel.etp;
   if (!req.base.job.model.is_moe()) p.validate_experts(req.base.job.model);
   const auto& fsdp = req.space.fsdp;
+  if (req.base.job.parallel.zero_stage == 0 && std::find(fsdp.begin(), fsdp.end(), false) == fsdp.end()) {
+    throw usage_error("--distributed-optimizer off: every configuration of --fsdp on is ZeRO-3, which shards the optimizer "
+                      "states itself; list off too, or leave --distributed-optimizer out");
+  }
   if (req.base.job.model.is_moe() && std::find(fsdp.begin(), fsdp.end(), false) == fsdp.end()) {
     throw usage_error("--fsdp on: FSDP (ZeRO-3) of a mixture-of-experts model is not modelled; list off too, or leave --fsdp out");
   }
@@ -211,6 +215,7 @@ inline sweep::problem sweep_problem(const sweep_request& req) {
   p.hardware = req.base.job.hardware;
   p.tp_comm_overlap = req.base.job.parallel.tp_comm_overlap;
   p.overlap_param_gather = req.base.job.parallel.overlap_param_gather;
+  p.zero_stage = req.base.job.parallel.zero_stage;  // 1, or 0 (DDP); FSDP configurations take 3
   p.cp_comm = req.base.job.parallel.cp_comm;
   p.expert_tp = req.base.job.parallel.etp;
   p.hsdp = req.base.job.parallel.hsdp;

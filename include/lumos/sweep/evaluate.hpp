@@ -90,7 +90,9 @@ struct problem {
   model::hardware hardware = model::h100_sxm();
   std::int64_t global_batch = 1536;
   std::int64_t gpus = 0;  ///< 0: any; otherwise tp·pp·dp must equal it
-  int zero_stage = 1;  ///< Megatron's distributed optimizer, as `lumos predict`
+  /// Of the configurations without FSDP: 1, Megatron's distributed optimizer (`lumos predict`'s
+  /// default), or 0, DDP (`--distributed-optimizer off`: gradients all-reduced, states replicated).
+  int zero_stage = 1;
   /// Overlap TP collectives with GEMMs (`parallel_config::tp_comm_overlap`) in the
   /// configurations with sequence parallelism; the others cannot.
   bool tp_comm_overlap = false;

@@ -395,7 +395,7 @@ struct fsdp_pass {
     // As for FSDP traces: under context parallelism the shard group is DP x CP ranks.
     const int dp = o.dp || ctx.target_cp() != ctx.traced_cp() ? ctx.target_gradient_group() : traced_dp;
     const bool zero1 = runs_distributed_optimizer(st);
-    const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
+    const bool ddp = traced_ddp(st);
     if (traced_dp <= 1 || (!zero1 && !ddp)) {
       throw error("whatif --fsdp on: the traces reduce no data-parallel gradients by DDP's all-reduces or the distributed optimizer's "
                   "reduce-scatters (" + (traced_dp <= 1 ? st.parallel.dp.source : st.gradients.method.source) +

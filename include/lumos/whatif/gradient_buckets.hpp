@@ -733,6 +733,10 @@ inline std::size_t strip_gradient_collectives(graph::built_job& b, const trace::
              time_figure("all-gathers of the first rank", 0, bi.gather_first)});
 }
 
+/// Whether the traced job is DDP: its data-parallel gradients all-reduced (no distributed
+/// optimizer, no FSDP), as the structure's gradient method tells.
+[[nodiscard]] inline bool traced_ddp(const job_structure& st) { return st.gradients.method.value.value_or("") == "all-reduce"; }
+
 /// Whether the traces ran Megatron's distributed optimizer: reduce-scatters in the backward and
 /// all-gathers in the optimizer step, and no DP collective in a forward pass (FSDP gathers
 /// parameters there).
@@ -814,7 +818,7 @@ struct gradient_bucket_pass {
     if (!o.pp || *o.pp <= 1 || ctx.traced_pp() != 1 || !st) return false;
     const int traced_dp = st->parallel.dp.value.value_or(1);
     const bool dp_kept = !o.dp || *o.dp == ctx.traced_replicas();
-    if (ddp && st->gradients.method.value.value_or("") == "all-reduce") return traced_dp > 1 && dp_kept;
+    if (ddp && traced_ddp(*st)) return traced_dp > 1 && dp_kept;
     return traced_dp > 1 && (any_dp || dp_kept) && runs_distributed_optimizer(*st);
   }
   [[nodiscard]] bool wanted(const context& ctx) const {

@@ -459,7 +459,7 @@ struct moe_pass {
     const double edp_to = (dp_shards ? static_cast<double>(grid(group_from)) : static_cast<double>(dpcp_to)) / to.ep;
     // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it. Under
     // DDP each rank steps its whole expert shard, experts / EP, so an EP change moves it too.
-    const bool ddp = st.gradients.method.value.value_or("") == "all-reduce";
+    const bool ddp = traced_ddp(st);
     std::vector<double> optimizer = layered;
     if (optimizer.empty() && edp_traced == 1 && (to.experts != from.experts || to.expert_ffn != from.expert_ffn || (ddp && to.ep != from.ep))) {
       const auto r = stage_ratios_of(ctx, st, from, to, traced, dp_dense / cp_from, cp_from, layers_from, ctx.traced_pp());
@@ -594,7 +594,7 @@ struct moe_pass {
                                             const model::hardware& hw, bool& inserted) {
     if (!gradient_bucket_pass::stages_rebucketed(ctx, true, true)) return {};
     // DDP traces (the dense gradients all-reduced): each stage's buckets all-reduced, none gathered.
-    const bool ddp = ctx.structure(b).gradients.method.value.value_or("") == "all-reduce";
+    const bool ddp = traced_ddp(ctx.structure(b));
     return gradient_bucket_pass::kept_on_error(ctx, b, [&]() -> change_list {
       const job_structure& st = ctx.structure(b);
       const shape_config shape = traced_shape(st, true);
@@ -721,7 +721,7 @@ struct moe_pass {
     const job_structure& st = ctx.structure(b);
     // DDP (the dense gradients all-reduced, or `ddp_traced` where a pass replaced the traced
     // ones): the experts' buckets all-reduced, nothing gathered.
-    const bool ddp = ddp_traced || st.gradients.method.value.value_or("") == "all-reduce";
+    const bool ddp = ddp_traced || traced_ddp(st);
     // The buckets need the traced TP and layers only (the experts' parameters are given): a MoE
     // trace's FFN width, which the dense shape needs, is often unread.
     shape_config shape = ctx.shape_from ? *ctx.shape_from : shape_config{};

@@ -59,6 +59,7 @@ inline void sweep_json(json_writer& w, const sweep::problem& p, std::string_view
   w.field("global_batch", p.global_batch).field("memory_margin", p.memory_margin).field("profile", profile_name);
   w.field("hbm_bytes", static_cast<std::int64_t>(p.hardware.gpu.hbm_capacity));
   w.field("tp_comm_overlap", p.tp_comm_overlap).field("overlap_param_gather", p.overlap_param_gather);
+  w.field("zero_stage", p.zero_stage);  // of the configurations without FSDP
   w.field("hsdp", p.hsdp).field("reshard_after_forward", p.reshard_after_forward);
   w.end_object();
   w.field("configurations", static_cast<std::int64_t>(rs.size()));
