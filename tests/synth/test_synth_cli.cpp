@@ -21,6 +21,18 @@ result run(const std::string& args) { return lumos_test::run_cli(args); }
 
 std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
 
+// `lumos replay` of the traces in `dir` against `lumos predict` of `job`: within 1 %.
+void check_replays_to_prediction(const std::string& job, const std::filesystem::path& dir) {
+  const result replayed = run("replay " + dir.string() + " --json");
+  const result predicted = run("predict " + job + " --json");
+  REQUIRE(replayed.code == 0);
+  REQUIRE(predicted.code == 0);
+  simdjson::dom::parser p1, p2;
+  const auto simulated = int64_t(p1.parse(replayed.out)["job"]["simulated_ns"]);
+  const auto iteration = int64_t(p2.parse(predicted.out)["iteration_ns"]);
+  CHECK(std::abs(static_cast<double>(simulated - iteration)) <= 0.01 * static_cast<double>(iteration));
+}
+
 }  // namespace
 
 TEST_CASE("lumos schedule prints one line per stage", "[cli][synth]") {
@@ -279,14 +291,7 @@ TEST_CASE("lumos synth --detail kernel --distributed-optimizer off: all-reduced 
   for (const auto& f : std::filesystem::directory_iterator(dir.path())) traces += lumos_test::read_file(f.path());
   CHECK(traces.find("AllReduce") != std::string::npos);
   CHECK(traces.find("ReduceScatter") == std::string::npos);
-  const result replayed = run("replay " + dir.path().string() + " --json");
-  const result predicted = run("predict " + job + " --json");
-  REQUIRE(replayed.code == 0);
-  REQUIRE(predicted.code == 0);
-  simdjson::dom::parser p1, p2;
-  const auto simulated = int64_t(p1.parse(replayed.out)["job"]["simulated_ns"]);
-  const auto iteration = int64_t(p2.parse(predicted.out)["iteration_ns"]);
-  CHECK(std::abs(static_cast<double>(simulated - iteration)) <= 0.01 * static_cast<double>(iteration));
+  check_replays_to_prediction(job, dir.path());
 }
 
 TEST_CASE("lumos synth --detail kernel --fsdp on reads back and replays to the prediction", "[cli][synth][fsdp][roundtrip]") {
@@ -295,14 +300,7 @@ TEST_CASE("lumos synth --detail kernel --fsdp on reads back and replays to the p
   const result s = run("synth " + job + " --detail kernel --out " + dir.path().string());
   INFO(s.err);
   REQUIRE(s.code == 0);
-  const result replayed = run("replay " + dir.path().string() + " --json");
-  const result predicted = run("predict " + job + " --json");
-  REQUIRE(replayed.code == 0);
-  REQUIRE(predicted.code == 0);
-  simdjson::dom::parser p1, p2;
-  const auto simulated = int64_t(p1.parse(replayed.out)["job"]["simulated_ns"]);
-  const auto iteration = int64_t(p2.parse(predicted.out)["iteration_ns"]);
-  CHECK(std::abs(static_cast<double>(simulated - iteration)) <= 0.01 * static_cast<double>(iteration));
+  check_replays_to_prediction(job, dir.path());
 }
 
 TEST_CASE("lumos predict: bad values are one-line errors with exit code 2", "[cli][synth]") {
