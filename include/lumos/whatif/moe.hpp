@@ -327,15 +327,15 @@ inline std::size_t scale_optimizer(graph::built_job& b, const job_structure& st,
   const auto asked = [](const auto& given, const char* flag, const char* other, const auto& value) {
     return std::string(given ? flag : other) + " " + std::to_string(value);
   };
-  if (dpcp_to % to.ep != 0 && tp_dense > 0 && tp_dense != tp) {
-    const std::string flag = t.ep || dpcp_flag.empty() ? asked(t.ep, "--ep", "--dp", t.ep ? to.ep : dpcp_to * tp / tp_dense) : dpcp_flag;
-    throw error("whatif " + flag + ": EP x expert TP must divide TP x DP x CP of the target (EP " + ep + " x expert TP " + std::to_string(tp) +
-                ", TP x DP x CP " + std::to_string(dpcp_to * tp) + "): the expert grid folds over a stage's ranks, the world stays");
-  }
   if (dpcp_to % to.ep != 0) {
-    const std::string flag = t.ep || dpcp_flag.empty() ? asked(t.ep, "--ep", "--dp", t.ep ? to.ep : dpcp_to) : dpcp_flag;
-    throw error("whatif " + flag + ": EP must divide DP x CP of the target (EP " + ep + ", DP x CP " +
-                std::to_string(dpcp_to) + "): expert parallelism shards the experts over data-parallel ranks, the world stays");
+    const bool folded = tp_dense > 0 && tp_dense != tp;  // the expert grid is not the dense one
+    const std::string flag =
+        t.ep || dpcp_flag.empty() ? asked(t.ep, "--ep", "--dp", t.ep ? to.ep : folded ? dpcp_to * tp / tp_dense : dpcp_to) : dpcp_flag;
+    throw error("whatif " + flag +
+                (folded ? ": EP x expert TP must divide TP x DP x CP of the target (EP " + ep + " x expert TP " + std::to_string(tp) +
+                              ", TP x DP x CP " + std::to_string(dpcp_to * tp) + "): the expert grid folds over a stage's ranks, the world stays"
+                        : ": EP must divide DP x CP of the target (EP " + ep + ", DP x CP " + std::to_string(dpcp_to) +
+                              "): expert parallelism shards the experts over data-parallel ranks, the world stays"));
   }
   if (to.experts % to.ep != 0) {
     throw error("whatif " + asked(t.ep, "--ep", "--experts", t.ep ? to.ep : to.experts) + ": the " + std::to_string(to.experts) +
@@ -379,15 +379,14 @@ struct moe_pass {
     // the traces' DP x CP `dp_dense` when expert TP = TP.
     const int tp_dense = st.parallel.tp.value.value_or(1), tp = traced_expert_tp(st);
     const int dp_dense = st.parallel.dp.value.value_or(1);  // the traces' DP x CP (their gradient group)
-    const auto grid = [&](int dpcp) { return std::max(1, tp_dense * dpcp / tp); };
-    const int dp = grid(dp_dense);
+    const int dp = expert_grid_ranks(st, dp_dense);
     const double tokens = tokens_ratio(ctx);
     // The target's DP x CP: its replicas (`--dp`, else the traces') x its CP. The gradient
     // collectives as the MoE pass finds them: re-timed by the CP pass to DP x CP of the target
     // CP (`dpcp_base`) where it resized them.
     const int cp_from = ctx.traced_cp(), cp_to = ctx.target_cp();
-    const int dpcp_to = grid(ctx.options.dp.value_or(std::max(1, dp_dense / cp_from)) * cp_to);
-    const int dpcp_dense = ctx.cp_gradients ? std::max(1, dp_dense / cp_from) * cp_to : dp_dense, dpcp_base = grid(dpcp_dense);
+    const int dpcp_to = expert_grid_ranks(st, ctx.options.dp.value_or(std::max(1, dp_dense / cp_from)) * cp_to);
+    const int dpcp_dense = ctx.cp_gradients ? std::max(1, dp_dense / cp_from) * cp_to : dp_dense, dpcp_base = expert_grid_ranks(st, dpcp_dense);
     const std::string dpcp_flag = cp_to != cp_from && !t.ep ? "--cp " + std::to_string(cp_to) : std::string();
     const detail::expert_width traced = detail::traced_expert_width(ctx.job, st, hidden, st.moe.experts.value.value_or(0));
     const std::int64_t width = traced.n;
@@ -437,15 +436,7 @@ struct moe_pass {
     s.launch_runs = launches.runs, s.launches_removed = launches.kernels_removed, s.launches_added = launches.kernels_added;
     s.folded = launches.folded, s.host_before = launches.host_before, s.host_after = launches.host_after;
     std::vector<detail::moe_comm> comms = detail::moe_comms(ctx.job, b, st);
-    // The shape pass re-timed the all-to-alls for the tokens per rank: their messages now.
-    for (detail::moe_comm& c : comms) {
-      if (c.kind != model::collective::all_to_all || tokens == 1.0) continue;
-      c.bytes *= tokens;
-      if (c.instance < b.graph.collectives.size() && b.graph.collectives[c.instance].bytes > 0) {
-        std::int64_t& n = b.graph.collectives[c.instance].bytes;
-        n = std::max<std::int64_t>(1, std::llround(static_cast<double>(n) * tokens));
-      }
-    }
+    scale_all_to_all_messages(b.graph, comms, tokens);
     const double params = (static_cast<double>(to.experts) / to.ep * static_cast<double>(to.expert_ffn)) /
                           (static_cast<double>(from.experts) / from.ep * static_cast<double>(from.expert_ffn));
     // The traced expert-DP group: DP x CP / EP, 1 where the traces show fewer DP ranks than EP
@@ -455,8 +446,8 @@ struct moe_pass {
     // target's; the experts' share here is taken at the target's EP over that ratio, so that the
     // two give the target's expert shard once.
     const int group_from = ctx.traced_replicas().value_or(std::max(1, dp_dense / cp_from)) * cp_from;
-    const bool dp_shards = data_parallel_pass{}.wanted(ctx) && grid(group_from) != dpcp_to;
-    const double edp_to = (dp_shards ? static_cast<double>(grid(group_from)) : static_cast<double>(dpcp_to)) / to.ep;
+    const bool dp_shards = data_parallel_pass{}.wanted(ctx) && expert_grid_ranks(st, group_from) != dpcp_to;
+    const double edp_to = (dp_shards ? static_cast<double>(expert_grid_ranks(st, group_from)) : static_cast<double>(dpcp_to)) / to.ep;
     // No expert gradient traced (EP = DP x CP) tells the experts' share: the model counts it. Under
     // DDP each rank steps its whole expert shard, experts / EP, so an EP change moves it too.
     const bool ddp = traced_ddp(st);
@@ -528,6 +519,19 @@ struct moe_pass {
   }
 
  private:
+  /// The shape pass re-timed the all-to-alls for the tokens per rank (x `tokens`): their messages,
+  /// in `comms` and in the graph's collectives, follow.
+  static void scale_all_to_all_messages(graph::task_graph& g, std::vector<detail::moe_comm>& comms, double tokens) {
+    if (tokens == 1.0) return;
+    for (detail::moe_comm& c : comms) {
+      if (c.kind != model::collective::all_to_all) continue;
+      c.bytes *= tokens;
+      if (c.instance < g.collectives.size() && g.collectives[c.instance].bytes > 0) {
+        std::int64_t& n = g.collectives[c.instance].bytes;
+        n = std::max<std::int64_t>(1, std::llround(static_cast<double>(n) * tokens));
+      }
+    }
+  }
   /// The tokens per rank of the target over the traces' (1 without a shape change or on traces
   /// without MoE layers).
   [[nodiscard]] static double tokens_ratio(const context& ctx) noexcept {
@@ -542,9 +546,7 @@ struct moe_pass {
     const auto& st = ctx.traced_structure();
     if (!st || !st->moe.found() || !st->model.hidden.known() || ctx.options.moe.ep) return false;
     const int ep = st->moe.ep.value.value_or(st->parallel.ep.value.value_or(1));
-    // Over the expert grid: the stage's ranks over the expert TP (DP x CP when it is the TP).
-    const int tp = st->parallel.tp.value.value_or(1), etp = traced_expert_tp(*st);
-    const int dpcp = tp * st->parallel.dp.value.value_or(1) / etp, to = tp * ctx.target_gradient_group() / etp;
+    const int dpcp = expert_grid_ranks(*st, st->parallel.dp.value.value_or(1)), to = expert_grid_ranks(*st, ctx.target_gradient_group());
     return ep > 1 && to != dpcp && (to % ep != 0 || (dpcp / ep == 1 && to / ep > 1));
   }
 

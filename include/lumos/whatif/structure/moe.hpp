@@ -488,4 +488,11 @@ inline void discover_moe(const discovery_inputs& in, job_structure& out) {
   return std::max(1, st.moe.expert_tp.value.value_or(st.parallel.tp.value.value_or(1)));
 }
 
+/// The expert grid's ranks beside one expert-TP group for `dpcp` DP x CP ranks of a stage: the
+/// stage's TP x `dpcp` ranks over the traces' expert TP (`dpcp` itself when expert TP = TP), over
+/// which EP and the expert-data-parallel groups fold.
+[[nodiscard]] inline int expert_grid_ranks(const job_structure& st, int dpcp) noexcept {
+  return std::max(1, st.parallel.tp.value.value_or(1) * dpcp / traced_expert_tp(st));
+}
+
 }  // namespace lumos::whatif
